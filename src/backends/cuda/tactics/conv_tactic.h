@@ -1,0 +1,134 @@
+// Convolution tactics for the CUDA backend: one small interface, one implementation per library
+// path (cuDNN graph API, cuDNN legacy API, cuBLASLt GEMM for 1x1, CUTLASS INT8), each bound to one
+// problem. The tuner (today: bench/kernels) enumerates candidates, times them and keeps a name.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+typedef struct cudnnContext* cudnnHandle_t;
+typedef struct cublasLtContext* cublasLtHandle_t;
+
+#if defined(__CUDACC__)
+#define KILN_HD __host__ __device__
+#else
+#define KILN_HD
+#endif
+
+namespace kiln::cuda {
+
+// Errors are values: ok() or a message that names the library call and its status.
+class Status {
+ public:
+  Status() = default;
+  static Status error(std::string message) { return Status(std::move(message)); }
+  bool ok() const { return message_.empty(); }
+  const std::string& message() const { return message_; }
+
+ private:
+  explicit Status(std::string m) : message_(m.empty() ? "unknown error" : std::move(m)) {}
+  std::string message_;
+};
+
+// FP16: half tensors, fp32 accumulate. TF32: float tensors, tensor cores round inputs to tf32.
+// INT8: int8 tensors, int32 accumulate, output requantised to int8 by a per-tensor scale.
+enum class Precision { kFP16, kTF32, kINT8 };
+const char* precision_name(Precision p);
+size_t element_size(Precision p);
+
+// Fused epilogue after the convolution: y = act(conv(x, w) + bias [+ residual]).
+// INT8 problems use kNone: y = sat(round_to_nearest_even(conv(x, w) * int8_scale)).
+enum class Epilogue { kNone, kBias, kBiasRelu, kBiasAddRelu };
+const char* epilogue_name(Epilogue e);
+
+// All tensors are NHWC (activations) and KRSC (filters), densely packed.
+struct ConvShape {
+  int n = 1, c = 0, h = 0, w = 0;  // input
+  int k = 0, r = 1, s = 1;         // filters
+  int stride = 1, pad = 0;         // square stride and symmetric padding
+  KILN_HD int p() const { return (h + 2 * pad - r) / stride + 1; }
+  KILN_HD int q() const { return (w + 2 * pad - s) / stride + 1; }
+  KILN_HD int64_t x_elems() const { return int64_t(n) * h * w * c; }
+  KILN_HD int64_t w_elems() const { return int64_t(k) * r * s * c; }
+  KILN_HD int64_t y_elems() const { return int64_t(n) * p() * q() * k; }
+  KILN_HD int64_t macs() const { return y_elems() * r * s * c; }
+  KILN_HD bool is_1x1_s1() const { return r == 1 && s == 1 && stride == 1 && pad == 0; }
+  std::string str() const;
+};
+
+struct ConvProblem {
+  ConvShape shape;
+  Precision precision = Precision::kFP16;
+  Epilogue epilogue = Epilogue::kBiasRelu;
+  float int8_scale = 1.0f;  // INT8 only: output = sat(rne(acc * int8_scale))
+};
+
+// Device pointers for one execution. bias: K elements (half for FP16, float for TF32);
+// residual: same shape and type as y; both may be null when the epilogue does not use them.
+struct ConvBuffers {
+  const void* x = nullptr;
+  const void* bias = nullptr;
+  const void* residual = nullptr;
+  void* y = nullptr;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+};
+
+// Library handles shared by all tactics of one stream. Not owned.
+struct LibraryHandles {
+  cudnnHandle_t cudnn = nullptr;
+  cublasLtHandle_t cublaslt = nullptr;
+  size_t max_workspace_bytes = size_t(256) << 20;
+};
+
+// A tactic is one implementation bound to one problem. Lifetime: create (cheap), init (builds
+// plans, may run library auto-tuning), prepare_weights (once, at build time), then run many times.
+class ConvTactic {
+ public:
+  virtual ~ConvTactic() = default;
+  // Stable name, e.g. "cudnn_graph.e12.k3=4" or "cublaslt.fp16.a23t18s4": stored in plans.
+  virtual std::string name() const = 0;
+  // The library path ("cudnn_graph", "cudnn_legacy", "cublaslt", "cutlass_sm90") the tactic wraps.
+  virtual std::string family() const = 0;
+  virtual Status init(const ConvProblem& problem, const LibraryHandles& handles,
+                      cudaStream_t stream) = 0;
+  virtual size_t workspace_size() const = 0;
+  // weights_krsc: device pointer to K*R*S*C elements of the problem's element type.
+  virtual Status prepare_weights(const void* weights_krsc, cudaStream_t stream) = 0;
+  virtual Status run(const ConvBuffers& buffers, cudaStream_t stream) = 0;
+};
+
+// A library path: says whether it can run a problem and, if so, makes its candidate tactics
+// (one per engine configuration or algorithm the library offers). supports() is cheap and does no
+// GPU work; its reason is printed when a path is skipped.
+class ConvTacticSource {
+ public:
+  virtual ~ConvTacticSource() = default;
+  virtual std::string family() const = 0;
+  virtual bool supports(const ConvProblem& problem, std::string* why_not) const = 0;
+  virtual std::vector<std::unique_ptr<ConvTactic>> candidates(const ConvProblem& problem,
+                                                              const LibraryHandles& handles,
+                                                              std::string* note) = 0;
+};
+
+// Every library path compiled into this build, in a fixed order.
+std::vector<std::unique_ptr<ConvTacticSource>> make_conv_tactic_sources();
+
+// Per-source knobs the tuner may set (e.g. how many cuDNN engine configs to keep).
+struct TacticLimits {
+  int max_cudnn_graph_configs = 12;
+  int max_cublaslt_algos = 6;
+  int max_legacy_algos = 1;  // cudnnFind ranks; 1 keeps only its winner
+};
+void set_tactic_limits(const TacticLimits& limits);
+const TacticLimits& tactic_limits();
+
+// Library versions for timing-cache keys and reports.
+std::string library_versions();
+
+}  // namespace kiln::cuda

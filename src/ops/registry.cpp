@@ -1,0 +1,39 @@
+// The one table of all ops: every family's OpDef list, in one explicit place.
+#include <map>
+
+#include "ops/op.h"
+
+namespace kiln {
+namespace {
+
+using FamilyFn = std::span<const OpDef> (*)();
+constexpr FamilyFn kFamilies[] = {
+    elementwise_ops, activation_ops, conv_ops,  pool_ops,  gemm_ops,  norm_ops,  softmax_ops,
+    resize_ops,      shape_ops,      index_ops, reduce_ops, quant_ops, fused_ops,
+};
+
+const std::map<std::pair<std::string_view, std::string_view>, const OpDef*>& table() {
+  static const auto* t = [] {
+    auto* m = new std::map<std::pair<std::string_view, std::string_view>, const OpDef*>();
+    for (FamilyFn f : kFamilies)
+      for (const OpDef& d : f()) (*m)[{d.domain, d.op_type}] = &d;
+    return m;
+  }();
+  return *t;
+}
+
+}  // namespace
+
+const OpDef* find_op(std::string_view domain, std::string_view op_type) {
+  if (domain == "ai.onnx") domain = "";
+  auto it = table().find({domain, op_type});
+  return it == table().end() ? nullptr : it->second;
+}
+
+std::vector<const OpDef*> all_ops() {
+  std::vector<const OpDef*> out;
+  for (const auto& [k, v] : table()) out.push_back(v);
+  return out;
+}
+
+}  // namespace kiln

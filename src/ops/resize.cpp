@@ -1,0 +1,8 @@
+// Placeholder family table; filled in by the op family's implementation.
+#include "ops/op.h"
+
+namespace kiln {
+
+std::span<const OpDef> resize_ops() { return {}; }
+
+}  // namespace kiln
