@@ -1,0 +1,69 @@
+#include "backends/backend_info.h"
+
+#include <sys/utsname.h>
+
+#include <fmt/format.h>
+
+#include "kiln/engine.h"
+
+#ifdef KILN_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace kiln {
+
+int cuda_device_count(std::string* why) {
+#ifdef KILN_WITH_CUDA
+  int n = 0;
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess) {
+    if (why) *why = fmt::format("no CUDA GPU is available ({})", cudaGetErrorString(err));
+    return 0;
+  }
+  if (n == 0 && why) *why = "no CUDA GPU is available";
+  return n;
+#else
+  if (why) *why = "this kiln was built without CUDA (KILN_CUDA=OFF)";
+  return 0;
+#endif
+}
+
+// The CUDA execution backend is not part of this version yet: the CUDA tactics exist
+// (src/backends/cuda) but engines cannot be built or run on the GPU.
+bool cuda_backend_built() { return false; }
+
+std::string default_backend() {
+  return cuda_backend_built() && cuda_device_count() > 0 ? "cuda" : "cpu";
+}
+
+std::string backend_unavailable_reason(const std::string& backend) {
+  if (backend == "cpu") return "";
+  if (backend == "cuda") {
+    std::string why;
+    if (cuda_device_count(&why) == 0) return "--backend cuda: " + why;
+    if (!cuda_backend_built())
+      return "--backend cuda: the CUDA execution backend is not implemented in this kiln version "
+             "yet; use --backend cpu";
+    return "";
+  }
+  return fmt::format("unknown backend '{}'", backend);
+}
+
+std::string current_target(const std::string& backend) {
+  if (backend == "cpu") {
+    struct utsname u;
+    return std::string("cpu-") + (uname(&u) == 0 ? u.machine : "unknown");
+  }
+#ifdef KILN_WITH_CUDA
+  int dev = 0;
+  cudaDeviceProp p{};
+  if (cudaGetDevice(&dev) == cudaSuccess && cudaGetDeviceProperties(&p, dev) == cudaSuccess) {
+    int rt = 0;
+    cudaRuntimeGetVersion(&rt);
+    return fmt::format("cuda-sm_{}{}-cudart{}", p.major, p.minor, rt);
+  }
+#endif
+  return "cuda-unknown";
+}
+
+}  // namespace kiln

@@ -1,0 +1,46 @@
+// The CPU reference backend: runs a Graph node by node with the registry's reference kernels.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "ir/graph.h"
+#include "kiln/engine.h"
+#include "kiln/status.h"
+#include "kiln/tensor.h"
+
+namespace kiln {
+
+class CpuExecutor {
+ public:
+  // `float64` runs every float32 tensor as float64 (inputs, constants and kernels) and casts
+  // the outputs back: a higher-precision reference for checking other backends.
+  static Expected<std::unique_ptr<CpuExecutor>> create(const Graph& g, bool float64 = false);
+
+  // Inputs in graph-input order. Checks dtype, rank and static dims, and that a symbolic dim
+  // (e.g. "N") has one size across all inputs.
+  Expected<std::vector<Tensor>> run(const std::vector<Tensor>& inputs,
+                                    std::vector<LayerTiming>* timings = nullptr) const;
+
+ private:
+  explicit CpuExecutor(const Graph& g, bool float64) : graph_(g), float64_(float64) {}
+  struct Step {
+    const Node* node;
+    const void* def;                  // const OpDef*
+    std::vector<int> inputs;          // value slots (-1 = absent)
+    std::vector<int> outputs;
+    std::vector<int> release;         // slots whose last use is this step
+  };
+  const Graph& graph_;
+  bool float64_;
+  std::vector<Step> steps_;
+  std::vector<int> input_slots_, output_slots_;
+  std::vector<std::pair<int, std::shared_ptr<const Tensor>>> constants_;
+  int num_slots_ = 0;
+};
+
+// Checks a runtime input against its declared type; `dims_seen` binds symbolic dims.
+Status check_input(const Value& decl, const Tensor& t, std::map<std::string, int64_t>& dims_seen);
+
+}  // namespace kiln

@@ -1,0 +1,146 @@
+#include "kiln/engine.h"
+
+#include <nlohmann/json.hpp>
+
+#include "backends/backend_info.h"
+#include "backends/cpu/cpu_executor.h"
+#include "engine/plan_format.h"
+#include "engine/profile.h"
+#include "onnx/importer.h"
+#include "ops/op.h"
+#include "passes/pipeline.h"
+
+namespace kiln {
+
+std::string TensorInfo::str() const {
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < dims.size(); ++i)
+    parts.push_back(dims[i] >= 0 ? std::to_string(dims[i])
+                                 : (dim_names[i].empty() ? "?" : dim_names[i]));
+  return fmt::format("{}: {}[{}]", name, dtype_name(dtype), fmt::join(parts, ","));
+}
+
+namespace {
+
+TensorInfo info_of(const Value& v) {
+  TensorInfo t;
+  t.name = v.name;
+  t.dtype = v.type.dtype;
+  if (v.type.dims) {
+    for (const Dim& d : *v.type.dims) {
+      t.dims.push_back(d.is_static() ? d.value : -1);
+      t.dim_names.push_back(d.is_static() ? "" : d.symbol);
+    }
+  }
+  return t;
+}
+
+class CpuContext final : public ExecutionContext {
+ public:
+  CpuContext(const Engine& e, std::unique_ptr<CpuExecutor> ex, Profile profile)
+      : engine_(e), ex_(std::move(ex)), profile_(std::move(profile)) {}
+  Expected<std::vector<Tensor>> execute(const std::map<std::string, Tensor>& inputs,
+                                        std::vector<LayerTiming>* timings) override {
+    std::vector<Tensor> ordered;
+    for (const auto& info : engine_.inputs()) {
+      auto it = inputs.find(info.name);
+      if (it == inputs.end()) return KILN_ERROR("input '{}' was not given", info.name);
+      KILN_RETURN_IF_ERROR(profile_.check(info.name, it->second.shape()));
+      ordered.push_back(it->second);
+    }
+    for (const auto& [name, t] : inputs) {
+      bool known = false;
+      for (const auto& info : engine_.inputs()) known |= info.name == name;
+      if (!known) return KILN_ERROR("the engine has no input named '{}'", name);
+    }
+    return ex_->run(ordered, timings);
+  }
+
+ private:
+  const Engine& engine_;
+  std::unique_ptr<CpuExecutor> ex_;
+  Profile profile_;
+};
+
+}  // namespace
+
+Engine::~Engine() = default;
+
+Expected<std::unique_ptr<Engine>> Engine::from_graph(std::unique_ptr<Graph> g, std::string backend,
+                                                     std::string target, std::string options_json,
+                                                     std::string kiln_version) {
+  std::unique_ptr<Engine> e(new Engine());
+  e->graph_ = std::move(g);
+  e->backend_ = std::move(backend);
+  e->target_ = std::move(target);
+  e->options_json_ = std::move(options_json);
+  e->kiln_version_ = std::move(kiln_version);
+  for (const Value* v : e->graph_->inputs()) e->inputs_.push_back(info_of(*v));
+  for (const Value* v : e->graph_->outputs()) e->outputs_.push_back(info_of(*v));
+  return e;
+}
+
+Expected<std::unique_ptr<Engine>> Engine::build_from_onnx(const std::string& onnx_path,
+                                                          const BuildConfig& config) {
+  const std::string backend = config.backend.empty() ? default_backend() : config.backend;
+  if (backend != "cpu" && backend != "cuda")
+    return KILN_ERROR("unknown backend '{}' (choose cpu or cuda)", backend);
+  if (std::string why = backend_unavailable_reason(backend); !why.empty()) return Status::Error(why);
+  if (backend == "cpu" && (config.fp16 || config.int8))
+    return KILN_ERROR("--{} is not available on the cpu backend, which computes in FP32 (and "
+                      "FP64 for checking); build with --backend cuda on a GPU machine",
+                      config.fp16 ? "fp16" : "int8");
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, import_onnx_file(onnx_path));
+  KILN_ASSIGN_OR_RETURN(Profile profile, Profile::from_config(*g, config));
+  KILN_RETURN_IF_ERROR(profile.apply_static_shapes(*g));
+  OptimizeOptions opt;
+  opt.opt_level = config.opt_level;
+  opt.dump_dir = config.dump_graph_dir;
+  opt.verbose = config.verbose;
+  opt.backend = backend;
+  opt.precision = config.int8 ? "int8" : config.fp16 ? "fp16" : "fp32";
+  KILN_RETURN_IF_ERROR(optimize_graph(*g, opt));
+  nlohmann::json options = {
+      {"precision", opt.precision},
+      {"opt_level", config.opt_level},
+      {"source", onnx_path},
+      {"profile", profile.to_json()},
+  };
+  return from_graph(std::move(g), backend, current_target(backend), options.dump(),
+                    KILN_VERSION_STRING);
+}
+
+Status Engine::save(const std::string& path) const {
+  EngineMetadata meta;
+  meta.kiln_version = kiln_version_;
+  meta.backend = backend_;
+  meta.target = target_;
+  meta.build_options = nlohmann::json::parse(options_json_);
+  return write_plan_file(path, *graph_, meta);
+}
+
+Expected<std::unique_ptr<Engine>> Engine::load(const std::string& path) {
+  KILN_ASSIGN_OR_RETURN(LoadedPlan plan, read_plan_file(path));
+  const std::string& backend = plan.meta.backend;
+  if (backend != "cpu" && backend != "cuda")
+    return KILN_ERROR("{}: unknown backend '{}' in engine", path, backend);
+  if (std::string why = backend_unavailable_reason(backend); !why.empty())
+    return KILN_ERROR("{}: engine was built for the {} backend, which is not usable here: {}", path,
+                      backend, why);
+  const std::string here = current_target(backend);
+  if (plan.meta.target != here)
+    return KILN_ERROR("{}: engine was built for target '{}' but this machine is '{}'; rebuild it "
+                      "with `kiln build` here", path, plan.meta.target, here);
+  return from_graph(std::move(plan.graph), backend, plan.meta.target,
+                    plan.meta.build_options.dump(), plan.meta.kiln_version);
+}
+
+Expected<std::unique_ptr<ExecutionContext>> Engine::create_context() const {
+  if (backend_ != "cpu")
+    return KILN_ERROR("backend '{}' cannot execute engines in this build", backend_);
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<CpuExecutor> ex, CpuExecutor::create(*graph_));
+  KILN_ASSIGN_OR_RETURN(Profile profile, Profile::from_json(*graph_, options_json_));
+  return std::unique_ptr<ExecutionContext>(new CpuContext(*this, std::move(ex), std::move(profile)));
+}
+
+}  // namespace kiln

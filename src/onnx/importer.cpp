@@ -1,0 +1,243 @@
+#include "onnx/importer.h"
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+
+#include "onnx/onnx.pb.h"
+#include "onnx/tensor_proto.h"
+#include "ops/op.h"
+
+namespace kiln {
+namespace {
+
+struct Importer {
+  const onnx::ModelProto& model;
+  std::string base_dir;
+  std::string source;  // file name for messages
+  std::unique_ptr<Graph> g = std::make_unique<Graph>();
+  std::map<std::string, Value*> values;
+
+  Status error_prefix(Status st) const { return st.ok() ? st : st.with_context(source); }
+
+  TensorType type_from_value_info(const onnx::ValueInfoProto& vi) {
+    TensorType t;
+    if (!vi.type().has_tensor_type()) return t;
+    const auto& tt = vi.type().tensor_type();
+    t.dtype = static_cast<DataType>(tt.elem_type());
+    if (!tt.has_shape()) return t;
+    std::vector<Dim> dims;
+    for (const auto& d : tt.shape().dim()) {
+      if (d.has_dim_value() && d.dim_value() >= 0) dims.emplace_back(d.dim_value());
+      else if (d.has_dim_param() && !d.dim_param().empty()) dims.push_back(Dim::sym(d.dim_param()));
+      else dims.emplace_back();
+    }
+    t.dims = std::move(dims);
+    return t;
+  }
+
+  Status check_supported(const onnx::GraphProto& gp) {
+    std::map<std::string, std::vector<std::string>> unsupported;  // op -> node names
+    for (int i = 0; i < gp.node_size(); ++i) {
+      const auto& n = gp.node(i);
+      if (n.op_type() == "Constant" && (n.domain().empty() || n.domain() == "ai.onnx")) continue;
+      if (!find_op(n.domain(), n.op_type())) {
+        std::string op = n.domain().empty() ? n.op_type() : n.domain() + "." + n.op_type();
+        unsupported[op].push_back(n.name().empty() ? "#" + std::to_string(i) : n.name());
+      }
+    }
+    if (unsupported.empty()) return Status::Ok();
+    std::string msg = fmt::format("unsupported operator{}: ", unsupported.size() > 1 ? "s" : "");
+    bool first = true;
+    for (const auto& [op, nodes] : unsupported) {
+      std::vector<std::string> shown(nodes.begin(), nodes.begin() + std::min<size_t>(nodes.size(), 5));
+      msg += fmt::format("{}{} (node{} {}{})", first ? "" : "; ", op, nodes.size() > 1 ? "s" : "",
+                         fmt::join(shown, ", "),
+                         nodes.size() > 5 ? fmt::format(" and {} more", nodes.size() - 5) : "");
+      first = false;
+    }
+    return Status::Error(msg);
+  }
+
+  Expected<Attribute> convert_attribute(const onnx::AttributeProto& a, const std::string& where) {
+    using AP = onnx::AttributeProto;
+    switch (a.type()) {
+      case AP::FLOAT: return Attribute::Float(a.f());
+      case AP::INT: return Attribute::Int(a.i());
+      case AP::STRING: return Attribute::String(a.s());
+      case AP::FLOATS: return Attribute::Floats({a.floats().begin(), a.floats().end()});
+      case AP::INTS: return Attribute::Ints({a.ints().begin(), a.ints().end()});
+      case AP::STRINGS: return Attribute::Strings({a.strings().begin(), a.strings().end()});
+      case AP::TENSOR: {
+        KILN_ASSIGN_OR_RETURN(Tensor t, tensor_from_proto(a.t(), base_dir, where));
+        return Attribute::TensorValue(std::move(t));
+      }
+      default:
+        return KILN_ERROR("{}: attribute '{}' has a type kiln does not support ({})", where,
+                          a.name(), static_cast<int>(a.type()));
+    }
+  }
+
+  // Constant nodes become constant values (they carry a literal, not a computation).
+  Expected<Tensor> constant_node_value(const onnx::NodeProto& n, const std::string& where) {
+    if (n.attribute_size() != 1)
+      return KILN_ERROR("{}: Constant must have exactly one value attribute", where);
+    const auto& a = n.attribute(0);
+    const std::string& k = a.name();
+    if (k == "value") return tensor_from_proto(a.t(), base_dir, where);
+    if (k == "value_float") return Tensor::scalar<float>(a.f());
+    if (k == "value_int") return Tensor::scalar<int64_t>(a.i());
+    if (k == "value_floats")
+      return Tensor::from<float>({a.floats_size()}, {a.floats().begin(), a.floats().end()});
+    if (k == "value_ints")
+      return Tensor::from<int64_t>({a.ints_size()}, {a.ints().begin(), a.ints().end()});
+    return KILN_ERROR("{}: Constant attribute '{}' is not supported", where, k);
+  }
+
+  Status run() {
+    if (!model.has_graph()) return Status::Error("the model has no graph");
+    if (model.ir_version() > kMaxOnnxIrVersion)
+      return KILN_ERROR("ONNX IR version {} is newer than kiln supports (up to {})",
+                        model.ir_version(), kMaxOnnxIrVersion);
+    int opset = -1;
+    for (const auto& os : model.opset_import())
+      if (os.domain().empty() || os.domain() == "ai.onnx") opset = static_cast<int>(os.version());
+    if (opset < 0) opset = model.opset_import_size() == 0 ? 1 : -1;
+    if (opset < 0) return Status::Error("the model imports no ai.onnx opset");
+    if (opset > kMaxOnnxOpset)
+      return KILN_ERROR("ai.onnx opset {} is newer than kiln supports ({}..{}); re-export with "
+                        "opset {} or lower", opset, kMinOnnxOpset, kMaxOnnxOpset, kMaxOnnxOpset);
+    g->opset = opset;
+    const auto& gp = model.graph();
+    g->name = gp.name();
+    KILN_RETURN_IF_ERROR(check_supported(gp));
+
+    for (const auto& init : gp.initializer()) {
+      const std::string where = fmt::format("initializer '{}'", init.name());
+      KILN_ASSIGN_OR_RETURN(Tensor t, tensor_from_proto(init, base_dir, where));
+      values[init.name()] = g->add_constant(init.name(), std::move(t));
+    }
+    if (gp.sparse_initializer_size() > 0)
+      return Status::Error("sparse initializers are not supported");
+    for (const auto& in : gp.input()) {
+      if (values.count(in.name())) continue;  // an initializer listed as input: a constant
+      TensorType t = type_from_value_info(in);
+      if (!dtype_is_supported(t.dtype))
+        return KILN_ERROR("graph input '{}' has an unsupported type (elem_type {})", in.name(),
+                          static_cast<int>(t.dtype));
+      Value* v = g->add_value(in.name(), t);
+      g->add_input(v);
+      values[in.name()] = v;
+    }
+    std::map<std::string, TensorType> declared;
+    for (const auto& vi : gp.value_info()) declared[vi.name()] = type_from_value_info(vi);
+    for (const auto& vi : gp.output()) declared[vi.name()] = type_from_value_info(vi);
+
+    // First create every node with its outputs, then wire the inputs: tolerates models whose
+    // nodes are not topologically sorted.
+    std::set<std::string> node_names;
+    std::vector<std::pair<const onnx::NodeProto*, Node*>> created;
+    for (int i = 0; i < gp.node_size(); ++i) {
+      const auto& np = gp.node(i);
+      std::string name = np.name().empty() ? fmt::format("{}_{}", np.op_type(), i) : np.name();
+      while (node_names.count(name)) name += "_";
+      node_names.insert(name);
+      const std::string where = fmt::format("node '{}' ({}, #{})", name, np.op_type(), i);
+      for (const auto& o : np.output())
+        if (!o.empty() && values.count(o))
+          return KILN_ERROR("{}: output '{}' is already produced elsewhere", where, o);
+      if (np.op_type() == "Constant" && (np.domain().empty() || np.domain() == "ai.onnx")) {
+        if (np.output_size() != 1) return KILN_ERROR("{}: Constant needs one output", where);
+        KILN_ASSIGN_OR_RETURN(Tensor t, constant_node_value(np, where));
+        values[np.output(0)] = g->add_constant(np.output(0), std::move(t));
+        continue;
+      }
+      Node* n = g->add_node(np.op_type(), name, {}, {}, np.domain() == "ai.onnx" ? "" : np.domain());
+      n->onnx_nodes = {name};
+      for (int k = 0; k < np.output_size(); ++k) {
+        const std::string& o = np.output(k);
+        Value* v = o.empty() ? nullptr : g->add_value(o);
+        if (v && declared.count(o)) v->type = declared[o];
+        g->set_node_output(n, static_cast<size_t>(k), v);
+        if (v) values[o] = v;
+      }
+      for (const auto& a : np.attribute()) {
+        KILN_ASSIGN_OR_RETURN(Attribute attr, convert_attribute(a, where));
+        n->attrs.set(a.name(), std::move(attr));
+      }
+      created.push_back({&np, n});
+    }
+    for (auto [np, n] : created) {
+      for (int k = 0; k < np->input_size(); ++k) {
+        const std::string& in = np->input(k);
+        if (in.empty()) { g->set_input(n, static_cast<size_t>(k), nullptr); continue; }
+        auto it = values.find(in);
+        if (it == values.end())
+          return KILN_ERROR("{}: input '{}' is not a graph input, initializer or node output",
+                            n->label(), in);
+        g->set_input(n, static_cast<size_t>(k), it->second);
+      }
+    }
+    for (const auto& out : gp.output()) {
+      auto it = values.find(out.name());
+      if (it == values.end())
+        return KILN_ERROR("graph output '{}' is not produced by any node", out.name());
+      g->add_output(it->second);
+    }
+    KILN_RETURN_IF_ERROR(g->topo_sort());
+    // Upgrade to canonical (newest-opset) form; an upgrade may add constants or rewrite op_type.
+    for (Node* n : std::vector<Node*>(g->nodes())) {
+      const OpDef* def = find_op(n->domain, n->op_type);
+      if (def && def->upgrade) {
+        ImportContext ctx(*g, *n, opset);
+        Status st = def->upgrade(ctx);
+        if (!st.ok()) return st.message().find(n->label()) != std::string::npos
+                                 ? st : st.with_context(n->label());
+      }
+    }
+    KILN_RETURN_IF_ERROR(g->topo_sort());
+    KILN_RETURN_IF_ERROR(infer_shapes(*g));
+    // VERIFY_HOOK
+    return Status::Ok();
+  }
+};
+
+}  // namespace
+
+Expected<std::unique_ptr<Graph>> import_onnx_bytes(const std::string& bytes,
+                                                   const std::string& base_dir,
+                                                   const std::string& source_name) {
+  if (bytes.empty()) return KILN_ERROR("{}: empty file, not an ONNX model", source_name);
+  onnx::ModelProto model;
+  google::protobuf::io::ArrayInputStream raw(bytes.data(), static_cast<int>(bytes.size()));
+  google::protobuf::io::CodedInputStream coded(&raw);
+  coded.SetTotalBytesLimit(std::numeric_limits<int>::max());
+  if (!model.ParseFromCodedStream(&coded) || !coded.ConsumedEntireMessage())
+    return KILN_ERROR("{}: not a valid ONNX model (protobuf parse failed)", source_name);
+  Importer imp{model, base_dir, source_name};
+  Status st = imp.run();
+  if (!st.ok()) return st.with_context(source_name);
+  return std::move(imp.g);
+}
+
+Expected<std::unique_ptr<Graph>> import_onnx_file(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec))
+    return KILN_ERROR("{}: no such file", path);
+  const auto size = std::filesystem::file_size(path, ec);
+  if (ec || size > static_cast<uintmax_t>(std::numeric_limits<int>::max()))
+    return KILN_ERROR("{}: file larger than 2 GB; store the weights as ONNX external data", path);
+  std::ifstream in(path, std::ios::binary);
+  std::string bytes(static_cast<size_t>(size), '\0');
+  in.read(bytes.data(), static_cast<std::streamsize>(size));
+  if (!in) return KILN_ERROR("{}: cannot read file", path);
+  const std::string dir = std::filesystem::path(path).parent_path().string();
+  return import_onnx_bytes(bytes, dir.empty() ? "." : dir, path);
+}
+
+}  // namespace kiln

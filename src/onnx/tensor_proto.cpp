@@ -1,0 +1,141 @@
+#include "onnx/tensor_proto.h"
+
+#include <filesystem>
+#include <fstream>
+#include <limits>
+
+#include "onnx/onnx.pb.h"
+
+namespace kiln {
+namespace {
+
+template <typename T, typename Field>
+Status copy_field(const Field& field, Tensor& t, const std::string& where) {
+  if (static_cast<int64_t>(field.size()) != t.numel())
+    return KILN_ERROR("{}: holds {} values but its shape {} needs {}", where, field.size(),
+                      shape_str(t.shape()), t.numel());
+  T* dst = t.data<T>();
+  for (int64_t i = 0; i < t.numel(); ++i) dst[i] = static_cast<T>(field.Get(static_cast<int>(i)));
+  return Status::Ok();
+}
+
+Expected<std::string> read_external(const onnx::TensorProto& p, const std::string& base_dir,
+                                    const std::string& where, size_t expected) {
+  std::string location;
+  int64_t offset = 0, length = -1;
+  for (const auto& kv : p.external_data()) {
+    try {
+      if (kv.key() == "location") location = kv.value();
+      else if (kv.key() == "offset") offset = std::stoll(kv.value());
+      else if (kv.key() == "length") length = std::stoll(kv.value());
+    } catch (...) {
+      return KILN_ERROR("{}: external data field '{}' has a bad value '{}'", where, kv.key(),
+                        kv.value());
+    }
+  }
+  if (location.empty()) return KILN_ERROR("{}: external data without a location", where);
+  namespace fs = std::filesystem;
+  const fs::path rel(location);
+  if (rel.is_absolute() || location.find("..") != std::string::npos)
+    return KILN_ERROR("{}: external data location '{}' must be a relative path inside the model's "
+                      "folder", where, location);
+  const fs::path file = fs::path(base_dir) / rel;
+  std::error_code ec;
+  const auto size = fs::file_size(file, ec);
+  if (ec) return KILN_ERROR("{}: cannot open external data file '{}'", where, file.string());
+  if (length < 0) length = static_cast<int64_t>(expected);
+  if (offset < 0 || static_cast<uint64_t>(offset) > size ||
+      static_cast<uint64_t>(length) > size - static_cast<uint64_t>(offset))
+    return KILN_ERROR("{}: external data range [{}, +{}) is outside '{}' ({} bytes)", where, offset,
+                      length, file.string(), size);
+  if (static_cast<size_t>(length) != expected)
+    return KILN_ERROR("{}: external data length {} does not match the tensor size {} bytes", where,
+                      length, expected);
+  std::ifstream in(file, std::ios::binary);
+  in.seekg(offset);
+  std::string buf(static_cast<size_t>(length), '\0');
+  in.read(buf.data(), length);
+  if (!in) return KILN_ERROR("{}: failed to read external data from '{}'", where, file.string());
+  return buf;
+}
+
+}  // namespace
+
+Expected<Tensor> tensor_from_proto(const onnx::TensorProto& p, const std::string& base_dir,
+                                   const std::string& where) {
+  const auto dtype = static_cast<DataType>(p.data_type());
+  if (!dtype_is_supported(dtype)) {
+    if (dtype == DataType::kString)
+      return KILN_ERROR("{}: string tensors are not supported", where);
+    return KILN_ERROR("{}: element type {} is not supported", where, p.data_type());
+  }
+  std::vector<int64_t> shape;
+  int64_t numel = 1;
+  for (int64_t d : p.dims()) {
+    if (d < 0) return KILN_ERROR("{}: negative dimension {}", where, d);
+    if (d > 0 && numel > std::numeric_limits<int64_t>::max() / 8 / d)
+      return KILN_ERROR("{}: shape is too large", where);
+    numel *= d;
+    shape.push_back(d);
+  }
+  const size_t nbytes = static_cast<size_t>(numel) * dtype_size(dtype);
+  const bool external = p.data_location() == onnx::TensorProto::EXTERNAL;
+  if (external || p.has_raw_data()) {
+    std::string ext;
+    const std::string* raw = &p.raw_data();
+    if (external) {
+      KILN_ASSIGN_OR_RETURN(ext, read_external(p, base_dir, where, nbytes));
+      raw = &ext;
+    }
+    if (raw->size() != nbytes)
+      return KILN_ERROR("{}: raw data has {} bytes but shape {} of {} needs {}", where, raw->size(),
+                        shape_str(shape), dtype_name(dtype), nbytes);
+    Tensor t(dtype, shape);
+    if (nbytes) std::memcpy(t.raw(), raw->data(), nbytes);  // ONNX raw data is little-endian
+    return t;
+  }
+  Tensor t(dtype, shape);
+  Status st;
+  switch (dtype) {
+    case DataType::kFloat32: st = copy_field<float>(p.float_data(), t, where); break;
+    case DataType::kFloat64: st = copy_field<double>(p.double_data(), t, where); break;
+    case DataType::kInt64: st = copy_field<int64_t>(p.int64_data(), t, where); break;
+    case DataType::kUInt32: case DataType::kUInt64:
+      st = dtype == DataType::kUInt32 ? copy_field<uint32_t>(p.uint64_data(), t, where)
+                                      : copy_field<uint64_t>(p.uint64_data(), t, where);
+      break;
+    case DataType::kInt32: st = copy_field<int32_t>(p.int32_data(), t, where); break;
+    case DataType::kInt16: st = copy_field<int16_t>(p.int32_data(), t, where); break;
+    case DataType::kUInt16: st = copy_field<uint16_t>(p.int32_data(), t, where); break;
+    case DataType::kInt8: st = copy_field<int8_t>(p.int32_data(), t, where); break;
+    case DataType::kUInt8: st = copy_field<uint8_t>(p.int32_data(), t, where); break;
+    case DataType::kBool: st = copy_field<bool>(p.int32_data(), t, where); break;
+    case DataType::kFloat16: case DataType::kBFloat16:  // bit patterns stored in int32_data
+      st = copy_field<uint16_t>(p.int32_data(), t, where);
+      break;
+    default: return KILN_ERROR("{}: element type {} is not supported", where, dtype_name(dtype));
+  }
+  if (!st.ok()) return st;
+  return t;
+}
+
+static Expected<onnx::TensorProto> parse_pb(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return KILN_ERROR("{}: cannot open file", path);
+  onnx::TensorProto p;
+  if (!p.ParseFromIstream(&in)) return KILN_ERROR("{}: not a valid ONNX TensorProto file", path);
+  return p;
+}
+
+Expected<Tensor> read_tensor_pb_file(const std::string& path) {
+  KILN_ASSIGN_OR_RETURN(onnx::TensorProto p, parse_pb(path));
+  const std::string dir = std::filesystem::path(path).parent_path().string();
+  return tensor_from_proto(p, dir, path);
+}
+
+Expected<std::string> read_tensor_pb_name(const std::string& path) {
+  KILN_ASSIGN_OR_RETURN(onnx::TensorProto p, parse_pb(path));
+  return p.name();
+}
+
+}  // namespace kiln

@@ -1,0 +1,114 @@
+// kiln inspect: inputs, outputs, layers, weights and build options of an engine or ONNX model.
+#include <iostream>
+
+#include <nlohmann/json.hpp>
+
+#include "cli.h"
+#include "engine/plan_format.h"
+#include "ir/graph.h"
+#include "onnx/importer.h"
+
+namespace kiln::cli {
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+nlohmann::json value_json(const Value* v) {
+  if (!v) return nullptr;
+  return {{"name", v->name}, {"type", v->type.str()}};
+}
+
+// The precision a layer computes in: its first float output's element type.
+std::string layer_precision(const Node& n) {
+  for (const Value* v : n.outputs())
+    if (v && dtype_is_float(v->type.dtype)) return std::string(dtype_name(v->type.dtype));
+  for (const Value* v : n.outputs())
+    if (v) return std::string(dtype_name(v->type.dtype));
+  return "";
+}
+
+nlohmann::json describe(const Graph& g, const std::string& kind, const nlohmann::json& meta) {
+  nlohmann::json j = meta;
+  j["kind"] = kind;
+  j["graph"] = g.name;
+  j["opset"] = g.opset;
+  j["inputs"] = nlohmann::json::array();
+  for (const Value* v : g.inputs()) j["inputs"].push_back(value_json(v));
+  j["outputs"] = nlohmann::json::array();
+  for (const Value* v : g.outputs()) j["outputs"].push_back(value_json(v));
+  j["layers"] = nlohmann::json::array();
+  for (const Node* n : g.nodes()) {
+    nlohmann::json l = {{"name", n->name}, {"type", n->domain.empty() ? n->op_type : n->domain + "." + n->op_type},
+                        {"precision", layer_precision(*n)}, {"origin", n->origin},
+                        {"onnx_nodes", n->onnx_nodes}};
+    l["inputs"] = nlohmann::json::array();
+    for (const Value* v : n->inputs())
+      l["inputs"].push_back(v ? nlohmann::json(v->is_constant() ? "(const) " + v->name : v->name) : nlohmann::json(""));
+    l["outputs"] = nlohmann::json::array();
+    for (const Value* v : n->outputs()) l["outputs"].push_back(value_json(v));
+    if (const Attribute* t = n->attrs.find("kiln_tactic")) l["tactic"] = t->s;
+    j["layers"].push_back(l);
+  }
+  size_t weight_bytes = 0, weight_count = 0;
+  for (const Value* v : g.values())
+    if (v->is_constant()) { weight_bytes += v->constant->nbytes(); ++weight_count; }
+  j["weights"] = {{"count", weight_count}, {"bytes", weight_bytes}};
+  return j;
+}
+
+void print_text(const nlohmann::json& j) {
+  std::cout << j["kind"].get<std::string>() << (j.contains("backend") ? " (" + j["backend"].get<std::string>() + " backend, target " + j["target"].get<std::string>() + ", kiln " + j["kiln_version"].get<std::string>() + ")" : "") << "\n";
+  if (j.contains("build_options")) std::cout << "build options: " << j["build_options"].dump() << "\n";
+  std::cout << "opset " << j["opset"] << "\n";
+  for (const auto& v : j["inputs"]) std::cout << "input  " << v["name"].get<std::string>() << ": " << v["type"].get<std::string>() << "\n";
+  for (const auto& v : j["outputs"]) std::cout << "output " << v["name"].get<std::string>() << ": " << v["type"].get<std::string>() << "\n";
+  std::cout << fmt::format("weights: {} tensors, {} bytes", j["weights"]["count"].get<size_t>(), j["weights"]["bytes"].get<size_t>()) << "\n";
+  std::cout << "layers (" << j["layers"].size() << "):\n";
+  int i = 0;
+  for (const auto& l : j["layers"]) {
+    std::vector<std::string> ins, outs;
+    for (const auto& v : l["inputs"]) ins.push_back(v.get<std::string>());
+    for (const auto& v : l["outputs"]) outs.push_back(v.is_null() ? "" : v["name"].get<std::string>() + ":" + v["type"].get<std::string>());
+    std::cout << fmt::format("  #{:<3} {:<22} {:<28} {:<8} ({}) -> ({})", i++, l["type"].get<std::string>(),
+                             l["name"].get<std::string>(), l["precision"].get<std::string>(),
+                             fmt::join(ins, ", "), fmt::join(outs, ", "));
+    if (l.contains("tactic")) std::cout << " tactic=" << l["tactic"].get<std::string>();
+    if (l["onnx_nodes"].size() > 1 || l["origin"] != "import")
+      std::cout << fmt::format(" [{}; covers {}]", l["origin"].get<std::string>(),
+                               fmt::join(l["onnx_nodes"].get<std::vector<std::string>>(), ", "));
+    std::cout << "\n";
+  }
+}
+
+}  // namespace
+
+Runner add_inspect_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("inspect", "Show the inputs, outputs, layers and weights of an engine or ONNX model");
+  struct Opts {
+    std::string path;
+    bool json = false;
+  };
+  auto o = std::make_shared<Opts>();
+  cmd->add_option("file", o->path, "Engine (.kiln) or ONNX model (.onnx)")->required();
+  cmd->add_flag("--json", o->json, "Print one JSON object");
+  return [o]() -> Status {
+    nlohmann::json j;
+    if (ends_with(o->path, ".onnx")) {
+      KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, import_onnx_file(o->path));
+      j = describe(*g, "onnx model", nlohmann::json::object());
+    } else {
+      KILN_ASSIGN_OR_RETURN(LoadedPlan plan, read_plan_file(o->path));
+      nlohmann::json meta = {{"backend", plan.meta.backend}, {"target", plan.meta.target},
+                             {"kiln_version", plan.meta.kiln_version},
+                             {"build_options", plan.meta.build_options}};
+      j = describe(*plan.graph, "kiln engine", meta);
+    }
+    if (o->json) std::cout << j.dump(2) << "\n";
+    else print_text(j);
+    return Status::Ok();
+  };
+}
+
+}  // namespace kiln::cli
