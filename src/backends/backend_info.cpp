@@ -23,7 +23,7 @@ int cuda_device_count(std::string* why) {
   if (n == 0 && why) *why = "no CUDA GPU is available";
   return n;
 #else
-  if (why) *why = "this kiln was built without CUDA (KILN_CUDA=OFF)";
+  if (why) *why = "this kiln was built without CUDA GPU support (KILN_CUDA=OFF)";
   return 0;
 #endif
 }

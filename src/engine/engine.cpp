@@ -6,6 +6,7 @@
 #include "backends/cpu/cpu_executor.h"
 #include "engine/plan_format.h"
 #include "engine/profile.h"
+#include "ir/verifier.h"
 #include "onnx/importer.h"
 #include "ops/op.h"
 #include "passes/pipeline.h"
@@ -121,6 +122,7 @@ Status Engine::save(const std::string& path) const {
 
 Expected<std::unique_ptr<Engine>> Engine::load(const std::string& path) {
   KILN_ASSIGN_OR_RETURN(LoadedPlan plan, read_plan_file(path));
+  KILN_RETURN_IF_ERROR(verify_graph(*plan.graph).with_context(path));
   const std::string& backend = plan.meta.backend;
   if (backend != "cpu" && backend != "cuda")
     return KILN_ERROR("{}: unknown backend '{}' in engine", path, backend);

@@ -9,6 +9,7 @@
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 
+#include "ir/verifier.h"
 #include "onnx/onnx.pb.h"
 #include "onnx/tensor_proto.h"
 #include "ops/op.h"
@@ -101,9 +102,9 @@ struct Importer {
 
   Status run() {
     if (!model.has_graph()) return Status::Error("the model has no graph");
-    if (model.ir_version() > kMaxOnnxIrVersion)
-      return KILN_ERROR("ONNX IR version {} is newer than kiln supports (up to {})",
-                        model.ir_version(), kMaxOnnxIrVersion);
+    // Newer IR versions only add features (new types, functions) that are refused where they
+    // appear, so the IR version itself is not a reason to refuse a model.
+    if (model.ir_version() < 1) return Status::Error("the model has no ONNX IR version");
     int opset = -1;
     for (const auto& os : model.opset_import())
       if (os.domain().empty() || os.domain() == "ai.onnx") opset = static_cast<int>(os.version());
@@ -202,7 +203,7 @@ struct Importer {
     }
     KILN_RETURN_IF_ERROR(g->topo_sort());
     KILN_RETURN_IF_ERROR(infer_shapes(*g));
-    // VERIFY_HOOK
+    KILN_RETURN_IF_ERROR(verify_graph(*g));
     return Status::Ok();
   }
 };

@@ -12,7 +12,6 @@ namespace kiln {
 
 inline constexpr int kMinOnnxOpset = 1;
 inline constexpr int kMaxOnnxOpset = 21;
-inline constexpr int kMaxOnnxIrVersion = 10;
 
 // Reads and imports a .onnx file (external data is resolved relative to its folder). The graph
 // comes back with types inferred and verified. A model with unsupported ops is refused before

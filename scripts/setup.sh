@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Installs everything kiln needs to build and test, from Debian packages and PyPI.
+# Idempotent and non-interactive; safe to run on every build.
+set -euo pipefail
+
+APT_PACKAGES=(
+  build-essential cmake ninja-build pkg-config
+  libprotobuf-dev protobuf-compiler      # ONNX's protobuf schema
+  libonnx-dev                            # onnx.proto
+  libonnx-testdata                       # the ONNX backend test data (conformance suite)
+  libgtest-dev libgmock-dev              # unit tests
+  libcli11-dev nlohmann-json3-dev libfmt-dev
+  python3 python3-pip
+)
+PIP_PACKAGES=(numpy onnx onnxruntime)
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing Debian packages: ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+need_pip=()
+for p in "${PIP_PACKAGES[@]}"; do
+  if ! "$PY" -c "import $p" 2>/dev/null; then need_pip+=("$p"); fi
+done
+if [ ${#need_pip[@]} -gt 0 ]; then
+  echo "setup: installing Python packages: ${need_pip[*]}"
+  "$PY" -m pip install --quiet --disable-pip-version-check "${need_pip[@]}" 2>/dev/null \
+    || "$PY" -m pip install --quiet --disable-pip-version-check --break-system-packages "${need_pip[@]}"
+fi
+
+# Optional: PyTorch for the model export scripts (ResNet-50, BERT). Large; only on request.
+if [ "${KILN_WITH_TORCH:-0}" = "1" ] && ! "$PY" -c "import torch, torchvision" 2>/dev/null; then
+  echo "setup: installing torch and torchvision (KILN_WITH_TORCH=1)"
+  "$PY" -m pip install --quiet --disable-pip-version-check torch torchvision
+fi
+echo "setup: done"

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs what is needed, builds, and runs every test: unit tests (ctest; GPU tests skip
+# without a GPU), model-level tests, and the ONNX conformance suite (fails on any regression).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+scripts/build.sh
+BUILD_DIR=${KILN_BUILD_DIR:-build}
+
+echo "== conformance (ONNX backend test data through kiln run) =="
+python3 scripts/conformance.py --kiln "$BUILD_DIR/kiln" --expect tests/conformance/expected_pass.txt \
+  --json "$BUILD_DIR/conformance.json"
+
+echo "== model tests (kiln vs ONNX Runtime) =="
+python3 tests/models/run_model_tests.py --kiln "$BUILD_DIR/kiln"
+
+echo "== CLI tests (bad input gives one line and exit status 1) =="
+python3 tests/cli/run_cli_tests.py --kiln "$BUILD_DIR/kiln"
+
+echo "== unit tests =="
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi >/dev/null 2>&1; then
+  echo "note: no GPU on this machine: tests labelled 'gpu' skip (they say so below)"
+fi
+cd "$BUILD_DIR"
+ctest --output-on-failure -j "$(nproc)"

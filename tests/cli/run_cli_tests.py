@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""CLI behaviour on good and bad input: every bad input gives exit status 1 and one line on
+stderr that names the problem (never a signal, a hang or a traceback)."""
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "scripts", "models"))
+import small_models  # noqa: E402
+
+FAILURES = []
+
+
+def kiln(args, *a):
+    return subprocess.run([args.kiln, *a], capture_output=True, text=True, timeout=300)
+
+
+def expect_ok(args, label, *a):
+    p = kiln(args, *a)
+    ok = p.returncode == 0
+    print(f"{'ok  ' if ok else 'FAIL'} {label}")
+    if not ok:
+        FAILURES.append(label)
+        print("     stderr:", p.stderr.strip())
+    return p
+
+
+def expect_error(args, label, needle, *a):
+    p = kiln(args, *a)
+    lines = p.stderr.strip().splitlines()
+    problems = []
+    if p.returncode != 1:
+        problems.append(f"exit status {p.returncode}")
+    if len(lines) != 1:
+        problems.append(f"{len(lines)} stderr lines")
+    if needle.lower() not in p.stderr.lower():
+        problems.append(f"message lacks '{needle}'")
+    print(f"{'ok  ' if not problems else 'FAIL'} {label}: {lines[-1] if lines else '(no message)'}")
+    if problems:
+        FAILURES.append(label)
+        print("     problems:", "; ".join(problems))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kiln", default="build/kiln")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        p = lambda name: os.path.join(d, name)  # noqa: E731
+        onnx.save(small_models.small_cnn(), p("cnn.onnx"))
+        good = open(p("cnn.onnx"), "rb").read()
+
+        expect_ok(args, "help", "--help")
+        for sub in ("build", "run", "inspect"):
+            expect_ok(args, f"{sub} --help", sub, "--help")
+        expect_ok(args, "build", "build", "--onnx", p("cnn.onnx"), "--save-engine", p("cnn.kiln"))
+        expect_ok(args, "run engine", "run", "--engine", p("cnn.kiln"), "--save-outputs", p("out"))
+        if not os.path.exists(p("out/probabilities.npy")):
+            FAILURES.append("run saved no output")
+        expect_ok(args, "inspect engine --json", "inspect", p("cnn.kiln"), "--json")
+        expect_ok(args, "inspect onnx", "inspect", p("cnn.onnx"))
+        expect_ok(args, "build with profile", "build", "--onnx", p("cnn.onnx"), "--save-engine", p("prof.kiln"),
+                  "--min-shapes", "input:1x3x32x32", "--opt-shapes", "input:4x3x32x32", "--max-shapes", "input:8x3x32x32")
+        expect_ok(args, "run within profile", "run", "--engine", p("prof.kiln"), "--shapes", "input:8x3x32x32")
+
+        # usage errors
+        expect_error(args, "no subcommand", "subcommand")
+        expect_error(args, "unknown flag", "--bogus", "build", "--onnx", p("cnn.onnx"), "--save-engine", p("x.kiln"), "--bogus")
+        expect_error(args, "missing --save-engine", "save-engine", "build", "--onnx", p("cnn.onnx"))
+        expect_error(args, "bad --shapes", "--shapes", "build", "--onnx", p("cnn.onnx"), "--save-engine", p("x.kiln"), "--shapes", "input:1xAx3")
+        expect_error(args, "--shapes unknown input", "no input named", "build", "--onnx", p("cnn.onnx"), "--save-engine", p("x.kiln"), "--shapes", "nope:1x3x32x32")
+        expect_error(args, "--shapes wrong static dim", "dimension 1", "build", "--onnx", p("cnn.onnx"), "--save-engine", p("x.kiln"), "--shapes", "input:1x4x32x32")
+        expect_error(args, "min > max", "min <= opt <= max", "build", "--onnx", p("cnn.onnx"), "--save-engine", p("x.kiln"),
+                     "--min-shapes", "input:8x3x32x32", "--max-shapes", "input:1x3x32x32")
+        expect_error(args, "outside profile", "outside the engine's profile", "run", "--engine", p("prof.kiln"), "--shapes", "input:9x3x32x32")
+
+        # bad models
+        expect_error(args, "missing model", "no such file", "build", "--onnx", p("nope.onnx"), "--save-engine", p("x.kiln"))
+        open(p("empty.onnx"), "wb").close()
+        expect_error(args, "empty model", "empty", "build", "--onnx", p("empty.onnx"), "--save-engine", p("x.kiln"))
+        open(p("garbage.onnx"), "wb").write(os.urandom(4096))
+        expect_error(args, "garbage model", "not a valid ONNX model", "inspect", p("garbage.onnx"))
+        open(p("trunc.onnx"), "wb").write(good[: len(good) // 2])
+        expect_error(args, "truncated model", "not a valid ONNX model", "run", "--onnx", p("trunc.onnx"))
+        n1 = helper.make_node("FooBar", ["x"], ["y"], name="foo1")
+        n2 = helper.make_node("Relu", ["y"], ["z"], name="relu")
+        n3 = helper.make_node("FooBar", ["z"], ["w"], name="foo2")
+        n4 = helper.make_node("Unique", ["w"], ["u"], name="uniq")
+        g = helper.make_graph([n1, n2, n3, n4], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("u", TensorProto.FLOAT, None)])
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+        onnx.save(m, p("unsupported.onnx"))
+        expect_error(args, "unsupported ops listed together", "FooBar (nodes foo1, foo2); Unique (node uniq)",
+                     "build", "--onnx", p("unsupported.onnx"), "--save-engine", p("x.kiln"))
+        n = helper.make_node("Relu", ["x", ], ["y"], name="r")
+        g = helper.make_graph([n], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("missing", TensorProto.FLOAT, [2])])
+        onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), p("dangling.onnx"))
+        expect_error(args, "dangling graph output", "missing", "inspect", p("dangling.onnx"))
+        n = helper.make_node("Add", ["x", "ghost"], ["y"], name="add")
+        g = helper.make_graph([n], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+        onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), p("ghost.onnx"))
+        expect_error(args, "undefined node input", "ghost", "inspect", p("ghost.onnx"))
+        g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+        onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 99)]), p("opset99.onnx"))
+        expect_error(args, "too new opset", "opset 99", "inspect", p("opset99.onnx"))
+        n = helper.make_node("Conv", ["x", "w"], ["y"], name="conv")
+        g = helper.make_graph([n], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [helper.make_tensor("w", TensorProto.FLOAT, [4, 5, 3, 3], np.ones(180, np.float32))])
+        onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), p("badconv.onnx"))
+        expect_error(args, "channel mismatch", "conv", "build", "--onnx", p("badconv.onnx"), "--save-engine", p("x.kiln"))
+
+        # bad engines
+        eng = open(p("cnn.kiln"), "rb").read()
+        open(p("empty.kiln"), "wb").close()
+        expect_error(args, "empty engine", "empty", "run", "--engine", p("empty.kiln"))
+        open(p("trunc.kiln"), "wb").write(eng[: len(eng) - 100])
+        expect_error(args, "truncated engine", "truncated", "run", "--engine", p("trunc.kiln"))
+        bad = bytearray(eng)
+        bad[len(bad) // 2] ^= 0x40
+        open(p("flip.kiln"), "wb").write(bytes(bad))
+        expect_error(args, "corrupted engine", "checksum", "run", "--engine", p("flip.kiln"))
+        open(p("magic.kiln"), "wb").write(b"NOTKILN!" + eng[8:])
+        expect_error(args, "bad magic", "not a kiln engine", "inspect", p("magic.kiln"))
+        expect_error(args, "onnx given as engine", "not a kiln engine", "run", "--engine", p("cnn.onnx"))
+
+        # bad inputs at run time
+        np.save(p("wrong_shape.npy"), np.zeros((1, 3, 31, 32), np.float32) + 0.5)
+        expect_error(args, "wrong input shape", "dimension 2", "run", "--engine", p("cnn.kiln"), "--input", f"input={p('wrong_shape.npy')}")
+        np.save(p("wrong_type.npy"), np.ones((1, 3, 32, 32), np.float64))
+        expect_error(args, "wrong input type", "float64", "run", "--engine", p("cnn.kiln"), "--input", f"input={p('wrong_type.npy')}")
+        expect_error(args, "unknown input name", "no input named", "run", "--engine", p("cnn.kiln"), "--input", f"nope={p('wrong_type.npy')}")
+        expect_error(args, "missing input file", "cannot open", "run", "--engine", p("cnn.kiln"), "--input", f"input={p('nope.npy')}")
+        open(p("bad.npy"), "wb").write(b"\x93NUMPY\x01\x00garbage")
+        expect_error(args, "corrupt npy", "bad.npy", "run", "--engine", p("cnn.kiln"), "--input", f"input={p('bad.npy')}")
+        expect_error(args, "save-outputs onto a file", "save-outputs", "run", "--engine", p("cnn.kiln"), "--save-outputs", p("cnn.onnx"))
+
+        # GPU backend without a GPU says so
+        has_gpu = subprocess.run(["sh", "-c", "nvidia-smi -L"], capture_output=True).returncode == 0
+        if not has_gpu:
+            expect_error(args, "cuda backend without GPU", "GPU", "build", "--onnx", p("cnn.onnx"), "--save-engine", p("x.kiln"), "--backend", "cuda")
+        expect_error(args, "fp16 on cpu", "cpu backend", "build", "--onnx", p("cnn.onnx"), "--save-engine", p("x.kiln"), "--backend", "cpu", "--fp16")
+    print(f"cli tests: {'all behave' if not FAILURES else str(len(FAILURES)) + ' FAILED: ' + ', '.join(FAILURES)}")
+    return 1 if FAILURES else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

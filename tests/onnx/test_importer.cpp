@@ -1,0 +1,212 @@
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "onnx/importer.h"
+#include "onnx/onnx.pb.h"
+#include "onnx/tensor_proto.h"
+
+namespace kiln {
+namespace {
+
+onnx::ModelProto make_model(int opset) {
+  onnx::ModelProto m;
+  m.set_ir_version(8);
+  auto* os = m.add_opset_import();
+  os->set_domain("");
+  os->set_version(opset);
+  m.mutable_graph()->set_name("g");
+  return m;
+}
+
+void add_io(onnx::ValueInfoProto* vi, const std::string& name, int elem,
+            const std::vector<std::string>& dims) {
+  vi->set_name(name);
+  auto* tt = vi->mutable_type()->mutable_tensor_type();
+  tt->set_elem_type(elem);
+  auto* shape = tt->mutable_shape();
+  for (const auto& d : dims) {
+    auto* dim = shape->add_dim();
+    if (!d.empty() && std::isdigit(static_cast<unsigned char>(d[0]))) dim->set_dim_value(std::stoll(d));
+    else dim->set_dim_param(d);
+  }
+}
+
+onnx::NodeProto* add_node(onnx::GraphProto* g, const std::string& op, std::vector<std::string> in,
+                          std::vector<std::string> out, const std::string& name = "") {
+  auto* n = g->add_node();
+  n->set_op_type(op);
+  n->set_name(name);
+  for (auto& i : in) n->add_input(i);
+  for (auto& o : out) n->add_output(o);
+  return n;
+}
+
+Expected<std::unique_ptr<Graph>> import(const onnx::ModelProto& m, const std::string& dir = ".") {
+  std::string bytes;
+  m.SerializeToString(&bytes);
+  return import_onnx_bytes(bytes, dir, "test.onnx");
+}
+
+TEST(Importer, SymbolicDimsPropagate) {
+  auto m = make_model(17);
+  auto* g = m.mutable_graph();
+  add_io(g->add_input(), "x", onnx::TensorProto::FLOAT, {"N", "3"});
+  add_node(g, "Relu", {"x"}, {"y"}, "relu");
+  add_io(g->add_output(), "y", onnx::TensorProto::FLOAT, {"N", "3"});
+  auto r = import(m);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  const Value* y = (*r)->outputs()[0];
+  EXPECT_EQ(y->type.str(), "float32[N,3]");
+  EXPECT_EQ((*r)->nodes()[0]->onnx_nodes, std::vector<std::string>{"relu"});
+}
+
+TEST(Importer, UnsortedNodesAreOrdered) {
+  auto m = make_model(17);
+  auto* g = m.mutable_graph();
+  add_io(g->add_input(), "x", onnx::TensorProto::FLOAT, {"2"});
+  add_node(g, "Neg", {"t"}, {"y"}, "second");
+  add_node(g, "Abs", {"x"}, {"t"}, "first");
+  add_io(g->add_output(), "y", onnx::TensorProto::FLOAT, {"2"});
+  auto r = import(m);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ((*r)->nodes()[0]->name, "first");
+}
+
+TEST(Importer, RefusesAllUnsupportedOpsInOneMessage) {
+  auto m = make_model(17);
+  auto* g = m.mutable_graph();
+  add_io(g->add_input(), "x", onnx::TensorProto::FLOAT, {"2"});
+  add_node(g, "Frobnicate", {"x"}, {"a"}, "f1");
+  add_node(g, "Frobnicate", {"a"}, {"b"}, "f2");
+  add_node(g, "Loop2", {"b"}, {"y"}, "l");
+  add_io(g->add_output(), "y", onnx::TensorProto::FLOAT, {"2"});
+  auto r = import(m);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("Frobnicate (nodes f1, f2)"), std::string::npos)
+      << r.status().message();
+  EXPECT_NE(r.status().message().find("Loop2 (node l)"), std::string::npos);
+}
+
+TEST(Importer, ConstantNodesBecomeConstants) {
+  auto m = make_model(13);
+  auto* g = m.mutable_graph();
+  add_io(g->add_input(), "x", onnx::TensorProto::FLOAT, {"2", "3"});
+  auto* c = add_node(g, "Constant", {}, {"shape"}, "c");
+  auto* a = c->add_attribute();
+  a->set_name("value_ints");
+  a->set_type(onnx::AttributeProto::INTS);
+  a->add_ints(3);
+  a->add_ints(2);
+  add_node(g, "Reshape", {"x", "shape"}, {"y"}, "r");
+  add_io(g->add_output(), "y", onnx::TensorProto::FLOAT, {});
+  g->mutable_output(0)->mutable_type()->mutable_tensor_type()->clear_shape();
+  auto r = import(m);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ((*r)->nodes().size(), 1u);
+  EXPECT_TRUE((*r)->nodes()[0]->input(1)->is_constant());
+  EXPECT_EQ((*r)->outputs()[0]->type.str(), "float32[3,2]");
+}
+
+TEST(Importer, InitializerListedAsInputIsAConstant) {
+  auto m = make_model(9);
+  auto* g = m.mutable_graph();
+  add_io(g->add_input(), "x", onnx::TensorProto::FLOAT, {"2"});
+  add_io(g->add_input(), "w", onnx::TensorProto::FLOAT, {"2"});
+  auto* w = g->add_initializer();
+  w->set_name("w");
+  w->set_data_type(onnx::TensorProto::FLOAT);
+  w->add_dims(2);
+  w->add_float_data(1.5f);
+  w->add_float_data(-2.f);
+  add_node(g, "Add", {"x", "w"}, {"y"});
+  add_io(g->add_output(), "y", onnx::TensorProto::FLOAT, {"2"});
+  auto r = import(m);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ((*r)->inputs().size(), 1u);
+  EXPECT_FLOAT_EQ((*r)->find_value("w")->constant->data<float>()[1], -2.f);
+}
+
+TEST(Importer, ExternalDataIsReadAndBoundsChecked) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("kiln_ext_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const float vals[4] = {1, 2, 3, 4};
+  {
+    std::ofstream f(dir / "weights.bin", std::ios::binary);
+    const char pad[16] = {};
+    f.write(pad, 16);
+    f.write(reinterpret_cast<const char*>(vals), sizeof(vals));
+  }
+  auto m = make_model(17);
+  auto* g = m.mutable_graph();
+  add_io(g->add_input(), "x", onnx::TensorProto::FLOAT, {"4"});
+  auto* w = g->add_initializer();
+  w->set_name("w");
+  w->set_data_type(onnx::TensorProto::FLOAT);
+  w->add_dims(4);
+  w->set_data_location(onnx::TensorProto::EXTERNAL);
+  auto kv = [&](const std::string& k, const std::string& v) {
+    auto* e = w->add_external_data();
+    e->set_key(k);
+    e->set_value(v);
+  };
+  kv("location", "weights.bin");
+  kv("offset", "16");
+  kv("length", "16");
+  add_node(g, "Mul", {"x", "w"}, {"y"});
+  add_io(g->add_output(), "y", onnx::TensorProto::FLOAT, {"4"});
+  auto r = import(m, dir.string());
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_FLOAT_EQ((*r)->find_value("w")->constant->data<float>()[3], 4.f);
+
+  w->mutable_external_data(1)->set_value("24");  // runs past the end of the file
+  auto bad = import(m, dir.string());
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("outside"), std::string::npos) << bad.status().message();
+  w->mutable_external_data(0)->set_value("../etc/passwd");
+  bad = import(m, dir.string());
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("relative path"), std::string::npos);
+  fs::remove_all(dir);
+}
+
+TEST(TensorProto, TypedFieldsAndRawData) {
+  onnx::TensorProto p;
+  p.set_data_type(onnx::TensorProto::FLOAT16);
+  p.add_dims(2);
+  p.add_int32_data(0x3c00);  // 1.0
+  p.add_int32_data(0xc000);  // -2.0
+  auto t = tensor_from_proto(p, ".", "t");
+  ASSERT_TRUE(t.ok()) << t.status().message();
+  EXPECT_FLOAT_EQ(t->at_double(1), -2.0);
+
+  onnx::TensorProto q;
+  q.set_data_type(onnx::TensorProto::INT64);
+  q.add_dims(3);
+  q.set_raw_data(std::string(16, '\0'));  // 16 bytes for 3 int64: wrong size
+  auto bad = tensor_from_proto(q, ".", "q");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("raw data has 16 bytes"), std::string::npos);
+
+  onnx::TensorProto s;
+  s.set_data_type(onnx::TensorProto::STRING);
+  EXPECT_FALSE(tensor_from_proto(s, ".", "s").ok());
+}
+
+TEST(Importer, MalformedBytesAreRefused) {
+  EXPECT_FALSE(import_onnx_bytes("", ".", "e.onnx").ok());
+  EXPECT_FALSE(import_onnx_bytes(std::string(100, '\xff'), ".", "g.onnx").ok());
+  EXPECT_FALSE(import_onnx_file("/nonexistent/model.onnx").ok());
+}
+
+TEST(Importer, TooNewOpsetIsRefused) {
+  auto m = make_model(kMaxOnnxOpset + 1);
+  auto r = import(m);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("newer than kiln supports"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kiln
