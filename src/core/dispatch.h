@@ -1,6 +1,7 @@
 // Type dispatch helpers shared by tensor code and CPU kernels.
 #pragma once
 
+#include <limits>
 #include <type_traits>
 
 #include "kiln/types.h"
@@ -44,8 +45,13 @@ inline To convert(From v) {
     return To(static_cast<float>(to_double(v)));
   } else if constexpr (std::is_same_v<To, bool>) {
     return to_double(v) != 0.0;
-  } else if constexpr (std::is_same_v<From, Half> || std::is_same_v<From, BFloat16>) {
-    return static_cast<To>(static_cast<float>(v));
+  } else if constexpr (std::is_integral_v<To> && !std::is_integral_v<From>) {
+    // float -> integer without undefined behaviour: NaN gives 0, out of range saturates.
+    const double d = to_double(v);
+    if (d != d) return To{0};
+    if (d <= static_cast<double>(std::numeric_limits<To>::lowest())) return std::numeric_limits<To>::lowest();
+    if (d >= static_cast<double>(std::numeric_limits<To>::max())) return std::numeric_limits<To>::max();
+    return static_cast<To>(d);
   } else {
     return static_cast<To>(v);
   }

@@ -102,6 +102,7 @@ struct Importer {
 
   Status run() {
     if (!model.has_graph()) return Status::Error("the model has no graph");
+    KILN_RETURN_IF_ERROR(check_supported(model.graph()));
     // Newer IR versions only add features (new types, functions) that are refused where they
     // appear, so the IR version itself is not a reason to refuse a model.
     if (model.ir_version() < 1) return Status::Error("the model has no ONNX IR version");
@@ -116,7 +117,6 @@ struct Importer {
     g->opset = opset;
     const auto& gp = model.graph();
     g->name = gp.name();
-    KILN_RETURN_IF_ERROR(check_supported(gp));
 
     for (const auto& init : gp.initializer()) {
       const std::string where = fmt::format("initializer '{}'", init.name());

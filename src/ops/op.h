@@ -96,6 +96,8 @@ struct OpDef {
 // Looks an op up by domain ("" and "ai.onnx" are the same) and type; nullptr if unknown.
 const OpDef* find_op(std::string_view domain, std::string_view op_type);
 std::vector<const OpDef*> all_ops();
+// Ops defined by more than one family (must be empty; checked by a unit test).
+std::vector<std::string> duplicate_op_definitions();
 
 // Runs inference over the whole graph in node order, filling every value's type. Values that
 // already carry a more specific type (e.g. from the model's value_info) keep known dims.

@@ -12,11 +12,19 @@ constexpr FamilyFn kFamilies[] = {
     resize_ops,      shape_ops,      index_ops, reduce_ops, quant_ops, fused_ops,
 };
 
+std::vector<std::string>& duplicates() {
+  static std::vector<std::string> d;
+  return d;
+}
+
 const std::map<std::pair<std::string_view, std::string_view>, const OpDef*>& table() {
   static const auto* t = [] {
     auto* m = new std::map<std::pair<std::string_view, std::string_view>, const OpDef*>();
     for (FamilyFn f : kFamilies)
-      for (const OpDef& d : f()) (*m)[{d.domain, d.op_type}] = &d;
+      for (const OpDef& d : f()) {
+        if (m->count({d.domain, d.op_type})) duplicates().push_back(std::string(d.op_type));
+        (*m)[{d.domain, d.op_type}] = &d;
+      }
     return m;
   }();
   return *t;
@@ -28,6 +36,11 @@ const OpDef* find_op(std::string_view domain, std::string_view op_type) {
   if (domain == "ai.onnx") domain = "";
   auto it = table().find({domain, op_type});
   return it == table().end() ? nullptr : it->second;
+}
+
+std::vector<std::string> duplicate_op_definitions() {
+  table();
+  return duplicates();
 }
 
 std::vector<const OpDef*> all_ops() {

@@ -66,6 +66,7 @@ Runner add_run_command(CLI::App& app) {
     std::vector<std::string> inputs;
     unsigned seed = 1;
     int iterations = 1, warmup = 0;
+    int opt_level = 2;
   };
   auto o = std::make_shared<Opts>();
   auto* g = cmd->add_option_group("model", "what to run");
@@ -76,6 +77,7 @@ Runner add_run_command(CLI::App& app) {
   cmd->add_option("--save-outputs", o->save_dir, "Save each output as DIR/NAME.npy");
   cmd->add_option("--backend", o->backend, "cpu or cuda (with --onnx)");
   cmd->add_option("--shapes", o->shapes, "Shapes for random inputs (and fixed shapes with --onnx): name:1x3x224x224,...");
+  cmd->add_option("--opt-level", o->opt_level, "With --onnx: 0 = import as is, 1 = fold and clean up, 2 = also fuse (default 2)")->check(CLI::Range(0, 2));
   cmd->add_option("--seed", o->seed, "Seed of the random inputs (default 1)");
   cmd->add_option("--iterations", o->iterations, "Timed runs (default 1)")->check(CLI::Range(1, 1000000));
   cmd->add_option("--warmup", o->warmup, "Untimed runs first (default 0)")->check(CLI::Range(0, 1000000));
@@ -86,6 +88,7 @@ Runner add_run_command(CLI::App& app) {
       BuildConfig c;
       c.backend = o->backend;
       c.shapes = shapes;
+      c.opt_level = o->opt_level;
       KILN_ASSIGN_OR_RETURN(engine, Engine::build_from_onnx(o->onnx, c));
     } else {
       if (!o->backend.empty())
@@ -102,6 +105,11 @@ Runner add_run_command(CLI::App& app) {
       for (const auto& i : engine->inputs()) known |= i.name == name;
       if (!known) return KILN_ERROR("--input: the model has no input named '{}'", name);
       KILN_ASSIGN_OR_RETURN(Tensor t, load_input_file(spec.substr(eq + 1)));
+      for (const auto& i : engine->inputs()) {
+        // NumPy has no bfloat16: such inputs come as uint16 bit patterns.
+        if (i.name == name && i.dtype == DataType::kBFloat16 && t.dtype() == DataType::kUInt16)
+          t = Tensor::view(DataType::kBFloat16, t.shape(), t.raw(), std::make_shared<Tensor>(t));
+      }
       inputs[name] = std::move(t);
     }
     std::mt19937 rng(o->seed);
