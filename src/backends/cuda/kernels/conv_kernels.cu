@@ -40,8 +40,8 @@ __device__ __forceinline__ float to_float<__half>(__half v) {
 
 // FP reference: one thread per output (n, p, q, k); k is fastest so a warp shares input pixels.
 template <typename T>
-__global__ void reference_conv_fp(ConvShape sh, Epilogue ep, const T* x, const T* w,
-                                  const T* bias, const T* residual, float* y) {
+__global__ void reference_conv_fp(ConvShape sh, Epilogue ep, const T* x, const T* w, const T* bias,
+                                  const T* residual, float* y) {
   const int P = sh.p(), Q = sh.q();
   const int64_t total = sh.y_elems();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
@@ -132,8 +132,7 @@ __global__ void check_fp_kernel(const T* y, const float* ref, int64_t n, CheckAc
   }
 }
 
-__global__ void check_int8_kernel(const int8_t* y, const int8_t* ref, int64_t n,
-                                  CheckAccum* acc) {
+__global__ void check_int8_kernel(const int8_t* y, const int8_t* ref, int64_t n, CheckAccum* acc) {
   unsigned long long mism = 0;
   unsigned int maxd = 0;
   double r2 = 0, d2 = 0;
@@ -215,10 +214,9 @@ void reference_conv(const ConvProblem& p, const void* x, const void* w, const vo
           static_cast<const float*>(bias), static_cast<const float*>(residual), yf);
       break;
     case Precision::kINT8:
-      reference_conv_int8<<<g, 256, 0, stream>>>(p.shape, p.int8_scale,
-                                                 static_cast<const int8_t*>(x),
-                                                 static_cast<const int8_t*>(w),
-                                                 static_cast<int8_t*>(y_ref));
+      reference_conv_int8<<<g, 256, 0, stream>>>(
+          p.shape, p.int8_scale, static_cast<const int8_t*>(x), static_cast<const int8_t*>(w),
+          static_cast<int8_t*>(y_ref));
       break;
   }
 }
@@ -264,13 +262,11 @@ void apply_epilogue(const ConvProblem& p, void* y, const void* bias, const void*
   const int64_t n = p.shape.y_elems();
   const int g = grid_for(n);
   if (p.precision == Precision::kFP16) {
-    epilogue_kernel<<<g, 256, 0, stream>>>(static_cast<__half*>(y),
-                                           static_cast<const __half*>(bias),
-                                           static_cast<const __half*>(residual), n, p.shape.k,
-                                           p.epilogue);
+    epilogue_kernel<<<g, 256, 0, stream>>>(
+        static_cast<__half*>(y), static_cast<const __half*>(bias),
+        static_cast<const __half*>(residual), n, p.shape.k, p.epilogue);
   } else if (p.precision == Precision::kTF32) {
-    epilogue_kernel<<<g, 256, 0, stream>>>(static_cast<float*>(y),
-                                           static_cast<const float*>(bias),
+    epilogue_kernel<<<g, 256, 0, stream>>>(static_cast<float*>(y), static_cast<const float*>(bias),
                                            static_cast<const float*>(residual), n, p.shape.k,
                                            p.epilogue);
   }

@@ -33,10 +33,10 @@ inline Status cublas_status(cublasStatus_t s, const char* what) {
 
 }  // namespace kiln::cuda
 
-#define KILN_TRY(expr)                         \
-  do {                                         \
-    ::kiln::cuda::Status kiln_s_ = (expr);     \
-    if (!kiln_s_.ok()) return kiln_s_;         \
+#define KILN_TRY(expr)                     \
+  do {                                     \
+    ::kiln::cuda::Status kiln_s_ = (expr); \
+    if (!kiln_s_.ok()) return kiln_s_;     \
   } while (0)
 #define KILN_CUDA(call) KILN_TRY(::kiln::cuda::cuda_status((call), #call))
 #define KILN_CUDNN(call) KILN_TRY(::kiln::cuda::cudnn_status((call), #call))

@@ -91,7 +91,8 @@ struct LibraryHandles {
 class ConvTactic {
  public:
   virtual ~ConvTactic() = default;
-  // Stable name, e.g. "cudnn_graph.e12.k3=4" or "cublaslt.fp16.a23t18s4": stored in plans.
+  // Stable name, e.g. "cudnn_graph.fp16.e41" or "cublaslt.fp16.h0.a66.t22.s35.k1.c-1": stored in
+  // plans and timing caches.
   virtual std::string name() const = 0;
   // The library path ("cudnn_graph", "cudnn_legacy", "cublaslt", "cutlass_sm90") the tactic wraps.
   virtual std::string family() const = 0;
@@ -101,6 +102,8 @@ class ConvTactic {
   // weights_krsc: device pointer to K*R*S*C elements of the problem's element type.
   virtual Status prepare_weights(const void* weights_krsc, cudaStream_t stream) = 0;
   virtual Status run(const ConvBuffers& buffers, cudaStream_t stream) = 0;
+  // Anything the report should say about how init went (fallbacks, library messages).
+  virtual std::string note() const { return {}; }
 };
 
 // A library path: says whether it can run a problem and, if so, makes its candidate tactics
@@ -122,6 +125,7 @@ std::vector<std::unique_ptr<ConvTacticSource>> make_conv_tactic_sources();
 // Per-source knobs the tuner may set (e.g. how many cuDNN engine configs to keep).
 struct TacticLimits {
   int max_cudnn_graph_configs = 12;
+  int max_cudnn_rtc_configs = 3;  // runtime-compiled engines cost ~1 s each to build
   int max_cublaslt_algos = 6;
   int max_legacy_algos = 1;  // cudnnFind ranks; 1 keeps only its winner
 };

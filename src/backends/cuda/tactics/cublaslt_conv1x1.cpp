@@ -1,0 +1,178 @@
+// 1x1 stride-1 convolutions as cuBLASLt GEMMs. In NHWC a 1x1 convolution is
+//   Y[M = N*H*W][K] = X[M][C] * W[K][C]^T,
+// which in cuBLASLt's column-major terms is D (K x M) = op_T(W: C x K) * X (C x M), the "TN" form
+// that the INT8 IMMA kernels require. The bias(+ReLU) epilogue is fused; the residual comes in as
+// C with beta = 1. INT8: int32 accumulation, D = sat(rne(alpha * acc)) in int8.
+#include <cublasLt.h>
+
+#include <memory>
+
+#include "check.h"
+#include "conv_sources.h"
+#include "device_buffer.h"
+
+namespace kiln::cuda {
+namespace {
+
+struct LtProblem {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
+  ~LtProblem() {
+    if (desc) cublasLtMatmulDescDestroy(desc);
+    for (auto l : {a, b, c, d}) {
+      if (l) cublasLtMatrixLayoutDestroy(l);
+    }
+  }
+};
+
+Status build_lt_problem(const ConvProblem& p, LtProblem* lt) {
+  const ConvShape& s = p.shape;
+  const int64_t m = int64_t(s.n) * s.h * s.w;
+  cudaDataType_t io = CUDA_R_16F, scale = CUDA_R_32F;
+  cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
+  if (p.precision == Precision::kTF32) {
+    io = CUDA_R_32F;
+    compute = CUBLAS_COMPUTE_32F_FAST_TF32;
+  } else if (p.precision == Precision::kINT8) {
+    io = CUDA_R_8I;
+    compute = CUBLAS_COMPUTE_32I;
+  }
+  KILN_CUBLAS(cublasLtMatmulDescCreate(&lt->desc, compute, scale));
+  const cublasOperation_t t = CUBLAS_OP_T, n = CUBLAS_OP_N;
+  KILN_CUBLAS(cublasLtMatmulDescSetAttribute(lt->desc, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
+  KILN_CUBLAS(cublasLtMatmulDescSetAttribute(lt->desc, CUBLASLT_MATMUL_DESC_TRANSB, &n, sizeof(n)));
+  if (p.precision != Precision::kINT8 && p.epilogue != Epilogue::kNone) {
+    const cublasLtEpilogue_t ep =
+        p.epilogue == Epilogue::kBias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_RELU_BIAS;
+    KILN_CUBLAS(
+        cublasLtMatmulDescSetAttribute(lt->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof(ep)));
+    const cudaDataType_t bias_type = io;
+    KILN_CUBLAS(cublasLtMatmulDescSetAttribute(lt->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                               &bias_type, sizeof(bias_type)));
+  }
+  KILN_CUBLAS(cublasLtMatrixLayoutCreate(&lt->a, io, s.c, s.k, s.c));
+  KILN_CUBLAS(cublasLtMatrixLayoutCreate(&lt->b, io, s.c, m, s.c));
+  KILN_CUBLAS(cublasLtMatrixLayoutCreate(&lt->c, io, s.k, m, s.k));
+  KILN_CUBLAS(cublasLtMatrixLayoutCreate(&lt->d, io, s.k, m, s.k));
+  return {};
+}
+
+std::string algo_name(const cublasLtMatmulAlgo_t& algo) {
+  auto get = [&](cublasLtMatmulAlgoConfigAttributes_t attr) {
+    int32_t v = -1;
+    size_t written = 0;
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, sizeof(v), &written);
+    return std::to_string(v);
+  };
+  std::string name = "a";
+  name += get(CUBLASLT_ALGO_CONFIG_ID);
+  name += ".t" + get(CUBLASLT_ALGO_CONFIG_TILE_ID);
+  name += ".s" + get(CUBLASLT_ALGO_CONFIG_STAGES_ID);
+  name += ".k" + get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM);
+  name += ".c" + get(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID);
+  return name;
+}
+
+class CublasLtConvTactic final : public ConvTactic {
+ public:
+  CublasLtConvTactic(std::shared_ptr<LtProblem> lt, cublasLtMatmulHeuristicResult_t h,
+                     std::string name)
+      : lt_(std::move(lt)), heur_(h), name_(std::move(name)) {}
+  std::string name() const override { return name_; }
+  std::string family() const override { return "cublaslt"; }
+  Status init(const ConvProblem& p, const LibraryHandles& h, cudaStream_t) override {
+    problem_ = p;
+    handle_ = h.cublaslt;
+    return {};
+  }
+  size_t workspace_size() const override { return heur_.workspaceSize; }
+  Status prepare_weights(const void* w, cudaStream_t stream) override {
+    const size_t bytes = size_t(problem_.shape.w_elems()) * element_size(problem_.precision);
+    if (!weights_.allocate(bytes)) return Status::error("weights allocation failed");
+    KILN_CUDA(cudaMemcpyAsync(weights_.get(), w, bytes, cudaMemcpyDeviceToDevice, stream));
+    return {};
+  }
+  Status run(const ConvBuffers& b, cudaStream_t stream) override {
+    const bool residual = problem_.epilogue == Epilogue::kBiasAddRelu;
+    if (problem_.precision != Precision::kINT8 && problem_.epilogue != Epilogue::kNone) {
+      KILN_CUBLAS(cublasLtMatmulDescSetAttribute(lt_->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                 &b.bias, sizeof(b.bias)));
+    }
+    const float alpha = problem_.precision == Precision::kINT8 ? problem_.int8_scale : 1.f;
+    const float beta = residual ? 1.f : 0.f;
+    const void* c = residual ? b.residual : b.y;
+    KILN_CUBLAS(cublasLtMatmul(handle_, lt_->desc, &alpha, weights_.get(), lt_->a, b.x, lt_->b,
+                               &beta, c, lt_->c, b.y, lt_->d, &heur_.algo, b.workspace,
+                               b.workspace_bytes, stream));
+    return {};
+  }
+
+ private:
+  std::shared_ptr<LtProblem> lt_;
+  cublasLtMatmulHeuristicResult_t heur_;
+  std::string name_;
+  ConvProblem problem_;
+  cublasLtHandle_t handle_ = nullptr;
+  DeviceBuffer weights_;
+};
+
+class CublasLtSource final : public ConvTacticSource {
+ public:
+  std::string family() const override { return "cublaslt"; }
+  bool supports(const ConvProblem& p, std::string* why) const override {
+    if (!p.shape.is_1x1_s1()) {
+      *why = "not a 1x1 stride-1 convolution";
+      return false;
+    }
+    if (p.precision == Precision::kINT8 && (p.shape.c % 4 != 0 || p.shape.k % 4 != 0)) {
+      *why = "IMMA needs C and K multiples of 4";
+      return false;
+    }
+    return true;
+  }
+  std::vector<std::unique_ptr<ConvTactic>> candidates(const ConvProblem& p, const LibraryHandles& h,
+                                                      std::string* note) override {
+    std::vector<std::unique_ptr<ConvTactic>> out;
+    auto lt = std::make_shared<LtProblem>();
+    Status s = build_lt_problem(p, lt.get());
+    if (!s.ok()) {
+      *note = s.message();
+      return out;
+    }
+    cublasLtMatmulPreference_t pref = nullptr;
+    if (cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) {
+      *note = "cublasLtMatmulPreferenceCreate failed";
+      return out;
+    }
+    const size_t ws = std::min<size_t>(h.max_workspace_bytes, size_t(64) << 20);
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                         sizeof(ws));
+    std::vector<cublasLtMatmulHeuristicResult_t> results(
+        size_t(std::max(tactic_limits().max_cublaslt_algos, 1)));
+    int returned = 0;
+    const cublasStatus_t hs =
+        cublasLtMatmulAlgoGetHeuristic(h.cublaslt, lt->desc, lt->a, lt->b, lt->c, lt->d, pref,
+                                       int(results.size()), results.data(), &returned);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (hs != CUBLAS_STATUS_SUCCESS || returned == 0) {
+      *note = cublas_status(hs, "cublasLtMatmulAlgoGetHeuristic").message() +
+              (returned == 0 ? " (no algorithm)" : "");
+      return out;
+    }
+    for (int i = 0; i < returned; ++i) {
+      if (results[size_t(i)].state != CUBLAS_STATUS_SUCCESS) continue;
+      const std::string name = std::string("cublaslt.") + precision_name(p.precision) + ".h" +
+                               std::to_string(i) + "." + algo_name(results[size_t(i)].algo);
+      out.push_back(std::make_unique<CublasLtConvTactic>(lt, results[size_t(i)], name));
+    }
+    return out;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<ConvTacticSource> make_cublaslt_source() {
+  return std::make_unique<CublasLtSource>();
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,435 @@
+// cuDNN graph (backend) API: conv -> +bias -> (+residual) -> ReLU as one operation graph, NHWC.
+// The heuristics (mode A, then the fallback list) name engine configurations; each one becomes a
+// tactic, and init() finalizes its execution plan (runtime-compiled engines compile here).
+#include <cudnn.h>
+
+#include <algorithm>
+#include <deque>
+#include <memory>
+#include <set>
+#include <utility>
+
+#include "check.h"
+#include "conv_sources.h"
+#include "device_buffer.h"
+
+namespace kiln::cuda {
+namespace {
+
+// RAII holder for one backend descriptor.
+struct Desc {
+  cudnnBackendDescriptor_t d = nullptr;
+  Desc() = default;
+  Desc(const Desc&) = delete;
+  Desc& operator=(const Desc&) = delete;
+  Desc(Desc&& o) noexcept : d(o.d) { o.d = nullptr; }
+  Desc& operator=(Desc&& o) noexcept {
+    std::swap(d, o.d);
+    return *this;
+  }
+  ~Desc() {
+    if (d) cudnnBackendDestroyDescriptor(d);
+  }
+};
+
+Status create(cudnnBackendDescriptorType_t type, Desc* out) {
+  KILN_CUDNN(cudnnBackendCreateDescriptor(type, &out->d));
+  return {};
+}
+
+Status set(const Desc& d, cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type,
+           int64_t count, const void* value, const char* what) {
+  return cudnn_status(cudnnBackendSetAttribute(d.d, name, type, count, value), what);
+}
+
+enum Uid : int64_t { kX = 1, kW = 2, kY = 3, kBias = 4, kResidual = 5, kScale = 6 };
+
+struct Dims {
+  int64_t dim[4];
+  int64_t stride[4];
+};
+// Backend tensors always list dims as N, C, H, W; NHWC is expressed by the strides.
+Dims nhwc(int64_t n, int64_t c, int64_t h, int64_t w) {
+  return {{n, c, h, w}, {c * h * w, 1, w * c, c}};
+}
+
+Status make_tensor(int64_t uid, cudnnDataType_t type, const Dims& d, bool is_virtual, Desc* t) {
+  KILN_TRY(create(CUDNN_BACKEND_TENSOR_DESCRIPTOR, t));
+  const int64_t align = 16;
+  KILN_TRY(set(*t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type, "tensor type"));
+  KILN_TRY(set(*t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, d.dim, "tensor dims"));
+  KILN_TRY(set(*t, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, d.stride, "tensor strides"));
+  KILN_TRY(set(*t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid, "tensor uid"));
+  KILN_TRY(set(*t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &align, "alignment"));
+  KILN_TRY(set(*t, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &is_virtual, "virtual"));
+  KILN_CUDNN(cudnnBackendFinalize(t->d));
+  return {};
+}
+
+Status make_pointwise(cudnnPointwiseMode_t mode, const Desc& x, const Desc* b, const Desc& y,
+                      Desc* pw, Desc* op) {
+  KILN_TRY(create(CUDNN_BACKEND_POINTWISE_DESCRIPTOR, pw));
+  const cudnnDataType_t prec = CUDNN_DATA_FLOAT;
+  KILN_TRY(set(*pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode, "pw mode"));
+  KILN_TRY(set(*pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec, "pw prec"));
+  KILN_CUDNN(cudnnBackendFinalize(pw->d));
+  KILN_TRY(create(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, op));
+  KILN_TRY(set(*op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+               &pw->d, "pw desc"));
+  KILN_TRY(set(*op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x.d,
+               "pw x"));
+  if (b) {
+    KILN_TRY(set(*op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b->d,
+                 "pw b"));
+  }
+  KILN_TRY(set(*op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y.d,
+               "pw y"));
+  KILN_CUDNN(cudnnBackendFinalize(op->d));
+  return {};
+}
+
+// The operation graph of one problem, shared by all engine configurations tried on it.
+struct OpGraph {
+  std::deque<Desc> keep;  // tensors, pointwise descriptors and ops the graph refers to
+  Desc graph;
+  DeviceBuffer int8_scale;  // INT8: per-channel requantisation scale (all = problem scale)
+};
+
+Status build_graph(const ConvProblem& p, cudnnHandle_t handle, OpGraph* g) {
+  const ConvShape& s = p.shape;
+  const bool int8 = p.precision == Precision::kINT8;
+  const cudnnDataType_t io = p.precision == Precision::kFP16   ? CUDNN_DATA_HALF
+                             : p.precision == Precision::kTF32 ? CUDNN_DATA_FLOAT
+                                                               : CUDNN_DATA_INT8;
+  const cudnnDataType_t comp = int8 ? CUDNN_DATA_INT32 : CUDNN_DATA_FLOAT;
+  auto add = [&](Desc&& d) -> const Desc& {
+    g->keep.push_back(std::move(d));
+    return g->keep.back();
+  };
+  Desc x, w, y, conv_out;
+  KILN_TRY(make_tensor(kX, io, nhwc(s.n, s.c, s.h, s.w), false, &x));
+  KILN_TRY(make_tensor(kW, io, nhwc(s.k, s.c, s.r, s.s), false, &w));
+  KILN_TRY(make_tensor(kY, io, nhwc(s.n, s.k, s.p(), s.q()), false, &y));
+  const Desc& xd = add(std::move(x));
+  const Desc& wd = add(std::move(w));
+  const Desc& yd = add(std::move(y));
+
+  Desc conv;
+  KILN_TRY(create(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR, &conv));
+  const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
+  const int64_t dims = 2, one[2] = {1, 1}, stride[2] = {s.stride, s.stride},
+                pad[2] = {s.pad, s.pad};
+  KILN_TRY(set(conv, CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &comp, "comp"));
+  KILN_TRY(
+      set(conv, CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode, "mode"));
+  KILN_TRY(set(conv, CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &dims, "dims"));
+  KILN_TRY(set(conv, CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, 2, one, "dil"));
+  KILN_TRY(set(conv, CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, 2, stride, "str"));
+  KILN_TRY(set(conv, CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, 2, pad, "pre"));
+  KILN_TRY(set(conv, CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, pad, "post"));
+  KILN_CUDNN(cudnnBackendFinalize(conv.d));
+  const Desc& convd = add(std::move(conv));
+
+  const bool fused = p.epilogue != Epilogue::kNone || int8;
+  const Desc* conv_y = &yd;
+  if (fused) {
+    KILN_TRY(make_tensor(100, CUDNN_DATA_FLOAT, nhwc(s.n, s.k, s.p(), s.q()), true, &conv_out));
+    conv_y = &add(std::move(conv_out));
+  }
+  Desc conv_op;
+  KILN_TRY(create(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR, &conv_op));
+  const float alpha = 1.f, beta = 0.f;
+  KILN_TRY(set(conv_op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+               1, &xd.d, "op x"));
+  KILN_TRY(set(conv_op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+               1, &wd.d, "op w"));
+  KILN_TRY(set(conv_op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+               1, &conv_y->d, "op y"));
+  KILN_TRY(set(conv_op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC,
+               CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &convd.d, "op conv"));
+  KILN_TRY(set(conv_op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha,
+               "alpha"));
+  KILN_TRY(set(conv_op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1, &beta,
+               "beta"));
+  KILN_CUDNN(cudnnBackendFinalize(conv_op.d));
+  std::vector<cudnnBackendDescriptor_t> ops = {add(std::move(conv_op)).d};
+
+  // Chain the epilogue: each pointwise op writes a virtual float tensor, the last writes y.
+  std::vector<std::pair<cudnnPointwiseMode_t, int64_t>> chain;  // mode, uid of operand B
+  if (int8) {
+    chain.push_back({CUDNN_POINTWISE_MUL, kScale});
+  } else {
+    chain.push_back({CUDNN_POINTWISE_ADD, kBias});
+    if (p.epilogue == Epilogue::kBiasAddRelu) chain.push_back({CUDNN_POINTWISE_ADD, kResidual});
+    if (p.epilogue != Epilogue::kBias) chain.push_back({CUDNN_POINTWISE_RELU_FWD, 0});
+  }
+  const Desc* cur = conv_y;
+  for (size_t i = 0; fused && i < chain.size(); ++i) {
+    const bool last = i + 1 == chain.size();
+    const Desc* b = nullptr;
+    if (chain[i].second == kBias || chain[i].second == kScale) {
+      Desc bt;
+      const cudnnDataType_t bt_type = chain[i].second == kScale ? CUDNN_DATA_FLOAT : io;
+      KILN_TRY(make_tensor(chain[i].second, bt_type, nhwc(1, s.k, 1, 1), false, &bt));
+      b = &add(std::move(bt));
+    } else if (chain[i].second == kResidual) {
+      Desc rt;
+      KILN_TRY(make_tensor(kResidual, io, nhwc(s.n, s.k, s.p(), s.q()), false, &rt));
+      b = &add(std::move(rt));
+    }
+    const Desc* out = &yd;
+    if (!last) {
+      Desc v;
+      KILN_TRY(
+          make_tensor(101 + int64_t(i), CUDNN_DATA_FLOAT, nhwc(s.n, s.k, s.p(), s.q()), true, &v));
+      out = &add(std::move(v));
+    }
+    Desc pw, op;
+    KILN_TRY(make_pointwise(chain[i].first, *cur, b, *out, &pw, &op));
+    add(std::move(pw));
+    ops.push_back(add(std::move(op)).d);
+    cur = out;
+  }
+
+  KILN_TRY(create(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, &g->graph));
+  KILN_TRY(set(g->graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle,
+               "graph handle"));
+  KILN_TRY(set(g->graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+               int64_t(ops.size()), ops.data(), "graph ops"));
+  KILN_CUDNN(cudnnBackendFinalize(g->graph.d));
+  return {};
+}
+
+// Engine configurations the heuristics propose in one mode.
+Status heuristic_configs(const OpGraph& g, cudnnBackendHeurMode_t mode, std::vector<Desc>* out) {
+  Desc heur;
+  KILN_TRY(create(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, &heur));
+  KILN_TRY(set(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+               &g.graph.d, "heur graph"));
+  KILN_TRY(set(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode, "heur mode"));
+  KILN_CUDNN(cudnnBackendFinalize(heur.d));
+  int64_t count = 0;
+  KILN_CUDNN(cudnnBackendGetAttribute(heur.d, CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                      CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr));
+  std::vector<Desc> cfgs(size_t(std::max<int64_t>(count, 0)));
+  std::vector<cudnnBackendDescriptor_t> raw;
+  for (auto& c : cfgs) {
+    KILN_TRY(create(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, &c));
+    raw.push_back(c.d);
+  }
+  int64_t got = 0;
+  if (count > 0) {
+    KILN_CUDNN(cudnnBackendGetAttribute(heur.d, CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                        CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got, raw.data()));
+  }
+  cfgs.resize(size_t(std::min(got, count)));
+  for (auto& c : cfgs) out->push_back(std::move(c));
+  return {};
+}
+
+// "e<global index>[.rtc][.k<knob>=<value>...]", and whether the engine compiles at run time.
+std::string config_name(const Desc& cfg, bool* runtime_compiled, bool* tensor_core) {
+  *runtime_compiled = false;
+  *tensor_core = false;
+  Desc engine;
+  if (!create(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &engine).ok()) return "e?";
+  int64_t n = 0;
+  if (cudnnBackendGetAttribute(cfg.d, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+                               &n, &engine.d) != CUDNN_STATUS_SUCCESS) {
+    return "e?";
+  }
+  int64_t index = -1;
+  cudnnBackendGetAttribute(engine.d, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n,
+                           &index);
+  std::string name = "e";
+  name += std::to_string(index);
+  cudnnBackendBehaviorNote_t behavior[8];
+  if (cudnnBackendGetAttribute(engine.d, CUDNN_ATTR_ENGINE_BEHAVIOR_NOTE, CUDNN_TYPE_BEHAVIOR_NOTE,
+                               8, &n, behavior) == CUDNN_STATUS_SUCCESS) {
+    for (int64_t i = 0; i < std::min<int64_t>(n, 8); ++i) {
+      if (behavior[i] == CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION) *runtime_compiled = true;
+    }
+  }
+  cudnnBackendNumericalNote_t notes[16];
+  if (cudnnBackendGetAttribute(engine.d, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE,
+                               CUDNN_TYPE_NUMERICAL_NOTE, 16, &n, notes) == CUDNN_STATUS_SUCCESS) {
+    for (int64_t i = 0; i < std::min<int64_t>(n, 16); ++i) {
+      if (notes[i] == CUDNN_NUMERICAL_NOTE_TENSOR_CORE) *tensor_core = true;
+    }
+  }
+  if (*runtime_compiled) name += ".rtc";
+  int64_t knob_count = 0;
+  cudnnBackendGetAttribute(cfg.d, CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                           0, &knob_count, nullptr);
+  std::vector<Desc> knobs(size_t(std::max<int64_t>(knob_count, 0)));
+  std::vector<cudnnBackendDescriptor_t> raw;
+  for (auto& k : knobs) {
+    if (!create(CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR, &k).ok()) return name;
+    raw.push_back(k.d);
+  }
+  if (knob_count > 0 && cudnnBackendGetAttribute(cfg.d, CUDNN_ATTR_ENGINECFG_KNOB_CHOICES,
+                                                 CUDNN_TYPE_BACKEND_DESCRIPTOR, knob_count, &n,
+                                                 raw.data()) == CUDNN_STATUS_SUCCESS) {
+    for (int64_t i = 0; i < std::min(n, knob_count); ++i) {
+      cudnnBackendKnobType_t type;
+      int64_t value = 0, m = 0;
+      cudnnBackendGetAttribute(raw[size_t(i)], CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE,
+                               CUDNN_TYPE_KNOB_TYPE, 1, &m, &type);
+      cudnnBackendGetAttribute(raw[size_t(i)], CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, CUDNN_TYPE_INT64,
+                               1, &m, &value);
+      name += ".k" + std::to_string(int(type)) + "=" + std::to_string(value);
+    }
+  }
+  return name;
+}
+
+class CudnnGraphConvTactic final : public ConvTactic {
+ public:
+  CudnnGraphConvTactic(std::shared_ptr<OpGraph> graph, Desc cfg, std::string name)
+      : graph_(std::move(graph)), cfg_(std::move(cfg)), name_(std::move(name)) {}
+
+  std::string name() const override { return name_; }
+  std::string family() const override { return "cudnn_graph"; }
+
+  Status init(const ConvProblem& p, const LibraryHandles& h, cudaStream_t stream) override {
+    problem_ = p;
+    handle_ = h.cudnn;
+    KILN_CUDNN(cudnnSetStream(handle_, stream));
+    KILN_TRY(create(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan_));
+    // Deprecated in newer cuDNN (the handle comes from the graph); harmless where accepted.
+    cudnnBackendSetAttribute(plan_.d, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1,
+                             &handle_);
+    KILN_TRY(set(plan_, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+                 &cfg_.d, "plan cfg"));
+    KILN_CUDNN(cudnnBackendFinalize(plan_.d));
+    int64_t n = 0, ws = 0;
+    KILN_CUDNN(cudnnBackendGetAttribute(plan_.d, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                                        CUDNN_TYPE_INT64, 1, &n, &ws));
+    if (size_t(ws) > h.max_workspace_bytes) {
+      return Status::error("workspace " + std::to_string(ws) + " B over the limit");
+    }
+    workspace_ = size_t(ws);
+    return {};
+  }
+
+  size_t workspace_size() const override { return workspace_; }
+
+  Status prepare_weights(const void* w, cudaStream_t stream) override {
+    const size_t bytes = size_t(problem_.shape.w_elems()) * element_size(problem_.precision);
+    if (!weights_.allocate(bytes)) return Status::error("weights allocation failed");
+    KILN_CUDA(cudaMemcpyAsync(weights_.get(), w, bytes, cudaMemcpyDeviceToDevice, stream));
+    return {};
+  }
+
+  Status run(const ConvBuffers& b, cudaStream_t stream) override {
+    KILN_CUDNN(cudnnSetStream(handle_, stream));
+    std::vector<int64_t> uids = {kX, kW, kY};
+    std::vector<void*> ptrs = {const_cast<void*>(b.x), weights_.get(), b.y};
+    if (problem_.precision == Precision::kINT8) {
+      uids.push_back(kScale);
+      ptrs.push_back(graph_->int8_scale.get());
+    } else if (problem_.epilogue != Epilogue::kNone) {
+      uids.push_back(kBias);
+      ptrs.push_back(const_cast<void*>(b.bias));
+      if (problem_.epilogue == Epilogue::kBiasAddRelu) {
+        uids.push_back(kResidual);
+        ptrs.push_back(const_cast<void*>(b.residual));
+      }
+    }
+    // Rebuilding the variant pack costs host time that would show at batch 1: reuse it while
+    // the pointers stay the same.
+    if (!pack_.d || ptrs != pack_ptrs_ || b.workspace != pack_ws_) {
+      Desc pack;
+      KILN_TRY(create(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &pack));
+      KILN_TRY(set(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, int64_t(uids.size()),
+                   uids.data(), "pack uids"));
+      KILN_TRY(set(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR,
+                   int64_t(ptrs.size()), ptrs.data(), "pack ptrs"));
+      void* ws = b.workspace;
+      KILN_TRY(set(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws, "ws"));
+      KILN_CUDNN(cudnnBackendFinalize(pack.d));
+      pack_ = std::move(pack);
+      pack_ptrs_ = ptrs;
+      pack_ws_ = b.workspace;
+    }
+    KILN_CUDNN(cudnnBackendExecute(handle_, plan_.d, pack_.d));
+    return {};
+  }
+
+ private:
+  std::shared_ptr<OpGraph> graph_;
+  Desc cfg_;
+  std::string name_;
+  ConvProblem problem_;
+  cudnnHandle_t handle_ = nullptr;
+  Desc plan_;
+  size_t workspace_ = 0;
+  DeviceBuffer weights_;
+  Desc pack_;
+  std::vector<void*> pack_ptrs_;
+  void* pack_ws_ = nullptr;
+};
+
+class CudnnGraphSource final : public ConvTacticSource {
+ public:
+  std::string family() const override { return "cudnn_graph"; }
+
+  bool supports(const ConvProblem& p, std::string* why) const override {
+    if (p.precision == Precision::kINT8 && p.shape.c % 4 != 0) {
+      *why = "INT8 needs C % 4 == 0";
+      return false;
+    }
+    return true;
+  }
+
+  std::vector<std::unique_ptr<ConvTactic>> candidates(const ConvProblem& p, const LibraryHandles& h,
+                                                      std::string* note) override {
+    std::vector<std::unique_ptr<ConvTactic>> out;
+    auto graph = std::make_shared<OpGraph>();
+    Status s = build_graph(p, h.cudnn, graph.get());
+    if (!s.ok()) {
+      *note = "operation graph: " + s.message();
+      return out;
+    }
+    if (p.precision == Precision::kINT8) {
+      std::vector<float> scale(size_t(p.shape.k), p.int8_scale);
+      if (!graph->int8_scale.allocate(scale.size() * sizeof(float)) ||
+          cudaMemcpy(graph->int8_scale.get(), scale.data(), scale.size() * sizeof(float),
+                     cudaMemcpyHostToDevice) != cudaSuccess) {
+        *note = "scale upload failed";
+        return out;
+      }
+    }
+    std::vector<Desc> cfgs;
+    Status a = heuristic_configs(*graph, CUDNN_HEUR_MODE_A, &cfgs);
+    Status f = heuristic_configs(*graph, CUDNN_HEUR_MODE_FALLBACK, &cfgs);
+    if (!a.ok()) *note += "heuristics A: " + a.message() + "; ";
+    if (!f.ok()) *note += "fallback: " + f.message() + "; ";
+    const char* prec = precision_name(p.precision);
+    std::set<std::string> seen;
+    int runtime_compiled = 0;
+    for (auto& cfg : cfgs) {
+      bool rtc = false, tc = false;
+      const std::string name =
+          std::string("cudnn_graph.") + prec + "." + config_name(cfg, &rtc, &tc);
+      if (!seen.insert(name).second) continue;
+      if (int(out.size()) >= tactic_limits().max_cudnn_graph_configs) {
+        *note += "kept the first " + std::to_string(out.size()) + " of " +
+                 std::to_string(cfgs.size()) + " configs; ";
+        break;
+      }
+      if (rtc && ++runtime_compiled > tactic_limits().max_cudnn_rtc_configs) continue;
+      out.push_back(std::make_unique<CudnnGraphConvTactic>(graph, std::move(cfg), name));
+    }
+    if (cfgs.empty()) *note += "heuristics returned no engine config; ";
+    return out;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<ConvTacticSource> make_cudnn_graph_source() {
+  return std::make_unique<CudnnGraphSource>();
+}
+
+}  // namespace kiln::cuda

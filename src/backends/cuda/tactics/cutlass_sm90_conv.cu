@@ -1,0 +1,165 @@
+// CUTLASS 3 Hopper implicit-GEMM convolution (TMA + wgmma, warp-specialized), INT8 in, int32
+// accumulate, int8 out: y = sat(rne(alpha * acc)). One tactic per compiled tile configuration.
+// Built only when CUTLASS's headers are found (see src/backends/cuda/CMakeLists.txt).
+#include <memory>
+
+#include "check.h"
+#include "conv_sources.h"
+#include "device_buffer.h"
+
+#include "cutlass/cutlass.h"
+#include "cutlass/kernel_hardware_info.hpp"
+#include "cute/tensor.hpp"
+#include "cutlass/conv/collective/collective_builder.hpp"
+#include "cutlass/conv/convnd_problem_shape.hpp"
+#include "cutlass/conv/convolution.h"
+#include "cutlass/conv/device/conv_universal_adapter.hpp"
+#include "cutlass/conv/dispatch_policy.hpp"
+#include "cutlass/conv/kernel/conv_universal.hpp"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+
+namespace kiln::cuda {
+namespace {
+
+using namespace cute;
+
+// GEMM view of fprop: M = N*P*Q output pixels, N = K output channels, K = R*S*C.
+// The epilogue schedule matters most: EpilogueScheduleAuto picks the register-direct epilogue,
+// whose int8 stores ran 5-10x slower than cuBLASLt on memory-bound layers; TmaWarpSpecialized
+// stages the tile in shared memory and writes it with TMA. (Conv has no persistent schedules.)
+template <class TileShape, class ClusterShape, class EpilogueSchedule>
+struct Int8Fprop {
+  using Element = int8_t;
+  static constexpr int kAlign = 16;  // TMA needs 16-byte aligned rows: C and K multiples of 16
+  using Layout = cutlass::layout::TensorNHWC;
+  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, int32_t, float, void, Layout, kAlign,
+      Element, Layout, kAlign, EpilogueSchedule>::CollectiveOp;
+  using Mainloop = typename cutlass::conv::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cutlass::conv::Operator::kFprop,
+      Element, Layout, kAlign, Element, Layout, kAlign, int32_t, TileShape, ClusterShape,
+      cutlass::conv::collective::StageCountAutoCarveout<
+          static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
+      cutlass::conv::KernelImplicitTmaWarpSpecializedSm90>::CollectiveOp;
+  using ProblemShape = cutlass::conv::ConvProblemShape<cutlass::conv::Operator::kFprop, 2>;
+  using Kernel = cutlass::conv::kernel::ConvUniversal<ProblemShape, Mainloop, Epilogue>;
+  using Conv = cutlass::conv::device::ConvUniversalAdapter<Kernel>;
+};
+
+Status cutlass_status(cutlass::Status s, const char* what) {
+  if (s == cutlass::Status::kSuccess) return {};
+  return Status::error(std::string(what) + ": " + cutlassGetStatusString(s));
+}
+
+template <class Config>
+class CutlassInt8ConvTactic final : public ConvTactic {
+  using Conv = typename Config::Conv;
+  using ProblemShape = typename Config::ProblemShape;
+
+ public:
+  explicit CutlassInt8ConvTactic(std::string tile) : tile_(std::move(tile)) {}
+  std::string name() const override { return "cutlass_sm90.int8." + tile_; }
+  std::string family() const override { return "cutlass_sm90"; }
+
+  Status init(const ConvProblem& p, const LibraryHandles&, cudaStream_t) override {
+    problem_ = p;
+    const ConvShape& s = p.shape;
+    shape_ = ProblemShape(cutlass::conv::Mode::kCrossCorrelation, {s.n, s.h, s.w, s.c},
+                          {s.k, s.r, s.s, s.c}, {s.pad, s.pad}, {s.pad, s.pad},
+                          {s.stride, s.stride}, {1, 1}, 1);
+    // Output strides come from the problem shape's packed NHWC strides, innermost first.
+    cute::for_each(cute::make_seq<cute::rank<0>(StrideD{})>{}, [&](auto i) {
+      cute::get<0, i>(stride_c_) = shape_.stride_C[ProblemShape::RankT - 2 - i];
+      cute::get<0, i>(stride_d_) = shape_.stride_C[ProblemShape::RankT - 2 - i];
+    });
+    auto args = arguments(nullptr, nullptr, nullptr);
+    KILN_TRY(cutlass_status(Conv::can_implement(args), "can_implement"));
+    workspace_ = Conv::get_workspace_size(args);
+    return {};
+  }
+
+  size_t workspace_size() const override { return workspace_; }
+
+  Status prepare_weights(const void* w, cudaStream_t stream) override {
+    const size_t bytes = size_t(problem_.shape.w_elems());
+    if (!weights_.allocate(bytes)) return Status::error("weights allocation failed");
+    KILN_CUDA(cudaMemcpyAsync(weights_.get(), w, bytes, cudaMemcpyDeviceToDevice, stream));
+    return {};
+  }
+
+  Status run(const ConvBuffers& b, cudaStream_t stream) override {
+    // initialize() builds TMA descriptors on the host: redo it only when pointers change.
+    if (b.x != init_x_ || b.y != init_y_ || b.workspace != init_ws_) {
+      auto args = arguments(b.x, b.y, b.workspace);
+      KILN_TRY(cutlass_status(conv_.initialize(args, b.workspace, stream), "initialize"));
+      init_x_ = b.x;
+      init_y_ = b.y;
+      init_ws_ = b.workspace;
+    }
+    KILN_TRY(cutlass_status(conv_.run(stream), "run"));
+    KILN_CUDA(cudaGetLastError());
+    return {};
+  }
+
+ private:
+  using StrideC = typename Conv::ConvKernel::StrideC;
+  using StrideD = typename Conv::ConvKernel::StrideD;
+
+  typename Conv::Arguments arguments(const void* x, void* y, void*) const {
+    using E = typename Config::Element;
+    return typename Conv::Arguments{
+        shape_,
+        {static_cast<const E*>(x), static_cast<const E*>(weights_.get())},
+        {{problem_.int8_scale, 0.f}, nullptr, stride_c_, static_cast<E*>(y), stride_d_}};
+  }
+
+  std::string tile_;
+  ConvProblem problem_;
+  ProblemShape shape_;
+  StrideC stride_c_{};
+  StrideD stride_d_{};
+  size_t workspace_ = 0;
+  DeviceBuffer weights_;
+  Conv conv_;
+  const void* init_x_ = nullptr;
+  void* init_y_ = nullptr;
+  void* init_ws_ = nullptr;
+};
+
+// The K mode of a conv tile is itself a tuple (it spans C, R and S).
+using Tile128x128 = Int8Fprop<Shape<_128, _128, Shape<_128>>, Shape<_1, _1, _1>,
+                              cutlass::epilogue::TmaWarpSpecialized>;
+using Tile128x256 = Int8Fprop<Shape<_128, _256, Shape<_64>>, Shape<_1, _1, _1>,
+                              cutlass::epilogue::TmaWarpSpecialized>;
+
+class CutlassSm90Source final : public ConvTacticSource {
+ public:
+  std::string family() const override { return "cutlass_sm90"; }
+  bool supports(const ConvProblem& p, std::string* why) const override {
+    if (p.precision != Precision::kINT8) {
+      *why = "only the INT8 kernels are compiled";
+      return false;
+    }
+    if (p.shape.c % 16 != 0 || p.shape.k % 16 != 0) {
+      *why = "TMA needs C and K multiples of 16 int8 elements";
+      return false;
+    }
+    return true;
+  }
+  std::vector<std::unique_ptr<ConvTactic>> candidates(const ConvProblem&, const LibraryHandles&,
+                                                      std::string*) override {
+    std::vector<std::unique_ptr<ConvTactic>> out;
+    out.push_back(std::make_unique<CutlassInt8ConvTactic<Tile128x128>>("128x128x128.tma_epi"));
+    out.push_back(std::make_unique<CutlassInt8ConvTactic<Tile128x256>>("128x256x64.tma_epi"));
+    return out;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<ConvTacticSource> make_cutlass_sm90_source() {
+  return std::make_unique<CutlassSm90Source>();
+}
+
+}  // namespace kiln::cuda
