@@ -199,7 +199,10 @@ void Graph::remove_node_input(Node* n, size_t i) {
 
 void Graph::set_node_output(Node* n, size_t i, Value* v) {
   if (n->outputs_.size() <= i) n->outputs_.resize(i + 1, nullptr);
-  if (n->outputs_[i] && n->outputs_[i]->producer == n) n->outputs_[i]->producer = nullptr;
+  if (n->outputs_[i] && n->outputs_[i]->producer == n) {
+    n->outputs_[i]->producer = nullptr;
+    n->outputs_[i]->producer_index = -1;
+  }
   n->outputs_[i] = v;
   if (v) { v->producer = n; v->producer_index = static_cast<int>(i); }
 }
@@ -213,12 +216,12 @@ void Graph::replace_all_uses(Value* from, Value* to) {
 }
 
 Status Graph::remove_node(Node* n, bool force) {
-  for (Value* o : n->outputs_) {
-    if (!o) continue;
-    if (!force && (!o->uses_.empty() || is_graph_output(o)))
-      return KILN_ERROR("cannot remove {}: its output '{}' is still used", n->label(), o->name);
-    if (o->producer == n) o->producer = nullptr;
-  }
+  if (!force)  // check everything before changing anything
+    for (Value* o : n->outputs_)
+      if (o && (!o->uses_.empty() || is_graph_output(o)))
+        return KILN_ERROR("cannot remove {}: its output '{}' is still used", n->label(), o->name);
+  for (Value* o : n->outputs_)
+    if (o && o->producer == n) o->producer = nullptr;
   for (size_t i = 0; i < n->inputs_.size(); ++i) erase_use(n->inputs_[i], n, static_cast<int>(i));
   n->inputs_.clear();
   order_.erase(std::remove(order_.begin(), order_.end(), n), order_.end());
@@ -241,7 +244,8 @@ void Graph::remove_dead_values() {
     if (live.count(v.get())) {
       kept.push_back(std::move(v));
     } else {
-      value_by_name_.erase(v->name);
+      auto it = value_by_name_.find(v->name);
+      if (it != value_by_name_.end() && it->second == v.get()) value_by_name_.erase(it);
     }
   }
   values_ = std::move(kept);
@@ -295,7 +299,11 @@ std::unique_ptr<Graph> Graph::clone() const {
     c->constant = v->constant;
     vmap[v.get()] = c;
   }
-  auto map_v = [&](Value* v) -> Value* { return v ? vmap.at(v) : nullptr; };
+  auto map_v = [&](Value* v) -> Value* {
+    if (!v) return nullptr;
+    auto it = vmap.find(v);
+    return it == vmap.end() ? nullptr : it->second;  // a foreign value: the verifier reports it
+  };
   for (Node* n : order_) {
     std::vector<Value*> ins;
     for (Value* v : n->inputs_) ins.push_back(map_v(v));
