@@ -1,8 +1,103 @@
-// Placeholder family table; filled in by the op family's implementation.
-#include "ops/op.h"
+// The shape op family table (the ops themselves live in src/ops/shape_*.cpp) and the helpers
+// shared with the index family.
+#include <vector>
+
+#include "ops/shape_util.h"
 
 namespace kiln {
+namespace shape_detail {
 
-std::span<const OpDef> shape_ops() { return {}; }
+namespace {
+template <size_t E>
+void copy_rows(const uint8_t* src, int64_t offset, const std::vector<int64_t>& strides,
+               uint8_t* dst, const std::vector<int64_t>& shape) {
+  const size_t rank = shape.size();
+  const int64_t n = product(shape);
+  if (n == 0) return;
+  if (rank == 0) {
+    std::memcpy(dst, src + offset * static_cast<int64_t>(E), E);
+    return;
+  }
+  const int64_t inner = shape[rank - 1];
+  const int64_t inner_stride = strides[rank - 1];
+  std::vector<int64_t> idx(rank, 0);
+  int64_t base = offset;  // source element offset of idx (with idx[rank-1] == 0)
+  for (int64_t o = 0; o < n; o += inner) {
+    for (int64_t i = 0; i < inner; ++i)
+      std::memcpy(dst + (o + i) * static_cast<int64_t>(E),
+                  src + (base + i * inner_stride) * static_cast<int64_t>(E), E);
+    for (int64_t k = static_cast<int64_t>(rank) - 2; k >= 0; --k) {
+      ++idx[k];
+      base += strides[k];
+      if (idx[k] < shape[k]) break;
+      base -= idx[k] * strides[k];
+      idx[k] = 0;
+    }
+  }
+}
+}  // namespace
+
+void strided_copy(const void* src, int64_t offset, const std::vector<int64_t>& strides, void* dst,
+                  const std::vector<int64_t>& out_shape, size_t esize) {
+  auto* s = static_cast<const uint8_t*>(src);
+  auto* d = static_cast<uint8_t*>(dst);
+  switch (esize) {
+    case 1: return copy_rows<1>(s, offset, strides, d, out_shape);
+    case 2: return copy_rows<2>(s, offset, strides, d, out_shape);
+    case 4: return copy_rows<4>(s, offset, strides, d, out_shape);
+    default: return copy_rows<8>(s, offset, strides, d, out_shape);
+  }
+}
+
+std::optional<int64_t> static_product(std::span<const Dim> dims) {
+  int64_t p = 1;
+  bool unknown = false;
+  for (const Dim& d : dims) {
+    if (d.is_static()) {
+      if (d.value == 0) return 0;
+      p *= d.value;
+    } else {
+      unknown = true;
+    }
+  }
+  if (unknown) return std::nullopt;
+  return p;
+}
+
+Dim dim_product(std::span<const Dim> dims) {
+  if (auto p = static_product(dims)) return Dim(*p);
+  const Dim* single = nullptr;
+  for (const Dim& d : dims) {
+    if (d.is_static() && d.value == 1) continue;
+    if (d.is_static() || single) return Dim();
+    single = &d;
+  }
+  return single ? *single : Dim();
+}
+
+int64_t product(std::span<const int64_t> dims) {
+  int64_t p = 1;
+  for (int64_t d : dims) p *= d;
+  return p;
+}
+
+Expected<std::vector<int64_t>> int_values(const Tensor& t, const Node& n, const char* what) {
+  if (!dtype_is_integer(t.dtype()))
+    return KILN_ERROR("{}: {} must be an integer tensor, got {}", n.label(), what, t.desc());
+  return t.to_int64_vector();
+}
+
+}  // namespace shape_detail
+
+std::span<const OpDef> shape_ops() {
+  static const std::vector<OpDef> table = [] {
+    std::vector<OpDef> t;
+    for (auto f : {shape_detail::reshape_like_ops, shape_detail::concat_like_ops,
+                   shape_detail::slice_ops, shape_detail::constant_ops})
+      for (const OpDef& d : f()) t.push_back(d);
+    return t;
+  }();
+  return table;
+}
 
 }  // namespace kiln

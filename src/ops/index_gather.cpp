@@ -1,0 +1,196 @@
+// Gather, GatherElements, GatherND: dtype-agnostic byte copies driven by int32/int64 indices.
+// Negative indices count from the end; an index out of range is an error naming the node.
+#include <cstring>
+
+#include "ops/shape_util.h"
+
+namespace kiln::shape_detail {
+namespace {
+
+Expected<std::vector<int64_t>> index_values(const Tensor& t, const Node& n) {
+  if (t.dtype() != DataType::kInt32 && t.dtype() != DataType::kInt64)
+    return KILN_ERROR("{}: indices must be int32 or int64, got {}", n.label(), t.desc());
+  return t.to_int64_vector();
+}
+
+Expected<int64_t> fix_index(int64_t i, int64_t dim, const Node& n) {
+  if (i < -dim || i >= dim)
+    return KILN_ERROR("{}: index {} is out of range for a dimension of size {}", n.label(), i, dim);
+  return i < 0 ? i + dim : i;
+}
+
+// ---------------------------------------------------------------- Gather
+Status gather_infer(InferContext& ctx) {
+  const TensorType& x = ctx.input_type(0);
+  const TensorType& ind = ctx.input_type(1);
+  if (!x.has_rank() || !ind.has_rank()) {
+    ctx.set_output(0, TensorType::unknown_rank(x.dtype));
+    return Status::Ok();
+  }
+  if (x.rank() == 0) return KILN_ERROR("{}: Gather data must have rank >= 1", ctx.node().label());
+  KILN_ASSIGN_OR_RETURN(int64_t axis, normalize_axis(ctx.attrs().get_int("axis", 0), x.rank(), ctx.node()));
+  std::vector<Dim> dims(x.dims->begin(), x.dims->begin() + axis);
+  dims.insert(dims.end(), ind.dims->begin(), ind.dims->end());
+  dims.insert(dims.end(), x.dims->begin() + axis + 1, x.dims->end());
+  ctx.set_output(0, TensorType(x.dtype, std::move(dims)));
+  return Status::Ok();
+}
+
+Status gather_cpu(KernelContext& ctx) {
+  const Node& n = ctx.node();
+  const Tensor* x = ctx.input(0);
+  const Tensor* ind = ctx.input(1);
+  if (!x || !ind) return KILN_ERROR("{}: Gather needs data and indices", n.label());
+  if (x->rank() == 0) return KILN_ERROR("{}: Gather data must have rank >= 1", n.label());
+  KILN_ASSIGN_OR_RETURN(int64_t axis, normalize_axis(n.attrs.get_int("axis", 0), x->rank(), n));
+  KILN_ASSIGN_OR_RETURN(auto idx, index_values(*ind, n));
+  std::span<const int64_t> s(x->shape());
+  std::vector<int64_t> shape(s.begin(), s.begin() + axis);
+  shape.insert(shape.end(), ind->shape().begin(), ind->shape().end());
+  shape.insert(shape.end(), s.begin() + axis + 1, s.end());
+  const int64_t dim = s[axis];
+  for (int64_t& i : idx) {
+    KILN_ASSIGN_OR_RETURN(i, fix_index(i, dim, n));
+  }
+  Tensor y(x->dtype(), shape);
+  const int64_t outer = product(s.subspan(0, axis));
+  const size_t chunk = static_cast<size_t>(product(s.subspan(axis + 1))) * dtype_size(x->dtype());
+  const auto* src = static_cast<const uint8_t*>(x->raw());
+  auto* dst = static_cast<uint8_t*>(y.raw());
+  if (chunk > 0) {
+    for (int64_t o = 0; o < outer; ++o)
+      for (size_t j = 0; j < idx.size(); ++j, dst += chunk)
+        std::memcpy(dst, src + (o * dim + idx[j]) * chunk, chunk);
+  }
+  ctx.set_output(0, std::move(y));
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------- GatherElements
+Status gather_elements_infer(InferContext& ctx) {
+  const TensorType& x = ctx.input_type(0);
+  const TensorType& ind = ctx.input_type(1);
+  if (x.has_rank() && ind.has_rank() && x.rank() != ind.rank())
+    return KILN_ERROR("{}: data rank {} and indices rank {} differ", ctx.node().label(), x.rank(), ind.rank());
+  if (x.has_rank()) {
+    KILN_RETURN_IF_ERROR(normalize_axis(ctx.attrs().get_int("axis", 0), x.rank(), ctx.node()).status());
+  }
+  ctx.set_output(0, ind.has_rank() ? TensorType(x.dtype, *ind.dims) : TensorType::unknown_rank(x.dtype));
+  return Status::Ok();
+}
+
+Status gather_elements_cpu(KernelContext& ctx) {
+  const Node& n = ctx.node();
+  const Tensor* x = ctx.input(0);
+  const Tensor* ind = ctx.input(1);
+  if (!x || !ind) return KILN_ERROR("{}: GatherElements needs data and indices", n.label());
+  if (x->rank() != ind->rank() || x->rank() == 0)
+    return KILN_ERROR("{}: data {} and indices {} must have the same rank >= 1", n.label(),
+                      x->desc(), ind->desc());
+  KILN_ASSIGN_OR_RETURN(int64_t axis, normalize_axis(n.attrs.get_int("axis", 0), x->rank(), n));
+  for (int64_t k = 0; k < x->rank(); ++k)
+    if (k != axis && ind->shape()[k] > x->shape()[k])
+      return KILN_ERROR("{}: indices {} exceed data {} on axis {}", n.label(), ind->desc(), x->desc(), k);
+  KILN_ASSIGN_OR_RETURN(auto idx, index_values(*ind, n));
+  Tensor y(x->dtype(), ind->shape());
+  const size_t es = dtype_size(x->dtype());
+  const auto xs = contiguous_strides(x->shape());
+  const auto* src = static_cast<const uint8_t*>(x->raw());
+  auto* dst = static_cast<uint8_t*>(y.raw());
+  const int64_t rank = x->rank();
+  std::vector<int64_t> pos(rank, 0);
+  for (size_t e = 0; e < idx.size(); ++e) {
+    KILN_ASSIGN_OR_RETURN(int64_t i, fix_index(idx[e], x->shape()[axis], n));
+    int64_t off = 0;
+    for (int64_t k = 0; k < rank; ++k) off += (k == axis ? i : pos[k]) * xs[k];
+    std::memcpy(dst + e * es, src + off * es, es);
+    for (int64_t k = rank - 1; k >= 0; --k) {
+      if (++pos[k] < ind->shape()[k]) break;
+      pos[k] = 0;
+    }
+  }
+  ctx.set_output(0, std::move(y));
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------- GatherND
+Status gather_nd_check(int64_t r, int64_t q, int64_t b, int64_t m, const Node& n) {
+  if (r < 1 || q < 1) return KILN_ERROR("{}: data and indices must have rank >= 1", n.label());
+  if (b < 0 || b >= std::min(r, q))
+    return KILN_ERROR("{}: batch_dims {} must be less than both ranks ({}, {})", n.label(), b, r, q);
+  if (m >= 0 && (m < 1 || m > r - b))
+    return KILN_ERROR("{}: indices last dimension {} must be in [1, {}]", n.label(), m, r - b);
+  return Status::Ok();
+}
+
+Status gather_nd_infer(InferContext& ctx) {
+  const TensorType& x = ctx.input_type(0);
+  const TensorType& ind = ctx.input_type(1);
+  const int64_t b = ctx.attrs().get_int("batch_dims", 0);
+  if (!x.has_rank() || !ind.has_rank() || ind.rank() < 1 || !ind.dims->back().is_static()) {
+    ctx.set_output(0, TensorType::unknown_rank(x.dtype));
+    return Status::Ok();
+  }
+  const int64_t m = ind.dims->back().value;
+  KILN_RETURN_IF_ERROR(gather_nd_check(x.rank(), ind.rank(), b, m, ctx.node()));
+  std::vector<Dim> dims(ind.dims->begin(), ind.dims->end() - 1);
+  for (int64_t k = 0; k < b; ++k) dims[k] = merge_dim(dims[k], (*x.dims)[k]);
+  dims.insert(dims.end(), x.dims->begin() + b + m, x.dims->end());
+  ctx.set_output(0, TensorType(x.dtype, std::move(dims)));
+  return Status::Ok();
+}
+
+Status gather_nd_cpu(KernelContext& ctx) {
+  const Node& n = ctx.node();
+  const Tensor* x = ctx.input(0);
+  const Tensor* ind = ctx.input(1);
+  if (!x || !ind) return KILN_ERROR("{}: GatherND needs data and indices", n.label());
+  const int64_t b = n.attrs.get_int("batch_dims", 0);
+  const int64_t r = x->rank(), q = ind->rank();
+  KILN_RETURN_IF_ERROR(gather_nd_check(r, q, b, q >= 1 ? ind->shape().back() : -1, n));
+  const int64_t m = ind->shape().back();
+  for (int64_t k = 0; k < b; ++k)
+    if (x->shape()[k] != ind->shape()[k])
+      return KILN_ERROR("{}: batch dimension {} differs: data {} vs indices {}", n.label(), k,
+                        x->desc(), ind->desc());
+  KILN_ASSIGN_OR_RETURN(auto idx, index_values(*ind, n));
+  std::span<const int64_t> xs(x->shape()), is(ind->shape());
+  std::vector<int64_t> shape(is.begin(), is.end() - 1);
+  shape.insert(shape.end(), xs.begin() + b + m, xs.end());
+  Tensor y(x->dtype(), shape);
+  const int64_t batches = product(xs.subspan(0, b));
+  const int64_t tuples = product(is.subspan(b, q - 1 - b));  // index tuples per batch
+  const size_t es = dtype_size(x->dtype());
+  const int64_t slice = product(xs.subspan(b + m));          // elements per gathered slice
+  const int64_t batch_elems = product(xs.subspan(b));
+  const auto strides = contiguous_strides(std::vector<int64_t>(xs.begin() + b, xs.end()));
+  const auto* src = static_cast<const uint8_t*>(x->raw());
+  auto* dst = static_cast<uint8_t*>(y.raw());
+  for (int64_t bi = 0; bi < batches; ++bi) {
+    for (int64_t t = 0; t < tuples; ++t) {
+      const int64_t* tuple = idx.data() + (bi * tuples + t) * m;
+      int64_t off = bi * batch_elems;
+      for (int64_t k = 0; k < m; ++k) {
+        KILN_ASSIGN_OR_RETURN(int64_t i, fix_index(tuple[k], xs[b + k], n));
+        off += i * strides[k];
+      }
+      const size_t bytes = static_cast<size_t>(slice) * es;
+      if (bytes) std::memcpy(dst, src + off * static_cast<int64_t>(es), bytes);
+      dst += bytes;
+    }
+  }
+  ctx.set_output(0, std::move(y));
+  return Status::Ok();
+}
+
+const OpDef kOps[] = {
+    {"", "Gather", gather_infer, gather_cpu, nullptr},
+    {"", "GatherElements", gather_elements_infer, gather_elements_cpu, nullptr},
+    {"", "GatherND", gather_nd_infer, gather_nd_cpu, nullptr},
+};
+
+}  // namespace
+
+std::span<const OpDef> gather_ops() { return kOps; }
+
+}  // namespace kiln::shape_detail

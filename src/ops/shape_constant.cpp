@@ -1,0 +1,185 @@
+// Ops that create tensors: Constant, ConstantOfShape, Range.
+#include <cmath>
+#include <type_traits>
+
+#include "core/dispatch.h"
+#include "ops/shape_util.h"
+
+namespace kiln::shape_detail {
+namespace {
+
+constexpr int64_t kMaxGenerated = int64_t{1} << 31;  // refuse absurd Range/ConstantOfShape sizes
+
+// ---------------------------------------------------------------- Constant
+Expected<Tensor> constant_value(const Node& n) {
+  const Attributes& a = n.attrs;
+  if (a.has("sparse_value"))
+    return KILN_ERROR("{}: Constant with sparse_value is not supported", n.label());
+  if (a.has("value_string") || a.has("value_strings"))
+    return KILN_ERROR("{}: string constants are not supported", n.label());
+  if (const Attribute* v = a.find("value")) {
+    if (v->kind != Attribute::Kind::kTensor || !v->t)
+      return KILN_ERROR("{}: Constant 'value' must be a tensor", n.label());
+    if (!dtype_is_supported(v->t->dtype()))
+      return KILN_ERROR("{}: Constant of type {} is not supported", n.label(), dtype_name(v->t->dtype()));
+    return *v->t;
+  }
+  if (const Attribute* v = a.find("value_float")) return Tensor::scalar<float>(v->f);
+  if (const Attribute* v = a.find("value_floats"))
+    return Tensor::from<float>({static_cast<int64_t>(v->floats.size())}, v->floats);
+  if (const Attribute* v = a.find("value_int")) return Tensor::scalar<int64_t>(v->i);
+  if (const Attribute* v = a.find("value_ints"))
+    return Tensor::from<int64_t>({static_cast<int64_t>(v->ints.size())}, v->ints);
+  return KILN_ERROR("{}: Constant has no value attribute", n.label());
+}
+
+Status constant_infer(InferContext& ctx) {
+  KILN_ASSIGN_OR_RETURN(Tensor t, constant_value(ctx.node()));
+  ctx.set_output(0, TensorType::of(t));
+  return Status::Ok();
+}
+
+Status constant_cpu(KernelContext& ctx) {
+  KILN_ASSIGN_OR_RETURN(Tensor t, constant_value(ctx.node()));
+  ctx.set_output(0, std::move(t));
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------- ConstantOfShape
+Expected<Tensor> fill_value(const Node& n) {
+  const Attribute* v = n.attrs.find("value");
+  if (!v) return Tensor::from<float>({1}, {0.f});
+  if (v->kind != Attribute::Kind::kTensor || !v->t || v->t->numel() != 1)
+    return KILN_ERROR("{}: 'value' must be a one-element tensor", n.label());
+  if (!dtype_is_supported(v->t->dtype()))
+    return KILN_ERROR("{}: value of type {} is not supported", n.label(), dtype_name(v->t->dtype()));
+  return *v->t;
+}
+
+Expected<std::vector<int64_t>> target_shape(const Tensor& s, const Node& n) {
+  if (s.rank() != 1) return KILN_ERROR("{}: shape input must be 1-D, got {}", n.label(), s.desc());
+  KILN_ASSIGN_OR_RETURN(auto shape, int_values(s, n, "shape"));
+  int64_t total = 1;
+  for (int64_t d : shape) {
+    if (d < 0) return KILN_ERROR("{}: negative dimension in shape {}", n.label(), shape_str(shape));
+    if (d > 0 && total > kMaxGenerated / d)
+      return KILN_ERROR("{}: shape {} is too large", n.label(), shape_str(shape));
+    total *= d;
+  }
+  return shape;
+}
+
+Status constant_of_shape_infer(InferContext& ctx) {
+  KILN_ASSIGN_OR_RETURN(Tensor v, fill_value(ctx.node()));
+  if (const Tensor* s = ctx.input_const(0)) {
+    KILN_ASSIGN_OR_RETURN(auto shape, target_shape(*s, ctx.node()));
+    ctx.set_output(0, TensorType(v.dtype(), to_dims(shape)));
+    return Status::Ok();
+  }
+  const TensorType& st = ctx.input_type(0);
+  if (st.rank() == 1 && (*st.dims)[0].is_static())
+    ctx.set_output(0, TensorType(v.dtype(), std::vector<Dim>((*st.dims)[0].value)));
+  else
+    ctx.set_output(0, TensorType::unknown_rank(v.dtype()));
+  return Status::Ok();
+}
+
+Status constant_of_shape_cpu(KernelContext& ctx) {
+  if (!ctx.input(0)) return KILN_ERROR("{}: missing shape input", ctx.node().label());
+  KILN_ASSIGN_OR_RETURN(Tensor v, fill_value(ctx.node()));
+  KILN_ASSIGN_OR_RETURN(auto shape, target_shape(*ctx.input(0), ctx.node()));
+  Tensor y(v.dtype(), shape);
+  const size_t es = dtype_size(v.dtype());
+  auto* dst = static_cast<uint8_t*>(y.raw());
+  for (int64_t i = 0; i < y.numel(); ++i) std::memcpy(dst + i * es, v.raw(), es);
+  ctx.set_output(0, std::move(y));
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------- Range
+bool range_type_ok(DataType t) {
+  return t == DataType::kFloat32 || t == DataType::kFloat64 || t == DataType::kInt16 ||
+         t == DataType::kInt32 || t == DataType::kInt64;
+}
+
+template <typename T>
+Expected<int64_t> range_count(T start, T limit, T delta, const Node& n) {
+  if (delta == T(0)) return KILN_ERROR("{}: Range delta is 0", n.label());
+  double count;
+  if constexpr (std::is_floating_point_v<T>) {
+    count = std::ceil(static_cast<double>(static_cast<T>((limit - start) / delta)));
+    if (std::isnan(count)) return KILN_ERROR("{}: Range has a NaN bound or delta", n.label());
+  } else {
+    const int64_t diff = static_cast<int64_t>(limit) - static_cast<int64_t>(start);
+    const int64_t dl = static_cast<int64_t>(delta);
+    int64_t q = diff / dl;
+    if (diff % dl != 0 && ((diff > 0) == (dl > 0))) ++q;
+    count = static_cast<double>(q);
+  }
+  if (count <= 0) return int64_t{0};
+  if (count > static_cast<double>(kMaxGenerated))
+    return KILN_ERROR("{}: Range would produce {} elements", n.label(), count);
+  return static_cast<int64_t>(count);
+}
+
+Expected<Tensor> range_eval(const Tensor& s, const Tensor& l, const Tensor& d, const Node& n) {
+  const DataType t = s.dtype();
+  if (!range_type_ok(t) || l.dtype() != t || d.dtype() != t)
+    return KILN_ERROR("{}: Range inputs must share one of float32, float64, int16, int32, int64; "
+                      "got {}, {}, {}", n.label(), s.desc(), l.desc(), d.desc());
+  if (s.numel() != 1 || l.numel() != 1 || d.numel() != 1)
+    return KILN_ERROR("{}: Range inputs must be scalars", n.label());
+  return visit_dtype(t, [&](auto tag) -> Expected<Tensor> {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double> ||
+                  std::is_same_v<T, int16_t> || std::is_same_v<T, int32_t> ||
+                  std::is_same_v<T, int64_t>) {
+      const T start = s.data<T>()[0], limit = l.data<T>()[0], delta = d.data<T>()[0];
+      KILN_ASSIGN_OR_RETURN(int64_t count, range_count<T>(start, limit, delta, n));
+      Tensor y(t, {count});
+      for (int64_t i = 0; i < count; ++i)
+        y.data<T>()[i] = static_cast<T>(start + static_cast<T>(i) * delta);
+      return y;
+    } else {
+      return KILN_ERROR("{}: unsupported Range type", n.label());
+    }
+  });
+}
+
+Status range_infer(InferContext& ctx) {
+  const Tensor* s = ctx.input_const(0);
+  const Tensor* l = ctx.input_const(1);
+  const Tensor* d = ctx.input_const(2);
+  if (s && l && d) {
+    KILN_ASSIGN_OR_RETURN(Tensor y, range_eval(*s, *l, *d, ctx.node()));
+    ctx.set_output(0, TensorType::of(y));
+    return Status::Ok();
+  }
+  for (size_t i = 0; i < 3; ++i) {
+    const TensorType& it = ctx.input_type(i);
+    if (it.dtype != DataType::kUndefined && !range_type_ok(it.dtype))
+      return KILN_ERROR("{}: Range does not support {}", ctx.node().label(), dtype_name(it.dtype));
+  }
+  ctx.set_output(0, TensorType(ctx.input_type(0).dtype, {Dim()}));
+  return Status::Ok();
+}
+
+Status range_cpu(KernelContext& ctx) {
+  if (!ctx.input(0) || !ctx.input(1) || !ctx.input(2))
+    return KILN_ERROR("{}: Range needs start, limit and delta", ctx.node().label());
+  KILN_ASSIGN_OR_RETURN(Tensor y, range_eval(*ctx.input(0), *ctx.input(1), *ctx.input(2), ctx.node()));
+  ctx.set_output(0, std::move(y));
+  return Status::Ok();
+}
+
+const OpDef kOps[] = {
+    {"", "Constant", constant_infer, constant_cpu, nullptr},
+    {"", "ConstantOfShape", constant_of_shape_infer, constant_of_shape_cpu, nullptr},
+    {"", "Range", range_infer, range_cpu, nullptr},
+};
+
+}  // namespace
+
+std::span<const OpDef> constant_ops() { return kOps; }
+
+}  // namespace kiln::shape_detail
