@@ -1,8 +1,183 @@
-// Placeholder family table; filled in by the op family's implementation.
-#include "ops/op.h"
+// kiln's fused layers: the op table, FusedConv and FusedGemm, and the helpers shared with
+// fused_chain.cpp. Kernels compose the registry's reference kernels (see fused_util.h).
+#include "ops/fused.h"
+
+#include <algorithm>
+
+#include "ops/fused_util.h"
 
 namespace kiln {
 
-std::span<const OpDef> fused_ops() { return {}; }
+const std::vector<std::string>& fused_activation_names() {
+  static const std::vector<std::string> k = {"Relu",      "Clip",      "Sigmoid", "Tanh",
+                                             "LeakyRelu", "HardSwish", "Gelu"};
+  return k;
+}
+
+bool fused_activation_supported(const std::string& op_type) {
+  const auto& k = fused_activation_names();
+  return op_type.empty() || std::find(k.begin(), k.end(), op_type) != k.end();
+}
+
+bool chain_op_supported(const std::string& op_type) {
+  static const std::vector<std::string> k = {"Add",       "Sub",
+                                             "Mul",       "Div",
+                                             "Pow",       "Max",
+                                             "Min",       "Relu",
+                                             "Sigmoid",   "Tanh",
+                                             "Exp",       "Log",
+                                             "Neg",       "Abs",
+                                             "Sqrt",      "Reciprocal",
+                                             "Erf",       "Floor",
+                                             "Ceil",      "Round",
+                                             "LeakyRelu", "HardSigmoid",
+                                             "HardSwish", "Softplus",
+                                             "Softsign",  "Elu",
+                                             "Selu",      "Celu",
+                                             "Gelu",      "Clip",
+                                             "Sin",       "Cos",
+                                             "PRelu",     "ThresholdedRelu",
+                                             "Mish",      "Sign"};
+  return std::find(k.begin(), k.end(), op_type) != k.end() && find_op("", op_type) != nullptr;
+}
+
+bool fused_layer_supported(const std::string& op_type, const Attributes& attrs) {
+  if (op_type == "FusedConv" || op_type == "FusedGemm")
+    return fused_activation_supported(attrs.get_string("activation", ""));
+  if (op_type == "ElementwiseChain") {
+    const auto ops = attrs.get_strings("ops");
+    return !ops.empty() && std::all_of(ops.begin(), ops.end(), chain_op_supported);
+  }
+  return op_type == "Attention";
+}
+
+namespace fused {
+
+Expected<Tensor> run_op(const Node& owner, const std::string& op_type, const Attributes& attrs,
+                        const std::vector<const Tensor*>& inputs) {
+  const OpDef* def = find_op("", op_type);
+  if (!def || !def->cpu) return KILN_ERROR("{}: no kernel for its {} step", owner.label(), op_type);
+  Node step;
+  step.name = owner.name + "/" + op_type;
+  step.op_type = op_type;
+  step.attrs = attrs;
+  step.index = owner.index;
+  std::vector<Tensor> outs(1);
+  KernelContext ctx(step, inputs, outs);
+  Status st = def->cpu(ctx);
+  if (!st.ok()) return st.with_context(owner.label());
+  if (outs[0].empty_storage())
+    return KILN_ERROR("{}: {} step produced nothing", owner.label(), op_type);
+  return std::move(outs[0]);
+}
+
+Attributes strip_prefix(const Attributes& a, const std::string& prefix) {
+  Attributes out;
+  for (const auto& [k, v] : a.all())
+    if (k.size() > prefix.size() && k.compare(0, prefix.size(), prefix) == 0)
+      out.set(k.substr(prefix.size()), v);
+  return out;
+}
+
+Expected<Tensor> apply_activation(const Node& n, Tensor y) {
+  const std::string act = n.attrs.get_string("activation", "");
+  if (act.empty()) return y;
+  if (!fused_activation_supported(act))
+    return KILN_ERROR("{}: unsupported fused activation '{}'", n.label(), act);
+  Attributes a = strip_prefix(n.attrs, "act_");
+  if (act == "Clip") {
+    Tensor lo, hi;
+    const bool has_lo = a.has("min"), has_hi = a.has("max");
+    if (has_lo) lo = Tensor::scalar<float>(a.get_float("min", 0)).cast(y.dtype());
+    if (has_hi) hi = Tensor::scalar<float>(a.get_float("max", 0)).cast(y.dtype());
+    return run_op(n, "Clip", {}, {&y, has_lo ? &lo : nullptr, has_hi ? &hi : nullptr});
+  }
+  return run_op(n, act, a, {&y});
+}
+
+Expected<Tensor> add_same_shape(const Node& n, const Tensor& y, const Tensor& z, const char* what) {
+  KILN_ASSIGN_OR_RETURN(Tensor s, run_op(n, "Add", {}, {&y, &z}));
+  if (s.shape() != y.shape())
+    return KILN_ERROR("{}: {} of shape {} would broadcast the result {} to {}", n.label(), what,
+                      shape_str(z.shape()), shape_str(y.shape()), shape_str(s.shape()));
+  return s;
+}
+
+}  // namespace fused
+
+namespace {
+
+const OpDef& base_op(const char* op) { return *find_op("", op); }
+
+// --- kiln.FusedConv
+// -------------------------------------------------------------------------------
+
+Status infer_fused_conv(InferContext& ctx) { return base_op("Conv").infer(ctx); }
+
+Status cpu_fused_conv(KernelContext& ctx) {
+  const Node& n = ctx.node();
+  std::vector<Tensor> outs(1);
+  KernelContext conv(n, {ctx.input(0), ctx.input(1), ctx.input(2)}, outs);
+  KILN_RETURN_IF_ERROR(base_op("Conv").cpu(conv));
+  Tensor y = std::move(outs[0]);
+  if (const Tensor* z = ctx.input(3)) {
+    KILN_ASSIGN_OR_RETURN(y, fused::add_same_shape(n, y, *z, "residual input"));
+  }
+  KILN_ASSIGN_OR_RETURN(y, fused::apply_activation(n, std::move(y)));
+  ctx.set_output(0, std::move(y));
+  return Status::Ok();
+}
+
+// --- kiln.FusedGemm
+// -------------------------------------------------------------------------------
+
+Status check_base(const Node& n, std::string* base) {
+  *base = n.attrs.get_string("base", "");
+  if (*base != "Gemm" && *base != "MatMul")
+    return KILN_ERROR("{}: attribute base must be \"Gemm\" or \"MatMul\", got \"{}\"", n.label(),
+                      *base);
+  return Status::Ok();
+}
+
+Status infer_fused_gemm(InferContext& ctx) {
+  std::string base;
+  KILN_RETURN_IF_ERROR(check_base(ctx.node(), &base));
+  return base_op(base.c_str()).infer(ctx);
+}
+
+Status cpu_fused_gemm(KernelContext& ctx) {
+  const Node& n = ctx.node();
+  std::string base;
+  KILN_RETURN_IF_ERROR(check_base(n, &base));
+  std::vector<Tensor> outs(1);
+  std::vector<const Tensor*> ins = {ctx.input(0), ctx.input(1)};
+  if (base == "Gemm") ins.push_back(ctx.input(2));
+  KernelContext k(n, ins, outs);
+  KILN_RETURN_IF_ERROR(base_op(base.c_str()).cpu(k));
+  Tensor y = std::move(outs[0]);
+  if (base == "MatMul" && ctx.input(2)) {
+    KILN_ASSIGN_OR_RETURN(y, fused::add_same_shape(n, y, *ctx.input(2), "bias"));
+  }
+  KILN_ASSIGN_OR_RETURN(y, fused::apply_activation(n, std::move(y)));
+  ctx.set_output(0, std::move(y));
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status infer_elementwise_chain(InferContext& ctx);
+Status cpu_elementwise_chain(KernelContext& ctx);
+Status infer_attention(InferContext& ctx);
+Status cpu_attention(KernelContext& ctx);
+
+std::span<const OpDef> fused_ops() {
+  static const OpDef kOps[] = {
+      {"kiln", "FusedConv", infer_fused_conv, cpu_fused_conv, nullptr},
+      {"kiln", "FusedGemm", infer_fused_gemm, cpu_fused_gemm, nullptr},
+      {"kiln", "ElementwiseChain", infer_elementwise_chain, cpu_elementwise_chain, nullptr},
+      {"kiln", "Attention", infer_attention, cpu_attention, nullptr},
+  };
+  return kOps;
+}
 
 }  // namespace kiln

@@ -1,14 +1,153 @@
 #include "passes/pipeline.h"
 
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include "ir/printer.h"
+#include "ir/verifier.h"
 #include "ops/op.h"
+#include "passes/passes.h"
 
 namespace kiln {
+namespace {
 
-// Filled in by the optimizer (issue 3): the ordered list of passes.
+using passes::PassContext;
+
+struct PassEntry {
+  const char* name;
+  int min_level;  // the lowest --opt-level that runs it
+  Expected<bool> (*run)(PassContext&);
+};
+
+// The pipeline, in order. The list runs again and again until a whole round changes nothing
+// (each pass is idempotent, so a round without changes is the fixed point). Why this order:
+// - fold_constants first: with the profile's input shapes applied, Shape -> Gather -> Concat
+//   -> Reshape chains become constants, which turns dynamic Reshapes into static ones that the
+//   no-op and pair rules can then judge.
+// - remove_noops and cancel_transposes next: they unhide producer/consumer pairs (Conv ->
+//   Identity -> BatchNorm) for the patterns below.
+// - fold_batchnorm before any fusion: BN folds into the weights of a plain Conv/Gemm/MatMul;
+//   once an activation fused in between, it no longer could.
+// - fuse_layernorm, fuse_gelu and fuse_attention before the generic fusions: they recognise
+//   composite ops made of MatMul/Add/elementwise pieces that fuse_matmul_add and
+//   fuse_elementwise would otherwise swallow piecemeal.
+// - fuse_matmul_add and fuse_residual_add before fuse_conv_act: the layer computes
+//   act(conv(x) + bias + residual), so bias and residual must join before the activation does.
+// - fuse_elementwise last: it takes the elementwise chains the specific fusions left.
+// - eliminate_dead_code after folding and at the end of each round.
+constexpr PassEntry kPipeline[] = {
+    {"fold_constants", 1, passes::fold_constants},
+    {"remove_noops", 1, passes::remove_noops},
+    {"cancel_transposes", 1, passes::cancel_transposes},
+    {"fold_batchnorm", 1, passes::fold_batchnorm},
+    {"eliminate_dead_code", 1, passes::eliminate_dead_code},
+    {"fuse_layernorm", 2, passes::fuse_layernorm},
+    {"fuse_gelu", 2, passes::fuse_gelu},
+    {"fuse_attention", 2, passes::fuse_attention},
+    {"fuse_matmul_add", 2, passes::fuse_matmul_add},
+    {"fuse_residual_add", 2, passes::fuse_residual_add},
+    {"fuse_conv_act", 2, passes::fuse_conv_act},
+    {"fuse_elementwise", 2, passes::fuse_elementwise},
+    {"eliminate_dead_code", 2, passes::eliminate_dead_code},
+};
+constexpr int kMaxRounds = 10;
+
+const PassEntry* find_pass(const std::string& name) {
+  for (const PassEntry& p : kPipeline)
+    if (name == p.name) return &p;
+  return nullptr;
+}
+
+Status dump(const Graph& g, const std::string& dir, int step, const std::string& what) {
+  const std::string base = fmt::format("{}/{:02d}_{}", dir, step, what);
+  std::ofstream txt(base + ".txt"), dot(base + ".dot");
+  txt << graph_to_text(g);
+  dot << graph_to_dot(g);
+  if (!txt || !dot) return KILN_ERROR("--dump-graph: cannot write {}.txt/.dot", base);
+  return Status::Ok();
+}
+
+// Runs one pass; afterwards re-infers shapes and checks the graph when it changed.
+Expected<bool> run_entry(Graph& g, const PassEntry& p, const OptimizeOptions& options,
+                         bool explain) {
+  PassContext ctx{g, options, p.name, {}, 0};
+  Expected<bool> changed = p.run(ctx);
+  if (!changed.ok()) return changed.status().with_context(fmt::format("pass {}", p.name));
+  if (*changed) {
+    KILN_RETURN_IF_ERROR(g.topo_sort());
+    Status st = infer_shapes(g);
+    if (st.ok()) st = verify_graph(g);
+    if (!st.ok()) return st.with_context(fmt::format("after pass {}", p.name));
+  }
+  if (options.verbose) {
+    if (*changed) {
+      std::cerr << fmt::format("{}: {} rewrite{}\n", p.name, ctx.rewrites,
+                               ctx.rewrites == 1 ? "" : "s");
+    } else if (explain) {
+      if (ctx.notes.empty())
+        std::cerr << fmt::format("{}: not applicable (no candidates)\n", p.name);
+      for (const std::string& n : ctx.notes)
+        std::cerr << fmt::format("{}: not applicable: {}\n", p.name, n);
+    }
+  }
+  return *changed;
+}
+
+}  // namespace
+
+std::vector<std::string> pipeline_passes(int opt_level) {
+  std::vector<std::string> out;
+  for (const PassEntry& p : kPipeline)
+    if (opt_level >= p.min_level) out.push_back(p.name);
+  return out;
+}
+
+Expected<bool> run_pass(Graph& g, const std::string& pass, const OptimizeOptions& options) {
+  const PassEntry* p = find_pass(pass);
+  if (!p) return KILN_ERROR("unknown pass '{}'", pass);
+  return run_entry(g, *p, options, true);
+}
+
 Status optimize_graph(Graph& g, const OptimizeOptions& options) {
   if (options.opt_level < 0 || options.opt_level > 2)
     return KILN_ERROR("--opt-level must be 0, 1 or 2 (got {})", options.opt_level);
-  return infer_shapes(g);
+  KILN_RETURN_IF_ERROR(infer_shapes(g));
+  int step = 0;
+  if (!options.dump_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(options.dump_dir, ec);
+    if (ec)
+      return KILN_ERROR("--dump-graph: cannot create '{}': {}", options.dump_dir, ec.message());
+    KILN_RETURN_IF_ERROR(dump(g, options.dump_dir, step++, "import"));
+  }
+  if (options.opt_level == 0 && options.only_passes.empty()) return Status::Ok();
+  const size_t before = g.nodes().size();
+  int round = 0;
+  for (bool changed = true; changed && round < kMaxRounds; ++round) {
+    changed = false;
+    for (const PassEntry& p : kPipeline) {
+      const bool selected = options.only_passes.empty()
+                                ? options.opt_level >= p.min_level
+                                : std::find(options.only_passes.begin(), options.only_passes.end(),
+                                            std::string(p.name)) != options.only_passes.end();
+      if (!selected) continue;
+      KILN_ASSIGN_OR_RETURN(bool c, run_entry(g, p, options, round == 0));
+      if (c && !options.dump_dir.empty())
+        KILN_RETURN_IF_ERROR(dump(g, options.dump_dir, step++, p.name));
+      changed |= c;
+    }
+  }
+  g.remove_dead_values();
+  KILN_RETURN_IF_ERROR(infer_shapes(g));
+  KILN_RETURN_IF_ERROR(verify_graph(g));
+  if (options.verbose)
+    std::cerr << fmt::format("optimizer: {} nodes -> {} layers in {} round{} (opt level {})\n",
+                             before, g.nodes().size(), round, round == 1 ? "" : "s",
+                             options.opt_level);
+  if (!options.dump_dir.empty()) KILN_RETURN_IF_ERROR(dump(g, options.dump_dir, step, "final"));
+  return Status::Ok();
 }
 
 }  // namespace kiln

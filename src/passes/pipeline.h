@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "ir/graph.h"
 #include "kiln/status.h"
@@ -16,8 +17,15 @@ struct OptimizeOptions {
   bool verbose = false;         // explain passes that did not apply (stderr)
   std::string backend = "cpu";  // fusion asks this backend what it can run as one layer
   std::string precision = "fp32";
+  std::vector<std::string> only_passes;  // tests: run just these passes (empty = by level)
 };
 
 Status optimize_graph(Graph& g, const OptimizeOptions& options);
+
+// The pipeline's pass names in order for an opt level (for docs, tests and --verbose).
+std::vector<std::string> pipeline_passes(int opt_level);
+
+// Runs one pass by name once (tests); returns whether it changed the graph.
+Expected<bool> run_pass(Graph& g, const std::string& pass, const OptimizeOptions& options);
 
 }  // namespace kiln

@@ -1,0 +1,28 @@
+// The capability query: may the optimizer turn a group of nodes into this one layer for the
+// target backend? Passes describe the layer they would create; the backend answers from its
+// own kernel table, so "supported?" and dispatch cannot drift apart. Passes never name a
+// backend.
+#pragma once
+
+#include <string>
+
+#include "ir/graph.h"
+#include "kiln/types.h"
+
+namespace kiln {
+
+struct LayerCapabilityQuery {
+  std::string domain;                     // "" for ai.onnx ops (Gelu, LayerNormalization), "kiln"
+  std::string op_type;                    // e.g. "FusedConv", "ElementwiseChain", "Attention"
+  const Attributes* attrs = nullptr;      // the layer's attributes (activation, chain program...)
+  DataType dtype = DataType::kUndefined;  // element type of the layer's output
+  std::string precision = "fp32";         // the build precision (fp32, fp16, int8)
+};
+
+// True when `backend` can run the described layer as one kernel at the query's precision.
+// cpu: every kiln fused op it has a kernel for (float32/float64 data; activation and chain
+// steps it knows), and every ai.onnx op with a registry kernel. cuda: nothing yet (no fused
+// kernels are declared), so the optimizer leaves the graph unfused for it.
+bool backend_supports_layer(const std::string& backend, const LayerCapabilityQuery& query);
+
+}  // namespace kiln

@@ -1,0 +1,37 @@
+// kiln's fused layers (domain "kiln"), produced by the optimizer (src/passes) and run by every
+// backend that declares them (backends/capabilities.h):
+//
+//   kiln.FusedConv(X, W, B?, Z?)        Y = act(Conv(X, W, B) + Z)   Conv's attributes
+//   kiln.FusedGemm(A, B, C?)            base = "Gemm":   Y = act(Gemm(A, B, C))  Gemm's attributes
+//                                       base = "MatMul": Y = act(MatMul(A, B) + C)
+//   kiln.ElementwiseChain(x0, x1, ...)  a straight program of elementwise ops (see below)
+//   kiln.Attention(Q, Kt, V, mask?)     Y = Softmax(Q @ Kt * scale + mask, axis=-1) @ V
+//                                       (nan_to_zero = 1: NaN probabilities, from fully
+//                                       masked rows, count as 0, as SDPA's export does)
+//
+// Activation: attribute `activation` holds the ONNX op type ("" = none; one of
+// fused_activation_names()), and its attributes are stored with the prefix "act_" (act_alpha
+// for LeakyRelu, act_approximate for Gelu). Clip's bounds are the floats act_min / act_max.
+//
+// ElementwiseChain: `ops` (strings) lists the steps; `arity` (ints) the number of operands of
+// each; `operands` (ints, flattened) says where each operand comes from: k >= 0 is external
+// input k, -1 the previous step's result, -2 an absent optional input. Step i's attributes are
+// stored with the prefix "s<i>_". The result is the last step's.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+
+namespace kiln {
+
+// Activations fused layers apply (ONNX op types).
+const std::vector<std::string>& fused_activation_names();
+bool fused_activation_supported(const std::string& op_type);
+// Ops an ElementwiseChain step may be.
+bool chain_op_supported(const std::string& op_type);
+// Whether kiln's CPU kernels run this fused layer with these attributes.
+bool fused_layer_supported(const std::string& op_type, const Attributes& attrs);
+
+}  // namespace kiln

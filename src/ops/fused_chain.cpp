@@ -1,0 +1,138 @@
+// kiln.ElementwiseChain and kiln.Attention (see fused.h for their encodings).
+#include <cmath>
+
+#include "ops/fused.h"
+#include "ops/fused_util.h"
+
+namespace kiln {
+
+namespace {
+
+struct ChainProgram {
+  std::vector<std::string> ops;
+  std::vector<int64_t> arity, operands;
+};
+
+Expected<ChainProgram> read_program(const Node& n, size_t num_inputs) {
+  ChainProgram p{n.attrs.get_strings("ops"), n.attrs.get_ints("arity"),
+                 n.attrs.get_ints("operands")};
+  if (p.ops.empty() || p.ops.size() != p.arity.size())
+    return KILN_ERROR("{}: ops and arity must be non-empty and of equal length", n.label());
+  int64_t total = 0;
+  for (int64_t a : p.arity) total += a;
+  if (total != static_cast<int64_t>(p.operands.size()))
+    return KILN_ERROR("{}: operands has {} entries, arity adds up to {}", n.label(),
+                      p.operands.size(), total);
+  size_t k = 0;
+  for (size_t s = 0; s < p.ops.size(); ++s) {
+    if (!chain_op_supported(p.ops[s]))
+      return KILN_ERROR("{}: step {} op '{}' cannot be chained", n.label(), s, p.ops[s]);
+    for (int64_t i = 0; i < p.arity[s]; ++i, ++k) {
+      const int64_t o = p.operands[k];
+      if (o < -2 || o >= static_cast<int64_t>(num_inputs) || (o == -1 && s == 0))
+        return KILN_ERROR("{}: step {} has a bad operand {}", n.label(), s, o);
+    }
+  }
+  return p;
+}
+
+}  // namespace
+
+Status infer_elementwise_chain(InferContext& ctx) {
+  const Node& n = ctx.node();
+  KILN_ASSIGN_OR_RETURN(ChainProgram p, read_program(n, ctx.num_inputs()));
+  const int64_t first = p.operands[0];
+  const DataType dt =
+      first >= 0 ? ctx.input_type(static_cast<size_t>(first)).dtype : DataType::kUndefined;
+  std::vector<std::vector<Dim>> dims;
+  for (size_t i = 0; i < ctx.num_inputs(); ++i) {
+    const TensorType& t = ctx.input_type(i);
+    if (!t.has_rank()) {
+      ctx.set_output(0, TensorType::unknown_rank(dt));
+      return Status::Ok();
+    }
+    dims.push_back(*t.dims);
+  }
+  // No step changes the chain's shape (the optimizer guarantees it), so the result has the
+  // broadcast shape of all external inputs.
+  KILN_ASSIGN_OR_RETURN(std::vector<Dim> out, broadcast_dims(dims, n));
+  ctx.set_output(0, TensorType(dt, std::move(out)));
+  return Status::Ok();
+}
+
+Status cpu_elementwise_chain(KernelContext& ctx) {
+  const Node& n = ctx.node();
+  KILN_ASSIGN_OR_RETURN(ChainProgram p, read_program(n, ctx.num_inputs()));
+  Tensor cur;
+  size_t k = 0;
+  for (size_t s = 0; s < p.ops.size(); ++s) {
+    std::vector<const Tensor*> ins;
+    for (int64_t i = 0; i < p.arity[s]; ++i, ++k) {
+      const int64_t o = p.operands[k];
+      ins.push_back(o == -1 ? &cur : o == -2 ? nullptr : ctx.input(static_cast<size_t>(o)));
+      if (o >= 0 && !ctx.input(static_cast<size_t>(o)))
+        return KILN_ERROR("{}: input {} is missing", n.label(), o);
+    }
+    Attributes a = fused::strip_prefix(n.attrs, "s" + std::to_string(s) + "_");
+    KILN_ASSIGN_OR_RETURN(Tensor next, fused::run_op(n, p.ops[s], a, ins));
+    cur = std::move(next);
+  }
+  ctx.set_output(0, std::move(cur));
+  return Status::Ok();
+}
+
+// --- kiln.Attention
+// -------------------------------------------------------------------------------
+
+Status infer_attention(InferContext& ctx) {
+  const TensorType& q = ctx.input_type(0);
+  const TensorType& v = ctx.input_type(2);
+  if (!q.has_rank() || !v.has_rank() || q.rank() != v.rank() || q.rank() < 2) {
+    ctx.set_output(0, TensorType::unknown_rank(q.dtype));
+    return Status::Ok();
+  }
+  std::vector<Dim> out(q.dims->begin(), q.dims->end() - 1);
+  out.push_back(v.dims->back());
+  ctx.set_output(0, TensorType(q.dtype, std::move(out)));
+  return Status::Ok();
+}
+
+Status cpu_attention(KernelContext& ctx) {
+  const Node& n = ctx.node();
+  if (!ctx.input(0) || !ctx.input(1) || !ctx.input(2))
+    return KILN_ERROR("{}: Q, K and V are required", n.label());
+  KILN_ASSIGN_OR_RETURN(Tensor s, fused::run_op(n, "MatMul", {}, {ctx.input(0), ctx.input(1)}));
+  const double scale = n.attrs.get_float("scale", 1.f);
+  if (scale != 1.0) {
+    if (s.dtype() == DataType::kFloat32) {
+      float* d = s.data<float>();
+      for (int64_t i = 0; i < s.numel(); ++i) d[i] *= static_cast<float>(scale);
+    } else if (s.dtype() == DataType::kFloat64) {
+      double* d = s.data<double>();
+      for (int64_t i = 0; i < s.numel(); ++i) d[i] *= scale;
+    } else {
+      return KILN_ERROR("{}: scaled attention needs float32 or float64, got {}", n.label(),
+                        dtype_name(s.dtype()));
+    }
+  }
+  if (const Tensor* mask = ctx.input(3)) {  // broadcasts exactly as the unfused Add did
+    KILN_ASSIGN_OR_RETURN(s, fused::run_op(n, "Add", {}, {&s, mask}));
+  }
+  Attributes sm;
+  sm.set("axis", Attribute::Int(-1));
+  KILN_ASSIGN_OR_RETURN(Tensor p, fused::run_op(n, "Softmax", sm, {&s}));
+  if (n.attrs.get_int("nan_to_zero", 0) != 0) {  // rows the mask removed entirely give 0
+    if (p.dtype() == DataType::kFloat32) {
+      for (int64_t i = 0; i < p.numel(); ++i)
+        if (std::isnan(p.data<float>()[i])) p.data<float>()[i] = 0.f;
+    } else if (p.dtype() == DataType::kFloat64) {
+      for (int64_t i = 0; i < p.numel(); ++i)
+        if (std::isnan(p.data<double>()[i])) p.data<double>()[i] = 0.0;
+    }
+  }
+  KILN_ASSIGN_OR_RETURN(Tensor y, fused::run_op(n, "MatMul", {}, {&p, ctx.input(2)}));
+  ctx.set_output(0, std::move(y));
+  return Status::Ok();
+}
+
+}  // namespace kiln

@@ -1,0 +1,127 @@
+// Constant folding: a node whose inputs are all constants (or a Shape/Size whose input shape is
+// fully known) is replaced by its value, computed with the CPU reference kernel.
+//   Op(const...)  =>  const          Shape(x: static [a,b,c])  =>  const [a,b,c]
+// Shape -> Gather -> Concat -> Reshape chains fold in one sweep because nodes are visited in
+// topological order. Random ops never fold; results above kMaxFoldBytes stay computed at run
+// time so that folding cannot blow up the engine's size.
+#include <set>
+
+#include "ops/op.h"
+#include "passes/passes.h"
+
+namespace kiln::passes {
+namespace {
+
+constexpr size_t kMaxFoldBytes = size_t{64} << 20;
+
+bool is_random_op(const Node& n) {
+  static const std::set<std::string> kRandom = {"RandomNormal",     "RandomUniform",
+                                                "RandomNormalLike", "RandomUniformLike",
+                                                "Multinomial",      "Bernoulli"};
+  return kRandom.count(n.op_type) != 0;
+}
+
+// Shape/Size of a value whose dims are all known, without touching its data.
+std::optional<Tensor> fold_shape_query(const Node& n) {
+  const Value* x = n.input(0);
+  if (!x || !x->type.is_static() || n.num_outputs() != 1) return std::nullopt;
+  const std::vector<int64_t> shape = *x->type.static_shape();
+  const int64_t rank = static_cast<int64_t>(shape.size());
+  if (n.op_type == "Size") {
+    int64_t p = 1;
+    for (int64_t d : shape) p *= d;
+    return Tensor::scalar<int64_t>(p);
+  }
+  auto clamp = [&](int64_t a) {
+    return std::min(std::max(a < 0 ? a + rank : a, int64_t{0}), rank);
+  };
+  const int64_t start = clamp(n.attrs.get_int("start", 0));
+  const int64_t end = clamp(n.attrs.get_int("end", rank));
+  std::vector<int64_t> dims;
+  for (int64_t i = start; i < end; ++i) dims.push_back(shape[static_cast<size_t>(i)]);
+  return Tensor::from<int64_t>({static_cast<int64_t>(dims.size())}, dims);
+}
+
+struct FoldConstant {
+  struct Match {
+    Node* node;
+    std::vector<Tensor> values;
+  };
+
+  // Computes the folded outputs (pure: the graph is not touched).
+  static std::optional<std::vector<Tensor>> evaluate(PassContext& ctx, Node& n) {
+    std::vector<Tensor> outs(n.num_outputs());
+    if (auto t = fold_shape_query(n); t && !n.input(0)->is_constant()) {
+      outs[0] = std::move(*t);
+      return outs;
+    }
+    const OpDef* def = find_op(n.domain, n.op_type);
+    std::vector<const Tensor*> ins;
+    for (const Value* v : n.inputs()) ins.push_back(v ? v->constant.get() : nullptr);
+    KernelContext kctx(n, ins, outs);
+    Status st = def && def->cpu ? def->cpu(kctx) : Status::Error("no cpu kernel");
+    if (!st.ok()) {
+      // Not ours to report: the node stays and reports (or not) at run time.
+      ctx.note(fmt::format("{}: kernel failed: {}", n.label(), st.message()));
+      return std::nullopt;
+    }
+    for (size_t i = 0; i < outs.size(); ++i)
+      if (n.output(i) && outs[i].empty_storage()) return std::nullopt;
+    return outs;
+  }
+
+  static std::optional<Match> match(PassContext& ctx, Node& n) {
+    if (!n.domain.empty() || is_random_op(n)) return std::nullopt;
+    if ((n.op_type == "Shape" || n.op_type == "Size") && n.input(0) && !n.input(0)->is_constant()) {
+      if (!fold_shape_query(n)) return std::nullopt;
+      auto v = evaluate(ctx, n);
+      return v ? std::optional<Match>(Match{&n, std::move(*v)}) : std::nullopt;
+    }
+    bool any = false;
+    for (const Value* v : n.inputs()) {
+      if (!v) continue;
+      if (!v->is_constant()) return std::nullopt;
+      any = true;
+    }
+    if (!any) return std::nullopt;
+    // Sizes from a fresh inference (the values' types may predate folding of the inputs).
+    const OpDef* def = find_op(n.domain, n.op_type);
+    std::vector<TensorType> types(n.num_outputs());
+    InferContext ictx(n, types);
+    if (!def || !def->infer || !def->infer(ictx).ok()) return std::nullopt;
+    for (size_t i = 0; i < types.size(); ++i) {
+      if (!n.output(i)) continue;
+      auto shape = types[i].static_shape();
+      if (!shape) {
+        ctx.note(fmt::format("{}: output {} has no static shape", n.label(), i));
+        return std::nullopt;
+      }
+      int64_t numel = 1;
+      for (int64_t d : *shape) numel *= d;
+      if (static_cast<size_t>(numel) * dtype_size(types[i].dtype) > kMaxFoldBytes) {
+        ctx.note(fmt::format("{}: output {} would be larger than {} MiB", n.label(), i,
+                             kMaxFoldBytes >> 20));
+        return std::nullopt;
+      }
+    }
+    auto v = evaluate(ctx, n);
+    return v ? std::optional<Match>(Match{&n, std::move(*v)}) : std::nullopt;
+  }
+
+  static Status rewrite(PassContext& ctx, const Match& m) {
+    Node& n = *m.node;
+    for (size_t i = 0; i < n.num_outputs(); ++i) {
+      Value* o = n.output(i);
+      if (!o) continue;
+      o->type = TensorType::of(m.values[i]);
+      o->constant = std::make_shared<const Tensor>(m.values[i]);
+    }
+    return ctx.g.remove_node(&n, /*force=*/true);
+  }
+};
+
+}  // namespace
+
+Expected<bool> fold_constants(PassContext& ctx) { return apply_pattern<FoldConstant>(ctx); }
+
+}  // namespace kiln::passes

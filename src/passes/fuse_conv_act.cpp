@@ -1,0 +1,75 @@
+// An activation joins the convolution or matrix product that feeds it:
+//   Conv|FusedConv(...) -> Act          =>  kiln.FusedConv(..., activation=Act)
+//   Gemm|MatMul|FusedGemm(...) -> Act   =>  kiln.FusedGemm(..., activation=Act)
+// Act: Relu, Clip (constant bounds, e.g. ReLU6), Sigmoid, Tanh, LeakyRelu, HardSwish, Gelu
+// (erf or tanh form, as fuse_gelu produces it). Only when the producer's output has no other
+// consumer and the producer carries no activation yet.
+#include "ops/fused.h"
+#include "passes/passes.h"
+
+namespace kiln::passes {
+namespace {
+
+// The layer op an activation can join: "FusedConv", "FusedGemm" or "".
+std::string target_of(const Node* p) {
+  if (!p) return "";
+  const bool has_act = !p->attrs.get_string("activation", "").empty();
+  if (is_op(p, "Conv") || (is_kiln_op(p, "FusedConv") && !has_act)) return "FusedConv";
+  if (is_op(p, "Gemm") || is_op(p, "MatMul") || (is_kiln_op(p, "FusedGemm") && !has_act))
+    return "FusedGemm";
+  return "";
+}
+
+struct FuseConvAct {
+  struct Match {
+    Node* producer;
+    Node* act;
+    std::string op;
+    Attributes attrs;
+  };
+
+  static std::optional<Match> match(PassContext& ctx, Node& act) {
+    if (!act.domain.empty() || !fused_activation_supported(act.op_type) || !act.input(0))
+      return std::nullopt;
+    Value* y = act.input(0);
+    Node* p = y->producer;
+    const std::string op = target_of(p);
+    if (op.empty()) return std::nullopt;
+    auto reject = [&](const std::string& why) {
+      ctx.note(fmt::format("{} -> {}: {}", p->label(), act.label(), why));
+      return std::nullopt;
+    };
+    if (!single_use(ctx.g, y))
+      return reject("the intermediate has another consumer or is a graph output");
+    if (!is_float_type(y->type.dtype)) return reject("not float32/float64");
+    Attributes a = p->attrs;
+    if (p->domain.empty() && op == "FusedGemm") a.set("base", Attribute::String(p->op_type));
+    a.set("activation", Attribute::String(act.op_type));
+    if (act.op_type == "Clip") {
+      for (size_t i = 1; i <= 2; ++i) {
+        if (!act.input(i)) continue;
+        auto bound = scalar_const(act.input(i));
+        if (!bound) return reject("Clip bounds are not constant scalars");
+        a.set(i == 1 ? "act_min" : "act_max", Attribute::Float(static_cast<float>(*bound)));
+      }
+    } else {
+      if (act.num_inputs() > 1) return reject("the activation has extra inputs");
+      copy_attrs_prefixed(act.attrs, a, "act_");
+    }
+    if (!ctx.backend_supports("kiln", op, a, y->type.dtype)) return std::nullopt;
+    return Match{p, &act, op, std::move(a)};
+  }
+
+  static Status rewrite(PassContext& ctx, const Match& m) {
+    std::vector<Value*> ins(m.producer->inputs().begin(), m.producer->inputs().end());
+    return replace_with_layer(ctx, {m.producer, m.act}, "kiln", m.op, ins, m.attrs,
+                              m.act->output(0))
+        .status();
+  }
+};
+
+}  // namespace
+
+Expected<bool> fuse_conv_act(PassContext& ctx) { return apply_pattern<FuseConvAct>(ctx); }
+
+}  // namespace kiln::passes

@@ -1,0 +1,139 @@
+// LayerNormalization recognised from its decomposed form over the trailing axes:
+//   m = ReduceMean(x); d = x - m; v = ReduceMean(d^2); n = d / Sqrt(v + eps); [n * g] [+ b]
+//     =>  LayerNormalization(x, g, b, axis = -k, epsilon = eps)
+// d^2 may be Pow(d, 2) or Mul(d, d); g and b must be constants of the normalized shape (a
+// missing g becomes ones). Every intermediate must stay inside the pattern.
+#include <algorithm>
+
+#include "passes/passes.h"
+
+namespace kiln::passes {
+namespace {
+
+// The ReduceMean's axes as positive numbers, when it keeps dims and they are the trailing axes.
+std::optional<std::vector<int64_t>> trailing_axes(const Node* rm, int64_t rank) {
+  if (!is_op(rm, "ReduceMean") || rank < 1 || rm->attrs.get_int("keepdims", 1) != 1)
+    return std::nullopt;
+  std::vector<int64_t> axes = rm->attrs.get_ints("axes");
+  if (rm->input(1)) {
+    if (!rm->input(1)->is_constant()) return std::nullopt;
+    axes = rm->input(1)->constant->to_int64_vector();
+  }
+  if (axes.empty()) return std::nullopt;
+  for (int64_t& a : axes) a = a < 0 ? a + rank : a;
+  std::sort(axes.begin(), axes.end());
+  for (size_t i = 0; i < axes.size(); ++i)
+    if (axes[i] != rank - static_cast<int64_t>(axes.size()) + static_cast<int64_t>(i))
+      return std::nullopt;
+  return axes;
+}
+
+// A constant equal in shape to the normalized dims (leading 1s allowed), as a tensor of exactly
+// that shape.
+std::optional<Tensor> affine_param(const Value* v, const std::vector<int64_t>& norm) {
+  if (!v || !v->is_constant()) return std::nullopt;
+  const Tensor& t = *v->constant;
+  std::vector<int64_t> s = t.shape();
+  while (s.size() > norm.size() && s.front() == 1) s.erase(s.begin());
+  if (s != norm) return std::nullopt;
+  auto r = t.reshaped(norm);
+  if (!r.ok()) return std::nullopt;
+  return *r;
+}
+
+struct FuseLayerNorm {
+  struct Match {
+    std::vector<Node*> nodes;
+    Value* x;
+    Value* out;
+    Tensor scale;
+    std::optional<Tensor> bias;
+    int64_t k;
+    float eps;
+  };
+
+  static std::optional<Match> match(PassContext& ctx, Node& div) {
+    if (!is_op(&div, "Div")) return std::nullopt;
+    Node* sub = producer_if(div.input(0), "Sub");
+    Node* sqrt = producer_if(div.input(1), "Sqrt");
+    if (!sub || !sqrt) return std::nullopt;
+    Node* add_eps = producer_if(sqrt->input(0), "Add");
+    Value* var = nullptr;
+    std::optional<double> eps;
+    for (int s = 0; add_eps && s < 2 && !eps; ++s)
+      if ((eps = scalar_const(add_eps->input(static_cast<size_t>(1 - s)))))
+        var = add_eps->input(static_cast<size_t>(s));
+    Node* rm2 = var ? producer_if(var, "ReduceMean") : nullptr;
+    Node* sq = rm2 && rm2->input(0) ? rm2->input(0)->producer : nullptr;
+    Value* d = sub->output(0);
+    const bool square =
+        (is_op(sq, "Pow") && sq->input(0) == d && is_scalar_const(sq->input(1), 2.0)) ||
+        (is_op(sq, "Mul") && sq->input(0) == d && sq->input(1) == d);
+    Value* x = sub->input(0);
+    Node* rm1 = producer_if(sub->input(1), "ReduceMean");
+    if (!square || !rm1 || rm1->input(0) != x) return std::nullopt;
+    const int64_t rank = x->type.rank();
+    auto ax1 = trailing_axes(rm1, rank), ax2 = trailing_axes(rm2, rank);
+    if (!ax1 || ax1 != ax2) {
+      ctx.note(fmt::format("{}: the means are not over the same trailing axes", div.label()));
+      return std::nullopt;
+    }
+    const int64_t k = static_cast<int64_t>(ax1->size());
+    std::vector<int64_t> norm;
+    for (int64_t i = rank - k; i < rank; ++i) {
+      const Dim& dm = (*x->type.dims)[static_cast<size_t>(i)];
+      if (!dm.is_static()) return std::nullopt;
+      norm.push_back(dm.value);
+    }
+    std::vector<Node*> nodes = {rm1, sub, sq, rm2, add_eps, sqrt, &div};
+    Value* out = div.output(0);
+    std::optional<Tensor> scale, bias;
+    if (Node* mul = sole_consumer(ctx.g, out); is_op(mul, "Mul")) {
+      if ((scale = affine_param(other_input(mul, out), norm))) {
+        nodes.push_back(mul);
+        out = mul->output(0);
+      }
+    }
+    if (Node* add = sole_consumer(ctx.g, out); is_op(add, "Add")) {
+      if ((bias = affine_param(other_input(add, out), norm))) {
+        nodes.push_back(add);
+        out = add->output(0);
+      }
+    }
+    if (!group_is_closed(ctx.g, nodes, out)) {
+      ctx.note(fmt::format("LayerNorm pattern at {}: an intermediate has another consumer",
+                           div.label()));
+      return std::nullopt;
+    }
+    if (!is_float_type(x->type.dtype)) return std::nullopt;
+    if (!scale) {
+      int64_t count = 1;
+      for (int64_t dm : norm) count *= dm;
+      scale = Tensor::from<float>(norm, std::vector<float>(static_cast<size_t>(count), 1.f))
+                  .cast(x->type.dtype);
+    }
+    if (scale->dtype() != x->type.dtype || (bias && bias->dtype() != x->type.dtype))
+      return std::nullopt;
+    Attributes a;
+    if (!ctx.backend_supports("", "LayerNormalization", a, x->type.dtype)) return std::nullopt;
+    return Match{nodes, x, out, *scale, bias, k, static_cast<float>(*eps)};
+  }
+
+  static Status rewrite(PassContext& ctx, const Match& m) {
+    Graph& g = ctx.g;
+    Attributes a;
+    a.set("axis", Attribute::Int(-m.k));
+    a.set("epsilon", Attribute::Float(m.eps));
+    std::vector<Value*> ins = {m.x,
+                               g.add_constant(g.unique_name(m.nodes[0]->name + "_scale"), m.scale)};
+    if (m.bias) ins.push_back(g.add_constant(g.unique_name(m.nodes[0]->name + "_bias"), *m.bias));
+    return replace_with_layer(ctx, m.nodes, "", "LayerNormalization", ins, std::move(a), m.out)
+        .status();
+  }
+};
+
+}  // namespace
+
+Expected<bool> fuse_layernorm(PassContext& ctx) { return apply_pattern<FuseLayerNorm>(ctx); }
+
+}  // namespace kiln::passes

@@ -1,0 +1,79 @@
+// A residual Add joins the convolution that produces one of its operands:
+//   Conv(x, W, b) -> Add(., z)  =>  kiln.FusedConv(x, W, b, z)        (z: the other operand)
+// Only when the convolution's output has no other consumer, carries no activation yet (the
+// layer computes act(conv + z)), and z does not broadcast the result to a bigger shape.
+#include "passes/passes.h"
+
+namespace kiln::passes {
+namespace {
+
+// A Conv, or a FusedConv without residual and activation.
+bool plain_conv(const Node* n) {
+  if (is_op(n, "Conv")) return true;
+  return is_kiln_op(n, "FusedConv") && !n->input(3) &&
+         n->attrs.get_string("activation", "").empty();
+}
+
+struct FuseResidualAdd {
+  struct Match {
+    Node* conv;
+    Node* add;
+    Value* z;
+    Attributes attrs;
+  };
+
+  static std::optional<Match> match(PassContext& ctx, Node& add) {
+    if (!is_op(&add, "Add") || add.num_inputs() != 2 || add.input(0) == add.input(1))
+      return std::nullopt;
+    // Prefer the operand whose producer comes last: the other one is then ready earlier.
+    std::vector<int> sides = {0, 1};
+    auto index_of = [&](int s) {
+      Value* v = add.input(static_cast<size_t>(s));
+      return v && v->producer ? v->producer->index : -1;
+    };
+    if (index_of(1) > index_of(0)) std::swap(sides[0], sides[1]);
+    for (int side : sides) {
+      Value* y = add.input(static_cast<size_t>(side));
+      Value* z = add.input(static_cast<size_t>(1 - side));
+      Node* conv = y ? y->producer : nullptr;
+      if (!is_op(conv, "Conv") && !is_kiln_op(conv, "FusedConv")) continue;
+      auto reject = [&](const char* why) {
+        ctx.note(fmt::format("{} -> {}: {}", conv->label(), add.label(), why));
+      };
+      if (!plain_conv(conv)) {
+        reject("the convolution already has a residual or activation");
+        continue;
+      }
+      if (!z) continue;
+      if (!single_use(ctx.g, y)) {
+        reject("the convolution output has another consumer or is a graph output");
+        continue;
+      }
+      if (!broadcasts_into(z->type, y->type)) {
+        reject("the residual broadcast may change the shape");
+        continue;
+      }
+      if (!is_float_type(y->type.dtype) || z->type.dtype != y->type.dtype) {
+        reject("not float32/float64");
+        continue;
+      }
+      Attributes a = conv->attrs;
+      if (!ctx.backend_supports("kiln", "FusedConv", a, y->type.dtype)) continue;
+      return Match{conv, &add, z, std::move(a)};
+    }
+    return std::nullopt;
+  }
+
+  static Status rewrite(PassContext& ctx, const Match& m) {
+    std::vector<Value*> ins = {m.conv->input(0), m.conv->input(1), m.conv->input(2), m.z};
+    return replace_with_layer(ctx, {m.conv, m.add}, "kiln", "FusedConv", ins, m.attrs,
+                              m.add->output(0))
+        .status();
+  }
+};
+
+}  // namespace
+
+Expected<bool> fuse_residual_add(PassContext& ctx) { return apply_pattern<FuseResidualAdd>(ctx); }
+
+}  // namespace kiln::passes

@@ -1,0 +1,22 @@
+// Every optimizer pass, one file each (src/passes/<name>.cpp). Each returns whether it changed
+// the graph; pipeline.cpp runs them in order.
+#pragma once
+
+#include "passes/rewrite.h"
+
+namespace kiln::passes {
+
+Expected<bool> fold_constants(PassContext& ctx);
+Expected<bool> remove_noops(PassContext& ctx);
+Expected<bool> cancel_transposes(PassContext& ctx);
+Expected<bool> eliminate_dead_code(PassContext& ctx);
+Expected<bool> fold_batchnorm(PassContext& ctx);
+Expected<bool> fuse_layernorm(PassContext& ctx);
+Expected<bool> fuse_gelu(PassContext& ctx);
+Expected<bool> fuse_attention(PassContext& ctx);
+Expected<bool> fuse_matmul_add(PassContext& ctx);
+Expected<bool> fuse_residual_add(PassContext& ctx);
+Expected<bool> fuse_conv_act(PassContext& ctx);
+Expected<bool> fuse_elementwise(PassContext& ctx);
+
+}  // namespace kiln::passes

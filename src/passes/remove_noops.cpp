@@ -1,0 +1,84 @@
+// Removal of nodes that compute nothing at inference time:
+//   Identity(x)  =>  x              Dropout(x) (inference, mask unused)  =>  x
+//   Reshape/Flatten/Squeeze/Unsqueeze(x) giving x's own shape  =>  x
+//   Transpose(x, perm = identity)  =>  x          Cast(x, to = x's type)  =>  x
+#include <numeric>
+
+#include "passes/passes.h"
+
+namespace kiln::passes {
+namespace {
+
+bool is_reshape_like(const Node& n) {
+  return n.domain.empty() && (n.op_type == "Reshape" || n.op_type == "Flatten" ||
+                              n.op_type == "Squeeze" || n.op_type == "Unsqueeze");
+}
+
+// Why `n` is a no-op, or "" when it is not one.
+std::string noop_reason(PassContext& ctx, const Node& n) {
+  if (!n.domain.empty() || n.num_inputs() == 0 || !n.input(0) || !n.output(0)) return "";
+  const Value* x = n.input(0);
+  const Value* y = n.output(0);
+  if (n.op_type == "Identity") return "Identity";
+  if (n.op_type == "Dropout") {
+    const Value* training = n.input(2);
+    if (training && !(training->is_constant() && training->constant->numel() == 1 &&
+                      training->constant->at_double(0) == 0.0)) {
+      ctx.note(fmt::format("{}: training_mode is not a constant false", n.label()));
+      return "";
+    }
+    if (n.output(1) && (!n.output(1)->uses().empty() || ctx.g.is_graph_output(n.output(1)))) {
+      ctx.note(fmt::format("{}: its mask output is used", n.label()));
+      return "";
+    }
+    return "Dropout at inference";
+  }
+  if (is_reshape_like(n)) {
+    if (same_dims(x->type, y->type) && x->type.dtype == y->type.dtype)
+      return "reshape to the same shape";
+    return "";
+  }
+  if (n.op_type == "Transpose") {
+    std::vector<int64_t> perm = n.attrs.get_ints("perm");
+    if (perm.empty()) return x->type.rank() >= 0 && x->type.rank() <= 1 ? "1-D transpose" : "";
+    for (size_t i = 0; i < perm.size(); ++i)
+      if (perm[i] != static_cast<int64_t>(i)) return "";
+    return "identity permutation";
+  }
+  if (n.op_type == "Cast") {
+    const auto to = n.attrs.get_int("to", -1);
+    if (x->type.dtype != DataType::kUndefined && static_cast<int64_t>(x->type.dtype) == to)
+      return "cast to the same type";
+  }
+  return "";
+}
+
+struct RemoveNoop {
+  struct Match {
+    Node* node;
+  };
+  static std::optional<Match> match(PassContext& ctx, Node& n) {
+    if (noop_reason(ctx, n).empty()) return std::nullopt;
+    Value* y = n.output(0);
+    Value* x = n.input(0);
+    if (ctx.g.is_graph_output(y) &&
+        (!x->producer || ctx.g.is_graph_output(x) || ctx.g.is_graph_input(x))) {
+      ctx.note(
+          fmt::format("{}: a no-op between a graph input/output and a graph output", n.label()));
+      return std::nullopt;
+    }
+    return Match{&n};
+  }
+  static Status rewrite(PassContext& ctx, const Match& m) {
+    KILN_ASSIGN_OR_RETURN(bool done,
+                          bypass_node(ctx.g, m.node, m.node->output(0), m.node->input(0)));
+    if (!done) return KILN_ERROR("{}: could not bypass", m.node->label());
+    return Status::Ok();
+  }
+};
+
+}  // namespace
+
+Expected<bool> remove_noops(PassContext& ctx) { return apply_pattern<RemoveNoop>(ctx); }
+
+}  // namespace kiln::passes

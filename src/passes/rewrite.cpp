@@ -1,0 +1,168 @@
+#include "passes/rewrite.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "backends/capabilities.h"
+
+namespace kiln::passes {
+
+bool PassContext::backend_supports(const std::string& domain, const std::string& op_type,
+                                   const Attributes& attrs, DataType dtype) {
+  LayerCapabilityQuery q{domain, op_type, &attrs, dtype, opts.precision};
+  const bool ok = backend_supports_layer(opts.backend, q);
+  if (!ok)
+    note(fmt::format("the {} backend cannot run {}{} ({}) as one layer at {}", opts.backend,
+                     domain.empty() ? "" : domain + ".", op_type, dtype_name(dtype),
+                     opts.precision));
+  return ok;
+}
+
+bool is_op(const Node* n, const char* op_type) {
+  return n && n->domain.empty() && n->op_type == op_type;
+}
+bool is_kiln_op(const Node* n, const char* op_type) {
+  return n && n->domain == "kiln" && n->op_type == op_type;
+}
+
+Node* producer_if(const Value* v, const char* op_type) {
+  return v && is_op(v->producer, op_type) ? v->producer : nullptr;
+}
+
+bool single_use(const Graph& g, const Value* v) {
+  return v && v->uses().size() == 1 && !g.is_graph_output(v);
+}
+
+Node* sole_consumer(const Graph& g, const Value* v) {
+  return single_use(g, v) ? v->uses()[0].first : nullptr;
+}
+
+std::optional<double> scalar_const(const Value* v) {
+  if (!v || !v->is_constant() || v->constant->numel() != 1) return std::nullopt;
+  return v->constant->at_double(0);
+}
+
+bool is_scalar_const(const Value* v, double expected, double rel_tol) {
+  auto s = scalar_const(v);
+  return s && std::abs(*s - expected) <= rel_tol * std::max(1.0, std::abs(expected));
+}
+
+bool is_float_type(DataType t) { return t == DataType::kFloat32 || t == DataType::kFloat64; }
+
+bool same_dims(const TensorType& a, const TensorType& b) {
+  if (!a.dims || !b.dims || a.dims->size() != b.dims->size()) return false;
+  for (size_t i = 0; i < a.dims->size(); ++i) {
+    const Dim &x = (*a.dims)[i], &y = (*b.dims)[i];
+    if (x.is_static() || y.is_static()) {
+      if (x.value != y.value) return false;
+    } else if (x.symbol.empty() || x.symbol != y.symbol) {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool group_is_closed(const Graph& g, const std::vector<Node*>& group, const Value* out) {
+  for (const Node* n : group)
+    for (const Value* o : n->outputs()) {
+      if (!o || o == out) continue;
+      if (g.is_graph_output(o)) return false;
+      for (auto [user, idx] : o->uses())
+        if (std::find(group.begin(), group.end(), user) == group.end()) return false;
+    }
+  return true;
+}
+
+Value* other_input(const Node* n, const Value* v) {
+  if (!n || n->num_inputs() != 2 || n->input(0) == n->input(1)) return nullptr;
+  if (n->input(0) == v) return n->input(1);
+  if (n->input(1) == v) return n->input(0);
+  return nullptr;
+}
+
+Value* operand_besides_const(const Node* n, const char* op_type, double c,
+                             std::optional<bool> c_first) {
+  if (!is_op(n, op_type) || n->num_inputs() != 2) return nullptr;
+  if ((!c_first || !*c_first) && is_scalar_const(n->input(1), c)) return n->input(0);
+  if ((!c_first || *c_first) && is_scalar_const(n->input(0), c)) return n->input(1);
+  return nullptr;
+}
+
+bool broadcasts_into(const TensorType& other, const TensorType& target) {
+  if (!other.dims || !target.dims || other.dims->size() > target.dims->size()) return false;
+  const size_t off = target.dims->size() - other.dims->size();
+  for (size_t i = 0; i < other.dims->size(); ++i) {
+    const Dim& o = (*other.dims)[i];
+    const Dim& t = (*target.dims)[off + i];
+    if (o.is_static() && o.value == 1) continue;
+    if (o.is_static() && t.is_static() && o.value == t.value) continue;
+    if (!o.is_static() && !t.is_static() && !o.symbol.empty() && o.symbol == t.symbol) continue;
+    return false;
+  }
+  return true;
+}
+
+void copy_attrs_prefixed(const Attributes& from, Attributes& to, const std::string& prefix) {
+  for (const auto& [k, a] : from.all()) to.set(prefix + k, a);
+}
+
+void merge_onnx_nodes(Node& to, const Node& from) {
+  for (const std::string& s : from.onnx_nodes)
+    if (std::find(to.onnx_nodes.begin(), to.onnx_nodes.end(), s) == to.onnx_nodes.end())
+      to.onnx_nodes.push_back(s);
+}
+
+Expected<Node*> replace_with_layer(PassContext& ctx, const std::vector<Node*>& group,
+                                   const std::string& domain, const std::string& op_type,
+                                   const std::vector<Value*>& inputs, Attributes attrs,
+                                   Value* out) {
+  Graph& g = ctx.g;
+  if (group.empty() || !out || !out->producer)
+    return KILN_ERROR("{}: empty group or output", ctx.pass);
+  std::vector<Node*> sorted = group;
+  std::sort(sorted.begin(), sorted.end(), [](Node* a, Node* b) { return a->index < b->index; });
+  // Safety net for match(): every other value the group makes must stay inside it.
+  for (Node* n : sorted)
+    for (Value* o : n->outputs()) {
+      if (!o || o == out) continue;
+      if (g.is_graph_output(o))
+        return KILN_ERROR("{}: {} output '{}' is a graph output", ctx.pass, n->label(), o->name);
+      for (auto [user, idx] : o->uses())
+        if (std::find(sorted.begin(), sorted.end(), user) == sorted.end())
+          return KILN_ERROR("{}: {} output '{}' is used outside the fused group", ctx.pass,
+                            n->label(), o->name);
+    }
+  const std::string name = group[0]->name;
+  Node* fused =
+      g.insert_node_before(sorted.back(), op_type, g.unique_name(name), inputs, {}, domain);
+  fused->attrs = std::move(attrs);
+  fused->origin = ctx.pass;
+  fused->onnx_nodes.clear();
+  for (Node* n : sorted) merge_onnx_nodes(*fused, *n);
+  for (auto it = sorted.rbegin(); it != sorted.rend(); ++it)
+    KILN_RETURN_IF_ERROR(g.remove_node(*it, /*force=*/true));
+  g.set_node_output(fused, 0, out);
+  fused->name = name;
+  return fused;
+}
+
+Expected<bool> bypass_node(Graph& g, Node* n, Value* out, Value* in) {
+  for (Value* o : n->outputs())
+    if (o && o != out && (!o->uses().empty() || g.is_graph_output(o))) return false;
+  if (!g.is_graph_output(out)) {
+    g.replace_all_uses(out, in);
+    KILN_RETURN_IF_ERROR(g.remove_node(n, true));
+    return true;
+  }
+  // `out` is a graph output: keep its name by letting in's producer produce it.
+  if (!in || !in->producer || g.is_graph_output(in) || g.is_graph_input(in) || in->is_constant())
+    return false;
+  Node* p = in->producer;
+  const size_t idx = static_cast<size_t>(in->producer_index);
+  KILN_RETURN_IF_ERROR(g.remove_node(n, true));
+  g.replace_all_uses(in, out);
+  g.set_node_output(p, idx, out);
+  return true;
+}
+
+}  // namespace kiln::passes

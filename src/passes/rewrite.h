@@ -1,0 +1,104 @@
+// The pattern-rewrite toolkit shared by the optimizer's passes.
+//
+// A pass is a small struct with
+//   static std::optional<Match> match(PassContext&, Node&);   // pure: reads the graph only
+//   static Status rewrite(PassContext&, const Match&);         // edits through Graph's API
+// driven by apply_pattern<P>(). match() may record why a candidate was rejected with
+// ctx.note(); in verbose mode a pass that did not fire prints those reasons.
+#pragma once
+
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+#include "kiln/status.h"
+#include "passes/pipeline.h"
+
+namespace kiln::passes {
+
+struct PassContext {
+  Graph& g;
+  const OptimizeOptions& opts;
+  std::string pass;             // name of the running pass (becomes Node::origin)
+  std::set<std::string> notes;  // why candidates were not rewritten
+  int rewrites = 0;
+
+  void note(std::string why) {
+    if (opts.verbose) notes.insert(std::move(why));
+  }
+  // Asks the target backend whether it can run this layer as one kernel at the build precision.
+  bool backend_supports(const std::string& domain, const std::string& op_type,
+                        const Attributes& attrs, DataType dtype);
+};
+
+// Runs P over the graph until it no longer matches; returns whether anything changed.
+template <typename P>
+Expected<bool> apply_pattern(PassContext& ctx) {
+  constexpr int kMaxRewrites = 1000000;
+  bool changed = false;
+  size_t i = 0;
+  while (i < ctx.g.nodes().size()) {
+    Node* n = ctx.g.nodes()[i];
+    std::optional<typename P::Match> m = P::match(ctx, *n);
+    if (!m) {
+      ++i;
+      continue;
+    }
+    KILN_RETURN_IF_ERROR(P::rewrite(ctx, *m));
+    changed = true;
+    if (++ctx.rewrites > kMaxRewrites)
+      return KILN_ERROR("{}: did not converge after {} rewrites", ctx.pass, kMaxRewrites);
+    i = 0;  // the node list changed: scan again (rejected candidates stay rejected)
+  }
+  return changed;
+}
+
+// --- queries --------------------------------------------------------------------------------
+bool is_op(const Node* n, const char* op_type);  // ai.onnx op of this type
+bool is_kiln_op(const Node* n, const char* op_type);
+// The node producing v when it is an ai.onnx op of `op_type`, else nullptr.
+Node* producer_if(const Value* v, const char* op_type);
+// Exactly one consumer and not a graph output: the value may disappear inside a fused layer.
+bool single_use(const Graph& g, const Value* v);
+// The only consumer of v (nullptr unless single_use).
+Node* sole_consumer(const Graph& g, const Value* v);
+// Constant scalar (any numel-1 tensor) value as double.
+std::optional<double> scalar_const(const Value* v);
+bool is_scalar_const(const Value* v, double expected, double rel_tol = 1e-4);
+bool is_float_type(DataType t);
+// Same rank and dims (static values or equal, non-empty symbols).
+bool same_dims(const TensorType& a, const TensorType& b);
+// True when `other` provably broadcasts into `target` without changing target's shape: its
+// rank is not larger and each of its dims (aligned right) is 1, or equals target's dim (same
+// static value or same symbol). Unknown dims prove nothing.
+bool broadcasts_into(const TensorType& other, const TensorType& target);
+
+// Every value the group makes, other than `out`, is read only inside the group and is not a
+// graph output (so the group can become one layer).
+bool group_is_closed(const Graph& g, const std::vector<Node*>& group, const Value* out);
+// For a binary node: its input other than `v` (nullptr when v is not an input or both are v).
+Value* other_input(const Node* n, const Value* v);
+// If n is `op_type` with one operand the scalar constant `c` (rel. tolerance 1e-4), the other
+// operand; `c_first` restricts the constant to operand 0 (true) or 1 (false) when set.
+Value* operand_besides_const(const Node* n, const char* op_type, double c,
+                             std::optional<bool> c_first = std::nullopt);
+
+// --- edits ------------------------------------------------------------------------------------
+// Replaces `group` (its nodes' outputs other than `out` must be used only inside the group) by
+// one new node computing `out`, placed where the group's last node was. Sets origin = pass name
+// and onnx_nodes = the union of the group's. Returns the new node (named after group[0]).
+Expected<Node*> replace_with_layer(PassContext& ctx, const std::vector<Node*>& group,
+                                   const std::string& domain, const std::string& op_type,
+                                   const std::vector<Value*>& inputs, Attributes attrs, Value* out);
+// Removes single-output-in-use node n whose output `out` equals its input `in`, keeping a
+// graph output's name. False (graph unchanged) when `out` is a graph output that `in` cannot
+// stand for (a graph input, constant or another graph output).
+Expected<bool> bypass_node(Graph& g, Node* n, Value* out, Value* in);
+// Copies every attribute of `from` into `to` with `prefix` prepended to its name.
+void copy_attrs_prefixed(const Attributes& from, Attributes& to, const std::string& prefix);
+// Appends the onnx_nodes of `from` to `to` (no duplicates).
+void merge_onnx_nodes(Node& to, const Node& from);
+
+}  // namespace kiln::passes

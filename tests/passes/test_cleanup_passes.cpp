@@ -1,0 +1,188 @@
+// fold_constants, remove_noops, cancel_transposes and eliminate_dead_code on graphs built in
+// code: op counts after, outputs equal before/after, idempotence (optimize_checked).
+#include "pass_test_util.h"
+
+namespace kiln::test {
+namespace {
+
+TEST(FoldConstants, FoldsSubgraphOfConstants) {
+  G b;
+  Value* x = b.in("x", {2, 3});
+  Value* k = b.op("Mul", {b.op("Add", {b.c(rand_t({2, 3})), b.c(rand_t({2, 3}))}), b.cf(3.f)});
+  b.out(b.op("Add", {x, b.op("Exp", {k})}));
+  auto opt = optimize_checked(b.g, {"fold_constants"});
+  EXPECT_EQ(opt->nodes().size(), 1u);
+  EXPECT_EQ(opt->nodes()[0]->op_type, "Add");
+}
+
+// Shape -> Gather -> Unsqueeze -> Concat -> Reshape, as exporters write x.view(x.size(0), -1).
+Value* flatten_chain(G& b, Value* x) {
+  Value* s = b.op("Shape", {x});
+  Value* n =
+      b.op("Gather", {s, b.c(Tensor::scalar<int64_t>(0))}, attrs({{"axis", Attribute::Int(0)}}));
+  Value* u = b.op("Unsqueeze", {n, b.c(ints({0}))});
+  Value* cat = b.op("Concat", {u, b.c(ints({-1}))}, attrs({{"axis", Attribute::Int(0)}}));
+  return b.op("Reshape", {x, cat});
+}
+
+TEST(FoldConstants, ShapeChainFoldsWhenInputShapeIsKnown) {
+  G b;
+  b.out(b.op("Relu", {flatten_chain(b, b.in("x", {2, 3, 4}))}));
+  auto opt = optimize_checked(b.g, {"fold_constants"});
+  EXPECT_EQ(opt->nodes().size(), 2u);  // Reshape (constant shape) + Relu
+  EXPECT_EQ(count(*opt, "Reshape"), 1);
+  const Node* r = opt->nodes()[0];
+  ASSERT_TRUE(r->input(1)->is_constant());
+  EXPECT_EQ(r->input(1)->constant->to_int64_vector(), (std::vector<int64_t>{2, -1}));
+  EXPECT_EQ(r->output(0)->type.str(), "float32[2,12]");
+}
+
+TEST(FoldConstants, ShapeChainStaysWithSymbolicBatch) {
+  G b;
+  Value* x = b.g.add_value("x", TensorType(DataType::kFloat32, {Dim::sym("N"), Dim(3), Dim(4)}));
+  b.g.add_input(x);
+  b.out(flatten_chain(b, x));
+  auto opt = b.g.clone();
+  ASSERT_TRUE(optimize_graph(*opt, only({"fold_constants"})).ok());
+  EXPECT_EQ(count(*opt, "Shape"), 1);
+  EXPECT_EQ(count(*opt, "Concat"), 1);
+}
+
+TEST(FoldConstants, LargeResultsAreNotFolded) {
+  G b;
+  Value* x = b.in("x", {1});
+  Value* big = b.op("ConstantOfShape", {b.c(ints({4096, 4096, 2}))});  // 128 MiB of float32
+  b.out(b.op("Add", {b.op("ReduceSum", {big}), x}));
+  auto opt = b.g.clone();
+  ASSERT_TRUE(optimize_graph(*opt, only({"fold_constants"})).ok());
+  EXPECT_EQ(count(*opt, "ConstantOfShape"), 1);
+}
+
+TEST(FoldConstants, FoldsGraphOutputKeepingItsName) {
+  G b;
+  Value* x = b.in("x", {2});
+  b.out(x);
+  Value* k = b.op("Neg", {b.c(rand_t({2}))});
+  b.out(k);
+  auto opt = optimize_checked(b.g, {"fold_constants"});
+  EXPECT_EQ(opt->nodes().size(), 0u);
+  EXPECT_EQ(opt->outputs()[1]->name, k->name);
+  EXPECT_TRUE(opt->outputs()[1]->is_constant());
+}
+
+TEST(RemoveNoops, RemovesIdentityDropoutAndNoopLayoutOps) {
+  G b;
+  Value* x = b.in("x", {2, 3, 4});
+  Value* v = b.op("Identity", {x});
+  v = b.node("Dropout", {v}, {}, 2)->output(0);  // mask output unused
+  v = b.op("Reshape", {v, b.c(ints({2, 3, 4}))});
+  v = b.op("Transpose", {v}, attrs({{"perm", Attribute::Ints({0, 1, 2})}}));
+  v = b.op("Cast", {v}, attrs({{"to", Attribute::Int(1)}}));
+  b.out(b.op("Relu", {v}));
+  auto opt = optimize_checked(b.g, {"remove_noops"});
+  ASSERT_EQ(opt->nodes().size(), 1u);
+  EXPECT_EQ(opt->nodes()[0]->op_type, "Relu");
+  EXPECT_EQ(opt->nodes()[0]->input(0), opt->inputs()[0]);
+}
+
+TEST(RemoveNoops, KeepsGraphOutputNameAndLeavesRealOps) {
+  G b;
+  Value* x = b.in("x", {2, 3});
+  Value* r = b.op("Relu", {x});
+  Value* y = b.op("Identity", {r});
+  b.out(y);
+  b.out(b.op("Transpose", {x}, attrs({{"perm", Attribute::Ints({1, 0})}})));  // a real transpose
+  b.out(b.op("Reshape", {x, b.c(ints({3, 2}))}));                             // a real reshape
+  auto opt = optimize_checked(b.g, {"remove_noops"});
+  EXPECT_EQ(count(*opt, "Identity"), 0);
+  EXPECT_EQ(opt->outputs()[0]->name, y->name);
+  EXPECT_EQ(opt->outputs()[0]->producer->op_type, "Relu");
+  EXPECT_EQ(count(*opt, "Transpose"), 1);
+  EXPECT_EQ(count(*opt, "Reshape"), 1);
+}
+
+TEST(RemoveNoops, IdentityFromGraphInputToOutputStays) {
+  G b;
+  b.out(b.op("Identity", {b.in("x", {2})}));
+  auto opt = optimize_checked(b.g, {"remove_noops"});
+  EXPECT_EQ(count(*opt, "Identity"), 1);
+}
+
+TEST(RemoveNoops, DropoutWithUsedMaskStays) {
+  G b;
+  Node* d = b.node("Dropout", {b.in("x", {2})}, {}, 2);
+  b.out(d->output(0));
+  b.out(d->output(1));
+  auto opt = b.g.clone();
+  ASSERT_TRUE(optimize_graph(*opt, only({"remove_noops"})).ok());
+  EXPECT_EQ(count(*opt, "Dropout"), 1);
+}
+
+TEST(CancelTransposes, NhwcNchwPairCancels) {
+  G b;
+  Value* x = b.in("x", {1, 5, 6, 3});
+  Value* t1 = b.op("Transpose", {x}, attrs({{"perm", Attribute::Ints({0, 3, 1, 2})}}));
+  Value* t2 = b.op("Transpose", {t1}, attrs({{"perm", Attribute::Ints({0, 2, 3, 1})}}));
+  b.out(b.op("Relu", {t2}));
+  auto opt = optimize_checked(b.g, {"cancel_transposes", "remove_noops", "eliminate_dead_code"});
+  EXPECT_EQ(opt->nodes().size(), 1u);
+}
+
+TEST(CancelTransposes, ComposesTransposesAndKeepsSharedOne) {
+  G b;
+  Value* x = b.in("x", {2, 3, 4});
+  Value* t1 = b.op("Transpose", {x}, attrs({{"perm", Attribute::Ints({1, 2, 0})}}));
+  Value* t2 = b.op("Transpose", {t1}, attrs({{"perm", Attribute::Ints({0, 2, 1})}}));
+  b.out(b.op("Relu", {t2}));
+  b.out(b.op("Sigmoid", {t1}));  // t1 has another consumer: it stays for it
+  auto opt = optimize_checked(b.g, {"cancel_transposes", "remove_noops", "eliminate_dead_code"});
+  EXPECT_EQ(count(*opt, "Transpose"), 2);
+  for (const Node* n : opt->nodes())
+    if (n->op_type == "Transpose" && n->input(0) == opt->inputs()[0] &&
+        n->output(0)->uses()[0].first->op_type == "Relu")
+      EXPECT_EQ(n->attrs.get_ints("perm"), (std::vector<int64_t>{1, 0, 2}));
+}
+
+TEST(CancelTransposes, ReshapePairsCollapseAndCancel) {
+  G b;
+  Value* x = b.in("x", {2, 3, 4});
+  Value* r1 = b.op("Reshape", {x, b.c(ints({6, 4}))});
+  Value* r2 = b.op("Reshape", {r1, b.c(ints({2, 3, 4}))});
+  b.out(b.op("Relu", {r2}));
+  auto opt = optimize_checked(b.g, {"cancel_transposes", "remove_noops", "eliminate_dead_code"});
+  EXPECT_EQ(opt->nodes().size(), 1u);
+}
+
+TEST(CancelTransposes, ReshapeCopyingDimsIsNotCollapsed) {
+  G b;
+  Value* x = b.in("x", {2, 3, 4});
+  Value* r1 = b.op("Reshape", {x, b.c(ints({6, 4}))});
+  b.out(b.op("Reshape", {r1, b.c(ints({0, 2, 2}))}));  // 0 copies r1's dim 0 (6), not x's
+  auto opt = optimize_checked(b.g, {"cancel_transposes"});
+  EXPECT_EQ(count(*opt, "Reshape"), 2);
+}
+
+TEST(EliminateDeadCode, RemovesUnusedBranches) {
+  G b;
+  Value* x = b.in("x", {3});
+  b.op("Exp", {b.op("Relu", {x})});  // dead
+  b.out(b.op("Neg", {x}));
+  auto opt = optimize_checked(b.g, {"eliminate_dead_code"});
+  EXPECT_EQ(opt->nodes().size(), 1u);
+}
+
+TEST(Pipeline, PassNamesAndLevels) {
+  EXPECT_TRUE(pipeline_passes(0).empty());
+  auto l1 = pipeline_passes(1);
+  auto l2 = pipeline_passes(2);
+  EXPECT_EQ(l1.front(), "fold_constants");
+  EXPECT_EQ(std::count(l1.begin(), l1.end(), "fuse_conv_act"), 0);
+  EXPECT_EQ(std::count(l2.begin(), l2.end(), "fuse_conv_act"), 1);
+  Graph g;
+  OptimizeOptions o;
+  o.opt_level = 3;
+  EXPECT_FALSE(optimize_graph(g, o).ok());
+}
+
+}  // namespace
+}  // namespace kiln::test
