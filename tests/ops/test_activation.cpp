@@ -11,30 +11,6 @@ namespace {
 
 using DT = DataType;
 
-Attributes make_attrs(std::initializer_list<std::pair<std::string, Attribute>> list) {
-  Attributes a;
-  for (const auto& [k, v] : list) a.set(k, v);
-  return a;
-}
-
-Tensor F(std::vector<int64_t> shape, std::vector<float> v) { return Tensor::from<float>(shape, v); }
-
-void expect_values(const Tensor& t, const std::vector<double>& want, double tol = 1e-6) {
-  ASSERT_EQ(t.numel(), static_cast<int64_t>(want.size())) << t.desc();
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    const double got = t.at_double(i), w = want[i];
-    if (std::isnan(w))
-      EXPECT_TRUE(std::isnan(got)) << "element " << i;
-    else
-      EXPECT_NEAR(got, w, tol * std::max(1.0, std::fabs(w))) << "element " << i;
-  }
-}
-
-void expect_error(const OpRun& r, const std::string& fragment) {
-  ASSERT_FALSE(r.status.ok()) << "expected an error containing '" << fragment << "'";
-  EXPECT_NE(r.status.message().find(fragment), std::string::npos) << r.status.message();
-}
-
 double sigmoid(double x) { return 1 / (1 + std::exp(-x)); }
 double clamp01(double v) { return std::min(1.0, std::max(0.0, v)); }
 
@@ -50,40 +26,39 @@ std::vector<ActCase> cases() {
   return {
       {"Relu", {}, [](double x) { return std::max(x, 0.0); }},
       {"LeakyRelu", {}, [](double x) { return x < 0 ? double(0.01f) * x : x; }},
-      {"LeakyRelu", make_attrs({{"alpha", Attribute::Float(0.25f)}}),
+      {"LeakyRelu", attrs({{"alpha", Attribute::Float(0.25f)}}),
        [](double x) { return x < 0 ? 0.25 * x : x; }},
       {"Sigmoid", {}, sigmoid},
       {"Tanh", {}, [](double x) { return std::tanh(x); }},
       {"Elu", {}, [](double x) { return x < 0 ? std::exp(x) - 1 : x; }},
-      {"Elu", make_attrs({{"alpha", Attribute::Float(2.f)}}),
+      {"Elu", attrs({{"alpha", Attribute::Float(2.f)}}),
        [](double x) { return x < 0 ? 2 * (std::exp(x) - 1) : x; }},
       {"Selu",
        {},
        [=](double x) { return x > 0 ? selu_g * x : selu_g * selu_a * (std::exp(x) - 1); }},
-      {"Selu", make_attrs({{"alpha", Attribute::Float(2.f)}, {"gamma", Attribute::Float(3.f)}}),
+      {"Selu", attrs({{"alpha", Attribute::Float(2.f)}, {"gamma", Attribute::Float(3.f)}}),
        [](double x) { return x > 0 ? 3 * x : 3 * (2 * std::exp(x) - 2); }},
       {"Celu", {}, [](double x) { return std::max(0.0, x) + std::min(0.0, std::exp(x) - 1); }},
-      {"Celu", make_attrs({{"alpha", Attribute::Float(2.f)}}),
+      {"Celu", attrs({{"alpha", Attribute::Float(2.f)}}),
        [](double x) { return std::max(0.0, x) + std::min(0.0, 2 * (std::exp(x / 2) - 1)); }},
       {"HardSigmoid", {}, [](double x) { return clamp01(double(0.2f) * x + 0.5); }},
-      {"HardSigmoid",
-       make_attrs({{"alpha", Attribute::Float(0.5f)}, {"beta", Attribute::Float(0.6f)}}),
+      {"HardSigmoid", attrs({{"alpha", Attribute::Float(0.5f)}, {"beta", Attribute::Float(0.6f)}}),
        [](double x) { return clamp01(0.5 * x + double(0.6f)); }},
       {"HardSwish", {}, [](double x) { return x * clamp01(x / 6 + 0.5); }},
       {"Softplus", {}, [](double x) { return std::log(1 + std::exp(x)); }},
       {"Softsign", {}, [](double x) { return x / (1 + std::fabs(x)); }},
       {"Gelu", {}, [](double x) { return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0))); }},
-      {"Gelu", make_attrs({{"approximate", Attribute::String("tanh")}}),
+      {"Gelu", attrs({{"approximate", Attribute::String("tanh")}}),
        [](double x) {
          return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
        }},
       {"ThresholdedRelu", {}, [](double x) { return x > 1 ? x : 0; }},
-      {"ThresholdedRelu", make_attrs({{"alpha", Attribute::Float(2.f)}}),
+      {"ThresholdedRelu", attrs({{"alpha", Attribute::Float(2.f)}}),
        [](double x) { return x > 2 ? x : 0; }},
       {"Shrink", {}, [](double x) { return x < -0.5  ? x
                                            : x > 0.5 ? x
                                                      : 0; }},
-      {"Shrink", make_attrs({{"lambd", Attribute::Float(1.f)}, {"bias", Attribute::Float(0.5f)}}),
+      {"Shrink", attrs({{"lambd", Attribute::Float(1.f)}, {"bias", Attribute::Float(0.5f)}}),
        [](double x) { return x < -1  ? x + 0.5
                              : x > 1 ? x - 0.5
                                      : 0; }},
@@ -94,40 +69,27 @@ std::vector<ActCase> cases() {
 TEST(Activation, MatchesFormulaInAllFloatTypes) {
   for (const auto& c : cases()) {
     SCOPED_TRACE(std::string(c.op) + " " + std::to_string(c.attrs.all().size()) + " attrs");
-    const Tensor x32 = random_tensor({3, 4, 5}, -4, 4);
-    for (DT dt : {DT::kFloat32, DT::kFloat64, DT::kFloat16, DT::kBFloat16}) {
-      SCOPED_TRACE(std::string(dtype_name(dt)));
-      const Tensor x = x32.cast(dt);
-      OpRun r = run_op(c.op, {&x}, c.attrs);
-      ASSERT_TRUE(r.status.ok()) << r.status.message();
-      expect_inferred_matches(r);
-      std::vector<double> want;
-      for (int64_t i = 0; i < x.numel(); ++i) want.push_back(c.fn(x.at_double(i)));
-      const double tol = dt == DT::kFloat64   ? 1e-12
-                         : dt == DT::kFloat32 ? 2e-6
-                         : dt == DT::kFloat16 ? 2e-3
-                                              : 1e-2;
-      expect_values(r.outputs[0], want, tol);
-    }
+    expect_unary_formula(c.op, random_tensor({3, 4, 5}, -4, 4), c.attrs, c.fn,
+                         {1e-12, 2e-6, 2e-3, 1e-2});
   }
 }
 
 TEST(Activation, KnownValues) {
-  const Tensor x = F({3}, {-1, 0, 1});
-  expect_values(run_op("Selu", {&x}, {}).outputs[0], {-1.1113307, 0, 1.0507010}, 1e-6);
-  expect_values(run_op("HardSigmoid", {&x}, {}).outputs[0], {0.3, 0.5, 0.7}, 1e-6);
-  expect_values(run_op("HardSwish", {&x}, {}).outputs[0], {-1.0 / 3, 0, 2.0 / 3}, 1e-6);
-  expect_values(run_op("Elu", {&x}, {}).outputs[0], {-0.63212056, 0, 1}, 1e-6);
-  expect_values(run_op("Gelu", {&x}, {}).outputs[0], {-0.15865525, 0, 0.84134475}, 1e-6);
+  const Tensor x = F32({3}, {-1, 0, 1});
+  expect_values_scaled(run_op("Selu", {&x}, {}).outputs[0], {-1.1113307, 0, 1.0507010}, 1e-6);
+  expect_values_scaled(run_op("HardSigmoid", {&x}, {}).outputs[0], {0.3, 0.5, 0.7}, 1e-6);
+  expect_values_scaled(run_op("HardSwish", {&x}, {}).outputs[0], {-1.0 / 3, 0, 2.0 / 3}, 1e-6);
+  expect_values_scaled(run_op("Elu", {&x}, {}).outputs[0], {-0.63212056, 0, 1}, 1e-6);
+  expect_values_scaled(run_op("Gelu", {&x}, {}).outputs[0], {-0.15865525, 0, 0.84134475}, 1e-6);
 }
 
 TEST(Activation, ExtremeInputsStayFinite) {
-  const Tensor x = F({4}, {-200, -100, 100, 200});
-  expect_values(run_op("Sigmoid", {&x}, {}).outputs[0], {0, 0, 1, 1}, 1e-6);
-  expect_values(run_op("Softplus", {&x}, {}).outputs[0], {0, 0, 100, 200}, 1e-6);
-  expect_values(run_op("Mish", {&x}, {}).outputs[0], {0, 0, 100, 200}, 1e-6);
-  const Tensor n = F({1}, {NAN});
-  expect_values(run_op("Relu", {&n}, {}).outputs[0], {std::nan("")});
+  const Tensor x = F32({4}, {-200, -100, 100, 200});
+  expect_values_scaled(run_op("Sigmoid", {&x}, {}).outputs[0], {0, 0, 1, 1}, 1e-6);
+  expect_values_scaled(run_op("Softplus", {&x}, {}).outputs[0], {0, 0, 100, 200}, 1e-6);
+  expect_values_scaled(run_op("Mish", {&x}, {}).outputs[0], {0, 0, 100, 200}, 1e-6);
+  const Tensor n = F32({1}, {NAN});
+  expect_values_scaled(run_op("Relu", {&n}, {}).outputs[0], {std::nan("")});
 }
 
 TEST(Activation, IntegerRelu) {
@@ -135,19 +97,19 @@ TEST(Activation, IntegerRelu) {
   OpRun r = run_op("Relu", {&x}, {});
   ASSERT_TRUE(r.status.ok());
   EXPECT_EQ(r.outputs[0].dtype(), DT::kInt64);
-  expect_values(r.outputs[0], {0, 0, 9});
+  expect_values_scaled(r.outputs[0], {0, 0, 9});
   const Tensor i8 = Tensor::from<int8_t>({2}, {-128, 127});
-  expect_values(run_op("Relu", {&i8}, {}).outputs[0], {0, 127});
+  expect_values_scaled(run_op("Relu", {&i8}, {}).outputs[0], {0, 127});
   const Tensor u = Tensor::from<uint8_t>({1}, {1});
   expect_error(run_op("Relu", {&u}, {}), "does not support");
   expect_error(run_op("Sigmoid", {&x}, {}), "does not support");
 }
 
 TEST(Activation, AttributeErrors) {
-  const Tensor x = F({1}, {1});
-  expect_error(run_op("Gelu", {&x}, make_attrs({{"approximate", Attribute::String("fast")}})),
+  const Tensor x = F32({1}, {1});
+  expect_error(run_op("Gelu", {&x}, attrs({{"approximate", Attribute::String("fast")}})),
                "approximate");
-  expect_error(run_op("Celu", {&x}, make_attrs({{"alpha", Attribute::Float(0.f)}})), "alpha");
+  expect_error(run_op("Celu", {&x}, attrs({{"alpha", Attribute::Float(0.f)}})), "alpha");
 }
 
 TEST(Activation, EmptyTensor) {
@@ -159,7 +121,7 @@ TEST(Activation, EmptyTensor) {
 
 TEST(PRelu, SlopeBroadcastsToX) {
   const Tensor x = random_tensor({2, 3, 4});
-  const Tensor s3 = F({3, 1}, {0.1f, 0.2f, 0.3f});
+  const Tensor s3 = F32({3, 1}, {0.1f, 0.2f, 0.3f});
   OpRun r = run_op("PRelu", {&x, &s3}, {});
   ASSERT_TRUE(r.status.ok()) << r.status.message();
   expect_inferred_matches(r);
@@ -168,8 +130,8 @@ TEST(PRelu, SlopeBroadcastsToX) {
     const double v = x.at_double(i);
     want.push_back(v < 0 ? v * 0.1 * ((i / 4) % 3 + 1) : v);
   }
-  expect_values(r.outputs[0], want, 1e-6);
-  const Tensor s4 = F({4}, {1, 2, 3, 4});
+  expect_values_scaled(r.outputs[0], want, 1e-6);
+  const Tensor s4 = F32({4}, {1, 2, 3, 4});
   const Tensor xd = x.cast(DT::kFloat64), s4d = s4.cast(DT::kFloat64);
   OpRun rd = run_op("PRelu", {&xd, &s4d}, {});
   ASSERT_TRUE(rd.status.ok());
@@ -182,12 +144,12 @@ TEST(PRelu, SlopeBroadcastsToX) {
 TEST(PRelu, IntegersAndErrors) {
   const Tensor x = Tensor::from<int32_t>({3}, {-4, 0, 5});
   const Tensor s = Tensor::from<int32_t>({1}, {3});
-  expect_values(run_op("PRelu", {&x, &s}, {}).outputs[0], {-12, 0, 5});
+  expect_values_scaled(run_op("PRelu", {&x, &s}, {}).outputs[0], {-12, 0, 5});
   // Unidirectional: the slope may not make the output bigger than X.
-  const Tensor xs = F({3, 1}, {1, 2, 3});
-  const Tensor big = F({3, 4}, {});
+  const Tensor xs = F32({3, 1}, {1, 2, 3});
+  const Tensor big = F32({3, 4}, {});
   expect_error(run_op("PRelu", {&xs, &big}, {}), "does not broadcast");
-  const Tensor sf = F({1}, {1});
+  const Tensor sf = F32({1}, {1});
   expect_error(run_op("PRelu", {&x, &sf}, {}), "different types");
 }
 
@@ -195,7 +157,7 @@ TEST(PRelu, Opset6SlopeIsPerChannel) {
   // Constant slope and known X rank: the upgrade reshapes the slope to [C,1,1].
   Graph g;
   Value* x = g.add_value("x", TensorType(DT::kFloat32, {Dim(2), Dim(3), Dim(4), Dim(5)}));
-  Value* s = g.add_constant("s", F({3}, {0.1f, 0.2f, 0.3f}));
+  Value* s = g.add_constant("s", F32({3}, {0.1f, 0.2f, 0.3f}));
   Node* n = g.add_node("PRelu", "p", {x, s}, {"y"});
   ImportContext ctx(g, *n, 6);
   ASSERT_TRUE(find_op("", "PRelu")->upgrade(ctx).ok());
@@ -209,7 +171,7 @@ TEST(PRelu, Opset6SlopeIsPerChannel) {
   ASSERT_TRUE(find_op("", "PRelu")->upgrade(ctx2).ok());
   ASSERT_TRUE(m->attrs.has("kiln_prelu_channel_slope"));
   const Tensor tx = random_tensor({2, 3, 4});
-  const Tensor ts = F({3}, {0.1f, 0.2f, 0.3f});
+  const Tensor ts = F32({3}, {0.1f, 0.2f, 0.3f});
   OpRun r = run_op("PRelu", {&tx, &ts}, m->attrs);
   ASSERT_TRUE(r.status.ok()) << r.status.message();
   expect_inferred_matches(r);
@@ -222,18 +184,8 @@ TEST(PRelu, Opset6SlopeIsPerChannel) {
 }
 
 TEST(Activation, ConsumedInputsDroppedOnUpgrade) {
-  Graph g;
-  Value* x = g.add_value("x", TensorType(DT::kFloat32, {Dim(2)}));
-  for (const char* op :
-       {"Relu", "LeakyRelu", "Sigmoid", "Tanh", "Elu", "Selu", "HardSigmoid", "PRelu"}) {
-    Node* n = g.add_node(op, std::string("n_") + op, {x}, {std::string("y_") + op});
-    n->attrs.set("consumed_inputs", Attribute::Ints({0}));
-    ImportContext ctx(g, *n, 1);
-    const OpDef* def = find_op("", op);
-    ASSERT_TRUE(def && def->upgrade) << op;
-    ASSERT_TRUE(def->upgrade(ctx).ok());
-    EXPECT_FALSE(n->attrs.has("consumed_inputs")) << op;
-  }
+  expect_consumed_inputs_dropped(
+      {"Relu", "LeakyRelu", "Sigmoid", "Tanh", "Elu", "Selu", "HardSigmoid", "PRelu"});
 }
 
 }  // namespace

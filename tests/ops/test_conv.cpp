@@ -9,27 +9,6 @@
 namespace kiln::test {
 namespace {
 
-Attributes attrs_of(std::initializer_list<std::pair<std::string, Attribute>> list) {
-  Attributes a;
-  for (const auto& [k, v] : list) a.set(k, v);
-  return a;
-}
-Attribute ints(std::vector<int64_t> v) { return Attribute::Ints(std::move(v)); }
-
-// Deterministic values ((i*7 % mod) - 5) * 0.25, as in the literal generator.
-Tensor pattern(std::vector<int64_t> shape, int mod = 11) {
-  Tensor t(DataType::kFloat32, std::move(shape));
-  for (int64_t i = 0; i < t.numel(); ++i)
-    t.data<float>()[i] = static_cast<float>((i * 7 % mod) - 5) * 0.25f;
-  return t;
-}
-
-void expect_values(const Tensor& t, const std::vector<float>& want, float tol = 1e-5f) {
-  ASSERT_EQ(t.numel(), static_cast<int64_t>(want.size()));
-  for (int64_t i = 0; i < t.numel(); ++i)
-    EXPECT_NEAR(t.at_double(i), want[i], tol * (1 + std::fabs(want[i]))) << "element " << i;
-}
-
 // Up to 3 spatial dims; missing trailing dims act as size 1, kernel 1, stride 1, no padding.
 struct Geo {
   std::vector<int64_t> in, k, s, d, pb, out;
@@ -138,8 +117,8 @@ TEST(Conv, BasicWithAndWithoutPadding) {
   Tensor x(DataType::kFloat32, {1, 1, 5, 5});
   for (int i = 0; i < 25; ++i) x.data<float>()[i] = static_cast<float>(i);
   Tensor w = Tensor::from<float>({1, 1, 3, 3}, std::vector<float>(9, 1.f));
-  auto r = run_op("Conv", {&x, &w}, attrs_of({{"kernel_shape", ints({3, 3})},
-                                              {"pads", ints({1, 1, 1, 1})}}));
+  auto r = run_op("Conv", {&x, &w},
+                  attrs({{"kernel_shape", Ints({3, 3})}, {"pads", Ints({1, 1, 1, 1})}}));
   ASSERT_TRUE(r.status.ok()) << r.status.message();
   expect_inferred_matches(r);
   expect_values(r.outputs[0], {12, 21, 27, 33, 24, 33, 54, 63, 72, 51, 63, 99, 108, 117, 81,
@@ -175,8 +154,10 @@ TEST(Conv, RandomAgainstDirectLoops) {
       g.out.push_back((g.in[i] + g.pb[i] * 2 + 1 - (g.k[i] - 1) * g.d[i] - 1) / g.s[i] + 1);
     Tensor x = random_tensor(c.x), w = random_tensor(c.w), b = random_tensor({c.w[0]});
     auto r = run_op("Conv", {&x, &w, c.bias ? &b : nullptr},
-                    attrs_of({{"group", Attribute::Int(c.group)}, {"strides", ints(g.s)},
-                              {"dilations", ints(g.d)}, {"pads", ints(pads)}}));
+                    attrs({{"group", Attribute::Int(c.group)},
+                           {"strides", Ints(g.s)},
+                           {"dilations", Ints(g.d)},
+                           {"pads", Ints(pads)}}));
     ASSERT_TRUE(r.status.ok()) << r.status.message();
     expect_inferred_matches(r);
     expect_close(r.outputs[0], naive_conv(x, w, c.bias ? &b : nullptr, c.group, g));
@@ -185,7 +166,7 @@ TEST(Conv, RandomAgainstDirectLoops) {
 
 TEST(Conv, AutoPadSameWithStridesAndDilations) {
   const Tensor x = pattern({1, 2, 6, 7}), w = pattern({3, 2, 3, 3}, 7);
-  const Attributes base = attrs_of({{"strides", ints({2, 2})}, {"dilations", ints({1, 2})}});
+  const Attributes base = attrs({{"strides", Ints({2, 2})}, {"dilations", Ints({1, 2})}});
   // Literals from onnx.reference: H: out 3, total pad 1; W: out 4, total pad 4.
   Attributes a = base;
   a.set("auto_pad", Attribute::String("SAME_LOWER"));
@@ -208,7 +189,7 @@ TEST(Conv, AutoPadSameWithStridesAndDilations) {
                                -1.5625f, 0.9375f, 0.9375f, 0.f, -0.3125f});
   // VALID ignores pads; the SAME/VALID results equal explicit padding with the implied pads.
   a.set("auto_pad", Attribute::String("VALID"));
-  a.set("pads", ints({5, 5, 5, 5}));
+  a.set("pads", Ints({5, 5, 5, 5}));
   r = run_op("Conv", {&x, &w}, a);
   ASSERT_TRUE(r.status.ok()) << r.status.message();
   expect_close(r.outputs[0], naive_conv(x, w, nullptr, 1, {{6, 7}, {3, 3}, {2, 2}, {1, 2}, {0, 0}, {2, 2}}));
@@ -216,7 +197,7 @@ TEST(Conv, AutoPadSameWithStridesAndDilations) {
 
 TEST(Conv, DtypesAndEmptyBatch) {
   Tensor x = random_tensor({2, 2, 5, 5}), w = random_tensor({3, 2, 3, 3}), b = random_tensor({3});
-  const Attributes a = attrs_of({{"pads", ints({1, 1, 1, 1})}});
+  const Attributes a = attrs({{"pads", Ints({1, 1, 1, 1})}});
   auto ref = run_op("Conv", {&x, &w, &b}, a);
   ASSERT_TRUE(ref.status.ok()) << ref.status.message();
   for (DataType dt : {DataType::kFloat64, DataType::kFloat16, DataType::kBFloat16}) {
@@ -235,47 +216,38 @@ TEST(Conv, DtypesAndEmptyBatch) {
 }
 
 TEST(Conv, InferenceKeepsSymbolsAndUnknowns) {
-  Graph g;
-  Value* x = g.add_value("x", TensorType(DataType::kFloat32, {Dim::sym("N"), 3, Dim(), 32}));
-  Value* w = g.add_constant("w", random_tensor({8, 3, 3, 3}));
-  Node* n = g.add_node("Conv", "c", {x, w}, {"y"});
-  n->attrs.set("strides", ints({2, 2}));
-  n->attrs.set("auto_pad", Attribute::String("SAME_UPPER"));
-  std::vector<TensorType> out(1);
-  InferContext ctx(*n, out);
-  ASSERT_TRUE(find_op("", "Conv")->infer(ctx).ok());
-  EXPECT_EQ(out[0].str(), "float32[N,8,?,16]");
+  const TensorType x(DataType::kFloat32, {Dim::sym("N"), 3, Dim(), 32});
+  const Tensor w = random_tensor({8, 3, 3, 3});
+  auto out =
+      infer("Conv", {x, w}, attrs({{"strides", Ints({2, 2})}, {"auto_pad", Str("SAME_UPPER")}}));
+  ASSERT_TRUE(out.ok()) << out.status().message();
+  EXPECT_EQ((*out)[0].str(), "float32[N,8,?,16]");
   // X of unknown rank: the rank and M come from W.
-  Value* xu = g.add_value("xu", TensorType::unknown_rank(DataType::kFloat32));
-  Node* n2 = g.add_node("Conv", "c2", {xu, w}, {"y2"});
-  InferContext ctx2(*n2, out);
-  ASSERT_TRUE(find_op("", "Conv")->infer(ctx2).ok());
-  EXPECT_EQ(out[0].str(), "float32[?,8,?,?]");
+  out = infer("Conv", {TensorType::unknown_rank(DataType::kFloat32), w}, {});
+  ASSERT_TRUE(out.ok()) << out.status().message();
+  EXPECT_EQ((*out)[0].str(), "float32[?,8,?,?]");
   // ConvTranspose: M = W[1] * group, output_shape fixes the spatial dims.
-  Value* wt = g.add_constant("wt", random_tensor({3, 2, 3, 3}));
-  Node* n3 = g.add_node("ConvTranspose", "ct", {x, wt}, {"y3"});
-  n3->attrs.set("output_shape", ints({9, 65}));
-  n3->attrs.set("strides", ints({2, 2}));
-  InferContext ctx3(*n3, out);
-  ASSERT_TRUE(find_op("", "ConvTranspose")->infer(ctx3).ok());
-  EXPECT_EQ(out[0].str(), "float32[N,2,9,65]");
+  out = infer("ConvTranspose", {x, random_tensor({3, 2, 3, 3})},
+              attrs({{"output_shape", Ints({9, 65})}, {"strides", Ints({2, 2})}}));
+  ASSERT_TRUE(out.ok()) << out.status().message();
+  EXPECT_EQ((*out)[0].str(), "float32[N,2,9,65]");
 }
 
 TEST(Conv, Errors) {
   Tensor x = random_tensor({1, 4, 5, 5}), w = random_tensor({6, 2, 3, 3});
   Tensor b5 = random_tensor({5});
   EXPECT_FALSE(run_op("Conv", {&x, &w}, {}).status.ok());  // channels 4 vs 2 (group 1)
-  EXPECT_TRUE(run_op("Conv", {&x, &w}, attrs_of({{"group", Attribute::Int(2)}})).status.ok());
-  EXPECT_FALSE(run_op("Conv", {&x, &w}, attrs_of({{"group", Attribute::Int(3)}})).status.ok());
-  EXPECT_FALSE(
-      run_op("Conv", {&x, &w, &b5}, attrs_of({{"group", Attribute::Int(2)}})).status.ok());
+  EXPECT_TRUE(run_op("Conv", {&x, &w}, attrs({{"group", Attribute::Int(2)}})).status.ok());
+  EXPECT_FALSE(run_op("Conv", {&x, &w}, attrs({{"group", Attribute::Int(3)}})).status.ok());
+  EXPECT_FALSE(run_op("Conv", {&x, &w, &b5}, attrs({{"group", Attribute::Int(2)}})).status.ok());
   Tensor big = random_tensor({6, 4, 7, 7});
   EXPECT_FALSE(run_op("Conv", {&x, &big}, {}).status.ok());  // kernel larger than input
-  EXPECT_FALSE(run_op("Conv", {&x, &big}, attrs_of({{"kernel_shape", ints({3, 3})}})).status.ok());
+  EXPECT_FALSE(run_op("Conv", {&x, &big}, attrs({{"kernel_shape", Ints({3, 3})}})).status.ok());
   Tensor w4 = random_tensor({6, 4, 3, 3});
-  EXPECT_FALSE(run_op("Conv", {&x, &w4}, attrs_of({{"auto_pad", Attribute::String("SAME")}})).status.ok());
-  EXPECT_FALSE(run_op("Conv", {&x, &w4}, attrs_of({{"pads", ints({1, 1})}})).status.ok());
-  EXPECT_FALSE(run_op("Conv", {&x, &w4}, attrs_of({{"strides", ints({0, 1})}})).status.ok());
+  EXPECT_FALSE(
+      run_op("Conv", {&x, &w4}, attrs({{"auto_pad", Attribute::String("SAME")}})).status.ok());
+  EXPECT_FALSE(run_op("Conv", {&x, &w4}, attrs({{"pads", Ints({1, 1})}})).status.ok());
+  EXPECT_FALSE(run_op("Conv", {&x, &w4}, attrs({{"strides", Ints({0, 1})}})).status.ok());
   Tensor x2 = random_tensor({4, 5});
   Tensor w2 = random_tensor({6, 5});
   EXPECT_FALSE(run_op("Conv", {&x2, &w2}, {}).status.ok());  // no spatial dims
@@ -288,8 +260,8 @@ TEST(Conv, ReusableFloatKernel) {
   Graph g;
   Value* xv = g.add_value("x", {});
   Node* n = g.add_node("Conv", "c", {xv}, {"y"});
-  n->attrs.set("pads", ints({0, 1, 0, 1}));
-  n->attrs.set("strides", ints({1, 2}));
+  n->attrs.set("pads", Ints({0, 1, 0, 1}));
+  n->attrs.set("strides", Ints({1, 2}));
   Tensor x = random_tensor({1, 2, 4, 6}), w = random_tensor({3, 2, 2, 3}), b = random_tensor({3});
   auto p = conv_params(*n, x.shape(), w.shape());
   ASSERT_TRUE(p.ok()) << p.status().message();
@@ -302,7 +274,7 @@ TEST(Conv, ResNetSizedLayerIsFast) {
   // 3x3, 128 -> 128 channels at 28x28 (~116 MMAC): a few hundred ms at most on one core.
   Tensor x = random_tensor({1, 128, 28, 28}), w = random_tensor({128, 128, 3, 3});
   const auto t0 = std::chrono::steady_clock::now();
-  auto r = run_op("Conv", {&x, &w}, attrs_of({{"pads", ints({1, 1, 1, 1})}}));
+  auto r = run_op("Conv", {&x, &w}, attrs({{"pads", Ints({1, 1, 1, 1})}}));
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_TRUE(r.status.ok());
   EXPECT_LT(s, 2.0);
@@ -318,9 +290,9 @@ TEST(ConvTranspose, SpecExample) {
   ASSERT_TRUE(r.status.ok()) << r.status.message();
   expect_inferred_matches(r);
   ASSERT_EQ(r.outputs[0].shape(), (std::vector<int64_t>{1, 2, 5, 5}));
-  const std::vector<float> plane = {0, 1, 3,  3,  2,  3,  8,  15, 12, 7, 9,  21, 36,
-                                    27, 15, 9, 20, 33, 24, 13, 6, 13, 21, 15, 8};
-  std::vector<float> want = plane;
+  const std::vector<double> plane = {0,  1,  3, 3,  2,  3,  8,  15, 12, 7,  9,  21, 36,
+                                     27, 15, 9, 20, 33, 24, 13, 6,  13, 21, 15, 8};
+  std::vector<double> want = plane;
   want.insert(want.end(), plane.begin(), plane.end());
   expect_values(r.outputs[0], want);
 }
@@ -347,9 +319,11 @@ TEST(ConvTranspose, RandomAgainstScatterLoops) {
       g.out.push_back(g.s[i] * (g.in[i] - 1) + c.opad[i] + (g.k[i] - 1) * g.d[i] + 1 - 2 * g.pb[i]);
     Tensor x = random_tensor(c.x), w = random_tensor(c.w), b = random_tensor({c.w[1] * c.group});
     auto r = run_op("ConvTranspose", {&x, &w, &b},
-                    attrs_of({{"group", Attribute::Int(c.group)}, {"strides", ints(g.s)},
-                              {"dilations", ints(g.d)}, {"pads", ints(pads)},
-                              {"output_padding", ints(c.opad)}}));
+                    attrs({{"group", Attribute::Int(c.group)},
+                           {"strides", Ints(g.s)},
+                           {"dilations", Ints(g.d)},
+                           {"pads", Ints(pads)},
+                           {"output_padding", Ints(c.opad)}}));
     ASSERT_TRUE(r.status.ok()) << r.status.message();
     expect_inferred_matches(r);
     expect_close(r.outputs[0], naive_conv_transpose(x, w, &b, c.group, g));
@@ -360,7 +334,7 @@ TEST(ConvTranspose, OutputShapeAndAutoPad) {
   const Tensor x = pattern({1, 1, 3, 3}), w = pattern({1, 2, 3, 3}, 7);
   // output_shape larger than the natural 7x7 size: the implied pads are negative at the end.
   auto r = run_op("ConvTranspose", {&x, &w},
-                  attrs_of({{"strides", ints({3, 2})}, {"output_shape", ints({10, 8})}}));
+                  attrs({{"strides", Ints({3, 2})}, {"output_shape", Ints({10, 8})}}));
   ASSERT_TRUE(r.status.ok()) << r.status.message();
   expect_inferred_matches(r);
   ASSERT_EQ(r.outputs[0].shape(), (std::vector<int64_t>{1, 2, 10, 8}));
@@ -368,14 +342,14 @@ TEST(ConvTranspose, OutputShapeAndAutoPad) {
                naive_conv_transpose(x, w, nullptr, 1, {{3, 3}, {3, 3}, {3, 2}, {1, 1}, {0, 0}, {10, 8}}));
   // Smaller than natural: total pads H 2 -> (1,1), W 1 -> (1,0) (begin gets the extra).
   r = run_op("ConvTranspose", {&x, &w},
-             attrs_of({{"strides", ints({2, 2})}, {"output_shape", ints({1, 2, 5, 6})}}));
+             attrs({{"strides", Ints({2, 2})}, {"output_shape", Ints({1, 2, 5, 6})}}));
   ASSERT_TRUE(r.status.ok()) << r.status.message();
   expect_close(r.outputs[0],
                naive_conv_transpose(x, w, nullptr, 1, {{3, 3}, {3, 3}, {2, 2}, {1, 1}, {1, 1}, {5, 6}}));
   // SAME_UPPER / SAME_LOWER: output = input * stride, total pad 1 at the end / the beginning
   // (onnx.reference literals, first row of each).
   r = run_op("ConvTranspose", {&x, &w},
-             attrs_of({{"strides", ints({2, 2})}, {"auto_pad", Attribute::String("SAME_UPPER")}}));
+             attrs({{"strides", Ints({2, 2})}, {"auto_pad", Attribute::String("SAME_UPPER")}}));
   ASSERT_TRUE(r.status.ok()) << r.status.message();
   expect_inferred_matches(r);
   ASSERT_EQ(r.outputs[0].shape(), (std::vector<int64_t>{1, 2, 6, 6}));
@@ -383,7 +357,7 @@ TEST(ConvTranspose, OutputShapeAndAutoPad) {
     EXPECT_FLOAT_EQ(r.outputs[0].data<float>()[i],
                     (std::vector<float>{1.5625f, 1.5625f, 0.9375f, -0.625f, 0.f, 0.625f})[i]);
   r = run_op("ConvTranspose", {&x, &w},
-             attrs_of({{"strides", ints({2, 2})}, {"auto_pad", Attribute::String("SAME_LOWER")}}));
+             attrs({{"strides", Ints({2, 2})}, {"auto_pad", Attribute::String("SAME_LOWER")}}));
   ASSERT_TRUE(r.status.ok()) << r.status.message();
   for (int i = 0; i < 6; ++i)
     EXPECT_FLOAT_EQ(r.outputs[0].data<float>()[6 + i],
@@ -392,11 +366,11 @@ TEST(ConvTranspose, OutputShapeAndAutoPad) {
 
 TEST(ConvTranspose, DtypesAndErrors) {
   Tensor x = random_tensor({1, 2, 3, 3}), w = random_tensor({2, 3, 2, 2});
-  auto ref = run_op("ConvTranspose", {&x, &w}, attrs_of({{"strides", ints({2, 2})}}));
+  auto ref = run_op("ConvTranspose", {&x, &w}, attrs({{"strides", Ints({2, 2})}}));
   ASSERT_TRUE(ref.status.ok());
   for (DataType dt : {DataType::kFloat64, DataType::kFloat16}) {
     Tensor xc = x.cast(dt), wc = w.cast(dt);
-    auto r = run_op("ConvTranspose", {&xc, &wc}, attrs_of({{"strides", ints({2, 2})}}));
+    auto r = run_op("ConvTranspose", {&xc, &wc}, attrs({{"strides", Ints({2, 2})}}));
     ASSERT_TRUE(r.status.ok()) << r.status.message();
     EXPECT_EQ(r.outputs[0].dtype(), dt);
     expect_close(r.outputs[0], ref.outputs[0], dt == DataType::kFloat16 ? 2e-2f : 1e-5f);
@@ -404,8 +378,9 @@ TEST(ConvTranspose, DtypesAndErrors) {
   Tensor w3 = random_tensor({3, 3, 2, 2}), b = random_tensor({2});
   EXPECT_FALSE(run_op("ConvTranspose", {&x, &w3}, {}).status.ok());  // C 2 vs W 3
   EXPECT_FALSE(run_op("ConvTranspose", {&x, &w, &b}, {}).status.ok());  // bias [2] vs M 3
-  EXPECT_FALSE(run_op("ConvTranspose", {&x, &w}, attrs_of({{"output_shape", ints({5})}})).status.ok());
-  EXPECT_FALSE(run_op("ConvTranspose", {&x, &w}, attrs_of({{"pads", ints({3, 3, 3, 3})}})).status.ok());
+  EXPECT_FALSE(run_op("ConvTranspose", {&x, &w}, attrs({{"output_shape", Ints({5})}})).status.ok());
+  EXPECT_FALSE(
+      run_op("ConvTranspose", {&x, &w}, attrs({{"pads", Ints({3, 3, 3, 3})}})).status.ok());
 }
 
 }  // namespace

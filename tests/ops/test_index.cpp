@@ -8,38 +8,15 @@
 namespace kiln::test {
 namespace {
 
-Tensor I64(std::vector<int64_t> shape, std::vector<int64_t> v) { return Tensor::from<int64_t>(shape, v); }
-Tensor I64v(std::vector<int64_t> v) { return I64({static_cast<int64_t>(v.size())}, v); }
-Tensor F32(std::vector<int64_t> shape, std::vector<float> v) { return Tensor::from<float>(shape, v); }
-Tensor iota_f(std::vector<int64_t> shape) {
-  Tensor t(DataType::kFloat32, shape);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = static_cast<float>(i);
-  return t;
-}
-std::vector<int64_t> ints(const Tensor& t) { return t.to_int64_vector(); }
-Attributes attrs(std::initializer_list<std::pair<std::string, Attribute>> l) {
-  Attributes a;
-  for (auto& [k, v] : l) a.set(k, v);
-  return a;
-}
-Attribute Int(int64_t v) { return Attribute::Int(v); }
 using V = std::vector<int64_t>;
 using FV = std::vector<float>;
 
 // Inference on symbolic input types (no constants).
-TensorType infer_types(const std::string& op, const std::vector<TensorType>& ins, const Attributes& a,
+TensorType infer_types(const std::string& op, const std::vector<TIn>& ins, const Attributes& a,
                        size_t out = 0, size_t nout = 1) {
-  Graph g;
-  std::vector<Value*> vs;
-  for (size_t i = 0; i < ins.size(); ++i) vs.push_back(g.add_value("v" + std::to_string(i), ins[i]));
-  std::vector<std::string> outs;
-  for (size_t i = 0; i < nout; ++i) outs.push_back("o" + std::to_string(i));
-  Node* n = g.add_node(op, "n0", vs, outs);
-  n->attrs = a;
-  std::vector<TensorType> types(nout);
-  InferContext ctx(*n, types);
-  EXPECT_TRUE(find_op("", op)->infer(ctx).ok());
-  return types[out];
+  auto types = infer(op, ins, a, nout);
+  EXPECT_TRUE(types.ok()) << types.status().message();
+  return types.ok() ? (*types)[out] : TensorType();
 }
 const Dim N = Dim::sym("N");
 
@@ -97,7 +74,7 @@ TEST(Gather, RandomAgainstNaiveAndDtypes) {
   EXPECT_EQ(values_f(r.outputs[0]), values_f(o.cast(DataType::kFloat16)));
   Tensor bi = I64v({2, 1});
   r = run_op("Gather", {&b, &bi}, {});
-  EXPECT_EQ(ints(r.outputs[0]), (V{1, 0}));
+  EXPECT_EQ(values_i64(r.outputs[0]), (V{1, 0}));
 }
 
 // ------------------------------------------------------------------------------ GatherElements
@@ -124,23 +101,23 @@ TEST(GatherND, SpecExamplesAndBatchDims) {
   Tensor i1 = I64({2, 2}, {0, 0, 1, 1}), i2 = I64({2, 1}, {1, 0});
   auto r = run_op("GatherND", {&x, &i1}, {});
   ASSERT_TRUE(r.status.ok()) << r.status.message();
-  EXPECT_EQ(ints(r.outputs[0]), (V{0, 3}));
+  EXPECT_EQ(values_i64(r.outputs[0]), (V{0, 3}));
   expect_inferred_matches(r);
   r = run_op("GatherND", {&x, &i2}, {});
   EXPECT_EQ(r.outputs[0].shape(), (V{2, 2}));
-  EXPECT_EQ(ints(r.outputs[0]), (V{2, 3, 0, 1}));
+  EXPECT_EQ(values_i64(r.outputs[0]), (V{2, 3, 0, 1}));
   Tensor y = Tensor::from<int32_t>({2, 2, 2}, {0, 1, 2, 3, 4, 5, 6, 7});
   Tensor i3 = I64({2, 1}, {1, 0});
   r = run_op("GatherND", {&y, &i3}, attrs({{"batch_dims", Int(1)}}));
   ASSERT_TRUE(r.status.ok()) << r.status.message();
   EXPECT_EQ(r.outputs[0].shape(), (V{2, 2}));
-  EXPECT_EQ(ints(r.outputs[0]), (V{2, 3, 4, 5}));
+  EXPECT_EQ(values_i64(r.outputs[0]), (V{2, 3, 4, 5}));
   expect_inferred_matches(r);
   Tensor i4 = I64({2, 1, 2}, {-1, 0, 0, 1});  // batch_dims 1, negative index
   r = run_op("GatherND", {&y, &i4}, attrs({{"batch_dims", Int(1)}}));
   ASSERT_TRUE(r.status.ok());
   EXPECT_EQ(r.outputs[0].shape(), (V{2, 1}));
-  EXPECT_EQ(ints(r.outputs[0]), (V{2, 5}));
+  EXPECT_EQ(values_i64(r.outputs[0]), (V{2, 5}));
   Tensor i5 = I64({1, 3}, {0, 0, 0}), i6 = I64({1, 2}, {2, 0});
   EXPECT_FALSE(run_op("GatherND", {&x, &i5}, {}).status.ok());
   EXPECT_FALSE(run_op("GatherND", {&x, &i6}, {}).status.ok());
@@ -167,7 +144,7 @@ TEST(Trilu, UpperLowerK) {
   // Batched int64 and bool.
   Tensor b = Tensor::from<bool>({2, 2, 2}, {true, true, true, true, true, true, true, true});
   r = run_op("Trilu", {&b}, attrs({{"upper", Int(0)}}));
-  EXPECT_EQ(ints(r.outputs[0]), (V{1, 0, 1, 1, 1, 0, 1, 1}));
+  EXPECT_EQ(values_i64(r.outputs[0]), (V{1, 0, 1, 1, 1, 0, 1, 1}));
   expect_inferred_matches(r);
   Tensor e(DataType::kInt64, {0, 3});
   EXPECT_TRUE(run_op("Trilu", {&e}, {}).status.ok());
@@ -188,11 +165,11 @@ TEST(CumSum, ExclusiveReverseAxes) {
   Tensor y = Tensor::from<int64_t>({2, 3}, {1, 2, 3, 4, 5, 6}), neg = I64v({-1});
   auto r = run_op("CumSum", {&y, &neg}, {});
   ASSERT_TRUE(r.status.ok()) << r.status.message();
-  EXPECT_EQ(ints(r.outputs[0]), (V{1, 3, 6, 4, 9, 15}));
+  EXPECT_EQ(values_i64(r.outputs[0]), (V{1, 3, 6, 4, 9, 15}));
   expect_inferred_matches(r);
   Tensor a0 = Tensor::scalar<int64_t>(0);
   r = run_op("CumSum", {&y, &a0}, {});
-  EXPECT_EQ(ints(r.outputs[0]), (V{1, 2, 3, 5, 7, 9}));
+  EXPECT_EQ(values_i64(r.outputs[0]), (V{1, 2, 3, 5, 7, 9}));
   Tensor h = F32({3}, {0.5f, 0.25f, 1.f}).cast(DataType::kFloat16);
   r = run_op("CumSum", {&h, &a0}, {});
   EXPECT_EQ(r.outputs[0].dtype(), DataType::kFloat16);
@@ -209,16 +186,16 @@ TEST(TopK, LargestSmallestTiesAxis) {
   auto r = run_op("TopK", {&x, &k}, {}, 2, {false, true});
   ASSERT_TRUE(r.status.ok()) << r.status.message();
   EXPECT_EQ(values_f(r.outputs[0]), (FV{3, 3, 5, 5}));
-  EXPECT_EQ(ints(r.outputs[1]), (V{1, 2, 0, 1}));
+  EXPECT_EQ(values_i64(r.outputs[1]), (V{1, 2, 0, 1}));
   expect_inferred_matches(r);
   EXPECT_EQ(r.inferred[1].str(), "int64[2,2]");
   r = run_op("TopK", {&x, &k}, attrs({{"largest", Int(0)}}), 2);
   EXPECT_EQ(values_f(r.outputs[0]), (FV{1, 2, 0, 5}));
-  EXPECT_EQ(ints(r.outputs[1]), (V{0, 3, 3, 0}));
+  EXPECT_EQ(values_i64(r.outputs[1]), (V{0, 3, 3, 0}));
   Tensor k1 = I64v({1});
   r = run_op("TopK", {&x, &k1}, attrs({{"axis", Int(0)}}), 2);
   EXPECT_EQ(values_f(r.outputs[0]), (FV{5, 5, 5, 2}));
-  EXPECT_EQ(ints(r.outputs[1]), (V{1, 1, 1, 0}));
+  EXPECT_EQ(values_i64(r.outputs[1]), (V{1, 1, 1, 0}));
   Tensor k0 = I64v({0});
   r = run_op("TopK", {&x, &k0}, {}, 2);
   ASSERT_TRUE(r.status.ok());
@@ -253,7 +230,7 @@ TEST(TopK, RandomAgainstSortAndOpset9) {
   ImportContext ic(g, *n, 9);
   ASSERT_TRUE(def->upgrade(ic).ok());
   ASSERT_TRUE(n->input(1) && n->input(1)->is_constant());
-  EXPECT_EQ(ints(*n->input(1)->constant), (V{3}));
+  EXPECT_EQ(values_i64(*n->input(1)->constant), (V{3}));
   std::vector<TensorType> types(2);
   InferContext ctx(*n, types);
   ASSERT_TRUE(def->infer(ctx).ok());
@@ -266,21 +243,21 @@ TEST(ArgMax, KeepdimsSelectLastAndDtypes) {
   auto r = run_op("ArgMax", {&x}, attrs({{"axis", Int(1)}}));
   ASSERT_TRUE(r.status.ok());
   EXPECT_EQ(r.outputs[0].shape(), (V{2, 1}));
-  EXPECT_EQ(ints(r.outputs[0]), (V{1, 0}));
+  EXPECT_EQ(values_i64(r.outputs[0]), (V{1, 0}));
   expect_inferred_matches(r);
   r = run_op("ArgMax", {&x}, attrs({{"axis", Int(-1)}, {"select_last_index", Int(1)}, {"keepdims", Int(0)}}));
   EXPECT_EQ(r.outputs[0].shape(), (V{2}));
-  EXPECT_EQ(ints(r.outputs[0]), (V{2, 2}));
+  EXPECT_EQ(values_i64(r.outputs[0]), (V{2, 2}));
   expect_inferred_matches(r);
   r = run_op("ArgMin", {&x}, {});
   EXPECT_EQ(r.outputs[0].shape(), (V{1, 3}));
-  EXPECT_EQ(ints(r.outputs[0]), (V{0, 1, 0}));
+  EXPECT_EQ(values_i64(r.outputs[0]), (V{0, 1, 0}));
   Tensor u = Tensor::from<uint8_t>({4}, {3, 1, 1, 9});
   r = run_op("ArgMin", {&u}, attrs({{"select_last_index", Int(1)}}));
-  EXPECT_EQ(ints(r.outputs[0]), (V{2}));
+  EXPECT_EQ(values_i64(r.outputs[0]), (V{2}));
   Tensor big = Tensor::from<int64_t>({2}, {(int64_t{1} << 60) + 1, int64_t{1} << 60});
   r = run_op("ArgMax", {&big}, {});
-  EXPECT_EQ(ints(r.outputs[0]), (V{0}));  // exact for int64, not rounded through double
+  EXPECT_EQ(values_i64(r.outputs[0]), (V{0}));  // exact for int64, not rounded through double
   Tensor e(DataType::kFloat32, {0, 3});
   EXPECT_FALSE(run_op("ArgMax", {&e}, {}).status.ok());
   r = run_op("ArgMax", {&e}, attrs({{"axis", Int(1)}}));

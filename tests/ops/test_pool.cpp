@@ -9,26 +9,6 @@
 namespace kiln::test {
 namespace {
 
-Attributes attrs_of(std::initializer_list<std::pair<std::string, Attribute>> list) {
-  Attributes a;
-  for (const auto& [k, v] : list) a.set(k, v);
-  return a;
-}
-Attribute ints(std::vector<int64_t> v) { return Attribute::Ints(std::move(v)); }
-
-Tensor pattern(std::vector<int64_t> shape, int mod = 11) {
-  Tensor t(DataType::kFloat32, std::move(shape));
-  for (int64_t i = 0; i < t.numel(); ++i)
-    t.data<float>()[i] = static_cast<float>((i * 7 % mod) - 5) * 0.25f;
-  return t;
-}
-
-void expect_values(const Tensor& t, const std::vector<double>& want, double tol = 1e-5) {
-  ASSERT_EQ(t.numel(), static_cast<int64_t>(want.size()));
-  for (int64_t i = 0; i < t.numel(); ++i)
-    EXPECT_NEAR(t.at_double(i), want[i], tol * (1 + std::fabs(want[i]))) << "element " << i;
-}
-
 OpRun run_ok(const std::string& op, const Tensor& x, const Attributes& a, size_t nout = 1) {
   OpRun r = run_op(op, {&x}, a, nout);
   EXPECT_TRUE(r.status.ok()) << r.status.message();
@@ -77,10 +57,10 @@ TEST(MaxPool, RandomAgainstDirectLoops) {
     Tensor x = random_tensor(shape);
     const int64_t oh = (shape[2] + p.pt + p.pb - (p.kh - 1) * p.dh - 1) / p.sh + 1;
     const int64_t ow = (shape[3] + p.pl + p.pr - (p.kw - 1) * p.dw - 1) / p.sw + 1;
-    const Attributes a = attrs_of({{"kernel_shape", ints({p.kh, p.kw})},
-                                   {"strides", ints({p.sh, p.sw})},
-                                   {"dilations", ints({p.dh, p.dw})},
-                                   {"pads", ints({p.pt, p.pl, p.pb, p.pr})}});
+    const Attributes a = attrs({{"kernel_shape", Ints({p.kh, p.kw})},
+                                {"strides", Ints({p.sh, p.sw})},
+                                {"dilations", Ints({p.dh, p.dw})},
+                                {"pads", Ints({p.pt, p.pl, p.pb, p.pr})}});
     auto r = run_ok("MaxPool", x, a, 2);
     ASSERT_TRUE(r.status.ok());
     ASSERT_EQ(r.outputs[0].shape(), (std::vector<int64_t>{shape[0], shape[1], oh, ow}));
@@ -105,31 +85,36 @@ TEST(MaxPool, RandomAgainstDirectLoops) {
 TEST(MaxPool, CeilModeDilationsAndIndices) {
   // onnx.reference literals.
   auto r = run_ok("MaxPool", pattern({1, 1, 5, 6}),
-                  attrs_of({{"kernel_shape", ints({2, 2})}, {"strides", ints({2, 2})},
-                            {"dilations", ints({2, 1})}, {"pads", ints({1, 1, 0, 0})},
-                            {"ceil_mode", Attribute::Int(1)}}),
+                  attrs({{"kernel_shape", Ints({2, 2})},
+                         {"strides", Ints({2, 2})},
+                         {"dilations", Ints({2, 1})},
+                         {"pads", Ints({1, 1, 0, 0})},
+                         {"ceil_mode", Attribute::Int(1)}}),
                   2);
   ASSERT_EQ(r.outputs[0].shape(), (std::vector<int64_t>{1, 1, 3, 4}));
   expect_values(r.outputs[0], {1, 0, 0.75, -1.25, 1, 0.75, 0.75, 0.5, 0, 0.75, -0.25, 0.5});
   expect_values(r.outputs[1], {6, 7, 9, 11, 6, 20, 9, 23, 18, 20, 21, 23});
   // SAME_UPPER with stride 2 on the last axis.
   r = run_ok("MaxPool", pattern({1, 1, 2, 7}),
-             attrs_of({{"kernel_shape", ints({2, 3})}, {"strides", ints({1, 2})},
-                       {"auto_pad", Attribute::String("SAME_UPPER")}}),
+             attrs({{"kernel_shape", Ints({2, 3})},
+                    {"strides", Ints({1, 2})},
+                    {"auto_pad", Attribute::String("SAME_UPPER")}}),
              2);
   expect_values(r.outputs[0], {0.5, 1.25, 1.25, 1, 0, 0.75, 0.5, 0.5});
   expect_values(r.outputs[1], {1, 3, 3, 6, 7, 9, 12, 12});
   // storage_order = 1: column-major index inside each plane, plus the plane offset.
   r = run_ok("MaxPool", pattern({1, 2, 5, 6}),
-             attrs_of({{"kernel_shape", ints({2, 2})}, {"strides", ints({2, 2})},
-                       {"storage_order", Attribute::Int(1)}}),
+             attrs({{"kernel_shape", Ints({2, 2})},
+                    {"strides", Ints({2, 2})},
+                    {"storage_order", Attribute::Int(1)}}),
              2);
   expect_values(r.outputs[0], {1, 1.25, 0.25, 0.5, 1.25, 1, 1.25, 1, 0.5, 0.75, 1, 1.25});
   expect_values(r.outputs[1], {1, 15, 20, 2, 12, 27, 31, 46, 50, 32, 43, 57});
   // 3-D with padding.
   r = run_ok("MaxPool", pattern({1, 1, 3, 4, 4}, 13),
-             attrs_of({{"kernel_shape", ints({2, 2, 2})}, {"strides", ints({1, 2, 2})},
-                       {"pads", ints({0, 1, 0, 1, 0, 1})}}),
+             attrs({{"kernel_shape", Ints({2, 2, 2})},
+                    {"strides", Ints({1, 2, 2})},
+                    {"pads", Ints({0, 1, 0, 1, 0, 1})}}),
              2);
   expect_values(r.outputs[0], {0.75, 1, 1.75, 1.75, 1.25, 1.5, 1.75, 1.5, 1.25, 1.5, 1.75, 0.75});
   expect_values(r.outputs[1], {16, 18, 24, 11, 33, 35, 24, 22, 33, 35, 37, 42});
@@ -138,20 +123,19 @@ TEST(MaxPool, CeilModeDilationsAndIndices) {
 TEST(MaxPool, OneDimensionalIntegerTypesAndPaddingIsNotAValue) {
   // All-negative input: padding must never win the max.
   Tensor x = Tensor::from<float>({1, 1, 4}, {-3, -1, -2, -4});
-  auto r = run_ok("MaxPool", x,
-                  attrs_of({{"kernel_shape", ints({2})}, {"pads", ints({1, 1})}}), 2);
+  auto r = run_ok("MaxPool", x, attrs({{"kernel_shape", Ints({2})}, {"pads", Ints({1, 1})}}), 2);
   expect_values(r.outputs[0], {-3, -1, -1, -2, -4});
   expect_values(r.outputs[1], {0, 1, 1, 2, 3});
   Tensor u = Tensor::from<uint8_t>({1, 1, 4}, {3, 250, 7, 1});
-  r = run_ok("MaxPool", u, attrs_of({{"kernel_shape", ints({2})}, {"pads", ints({1, 0})}}));
+  r = run_ok("MaxPool", u, attrs({{"kernel_shape", Ints({2})}, {"pads", Ints({1, 0})}}));
   EXPECT_EQ(r.outputs[0].dtype(), DataType::kUInt8);
   expect_values(r.outputs[0], {3, 250, 250, 7});
   Tensor i8 = Tensor::from<int8_t>({1, 1, 3}, {-128, -100, -120});
-  r = run_ok("MaxPool", i8, attrs_of({{"kernel_shape", ints({2})}}));
+  r = run_ok("MaxPool", i8, attrs({{"kernel_shape", Ints({2})}}));
   expect_values(r.outputs[0], {-100, -100});
   for (DataType dt : {DataType::kFloat16, DataType::kBFloat16, DataType::kFloat64}) {
     Tensor xc = x.cast(dt);
-    r = run_ok("MaxPool", xc, attrs_of({{"kernel_shape", ints({2})}, {"strides", ints({2})}}));
+    r = run_ok("MaxPool", xc, attrs({{"kernel_shape", Ints({2})}, {"strides", Ints({2})}}));
     EXPECT_EQ(r.outputs[0].dtype(), dt);
     expect_values(r.outputs[0], {-1, -2});
   }
@@ -161,36 +145,45 @@ TEST(AveragePool, CeilModeLastWindowRuleAndDilations) {
   // in 5, k 2, s 2, pads 1/1, ceil: 4 windows by the formula, but the 4th would start in the
   // right padding, so there are 3 (onnx.reference / PyTorch).
   auto r = run_ok("AveragePool", pattern({1, 1, 5}),
-                  attrs_of({{"kernel_shape", ints({2})}, {"strides", ints({2})},
-                            {"pads", ints({1, 1})}, {"ceil_mode", Attribute::Int(1)}}));
+                  attrs({{"kernel_shape", Ints({2})},
+                         {"strides", Ints({2})},
+                         {"pads", Ints({1, 1})},
+                         {"ceil_mode", Attribute::Int(1)}}));
   ASSERT_EQ(r.outputs[0].shape(), (std::vector<int64_t>{1, 1, 3}));
   expect_values(r.outputs[0], {-1.25, 0, 0.75});
   r = run_ok("AveragePool", pattern({1, 1, 5}),
-             attrs_of({{"kernel_shape", ints({3})}, {"strides", ints({2})},
-                       {"pads", ints({1, 1})}, {"ceil_mode", Attribute::Int(1)},
-                       {"count_include_pad", Attribute::Int(1)}}));
+             attrs({{"kernel_shape", Ints({3})},
+                    {"strides", Ints({2})},
+                    {"pads", Ints({1, 1})},
+                    {"ceil_mode", Attribute::Int(1)},
+                    {"count_include_pad", Attribute::Int(1)}}));
   expect_values(r.outputs[0], {-0.25, 0.416667, 0.5});
   r = run_ok("AveragePool", pattern({1, 1, 5, 6}),
-             attrs_of({{"kernel_shape", ints({3, 2})}, {"strides", ints({2, 3})},
-                       {"pads", ints({1, 0, 0, 1})}, {"ceil_mode", Attribute::Int(1)},
-                       {"count_include_pad", Attribute::Int(1)}}));
+             attrs({{"kernel_shape", Ints({3, 2})},
+                    {"strides", Ints({2, 3})},
+                    {"pads", Ints({1, 0, 0, 1})},
+                    {"ceil_mode", Attribute::Int(1)},
+                    {"count_include_pad", Attribute::Int(1)}}));
   ASSERT_EQ(r.outputs[0].shape(), (std::vector<int64_t>{1, 1, 3, 2}));
   expect_values(r.outputs[0], {0.0416667, 0.333333, 0, -0.25, -0.0625, -0.3125});
   r = run_ok("AveragePool", pattern({1, 2, 12}),
-             attrs_of({{"kernel_shape", ints({3})}, {"strides", ints({2})},
-                       {"dilations", ints({2})}, {"pads", ints({2, 1})},
-                       {"count_include_pad", Attribute::Int(1)}}));
+             attrs({{"kernel_shape", Ints({3})},
+                    {"strides", Ints({2})},
+                    {"dilations", Ints({2})},
+                    {"pads", Ints({2, 1})},
+                    {"count_include_pad", Attribute::Int(1)}}));
   expect_values(r.outputs[0], {-0.583333, -0.5, 0.25, 0.0833333, -0.0833333, -0.416667, 0.583333,
                                0.333333, 0.166667, 0, -0.166667, -0.166667});
   r = run_ok("AveragePool", pattern({1, 1, 2, 7}),
-             attrs_of({{"kernel_shape", ints({2, 3})}, {"strides", ints({1, 2})},
-                       {"auto_pad", Attribute::String("SAME_LOWER")}}));
+             attrs({{"kernel_shape", Ints({2, 3})},
+                    {"strides", Ints({1, 2})},
+                    {"auto_pad", Attribute::String("SAME_LOWER")}}));
   expect_values(r.outputs[0], {-0.375, 0.416667, 0.25, 0.125, -0.4375, 0.125, -0.0416667, 0.0625});
 }
 
 TEST(AveragePool, DtypesEmptyAndErrors) {
   Tensor x = random_tensor({2, 3, 4, 4});
-  const Attributes a = attrs_of({{"kernel_shape", ints({2, 2})}, {"strides", ints({2, 2})}});
+  const Attributes a = attrs({{"kernel_shape", Ints({2, 2})}, {"strides", Ints({2, 2})}});
   auto ref = run_ok("AveragePool", x, a);
   for (DataType dt : {DataType::kFloat16, DataType::kFloat64}) {
     auto r = run_ok("AveragePool", x.cast(dt), a);
@@ -203,32 +196,26 @@ TEST(AveragePool, DtypesEmptyAndErrors) {
   Tensor xi = x.cast(DataType::kInt32);
   EXPECT_FALSE(run_op("AveragePool", {&xi}, a).status.ok());
   EXPECT_FALSE(run_op("AveragePool", {&x}, {}).status.ok());  // kernel_shape required
-  EXPECT_FALSE(run_op("MaxPool", {&x}, attrs_of({{"kernel_shape", ints({5, 5})}})).status.ok());
-  EXPECT_FALSE(run_op("MaxPool", {&x}, attrs_of({{"kernel_shape", ints({2})}})).status.ok());
-  EXPECT_FALSE(run_op("MaxPool", {&x}, attrs_of({{"kernel_shape", ints({2, 2})},
-                                                 {"storage_order", Attribute::Int(2)}}))
+  EXPECT_FALSE(run_op("MaxPool", {&x}, attrs({{"kernel_shape", Ints({5, 5})}})).status.ok());
+  EXPECT_FALSE(run_op("MaxPool", {&x}, attrs({{"kernel_shape", Ints({2})}})).status.ok());
+  EXPECT_FALSE(run_op("MaxPool", {&x},
+                      attrs({{"kernel_shape", Ints({2, 2})}, {"storage_order", Attribute::Int(2)}}))
                    .status.ok());
   Tensor r2 = random_tensor({3, 4});
-  EXPECT_FALSE(run_op("MaxPool", {&r2}, attrs_of({{"kernel_shape", ints({2})}})).status.ok());
+  EXPECT_FALSE(run_op("MaxPool", {&r2}, attrs({{"kernel_shape", Ints({2})}})).status.ok());
 }
 
 TEST(Pool, InferenceWithSymbolicDims) {
-  Graph g;
-  Value* x = g.add_value("x", TensorType(DataType::kFloat32, {Dim::sym("N"), 8, 15, Dim()}));
-  Node* n = g.add_node("MaxPool", "p", {x}, {"y", "i"});
-  n->attrs.set("kernel_shape", ints({3, 3}));
-  n->attrs.set("strides", ints({2, 2}));
-  n->attrs.set("ceil_mode", Attribute::Int(1));
-  std::vector<TensorType> out(2);
-  InferContext ctx(*n, out);
-  ASSERT_TRUE(find_op("", "MaxPool")->infer(ctx).ok());
-  EXPECT_EQ(out[0].str(), "float32[N,8,7,?]");
-  EXPECT_EQ(out[1].str(), "int64[N,8,7,?]");
-  Node* gp = g.add_node("GlobalAveragePool", "gp", {x}, {"z"});
-  std::vector<TensorType> out2(1);
-  InferContext ctx2(*gp, out2);
-  ASSERT_TRUE(find_op("", "GlobalAveragePool")->infer(ctx2).ok());
-  EXPECT_EQ(out2[0].str(), "float32[N,8,1,1]");
+  const TensorType x(DataType::kFloat32, {Dim::sym("N"), 8, 15, Dim()});
+  auto out = infer(
+      "MaxPool", {x},
+      attrs({{"kernel_shape", Ints({3, 3})}, {"strides", Ints({2, 2})}, {"ceil_mode", Int(1)}}), 2);
+  ASSERT_TRUE(out.ok()) << out.status().message();
+  EXPECT_EQ((*out)[0].str(), "float32[N,8,7,?]");
+  EXPECT_EQ((*out)[1].str(), "int64[N,8,7,?]");
+  out = infer("GlobalAveragePool", {x}, {});
+  ASSERT_TRUE(out.ok()) << out.status().message();
+  EXPECT_EQ((*out)[0].str(), "float32[N,8,1,1]");
 }
 
 TEST(GlobalPool, AverageAndMaxOverAllSpatialDims) {

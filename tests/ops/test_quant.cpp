@@ -5,13 +5,8 @@
 
 #include "ops/op_test_util.h"
 
-namespace kiln {
+namespace kiln::test {
 namespace {
-
-using test::expect_inferred_matches;
-using test::random_tensor;
-using test::run_op;
-using test::values_f;
 
 Attributes axis_attrs(int64_t axis, int64_t block_size = 0) {
   Attributes a;
@@ -319,4 +314,4 @@ TEST(DynamicQuantizeLinear, EmptyNaNAndErrors) {
 }
 
 }  // namespace
-}  // namespace kiln
+}  // namespace kiln::test

@@ -6,27 +6,22 @@
 
 #include "ops/op_test_util.h"
 
-namespace kiln {
+namespace kiln::test {
 namespace {
-
-using test::expect_inferred_matches;
-using test::random_tensor;
-using test::run_op;
-using test::values_f;
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-Attributes attrs(int64_t keepdims = 1, int64_t noop = 0) {
+Attributes reduce_attrs(int64_t keepdims = 1, int64_t noop = 0) {
   Attributes a;
   a.set("keepdims", Attribute::Int(keepdims));
   if (noop) a.set("noop_with_empty_axes", Attribute::Int(noop));
   return a;
 }
 
-test::OpRun reduce(const std::string& op, const Tensor& x, std::vector<int64_t> axes,
-                   int64_t keepdims = 1, int64_t noop = 0) {
+OpRun reduce(const std::string& op, const Tensor& x, std::vector<int64_t> axes,
+             int64_t keepdims = 1, int64_t noop = 0) {
   Tensor a = Tensor::from<int64_t>({static_cast<int64_t>(axes.size())}, axes);
-  return run_op(op, {&x, &a}, attrs(keepdims, noop), 1, {false, true});
+  return run_op(op, {&x, &a}, reduce_attrs(keepdims, noop), 1, {false, true});
 }
 
 // ONNX's "example" data: shape [3,2,2], reduced over axis 1 with keepdims.
@@ -35,21 +30,10 @@ const Tensor& example() {
   return t;
 }
 
-void expect_values(const test::OpRun& r, const std::vector<float>& want, float rtol = 1e-6f) {
+// Asserts the run succeeded, then checks output 0 (tolerance rtol * max(1, |want|)).
+void expect_output(const OpRun& r, const std::vector<float>& want, float rtol = 1e-6f) {
   ASSERT_TRUE(r.status.ok()) << r.status.message();
-  const auto got = values_f(r.outputs[0]);
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < want.size(); ++i) {
-    if (std::isnan(want[i])) {
-      EXPECT_TRUE(std::isnan(got[i])) << i;
-      continue;
-    }
-    if (std::isinf(want[i])) {
-      EXPECT_EQ(got[i], want[i]) << i;
-      continue;
-    }
-    EXPECT_NEAR(got[i], want[i], rtol * std::max(1.0f, std::fabs(want[i]))) << "element " << i;
-  }
+  expect_values_scaled(r.outputs[0], std::vector<double>(want.begin(), want.end()), rtol);
 }
 
 TEST(Reduce, KnownValuesKeepdims) {
@@ -70,7 +54,7 @@ TEST(Reduce, KnownValuesKeepdims) {
   for (const auto& [op, want] : cases) {
     SCOPED_TRACE(op);
     auto r = reduce(op, example(), {1});
-    expect_values(r, want);
+    expect_output(r, want);
     EXPECT_EQ(r.outputs[0].shape(), (std::vector<int64_t>{3, 1, 2}));
     expect_inferred_matches(r);
   }
@@ -78,8 +62,8 @@ TEST(Reduce, KnownValuesKeepdims) {
 
 TEST(Reduce, L1UsesAbsoluteValues) {
   Tensor x = Tensor::from<float>({2, 2}, {-1, 2, -3, -4});
-  expect_values(reduce("ReduceL1", x, {0}), {4, 6});
-  expect_values(reduce("ReduceSum", x, {0}), {-4, -2});
+  expect_output(reduce("ReduceL1", x, {0}), {4, 6});
+  expect_output(reduce("ReduceSum", x, {0}), {-4, -2});
 }
 
 // Independent formula: for each output element, scans the whole input for matching coords.
@@ -205,13 +189,13 @@ TEST(Reduce, RandomAgainstNaiveFormula) {
 TEST(Reduce, EmptyAxesReducesAll) {
   for (int64_t keep : {0, 1}) {
     auto r = reduce("ReduceSum", example(), {}, keep);
-    expect_values(r, {219});
+    expect_output(r, {219});
     EXPECT_EQ(r.outputs[0].shape(),
               keep ? std::vector<int64_t>({1, 1, 1}) : std::vector<int64_t>{});
     expect_inferred_matches(r);
     // Absent axes input too.
-    auto r2 = run_op("ReduceMax", {&example()}, attrs(keep));
-    expect_values(r2, {60});
+    auto r2 = run_op("ReduceMax", {&example()}, reduce_attrs(keep));
+    expect_output(r2, {60});
     EXPECT_EQ(r2.outputs[0].rank(), keep ? 3 : 0);
     expect_inferred_matches(r2);
   }
@@ -220,25 +204,25 @@ TEST(Reduce, EmptyAxesReducesAll) {
 TEST(Reduce, NoopWithEmptyAxesAppliesPerElement) {
   Tensor x = Tensor::from<float>({2, 2}, {1, -2, 3, 0.5f});
   auto r = reduce("ReduceSum", x, {}, 1, 1);
-  expect_values(r, {1, -2, 3, 0.5f});
+  expect_output(r, {1, -2, 3, 0.5f});
   EXPECT_EQ(r.outputs[0].shape(), x.shape());
   expect_inferred_matches(r);
-  expect_values(reduce("ReduceSumSquare", x, {}, 0, 1), {1, 4, 9, 0.25f});
-  expect_values(reduce("ReduceL1", x, {}, 1, 1), {1, 2, 3, 0.5f});
-  expect_values(reduce("ReduceLogSumExp", x, {}, 1, 1), {1, -2, 3, 0.5f});
+  expect_output(reduce("ReduceSumSquare", x, {}, 0, 1), {1, 4, 9, 0.25f});
+  expect_output(reduce("ReduceL1", x, {}, 1, 1), {1, 2, 3, 0.5f});
+  expect_output(reduce("ReduceLogSumExp", x, {}, 1, 1), {1, -2, 3, 0.5f});
   Tensor p = Tensor::from<float>({2}, {1, 2});
-  expect_values(reduce("ReduceLogSum", p, {}, 1, 1), {0, std::log(2.f)});
+  expect_output(reduce("ReduceLogSum", p, {}, 1, 1), {0, std::log(2.f)});
   // Absent axes with noop: identity shape as well.
-  auto r2 = run_op("ReduceMean", {&x}, attrs(0, 1));
-  expect_values(r2, {1, -2, 3, 0.5f});
+  auto r2 = run_op("ReduceMean", {&x}, reduce_attrs(0, 1));
+  expect_output(r2, {1, -2, 3, 0.5f});
   EXPECT_EQ(r2.outputs[0].shape(), x.shape());
   // Non-empty axes ignore noop.
-  expect_values(reduce("ReduceSum", x, {0}, 0, 1), {4, -1.5f});
+  expect_output(reduce("ReduceSum", x, {0}, 0, 1), {4, -1.5f});
 }
 
 TEST(Reduce, NegativeAxes) {
   auto r = reduce("ReduceSum", example(), {-2});
-  expect_values(r, {25, 3, 70, 3, 115, 3});
+  expect_output(r, {25, 3, 70, 3, 115, 3});
 }
 
 TEST(Reduce, EmptySetGivesIdentity) {
@@ -252,7 +236,7 @@ TEST(Reduce, EmptySetGivesIdentity) {
   for (const auto& [op, v] : cases) {
     SCOPED_TRACE(op);
     auto r = reduce(op, x, {1});
-    expect_values(r, std::vector<float>(8, v));
+    expect_output(r, std::vector<float>(8, v));
     EXPECT_EQ(r.outputs[0].shape(), (std::vector<int64_t>{2, 1, 4}));
     expect_inferred_matches(r);
   }
@@ -282,8 +266,8 @@ TEST(Reduce, EmptyOutput) {
 
 TEST(Reduce, ScalarInput) {
   Tensor x = Tensor::scalar<float>(3.f);
-  auto r = run_op("ReduceSumSquare", {&x}, attrs(1));
-  expect_values(r, {9});
+  auto r = run_op("ReduceSumSquare", {&x}, reduce_attrs(1));
+  expect_output(r, {9});
   EXPECT_EQ(r.outputs[0].rank(), 0);
   EXPECT_FALSE(reduce("ReduceSum", x, {0}).status.ok());
 }
@@ -352,7 +336,7 @@ TEST(Reduce, Float16AccumulatesInFloat) {
   Tensor bf = example().cast(DataType::kBFloat16);
   auto rb = reduce("ReduceMax", bf, {1});
   EXPECT_EQ(rb.outputs[0].dtype(), DataType::kBFloat16);
-  expect_values(rb, {20, 2, 40, 2, 60, 2});
+  expect_output(rb, {20, 2, 40, 2, 60, 2});
 }
 
 TEST(Reduce, Float64) {
@@ -365,7 +349,7 @@ TEST(Reduce, Float64) {
 
 TEST(Reduce, LogSumExpIsStableForLargeInputs) {
   Tensor x = Tensor::from<float>({2}, {1000.f, 1000.f});
-  expect_values(reduce("ReduceLogSumExp", x, {0}, 0), {1000.f + std::log(2.f)});
+  expect_output(reduce("ReduceLogSumExp", x, {0}, 0), {1000.f + std::log(2.f)});
 }
 
 TEST(Reduce, MaxMinPropagateNaN) {
@@ -384,10 +368,10 @@ TEST(Reduce, Errors) {
   EXPECT_FALSE(r.status.ok());
   EXPECT_NE(r.status.message().find("more than once"), std::string::npos) << r.status.message();
   Tensor fa = Tensor::from<float>({1}, {1.f});
-  r = run_op("ReduceSum", {&example(), &fa}, attrs(), 1, {false, true});
+  r = run_op("ReduceSum", {&example(), &fa}, reduce_attrs(), 1, {false, true});
   EXPECT_FALSE(r.status.ok());
   // A non-upgraded node (axes attribute) is refused rather than silently reducing all.
-  Attributes a = attrs();
+  Attributes a = reduce_attrs();
   a.set("axes", Attribute::Ints({1}));
   r = run_op("ReduceMax", {&example()}, a);
   EXPECT_FALSE(r.status.ok());
@@ -401,7 +385,7 @@ TEST(Reduce, InferenceWithSymbolicAndUnknownAxes) {
   Value* axes_c = g.add_constant("axes_c", Tensor::from<int64_t>({1}, {1}));
   auto infer = [&](Value* ax, int64_t keep) {
     Node* n = g.add_node("ReduceSum", "", {x, ax}, {g.unique_name("y")});
-    n->attrs = attrs(keep);
+    n->attrs = reduce_attrs(keep);
     std::vector<TensorType> out(1);
     InferContext ctx(*n, out);
     EXPECT_TRUE(find_op("", "ReduceSum")->infer(ctx).ok());
@@ -460,4 +444,4 @@ TEST(Reduce, UpgradeMovesAxesAttributeToInput) {
 }
 
 }  // namespace
-}  // namespace kiln
+}  // namespace kiln::test

@@ -2,97 +2,12 @@
 // Slice, Expand, Tile, Identity, Dropout, Constant, ConstantOfShape, Range. Known values, opset
 // upgrade paths, symbolic shape inference, dtypes, empty tensors and errors.
 #include <limits>
-#include <map>
-#include <optional>
 
 #include "op_test_util.h"
 
 namespace kiln::test {
 namespace {
 
-Tensor I64(std::vector<int64_t> shape, std::vector<int64_t> v) { return Tensor::from<int64_t>(shape, v); }
-Tensor I64v(std::vector<int64_t> v) { return I64({static_cast<int64_t>(v.size())}, v); }
-Tensor F32(std::vector<int64_t> shape, std::vector<float> v) { return Tensor::from<float>(shape, v); }
-Tensor iota_f(std::vector<int64_t> shape) {
-  Tensor t(DataType::kFloat32, shape);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = static_cast<float>(i);
-  return t;
-}
-std::vector<int64_t> ints(const Tensor& t) { return t.to_int64_vector(); }
-Attributes attrs(std::initializer_list<std::pair<std::string, Attribute>> l) {
-  Attributes a;
-  for (auto& [k, v] : l) a.set(k, v);
-  return a;
-}
-Attribute Int(int64_t v) { return Attribute::Int(v); }
-Attribute Ints(std::vector<int64_t> v) { return Attribute::Ints(std::move(v)); }
-
-// Runs one node through (optional) opset upgrade, inference and the kernel. Inputs marked in
-// `consts` become constants; the kernel reads every input of the (possibly upgraded) node.
-OpRun run_graph(const std::string& op, const std::vector<const Tensor*>& inputs, const Attributes& a,
-                size_t nout = 1, std::vector<bool> consts = {}, int opset = 0) {
-  OpRun r;
-  Graph g;
-  std::map<const Value*, const Tensor*> feed;
-  std::vector<Value*> ins;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (!inputs[i]) { ins.push_back(nullptr); continue; }
-    const bool c = i < consts.size() && consts[i];
-    Value* v = c ? g.add_constant("in" + std::to_string(i), *inputs[i])
-                 : g.add_value("in" + std::to_string(i), TensorType::of(*inputs[i]));
-    if (!c) g.add_input(v);
-    feed[v] = inputs[i];
-    ins.push_back(v);
-  }
-  std::vector<std::string> outs;
-  for (size_t i = 0; i < nout; ++i) outs.push_back("out" + std::to_string(i));
-  Node* n = g.add_node(op, "n0", ins, outs);
-  n->attrs = a;
-  const OpDef* def = find_op("", op);
-  if (!def) { r.status = Status::Error("unknown op"); return r; }
-  if (opset > 0 && def->upgrade) {
-    ImportContext ic(g, *n, opset);
-    r.status = def->upgrade(ic);
-    if (!r.status.ok()) return r;
-  }
-  r.inferred.resize(nout);
-  InferContext ictx(*n, r.inferred);
-  r.status = def->infer(ictx);
-  if (!r.status.ok()) return r;
-  std::vector<const Tensor*> kin;
-  for (size_t i = 0; i < n->num_inputs(); ++i) {
-    const Value* v = n->input(i);
-    kin.push_back(!v ? nullptr : v->constant ? v->constant.get() : feed[v]);
-  }
-  r.outputs.resize(nout);
-  KernelContext k(*n, kin, r.outputs);
-  r.status = def->cpu(k);
-  return r;
-}
-
-// Inference only, on typed (possibly symbolic) inputs; `consts[i]` makes input i a constant.
-struct TIn {
-  TensorType type;
-  std::optional<Tensor> value;
-  TIn(TensorType t) : type(std::move(t)) {}  // NOLINT
-  TIn(Tensor t) : type(TensorType::of(t)), value(std::move(t)) {}  // NOLINT
-};
-Expected<std::vector<TensorType>> infer(const std::string& op, const std::vector<TIn>& ins,
-                                        const Attributes& a, size_t nout = 1) {
-  Graph g;
-  std::vector<Value*> vs;
-  for (size_t i = 0; i < ins.size(); ++i)
-    vs.push_back(ins[i].value ? g.add_constant("c" + std::to_string(i), *ins[i].value)
-                              : g.add_value("v" + std::to_string(i), ins[i].type));
-  std::vector<std::string> outs;
-  for (size_t i = 0; i < nout; ++i) outs.push_back("o" + std::to_string(i));
-  Node* n = g.add_node(op, "n0", vs, outs);
-  n->attrs = a;
-  std::vector<TensorType> types(nout);
-  InferContext ctx(*n, types);
-  KILN_RETURN_IF_ERROR(find_op("", op)->infer(ctx));
-  return types;
-}
 TensorType T(DataType t, std::vector<Dim> d) { return TensorType(t, std::move(d)); }
 const Dim N = Dim::sym("N");
 constexpr auto F = DataType::kFloat32;
@@ -145,7 +60,7 @@ TEST(Reshape, SymbolicInference) {
 
 TEST(Reshape, Opset4ShapeAttribute) {
   Tensor x = iota_f({2, 3});
-  auto r = run_graph("Reshape", {&x}, attrs({{"shape", Ints({3, -1})}}), 1, {}, 4);
+  auto r = run_imported("Reshape", {&x}, attrs({{"shape", Ints({3, -1})}}), 4);
   ASSERT_TRUE(r.status.ok()) << r.status.message();
   EXPECT_EQ(r.outputs[0].shape(), (std::vector<int64_t>{3, 2}));
   EXPECT_EQ(r.inferred[0].str(), "float32[3,2]");
@@ -156,12 +71,12 @@ TEST(Shape, StartEnd) {
   Tensor x(DataType::kFloat16, {2, 3, 4, 5});
   auto r = run_op("Shape", {&x}, {});
   ASSERT_TRUE(r.status.ok());
-  EXPECT_EQ(ints(r.outputs[0]), (std::vector<int64_t>{2, 3, 4, 5}));
+  EXPECT_EQ(values_i64(r.outputs[0]), (std::vector<int64_t>{2, 3, 4, 5}));
   r = run_op("Shape", {&x}, attrs({{"start", Int(1)}, {"end", Int(-1)}}));
-  EXPECT_EQ(ints(r.outputs[0]), (std::vector<int64_t>{3, 4}));
+  EXPECT_EQ(values_i64(r.outputs[0]), (std::vector<int64_t>{3, 4}));
   expect_inferred_matches(r);
   r = run_op("Shape", {&x}, attrs({{"start", Int(-10)}, {"end", Int(10)}}));
-  EXPECT_EQ(ints(r.outputs[0]), (std::vector<int64_t>{2, 3, 4, 5}));
+  EXPECT_EQ(values_i64(r.outputs[0]), (std::vector<int64_t>{2, 3, 4, 5}));
   r = run_op("Shape", {&x}, attrs({{"start", Int(3)}, {"end", Int(1)}}));
   EXPECT_EQ(r.outputs[0].shape(), (std::vector<int64_t>{0}));
   expect_inferred_matches(r);
@@ -172,9 +87,9 @@ TEST(Shape, StartEnd) {
 TEST(Size, CountsElements) {
   Tensor x(DataType::kBool, {2, 0, 3}), y = iota_f({3, 4});
   auto r = run_op("Size", {&x}, {});
-  EXPECT_EQ(ints(r.outputs[0]), (std::vector<int64_t>{0}));
+  EXPECT_EQ(values_i64(r.outputs[0]), (std::vector<int64_t>{0}));
   r = run_op("Size", {&y}, {});
-  EXPECT_EQ(ints(r.outputs[0]), (std::vector<int64_t>{12}));
+  EXPECT_EQ(values_i64(r.outputs[0]), (std::vector<int64_t>{12}));
   EXPECT_EQ(r.outputs[0].rank(), 0);
   expect_inferred_matches(r);
 }
@@ -217,7 +132,7 @@ TEST(Squeeze, AxesInputNegativeAndAll) {
 
 TEST(Squeeze, Opset11AxesAttribute) {
   Tensor x = iota_f({1, 3, 1});
-  auto r = run_graph("Squeeze", {&x}, attrs({{"axes", Ints({0})}}), 1, {}, 11);
+  auto r = run_imported("Squeeze", {&x}, attrs({{"axes", Ints({0})}}), 11);
   ASSERT_TRUE(r.status.ok()) << r.status.message();
   EXPECT_EQ(r.outputs[0].shape(), (std::vector<int64_t>{3, 1}));
   auto t = infer("Squeeze", {T(F, {N, 1, 3}), I64v({1})}, {});
@@ -236,11 +151,11 @@ TEST(Unsqueeze, Axes) {
   Tensor s = Tensor::scalar<int32_t>(7), a0 = I64v({0});
   r = run_op("Unsqueeze", {&s, &a0}, {});
   EXPECT_EQ(r.outputs[0].shape(), (std::vector<int64_t>{1}));
-  EXPECT_EQ(ints(r.outputs[0]), (std::vector<int64_t>{7}));
+  EXPECT_EQ(values_i64(r.outputs[0]), (std::vector<int64_t>{7}));
   Tensor dup = I64v({1, 1}), out = I64v({3});
   EXPECT_FALSE(run_op("Unsqueeze", {&x, &dup}, {}).status.ok());
   EXPECT_FALSE(run_op("Unsqueeze", {&x, &out}, {}).status.ok());
-  r = run_graph("Unsqueeze", {&x}, attrs({{"axes", Ints({1})}}), 1, {}, 11);
+  r = run_imported("Unsqueeze", {&x}, attrs({{"axes", Ints({1})}}), 11);
   ASSERT_TRUE(r.status.ok()) << r.status.message();
   EXPECT_EQ(r.outputs[0].shape(), (std::vector<int64_t>{3, 1, 4}));
   auto t = infer("Unsqueeze", {T(F, {N, 3}), I64v({1})}, {});
@@ -268,7 +183,7 @@ TEST(Transpose, DefaultReversesAndRandomPerm) {
           EXPECT_EQ(o.at_double(((a * 2 + b) * 5 + c) * 3 + d), y.at_double(((b * 3 + d) * 4 + a) * 5 + c));
   Tensor z = Tensor::from<int64_t>({2, 2}, {1, 2, 3, 4});
   r = run_op("Transpose", {&z}, attrs({{"perm", Ints({1, 0})}}));
-  EXPECT_EQ(ints(r.outputs[0]), (std::vector<int64_t>{1, 3, 2, 4}));
+  EXPECT_EQ(values_i64(r.outputs[0]), (std::vector<int64_t>{1, 3, 2, 4}));
   EXPECT_FALSE(run_op("Transpose", {&z}, attrs({{"perm", Ints({0, 0})}})).status.ok());
   EXPECT_FALSE(run_op("Transpose", {&z}, attrs({{"perm", Ints({0})}})).status.ok());
   auto t = infer("Transpose", {T(F, {N, 3, 4})}, attrs({{"perm", Ints({0, 2, 1})}}));
@@ -286,7 +201,7 @@ TEST(Concat, NegativeAxisEmptyAndDtypes) {
   Tensor p = Tensor::from<bool>({1, 2}, {true, false}), q = Tensor::from<bool>({2, 2}, {false, true, true, true});
   r = run_op("Concat", {&p, &q}, attrs({{"axis", Int(0)}}));
   ASSERT_TRUE(r.status.ok());
-  EXPECT_EQ(ints(r.outputs[0]), (std::vector<int64_t>{1, 0, 0, 1, 1, 1}));
+  EXPECT_EQ(values_i64(r.outputs[0]), (std::vector<int64_t>{1, 0, 0, 1, 1, 1}));
   Tensor bad = iota_f({3, 1});
   EXPECT_FALSE(run_op("Concat", {&a, &bad}, attrs({{"axis", Int(1)}})).status.ok());
   EXPECT_FALSE(run_op("Concat", {&a, &p}, attrs({{"axis", Int(0)}})).status.ok());
@@ -301,7 +216,7 @@ TEST(Concat, NegativeAxisEmptyAndDtypes) {
 
 TEST(Concat, Opset1DefaultAxisIsOne) {
   Tensor a = iota_f({2, 1}), b = iota_f({2, 2});
-  auto r = run_graph("Concat", {&a, &b}, {}, 1, {}, 3);
+  auto r = run_imported("Concat", {&a, &b}, {}, 3);
   ASSERT_TRUE(r.status.ok()) << r.status.message();
   EXPECT_EQ(r.outputs[0].shape(), (std::vector<int64_t>{2, 3}));
 }
@@ -337,7 +252,7 @@ TEST(Split, ZeroSizesAndOpset11Attribute) {
   ASSERT_TRUE(r.status.ok()) << r.status.message();
   for (auto& o : r.outputs) EXPECT_EQ(o.shape(), (std::vector<int64_t>{0}));
   Tensor y = iota_f({5, 2});
-  r = run_graph("Split", {&y}, attrs({{"split", Ints({1, 4})}}), 2, {}, 11);
+  r = run_imported("Split", {&y}, attrs({{"split", Ints({1, 4})}}), 11, 2);
   ASSERT_TRUE(r.status.ok()) << r.status.message();
   EXPECT_EQ(r.outputs[1].shape(), (std::vector<int64_t>{4, 2}));
   EXPECT_EQ(r.inferred[1].str(), "float32[4,2]");
@@ -424,8 +339,8 @@ TEST(Slice, ErrorsUpgradeAndSymbolic) {
   EXPECT_FALSE(run_op("Slice", {&x, &st, &en, &ax2}, {}).status.ok());
   EXPECT_FALSE(run_op("Slice", {&x, &st2, &en2, &dup}, {}).status.ok());
   EXPECT_FALSE(run_op("Slice", {&x, &st2, &en}, {}).status.ok());
-  auto r = run_graph("Slice", {&x},
-                     attrs({{"starts", Ints({1})}, {"ends", Ints({-1})}, {"axes", Ints({1})}}), 1, {}, 9);
+  auto r = run_imported(
+      "Slice", {&x}, attrs({{"starts", Ints({1})}, {"ends", Ints({-1})}, {"axes", Ints({1})}}), 9);
   ASSERT_TRUE(r.status.ok()) << r.status.message();
   EXPECT_EQ(values_f(r.outputs[0]), (std::vector<float>{1, 2, 5, 6, 9, 10}));
   EXPECT_EQ(r.inferred[0].str(), "float32[3,2]");
@@ -465,7 +380,7 @@ TEST(Tile, Repeats) {
   ASSERT_TRUE(r.status.ok()) << r.status.message();
   EXPECT_EQ(r.outputs[0].shape(), (std::vector<int64_t>{4, 6}));
   const std::vector<int64_t> row0 = {1, 2, 1, 2, 1, 2}, row1 = {3, 4, 3, 4, 3, 4};
-  auto v = ints(r.outputs[0]);
+  auto v = values_i64(r.outputs[0]);
   for (int i = 0; i < 4; ++i)
     EXPECT_EQ(std::vector<int64_t>(v.begin() + i * 6, v.begin() + i * 6 + 6), i % 2 ? row1 : row0);
   expect_inferred_matches(r);
@@ -488,7 +403,7 @@ TEST(Dropout, InferenceAndTraining) {
   ASSERT_TRUE(r.status.ok());
   EXPECT_EQ(values_f(r.outputs[0]), values_f(x));
   EXPECT_EQ(r.outputs[1].dtype(), DataType::kBool);
-  EXPECT_EQ(ints(r.outputs[1]), std::vector<int64_t>(6, 1));
+  EXPECT_EQ(values_i64(r.outputs[1]), std::vector<int64_t>(6, 1));
   expect_inferred_matches(r);
   Tensor ratio = Tensor::scalar<float>(0.3f), on = Tensor::scalar<bool>(true), zero = Tensor::scalar<float>(0.f);
   r = run_op("Dropout", {&x, &ratio, &on}, {}, 2);
@@ -503,18 +418,18 @@ TEST(Dropout, InferenceAndTraining) {
 
 TEST(Dropout, OldOpsets) {
   Tensor x = random_tensor({4});
-  auto r = run_graph("Dropout", {&x}, attrs({{"ratio", Attribute::Float(0.2f)}}), 2, {}, 11);
+  auto r = run_imported("Dropout", {&x}, attrs({{"ratio", Attribute::Float(0.2f)}}), 11, 2);
   ASSERT_TRUE(r.status.ok()) << r.status.message();
   EXPECT_EQ(values_f(r.outputs[0]), values_f(x));
   EXPECT_EQ(r.outputs[1].dtype(), DataType::kBool);
-  r = run_graph("Dropout", {&x}, {}, 2, {}, 9);  // mask has the data type before opset 10
+  r = run_imported("Dropout", {&x}, {}, 9, 2);  // mask has the data type before opset 10
   ASSERT_TRUE(r.status.ok());
   EXPECT_EQ(r.outputs[1].dtype(), DataType::kFloat32);
   EXPECT_EQ(values_f(r.outputs[1]), std::vector<float>(4, 1.f));
   expect_inferred_matches(r);
-  r = run_graph("Dropout", {&x}, attrs({{"is_test", Int(1)}}), 1, {}, 6);
+  r = run_imported("Dropout", {&x}, attrs({{"is_test", Int(1)}}), 6);
   ASSERT_TRUE(r.status.ok()) << r.status.message();
-  r = run_graph("Dropout", {&x}, {}, 1, {}, 6);  // is_test = 0: training dropout
+  r = run_imported("Dropout", {&x}, {}, 6);  // is_test = 0: training dropout
   EXPECT_FALSE(r.status.ok());
 }
 
@@ -529,7 +444,7 @@ TEST(Constant, Variants) {
   EXPECT_EQ(r.outputs[0].rank(), 0);
   r = run_op("Constant", {}, attrs({{"value", Attribute::TensorValue(Tensor::from<uint8_t>({2}, {5, 6}))}}));
   EXPECT_EQ(r.inferred[0].str(), "uint8[2]");
-  EXPECT_EQ(ints(r.outputs[0]), (std::vector<int64_t>{5, 6}));
+  EXPECT_EQ(values_i64(r.outputs[0]), (std::vector<int64_t>{5, 6}));
   r = run_op("Constant", {}, attrs({{"value_string", Attribute::String("a")}}));
   EXPECT_NE(r.status.message().find("string"), std::string::npos);
   r = run_op("Constant", {}, attrs({{"sparse_value", Int(0)}}));
@@ -544,12 +459,12 @@ TEST(ConstantOfShape, ValuesAndShapes) {
   EXPECT_EQ(r.inferred[0].str(), "float32[2,3]");
   EXPECT_EQ(values_f(r.outputs[0]), std::vector<float>(6, 0.f));
   r = run_op("ConstantOfShape", {&s}, attrs({{"value", Attribute::TensorValue(I64v({7}))}}));
-  EXPECT_EQ(ints(r.outputs[0]), std::vector<int64_t>(6, 7));
+  EXPECT_EQ(values_i64(r.outputs[0]), std::vector<int64_t>(6, 7));
   Tensor empty(DataType::kInt64, {0});
   r = run_op("ConstantOfShape", {&empty}, attrs({{"value", Attribute::TensorValue(Tensor::from<bool>({1}, {true}))}}));
   ASSERT_TRUE(r.status.ok());
   EXPECT_EQ(r.outputs[0].rank(), 0);
-  EXPECT_EQ(ints(r.outputs[0]), (std::vector<int64_t>{1}));
+  EXPECT_EQ(values_i64(r.outputs[0]), (std::vector<int64_t>{1}));
   expect_inferred_matches(r);
   Tensor z = I64v({0, 4}), neg = I64v({-1});
   r = run_op("ConstantOfShape", {&z}, {});
@@ -568,7 +483,7 @@ TEST(Range, FloatIntNegativeEmpty) {
   ASSERT_EQ(v.size(), 4u);
   EXPECT_NEAR(v[3], 1.9f, 1e-6);
   r = run(Tensor::scalar<int32_t>(10), Tensor::scalar<int32_t>(4), Tensor::scalar<int32_t>(-3), false);
-  EXPECT_EQ(ints(r.outputs[0]), (std::vector<int64_t>{10, 7}));
+  EXPECT_EQ(values_i64(r.outputs[0]), (std::vector<int64_t>{10, 7}));
   EXPECT_EQ(r.inferred[0].str(), "int32[?]");
   r = run(Tensor::scalar<int64_t>(5), Tensor::scalar<int64_t>(5), Tensor::scalar<int64_t>(2), true);
   EXPECT_EQ(r.outputs[0].shape(), (std::vector<int64_t>{0}));
