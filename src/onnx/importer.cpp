@@ -127,6 +127,9 @@ struct Importer {
       return Status::Error("sparse initializers are not supported");
     for (const auto& in : gp.input()) {
       if (values.count(in.name())) continue;  // an initializer listed as input: a constant
+      if (in.has_type() && !in.type().has_tensor_type())
+        return KILN_ERROR("graph input '{}' is a sequence, map or optional value, which is not "
+                          "supported (kiln takes tensor inputs only)", in.name());
       TensorType t = type_from_value_info(in);
       if (!dtype_is_supported(t.dtype))
         return KILN_ERROR("graph input '{}' has an unsupported type (elem_type {})", in.name(),

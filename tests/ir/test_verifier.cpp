@@ -114,6 +114,7 @@ TEST(Verifier, ProducerDisagreesWithOutputs) {
   s.g.set_node_output(s.q, 0, fresh);
   Value* xq = s.g.find_value("xq");
   xq->producer = s.q;
+  xq->producer_index = 0;  // a stale producer link, as a buggy rewriter would leave it
   expect_error(s.g, {"'xq' claims to be output 0 of node 'q'"});
 }
 
