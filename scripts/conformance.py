@@ -157,6 +157,8 @@ def main():
     ap.add_argument("--expect", help="file listing tests that must pass (regression check)")
     ap.add_argument("--write-expect", help="write the passing tests to this file")
     ap.add_argument("--json", help="write all results as JSON here")
+    ap.add_argument("--same-as", help="results JSON of another run (e.g. --opt-level 0): fail if any "
+                    "test's status differs")
     ap.add_argument("--verbose", "-v", action="store_true", help="print every test, not only failures")
     args = ap.parse_args()
     root = find_data_root(args.data)
@@ -213,6 +215,16 @@ def main():
             rc = 1
         else:
             print(f"no regressions against {args.expect} ({len(expected & ran)} expected passes)")
+    if args.same_as:
+        with open(args.same_as) as fh:
+            other = {(r["suite"], r["name"]): r["status"] for r in json.load(fh)}
+        diff = [f"{r['suite']}/{r['name']} ({other[(r['suite'], r['name'])]} there, {r['status']} here)"
+                for r in results if (r["suite"], r["name"]) in other and other[(r["suite"], r["name"])] != r["status"]]
+        if diff:
+            print(f"DIFFERENT from {args.same_as}: {len(diff)} tests: " + ", ".join(diff[:20]))
+            rc = 1
+        else:
+            print(f"statuses identical to {args.same_as} ({len(other)} tests)")
     if args.write_expect:
         with open(args.write_expect, "w") as fh:
             fh.write("# tests that pass; scripts/conformance.py --expect fails if one of these regresses\n")

@@ -7,9 +7,12 @@ scripts/setup.sh
 scripts/build.sh
 BUILD_DIR=${KILN_BUILD_DIR:-build}
 
-echo "== conformance (ONNX backend test data through kiln run) =="
-python3 scripts/conformance.py --kiln "$BUILD_DIR/kiln" --expect tests/conformance/expected_pass.txt \
-  --json "$BUILD_DIR/conformance.json"
+echo "== conformance (ONNX backend test data through kiln run), --opt-level 0 =="
+python3 scripts/conformance.py --kiln "$BUILD_DIR/kiln" --opt-level 0 --expect tests/conformance/expected_pass.txt \
+  --json "$BUILD_DIR/conformance_O0.json"
+echo "== conformance, --opt-level 2 (must match -O0 test for test) =="
+python3 scripts/conformance.py --kiln "$BUILD_DIR/kiln" --opt-level 2 --expect tests/conformance/expected_pass.txt \
+  --json "$BUILD_DIR/conformance.json" --same-as "$BUILD_DIR/conformance_O0.json"
 
 echo "== model tests (kiln vs ONNX Runtime) =="
 python3 tests/models/run_model_tests.py --kiln "$BUILD_DIR/kiln"
