@@ -88,8 +88,8 @@ Expected<std::unique_ptr<Engine>> Engine::build_from_onnx(const std::string& onn
     return KILN_ERROR("unknown backend '{}' (choose cpu or cuda)", backend);
   if (std::string why = backend_unavailable_reason(backend); !why.empty()) return Status::Error(why);
   if (backend == "cpu" && (config.fp16 || config.int8))
-    return KILN_ERROR("--{} is not available on the cpu backend, which computes in FP32 (and "
-                      "FP64 for checking); build with --backend cuda on a GPU machine",
+    return KILN_ERROR("--{} is not supported by the cpu backend, which computes in FP32 (and "
+                      "FP64 for checking); reduced precision comes with the CUDA backend",
                       config.fp16 ? "fp16" : "int8");
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, import_onnx_file(onnx_path));
   KILN_ASSIGN_OR_RETURN(Profile profile, Profile::from_config(*g, config));

@@ -79,6 +79,7 @@ def main():
         expect_error(args, "--shapes wrong static dim", "dimension 1", "build", "--onnx", p("cnn.onnx"), "--save-engine", p("x.kiln"), "--shapes", "input:1x4x32x32")
         expect_error(args, "min > max", "min <= opt <= max", "build", "--onnx", p("cnn.onnx"), "--save-engine", p("x.kiln"),
                      "--min-shapes", "input:8x3x32x32", "--max-shapes", "input:1x3x32x32")
+        expect_error(args, "--opt-level with --engine", "--opt-level applies to --onnx", "run", "--engine", p("cnn.kiln"), "--opt-level", "0")
         expect_error(args, "outside profile", "outside the engine's profile", "run", "--engine", p("prof.kiln"), "--shapes", "input:9x3x32x32")
 
         # bad models

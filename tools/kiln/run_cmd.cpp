@@ -77,11 +77,11 @@ Runner add_run_command(CLI::App& app) {
   cmd->add_option("--save-outputs", o->save_dir, "Save each output as DIR/NAME.npy");
   cmd->add_option("--backend", o->backend, "cpu or cuda (with --onnx)");
   cmd->add_option("--shapes", o->shapes, "Shapes for random inputs (and fixed shapes with --onnx): name:1x3x224x224,...");
-  cmd->add_option("--opt-level", o->opt_level, "With --onnx: 0 = import as is, 1 = fold and clean up, 2 = also fuse (default 2)")->check(CLI::Range(0, 2));
+  auto* opt_flag = cmd->add_option("--opt-level", o->opt_level, "With --onnx: 0 = import as is, 1 = fold and clean up, 2 = also fuse (default 2)")->check(CLI::Range(0, 2));
   cmd->add_option("--seed", o->seed, "Seed of the random inputs (default 1)");
   cmd->add_option("--iterations", o->iterations, "Timed runs (default 1)")->check(CLI::Range(1, 1000000));
   cmd->add_option("--warmup", o->warmup, "Untimed runs first (default 0)")->check(CLI::Range(0, 1000000));
-  return [o]() -> Status {
+  return [o, opt_flag]() -> Status {
     KILN_ASSIGN_OR_RETURN(ShapeMap shapes, parse_shapes(o->shapes, "--shapes"));
     std::unique_ptr<Engine> engine;
     if (!o->onnx.empty()) {
@@ -93,6 +93,8 @@ Runner add_run_command(CLI::App& app) {
     } else {
       if (!o->backend.empty())
         return Status::Error("--backend applies to --onnx; an engine runs on the backend it was built for");
+      if (opt_flag->count() > 0)
+        return Status::Error("--opt-level applies to --onnx; an engine keeps the level it was built with");
       KILN_ASSIGN_OR_RETURN(engine, Engine::load(o->engine));
     }
     std::map<std::string, Tensor> inputs;
