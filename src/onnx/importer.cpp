@@ -223,7 +223,7 @@ Expected<std::unique_ptr<Graph>> import_onnx_bytes(const std::string& bytes,
   coded.SetTotalBytesLimit(std::numeric_limits<int>::max());
   if (!model.ParseFromCodedStream(&coded) || !coded.ConsumedEntireMessage())
     return KILN_ERROR("{}: not a valid ONNX model (protobuf parse failed)", source_name);
-  Importer imp{model, base_dir, source_name};
+  Importer imp{model, base_dir, source_name, std::make_unique<Graph>(), {}};
   Status st = imp.run();
   if (!st.ok()) return st.with_context(source_name);
   return std::move(imp.g);

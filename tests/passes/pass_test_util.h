@@ -120,8 +120,9 @@ inline std::unique_ptr<Graph> optimize_checked(const Graph& g, std::vector<std::
   EXPECT_EQ(before.size(), after.size());
   for (size_t i = 0; i < before.size() && i < after.size(); ++i) {
     EXPECT_EQ(before[i].shape(), after[i].shape());
-    if (before[i].shape() == after[i].shape())
+    if (before[i].shape() == after[i].shape()) {
       EXPECT_LT(rel_l2(after[i], before[i]), tol) << "output " << i;
+    }
   }
   return opt;
 }

@@ -139,8 +139,9 @@ TEST(CancelTransposes, ComposesTransposesAndKeepsSharedOne) {
   EXPECT_EQ(count(*opt, "Transpose"), 2);
   for (const Node* n : opt->nodes())
     if (n->op_type == "Transpose" && n->input(0) == opt->inputs()[0] &&
-        n->output(0)->uses()[0].first->op_type == "Relu")
+        n->output(0)->uses()[0].first->op_type == "Relu") {
       EXPECT_EQ(n->attrs.get_ints("perm"), (std::vector<int64_t>{1, 0, 2}));
+    }
 }
 
 TEST(CancelTransposes, ReshapePairsCollapseAndCancel) {

@@ -244,7 +244,9 @@ TEST(Pipeline, ResNetLikeNetworkEndToEnd) {
     if (level == 2) {
       EXPECT_EQ(count(*g, "FusedConv"), 3);
       for (const Node* n : g->nodes())
-        if (n->op_type == "FusedConv") EXPECT_EQ(n->attrs.get_string("activation", ""), "Relu");
+        if (n->op_type == "FusedConv") {
+          EXPECT_EQ(n->attrs.get_string("activation", ""), "Relu");
+        }
     }
   }
 }
