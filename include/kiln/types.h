@@ -38,6 +38,8 @@ bool dtype_is_integer(DataType t);  // signed or unsigned integers (not bool)
 bool dtype_is_signed(DataType t);
 // True for the storage types kiln can hold in a Tensor.
 bool dtype_is_supported(DataType t);
+// True when `code` is one of the DataType enumerators (undefined and string included).
+bool dtype_code_is_valid(int64_t code);
 
 // IEEE binary16 and bfloat16 <-> float, round to nearest even.
 float half_to_float(uint16_t h);

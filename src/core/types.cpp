@@ -72,6 +72,11 @@ bool dtype_is_signed(DataType t) {
 }
 bool dtype_is_supported(DataType t) { return dtype_size(t) != 0; }
 
+bool dtype_code_is_valid(int64_t code) {
+  return code == 0 || code == static_cast<int64_t>(DataType::kString) ||
+         (code >= 0 && code <= 16 && dtype_size(static_cast<DataType>(code)) != 0);
+}
+
 float half_to_float(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   uint32_t exp = (h >> 10) & 0x1f;

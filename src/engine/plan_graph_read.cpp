@@ -18,28 +18,6 @@ constexpr size_t kMinDimBytes = 8 + 4;             // value, symbol
 constexpr size_t kMinNodeBytes = 4 * 4 + 4 * 4;    // 4 strings, 4 counts
 constexpr size_t kMinAttrBytes = 4 + 1;            // name, kind
 
-bool valid_type_code(uint32_t c) {
-  switch (static_cast<DataType>(c)) {
-    case DataType::kUndefined:
-    case DataType::kFloat32:
-    case DataType::kUInt8:
-    case DataType::kInt8:
-    case DataType::kUInt16:
-    case DataType::kInt16:
-    case DataType::kInt32:
-    case DataType::kInt64:
-    case DataType::kString:
-    case DataType::kBool:
-    case DataType::kFloat16:
-    case DataType::kFloat64:
-    case DataType::kUInt32:
-    case DataType::kUInt64:
-    case DataType::kBFloat16:
-      return true;
-  }
-  return false;
-}
-
 class GraphDecoder {
  public:
   GraphDecoder(const uint8_t* data, size_t size, const uint8_t* weights, size_t weights_size,
@@ -85,7 +63,7 @@ class GraphDecoder {
     uint32_t code = 0, rank = 0;
     KILN_RETURN_IF_ERROR(r_.u32(code, "tensor element type"));
     const DataType dtype = static_cast<DataType>(code);
-    if (!valid_type_code(code) || !dtype_is_supported(dtype))
+    if (!dtype_code_is_valid(code) || !dtype_is_supported(dtype))
       return r_.error(fmt::format("tensor {} has an invalid element type code {}", i, code));
     KILN_RETURN_IF_ERROR(r_.count(rank, 8, "tensor rank"));
     std::vector<int64_t> shape(rank);
@@ -127,7 +105,7 @@ class GraphDecoder {
     TensorType type;
     uint32_t code = 0;
     KILN_RETURN_IF_ERROR(r_.u32(code, "value element type"));
-    if (!valid_type_code(code))
+    if (!dtype_code_is_valid(code))
       return r_.error(
           fmt::format("value '{}' has an invalid element type code {}", printable(name), code));
     type.dtype = static_cast<DataType>(code);

@@ -13,28 +13,6 @@ namespace {
 
 constexpr uint64_t kMaxCount = std::numeric_limits<uint32_t>::max() - 1;  // kNoValue is reserved
 
-bool valid_type_code(DataType t) {
-  switch (t) {
-    case DataType::kUndefined:
-    case DataType::kFloat32:
-    case DataType::kUInt8:
-    case DataType::kInt8:
-    case DataType::kUInt16:
-    case DataType::kInt16:
-    case DataType::kInt32:
-    case DataType::kInt64:
-    case DataType::kString:
-    case DataType::kBool:
-    case DataType::kFloat16:
-    case DataType::kFloat64:
-    case DataType::kUInt32:
-    case DataType::kUInt64:
-    case DataType::kBFloat16:
-      return true;
-  }
-  return false;
-}
-
 AttrCode attr_code(Attribute::Kind k) {
   switch (k) {
     case Attribute::Kind::kFloat:
@@ -103,7 +81,7 @@ class GraphEncoder {
       if (v->name.empty()) return KILN_ERROR("value #{} has no name", i);
       if (!names.insert(v->name).second)
         return KILN_ERROR("two values are named '{}' (value names must be unique)", v->name);
-      if (!valid_type_code(v->type.dtype))
+      if (!dtype_code_is_valid(static_cast<int64_t>(v->type.dtype)))
         return KILN_ERROR("value '{}' has an invalid element type code {}", v->name,
                           static_cast<int>(v->type.dtype));
       if (v->type.dims)
