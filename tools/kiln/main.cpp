@@ -7,9 +7,14 @@
 
 namespace {
 
+// Errors may quote names read from a file: keep the message on one line and free of control
+// characters.
 std::string one_line(std::string s) {
-  for (char& c : s)
-    if (c == '\n' || c == '\r') c = ' ';
+  for (char& c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '\n' || c == '\r' || c == '\t') c = ' ';
+    else if (u < 0x20 || u == 0x7f) c = '?';
+  }
   while (!s.empty() && s.back() == ' ') s.pop_back();
   return s;
 }
