@@ -37,29 +37,15 @@ Status read_transpose_attrs(const Node& n, size_t nsp, std::vector<int64_t>& out
 
 Expected<ConvParams> conv_transpose_params(const Node& n, const std::vector<int64_t>& x,
                                            const std::vector<int64_t>& w) {
-  if (x.size() < 3)
-    return KILN_ERROR("{}: X must have rank >= 3 (N, C, spatial...), got {}", n.label(),
-                      shape_str(x));
-  if (w.size() != x.size())
-    return KILN_ERROR("{}: W {} must have the rank of X {}", n.label(), shape_str(w),
-                      shape_str(x));
-  const size_t nsp = x.size() - 2;
-  ConvParams p;
-  p.N = x[0];
-  p.C = x[1];
-  p.group = n.attrs.get_int("group", 1);
+  KILN_ASSIGN_OR_RETURN(ConvParams p, read_conv_params_prologue(n, x, w));
   p.M = w[1] * p.group;
   if (p.group < 1 || w[0] != p.C || p.C % p.group != 0)
     return KILN_ERROR("{}: group {} does not fit X {} and W {}", n.label(), p.group,
                       shape_str(x), shape_str(w));
-  KILN_ASSIGN_OR_RETURN(WindowAttrs a,
-                        read_window_attrs(n, nsp, std::vector<int64_t>(w.begin() + 2, w.end())));
+  KILN_ASSIGN_OR_RETURN(WindowAttrs a, read_conv_window(n, x, w, p));
+  const size_t nsp = p.in.size();
   std::vector<int64_t> opad, oshape;
   KILN_RETURN_IF_ERROR(read_transpose_attrs(n, nsp, opad, oshape));
-  p.in.assign(x.begin() + 2, x.end());
-  p.kernel = a.kernel;
-  p.strides = a.strides;
-  p.dilations = a.dilations;
   for (size_t i = 0; i < nsp; ++i) {
     KILN_ASSIGN_OR_RETURN(AxisGeometry g, resolve_transpose_axis(a, i, p.in[i], opad[i],
                                                                  oshape.empty() ? 0 : oshape[i], n));
@@ -143,33 +129,18 @@ template void conv_transpose_forward<double>(const ConvParams&, const double*, c
 
 Status infer_conv_transpose(InferContext& ctx) {
   const Node& n = ctx.node();
-  const TensorType& x = ctx.input_type(0);
-  const TensorType& w = ctx.input_type(1);
-  if (!x.has_rank() && !w.has_rank()) {
-    ctx.set_output(0, TensorType::unknown_rank(x.dtype));
-    return Status::Ok();
-  }
-  const int64_t rank = x.has_rank() ? x.rank() : w.rank();
-  if (rank < 3)
-    return KILN_ERROR("{}: X must have rank >= 3 (N, C, spatial...), got rank {}", n.label(),
-                      rank);
-  if (w.has_rank() && w.rank() != rank)
-    return KILN_ERROR("{}: W has rank {}, X has rank {}", n.label(), w.rank(), rank);
-  const size_t nsp = static_cast<size_t>(rank - 2);
-  std::vector<Dim> xd = x.has_rank() ? *x.dims : std::vector<Dim>(rank, Dim());
-  std::vector<Dim> wd = w.has_rank() ? *w.dims : std::vector<Dim>(rank, Dim());
-  const int64_t group = n.attrs.get_int("group", 1);
-  if (group < 1) return KILN_ERROR("{}: group must be >= 1, got {}", n.label(), group);
+  KILN_ASSIGN_OR_RETURN(ConvInferDims d, read_conv_infer_dims(ctx));
+  if (!d.ranked) return Status::Ok();
+  const std::vector<Dim>& xd = d.x;
+  const std::vector<Dim>& wd = d.w;
   if (xd[1].is_static() && wd[0].is_static() && xd[1].value != wd[0].value)
     return KILN_ERROR("{}: X has {} channels but W has {} input channels", n.label(),
                       xd[1].value, wd[0].value);
-  std::vector<int64_t> kernel;
-  for (size_t i = 0; i < nsp; ++i) kernel.push_back(wd[i + 2].value);
-  KILN_ASSIGN_OR_RETURN(WindowAttrs a, read_window_attrs(n, nsp, kernel));
+  KILN_ASSIGN_OR_RETURN(WindowAttrs a, read_conv_infer_window(n, d));
   std::vector<int64_t> opad, oshape;
-  KILN_RETURN_IF_ERROR(read_transpose_attrs(n, nsp, opad, oshape));
-  std::vector<Dim> out = {xd[0], wd[1].is_static() ? Dim(wd[1].value * group) : Dim()};
-  for (size_t i = 0; i < nsp; ++i) {
+  KILN_RETURN_IF_ERROR(read_transpose_attrs(n, d.nsp, opad, oshape));
+  std::vector<Dim> out = {xd[0], wd[1].is_static() ? Dim(wd[1].value * d.group) : Dim()};
+  for (size_t i = 0; i < d.nsp; ++i) {
     if (!oshape.empty()) {
       out.push_back(oshape[i]);
     } else if (!xd[i + 2].is_static() || a.kernel[i] < 0) {
@@ -180,7 +151,7 @@ Status infer_conv_transpose(InferContext& ctx) {
       out.push_back(g.out);
     }
   }
-  ctx.set_output(0, TensorType(x.dtype != DataType::kUndefined ? x.dtype : w.dtype, out));
+  set_conv_output_type(ctx, std::move(out));
   return Status::Ok();
 }
 
@@ -192,25 +163,7 @@ Status conv_transpose_cpu(KernelContext& ctx) {
   KILN_RETURN_IF_ERROR(check_conv_inputs(n, x, w, b, p.M));
   KILN_RETURN_IF_ERROR(check_workspace(
       n, p.M / p.group * shape_product(p.kernel) * shape_product(p.in)));
-  std::vector<int64_t> shape = {p.N, p.M};
-  shape.insert(shape.end(), p.out.begin(), p.out.end());
-  const DataType dt = x->dtype();
-  if (dt == DataType::kFloat64) {
-    Tensor y(dt, shape);
-    conv_transpose_forward<double>(p, x->data<double>(), w->data<double>(),
-                                   b ? b->data<double>() : nullptr, y.data<double>());
-    ctx.set_output(0, std::move(y));
-    return Status::Ok();
-  }
-  const bool f32 = dt == DataType::kFloat32;
-  const Tensor xf = f32 ? *x : x->cast(DataType::kFloat32);
-  const Tensor wf = f32 ? *w : w->cast(DataType::kFloat32);
-  const Tensor bf = !b ? Tensor() : f32 ? *b : b->cast(DataType::kFloat32);
-  Tensor y(DataType::kFloat32, shape);
-  conv_transpose_forward<float>(p, xf.data<float>(), wf.data<float>(),
-                                b ? bf.data<float>() : nullptr, y.data<float>());
-  ctx.set_output(0, f32 ? std::move(y) : y.cast(dt));
-  return Status::Ok();
+  return run_conv_forward(ctx, p, {conv_transpose_forward<float>, conv_transpose_forward<double>});
 }
 
 }  // namespace kiln

@@ -141,4 +141,89 @@ Expected<AxisGeometry> resolve_transpose_axis(const WindowAttrs& a, size_t axis,
   return g;
 }
 
+// --- Conv family (Conv / ConvTranspose) ----------------------------------------------------
+
+Expected<ConvParams> read_conv_params_prologue(const Node& n, const std::vector<int64_t>& x,
+                                               const std::vector<int64_t>& w) {
+  if (x.size() < 3)
+    return KILN_ERROR("{}: X must have rank >= 3 (N, C, spatial...), got {}", n.label(),
+                      shape_str(x));
+  if (w.size() != x.size())
+    return KILN_ERROR("{}: W {} must have the rank of X {}", n.label(), shape_str(w), shape_str(x));
+  ConvParams p;
+  p.N = x[0];
+  p.C = x[1];
+  p.group = n.attrs.get_int("group", 1);
+  return p;
+}
+
+Expected<WindowAttrs> read_conv_window(const Node& n, const std::vector<int64_t>& x,
+                                       const std::vector<int64_t>& w, ConvParams& p) {
+  const size_t nsp = x.size() - 2;
+  KILN_ASSIGN_OR_RETURN(WindowAttrs a,
+                        read_window_attrs(n, nsp, std::vector<int64_t>(w.begin() + 2, w.end())));
+  p.in.assign(x.begin() + 2, x.end());
+  p.kernel = a.kernel;
+  p.strides = a.strides;
+  p.dilations = a.dilations;
+  return a;
+}
+
+Expected<ConvInferDims> read_conv_infer_dims(InferContext& ctx) {
+  const Node& n = ctx.node();
+  const TensorType& x = ctx.input_type(0);
+  const TensorType& w = ctx.input_type(1);
+  ConvInferDims d;
+  if (!x.has_rank() && !w.has_rank()) {
+    ctx.set_output(0, TensorType::unknown_rank(x.dtype));
+    return d;
+  }
+  const int64_t rank = x.has_rank() ? x.rank() : w.rank();
+  if (rank < 3)
+    return KILN_ERROR("{}: X must have rank >= 3 (N, C, spatial...), got rank {}", n.label(), rank);
+  if (w.has_rank() && w.rank() != rank)
+    return KILN_ERROR("{}: W has rank {}, X has rank {}", n.label(), w.rank(), rank);
+  d.ranked = true;
+  d.nsp = static_cast<size_t>(rank - 2);
+  d.x = x.has_rank() ? *x.dims : std::vector<Dim>(rank, Dim());
+  d.w = w.has_rank() ? *w.dims : std::vector<Dim>(rank, Dim());
+  d.group = n.attrs.get_int("group", 1);
+  if (d.group < 1) return KILN_ERROR("{}: group must be >= 1, got {}", n.label(), d.group);
+  return d;
+}
+
+Expected<WindowAttrs> read_conv_infer_window(const Node& n, const ConvInferDims& d) {
+  std::vector<int64_t> kernel;
+  for (size_t i = 0; i < d.nsp; ++i) kernel.push_back(d.w[i + 2].value);
+  return read_window_attrs(n, d.nsp, kernel);
+}
+
+void set_conv_output_type(InferContext& ctx, std::vector<Dim> out) {
+  const DataType xt = ctx.input_type(0).dtype;
+  ctx.set_output(
+      0, TensorType(xt != DataType::kUndefined ? xt : ctx.input_type(1).dtype, std::move(out)));
+}
+
+Status run_conv_forward(KernelContext& ctx, const ConvParams& p, ConvForwardFns fwd) {
+  const Tensor *x = ctx.input(0), *w = ctx.input(1), *b = ctx.input(2);
+  std::vector<int64_t> shape = {p.N, p.M};
+  shape.insert(shape.end(), p.out.begin(), p.out.end());
+  const DataType dt = x->dtype();
+  if (dt == DataType::kFloat64) {
+    Tensor y(dt, shape);
+    fwd.f64(p, x->data<double>(), w->data<double>(), b ? b->data<double>() : nullptr,
+            y.data<double>());
+    ctx.set_output(0, std::move(y));
+    return Status::Ok();
+  }
+  const bool f32 = dt == DataType::kFloat32;
+  const Tensor xf = f32 ? *x : x->cast(DataType::kFloat32);
+  const Tensor wf = f32 ? *w : w->cast(DataType::kFloat32);
+  const Tensor bf = !b ? Tensor() : f32 ? *b : b->cast(DataType::kFloat32);
+  Tensor y(DataType::kFloat32, shape);
+  fwd.f32(p, xf.data<float>(), wf.data<float>(), b ? bf.data<float>() : nullptr, y.data<float>());
+  ctx.set_output(0, f32 ? std::move(y) : y.cast(dt));
+  return Status::Ok();
+}
+
 }  // namespace kiln

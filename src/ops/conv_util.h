@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "ir/graph.h"
+#include "ops/conv.h"
 #include "ops/op.h"
 #include "kiln/status.h"
 
@@ -57,10 +58,48 @@ int64_t shape_product(const std::vector<int64_t>& s);
 // Refuses (instead of failing to allocate) a scratch buffer of more than 2^30 elements.
 Status check_workspace(const Node& n, int64_t elements);
 
-// Internal to the conv family (conv.cpp / conv_transpose.cpp).
+// Internal to the conv family (conv.cpp / conv_transpose.cpp): what Conv and ConvTranspose do
+// alike. How W's first two dims relate to the channels, and how an axis resolves, stay with each
+// op.
+
+// Start of conv_params / conv_transpose_params: checks the ranks of X and W and reads N, C and
+// group (M and the group/channel checks are the op's own).
+Expected<ConvParams> read_conv_params_prologue(const Node& n, const std::vector<int64_t>& x,
+                                               const std::vector<int64_t>& w);
+// Reads the window attributes (kernel from W's spatial dims) and fills p.in, p.kernel, p.strides
+// and p.dilations; the op resolves p.out and p.pads_begin per axis from the result.
+Expected<WindowAttrs> read_conv_window(const Node& n, const std::vector<int64_t>& x,
+                                       const std::vector<int64_t>& w, ConvParams& p);
+
+// The dims of X and W during Conv / ConvTranspose shape inference. A side of unknown rank reads
+// as unknown dims of the other side's rank.
+struct ConvInferDims {
+  bool ranked = false;  // false: neither X nor W has a rank (output 0 is already set)
+  size_t nsp = 0;       // spatial axes
+  std::vector<Dim> x, w;
+  int64_t group = 1;
+};
+// Checks the ranks and group >= 1. When neither X nor W has a rank it sets output 0 to an
+// unknown rank of X's dtype and returns ranked = false: the op has nothing more to infer.
+Expected<ConvInferDims> read_conv_infer_dims(InferContext& ctx);
+// Window attributes with the kernel from W's spatial dims (-1 where unknown).
+Expected<WindowAttrs> read_conv_infer_window(const Node& n, const ConvInferDims& d);
+// Sets output 0 to `out` with X's dtype, or W's when X's is undefined.
+void set_conv_output_type(InferContext& ctx, std::vector<Dim> out);
+
 // Validates dtypes (float types, all equal) and the bias shape [bias_len].
 Status check_conv_inputs(const Node& n, const Tensor* x, const Tensor* w, const Tensor* b,
                          int64_t bias_len);
+
+// The float/double instantiations of one conv-family reference kernel.
+struct ConvForwardFns {
+  void (*f32)(const ConvParams&, const float*, const float*, const float*, float*);
+  void (*f64)(const ConvParams&, const double*, const double*, const double*, double*);
+};
+// Runs the kernel on inputs X, W and B? (checked by check_conv_inputs) and sets output 0 of
+// shape [N, M, out...]: float64 computes in double, the other float types in float32.
+Status run_conv_forward(KernelContext& ctx, const ConvParams& p, ConvForwardFns fwd);
+
 Status infer_conv_transpose(InferContext& ctx);
 Status conv_transpose_cpu(KernelContext& ctx);
 

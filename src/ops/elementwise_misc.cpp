@@ -10,6 +10,7 @@
 
 #include "ops/elementwise_parts.h"
 #include "ops/elementwise_util.h"
+#include "ops/numeric_util.h"
 
 namespace kiln::ew {
 namespace {
@@ -22,25 +23,13 @@ std::string onnx_type_name(int64_t v) {
       return "complex64";
     case 15:
       return "complex128";
-    case 17:
-      return "float8e4m3fn";
-    case 18:
-      return "float8e4m3fnuz";
-    case 19:
-      return "float8e5m2";
-    case 20:
-      return "float8e5m2fnuz";
-    case 21:
-      return "uint4";
-    case 22:
-      return "int4";
-    case 23:
-      return "float4e2m1";
     default:
-      if (v > 0 && v < 32 && dtype_is_supported(static_cast<DataType>(v)))
-        return std::string(dtype_name(static_cast<DataType>(v)));
-      return fmt::format("type {}", v);
+      break;
   }
+  if (std::string_view name = onnx_low_bit_type_name(v); !name.empty()) return std::string(name);
+  if (v > 0 && v < 32 && dtype_is_supported(static_cast<DataType>(v)))
+    return std::string(dtype_name(static_cast<DataType>(v)));
+  return fmt::format("type {}", v);
 }
 
 Expected<DataType> supported_type(const Node& n, int64_t v, const char* what) {

@@ -17,32 +17,11 @@
 #include <type_traits>
 
 #include "core/dispatch.h"
+#include "ops/numeric_util.h"
 #include "ops/op.h"
 
 namespace kiln {
 namespace {
-
-// ONNX TensorProto numbers of the element types kiln cannot hold, for clear refusals.
-std::string_view unsupported_quant_type_name(int64_t t) {
-  switch (t) {
-    case 17:
-      return "float8e4m3fn";
-    case 18:
-      return "float8e4m3fnuz";
-    case 19:
-      return "float8e5m2";
-    case 20:
-      return "float8e5m2fnuz";
-    case 21:
-      return "uint4";
-    case 22:
-      return "int4";
-    case 23:
-      return "float4e2m1";
-    default:
-      return "";
-  }
-}
 
 bool is_quant_target(DataType t) {
   return t == DataType::kInt8 || t == DataType::kUInt8 || t == DataType::kInt16 ||
@@ -53,7 +32,7 @@ bool is_quant_target(DataType t) {
 Expected<DataType> quantize_output_type(const Node& n, DataType zp_type, bool has_zp) {
   const int64_t od = n.attrs.get_int("output_dtype", 0);
   if (od != 0) {
-    if (auto name = unsupported_quant_type_name(od); !name.empty())
+    if (auto name = onnx_low_bit_type_name(od); !name.empty())
       return KILN_ERROR(
           "{}: quantization to {} is not supported by kiln (only int8, uint8, "
           "int16 and uint16)",
