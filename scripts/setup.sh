@@ -40,9 +40,14 @@ if [ ${#need_pip[@]} -gt 0 ]; then
     || "$PY" -m pip install --quiet --disable-pip-version-check --break-system-packages "${need_pip[@]}"
 fi
 
-# Optional: PyTorch for the model export scripts (ResNet-50, BERT). Large; only on request.
-if [ "${KILN_WITH_TORCH:-0}" = "1" ] && ! "$PY" -c "import torch, torchvision" 2>/dev/null; then
-  echo "setup: installing torch and torchvision (KILN_WITH_TORCH=1)"
-  "$PY" -m pip install --quiet --disable-pip-version-check torch torchvision
+# Optional: PyTorch for the model export scripts (scripts/export_resnet50.py, export_bert.py).
+# Large; only on request.
+if [ "${KILN_WITH_TORCH:-0}" = "1" ] && ! "$PY" -c "import torch, torchvision, transformers" 2>/dev/null; then
+  echo "setup: installing torch, torchvision and transformers (KILN_WITH_TORCH=1)"
+  "$PY" -m pip install --quiet --disable-pip-version-check torch torchvision transformers onnxscript
+fi
+# Optional: CUTLASS headers for the CUDA INT8 tactic (KILN_WITH_CUTLASS=1).
+if [ "${KILN_WITH_CUTLASS:-0}" = "1" ]; then
+  "$(dirname "$0")/setup-cuda-deps.sh"
 fi
 echo "setup: done"
