@@ -7,6 +7,13 @@
 
 namespace kiln::cuda {
 
+class DeviceBuffer;
+
+// Every tactic keeps its own device copy of the KRSC weights (prepare_weights): allocate `dst`
+// and copy the problem's K*R*S*C elements into it on `stream`.
+Status copy_weights_krsc(DeviceBuffer& dst, const ConvProblem& problem, const void* weights,
+                         cudaStream_t stream);
+
 std::unique_ptr<ConvTacticSource> make_cudnn_graph_source();
 std::unique_ptr<ConvTacticSource> make_cudnn_legacy_source();
 std::unique_ptr<ConvTacticSource> make_cublaslt_source();

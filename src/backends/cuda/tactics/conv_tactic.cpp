@@ -5,7 +5,9 @@
 
 #include <cstdio>
 
+#include "check.h"
 #include "conv_sources.h"
+#include "device_buffer.h"
 
 namespace kiln::cuda {
 
@@ -31,6 +33,14 @@ size_t element_size(Precision p) {
       return 1;
   }
   return 0;
+}
+
+Status copy_weights_krsc(DeviceBuffer& dst, const ConvProblem& problem, const void* weights,
+                         cudaStream_t stream) {
+  const size_t bytes = size_t(problem.shape.w_elems()) * element_size(problem.precision);
+  if (!dst.allocate(bytes)) return Status::error("weights allocation failed");
+  KILN_CUDA(cudaMemcpyAsync(dst.get(), weights, bytes, cudaMemcpyDeviceToDevice, stream));
+  return {};
 }
 
 const char* epilogue_name(Epilogue e) {

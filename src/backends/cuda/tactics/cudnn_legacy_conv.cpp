@@ -94,10 +94,7 @@ class CudnnLegacyConvTactic final : public ConvTactic {
   std::string note() const override { return find_error_; }
 
   Status prepare_weights(const void* w, cudaStream_t stream) override {
-    const size_t bytes = size_t(problem_.shape.w_elems()) * element_size(problem_.precision);
-    if (!weights_.allocate(bytes)) return Status::error("weights allocation failed");
-    KILN_CUDA(cudaMemcpyAsync(weights_.get(), w, bytes, cudaMemcpyDeviceToDevice, stream));
-    return {};
+    return copy_weights_krsc(weights_, problem_, w, stream);
   }
 
   Status run(const ConvBuffers& b, cudaStream_t stream) override {
