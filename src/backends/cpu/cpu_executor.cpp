@@ -42,8 +42,14 @@ Expected<std::unique_ptr<CpuExecutor>> CpuExecutor::create(const Graph& g, bool 
     return it->second;
   };
   for (const Value* v : g.inputs()) ex->input_slots_.push_back(slot_of(v));
-  for (const Value* v : g.values())
-    if (v->is_constant()) ex->constants_.push_back({slot_of(v), v->constant});
+  for (const Value* v : g.values()) {
+    if (!v->is_constant()) continue;
+    // In float64 mode the constants are widened once here, not on every run.
+    auto c = float64 && v->constant->dtype() == DataType::kFloat32
+                 ? std::make_shared<const Tensor>(v->constant->cast(DataType::kFloat64))
+                 : v->constant;
+    ex->constants_.push_back({slot_of(v), std::move(c)});
+  }
   std::unordered_map<int, size_t> last_use;
   for (const Node* n : g.nodes()) {
     const OpDef* def = find_op(n->domain, n->op_type);
@@ -84,7 +90,7 @@ Expected<std::vector<Tensor>> CpuExecutor::run(const std::vector<Tensor>& inputs
     set[input_slots_[i]] = true;
   }
   for (const auto& [s, t] : constants_) {
-    slots[s] = widen(*t);
+    slots[s] = *t;
     set[s] = true;
   }
   for (const Step& st : steps_) {
