@@ -15,6 +15,9 @@
 #include "kiln/status.h"
 #include "kiln/tensor.h"
 
+// cudaStream_t is `CUstream_st*`; declared here so this header needs no CUDA include.
+struct CUstream_st;
+
 namespace kiln {
 
 class Graph;
@@ -44,7 +47,22 @@ struct BuildConfig {
   ShapeMap shapes;           // fixed input shapes (min = opt = max)
   ShapeMap min_shapes, opt_shapes, max_shapes;  // an optimization profile for dynamic inputs
   std::string dump_graph_dir;  // write the graph after each pass here (text + dot)
-  bool verbose = false;        // passes explain why they did not apply
+  bool verbose = false;        // passes explain why they did not apply; tactics and their times
+  // cuda backend:
+  bool tf32 = true;            // FP32 matrix products may use TF32 tensor cores (--no-tf32: off)
+  std::map<std::string, std::string> layer_precisions;  // node name -> "fp32" | "fp16"
+  std::string timing_cache;    // --timing-cache FILE: reuse and record tactic timings
+  size_t workspace_limit = 0;  // --mem-pool-size workspace:N bytes (0: 1 GiB)
+  std::string layout = "auto"; // "auto" (NHWC for FP16/TF32 CNN layers), "linear", "nhwc"
+  bool tune = true;            // time tactic candidates (false: first supported; for tests)
+  std::string force_tactic;    // tests: only this tactic (by name) for the layers it implements
+};
+
+// Device memory an execution context uses, in bytes.
+struct MemoryInfo {
+  size_t weights = 0;      // the engine's weights on the device (shared by its contexts)
+  size_t activations = 0;  // the context's activation arena, for its current shapes
+  size_t workspace = 0;    // scratch of the layer that needs most
 };
 
 class ExecutionContext {
@@ -54,13 +72,33 @@ class ExecutionContext {
   // engine output order. `timings`, when given, receives one entry per layer.
   virtual Expected<std::vector<Tensor>> execute(const std::map<std::string, Tensor>& inputs,
                                                 std::vector<LayerTiming>* timings = nullptr) = 0;
+
+  // --- The device path (cuda backend), as TensorRT's execution context: set every input's
+  // shape and every input's and output's device address, then enqueue on a stream. enqueue
+  // returns once the work is queued; nothing is allocated per inference (the first enqueue
+  // after a shape change plans memory and configures layers).
+  virtual Status set_input_shape(const std::string& name, const std::vector<int64_t>& dims);
+  // An input's shape as set, or an output's shape for the inputs' current shapes.
+  virtual Expected<std::vector<int64_t>> tensor_shape(const std::string& name);
+  virtual Status set_tensor_address(const std::string& name, void* device_ptr);
+  // `layer_times`, when given, makes the run synchronous and times each layer with events.
+  virtual Status enqueue(CUstream_st* stream, std::vector<LayerTiming>* layer_times = nullptr);
+  // Captures each inference as one CUDA graph (per input shapes and addresses) and replays it.
+  virtual Status set_use_cuda_graph(bool on);
+  virtual MemoryInfo memory_info() const { return {}; }
 };
+
+class BackendEngine;
 
 class Engine {
  public:
   ~Engine();
   static Expected<std::unique_ptr<Engine>> build_from_onnx(const std::string& onnx_path,
                                                            const BuildConfig& config);
+  // The same from a graph already imported or made in code (`source` names it in messages).
+  static Expected<std::unique_ptr<Engine>> build_from_graph(std::unique_ptr<Graph> g,
+                                                            const BuildConfig& config,
+                                                            const std::string& source = "graph");
   static Expected<std::unique_ptr<Engine>> load(const std::string& path);
   Status save(const std::string& path) const;
 
@@ -73,6 +111,9 @@ class Engine {
   const std::string& build_options_json() const { return options_json_; }
   // The optimized graph (kiln's internal IR; for inspection tools).
   const Graph& graph() const { return *graph_; }
+  // The backend's plan as JSON text: for cuda, one record per graph node (tactic, precision,
+  // formats, tuned time); "{}" for cpu. docs/engine-format.md describes it.
+  const std::string& backend_plan_json() const { return plan_json_; }
 
   Expected<std::unique_ptr<ExecutionContext>> create_context() const;
 
@@ -81,9 +122,12 @@ class Engine {
   static Expected<std::unique_ptr<Engine>> from_graph(std::unique_ptr<Graph> g,
                                                       std::string backend, std::string target,
                                                       std::string options_json,
-                                                      std::string kiln_version);
+                                                      std::string kiln_version,
+                                                      std::string plan_json);
   std::unique_ptr<Graph> graph_;
   std::string backend_, target_, options_json_, kiln_version_;
+  std::string plan_json_;  // the backend's plan (per-layer tactics), JSON text
+  std::shared_ptr<BackendEngine> backend_engine_;  // what the backend keeps per engine
   std::vector<TensorInfo> inputs_, outputs_;
 };
 

@@ -8,6 +8,8 @@
 
 #ifdef KILN_WITH_CUDA
 #include <cuda_runtime_api.h>
+#else
+#include "backends/backend.h"
 #endif
 
 namespace kiln {
@@ -28,9 +30,13 @@ int cuda_device_count(std::string* why) {
 #endif
 }
 
-// The CUDA execution backend is not part of this version yet: the CUDA tactics exist
-// (src/backends/cuda) but engines cannot be built or run on the GPU.
-bool cuda_backend_built() { return false; }
+bool cuda_backend_built() {
+#ifdef KILN_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
 
 std::string default_backend() {
   return cuda_backend_built() && cuda_device_count() > 0 ? "cuda" : "cpu";
@@ -41,9 +47,6 @@ std::string backend_unavailable_reason(const std::string& backend) {
   if (backend == "cuda") {
     std::string why;
     if (cuda_device_count(&why) == 0) return "--backend cuda: " + why;
-    if (!cuda_backend_built())
-      return "--backend cuda: the CUDA execution backend is not implemented in this kiln version "
-             "yet; use --backend cpu";
     return "";
   }
   return fmt::format("unknown backend '{}'", backend);
@@ -65,5 +68,18 @@ std::string current_target(const std::string& backend) {
 #endif
   return "cuda-unknown";
 }
+
+#ifndef KILN_WITH_CUDA
+// A build without CUDA never reaches these (backend_unavailable_reason refuses cuda first).
+namespace gpu {
+Expected<nlohmann::json> build_cuda_plan(Graph&, const BuildConfig&, const Profile&) {
+  return Status::Error("this kiln was built without CUDA GPU support (KILN_CUDA=OFF)");
+}
+Expected<std::shared_ptr<BackendEngine>> load_cuda_engine(const Graph&, const nlohmann::json&,
+                                                          const Profile&) {
+  return Status::Error("this kiln was built without CUDA GPU support (KILN_CUDA=OFF)");
+}
+}  // namespace gpu
+#endif
 
 }  // namespace kiln

@@ -2,6 +2,9 @@
 
 #include "ops/fused.h"
 #include "ops/op.h"
+#ifdef KILN_WITH_CUDA
+#include "backends/cuda/layer.h"
+#endif
 
 namespace kiln {
 
@@ -16,11 +19,26 @@ bool cpu_supports(const LayerCapabilityQuery& q) {
   return q.attrs ? fused_layer_supported(q.op_type, *q.attrs) : false;
 }
 
+// cuda: a layer is supported when the GPU tactic table has an implementation of the op (the
+// same table lowering dispatches from); fused layers also need their activation or chain steps
+// to be ones every backend's fused kernels know (fused_layer_supported).
+bool cuda_supports(const LayerCapabilityQuery& q) {
+#ifdef KILN_WITH_CUDA
+  if (gpu::tactics_for(q.domain, q.op_type).empty()) return false;
+  if (q.precision == "int8") return false;
+  if (q.domain != "kiln") return true;
+  return q.attrs ? fused_layer_supported(q.op_type, *q.attrs) : false;
+#else
+  return false;
+#endif
+}
+
 }  // namespace
 
 bool backend_supports_layer(const std::string& backend, const LayerCapabilityQuery& query) {
   if (backend == "cpu") return cpu_supports(query);
-  return false;  // cuda: declares no fused layers yet
+  if (backend == "cuda") return cuda_supports(query);
+  return false;
 }
 
 }  // namespace kiln

@@ -21,8 +21,8 @@ struct LayerCapabilityQuery {
 
 // True when `backend` can run the described layer as one kernel at the query's precision.
 // cpu: every kiln fused op it has a kernel for (float32/float64 data; activation and chain
-// steps it knows), and every ai.onnx op with a registry kernel. cuda: nothing yet (no fused
-// kernels are declared), so the optimizer leaves the graph unfused for it.
+// steps it knows), and every ai.onnx op with a registry kernel. cuda: every op with a tactic in
+// the GPU tactic table (backends/cuda/tactic_table.cpp), the table lowering dispatches from.
 bool backend_supports_layer(const std::string& backend, const LayerCapabilityQuery& query);
 
 }  // namespace kiln

@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backends/backend.h"
 #include "backends/backend_info.h"
 #include "backends/cpu/cpu_executor.h"
 #include "engine/plan_format.h"
@@ -67,15 +68,43 @@ class CpuContext final : public ExecutionContext {
 
 Engine::~Engine() = default;
 
+// The device path belongs to the cuda backend; the cpu backend answers with one clear line.
+namespace {
+Status no_device_path(const char* what) {
+  return KILN_ERROR("{} needs an engine built for the cuda backend (this one runs on the cpu "
+                    "backend: use execute())", what);
+}
+}  // namespace
+Status ExecutionContext::set_input_shape(const std::string&, const std::vector<int64_t>&) {
+  return no_device_path("set_input_shape");
+}
+Expected<std::vector<int64_t>> ExecutionContext::tensor_shape(const std::string&) {
+  return no_device_path("tensor_shape");
+}
+Status ExecutionContext::set_tensor_address(const std::string&, void*) {
+  return no_device_path("set_tensor_address");
+}
+Status ExecutionContext::enqueue(CUstream_st*, std::vector<LayerTiming>*) {
+  return no_device_path("enqueue");
+}
+Status ExecutionContext::set_use_cuda_graph(bool) { return no_device_path("CUDA graphs"); }
+
 Expected<std::unique_ptr<Engine>> Engine::from_graph(std::unique_ptr<Graph> g, std::string backend,
                                                      std::string target, std::string options_json,
-                                                     std::string kiln_version) {
+                                                     std::string kiln_version,
+                                                     std::string plan_json) {
   std::unique_ptr<Engine> e(new Engine());
   e->graph_ = std::move(g);
   e->backend_ = std::move(backend);
   e->target_ = std::move(target);
   e->options_json_ = std::move(options_json);
   e->kiln_version_ = std::move(kiln_version);
+  e->plan_json_ = std::move(plan_json);
+  if (e->backend_ == "cuda") {
+    KILN_ASSIGN_OR_RETURN(Profile profile, Profile::from_json(*e->graph_, e->options_json_));
+    nlohmann::json plan = nlohmann::json::parse(e->plan_json_, nullptr, false);
+    KILN_ASSIGN_OR_RETURN(e->backend_engine_, gpu::load_cuda_engine(*e->graph_, plan, profile));
+  }
   for (const Value* v : e->graph_->inputs()) e->inputs_.push_back(info_of(*v));
   for (const Value* v : e->graph_->outputs()) e->outputs_.push_back(info_of(*v));
   return e;
@@ -83,15 +112,29 @@ Expected<std::unique_ptr<Engine>> Engine::from_graph(std::unique_ptr<Graph> g, s
 
 Expected<std::unique_ptr<Engine>> Engine::build_from_onnx(const std::string& onnx_path,
                                                           const BuildConfig& config) {
+  // Refuse an unusable backend before reading the model.
+  const std::string backend = config.backend.empty() ? default_backend() : config.backend;
+  if (backend != "cpu" && backend != "cuda")
+    return KILN_ERROR("unknown backend '{}' (choose cpu or cuda)", backend);
+  if (std::string why = backend_unavailable_reason(backend); !why.empty()) return Status::Error(why);
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, import_onnx_file(onnx_path));
+  return build_from_graph(std::move(g), config, onnx_path);
+}
+
+Expected<std::unique_ptr<Engine>> Engine::build_from_graph(std::unique_ptr<Graph> g,
+                                                           const BuildConfig& config,
+                                                           const std::string& source) {
   const std::string backend = config.backend.empty() ? default_backend() : config.backend;
   if (backend != "cpu" && backend != "cuda")
     return KILN_ERROR("unknown backend '{}' (choose cpu or cuda)", backend);
   if (std::string why = backend_unavailable_reason(backend); !why.empty()) return Status::Error(why);
   if (backend == "cpu" && (config.fp16 || config.int8))
     return KILN_ERROR("--{} is not supported by the cpu backend, which computes in FP32 (and "
-                      "FP64 for checking); reduced precision comes with the CUDA backend",
+                      "FP64 for checking); use --backend cuda on a machine with a GPU",
                       config.fp16 ? "fp16" : "int8");
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, import_onnx_file(onnx_path));
+  if (config.int8)
+    return KILN_ERROR("--int8 is not implemented yet (INT8 calibration and kernels are the next "
+                      "step); build with --fp16 or FP32/TF32");
   KILN_ASSIGN_OR_RETURN(Profile profile, Profile::from_config(*g, config));
   KILN_RETURN_IF_ERROR(profile.apply_static_shapes(*g));
   OptimizeOptions opt;
@@ -101,14 +144,21 @@ Expected<std::unique_ptr<Engine>> Engine::build_from_onnx(const std::string& onn
   opt.backend = backend;
   opt.precision = config.int8 ? "int8" : config.fp16 ? "fp16" : "fp32";
   KILN_RETURN_IF_ERROR(optimize_graph(*g, opt));
+  std::string plan_json = "{}";
+  if (backend == "cuda") {
+    KILN_ASSIGN_OR_RETURN(nlohmann::json plan, gpu::build_cuda_plan(*g, config, profile));
+    plan_json = plan.dump();
+  }
   nlohmann::json options = {
       {"precision", opt.precision},
+      {"tf32", config.tf32},
       {"opt_level", config.opt_level},
-      {"source", onnx_path},
+      {"source", source},
       {"profile", profile.to_json()},
   };
+  if (!config.layer_precisions.empty()) options["layer_precisions"] = config.layer_precisions;
   return from_graph(std::move(g), backend, current_target(backend), options.dump(),
-                    KILN_VERSION_STRING);
+                    KILN_VERSION_STRING, std::move(plan_json));
 }
 
 Status Engine::save(const std::string& path) const {
@@ -117,6 +167,7 @@ Status Engine::save(const std::string& path) const {
   meta.backend = backend_;
   meta.target = target_;
   meta.build_options = nlohmann::json::parse(options_json_);
+  meta.backend_plan = nlohmann::json::parse(plan_json_, nullptr, false);
   return write_plan_file(path, *graph_, meta);
 }
 
@@ -133,11 +184,15 @@ Expected<std::unique_ptr<Engine>> Engine::load(const std::string& path) {
   if (plan.meta.target != here)
     return KILN_ERROR("{}: engine was built for target '{}' but this machine is '{}'; rebuild it "
                       "with `kiln build` here", path, plan.meta.target, here);
-  return from_graph(std::move(plan.graph), backend, plan.meta.target,
-                    plan.meta.build_options.dump(), plan.meta.kiln_version);
+  auto e = from_graph(std::move(plan.graph), backend, plan.meta.target,
+                      plan.meta.build_options.dump(), plan.meta.kiln_version,
+                      plan.meta.backend_plan.dump());
+  if (!e.ok()) return e.status().with_context(path);
+  return e;
 }
 
 Expected<std::unique_ptr<ExecutionContext>> Engine::create_context() const {
+  if (backend_engine_) return backend_engine_->create_context();
   if (backend_ != "cpu")
     return KILN_ERROR("backend '{}' cannot execute engines in this build", backend_);
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<CpuExecutor> ex, CpuExecutor::create(*graph_));

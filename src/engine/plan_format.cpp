@@ -202,7 +202,8 @@ uint64_t align_up(uint64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 // options text would otherwise overflow the stack of whoever uses the loaded options.
 constexpr int kMaxJsonDepth = 64;
 
-Expected<nlohmann::json> parse_options(const std::string& text) {
+Expected<nlohmann::json> parse_options(const std::string& text,
+                                       const char* what = "build options") {
   bool too_deep = false;
   auto limit_depth = [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
     if (depth > kMaxJsonDepth) too_deep = true;
@@ -210,8 +211,8 @@ Expected<nlohmann::json> parse_options(const std::string& text) {
   };
   nlohmann::json j = nlohmann::json::parse(text, limit_depth, /*allow_exceptions=*/false);
   if (too_deep)
-    return KILN_ERROR("metadata section: build options nest deeper than {} levels", kMaxJsonDepth);
-  if (j.is_discarded()) return KILN_ERROR("metadata section: build options are not valid JSON");
+    return KILN_ERROR("metadata section: {} nest deeper than {} levels", what, kMaxJsonDepth);
+  if (j.is_discarded()) return KILN_ERROR("metadata section: {} are not valid JSON", what);
   return j;
 }
 
@@ -222,8 +223,13 @@ Status encode_meta(const EngineMetadata& meta, std::vector<uint8_t>& out) {
   const std::string options =
       meta.build_options.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   KILN_RETURN_IF_ERROR(parse_options(options).status());  // what the reader would refuse
+  const std::string plan =
+      meta.backend_plan.is_null()
+          ? std::string("{}")
+          : meta.backend_plan.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  KILN_RETURN_IF_ERROR(parse_options(plan, "backend plan").status());
   ByteWriter w(out);
-  for (const std::string* s : {&version, &meta.backend, &meta.target, &options}) {
+  for (const std::string* s : {&version, &meta.backend, &meta.target, &options, &plan}) {
     if (s->size() >= kNoValue) return KILN_ERROR("metadata string too long ({} bytes)", s->size());
     w.str(*s);
   }
@@ -238,8 +244,11 @@ Expected<EngineMetadata> decode_meta(const uint8_t* data, size_t size) {
   KILN_RETURN_IF_ERROR(r.str(meta.backend, "backend"));
   KILN_RETURN_IF_ERROR(r.str(meta.target, "target"));
   KILN_RETURN_IF_ERROR(r.str(options, "build options"));
+  std::string plan;
+  KILN_RETURN_IF_ERROR(r.str(plan, "backend plan"));
   KILN_RETURN_IF_ERROR(r.finish());
   KILN_ASSIGN_OR_RETURN(meta.build_options, parse_options(options));
+  KILN_ASSIGN_OR_RETURN(meta.backend_plan, parse_options(plan, "backend plan"));
   return meta;
 }
 

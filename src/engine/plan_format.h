@@ -24,6 +24,9 @@ struct EngineMetadata {
   std::string backend;           // "cpu" or "cuda"
   std::string target;            // e.g. "cpu-x86_64" or "cuda sm_90 cuda13.0 cudnn9.14"
   nlohmann::json build_options;  // precision, opt level, profiles (shapes), ...
+  // The backend's plan (format 2): one record per graph node, in node order, saying how the
+  // backend runs it (tactic, variant, precision, tensor formats, tuned time). Empty for cpu.
+  nlohmann::json backend_plan;
 };
 
 struct LoadedPlan {
@@ -31,7 +34,7 @@ struct LoadedPlan {
   EngineMetadata meta;
 };
 
-inline constexpr uint32_t kPlanFormatVersion = 1;
+inline constexpr uint32_t kPlanFormatVersion = 2;
 
 // Encodes a graph and its metadata as an engine image. Refuses graphs that the reader would
 // refuse (unnamed or duplicate value names, tensors of unsupported types, inconsistent producers).

@@ -284,6 +284,16 @@ Status Graph::topo_sort() {
   return Status::Ok();
 }
 
+Status Graph::rename_value(Value* v, const std::string& new_name) {
+  if (v->name == new_name) return Status::Ok();
+  if (value_by_name_.count(new_name))
+    return KILN_ERROR("cannot rename value '{}' to '{}': the name is taken", v->name, new_name);
+  value_by_name_.erase(v->name);
+  v->name = new_name;
+  value_by_name_[new_name] = v;
+  return Status::Ok();
+}
+
 void Graph::renumber() {
   for (size_t i = 0; i < order_.size(); ++i) order_[i]->index = static_cast<int>(i);
 }

@@ -146,6 +146,8 @@ class Graph {
   Value* add_constant(const std::string& name, Tensor t);
   Value* find_value(const std::string& name) const;
   std::string unique_name(const std::string& base);  // not yet used by any value or node
+  // Gives `v` a name no other value has (fails if one does).
+  Status rename_value(Value* v, const std::string& new_name);
   void add_input(Value* v) { inputs_.push_back(v); }
   void add_output(Value* v) { outputs_.push_back(v); }
   const std::vector<Value*>& inputs() const { return inputs_; }

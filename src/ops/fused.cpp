@@ -163,6 +163,15 @@ Status cpu_fused_gemm(KernelContext& ctx) {
   return Status::Ok();
 }
 
+// kiln.Reformat(X) = X: a backend's explicit change of storage format (type or layout); the
+// value it carries is unchanged, so its inference and reference kernel are Identity's.
+Status infer_reformat(InferContext& ctx) { return infer_same_as_input(ctx, 0); }
+Status cpu_reformat(KernelContext& ctx) {
+  if (!ctx.input(0)) return KILN_ERROR("{}: missing input", ctx.node().label());
+  ctx.set_output(0, *ctx.input(0));
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status infer_elementwise_chain(InferContext& ctx);
@@ -176,6 +185,7 @@ std::span<const OpDef> fused_ops() {
       {"kiln", "FusedGemm", infer_fused_gemm, cpu_fused_gemm, nullptr},
       {"kiln", "ElementwiseChain", infer_elementwise_chain, cpu_elementwise_chain, nullptr},
       {"kiln", "Attention", infer_attention, cpu_attention, nullptr},
+      {"kiln", "Reformat", infer_reformat, cpu_reformat, nullptr},
   };
   return kOps;
 }

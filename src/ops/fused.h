@@ -8,6 +8,8 @@
 //   kiln.Attention(Q, Kt, V, mask?)     Y = Softmax(Q @ Kt * scale + mask, axis=-1) @ V
 //                                       (nan_to_zero = 1: NaN probabilities, from fully
 //                                       masked rows, count as 0, as SDPA's export does)
+//   kiln.Reformat(X)                    Y = X; placed by a backend where the storage format
+//                                       (type, layout) changes between layers
 //
 // Activation: attribute `activation` holds the ONNX op type ("" = none; one of
 // fused_activation_names()), and its attributes are stored with the prefix "act_" (act_alpha

@@ -421,7 +421,7 @@ TEST(PlanCorruption, RefusesOtherFormatVersions) {
   auto r = load(image);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().message(),
-            "E.kiln: engine format version 7 is not supported by this kiln (supports 1); rebuild "
+            "E.kiln: engine format version 7 is not supported by this kiln (supports 2); rebuild "
             "the engine with `kiln build`");
   reseal(image);  // refused even with a valid checksum
   EXPECT_FALSE(load(image).ok());
@@ -549,8 +549,9 @@ std::vector<uint8_t> with_meta(const std::vector<uint8_t>& image,
 std::vector<uint8_t> meta_bytes(const std::string& options, bool trailing = false) {
   std::vector<uint8_t> m;
   ByteWriter w(m);
-  for (const char* s : {"0.1.0", "cpu", "cpu-x86_64"}) w.str(s);
+  for (const char* s : {"0.2.0", "cpu", "cpu-x86_64"}) w.str(s);
   w.str(options);
+  w.str("{}");  // backend plan
   if (trailing) w.u8(0);
   return m;
 }

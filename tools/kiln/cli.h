@@ -16,10 +16,26 @@ namespace kiln::cli {
 // separates the dims).
 Expected<ShapeMap> parse_shapes(const std::string& spec, const std::string& flag);
 
+// The build options `build`, `run --onnx` and `bench --onnx` share (trtexec's names).
+struct BuildFlags {
+  std::string backend, shapes, min_shapes, opt_shapes, max_shapes, dump, layer_precisions;
+  std::string timing_cache, mem_pool, layout = "auto";
+  bool fp16 = false, int8 = false, no_tf32 = false, verbose = false;
+  int opt_level = 2;
+  CLI::Option* opt_level_flag = nullptr;
+};
+void add_build_flags(CLI::App* cmd, BuildFlags& f, bool with_dump);
+Expected<BuildConfig> to_build_config(const BuildFlags& f);
+// `--onnx M` builds with the flags; `--engine E` loads (build flags are then an error).
+Expected<std::unique_ptr<Engine>> engine_from_flags(const std::string& onnx,
+                                                    const std::string& engine,
+                                                    const BuildFlags& f);
+
 // Each subcommand registers its options on `app` and returns the function that runs it.
 using Runner = std::function<Status()>;
 Runner add_build_command(CLI::App& app);
 Runner add_run_command(CLI::App& app);
 Runner add_inspect_command(CLI::App& app);
+Runner add_bench_command(CLI::App& app);
 
 }  // namespace kiln::cli

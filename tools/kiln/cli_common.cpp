@@ -39,4 +39,103 @@ Expected<ShapeMap> parse_shapes(const std::string& spec, const std::string& flag
   return out;
 }
 
+void add_build_flags(CLI::App* cmd, BuildFlags& f, bool with_dump) {
+  cmd->add_option("--backend", f.backend, "cpu or cuda (default: cuda if a GPU is usable, else cpu)");
+  cmd->add_flag("--fp16", f.fp16, "Allow FP16 storage and tensor cores (float32 accumulation)");
+  cmd->add_flag("--int8", f.int8, "Allow INT8 kernels");
+  cmd->add_flag("--no-tf32", f.no_tf32, "Strict FP32: no TF32 tensor cores for FP32 layers");
+  cmd->add_option("--layer-precisions", f.layer_precisions,
+                  "Pin layers: NAME:fp32,NAME:fp16 (layer names as `kiln inspect` shows them)");
+  cmd->add_option("--timing-cache", f.timing_cache,
+                  "Read and update tactic timings in this file (rebuilds skip timing)");
+  cmd->add_option("--mem-pool-size", f.mem_pool,
+                  "workspace:N (MiB; or with a K/M/G suffix): scratch any one layer may use");
+  cmd->add_option("--layout", f.layout, "auto (NHWC for FP16/TF32 CNN layers), linear or nhwc")
+      ->check(CLI::IsMember({"auto", "linear", "nhwc"}));
+  f.opt_level_flag = cmd->add_option("--opt-level", f.opt_level,
+                                     "0 = import as is, 1 = fold and clean up, 2 = also fuse (default 2)")
+                         ->check(CLI::Range(0, 2));
+  cmd->add_option("--shapes", f.shapes, "Fixed input shapes: name:1x3x224x224,...");
+  cmd->add_option("--min-shapes", f.min_shapes, "Profile minimum shapes: name:1x3x224x224,...");
+  cmd->add_option("--opt-shapes", f.opt_shapes, "Profile optimum shapes (where tactics are timed)");
+  cmd->add_option("--max-shapes", f.max_shapes, "Profile maximum shapes");
+  if (with_dump)
+    cmd->add_option("--dump-graph", f.dump, "Write the graph after each pass (text + dot) to this folder");
+  cmd->add_flag("--verbose", f.verbose, "Explain optimizer decisions and each layer's tactic choice");
+}
+
+namespace {
+
+Expected<size_t> parse_mem_pool(const std::string& spec) {
+  const std::string prefix = "workspace:";
+  if (spec.rfind(prefix, 0) != 0)
+    return KILN_ERROR("--mem-pool-size '{}' must look like workspace:N (N in MiB, or with K/M/G)", spec);
+  std::string n = spec.substr(prefix.size());
+  size_t mult = size_t(1) << 20;
+  if (!n.empty() && (n.back() == 'K' || n.back() == 'M' || n.back() == 'G')) {
+    mult = n.back() == 'K' ? size_t(1) << 10 : n.back() == 'M' ? size_t(1) << 20 : size_t(1) << 30;
+    n.pop_back();
+  }
+  if (n.empty() || n.size() > 9 || n.find_first_not_of("0123456789") != std::string::npos)
+    return KILN_ERROR("--mem-pool-size '{}': N must be a whole number", spec);
+  return static_cast<size_t>(std::stoull(n)) * mult;
+}
+
+}  // namespace
+
+Expected<BuildConfig> to_build_config(const BuildFlags& f) {
+  BuildConfig c;
+  c.backend = f.backend;
+  c.fp16 = f.fp16;
+  c.int8 = f.int8;
+  c.tf32 = !f.no_tf32;
+  c.opt_level = f.opt_level;
+  c.dump_graph_dir = f.dump;
+  c.verbose = f.verbose;
+  c.timing_cache = f.timing_cache;
+  c.layout = f.layout;
+  KILN_ASSIGN_OR_RETURN(c.shapes, parse_shapes(f.shapes, "--shapes"));
+  KILN_ASSIGN_OR_RETURN(c.min_shapes, parse_shapes(f.min_shapes, "--min-shapes"));
+  KILN_ASSIGN_OR_RETURN(c.opt_shapes, parse_shapes(f.opt_shapes, "--opt-shapes"));
+  KILN_ASSIGN_OR_RETURN(c.max_shapes, parse_shapes(f.max_shapes, "--max-shapes"));
+  if (!f.mem_pool.empty()) {
+    KILN_ASSIGN_OR_RETURN(c.workspace_limit, parse_mem_pool(f.mem_pool));
+  }
+  size_t start = 0;
+  const std::string& lp = f.layer_precisions;
+  while (start < lp.size()) {
+    size_t end = lp.find(',', start);
+    if (end == std::string::npos) end = lp.size();
+    const std::string item = lp.substr(start, end - start);
+    start = end + 1;
+    if (item.empty()) continue;
+    const size_t colon = item.rfind(':');
+    if (colon == std::string::npos || colon == 0)
+      return KILN_ERROR("--layer-precisions: '{}' must look like NAME:fp32 or NAME:fp16", item);
+    const std::string prec = item.substr(colon + 1);
+    if (prec != "fp32" && prec != "fp16")
+      return KILN_ERROR("--layer-precisions: '{}': precision must be fp32 or fp16", item);
+    c.layer_precisions[item.substr(0, colon)] = prec;
+  }
+  return c;
+}
+
+Expected<std::unique_ptr<Engine>> engine_from_flags(const std::string& onnx,
+                                                    const std::string& engine,
+                                                    const BuildFlags& f) {
+  if (!onnx.empty()) {
+    KILN_ASSIGN_OR_RETURN(BuildConfig c, to_build_config(f));
+    return Engine::build_from_onnx(onnx, c);
+  }
+  if (!f.backend.empty())
+    return Status::Error("--backend applies to --onnx; an engine runs on the backend it was built for");
+  if (f.opt_level_flag && f.opt_level_flag->count() > 0)
+    return Status::Error("--opt-level applies to --onnx; an engine keeps the level it was built with");
+  if (f.fp16 || f.int8 || f.no_tf32 || !f.layer_precisions.empty() || !f.timing_cache.empty() ||
+      !f.mem_pool.empty() || !f.min_shapes.empty() || !f.max_shapes.empty() || !f.opt_shapes.empty())
+    return Status::Error("build options (--fp16, --no-tf32, --timing-cache, profiles, ...) apply "
+                         "to --onnx; an engine keeps the options it was built with");
+  return Engine::load(engine);
+}
+
 }  // namespace kiln::cli

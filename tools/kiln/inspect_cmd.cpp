@@ -29,7 +29,10 @@ std::string layer_precision(const Node& n) {
   return "";
 }
 
-nlohmann::json describe(const Graph& g, const std::string& kind, const nlohmann::json& meta) {
+nlohmann::json describe(const Graph& g, const std::string& kind, const nlohmann::json& meta,
+                        const nlohmann::json& plan = nlohmann::json()) {
+  const bool has_plan = plan.is_object() && plan.contains("layers") && plan["layers"].is_array() &&
+                        plan["layers"].size() == g.nodes().size();
   nlohmann::json j = meta;
   j["kind"] = kind;
   j["graph"] = g.name;
@@ -39,7 +42,8 @@ nlohmann::json describe(const Graph& g, const std::string& kind, const nlohmann:
   j["outputs"] = nlohmann::json::array();
   for (const Value* v : g.outputs()) j["outputs"].push_back(value_json(v));
   j["layers"] = nlohmann::json::array();
-  for (const Node* n : g.nodes()) {
+  for (size_t k = 0; k < g.nodes().size(); ++k) {
+    const Node* n = g.nodes()[k];
     nlohmann::json l = {{"name", n->name}, {"type", n->domain.empty() ? n->op_type : n->domain + "." + n->op_type},
                         {"precision", layer_precision(*n)}, {"origin", n->origin},
                         {"onnx_nodes", n->onnx_nodes}};
@@ -48,7 +52,13 @@ nlohmann::json describe(const Graph& g, const std::string& kind, const nlohmann:
       l["inputs"].push_back(v ? nlohmann::json(v->is_constant() ? "(const) " + v->name : v->name) : nlohmann::json(""));
     l["outputs"] = nlohmann::json::array();
     for (const Value* v : n->outputs()) l["outputs"].push_back(value_json(v));
-    if (const Attribute* t = n->attrs.find("kiln_tactic")) l["tactic"] = t->s;
+    if (has_plan) {  // the backend's choice for this layer
+      const auto& r = plan["layers"][k];
+      l["tactic"] = r.value("tactic", "");
+      if (r.contains("precision")) l["precision"] = r["precision"];
+      for (const char* key : {"variant", "in", "out", "time_ms", "timed"})
+        if (r.contains(key)) l[key] = r[key];
+    }
     j["layers"].push_back(l);
   }
   size_t weight_bytes = 0, weight_count = 0;
@@ -74,7 +84,14 @@ void print_text(const nlohmann::json& j) {
     std::cout << fmt::format("  #{:<3} {:<22} {:<28} {:<8} ({}) -> ({})", i++, l["type"].get<std::string>(),
                              l["name"].get<std::string>(), l["precision"].get<std::string>(),
                              fmt::join(ins, ", "), fmt::join(outs, ", "));
-    if (l.contains("tactic")) std::cout << " tactic=" << l["tactic"].get<std::string>();
+    if (l.contains("tactic")) {
+      std::cout << " tactic=" << l["tactic"].get<std::string>();
+      if (l.contains("variant") && !l["variant"].get<std::string>().empty())
+        std::cout << "/" << l["variant"].get<std::string>();
+      if (l.contains("out") && !l["out"].empty()) std::cout << " format=" << l["out"][0].get<std::string>();
+      if (l.contains("time_ms") && l["time_ms"].get<double>() >= 0)
+        std::cout << fmt::format(" tuned={:.4f}ms", l["time_ms"].get<double>());
+    }
     if (l["onnx_nodes"].size() > 1 || l["origin"] != "import")
       std::cout << fmt::format(" [{}; covers {}]", l["origin"].get<std::string>(),
                                fmt::join(l["onnx_nodes"].get<std::vector<std::string>>(), ", "));
@@ -103,7 +120,7 @@ Runner add_inspect_command(CLI::App& app) {
       nlohmann::json meta = {{"backend", plan.meta.backend}, {"target", plan.meta.target},
                              {"kiln_version", plan.meta.kiln_version},
                              {"build_options", plan.meta.build_options}};
-      j = describe(*plan.graph, "kiln engine", meta);
+      j = describe(*plan.graph, "kiln engine", meta, plan.meta.backend_plan);
     }
     if (o->json) std::cout << j.dump(2) << "\n";
     else print_text(j);

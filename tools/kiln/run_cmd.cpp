@@ -62,11 +62,11 @@ std::string preview(const Tensor& t) {
 Runner add_run_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("run", "Run an engine or ONNX model on inputs and show the outputs");
   struct Opts {
-    std::string onnx, engine, backend, save_dir, shapes;
+    std::string onnx, engine, save_dir;
+    BuildFlags flags;
     std::vector<std::string> inputs;
     unsigned seed = 1;
     int iterations = 1, warmup = 0;
-    int opt_level = 2;
   };
   auto o = std::make_shared<Opts>();
   auto* g = cmd->add_option_group("model", "what to run");
@@ -75,28 +75,13 @@ Runner add_run_command(CLI::App& app) {
   g->require_option(1);
   cmd->add_option("--input", o->inputs, "NAME=FILE (.npy or .pb); repeat per input. Inputs not given get seeded random data");
   cmd->add_option("--save-outputs", o->save_dir, "Save each output as DIR/NAME.npy");
-  cmd->add_option("--backend", o->backend, "cpu or cuda (with --onnx)");
-  cmd->add_option("--shapes", o->shapes, "Shapes for random inputs (and fixed shapes with --onnx): name:1x3x224x224,...");
-  auto* opt_flag = cmd->add_option("--opt-level", o->opt_level, "With --onnx: 0 = import as is, 1 = fold and clean up, 2 = also fuse (default 2)")->check(CLI::Range(0, 2));
+  add_build_flags(cmd, o->flags, /*with_dump=*/false);  // with --onnx; --shapes also sizes random inputs
   cmd->add_option("--seed", o->seed, "Seed of the random inputs (default 1)");
   cmd->add_option("--iterations", o->iterations, "Timed runs (default 1)")->check(CLI::Range(1, 1000000));
   cmd->add_option("--warmup", o->warmup, "Untimed runs first (default 0)")->check(CLI::Range(0, 1000000));
-  return [o, opt_flag]() -> Status {
-    KILN_ASSIGN_OR_RETURN(ShapeMap shapes, parse_shapes(o->shapes, "--shapes"));
-    std::unique_ptr<Engine> engine;
-    if (!o->onnx.empty()) {
-      BuildConfig c;
-      c.backend = o->backend;
-      c.shapes = shapes;
-      c.opt_level = o->opt_level;
-      KILN_ASSIGN_OR_RETURN(engine, Engine::build_from_onnx(o->onnx, c));
-    } else {
-      if (!o->backend.empty())
-        return Status::Error("--backend applies to --onnx; an engine runs on the backend it was built for");
-      if (opt_flag->count() > 0)
-        return Status::Error("--opt-level applies to --onnx; an engine keeps the level it was built with");
-      KILN_ASSIGN_OR_RETURN(engine, Engine::load(o->engine));
-    }
+  return [o]() -> Status {
+    KILN_ASSIGN_OR_RETURN(ShapeMap shapes, parse_shapes(o->flags.shapes, "--shapes"));
+    KILN_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, engine_from_flags(o->onnx, o->engine, o->flags));
     std::map<std::string, Tensor> inputs;
     for (const std::string& spec : o->inputs) {
       const size_t eq = spec.find('=');

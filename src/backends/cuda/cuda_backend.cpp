@@ -1,0 +1,50 @@
+// The cuda backend's two entry points (backends/backend.h): build a plan, load an engine state.
+#include <iostream>
+
+#include "backends/backend.h"
+#include "executor.h"
+#include "lower.h"
+
+namespace kiln::gpu {
+
+Expected<nlohmann::json> build_cuda_plan(Graph& g, const BuildConfig& c, const Profile& profile) {
+  GpuBuildOptions o;
+  o.fp16 = c.fp16;
+  o.tf32 = c.tf32;
+  o.layer_precisions = c.layer_precisions;
+  o.layout = c.layout;
+  o.timing_cache = c.timing_cache;
+  if (c.workspace_limit) o.workspace_limit = c.workspace_limit;
+  o.tune = c.tune;
+  o.force_tactic = c.force_tactic;
+  o.log = c.verbose ? &std::cerr : nullptr;
+  for (const auto& [name, p] : c.layer_precisions) {
+    if (p != "fp32" && p != "fp16")
+      return KILN_ERROR("--layer-precisions: '{}' for layer '{}' (choose fp32 or fp16)", p, name);
+    if (!g.find_node(name))
+      return KILN_ERROR("--layer-precisions: the optimized graph has no layer named '{}' (see "
+                        "`kiln inspect`)", name);
+  }
+  std::vector<std::vector<int64_t>> opt;
+  for (const Value* v : g.inputs()) {
+    auto r = profile.ranges().find(v->name);
+    if (r != profile.ranges().end()) {
+      opt.push_back(r->second.opt);
+    } else if (auto s = v->type.static_shape()) {
+      opt.push_back(*s);
+    } else {
+      return KILN_ERROR("input '{}' ({}) has dynamic dimensions: give --shapes or "
+                        "--min/--opt/--max-shapes for the cuda backend", v->name, v->type.str());
+    }
+  }
+  KILN_ASSIGN_OR_RETURN(Plan plan, lower_for_gpu(g, opt, o));
+  return plan_to_json(plan);
+}
+
+Expected<std::shared_ptr<BackendEngine>> load_cuda_engine(const Graph& g, const nlohmann::json& j,
+                                                          const Profile& profile) {
+  KILN_ASSIGN_OR_RETURN(Plan plan, plan_from_json(g, j));
+  return std::shared_ptr<BackendEngine>(std::make_shared<CudaEngineState>(g, std::move(plan), profile));
+}
+
+}  // namespace kiln::gpu

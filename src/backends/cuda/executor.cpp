@@ -1,0 +1,593 @@
+#include "executor.h"
+
+#include <cublas_v2.h>
+#include <cudnn.h>
+
+#include <algorithm>
+#include <unordered_map>
+
+#include "backends/cpu/cpu_executor.h"
+#include "backends/memory_planner.h"
+#include "shape_eval.h"
+
+namespace kiln::gpu {
+namespace {
+
+std::string fmt_key(const TensorFormat& f) { return f.str(); }
+
+struct LayerRun {
+  const Node* node = nullptr;
+  const LayerChoice* choice = nullptr;
+  std::unique_ptr<Layer> layer;
+};
+
+// Everything that depends on the input shapes.
+struct Instance {
+  std::vector<std::vector<int64_t>> input_shapes;
+  ShapeResult shapes;
+  std::vector<std::vector<DeviceTensor>> ins, outs;  // per layer run
+  std::vector<std::vector<TensorRef>> in_refs, out_refs;
+  std::vector<bool> skip;                            // aliased Reshape-like layers: no work
+  size_t arena_bytes = 0;
+  size_t workspace_bytes = 0;
+  std::vector<uint8_t> upload_host;                  // host values, converted and packed
+  DeviceMemory uploads;
+  struct OutputCopy {
+    size_t output;
+    TensorRef src;
+    std::shared_ptr<const Tensor> host;  // host-known outputs (constants, shape values)
+  };
+  std::vector<OutputCopy> output_copies;
+  std::vector<std::vector<int64_t>> output_shapes;
+  std::vector<size_t> output_bytes;
+  cudaGraphExec_t graph = nullptr;
+  std::vector<void*> graph_io;
+  uint64_t graph_generation = 0;
+  ~Instance() {
+    if (graph) cudaGraphExecDestroy(graph);
+  }
+};
+
+class CudaContext final : public ExecutionContext {
+ public:
+  explicit CudaContext(std::shared_ptr<CudaEngineState> e) : e_(std::move(e)), g_(e_->graph()) {}
+  ~CudaContext() override {
+    if (stream_) cudaStreamSynchronize(stream_);
+    instances_.clear();
+    runs_.clear();
+    handles_.reset();
+    for (cudaEvent_t ev : events_) cudaEventDestroy(ev);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  Status init() {
+    KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    KILN_ASSIGN_OR_RETURN(handles_, LibraryHandles::create(stream_));
+    handles_->bind(rc_);
+    rc_.stream = stream_;
+    rc_.workspace_limit = e_->plan().workspace_limit;
+    // cuBLAS gets its own workspace, so it never allocates (nor can, inside graph capture).
+    KILN_RETURN_IF_ERROR(cublas_ws_.reserve(size_t(32) << 20, "cuBLAS workspace"));
+    if (cublasSetWorkspace(rc_.cublas, cublas_ws_.get(), cublas_ws_.bytes()) != CUBLAS_STATUS_SUCCESS)
+      return KILN_ERROR("cublasSetWorkspace failed");
+    bound_stream_ = stream_;
+    const auto& nodes = g_.nodes();
+    for (size_t k = 0; k < nodes.size(); ++k) {
+      const LayerChoice& c = e_->plan().layers[k];
+      if (c.is_host()) continue;
+      LayerRun r;
+      r.node = nodes[k];
+      r.choice = &c;
+      auto layer = c.tactic->create(c.desc(nodes[k]));
+      if (!layer.ok()) return layer.status().with_context(nodes[k]->label());
+      r.layer = std::move(layer).value();
+      runs_.push_back(std::move(r));
+    }
+    input_shapes_.resize(g_.inputs().size());
+    input_set_.assign(g_.inputs().size(), false);
+    in_addr_.assign(g_.inputs().size(), nullptr);
+    out_addr_.assign(g_.outputs().size(), nullptr);
+    // Inputs whose shape is fixed are set already; the arena is sized for the profile's max.
+    std::vector<std::vector<int64_t>> max_shapes;
+    bool all_known = true;
+    for (size_t i = 0; i < g_.inputs().size(); ++i) {
+      const Value* v = g_.inputs()[i];
+      auto r = e_->profile().ranges().find(v->name);
+      if (r != e_->profile().ranges().end()) {
+        max_shapes.push_back(r->second.max);
+        if (r->second.min == r->second.max) set_shape(i, r->second.min);
+      } else if (auto s = v->type.static_shape()) {
+        max_shapes.push_back(*s);
+        set_shape(i, *s);
+      } else {
+        all_known = false;
+      }
+    }
+    if (all_known) {
+      KILN_ASSIGN_OR_RETURN(Instance * inst, instance_for(max_shapes));
+      (void)inst;
+    }
+    return Status::Ok();
+  }
+
+  Expected<std::vector<Tensor>> execute(const std::map<std::string, Tensor>& inputs,
+                                        std::vector<LayerTiming>* timings) override;
+  Status set_input_shape(const std::string& name, const std::vector<int64_t>& dims) override;
+  Expected<std::vector<int64_t>> tensor_shape(const std::string& name) override;
+  Status set_tensor_address(const std::string& name, void* ptr) override;
+  Status enqueue(CUstream_st* stream, std::vector<LayerTiming>* layer_times) override;
+  Status set_use_cuda_graph(bool on) override {
+    use_graph_ = on;
+    return Status::Ok();
+  }
+  MemoryInfo memory_info() const override {
+    MemoryInfo m;
+    m.weights = e_->weight_bytes();
+    m.activations = current_ ? current_->arena_bytes : arena_.bytes();
+    m.workspace = current_ ? current_->workspace_bytes : workspace_.bytes();
+    return m;
+  }
+
+ private:
+  void set_shape(size_t i, const std::vector<int64_t>& s) {
+    input_shapes_[i] = s;
+    input_set_[i] = true;
+  }
+  Expected<Instance*> instance_for(const std::vector<std::vector<int64_t>>& shapes);
+  Expected<std::unique_ptr<Instance>> make_instance(const std::vector<std::vector<int64_t>>& s);
+  Status configure(Instance& inst);
+  void* resolve(const Instance& inst, const TensorRef& r) const;
+  void bind(Instance& inst);
+  Status run_layers(Instance& inst, std::vector<LayerTiming>* times);
+  Status copy_outputs(Instance& inst, cudaStream_t s);
+  Expected<size_t> index_of(const std::string& name, bool input) const;
+
+  std::shared_ptr<CudaEngineState> e_;
+  const Graph& g_;
+  cudaStream_t stream_ = nullptr;
+  cudaStream_t bound_stream_ = nullptr;
+  std::unique_ptr<LibraryHandles> handles_;
+  RunContext rc_;
+  std::vector<LayerRun> runs_;
+  std::map<std::vector<std::vector<int64_t>>, std::unique_ptr<Instance>> instances_;
+  Instance* current_ = nullptr;     // the instance whose shapes the layers are configured for
+  DeviceMemory arena_, workspace_, cublas_ws_;
+  std::vector<std::vector<int64_t>> input_shapes_;
+  std::vector<bool> input_set_;
+  std::vector<void*> in_addr_, out_addr_;
+  uint64_t generation_ = 1;         // bumps when an address or the arena changes
+  uint64_t bound_generation_ = 0;
+  bool use_graph_ = false;
+  std::vector<cudaEvent_t> events_;
+  // Host path staging (execute()).
+  std::vector<std::unique_ptr<DeviceMemory>> staging_in_, staging_out_;
+};
+
+Expected<size_t> CudaContext::index_of(const std::string& name, bool input) const {
+  const auto& list = input ? g_.inputs() : g_.outputs();
+  for (size_t i = 0; i < list.size(); ++i)
+    if (list[i]->name == name) return i;
+  return KILN_ERROR("the engine has no {} named '{}'", input ? "input" : "output", name);
+}
+
+Status CudaContext::set_input_shape(const std::string& name, const std::vector<int64_t>& dims) {
+  KILN_ASSIGN_OR_RETURN(size_t i, index_of(name, true));
+  const Value* v = g_.inputs()[i];
+  std::map<std::string, int64_t> seen;
+  Tensor probe = Tensor::view(v->type.dtype, dims, nullptr, nullptr);
+  KILN_RETURN_IF_ERROR(check_input(*v, probe, seen));
+  KILN_RETURN_IF_ERROR(e_->profile().check(name, dims));
+  set_shape(i, dims);
+  return Status::Ok();
+}
+
+Expected<std::vector<int64_t>> CudaContext::tensor_shape(const std::string& name) {
+  for (size_t i = 0; i < g_.inputs().size(); ++i)
+    if (g_.inputs()[i]->name == name) {
+      if (!input_set_[i]) return KILN_ERROR("input '{}': shape not set", name);
+      return input_shapes_[i];
+    }
+  KILN_ASSIGN_OR_RETURN(size_t o, index_of(name, false));
+  for (size_t i = 0; i < input_set_.size(); ++i)
+    if (!input_set_[i])
+      return KILN_ERROR("output '{}': set the shape of input '{}' first", name, g_.inputs()[i]->name);
+  KILN_ASSIGN_OR_RETURN(Instance * inst, instance_for(input_shapes_));
+  return inst->output_shapes[o];
+}
+
+Status CudaContext::set_tensor_address(const std::string& name, void* ptr) {
+  for (size_t i = 0; i < g_.inputs().size(); ++i)
+    if (g_.inputs()[i]->name == name) {
+      if (in_addr_[i] != ptr) ++generation_;
+      in_addr_[i] = ptr;
+      return Status::Ok();
+    }
+  KILN_ASSIGN_OR_RETURN(size_t o, index_of(name, false));
+  if (out_addr_[o] != ptr) ++generation_;
+  out_addr_[o] = ptr;
+  return Status::Ok();
+}
+
+Expected<Instance*> CudaContext::instance_for(const std::vector<std::vector<int64_t>>& shapes) {
+  auto it = instances_.find(shapes);
+  if (it != instances_.end()) return it->second.get();
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Instance> inst, make_instance(shapes));
+  Instance* p = inst.get();
+  instances_[shapes] = std::move(inst);
+  return p;
+}
+
+Expected<std::unique_ptr<Instance>> CudaContext::make_instance(
+    const std::vector<std::vector<int64_t>>& input_shapes) {
+  auto inst = std::make_unique<Instance>();
+  inst->input_shapes = input_shapes;
+  std::vector<bool> host(g_.nodes().size());
+  for (size_t k = 0; k < host.size(); ++k) host[k] = e_->plan().layers[k].is_host();
+  KILN_ASSIGN_OR_RETURN(inst->shapes, evaluate_shapes(g_, host, input_shapes));
+  const ShapeResult& S = inst->shapes;
+
+  std::unordered_map<const Value*, TensorRef> ref;
+  std::unordered_map<const Value*, const Value*> alias_root;
+  std::unordered_map<const Value*, size_t> request_of;  // arena value -> request index
+  std::vector<BufferRequest> requests;
+  std::vector<const Value*> request_value;
+  std::map<std::pair<const Value*, std::string>, size_t> upload_offset;
+  for (size_t i = 0; i < g_.inputs().size(); ++i) ref[g_.inputs()[i]] = {TensorRef::kInput, i};
+  std::unordered_map<const Value*, size_t> first_output;
+  for (size_t j = 0; j < g_.outputs().size(); ++j) first_output.emplace(g_.outputs()[j], j);
+
+  const size_t n_runs = runs_.size();
+  inst->ins.resize(n_runs);
+  inst->outs.resize(n_runs);
+  inst->in_refs.resize(n_runs);
+  inst->out_refs.resize(n_runs);
+  inst->skip.assign(n_runs, false);
+  auto root_of = [&](const Value* v) {
+    auto it = alias_root.find(v);
+    return it == alias_root.end() ? v : it->second;
+  };
+  for (size_t s = 0; s < n_runs; ++s) {
+    const LayerRun& r = runs_[s];
+    const Node* n = r.node;
+    const LayerChoice& c = *r.choice;
+    for (size_t i = 0; i < n->num_inputs(); ++i) {
+      const Value* v = n->input(i);
+      DeviceTensor t;
+      TensorRef tr;
+      if (v) {
+        t.shape = S.shapes.at(v);
+        auto hv = S.host.find(v);
+        t.host = v->is_constant() ? v->constant.get()
+                 : hv != S.host.end() ? hv->second.get() : nullptr;
+        if (c.in[i].dtype == DataType::kUndefined) {
+          t.dtype = v->type.dtype;  // read on the host only
+        } else {
+          t.dtype = c.in[i].dtype;
+          t.layout = c.in[i].layout;
+          if (v->is_constant()) {
+            tr = {TensorRef::kWeights, e_->weight_offset(v, c.in[i])};
+          } else if (hv != S.host.end()) {
+            auto key = std::make_pair(v, fmt_key(c.in[i]));
+            auto u = upload_offset.find(key);
+            if (u == upload_offset.end()) {
+              KILN_ASSIGN_OR_RETURN(Tensor d, to_device_format(*hv->second, c.in[i]));
+              const size_t off = (inst->upload_host.size() + 255) / 256 * 256;
+              inst->upload_host.resize(off + d.nbytes());
+              if (d.nbytes()) std::memcpy(inst->upload_host.data() + off, d.raw(), d.nbytes());
+              u = upload_offset.emplace(key, off).first;
+            }
+            tr = {TensorRef::kUploads, u->second};
+          } else {
+            auto it = ref.find(v);
+            if (it == ref.end())
+              return KILN_ERROR("{}: input '{}' has no producer on the GPU", n->label(), v->name);
+            tr = it->second;
+            auto rq = request_of.find(root_of(v));
+            if (rq != request_of.end())
+              requests[rq->second].last = std::max(requests[rq->second].last, static_cast<int>(s));
+          }
+        }
+      }
+      inst->ins[s].push_back(std::move(t));
+      inst->in_refs[s].push_back(tr);
+    }
+    for (size_t o = 0; o < n->num_outputs(); ++o) {
+      const Value* v = n->output(o);
+      DeviceTensor t;
+      TensorRef tr;
+      if (v) {
+        t.shape = S.shapes.at(v);
+        t.dtype = c.out[o].dtype;
+        t.layout = c.out[o].layout;
+        auto go = first_output.find(v);
+        const Value* src = n->input(0);
+        const bool can_alias = o == 0 && c.tactic->alias_input == 0 && src &&
+                               go == first_output.end() && inst->in_refs[s][0].kind != TensorRef::kNone &&
+                               inst->ins[s][0].dtype == t.dtype &&
+                               inst->ins[s][0].layout == t.layout;
+        if (go != first_output.end()) {
+          tr = {TensorRef::kOutput, go->second};
+        } else if (can_alias) {
+          tr = inst->in_refs[s][0];
+          alias_root[v] = root_of(src);
+          inst->skip[s] = true;
+        } else {
+          tr = {TensorRef::kArena, 0};
+          request_of[v] = requests.size();
+          requests.push_back({t.nbytes(), static_cast<int>(s), static_cast<int>(s)});
+          request_value.push_back(v);
+        }
+        ref[v] = tr;
+      }
+      inst->outs[s].push_back(std::move(t));
+      inst->out_refs[s].push_back(tr);
+    }
+  }
+  const MemoryPlan mp = plan_memory(requests, 256);
+  inst->arena_bytes = mp.total;
+  std::unordered_map<const Value*, size_t> arena_offset;
+  for (size_t q = 0; q < requests.size(); ++q) arena_offset[request_value[q]] = mp.offsets[q];
+  auto fix = [&](TensorRef& tr, const Value* v) {
+    if (tr.kind != TensorRef::kArena || !v) return;
+    tr.offset = arena_offset.at(root_of(v));
+  };
+  for (size_t s = 0; s < n_runs; ++s) {
+    for (size_t i = 0; i < runs_[s].node->num_inputs(); ++i) fix(inst->in_refs[s][i], runs_[s].node->input(i));
+    for (size_t o = 0; o < runs_[s].node->num_outputs(); ++o) fix(inst->out_refs[s][o], runs_[s].node->output(o));
+  }
+  for (auto& [v, tr] : ref) fix(tr, v);
+  // Outputs not written in place by a layer are copied at the end of each inference.
+  for (size_t j = 0; j < g_.outputs().size(); ++j) {
+    const Value* v = g_.outputs()[j];
+    inst->output_shapes.push_back(S.shapes.at(v));
+    inst->output_bytes.push_back(Tensor::view(v->type.dtype, S.shapes.at(v), nullptr, nullptr).nbytes());
+    auto it = ref.find(v);
+    if (it != ref.end() && it->second.kind == TensorRef::kOutput && it->second.offset == j) continue;
+    Instance::OutputCopy oc{j, {}, nullptr};
+    if (v->is_constant()) oc.host = v->constant;
+    else if (auto h = S.host.find(v); h != S.host.end()) oc.host = h->second;
+    else if (it != ref.end()) oc.src = it->second;
+    else return KILN_ERROR("graph output '{}' is not computed", v->name);
+    inst->output_copies.push_back(std::move(oc));
+  }
+  if (!inst->upload_host.empty()) {
+    KILN_RETURN_IF_ERROR(inst->uploads.reserve(inst->upload_host.size(), "shape-dependent values"));
+    KILN_CUDA_CHECK(cudaMemcpy(inst->uploads.get(), inst->upload_host.data(),
+                               inst->upload_host.size(), cudaMemcpyHostToDevice));
+  }
+  return inst;
+}
+
+Status CudaContext::configure(Instance& inst) {
+  if (current_ == &inst) return Status::Ok();
+  size_t ws = 0;
+  for (size_t s = 0; s < runs_.size(); ++s) {
+    if (inst.skip[s]) continue;
+    auto need = runs_[s].layer->configure(rc_, inst.ins[s], inst.outs[s]);
+    if (!need.ok()) return need.status().with_context(runs_[s].node->label());
+    if (*need > rc_.workspace_limit)
+      return KILN_ERROR("{}: needs {} MiB of workspace, over the engine's limit of {} MiB",
+                        runs_[s].node->label(), *need >> 20, rc_.workspace_limit >> 20);
+    ws = std::max(ws, *need);
+  }
+  inst.workspace_bytes = ws;
+  if (inst.arena_bytes > arena_.bytes() || ws > workspace_.bytes()) {
+    KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    KILN_RETURN_IF_ERROR(arena_.reserve(inst.arena_bytes, "the activation arena"));
+    KILN_RETURN_IF_ERROR(workspace_.reserve(std::max<size_t>(ws, 256), "layer workspace"));
+    for (auto& [k, other] : instances_) {  // captured graphs hold the old addresses
+      if (other->graph) cudaGraphExecDestroy(other->graph);
+      other->graph = nullptr;
+    }
+    ++generation_;
+  }
+  rc_.workspace = workspace_.get();
+  rc_.workspace_bytes = workspace_.bytes();
+  current_ = &inst;
+  ++generation_;
+  return Status::Ok();
+}
+
+void* CudaContext::resolve(const Instance& inst, const TensorRef& r) const {
+  auto* base = [&]() -> uint8_t* {
+    switch (r.kind) {
+      case TensorRef::kArena: return static_cast<uint8_t*>(arena_.get());
+      case TensorRef::kWeights: return static_cast<uint8_t*>(e_->weights());
+      case TensorRef::kUploads: return static_cast<uint8_t*>(inst.uploads.get());
+      case TensorRef::kInput: return static_cast<uint8_t*>(in_addr_[r.offset]);
+      case TensorRef::kOutput: return static_cast<uint8_t*>(out_addr_[r.offset]);
+      default: return nullptr;
+    }
+  }();
+  if (!base) return nullptr;
+  return r.kind == TensorRef::kInput || r.kind == TensorRef::kOutput ? base : base + r.offset;
+}
+
+void CudaContext::bind(Instance& inst) {
+  if (bound_generation_ == generation_) return;
+  for (size_t s = 0; s < runs_.size(); ++s) {
+    for (size_t i = 0; i < inst.ins[s].size(); ++i)
+      inst.ins[s][i].data = resolve(inst, inst.in_refs[s][i]);
+    for (size_t o = 0; o < inst.outs[s].size(); ++o)
+      inst.outs[s][o].data = resolve(inst, inst.out_refs[s][o]);
+  }
+  bound_generation_ = generation_;
+}
+
+Status CudaContext::run_layers(Instance& inst, std::vector<LayerTiming>* times) {
+  if (times && events_.size() < runs_.size() + 1) {
+    for (cudaEvent_t ev : events_) cudaEventDestroy(ev);
+    events_.assign(runs_.size() + 1, nullptr);
+    for (auto& ev : events_) KILN_CUDA_CHECK(cudaEventCreate(&ev));
+  }
+  if (times) KILN_CUDA_CHECK(cudaEventRecord(events_[0], rc_.stream));
+  for (size_t s = 0; s < runs_.size(); ++s) {
+    if (!inst.skip[s]) {
+      Status st = runs_[s].layer->run(rc_, inst.ins[s], inst.outs[s]);
+      if (!st.ok()) return st.with_context(runs_[s].node->label());
+    }
+    if (times) KILN_CUDA_CHECK(cudaEventRecord(events_[s + 1], rc_.stream));
+  }
+  if (times) {
+    KILN_CUDA_CHECK(cudaEventSynchronize(events_[runs_.size()]));
+    for (size_t s = 0; s < runs_.size(); ++s) {
+      float ms = 0;
+      KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, events_[s], events_[s + 1]));
+      times->push_back({runs_[s].node->name, runs_[s].node->domain.empty()
+                                                 ? runs_[s].node->op_type
+                                                 : runs_[s].node->domain + "." + runs_[s].node->op_type,
+                        ms});
+    }
+  }
+  return Status::Ok();
+}
+
+Status CudaContext::copy_outputs(Instance& inst, cudaStream_t s) {
+  for (const auto& oc : inst.output_copies) {
+    void* dst = out_addr_[oc.output];
+    const size_t bytes = inst.output_bytes[oc.output];
+    if (bytes == 0) continue;
+    if (oc.host)
+      KILN_CUDA_CHECK(cudaMemcpyAsync(dst, oc.host->raw(), bytes, cudaMemcpyHostToDevice, s));
+    else
+      KILN_CUDA_CHECK(cudaMemcpyAsync(dst, resolve(inst, oc.src), bytes, cudaMemcpyDeviceToDevice, s));
+  }
+  return Status::Ok();
+}
+
+Status CudaContext::enqueue(CUstream_st* stream, std::vector<LayerTiming>* layer_times) {
+  for (size_t i = 0; i < g_.inputs().size(); ++i) {
+    if (!input_set_[i]) return KILN_ERROR("input '{}': shape not set", g_.inputs()[i]->name);
+    if (!in_addr_[i] && !input_shapes_[i].empty() &&
+        Tensor::view(g_.inputs()[i]->type.dtype, input_shapes_[i], nullptr, nullptr).nbytes())
+      return KILN_ERROR("input '{}': no device address set", g_.inputs()[i]->name);
+  }
+  KILN_ASSIGN_OR_RETURN(Instance * inst, instance_for(input_shapes_));
+  for (size_t j = 0; j < g_.outputs().size(); ++j)
+    if (!out_addr_[j] && inst->output_bytes[j])
+      return KILN_ERROR("output '{}': no device address set", g_.outputs()[j]->name);
+  cudaStream_t s = stream ? stream : stream_;
+  if (s != bound_stream_) {
+    cudnnSetStream(rc_.cudnn, s);
+    cublasSetStream(rc_.cublas, s);
+    bound_stream_ = s;
+  }
+  rc_.stream = s;
+  std::vector<void*> io(in_addr_);
+  io.insert(io.end(), out_addr_.begin(), out_addr_.end());
+  if (use_graph_ && !layer_times && inst->graph && inst->graph_io == io &&
+      inst->graph_generation == generation_) {
+    KILN_CUDA_CHECK(cudaGraphLaunch(inst->graph, s));
+    return Status::Ok();
+  }
+  KILN_RETURN_IF_ERROR(configure(*inst));
+  bind(*inst);
+  if (!use_graph_ || layer_times) {
+    KILN_RETURN_IF_ERROR(run_layers(*inst, layer_times));
+    return copy_outputs(*inst, s);
+  }
+  if (inst->graph) cudaGraphExecDestroy(inst->graph);
+  inst->graph = nullptr;
+  KILN_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  Status st = run_layers(*inst, nullptr);
+  if (st.ok()) st = copy_outputs(*inst, s);
+  cudaGraph_t graph = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(s, &graph);
+  if (!st.ok()) {
+    if (graph) cudaGraphDestroy(graph);
+    return st;
+  }
+  KILN_RETURN_IF_ERROR(cuda_check(end, "cudaStreamEndCapture (a layer is not capturable)"));
+  const cudaError_t inst_err = cudaGraphInstantiate(&inst->graph, graph, 0);
+  cudaGraphDestroy(graph);
+  KILN_RETURN_IF_ERROR(cuda_check(inst_err, "cudaGraphInstantiate"));
+  inst->graph_io = io;
+  inst->graph_generation = generation_;
+  KILN_CUDA_CHECK(cudaGraphLaunch(inst->graph, s));
+  return Status::Ok();
+}
+
+Expected<std::vector<Tensor>> CudaContext::execute(const std::map<std::string, Tensor>& inputs,
+                                                   std::vector<LayerTiming>* timings) {
+  for (const auto& [name, t] : inputs) KILN_RETURN_IF_ERROR(index_of(name, true).status());
+  std::map<std::string, int64_t> dims_seen;
+  for (size_t i = 0; i < g_.inputs().size(); ++i) {
+    const Value* v = g_.inputs()[i];
+    auto it = inputs.find(v->name);
+    if (it == inputs.end()) return KILN_ERROR("input '{}' was not given", v->name);
+    KILN_RETURN_IF_ERROR(check_input(*v, it->second, dims_seen));
+    KILN_RETURN_IF_ERROR(e_->profile().check(v->name, it->second.shape()));
+    set_shape(i, it->second.shape());
+    if (staging_in_.size() <= i) staging_in_.push_back(std::make_unique<DeviceMemory>());
+    KILN_RETURN_IF_ERROR(staging_in_[i]->reserve(std::max<size_t>(it->second.nbytes(), 256),
+                                                 "input '" + v->name + "'"));
+    KILN_RETURN_IF_ERROR(set_tensor_address(v->name, staging_in_[i]->get()));
+    if (it->second.nbytes())
+      KILN_CUDA_CHECK(cudaMemcpyAsync(staging_in_[i]->get(), it->second.raw(), it->second.nbytes(),
+                                      cudaMemcpyHostToDevice, stream_));
+  }
+  KILN_ASSIGN_OR_RETURN(Instance * inst, instance_for(input_shapes_));
+  for (size_t j = 0; j < g_.outputs().size(); ++j) {
+    if (staging_out_.size() <= j) staging_out_.push_back(std::make_unique<DeviceMemory>());
+    KILN_RETURN_IF_ERROR(staging_out_[j]->reserve(std::max<size_t>(inst->output_bytes[j], 256),
+                                                  "output '" + g_.outputs()[j]->name + "'"));
+    KILN_RETURN_IF_ERROR(set_tensor_address(g_.outputs()[j]->name, staging_out_[j]->get()));
+  }
+  KILN_RETURN_IF_ERROR(enqueue(stream_, timings));
+  std::vector<Tensor> out;
+  for (size_t j = 0; j < g_.outputs().size(); ++j) {
+    Tensor t(g_.outputs()[j]->type.dtype, inst->output_shapes[j]);
+    if (t.nbytes())
+      KILN_CUDA_CHECK(cudaMemcpyAsync(t.raw(), staging_out_[j]->get(), t.nbytes(),
+                                      cudaMemcpyDeviceToHost, stream_));
+    out.push_back(std::move(t));
+  }
+  KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return out;
+}
+
+}  // namespace
+
+Expected<std::unique_ptr<ExecutionContext>> CudaEngineState::create_context() {
+  KILN_RETURN_IF_ERROR(ensure_weights());
+  auto ctx = std::make_unique<CudaContext>(shared_from_this());
+  KILN_RETURN_IF_ERROR(ctx->init());
+  return std::unique_ptr<ExecutionContext>(std::move(ctx));
+}
+
+Status CudaEngineState::ensure_weights() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (uploaded_) return Status::Ok();
+  std::vector<std::pair<size_t, Tensor>> pieces;
+  size_t total = 0;
+  const auto& nodes = graph_.nodes();
+  for (size_t k = 0; k < nodes.size(); ++k) {
+    const LayerChoice& c = plan_.layers[k];
+    if (c.is_host()) continue;
+    for (size_t i = 0; i < nodes[k]->num_inputs(); ++i) {
+      const Value* v = nodes[k]->input(i);
+      if (!v || !v->is_constant() || c.in[i].dtype == DataType::kUndefined) continue;
+      auto key = std::make_pair(v, fmt_key(c.in[i]));
+      if (offsets_.count(key)) continue;
+      auto d = to_device_format(*v->constant, c.in[i]);
+      if (!d.ok()) return d.status().with_context(nodes[k]->label());
+      offsets_[key] = total;
+      pieces.emplace_back(total, std::move(d).value());
+      total = (total + pieces.back().second.nbytes() + 255) / 256 * 256;
+    }
+  }
+  KILN_RETURN_IF_ERROR(weights_.reserve(std::max<size_t>(total, 256), "the engine's weights"));
+  for (const auto& [off, t] : pieces)
+    if (t.nbytes())
+      KILN_CUDA_CHECK(cudaMemcpy(static_cast<uint8_t*>(weights_.get()) + off, t.raw(), t.nbytes(),
+                                 cudaMemcpyHostToDevice));
+  uploaded_ = true;
+  return Status::Ok();
+}
+
+size_t CudaEngineState::weight_offset(const Value* v, const TensorFormat& f) const {
+  auto it = offsets_.find({v, fmt_key(f)});
+  return it == offsets_.end() ? 0 : it->second;
+}
+
+}  // namespace kiln::gpu

@@ -1,0 +1,147 @@
+// The CUDA backend's extension point: a layer implementation ("tactic") runs one node of the
+// optimized graph on the GPU. Adding a kernel is one file in layers/ (the kernel and its Layer
+// class side by side) plus one line in tactic_table.cpp.
+//
+// Life of a tactic:
+//   build:   lower.cpp asks every TacticDef of the node's op whether it supports() the node at
+//            the chosen formats, the tuner times the candidates (variants()) at the profile's opt
+//            shape, and the engine stores the winner's name and variant.
+//   load:    create() makes the Layer once per execution context.
+//   shapes:  configure() runs whenever the input shapes change (never per inference), with
+//            concrete shapes; it returns the scratch it needs and may build library plans.
+//   run:     run() enqueues work on rc.stream. It must not synchronize, allocate or return
+//            before its kernels are enqueued; it may be captured into a CUDA graph.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ir/graph.h"
+#include "kiln/status.h"
+#include "kiln/tensor.h"
+
+typedef struct cudnnContext* cudnnHandle_t;
+typedef struct cublasLtContext* cublasLtHandle_t;
+typedef struct cublasContext* cublasHandle_t;
+
+namespace kiln::gpu {
+
+// How a tensor is laid out in device memory. kLinear is ONNX's row-major order. kNHWC stores a
+// 4-D tensor whose logical (ONNX) shape is [N,C,H,W] as N,H,W,C (channels last).
+enum class Layout : uint8_t { kLinear = 0, kNHWC = 1 };
+const char* layout_name(Layout l);
+
+// The storage format of one tensor on the device.
+struct TensorFormat {
+  DataType dtype = DataType::kUndefined;  // kUndefined: absent optional input/output
+  Layout layout = Layout::kLinear;
+  bool operator==(const TensorFormat&) const = default;
+  std::string str() const;  // "float16/nhwc"
+};
+
+// One tensor as a layer sees it at configure and run time.
+struct DeviceTensor {
+  void* data = nullptr;           // device memory; nullptr for an absent optional tensor
+  const Tensor* host = nullptr;   // the value on the host when known before running (constants,
+                                  // values computed from shapes), else nullptr
+  DataType dtype = DataType::kUndefined;  // storage type on the device
+  Layout layout = Layout::kLinear;
+  std::vector<int64_t> shape;     // logical ONNX shape (NCHW order even when layout is kNHWC)
+  bool present() const { return dtype != DataType::kUndefined; }
+  int64_t numel() const;
+  size_t nbytes() const;
+  int64_t rank() const { return static_cast<int64_t>(shape.size()); }
+};
+
+// What a layer may use while it configures and runs. Owned by the execution context (one per
+// context, so contexts on different threads share nothing).
+struct RunContext {
+  cudaStream_t stream = nullptr;
+  cudnnHandle_t cudnn = nullptr;
+  cublasHandle_t cublas = nullptr;
+  cublasLtHandle_t cublaslt = nullptr;
+  void* workspace = nullptr;      // scratch for the running layer: at least what configure() asked
+  size_t workspace_bytes = 0;
+  size_t workspace_limit = size_t(1) << 30;  // --mem-pool-size workspace:N (configure must fit)
+};
+
+// Math precision of a layer: the type float tensors are stored in, and for matrix products
+// whether tensor cores may round float32 inputs to TF32.
+enum class Precision : uint8_t { kFP32 = 0, kTF32 = 1, kFP16 = 2 };
+const char* precision_name(Precision p);
+
+// The node a layer implements, with the formats chosen for its inputs and outputs.
+struct LayerDesc {
+  const Node* node = nullptr;
+  std::vector<TensorFormat> in, out;  // per input/output slot
+  Precision precision = Precision::kTF32;
+  std::string variant;                // tactic-specific parameters (e.g. a cuDNN engine config)
+  // Build-time types of the node's inputs/outputs (dims may be symbolic).
+  const TensorType& in_type(size_t i) const;
+  const TensorType& out_type(size_t i) const;
+  // The input's value when it is a constant of the engine, else nullptr.
+  const Tensor* in_const(size_t i) const;
+};
+
+class Layer {
+ public:
+  virtual ~Layer() = default;
+  // Concrete shapes are known (also of host values, in[i].host). Returns the workspace bytes the
+  // layer needs for these shapes (at most rc.workspace_limit). Data pointers are not yet valid.
+  virtual Expected<size_t> configure(const RunContext& rc, std::span<const DeviceTensor> in,
+                                     std::span<const DeviceTensor> out) {
+    return size_t{0};
+  }
+  virtual Status run(const RunContext& rc, std::span<const DeviceTensor> in,
+                     std::span<const DeviceTensor> out) = 0;
+};
+
+// Format capabilities of a tactic (bit flags).
+enum FormatCaps : uint32_t {
+  kF32 = 1u << 0,          // float tensors stored as float32
+  kF16 = 1u << 1,          // float tensors stored as float16
+  kNHWC = 1u << 2,         // 4-D activations may be NHWC (the layer reads DeviceTensor::layout)
+  kAnyLayout = 1u << 3,    // layout-agnostic when every 4-D input has the output's shape
+  kF64 = 1u << 4,          // float64 tensors (always stored as themselves)
+};
+
+using SupportsFn = bool (*)(const LayerDesc&, std::string* why_not);
+using CreateFn = Expected<std::unique_ptr<Layer>> (*)(const LayerDesc&);
+using VariantsFn = std::vector<std::string> (*)(const LayerDesc&);
+
+struct TacticDef {
+  std::string_view domain;     // "" for ai.onnx, "kiln" for fused layers
+  std::string_view op_type;
+  std::string_view name;       // stable id stored in engines and timing caches
+  uint32_t caps = kF32;        // FormatCaps
+  uint32_t host_inputs = 0;    // bit i: input i is read on the host (shape, axes, pads, ...) and
+                               // must be known before running; it is not uploaded
+  SupportsFn supports = nullptr;  // finer checks (types, attributes, ranks); nullptr: always
+  CreateFn create = nullptr;
+  VariantsFn variants = nullptr;  // candidates the tuner times; nullptr: one, variant ""
+  int alias_input = -1;        // output 0 may be input k's memory (Reshape family): no kernel
+};
+
+// The one table of GPU tactics (tactic_table.cpp), and the lookups built on it.
+std::span<const TacticDef> all_tactics();
+std::vector<const TacticDef*> tactics_for(std::string_view domain, std::string_view op_type);
+const TacticDef* find_tactic(std::string_view name);
+
+// Ops whose nodes run on the host when shapes are set (Shape, Size), whatever their inputs.
+bool is_shape_op(std::string_view domain, std::string_view op_type);
+
+// A Status from a CUDA runtime call; names the call.
+Status cuda_check(cudaError_t e, const char* what);
+
+}  // namespace kiln::gpu
+
+#define KILN_CUDA_CHECK(call) KILN_RETURN_IF_ERROR(::kiln::gpu::cuda_check((call), #call))
+// After a kernel launch: a launch error (bad configuration) becomes a Status.
+#define KILN_CUDA_LAUNCH_CHECK(what) \
+  KILN_RETURN_IF_ERROR(::kiln::gpu::cuda_check(cudaGetLastError(), what))

@@ -1,0 +1,160 @@
+// The kernel study's fused convolution tactics as kiln tactics: the cuDNN graph API (conv + bias
+// [+ residual] [+ ReLU] in one kernel) and cuBLASLt for 1x1 stride-1 convolutions (GEMM with a
+// bias/ReLU epilogue). Both take 2-D NHWC float16 (FP16) or float32 (TF32) problems with square
+// strides and symmetric padding; the variant is the rank of the library's candidate in its own
+// heuristic order, timed by the tuner at the opt shape.
+#include <map>
+
+#include "device_util_host.h"
+#include "layers/conv_common.h"
+#include "tactics/conv_sources.h"
+#include "tactics/conv_tactic.h"
+
+namespace kiln::gpu {
+namespace {
+
+Status from_tactic(const cuda::Status& s) {
+  return s.ok() ? Status::Ok() : Status::Error(s.message());
+}
+
+// The problem a FusedConv node describes, or why it is not one the fused tactics take.
+bool describe_problem(const LayerDesc& d, cuda::ConvProblem* p, std::string* why) {
+  const Node& n = *d.node;
+  if (d.in_type(0).rank() != 4) return *why = "not 2-D", false;
+  if (d.in[0].layout != Layout::kNHWC) return *why = "needs NHWC", false;
+  if (d.precision == Precision::kFP16 && d.in[0].dtype == DataType::kFloat16)
+    p->precision = cuda::Precision::kFP16;
+  else if (d.precision == Precision::kTF32 && d.in[0].dtype == DataType::kFloat32)
+    p->precision = cuda::Precision::kTF32;
+  else
+    return *why = "FP16 or TF32 only", false;
+  if (n.attrs.get_int("group", 1) != 1) return *why = "grouped", false;
+  for (int64_t v : n.attrs.get_ints("dilations", {1, 1}))
+    if (v != 1) return *why = "dilated", false;
+  const auto st = n.attrs.get_ints("strides", {1, 1});
+  if (st.size() != 2 || st[0] != st[1]) return *why = "non-square strides", false;
+  const std::string ap = n.attrs.get_string("auto_pad", "NOTSET");
+  if (ap != "NOTSET" && ap != "VALID") return *why = "auto_pad", false;
+  const auto pads = n.attrs.get_ints("pads", {0, 0, 0, 0});
+  if (pads.size() != 4 || pads[0] != pads[1] || pads[0] != pads[2] || pads[0] != pads[3])
+    return *why = "asymmetric or non-square padding", false;
+  if (!d.in_const(1)) return *why = "weights are not constant", false;
+  const std::string act = n.attrs.get_string("activation", "");
+  const bool bias = n.input(2) != nullptr, residual = n.input(3) != nullptr;
+  if (!bias) return *why = "no bias", false;
+  if (residual && act != "Relu") return *why = "residual without ReLU", false;
+  if (!act.empty() && act != "Relu") return *why = "activation " + act, false;
+  if (residual && d.in_type(3).dims != d.out_type(0).dims) return *why = "broadcast residual", false;
+  p->epilogue = residual ? cuda::Epilogue::kBiasAddRelu
+                : act == "Relu" ? cuda::Epilogue::kBiasRelu
+                                : cuda::Epilogue::kBias;
+  p->shape.stride = static_cast<int>(st[0]);
+  p->shape.pad = static_cast<int>(pads[0]);
+  return true;
+}
+
+class FusedConvLayer final : public Layer {
+ public:
+  FusedConvLayer(const LayerDesc& d, bool cublaslt) : desc_(d), cublaslt_(cublaslt) {
+    rank_ = d.variant.empty() ? 0 : std::stoi(d.variant);
+  }
+
+  Expected<size_t> configure(const RunContext& rc, std::span<const DeviceTensor> in,
+                             std::span<const DeviceTensor> out) override {
+    cuda::ConvProblem p;
+    std::string why;
+    if (!describe_problem(desc_, &p, &why)) return Status::Error(why);
+    const auto& x = in[0].shape;
+    const auto& w = in[1].shape;
+    p.shape.n = static_cast<int>(x[0]);
+    p.shape.c = static_cast<int>(x[1]);
+    p.shape.h = static_cast<int>(x[2]);
+    p.shape.w = static_cast<int>(x[3]);
+    p.shape.k = static_cast<int>(w[0]);
+    p.shape.r = static_cast<int>(w[2]);
+    p.shape.s = static_cast<int>(w[3]);
+    if (w[2] != w[3] && cublaslt_) return KILN_ERROR("non-square kernel");
+    if (p.shape.p() != out[0].shape[2] || p.shape.q() != out[0].shape[3])
+      return KILN_ERROR("output size differs from the tactic's geometry");
+    const std::string key = p.shape.str();
+    auto it = cache_.find(key);
+    if (it == cache_.end()) {
+      auto src = cublaslt_ ? cuda::make_cublaslt_source() : cuda::make_cudnn_graph_source();
+      if (!src->supports(p, &why)) return Status::Error(why);
+      cuda::LibraryHandles h{rc.cudnn, rc.cublaslt, rc.workspace_limit};
+      std::string note;
+      auto cands = src->candidates(p, h, &note);
+      if (cands.empty()) return KILN_ERROR("no candidate ({})", note);
+      // The variant's rank at the opt shape (the first shape configured, when tuning; a rank
+      // the library does not offer there is refused, so the tuner drops it); at other shapes
+      // the nearest rank the library still offers.
+      if (cache_.empty() && static_cast<size_t>(rank_) >= cands.size())
+        return KILN_ERROR("the library offers only {} candidates", cands.size());
+      const size_t pick = std::min<size_t>(static_cast<size_t>(rank_), cands.size() - 1);
+      std::unique_ptr<cuda::ConvTactic> t = std::move(cands[pick]);
+      KILN_RETURN_IF_ERROR(from_tactic(t->init(p, h, rc.stream)));
+      // The tactic keeps its own copy of the weights (KRSC, the layer's storage type).
+      const TensorFormat wf{in[1].dtype, Layout::kNHWC};
+      KILN_ASSIGN_OR_RETURN(Tensor wt, to_device_format(*desc_.in_const(1), wf));
+      DeviceMemory tmp;
+      KILN_RETURN_IF_ERROR(tmp.reserve(std::max<size_t>(wt.nbytes(), 256), "conv weights"));
+      KILN_CUDA_CHECK(cudaMemcpy(tmp.get(), wt.raw(), wt.nbytes(), cudaMemcpyHostToDevice));
+      KILN_RETURN_IF_ERROR(from_tactic(t->prepare_weights(tmp.get(), rc.stream)));
+      KILN_CUDA_CHECK(cudaStreamSynchronize(rc.stream));
+      it = cache_.emplace(key, std::move(t)).first;
+    }
+    current_ = it->second.get();
+    return current_->workspace_size();
+  }
+
+  Status run(const RunContext& rc, std::span<const DeviceTensor> in,
+             std::span<const DeviceTensor> out) override {
+    if (out[0].numel() == 0) return Status::Ok();
+    cuda::ConvBuffers b;
+    b.x = in[0].data;
+    b.bias = in[2].data;
+    b.residual = in.size() > 3 && in[3].present() ? in[3].data : nullptr;
+    b.y = out[0].data;
+    b.workspace = rc.workspace;
+    b.workspace_bytes = rc.workspace_bytes;
+    return from_tactic(current_->run(b, rc.stream));
+  }
+
+ private:
+  LayerDesc desc_;
+  bool cublaslt_;
+  int rank_ = 0;
+  std::map<std::string, std::unique_ptr<cuda::ConvTactic>> cache_;  // per problem shape
+  cuda::ConvTactic* current_ = nullptr;
+};
+
+}  // namespace
+
+bool fused_conv_supports(const LayerDesc& d, std::string* why) {
+  cuda::ConvProblem p;
+  return describe_problem(d, &p, why);
+}
+
+bool cublaslt_conv_supports(const LayerDesc& d, std::string* why) {
+  cuda::ConvProblem p;
+  if (!describe_problem(d, &p, why)) return false;
+  const auto& w = d.in_type(1);
+  if (!w.is_static() || (*w.dims)[2].value != 1 || (*w.dims)[3].value != 1 || p.shape.stride != 1 ||
+      p.shape.pad != 0)
+    return *why = "not a 1x1 stride-1 convolution", false;
+  return true;
+}
+
+std::vector<std::string> cudnn_graph_variants(const LayerDesc&) {
+  return {"0", "1", "2", "3", "4", "5"};
+}
+std::vector<std::string> cublaslt_variants(const LayerDesc&) { return {"0", "1", "2"}; }
+
+Expected<std::unique_ptr<Layer>> create_cudnn_graph_conv(const LayerDesc& d) {
+  return std::unique_ptr<Layer>(new FusedConvLayer(d, false));
+}
+Expected<std::unique_ptr<Layer>> create_cublaslt_conv(const LayerDesc& d) {
+  return std::unique_ptr<Layer>(new FusedConvLayer(d, true));
+}
+
+}  // namespace kiln::gpu

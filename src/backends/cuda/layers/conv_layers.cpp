@@ -1,0 +1,230 @@
+// The cuDNN convolution layers (cudnn.conv, cudnn.convt) and the conv family's table.
+#include <cudnn.h>
+
+#include <algorithm>
+#include <map>
+
+#include "layers/conv_common.h"
+#include "tactics.h"
+
+namespace kiln::gpu {
+
+// conv_fused.cpp: the kernel study's tactics (cuDNN graph API, cuBLASLt 1x1) as kiln tactics.
+bool fused_conv_supports(const LayerDesc& d, std::string* why);
+Expected<std::unique_ptr<Layer>> create_cudnn_graph_conv(const LayerDesc& d);
+Expected<std::unique_ptr<Layer>> create_cublaslt_conv(const LayerDesc& d);
+std::vector<std::string> cudnn_graph_variants(const LayerDesc& d);
+std::vector<std::string> cublaslt_variants(const LayerDesc& d);
+bool cublaslt_conv_supports(const LayerDesc& d, std::string* why);
+
+namespace {
+
+constexpr int kNumFwdAlgos = CUDNN_CONVOLUTION_FWD_ALGO_COUNT;
+
+bool is_fused(const LayerDesc& d) { return d.node->op_type == "FusedConv"; }
+
+bool conv_supports(const LayerDesc& d, std::string* why) {
+  const int rank = static_cast<int>(d.in_type(0).rank());
+  if (rank < 3 || rank > 5) return *why = "cuDNN convolutions take 1-3 spatial axes", false;
+  const DataType t = d.in[0].dtype;
+  if (t != DataType::kFloat32 && t != DataType::kFloat16 && t != DataType::kFloat64)
+    return *why = "float types only", false;
+  if (d.in[0].layout == Layout::kNHWC && t == DataType::kFloat64)
+    return *why = "no NHWC float64 convolution", false;
+  if (is_fused(d)) {
+    ActParams a;
+    if (!read_activation(d.node->attrs, &a)) return *why = "unknown activation", false;
+    // The residual must have the output's shape (a broadcast residual runs unfused).
+    if (d.node->input(3) && d.in_type(3).dims != d.out_type(0).dims)
+      return *why = "the residual broadcasts", false;
+  }
+  return true;
+}
+
+std::vector<std::string> conv_variants(const LayerDesc&) {
+  std::vector<std::string> v = {""};  // "": cuDNN's own heuristic choice
+  for (int a = 0; a < kNumFwdAlgos; ++a) v.push_back(std::to_string(a));
+  return v;
+}
+
+class CudnnConvLayer final : public Layer {
+ public:
+  explicit CudnnConvLayer(const LayerDesc& d) : desc_(d), node_(d.node) {
+    if (is_fused(d)) read_activation(d.node->attrs, &act_);
+    forced_algo_ = d.variant.empty() ? -1 : std::stoi(d.variant);
+  }
+
+  Expected<size_t> configure(const RunContext& rc, std::span<const DeviceTensor> in,
+                             std::span<const DeviceTensor> out) override {
+    KILN_ASSIGN_OR_RETURN(g_, conv_geometry(*node_, in[0].shape, in[1].shape, false));
+    nhwc_ = in[0].layout == Layout::kNHWC;
+    pad_ = !symmetric_pads(g_);
+    KILN_RETURN_IF_ERROR(descs_.set(g_, in[0].dtype, desc_.precision, nhwc_, false, pad_));
+    if (forced_algo_ >= 0) {
+      algo_ = static_cast<cudnnConvolutionFwdAlgo_t>(forced_algo_);
+    } else {
+      cudnnConvolutionFwdAlgoPerf_t perf[kNumFwdAlgos];
+      int n = 0;
+      KILN_RETURN_IF_ERROR(cudnn_check(
+          cudnnGetConvolutionForwardAlgorithm_v7(rc.cudnn, descs_.x, descs_.w, descs_.conv,
+                                                 descs_.y, kNumFwdAlgos, &n, perf),
+          "cudnnGetConvolutionForwardAlgorithm_v7"));
+      bool found = false;
+      for (int i = 0; i < n && !found; ++i) {
+        size_t ws = 0;
+        if (perf[i].status == CUDNN_STATUS_SUCCESS &&
+            cudnnGetConvolutionForwardWorkspaceSize(rc.cudnn, descs_.x, descs_.w, descs_.conv,
+                                                    descs_.y, perf[i].algo, &ws) ==
+                CUDNN_STATUS_SUCCESS &&
+            ws + (pad_ ? padded_input_bytes(g_, in[0].dtype) : 0) <= rc.workspace_limit) {
+          algo_ = perf[i].algo;
+          found = true;
+        }
+      }
+      if (!found) return KILN_ERROR("cuDNN has no algorithm for this convolution");
+    }
+    size_t ws = 0;
+    KILN_RETURN_IF_ERROR(cudnn_check(
+        cudnnGetConvolutionForwardWorkspaceSize(rc.cudnn, descs_.x, descs_.w, descs_.conv,
+                                                descs_.y, algo_, &ws),
+        "cudnnGetConvolutionForwardWorkspaceSize (algorithm not supported here)"));
+    algo_ws_ = (ws + 255) / 256 * 256;
+    return algo_ws_ + (pad_ ? padded_input_bytes(g_, in[0].dtype) : 0);
+  }
+
+  Status run(const RunContext& rc, std::span<const DeviceTensor> in,
+             std::span<const DeviceTensor> out) override {
+    const DeviceTensor& y = out[0];
+    if (y.numel() == 0) return Status::Ok();
+    const void* x = in[0].data;
+    if (pad_) {
+      void* padded = static_cast<uint8_t*>(rc.workspace) + algo_ws_;
+      KILN_RETURN_IF_ERROR(launch_pad_input(in[0], padded, g_, rc.stream));
+      x = padded;
+    }
+    const double one_d = 1.0, zero_d = 0.0;
+    const float one_f = 1.0f, zero_f = 0.0f;
+    const bool dbl = y.dtype == DataType::kFloat64;
+    KILN_RETURN_IF_ERROR(cudnn_check(
+        cudnnConvolutionForward(rc.cudnn, dbl ? static_cast<const void*>(&one_d) : &one_f,
+                                descs_.x, x, descs_.w, in[1].data, descs_.conv, algo_,
+                                rc.workspace, algo_ws_, dbl ? static_cast<const void*>(&zero_d) : &zero_f,
+                                descs_.y, y.data),
+        "cudnnConvolutionForward"));
+    const DeviceTensor* bias = in.size() > 2 && in[2].present() ? &in[2] : nullptr;
+    const DeviceTensor* z = in.size() > 3 && in[3].present() ? &in[3] : nullptr;
+    return launch_conv_epilogue(y, bias, z, act_, rc.stream);
+  }
+
+ private:
+  LayerDesc desc_;
+  const Node* node_;
+  ActParams act_;
+  int forced_algo_ = -1;
+  ConvGeom g_;
+  bool nhwc_ = false, pad_ = false;
+  CudnnConvDescs descs_;
+  cudnnConvolutionFwdAlgo_t algo_ = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
+  size_t algo_ws_ = 0;
+};
+
+class CudnnConvTransposeLayer final : public Layer {
+ public:
+  explicit CudnnConvTransposeLayer(const LayerDesc& d) : desc_(d), node_(d.node) {}
+
+  Expected<size_t> configure(const RunContext& rc, std::span<const DeviceTensor> in,
+                             std::span<const DeviceTensor> out) override {
+    KILN_ASSIGN_OR_RETURN(g_, conv_geometry(*node_, in[0].shape, in[1].shape, true));
+    KILN_RETURN_IF_ERROR(descs_.set(g_, in[0].dtype, desc_.precision, false, true, false));
+    cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+    int n = 0;
+    KILN_RETURN_IF_ERROR(cudnn_check(
+        cudnnGetConvolutionBackwardDataAlgorithm_v7(rc.cudnn, descs_.w, descs_.y, descs_.conv,
+                                                    descs_.x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+                                                    &n, perf),
+        "cudnnGetConvolutionBackwardDataAlgorithm_v7"));
+    full_shape_ = {g_.N, g_.M};
+    for (int d = 0; d < g_.nsp; ++d) full_shape_.push_back(full_transpose_out(g_, d));
+    int64_t full = 1;
+    for (int64_t s : full_shape_) full *= s;
+    full_bytes_ = (static_cast<size_t>(full) * dtype_size(in[0].dtype) + 255) / 256 * 256;
+    for (int i = 0; i < n; ++i) {
+      size_t ws = 0;
+      if (perf[i].status != CUDNN_STATUS_SUCCESS ||
+          cudnnGetConvolutionBackwardDataWorkspaceSize(rc.cudnn, descs_.w, descs_.y, descs_.conv,
+                                                       descs_.x, perf[i].algo, &ws) !=
+              CUDNN_STATUS_SUCCESS ||
+          ws + full_bytes_ > rc.workspace_limit)
+        continue;
+      algo_ = perf[i].algo;
+      algo_ws_ = (ws + 255) / 256 * 256;
+      return algo_ws_ + full_bytes_;
+    }
+    return KILN_ERROR("cuDNN has no algorithm for this transposed convolution");
+  }
+
+  Status run(const RunContext& rc, std::span<const DeviceTensor> in,
+             std::span<const DeviceTensor> out) override {
+    if (out[0].numel() == 0) return Status::Ok();
+    void* full = static_cast<uint8_t*>(rc.workspace) + algo_ws_;
+    const double one_d = 1.0, zero_d = 0.0;
+    const float one_f = 1.0f, zero_f = 0.0f;
+    const bool dbl = out[0].dtype == DataType::kFloat64;
+    if (in[0].numel() > 0) {
+      KILN_RETURN_IF_ERROR(cudnn_check(
+          cudnnConvolutionBackwardData(rc.cudnn, dbl ? static_cast<const void*>(&one_d) : &one_f,
+                                       descs_.w, in[1].data, descs_.y, in[0].data, descs_.conv,
+                                       algo_, rc.workspace, algo_ws_,
+                                       dbl ? static_cast<const void*>(&zero_d) : &zero_f,
+                                       descs_.x, full),
+          "cudnnConvolutionBackwardData"));
+    } else {
+      KILN_CUDA_CHECK(cudaMemsetAsync(full, 0, full_bytes_, rc.stream));
+    }
+    const DeviceTensor* bias = in.size() > 2 && in[2].present() ? &in[2] : nullptr;
+    return launch_crop_bias(full, full_shape_, out[0], bias, g_, rc.stream);
+  }
+
+ private:
+  LayerDesc desc_;
+  const Node* node_;
+  ConvGeom g_;
+  CudnnConvDescs descs_;
+  cudnnConvolutionBwdDataAlgo_t algo_ = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
+  size_t algo_ws_ = 0, full_bytes_ = 0;
+  std::vector<int64_t> full_shape_;
+};
+
+bool convt_supports(const LayerDesc& d, std::string* why) {
+  const int rank = static_cast<int>(d.in_type(0).rank());
+  if (rank < 3 || rank > 5) return *why = "cuDNN convolutions take 1-3 spatial axes", false;
+  const DataType t = d.in[0].dtype;
+  if (t != DataType::kFloat32 && t != DataType::kFloat16 && t != DataType::kFloat64)
+    return *why = "float types only", false;
+  return true;
+}
+
+Expected<std::unique_ptr<Layer>> create_conv(const LayerDesc& d) {
+  return std::unique_ptr<Layer>(new CudnnConvLayer(d));
+}
+Expected<std::unique_ptr<Layer>> create_convt(const LayerDesc& d) {
+  return std::unique_ptr<Layer>(new CudnnConvTransposeLayer(d));
+}
+
+const TacticDef kConvTactics[] = {
+    {"", "Conv", "cudnn.conv", kF32 | kF16 | kF64 | kNHWC, 0, conv_supports, create_conv,
+     conv_variants},
+    {"kiln", "FusedConv", "cudnn.conv.fused", kF32 | kF16 | kF64 | kNHWC, 0, conv_supports,
+     create_conv, conv_variants},
+    {"kiln", "FusedConv", "cudnn_graph.fused", kF32 | kF16 | kNHWC, 0, fused_conv_supports,
+     create_cudnn_graph_conv, cudnn_graph_variants},
+    {"kiln", "FusedConv", "cublaslt.conv1x1", kF32 | kF16 | kNHWC, 0, cublaslt_conv_supports,
+     create_cublaslt_conv, cublaslt_variants},
+    {"", "ConvTranspose", "cudnn.convt", kF32 | kF16 | kF64, 0, convt_supports, create_convt},
+};
+
+}  // namespace
+
+std::span<const TacticDef> conv_tactics() { return kConvTactics; }
+
+}  // namespace kiln::gpu

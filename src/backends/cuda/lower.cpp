@@ -1,0 +1,261 @@
+#include "lower.h"
+
+#include <algorithm>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "shape_eval.h"
+#include "tuner.h"
+
+namespace kiln::gpu {
+namespace {
+
+bool is_float(DataType t) { return t == DataType::kFloat32 || t == DataType::kFloat16; }
+
+// The storage type of a tensor of logical type `t` in a layer of precision `p`.
+DataType storage_type(DataType t, Precision p) {
+  if (t == DataType::kFloat32) return p == Precision::kFP16 ? DataType::kFloat16 : t;
+  return t;
+}
+
+// Formats of one candidate: every device tensor in `p`'s storage type; 4-D tensors NHWC when
+// `nhwc`; inputs the tactic reads on the host get no format.
+LayerChoice make_choice(const Node& n, const TacticDef& t, Precision p, bool nhwc) {
+  LayerChoice c;
+  c.tactic = &t;
+  c.precision = p;
+  auto fmt_of = [&](const Value* v) {
+    if (!v) return TensorFormat{};
+    const bool four_d = v->type.rank() == 4;
+    return TensorFormat{storage_type(v->type.dtype, p),
+                        nhwc && four_d ? Layout::kNHWC : Layout::kLinear};
+  };
+  for (size_t i = 0; i < n.num_inputs(); ++i)
+    c.in.push_back((t.host_inputs >> i) & 1u ? TensorFormat{} : fmt_of(n.input(i)));
+  for (size_t o = 0; o < n.num_outputs(); ++o) c.out.push_back(fmt_of(n.output(o)));
+  return c;
+}
+
+// Does the tactic take these storage types at all (before its own supports())?
+bool caps_allow(const LayerChoice& c, std::string* why) {
+  const uint32_t caps = c.tactic->caps;
+  auto check = [&](const TensorFormat& f) {
+    if (f.dtype == DataType::kFloat32 && !(caps & kF32)) return false;
+    if (f.dtype == DataType::kFloat16 && !(caps & kF16)) return false;
+    if (f.dtype == DataType::kFloat64 && !(caps & kF64)) return false;
+    return true;
+  };
+  for (const auto& f : c.in)
+    if (!check(f)) return *why = "no " + std::string(dtype_name(f.dtype)) + " kernel", false;
+  for (const auto& f : c.out)
+    if (!check(f)) return *why = "no " + std::string(dtype_name(f.dtype)) + " kernel", false;
+  return true;
+}
+
+struct Lowering {
+  Graph& g;
+  const GpuBuildOptions& o;
+  std::vector<bool> host;
+  std::unordered_map<const Value*, TensorFormat> produced;  // format each device value has
+  std::unordered_map<const Node*, LayerChoice> choice;
+
+  // kAnyLayout: NHWC only when every device input is a 4-D tensor of the output's shape whose
+  // producer already made it NHWC (so the layer adds no reformat of its own).
+  bool follows_nhwc(const Node& n) const {
+    const Value* y = n.output(0);
+    if (!y || y->type.rank() != 4) return false;
+    bool any = false;
+    for (const Value* v : n.inputs()) {
+      if (!v) continue;
+      if (v->type.dims != y->type.dims) return false;
+      auto it = produced.find(v);
+      if (it != produced.end() && it->second.layout == Layout::kNHWC) any = true;
+      else if (!v->is_constant()) return false;
+    }
+    return any;
+  }
+
+  // The candidates of a node at its precision, most preferred layout first.
+  Expected<std::vector<LayerChoice>> candidates(const Node& n, std::string* why_none) {
+    auto tactics = tactics_for(n.domain, n.op_type);
+    if (!o.force_tactic.empty() &&
+        std::any_of(tactics.begin(), tactics.end(), [&](auto* t) { return t->name == o.force_tactic; }))
+      std::erase_if(tactics, [&](auto* t) { return t->name != o.force_tactic; });
+    if (tactics.empty()) {
+      *why_none = "no GPU kernel exists for this op";
+      return std::vector<LayerChoice>{};
+    }
+    const auto pin = o.layer_precisions.find(n.name);
+    const bool want16 = pin != o.layer_precisions.end() ? pin->second == "fp16" : o.fp16;
+    std::vector<Precision> precisions;
+    if (want16) precisions.push_back(Precision::kFP16);
+    precisions.push_back(o.tf32 ? Precision::kTF32 : Precision::kFP32);
+    std::string reasons;
+    for (Precision p : precisions) {
+      const bool nhwc_wanted =
+          o.layout == "nhwc" || (o.layout == "auto" && p != Precision::kFP32);
+      for (bool nhwc : {true, false}) {
+        std::vector<LayerChoice> out;
+        for (const TacticDef* t : tactics) {
+          if (nhwc) {
+            const bool can = ((t->caps & kNHWC) && nhwc_wanted && n.output(0) &&
+                              n.output(0)->type.rank() == 4) ||
+                             ((t->caps & kAnyLayout) && follows_nhwc(n));
+            if (!can) continue;
+          }
+          LayerChoice c = make_choice(n, *t, p, nhwc);
+          std::string why;
+          LayerDesc d = c.desc(&n);
+          if (!caps_allow(c, &why) || (t->supports && !t->supports(d, &why))) {
+            reasons += fmt::format("{}{} ({}): {}", reasons.empty() ? "" : "; ", t->name,
+                                   precision_name(p), why.empty() ? "not supported" : why);
+            continue;
+          }
+          const auto variants = t->variants ? t->variants(d) : std::vector<std::string>{""};
+          for (const auto& v : variants) {
+            c.variant = v;
+            out.push_back(c);
+          }
+        }
+        if (!out.empty()) return out;
+      }
+    }
+    *why_none = reasons;
+    return std::vector<LayerChoice>{};
+  }
+
+  // Where value `v` must be in format `want` for a consumer placed before `pos`: the value itself,
+  // or a kiln.Reformat of it (one per value and format, shared by consumers).
+  std::map<std::pair<const Value*, std::string>, Value*> reformats;
+  Expected<Value*> in_format(Value* v, const TensorFormat& want, Node* pos) {
+    auto it = produced.find(v);
+    if (it == produced.end() || it->second == want) return v;  // constant/host: converted at load
+    auto key = std::make_pair(static_cast<const Value*>(v), want.str());
+    if (auto r = reformats.find(key); r != reformats.end()) return r->second;
+    const std::string name = g.unique_name(v->name + "_to_" + want.str());
+    Node* r = pos ? g.insert_node_before(pos, "Reformat", name, {v}, {name}, "kiln")
+                  : g.add_node("Reformat", name, {v}, {name}, "kiln");
+    r->origin = "lower";
+    r->output(0)->type = v->type;
+    const TacticDef* t = find_tactic("reformat");
+    LayerChoice c;
+    c.tactic = t;
+    c.precision = Precision::kFP32;
+    c.in = {it->second};
+    c.out = {want};
+    choice[r] = c;
+    produced[r->output(0)] = want;
+    reformats[key] = r->output(0);
+    return r->output(0);
+  }
+};
+
+}  // namespace
+
+std::vector<bool> host_nodes(const Graph& g) {
+  std::vector<bool> host(g.nodes().size(), false);
+  std::unordered_set<const Value*> host_vals;
+  for (size_t k = 0; k < g.nodes().size(); ++k) {
+    const Node* n = g.nodes()[k];
+    bool h = is_shape_op(n->domain, n->op_type);
+    if (!h) {
+      h = true;
+      for (const Value* v : n->inputs())
+        if (v && !v->is_constant() && !host_vals.count(v)) h = false;
+    }
+    host[k] = h;
+    if (h)
+      for (const Value* v : n->outputs())
+        if (v) host_vals.insert(v);
+  }
+  return host;
+}
+
+Expected<Plan> lower_for_gpu(Graph& g, const std::vector<std::vector<int64_t>>& opt_shapes,
+                             const GpuBuildOptions& o) {
+  Lowering L{g, o, host_nodes(g), {}, {}};
+  KILN_ASSIGN_OR_RETURN(ShapeResult shapes, evaluate_shapes(g, L.host, opt_shapes));
+  KILN_ASSIGN_OR_RETURN(TimingCache cache, TimingCache::open(o.timing_cache, device_signature()));
+  if (cache.device_mismatch() && o.log)
+    *o.log << "timing cache " << o.timing_cache << " is from another GPU or library version: "
+           << "its times are not used\n";
+  std::unique_ptr<Tuner> tuner;
+  std::unordered_set<const Value*> host_vals;
+  for (Value* v : g.inputs()) L.produced[v] = TensorFormat{v->type.dtype, Layout::kLinear};
+  const std::vector<Node*> nodes = g.nodes();  // reformat layers are inserted while we walk
+  for (size_t k = 0; k < nodes.size(); ++k) {
+    Node* n = nodes[k];
+    if (L.host[k]) {
+      L.choice[n] = LayerChoice{};
+      for (const Value* v : n->outputs()) host_vals.insert(v);
+      continue;
+    }
+    std::string why;
+    KILN_ASSIGN_OR_RETURN(std::vector<LayerChoice> cands, L.candidates(*n, &why));
+    if (cands.empty())
+      return KILN_ERROR("{}: cannot run on the GPU: {}", n->label(), why);
+    for (size_t i = 0; i < n->num_inputs(); ++i) {
+      const Value* v = n->input(i);
+      if (v && (cands[0].tactic->host_inputs >> i) & 1u && !v->is_constant() && !host_vals.count(v))
+        return KILN_ERROR("{}: input {} ('{}') must be known before the layer runs (a constant "
+                          "or computed from shapes), but it is computed on the GPU",
+                          n->label(), i, v->name);
+    }
+    size_t best = 0;
+    if (cands.size() > 1 && o.tune) {
+      if (!tuner) {
+        KILN_ASSIGN_OR_RETURN(tuner, Tuner::create(&cache, o.workspace_limit));
+      }
+      std::vector<std::string> failed;
+      KILN_ASSIGN_OR_RETURN(best, tuner->choose(*n, cands, shapes, &failed));
+      for (const auto& c : cands)
+        if (c.time_ms >= 0) cands[best].timed.emplace_back(std::string(c.tactic->name) + "/" + c.variant, c.time_ms);
+      if (o.log) {
+        *o.log << fmt::format("{}: {} candidates, chose {}/{} ({:.4f} ms)\n", n->label(),
+                              cands.size(), cands[best].tactic->name, cands[best].variant,
+                              cands[best].time_ms);
+        for (const auto& c : cands)
+          if (c.time_ms >= 0)
+            *o.log << fmt::format("    {}/{} {:.4f} ms\n", c.tactic->name, c.variant, c.time_ms);
+        for (const auto& f : failed) *o.log << "    failed " << f << "\n";
+      }
+    } else if (o.log) {
+      *o.log << fmt::format("{}: {} ({}, {})\n", n->label(), cands[0].tactic->name,
+                            precision_name(cands[0].precision),
+                            cands[0].out.empty() ? "" : cands[0].out[0].str());
+    }
+    LayerChoice c = std::move(cands[best]);
+    for (size_t i = 0; i < n->num_inputs(); ++i) {
+      Value* v = n->input(i);
+      if (!v || c.in[i].dtype == DataType::kUndefined) continue;
+      KILN_ASSIGN_OR_RETURN(Value * r, L.in_format(v, c.in[i], n));
+      if (r != v) g.set_input(n, i, r);
+    }
+    for (size_t out = 0; out < n->num_outputs(); ++out)
+      if (const Value* v = n->output(out)) L.produced[v] = c.out[out];
+    L.choice[n] = std::move(c);
+  }
+  // Graph outputs leave in their declared type, row-major: reformat where needed, keeping the
+  // output's name on the reformatted value.
+  for (size_t i = 0; i < g.outputs().size(); ++i) {
+    Value* v = g.outputs()[i];
+    const TensorFormat want{v->type.dtype, Layout::kLinear};
+    KILN_ASSIGN_OR_RETURN(Value * r, L.in_format(v, want, nullptr));
+    if (r == v) continue;
+    const std::string name = v->name;
+    KILN_RETURN_IF_ERROR(g.rename_value(v, g.unique_name(name + "_kiln")));
+    KILN_RETURN_IF_ERROR(g.rename_value(r, name));
+    for (size_t j = 0; j < g.outputs().size(); ++j)
+      if (g.outputs()[j] == v) g.set_output(j, r);
+  }
+  g.renumber();
+  KILN_RETURN_IF_ERROR(cache.save());
+  if (o.log && !o.timing_cache.empty())
+    *o.log << fmt::format("timing cache: {} entries, {} hits\n", cache.size(), cache.hits());
+  Plan plan;
+  plan.workspace_limit = o.workspace_limit;
+  for (const Node* n : g.nodes()) plan.layers.push_back(L.choice.at(n));
+  return plan;
+}
+
+}  // namespace kiln::gpu

@@ -1,0 +1,38 @@
+// Lowering for the GPU: decides, for every node of the optimized graph, whether it runs on the
+// host (shape arithmetic) or the GPU, the precision and storage formats of each GPU layer, the
+// tactic (timed by the tuner when there is a choice), and inserts kiln.Reformat layers wherever
+// a tensor's producer and consumer want different formats.
+#pragma once
+
+#include <map>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+#include "plan.h"
+
+namespace kiln::gpu {
+
+struct GpuBuildOptions {
+  bool fp16 = false;  // float layers may store float16 and use FP16 tensor cores
+  bool tf32 = true;   // FP32 matrix products may use TF32 tensor cores
+  std::map<std::string, std::string> layer_precisions;  // node name -> "fp32" | "fp16"
+  std::string layout = "auto";  // "auto" (NHWC for reduced-precision CNN layers), "linear", "nhwc"
+  std::string timing_cache;     // path, or empty
+  size_t workspace_limit = size_t(1) << 30;
+  bool tune = true;             // time candidates (false: the first supported one, for tests)
+  std::string force_tactic;     // tests: keep only this tactic where it implements the op
+  std::ostream* log = nullptr;  // --verbose: per-layer candidates and times
+};
+
+// `opt_shapes` follow g.inputs() (the profile's opt shapes). Rewrites `g` (reformat layers) and
+// returns the plan whose records follow the rewritten graph's node order.
+Expected<Plan> lower_for_gpu(Graph& g, const std::vector<std::vector<int64_t>>& opt_shapes,
+                             const GpuBuildOptions& o);
+
+// Which nodes run on the host: Shape/Size, and nodes whose inputs are all constants or host
+// values. Per node, in node order.
+std::vector<bool> host_nodes(const Graph& g);
+
+}  // namespace kiln::gpu

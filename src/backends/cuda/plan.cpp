@@ -1,0 +1,109 @@
+#include "plan.h"
+
+#include <fmt/format.h>
+
+namespace kiln::gpu {
+namespace {
+
+std::string format_str(const TensorFormat& f) {
+  return f.dtype == DataType::kUndefined ? "host" : f.str();
+}
+
+Expected<TensorFormat> parse_format(const nlohmann::json& j) {
+  if (!j.is_string()) return KILN_ERROR("a tensor format is not a string");
+  const std::string s = j.get<std::string>();
+  if (s == "host") return TensorFormat{};
+  const size_t slash = s.find('/');
+  if (slash == std::string::npos) return KILN_ERROR("bad tensor format '{}'", s);
+  auto dt = dtype_from_name(s.substr(0, slash));
+  const std::string layout = s.substr(slash + 1);
+  if (!dt || (layout != "linear" && layout != "nhwc"))
+    return KILN_ERROR("bad tensor format '{}'", s);
+  return TensorFormat{*dt, layout == "nhwc" ? Layout::kNHWC : Layout::kLinear};
+}
+
+Expected<std::vector<TensorFormat>> parse_formats(const nlohmann::json& j, size_t count,
+                                                  const char* what) {
+  if (!j.is_array() || j.size() != count)
+    return KILN_ERROR("'{}' must list {} formats", what, count);
+  std::vector<TensorFormat> out;
+  for (const auto& e : j) {
+    KILN_ASSIGN_OR_RETURN(TensorFormat f, parse_format(e));
+    out.push_back(f);
+  }
+  return out;
+}
+
+}  // namespace
+
+nlohmann::json plan_to_json(const Plan& p) {
+  nlohmann::json layers = nlohmann::json::array();
+  for (const LayerChoice& c : p.layers) {
+    if (c.is_host()) {
+      layers.push_back({{"tactic", "host"}});
+      continue;
+    }
+    nlohmann::json in = nlohmann::json::array(), out = nlohmann::json::array();
+    for (const auto& f : c.in) in.push_back(format_str(f));
+    for (const auto& f : c.out) out.push_back(format_str(f));
+    nlohmann::json timed = nlohmann::json::array();
+    for (const auto& [name, ms] : c.timed) timed.push_back({name, ms});
+    layers.push_back({{"tactic", std::string(c.tactic->name)},
+                      {"variant", c.variant},
+                      {"precision", precision_name(c.precision)},
+                      {"in", in},
+                      {"out", out},
+                      {"time_ms", c.time_ms},
+                      {"timed", timed}});
+  }
+  return {{"layers", layers}, {"workspace_limit", p.workspace_limit}};
+}
+
+Expected<Plan> plan_from_json(const Graph& g, const nlohmann::json& j) {
+  Plan p;
+  if (!j.is_object() || !j.contains("layers") || !j["layers"].is_array())
+    return KILN_ERROR("backend plan: no layer list (an engine of another backend?)");
+  const auto& layers = j["layers"];
+  if (layers.size() != g.nodes().size())
+    return KILN_ERROR("backend plan: {} layer records for {} graph nodes", layers.size(),
+                      g.nodes().size());
+  if (j.contains("workspace_limit") && j["workspace_limit"].is_number_unsigned())
+    p.workspace_limit = j["workspace_limit"].get<size_t>();
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const Node* n = g.nodes()[i];
+    const auto& r = layers[i];
+    auto fail = [&](const Status& s) { return s.with_context("backend plan: " + n->label()); };
+    if (!r.is_object() || !r.contains("tactic") || !r["tactic"].is_string())
+      return fail(KILN_ERROR("record has no tactic"));
+    LayerChoice c;
+    const std::string tactic = r["tactic"].get<std::string>();
+    if (tactic != "host") {
+      c.tactic = find_tactic(tactic);
+      if (!c.tactic)
+        return fail(KILN_ERROR("unknown tactic '{}' (engine from another kiln version?)", tactic));
+      if (c.tactic->op_type != n->op_type)
+        return fail(KILN_ERROR("tactic '{}' does not implement op {}", tactic, n->op_type));
+      const std::string prec = r.value("precision", "");
+      if (prec == "fp32") c.precision = Precision::kFP32;
+      else if (prec == "tf32") c.precision = Precision::kTF32;
+      else if (prec == "fp16") c.precision = Precision::kFP16;
+      else return fail(KILN_ERROR("bad precision '{}'", prec));
+      if (r.contains("variant") && r["variant"].is_string()) c.variant = r["variant"];
+      auto in = parse_formats(r.value("in", nlohmann::json()), n->num_inputs(), "in");
+      if (!in.ok()) return fail(in.status());
+      auto out = parse_formats(r.value("out", nlohmann::json()), n->num_outputs(), "out");
+      if (!out.ok()) return fail(out.status());
+      c.in = std::move(in).value();
+      c.out = std::move(out).value();
+      if (r.contains("time_ms") && r["time_ms"].is_number()) c.time_ms = r["time_ms"];
+      if (r.contains("timed") && r["timed"].is_array())
+        for (const auto& t : r["timed"])
+          if (t.is_array() && t.size() == 2 && t[0].is_string() && t[1].is_number())
+            c.timed.emplace_back(t[0].get<std::string>(), t[1].get<double>());
+    }
+    p.layers.push_back(std::move(c));
+  }
+  return p;
+}
+
+}  // namespace kiln::gpu

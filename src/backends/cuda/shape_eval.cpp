@@ -1,0 +1,91 @@
+#include "shape_eval.h"
+
+#include <algorithm>
+
+#include "ops/op.h"
+
+namespace kiln::gpu {
+namespace {
+
+// Shape and Size need only their input's shape, never its data (which lives on the GPU).
+Tensor eval_shape_op(const Node& n, const std::vector<int64_t>& dims) {
+  if (n.op_type == "Size") {
+    int64_t numel = 1;
+    for (int64_t d : dims) numel *= d;
+    return Tensor::scalar<int64_t>(numel);
+  }
+  const int64_t rank = static_cast<int64_t>(dims.size());
+  auto clamp = [&](int64_t a) { return std::clamp(a < 0 ? a + rank : a, int64_t{0}, rank); };
+  const int64_t start = clamp(n.attrs.get_int("start", 0));
+  const int64_t end = clamp(n.attrs.get_int("end", rank));
+  std::vector<int64_t> v;
+  for (int64_t i = start; i < end; ++i) v.push_back(dims[i]);
+  return Tensor::from<int64_t>({static_cast<int64_t>(v.size())}, v);
+}
+
+}  // namespace
+
+Expected<ShapeResult> evaluate_shapes(const Graph& g, const std::vector<bool>& host_nodes,
+                                      const std::vector<std::vector<int64_t>>& input_shapes) {
+  if (input_shapes.size() != g.inputs().size())
+    return KILN_ERROR("expected {} input shapes, got {}", g.inputs().size(), input_shapes.size());
+  // Inference reads types and constants off the graph's values, so it runs on a private copy
+  // whose inputs are made static and whose host values become constants as they are computed.
+  std::unique_ptr<Graph> c = g.clone();
+  for (size_t i = 0; i < input_shapes.size(); ++i) {
+    std::vector<Dim> dims(input_shapes[i].begin(), input_shapes[i].end());
+    c->inputs()[i]->type = TensorType(g.inputs()[i]->type.dtype, dims);
+  }
+  ShapeResult r;
+  for (size_t k = 0; k < c->nodes().size(); ++k) {
+    Node* n = c->nodes()[k];
+    const OpDef* def = find_op(n->domain, n->op_type);
+    if (!def || !def->infer) return KILN_ERROR("{}: no shape inference", n->label());
+    std::vector<TensorType> outs(n->num_outputs());
+    InferContext ictx(*n, outs);
+    KILN_RETURN_IF_ERROR(def->infer(ictx).with_context(n->label()));
+    for (size_t o = 0; o < n->num_outputs(); ++o)
+      if (Value* v = n->output(o)) v->type = outs[o];
+    if (host_nodes[k]) {
+      std::vector<Tensor> results(n->num_outputs());
+      if (is_shape_op(n->domain, n->op_type)) {
+        const auto in_shape = n->input(0) ? n->input(0)->type.static_shape() : std::nullopt;
+        if (!in_shape) return KILN_ERROR("{}: input shape is not known", n->label());
+        results[0] = eval_shape_op(*n, *in_shape);
+      } else {
+        std::vector<const Tensor*> ins;
+        for (const Value* v : n->inputs()) ins.push_back(v ? v->constant.get() : nullptr);
+        for (size_t i = 0; i < ins.size(); ++i)
+          if (n->input(i) && !ins[i])
+            return KILN_ERROR("{}: input {} is not known on the host", n->label(), i);
+        KernelContext kctx(*n, ins, results);
+        if (!def->cpu) return KILN_ERROR("{}: no host kernel", n->label());
+        KILN_RETURN_IF_ERROR(def->cpu(kctx).with_context(n->label()));
+      }
+      for (size_t o = 0; o < n->num_outputs(); ++o) {
+        Value* v = n->output(o);
+        if (!v) continue;
+        auto t = std::make_shared<const Tensor>(std::move(results[o]));
+        v->type = TensorType::of(*t);
+        v->constant = t;
+        r.host[g.nodes()[k]->output(o)] = t;
+      }
+    }
+    for (size_t o = 0; o < n->num_outputs(); ++o) {
+      const Value* v = n->output(o);
+      if (!v) continue;
+      auto s = v->type.static_shape();
+      if (!s)
+        return KILN_ERROR("{}: the shape of output '{}' is not known for these input shapes "
+                          "({}); data-dependent shapes are not supported by the cuda backend",
+                          n->label(), v->name, v->type.str());
+      r.shapes[g.nodes()[k]->output(o)] = *s;
+    }
+  }
+  for (size_t i = 0; i < g.inputs().size(); ++i) r.shapes[g.inputs()[i]] = input_shapes[i];
+  for (const Value* v : g.values())
+    if (v->is_constant()) r.shapes[v] = v->constant->shape();
+  return r;
+}
+
+}  // namespace kiln::gpu

@@ -1,0 +1,26 @@
+// The tactic families: each layers/<family>.cu defines one table of TacticDefs; tactic_table.cpp
+// joins them into the backend's one table (as src/ops/registry.cpp does for ops).
+#pragma once
+
+#include <span>
+
+#include "layer.h"
+
+namespace kiln::gpu {
+
+std::span<const TacticDef> reformat_tactics();     // layers/reformat.cu: layout/type conversion
+std::span<const TacticDef> elementwise_tactics();  // layers/elementwise*.cu: unary, binary,
+                                                   // variadic, Where, Clip, Cast, activations,
+                                                   // kiln.ElementwiseChain
+std::span<const TacticDef> movement_tactics();     // layers/movement*.cu: Reshape family,
+                                                   // Transpose, Slice, Concat, Split, Gather*,
+                                                   // Pad, Tile, Expand, Resize, DepthToSpace, ...
+std::span<const TacticDef> reduce_tactics();       // layers/reduce*.cu: Reduce*, ArgMax/Min,
+                                                   // Softmax family, norms, TopK, CumSum, Q/DQ
+std::span<const TacticDef> conv_tactics();         // layers/conv*.cpp: Conv, ConvTranspose,
+                                                   // kiln.FusedConv (cuDNN, cuBLASLt)
+std::span<const TacticDef> pool_tactics();         // layers/pool.cu
+std::span<const TacticDef> gemm_tactics();         // layers/gemm.cpp: Gemm, MatMul, FusedGemm,
+                                                   // kiln.Attention
+
+}  // namespace kiln::gpu

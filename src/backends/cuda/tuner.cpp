@@ -1,0 +1,156 @@
+#include "tuner.h"
+
+#include <algorithm>
+
+namespace kiln::gpu {
+
+Expected<std::unique_ptr<Tuner>> Tuner::create(TimingCache* cache, size_t workspace_limit) {
+  std::unique_ptr<Tuner> t(new Tuner());
+  t->cache_ = cache;
+  t->workspace_limit_ = workspace_limit;
+  KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&t->stream_, cudaStreamNonBlocking));
+  KILN_CUDA_CHECK(cudaEventCreate(&t->start_));
+  KILN_CUDA_CHECK(cudaEventCreate(&t->stop_));
+  KILN_ASSIGN_OR_RETURN(t->handles_, LibraryHandles::create(t->stream_));
+  return t;
+}
+
+Tuner::~Tuner() {
+  if (stream_) cudaStreamSynchronize(stream_);
+  buffers_.clear();
+  handles_.reset();
+  if (start_) cudaEventDestroy(start_);
+  if (stop_) cudaEventDestroy(stop_);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+std::string Tuner::signature(const Node& n, const LayerChoice& c, const ShapeResult& shapes) {
+  std::string s = n.domain + "." + n.op_type + "{";
+  for (const auto& [name, a] : n.attrs.all()) s += name + "=" + a.str() + ";";
+  s += "}(";
+  for (size_t i = 0; i < n.num_inputs(); ++i) {
+    const Value* v = n.input(i);
+    if (v) {
+      auto it = shapes.shapes.find(v);
+      s += it == shapes.shapes.end() ? "?" : shape_str(it->second);
+      s += v->is_constant() ? "c" : "";
+    }
+    s += ":" + (i < c.in.size() && c.in[i].dtype != DataType::kUndefined ? c.in[i].str() : "-");
+    s += ",";
+  }
+  s += ")->";
+  for (const auto& f : c.out) s += f.str() + ",";
+  s += fmt::format("|{}|{}/{}", precision_name(c.precision), c.tactic->name, c.variant);
+  return s;
+}
+
+Expected<double> Tuner::time_candidate(const Node& n, const LayerChoice& c,
+                                       const ShapeResult& shapes) {
+  const LayerDesc desc = c.desc(&n);
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Layer> layer, c.tactic->create(desc));
+  std::vector<DeviceTensor> in(n.num_inputs()), out(n.num_outputs());
+  size_t next = 0;
+  auto buffer = [&](size_t bytes) -> Expected<void*> {
+    if (next == buffers_.size()) buffers_.push_back(std::make_unique<DeviceMemory>());
+    DeviceMemory& m = *buffers_[next++];
+    KILN_RETURN_IF_ERROR(m.reserve(std::max<size_t>(bytes, 256), "tuning buffers"));
+    return m.get();
+  };
+  std::vector<Tensor> converted;  // keeps host views alive
+  converted.reserve(n.num_inputs());
+  for (size_t i = 0; i < n.num_inputs(); ++i) {
+    const Value* v = n.input(i);
+    if (!v) continue;
+    DeviceTensor& t = in[i];
+    t.shape = shapes.shapes.at(v);
+    auto host = shapes.host.find(v);
+    const Tensor* hv = v->is_constant() ? v->constant.get()
+                       : host != shapes.host.end() ? host->second.get() : nullptr;
+    t.host = hv;
+    if (c.in[i].dtype == DataType::kUndefined) {  // read on the host only
+      t.dtype = v->type.dtype;
+      continue;
+    }
+    t.dtype = c.in[i].dtype;
+    t.layout = c.in[i].layout;
+    KILN_ASSIGN_OR_RETURN(t.data, buffer(t.nbytes()));
+    if (hv) {
+      KILN_ASSIGN_OR_RETURN(Tensor d, to_device_format(*hv, c.in[i]));
+      KILN_CUDA_CHECK(cudaMemcpyAsync(t.data, d.raw(), d.nbytes(), cudaMemcpyHostToDevice, stream_));
+      converted.push_back(std::move(d));
+    } else {
+      KILN_RETURN_IF_ERROR(fill_random(t.data, t.dtype, t.numel(), seed_++, stream_));
+    }
+  }
+  for (size_t o = 0; o < n.num_outputs(); ++o) {
+    const Value* v = n.output(o);
+    if (!v) continue;
+    DeviceTensor& t = out[o];
+    t.shape = shapes.shapes.at(v);
+    t.dtype = c.out[o].dtype;
+    t.layout = c.out[o].layout;
+    KILN_ASSIGN_OR_RETURN(t.data, buffer(t.nbytes()));
+  }
+  RunContext rc;
+  rc.stream = stream_;
+  handles_->bind(rc);
+  rc.workspace_limit = workspace_limit_;
+  KILN_ASSIGN_OR_RETURN(size_t ws, layer->configure(rc, in, out));
+  if (ws > workspace_limit_)
+    return KILN_ERROR("needs {} MiB of workspace, over the limit of {} MiB", ws >> 20,
+                      workspace_limit_ >> 20);
+  KILN_RETURN_IF_ERROR(workspace_.reserve(std::max<size_t>(ws, 256), "tuning workspace"));
+  rc.workspace = workspace_.get();
+  rc.workspace_bytes = ws;
+  for (int i = 0; i < 2; ++i) KILN_RETURN_IF_ERROR(layer->run(rc, in, out));
+  // One timed run decides how many runs make a round of about 1 ms.
+  KILN_CUDA_CHECK(cudaEventRecord(start_, stream_));
+  KILN_RETURN_IF_ERROR(layer->run(rc, in, out));
+  KILN_CUDA_CHECK(cudaEventRecord(stop_, stream_));
+  KILN_CUDA_CHECK(cudaEventSynchronize(stop_));
+  float once = 0;
+  KILN_CUDA_CHECK(cudaEventElapsedTime(&once, start_, stop_));
+  const int per_round = std::clamp(static_cast<int>(1.0f / std::max(once, 1e-4f)), 1, 50);
+  std::vector<double> rounds;
+  for (int r = 0; r < 5; ++r) {
+    KILN_CUDA_CHECK(cudaEventRecord(start_, stream_));
+    for (int i = 0; i < per_round; ++i) KILN_RETURN_IF_ERROR(layer->run(rc, in, out));
+    KILN_CUDA_CHECK(cudaEventRecord(stop_, stream_));
+    KILN_CUDA_CHECK(cudaEventSynchronize(stop_));
+    float ms = 0;
+    KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
+    rounds.push_back(ms / per_round);
+  }
+  std::nth_element(rounds.begin(), rounds.begin() + 2, rounds.end());
+  KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return rounds[2];
+}
+
+Expected<size_t> Tuner::choose(const Node& n, std::vector<LayerChoice>& candidates,
+                               const ShapeResult& shapes, std::vector<std::string>* why) {
+  size_t best = candidates.size();
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    LayerChoice& c = candidates[i];
+    const std::string key = signature(n, c, shapes);
+    std::optional<double> ms = cache_ ? cache_->find(key) : std::nullopt;
+    if (!ms) {
+      auto t = time_candidate(n, c, shapes);
+      if (t.ok()) {
+        ms = *t;
+        if (cache_) cache_->put(key, *ms);
+      } else {
+        if (why) why->push_back(fmt::format("{}/{}: {}", c.tactic->name, c.variant, t.status().message()));
+        if (cache_) cache_->put(key, -1.0);  // remembered as failing
+        c.time_ms = -1;
+        continue;
+      }
+    }
+    c.time_ms = *ms;
+    if (*ms >= 0 && (best == candidates.size() || *ms < candidates[best].time_ms)) best = i;
+  }
+  if (best == candidates.size())
+    return KILN_ERROR("{}: every candidate tactic failed", n.label());
+  return best;
+}
+
+}  // namespace kiln::gpu

@@ -1,0 +1,42 @@
+// The tuner: times a layer's candidate tactics on the GPU at the profile's opt shapes and keeps
+// the fastest. Inputs are random (fresh per layer), weights are the layer's real constants in
+// the candidate's formats, the median of several timed rounds counts. Times come from and go to
+// the timing cache, so a rebuild with the same cache makes the same choices without timing.
+#pragma once
+
+#include <memory>
+#include <ostream>
+#include <vector>
+
+#include "device_util_host.h"
+#include "plan.h"
+#include "shape_eval.h"
+#include "timing_cache.h"
+
+namespace kiln::gpu {
+
+class Tuner {
+ public:
+  static Expected<std::unique_ptr<Tuner>> create(TimingCache* cache, size_t workspace_limit);
+  ~Tuner();
+  // Times every candidate (cache first); returns the index of the fastest and fills each
+  // candidate's time_ms (-1 when it failed). `why` gets, per failed candidate, the reason.
+  Expected<size_t> choose(const Node& n, std::vector<LayerChoice>& candidates,
+                          const ShapeResult& shapes, std::vector<std::string>* why);
+  // The cache key of a candidate: op, attributes, shapes and formats, precision, tactic.
+  static std::string signature(const Node& n, const LayerChoice& c, const ShapeResult& shapes);
+
+ private:
+  Tuner() = default;
+  Expected<double> time_candidate(const Node& n, const LayerChoice& c, const ShapeResult& shapes);
+  TimingCache* cache_ = nullptr;
+  size_t workspace_limit_ = 0;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t start_ = nullptr, stop_ = nullptr;
+  std::unique_ptr<LibraryHandles> handles_;
+  DeviceMemory workspace_;
+  std::vector<std::unique_ptr<DeviceMemory>> buffers_;
+  uint64_t seed_ = 1;
+};
+
+}  // namespace kiln::gpu

@@ -1,0 +1,59 @@
+// test-backend-ops: every GPU layer is checked against the CPU reference backend. A case is a
+// one-node graph (op, attributes, inputs); the harness builds it for the cuda backend at each
+// listed mode, runs both backends on the same random inputs and compares every output.
+//
+// Each tactic family lists its cases in tests/cuda/cases_<family>.cpp; test_backend_ops.cpp
+// joins them. Tolerances (relative L2 over the output, NaN/Inf must match): fp32 (strict FP32,
+// --no-tf32) 1e-5, tf32 1e-3, fp16 1e-2, unless a case says otherwise; integer and bool
+// outputs must be exact.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+#include "kiln/tensor.h"
+
+namespace kiln::gpu::test {
+
+struct CaseInput {
+  DataType dtype = DataType::kFloat32;
+  std::vector<int64_t> shape;
+  bool constant = false;          // an initializer of the graph (weights, axes, shapes, ...)
+  std::optional<Tensor> value;    // fixed value (indices, axes, ...); else random in [lo, hi]
+  double lo = -1, hi = 1;         // integers: uniform integers in [lo, hi]; bool: random bits
+  bool absent = false;            // an omitted optional input ("" in ONNX)
+};
+
+struct OpCase {
+  std::string name;               // unique within the family, [A-Za-z0-9_]
+  std::string op_type;
+  std::string domain;             // "" (ai.onnx) or "kiln"
+  Attributes attrs;
+  std::vector<CaseInput> inputs;
+  int num_outputs = 1;
+  // Modes to build: "fp32" (strict), "tf32", "fp16", "nhwc16" (fp16 with NHWC preferred for
+  // 4-D tensors). Float64/integer cases use "fp32" only.
+  std::vector<std::string> modes = {"fp32", "fp16"};
+  double tolerance = 0;           // relative L2 override for float outputs (0: per-mode default)
+};
+
+// Helpers for writing cases compactly.
+CaseInput in(std::vector<int64_t> shape, DataType t = DataType::kFloat32, double lo = -1, double hi = 1);
+CaseInput konst(Tensor value);                         // a constant input with a fixed value
+CaseInput ints(std::vector<int64_t> values);           // constant int64 1-D tensor
+CaseInput absent();
+// A constant float32 input of random values uniform in [-scale, scale] (weights).
+CaseInput konst_random(std::vector<int64_t> shape, double scale);
+Attribute ints_attr(std::vector<int64_t> v);
+
+// The families' case lists (tests/cuda/cases_*.cpp).
+std::vector<OpCase> elementwise_cases();
+std::vector<OpCase> movement_cases();
+std::vector<OpCase> reduce_cases();
+std::vector<OpCase> conv_cases();       // conv family (Conv, ConvTranspose, FusedConv)
+std::vector<OpCase> gemm_pool_cases();  // pooling, Gemm, MatMul, FusedGemm, Attention
+
+}  // namespace kiln::gpu::test

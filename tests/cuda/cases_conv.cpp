@@ -1,0 +1,111 @@
+// Conv family cases: Conv (1-3 spatial axes, strides, dilations, groups, depthwise, asymmetric
+// and SAME padding), kiln.FusedConv (bias, residual, every fused activation) and ConvTranspose.
+#include <cmath>
+
+#include "backend_ops.h"
+
+namespace kiln::gpu::test {
+namespace {
+
+OpCase conv(std::string name, std::vector<int64_t> x, std::vector<int64_t> w, Attributes a,
+            bool bias = true, std::vector<std::string> modes = {"fp32", "tf32", "fp16", "nhwc16"}) {
+  OpCase c;
+  c.name = std::move(name);
+  c.op_type = "Conv";
+  c.attrs = std::move(a);
+  const double k = 1.0 / std::sqrt(static_cast<double>(w[1] * (w.size() > 2 ? w[2] : 1)));
+  c.inputs = {in(x), konst_random(w, k)};
+  if (bias) c.inputs.push_back(konst_random({w[0]}, 0.5));
+  c.modes = std::move(modes);
+  return c;
+}
+
+Attributes attrs(std::initializer_list<std::pair<const char*, Attribute>> kv) {
+  Attributes a;
+  for (const auto& [k, v] : kv) a.set(k, v);
+  return a;
+}
+
+}  // namespace
+
+std::vector<OpCase> conv_cases() {
+  std::vector<OpCase> v;
+  v.push_back(conv("3x3_pad1", {2, 8, 9, 11}, {16, 8, 3, 3}, attrs({{"pads", ints_attr({1, 1, 1, 1})}})));
+  v.push_back(conv("1x1", {3, 16, 7, 7}, {8, 16, 1, 1}, {}));
+  v.push_back(conv("7x7_s2_stem", {2, 3, 32, 32}, {16, 3, 7, 7},
+                   attrs({{"pads", ints_attr({3, 3, 3, 3})}, {"strides", ints_attr({2, 2})}})));
+  v.push_back(conv("strided_no_bias", {1, 4, 10, 10}, {6, 4, 3, 3},
+                   attrs({{"strides", ints_attr({2, 3})}}), false));
+  v.push_back(conv("dilated", {1, 4, 12, 12}, {4, 4, 3, 3},
+                   attrs({{"dilations", ints_attr({2, 2})}, {"pads", ints_attr({2, 2, 2, 2})}})));
+  v.push_back(conv("grouped", {2, 8, 6, 6}, {12, 2, 3, 3},
+                   attrs({{"group", Attribute::Int(4)}, {"pads", ints_attr({1, 1, 1, 1})}})));
+  v.push_back(conv("depthwise", {2, 16, 9, 9}, {16, 1, 3, 3},
+                   attrs({{"group", Attribute::Int(16)}, {"pads", ints_attr({1, 1, 1, 1})}})));
+  v.push_back(conv("asymmetric_pads", {1, 3, 8, 8}, {5, 3, 3, 3},
+                   attrs({{"pads", ints_attr({0, 1, 2, 1})}})));
+  v.push_back(conv("same_upper_s2", {1, 3, 9, 8}, {4, 3, 3, 3},
+                   attrs({{"auto_pad", Attribute::String("SAME_UPPER")}, {"strides", ints_attr({2, 2})}})));
+  v.push_back(conv("conv1d", {2, 4, 17}, {6, 4, 3}, attrs({{"pads", ints_attr({1, 1})}}), true,
+                   {"fp32", "fp16"}));
+  v.push_back(conv("conv3d", {1, 2, 5, 6, 7}, {3, 2, 3, 3, 3}, attrs({{"pads", ints_attr({1, 1, 1, 1, 1, 1})}}),
+                   true, {"fp32", "fp16"}));
+  v.push_back(conv("empty_batch", {0, 4, 5, 5}, {4, 4, 3, 3}, {}, true, {"fp32"}));
+  {
+    OpCase c = conv("float64", {1, 3, 6, 6}, {4, 3, 3, 3}, {}, true, {"fp32"});
+    for (auto& i : c.inputs) {
+      if (i.value) i.value = i.value->cast(DataType::kFloat64);
+      i.dtype = DataType::kFloat64;
+    }
+    v.push_back(c);
+  }
+  // FusedConv: bias + activation, + residual.
+  for (const char* act : {"", "Relu", "Clip", "Sigmoid", "Tanh", "LeakyRelu", "HardSwish", "Gelu"}) {
+    OpCase c = conv(std::string("fused_") + (act[0] ? act : "none"), {2, 8, 7, 7}, {16, 8, 3, 3},
+                    attrs({{"pads", ints_attr({1, 1, 1, 1})}, {"activation", Attribute::String(act)}}));
+    c.op_type = "FusedConv";
+    c.domain = "kiln";
+    if (std::string(act) == "Clip") {
+      c.attrs.set("act_min", Attribute::Float(-0.5f));
+      c.attrs.set("act_max", Attribute::Float(0.7f));
+    }
+    if (std::string(act) == "LeakyRelu") c.attrs.set("act_alpha", Attribute::Float(0.2f));
+    v.push_back(c);
+  }
+  for (bool one : {false, true}) {
+    OpCase c = one ? conv("fused_residual_1x1", {2, 16, 8, 8}, {32, 16, 1, 1}, {})
+                   : conv("fused_residual_3x3", {2, 16, 8, 8}, {16, 16, 3, 3},
+                          attrs({{"pads", ints_attr({1, 1, 1, 1})}}));
+    c.op_type = "FusedConv";
+    c.domain = "kiln";
+    c.attrs.set("activation", Attribute::String("Relu"));
+    c.inputs.push_back(in({2, one ? 32 : 16, 8, 8}));
+    v.push_back(c);
+  }
+  {
+    OpCase c = conv("fused_s2_resnet_shape", {4, 64, 28, 28}, {128, 64, 3, 3},
+                    attrs({{"pads", ints_attr({1, 1, 1, 1})}, {"strides", ints_attr({2, 2})},
+                           {"activation", Attribute::String("Relu")}}));
+    c.op_type = "FusedConv";
+    c.domain = "kiln";
+    v.push_back(c);
+  }
+  // ConvTranspose.
+  auto convt = [&](std::string name, std::vector<int64_t> x, std::vector<int64_t> w, Attributes a) {
+    OpCase c = conv(std::move(name), std::move(x), w, std::move(a), true, {"fp32", "fp16"});
+    c.op_type = "ConvTranspose";
+    const int64_t group = c.attrs.get_int("group", 1);
+    c.inputs[2] = konst_random({w[1] * group}, 0.5);
+    return c;
+  };
+  v.push_back(convt("convt_s2", {1, 4, 5, 5}, {4, 3, 3, 3}, attrs({{"strides", ints_attr({2, 2})}})));
+  v.push_back(convt("convt_pads_outpad", {2, 3, 4, 6}, {3, 5, 3, 3},
+                    attrs({{"strides", ints_attr({2, 2})}, {"pads", ints_attr({1, 0, 1, 1})},
+                           {"output_padding", ints_attr({1, 1})}})));
+  v.push_back(convt("convt_grouped", {1, 4, 5, 5}, {4, 2, 3, 3},
+                    attrs({{"group", Attribute::Int(2)}, {"strides", ints_attr({1, 2})}})));
+  v.push_back(convt("convt_1d", {1, 3, 7}, {3, 2, 4}, attrs({{"strides", ints_attr({3})}})));
+  return v;
+}
+
+}  // namespace kiln::gpu::test

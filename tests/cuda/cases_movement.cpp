@@ -1,0 +1,7 @@
+#include "backend_ops.h"
+
+namespace kiln::gpu::test {
+
+std::vector<OpCase> movement_cases() { return {}; }
+
+}  // namespace kiln::gpu::test

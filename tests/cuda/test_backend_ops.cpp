@@ -1,0 +1,226 @@
+// test-backend-ops: every GPU tactic, op by op, against the CPU reference backend (float64).
+// One test per (family, case, tactic, mode); a tactic that does not apply to a case skips with
+// its reason, and without a GPU every test skips and says so.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <iostream>
+#include <functional>
+#include <random>
+
+#include "backend_ops.h"
+#include "backends/backend_info.h"
+#include "backends/cpu/cpu_executor.h"
+#include "backends/cuda/layer.h"
+#include "kiln/engine.h"
+#include "ops/op.h"
+
+namespace kiln::gpu::test {
+
+CaseInput in(std::vector<int64_t> shape, DataType t, double lo, double hi) {
+  CaseInput c;
+  c.shape = std::move(shape);
+  c.dtype = t;
+  c.lo = lo;
+  c.hi = hi;
+  return c;
+}
+CaseInput konst(Tensor value) {
+  CaseInput c;
+  c.dtype = value.dtype();
+  c.shape = value.shape();
+  c.constant = true;
+  c.value = std::move(value);
+  return c;
+}
+CaseInput ints(std::vector<int64_t> values) {
+  return konst(Tensor::from<int64_t>({static_cast<int64_t>(values.size())}, values));
+}
+CaseInput absent() {
+  CaseInput c;
+  c.absent = true;
+  return c;
+}
+Attribute ints_attr(std::vector<int64_t> v) { return Attribute::Ints(std::move(v)); }
+CaseInput konst_random(std::vector<int64_t> shape, double scale) {
+  CaseInput c = in(std::move(shape), DataType::kFloat32, -scale, scale);
+  c.constant = true;  // filled with fresh random values per run (no fixed value)
+  return c;
+}
+
+namespace {
+
+Tensor random_tensor(const CaseInput& c, std::mt19937_64& rng) {
+  Tensor f(DataType::kFloat64, c.shape);
+  std::uniform_real_distribution<double> u(c.lo, c.hi);
+  for (int64_t i = 0; i < f.numel(); ++i) {
+    double v = u(rng);
+    if (c.dtype == DataType::kBool) v = (rng() & 1) ? 1 : 0;
+    else if (!dtype_is_float(c.dtype)) v = std::round(v);
+    f.data<double>()[i] = v;
+  }
+  return f.cast(c.dtype);
+}
+
+// The relative L2 error of `got` against `ref`, and whether NaN/Inf positions agree.
+std::string compare(const Tensor& got, const Tensor& ref, double tol) {
+  if (got.shape() != ref.shape())
+    return "shape " + got.desc() + " vs reference " + ref.desc();
+  if (got.dtype() != ref.dtype()) return "type " + got.desc() + " vs reference " + ref.desc();
+  if (!dtype_is_float(ref.dtype())) {
+    for (int64_t i = 0; i < ref.numel(); ++i)
+      if (got.at_int(i) != ref.at_int(i))
+        return fmt::format("element {}: {} vs reference {}", i, got.at_int(i), ref.at_int(i));
+    return "";
+  }
+  double num = 0, den = 0, maxd = 0;
+  for (int64_t i = 0; i < ref.numel(); ++i) {
+    const double a = got.at_double(i), b = ref.at_double(i);
+    if (std::isnan(b) || std::isinf(b)) {
+      if (!(std::isnan(b) ? std::isnan(a) : a == b))
+        return fmt::format("element {}: {} vs reference {}", i, a, b);
+      continue;
+    }
+    if (!std::isfinite(a)) return fmt::format("element {}: {} vs reference {}", i, a, b);
+    num += (a - b) * (a - b);
+    den += b * b;
+    maxd = std::max(maxd, std::fabs(a - b));
+  }
+  const double rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  if (rel > tol) return fmt::format("relative L2 {:.3g} > {:.3g} (max abs diff {:.3g})", rel, tol, maxd);
+  return "";
+}
+
+double default_tol(const std::string& mode) {
+  if (mode == "fp32") return 1e-5;
+  if (mode == "tf32") return 1e-3;
+  return 1e-2;
+}
+
+void run_case(const OpCase& c, const std::string& tactic, const std::string& mode) {
+  std::string why;
+  if (cuda_device_count(&why) == 0) GTEST_SKIP() << "no CUDA GPU here (" << why << "): GPU test skipped";
+  std::random_device rd;
+  const uint64_t seed = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  std::mt19937_64 rng(seed);
+  SCOPED_TRACE(fmt::format("seed {}", seed));
+  auto g = std::make_unique<Graph>();
+  std::vector<Value*> ins;
+  std::vector<Tensor> feeds;
+  for (size_t i = 0; i < c.inputs.size(); ++i) {
+    const CaseInput& ci = c.inputs[i];
+    if (ci.absent) {
+      ins.push_back(nullptr);
+      continue;
+    }
+    Tensor t = ci.value ? *ci.value : random_tensor(ci, rng);
+    const std::string name = "in" + std::to_string(i);
+    if (ci.constant) {
+      ins.push_back(g->add_constant(name, std::move(t)));
+    } else {
+      std::vector<Dim> dims(ci.shape.begin(), ci.shape.end());
+      Value* v = g->add_value(name, TensorType(ci.dtype, dims));
+      g->add_input(v);
+      ins.push_back(v);
+      feeds.push_back(std::move(t));
+    }
+  }
+  std::vector<std::string> outs;
+  for (int o = 0; o < c.num_outputs; ++o) outs.push_back("out" + std::to_string(o));
+  Node* n = g->add_node(c.op_type, "node", ins, outs, c.domain);
+  n->attrs = c.attrs;
+  for (Value* v : n->outputs()) g->add_output(v);
+  ASSERT_TRUE(infer_shapes(*g).ok()) << infer_shapes(*g).message();
+  // The reference: the CPU backend in float64.
+  auto cpu = CpuExecutor::create(*g, /*float64=*/true);
+  ASSERT_TRUE(cpu.ok()) << cpu.status().message();
+  auto ref = (*cpu)->run(feeds);
+  ASSERT_TRUE(ref.ok()) << "cpu reference: " << ref.status().message();
+
+  BuildConfig cfg;
+  cfg.backend = "cuda";
+  cfg.opt_level = 0;
+  cfg.tune = false;
+  cfg.force_tactic = tactic;
+  cfg.tf32 = mode != "fp32";
+  cfg.fp16 = mode == "fp16" || mode == "nhwc16";
+  cfg.layout = mode == "nhwc16" ? "nhwc" : "linear";
+  auto engine = Engine::build_from_graph(g->clone(), cfg, c.name);
+  if (!engine.ok() && engine.status().message().find("cannot run on the GPU") != std::string::npos)
+    GTEST_SKIP() << "not applicable: " << engine.status().message();
+  ASSERT_TRUE(engine.ok()) << engine.status().message();
+  // Was the tactic under test really chosen for the node?
+  const std::string plan = (*engine)->backend_plan_json();
+  if (plan.find("\"" + tactic + "\"") == std::string::npos)
+    GTEST_SKIP() << "not applicable: another tactic was chosen (" << plan.substr(0, 200) << ")";
+  auto ctx = (*engine)->create_context();
+  ASSERT_TRUE(ctx.ok()) << ctx.status().message();
+  std::map<std::string, Tensor> named;
+  for (size_t i = 0; i < feeds.size(); ++i) named[g->inputs()[i]->name] = feeds[i];
+  auto got = (*ctx)->execute(named);
+  ASSERT_TRUE(got.ok()) << got.status().message();
+  ASSERT_EQ(got->size(), ref->size());
+  const double tol = c.tolerance > 0 ? c.tolerance : default_tol(mode);
+  for (size_t o = 0; o < ref->size(); ++o) {
+    const std::string err = compare((*got)[o], (*ref)[o], tol);
+    EXPECT_TRUE(err.empty()) << "output " << o << ": " << err;
+  }
+  // Run again on the same context: the result must not change (no state, no races).
+  auto again = (*ctx)->execute(named);
+  ASSERT_TRUE(again.ok()) << again.status().message();
+  for (size_t o = 0; o < ref->size(); ++o)
+    EXPECT_TRUE(compare((*again)[o], (*got)[o], 0.0).empty()) << "second run differs, output " << o;
+}
+
+class CaseTest : public ::testing::Test {
+ public:
+  CaseTest(OpCase c, std::string tactic, std::string mode)
+      : c_(std::move(c)), tactic_(std::move(tactic)), mode_(std::move(mode)) {}
+  void TestBody() override { run_case(c_, tactic_, mode_); }
+
+ private:
+  OpCase c_;
+  std::string tactic_, mode_;
+};
+
+std::string clean(std::string s) {
+  for (char& ch : s)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return s;
+}
+
+}  // namespace
+
+std::vector<OpCase> gemm_pool_cases();
+
+void register_all() {
+  const std::pair<const char*, std::function<std::vector<OpCase>()>> families[] = {
+      {"elementwise", elementwise_cases}, {"movement", movement_cases},
+      {"reduce", reduce_cases},           {"conv", conv_cases},
+      {"gemm_pool", gemm_pool_cases},
+  };
+  for (const auto& [family, fn] : families) {
+    for (const OpCase& c : fn()) {
+      for (const TacticDef* t : tactics_for(c.domain, c.op_type)) {
+        for (const std::string& mode : c.modes) {
+          const std::string name = clean(c.name) + "/" + clean(std::string(t->name)) + "/" + mode;
+          ::testing::RegisterTest(family, name.c_str(), nullptr, nullptr, __FILE__, __LINE__,
+                                  [=]() -> ::testing::Test* { return new CaseTest(c, std::string(t->name), mode); });
+        }
+      }
+    }
+  }
+}
+
+}  // namespace kiln::gpu::test
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  std::string why;
+  if (kiln::cuda_device_count(&why) == 0) {
+    std::cout << "no CUDA GPU here (" << why << "): the backend-op tests are skipped\n";
+    return 0;
+  }
+  kiln::gpu::test::register_all();
+  return RUN_ALL_TESTS();
+}
