@@ -1,31 +1,60 @@
 #!/usr/bin/env bash
-# Checks on the GPU machine that need PyTorch/torchvision or a GPU, in one call:
-# the GPU unit tests, and the optimizer's goals on real exports (ResNet-50: layer count and
-# -O0 vs -O2 agreement; BERT-base: recognised LayerNorm/GELU/attention).
-# Expects the binaries built on the development machine in .deps/ (kiln, kiln_cuda_tactics_test
-# and the shared libraries they need): docs/perf.md shows the commands that prepare them.
+# GPU checks and benchmarks in one device call. Expects binaries built here (sm_90a) and the
+# shared libraries they need in .deps/ (bench/prepare_deps.sh makes it; carry ".deps").
+#   bench/device_check.sh [STAGE...]     stages: env tests models bench conformance (default: all)
+# Logs and JSON go to $OUT (the device tool brings them back).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/kiln-device-check}
 mkdir -p "$OUT" models
 export LD_LIBRARY_PATH="$PWD/.deps${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-KILN=.deps/kiln
+export PYTHONUNBUFFERED=1
+KILN=$PWD/.deps/kiln
+STAGES=${*:-env tests models bench conformance}
+has() { [[ " $STAGES " == *" $1 "* ]]; }
 
-echo "== GPU unit tests"
-.deps/kiln_cuda_tactics_test --gtest_brief=1 2>&1 | tee "$OUT/gpu_tests.log" | tail -3
+if has env; then
+  echo "== env"
+  { date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total --format=csv
+    nvcc --version | tail -1
+    python3 -c "import torch, torchvision, onnx; print('torch', torch.__version__, 'torchvision', torchvision.__version__, 'onnx', onnx.__version__, 'cudnn(torch)', torch.backends.cudnn.version())"
+    ldd "$KILN" | grep -E "cudnn|cublas|cudart"; } 2>&1 | tee "$OUT/env.txt"
+fi
 
-echo "== ResNet-50 (torchvision, opset 17, dynamic batch)"
-python3 scripts/export_resnet50.py models/resnet50.onnx 2>&1 | tail -2
-for lvl in 0 2; do
-  $KILN build --onnx models/resnet50.onnx --save-engine "$OUT/r50_O$lvl.kiln" --opt-level $lvl \
-    --shapes input:1x3x224x224 >/dev/null || exit 1
-  $KILN inspect "$OUT/r50_O$lvl.kiln" --json >"$OUT/r50_O$lvl.json"
-  python3 -c "import json,collections,sys; j=json.load(open(sys.argv[1])); c=collections.Counter(l['type'] for l in j['layers']); print('-O$lvl', len(j['layers']), 'layers:', dict(c))" "$OUT/r50_O$lvl.json"
-done
-python3 scripts/compare_opt_levels.py --kiln $KILN --onnx models/resnet50.onnx --shapes input:2x3x224x224 --dynamic 2>&1 | tail -2
+if has tests; then
+  echo "== GPU unit tests (test-backend-ops and the conv tactic tests)"
+  timeout 420 .deps/kiln_backend_ops_test --gtest_brief=1 >"$OUT/backend_ops.log" 2>&1
+  echo "backend ops rc $?: $(grep -cE '^\[       OK \]|^\[  PASSED' "$OUT/backend_ops.log") ok-lines"
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) \]|tests? ran" "$OUT/backend_ops.log" | tail -5
+  grep -E "^\[  FAILED  \]" "$OUT/backend_ops.log" | head -40
+  [ -x .deps/kiln_cuda_tactics_test ] && .deps/kiln_cuda_tactics_test --gtest_brief=1 2>&1 | tail -2
+fi
 
-echo "== BERT-base (transformers, opset 17, dynamic batch and sequence)"
-python3 scripts/export_bert.py models/bert_base.onnx 2>&1 | tail -2
-$KILN build --onnx models/bert_base.onnx --save-engine "$OUT/bert.kiln" >/dev/null || exit 1
-$KILN inspect "$OUT/bert.kiln" --json >"$OUT/bert.json"
-python3 -c "import json,collections,sys; j=json.load(open(sys.argv[1])); c=collections.Counter(l['type'] for l in j['layers']); print(len(j['layers']), 'layers; attention', c['kiln.Attention'], 'layernorm', c['LayerNormalization'], 'gelu (as FusedGemm activation or Gelu)', sum(1 for l in j['layers'] if l['type']=='Gelu' or ('Erf' in ' '.join(l['onnx_nodes']))))" "$OUT/bert.json"
+if has models; then
+  echo "== real models: export, build fp32/tf32/fp16, compare with the CPU reference"
+  for m in ${KILN_MODELS:-resnet18 resnet50 mobilenet_v2 efficientnet_b0 densenet121}; do
+    python3 scripts/export_torchvision.py "$m" "models/$m.onnx" >/dev/null 2>"$OUT/export_$m.log" || { echo "export $m failed"; tail -3 "$OUT/export_$m.log"; continue; }
+    python3 scripts/check_gpu_accuracy.py --kiln "$KILN" --onnx "models/$m.onnx" --batch 2 \
+      --json "$OUT/accuracy_$m.json" 2>&1 | tee -a "$OUT/accuracy.log"
+  done
+fi
+
+if has bench; then
+  echo "== benchmarks: kiln next to PyTorch eager and torch.compile in the same run"
+  python3 bench/bench_cnn.py --kiln "$KILN" --out "$OUT" ${KILN_BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
+fi
+
+if has conformance; then
+  echo "== ONNX conformance: the onnx wheel's node tests on the CPU and on the GPU (--no-tf32)"
+  DATA=$(python3 -c "import os, onnx.backend.test as t; print(os.path.join(os.path.dirname(t.__file__), 'data'))")
+  KILN_BIN=$KILN KILN_BACKEND_ARGS="--backend cpu" timeout 280 python3 scripts/conformance.py \
+    --kiln bench/kiln_backend.sh --data "$DATA" --json "$OUT/conformance_cpu.json" >"$OUT/conformance_cpu.log" 2>&1
+  tail -4 "$OUT/conformance_cpu.log"
+  KILN_BIN=$KILN KILN_BACKEND_ARGS="--backend cuda --no-tf32" timeout 280 python3 scripts/conformance.py \
+    --kiln bench/kiln_backend.sh --data "$DATA" --json "$OUT/conformance_cuda.json" >"$OUT/conformance_cuda.log" 2>&1
+  tail -4 "$OUT/conformance_cuda.log"
+  python3 scripts/compare_conformance.py "$OUT/conformance_cpu.json" "$OUT/conformance_cuda.json" \
+    >"$OUT/conformance_compare.log" 2>&1
+  head -3 "$OUT/conformance_compare.log"
+  grep -c regresses "$OUT/conformance_compare.log"
+fi

@@ -45,7 +45,7 @@ std::string Tuner::signature(const Node& n, const LayerChoice& c, const ShapeRes
 }
 
 Expected<double> Tuner::time_candidate(const Node& n, const LayerChoice& c,
-                                       const ShapeResult& shapes) {
+                                       const ShapeResult& shapes, double best_so_far) {
   const LayerDesc desc = c.desc(&n);
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Layer> layer, c.tactic->create(desc));
   std::vector<DeviceTensor> in(n.num_inputs()), out(n.num_outputs());
@@ -110,6 +110,9 @@ Expected<double> Tuner::time_candidate(const Node& n, const LayerChoice& c,
   KILN_CUDA_CHECK(cudaEventSynchronize(stop_));
   float once = 0;
   KILN_CUDA_CHECK(cudaEventElapsedTime(&once, start_, stop_));
+  // The kernel study's screen: a candidate 3x slower than the best so far is not worth rounds
+  // (cuDNN's fallback engines take up to 120 ms per run).
+  if (best_so_far > 0 && once > 3.0 * best_so_far) return static_cast<double>(once);
   const int per_round = std::clamp(static_cast<int>(1.0f / std::max(once, 1e-4f)), 1, 50);
   std::vector<double> rounds;
   for (int r = 0; r < 5; ++r) {
@@ -134,7 +137,7 @@ Expected<size_t> Tuner::choose(const Node& n, std::vector<LayerChoice>& candidat
     const std::string key = signature(n, c, shapes);
     std::optional<double> ms = cache_ ? cache_->find(key) : std::nullopt;
     if (!ms) {
-      auto t = time_candidate(n, c, shapes);
+      auto t = time_candidate(n, c, shapes, best < candidates.size() ? candidates[best].time_ms : -1);
       if (t.ok()) {
         ms = *t;
         if (cache_) cache_->put(key, *ms);

@@ -28,7 +28,9 @@ class Tuner {
 
  private:
   Tuner() = default;
-  Expected<double> time_candidate(const Node& n, const LayerChoice& c, const ShapeResult& shapes);
+  // `best_so_far` (ms, or <= 0): a candidate over 3x that is timed once only.
+  Expected<double> time_candidate(const Node& n, const LayerChoice& c, const ShapeResult& shapes,
+                                  double best_so_far);
   TimingCache* cache_ = nullptr;
   size_t workspace_limit_ = 0;
   cudaStream_t stream_ = nullptr;

@@ -57,6 +57,14 @@ class FusedConvLayer final : public Layer {
  public:
   FusedConvLayer(const LayerDesc& d, bool cublaslt) : desc_(d), cublaslt_(cublaslt) {
     rank_ = d.variant.empty() ? 0 : std::stoi(d.variant);
+    // The kernel study: precompiled engines win in FP16/TF32; runtime-compiled ones cost up to
+    // a second of NVRTC each, so at most one (the only kind cuDNN offers for some residual
+    // graphs) is considered.
+    cuda::TacticLimits limits;
+    limits.max_cudnn_graph_configs = 6;
+    limits.max_cudnn_rtc_configs = 1;
+    limits.max_cublaslt_algos = 3;
+    cuda::set_tactic_limits(limits);
   }
 
   Expected<size_t> configure(const RunContext& rc, std::span<const DeviceTensor> in,

@@ -57,6 +57,7 @@ class CudnnConvLayer final : public Layer {
   Expected<size_t> configure(const RunContext& rc, std::span<const DeviceTensor> in,
                              std::span<const DeviceTensor> out) override {
     KILN_ASSIGN_OR_RETURN(g_, conv_geometry(*node_, in[0].shape, in[1].shape, false));
+    if (out[0].numel() == 0 || in[0].numel() == 0) return size_t{0};  // cuDNN refuses 0 dims
     nhwc_ = in[0].layout == Layout::kNHWC;
     pad_ = !symmetric_pads(g_);
     KILN_RETURN_IF_ERROR(descs_.set(g_, in[0].dtype, desc_.precision, nhwc_, false, pad_));
@@ -135,6 +136,9 @@ class CudnnConvTransposeLayer final : public Layer {
   Expected<size_t> configure(const RunContext& rc, std::span<const DeviceTensor> in,
                              std::span<const DeviceTensor> out) override {
     KILN_ASSIGN_OR_RETURN(g_, conv_geometry(*node_, in[0].shape, in[1].shape, true));
+    if (out[0].numel() == 0) return size_t{0};
+    if (in[0].numel() == 0)  // nothing to convolve: the output is the bias (or zeros)
+      return KILN_ERROR("a transposed convolution of an empty input is not supported");
     KILN_RETURN_IF_ERROR(descs_.set(g_, in[0].dtype, desc_.precision, false, true, false));
     cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
     int n = 0;
@@ -170,7 +174,7 @@ class CudnnConvTransposeLayer final : public Layer {
     const double one_d = 1.0, zero_d = 0.0;
     const float one_f = 1.0f, zero_f = 0.0f;
     const bool dbl = out[0].dtype == DataType::kFloat64;
-    if (in[0].numel() > 0) {
+    {
       KILN_RETURN_IF_ERROR(cudnn_check(
           cudnnConvolutionBackwardData(rc.cudnn, dbl ? static_cast<const void*>(&one_d) : &one_f,
                                        descs_.w, in[1].data, descs_.y, in[0].data, descs_.conv,
@@ -178,8 +182,6 @@ class CudnnConvTransposeLayer final : public Layer {
                                        dbl ? static_cast<const void*>(&zero_d) : &zero_f,
                                        descs_.x, full),
           "cudnnConvolutionBackwardData"));
-    } else {
-      KILN_CUDA_CHECK(cudaMemsetAsync(full, 0, full_bytes_, rc.stream));
     }
     const DeviceTensor* bias = in.size() > 2 && in[2].present() ? &in[2] : nullptr;
     return launch_crop_bias(full, full_shape_, out[0], bias, g_, rc.stream);

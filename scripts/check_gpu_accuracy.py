@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""Accuracy of GPU engines against the CPU reference backend (float32) on one model: builds
+FP32 (strict, --no-tf32), TF32 (default) and FP16 engines for the cuda backend, runs the same
+random input through each and through the CPU backend, and prints the relative L2 error of every
+output. Exit status 1 when a precision misses its bound (strict FP32 1e-5, TF32 1e-3, FP16 1e-2).
+
+  scripts/check_gpu_accuracy.py --kiln build/kiln --onnx models/resnet50.onnx --batch 2
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+BOUNDS = {"fp32": 1e-5, "tf32": 1e-3, "fp16": 1e-2}
+FLAGS = {"fp32": ["--no-tf32"], "tf32": [], "fp16": ["--fp16"]}
+
+
+def run(cmd):
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}: {p.stderr.strip()}")
+    return p.stdout
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kiln", required=True)
+    ap.add_argument("--onnx", required=True)
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--input-name", default="input")
+    ap.add_argument("--size", type=int, default=224)
+    ap.add_argument("--precisions", default="fp32,tf32,fp16")
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    name = os.path.splitext(os.path.basename(args.onnx))[0]
+    shapes = f"{args.input_name}:{args.batch}x3x{args.size}x{args.size}"
+    rng = np.random.default_rng(1234)
+    results = {"model": name, "batch": args.batch, "errors": {}}
+    ok = True
+    with tempfile.TemporaryDirectory() as tmp:
+        x = os.path.join(tmp, "x.npy")
+        np.save(x, rng.standard_normal((args.batch, 3, args.size, args.size)).astype(np.float32))
+        ref_dir = os.path.join(tmp, "cpu")
+        run([args.kiln, "run", "--onnx", args.onnx, "--backend", "cpu", "--shapes", shapes,
+             "--input", f"{args.input_name}={x}", "--save-outputs", ref_dir])
+        for prec in args.precisions.split(","):
+            out_dir = os.path.join(tmp, prec)
+            engine = os.path.join(tmp, f"{prec}.kiln")
+            try:
+                run([args.kiln, "build", "--onnx", args.onnx, "--backend", "cuda", "--shapes", shapes,
+                     "--save-engine", engine] + FLAGS[prec])
+                run([args.kiln, "run", "--engine", engine, "--input", f"{args.input_name}={x}",
+                     "--save-outputs", out_dir])
+            except RuntimeError as e:
+                print(f"FAIL {name} {prec}: {e}")
+                results["errors"][prec] = str(e)
+                ok = False
+                continue
+            for f in sorted(os.listdir(ref_dir)):
+                ref = np.load(os.path.join(ref_dir, f)).astype(np.float64)
+                got = np.load(os.path.join(out_dir, f)).astype(np.float64)
+                rel = float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30))
+                agree = float(np.mean(got.reshape(args.batch, -1).argmax(1) == ref.reshape(args.batch, -1).argmax(1)))
+                good = rel <= BOUNDS[prec] and np.all(np.isfinite(got))
+                ok &= bool(good)
+                results[prec] = {"output": f, "rel_l2": rel, "top1_agreement": agree}
+                print(f"{'ok  ' if good else 'FAIL'} {name:16s} {prec}: {f} relative L2 {rel:.2e} "
+                      f"(bound {BOUNDS[prec]:.0e}), top-1 agreement {agree:.2f}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(results, fh, indent=1)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
