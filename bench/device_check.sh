@@ -28,6 +28,7 @@ if has tests; then
   grep -E "^\[  (PASSED|FAILED|SKIPPED) \]|tests? ran" "$OUT/backend_ops.log" | tail -5
   grep -E "^\[  FAILED  \]" "$OUT/backend_ops.log" | head -40
   [ -x .deps/kiln_cuda_tactics_test ] && .deps/kiln_cuda_tactics_test --gtest_brief=1 2>&1 | tail -2
+  [ -x .deps/kiln_cuda_engine_test ] && .deps/kiln_cuda_engine_test --gtest_brief=1 2>&1 | tail -12
 fi
 
 if has models; then

@@ -264,7 +264,7 @@ void bench_layer(const ResNetConv& l, int batch, Precision prec, const Options& 
       r.name = t->name();
       if (st.ok()) st = t->prepare_weights(b.w.get(), s);
       if (st.ok() && !workspace->allocate(t->workspace_size())) {
-        st = cuda::Status::error("workspace allocation failed");
+        st = cuda::Status::Error("workspace allocation failed");
       }
       cuda::ConvBuffers buf{b.x.get(), b.bias.get(),     b.residual.get(),
                             b.y.get(), workspace->get(), workspace->bytes()};

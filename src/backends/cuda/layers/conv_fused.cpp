@@ -13,9 +13,7 @@
 namespace kiln::gpu {
 namespace {
 
-Status from_tactic(const cuda::Status& s) {
-  return s.ok() ? Status::Ok() : Status::Error(s.message());
-}
+Status from_tactic(Status s) { return s; }  // the study's tactics return kiln::Status too
 
 // The problem a FusedConv node describes, or why it is not one the fused tactics take.
 bool describe_problem(const LayerDesc& d, cuda::ConvProblem* p, std::string* why) {

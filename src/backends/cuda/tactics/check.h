@@ -12,32 +12,28 @@
 namespace kiln::cuda {
 
 inline Status cuda_status(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return {};
-  return Status::error(std::string(what) + ": " + cudaGetErrorString(e));
+  if (e == cudaSuccess) return Status::Ok();
+  return Status::Error(std::string(what) + ": " + cudaGetErrorString(e));
 }
 
 inline Status cudnn_status(cudnnStatus_t s, const char* what) {
-  if (s == CUDNN_STATUS_SUCCESS) return {};
+  if (s == CUDNN_STATUS_SUCCESS) return Status::Ok();
   char last[512] = {0};
   cudnnGetLastErrorString(last, sizeof(last));
   std::string m = std::string(what) + ": " + cudnnGetErrorString(s);
   if (last[0]) m += std::string(" (") + last + ")";
-  return Status::error(m);
+  return Status::Error(m);
 }
 
 inline Status cublas_status(cublasStatus_t s, const char* what) {
-  if (s == CUBLAS_STATUS_SUCCESS) return {};
-  return Status::error(std::string(what) + ": cublasStatus " + std::to_string(int(s)) + " " +
+  if (s == CUBLAS_STATUS_SUCCESS) return Status::Ok();
+  return Status::Error(std::string(what) + ": cublasStatus " + std::to_string(int(s)) + " " +
                        cublasLtGetStatusString(s));
 }
 
 }  // namespace kiln::cuda
 
-#define KILN_TRY(expr)                     \
-  do {                                     \
-    ::kiln::cuda::Status kiln_s_ = (expr); \
-    if (!kiln_s_.ok()) return kiln_s_;     \
-  } while (0)
+#define KILN_TRY(expr) KILN_RETURN_IF_ERROR(expr)
 #define KILN_CUDA(call) KILN_TRY(::kiln::cuda::cuda_status((call), #call))
 #define KILN_CUDNN(call) KILN_TRY(::kiln::cuda::cudnn_status((call), #call))
 #define KILN_CUBLAS(call) KILN_TRY(::kiln::cuda::cublas_status((call), #call))

@@ -38,7 +38,7 @@ size_t element_size(Precision p) {
 Status copy_weights_krsc(DeviceBuffer& dst, const ConvProblem& problem, const void* weights,
                          cudaStream_t stream) {
   const size_t bytes = size_t(problem.shape.w_elems()) * element_size(problem.precision);
-  if (!dst.allocate(bytes)) return Status::error("weights allocation failed");
+  if (!dst.allocate(bytes)) return Status::Error("weights allocation failed");
   KILN_CUDA(cudaMemcpyAsync(dst.get(), weights, bytes, cudaMemcpyDeviceToDevice, stream));
   return {};
 }

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "kiln/status.h"
+
 typedef struct cudnnContext* cudnnHandle_t;
 typedef struct cublasLtContext* cublasLtHandle_t;
 
@@ -22,18 +24,8 @@ typedef struct cublasLtContext* cublasLtHandle_t;
 
 namespace kiln::cuda {
 
-// Errors are values: ok() or a message that names the library call and its status.
-class Status {
- public:
-  Status() = default;
-  static Status error(std::string message) { return Status(std::move(message)); }
-  bool ok() const { return message_.empty(); }
-  const std::string& message() const { return message_; }
-
- private:
-  explicit Status(std::string m) : message_(m.empty() ? "unknown error" : std::move(m)) {}
-  std::string message_;
-};
+// Errors are kiln's one kind of error value (include/kiln/status.h).
+using Status = ::kiln::Status;
 
 // FP16: half tensors, fp32 accumulate. TF32: float tensors, tensor cores round inputs to tf32.
 // INT8: int8 tensors, int32 accumulate, output requantised to int8 by a per-tensor scale.

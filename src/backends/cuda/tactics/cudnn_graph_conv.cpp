@@ -306,7 +306,7 @@ class CudnnGraphConvTactic final : public ConvTactic {
     KILN_CUDNN(cudnnBackendGetAttribute(plan_.d, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
                                         CUDNN_TYPE_INT64, 1, &n, &ws));
     if (size_t(ws) > h.max_workspace_bytes) {
-      return Status::error("workspace " + std::to_string(ws) + " B over the limit");
+      return Status::Error("workspace " + std::to_string(ws) + " B over the limit");
     }
     workspace_ = size_t(ws);
     return {};

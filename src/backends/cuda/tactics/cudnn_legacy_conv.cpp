@@ -69,7 +69,7 @@ class CudnnLegacyConvTactic final : public ConvTactic {
       }
     }
     if (!found_) {
-      if (rank_ != 0) return Status::error("cudnnFind offered no algorithm of this rank");
+      if (rank_ != 0) return Status::Error("cudnnFind offered no algorithm of this rank");
       // Find refused (INT8 does on some versions): try the implicit-precomp-GEMM algorithm,
       // the one the INT8 documentation names.
       find_error_ = cudnn_status(fs, "cudnnFindConvolutionForwardAlgorithm").message();
@@ -80,7 +80,7 @@ class CudnnLegacyConvTactic final : public ConvTactic {
                            handle_, x_, w_, conv_, y_, cudnnConvolutionFwdAlgo_t(algo_), &ws),
                        "cudnnGetConvolutionForwardWorkspaceSize");
       if (!st.ok()) {
-        return Status::error(
+        return Status::Error(
             (fs == CUDNN_STATUS_SUCCESS ? std::string("find: no usable algo") : find_error_) +
             "; " + st.message());
       }

@@ -49,7 +49,7 @@ struct Int8Fprop {
 
 Status cutlass_status(cutlass::Status s, const char* what) {
   if (s == cutlass::Status::kSuccess) return {};
-  return Status::error(std::string(what) + ": " + cutlassGetStatusString(s));
+  return Status::Error(std::string(what) + ": " + cutlassGetStatusString(s));
 }
 
 template <class Config>
