@@ -141,6 +141,23 @@ Status infer_quantize(InferContext& ctx) {
   return Status::Ok();
 }
 
+// QuantizeLinear-23's `precision`: the type the division x / y_scale is rounded to; by default
+// the scale's type.
+Expected<DataType> division_precision(const Node& n, DataType scale_type) {
+  const int64_t p = n.attrs.get_int("precision", 0);
+  if (p == 0) return scale_type;
+  const auto t = static_cast<DataType>(p);
+  if (!dtype_code_is_valid(p) || !dtype_is_float(t))
+    return KILN_ERROR("{}: precision must be a float type, got {}", n.label(), p);
+  return t;
+}
+
+double round_to(DataType t, float v) {
+  if (t == DataType::kFloat16) return static_cast<float>(Half(v));
+  if (t == DataType::kBFloat16) return static_cast<float>(BFloat16(v));
+  return v;
+}
+
 template <typename Q>
 Q saturate_round(double q, int64_t zp) {
   if (std::isnan(q)) q = 0;
@@ -163,10 +180,12 @@ Status quantize_cpu(KernelContext& ctx) {
   KILN_ASSIGN_OR_RETURN(QuantLayout layout, make_layout(x->shape(), *scale, zp, n));
   const std::vector<double> s = as_doubles(*scale);
   const std::vector<int64_t> z = zp ? zp->to_int64_vector() : std::vector<int64_t>(s.size(), 0);
+  KILN_ASSIGN_OR_RETURN(DataType prec, division_precision(n, scale->dtype()));
   Tensor y(out, x->shape());
   visit_dtype(x->dtype(), [&](auto xtag) {
     using X = decltype(xtag);
-    // Float inputs divide in float, as ONNX Runtime does; float64 and int32 in double.
+    // Float inputs divide in float, as ONNX Runtime does, rounded to `precision` (opset 23;
+    // by default the scale's type); float64 and int32 inputs in double.
     constexpr bool kDouble = std::is_same_v<X, double> || std::is_same_v<X, int32_t>;
     const X* xp = x->data<X>();
     visit_dtype(out, [&](auto qtag) {
@@ -175,8 +194,8 @@ Status quantize_cpu(KernelContext& ctx) {
         Q* yp = y.data<Q>();
         for_each_param(x->shape(), layout, [&](int64_t i, int64_t p) {
           const double q = kDouble ? to_double(xp[i]) / s[p]
-                                   : static_cast<double>(static_cast<float>(to_double(xp[i])) /
-                                                         static_cast<float>(s[p]));
+                                   : round_to(prec, static_cast<float>(to_double(xp[i])) /
+                                                        static_cast<float>(s[p]));
           yp[i] = saturate_round<Q>(q, z[p]);
         });
       }
@@ -187,12 +206,22 @@ Status quantize_cpu(KernelContext& ctx) {
 }
 
 // -------------------------------------------------------------------------- DequantizeLinear
+// The output type: `output_dtype` (opset 23), else the scale's type.
+Expected<DataType> dequantize_output_type(const Node& n, DataType scale_type) {
+  const int64_t od = n.attrs.get_int("output_dtype", 0);
+  if (od == 0) return scale_type == DataType::kUndefined ? DataType::kFloat32 : scale_type;
+  const auto t = static_cast<DataType>(od);
+  if (!dtype_code_is_valid(od) || !dtype_is_float(t))
+    return KILN_ERROR("{}: output_dtype must be float32, float16 or bfloat16, got {}", n.label(),
+                      od);
+  return t;
+}
+
 Status infer_dequantize(InferContext& ctx) {
   const TensorType& x = ctx.input_type(0);
   if (x.dtype != DataType::kUndefined && !dtype_is_integer(x.dtype))
     return KILN_ERROR("{}: x must be an integer tensor, got {}", ctx.node().label(), x.str());
-  DataType out = ctx.input_type(1).dtype;
-  if (out == DataType::kUndefined) out = DataType::kFloat32;
+  KILN_ASSIGN_OR_RETURN(DataType out, dequantize_output_type(ctx.node(), ctx.input_type(1).dtype));
   if (!dtype_is_float(out))
     return KILN_ERROR("{}: x_scale must be a float tensor, got {}", ctx.node().label(),
                       dtype_name(out));
@@ -217,11 +246,12 @@ Status dequantize_cpu(KernelContext& ctx) {
   KILN_ASSIGN_OR_RETURN(QuantLayout layout, make_layout(x->shape(), *scale, zp, n));
   const std::vector<double> s = as_doubles(*scale);
   const std::vector<int64_t> z = zp ? zp->to_int64_vector() : std::vector<int64_t>(s.size(), 0);
-  Tensor y(scale->dtype(), x->shape());
+  KILN_ASSIGN_OR_RETURN(DataType out, dequantize_output_type(n, scale->dtype()));
+  Tensor y(out, x->shape());
   visit_dtype(x->dtype(), [&](auto xtag) {
     using X = decltype(xtag);
     const X* xp = x->data<X>();
-    visit_dtype(scale->dtype(), [&](auto ytag) {
+    visit_dtype(out, [&](auto ytag) {
       using Y = decltype(ytag);
       if constexpr (std::is_floating_point_v<Y> || std::is_same_v<Y, Half> ||
                     std::is_same_v<Y, BFloat16>) {
