@@ -146,6 +146,8 @@ std::span<const OpDef> shape_ops();        // Reshape, Shape, Size, Flatten, Squ
 std::span<const OpDef> index_ops();        // Gather*, Trilu, CumSum, TopK, ArgMax, ArgMin, ...
 std::span<const OpDef> reduce_ops();       // Reduce*
 std::span<const OpDef> quant_ops();        // QuantizeLinear, DequantizeLinear
+std::span<const OpDef> norm_extra_ops();   // RMSNorm, GroupNorm, LpNorm, MeanVarianceNorm
+std::span<const OpDef> scatter_ops();      // ScatterND, ScatterElements, NonZero
 std::span<const OpDef> fused_ops();        // kiln's fused layers (the optimizer's output)
 
 }  // namespace kiln
