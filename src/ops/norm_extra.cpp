@@ -2,9 +2,7 @@
 // (18/21), LpNormalization and MeanVarianceNormalization. All compute in float64 and round once
 // to the input type, so one reference serves every float type (stash_type only ever asks for
 // at least float32).
-//
-// The optimizer maps RMSNormalization onto the same layer the GPU backend runs for LayerNorm-like
-// reductions; the reference here is what both are checked against.
+
 #include <cmath>
 #include <set>
 
