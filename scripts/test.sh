@@ -14,6 +14,15 @@ echo "== conformance, --opt-level 2 (must match -O0 test for test) =="
 python3 scripts/conformance.py --kiln "$BUILD_DIR/kiln" --opt-level 2 --expect tests/conformance/expected_pass.txt \
   --json "$BUILD_DIR/conformance.json" --same-as "$BUILD_DIR/conformance_O0.json"
 
+echo "== conformance on the node tests of the installed onnx package (generated into $BUILD_DIR) =="
+python3 scripts/gen_op_versions.py --check
+python3 scripts/gen_onnx_node_tests.py "$BUILD_DIR/onnx-node-tests"
+python3 scripts/conformance.py --kiln "$BUILD_DIR/kiln" --opt-level 0 --data "$BUILD_DIR/onnx-node-tests" \
+  --suites node --expect tests/conformance/expected_pass_onnx_current.txt --json "$BUILD_DIR/conformance_onnx_O0.json"
+python3 scripts/conformance.py --kiln "$BUILD_DIR/kiln" --opt-level 2 --data "$BUILD_DIR/onnx-node-tests" \
+  --suites node --expect tests/conformance/expected_pass_onnx_current.txt --json "$BUILD_DIR/conformance_onnx.json" \
+  --same-as "$BUILD_DIR/conformance_onnx_O0.json"
+
 echo "== model tests (kiln vs ONNX Runtime) =="
 python3 tests/models/run_model_tests.py --kiln "$BUILD_DIR/kiln"
 

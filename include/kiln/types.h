@@ -25,6 +25,16 @@ enum class DataType : int32_t {
   kUInt32 = 12,
   kUInt64 = 13,
   kBFloat16 = 16,
+  // Low-bit types, stored one element per byte: float8 as its bit pattern, int4/uint4 as the
+  // value in an int8/uint8 (ONNX packs two 4-bit values per byte; the importer unpacks them).
+  // Only Cast, CastLike, QuantizeLinear, DequantizeLinear and pure data movement take them
+  // (see dtype_is_low_bit and infer_shapes).
+  kFloat8E4M3FN = 17,
+  kFloat8E4M3FNUZ = 18,
+  kFloat8E5M2 = 19,
+  kFloat8E5M2FNUZ = 20,
+  kUInt4 = 21,
+  kInt4 = 22,
 };
 
 // Bytes per element; 0 for kUndefined / kString.
@@ -36,6 +46,16 @@ std::optional<DataType> dtype_from_name(std::string_view name);
 bool dtype_is_float(DataType t);    // float16/bfloat16/float32/float64
 bool dtype_is_integer(DataType t);  // signed or unsigned integers (not bool)
 bool dtype_is_signed(DataType t);
+// float8 (e4m3fn, e4m3fnuz, e5m2, e5m2fnuz) and int4/uint4: held one element per byte, read
+// through low_bit_to_float, never through visit_dtype.
+bool dtype_is_low_bit(DataType t);
+bool dtype_is_float8(DataType t);
+// The value of one stored low-bit element (NaN/inf per the format).
+float low_bit_to_float(DataType t, uint8_t stored);
+// float -> float8 bit pattern, round to nearest even. With `saturate`, out-of-range values and
+// infinities become the largest finite value of that sign (ONNX Cast's default); without,
+// they become infinity (e5m2) or NaN (the others), as ONNX specifies.
+uint8_t float_to_float8(DataType t, float v, bool saturate);
 // True for the storage types kiln can hold in a Tensor.
 bool dtype_is_supported(DataType t);
 // True when `code` is one of the DataType enumerators (undefined and string included).

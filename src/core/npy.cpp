@@ -88,7 +88,13 @@ Expected<Tensor> read_npy(const std::string& path) {
 }
 
 Status write_npy(const std::string& path, const Tensor& tensor) {
-  const Tensor t = tensor.dtype() == DataType::kBFloat16 ? tensor.cast(DataType::kFloat32) : tensor;
+  // numpy has no bfloat16, float8 or 4-bit types: save them widened, every value exact.
+  const DataType wide = tensor.dtype() == DataType::kInt4    ? DataType::kInt8
+                        : tensor.dtype() == DataType::kUInt4 ? DataType::kUInt8
+                        : tensor.dtype() == DataType::kBFloat16 || dtype_is_float8(tensor.dtype())
+                            ? DataType::kFloat32
+                            : tensor.dtype();
+  const Tensor t = wide != tensor.dtype() ? tensor.cast(wide) : tensor;
   const std::string descr = descr_of(t.dtype());
   if (descr.empty()) return KILN_ERROR("{}: cannot save element type {}", path, dtype_name(t.dtype()));
   std::string shape = fmt::format("{}", fmt::join(t.shape(), ", "));

@@ -70,6 +70,8 @@ Tensor Tensor::clone() const {
 }
 
 double Tensor::at_double(int64_t i) const {
+  if (dtype_is_low_bit(dtype_))
+    return low_bit_to_float(dtype_, static_cast<const uint8_t*>(data_)[i]);
   return visit_dtype(dtype_, [&](auto tag) {
     using T = decltype(tag);
     return to_double(static_cast<const T*>(data_)[i]);
@@ -77,6 +79,7 @@ double Tensor::at_double(int64_t i) const {
 }
 
 int64_t Tensor::at_int(int64_t i) const {
+  if (dtype_is_low_bit(dtype_)) return static_cast<int64_t>(at_double(i));
   return visit_dtype(dtype_, [&](auto tag) -> int64_t {
     using T = decltype(tag);
     if constexpr (std::is_integral_v<T>) return static_cast<int64_t>(static_cast<const T*>(data_)[i]);
@@ -90,7 +93,31 @@ std::vector<int64_t> Tensor::to_int64_vector() const {
   return v;
 }
 
+// Low-bit types (no C++ type for visit_dtype) go through float: exact for every value they
+// hold; casting to float8 saturates (ONNX's default), to int4/uint4 wraps like other integers.
+static Tensor cast_low_bit(const Tensor& x, DataType to) {
+  Tensor out(to, x.shape());
+  auto* dst = static_cast<uint8_t*>(out.raw());
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const double v = x.at_double(i);
+    if (dtype_is_float8(to)) {
+      dst[i] = float_to_float8(to, static_cast<float>(v), /*saturate=*/true);
+    } else if (to == DataType::kInt4 || to == DataType::kUInt4) {
+      const auto w = static_cast<uint8_t>(convert<int64_t>(v) & 0xf);
+      dst[i] = to == DataType::kInt4 && (w & 0x8) ? static_cast<uint8_t>(w | 0xf0) : w;
+    } else {
+      visit_dtype(to, [&](auto tag) {
+        using To = decltype(tag);
+        static_cast<To*>(out.raw())[i] = convert<To>(v);
+        return 0;
+      });
+    }
+  }
+  return out;
+}
+
 Tensor Tensor::cast(DataType to) const {
+  if (dtype_is_low_bit(dtype_) || dtype_is_low_bit(to)) return cast_low_bit(*this, to);
   Tensor out(to, shape_);
   const int64_t n = numel();
   visit_dtype(dtype_, [&](auto from_tag) {

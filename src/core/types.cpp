@@ -1,6 +1,7 @@
 #include "kiln/types.h"
 
 #include <cmath>
+#include <limits>
 
 namespace kiln {
 
@@ -8,6 +9,8 @@ size_t dtype_size(DataType t) {
   switch (t) {
     case DataType::kFloat32: case DataType::kInt32: case DataType::kUInt32: return 4;
     case DataType::kUInt8: case DataType::kInt8: case DataType::kBool: return 1;
+    case DataType::kFloat8E4M3FN: case DataType::kFloat8E4M3FNUZ: case DataType::kFloat8E5M2:
+    case DataType::kFloat8E5M2FNUZ: case DataType::kUInt4: case DataType::kInt4: return 1;
     case DataType::kUInt16: case DataType::kInt16: case DataType::kFloat16:
     case DataType::kBFloat16: return 2;
     case DataType::kInt64: case DataType::kFloat64: case DataType::kUInt64: return 8;
@@ -31,6 +34,12 @@ std::string_view dtype_name(DataType t) {
     case DataType::kUInt32: return "uint32";
     case DataType::kUInt64: return "uint64";
     case DataType::kBFloat16: return "bfloat16";
+    case DataType::kFloat8E4M3FN: return "float8e4m3fn";
+    case DataType::kFloat8E4M3FNUZ: return "float8e4m3fnuz";
+    case DataType::kFloat8E5M2: return "float8e5m2";
+    case DataType::kFloat8E5M2FNUZ: return "float8e5m2fnuz";
+    case DataType::kUInt4: return "uint4";
+    case DataType::kInt4: return "int4";
     default: return "undefined";
   }
 }
@@ -48,7 +57,10 @@ std::optional<DataType> dtype_from_name(std::string_view n) {
       {"int32", DataType::kInt32}, {"i4", DataType::kInt32}, {"uint32", DataType::kUInt32},
       {"u4", DataType::kUInt32}, {"int64", DataType::kInt64}, {"i8", DataType::kInt64},
       {"uint64", DataType::kUInt64}, {"u8", DataType::kUInt64}, {"bool", DataType::kBool},
-      {"b1", DataType::kBool}};
+      {"b1", DataType::kBool}, {"float8e4m3fn", DataType::kFloat8E4M3FN},
+      {"float8e4m3fnuz", DataType::kFloat8E4M3FNUZ}, {"float8e5m2", DataType::kFloat8E5M2},
+      {"float8e5m2fnuz", DataType::kFloat8E5M2FNUZ}, {"uint4", DataType::kUInt4},
+      {"int4", DataType::kInt4}};
   for (const auto& a : kAliases)
     if (a.name == n) return a.t;
   return std::nullopt;
@@ -74,7 +86,7 @@ bool dtype_is_supported(DataType t) { return dtype_size(t) != 0; }
 
 bool dtype_code_is_valid(int64_t code) {
   return code == 0 || code == static_cast<int64_t>(DataType::kString) ||
-         (code >= 0 && code <= 16 && dtype_size(static_cast<DataType>(code)) != 0);
+         (code >= 0 && code <= 22 && dtype_size(static_cast<DataType>(code)) != 0);
 }
 
 float half_to_float(uint16_t h) {
@@ -132,6 +144,97 @@ uint16_t float_to_bfloat16(float f) {
   const uint32_t lsb = (x >> 16) & 1u;
   x += 0x7fffu + lsb;
   return static_cast<uint16_t>(x >> 16);
+}
+
+// --- float8 and 4-bit integers --------------------------------------------------------------
+bool dtype_is_float8(DataType t) {
+  return t == DataType::kFloat8E4M3FN || t == DataType::kFloat8E4M3FNUZ ||
+         t == DataType::kFloat8E5M2 || t == DataType::kFloat8E5M2FNUZ;
+}
+bool dtype_is_low_bit(DataType t) {
+  return dtype_is_float8(t) || t == DataType::kUInt4 || t == DataType::kInt4;
+}
+
+namespace {
+
+struct Float8Format {
+  int mant_bits, bias;
+  bool fnuz;      // no infinity, no negative zero, NaN = 0x80
+  bool has_inf;   // e5m2: IEEE-like infinities and NaNs in the top exponent
+};
+
+Float8Format float8_format(DataType t) {
+  switch (t) {
+    case DataType::kFloat8E4M3FN: return {3, 7, false, false};
+    case DataType::kFloat8E4M3FNUZ: return {3, 8, true, false};
+    case DataType::kFloat8E5M2: return {2, 15, false, true};
+    default: return {2, 16, true, false};  // e5m2fnuz
+  }
+}
+
+bool float8_is_nan_code(const Float8Format& f, uint8_t c) {
+  if (f.fnuz) return c == 0x80;
+  if (f.has_inf) return (c & 0x7f) > 0x7c;
+  return (c & 0x7f) == 0x7f;
+}
+
+// The magnitude of code c (sign bit ignored); only for non-NaN, non-inf codes.
+float float8_magnitude(const Float8Format& f, uint8_t c) {
+  const int e = (c & 0x7f) >> f.mant_bits;
+  const int m = c & ((1 << f.mant_bits) - 1);
+  const float frac = static_cast<float>(m) / static_cast<float>(1 << f.mant_bits);
+  return e == 0 ? std::ldexp(frac, 1 - f.bias) : std::ldexp(1.f + frac, e - f.bias);
+}
+
+// The largest finite code of a format (positive).
+uint8_t float8_max_code(const Float8Format& f) {
+  if (f.fnuz) return 0x7f;
+  return f.has_inf ? 0x7b : 0x7e;
+}
+
+}  // namespace
+
+float low_bit_to_float(DataType t, uint8_t b) {
+  if (t == DataType::kInt4) return static_cast<float>(static_cast<int8_t>(b));
+  if (t == DataType::kUInt4) return static_cast<float>(b);
+  const Float8Format f = float8_format(t);
+  if (float8_is_nan_code(f, b)) return std::numeric_limits<float>::quiet_NaN();
+  const float sign = (b & 0x80) ? -1.f : 1.f;
+  if (f.has_inf && (b & 0x7f) == 0x7c) return sign * std::numeric_limits<float>::infinity();
+  return sign * float8_magnitude(f, b);
+}
+
+// Round to nearest, ties to the even code, by searching the (monotonic) positive codes; the
+// code past the largest finite one counts as "overflow" at the value the format would give it.
+uint8_t float_to_float8(DataType t, float v, bool saturate) {
+  const Float8Format f = float8_format(t);
+  const uint8_t nan = f.fnuz ? 0x80 : 0x7f;
+  if (std::isnan(v)) return f.has_inf ? 0x7e : nan;
+  const uint8_t sign = std::signbit(v) ? 0x80 : 0x00;
+  const uint8_t max_code = float8_max_code(f);
+  const float a = std::fabs(v);
+  const auto overflow = [&]() -> uint8_t {
+    if (saturate) return sign | max_code;
+    if (f.has_inf) return sign | 0x7c;
+    return f.fnuz ? nan : static_cast<uint8_t>(sign | nan);
+  };
+  if (std::isinf(a)) return overflow();
+  uint8_t lo = 0;  // largest code with magnitude <= a
+  while (lo < max_code && float8_magnitude(f, static_cast<uint8_t>(lo + 1)) <= a) ++lo;
+  uint8_t code = lo;
+  const float lo_v = float8_magnitude(f, lo);
+  if (a > lo_v) {
+    const float hi_v = lo < max_code
+                           ? float8_magnitude(f, static_cast<uint8_t>(lo + 1))
+                           : lo_v + (lo_v - float8_magnitude(f, static_cast<uint8_t>(lo - 1)));
+    const float mid = lo_v + (hi_v - lo_v) / 2;
+    if (a > mid || (a == mid && (lo & 1))) {
+      if (lo == max_code) return overflow();
+      code = static_cast<uint8_t>(lo + 1);
+    }
+  }
+  if (code == 0 && f.fnuz) return 0;  // no negative zero
+  return sign | code;
 }
 
 }  // namespace kiln

@@ -140,6 +140,7 @@ class Graph {
 
   std::string name;
   int opset = 21;  // ai.onnx opset of the source model (nodes are always in newest form)
+  std::vector<std::string> warnings;  // import warnings (e.g. an opset newer than kiln knows)
 
   // --- values
   Value* add_value(const std::string& name, TensorType type = {});

@@ -6,6 +6,8 @@
 #include <set>
 #include <sstream>
 
+#include <fmt/format.h>
+
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 
@@ -111,9 +113,16 @@ struct Importer {
       if (os.domain().empty() || os.domain() == "ai.onnx") opset = static_cast<int>(os.version());
     if (opset < 0) opset = model.opset_import_size() == 0 ? 1 : -1;
     if (opset < 0) return Status::Error("the model imports no ai.onnx opset");
-    if (opset > kMaxOnnxOpset)
-      return KILN_ERROR("ai.onnx opset {} is newer than kiln supports ({}..{}); re-export with "
-                        "opset {} or lower", opset, kMinOnnxOpset, kMaxOnnxOpset, kMaxOnnxOpset);
+    // Past the newest opset kiln knows, an op could have changed without kiln knowing; such a
+    // model is imported as if at kiln's newest opset, and says so.
+    if (opset > kMaxOnnxOpset) {
+      const std::string w = fmt::format(
+          "ai.onnx opset {} is newer than the newest kiln knows ({}): importing it on the "
+          "assumption that none of its ops changed after opset {}", opset, kMaxOnnxOpset,
+          kMaxOnnxOpset);
+      g->warnings.push_back(w);
+      fmt::print(stderr, "kiln: warning: {}: {}\n", source, w);
+    }
     g->opset = opset;
     const auto& gp = model.graph();
     g->name = gp.name();
@@ -196,6 +205,7 @@ struct Importer {
     KILN_RETURN_IF_ERROR(g->topo_sort());
     // Upgrade to canonical (newest-opset) form; an upgrade may add constants or rewrite op_type.
     for (Node* n : std::vector<Node*>(g->nodes())) {
+      KILN_RETURN_IF_ERROR(check_op_version(*n, opset));
       const OpDef* def = find_op(n->domain, n->op_type);
       if (def && def->upgrade) {
         ImportContext ctx(*g, *n, opset);

@@ -59,6 +59,25 @@ Expected<std::string> read_external(const onnx::TensorProto& p, const std::strin
   return buf;
 }
 
+// ONNX packs int4/uint4 two to a byte, the first element in the low nibble; kiln holds one
+// per byte (int4 sign-extended).
+Expected<Tensor> unpack_4bit(const std::string& packed, DataType dtype,
+                             const std::vector<int64_t>& shape, int64_t numel,
+                             const std::string& where) {
+  if (packed.size() != static_cast<size_t>((numel + 1) / 2))
+    return KILN_ERROR("{}: {} data has {} bytes but shape {} needs {}", where, dtype_name(dtype),
+                      packed.size(), shape_str(shape), (numel + 1) / 2);
+  Tensor t(dtype, shape);
+  auto* dst = static_cast<uint8_t*>(t.raw());
+  for (int64_t i = 0; i < numel; ++i) {
+    const auto byte = static_cast<uint8_t>(packed[static_cast<size_t>(i / 2)]);
+    uint8_t v = (i % 2 == 0) ? (byte & 0xf) : (byte >> 4);
+    if (dtype == DataType::kInt4 && (v & 0x8)) v |= 0xf0;
+    dst[i] = v;
+  }
+  return t;
+}
+
 }  // namespace
 
 Expected<Tensor> tensor_from_proto(const onnx::TensorProto& p, const std::string& base_dir,
@@ -87,12 +106,18 @@ Expected<Tensor> tensor_from_proto(const onnx::TensorProto& p, const std::string
       KILN_ASSIGN_OR_RETURN(ext, read_external(p, base_dir, where, nbytes));
       raw = &ext;
     }
+    if (dtype == DataType::kInt4 || dtype == DataType::kUInt4)
+      return unpack_4bit(*raw, dtype, shape, numel, where);
     if (raw->size() != nbytes)
       return KILN_ERROR("{}: raw data has {} bytes but shape {} of {} needs {}", where, raw->size(),
                         shape_str(shape), dtype_name(dtype), nbytes);
     Tensor t(dtype, shape);
     if (nbytes) std::memcpy(t.raw(), raw->data(), nbytes);  // ONNX raw data is little-endian
     return t;
+  }
+  if (dtype == DataType::kInt4 || dtype == DataType::kUInt4) {
+    std::string packed(p.int32_data().begin(), p.int32_data().end());  // one packed byte each
+    return unpack_4bit(packed, dtype, shape, numel, where);
   }
   Tensor t(dtype, shape);
   Status st;
@@ -112,6 +137,10 @@ Expected<Tensor> tensor_from_proto(const onnx::TensorProto& p, const std::string
     case DataType::kBool: st = copy_field<bool>(p.int32_data(), t, where); break;
     case DataType::kFloat16: case DataType::kBFloat16:  // bit patterns stored in int32_data
       st = copy_field<uint16_t>(p.int32_data(), t, where);
+      break;
+    case DataType::kFloat8E4M3FN: case DataType::kFloat8E4M3FNUZ: case DataType::kFloat8E5M2:
+    case DataType::kFloat8E5M2FNUZ:  // bit patterns, one per int32
+      st = copy_field<uint8_t>(p.int32_data(), t, where);
       break;
     default: return KILN_ERROR("{}: element type {} is not supported", where, dtype_name(dtype));
   }

@@ -2,8 +2,9 @@
 //
 // Cast float -> integer is defined for every input (ONNX leaves out-of-range undefined): see
 // cast_value in elementwise_util.h (NaN -> 0, truncate, wrap like numpy, saturate beyond 64
-// bits). Integer narrowing wraps; anything -> bool is "!= 0" (NaN -> true). string, float8, int4
-// and complex targets are refused: kiln does not store those types.
+// bits). Integer narrowing wraps; anything -> bool is "!= 0" (NaN -> true). float8 (e4m3fn,
+// e4m3fnuz, e5m2, e5m2fnuz) and int4/uint4 are supported (cast_low_bit); string, complex,
+// float4, float8e8m0 and 2-bit targets are refused: kiln does not store those types.
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -50,7 +51,21 @@ Status check_source(const Node& n, DataType t) {
   return supported_type(n, static_cast<int64_t>(t), "cast from").status();
 }
 
-Tensor cast_tensor(const Tensor& x, DataType to) {
+// float8 and int4/uint4 (opset 19/21): values go through float, exact for every value those
+// types hold. A float8 target rounds to nearest even and, with `saturate` (default 1), clamps
+// out-of-range values and infinities to the largest finite value; 4-bit targets wrap like the
+// other integer casts (what numpy/ml_dtypes and ONNX's reference do).
+Tensor cast_low_bit(const Tensor& x, DataType to, bool saturate) {
+  if (!dtype_is_float8(to)) return x.cast(to);
+  Tensor out(to, x.shape());
+  auto* dst = static_cast<uint8_t*>(out.raw());
+  for (int64_t i = 0; i < x.numel(); ++i)
+    dst[i] = float_to_float8(to, static_cast<float>(x.at_double(i)), saturate);
+  return out;
+}
+
+Tensor cast_tensor(const Tensor& x, DataType to, bool saturate = true) {
+  if (dtype_is_low_bit(x.dtype()) || dtype_is_low_bit(to)) return cast_low_bit(x, to, saturate);
   Tensor out(to, x.shape());
   const int64_t count = x.numel();
   visit_dtype(x.dtype(), [&](auto ft) {
@@ -80,7 +95,7 @@ Status cast_cpu(KernelContext& ctx) {
   KILN_ASSIGN_OR_RETURN(DataType to, cast_target(ctx.node()));
   KILN_ASSIGN_OR_RETURN(const Tensor* x, require_input(ctx, 0));
   KILN_RETURN_IF_ERROR(check_source(ctx.node(), x->dtype()));
-  ctx.set_output(0, cast_tensor(*x, to));
+  ctx.set_output(0, cast_tensor(*x, to, ctx.attrs().get_int("saturate", 1) != 0));
   return Status::Ok();
 }
 
@@ -118,7 +133,7 @@ Status castlike_cpu(KernelContext& ctx) {
   KILN_ASSIGN_OR_RETURN(const Tensor* x, require_input(ctx, 0));
   KILN_ASSIGN_OR_RETURN(const Tensor* like, require_input(ctx, 1));
   KILN_RETURN_IF_ERROR(check_source(ctx.node(), x->dtype()));
-  ctx.set_output(0, cast_tensor(*x, like->dtype()));
+  ctx.set_output(0, cast_tensor(*x, like->dtype(), ctx.attrs().get_int("saturate", 1) != 0));
   return Status::Ok();
 }
 

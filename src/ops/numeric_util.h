@@ -6,8 +6,8 @@
 
 namespace kiln {
 
-// The name of an ONNX TensorProto element type in the float8 / 4-bit range (17..23), which kiln
-// cannot hold, so that refusals can name it; empty for any other number.
+// The name of an ONNX TensorProto element type in the float8 / 4-bit / 2-bit range (17..26), so
+// that refusals of those kiln cannot hold, so that refusals can name it; empty for any other number.
 inline std::string_view onnx_low_bit_type_name(int64_t t) {
   switch (t) {
     case 17:
@@ -24,6 +24,12 @@ inline std::string_view onnx_low_bit_type_name(int64_t t) {
       return "int4";
     case 23:
       return "float4e2m1";
+    case 24:
+      return "float8e8m0";
+    case 25:
+      return "uint2";
+    case 26:
+      return "int2";
     default:
       return "";
   }

@@ -91,7 +91,22 @@ struct OpDef {
   InferFn infer = nullptr;
   CpuKernelFn cpu = nullptr;
   ImportFn upgrade = nullptr;  // null: the node is already in canonical form at every opset
+  // The newest ONNX version of the op that kiln runs; 0: every version up to kNewestKnownOpset
+  // (src/ops/op_versions.inc lists them). A model whose opset selects a newer version is refused.
+  int max_version = 0;
 };
+
+// --- ONNX op versions ---------------------------------------------------------------------------
+// The newest ai.onnx opset whose op versions kiln knows (src/ops/op_versions.inc).
+inline constexpr int kNewestKnownOpset = 28;
+// The opsets at which an ai.onnx op's schema changed (ascending; empty for unknown ops).
+std::vector<int> onnx_op_history(std::string_view op_type);
+// The version of the op selected by a model's `opset` (the newest since-version <= opset;
+// opsets above kNewestKnownOpset count as kNewestKnownOpset); 0 when it did not exist yet.
+int onnx_op_version(std::string_view op_type, int opset);
+// Refuses a node whose op did not exist at `opset`, or whose selected version is newer than
+// the OpDef's max_version; the message names the node, op and version.
+Status check_op_version(const Node& n, int opset);
 
 // Looks an op up by domain ("" and "ai.onnx" are the same) and type; nullptr if unknown.
 const OpDef* find_op(std::string_view domain, std::string_view op_type);
@@ -131,6 +146,8 @@ std::span<const OpDef> shape_ops();        // Reshape, Shape, Size, Flatten, Squ
 std::span<const OpDef> index_ops();        // Gather*, Trilu, CumSum, TopK, ArgMax, ArgMin, ...
 std::span<const OpDef> reduce_ops();       // Reduce*
 std::span<const OpDef> quant_ops();        // QuantizeLinear, DequantizeLinear
+std::span<const OpDef> norm_extra_ops();   // RMSNorm, GroupNorm, LpNorm, MeanVarianceNorm
+std::span<const OpDef> scatter_ops();      // ScatterND, ScatterElements, NonZero
 std::span<const OpDef> fused_ops();        // kiln's fused layers (the optimizer's output)
 
 }  // namespace kiln

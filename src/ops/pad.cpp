@@ -199,8 +199,9 @@ Status infer_space(InferContext& ctx) {
   if (!x.has_rank()) return infer_same_as_input(ctx);
   if (x.rank() != 4)
     return KILN_ERROR("{}: input must have rank 4 (N,C,H,W), got {}", n.label(), x.rank());
+  // SpaceToDepth has a mode since opset 28; before that it is always DCR (the default).
   const std::string mode = n.attrs.get_string("mode", "DCR");
-  if (kToSpace && mode != "DCR" && mode != "CRD")
+  if (mode != "DCR" && mode != "CRD")
     return KILN_ERROR("{}: mode must be DCR or CRD, got '{}'", n.label(), mode);
   std::vector<Dim> d = *x.dims;
   if (kToSpace && d[1].is_static() && d[1].value % (b * b) != 0)
@@ -227,7 +228,7 @@ Status cpu_space(KernelContext& ctx) {
   if (!x) return KILN_ERROR("{}: missing input", n.label());
   if (x->rank() != 4)
     return KILN_ERROR("{}: input must have rank 4 (N,C,H,W), got {}", n.label(), x->desc());
-  const std::string mode = kToSpace ? n.attrs.get_string("mode", "DCR") : "DCR";
+  const std::string mode = n.attrs.get_string("mode", "DCR");
   if (mode != "DCR" && mode != "CRD")
     return KILN_ERROR("{}: mode must be DCR or CRD, got '{}'", n.label(), mode);
   const bool crd = mode == "CRD";

@@ -8,9 +8,9 @@
 // x's `axis` dimension = per-axis; same rank as x with dimension `axis` = ceil(D/block_size)
 // = blocked (opset 21). The zero point, when given, has the scale's shape. Older opsets (10:
 // per-tensor only; 13: per-axis; 19: float16/bfloat16 scales, saturate) are subsets of this
-// form, so no upgrade is needed. Integer targets are int8/uint8/int16/uint16; float8 and 4-bit
-// targets are refused by name. Integer targets always saturate (the `saturate` attribute only
-// concerns float8). NaN quantizes to the zero point; infinities saturate.
+// form, so no upgrade is needed. Targets are int4/uint4/int8/uint8/int16/uint16 and float8
+// (e4m3fn, e4m3fnuz, e5m2, e5m2fnuz); float4, float8e8m0 and 2-bit targets are refused by name.
+// Integer targets always saturate (the `saturate` attribute only concerns float8). NaN quantizes to the zero point; infinities saturate.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -25,18 +25,18 @@ namespace {
 
 bool is_quant_target(DataType t) {
   return t == DataType::kInt8 || t == DataType::kUInt8 || t == DataType::kInt16 ||
-         t == DataType::kUInt16;
+         t == DataType::kUInt16 || t == DataType::kInt4 || t == DataType::kUInt4 ||
+         dtype_is_float8(t);
 }
 
 // The output type of QuantizeLinear: the zero point's type, else output_dtype, else uint8.
 Expected<DataType> quantize_output_type(const Node& n, DataType zp_type, bool has_zp) {
   const int64_t od = n.attrs.get_int("output_dtype", 0);
-  if (od != 0) {
-    if (auto name = onnx_low_bit_type_name(od); !name.empty())
-      return KILN_ERROR(
-          "{}: quantization to {} is not supported by kiln (only int8, uint8, "
-          "int16 and uint16)",
-          n.label(), name);
+  if (od != 0 && !dtype_code_is_valid(od)) {
+    const std::string_view name = onnx_low_bit_type_name(od);
+    return KILN_ERROR("{}: quantization to {} is not supported by kiln (only int4, uint4, int8, "
+                      "uint8, int16, uint16 and float8)", n.label(),
+                      name.empty() ? fmt::format("type {}", od) : std::string(name));
   }
   DataType out = DataType::kUInt8;
   if (od != 0) out = static_cast<DataType>(od);
@@ -47,7 +47,8 @@ Expected<DataType> quantize_output_type(const Node& n, DataType zp_type, bool ha
     if (zp_type != DataType::kUndefined) out = zp_type;
   }
   if (!is_quant_target(out))
-    return KILN_ERROR("{}: cannot quantize to {} (type {}; expected int8, uint8, int16 or uint16)",
+    return KILN_ERROR("{}: cannot quantize to {} (type {}; expected int4, uint4, int8, uint8, "
+                      "int16, uint16 or float8)",
                       n.label(), dtype_name(out), static_cast<int>(out));
   return out;
 }
@@ -61,7 +62,8 @@ struct QuantLayout {
 
 Expected<QuantLayout> make_layout(const std::vector<int64_t>& xs, const Tensor& scale,
                                   const Tensor* zp, const Node& n) {
-  if (zp && zp->shape() != scale.shape())
+  // A 1-element zero point with a scalar scale (or the reverse) is per-tensor too.
+  if (zp && zp->shape() != scale.shape() && !(zp->numel() == 1 && scale.numel() == 1))
     return KILN_ERROR("{}: zero point shape {} differs from scale shape {}", n.label(),
                       shape_str(zp->shape()), shape_str(scale.shape()));
   QuantLayout l;
@@ -141,12 +143,40 @@ Status infer_quantize(InferContext& ctx) {
   return Status::Ok();
 }
 
+// QuantizeLinear-23's `precision`: the type the division x / y_scale is rounded to; by default
+// the scale's type.
+Expected<DataType> division_precision(const Node& n, DataType scale_type) {
+  const int64_t p = n.attrs.get_int("precision", 0);
+  if (p == 0) return scale_type;
+  const auto t = static_cast<DataType>(p);
+  if (!dtype_code_is_valid(p) || !dtype_is_float(t))
+    return KILN_ERROR("{}: precision must be a float type, got {}", n.label(), p);
+  return t;
+}
+
+double round_to(DataType t, float v) {
+  if (t == DataType::kFloat16) return static_cast<float>(Half(v));
+  if (t == DataType::kBFloat16) return static_cast<float>(BFloat16(v));
+  return v;
+}
+
 template <typename Q>
 Q saturate_round(double q, int64_t zp) {
   if (std::isnan(q)) q = 0;
   const double r = std::nearbyint(q) + static_cast<double>(zp);  // default mode: half to even
   constexpr double lo = std::numeric_limits<Q>::lowest(), hi = std::numeric_limits<Q>::max();
   return static_cast<Q>(r < lo ? lo : (r > hi ? hi : r));
+}
+
+// One quantized low-bit element from q = x / scale: float8 adds the zero point and rounds to
+// the format (saturating unless `saturate` is 0); int4/uint4 round half to even, add the zero
+// point and saturate to [-8, 7] / [0, 15] (stored one per byte, int4 sign-extended).
+uint8_t quantize_low_bit(DataType out, double q, double zp, bool saturate) {
+  if (dtype_is_float8(out)) return float_to_float8(out, static_cast<float>(q + zp), saturate);
+  if (std::isnan(q)) q = 0;
+  const double lo = out == DataType::kInt4 ? -8 : 0, hi = out == DataType::kInt4 ? 7 : 15;
+  const double r = std::clamp(std::nearbyint(q) + zp, lo, hi);
+  return static_cast<uint8_t>(static_cast<int8_t>(r));
 }
 
 Status quantize_cpu(KernelContext& ctx) {
@@ -163,10 +193,24 @@ Status quantize_cpu(KernelContext& ctx) {
   KILN_ASSIGN_OR_RETURN(QuantLayout layout, make_layout(x->shape(), *scale, zp, n));
   const std::vector<double> s = as_doubles(*scale);
   const std::vector<int64_t> z = zp ? zp->to_int64_vector() : std::vector<int64_t>(s.size(), 0);
+  KILN_ASSIGN_OR_RETURN(DataType prec, division_precision(n, scale->dtype()));
   Tensor y(out, x->shape());
+  if (dtype_is_low_bit(out)) {
+    const std::vector<double> zd = zp ? as_doubles(*zp) : std::vector<double>(s.size(), 0.0);
+    const bool saturate = n.attrs.get_int("saturate", 1) != 0;
+    auto* yp = static_cast<uint8_t*>(y.raw());
+    for_each_param(x->shape(), layout, [&](int64_t i, int64_t p) {
+      const double q = round_to(prec, static_cast<float>(x->at_double(i)) /
+                                          static_cast<float>(s[p]));
+      yp[i] = quantize_low_bit(out, q, zd[p], saturate);
+    });
+    ctx.set_output(0, std::move(y));
+    return Status::Ok();
+  }
   visit_dtype(x->dtype(), [&](auto xtag) {
     using X = decltype(xtag);
-    // Float inputs divide in float, as ONNX Runtime does; float64 and int32 in double.
+    // Float inputs divide in float, as ONNX Runtime does, rounded to `precision` (opset 23;
+    // by default the scale's type); float64 and int32 inputs in double.
     constexpr bool kDouble = std::is_same_v<X, double> || std::is_same_v<X, int32_t>;
     const X* xp = x->data<X>();
     visit_dtype(out, [&](auto qtag) {
@@ -175,8 +219,8 @@ Status quantize_cpu(KernelContext& ctx) {
         Q* yp = y.data<Q>();
         for_each_param(x->shape(), layout, [&](int64_t i, int64_t p) {
           const double q = kDouble ? to_double(xp[i]) / s[p]
-                                   : static_cast<double>(static_cast<float>(to_double(xp[i])) /
-                                                         static_cast<float>(s[p]));
+                                   : round_to(prec, static_cast<float>(to_double(xp[i])) /
+                                                        static_cast<float>(s[p]));
           yp[i] = saturate_round<Q>(q, z[p]);
         });
       }
@@ -187,12 +231,22 @@ Status quantize_cpu(KernelContext& ctx) {
 }
 
 // -------------------------------------------------------------------------- DequantizeLinear
+// The output type: `output_dtype` (opset 23), else the scale's type.
+Expected<DataType> dequantize_output_type(const Node& n, DataType scale_type) {
+  const int64_t od = n.attrs.get_int("output_dtype", 0);
+  if (od == 0) return scale_type == DataType::kUndefined ? DataType::kFloat32 : scale_type;
+  const auto t = static_cast<DataType>(od);
+  if (!dtype_code_is_valid(od) || !dtype_is_float(t))
+    return KILN_ERROR("{}: output_dtype must be float32, float16 or bfloat16, got {}", n.label(),
+                      od);
+  return t;
+}
+
 Status infer_dequantize(InferContext& ctx) {
   const TensorType& x = ctx.input_type(0);
-  if (x.dtype != DataType::kUndefined && !dtype_is_integer(x.dtype))
+  if (x.dtype != DataType::kUndefined && !dtype_is_integer(x.dtype) && !dtype_is_low_bit(x.dtype))
     return KILN_ERROR("{}: x must be an integer tensor, got {}", ctx.node().label(), x.str());
-  DataType out = ctx.input_type(1).dtype;
-  if (out == DataType::kUndefined) out = DataType::kFloat32;
+  KILN_ASSIGN_OR_RETURN(DataType out, dequantize_output_type(ctx.node(), ctx.input_type(1).dtype));
   if (!dtype_is_float(out))
     return KILN_ERROR("{}: x_scale must be a float tensor, got {}", ctx.node().label(),
                       dtype_name(out));
@@ -208,8 +262,8 @@ Status dequantize_cpu(KernelContext& ctx) {
   const Tensor* scale = ctx.input(1);
   const Tensor* zp = ctx.input(2);
   if (!x) return KILN_ERROR("{}: missing input 'x'", n.label());
-  if (!dtype_is_integer(x->dtype()))
-    return KILN_ERROR("{}: x must be an integer tensor, got {}", n.label(), x->desc());
+  if (!dtype_is_integer(x->dtype()) && !dtype_is_low_bit(x->dtype()))
+    return KILN_ERROR("{}: x must be an integer or float8 tensor, got {}", n.label(), x->desc());
   KILN_RETURN_IF_ERROR(check_scale(scale, n, "x_scale"));
   if (zp && zp->dtype() != x->dtype())
     return KILN_ERROR("{}: zero point type {} differs from x type {}", n.label(),
@@ -217,11 +271,23 @@ Status dequantize_cpu(KernelContext& ctx) {
   KILN_ASSIGN_OR_RETURN(QuantLayout layout, make_layout(x->shape(), *scale, zp, n));
   const std::vector<double> s = as_doubles(*scale);
   const std::vector<int64_t> z = zp ? zp->to_int64_vector() : std::vector<int64_t>(s.size(), 0);
-  Tensor y(scale->dtype(), x->shape());
+  KILN_ASSIGN_OR_RETURN(DataType out, dequantize_output_type(n, scale->dtype()));
+  Tensor y(out, x->shape());
+  if (dtype_is_low_bit(x->dtype())) {
+    // (x - zp) * scale in float32, as the ONNX reference computes it for these types.
+    const std::vector<double> zd = zp ? as_doubles(*zp) : std::vector<double>(s.size(), 0.0);
+    Tensor f(DataType::kFloat32, x->shape());
+    for_each_param(x->shape(), layout, [&](int64_t i, int64_t p) {
+      f.data<float>()[i] = (static_cast<float>(x->at_double(i)) - static_cast<float>(zd[p])) *
+                           static_cast<float>(s[p]);
+    });
+    ctx.set_output(0, f.cast(out));
+    return Status::Ok();
+  }
   visit_dtype(x->dtype(), [&](auto xtag) {
     using X = decltype(xtag);
     const X* xp = x->data<X>();
-    visit_dtype(scale->dtype(), [&](auto ytag) {
+    visit_dtype(out, [&](auto ytag) {
       using Y = decltype(ytag);
       if constexpr (std::is_floating_point_v<Y> || std::is_same_v<Y, Half> ||
                     std::is_same_v<Y, BFloat16>) {

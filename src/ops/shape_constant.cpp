@@ -1,5 +1,6 @@
 // Ops that create tensors: Constant, ConstantOfShape, Range.
 #include <cmath>
+#include <functional>
 #include <type_traits>
 
 #include "core/dispatch.h"
@@ -97,17 +98,22 @@ Status constant_of_shape_cpu(KernelContext& ctx) {
 }
 
 // ---------------------------------------------------------------- Range
+// float16 and bfloat16 since opset 27.
 bool range_type_ok(DataType t) {
   return t == DataType::kFloat32 || t == DataType::kFloat64 || t == DataType::kInt16 ||
-         t == DataType::kInt32 || t == DataType::kInt64;
+         t == DataType::kInt32 || t == DataType::kInt64 || t == DataType::kFloat16 ||
+         t == DataType::kBFloat16;
 }
 
-template <typename T>
-Expected<int64_t> range_count(T start, T limit, T delta, const Node& n) {
-  if (delta == T(0)) return KILN_ERROR("{}: Range delta is 0", n.label());
+// Computes in C and rounds each step to the output type T (C = T except for the 16-bit floats,
+// which compute in float and round after every operation unless stashed).
+template <typename T, typename C>
+Expected<int64_t> range_count(C start, C limit, C delta, const Node& n,
+                              const std::function<C(C)>& round) {
+  if (delta == C(0)) return KILN_ERROR("{}: Range delta is 0", n.label());
   double count;
-  if constexpr (std::is_floating_point_v<T>) {
-    count = std::ceil(static_cast<double>(static_cast<T>((limit - start) / delta)));
+  if constexpr (std::is_floating_point_v<C>) {
+    count = std::ceil(static_cast<double>(round(round(limit - start) / delta)));
     if (std::isnan(count)) return KILN_ERROR("{}: Range has a NaN bound or delta", n.label());
   } else {
     const int64_t diff = static_cast<int64_t>(limit) - static_cast<int64_t>(start);
@@ -122,24 +128,40 @@ Expected<int64_t> range_count(T start, T limit, T delta, const Node& n) {
   return static_cast<int64_t>(count);
 }
 
+// For float16/bfloat16, stash_type 1 (the default, opset 27) computes in float32 and rounds
+// once; any other stash type computes in the input type, rounding after every operation.
+template <typename T>
+Expected<Tensor> range_typed(const Tensor& s, const Tensor& l, const Tensor& d, const Node& n) {
+  constexpr bool kHalf = std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
+  using C = std::conditional_t<kHalf, float, T>;
+  const bool stash = n.attrs.get_int("stash_type", 1) == 1;
+  const std::function<C(C)> round = [&](C v) {
+    if constexpr (kHalf) return stash ? v : static_cast<float>(T(v));
+    return v;
+  };
+  const C start = static_cast<C>(s.data<T>()[0]), limit = static_cast<C>(l.data<T>()[0]);
+  const C delta = static_cast<C>(d.data<T>()[0]);
+  KILN_ASSIGN_OR_RETURN(int64_t count, (range_count<T, C>(start, limit, delta, n, round)));
+  Tensor y(s.dtype(), {count});
+  for (int64_t i = 0; i < count; ++i)
+    y.data<T>()[i] = T(round(start + round(static_cast<C>(i) * delta)));
+  return y;
+}
+
 Expected<Tensor> range_eval(const Tensor& s, const Tensor& l, const Tensor& d, const Node& n) {
   const DataType t = s.dtype();
   if (!range_type_ok(t) || l.dtype() != t || d.dtype() != t)
-    return KILN_ERROR("{}: Range inputs must share one of float32, float64, int16, int32, int64; "
-                      "got {}, {}, {}", n.label(), s.desc(), l.desc(), d.desc());
+    return KILN_ERROR("{}: Range inputs must share one of float32, float64, float16, bfloat16, "
+                      "int16, int32, int64; got {}, {}, {}", n.label(), s.desc(), l.desc(), d.desc());
   if (s.numel() != 1 || l.numel() != 1 || d.numel() != 1)
     return KILN_ERROR("{}: Range inputs must be scalars", n.label());
   return visit_dtype(t, [&](auto tag) -> Expected<Tensor> {
     using T = decltype(tag);
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double> ||
                   std::is_same_v<T, int16_t> || std::is_same_v<T, int32_t> ||
-                  std::is_same_v<T, int64_t>) {
-      const T start = s.data<T>()[0], limit = l.data<T>()[0], delta = d.data<T>()[0];
-      KILN_ASSIGN_OR_RETURN(int64_t count, range_count<T>(start, limit, delta, n));
-      Tensor y(t, {count});
-      for (int64_t i = 0; i < count; ++i)
-        y.data<T>()[i] = static_cast<T>(start + static_cast<T>(i) * delta);
-      return y;
+                  std::is_same_v<T, int64_t> || std::is_same_v<T, Half> ||
+                  std::is_same_v<T, BFloat16>) {
+      return range_typed<T>(s, l, d, n);
     } else {
       return KILN_ERROR("{}: unsupported Range type", n.label());
     }

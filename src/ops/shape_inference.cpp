@@ -18,6 +18,29 @@ TensorType merge(const TensorType& inferred, const TensorType& declared) {
   return out;
 }
 
+// float8 and int4/uint4 tensors have no C++ element type in the kernels' type dispatch, so
+// only these ops may see them: the conversions, and ops that move bytes without reading values.
+bool takes_low_bit_types(const Node& n) {
+  static const char* kOps[] = {"Cast", "CastLike", "QuantizeLinear", "DequantizeLinear",
+                               "Identity", "Reshape", "Shape", "Size"};
+  if (!n.domain.empty() && n.domain != "ai.onnx") return false;
+  for (const char* op : kOps)
+    if (n.op_type == op) return true;
+  return false;
+}
+
+Status check_low_bit_inputs(const Node& n) {
+  if (takes_low_bit_types(n)) return Status::Ok();
+  for (size_t i = 0; i < n.num_inputs(); ++i) {
+    const Value* v = n.input(i);
+    if (v && dtype_is_low_bit(v->type.dtype))
+      return KILN_ERROR("{}: input '{}' is {}, which kiln supports only in Cast, CastLike, "
+                        "QuantizeLinear and DequantizeLinear", n.label(), v->name,
+                        dtype_name(v->type.dtype));
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status infer_shapes(Graph& g) {
@@ -25,6 +48,7 @@ Status infer_shapes(Graph& g) {
     const OpDef* def = find_op(n->domain, n->op_type);
     if (!def || !def->infer)
       return KILN_ERROR("{}: no shape inference for op '{}'", n->label(), n->op_type);
+    KILN_RETURN_IF_ERROR(check_low_bit_inputs(*n));
     std::vector<TensorType> outs(n->num_outputs());
     InferContext ctx(*n, outs);
     Status st = def->infer(ctx);

@@ -669,7 +669,7 @@ TEST(PlanForged, ChecksValuesNodesAndAttributes) {
   };
   EXPECT_TRUE(decode(finish(value_section("v", 1, 1, -1, kNoValue))).ok());
   expect_error(decode(finish(value_section("", 1, 0, 0, kNoValue))), "has no name");
-  expect_error(decode(finish(value_section("v", 17, 0, 0, kNoValue))), "invalid element type");
+  expect_error(decode(finish(value_section("v", 23, 0, 0, kNoValue))), "invalid element type");
   expect_error(decode(finish(value_section("v", 1, 2, 0, kNoValue))), "bad rank flag");
   expect_error(decode(finish(value_section("v", 1, 1, -2, kNoValue))), "bad dim -2");
   expect_error(decode(finish(value_section("v", 1, 0, 0, 0))), "refers to tensor 0 of 0");

@@ -6,6 +6,7 @@
 #include "onnx/importer.h"
 #include "onnx/onnx.pb.h"
 #include "onnx/tensor_proto.h"
+#include "ops/op.h"
 
 namespace kiln {
 namespace {
@@ -201,11 +202,57 @@ TEST(Importer, MalformedBytesAreRefused) {
   EXPECT_FALSE(import_onnx_file("/nonexistent/model.onnx").ok());
 }
 
-TEST(Importer, TooNewOpsetIsRefused) {
-  auto m = make_model(kMaxOnnxOpset + 1);
+// A model at an opset newer than kiln knows imports with a warning, since most ops do not
+// change from one opset to the next.
+TEST(Importer, OpsetNewerThanKnownImportsWithWarning) {
+  auto m = make_model(kMaxOnnxOpset + 2);
+  auto* g = m.mutable_graph();
+  add_io(g->add_input(), "x", onnx::TensorProto::FLOAT, {"2"});
+  add_node(g, "Relu", {"x"}, {"y"}, "relu");
+  add_io(g->add_output(), "y", onnx::TensorProto::FLOAT, {"2"});
+  auto r = import(m);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  ASSERT_EQ((*r)->warnings.size(), 1u);
+  EXPECT_NE((*r)->warnings[0].find("newer than the newest kiln knows"), std::string::npos);
+  EXPECT_EQ((*r)->opset, kMaxOnnxOpset + 2);
+}
+
+// Opsets between the old limit (21) and the newest known import without a warning.
+TEST(Importer, CurrentOpsetsImport) {
+  for (int opset : {22, 23, 25, kMaxOnnxOpset}) {
+    auto m = make_model(opset);
+    auto* g = m.mutable_graph();
+    add_io(g->add_input(), "x", onnx::TensorProto::FLOAT, {"2", "3"});
+    add_node(g, "Transpose", {"x"}, {"y"}, "t");
+    add_io(g->add_output(), "y", onnx::TensorProto::FLOAT, {"3", "2"});
+    auto r = import(m);
+    ASSERT_TRUE(r.ok()) << opset << ": " << r.status().message();
+    EXPECT_TRUE((*r)->warnings.empty());
+  }
+}
+
+TEST(Importer, OpOlderThanItsFirstVersionIsRefusedByName) {
+  auto m = make_model(13);
+  auto* g = m.mutable_graph();
+  add_io(g->add_input(), "x", onnx::TensorProto::FLOAT, {"2"});
+  add_node(g, "Gelu", {"x"}, {"y"}, "gelu");
+  add_io(g->add_output(), "y", onnx::TensorProto::FLOAT, {"2"});
   auto r = import(m);
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("newer than kiln supports"), std::string::npos);
+  EXPECT_NE(r.status().message().find("node 'gelu' (Gelu, #0): Gelu does not exist at opset 13"),
+            std::string::npos)
+      << r.status().message();
+}
+
+TEST(Importer, OpVersionsComeFromTheHistory) {
+  EXPECT_EQ(onnx_op_version("Range", 26), 11);
+  EXPECT_EQ(onnx_op_version("Range", 27), 27);
+  EXPECT_EQ(onnx_op_version("TopK", 23), 11);
+  EXPECT_EQ(onnx_op_version("TopK", 40), 24);  // past the newest known: the newest known
+  EXPECT_EQ(onnx_op_version("Gelu", 19), 0);
+  // Every ai.onnx op kiln runs has a history (scripts/gen_op_versions.py writes it).
+  for (const OpDef* d : all_ops())
+    if (d->domain.empty()) EXPECT_FALSE(onnx_op_history(d->op_type).empty()) << d->op_type;
 }
 
 }  // namespace

@@ -420,7 +420,9 @@ TEST(ElementwiseCast, BoolIntegerAndHalfConversions) {
 TEST(ElementwiseCast, UnsupportedTargetsAreRefused) {
   const Tensor x = F32({1}, {1});
   expect_error(run1("Cast", x, attrs({{"to", Attribute::Int(8)}})), "string is not supported");
-  expect_error(run1("Cast", x, attrs({{"to", Attribute::Int(17)}})), "float8e4m3fn");
+  // float8 and int4 are supported (test_lowbit.cpp); float4, float8e8m0 and 2-bit are not.
+  expect_error(run1("Cast", x, attrs({{"to", Attribute::Int(23)}})), "float4e2m1");
+  expect_error(run1("Cast", x, attrs({{"to", Attribute::Int(26)}})), "int2");
   expect_error(run1("Cast", x, attrs({{"to", Attribute::Int(99)}})), "not supported");
   expect_error(run1("Cast", x), "missing integer attribute 'to'");
 }
