@@ -49,10 +49,10 @@ class Builder:
         y = self.op("BatchNormalization", [y] + bn, epsilon=1e-5)
         return self.op("Relu", [y]) if relu else y
 
-    def model(self, name, inputs, outputs):
+    def model(self, name, inputs, outputs, opset=OPSET):
         g = helper.make_graph(self.nodes, name, inputs, outputs, self.inits)
-        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="kiln")
-        m.ir_version = 8
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], producer_name="kiln")
+        m.ir_version = 8 if opset <= 17 else 10
         onnx.checker.check_model(m)
         return m
 
@@ -136,7 +136,50 @@ def tiny_transformer(seed=2, d=32, heads=2, seq=8):
                    [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", seq, d])])
 
 
-MODELS = {"small_cnn": small_cnn, "mlp": mlp, "tiny_transformer": tiny_transformer}
+def tiny_llm(seed=3, d=32, heads=4, kv_heads=2, seq=8, max_pos=16):
+    """One decoder block with the opset-23 ops today's exporters write for language models:
+    RMSNormalization, RotaryEmbedding on Q and K, Attention with grouped-query heads and a
+    causal mask, and an Einsum projection; the second norm is RMSNorm decomposed as older
+    exports write it (x * Reciprocal(Sqrt(ReduceMean(x^2) + eps)) * g). Inputs x [N, seq, d],
+    position_ids [N, seq]."""
+    b = Builder(seed)
+    dh = d // heads
+
+    def rms_norm(x):
+        return b.op("RMSNormalization", [x, b.const("rms_g", b.rng.uniform(0.5, 1.5, d).astype(np.float32))],
+                    axis=-1, epsilon=1e-6)
+
+    def heads_of(x, n):  # [N,S,n*dh] -> [N,n,S,dh]
+        x = b.op("Reshape", [x, b.const("shape", np.array([0, 0, n, dh], np.int64))])
+        return b.op("Transpose", [x], perm=[0, 2, 1, 3])
+
+    freq = 1.0 / (10000 ** (np.arange(0, dh, 2) / dh))
+    ang = np.outer(np.arange(max_pos), freq)
+    cos, sin = b.const("cos", np.cos(ang).astype(np.float32)), b.const("sin", np.sin(ang).astype(np.float32))
+    x = "x"
+    h = rms_norm(x)
+    q = heads_of(b.op("MatMul", [h, b.weight("wq", [d, d])]), heads)
+    k = heads_of(b.op("MatMul", [h, b.weight("wk", [d, kv_heads * dh])]), kv_heads)
+    v = heads_of(b.op("MatMul", [h, b.weight("wv", [d, kv_heads * dh])]), kv_heads)
+    q = b.op("RotaryEmbedding", [q, cos, sin, "position_ids"])
+    k = b.op("RotaryEmbedding", [k, cos, sin, "position_ids"], interleaved=1)
+    a = b.op("Attention", [q, k, v], is_causal=1)
+    a = b.op("Reshape", [b.op("Transpose", [a], perm=[0, 2, 1, 3]), b.const("shape", np.array([0, 0, d], np.int64))])
+    x = b.op("Add", [x, b.op("Einsum", [a, b.weight("wo", [d, d])], equation="bsd,de->bse")])
+    ms = b.op("ReduceMean", [b.op("Pow", [x, b.const("two", np.float32(2.0))]),
+                             b.const("axes", np.array([-1], np.int64))], keepdims=1)
+    r = b.op("Reciprocal", [b.op("Sqrt", [b.op("Add", [ms, b.const("eps", np.float32(1e-6))])])])
+    h = b.op("Mul", [b.const("rms_g", b.rng.uniform(0.5, 1.5, d).astype(np.float32)), b.op("Mul", [x, r])])
+    h = b.op("Mul", [h, b.op("Sigmoid", [h])])
+    x = b.op("Add", [x, b.op("MatMul", [h, b.weight("w2", [d, d])])])
+    b.nodes[-1].output[0] = "y"
+    return b.model("tiny_llm",
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", seq, d]),
+                    helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["N", seq])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", seq, d])], opset=23)
+
+
+MODELS = {"small_cnn": small_cnn, "mlp": mlp, "tiny_transformer": tiny_transformer, "tiny_llm": tiny_llm}
 
 
 def main():

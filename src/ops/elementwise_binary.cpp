@@ -6,6 +6,7 @@
 // an integer zero divisor in Div or Mod is an error. Max/Min propagate NaN. Mod with fmod=0 on
 // floats (the spec asks for fmod=1 there) follows numpy.mod instead of being refused.
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "ops/elementwise_parts.h"
@@ -147,8 +148,11 @@ struct XorOp : LogicBase {
   bool operator()(bool a, bool b) const { return a != b; }
 };
 
+// BitShift-28 adds the signed integers: a left shift wraps like an unsigned one, a right shift
+// is arithmetic; a shift that is negative or at least the bit width gives 0 (right shift of a
+// negative value: -1).
 struct BitShiftOp {
-  static constexpr uint32_t kMask = kUnsignedIntMask;
+  static constexpr uint32_t kMask = kIntMask;
   static constexpr bool kBoolOut = false;
   static constexpr bool kIntDivisor = false;
   bool left;
@@ -162,10 +166,15 @@ struct BitShiftOp {
   }
   template <typename C>
   C operator()(C a, C b) const {
-    // Shifting by the bit width or more gives 0 (in C++ that would be undefined).
-    if (static_cast<uint64_t>(b) >= sizeof(C) * 8) return 0;
-    const uint64_t x = static_cast<uint64_t>(a);
-    return static_cast<C>(left ? x << b : x >> b);
+    // Checked first: shifting by the bit width or more is undefined in C++.
+    if (static_cast<uint64_t>(b) >= sizeof(C) * 8) {  // a negative b is huge here too
+      if constexpr (std::is_signed_v<C>)
+        if (!left && a < 0) return C(-1);
+      return C(0);
+    }
+    if (left)
+      return static_cast<C>(static_cast<uint64_t>(static_cast<std::make_unsigned_t<C>>(a)) << b);
+    return static_cast<C>(a >> b);  // arithmetic for signed values (C++20)
   }
 };
 

@@ -103,7 +103,12 @@ Status cpu_attention(KernelContext& ctx) {
     return KILN_ERROR("{}: Q, K and V are required", n.label());
   KILN_ASSIGN_OR_RETURN(Tensor s, fused::run_op(n, "MatMul", {}, {ctx.input(0), ctx.input(1)}));
   const double scale = n.attrs.get_float("scale", 1.f);
-  if (scale != 1.0) {
+  const DataType st = s.dtype();
+  if (scale != 1.0 && (st == DataType::kFloat16 || st == DataType::kBFloat16)) {
+    Tensor f = s.cast(DataType::kFloat32);  // scaled in float32, rounded once
+    for (int64_t i = 0; i < f.numel(); ++i) f.data<float>()[i] *= static_cast<float>(scale);
+    s = f.cast(st);
+  } else if (scale != 1.0) {
     if (s.dtype() == DataType::kFloat32) {
       float* d = s.data<float>();
       for (int64_t i = 0; i < s.numel(); ++i) d[i] *= static_cast<float>(scale);
@@ -111,7 +116,7 @@ Status cpu_attention(KernelContext& ctx) {
       double* d = s.data<double>();
       for (int64_t i = 0; i < s.numel(); ++i) d[i] *= scale;
     } else {
-      return KILN_ERROR("{}: scaled attention needs float32 or float64, got {}", n.label(),
+      return KILN_ERROR("{}: scaled attention needs a float type, got {}", n.label(),
                         dtype_name(s.dtype()));
     }
   }
@@ -128,6 +133,11 @@ Status cpu_attention(KernelContext& ctx) {
     } else if (p.dtype() == DataType::kFloat64) {
       for (int64_t i = 0; i < p.numel(); ++i)
         if (std::isnan(p.data<double>()[i])) p.data<double>()[i] = 0.0;
+    } else if (p.dtype() == DataType::kFloat16 || p.dtype() == DataType::kBFloat16) {
+      Tensor f = p.cast(DataType::kFloat32);  // exact both ways
+      for (int64_t i = 0; i < f.numel(); ++i)
+        if (std::isnan(f.data<float>()[i])) f.data<float>()[i] = 0.f;
+      p = f.cast(p.dtype());
     }
   }
   KILN_ASSIGN_OR_RETURN(Tensor y, fused::run_op(n, "MatMul", {}, {&p, ctx.input(2)}));

@@ -148,6 +148,9 @@ std::span<const OpDef> reduce_ops();       // Reduce*
 std::span<const OpDef> quant_ops();        // QuantizeLinear, DequantizeLinear
 std::span<const OpDef> norm_extra_ops();   // RMSNorm, GroupNorm, LpNorm, MeanVarianceNorm
 std::span<const OpDef> scatter_ops();      // ScatterND, ScatterElements, NonZero
+std::span<const OpDef> einsum_ops();       // Einsum
+std::span<const OpDef> attention_ops();    // Attention (ONNX's, opset 23-25)
+std::span<const OpDef> rotary_ops();       // RotaryEmbedding
 std::span<const OpDef> fused_ops();        // kiln's fused layers (the optimizer's output)
 
 }  // namespace kiln

@@ -82,7 +82,23 @@ Status cpu_softmax(KernelContext& ctx) {
       } else {
         double sum = 0;
         for (int64_t k = 0; k < l.n; ++k) sum += std::exp(in[at(k)] - mx);
-        if constexpr (kKind == SoftmaxKind::kSoftmax) {
+        if (kKind == SoftmaxKind::kSoftmax &&
+            (x->dtype() == DataType::kFloat16 || x->dtype() == DataType::kBFloat16)) {
+          // 16-bit floats round after each step, as the ONNX reference computes in the type
+          // (bfloat16 sums element by element in bfloat16; float16 sums in float32).
+          const DataType t = x->dtype();
+          auto r = [t](double v) {
+            return t == DataType::kBFloat16 ? double(float(BFloat16(float(v))))
+                                            : double(float(Half(float(v))));
+          };
+          sum = 0;
+          for (int64_t k = 0; k < l.n; ++k) {
+            out[at(k)] = r(std::exp(r(in[at(k)] - mx)));
+            sum = t == DataType::kBFloat16 ? r(sum + out[at(k)]) : sum + out[at(k)];
+          }
+          sum = r(sum);
+          for (int64_t k = 0; k < l.n; ++k) out[at(k)] = r(out[at(k)] / sum);
+        } else if constexpr (kKind == SoftmaxKind::kSoftmax) {
           for (int64_t k = 0; k < l.n; ++k) out[at(k)] = std::exp(in[at(k)] - mx) / sum;
         } else {
           const double lse = std::log(sum);

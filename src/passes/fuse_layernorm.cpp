@@ -3,43 +3,10 @@
 //     =>  LayerNormalization(x, g, b, axis = -k, epsilon = eps)
 // d^2 may be Pow(d, 2) or Mul(d, d); g and b must be constants of the normalized shape (a
 // missing g becomes ones). Every intermediate must stay inside the pattern.
-#include <algorithm>
-
 #include "passes/passes.h"
 
 namespace kiln::passes {
 namespace {
-
-// The ReduceMean's axes as positive numbers, when it keeps dims and they are the trailing axes.
-std::optional<std::vector<int64_t>> trailing_axes(const Node* rm, int64_t rank) {
-  if (!is_op(rm, "ReduceMean") || rank < 1 || rm->attrs.get_int("keepdims", 1) != 1)
-    return std::nullopt;
-  std::vector<int64_t> axes = rm->attrs.get_ints("axes");
-  if (rm->input(1)) {
-    if (!rm->input(1)->is_constant()) return std::nullopt;
-    axes = rm->input(1)->constant->to_int64_vector();
-  }
-  if (axes.empty()) return std::nullopt;
-  for (int64_t& a : axes) a = a < 0 ? a + rank : a;
-  std::sort(axes.begin(), axes.end());
-  for (size_t i = 0; i < axes.size(); ++i)
-    if (axes[i] != rank - static_cast<int64_t>(axes.size()) + static_cast<int64_t>(i))
-      return std::nullopt;
-  return axes;
-}
-
-// A constant equal in shape to the normalized dims (leading 1s allowed), as a tensor of exactly
-// that shape.
-std::optional<Tensor> affine_param(const Value* v, const std::vector<int64_t>& norm) {
-  if (!v || !v->is_constant()) return std::nullopt;
-  const Tensor& t = *v->constant;
-  std::vector<int64_t> s = t.shape();
-  while (s.size() > norm.size() && s.front() == 1) s.erase(s.begin());
-  if (s != norm) return std::nullopt;
-  auto r = t.reshaped(norm);
-  if (!r.ok()) return std::nullopt;
-  return *r;
-}
 
 struct FuseLayerNorm {
   struct Match {

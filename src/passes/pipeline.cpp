@@ -32,7 +32,10 @@ struct PassEntry {
 //   once an activation fused in between, it no longer could.
 // - fuse_layernorm, fuse_gelu and fuse_attention before the generic fusions: they recognise
 //   composite ops made of MatMul/Add/elementwise pieces that fuse_matmul_add and
-//   fuse_elementwise would otherwise swallow piecemeal.
+//   fuse_elementwise would otherwise swallow piecemeal. map_onnx_attention beside them: ONNX's
+//   own Attention op becomes the same kiln.Attention layer (its Where/Add for the mask are
+//   left to the later passes). fuse_rmsnorm after fuse_layernorm: a LayerNorm's tail
+//   (x - mean) / sqrt(mean((x - mean)^2) + eps) has RMSNorm's shape and belongs to LayerNorm.
 // - fuse_matmul_add and fuse_residual_add before fuse_conv_act: the layer computes
 //   act(conv(x) + bias + residual), so bias and residual must join before the activation does.
 // - fuse_elementwise last: it takes the elementwise chains the specific fusions left.
@@ -44,8 +47,10 @@ constexpr PassEntry kPipeline[] = {
     {"fold_batchnorm", 1, passes::fold_batchnorm},
     {"eliminate_dead_code", 1, passes::eliminate_dead_code},
     {"fuse_layernorm", 2, passes::fuse_layernorm},
+    {"fuse_rmsnorm", 2, passes::fuse_rmsnorm},
     {"fuse_gelu", 2, passes::fuse_gelu},
     {"fuse_attention", 2, passes::fuse_attention},
+    {"map_onnx_attention", 2, passes::map_onnx_attention},
     {"fuse_matmul_add", 2, passes::fuse_matmul_add},
     {"fuse_residual_add", 2, passes::fuse_residual_add},
     {"fuse_conv_act", 2, passes::fuse_conv_act},

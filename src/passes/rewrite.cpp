@@ -112,6 +112,37 @@ void merge_onnx_nodes(Node& to, const Node& from) {
       to.onnx_nodes.push_back(s);
 }
 
+// The ReduceMean's axes as positive numbers, when it keeps dims and they are the trailing axes.
+std::optional<std::vector<int64_t>> trailing_axes(const Node* rm, int64_t rank) {
+  if (!is_op(rm, "ReduceMean") || rank < 1 || rm->attrs.get_int("keepdims", 1) != 1)
+    return std::nullopt;
+  std::vector<int64_t> axes = rm->attrs.get_ints("axes");
+  if (rm->input(1)) {
+    if (!rm->input(1)->is_constant()) return std::nullopt;
+    axes = rm->input(1)->constant->to_int64_vector();
+  }
+  if (axes.empty()) return std::nullopt;
+  for (int64_t& a : axes) a = a < 0 ? a + rank : a;
+  std::sort(axes.begin(), axes.end());
+  for (size_t i = 0; i < axes.size(); ++i)
+    if (axes[i] != rank - static_cast<int64_t>(axes.size()) + static_cast<int64_t>(i))
+      return std::nullopt;
+  return axes;
+}
+
+// A constant equal in shape to the normalized dims (leading 1s allowed), as a tensor of exactly
+// that shape.
+std::optional<Tensor> affine_param(const Value* v, const std::vector<int64_t>& norm) {
+  if (!v || !v->is_constant()) return std::nullopt;
+  const Tensor& t = *v->constant;
+  std::vector<int64_t> s = t.shape();
+  while (s.size() > norm.size() && s.front() == 1) s.erase(s.begin());
+  if (s != norm) return std::nullopt;
+  auto r = t.reshaped(norm);
+  if (!r.ok()) return std::nullopt;
+  return *r;
+}
+
 Expected<Node*> replace_with_layer(PassContext& ctx, const std::vector<Node*>& group,
                                    const std::string& domain, const std::string& op_type,
                                    const std::vector<Value*>& inputs, Attributes attrs,

@@ -85,6 +85,13 @@ Value* other_input(const Node* n, const Value* v);
 Value* operand_besides_const(const Node* n, const char* op_type, double c,
                              std::optional<bool> c_first = std::nullopt);
 
+// ReduceMean's axes as positive numbers, when it keeps dims and reduces exactly the trailing
+// axes of a rank-`rank` input (axes from the attribute or a constant input).
+std::optional<std::vector<int64_t>> trailing_axes(const Node* rm, int64_t rank);
+// A constant equal in shape to the normalized dims `norm` (leading 1s allowed), as a tensor of
+// exactly that shape (LayerNorm/RMSNorm scale and bias).
+std::optional<Tensor> affine_param(const Value* v, const std::vector<int64_t>& norm);
+
 // --- edits ------------------------------------------------------------------------------------
 // Replaces `group` (its nodes' outputs other than `out` must be used only inside the group) by
 // one new node computing `out`, placed where the group's last node was. Sets origin = pass name

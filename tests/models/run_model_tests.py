@@ -38,6 +38,9 @@ def make_inputs(name, batch, rng):
         mask = np.zeros((batch, 1, 1, 8), np.float32)
         mask[..., -2:] = -10000.0
         return {"x": rng.standard_normal((batch, 8, 32)).astype(np.float32), "mask": mask}
+    if name == "tiny_llm":
+        pos = np.tile(np.arange(8, dtype=np.int64) + rng.integers(0, 8), (batch, 1))
+        return {"x": rng.standard_normal((batch, 8, 32)).astype(np.float32), "position_ids": pos}
     raise KeyError(name)
 
 

@@ -243,6 +243,22 @@ TEST(ElementwiseBinary, BitShift) {
                "direction");
 }
 
+// BitShift-28: signed integers (left shift wraps, right shift is arithmetic; a negative shift
+// or one of at least the bit width gives 0, or -1 for a negative value shifted right).
+TEST(ElementwiseBinary, BitShiftSigned) {
+  const Tensor x = Tensor::from<int8_t>({5}, {-8, 100, -1, 5, -128});
+  const Tensor y = Tensor::from<int8_t>({5}, {1, 1, 8, -1, 7});
+  const Attributes right = attrs({{"direction", Attribute::String("RIGHT")}});
+  const Attributes left = attrs({{"direction", Attribute::String("LEFT")}});
+  EXPECT_EQ(values_i64(run2("BitShift", x, y, right).outputs[0]),
+            (std::vector<int64_t>{-4, 50, -1, 0, -1}));
+  EXPECT_EQ(values_i64(run2("BitShift", x, y, left).outputs[0]),
+            (std::vector<int64_t>{-16, -56, 0, 0, 0}));
+  const Tensor big = Tensor::from<int64_t>({1}, {std::numeric_limits<int64_t>::min()});
+  EXPECT_EQ(values_i64(run2("BitShift", big, Tensor::from<int64_t>({1}, {63}), right).outputs[0]),
+            (std::vector<int64_t>{-1}));
+}
+
 TEST(ElementwiseBinary, MismatchedTypesAndShapesAreErrors) {
   expect_error(run2("Add", F32({2}, {1, 2}), Tensor::from<int32_t>({2}, {1, 2})),
                "different types");
