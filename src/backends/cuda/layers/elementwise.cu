@@ -1,8 +1,693 @@
-// (family under construction: its tactics are being written)
+// Elementwise family, float part, and the family table. Every float op of the family (unary math,
+// activations, Add Sub Mul Div Mod Pow, variadic Max Min Sum Mean, Clip, PRelu) and
+// kiln.ElementwiseChain runs as a small program of steps over its inputs, evaluated per element
+// by one kernel in float (double for float64). Bool outputs, integer math, Where and Cast are in
+// elementwise_ops.cu. The spec is the CPU's: src/ops/elementwise*.cpp, activation.cpp,
+// fused_chain.cpp (same NaN rules, same expression forms).
+//
+// Speed: a step is dispatched once per V elements (16 bytes of output); operands that move along
+// the innermost dim are read with vector loads, per-channel and scalar operands once per vector.
+// Tactics are kAnyLayout; the ".nhwc" variants also take NHWC per-channel broadcasts and Clip.
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "kernels/device_util.cuh"
 #include "tactics.h"
 
 namespace kiln::gpu {
+namespace ew {
 
-std::span<const TacticDef> elementwise_tactics() { return {}; }
+// elementwise_ops.cu: everything that is not a float program.
+bool typed_supports(const LayerDesc& d, std::string* why);
+Expected<std::unique_ptr<Layer>> create_typed(const LayerDesc& d);
+
+// elementwise_ops.cu: operand strides over an output (numpy broadcasting, layouts, merged dims).
+void broadcast_plan(const std::vector<std::vector<int64_t>>& shapes, const std::vector<bool>& nhwc,
+                    const std::vector<int64_t>& out, bool out_nhwc, std::vector<int64_t>* dims,
+                    std::vector<std::vector<int64_t>>* strides);
+
+namespace {
+
+// --- the program ------------------------------------------------------------------------------
+enum Op : uint8_t {
+  kIdentity, kAbs, kNeg, kExp, kLog, kSqrt, kRecip, kFloor, kCeil, kRound, kSign, kSin, kCos,
+  kTan, kAsin, kAcos, kAtan, kSinh, kCosh, kAsinh, kAcosh, kAtanh, kErf, kRelu, kLeakyRelu,
+  kSigmoid, kTanh, kElu, kSelu, kCelu, kHardSigmoid, kHardSwish, kSoftplus, kSoftsign, kGelu,
+  kGeluTanh, kThresholdedRelu, kShrink, kMish,
+  kAdd, kSub, kMul, kDiv, kMod, kPow, kMax, kMin, kPRelu,  // binary
+  kClip,                                                   // x, lo?, hi?
+  kDivN,                                                   // x / p0 (Mean)
+};
+
+constexpr int kMaxIn = 16, kMaxSteps = 32;
+constexpr int8_t kCur = -1, kAbsent = -2;  // operand codes besides input indices
+
+struct Step {
+  uint8_t op = kIdentity;
+  int8_t opd[3] = {kCur, kCur, kCur};
+  float p0 = 0, p1 = 0;
+};
+
+// Everything a launch needs, by value (about 1.7 KB of kernel parameters; kernels take it as
+// __grid_constant__ so that indexing it does not copy it to local memory).
+struct Program {
+  int nsteps = 0, nin = 0, rank = 1;
+  bool small = true;  // every index fits 32 bits
+  Step steps[kMaxSteps];
+  const void* in[kMaxIn] = {};
+  uint8_t dt[kMaxIn] = {};     // DataType of each input
+  bool same[kMaxIn] = {};      // input has the output's type (direct load)
+  int64_t dims[kMaxDims] = {};
+  int64_t strides[kMaxIn][kMaxDims] = {};
+};
+
+struct UnaryName {
+  const char* name;
+  Op op;
+};
+const UnaryName kUnary[] = {
+    {"Abs", kAbs},   {"Neg", kNeg},     {"Exp", kExp},     {"Log", kLog},
+    {"Sqrt", kSqrt}, {"Reciprocal", kRecip}, {"Floor", kFloor}, {"Ceil", kCeil},
+    {"Round", kRound}, {"Sign", kSign}, {"Sin", kSin},     {"Cos", kCos},
+    {"Tan", kTan},   {"Asin", kAsin},   {"Acos", kAcos},   {"Atan", kAtan},
+    {"Sinh", kSinh}, {"Cosh", kCosh},   {"Asinh", kAsinh}, {"Acosh", kAcosh},
+    {"Atanh", kAtanh}, {"Erf", kErf},   {"Relu", kRelu},   {"LeakyRelu", kLeakyRelu},
+    {"Sigmoid", kSigmoid}, {"Tanh", kTanh}, {"Elu", kElu}, {"Selu", kSelu},
+    {"Celu", kCelu}, {"HardSigmoid", kHardSigmoid}, {"HardSwish", kHardSwish},
+    {"Softplus", kSoftplus}, {"Softsign", kSoftsign}, {"Gelu", kGelu},
+    {"ThresholdedRelu", kThresholdedRelu}, {"Shrink", kShrink}, {"Mish", kMish},
+};
+const UnaryName kBinary[] = {
+    {"Add", kAdd}, {"Sub", kSub}, {"Mul", kMul}, {"Div", kDiv}, {"Mod", kMod},
+    {"Pow", kPow}, {"Max", kMax}, {"Min", kMin}, {"PRelu", kPRelu},
+};
+constexpr const char* kLegacyAxisAttr = "kiln_broadcast_axis";
+constexpr const char* kChannelSlopeAttr = "kiln_prelu_channel_slope";
+
+// The step of `op` with its attributes (named `prefix` + ONNX name). False for an op that is
+// not a float step.
+bool make_step(const std::string& op, const Attributes& a, const std::string& pre, Step* st) {
+  auto f = [&](const char* name, float def) { return a.get_float(pre + name, def); };
+  st->op = 255;
+  for (const auto& u : kUnary)
+    if (op == u.name) st->op = u.op;
+  for (const auto& b : kBinary)
+    if (op == b.name) st->op = b.op;
+  if (op == "Clip") st->op = kClip;
+  switch (st->op) {
+    case 255: return false;
+    case kLeakyRelu: st->p0 = f("alpha", 0.01f); break;
+    case kElu: case kCelu: case kThresholdedRelu: st->p0 = f("alpha", 1.0f); break;
+    case kSelu:
+      st->p0 = f("alpha", 1.67326319217681884765625f);
+      st->p1 = f("gamma", 1.05070102214813232421875f);
+      break;
+    case kHardSigmoid: st->p0 = f("alpha", 0.2f); st->p1 = f("beta", 0.5f); break;
+    case kShrink: st->p0 = f("lambd", 0.5f); st->p1 = f("bias", 0.0f); break;
+    case kGelu:
+      if (a.get_string(pre + "approximate", "none") == "tanh") st->op = kGeluTanh;
+      break;
+    case kMod: st->p0 = a.get_int(pre + "fmod", 0) != 0 ? 1.f : 0.f; break;
+    default: break;
+  }
+  return true;
+}
+
+bool is_unary_op(const std::string& op) {
+  for (const auto& u : kUnary)
+    if (op == u.name) return true;
+  return false;
+}
+
+// --- device side ------------------------------------------------------------------------------
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+
+template <typename C>
+__device__ __forceinline__ C load_any(const void* p, uint8_t dt, int64_t i) {
+  switch (static_cast<DataType>(dt)) {
+    case DataType::kFloat32: return C(static_cast<const float*>(p)[i]);
+    case DataType::kFloat64: return C(static_cast<const double*>(p)[i]);
+    case DataType::kFloat16: return C(__half2float(static_cast<const __half*>(p)[i]));
+    case DataType::kBFloat16: return C(__bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]));
+    case DataType::kInt8: return C(static_cast<const int8_t*>(p)[i]);
+    case DataType::kUInt8: return C(static_cast<const uint8_t*>(p)[i]);
+    case DataType::kInt16: return C(static_cast<const int16_t*>(p)[i]);
+    case DataType::kUInt16: return C(static_cast<const uint16_t*>(p)[i]);
+    case DataType::kInt32: return C(static_cast<const int32_t*>(p)[i]);
+    case DataType::kUInt32: return C(static_cast<const uint32_t*>(p)[i]);
+    case DataType::kInt64: return C(static_cast<const int64_t*>(p)[i]);
+    case DataType::kUInt64: return C(static_cast<const uint64_t*>(p)[i]);
+    case DataType::kBool: return C(static_cast<const bool*>(p)[i] ? 1 : 0);
+    default: return C(0);
+  }
+}
+
+// Operand `o` of a step for element e: an input's value (selected without indexing a register
+// array) or the running value.
+template <typename C, int NIN, int V>
+__device__ __forceinline__ C pick(const C (&v)[NIN][V], const C (&cur)[V], int o, int e) {
+  if (o < 0) return cur[e];
+  C r = v[0][e];
+#pragma unroll
+  for (int k = 1; k < NIN; ++k)
+    if (o == k) r = v[k][e];
+  return r;
+}
+
+template <typename C>
+__device__ __forceinline__ C softplus(C x) {
+  return x > C(0) ? x + log1p(exp(-x)) : log1p(exp(x));
+}
+template <typename C>
+__device__ __forceinline__ C fast_exp(C x) {
+  if constexpr (std::is_same_v<C, float>) return __expf(x);
+  else return exp(x);
+}
+template <typename C>
+__device__ __forceinline__ C sigmoid(C x) {
+  if (x >= C(0)) return C(1) / (C(1) + exp(-x));
+  const C e = exp(x);  // no overflow for very negative x
+  return e / (C(1) + e);
+}
+template <typename C>
+__device__ __forceinline__ C clamp01(C y) {
+  return y < C(0) ? C(0) : (y > C(1) ? C(1) : y);
+}
+template <typename C>
+__device__ __forceinline__ C celu(C x, C alpha) {
+  const C neg = alpha * expm1(x / alpha);
+  return (x > C(0) ? x : C(0)) + (neg < C(0) ? neg : C(0));
+}
+template <typename C>
+__device__ __forceinline__ C mod(C a, C b, bool c_fmod) {
+  C r = fmod(a, b);
+  if (!c_fmod && r != C(0) && ((r < C(0)) != (b < C(0)))) r += b;  // Python's sign rule
+  return r;
+}
+template <typename C>
+__device__ __forceinline__ C clip(C x, C lo, C hi, bool has_lo, bool has_hi) {
+  if (has_lo && x < lo) x = lo;  // NaN passes both comparisons; min > max gives max
+  if (has_hi && x > hi) x = hi;
+  return x;
+}
+
+// One step over V elements: cur = op(x, y, z), the operands picked per element (element e
+// reads only cur[e], so it is updated in place). One dispatch per step serves all V elements.
+#define KILN_CASE(code, expr)                       \
+  case code:                                        \
+    _Pragma("unroll") for (int e = 0; e < V; ++e) { \
+      const C x = pick(v, cur, o0, e);              \
+      const C y = pick(v, cur, o1, e);              \
+      const C z = pick(v, cur, o2, e);              \
+      (void)y;                                      \
+      (void)z;                                      \
+      cur[e] = (expr);                              \
+    }                                               \
+    break;
+
+// Fast: the result is stored as a 16-bit float, so exp may use the hardware approximation (a few
+// float ulps, far below a float16 ulp).
+template <bool Fast, typename C, int NIN, int V>
+__device__ __forceinline__ void apply(const Step& s, const C (&v)[NIN][V], C (&cur)[V]) {
+  const C p0 = C(s.p0), p1 = C(s.p1);
+  const int o0 = s.opd[0], o1 = s.opd[1], o2 = s.opd[2];
+  const bool has_lo = o1 != kAbsent, has_hi = o2 != kAbsent;
+  switch (s.op) {
+    KILN_CASE(kIdentity, x)
+    KILN_CASE(kAbs, fabs(x))
+    KILN_CASE(kNeg, -x)
+    KILN_CASE(kExp, Fast ? fast_exp(x) : exp(x))
+    KILN_CASE(kLog, log(x))
+    KILN_CASE(kSqrt, sqrt(x))
+    KILN_CASE(kRecip, C(1) / x)
+    KILN_CASE(kFloor, floor(x))
+    KILN_CASE(kCeil, ceil(x))
+    KILN_CASE(kRound, rint(x))  // half to even
+    KILN_CASE(kSign, isnan(x) ? x : (x > C(0) ? C(1) : (x < C(0) ? C(-1) : C(0))))
+    KILN_CASE(kSin, sin(x))
+    KILN_CASE(kCos, cos(x))
+    KILN_CASE(kTan, tan(x))
+    KILN_CASE(kAsin, asin(x))
+    KILN_CASE(kAcos, acos(x))
+    KILN_CASE(kAtan, atan(x))
+    KILN_CASE(kSinh, sinh(x))
+    KILN_CASE(kCosh, cosh(x))
+    KILN_CASE(kAsinh, asinh(x))
+    KILN_CASE(kAcosh, acosh(x))
+    KILN_CASE(kAtanh, atanh(x))
+    KILN_CASE(kErf, erf(x))
+    KILN_CASE(kRelu, x < C(0) ? C(0) : x)
+    KILN_CASE(kLeakyRelu, x < C(0) ? p0 * x : x)
+    KILN_CASE(kSigmoid, Fast ? C(1) / (C(1) + fast_exp(-x)) : sigmoid(x))
+    KILN_CASE(kTanh, tanh(x))
+    KILN_CASE(kElu, x < C(0) ? p0 * expm1(x) : x)
+    KILN_CASE(kSelu, x > C(0) ? p1 * x : p1 * (p0 * exp(x) - p0))
+    KILN_CASE(kCelu, celu(x, p0))
+    KILN_CASE(kHardSigmoid, clamp01(p0 * x + p1))
+    KILN_CASE(kHardSwish, x * clamp01(x / C(6) + C(0.5)))
+    KILN_CASE(kSoftplus, softplus(x))
+    KILN_CASE(kSoftsign, x / (C(1) + fabs(x)))
+    KILN_CASE(kGelu, C(0.5) * x * (C(1) + erf(x * C(0.7071067811865476))))
+    KILN_CASE(kGeluTanh,
+              C(0.5) * x * (C(1) + tanh(C(0.7978845608028654) * (x + C(0.044715) * x * x * x))))
+    KILN_CASE(kThresholdedRelu, x > p0 ? x : C(0))
+    KILN_CASE(kShrink, x < -p0 ? x + p1 : (x > p0 ? x - p1 : C(0)))
+    KILN_CASE(kMish, x * tanh(softplus(x)))
+    KILN_CASE(kAdd, x + y)
+    KILN_CASE(kSub, x - y)
+    KILN_CASE(kMul, x * y)
+    KILN_CASE(kDiv, x / y)
+    KILN_CASE(kMod, mod(x, y, s.p0 != 0.f))
+    KILN_CASE(kPow, pow(x, y))
+    KILN_CASE(kMax, isnan(x) || isnan(y) ? C(NAN) : (x < y ? y : x))
+    KILN_CASE(kMin, isnan(x) || isnan(y) ? C(NAN) : (y < x ? y : x))
+    KILN_CASE(kPRelu, x < C(0) ? y * x : x)
+    KILN_CASE(kClip, clip(x, y, z, has_lo, has_hi))
+    KILN_CASE(kDivN, x / p0)
+  }
+}
+#undef KILN_CASE
+
+// Runs the program on V elements; v[k][e] is input k's value for element e.
+template <bool Fast, typename C, int NIN, int V>
+__device__ __forceinline__ void eval(const Program& p, const C (&v)[NIN][V], C (&cur)[V]) {
+#pragma unroll
+  for (int e = 0; e < V; ++e) cur[e] = v[0][e];
+  for (int s = 0; s < p.nsteps; ++s) apply<Fast>(p.steps[s], v, cur);
+}
+
+// Element offsets of every input for output element i.
+template <int NIN>
+__device__ __forceinline__ void offsets(const Program& p, int64_t i, int64_t (&off)[NIN]) {
+  if (p.rank == 1) {
+#pragma unroll
+    for (int k = 0; k < NIN; ++k) off[k] = i * p.strides[k][0];
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < NIN; ++k) off[k] = 0;
+  if (p.small) {  // 32-bit division is several times cheaper
+    uint32_t r = static_cast<uint32_t>(i);
+    for (int d = p.rank - 1; d > 0; --d) {
+      const uint32_t n = static_cast<uint32_t>(p.dims[d]);
+      const uint32_t c = r % n;
+      r /= n;
+#pragma unroll
+      for (int k = 0; k < NIN; ++k) off[k] += int64_t(c) * p.strides[k][d];
+    }
+#pragma unroll
+    for (int k = 0; k < NIN; ++k) off[k] += int64_t(r) * p.strides[k][0];
+    return;
+  }
+  for (int d = p.rank - 1; d > 0; --d) {
+    const int64_t c = i % p.dims[d];
+    i /= p.dims[d];
+#pragma unroll
+    for (int k = 0; k < NIN; ++k) off[k] += c * p.strides[k][d];
+  }
+#pragma unroll
+  for (int k = 0; k < NIN; ++k) off[k] += i * p.strides[k][0];
+}
+
+template <typename T, int NIN>
+__device__ __forceinline__ Compute<T> load_in(const Program& p, int k, int64_t off) {
+  if (p.same[k]) return load(static_cast<const T*>(p.in[k]), off);
+  return load_any<Compute<T>>(p.in[k], p.dt[k], off);
+}
+
+// General case: broadcasting, mixed input types, unaligned data.
+template <typename T, int NIN>
+__global__ void program_kernel(const __grid_constant__ Program p, T* y, int64_t n) {
+  using C = Compute<T>;
+  KILN_GRID_STRIDE(i, n) {
+    int64_t off[NIN];
+    offsets(p, i, off);
+    C v[NIN][1], r[1];
+#pragma unroll
+    for (int k = 0; k < NIN; ++k) v[k][0] = k < p.nin ? load_in<T, NIN>(p, k, off[k]) : C(0);
+    eval<sizeof(T) == 2>(p, v, r);
+    store(y, i, r[0]);
+  }
+}
+
+// Fast case (see ProgramLayer::vec_ok_): a thread handles V consecutive output elements, which
+// share their outer coordinates. Inputs that move along the innermost dim are read with one
+// vector load; inputs that do not (per-channel, scalars) with one load broadcast to all V.
+template <typename T, int NIN, int V>
+__global__ void __launch_bounds__(kBlock, 4) program_vec_kernel(const __grid_constant__ Program p, T* y, int64_t n) {
+  using C = Compute<T>;
+  using P = Pack<T, V>;
+  const int64_t nv = n / V;
+  KILN_GRID_STRIDE(j, nv) {
+    int64_t off[NIN];
+    offsets(p, j * V, off);
+    C v[NIN][V], r[V];
+#pragma unroll
+    for (int k = 0; k < NIN; ++k) {
+      const T* src = static_cast<const T*>(p.in[k]);
+      if (k < p.nin && p.strides[k][p.rank - 1] != 0) {
+        const P x = *reinterpret_cast<const P*>(src + off[k]);
+#pragma unroll
+        for (int e = 0; e < V; ++e) v[k][e] = load(x.v, e);
+      } else {
+        const C b = k < p.nin ? load(src, off[k]) : C(0);
+#pragma unroll
+        for (int e = 0; e < V; ++e) v[k][e] = b;
+      }
+    }
+    eval<sizeof(T) == 2>(p, v, r);
+    P out;
+#pragma unroll
+    for (int e = 0; e < V; ++e) store(out.v, e, r[e]);
+    reinterpret_cast<P*>(y)[j] = out;
+  }
+  KILN_GRID_STRIDE(t, n - nv * V) {  // the tail of a 1-D walk
+    const int64_t i = nv * V + t;
+    int64_t off[NIN];
+    offsets(p, i, off);
+    C v[NIN][1], r[1];
+#pragma unroll
+    for (int k = 0; k < NIN; ++k)
+      v[k][0] = k < p.nin ? load(static_cast<const T*>(p.in[k]), off[k]) : C(0);
+    eval<sizeof(T) == 2>(p, v, r);
+    store(y, i, r[0]);
+  }
+}
+
+// --- host side --------------------------------------------------------------------------------
+bool is_float_storage(DataType t) {
+  return t == DataType::kFloat32 || t == DataType::kFloat16 || t == DataType::kFloat64 ||
+         t == DataType::kBFloat16;
+}
+
+// The program of a node, and which node input each program input is. False (with a reason)
+// when the node is not a float program.
+bool build_program(const Node& n, Program* p, std::vector<int>* slots, std::string* why) {
+  const std::string& op = n.op_type;
+  slots->clear();
+  if (n.domain == "kiln") {
+    if (op != "ElementwiseChain") return *why = "not an elementwise op", false;
+    const auto ops = n.attrs.get_strings("ops");
+    const auto arity = n.attrs.get_ints("arity");
+    const auto operands = n.attrs.get_ints("operands");
+    if (ops.empty() || ops.size() != arity.size())
+      return *why = "malformed chain (ops/arity)", false;
+    if (ops.size() > kMaxSteps) return *why = fmt::format("more than {} steps", kMaxSteps), false;
+    if (n.num_inputs() > kMaxIn) return *why = fmt::format("more than {} inputs", kMaxIn), false;
+    size_t k = 0;
+    for (size_t s = 0; s < ops.size(); ++s) {
+      const std::string pre = "s" + std::to_string(s) + "_";
+      Step& st = p->steps[s];
+      if (!make_step(ops[s], n.attrs, pre, &st))
+        return *why = fmt::format("step {} ({}) has no GPU kernel", s, ops[s]), false;
+      if (n.attrs.has(pre + kLegacyAxisAttr) || n.attrs.has(pre + kChannelSlopeAttr))
+        return *why = fmt::format("step {} ({}) uses legacy broadcasting", s, ops[s]), false;
+      if (arity[s] < 1 || arity[s] > 3) return *why = "a step has more than 3 operands", false;
+      for (int64_t i = 0; i < 3; ++i) {
+        int64_t o = i < arity[s] ? operands.at(k + i) : kAbsent;
+        if (o >= static_cast<int64_t>(n.num_inputs()) || o < kAbsent)
+          return *why = "malformed chain (operands)", false;
+        st.opd[i] = static_cast<int8_t>(o);
+      }
+      if (st.opd[0] == kAbsent) return *why = "a step lacks its first operand", false;
+      k += static_cast<size_t>(arity[s]);
+    }
+    if (k != operands.size()) return *why = "malformed chain (operands)", false;
+    p->nsteps = static_cast<int>(ops.size());
+    for (size_t i = 0; i < n.num_inputs(); ++i) {
+      if (!n.input(i)) return *why = "a chain input is absent", false;
+      slots->push_back(static_cast<int>(i));
+    }
+    p->nin = static_cast<int>(slots->size());
+    return true;
+  }
+  if (!n.domain.empty()) return *why = "not an elementwise op", false;
+  // Program inputs are the present node inputs; absent ones become kAbsent operands.
+  std::vector<int8_t> index(n.num_inputs(), kAbsent);
+  for (size_t i = 0; i < n.num_inputs(); ++i) {
+    if (!n.input(i)) continue;
+    index[i] = static_cast<int8_t>(slots->size());
+    slots->push_back(static_cast<int>(i));
+  }
+  if (slots->empty() || index[0] == kAbsent) return *why = "input 0 is absent", false;
+  if (slots->size() > kMaxIn) return *why = fmt::format("more than {} inputs", kMaxIn), false;
+  p->nin = static_cast<int>(slots->size());
+  const bool variadic = op == "Max" || op == "Min" || op == "Sum" || op == "Mean";
+  if (variadic) {
+    const Op code = op == "Max" ? kMax : op == "Min" ? kMin : kAdd;
+    if (slots->size() != n.num_inputs()) return *why = "an input is absent", false;
+    p->steps[0] = Step{kIdentity, {0, kCur, kCur}};
+    int s = 1;
+    for (int i = 1; i < p->nin; ++i)
+      p->steps[s++] = Step{code, {kCur, static_cast<int8_t>(i), kCur}};
+    if (op == "Mean") p->steps[s++] = Step{kDivN, {kCur, kCur, kCur}, static_cast<float>(p->nin)};
+    p->nsteps = s;
+    return true;
+  }
+  Step st;
+  if (!make_step(op, n.attrs, "", &st)) return *why = "not a float elementwise op", false;
+  st.opd[0] = index[0];
+  if (op == "Clip") {
+    st.opd[1] = n.num_inputs() > 1 ? index[1] : kAbsent;
+    st.opd[2] = n.num_inputs() > 2 ? index[2] : kAbsent;
+  } else if (!is_unary_op(op)) {
+    if (n.num_inputs() != 2 || index[1] == kAbsent) return *why = "needs two inputs", false;
+    st.opd[1] = index[1];
+  }
+  p->steps[0] = st;
+  p->nsteps = 1;
+  return true;
+}
+
+// Does this node run as a float program at these formats?
+bool is_float_program(const LayerDesc& d, std::string* why) {
+  if (d.out.empty() || !is_float_storage(d.out[0].dtype))
+    return *why = "output is not float", false;
+  Program p;
+  std::vector<int> slots;
+  return build_program(*d.node, &p, &slots, why);
+}
+
+class ProgramLayer final : public Layer {
+ public:
+  ProgramLayer(const Node* n, const Program& p, std::vector<int> slots)
+      : node_(n), prog_(p), slots_(std::move(slots)) {}
+
+  Expected<size_t> configure(const RunContext&, std::span<const DeviceTensor> in,
+                             std::span<const DeviceTensor> out) override {
+    const DeviceTensor& y = out[0];
+    std::vector<std::vector<int64_t>> shapes;
+    std::vector<bool> nhwc;
+    for (int slot : slots_) {
+      const DeviceTensor& t = in[slot];
+      shapes.push_back(operand_shape(slot, t, in[0]));
+      nhwc.push_back(t.layout == Layout::kNHWC && t.rank() == 4);
+      if (shapes.back().size() > y.shape.size())
+        return KILN_ERROR("{}: input {} has a higher rank than the output", node_->label(), slot);
+    }
+    std::vector<int64_t> dims;
+    std::vector<std::vector<int64_t>> strides;
+    broadcast_plan(shapes, nhwc, y.shape, y.layout == Layout::kNHWC && y.rank() == 4, &dims,
+                   &strides);
+    if (dims.size() > static_cast<size_t>(kMaxDims))
+      return KILN_ERROR("{}: broadcast needs {} dims, at most {} are supported", node_->label(),
+                        dims.size(), kMaxDims);
+    n_ = y.numel();
+    const int r = static_cast<int>(dims.size());
+    prog_.rank = r;
+    prog_.small = n_ < (int64_t(1) << 31);
+    for (int d = 0; d < r; ++d) prog_.dims[d] = dims[d];
+    // The vector path needs V-element runs along the innermost dim (or a 1-D walk, whose tail
+    // runs per element), inputs of the output's type, and inner strides of 0 or 1 whose outer
+    // strides keep vector loads aligned.
+    const int64_t V = 16 / static_cast<int64_t>(dtype_size(y.dtype));
+    vec_ok_ = r == 1 || dims[r - 1] % V == 0;
+    for (size_t k = 0; k < slots_.size(); ++k) {
+      const DeviceTensor& t = in[slots_[k]];
+      prog_.dt[k] = static_cast<uint8_t>(t.dtype);
+      prog_.same[k] = t.dtype == y.dtype;
+      vec_ok_ &= prog_.same[k] && (strides[k][r - 1] == 0 || strides[k][r - 1] == 1);
+      for (int d = 0; d < r; ++d) {
+        prog_.strides[k][d] = strides[k][d];
+        if (d < r - 1 && strides[k][r - 1] == 1) vec_ok_ &= strides[k][d] % V == 0;
+      }
+    }
+    return size_t{0};
+  }
+
+  Status run(const RunContext& rc, std::span<const DeviceTensor> in,
+             std::span<const DeviceTensor> out) override {
+    if (n_ == 0) return Status::Ok();
+    Program p = prog_;
+    for (size_t k = 0; k < slots_.size(); ++k) p.in[k] = in[slots_[k]].data;
+    const bool ok = dispatch_float(out[0].dtype, [&](auto tag) {
+      using T = decltype(tag);
+      T* y = static_cast<T*>(out[0].data);
+      if (p.nin <= 1) launch<T, 1>(rc, p, y);
+      else if (p.nin == 2) launch<T, 2>(rc, p, y);
+      else if (p.nin <= 4) launch<T, 4>(rc, p, y);
+      else if (p.nin <= 8) launch<T, 8>(rc, p, y);
+      else launch<T, kMaxIn>(rc, p, y);
+    });
+    if (!ok) return KILN_ERROR("{}: unsupported type {}", node_->label(), dtype_name(out[0].dtype));
+    KILN_CUDA_LAUNCH_CHECK("elementwise program kernel");
+    return Status::Ok();
+  }
+
+ private:
+  // The shape input `slot` broadcasts with: legacy axis alignment (opset < 7 binary ops) and
+  // old PRelu's per-channel slope are applied here, as the CPU op does.
+  std::vector<int64_t> operand_shape(int slot, const DeviceTensor& t, const DeviceTensor& x) const {
+    std::vector<int64_t> s = t.shape;
+    if (slot != 1) return s;
+    if (const Attribute* a = node_->attrs.find(kLegacyAxisAttr)) {
+      const int64_t axis = a->i < 0 ? a->i + x.rank() : a->i;
+      const int64_t trailing = x.rank() - axis - static_cast<int64_t>(s.size());
+      if (trailing > 0) s.insert(s.end(), static_cast<size_t>(trailing), 1);
+    }
+    if (node_->attrs.get_int(kChannelSlopeAttr, 0) != 0 && s.size() == 1 && s[0] > 1 &&
+        x.rank() > 2) {
+      std::vector<int64_t> c(static_cast<size_t>(x.rank() - 1), 1);
+      c[0] = s[0];
+      s = c;
+    }
+    return s;
+  }
+
+  template <typename T, int NIN>
+  void launch(const RunContext& rc, const Program& p, T* y) const {
+    if constexpr (NIN <= 4) {  // with more inputs the vectors would spill registers
+      constexpr int V = 16 / sizeof(T);
+      bool aligned = reinterpret_cast<uintptr_t>(y) % 16 == 0;
+      for (int k = 0; k < p.nin; ++k)
+        aligned &= p.strides[k][p.rank - 1] == 0 || reinterpret_cast<uintptr_t>(p.in[k]) % 16 == 0;
+      if (vec_ok_ && aligned) {
+        program_vec_kernel<T, NIN, V><<<grid_for(n_ / V), kBlock, 0, rc.stream>>>(p, y, n_);
+        return;
+      }
+    }
+    program_kernel<T, NIN><<<grid_for(n_), kBlock, 0, rc.stream>>>(p, y, n_);
+  }
+
+  const Node* node_;
+  Program prog_;
+  std::vector<int> slots_;  // node input of each program input
+  int64_t n_ = 0;
+  bool vec_ok_ = false;     // the vector kernel applies (configure)
+};
+
+// --- the tactics ------------------------------------------------------------------------------
+bool ew_supports(const LayerDesc& d, std::string* why) {
+  std::string not_program;
+  if (is_float_program(d, &not_program)) {
+    for (size_t i = 0; i < d.in.size(); ++i) {
+      const DataType t = d.in[i].dtype;
+      if (t != DataType::kUndefined && !dispatch_dtype(t, [](auto) {}))
+        return *why = fmt::format("input {} has type {}", i, dtype_name(t)), false;
+    }
+    return true;
+  }
+  if (d.node->domain == "kiln") return *why = not_program, false;
+  return typed_supports(d, why);
+}
+
+Expected<std::unique_ptr<Layer>> ew_create(const LayerDesc& d) {
+  std::string why;
+  if (d.out.empty() || !is_float_storage(d.out[0].dtype)) return create_typed(d);
+  Program p;
+  std::vector<int> slots;
+  if (!build_program(*d.node, &p, &slots, &why)) {
+    if (d.node->domain == "kiln") return KILN_ERROR("{}: {}", d.node->label(), why);
+    return create_typed(d);
+  }
+  return std::unique_ptr<Layer>(new ProgramLayer(d.node, p, std::move(slots)));
+}
+
+// The NHWC variants take a broadcast that kAnyLayout cannot (per-channel scale/bias, SE gates,
+// Clip's scalar bounds): only when the output is NHWC and some input is a [.., C, 1, 1]
+// per-channel operand, so that scalar broadcasts (attention scores / sqrt(d)) do not pull
+// row-major tensors into NHWC.
+bool nhwc_supports(const LayerDesc& d, std::string* why) {
+  if (d.out.empty() || d.out[0].layout != Layout::kNHWC)
+    return *why = "used only for NHWC outputs", false;
+  const TensorType& y = d.out_type(0);
+  if (!y.has_rank() || y.rank() != 4 || !(*y.dims)[1].is_static())
+    return *why = "needs a 4-D output with a known channel count", false;
+  const int64_t C = (*y.dims)[1].value;
+  bool per_channel = false;
+  for (size_t i = 0; i < d.node->num_inputs(); ++i) {
+    const Value* v = d.node->input(i);
+    if (!v || !v->type.has_rank() || v->type.dims == y.dims) continue;
+    const auto& s = *v->type.dims;
+    const size_t r = s.size();
+    auto is = [&](size_t back, int64_t want) {  // dim `back` from the right
+      return r < back || (s[r - back].is_static() && s[r - back].value == want);
+    };
+    if (r >= 3 && is(1, 1) && is(2, 1) && is(3, C) && C > 1) per_channel = true;
+  }
+  // Clip (Relu6) has scalar bounds, which kAnyLayout does not take either.
+  bool clip_scalars = d.node->op_type == "Clip" && d.node->input(0) &&
+                      d.node->input(0)->type.dims == y.dims;
+  for (size_t i = 1; i < d.node->num_inputs() && clip_scalars; ++i) {
+    const Value* v = d.node->input(i);
+    clip_scalars = !v || (v->type.is_static() && v->type.rank() <= 1 &&
+                          (v->type.rank() == 0 || (*v->type.dims)[0].value == 1));
+  }
+  if (!per_channel && !clip_scalars) return *why = "no per-channel operand", false;
+  return ew_supports(d, why);
+}
+
+constexpr uint32_t kCaps = kF32 | kF16 | kF64 | kAnyLayout;
+constexpr uint32_t kNhwcCaps = kF32 | kF16 | kF64 | kNHWC;
+
+#define KILN_EW(op, name) {"", op, name, kCaps, 0, ew_supports, ew_create}
+const TacticDef kTactics[] = {
+    KILN_EW("Abs", "ew.abs"), KILN_EW("Neg", "ew.neg"), KILN_EW("Exp", "ew.exp"),
+    KILN_EW("Log", "ew.log"), KILN_EW("Sqrt", "ew.sqrt"), KILN_EW("Reciprocal", "ew.reciprocal"),
+    KILN_EW("Floor", "ew.floor"), KILN_EW("Ceil", "ew.ceil"), KILN_EW("Round", "ew.round"),
+    KILN_EW("Sign", "ew.sign"), KILN_EW("Sin", "ew.sin"), KILN_EW("Cos", "ew.cos"),
+    KILN_EW("Tan", "ew.tan"), KILN_EW("Asin", "ew.asin"), KILN_EW("Acos", "ew.acos"),
+    KILN_EW("Atan", "ew.atan"), KILN_EW("Sinh", "ew.sinh"), KILN_EW("Cosh", "ew.cosh"),
+    KILN_EW("Asinh", "ew.asinh"), KILN_EW("Acosh", "ew.acosh"), KILN_EW("Atanh", "ew.atanh"),
+    KILN_EW("Erf", "ew.erf"), KILN_EW("Not", "ew.not"), KILN_EW("IsNaN", "ew.isnan"),
+    KILN_EW("IsInf", "ew.isinf"),
+    KILN_EW("Relu", "ew.relu"), KILN_EW("LeakyRelu", "ew.leaky_relu"),
+    KILN_EW("Sigmoid", "ew.sigmoid"), KILN_EW("Tanh", "ew.tanh"), KILN_EW("Elu", "ew.elu"),
+    KILN_EW("Selu", "ew.selu"), KILN_EW("Celu", "ew.celu"),
+    KILN_EW("HardSigmoid", "ew.hard_sigmoid"), KILN_EW("HardSwish", "ew.hard_swish"),
+    KILN_EW("Softplus", "ew.softplus"), KILN_EW("Softsign", "ew.softsign"),
+    KILN_EW("Gelu", "ew.gelu"), KILN_EW("ThresholdedRelu", "ew.thresholded_relu"),
+    KILN_EW("Shrink", "ew.shrink"), KILN_EW("Mish", "ew.mish"), KILN_EW("PRelu", "ew.prelu"),
+    KILN_EW("Add", "ew.add"), KILN_EW("Sub", "ew.sub"), KILN_EW("Mul", "ew.mul"),
+    KILN_EW("Div", "ew.div"), KILN_EW("Mod", "ew.mod"), KILN_EW("Pow", "ew.pow"),
+    KILN_EW("Equal", "ew.equal"), KILN_EW("Greater", "ew.greater"),
+    KILN_EW("GreaterOrEqual", "ew.greater_or_equal"), KILN_EW("Less", "ew.less"),
+    KILN_EW("LessOrEqual", "ew.less_or_equal"), KILN_EW("And", "ew.and"),
+    KILN_EW("Or", "ew.or"), KILN_EW("Xor", "ew.xor"), KILN_EW("BitShift", "ew.bitshift"),
+    KILN_EW("Max", "ew.max"), KILN_EW("Min", "ew.min"), KILN_EW("Sum", "ew.sum"),
+    KILN_EW("Mean", "ew.mean"), KILN_EW("Where", "ew.where"), KILN_EW("Clip", "ew.clip"),
+    KILN_EW("Cast", "ew.cast"), KILN_EW("CastLike", "ew.castlike"),
+    {"kiln", "ElementwiseChain", "ew.chain", kCaps, 0, ew_supports, ew_create},
+    // NHWC per-channel broadcasts (see nhwc_supports); after the kAnyLayout ones, so that those
+    // win where both apply.
+    {"", "Add", "ew.add.nhwc", kNhwcCaps, 0, nhwc_supports, ew_create},
+    {"", "Sub", "ew.sub.nhwc", kNhwcCaps, 0, nhwc_supports, ew_create},
+    {"", "Mul", "ew.mul.nhwc", kNhwcCaps, 0, nhwc_supports, ew_create},
+    {"", "Div", "ew.div.nhwc", kNhwcCaps, 0, nhwc_supports, ew_create},
+    {"", "PRelu", "ew.prelu.nhwc", kNhwcCaps, 0, nhwc_supports, ew_create},
+    {"", "Clip", "ew.clip.nhwc", kNhwcCaps, 0, nhwc_supports, ew_create},
+    {"kiln", "ElementwiseChain", "ew.chain.nhwc", kNhwcCaps, 0, nhwc_supports, ew_create},
+};
+#undef KILN_EW
+
+}  // namespace
+}  // namespace ew
+
+std::span<const TacticDef> elementwise_tactics() { return ew::kTactics; }
 
 }  // namespace kiln::gpu

@@ -1,0 +1,219 @@
+// kiln.Attention(Q, Kt, V, mask?): Y = Softmax(Q @ Kt * scale + mask, axis=-1) @ V (ops/fused.h),
+// as batched GEMM (scores into the workspace, in float; double for float64) -> a row softmax
+// kernel that adds the mask (and with nan_to_zero turns NaN probabilities into 0) -> batched
+// GEMM with V. Batch dims broadcast as the unfused MatMul / Add / MatMul do.
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/device_util.cuh"
+#include "layers/gemm_common.h"
+#include "ops/op.h"
+#include "tactics.h"
+
+namespace kiln::gpu {
+namespace {
+
+size_t align256(size_t b) { return (b + 255) / 256 * 256; }
+
+template <typename A>
+__device__ __forceinline__ A warp_max(A v) {
+  for (int o = 16; o > 0; o /= 2) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+template <typename A>
+__device__ __forceinline__ A warp_sum(A v) {
+  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Reduces over the blockDim.x threads of one row (a warp, or a whole block with blockDim.y == 1).
+template <bool kMax, typename A>
+__device__ __forceinline__ A row_reduce(A v, A* smem) {
+  v = kMax ? warp_max(v) : warp_sum(v);
+  if (blockDim.x <= 32) return v;
+  const int w = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
+  __syncthreads();  // smem may still be read from the previous reduction
+  if (lane == 0) smem[w] = v;
+  __syncthreads();
+  v = lane < nw ? smem[lane] : (kMax ? A(-INFINITY) : A(0));
+  return kMax ? warp_max(v) : warp_sum(v);
+}
+
+// One row of T scores per blockDim.x threads: p = softmax(s + mask). NaN anywhere in a row
+// (or a row of -inf, fully masked) makes the whole row NaN, as the reference's max-then-exp does;
+// nan_to_zero then writes 0 for NaN. `s` and `p` may alias (same type).
+template <typename A, typename T>
+__global__ void attention_softmax(const A* s, T* p, const T* __restrict__ mask, StridedIndex mix,
+                                  int64_t rows, int64_t len, bool nan_to_zero) {
+  __shared__ A smem[32];
+  for (int64_t row = blockIdx.x * int64_t(blockDim.y) + threadIdx.y;
+       row - threadIdx.y < rows; row += int64_t(gridDim.x) * blockDim.y) {
+    const bool live = row < rows;
+    const A* sr = s + (live ? row : 0) * len;
+    auto at = [&](int64_t t) -> A {
+      A v = sr[t];
+      if (mask) v += static_cast<A>(load(mask, mix.offset(row * len + t)));
+      return v;
+    };
+    A mx = -INFINITY;
+    if (live)
+      for (int64_t t = threadIdx.x; t < len; t += blockDim.x) mx = fmax(mx, at(t));
+    mx = row_reduce<true>(mx, smem);
+    A sum = 0;
+    if (live)
+      for (int64_t t = threadIdx.x; t < len; t += blockDim.x) sum += exp(at(t) - mx);
+    sum = row_reduce<false>(sum, smem);
+    // fmax skips NaN, but the sum carries it (exp(NaN - mx)), so the whole row becomes NaN.
+    if (live)
+      for (int64_t t = threadIdx.x; t < len; t += blockDim.x) {
+        A v = exp(at(t) - mx) / sum;
+        if (nan_to_zero && isnan(v)) v = 0;
+        store(p, row * len + t, v);
+      }
+  }
+}
+
+bool float_type(DataType t) { return dtype_is_float(t); }
+
+}  // namespace
+
+bool attention_supports(const LayerDesc& d, std::string* why) {
+  for (size_t i = 0; i < 3; ++i) {
+    if (d.in.size() <= i || !float_type(d.in[i].dtype)) return *why = "float Q, Kt and V only", false;
+    const TensorType& t = d.in_type(i);
+    if (t.has_rank() && t.rank() < 2) return *why = "Q, Kt and V must have rank >= 2", false;
+  }
+  if (d.in[1].dtype != d.in[0].dtype || d.in[2].dtype != d.in[0].dtype)
+    return *why = "Q, Kt and V differ in type", false;
+  if (d.in.size() > 3 && d.in[3].dtype != DataType::kUndefined && d.in[3].dtype != d.in[0].dtype)
+    return *why = "the mask differs in type", false;
+  return true;
+}
+
+namespace {
+
+class AttentionLayer final : public Layer {
+ public:
+  explicit AttentionLayer(const LayerDesc& d) : node_(d.node), precision_(d.precision) {
+    scale_ = d.node->attrs.get_float("scale", 1.f);
+    nan_to_zero_ = d.node->attrs.get_int("nan_to_zero", 0) != 0;
+  }
+
+  Expected<size_t> configure(const RunContext& rc, std::span<const DeviceTensor> in,
+                             std::span<const DeviceTensor> out) override {
+    const Node& n = *node_;
+    const DeviceTensor &q = in[0], &k = in[1], &v = in[2];
+    const DeviceTensor* mask = in.size() > 3 && in[3].present() ? &in[3] : nullptr;
+    if (q.rank() < 2 || k.rank() < 2 || v.rank() < 2)
+      return KILN_ERROR("{}: Q, Kt and V must have rank >= 2", n.label());
+    dtype_ = q.dtype;
+    const int64_t S = q.shape[q.rank() - 2], D = q.shape.back();
+    const int64_t T = k.shape.back(), Dv = v.shape.back();
+    if (k.shape[k.rank() - 2] != D || v.shape[v.rank() - 2] != T)
+      return KILN_ERROR("{}: Q {}, Kt {} and V {} do not chain", n.label(), shape_str(q.shape),
+                        shape_str(k.shape), shape_str(v.shape));
+    const std::vector<int64_t> qb(q.shape.begin(), q.shape.end() - 2);
+    const std::vector<int64_t> kb(k.shape.begin(), k.shape.end() - 2);
+    const std::vector<int64_t> vb(v.shape.begin(), v.shape.end() - 2);
+    KILN_ASSIGN_OR_RETURN(std::vector<int64_t> sb, broadcast_shapes({qb, kb}, n));
+    std::vector<int64_t> scores = sb;
+    scores.push_back(S);
+    scores.push_back(T);
+    if (mask) {  // the mask may widen the batch, never the [S, T] rows
+      KILN_ASSIGN_OR_RETURN(std::vector<int64_t> wide, broadcast_shapes({scores, mask->shape}, n));
+      if (wide[wide.size() - 2] != S || wide.back() != T)
+        return KILN_ERROR("{}: mask {} would broadcast the scores {} to {}", n.label(),
+                          shape_str(mask->shape), shape_str(scores), shape_str(wide));
+      scores = wide;
+      sb.assign(scores.begin(), scores.end() - 2);
+    }
+    KILN_ASSIGN_OR_RETURN(std::vector<int64_t> yb, broadcast_shapes({sb, vb}, n));
+    if (sb.size() > static_cast<size_t>(kMaxDims) || yb.size() > static_cast<size_t>(kMaxDims))
+      return KILN_ERROR("{}: more than {} batch dims", n.label(), kMaxDims);
+    std::vector<int64_t> want = yb;
+    want.push_back(S);
+    want.push_back(Dv);
+    if (out[0].shape != want)
+      return KILN_ERROR("{}: output shape {} differs from {}", n.label(), shape_str(out[0].shape),
+                        shape_str(want));
+    qk_ = plan_batched_gemm(qb, kb, sb, S, T, D);
+    pv_ = plan_batched_gemm(sb, vb, yb, S, Dv, T);
+    KILN_RETURN_IF_ERROR(check_gemm_dims(qk_, n));
+    KILN_RETURN_IF_ERROR(check_gemm_dims(pv_, n));
+    rows_ = 1;
+    for (int64_t d : sb) rows_ *= d;
+    rows_ *= S;
+    len_ = T;
+    numel_ = out[0].numel();
+    mix_ = StridedIndex{};
+    if (mask) {
+      const StridedIndex bi = broadcast_index(mask->shape, scores);
+      std::vector<int64_t> dims(bi.dims, bi.dims + bi.rank);
+      std::vector<std::vector<int64_t>> st = {
+          std::vector<int64_t>(bi.strides, bi.strides + bi.rank), row_major_strides(scores)};
+      coalesce_dims(dims, st);
+      if (dims.size() > static_cast<size_t>(kMaxDims))
+        return KILN_ERROR("{}: the mask's broadcast has too many dims", n.label());
+      mix_.rank = static_cast<int>(dims.size());
+      for (size_t d = 0; d < dims.size(); ++d) {
+        mix_.dims[d] = dims[d];
+        mix_.strides[d] = st[0][d];
+      }
+    }
+    acc_ = dtype_ == DataType::kFloat64 ? DataType::kFloat64 : DataType::kFloat32;
+    const size_t cells = static_cast<size_t>(rows_ * len_);
+    scores_bytes_ = align256(cells * dtype_size(acc_));
+    probs_bytes_ = acc_ == dtype_ ? 0 : align256(cells * dtype_size(dtype_));
+    const size_t need = scores_bytes_ + probs_bytes_;
+    if (need > rc.workspace_limit)
+      return KILN_ERROR("{}: the attention scores need {} MiB of workspace, over the limit of {} MiB",
+                        n.label(), need >> 20, rc.workspace_limit >> 20);
+    return need;
+  }
+
+  Status run(const RunContext& rc, std::span<const DeviceTensor> in,
+             std::span<const DeviceTensor> out) override {
+    if (numel_ == 0) return Status::Ok();
+    void* scores = rc.workspace;
+    void* probs = probs_bytes_ ? static_cast<uint8_t*>(rc.workspace) + scores_bytes_ : scores;
+    const bool has_mask = in.size() > 3 && in[3].present();
+    if (rows_ * len_ > 0) {
+      KILN_RETURN_IF_ERROR(run_batched_gemm(rc, qk_, dtype_, acc_, precision_, scale_, in[0].data,
+                                            in[1].data, scores));
+      const bool wide = len_ > 1024;  // a block per row; else a warp per row
+      const dim3 block = wide ? dim3(256, 1) : dim3(32, 8);
+      const int64_t blocks = (rows_ + block.y - 1) / block.y;
+      const unsigned grid = static_cast<unsigned>(std::min<int64_t>(blocks, 65535 * 8));
+      dispatch_float(dtype_, [&](auto tag) {
+        using T = decltype(tag);
+        using A = std::conditional_t<std::is_same_v<T, double>, double, float>;
+        attention_softmax<A, T><<<grid, block, 0, rc.stream>>>(
+            static_cast<const A*>(scores), static_cast<T*>(probs),
+            has_mask ? static_cast<const T*>(in[3].data) : nullptr, mix_, rows_, len_,
+            nan_to_zero_);
+      });
+      KILN_CUDA_LAUNCH_CHECK("attention softmax");
+    }
+    return run_batched_gemm(rc, pv_, dtype_, dtype_, precision_, 1.0, probs, in[2].data,
+                            out[0].data);
+  }
+
+ private:
+  const Node* node_;
+  Precision precision_;
+  float scale_ = 1.f;
+  bool nan_to_zero_ = false;
+  DataType dtype_ = DataType::kUndefined, acc_ = DataType::kFloat32;
+  BatchedGemm qk_, pv_;
+  StridedIndex mix_;
+  int64_t rows_ = 0, len_ = 0, numel_ = 0;
+  size_t scores_bytes_ = 0, probs_bytes_ = 0;
+};
+
+}  // namespace
+
+Expected<std::unique_ptr<Layer>> create_attention(const LayerDesc& d) {
+  return std::unique_ptr<Layer>(new AttentionLayer(d));
+}
+
+}  // namespace kiln::gpu
