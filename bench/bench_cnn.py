@@ -40,9 +40,13 @@ def kiln_row(args, model, prec, batch):
         f"input:{batch}x3x224x224", "--timing-cache", cache] + flags)
     build_s = time.time() - t0
     js = os.path.join(args.out, f"kiln_{model}_{prec}_b{batch}.json")
-    sh([args.kiln, "bench", "--engine", engine, "--use-cuda-graph", "--no-data-transfers",
-        "--iterations", str(args.iters), "--duration", "1", "--export-json", js] +
-       (["--dump-profile"] if args.profile else []))
+    text = sh([args.kiln, "bench", "--engine", engine, "--use-cuda-graph", "--no-data-transfers",
+               "--iterations", str(args.iters), "--duration", "1", "--export-json", js] +
+              (["--dump-profile"] if args.profile else []))
+    if args.profile:
+        with open(os.path.join(args.out, "profiles.txt"), "a") as f:
+            f.write(f"==== {model} {prec} b{batch}\n{text}\n")
+            f.write(sh([args.kiln, "inspect", engine]))
     with open(js) as f:
         r = json.load(f)
     return {"build_s": build_s, "median_ms": r["compute_ms"]["median"],

@@ -7,8 +7,17 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/kiln-device-check}
 mkdir -p "$OUT" models
+# bench/prepare_deps.sh packs the binaries (too big to carry unpacked).
+if [ -f .deps/bundle.tar.xz ] && [ ! -x .deps/kiln ]; then tar -C .deps -xJf .deps/bundle.tar.xz; fi
 export LD_LIBRARY_PATH="$PWD/.deps${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PYTHONUNBUFFERED=1
+# kiln loads the cuDNN PyTorch ships (9.19 on the H100 machine; the system has 9.14), so both
+# sides of a comparison run the same cuDNN. KILN_CUDNN_LIB_DIR=none keeps the system's.
+CUDNN_DIR=${KILN_CUDNN_LIB_DIR:-$(python3 -c "import os, nvidia.cudnn as c; print(os.path.join(list(c.__path__)[0], 'lib'))" 2>/dev/null)}
+if [ "$CUDNN_DIR" != none ] && [ -e "$CUDNN_DIR/libcudnn.so.9" ]; then
+  export LD_LIBRARY_PATH="$CUDNN_DIR:$LD_LIBRARY_PATH"
+  echo "cuDNN from $CUDNN_DIR"
+fi
 KILN=$PWD/.deps/kiln
 STAGES=${*:-env tests models bench conformance}
 has() { [[ " $STAGES " == *" $1 "* ]]; }
@@ -23,12 +32,12 @@ fi
 
 if has tests; then
   echo "== GPU unit tests (test-backend-ops and the conv tactic tests)"
-  timeout 420 .deps/kiln_backend_ops_test --gtest_brief=1 >"$OUT/backend_ops.log" 2>&1
+  timeout ${KILN_TESTS_TIMEOUT:-420} .deps/kiln_backend_ops_test --gtest_brief=1 >"$OUT/backend_ops.log" 2>&1
   echo "backend ops rc $?: $(grep -cE '^\[       OK \]|^\[  PASSED' "$OUT/backend_ops.log") ok-lines"
   grep -E "^\[  (PASSED|FAILED|SKIPPED) \]|tests? ran" "$OUT/backend_ops.log" | tail -5
   grep -E "^\[  FAILED  \]" "$OUT/backend_ops.log" | head -40
   [ -x .deps/kiln_cuda_tactics_test ] && .deps/kiln_cuda_tactics_test --gtest_brief=1 2>&1 | tail -2
-  [ -x .deps/kiln_cuda_engine_test ] && .deps/kiln_cuda_engine_test --gtest_brief=1 2>&1 | tail -12
+  [ -x .deps/kiln_cuda_engine_test ] && timeout 120 .deps/kiln_cuda_engine_test --gtest_brief=1 2>&1 | tail -12
 fi
 
 if has models; then

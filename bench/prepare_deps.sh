@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
 # Gathers what a device call needs into .deps/ (git-ignored; carry it): the CLI and the GPU test
-# programs built here for sm_90a, and the shared libraries they use that the GPU machine lacks.
+# programs built here for sm_90a, and the shared libraries they use that the GPU machine lacks,
+# packed as .deps/bundle.tar.xz (the binaries are ~90 MB, over the 64 MiB a call may carry);
+# bench/device_check.sh unpacks it on the device.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${KILN_BUILD_DIR:-build}
-mkdir -p .deps
-cp "$BUILD/kiln" .deps/
+STAGE=$(mktemp -d)
+trap 'rm -rf "$STAGE"' EXIT
+cp "$BUILD/kiln" "$STAGE/"
 for t in kiln_backend_ops_test kiln_cuda_tactics_test kiln_cuda_engine_test; do
-  [ -x "$BUILD/tests/cuda/$t" ] && cp "$BUILD/tests/cuda/$t" .deps/
+  [ -x "$BUILD/tests/cuda/$t" ] && cp "$BUILD/tests/cuda/$t" "$STAGE/"
 done
-for lib in libprotobuf.so.32 libfmt.so.9; do cp -L "/lib/x86_64-linux-gnu/$lib" .deps/; done
-strip --strip-unneeded .deps/kiln .deps/kiln_*_test 2>/dev/null || true
+for lib in libprotobuf.so.32 libfmt.so.9; do cp -L "/lib/x86_64-linux-gnu/$lib" "$STAGE/"; done
+strip --strip-unneeded "$STAGE"/kiln "$STAGE"/kiln_*_test 2>/dev/null || true
+rm -rf .deps && mkdir -p .deps
+tar -C "$STAGE" -cf - . | xz -T0 -6 > .deps/bundle.tar.xz
 du -sh .deps

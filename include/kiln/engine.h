@@ -86,6 +86,9 @@ class ExecutionContext {
   // Captures each inference as one CUDA graph (per input shapes and addresses) and replays it.
   virtual Status set_use_cuda_graph(bool on);
   virtual MemoryInfo memory_info() const { return {}; }
+  // Plans memory and configures the layers for the input shapes set (what the first enqueue
+  // after a shape change does, allocating the arena and workspace) and reports the memory.
+  virtual Expected<MemoryInfo> plan_device_memory();
 };
 
 class BackendEngine;

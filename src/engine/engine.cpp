@@ -88,6 +88,7 @@ Status ExecutionContext::enqueue(CUstream_st*, std::vector<LayerTiming>*) {
   return no_device_path("enqueue");
 }
 Status ExecutionContext::set_use_cuda_graph(bool) { return no_device_path("CUDA graphs"); }
+Expected<MemoryInfo> ExecutionContext::plan_device_memory() { return no_device_path("plan_device_memory"); }
 
 Expected<std::unique_ptr<Engine>> Engine::from_graph(std::unique_ptr<Graph> g, std::string backend,
                                                      std::string target, std::string options_json,

@@ -3,8 +3,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backends/backend_info.h"
 #include "cli.h"
 #include "engine/plan_format.h"
+#include "kiln/engine.h"
 #include "ir/graph.h"
 #include "onnx/importer.h"
 
@@ -99,6 +101,51 @@ void print_text(const nlohmann::json& j) {
   }
 }
 
+// Device memory of a cuda engine per profile point (min/opt/max shapes): the weights on the
+// device and, for each point, the activation arena and the largest layer workspace, as a context
+// plans them. Needs a GPU; without one (or for an engine this GPU cannot run) says why.
+nlohmann::json device_memory(const std::string& path, const nlohmann::json& options) {
+  std::string why;
+  if (cuda_device_count(&why) <= 0) return {{"note", "planned on a GPU; none here (" + why + ")"}};
+  auto engine = Engine::load(path);
+  if (!engine.ok()) return {{"note", engine.status().message()}};
+  auto ctx = (*engine)->create_context();
+  if (!ctx.ok()) return {{"note", ctx.status().message()}};
+  nlohmann::json j = nlohmann::json::object();
+  for (const char* point : {"min", "opt", "max"}) {
+    nlohmann::json shapes = nlohmann::json::object();
+    Status st = Status::Ok();
+    for (const TensorInfo& info : (*engine)->inputs()) {
+      std::vector<int64_t> dims = info.dims;
+      if (options.contains("profile") && options["profile"].contains(info.name))
+        dims = options["profile"][info.name][point].get<std::vector<int64_t>>();
+      shapes[info.name] = dims;
+      if (st.ok()) st = (*ctx)->set_input_shape(info.name, dims);
+    }
+    auto m = st.ok() ? (*ctx)->plan_device_memory() : Expected<MemoryInfo>(st);
+    if (!m.ok()) return {{"note", m.status().message()}};
+    j["weights"] = m->weights;
+    j[point] = {{"shapes", shapes}, {"activations", m->activations}, {"workspace", m->workspace}};
+  }
+  return j;
+}
+
+void print_memory(const nlohmann::json& m) {
+  if (m.contains("note")) {
+    std::cout << "device memory: " << m["note"].get<std::string>() << "\n";
+    return;
+  }
+  std::cout << fmt::format("device memory: weights {:.2f} MiB\n", m["weights"].get<size_t>() / 1048576.0);
+  for (const char* point : {"min", "opt", "max"}) {
+    std::vector<std::string> s;
+    for (const auto& [name, dims] : m[point]["shapes"].items())
+      s.push_back(name + ":" + fmt::format("{}", fmt::join(dims.get<std::vector<int64_t>>(), "x")));
+    std::cout << fmt::format("  {} ({}): activations {:.2f} MiB, workspace {:.2f} MiB\n", point,
+                             fmt::join(s, ","), m[point]["activations"].get<size_t>() / 1048576.0,
+                             m[point]["workspace"].get<size_t>() / 1048576.0);
+  }
+}
+
 }  // namespace
 
 Runner add_inspect_command(CLI::App& app) {
@@ -121,9 +168,17 @@ Runner add_inspect_command(CLI::App& app) {
                              {"kiln_version", plan.meta.kiln_version},
                              {"build_options", plan.meta.build_options}};
       j = describe(*plan.graph, "kiln engine", meta, plan.meta.backend_plan);
+      if (plan.meta.backend == "cuda") {
+        const nlohmann::json& opts = plan.meta.build_options;
+        j["device_memory"] = device_memory(o->path, opts.is_object() ? opts : nlohmann::json::object());
+      }
     }
-    if (o->json) std::cout << j.dump(2) << "\n";
-    else print_text(j);
+    if (o->json) {
+      std::cout << j.dump(2) << "\n";
+    } else {
+      print_text(j);
+      if (j.contains("device_memory")) print_memory(j["device_memory"]);
+    }
     return Status::Ok();
   };
 }

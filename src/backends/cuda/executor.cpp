@@ -116,6 +116,13 @@ class CudaContext final : public ExecutionContext {
   Expected<std::vector<int64_t>> tensor_shape(const std::string& name) override;
   Status set_tensor_address(const std::string& name, void* ptr) override;
   Status enqueue(CUstream_st* stream, std::vector<LayerTiming>* layer_times) override;
+  Expected<MemoryInfo> plan_device_memory() override {
+    for (size_t i = 0; i < g_.inputs().size(); ++i)
+      if (!input_set_[i]) return KILN_ERROR("input '{}': shape not set", g_.inputs()[i]->name);
+    KILN_ASSIGN_OR_RETURN(Instance * inst, instance_for(input_shapes_));
+    KILN_RETURN_IF_ERROR(configure(*inst));
+    return memory_info();
+  }
   Status set_use_cuda_graph(bool on) override {
     use_graph_ = on;
     return Status::Ok();
