@@ -222,6 +222,12 @@ const TacticDef kConvTactics[] = {
      create_cudnn_graph_conv, cudnn_graph_variants},
     {"kiln", "FusedConv", "cublaslt.conv1x1", kF32 | kF16 | kNHWC, 0, cublaslt_conv_supports,
      create_cublaslt_conv, cublaslt_variants},
+    // A plain Conv with a bias (BatchNorm folded, nothing else fused) takes the same fused
+    // tactics with a bias-only epilogue.
+    {"", "Conv", "cudnn_graph.conv", kF32 | kF16 | kNHWC, 0, fused_conv_supports,
+     create_cudnn_graph_conv, cudnn_graph_variants},
+    {"", "Conv", "cublaslt.conv1x1.conv", kF32 | kF16 | kNHWC, 0, cublaslt_conv_supports,
+     create_cublaslt_conv, cublaslt_variants},
     {"", "ConvTranspose", "cudnn.convt", kF32 | kF16 | kF64, 0, convt_supports, create_convt},
 };
 

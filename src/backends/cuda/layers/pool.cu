@@ -1,8 +1,503 @@
-// (family under construction: its tactics are being written)
+// Pooling: MaxPool (with the optional Indices output), AveragePool (1-3 spatial axes, pads,
+// auto_pad, strides, dilations, ceil_mode, count_include_pad, storage_order), GlobalAveragePool
+// and GlobalMaxPool. Linear or NHWC (4-D) storage. The spec is src/ops/pool.cpp: windows visit
+// their in-range taps in row-major order; MaxPool keeps the first maximum and the first NaN.
+#include <cmath>
+#include <limits>
+
+#include "kernels/device_util.cuh"
+#include "ops/conv_util.h"
 #include "tactics.h"
 
 namespace kiln::gpu {
+namespace {
 
-std::span<const TacticDef> pool_tactics() { return {}; }
+constexpr int kMaxSpatial = 3;
+
+// A window pooling problem with concrete shapes (by value into kernels). Spatial axes are
+// right-aligned in the kMaxSpatial slots; unused leading slots have size 1 and stride 0, which
+// keeps the row-major tap order and the index arithmetic unchanged.
+struct PoolParams {
+  int64_t N = 0, C = 0;
+  int64_t in[kMaxSpatial], out[kMaxSpatial], k[kMaxSpatial], s[kMaxSpatial], dil[kMaxSpatial];
+  int64_t pb[kMaxSpatial], pe[kMaxSpatial];
+  int64_t xs_n = 0, xs_c = 0, xs[kMaxSpatial];  // element strides of X per logical dim
+  int64_t ys_n = 0, ys_c = 0, ys[kMaxSpatial];  // element strides of Y (and Indices)
+  int64_t idx_str[kMaxSpatial];                 // Indices: row- or column-major in-plane strides
+  int64_t in_plane = 0;                         // prod(in)
+  int64_t total = 0;                            // N * C * prod(out)
+  bool include_pad = false;
+  bool c_last = false;  // threads walk Y in [N, out..., C] order (NHWC: coalesced channels)
+};
+
+// Logical strides [N, C, spatial...] of a tensor of logical `shape` stored in `layout`.
+std::vector<int64_t> logical_strides(const std::vector<int64_t>& shape, Layout layout) {
+  if (layout == Layout::kNHWC && shape.size() == 4) {
+    const int64_t C = shape[1], H = shape[2], W = shape[3];
+    return {H * W * C, 1, W * C, C};
+  }
+  return row_major_strides(shape);
+}
+
+// Decodes output element `i` (row-major over [N, C, out...], or [N, out..., C] when c_last)
+// into coordinates.
+__device__ __forceinline__ void decode(const PoolParams& p, int64_t i, int64_t& n, int64_t& c,
+                                       int64_t o[kMaxSpatial]) {
+  if (p.c_last) {
+    c = i % p.C;
+    i /= p.C;
+    for (int d = kMaxSpatial - 1; d >= 0; --d) {
+      o[d] = i % p.out[d];
+      i /= p.out[d];
+    }
+    n = i;
+    return;
+  }
+  for (int d = kMaxSpatial - 1; d >= 0; --d) {
+    o[d] = i % p.out[d];
+    i /= p.out[d];
+  }
+  c = i % p.C;
+  n = i / p.C;
+}
+
+template <typename T>
+__device__ __forceinline__ bool is_nan_val(Compute<T> v) {
+  if constexpr (is_float_v<T>) return isnan(static_cast<double>(v));
+  else return false;
+}
+
+// One thread per output element. WithIndices writes the Indices output (int64).
+template <typename T, bool WithIndices>
+__global__ void maxpool_kernel(const T* __restrict__ x, T* __restrict__ y,
+                               int64_t* __restrict__ ind, PoolParams p) {
+  using C = Compute<T>;
+  KILN_GRID_STRIDE(i, p.total) {
+    int64_t n, c, o[kMaxSpatial];
+    decode(p, i, n, c, o);
+    const T* xp = x + n * p.xs_n + c * p.xs_c;
+    int64_t start[kMaxSpatial];
+    for (int d = 0; d < kMaxSpatial; ++d) start[d] = o[d] * p.s[d] - p.pb[d];
+    bool found = false;
+    C best{};
+    int64_t best_off = 0, best_idx = -1;
+    for (int64_t k0 = 0; k0 < p.k[0]; ++k0) {
+      const int64_t i0 = start[0] + k0 * p.dil[0];
+      if (i0 < 0 || i0 >= p.in[0]) continue;
+      for (int64_t k1 = 0; k1 < p.k[1]; ++k1) {
+        const int64_t i1 = start[1] + k1 * p.dil[1];
+        if (i1 < 0 || i1 >= p.in[1]) continue;
+        for (int64_t k2 = 0; k2 < p.k[2]; ++k2) {
+          const int64_t i2 = start[2] + k2 * p.dil[2];
+          if (i2 < 0 || i2 >= p.in[2]) continue;
+          const int64_t off = i0 * p.xs[0] + i1 * p.xs[1] + i2 * p.xs[2];
+          const C v = load(xp, off);
+          const bool take = !found || v > best || (is_nan_val<T>(v) && !is_nan_val<T>(best));
+          if (!take) continue;
+          found = true;
+          best = v;
+          best_off = off;
+          if constexpr (WithIndices)
+            best_idx = i0 * p.idx_str[0] + i1 * p.idx_str[1] + i2 * p.idx_str[2];
+        }
+      }
+    }
+    const int64_t yo = n * p.ys_n + c * p.ys_c + o[0] * p.ys[0] + o[1] * p.ys[1] + o[2] * p.ys[2];
+    if (found) {
+      y[yo] = xp[best_off];
+    } else if constexpr (is_float_v<T>) {
+      store(y, yo, -INFINITY);
+    } else {
+      y[yo] = std::numeric_limits<T>::lowest();
+    }
+    if constexpr (WithIndices) ind[yo] = found ? (n * p.C + c) * p.in_plane + best_idx : -1;
+  }
+}
+
+// The common case, 2-D MaxPool on NHWC tensors without Indices (every CNN's stem): each thread
+// makes V adjacent channels of one output pixel with 16-byte loads and 32-bit index math (the
+// general kernel's 64-bit divisions made ResNet-50's stem pool 25x slower than memory allows).
+// Same selection rule as maxpool_kernel; for values the first maximum and the last are equal.
+template <typename T, int V>
+__global__ void maxpool2d_nhwc_vec(const T* __restrict__ x, T* __restrict__ y, PoolParams p) {
+  using C = Compute<T>;
+  const int H = static_cast<int>(p.in[1]), W = static_cast<int>(p.in[2]);
+  const int P = static_cast<int>(p.out[1]), Q = static_cast<int>(p.out[2]);
+  const int CV = static_cast<int>(p.C) / V;
+  const int total = static_cast<int>(p.total) / V;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+    const int cv = i % CV;
+    int r = i / CV;
+    const int q = r % Q;
+    r /= Q;
+    const int op = r % P;
+    const int n = r / P;
+    C best[V];
+    bool found = false;
+    for (int a = 0; a < p.k[1]; ++a) {
+      const int ih = op * static_cast<int>(p.s[1]) - static_cast<int>(p.pb[1]) + a * static_cast<int>(p.dil[1]);
+      if (ih < 0 || ih >= H) continue;
+      for (int b = 0; b < p.k[2]; ++b) {
+        const int iw = q * static_cast<int>(p.s[2]) - static_cast<int>(p.pb[2]) + b * static_cast<int>(p.dil[2]);
+        if (iw < 0 || iw >= W) continue;
+        const uint4 raw = *reinterpret_cast<const uint4*>(
+            x + ((static_cast<int64_t>(n) * H + ih) * W + iw) * p.C + cv * V);
+        const T* vals = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+        for (int l = 0; l < V; ++l) {
+          const C v = load(vals, l);
+          if (!found || v > best[l] || (is_nan_val<T>(v) && !is_nan_val<T>(best[l]))) best[l] = v;
+        }
+        found = true;
+      }
+    }
+    uint4 packed;
+    T* outv = reinterpret_cast<T*>(&packed);
+#pragma unroll
+    for (int l = 0; l < V; ++l) store(outv, l, found ? best[l] : C(-INFINITY));
+    *reinterpret_cast<uint4*>(y + ((static_cast<int64_t>(n) * P + op) * Q + q) * p.C + cv * V) = packed;
+  }
+}
+
+// Number of kernel taps of an axis whose index lies in [lo, hi).
+__device__ __forceinline__ int64_t taps_in(int64_t start, int64_t k, int64_t dil, int64_t lo,
+                                           int64_t hi) {
+  int64_t count = 0;
+  for (int64_t t = 0; t < k; ++t) {
+    const int64_t i = start + t * dil;
+    count += (i >= lo && i < hi);
+  }
+  return count;
+}
+
+template <typename T>
+__global__ void avgpool_kernel(const T* __restrict__ x, T* __restrict__ y, PoolParams p) {
+  using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
+  KILN_GRID_STRIDE(i, p.total) {
+    int64_t n, c, o[kMaxSpatial];
+    decode(p, i, n, c, o);
+    const T* xp = x + n * p.xs_n + c * p.xs_c;
+    int64_t start[kMaxSpatial];
+    int64_t valid = 1, counted = 1;
+    for (int d = 0; d < kMaxSpatial; ++d) {
+      start[d] = o[d] * p.s[d] - p.pb[d];
+      valid *= taps_in(start[d], p.k[d], p.dil[d], 0, p.in[d]);
+      counted *= taps_in(start[d], p.k[d], p.dil[d], -p.pb[d], p.in[d] + p.pe[d]);
+    }
+    Acc sum = 0;
+    for (int64_t k0 = 0; k0 < p.k[0]; ++k0) {
+      const int64_t i0 = start[0] + k0 * p.dil[0];
+      if (i0 < 0 || i0 >= p.in[0]) continue;
+      for (int64_t k1 = 0; k1 < p.k[1]; ++k1) {
+        const int64_t i1 = start[1] + k1 * p.dil[1];
+        if (i1 < 0 || i1 >= p.in[1]) continue;
+        for (int64_t k2 = 0; k2 < p.k[2]; ++k2) {
+          const int64_t i2 = start[2] + k2 * p.dil[2];
+          if (i2 < 0 || i2 >= p.in[2]) continue;
+          sum += static_cast<Acc>(load(xp, i0 * p.xs[0] + i1 * p.xs[1] + i2 * p.xs[2]));
+        }
+      }
+    }
+    const int64_t div = p.include_pad ? counted : valid;
+    // A window entirely in the padding averages nothing: NaN, as the reference's 0/0.
+    const Acc r = div > 0 ? sum / static_cast<Acc>(div) : std::numeric_limits<Acc>::quiet_NaN();
+    store(y, n * p.ys_n + c * p.ys_c + o[0] * p.ys[0] + o[1] * p.ys[1] + o[2] * p.ys[2], r);
+  }
+}
+
+bool pool_supports(const LayerDesc& d, std::string* why) {
+  const TensorType& x = d.in_type(0);
+  if (!x.has_rank() || x.rank() < 3 || x.rank() > 2 + kMaxSpatial)
+    return *why = "1 to 3 spatial axes only", false;
+  const DataType t = d.in[0].dtype;
+  if (d.node->op_type == "AveragePool") {
+    if (!dtype_is_float(t)) return *why = "float types only", false;
+  } else if (t == DataType::kBool || t == DataType::kString || t == DataType::kUndefined) {
+    return *why = "unsupported type " + std::string(dtype_name(t)), false;
+  }
+  return true;
+}
+
+class WindowPoolLayer final : public Layer {
+ public:
+  explicit WindowPoolLayer(const LayerDesc& d)
+      : node_(d.node), max_(d.node->op_type == "MaxPool") {}
+
+  Expected<size_t> configure(const RunContext&, std::span<const DeviceTensor> in,
+                             std::span<const DeviceTensor> out) override {
+    const Node& n = *node_;
+    const DeviceTensor& x = in[0];
+    const DeviceTensor& y = out[0];
+    if (x.rank() < 3 || x.rank() > 2 + kMaxSpatial)
+      return KILN_ERROR("{}: X {} needs 1 to 3 spatial axes", n.label(), shape_str(x.shape));
+    const size_t nsp = static_cast<size_t>(x.rank() - 2);
+    if (!n.attrs.has("kernel_shape"))
+      return KILN_ERROR("{}: attribute kernel_shape is required", n.label());
+    KILN_ASSIGN_OR_RETURN(WindowAttrs a, read_window_attrs(n, nsp, {}));
+    const int64_t order = n.attrs.get_int("storage_order", 0);
+    if (max_ && order != 0 && order != 1)
+      return KILN_ERROR("{}: storage_order must be 0 or 1, got {}", n.label(), order);
+    PoolParams p;
+    p.N = x.shape[0];
+    p.C = x.shape[1];
+    p.include_pad = n.attrs.get_int("count_include_pad", 0) != 0;
+    p.c_last = y.layout == Layout::kNHWC && y.rank() == 4;
+    std::vector<int64_t> want = {p.N, p.C};
+    const auto xs = logical_strides(x.shape, x.layout);
+    const auto ys = logical_strides(y.shape, y.layout);
+    p.xs_n = xs[0];
+    p.xs_c = xs[1];
+    p.ys_n = ys[0];
+    p.ys_c = ys[1];
+    const size_t lead = kMaxSpatial - nsp;  // unused leading slots
+    p.in_plane = 1;
+    for (size_t s = 0; s < kMaxSpatial; ++s) {
+      p.in[s] = p.out[s] = p.k[s] = p.s[s] = p.dil[s] = 1;
+      p.pb[s] = p.pe[s] = 0;
+      p.xs[s] = p.ys[s] = p.idx_str[s] = 0;
+      if (s < lead) continue;
+      const size_t d = s - lead;
+      KILN_ASSIGN_OR_RETURN(AxisGeometry g, resolve_window_axis(a, d, x.shape[2 + d], true, n));
+      p.in[s] = x.shape[2 + d];
+      p.out[s] = g.out;
+      p.k[s] = a.kernel[d];
+      p.s[s] = a.strides[d];
+      p.dil[s] = a.dilations[d];
+      p.pb[s] = g.pad_begin;
+      p.pe[s] = g.pad_end;
+      p.xs[s] = xs[2 + d];
+      p.ys[s] = ys[2 + d];
+      p.in_plane *= p.in[s];
+      want.push_back(g.out);
+    }
+    // Indices strides: row-major (storage_order 0) or column-major (1) over the spatial axes.
+    int64_t acc = 1;
+    if (order == 1) {
+      for (size_t s = lead; s < kMaxSpatial; ++s) p.idx_str[s] = acc, acc *= p.in[s];
+    } else {
+      for (size_t s = kMaxSpatial; s-- > lead;) p.idx_str[s] = acc, acc *= p.in[s];
+    }
+    if (y.shape != want)
+      return KILN_ERROR("{}: output shape {} differs from the window geometry's {}", n.label(),
+                        shape_str(y.shape), shape_str(want));
+    indices_ = max_ && out.size() > 1 && out[1].present();
+    if (indices_ && (out[1].shape != y.shape || out[1].layout != y.layout ||
+                     out[1].dtype != DataType::kInt64))
+      return KILN_ERROR("{}: Indices must be int64 in Y's shape and layout", n.label());
+    p.total = y.numel();
+    p_ = p;
+    return size_t{0};
+  }
+
+  Status run(const RunContext& rc, std::span<const DeviceTensor> in,
+             std::span<const DeviceTensor> out) override {
+    if (p_.total == 0) return Status::Ok();
+    const DeviceTensor& x = in[0];
+    const DeviceTensor& y = out[0];
+    int64_t* ind = indices_ ? static_cast<int64_t*>(out[1].data) : nullptr;
+    const unsigned grid = grid_for(p_.total);
+    bool ok;
+    if (max_) {
+      ok = dispatch_dtype(x.dtype, [&](auto tag) {
+        using T = decltype(tag);
+        if constexpr (!std::is_same_v<T, bool>) {
+          const T* xp = static_cast<const T*>(x.data);
+          T* yp = static_cast<T*>(y.data);
+          constexpr int V = 16 / sizeof(T);
+          const bool vec = is_float_v<T> && p_.c_last && x.layout == Layout::kNHWC && !ind &&
+                           p_.C % V == 0 && p_.total < (int64_t(1) << 31) &&
+                           reinterpret_cast<uintptr_t>(xp) % 16 == 0 &&
+                           reinterpret_cast<uintptr_t>(yp) % 16 == 0;
+          if (vec)
+            maxpool2d_nhwc_vec<T, V><<<grid_for(p_.total / V), kBlock, 0, rc.stream>>>(xp, yp, p_);
+          else if (ind) maxpool_kernel<T, true><<<grid, kBlock, 0, rc.stream>>>(xp, yp, ind, p_);
+          else maxpool_kernel<T, false><<<grid, kBlock, 0, rc.stream>>>(xp, yp, nullptr, p_);
+        }
+      });
+      ok = ok && x.dtype != DataType::kBool;
+    } else {
+      ok = dispatch_float(x.dtype, [&](auto tag) {
+        using T = decltype(tag);
+        avgpool_kernel<T><<<grid, kBlock, 0, rc.stream>>>(static_cast<const T*>(x.data),
+                                                          static_cast<T*>(y.data), p_);
+      });
+    }
+    if (!ok) return KILN_ERROR("{}: unsupported type {}", node_->label(), dtype_name(x.dtype));
+    KILN_CUDA_LAUNCH_CHECK(max_ ? "maxpool kernel" : "avgpool kernel");
+    return Status::Ok();
+  }
+
+ private:
+  const Node* node_;
+  bool max_;
+  bool indices_ = false;
+  PoolParams p_;
+};
+
+// --- GlobalAveragePool / GlobalMaxPool ----------------------------------------------------------
+
+// The reference's max: NaN once seen stays; otherwise the larger.
+template <typename A>
+__device__ __forceinline__ A nan_max(A a, A b) {
+  if (isnan(static_cast<double>(a))) return a;
+  if (isnan(static_cast<double>(b))) return b;
+  return b > a ? b : a;
+}
+
+template <bool kMax, typename A>
+__device__ __forceinline__ A combine(A a, A b) {
+  if constexpr (kMax) return nan_max(a, b);
+  else return a + b;
+}
+
+template <bool kMax, typename A>
+__device__ __forceinline__ A warp_reduce(A v) {
+  for (int o = 16; o > 0; o /= 2) v = combine<kMax>(v, __shfl_down_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Linear layout: plane p holds `len` contiguous elements at x + p * len. blockDim.x threads
+// (32: a warp per plane; 256: a block per plane) reduce one plane; blockDim.y planes per block.
+template <bool kMax, typename T>
+__global__ void global_pool_linear(const T* __restrict__ x, T* __restrict__ y, int64_t planes,
+                                   int64_t len) {
+  using A = std::conditional_t<std::is_same_v<T, double>, double, float>;
+  __shared__ A partial[32][8];  // [warp within plane][plane within block]
+  const int64_t step = int64_t(gridDim.x) * blockDim.y;
+  for (int64_t pl = blockIdx.x * int64_t(blockDim.y) + threadIdx.y; pl - threadIdx.y < planes;
+       pl += step) {
+    const bool live = pl < planes;
+    const T* xp = x + (live ? pl : 0) * len;
+    A v = kMax ? (len > 0 && live ? static_cast<A>(load(xp, 0)) : A(0)) : A(0);
+    if (live)
+      for (int64_t i = threadIdx.x; i < len; i += blockDim.x) v = combine<kMax>(v, A(load(xp, i)));
+    v = warp_reduce<kMax>(v);
+    if (blockDim.x > 32) {  // one plane per block (blockDim.y == 1)
+      const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+      if (lane == 0) partial[w][0] = v;
+      __syncthreads();
+      if (w == 0) {
+        v = lane < int(blockDim.x / 32) ? partial[lane][0] : (kMax ? partial[0][0] : A(0));
+        v = warp_reduce<kMax>(v);
+      }
+      __syncthreads();
+    }
+    if (live && threadIdx.x == 0) store(y, pl, kMax ? v : v / static_cast<A>(len));
+  }
+}
+
+// NHWC: x is [N, HW, C]; y is [N, C]. Threads of a warp take 32 adjacent channels (coalesced);
+// blockDim.y threads split the HW positions; a shared-memory pass combines them.
+template <bool kMax, typename T>
+__global__ void global_pool_nhwc(const T* __restrict__ x, T* __restrict__ y, int64_t N,
+                                 int64_t HW, int64_t C) {
+  using A = std::conditional_t<std::is_same_v<T, double>, double, float>;
+  __shared__ A partial[8][33];
+  const int64_t chunks = (C + 31) / 32;
+  for (int64_t b = blockIdx.x; b < N * chunks; b += gridDim.x) {
+    const int64_t n = b / chunks, c = (b % chunks) * 32 + threadIdx.x;
+    const bool live = c < C;
+    const T* xp = x + n * HW * C + (live ? c : 0);
+    A v = kMax ? (HW > 0 && live ? static_cast<A>(load(xp, 0)) : A(0)) : A(0);
+    if (live)
+      for (int64_t i = threadIdx.y; i < HW; i += blockDim.y) v = combine<kMax>(v, A(load(xp, i * C)));
+    partial[threadIdx.y][threadIdx.x] = v;
+    __syncthreads();
+    if (threadIdx.y == 0 && live) {
+      for (int r = 1; r < int(blockDim.y); ++r) v = combine<kMax>(v, partial[r][threadIdx.x]);
+      store(y, n * C + c, kMax ? v : v / static_cast<A>(HW));
+    }
+    __syncthreads();
+  }
+}
+
+bool global_pool_supports(const LayerDesc& d, std::string* why) {
+  const TensorType& x = d.in_type(0);
+  if (x.has_rank() && x.rank() < 2) return *why = "X must have rank >= 2", false;
+  if (!dtype_is_float(d.in[0].dtype)) return *why = "float types only", false;
+  return true;
+}
+
+class GlobalPoolLayer final : public Layer {
+ public:
+  explicit GlobalPoolLayer(const LayerDesc& d)
+      : node_(d.node), max_(d.node->op_type == "GlobalMaxPool") {}
+
+  Expected<size_t> configure(const RunContext&, std::span<const DeviceTensor> in,
+                             std::span<const DeviceTensor> out) override {
+    const DeviceTensor& x = in[0];
+    if (x.rank() < 2)
+      return KILN_ERROR("{}: X must have rank >= 2, got {}", node_->label(), shape_str(x.shape));
+    std::vector<int64_t> want = {x.shape[0], x.shape[1]};
+    want.resize(x.shape.size(), 1);
+    if (out[0].shape != want)
+      return KILN_ERROR("{}: output shape {} should be {}", node_->label(),
+                        shape_str(out[0].shape), shape_str(want));
+    N_ = x.shape[0];
+    C_ = x.shape[1];
+    planes_ = N_ * C_;
+    len_ = planes_ == 0 ? 0 : x.numel() / planes_;
+    if (max_ && len_ == 0 && planes_ > 0)
+      return KILN_ERROR("{}: cannot take the max over empty spatial dims of {}", node_->label(),
+                        shape_str(x.shape));
+    nhwc_ = x.rank() == 4 && x.layout == Layout::kNHWC;
+    // Y is [N, C, 1, 1]: its NHWC and linear orders coincide.
+    return size_t{0};
+  }
+
+  Status run(const RunContext& rc, std::span<const DeviceTensor> in,
+             std::span<const DeviceTensor> out) override {
+    if (planes_ == 0) return Status::Ok();
+    const bool ok = dispatch_float(in[0].dtype, [&](auto tag) {
+      using T = decltype(tag);
+      const T* x = static_cast<const T*>(in[0].data);
+      T* y = static_cast<T*>(out[0].data);
+      if (nhwc_ && C_ > 1) {
+        const int64_t blocks = N_ * ((C_ + 31) / 32);
+        const unsigned grid = static_cast<unsigned>(std::min<int64_t>(blocks, 65535 * 8));
+        if (max_) global_pool_nhwc<true, T><<<grid, dim3(32, 8), 0, rc.stream>>>(x, y, N_, len_, C_);
+        else global_pool_nhwc<false, T><<<grid, dim3(32, 8), 0, rc.stream>>>(x, y, N_, len_, C_);
+        return;
+      }
+      const bool wide = len_ >= 4096;  // a block per plane; else a warp per plane
+      const dim3 block = wide ? dim3(256, 1) : dim3(32, 8);
+      const int64_t blocks = (planes_ + block.y - 1) / block.y;
+      const unsigned grid = static_cast<unsigned>(std::min<int64_t>(blocks, 65535 * 8));
+      if (max_) global_pool_linear<true, T><<<grid, block, 0, rc.stream>>>(x, y, planes_, len_);
+      else global_pool_linear<false, T><<<grid, block, 0, rc.stream>>>(x, y, planes_, len_);
+    });
+    if (!ok) return KILN_ERROR("{}: unsupported type {}", node_->label(), dtype_name(in[0].dtype));
+    KILN_CUDA_LAUNCH_CHECK(max_ ? "global max pool kernel" : "global average pool kernel");
+    return Status::Ok();
+  }
+
+ private:
+  const Node* node_;
+  bool max_;
+  bool nhwc_ = false;
+  int64_t N_ = 0, C_ = 0, planes_ = 0, len_ = 0;
+};
+
+Expected<std::unique_ptr<Layer>> create_window_pool(const LayerDesc& d) {
+  return std::unique_ptr<Layer>(new WindowPoolLayer(d));
+}
+Expected<std::unique_ptr<Layer>> create_global_pool(const LayerDesc& d) {
+  return std::unique_ptr<Layer>(new GlobalPoolLayer(d));
+}
+
+constexpr uint32_t kPoolCaps = kF32 | kF16 | kF64 | kNHWC;
+
+const TacticDef kPoolTactics[] = {
+    {"", "MaxPool", "pool.max", kPoolCaps, 0, pool_supports, create_window_pool},
+    {"", "AveragePool", "pool.avg", kPoolCaps, 0, pool_supports, create_window_pool},
+    {"", "GlobalAveragePool", "pool.global_avg", kPoolCaps, 0, global_pool_supports,
+     create_global_pool},
+    {"", "GlobalMaxPool", "pool.global_max", kPoolCaps, 0, global_pool_supports,
+     create_global_pool},
+};
+
+}  // namespace
+
+std::span<const TacticDef> pool_tactics() { return kPoolTactics; }
 
 }  // namespace kiln::gpu
