@@ -21,10 +21,6 @@ np.save(f"{sys.argv[1]}/input.npy", rng.standard_normal((1, 3, 32, 32)).astype(n
 PY
 
 echo
-if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-  echo "note: a GPU is present, but this kiln version has no CUDA execution backend yet, so the"
-  echo "      engine is built for the CPU backend (bench/device_run.sh benchmarks the CUDA tactics)"
-fi
 echo "== 2. build an engine (the default backend: cuda when it is usable here, else cpu) =="
 "$KILN" build --onnx "$WORK/small_cnn.onnx" --save-engine "$WORK/small_cnn.kiln" \
   --min-shapes input:1x3x32x32 --opt-shapes input:8x3x32x32 --max-shapes input:32x3x32x32
@@ -36,3 +32,9 @@ echo "== 3. run it on an input =="
   --save-outputs "$WORK/outputs" --warmup 3 --iterations 20
 echo
 echo "outputs saved in $WORK/outputs/ (one .npy per output)"
+
+if "$KILN" inspect "$WORK/small_cnn.kiln" --json | grep -q '"backend": "cuda"'; then
+  echo
+  echo "== 4. benchmark it on the GPU (CUDA graph, batch 8: the profile's opt shape) =="
+  "$KILN" bench --engine "$WORK/small_cnn.kiln" --use-cuda-graph --duration 1
+fi
