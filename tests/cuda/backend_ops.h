@@ -9,7 +9,9 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -48,6 +50,7 @@ CaseInput absent();
 // A constant float32 input of random values uniform in [-scale, scale] (weights).
 CaseInput konst_random(std::vector<int64_t> shape, double scale);
 Attribute ints_attr(std::vector<int64_t> v);
+Attributes attrs(std::initializer_list<std::pair<const char*, Attribute>> kv);
 
 // The families' case lists (tests/cuda/cases_*.cpp).
 std::vector<OpCase> elementwise_cases();

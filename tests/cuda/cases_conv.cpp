@@ -20,12 +20,6 @@ OpCase conv(std::string name, std::vector<int64_t> x, std::vector<int64_t> w, At
   return c;
 }
 
-Attributes attrs(std::initializer_list<std::pair<const char*, Attribute>> kv) {
-  Attributes a;
-  for (const auto& [k, v] : kv) a.set(k, v);
-  return a;
-}
-
 }  // namespace
 
 std::vector<OpCase> conv_cases() {

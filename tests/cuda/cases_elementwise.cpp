@@ -25,12 +25,6 @@ constexpr DataType kF32 = DataType::kFloat32, kF16 = DataType::kFloat16,
                    kI32 = DataType::kInt32, kI64 = DataType::kInt64, kU32 = DataType::kUInt32,
                    kU64 = DataType::kUInt64, kU16 = DataType::kUInt16, kBool = DataType::kBool;
 
-Attributes attrs(std::initializer_list<std::pair<const char*, Attribute>> kv) {
-  Attributes a;
-  for (const auto& [k, v] : kv) a.set(k, v);
-  return a;
-}
-
 OpCase make(std::string name, std::string op, Attributes a, std::vector<CaseInput> ins,
             Modes modes, std::string domain = "") {
   OpCase c;

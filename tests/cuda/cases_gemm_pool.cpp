@@ -20,12 +20,6 @@ const Modes kPoolModes = {"fp32", "fp16", "nhwc16"};
 const Modes kGemmModes = {"fp32", "tf32", "fp16"};
 const Modes kExact = {"fp32"};
 
-Attributes attrs(std::initializer_list<std::pair<const char*, Attribute>> kv) {
-  Attributes a;
-  for (const auto& [k, v] : kv) a.set(k, v);
-  return a;
-}
-
 OpCase make(std::string name, std::string op, Attributes a, std::vector<CaseInput> ins,
             Modes modes, std::string domain = "") {
   OpCase c;

@@ -20,12 +20,6 @@ const Modes kFloat = {"fp32", "fp16"};
 const Modes k4D = {"fp32", "fp16", "nhwc16"};
 const Modes kExact = {"fp32"};
 
-Attributes attrs(std::initializer_list<std::pair<const char*, Attribute>> kv) {
-  Attributes a;
-  for (const auto& [k, v] : kv) a.set(k, v);
-  return a;
-}
-
 OpCase make(std::string name, std::string op, Attributes a, std::vector<CaseInput> ins,
             Modes modes = kFloat, int outputs = 1) {
   OpCase c;

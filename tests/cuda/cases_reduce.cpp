@@ -22,11 +22,6 @@ constexpr DataType kI64 = DataType::kInt64;
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-Attributes attrs(std::initializer_list<std::pair<const char*, Attribute>> kv) {
-  Attributes a;
-  for (const auto& [k, v] : kv) a.set(k, v);
-  return a;
-}
 Attribute I(int64_t v) { return Attribute::Int(v); }
 
 OpCase make(std::string name, std::string op, Attributes a, std::vector<CaseInput> ins,

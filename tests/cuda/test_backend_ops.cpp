@@ -42,6 +42,11 @@ CaseInput absent() {
   return c;
 }
 Attribute ints_attr(std::vector<int64_t> v) { return Attribute::Ints(std::move(v)); }
+Attributes attrs(std::initializer_list<std::pair<const char*, Attribute>> kv) {
+  Attributes a;
+  for (const auto& [k, v] : kv) a.set(k, v);
+  return a;
+}
 CaseInput konst_random(std::vector<int64_t> shape, double scale) {
   CaseInput c = in(std::move(shape), DataType::kFloat32, -scale, scale);
   c.constant = true;  // filled with fresh random values per run (no fixed value)

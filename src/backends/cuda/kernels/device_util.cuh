@@ -81,6 +81,24 @@ bool dispatch_bytes(size_t size, F&& f) {
   }
 }
 
+// A float parameter tensor (scale, bias, mean, var, ...) read on the device at its own storage
+// type, whatever the layer's activations are stored in.
+struct ParamPtr {
+  const void* p = nullptr;
+  DataType t = DataType::kUndefined;
+  template <typename A>
+  __device__ A get(int64_t i) const {
+    switch (t) {
+      case DataType::kFloat16:
+        return static_cast<A>(__half2float(static_cast<const __half*>(p)[i]));
+      case DataType::kBFloat16:
+        return static_cast<A>(__bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]));
+      case DataType::kFloat64: return static_cast<A>(static_cast<const double*>(p)[i]);
+      default: return static_cast<A>(static_cast<const float*>(p)[i]);
+    }
+  }
+};
+
 // --- strided indexing ----------------------------------------------------------------------------
 // Up to kMaxDims dimensions, passed to kernels by value. `offset(i)` maps the linear index of an
 // element of the iteration space (row-major over `dims`) to sum(coord[d] * stride[d]).

@@ -22,22 +22,6 @@ namespace {
 template <typename T>
 using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
-// A float parameter tensor (scale, bias, mean, var) read at its own storage type.
-struct ParamPtr {
-  const void* p = nullptr;
-  DataType t = DataType::kUndefined;
-  template <typename A>
-  __device__ A get(int64_t i) const {
-    switch (t) {
-      case DataType::kFloat16:
-        return static_cast<A>(__half2float(static_cast<const __half*>(p)[i]));
-      case DataType::kBFloat16:
-        return static_cast<A>(__bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]));
-      case DataType::kFloat64: return static_cast<A>(static_cast<const double*>(p)[i]);
-      default: return static_cast<A>(static_cast<const float*>(p)[i]);
-    }
-  }
-};
 ParamPtr param(const DeviceTensor& t) { return {t.data, t.dtype}; }
 
 template <typename A>

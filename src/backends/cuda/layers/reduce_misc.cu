@@ -354,23 +354,6 @@ Expected<std::unique_ptr<Layer>> create_cumsum(const LayerDesc& d) {
 
 // --- QuantizeLinear / DequantizeLinear / DynamicQuantizeLinear --------------------------------
 
-// A float parameter (scale) read at its storage type.
-struct ParamPtr {
-  const void* p = nullptr;
-  DataType t = DataType::kUndefined;
-  template <typename A>
-  __device__ A get(int64_t i) const {
-    switch (t) {
-      case DataType::kFloat16:
-        return static_cast<A>(__half2float(static_cast<const __half*>(p)[i]));
-      case DataType::kBFloat16:
-        return static_cast<A>(__bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]));
-      case DataType::kFloat64: return static_cast<A>(static_cast<const double*>(p)[i]);
-      default: return static_cast<A>(static_cast<const float*>(p)[i]);
-    }
-  }
-};
-
 // An integer zero point (any integer storage type), or 0 when absent.
 struct ZeroPoint {
   const void* p = nullptr;
