@@ -81,6 +81,18 @@ bool dispatch_bytes(size_t size, F&& f) {
   }
 }
 
+// Calls f(U{}) with U an unsigned type (or uint4) of `unit` bytes.
+template <typename F>
+void dispatch_unit(size_t unit, F&& f) {
+  switch (unit) {
+    case 16: f(uint4{}); break;
+    case 8: f(uint2{}); break;
+    case 4: f(uint32_t{}); break;
+    case 2: f(uint16_t{}); break;
+    default: f(uint8_t{}); break;
+  }
+}
+
 // A float parameter tensor (scale, bias, mean, var, ...) read on the device at its own storage
 // type, whatever the layer's activations are stored in.
 struct ParamPtr {

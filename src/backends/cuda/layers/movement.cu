@@ -81,17 +81,6 @@ size_t copy_unit(std::initializer_list<int64_t> v) {
   return 1;
 }
 
-// Calls f(U{}) with U an unsigned type (or uint4) of `unit` bytes.
-template <typename F>
-void dispatch_unit(size_t unit, F&& f) {
-  switch (unit) {
-    case 16: f(uint4{}); break;
-    case 8: f(uint2{}); break;
-    case 4: f(uint32_t{}); break;
-    case 2: f(uint16_t{}); break;
-    default: f(uint8_t{}); break;
-  }
-}
 }  // namespace movement_detail
 
 namespace {

@@ -26,16 +26,6 @@ std::vector<int64_t> storage_strides(const DeviceTensor& t);
 Expected<std::vector<int64_t>> host_ints(const DeviceTensor& t, const Node& n, const char* what);
 uint64_t value_bits(const Tensor& v, DataType t);
 size_t copy_unit(std::initializer_list<int64_t> v);
-template <typename F>
-void dispatch_unit(size_t unit, F&& f) {
-  switch (unit) {
-    case 16: f(uint4{}); break;
-    case 8: f(uint2{}); break;
-    case 4: f(uint32_t{}); break;
-    case 2: f(uint16_t{}); break;
-    default: f(uint8_t{}); break;
-  }
-}
 }  // namespace movement_detail
 
 namespace {
