@@ -72,6 +72,7 @@ def main():
 
         # usage errors
         expect_error(args, "no subcommand", "subcommand")
+        expect_error(args, "unknown subcommand", "unknown subcommand 'frobnicate'", "frobnicate", "--onnx", p("cnn.onnx"))
         expect_error(args, "unknown flag", "--bogus", "build", "--onnx", p("cnn.onnx"), "--save-engine", p("x.kiln"), "--bogus")
         expect_error(args, "missing --save-engine", "save-engine", "build", "--onnx", p("cnn.onnx"))
         expect_error(args, "bad --shapes", "--shapes", "build", "--onnx", p("cnn.onnx"), "--save-engine", p("x.kiln"), "--shapes", "input:1xAx3")

@@ -38,6 +38,13 @@ int main(int argc, char** argv) {
       kiln::cli::Runner r = add(app);
       runners[app.get_subcommands({})[before]] = std::move(r);
     }
+    if (argc > 1 && argv[1][0] != '-') {  // CLI11 would only say "A subcommand is required"
+      bool known = false;
+      for (auto& [sub, run] : runners) known = known || sub->get_name() == argv[1];
+      if (!known)
+        return fail(std::string("unknown subcommand '") + argv[1] +
+                    "' (subcommands: build, run, bench, inspect; try --help)");
+    }
     try {
       app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
