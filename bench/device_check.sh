@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks in one device call. Expects binaries built here (sm_90a) and the
 # shared libraries they need in .deps/ (bench/prepare_deps.sh makes it; carry ".deps").
-#   bench/device_check.sh [STAGE...]     stages: env tests models bench conformance (default: all)
+#   bench/device_check.sh [STAGE...]     stages: env tests models bench rebuild conformance (default: all)
 # Logs and JSON go to $OUT (the device tool brings them back).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +19,7 @@ if [ "$CUDNN_DIR" != none ] && [ -e "$CUDNN_DIR/libcudnn.so.9" ]; then
   echo "cuDNN from $CUDNN_DIR"
 fi
 KILN=$PWD/.deps/kiln
-STAGES=${*:-env tests models bench conformance}
+STAGES=${*:-env tests models bench rebuild conformance}
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 
 if has env; then
@@ -33,8 +33,8 @@ fi
 if has tests; then
   echo "== GPU unit tests (test-backend-ops and the conv tactic tests)"
   timeout ${KILN_TESTS_TIMEOUT:-420} .deps/kiln_backend_ops_test --gtest_brief=1 >"$OUT/backend_ops.log" 2>&1
-  echo "backend ops rc $?: $(grep -cE '^\[       OK \]|^\[  PASSED' "$OUT/backend_ops.log") ok-lines"
-  grep -E "^\[  (PASSED|FAILED|SKIPPED) \]|tests? ran" "$OUT/backend_ops.log" | tail -5
+  echo "backend ops rc $? (skipped = tactic/mode pairs a case does not apply to):"
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ tests?|tests? from .* ran" "$OUT/backend_ops.log" | tail -5
   grep -E "^\[  FAILED  \]" "$OUT/backend_ops.log" | head -40
   [ -x .deps/kiln_cuda_tactics_test ] && .deps/kiln_cuda_tactics_test --gtest_brief=1 2>&1 | tail -2
   [ -x .deps/kiln_cuda_engine_test ] && timeout 120 .deps/kiln_cuda_engine_test --gtest_brief=1 2>&1 | tail -12
@@ -52,6 +52,20 @@ fi
 if has bench; then
   echo "== benchmarks: kiln next to PyTorch eager and torch.compile in the same run"
   python3 bench/bench_cnn.py --kiln "$KILN" --out "$OUT" ${KILN_BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
+fi
+
+if has rebuild; then
+  echo "== build time with a warm timing cache, and determinism (same cache: byte-identical engines)"
+  m=${KILN_REBUILD_MODEL:-resnet50}
+  [ -f "models/$m.onnx" ] || python3 scripts/export_torchvision.py "$m" "models/$m.onnx" >/dev/null
+  rm -f /tmp/rb.cache
+  for i in 1 2 3; do
+    t0=$EPOCHREALTIME
+    "$KILN" build --onnx "models/$m.onnx" --save-engine /tmp/rb$i.kiln --fp16 --shapes input:256x3x224x224 \
+      --timing-cache /tmp/rb.cache >/dev/null || echo "build $i failed"
+    echo "$m fp16 b256 build $i ($([ $i = 1 ] && echo cold || echo warm) cache): $(awk "BEGIN{printf \"%.1f\", $EPOCHREALTIME - $t0}") s"
+  done
+  cmp /tmp/rb2.kiln /tmp/rb3.kiln && echo "warm-cache engines 2 and 3 are byte-identical"
 fi
 
 if has conformance; then

@@ -36,6 +36,29 @@ std::vector<OpCase> conv_cases() {
                    attrs({{"group", Attribute::Int(4)}, {"pads", ints_attr({1, 1, 1, 1})}})));
   v.push_back(conv("depthwise", {2, 16, 9, 9}, {16, 1, 3, 3},
                    attrs({{"group", Attribute::Int(16)}, {"pads", ints_attr({1, 1, 1, 1})}})));
+  // Depthwise shapes kiln's own kernel takes (vector path: C % 8 == 0; scalar path: C = 6),
+  // MobileNet's ReLU6 and a residual, strides and 5x5 (EfficientNet).
+  for (int64_t C : {int64_t(24), int64_t(6)}) {
+    for (int s : {1, 2}) {
+      OpCase c = conv("dw_fused_c" + std::to_string(C) + "_s" + std::to_string(s), {2, C, 11, 10},
+                      {C, 1, s == 1 ? 3 : 5, s == 1 ? 3 : 5},
+                      attrs({{"group", Attribute::Int(C)}, {"strides", ints_attr({s, s})},
+                             {"pads", ints_attr(s == 1 ? std::vector<int64_t>{1, 1, 1, 1}
+                                                       : std::vector<int64_t>{2, 2, 2, 2})},
+                             {"activation", Attribute::String("Clip")},
+                             {"act_min", Attribute::Float(0.f)}, {"act_max", Attribute::Float(0.6f)}}));
+      c.op_type = "FusedConv";
+      c.domain = "kiln";
+      if (s == 1) {
+        c.inputs.push_back(in({2, C, 11, 10}));
+        c.attrs.set("activation", Attribute::String("Relu"));
+      }
+      v.push_back(c);
+    }
+  }
+  v.push_back(conv("depthwise_dilated_nobias", {1, 16, 9, 9}, {16, 1, 3, 3},
+                   attrs({{"group", Attribute::Int(16)}, {"dilations", ints_attr({2, 2})},
+                          {"pads", ints_attr({2, 2, 2, 2})}}), false));
   v.push_back(conv("asymmetric_pads", {1, 3, 8, 8}, {5, 3, 3, 3},
                    attrs({{"pads", ints_attr({0, 1, 2, 1})}})));
   v.push_back(conv("same_upper_s2", {1, 3, 9, 8}, {4, 3, 3, 3},
@@ -74,6 +97,21 @@ std::vector<OpCase> conv_cases() {
     c.domain = "kiln";
     c.attrs.set("activation", Attribute::String("Relu"));
     c.inputs.push_back(in({2, one ? 32 : 16, 8, 8}));
+    v.push_back(c);
+  }
+  {  // ReLU6 (MobileNet): the cuDNN graph tactic fuses it as a clipped ReLU
+    OpCase c = conv("fused_relu6_1x1", {2, 16, 8, 8}, {24, 16, 1, 1},
+                    attrs({{"activation", Attribute::String("Clip")},
+                           {"act_min", Attribute::Float(0.f)}, {"act_max", Attribute::Float(0.3f)}}));
+    c.op_type = "FusedConv";
+    c.domain = "kiln";
+    v.push_back(c);
+  }
+  {  // A residual without activation (MobileNet-V2's linear bottleneck)
+    OpCase c = conv("fused_residual_noact_1x1", {2, 16, 8, 8}, {16, 16, 1, 1}, {});
+    c.op_type = "FusedConv";
+    c.domain = "kiln";
+    c.inputs.push_back(in({2, 16, 8, 8}));
     v.push_back(c);
   }
   {

@@ -65,8 +65,8 @@ __global__ void reference_conv_fp(ConvShape sh, Epilogue ep, const T* x, const T
       }
     }
     if (ep != Epilogue::kNone) acc += to_float(bias[k]);
-    if (ep == Epilogue::kBiasAddRelu) acc += to_float(residual[i]);
-    if (ep == Epilogue::kBiasRelu || ep == Epilogue::kBiasAddRelu) acc = fmaxf(acc, 0.f);
+    if (epilogue_has_residual(ep)) acc += to_float(residual[i]);
+    if (epilogue_has_relu(ep)) acc = fmaxf(acc, 0.f);
     y[i] = acc;
   }
 }
@@ -164,8 +164,8 @@ __global__ void epilogue_kernel(T* y, const T* bias, const T* residual, int64_t 
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     float v = to_float(y[i]) + to_float(bias[i % k]);
-    if (ep == Epilogue::kBiasAddRelu) v += to_float(residual[i]);
-    if (ep != Epilogue::kBias) v = fmaxf(v, 0.f);
+    if (epilogue_has_residual(ep)) v += to_float(residual[i]);
+    if (epilogue_has_relu(ep)) v = fmaxf(v, 0.f);
     y[i] = T(v);
   }
 }

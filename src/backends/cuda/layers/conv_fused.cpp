@@ -40,12 +40,15 @@ bool describe_problem(const LayerDesc& d, cuda::ConvProblem* p, std::string* why
   const std::string act = n.attrs.get_string("activation", "");
   const bool bias = n.input(2) != nullptr, residual = n.input(3) != nullptr;
   if (!bias) return *why = "no bias", false;
-  if (residual && act != "Relu") return *why = "residual without ReLU", false;
-  if (!act.empty() && act != "Relu") return *why = "activation " + act, false;
+  // ReLU6 (Clip to [0, hi]) is a clipped ReLU in cuDNN's graph; other activations are not fused.
+  const bool relu6 = act == "Clip" && n.attrs.get_float("act_min", -1.f) == 0.f &&
+                     n.attrs.get_float("act_max", 0.f) > 0.f && !residual;
+  if (!act.empty() && act != "Relu" && !relu6) return *why = "activation " + act, false;
   if (residual && d.in_type(3).dims != d.out_type(0).dims) return *why = "broadcast residual", false;
-  p->epilogue = residual ? cuda::Epilogue::kBiasAddRelu
-                : act == "Relu" ? cuda::Epilogue::kBiasRelu
-                                : cuda::Epilogue::kBias;
+  const bool relu = !act.empty();
+  p->epilogue = residual ? (relu ? cuda::Epilogue::kBiasAddRelu : cuda::Epilogue::kBiasAdd)
+                         : (relu ? cuda::Epilogue::kBiasRelu : cuda::Epilogue::kBias);
+  p->relu_clip = relu6 ? n.attrs.get_float("act_max", 0.f) : 0.f;
   p->shape.stride = static_cast<int>(st[0]);
   p->shape.pad = static_cast<int>(pads[0]);
   return true;
@@ -148,6 +151,7 @@ bool cublaslt_conv_supports(const LayerDesc& d, std::string* why) {
   if (!w.is_static() || (*w.dims)[2].value != 1 || (*w.dims)[3].value != 1 || p.shape.stride != 1 ||
       p.shape.pad != 0)
     return *why = "not a 1x1 stride-1 convolution", false;
+  if (p.relu_clip > 0) return *why = "cuBLASLt has no clipped ReLU epilogue", false;
   return true;
 }
 

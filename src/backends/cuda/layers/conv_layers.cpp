@@ -16,6 +16,9 @@ Expected<std::unique_ptr<Layer>> create_cublaslt_conv(const LayerDesc& d);
 std::vector<std::string> cudnn_graph_variants(const LayerDesc& d);
 std::vector<std::string> cublaslt_variants(const LayerDesc& d);
 bool cublaslt_conv_supports(const LayerDesc& d, std::string* why);
+// conv_depthwise.cu: kiln's NHWC depthwise convolution with the fused epilogue.
+bool depthwise_conv_supports(const LayerDesc& d, std::string* why);
+Expected<std::unique_ptr<Layer>> create_depthwise_conv(const LayerDesc& d);
 
 namespace {
 
@@ -228,6 +231,10 @@ const TacticDef kConvTactics[] = {
      create_cudnn_graph_conv, cudnn_graph_variants},
     {"", "Conv", "cublaslt.conv1x1.conv", kF32 | kF16 | kNHWC, 0, cublaslt_conv_supports,
      create_cublaslt_conv, cublaslt_variants},
+    {"", "Conv", "kiln.dwconv", kF32 | kF16 | kNHWC, 0, depthwise_conv_supports,
+     create_depthwise_conv},
+    {"kiln", "FusedConv", "kiln.dwconv.fused", kF32 | kF16 | kNHWC, 0, depthwise_conv_supports,
+     create_depthwise_conv},
     {"", "ConvTranspose", "cudnn.convt", kF32 | kF16 | kF64, 0, convt_supports, create_convt},
 };
 

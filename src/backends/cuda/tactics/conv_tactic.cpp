@@ -53,6 +53,8 @@ const char* epilogue_name(Epilogue e) {
       return "bias+relu";
     case Epilogue::kBiasAddRelu:
       return "bias+add+relu";
+    case Epilogue::kBiasAdd:
+      return "bias+add";
   }
   return "?";
 }

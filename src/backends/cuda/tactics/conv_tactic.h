@@ -35,8 +35,14 @@ size_t element_size(Precision p);
 
 // Fused epilogue after the convolution: y = act(conv(x, w) + bias [+ residual]).
 // INT8 problems use kNone: y = sat(round_to_nearest_even(conv(x, w) * int8_scale)).
-enum class Epilogue { kNone, kBias, kBiasRelu, kBiasAddRelu };
+enum class Epilogue { kNone, kBias, kBiasRelu, kBiasAddRelu, kBiasAdd };
 const char* epilogue_name(Epilogue e);
+KILN_HD inline bool epilogue_has_residual(Epilogue e) {
+  return e == Epilogue::kBiasAddRelu || e == Epilogue::kBiasAdd;
+}
+KILN_HD inline bool epilogue_has_relu(Epilogue e) {
+  return e == Epilogue::kBiasRelu || e == Epilogue::kBiasAddRelu;
+}
 
 // All tensors are NHWC (activations) and KRSC (filters), densely packed.
 struct ConvShape {
@@ -58,6 +64,7 @@ struct ConvProblem {
   Precision precision = Precision::kFP16;
   Epilogue epilogue = Epilogue::kBiasRelu;
   float int8_scale = 1.0f;  // INT8 only: output = sat(rne(acc * int8_scale))
+  float relu_clip = 0.f;    // > 0: the ReLU is clipped at this value (ReLU6); cuDNN graph only
 };
 
 // Device pointers for one execution. bias: K elements (half for FP16, float for TF32);

@@ -43,7 +43,7 @@ Status build_lt_problem(const ConvProblem& p, LtProblem* lt) {
   KILN_CUBLAS(cublasLtMatmulDescSetAttribute(lt->desc, CUBLASLT_MATMUL_DESC_TRANSB, &n, sizeof(n)));
   if (p.precision != Precision::kINT8 && p.epilogue != Epilogue::kNone) {
     const cublasLtEpilogue_t ep =
-        p.epilogue == Epilogue::kBias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_RELU_BIAS;
+        epilogue_has_relu(p.epilogue) ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
     KILN_CUBLAS(
         cublasLtMatmulDescSetAttribute(lt->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof(ep)));
     const cudaDataType_t bias_type = io;
@@ -90,7 +90,7 @@ class CublasLtConvTactic final : public ConvTactic {
     return copy_weights_krsc(weights_, problem_, w, stream);
   }
   Status run(const ConvBuffers& b, cudaStream_t stream) override {
-    const bool residual = problem_.epilogue == Epilogue::kBiasAddRelu;
+    const bool residual = epilogue_has_residual(problem_.epilogue);
     if (problem_.precision != Precision::kINT8 && problem_.epilogue != Epilogue::kNone) {
       KILN_CUBLAS(cublasLtMatmulDescSetAttribute(lt_->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                  &b.bias, sizeof(b.bias)));

@@ -67,11 +67,15 @@ Status make_tensor(int64_t uid, cudnnDataType_t type, const Dims& d, bool is_vir
 }
 
 Status make_pointwise(cudnnPointwiseMode_t mode, const Desc& x, const Desc* b, const Desc& y,
-                      Desc* pw, Desc* op) {
+                      Desc* pw, Desc* op, double relu_clip = 0) {
   KILN_TRY(create(CUDNN_BACKEND_POINTWISE_DESCRIPTOR, pw));
   const cudnnDataType_t prec = CUDNN_DATA_FLOAT;
   KILN_TRY(set(*pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode, "pw mode"));
   KILN_TRY(set(*pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec, "pw prec"));
+  if (relu_clip > 0) {
+    KILN_TRY(set(*pw, CUDNN_ATTR_POINTWISE_RELU_UPPER_CLIP, CUDNN_TYPE_DOUBLE, 1, &relu_clip,
+                 "pw relu clip"));
+  }
   KILN_CUDNN(cudnnBackendFinalize(pw->d));
   KILN_TRY(create(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, op));
   KILN_TRY(set(*op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
@@ -160,8 +164,8 @@ Status build_graph(const ConvProblem& p, cudnnHandle_t handle, OpGraph* g) {
     chain.push_back({CUDNN_POINTWISE_MUL, kScale});
   } else {
     chain.push_back({CUDNN_POINTWISE_ADD, kBias});
-    if (p.epilogue == Epilogue::kBiasAddRelu) chain.push_back({CUDNN_POINTWISE_ADD, kResidual});
-    if (p.epilogue != Epilogue::kBias) chain.push_back({CUDNN_POINTWISE_RELU_FWD, 0});
+    if (epilogue_has_residual(p.epilogue)) chain.push_back({CUDNN_POINTWISE_ADD, kResidual});
+    if (epilogue_has_relu(p.epilogue)) chain.push_back({CUDNN_POINTWISE_RELU_FWD, 0});
   }
   const Desc* cur = conv_y;
   for (size_t i = 0; fused && i < chain.size(); ++i) {
@@ -185,7 +189,8 @@ Status build_graph(const ConvProblem& p, cudnnHandle_t handle, OpGraph* g) {
       out = &add(std::move(v));
     }
     Desc pw, op;
-    KILN_TRY(make_pointwise(chain[i].first, *cur, b, *out, &pw, &op));
+    const double clip = chain[i].first == CUDNN_POINTWISE_RELU_FWD ? p.relu_clip : 0.0;
+    KILN_TRY(make_pointwise(chain[i].first, *cur, b, *out, &pw, &op, clip));
     add(std::move(pw));
     ops.push_back(add(std::move(op)).d);
     cur = out;
@@ -328,7 +333,7 @@ class CudnnGraphConvTactic final : public ConvTactic {
     } else if (problem_.epilogue != Epilogue::kNone) {
       uids.push_back(kBias);
       ptrs.push_back(const_cast<void*>(b.bias));
-      if (problem_.epilogue == Epilogue::kBiasAddRelu) {
+      if (epilogue_has_residual(problem_.epilogue)) {
         uids.push_back(kResidual);
         ptrs.push_back(const_cast<void*>(b.residual));
       }
