@@ -11,6 +11,7 @@ APT_PACKAGES=(
   libgtest-dev libgmock-dev              # unit tests
   libcli11-dev nlohmann-json3-dev libfmt-dev
   libstb-dev                             # image inputs (stb_image, stb_image_resize, stb_image_write)
+  zlib1g-dev                             # gzip-compressed IDX datasets (kiln compare --dataset)
   python3 python3-pip
 )
 PIP_PACKAGES=(numpy onnx onnxruntime matplotlib)  # matplotlib: kiln report (brings Pillow)
