@@ -10,6 +10,7 @@ import tempfile
 
 import numpy as np
 import onnx
+import onnx.numpy_helper
 from onnx import TensorProto, helper
 from PIL import Image
 
@@ -82,6 +83,91 @@ def image_tests(args, p):
                  "--input", f"x={p('pic.png')}", "--resize", "32")
 
 
+def compare_tests(args, p):
+    onnx.save(small_models.small_cnn(), p("cnn.onnx"))
+    # The same model with one conv's weights perturbed: an engine of it must be named there.
+    m = small_models.small_cnn()
+    conv = [n for n in m.graph.node if n.op_type == "Conv"][1]
+    w = next(t for t in m.graph.initializer if t.name == conv.input[1])
+    arr = onnx.numpy_helper.to_array(w).copy()
+    arr += np.random.default_rng(1).standard_normal(arr.shape).astype(np.float32) * np.abs(arr).mean()
+    w.CopyFrom(onnx.numpy_helper.from_array(arr, w.name))
+    onnx.save(m, p("bad.onnx"))
+    expect_ok(args, "build corrupted engine", "build", "--onnx", p("bad.onnx"), "--save-engine", p("bad.kiln"), "--backend", "cpu")
+    expect_ok(args, "build engine", "build", "--onnx", p("cnn.onnx"), "--save-engine", p("cnn.kiln"), "--backend", "cpu")
+    r = expect_ok(args, "compare --per-layer", "compare", p("cnn.onnx"), "--engines", f"{p('cnn.kiln')},{p('bad.kiln')}",
+                  "--per-layer", "--export-json", p("cmp.json"))
+    doc = json.load(open(p("cmp.json")))
+    good, bad = doc["engines"]
+    check("compare json: schema and a good engine near float64", doc["schema"] == "kiln.compare/1" and
+          good["outputs"][0]["rel_l2"] < 1e-5 and good["per_layer"]["first_jump"] is None)
+    check("compare --per-layer names the corrupted conv", bad["per_layer"]["first_jump"] == conv.name,
+          f"{bad['per_layer']['first_jump']} (want {conv.name})")
+    check("compare prints the first jump", f"layer '{conv.name}'" in r.stdout)
+    expect_error(args, "compare --tolerance exceeded", "tolerance exceeded", "compare", p("cnn.onnx"),
+                 "--engines", p("bad.kiln"), "--tolerance", "1e-3")
+    expect_ok(args, "compare --tolerance met", "compare", p("cnn.onnx"), "--tolerance", "1e-5")
+    expect_error(args, "compare unknown precision", "unknown precision", "compare", p("cnn.onnx"), "--precisions", "fp8")
+    has_gpu = subprocess.run(["sh", "-c", "nvidia-smi -L"], capture_output=True).returncode == 0
+    if not has_gpu:
+        expect_error(args, "compare fp16 without GPU", "need the cuda backend", "compare", p("cnn.onnx"), "--precisions", "fp16")
+    expect_error(args, "compare missing engine", "nope.kiln", "compare", p("cnn.onnx"), "--engines", p("nope.kiln"))
+    # --dataset: gzip IDX files; top-1/top-5 against NumPy's on the same model.
+    import gzip
+    rng = np.random.default_rng(2)
+    imgs = rng.integers(0, 256, (40, 28, 28), dtype=np.uint8)
+    labels = rng.integers(0, 10, 40, dtype=np.uint8)
+    os.makedirs(p("fm"))
+    with gzip.open(p("fm/t10k-images-idx3-ubyte.gz"), "wb") as f:
+        f.write(bytes([0, 0, 8, 3]) + np.array([40, 28, 28], ">u4").tobytes() + imgs.tobytes())
+    with gzip.open(p("fm/t10k-labels-idx1-ubyte.gz"), "wb") as f:
+        f.write(bytes([0, 0, 8, 1]) + np.array([40], ">u4").tobytes() + labels.tobytes())
+    W = rng.standard_normal((784, 10)).astype(np.float32)
+    g = helper.make_graph([helper.make_node("Flatten", ["x"], ["f"]), helper.make_node("MatMul", ["f", "W"], ["y"])], "lin",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1, 28, 28])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])],
+                          [onnx.numpy_helper.from_array(W, "W")])
+    mm = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    mm.ir_version = 8
+    onnx.save(mm, p("lin.onnx"))
+    expect_ok(args, "compare --dataset (IDX .gz)", "compare", p("lin.onnx"), "--dataset", p("fm"), "--batch", "8",
+              "--export-json", p("ds.json"))
+    logits = (imgs.reshape(40, -1).astype(np.float32) / 255.0) @ W
+    rank = (logits > logits[np.arange(40), labels][:, None]).sum(1)
+    ds = json.load(open(p("ds.json")))["engines"][0]["dataset"]
+    check("dataset top-1/top-5 match NumPy's", abs(ds["top1"] - (rank < 1).mean()) < 1e-9 and
+          abs(ds["top5"] - (rank < 5).mean()) < 1e-9, f"{ds['top1']} {ds['top5']}")
+    expect_error(args, "compare --dataset missing", "no such file", "compare", p("lin.onnx"), "--dataset", p("nope"))
+
+
+def report_tests(args, p):
+    # Synthetic result files: these test the plotting and the page only (never put in docs).
+    os.makedirs(p("results"))
+    recs = []
+    for fw in ("kiln", "pytorch-eager", "torch.compile"):
+        for prec in ("fp32", "fp16"):
+            for b in (1, 8, 32):
+                ms = 0.5 + 0.05 * b * (1.0 if prec == "fp32" else 0.5) * (1.3 if fw != "kiln" else 1.0)
+                rec = {"framework": fw, "model": "resnet_synthetic", "precision": prec, "batch": b,
+                       "latency_ms": {"median": ms, "p99": ms * 1.1}, "throughput_per_s": b * 1000 / ms,
+                       "command": "synthetic"}
+                if fw == "kiln":
+                    rec["memory"] = {"weights": 50 << 20, "activations": b << 20, "workspace": 0}
+                recs.append(rec)
+    json.dump({"schema": "kiln.bench/1", "records": recs}, open(p("results/bench.json"), "w"))
+    json.dump({"schema": "kiln.env/1", "gpu": "synthetic"}, open(p("results/env.json"), "w"))
+    os.system(f"cp {p('cmp.json')} {p('results/compare.json')}")
+    expect_ok(args, "report", "report", p("results"), "-o", p("report.html"))
+    page = open(p("report.html")).read() if os.path.exists(p("report.html")) else ""
+    check("report: self-contained HTML with plots and the tables", page.count("data:image/png;base64,") >= 5 and
+          "Every number" in page and "Accuracy" in page and "src=\"http" not in page, f"{page.count('data:image/png')} images")
+    os.makedirs(p("empty"))
+    expect_error(args, "report on an empty folder", "no *.json", "report", p("empty"), "-o", p("r.html"))
+    open(p("results/broken.json"), "w").write("{not json")
+    expect_error(args, "report on broken JSON", "not valid JSON", "report", p("results"), "-o", p("r.html"))
+    expect_error(args, "report on a missing folder", "not a folder", "report", p("nope"), "-o", p("r.html"))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--kiln", default="build/kiln")
@@ -89,6 +175,8 @@ def main():
     with tempfile.TemporaryDirectory() as d:
         p = lambda name: os.path.join(d, name)  # noqa: E731
         image_tests(args, p)
+        compare_tests(args, p)
+        report_tests(args, p)
     print(f"compare/report/image cli tests: {'all behave' if not FAILURES else str(len(FAILURES)) + ' FAILED: ' + ', '.join(FAILURES)}")
     return 1 if FAILURES else 0
 
