@@ -140,6 +140,21 @@ def compare_tests(args, p):
     expect_error(args, "compare --dataset missing", "no such file", "compare", p("lin.onnx"), "--dataset", p("nope"))
 
 
+def bench_tests(args, p):
+    expect_ok(args, "build dynamic engine", "build", "--onnx", p("cnn.onnx"), "--save-engine", p("dyn.kiln"), "--backend", "cpu",
+              "--min-shapes", "input:1x3x32x32", "--opt-shapes", "input:2x3x32x32", "--max-shapes", "input:4x3x32x32")
+    expect_ok(args, "bench --batch sweep", "bench", "--engine", p("dyn.kiln"), "--batch", "1,4", "--iterations", "3",
+              "--duration", "0", "--export-json", p("sweep.json"))
+    d = json.load(open(p("sweep.json")))
+    check("bench --batch: one kiln.bench/1 record per batch", d["schema"] == "kiln.bench/1" and
+          [r["batch"] for r in d["records"]] == [1, 4] and all(r["model"] == "cnn" for r in d["records"]))
+    expect_ok(args, "build static engine", "build", "--onnx", p("cnn.onnx"), "--save-engine", p("static.kiln"), "--backend", "cpu",
+              "--shapes", "input:2x3x32x32")
+    expect_error(args, "bench --batch on a static engine", "dynamic first dimension", "bench", "--engine", p("static.kiln"), "--batch", "1,2")
+    expect_error(args, "bench --batch outside the profile", "outside the engine's profile", "bench", "--engine", p("dyn.kiln"),
+                 "--batch", "8", "--iterations", "1", "--duration", "0")
+
+
 def report_tests(args, p):
     # Synthetic result files: these test the plotting and the page only (never put in docs).
     os.makedirs(p("results"))
@@ -176,6 +191,7 @@ def main():
         p = lambda name: os.path.join(d, name)  # noqa: E731
         image_tests(args, p)
         compare_tests(args, p)
+        bench_tests(args, p)
         report_tests(args, p)
     print(f"compare/report/image cli tests: {'all behave' if not FAILURES else str(len(FAILURES)) + ' FAILED: ' + ', '.join(FAILURES)}")
     return 1 if FAILURES else 0
