@@ -10,9 +10,11 @@ APT_PACKAGES=(
   libonnx-testdata                       # the ONNX backend test data (conformance suite)
   libgtest-dev libgmock-dev              # unit tests
   libcli11-dev nlohmann-json3-dev libfmt-dev
+  libstb-dev                             # image inputs (stb_image, stb_image_resize, stb_image_write)
+  zlib1g-dev                             # gzip-compressed IDX datasets (kiln compare --dataset)
   python3 python3-pip
 )
-PIP_PACKAGES=(numpy onnx onnxruntime)
+PIP_PACKAGES=(numpy onnx onnxruntime matplotlib)  # matplotlib: kiln report (brings Pillow)
 
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi

@@ -28,6 +28,7 @@ python3 tests/models/run_model_tests.py --kiln "$BUILD_DIR/kiln"
 
 echo "== CLI tests (bad input gives one line and exit status 1) =="
 python3 tests/cli/run_cli_tests.py --kiln "$BUILD_DIR/kiln"
+python3 tests/cli/run_compare_tests.py --kiln "$BUILD_DIR/kiln"   # images, compare, report
 
 echo "== unit tests =="
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi >/dev/null 2>&1; then

@@ -89,6 +89,17 @@ class ExecutionContext {
   // Plans memory and configures the layers for the input shapes set (what the first enqueue
   // after a shape change does, allocating the arena and workspace) and reports the memory.
   virtual Expected<MemoryInfo> plan_device_memory();
+
+  // --- Debugging (what `kiln compare --per-layer` uses): every later execute() also keeps the
+  // named intermediate tensors, read back with debug_tensors(). Names are value names of the
+  // optimized graph (a fused layer's output keeps the ONNX name of the value it produces). The
+  // tensors come back in the logical layout (NCHW order) and the value's declared type (FP16
+  // storage converted back). It slows execute() down: on the GPU each tensor is copied to the
+  // host synchronously after its layer (enqueue then runs synchronously too), and CUDA graphs
+  // are not used. An empty list turns it off; an unknown name is an error.
+  virtual Status set_debug_tensors(const std::vector<std::string>& names);
+  // The tensors the last execute() kept, by name.
+  virtual std::map<std::string, Tensor> debug_tensors() const { return {}; }
 };
 
 class BackendEngine;

@@ -55,12 +55,20 @@ class CpuContext final : public ExecutionContext {
       for (const auto& info : engine_.inputs()) known |= info.name == name;
       if (!known) return KILN_ERROR("the engine has no input named '{}'", name);
     }
-    return ex_->run(ordered, timings);
+    if (debug_.slots.empty()) return ex_->run(ordered, timings);
+    return ex_->run(ordered, timings, &debug_);
   }
+  Status set_debug_tensors(const std::vector<std::string>& names) override {
+    KILN_ASSIGN_OR_RETURN(debug_.slots, ex_->debug_slots(names));
+    debug_.values.clear();
+    return Status::Ok();
+  }
+  std::map<std::string, Tensor> debug_tensors() const override { return debug_.values; }
 
  private:
   const Engine& engine_;
   std::unique_ptr<CpuExecutor> ex_;
+  CpuExecutor::Debug debug_;
   Profile profile_;
 };
 
@@ -89,6 +97,9 @@ Status ExecutionContext::enqueue(CUstream_st*, std::vector<LayerTiming>*) {
 }
 Status ExecutionContext::set_use_cuda_graph(bool) { return no_device_path("CUDA graphs"); }
 Expected<MemoryInfo> ExecutionContext::plan_device_memory() { return no_device_path("plan_device_memory"); }
+Status ExecutionContext::set_debug_tensors(const std::vector<std::string>&) {
+  return Status::Error("this execution context cannot keep debug tensors");
+}
 
 Expected<std::unique_ptr<Engine>> Engine::from_graph(std::unique_ptr<Graph> g, std::string backend,
                                                      std::string target, std::string options_json,

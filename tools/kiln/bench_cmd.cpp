@@ -1,18 +1,22 @@
 // kiln bench: latency and throughput of an engine (trtexec's job). On the cuda backend every
 // time comes from CUDA events: per inference the host-to-device copies, the compute and the
 // device-to-host copies; throughput from back-to-back inferences without host synchronization.
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
 
-#include <nlohmann/json.hpp>
-
 #include "cli.h"
+#include "compare/compare.h"
 
 #ifdef KILN_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -48,8 +52,9 @@ nlohmann::json stats_json(const Stats& s) {
 }
 
 std::string stats_line(const char* what, const Stats& s) {
-  return fmt::format("{:<9} min {:.4f}  mean {:.4f}  median {:.4f}  p90 {:.4f}  p99 {:.4f}  max {:.4f} ms",
-                     what, s.min, s.mean, s.median, s.p90, s.p99, s.max);
+  return fmt::format(
+      "{:<9} min {:.4f}  mean {:.4f}  median {:.4f}  p90 {:.4f}  p99 {:.4f}  max {:.4f} ms", what,
+      s.min, s.mean, s.median, s.p90, s.p99, s.max);
 }
 
 // The shapes to run: --shapes, else the profile's opt shape, else the declared shape (dynamic
@@ -60,7 +65,8 @@ Expected<std::vector<std::vector<int64_t>>> run_shapes(const Engine& e, const Sh
   for (const auto& info : e.inputs()) {
     if (auto it = given.find(info.name); it != given.end()) {
       out.push_back(it->second);
-    } else if (opts.is_object() && opts.contains("profile") && opts["profile"].contains(info.name)) {
+    } else if (opts.is_object() && opts.contains("profile") &&
+               opts["profile"].contains(info.name)) {
       out.push_back(opts["profile"][info.name]["opt"].get<std::vector<int64_t>>());
     } else {
       std::vector<int64_t> s;
@@ -75,14 +81,16 @@ Tensor random_tensor(DataType t, const std::vector<int64_t>& shape, std::mt19937
   Tensor f(DataType::kFloat32, shape);
   std::uniform_real_distribution<float> u(-1.f, 1.f);
   for (int64_t i = 0; i < f.numel(); ++i)
-    f.data<float>()[i] = dtype_is_float(t) ? u(rng) : static_cast<float>(static_cast<int>(u(rng) * 4.f + 4.f));
+    f.data<float>()[i] =
+        dtype_is_float(t) ? u(rng) : static_cast<float>(static_cast<int>(u(rng) * 4.f + 4.f));
   return f.cast(t);
 }
 
 std::string gpu_clocks() {
   std::string out;
   if (FILE* p = popen("nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,clocks.mem,driver_version "
-                      "--format=csv,noheader 2>/dev/null", "r")) {
+                      "--format=csv,noheader 2>/dev/null",
+                      "r")) {
     char buf[256];
     while (fgets(buf, sizeof(buf), p)) out += buf;
     pclose(p);
@@ -91,192 +99,279 @@ std::string gpu_clocks() {
   return out;
 }
 
-}  // namespace
+struct BenchOpts {
+  std::string onnx, engine, json;
+  BuildFlags flags;
+  int warmup = 20, iterations = 200;
+  double duration = 2.0;
+  bool graph = false, no_transfers = false, profile = false;
+  std::string batches;  // --batch 1,8,32: a sweep over the first dimension
+};
 
-Runner add_bench_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("bench", "Measure an engine's latency and throughput (GPU events)");
-  struct Opts {
-    std::string onnx, engine, json;
-    BuildFlags flags;
-    int warmup = 20, iterations = 200;
-    double duration = 2.0;
-    bool graph = false, no_transfers = false, profile = false;
-  };
-  auto o = std::make_shared<Opts>();
-  auto* g = cmd->add_option_group("model", "what to measure");
-  g->add_option("--onnx", o->onnx, "ONNX model (built with the build options first)");
-  g->add_option("--engine", o->engine, "Engine file from `kiln build`");
-  g->require_option(1);
-  add_build_flags(cmd, o->flags, /*with_dump=*/false);
-  cmd->add_option("--warmup", o->warmup, "Untimed inferences first (default 20)")->check(CLI::Range(0, 1000000));
-  cmd->add_option("--iterations", o->iterations, "At least this many timed inferences (default 200)")->check(CLI::Range(1, 10000000));
-  cmd->add_option("--duration", o->duration, "And at least this many seconds (default 2)")->check(CLI::Range(0.0, 3600.0));
-  cmd->add_flag("--use-cuda-graph", o->graph, "Capture each inference as one CUDA graph and replay it");
-  cmd->add_flag("--no-data-transfers", o->no_transfers, "Leave out the host<->device copies");
-  cmd->add_option("--export-json", o->json, "Write every number to this JSON file");
-  cmd->add_flag("--dump-profile", o->profile, "Per-layer times, sorted, with their share");
-  return [o]() -> Status {
-    KILN_ASSIGN_OR_RETURN(ShapeMap given, parse_shapes(o->flags.shapes, "--shapes"));
-    KILN_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, engine_from_flags(o->onnx, o->engine, o->flags));
-    KILN_ASSIGN_OR_RETURN(auto shapes, run_shapes(*engine, given));
-    KILN_ASSIGN_OR_RETURN(std::unique_ptr<ExecutionContext> ctx, engine->create_context());
-    std::mt19937 rng(1);
-    std::vector<Tensor> host_in;
-    for (size_t i = 0; i < shapes.size(); ++i)
-      host_in.push_back(random_tensor(engine->inputs()[i].dtype, shapes[i], rng));
-    const int64_t batch = shapes.empty() || shapes[0].empty() ? 1 : shapes[0][0];
-    nlohmann::json report = {{"engine", o->engine.empty() ? o->onnx : o->engine},
-                             {"backend", engine->backend()},
-                             {"build_options", nlohmann::json::parse(engine->build_options_json())},
-                             {"batch", batch}, {"cuda_graph", o->graph},
-                             {"data_transfers", !o->no_transfers}};
-    nlohmann::json shp = nlohmann::json::object();
-    for (size_t i = 0; i < shapes.size(); ++i) shp[engine->inputs()[i].name] = shapes[i];
-    report["shapes"] = shp;
-    std::vector<double> lat, h2d, comp, d2h;
-    double throughput = 0;
-    std::vector<LayerTiming> profile;
-    if (engine->backend() != "cuda") {
-      if (o->graph) return Status::Error("--use-cuda-graph needs an engine for the cuda backend");
-      std::map<std::string, Tensor> inputs;
-      for (size_t i = 0; i < shapes.size(); ++i) inputs[engine->inputs()[i].name] = host_in[i];
-      for (int i = 0; i < o->warmup; ++i) KILN_RETURN_IF_ERROR(ctx->execute(inputs).status());
-      const auto t0 = std::chrono::steady_clock::now();
-      while (static_cast<int>(lat.size()) < o->iterations ||
-             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < o->duration) {
-        const auto a = std::chrono::steady_clock::now();
-        KILN_RETURN_IF_ERROR(ctx->execute(inputs).status());
-        lat.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
-      }
-      comp = lat;
-      throughput = 1000.0 * static_cast<double>(batch) / stats_of(lat).median;
-      if (o->profile) KILN_RETURN_IF_ERROR(ctx->execute(inputs, &profile).status());
-      report["gpu"] = "none (cpu backend; wall-clock times)";
-    } else {
+// Parses --batch 1,8,32; the engine's inputs must have a dynamic first dimension.
+Expected<std::vector<int64_t>> parse_batches(const std::string& spec, const Engine& e) {
+  std::vector<int64_t> out;
+  if (spec.empty()) return out;
+  size_t start = 0;
+  while (start <= spec.size()) {
+    size_t end = spec.find(',', start);
+    if (end == std::string::npos) end = spec.size();
+    const std::string item = spec.substr(start, end - start);
+    if (item.empty() || item.size() > 7 ||
+        item.find_first_not_of("0123456789") != std::string::npos || std::stoll(item) == 0)
+      return KILN_ERROR("--batch '{}': '{}' is not a positive whole number", spec, item);
+    out.push_back(std::stoll(item));
+    start = end + 1;
+  }
+  for (const auto& in : e.inputs())
+    if (in.dims.empty() || in.dims[0] >= 0)
+      return KILN_ERROR(
+          "--batch needs an engine whose inputs have a dynamic first dimension "
+          "(input {}); build it with --min-shapes/--opt-shapes/--max-shapes",
+          in.str());
+  return out;
+}
+
+// trtexec-like warnings: an unstable run (coefficient of variation of the latency over 10%)
+// and throttled clocks (SM clock under 90% of its maximum while measuring).
+void add_stability_warnings(const std::vector<double>& lat, nlohmann::json& report) {
+  std::vector<std::string> warn;
+  if (lat.size() > 1) {
+    double mean = 0, var = 0;
+    for (double v : lat) mean += v / static_cast<double>(lat.size());
+    for (double v : lat) var += (v - mean) * (v - mean) / static_cast<double>(lat.size() - 1);
+    const double cv = mean > 0 ? std::sqrt(var) / mean : 0;
+    report["latency_cv"] = cv;
+    if (cv > 0.10)
+      warn.push_back(
+          fmt::format("unstable run: the latency's coefficient of variation is {:.1f}% "
+                      "(over 10%); other work on the GPU or CPU, or too few iterations",
+                      100 * cv));
+  }
+  if (report.contains("gpu_clocks_sm_max_mem_driver")) {
+    int sm = 0, max = 0;
+    if (std::sscanf(report["gpu_clocks_sm_max_mem_driver"].get<std::string>().c_str(),
+                    "%d MHz, %d MHz", &sm, &max) == 2 &&
+        max > 0 && sm < 0.9 * max)
+      warn.push_back(
+          fmt::format("GPU clocks throttled: SM clock {} MHz of {} MHz maximum "
+                      "(power or thermal limit; numbers are low)",
+                      sm, max));
+  }
+  for (const auto& w : warn) std::cerr << "kiln: warning: " << w << "\n";
+  if (!warn.empty()) report["warnings"] = warn;
+}
+
+// A progress bar on a terminal (nothing when stdout is a file or a pipe).
+void progress_bar(size_t done, size_t total, int64_t batch) {
+  if (total == 0 || !isatty(STDOUT_FILENO)) return;
+  const int width = 30, filled = static_cast<int>(width * done / total);
+  std::cerr << "\r[" << std::string(filled, '#') << std::string(width - filled, '.') << "] "
+            << (done < total ? fmt::format("batch {} ({}/{})   ", batch, done + 1, total)
+                             : std::string("done            "))
+            << (done == total ? "\n" : "") << std::flush;
+}
+
+// The model's name for reports: the ONNX file the engine was built from, without folder and
+// extension (resnet50), else the engine file's.
+std::string model_name(const Engine& e, const std::string& fallback) {
+  nlohmann::json o = nlohmann::json::parse(e.build_options_json(), nullptr, false);
+  std::string src =
+      o.is_object() && o.contains("source") ? o["source"].get<std::string>() : fallback;
+  return std::filesystem::path(src).stem().string();
+}
+
+// One measurement at `shapes`: prints the numbers (one line when `brief`) and fills `report`.
+Status bench_shapes(const BenchOpts& o, Engine& e, ExecutionContext& ctx,
+                    const std::vector<std::vector<int64_t>>& shapes, bool brief,
+                    nlohmann::json& report) {
+  std::mt19937 rng(1);
+  std::vector<Tensor> host_in;
+  for (size_t i = 0; i < shapes.size(); ++i)
+    host_in.push_back(random_tensor(e.inputs()[i].dtype, shapes[i], rng));
+  const int64_t batch = shapes.empty() || shapes[0].empty() ? 1 : shapes[0][0];
+  report = {{"engine", o.engine.empty() ? o.onnx : o.engine},
+            {"backend", e.backend()},
+            {"build_options", nlohmann::json::parse(e.build_options_json())},
+            {"batch", batch},
+            {"cuda_graph", o.graph},
+            {"data_transfers", !o.no_transfers}};
+  nlohmann::json shp = nlohmann::json::object();
+  for (size_t i = 0; i < shapes.size(); ++i) shp[e.inputs()[i].name] = shapes[i];
+  report["shapes"] = shp;
+  std::vector<double> lat, h2d, comp, d2h;
+  double throughput = 0;
+  std::vector<LayerTiming> profile;
+  if (e.backend() != "cuda") {
+    if (o.graph) return Status::Error("--use-cuda-graph needs an engine for the cuda backend");
+    std::map<std::string, Tensor> inputs;
+    for (size_t i = 0; i < shapes.size(); ++i) inputs[e.inputs()[i].name] = host_in[i];
+    for (int i = 0; i < o.warmup; ++i) KILN_RETURN_IF_ERROR(ctx.execute(inputs).status());
+    const auto t0 = std::chrono::steady_clock::now();
+    while (static_cast<int>(lat.size()) < o.iterations ||
+           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() <
+               o.duration) {
+      const auto a = std::chrono::steady_clock::now();
+      KILN_RETURN_IF_ERROR(ctx.execute(inputs).status());
+      lat.push_back(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
+    }
+    comp = lat;
+    throughput = 1000.0 * static_cast<double>(batch) / stats_of(lat).median;
+    if (o.profile) KILN_RETURN_IF_ERROR(ctx.execute(inputs, &profile).status());
+    report["gpu"] = "none (cpu backend; wall-clock times)";
+  } else {
 #ifdef KILN_WITH_CUDA
-      auto check = [](cudaError_t e, const char* what) {
-        return e == cudaSuccess ? Status::Ok() : KILN_ERROR("{}: {}", what, cudaGetErrorString(e));
-      };
-      cudaStream_t s = nullptr;
-      KILN_RETURN_IF_ERROR(check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate"));
-      std::shared_ptr<void> stream_guard(nullptr, [s](void*) { cudaStreamDestroy(s); });
-      std::vector<void*> dev;  // freed at the end
-      std::shared_ptr<void> dev_guard(nullptr, [&dev](void*) { for (void* p : dev) cudaFree(p); });
-      std::vector<void*> pinned;
-      std::shared_ptr<void> pin_guard(nullptr, [&pinned](void*) { for (void* p : pinned) cudaFreeHost(p); });
-      struct Io { void* dev; void* host; size_t bytes; };
-      std::vector<Io> ins, outs;
-      for (size_t i = 0; i < shapes.size(); ++i) {
-        const auto& name = engine->inputs()[i].name;
-        KILN_RETURN_IF_ERROR(ctx->set_input_shape(name, shapes[i]));
-        Io io{nullptr, nullptr, host_in[i].nbytes()};
-        const size_t alloc = std::max<size_t>(io.bytes, 256);
-        if (cudaMalloc(&io.dev, alloc) != cudaSuccess) return Status::Error("out of GPU memory for the inputs");
-        dev.push_back(io.dev);
-        KILN_RETURN_IF_ERROR(check(cudaMallocHost(&io.host, alloc), "cudaMallocHost"));
-        pinned.push_back(io.host);
-        std::memcpy(io.host, host_in[i].raw(), io.bytes);
-        KILN_RETURN_IF_ERROR(check(cudaMemcpy(io.dev, io.host, io.bytes, cudaMemcpyHostToDevice), "cudaMemcpy"));
-        KILN_RETURN_IF_ERROR(ctx->set_tensor_address(name, io.dev));
-        ins.push_back(io);
+    auto check = [](cudaError_t e, const char* what) {
+      return e == cudaSuccess ? Status::Ok() : KILN_ERROR("{}: {}", what, cudaGetErrorString(e));
+    };
+    cudaStream_t s = nullptr;
+    KILN_RETURN_IF_ERROR(
+        check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate"));
+    std::shared_ptr<void> stream_guard(nullptr, [s](void*) { cudaStreamDestroy(s); });
+    std::vector<void*> dev;  // freed at the end
+    std::shared_ptr<void> dev_guard(nullptr, [&dev](void*) {
+      for (void* p : dev) cudaFree(p);
+    });
+    std::vector<void*> pinned;
+    std::shared_ptr<void> pin_guard(nullptr, [&pinned](void*) {
+      for (void* p : pinned) cudaFreeHost(p);
+    });
+    struct Io {
+      void* dev;
+      void* host;
+      size_t bytes;
+    };
+    std::vector<Io> ins, outs;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      const auto& name = e.inputs()[i].name;
+      KILN_RETURN_IF_ERROR(ctx.set_input_shape(name, shapes[i]));
+      Io io{nullptr, nullptr, host_in[i].nbytes()};
+      const size_t alloc = std::max<size_t>(io.bytes, 256);
+      if (cudaMalloc(&io.dev, alloc) != cudaSuccess)
+        return Status::Error("out of GPU memory for the inputs");
+      dev.push_back(io.dev);
+      KILN_RETURN_IF_ERROR(check(cudaMallocHost(&io.host, alloc), "cudaMallocHost"));
+      pinned.push_back(io.host);
+      std::memcpy(io.host, host_in[i].raw(), io.bytes);
+      KILN_RETURN_IF_ERROR(
+          check(cudaMemcpy(io.dev, io.host, io.bytes, cudaMemcpyHostToDevice), "cudaMemcpy"));
+      KILN_RETURN_IF_ERROR(ctx.set_tensor_address(name, io.dev));
+      ins.push_back(io);
+    }
+    for (const auto& info : e.outputs()) {
+      KILN_ASSIGN_OR_RETURN(std::vector<int64_t> os, ctx.tensor_shape(info.name));
+      Io io{nullptr, nullptr, Tensor::view(info.dtype, os, nullptr, nullptr).nbytes()};
+      const size_t alloc = std::max<size_t>(io.bytes, 256);
+      if (cudaMalloc(&io.dev, alloc) != cudaSuccess)
+        return Status::Error("out of GPU memory for the outputs");
+      dev.push_back(io.dev);
+      KILN_RETURN_IF_ERROR(check(cudaMallocHost(&io.host, alloc), "cudaMallocHost"));
+      pinned.push_back(io.host);
+      KILN_RETURN_IF_ERROR(ctx.set_tensor_address(info.name, io.dev));
+      outs.push_back(io);
+    }
+    KILN_RETURN_IF_ERROR(ctx.set_use_cuda_graph(o.graph));
+    cudaEvent_t ev[4];
+    for (auto& e : ev) KILN_RETURN_IF_ERROR(check(cudaEventCreate(&e), "cudaEventCreate"));
+    std::shared_ptr<void> ev_guard(nullptr, [&ev](void*) {
+      for (auto& e : ev) cudaEventDestroy(e);
+    });
+    auto one = [&](bool record) -> Status {
+      if (record) cudaEventRecord(ev[0], s);
+      if (!o.no_transfers)
+        for (const auto& io : ins)
+          KILN_RETURN_IF_ERROR(check(
+              cudaMemcpyAsync(io.dev, io.host, io.bytes, cudaMemcpyHostToDevice, s), "copy in"));
+      if (record) cudaEventRecord(ev[1], s);
+      KILN_RETURN_IF_ERROR(ctx.enqueue(s));
+      if (record) cudaEventRecord(ev[2], s);
+      if (!o.no_transfers)
+        for (const auto& io : outs)
+          KILN_RETURN_IF_ERROR(check(
+              cudaMemcpyAsync(io.host, io.dev, io.bytes, cudaMemcpyDeviceToHost, s), "copy out"));
+      if (record) cudaEventRecord(ev[3], s);
+      return Status::Ok();
+    };
+    for (int i = 0; i < o.warmup; ++i) KILN_RETURN_IF_ERROR(one(false));
+    KILN_RETURN_IF_ERROR(check(cudaStreamSynchronize(s), "warm-up"));
+    const auto t0 = std::chrono::steady_clock::now();
+    while (static_cast<int>(lat.size()) < o.iterations ||
+           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() <
+               o.duration) {
+      KILN_RETURN_IF_ERROR(one(true));
+      KILN_RETURN_IF_ERROR(check(cudaEventSynchronize(ev[3]), "inference"));
+      float a = 0, b = 0, c = 0;
+      cudaEventElapsedTime(&a, ev[0], ev[1]);
+      cudaEventElapsedTime(&b, ev[1], ev[2]);
+      cudaEventElapsedTime(&c, ev[2], ev[3]);
+      h2d.push_back(a);
+      comp.push_back(b);
+      d2h.push_back(c);
+      lat.push_back(a + b + c);
+    }
+    // Throughput: inferences queued back to back, as a serving loop would.
+    const int n = std::max<int>(20, std::min<int>(static_cast<int>(lat.size()), 500));
+    cudaEventRecord(ev[0], s);
+    for (int i = 0; i < n; ++i) KILN_RETURN_IF_ERROR(one(false));
+    cudaEventRecord(ev[3], s);
+    KILN_RETURN_IF_ERROR(check(cudaEventSynchronize(ev[3]), "throughput run"));
+    float total = 0;
+    cudaEventElapsedTime(&total, ev[0], ev[3]);
+    throughput = 1000.0 * static_cast<double>(batch) * n / total;
+    if (o.profile) {
+      std::map<std::pair<std::string, std::string>, double> sum;
+      const int reps = 10;
+      for (int r = 0; r < reps; ++r) {
+        std::vector<LayerTiming> t;
+        KILN_RETURN_IF_ERROR(ctx.enqueue(s, &t));
+        for (const auto& l : t) sum[{l.name, l.op_type}] += l.ms / reps;
       }
-      for (const auto& info : engine->outputs()) {
-        KILN_ASSIGN_OR_RETURN(std::vector<int64_t> os, ctx->tensor_shape(info.name));
-        Io io{nullptr, nullptr, Tensor::view(info.dtype, os, nullptr, nullptr).nbytes()};
-        const size_t alloc = std::max<size_t>(io.bytes, 256);
-        if (cudaMalloc(&io.dev, alloc) != cudaSuccess) return Status::Error("out of GPU memory for the outputs");
-        dev.push_back(io.dev);
-        KILN_RETURN_IF_ERROR(check(cudaMallocHost(&io.host, alloc), "cudaMallocHost"));
-        pinned.push_back(io.host);
-        KILN_RETURN_IF_ERROR(ctx->set_tensor_address(info.name, io.dev));
-        outs.push_back(io);
-      }
-      KILN_RETURN_IF_ERROR(ctx->set_use_cuda_graph(o->graph));
-      cudaEvent_t ev[4];
-      for (auto& e : ev) KILN_RETURN_IF_ERROR(check(cudaEventCreate(&e), "cudaEventCreate"));
-      std::shared_ptr<void> ev_guard(nullptr, [&ev](void*) { for (auto& e : ev) cudaEventDestroy(e); });
-      auto one = [&](bool record) -> Status {
-        if (record) cudaEventRecord(ev[0], s);
-        if (!o->no_transfers)
-          for (const auto& io : ins)
-            KILN_RETURN_IF_ERROR(check(cudaMemcpyAsync(io.dev, io.host, io.bytes, cudaMemcpyHostToDevice, s), "copy in"));
-        if (record) cudaEventRecord(ev[1], s);
-        KILN_RETURN_IF_ERROR(ctx->enqueue(s));
-        if (record) cudaEventRecord(ev[2], s);
-        if (!o->no_transfers)
-          for (const auto& io : outs)
-            KILN_RETURN_IF_ERROR(check(cudaMemcpyAsync(io.host, io.dev, io.bytes, cudaMemcpyDeviceToHost, s), "copy out"));
-        if (record) cudaEventRecord(ev[3], s);
-        return Status::Ok();
-      };
-      for (int i = 0; i < o->warmup; ++i) KILN_RETURN_IF_ERROR(one(false));
-      KILN_RETURN_IF_ERROR(check(cudaStreamSynchronize(s), "warm-up"));
-      const auto t0 = std::chrono::steady_clock::now();
-      while (static_cast<int>(lat.size()) < o->iterations ||
-             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < o->duration) {
-        KILN_RETURN_IF_ERROR(one(true));
-        KILN_RETURN_IF_ERROR(check(cudaEventSynchronize(ev[3]), "inference"));
-        float a = 0, b = 0, c = 0;
-        cudaEventElapsedTime(&a, ev[0], ev[1]);
-        cudaEventElapsedTime(&b, ev[1], ev[2]);
-        cudaEventElapsedTime(&c, ev[2], ev[3]);
-        h2d.push_back(a);
-        comp.push_back(b);
-        d2h.push_back(c);
-        lat.push_back(a + b + c);
-      }
-      // Throughput: inferences queued back to back, as a serving loop would.
-      const int n = std::max<int>(20, std::min<int>(static_cast<int>(lat.size()), 500));
-      cudaEventRecord(ev[0], s);
-      for (int i = 0; i < n; ++i) KILN_RETURN_IF_ERROR(one(false));
-      cudaEventRecord(ev[3], s);
-      KILN_RETURN_IF_ERROR(check(cudaEventSynchronize(ev[3]), "throughput run"));
-      float total = 0;
-      cudaEventElapsedTime(&total, ev[0], ev[3]);
-      throughput = 1000.0 * static_cast<double>(batch) * n / total;
-      if (o->profile) {
-        std::map<std::pair<std::string, std::string>, double> sum;
-        const int reps = 10;
-        for (int r = 0; r < reps; ++r) {
-          std::vector<LayerTiming> t;
-          KILN_RETURN_IF_ERROR(ctx->enqueue(s, &t));
-          for (const auto& l : t) sum[{l.name, l.op_type}] += l.ms / reps;
-        }
-        for (const auto& [k, ms] : sum) profile.push_back({k.first, k.second, ms});
-      }
-      int dev_id = 0;
-      cudaDeviceProp p{};
-      cudaGetDevice(&dev_id);
-      cudaGetDeviceProperties(&p, dev_id);
-      int rt = 0, drv = 0;
-      cudaRuntimeGetVersion(&rt);
-      cudaDriverGetVersion(&drv);
-      report["gpu"] = p.name;
-      report["gpu_clocks_sm_max_mem_driver"] = gpu_clocks();
-      report["cuda_runtime"] = rt;
-      report["cuda_driver"] = drv;
-      const MemoryInfo m = ctx->memory_info();
-      report["memory"] = {{"weights", m.weights}, {"activations", m.activations}, {"workspace", m.workspace}};
+      for (const auto& [k, ms] : sum) profile.push_back({k.first, k.second, ms});
+    }
+    int dev_id = 0;
+    cudaDeviceProp p{};
+    cudaGetDevice(&dev_id);
+    cudaGetDeviceProperties(&p, dev_id);
+    int rt = 0, drv = 0;
+    cudaRuntimeGetVersion(&rt);
+    cudaDriverGetVersion(&drv);
+    report["gpu"] = p.name;
+    report["gpu_clocks_sm_max_mem_driver"] = gpu_clocks();
+    report["cuda_runtime"] = rt;
+    report["cuda_driver"] = drv;
+    const MemoryInfo m = ctx.memory_info();
+    report["memory"] = {
+        {"weights", m.weights}, {"activations", m.activations}, {"workspace", m.workspace}};
 #else
-      return Status::Error("this kiln was built without CUDA");
+    return Status::Error("this kiln was built without CUDA");
 #endif
-    }
-    const Stats ls = stats_of(lat), cs = stats_of(comp);
-    report["latency_ms"] = stats_json(ls);
-    report["compute_ms"] = stats_json(cs);
-    if (!h2d.empty()) {
-      report["h2d_ms"] = stats_json(stats_of(h2d));
-      report["d2h_ms"] = stats_json(stats_of(d2h));
-    }
-    report["iterations"] = lat.size();
-    report["throughput_per_s"] = throughput;
-    std::cout << fmt::format("kiln bench: {} ({} backend), batch {}, {} timed inferences{}{}",
-                             report["engine"].get<std::string>(), engine->backend(), batch,
-                             lat.size(), o->graph ? ", CUDA graph" : "",
-                             o->no_transfers ? ", no data transfers" : "")
+  }
+  const Stats ls = stats_of(lat), cs = stats_of(comp);
+  report["latency_ms"] = stats_json(ls);
+  report["compute_ms"] = stats_json(cs);
+  if (!h2d.empty()) {
+    report["h2d_ms"] = stats_json(stats_of(h2d));
+    report["d2h_ms"] = stats_json(stats_of(d2h));
+  }
+  report["iterations"] = lat.size();
+  report["throughput_per_s"] = throughput;
+  if (brief)
+    std::cout << fmt::format("batch {:>5}  median {:.4f} ms  p99 {:.4f} ms  {:.1f} samples/s",
+                             batch, ls.median, ls.p99, throughput)
               << "\n";
-    if (report.contains("gpu")) std::cout << "gpu       " << report["gpu"].get<std::string>()
-                                          << (report.contains("gpu_clocks_sm_max_mem_driver") ? " (" + report["gpu_clocks_sm_max_mem_driver"].get<std::string>() + ")" : "") << "\n";
+  else {
+    std::cout << fmt::format("kiln bench: {} ({} backend), batch {}, {} timed inferences{}{}",
+                             report["engine"].get<std::string>(), e.backend(), batch, lat.size(),
+                             o.graph ? ", CUDA graph" : "",
+                             o.no_transfers ? ", no data transfers" : "")
+              << "\n";
+    if (report.contains("gpu"))
+      std::cout << "gpu       " << report["gpu"].get<std::string>()
+                << (report.contains("gpu_clocks_sm_max_mem_driver")
+                        ? " (" + report["gpu_clocks_sm_max_mem_driver"].get<std::string>() + ")"
+                        : "")
+                << "\n";
     std::cout << stats_line("latency", ls) << "\n";
     if (!h2d.empty()) {
       std::cout << stats_line("h2d", stats_of(h2d)) << "\n";
@@ -286,21 +381,88 @@ Runner add_bench_command(CLI::App& app) {
     std::cout << fmt::format("throughput {:.1f} inferences/s x batch {} = {:.1f} samples/s",
                              throughput / static_cast<double>(batch), batch, throughput)
               << "\n";
-    if (o->profile) {
-      std::sort(profile.begin(), profile.end(), [](auto& a, auto& b) { return a.ms > b.ms; });
-      double total = 0;
-      for (const auto& l : profile) total += l.ms;
-      nlohmann::json pj = nlohmann::json::array();
-      std::cout << fmt::format("per-layer profile (mean of 10 runs, {:.4f} ms in layers):", total) << "\n";
-      for (const auto& l : profile) {
-        std::cout << fmt::format("  {:8.4f} ms {:5.1f}%  {:<24} {}", l.ms, 100.0 * l.ms / std::max(total, 1e-12), l.op_type, l.name) << "\n";
-        pj.push_back({{"name", l.name}, {"type", l.op_type}, {"ms", l.ms}});
-      }
-      report["profile"] = pj;
+  }
+  if (o.profile) {
+    std::sort(profile.begin(), profile.end(), [](auto& a, auto& b) { return a.ms > b.ms; });
+    double total = 0;
+    for (const auto& l : profile) total += l.ms;
+    nlohmann::json pj = nlohmann::json::array();
+    std::cout << fmt::format("per-layer profile (mean of 10 runs, {:.4f} ms in layers):", total)
+              << "\n";
+    for (const auto& l : profile) {
+      std::cout << fmt::format("  {:8.4f} ms {:5.1f}%  {:<24} {}", l.ms,
+                               100.0 * l.ms / std::max(total, 1e-12), l.op_type, l.name)
+                << "\n";
+      pj.push_back({{"name", l.name}, {"type", l.op_type}, {"ms", l.ms}});
+    }
+    report["profile"] = pj;
+  }
+  add_stability_warnings(lat, report);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Runner add_bench_command(CLI::App& app) {
+  auto* cmd =
+      app.add_subcommand("bench", "Measure an engine's latency and throughput (GPU events)");
+
+  auto o = std::make_shared<BenchOpts>();
+  auto* g = cmd->add_option_group("model", "what to measure");
+  g->add_option("--onnx", o->onnx, "ONNX model (built with the build options first)");
+  g->add_option("--engine", o->engine, "Engine file from `kiln build`");
+  g->require_option(1);
+  add_build_flags(cmd, o->flags, /*with_dump=*/false);
+  cmd->add_option("--warmup", o->warmup, "Untimed inferences first (default 20)")
+      ->check(CLI::Range(0, 1000000));
+  cmd->add_option("--iterations", o->iterations,
+                  "At least this many timed inferences (default 200)")
+      ->check(CLI::Range(1, 10000000));
+  cmd->add_option("--duration", o->duration, "And at least this many seconds (default 2)")
+      ->check(CLI::Range(0.0, 3600.0));
+  cmd->add_flag("--use-cuda-graph", o->graph,
+                "Capture each inference as one CUDA graph and replay it");
+  cmd->add_flag("--no-data-transfers", o->no_transfers, "Leave out the host<->device copies");
+  cmd->add_option("--export-json", o->json,
+                  "Write every number to this JSON file (schema kiln.bench/1, docs/report.md)");
+  cmd->add_option("--batch", o->batches,
+                  "Sweep these batch sizes (1,8,32,256) over one engine with a dynamic batch "
+                  "profile; --export-json writes one record per batch");
+  cmd->add_flag("--dump-profile", o->profile, "Per-layer times, sorted, with their share");
+  return [o]() -> Status {
+    KILN_ASSIGN_OR_RETURN(ShapeMap given, parse_shapes(o->flags.shapes, "--shapes"));
+    KILN_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
+                          engine_from_flags(o->onnx, o->engine, o->flags));
+    KILN_ASSIGN_OR_RETURN(auto shapes, run_shapes(*engine, given));
+    KILN_ASSIGN_OR_RETURN(std::vector<int64_t> batches, parse_batches(o->batches, *engine));
+    KILN_ASSIGN_OR_RETURN(std::unique_ptr<ExecutionContext> ctx, engine->create_context());
+    nlohmann::json records = nlohmann::json::array();
+    if (batches.empty()) {
+      nlohmann::json r;
+      KILN_RETURN_IF_ERROR(bench_shapes(*o, *engine, *ctx, shapes, false, r));
+      records.push_back(r);
+    }
+    for (size_t k = 0; k < batches.size(); ++k) {
+      for (auto& s : shapes)
+        if (!s.empty()) s[0] = batches[k];
+      progress_bar(k, batches.size(), batches[k]);
+      nlohmann::json r;
+      KILN_RETURN_IF_ERROR(bench_shapes(*o, *engine, *ctx, shapes, true, r));
+      records.push_back(r);
+    }
+    progress_bar(batches.size(), batches.size(), 0);
+    for (auto& r : records) {
+      r["schema"] = "kiln.bench/1";
+      r["framework"] = "kiln";
+      r["model"] = model_name(*engine, o->engine.empty() ? o->onnx : o->engine);
+      r["precision"] = engine_precision(*engine);
     }
     if (!o->json.empty()) {
       std::ofstream f(o->json);
-      f << report.dump(2) << "\n";
+      f << (batches.empty() ? records[0]
+                            : nlohmann::json{{"schema", "kiln.bench/1"}, {"records", records}})
+               .dump(2)
+        << "\n";
       if (!f) return KILN_ERROR("--export-json: cannot write '{}'", o->json);
     }
     return Status::Ok();

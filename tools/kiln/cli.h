@@ -37,5 +37,7 @@ Runner add_build_command(CLI::App& app);
 Runner add_run_command(CLI::App& app);
 Runner add_inspect_command(CLI::App& app);
 Runner add_bench_command(CLI::App& app);
+Runner add_compare_command(CLI::App& app);
+Runner add_report_command(CLI::App& app);
 
 }  // namespace kiln::cli

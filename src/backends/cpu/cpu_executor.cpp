@@ -64,6 +64,7 @@ Expected<std::unique_ptr<CpuExecutor>> CpuExecutor::create(const Graph& g, bool 
     ex->steps_.push_back(std::move(s));
   }
   for (const Value* v : g.outputs()) ex->output_slots_.push_back(slot_of(v));
+  for (const auto& [v, s] : slot) ex->slot_by_name_[v->name] = s;
   // Free intermediates after their last use; never graph inputs, constants or outputs.
   std::vector<bool> keep(static_cast<size_t>(ex->num_slots_), false);
   for (int s : ex->input_slots_) keep[s] = true;
@@ -74,8 +75,20 @@ Expected<std::unique_ptr<CpuExecutor>> CpuExecutor::create(const Graph& g, bool 
   return ex;
 }
 
+Expected<std::vector<std::pair<int, std::string>>> CpuExecutor::debug_slots(
+    const std::vector<std::string>& names) const {
+  std::vector<std::pair<int, std::string>> out;
+  for (const std::string& n : names) {
+    auto it = slot_by_name_.find(n);
+    if (it == slot_by_name_.end()) return KILN_ERROR("debug tensor '{}': the graph has no value of that name", n);
+    out.push_back({it->second, n});
+  }
+  return out;
+}
+
 Expected<std::vector<Tensor>> CpuExecutor::run(const std::vector<Tensor>& inputs,
-                                               std::vector<LayerTiming>* timings) const {
+                                               std::vector<LayerTiming>* timings,
+                                               Debug* debug) const {
   if (inputs.size() != input_slots_.size())
     return KILN_ERROR("expected {} inputs but got {}", input_slots_.size(), inputs.size());
   std::vector<Tensor> slots(static_cast<size_t>(num_slots_));
@@ -92,6 +105,15 @@ Expected<std::vector<Tensor>> CpuExecutor::run(const std::vector<Tensor>& inputs
   for (const auto& [s, t] : constants_) {
     slots[s] = *t;
     set[s] = true;
+  }
+  // Debug values are kept as they are produced, before their slots are released.
+  std::multimap<int, const std::string*> keep;
+  if (debug) {
+    debug->values.clear();
+    for (const auto& [s, name] : debug->slots) {
+      if (set[s]) debug->values[name] = slots[s];
+      else keep.emplace(s, &name);
+    }
   }
   for (const Step& st : steps_) {
     std::vector<const Tensor*> ins;
@@ -118,6 +140,8 @@ Expected<std::vector<Tensor>> CpuExecutor::run(const std::vector<Tensor>& inputs
         return KILN_ERROR("{}: kernel produced no value for output {}", st.node->label(), k);
       slots[st.outputs[k]] = std::move(outs[k]);
       set[st.outputs[k]] = true;
+      for (auto [it, end] = keep.equal_range(st.outputs[k]); it != end; ++it)
+        debug->values[*it->second] = slots[st.outputs[k]];
     }
     for (int s : st.release) { slots[s] = Tensor(); set[s] = false; }
   }

@@ -18,10 +18,20 @@ class CpuExecutor {
   // the outputs back: a higher-precision reference for checking other backends.
   static Expected<std::unique_ptr<CpuExecutor>> create(const Graph& g, bool float64 = false);
 
+  // Intermediate values to keep while running (ExecutionContext::set_debug_tensors).
+  struct Debug {
+    std::vector<std::pair<int, std::string>> slots;  // from debug_slots()
+    std::map<std::string, Tensor> values;            // filled by run(); float64 mode keeps float64
+  };
+  // The slots of the named values; a name the graph lacks is an error.
+  Expected<std::vector<std::pair<int, std::string>>> debug_slots(
+      const std::vector<std::string>& names) const;
+
   // Inputs in graph-input order. Checks dtype, rank and static dims, and that a symbolic dim
   // (e.g. "N") has one size across all inputs.
   Expected<std::vector<Tensor>> run(const std::vector<Tensor>& inputs,
-                                    std::vector<LayerTiming>* timings = nullptr) const;
+                                    std::vector<LayerTiming>* timings = nullptr,
+                                    Debug* debug = nullptr) const;
 
  private:
   explicit CpuExecutor(const Graph& g, bool float64) : graph_(g), float64_(float64) {}
@@ -38,6 +48,7 @@ class CpuExecutor {
   std::vector<int> input_slots_, output_slots_;
   std::vector<std::pair<int, std::shared_ptr<const Tensor>>> constants_;
   int num_slots_ = 0;
+  std::map<std::string, int> slot_by_name_;
 };
 
 // Checks a runtime input against its declared type; `dims_seen` binds symbolic dims.

@@ -48,6 +48,14 @@ Expected<Tensor> from_device_format(const Tensor& t, const TensorFormat& f, Data
   return c.dtype() == to ? c : c.cast(to);
 }
 
+Expected<Tensor> copy_to_host(const DeviceTensor& t, DataType to, cudaStream_t s) {
+  Tensor raw(t.dtype, t.shape);
+  KILN_CUDA_CHECK(cudaStreamSynchronize(s));
+  if (raw.nbytes() && t.data)
+    KILN_CUDA_CHECK(cudaMemcpy(raw.raw(), t.data, raw.nbytes(), cudaMemcpyDeviceToHost));
+  return from_device_format(raw, TensorFormat{t.dtype, t.layout}, to);
+}
+
 Expected<std::unique_ptr<LibraryHandles>> LibraryHandles::create(cudaStream_t stream) {
   std::unique_ptr<LibraryHandles> h(new LibraryHandles());
   if (cudnnCreate(&h->cudnn_) != CUDNN_STATUS_SUCCESS)

@@ -16,6 +16,10 @@ Expected<Tensor> to_device_format(const Tensor& t, const TensorFormat& f);
 // The inverse: a host tensor in format `f` back to a logical tensor of type `to`.
 Expected<Tensor> from_device_format(const Tensor& t, const TensorFormat& f, DataType to);
 
+// A device tensor copied to the host (synchronously: the stream is synchronized first) and
+// converted to a logical tensor of type `to` (NCHW order, FP16 storage widened).
+Expected<Tensor> copy_to_host(const DeviceTensor& t, DataType to, cudaStream_t s);
+
 // Uniform random values in [-1, 1] (integers in [-4, 4], bools random) of `dtype` on the device.
 Status fill_random(void* data, DataType dtype, int64_t count, uint64_t seed, cudaStream_t s);
 

@@ -123,6 +123,18 @@ class CudaContext final : public ExecutionContext {
     KILN_RETURN_IF_ERROR(configure(*inst));
     return memory_info();
   }
+  Status set_debug_tensors(const std::vector<std::string>& names) override {
+    std::map<const Value*, std::string> want;
+    for (const std::string& n : names) {
+      const Value* v = g_.find_value(n);
+      if (!v) return KILN_ERROR("debug tensor '{}': the engine's graph has no value of that name", n);
+      want[v] = n;
+    }
+    debug_ = std::move(want);
+    debug_out_.clear();
+    return Status::Ok();
+  }
+  std::map<std::string, Tensor> debug_tensors() const override { return debug_out_; }
   Status set_use_cuda_graph(bool on) override {
     use_graph_ = on;
     return Status::Ok();
@@ -168,6 +180,10 @@ class CudaContext final : public ExecutionContext {
   std::vector<cudaEvent_t> events_;
   // Host path staging (execute()).
   std::vector<std::unique_ptr<DeviceMemory>> staging_in_, staging_out_;
+  // Debug tensors (set_debug_tensors): values to copy back after their layer, and the copies.
+  std::map<const Value*, std::string> debug_;
+  std::map<std::string, Tensor> debug_out_;
+  Status keep_debug(const Instance& inst, size_t run);
 };
 
 Expected<size_t> CudaContext::index_of(const std::string& name, bool input) const {
@@ -428,11 +444,13 @@ Status CudaContext::run_layers(Instance& inst, std::vector<LayerTiming>* times) 
     for (auto& ev : events_) KILN_CUDA_CHECK(cudaEventCreate(&ev));
   }
   if (times) KILN_CUDA_CHECK(cudaEventRecord(events_[0], rc_.stream));
+  if (!debug_.empty()) KILN_RETURN_IF_ERROR(keep_debug(inst, runs_.size()));
   for (size_t s = 0; s < runs_.size(); ++s) {
     if (!inst.skip[s]) {
       Status st = runs_[s].layer->run(rc_, inst.ins[s], inst.outs[s]);
       if (!st.ok()) return st.with_context(runs_[s].node->label());
     }
+    if (!debug_.empty()) KILN_RETURN_IF_ERROR(keep_debug(inst, s));
     if (times) KILN_CUDA_CHECK(cudaEventRecord(events_[s + 1], rc_.stream));
   }
   if (times) {
@@ -445,6 +463,36 @@ Status CudaContext::run_layers(Instance& inst, std::vector<LayerTiming>* times) 
                                                  : runs_[s].node->domain + "." + runs_[s].node->op_type,
                         ms});
     }
+  }
+  return Status::Ok();
+}
+
+// After layer `run` (or, with run == runs_.size(), before the first): copies the requested
+// values it produced to the host. Values known on the host and graph inputs come first.
+Status CudaContext::keep_debug(const Instance& inst, size_t run) {
+  if (run == runs_.size()) {
+    debug_out_.clear();
+    for (const auto& [v, name] : debug_) {
+      if (v->is_constant()) debug_out_[name] = *v->constant;
+      else if (auto h = inst.shapes.host.find(v); h != inst.shapes.host.end()) debug_out_[name] = *h->second;
+      for (size_t i = 0; i < g_.inputs().size(); ++i)
+        if (g_.inputs()[i] == v) {
+          DeviceTensor t;
+          t.data = in_addr_[i];
+          t.dtype = v->type.dtype;
+          t.shape = input_shapes_[i];
+          KILN_ASSIGN_OR_RETURN(debug_out_[name], copy_to_host(t, v->type.dtype, rc_.stream));
+        }
+    }
+    return Status::Ok();
+  }
+  const Node* n = runs_[run].node;
+  for (size_t o = 0; o < n->num_outputs(); ++o) {
+    auto it = n->output(o) ? debug_.find(n->output(o)) : debug_.end();
+    if (it == debug_.end() || !inst.outs[run][o].present()) continue;
+    auto t = copy_to_host(inst.outs[run][o], it->first->type.dtype, rc_.stream);
+    if (!t.ok()) return t.status().with_context(n->label());
+    debug_out_[it->second] = std::move(t).value();
   }
   return Status::Ok();
 }
@@ -482,14 +530,15 @@ Status CudaContext::enqueue(CUstream_st* stream, std::vector<LayerTiming>* layer
   rc_.stream = s;
   std::vector<void*> io(in_addr_);
   io.insert(io.end(), out_addr_.begin(), out_addr_.end());
-  if (use_graph_ && !layer_times && inst->graph && inst->graph_io == io &&
+  const bool direct = !use_graph_ || layer_times || !debug_.empty();  // debug copies sync
+  if (!direct && inst->graph && inst->graph_io == io &&
       inst->graph_generation == generation_) {
     KILN_CUDA_CHECK(cudaGraphLaunch(inst->graph, s));
     return Status::Ok();
   }
   KILN_RETURN_IF_ERROR(configure(*inst));
   bind(*inst);
-  if (!use_graph_ || layer_times) {
+  if (direct) {
     KILN_RETURN_IF_ERROR(run_layers(*inst, layer_times));
     return copy_outputs(*inst, s);
   }

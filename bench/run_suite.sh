@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The benchmark suite in one command on a GPU machine (issue 9): exports ResNet-18 and ResNet-50,
+# builds FP32 (strict), TF32, FP16 and INT8 (skipped with a message while `kiln build --int8`
+# refuses) engines with a dynamic batch profile 1..256, sweeps the batch with `kiln bench
+# --batch`, times PyTorch eager and torch.compile on the same shapes in the same run
+# (bench/suite_torch.py, which reuses bench/bench_cnn.py), checks accuracy with `kiln compare`
+# against the float64 CPU reference, and writes $OUT/results/*.json and $OUT/report.html.
+#   bench/prepare_deps.sh            # here: pack the binaries into .deps (carry ".deps")
+#   bench/run_suite.sh               # on the GPU machine; OUT defaults to /tmp/kiln-suite
+# Knobs: KILN_SUITE_MODELS ("resnet18 resnet50"), KILN_SUITE_BATCHES ("1,8,32,64,128,256"),
+# KILN_SUITE_PRECISIONS ("fp32 tf32 fp16 int8"), KILN_SUITE_NO_COMPILE=1 (eager only).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/kiln-suite}
+RES="$OUT/results"
+mkdir -p "$RES" models
+if [ -f .deps/bundle.tar.xz ] && [ ! -x .deps/kiln ]; then tar -C .deps -xJf .deps/bundle.tar.xz; fi
+export LD_LIBRARY_PATH="$PWD/.deps${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export PYTHONUNBUFFERED=1
+# The cuDNN PyTorch ships, so both sides run the same library (as bench/device_check.sh does).
+CUDNN_DIR=${KILN_CUDNN_LIB_DIR:-$(python3 -c "import os, nvidia.cudnn as c; print(os.path.join(list(c.__path__)[0], 'lib'))" 2>/dev/null)}
+if [ "$CUDNN_DIR" != none ] && [ -e "$CUDNN_DIR/libcudnn.so.9" ]; then export LD_LIBRARY_PATH="$CUDNN_DIR:$LD_LIBRARY_PATH"; fi
+KILN=${KILN:-$PWD/.deps/kiln}
+[ -x "$KILN" ] || KILN=$PWD/build/kiln
+MODELS=${KILN_SUITE_MODELS:-resnet18 resnet50}
+BATCHES=${KILN_SUITE_BATCHES:-1,8,32,64,128,256}
+PRECS=${KILN_SUITE_PRECISIONS:-fp32 tf32 fp16 int8}
+START=$(date +%s)
+log() { echo "[$(( $(date +%s) - START ))s] $*"; }
+
+python3 - "$RES/env.json" "$KILN" <<'PY'
+import json, subprocess, sys
+def run(c):
+    try: return subprocess.run(c, capture_output=True, text=True, shell=True).stdout.strip()
+    except Exception as e: return str(e)
+env = {"schema": "kiln.env/1",
+       "gpu": run("nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv,noheader"),
+       "kiln": run(f"{sys.argv[2]} --version"), "cuda_libs": run(f"ldd {sys.argv[2]} | grep -E 'cudnn|cublas|cudart' | awk '{{print $3}}' | tr '\\n' ' '"),
+       "torch": run("python3 -c 'import torch, torchvision; print(torch.__version__, torchvision.__version__, torch.backends.cudnn.version())'"),
+       "command": "bench/run_suite.sh", "date": run("date -u")}
+json.dump(env, open(sys.argv[1], "w"), indent=1)
+PY
+
+for m in $MODELS; do
+  [ -f "models/$m.onnx" ] || python3 scripts/export_torchvision.py "$m" "models/$m.onnx" >"$OUT/export_$m.log" 2>&1 \
+    || { log "export $m failed: $(tail -1 "$OUT/export_$m.log")"; continue; }
+  ENGINES=""
+  for p in $PRECS; do
+    case $p in fp32) F="--no-tf32";; tf32) F="";; fp16) F="--fp16";; int8) F="--int8";; *) log "unknown precision $p"; continue;; esac
+    E="$OUT/${m}_$p.kiln"
+    log "build $m $p"
+    if ! "$KILN" build --onnx "models/$m.onnx" --save-engine "$E" $F --timing-cache "$OUT/timing_$p.cache" \
+         --min-shapes input:1x3x224x224 --opt-shapes input:32x3x224x224 --max-shapes input:256x3x224x224 \
+         >"$OUT/build_${m}_$p.log" 2>&1; then
+      log "skip $m $p: the build refused: $(tail -1 "$OUT/build_${m}_$p.log")"
+      continue
+    fi
+    ENGINES="$ENGINES${ENGINES:+,}$E"
+    log "bench $m $p batches $BATCHES"
+    "$KILN" bench --engine "$E" --batch "$BATCHES" --use-cuda-graph --no-data-transfers --iterations 100 \
+      --duration 0.5 --export-json "$RES/kiln_${m}_$p.json" 2>&1 | tee "$OUT/bench_${m}_$p.log"
+    if [ "$p" != int8 ]; then  # PyTorch has no INT8 path to compare with here
+      log "pytorch $m $p"
+      python3 bench/suite_torch.py "$m" "$p" "$BATCHES" "$RES/torch_${m}_$p.json" --iters 50 \
+        ${KILN_SUITE_NO_COMPILE:+--no-compile} 2>&1 | tail -n +1 >"$OUT/torch_${m}_$p.log" \
+        || log "pytorch $m $p failed: $(tail -1 "$OUT/torch_${m}_$p.log")"
+    fi
+  done
+  if [ -n "$ENGINES" ]; then
+    log "compare $m"
+    "$KILN" compare "models/$m.onnx" --engines "$ENGINES" --shapes input:2x3x224x224 \
+      --export-json "$RES/compare_$m.json" 2>&1 | tee "$OUT/compare_$m.log"
+  fi
+done
+log "report"
+"$KILN" report "$RES" -o "$OUT/report.html" && log "wrote $OUT/report.html (results in $RES)"
