@@ -9,11 +9,11 @@ BUILD=${KILN_BUILD_DIR:-build}
 STAGE=$(mktemp -d)
 trap 'rm -rf "$STAGE"' EXIT
 cp "$BUILD/kiln" "$STAGE/"
-for t in kiln_backend_ops_test kiln_cuda_tactics_test kiln_cuda_engine_test kiln_cuda_compare_test; do
+for t in kiln_backend_ops_test kiln_cuda_tactics_test kiln_cuda_engine_test kiln_cuda_compare_test kiln_timing_check; do
   [ -x "$BUILD/tests/cuda/$t" ] && cp "$BUILD/tests/cuda/$t" "$STAGE/"
 done
 for lib in libprotobuf.so.32 libfmt.so.9 libstb.so.0; do cp -L "/lib/x86_64-linux-gnu/$lib" "$STAGE/"; done
-strip --strip-unneeded "$STAGE"/kiln "$STAGE"/kiln_*_test 2>/dev/null || true
+strip --strip-unneeded "$STAGE"/kiln "$STAGE"/kiln_*_test "$STAGE"/kiln_timing_check 2>/dev/null || true
 rm -rf .deps && mkdir -p .deps
 tar -C "$STAGE" -cf - . | xz -T0 -6 > .deps/bundle.tar.xz
 du -sh .deps

@@ -72,5 +72,14 @@ for m in $MODELS; do
       --export-json "$RES/compare_$m.json" 2>&1 | tee "$OUT/compare_$m.log"
   fi
 done
+# Issue 9's acceptance: kiln bench's median against an independent CUDA-event timing program.
+TC=$(dirname "$KILN")/kiln_timing_check
+E=$(ls "$OUT"/*_fp16.kiln 2>/dev/null | tail -1)
+if [ -x "$TC" ] && [ -n "$E" ]; then
+  log "timing check on $E, batch 32"
+  "$KILN" bench --engine "$E" --shapes input:32x3x224x224 --use-cuda-graph --no-data-transfers \
+    --iterations 300 --export-json "$OUT/timing_check_bench.json" >/dev/null &&
+    "$TC" "$E" "$OUT/timing_check_bench.json" | tee "$OUT/timing_check.log"
+fi
 log "report"
 "$KILN" report "$RES" -o "$OUT/report.html" && log "wrote $OUT/report.html (results in $RES)"

@@ -173,6 +173,9 @@ void pool_cases(std::vector<OpCase>& v) {
     v.push_back(make(p + "float64", op, {}, {in({2, 4, 6, 5}, DataType::kFloat64)}, kExact));
     v.push_back(make(p + "empty_batch", op, {}, {in({0, 4, 3, 3})}, kExact));
     v.push_back(make(p + "nan", op, {}, {fixed({2, 6, 5, 7}, with_nans(2 * 6 * 5 * 7, 37))}, kPoolModes));
+    // Few images x channels over a large plane: the split-over-blocks NHWC path.
+    v.push_back(make(p + "se_pool", op, {}, {in({4, 40, 48, 48})}, kPoolModes));
+    v.push_back(make(p + "split_nan", op, {}, {fixed({1, 8, 40, 40}, with_nans(8 * 40 * 40, 37))}, kPoolModes));
   }
 }
 
