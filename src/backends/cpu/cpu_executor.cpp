@@ -75,7 +75,8 @@ Expected<std::unique_ptr<CpuExecutor>> CpuExecutor::create(const Graph& g, bool 
 }
 
 Expected<std::vector<Tensor>> CpuExecutor::run(const std::vector<Tensor>& inputs,
-                                               std::vector<LayerTiming>* timings) const {
+                                               std::vector<LayerTiming>* timings,
+                                               const Observer* observe) const {
   if (inputs.size() != input_slots_.size())
     return KILN_ERROR("expected {} inputs but got {}", input_slots_.size(), inputs.size());
   std::vector<Tensor> slots(static_cast<size_t>(num_slots_));
@@ -118,6 +119,7 @@ Expected<std::vector<Tensor>> CpuExecutor::run(const std::vector<Tensor>& inputs
         return KILN_ERROR("{}: kernel produced no value for output {}", st.node->label(), k);
       slots[st.outputs[k]] = std::move(outs[k]);
       set[st.outputs[k]] = true;
+      if (observe) (*observe)(*st.node->output(k), slots[st.outputs[k]]);
     }
     for (int s : st.release) { slots[s] = Tensor(); set[s] = false; }
   }
