@@ -11,6 +11,7 @@ APT_PACKAGES=(
   libgtest-dev libgmock-dev              # unit tests
   libcli11-dev nlohmann-json3-dev libfmt-dev
   python3 python3-pip
+  dataset-fashion-mnist                  # INT8 accuracy on labelled data (scripts/train_fashion_mnist.py)
 )
 PIP_PACKAGES=(numpy onnx onnxruntime)
 
