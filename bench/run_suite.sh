@@ -7,8 +7,10 @@
 # against the float64 CPU reference, and writes $OUT/results/*.json and $OUT/report.html.
 #   bench/prepare_deps.sh            # here: pack the binaries into .deps (carry ".deps")
 #   bench/run_suite.sh               # on the GPU machine; OUT defaults to /tmp/kiln-suite
-# Knobs: KILN_SUITE_MODELS ("resnet18 resnet50"), KILN_SUITE_BATCHES ("1,8,32,64,128,256"),
+# Knobs: KILN_SUITE_MODELS ("resnet18 resnet50"), KILN_SUITE_BATCHES ("1,8,32,128,256"),
+# KILN_SUITE_COMPILE_BATCHES ("1,32,256": torch.compile recompiles per shape, 10-20 s each),
 # KILN_SUITE_PRECISIONS ("fp32 tf32 fp16 int8"), KILN_SUITE_NO_COMPILE=1 (eager only).
+# On the H100 the default suite takes about 9 minutes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/kiln-suite}
@@ -23,7 +25,8 @@ if [ "$CUDNN_DIR" != none ] && [ -e "$CUDNN_DIR/libcudnn.so.9" ]; then export LD
 KILN=${KILN:-$PWD/.deps/kiln}
 [ -x "$KILN" ] || KILN=$PWD/build/kiln
 MODELS=${KILN_SUITE_MODELS:-resnet18 resnet50}
-BATCHES=${KILN_SUITE_BATCHES:-1,8,32,64,128,256}
+BATCHES=${KILN_SUITE_BATCHES:-1,8,32,128,256}
+COMPILE_BATCHES=${KILN_SUITE_COMPILE_BATCHES:-1,32,256}
 PRECS=${KILN_SUITE_PRECISIONS:-fp32 tf32 fp16 int8}
 START=$(date +%s)
 log() { echo "[$(( $(date +%s) - START ))s] $*"; }
@@ -58,10 +61,11 @@ for m in $MODELS; do
     ENGINES="$ENGINES${ENGINES:+,}$E"
     log "bench $m $p batches $BATCHES"
     "$KILN" bench --engine "$E" --batch "$BATCHES" --use-cuda-graph --no-data-transfers --iterations 100 \
-      --duration 0.5 --export-json "$RES/kiln_${m}_$p.json" 2>&1 | tee "$OUT/bench_${m}_$p.log"
+      --duration 0.3 --export-json "$RES/kiln_${m}_$p.json" 2>&1 | tee "$OUT/bench_${m}_$p.log"
     if [ "$p" != int8 ]; then  # PyTorch has no INT8 path to compare with here
       log "pytorch $m $p"
       python3 bench/suite_torch.py "$m" "$p" "$BATCHES" "$RES/torch_${m}_$p.json" --iters 50 \
+        --compile-batches "$COMPILE_BATCHES" \
         ${KILN_SUITE_NO_COMPILE:+--no-compile} 2>&1 | tail -n +1 >"$OUT/torch_${m}_$p.log" \
         || log "pytorch $m $p failed: $(tail -1 "$OUT/torch_${m}_$p.log")"
     fi

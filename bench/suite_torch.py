@@ -4,6 +4,10 @@ written as kiln.bench/1 records (docs/report.md) for `kiln report`. The timing i
 bench/bench_cnn.py's torch_rows (imported, not copied).
 
   bench/suite_torch.py MODEL PRECISION BATCHES OUT.json [--iters N] [--no-compile]
+                       [--compile-batches 1,32,256]
+
+torch.compile(mode="reduce-overhead") compiles and captures anew for every shape (10-20 s each),
+so it runs at --compile-batches only (default: all of BATCHES); eager runs at every batch.
 """
 import argparse
 import json
@@ -22,11 +26,14 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--compile-batches", default="")
     args = ap.parse_args()
     import torch
     recs = []
-    for b in [int(x) for x in args.batches.split(",")]:
-        rows = torch_rows(args.model, args.precision, b, args, not args.no_compile)
+    batches = [int(x) for x in args.batches.split(",")]
+    compile_at = set(int(x) for x in args.compile_batches.split(",")) if args.compile_batches else set(batches)
+    for b in batches:
+        rows = torch_rows(args.model, args.precision, b, args, not args.no_compile and b in compile_at)
         for kind, r in rows.items():
             recs.append({"framework": "pytorch-eager" if kind == "eager" else "torch.compile",
                          "model": args.model, "precision": args.precision, "batch": b,

@@ -13,6 +13,7 @@ APT_PACKAGES=(
   libstb-dev                             # image inputs (stb_image, stb_image_resize, stb_image_write)
   zlib1g-dev                             # gzip-compressed IDX datasets (kiln compare --dataset)
   python3 python3-pip
+  dataset-fashion-mnist                  # INT8 accuracy on labelled data (scripts/train_fashion_mnist.py)
 )
 PIP_PACKAGES=(numpy onnx onnxruntime matplotlib)  # matplotlib: kiln report (brings Pillow)
 

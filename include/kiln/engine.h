@@ -7,6 +7,7 @@
 //   auto outputs = ctx.value()->execute({{"input", tensor}});
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -56,6 +57,17 @@ struct BuildConfig {
   std::string layout = "auto"; // "auto" (NHWC for FP16/TF32 CNN layers), "linear", "nhwc"
   bool tune = true;            // time tactic candidates (false: first supported; for tests)
   std::string force_tactic;    // tests: only this tactic (by name) for the layers it implements
+  // INT8 (docs/quantization.md). A model with Q/DQ nodes carries its own scales; any other
+  // model is calibrated on `calib_data` or takes the scales of a matching `calib_cache`.
+  std::map<std::string, std::string> calib_data;  // input name ("" = the only input) -> .npy folder
+  std::string calib_algo;          // entropy | minmax | percentile; "" = entropy, or the cache's
+  double calib_percentile = 99.99;
+  size_t calib_batches = 0;        // use at most this many batches (0: all)
+  std::string calib_cache;         // reused when it matches the model; written after calibrating
+  // > 0: the largest relative L2 error of any output, INT8 against FP32, allowed on held-out
+  // calibration batches; the most sensitive INT8 layers move back to float until it fits.
+  double accuracy_budget = 0;
+  std::function<void(const std::string&)> progress;  // calibration and search progress lines
 };
 
 // Device memory an execution context uses, in bytes.
@@ -103,6 +115,9 @@ class ExecutionContext {
 };
 
 class BackendEngine;
+namespace quant {
+struct BudgetResult;
+}
 
 class Engine {
  public:

@@ -11,6 +11,7 @@
 #include "onnx/importer.h"
 #include "ops/op.h"
 #include "passes/pipeline.h"
+#include "quant/int8_build.h"
 
 namespace kiln {
 
@@ -129,6 +130,15 @@ Expected<std::unique_ptr<Engine>> Engine::build_from_onnx(const std::string& onn
   if (backend != "cpu" && backend != "cuda")
     return KILN_ERROR("unknown backend '{}' (choose cpu or cuda)", backend);
   if (std::string why = backend_unavailable_reason(backend); !why.empty()) return Status::Error(why);
+  if (config.int8 && config.accuracy_budget > 0) {
+    KILN_ASSIGN_OR_RETURN(quant::BudgetResult r, quant::fit_accuracy_budget(onnx_path, config));
+    nlohmann::json options = nlohmann::json::parse(r.engine->options_json_);
+    options["accuracy_budget"] = std::move(r.report);
+    r.engine->options_json_ = options.dump();
+    return std::move(r.engine);
+  }
+  if (config.accuracy_budget < 0 || (config.accuracy_budget > 0 && !config.int8))
+    return Status::Error("--accuracy-budget takes a positive relative error and applies to --int8");
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, import_onnx_file(onnx_path));
   return build_from_graph(std::move(g), config, onnx_path);
 }
@@ -140,35 +150,45 @@ Expected<std::unique_ptr<Engine>> Engine::build_from_graph(std::unique_ptr<Graph
   if (backend != "cpu" && backend != "cuda")
     return KILN_ERROR("unknown backend '{}' (choose cpu or cuda)", backend);
   if (std::string why = backend_unavailable_reason(backend); !why.empty()) return Status::Error(why);
-  if (backend == "cpu" && (config.fp16 || config.int8))
-    return KILN_ERROR("--{} is not supported by the cpu backend, which computes in FP32 (and "
-                      "FP64 for checking); use --backend cuda on a machine with a GPU",
-                      config.fp16 ? "fp16" : "int8");
-  if (config.int8)
-    return KILN_ERROR("--int8 is not implemented yet (INT8 calibration and kernels are the next "
-                      "step); build with --fp16 or FP32/TF32");
+  if (config.accuracy_budget != 0)
+    return Status::Error("--accuracy-budget rebuilds the model: use Engine::build_from_onnx");
+  // The cpu backend is FP32 (FP64 for checking); its --int8 is the INT8 reference
+  // (docs/quantization.md), which simulates a GPU INT8 kernel's arithmetic exactly.
+  if (backend == "cpu" && config.fp16)
+    return KILN_ERROR("--fp16 is not supported by the cpu backend, which computes in FP32 (and "
+                      "FP64 for checking); use --backend cuda on a machine with a GPU");
   KILN_ASSIGN_OR_RETURN(Profile profile, Profile::from_config(*g, config));
   KILN_RETURN_IF_ERROR(profile.apply_static_shapes(*g));
+  bool explicit_int8 = false;  // Q/DQ nodes carry the scales; mapped before they fold away
+  if (config.int8) {
+    KILN_ASSIGN_OR_RETURN(explicit_int8, quant::map_qdq(*g));
+  }
   OptimizeOptions opt;
   opt.opt_level = config.opt_level;
   opt.dump_dir = config.dump_graph_dir;
   opt.verbose = config.verbose;
   opt.backend = backend;
-  opt.precision = config.int8 ? "int8" : config.fp16 ? "fp16" : "fp32";
+  // Fusion is decided at the float precision; INT8 layers are marked on the fused graph.
+  opt.precision = config.fp16 ? "fp16" : "fp32";
   KILN_RETURN_IF_ERROR(optimize_graph(*g, opt));
+  nlohmann::json int8_info;
+  if (config.int8) {
+    KILN_ASSIGN_OR_RETURN(int8_info, quant::quantize_for_build(*g, config, explicit_int8));
+  }
   std::string plan_json = "{}";
   if (backend == "cuda") {
     KILN_ASSIGN_OR_RETURN(nlohmann::json plan, gpu::build_cuda_plan(*g, config, profile));
     plan_json = plan.dump();
   }
   nlohmann::json options = {
-      {"precision", opt.precision},
+      {"precision", config.int8 ? "int8" : opt.precision},
       {"tf32", config.tf32},
       {"opt_level", config.opt_level},
       {"source", source},
       {"profile", profile.to_json()},
   };
   if (!config.layer_precisions.empty()) options["layer_precisions"] = config.layer_precisions;
+  if (config.int8) options["int8"] = std::move(int8_info);
   return from_graph(std::move(g), backend, current_target(backend), options.dump(),
                     KILN_VERSION_STRING, std::move(plan_json));
 }

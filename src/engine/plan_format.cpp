@@ -9,6 +9,7 @@
 
 #include <bit>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -113,6 +114,32 @@ std::string printable(const std::string& s) {
       out += fmt::format("\\x{:02x}", c);
   }
   return out;
+}
+
+Status check_quant_params(const Value& v) {
+  const auto& s = v.quant_scales;
+  for (float f : s)
+    if (!std::isfinite(f) || !(f > 0))
+      return KILN_ERROR("value '{}' has an invalid INT8 scale {} (must be finite and > 0)",
+                        printable(v.name), f);
+  if (s.size() <= 1) {
+    if (v.quant_axis != -1)
+      return KILN_ERROR("value '{}' has a quantization axis {} without per-channel scales",
+                        printable(v.name), v.quant_axis);
+    return Status::Ok();
+  }
+  if (!v.type.dims)
+    return KILN_ERROR("value '{}' has per-channel INT8 scales but no known rank",
+                      printable(v.name));
+  const auto& dims = *v.type.dims;
+  if (v.quant_axis < 0 || v.quant_axis >= static_cast<int64_t>(dims.size()))
+    return KILN_ERROR("value '{}': quantization axis {} is not a dimension of its rank-{} shape",
+                      printable(v.name), v.quant_axis, dims.size());
+  const Dim& d = dims[static_cast<size_t>(v.quant_axis)];
+  if (d.is_static() && d.value != static_cast<int64_t>(s.size()))
+    return KILN_ERROR("value '{}' has {} INT8 scales along axis {} of size {}", printable(v.name),
+                      s.size(), v.quant_axis, d.value);
+  return Status::Ok();
 }
 
 // ---- byte writer / reader

@@ -34,7 +34,7 @@ struct LoadedPlan {
   EngineMetadata meta;
 };
 
-inline constexpr uint32_t kPlanFormatVersion = 2;
+inline constexpr uint32_t kPlanFormatVersion = 3;
 
 // Encodes a graph and its metadata as an engine image. Refuses graphs that the reader would
 // refuse (unnamed or duplicate value names, tensors of unsupported types, inconsistent producers).
@@ -76,6 +76,11 @@ enum class AttrCode : uint8_t {
   kInts = 5,
   kStrings = 6
 };
+
+// The rules a value's INT8 scales follow (writer and reader): every scale finite and > 0; one
+// scale (per tensor, axis -1) or one per channel of `quant_axis`, which must be a dimension of
+// the value (its size, when static, equal to the number of scales).
+Status check_quant_params(const Value& v);
 
 // XXH64 (xxHash, 64-bit variant) of `size` bytes.
 uint64_t xxh64(const void* data, size_t size, uint64_t seed = 0);

@@ -13,7 +13,7 @@ namespace {
 
 // Smallest encodings, used to bound counts by the bytes left before allocating anything.
 constexpr size_t kMinTensorBytes = 4 + 4 + 8 + 8;  // dtype, rank, offset, size
-constexpr size_t kMinValueBytes = 4 + 4 + 1 + 4;   // name, dtype, has_dims, constant
+constexpr size_t kMinValueBytes = 4 + 4 + 1 + 4 + 4;  // name, dtype, has_dims, constant, scales
 constexpr size_t kMinDimBytes = 8 + 4;             // value, symbol
 constexpr size_t kMinNodeBytes = 4 * 4 + 4 * 4;    // 4 strings, 4 counts
 constexpr size_t kMinAttrBytes = 4 + 1;            // name, kind
@@ -132,7 +132,20 @@ class GraphDecoder {
           fmt::format("value '{}' refers to tensor {} of {}", printable(name), t, tensors_.size()));
     Value* v = g_->add_value(name, std::move(type));
     if (t != kNoValue) v->constant = tensors_[t];
+    KILN_RETURN_IF_ERROR(quant(*v));
     values_.push_back(v);
+    return Status::Ok();
+  }
+
+  // Format 3: INT8 scales of a value (docs/engine-format.md), checked like everything else.
+  Status quant(Value& v) {
+    uint32_t n = 0;
+    KILN_RETURN_IF_ERROR(r_.count(n, 4, "quantization scale count"));
+    v.quant_scales.resize(n);
+    for (float& s : v.quant_scales) KILN_RETURN_IF_ERROR(r_.f32(s, "quantization scale"));
+    if (n > 1) KILN_RETURN_IF_ERROR(r_.i64(v.quant_axis, "quantization axis"));
+    Status st = check_quant_params(v);
+    if (!st.ok()) return r_.error(st.message());
     return Status::Ok();
   }
 

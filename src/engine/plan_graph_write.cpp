@@ -147,6 +147,15 @@ class GraphEncoder {
       }
     }
     w_.u32(v.constant ? tensor_index_.at(v.constant.get()) : kNoValue);
+    return quant(v);
+  }
+
+  // Format 3: the value's INT8 scales (count, scales, then the axis when per channel).
+  Status quant(const Value& v) {
+    KILN_RETURN_IF_ERROR(check_quant_params(v));
+    KILN_RETURN_IF_ERROR(count(v.quant_scales.size(), "quantization scales"));
+    for (float s : v.quant_scales) w_.f32(s);
+    if (v.quant_scales.size() > 1) w_.i64(v.quant_axis);
     return Status::Ok();
   }
 

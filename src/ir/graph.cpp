@@ -307,6 +307,8 @@ std::unique_ptr<Graph> Graph::clone() const {
   for (const auto& v : values_) {
     Value* c = g->add_value(v->name, v->type);
     c->constant = v->constant;
+    c->quant_scales = v->quant_scales;
+    c->quant_axis = v->quant_axis;
     vmap[v.get()] = c;
   }
   auto map_v = [&](Value* v) -> Value* {

@@ -52,6 +52,12 @@ struct Value {
   Node* producer = nullptr;          // nullptr for graph inputs and constants
   int producer_index = -1;
   std::shared_ptr<const Tensor> constant;  // set for initializers and folded constants
+  // INT8 quantization (docs/quantization.md): symmetric, real value = int8 * scale, zero point
+  // 0. Empty: not quantized. One scale: per tensor (activations). More: per channel along
+  // quant_axis (weights: the output-channel axis of the layer that reads them).
+  std::vector<float> quant_scales;
+  int64_t quant_axis = -1;
+  bool has_quant_scale() const { return quant_scales.size() == 1; }
   bool is_constant() const { return constant != nullptr; }
   // (node, input index) pairs that read this value; maintained by Graph.
   const std::vector<std::pair<Node*, int>>& uses() const { return uses_; }

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "ops/fused_util.h"
+#include "quant/int8.h"
 
 namespace kiln {
 
@@ -116,6 +117,7 @@ Status infer_fused_conv(InferContext& ctx) { return base_op("Conv").infer(ctx); 
 
 Status cpu_fused_conv(KernelContext& ctx) {
   const Node& n = ctx.node();
+  if (quant::runs_int8(n)) return cpu_int8_layer(ctx);
   std::vector<Tensor> outs(1);
   KernelContext conv(n, {ctx.input(0), ctx.input(1), ctx.input(2)}, outs);
   KILN_RETURN_IF_ERROR(base_op("Conv").cpu(conv));
@@ -147,6 +149,7 @@ Status infer_fused_gemm(InferContext& ctx) {
 
 Status cpu_fused_gemm(KernelContext& ctx) {
   const Node& n = ctx.node();
+  if (quant::runs_int8(n)) return cpu_int8_layer(ctx);
   std::string base;
   KILN_RETURN_IF_ERROR(check_base(n, &base));
   std::vector<Tensor> outs(1);

@@ -20,3 +20,9 @@ Expected<Tensor> apply_activation(const Node& n, Tensor y);
 Expected<Tensor> add_same_shape(const Node& n, const Tensor& y, const Tensor& z, const char* what);
 
 }  // namespace kiln::fused
+
+namespace kiln {
+// The CPU reference of an INT8 layer (fused_int8.cpp): kiln.FusedConv / kiln.FusedGemm with
+// int8 = 1, computed as a GPU INT8 kernel does.
+Status cpu_int8_layer(KernelContext& ctx);
+}  // namespace kiln

@@ -160,8 +160,51 @@ def main():
         if not has_gpu:
             expect_error(args, "cuda backend without GPU", "GPU", "build", "--onnx", p("cnn.onnx"), "--save-engine", p("x.kiln"), "--backend", "cuda")
         expect_error(args, "fp16 on cpu", "cpu backend", "build", "--onnx", p("cnn.onnx"), "--save-engine", p("x.kiln"), "--backend", "cpu", "--fp16")
+        int8_cases(args, p)
     print(f"cli tests: {'all behave' if not FAILURES else str(len(FAILURES)) + ' FAILED: ' + ', '.join(FAILURES)}")
     return 1 if FAILURES else 0
+
+
+def int8_cases(args, p):
+    """INT8 (docs/quantization.md): calibration data, the cache and Q/DQ models."""
+    rng = np.random.default_rng()
+    os.makedirs(p("calib"))
+    for i in range(3):
+        np.save(p(f"calib/{i}.npy"), rng.random((2, 3, 32, 32), dtype=np.float32))
+    build = ["build", "--onnx", p("cnn.onnx"), "--save-engine", p("q.kiln"), "--backend", "cpu", "--int8"]
+    out = expect_ok(args, "int8 build with calibration", *build, "--calib", p("calib"), "--calib-cache", p("c.cache"))
+    if "layers in INT8" not in out.stdout:
+        FAILURES.append("int8 build summary")
+    out = expect_ok(args, "inspect int8 engine", "inspect", p("q.kiln"))
+    if " int8 " not in out.stdout or "scales: in=" not in out.stdout:
+        FAILURES.append("inspect shows int8 layers and scales")
+    expect_ok(args, "int8 build from the cache alone", *build, "--calib-cache", p("c.cache"))
+    expect_error(args, "int8 cache algorithm differs", "algorithm differs", *build, "--calib-cache", p("c.cache"), "--calib-algo", "minmax")
+    onnx.save(small_models.mlp(), p("mlp.onnx"))
+    expect_error(args, "int8 cache from another model", "fingerprint differs", "build", "--onnx", p("mlp.onnx"), "--save-engine", p("q.kiln"), "--backend", "cpu", "--int8", "--calib-cache", p("c.cache"))
+    open(p("junk.cache"), "w").write("hello\n")
+    expect_error(args, "int8 cache not a cache", "not a kiln calibration cache", *build, "--calib-cache", p("junk.cache"))
+    expect_error(args, "int8 without scales", "--int8 needs scales", *build)
+    os.makedirs(p("empty"))
+    expect_error(args, "int8 empty calibration dir", "no .npy files", *build, "--calib", p("empty"))
+    expect_error(args, "int8 missing calibration dir", "not a readable directory", *build, "--calib", p("nope"))
+    os.makedirs(p("badshape"))
+    np.save(p("badshape/0.npy"), np.zeros((2, 3, 30, 32), np.float32))
+    expect_error(args, "int8 calibration shape", "does not fit input 'input'", *build, "--calib", p("badshape"))
+    os.makedirs(p("badtype"))
+    np.save(p("badtype/0.npy"), np.zeros((2, 3, 32, 32), np.float64))
+    expect_error(args, "int8 calibration type", "float64", *build, "--calib", p("badtype"))
+    expect_error(args, "int8 calibration unknown input", "no input of that name", *build, "--calib", "nope=" + p("calib"))
+    expect_error(args, "calib without int8", "apply to --int8", "build", "--onnx", p("cnn.onnx"), "--save-engine", p("q.kiln"), "--calib", p("calib"))
+    # An asymmetric uint8 Q/DQ pair (ONNX Runtime's default) cannot be mapped: the node is named.
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    inits = [helper.make_tensor("s", TensorProto.FLOAT, [], [0.1]), helper.make_tensor("z", TensorProto.UINT8, [], [128])]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"], name="q_uint8"),
+             helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["y"], name="dq")]
+    m = helper.make_model(helper.make_graph(nodes, "qdq", [x], [y], inits), opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(m, p("qdq_u8.onnx"))
+    expect_error(args, "int8 unmappable Q/DQ", "q_uint8", "build", "--onnx", p("qdq_u8.onnx"), "--save-engine", p("q.kiln"), "--backend", "cpu", "--int8")
 
 
 if __name__ == "__main__":

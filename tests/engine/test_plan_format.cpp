@@ -421,7 +421,7 @@ TEST(PlanCorruption, RefusesOtherFormatVersions) {
   auto r = load(image);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().message(),
-            "E.kiln: engine format version 7 is not supported by this kiln (supports 2); rebuild "
+            "E.kiln: engine format version 7 is not supported by this kiln (supports 3); rebuild "
             "the engine with `kiln build`");
   reseal(image);  // refused even with a valid checksum
   EXPECT_FALSE(load(image).ok());
@@ -648,7 +648,7 @@ TEST(PlanForged, ChecksCountsBeforeAllocating) {
 
 TEST(PlanForged, ChecksValuesNodesAndAttributes) {
   auto value_section = [](const std::string& name, uint32_t dtype, uint8_t has_dims, int64_t dim,
-                          uint32_t constant) {
+                          uint32_t constant, std::vector<float> scales = {}, int64_t axis = 0) {
     Section s;
     s.w().u32(0);  // tensors
     s.w().u32(1);
@@ -661,6 +661,9 @@ TEST(PlanForged, ChecksValuesNodesAndAttributes) {
       s.w().str("N");
     }
     s.w().u32(constant);
+    s.w().u32(static_cast<uint32_t>(scales.size()));  // format 3: INT8 scales
+    for (float f : scales) s.w().f32(f);
+    if (scales.size() > 1) s.w().i64(axis);
     return s;
   };
   auto finish = [](Section s) {
@@ -673,6 +676,16 @@ TEST(PlanForged, ChecksValuesNodesAndAttributes) {
   expect_error(decode(finish(value_section("v", 1, 2, 0, kNoValue))), "bad rank flag");
   expect_error(decode(finish(value_section("v", 1, 1, -2, kNoValue))), "bad dim -2");
   expect_error(decode(finish(value_section("v", 1, 0, 0, 0))), "refers to tensor 0 of 0");
+  EXPECT_TRUE(decode(finish(value_section("v", 1, 1, -1, kNoValue, {0.5f}))).ok());
+  EXPECT_TRUE(decode(finish(value_section("v", 1, 1, -1, kNoValue, {0.5f, 2.f}, 0))).ok());
+  expect_error(decode(finish(value_section("v", 1, 1, -1, kNoValue, {0.f}))), "invalid INT8 scale 0");
+  expect_error(decode(finish(value_section("v", 1, 1, -1, kNoValue, {NAN}))), "invalid INT8 scale");
+  expect_error(decode(finish(value_section("v", 1, 1, -1, kNoValue, {1.f, 2.f}, 1))),
+               "quantization axis 1 is not a dimension");
+  expect_error(decode(finish(value_section("v", 1, 1, 3, kNoValue, {1.f, 2.f}, 0))),
+               "2 INT8 scales along axis 0 of size 3");
+  expect_error(decode(finish(value_section("v", 1, 0, 0, kNoValue, {1.f, 2.f}, 0))),
+               "per-channel INT8 scales but no known rank");
   Section trailing = finish(value_section("v", 1, 0, 0, kNoValue));
   trailing.w().u8(0);
   expect_error(decode(trailing), "1 unexpected trailing bytes");
@@ -682,6 +695,7 @@ TEST(PlanForged, ChecksValuesNodesAndAttributes) {
   dup.w().u32(1);
   dup.w().u8(0);
   dup.w().u32(kNoValue);
+  dup.w().u32(0);
   expect_error(decode(finish(dup)), "two values are named 'v'");
 
   // One value, one node reading and writing it as given.

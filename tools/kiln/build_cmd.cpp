@@ -2,9 +2,43 @@
 #include <chrono>
 #include <iostream>
 
+#include <nlohmann/json.hpp>
+
 #include "cli.h"
 
 namespace kiln::cli {
+namespace {
+
+// The INT8 part of the build options: layers in INT8, where the scales came from, and what
+// --accuracy-budget moved.
+void print_int8_summary(const std::string& options_json, const std::string& backend) {
+  const auto o = nlohmann::json::parse(options_json, nullptr, false);
+  if (!o.is_object() || !o.contains("int8")) return;
+  const auto& q = o["int8"];
+  std::cout << fmt::format("  int8   {} layers in INT8, {} conv/gemm layers in float; scales: {}{}\n",
+                           q.value("int8_layers", 0), q.contains("float_layers") ? q["float_layers"].size() : 0,
+                           q.value("scales", ""),
+                           q.contains("algorithm") ? " (" + q["algorithm"].get<std::string>() + ")" : "");
+  // The tuner falls back to FP16/FP32 tactics for layers no INT8 tactic takes; the cuda backend
+  // has none yet (docs/quantization.md), so say what the layers really run in.
+  if (backend == "cuda")
+    std::cout << "  note   the cuda backend has no INT8 tactics yet: these layers run in their "
+                 "float tactics (kiln inspect shows each layer's precision)\n";
+  if (!o.contains("accuracy_budget")) return;
+  const auto& b = o["accuracy_budget"];
+  std::cout << fmt::format("  budget {} (relative L2 vs FP32 on {} held-out runs): all INT8 {:.6g}, final {:.6g}{}\n",
+                           b.value("budget", 0.0), b.value("heldout_runs", 0), b.value("error_all_int8", 0.0),
+                           b.value("error", 0.0), b.value("met", true) ? "" : " (NOT met)");
+  if (b.contains("moved") && !b["moved"].empty()) {
+    std::cout << fmt::format("  moved to {}: {}\n", b.value("moved_to", ""),
+                             fmt::join(b["moved"].get<std::vector<std::string>>(), ", "));
+    if (b.contains("tuned_ms"))
+      std::cout << fmt::format("  speed  tuned layer time {:.4f} ms with all INT8, {:.4f} ms after\n",
+                               b["tuned_ms_all_int8"].get<double>(), b["tuned_ms"].get<double>());
+  }
+}
+
+}  // namespace
 
 Runner add_build_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("build", "Build an engine file from an ONNX model");
@@ -27,6 +61,7 @@ Runner add_build_command(CLI::App& app) {
               << "\n";
     for (const auto& i : e->inputs()) std::cout << "  input  " << i.str() << "\n";
     for (const auto& i : e->outputs()) std::cout << "  output " << i.str() << "\n";
+    print_int8_summary(e->build_options_json(), e->backend());
     return Status::Ok();
   };
 }

@@ -22,6 +22,11 @@ struct BuildFlags {
   std::string timing_cache, mem_pool, layout = "auto";
   bool fp16 = false, int8 = false, no_tf32 = false, verbose = false;
   int opt_level = 2;
+  // INT8 (docs/quantization.md)
+  std::vector<std::string> calib;  // DIR, or NAME=DIR per input (repeat or comma-separate)
+  std::string calib_algo, calib_cache;
+  size_t calib_batches = 0;
+  double accuracy_budget = 0;
   CLI::Option* opt_level_flag = nullptr;
 };
 void add_build_flags(CLI::App* cmd, BuildFlags& f, bool with_dump);
@@ -30,6 +35,10 @@ Expected<BuildConfig> to_build_config(const BuildFlags& f);
 Expected<std::unique_ptr<Engine>> engine_from_flags(const std::string& onnx,
                                                     const std::string& engine,
                                                     const BuildFlags& f);
+
+// Prints build progress (calibration, accuracy search) on stderr when it is a terminal; a line
+// of per-batch progress overwrites the previous one.
+void print_progress(const std::string& line);
 
 // Each subcommand registers its options on `app` and returns the function that runs it.
 using Runner = std::function<Status()>;

@@ -1,5 +1,9 @@
 #include "cli.h"
 
+#include <unistd.h>
+
+#include <iostream>
+
 namespace kiln::cli {
 
 Expected<ShapeMap> parse_shapes(const std::string& spec, const std::string& flag) {
@@ -62,6 +66,32 @@ void add_build_flags(CLI::App* cmd, BuildFlags& f, bool with_dump) {
   if (with_dump)
     cmd->add_option("--dump-graph", f.dump, "Write the graph after each pass (text + dot) to this folder");
   cmd->add_flag("--verbose", f.verbose, "Explain optimizer decisions and each layer's tactic choice");
+  cmd->add_option("--calib", f.calib,
+                  "INT8 calibration data: a folder of .npy files (one batch or one sample each), "
+                  "or NAME=DIR per input");
+  cmd->add_option("--calib-algo", f.calib_algo, "entropy (default), minmax or percentile (99.99)")
+      ->check(CLI::IsMember({"entropy", "minmax", "percentile"}));
+  cmd->add_option("--calib-batches", f.calib_batches, "Calibrate on at most N batches (default: all)");
+  cmd->add_option("--calib-cache", f.calib_cache,
+                  "Calibration cache: reused when it matches the model, written after calibrating");
+  cmd->add_option("--accuracy-budget", f.accuracy_budget,
+                  "INT8: move the most sensitive layers back to float until the relative L2 "
+                  "error against FP32 on held-out calibration batches is at most P");
+}
+
+void print_progress(const std::string& line) {
+  // Only on a terminal: a failed build must still print one line (`kiln: error: ...`) to a log.
+  static const bool tty = isatty(STDERR_FILENO) != 0;
+  static bool pending = false;  // a per-batch line waits to be overwritten
+  if (!tty) return;
+  if (line.find(": batch ") != std::string::npos) {
+    std::cerr << "\r" << line << "\033[K" << std::flush;
+    pending = true;
+    return;
+  }
+  if (pending) std::cerr << "\n";
+  pending = false;
+  std::cerr << line << std::endl;
 }
 
 namespace {
@@ -94,6 +124,32 @@ Expected<BuildConfig> to_build_config(const BuildFlags& f) {
   c.verbose = f.verbose;
   c.timing_cache = f.timing_cache;
   c.layout = f.layout;
+  for (const std::string& spec : f.calib) {
+    size_t start = 0;
+    while (start <= spec.size()) {
+      size_t end = spec.find(',', start);
+      if (end == std::string::npos) end = spec.size();
+      const std::string item = spec.substr(start, end - start);
+      start = end + 1;
+      if (item.empty()) continue;
+      const size_t eq = item.find('=');
+      const std::string name = eq == std::string::npos ? "" : item.substr(0, eq);
+      if (c.calib_data.count(name))
+        return KILN_ERROR("--calib: data for {} given twice", name.empty() ? "the input" : "'" + name + "'");
+      c.calib_data[name] = eq == std::string::npos ? item : item.substr(eq + 1);
+    }
+  }
+  if (c.calib_data.count("") && c.calib_data.size() > 1)
+    return Status::Error("--calib: give either one DIR or NAME=DIR for every input");
+  c.calib_algo = f.calib_algo;
+  c.calib_batches = f.calib_batches;
+  c.calib_cache = f.calib_cache;
+  c.accuracy_budget = f.accuracy_budget;
+  if (!f.int8 && (!f.calib.empty() || !f.calib_cache.empty() || !f.calib_algo.empty() ||
+                  f.calib_batches || f.accuracy_budget))
+    return Status::Error("--calib, --calib-algo, --calib-batches, --calib-cache and "
+                         "--accuracy-budget apply to --int8 builds");
+  c.progress = print_progress;
   KILN_ASSIGN_OR_RETURN(c.shapes, parse_shapes(f.shapes, "--shapes"));
   KILN_ASSIGN_OR_RETURN(c.min_shapes, parse_shapes(f.min_shapes, "--min-shapes"));
   KILN_ASSIGN_OR_RETURN(c.opt_shapes, parse_shapes(f.opt_shapes, "--opt-shapes"));
@@ -132,6 +188,7 @@ Expected<std::unique_ptr<Engine>> engine_from_flags(const std::string& onnx,
   if (f.opt_level_flag && f.opt_level_flag->count() > 0)
     return Status::Error("--opt-level applies to --onnx; an engine keeps the level it was built with");
   if (f.fp16 || f.int8 || f.no_tf32 || !f.layer_precisions.empty() || !f.timing_cache.empty() ||
+      !f.calib.empty() || !f.calib_cache.empty() || f.accuracy_budget ||
       !f.mem_pool.empty() || !f.min_shapes.empty() || !f.max_shapes.empty() || !f.opt_shapes.empty())
     return Status::Error("build options (--fp16, --no-tf32, --timing-cache, profiles, ...) apply "
                          "to --onnx; an engine keeps the options it was built with");

@@ -1,4 +1,5 @@
 // kiln inspect: inputs, outputs, layers, weights and build options of an engine or ONNX model.
+#include <algorithm>
 #include <iostream>
 
 #include <nlohmann/json.hpp>
@@ -9,6 +10,7 @@
 #include "kiln/engine.h"
 #include "ir/graph.h"
 #include "onnx/importer.h"
+#include "quant/int8.h"
 
 namespace kiln::cli {
 namespace {
@@ -29,6 +31,21 @@ std::string layer_precision(const Node& n) {
   for (const Value* v : n.outputs())
     if (v) return std::string(dtype_name(v->type.dtype));
   return "";
+}
+
+// The scales an INT8 layer uses (docs/quantization.md): input, weights per channel, residual,
+// output (absent: the output stays float).
+nlohmann::json int8_scales(const Node& n) {
+  nlohmann::json j = nlohmann::json::object();
+  auto scale = [](const Value* v) { return v && v->has_quant_scale() ? nlohmann::json(v->quant_scales[0]) : nlohmann::json(); };
+  j["input"] = scale(n.input(0));
+  if (const Value* w = n.input(1); w && !w->quant_scales.empty()) {
+    const auto [lo, hi] = std::minmax_element(w->quant_scales.begin(), w->quant_scales.end());
+    j["weights"] = {{"count", w->quant_scales.size()}, {"axis", w->quant_axis}, {"min", *lo}, {"max", *hi}};
+  }
+  if (n.op_type == "FusedConv" && n.input(3)) j["residual"] = scale(n.input(3));
+  j["output"] = scale(n.output(0));
+  return j;
 }
 
 nlohmann::json describe(const Graph& g, const std::string& kind, const nlohmann::json& meta,
@@ -54,10 +71,14 @@ nlohmann::json describe(const Graph& g, const std::string& kind, const nlohmann:
       l["inputs"].push_back(v ? nlohmann::json(v->is_constant() ? "(const) " + v->name : v->name) : nlohmann::json(""));
     l["outputs"] = nlohmann::json::array();
     for (const Value* v : n->outputs()) l["outputs"].push_back(value_json(v));
+    if (quant::runs_int8(*n)) {
+      l["precision"] = "int8";
+      l["int8_scales"] = int8_scales(*n);
+    }
     if (has_plan) {  // the backend's choice for this layer
       const auto& r = plan["layers"][k];
       l["tactic"] = r.value("tactic", "");
-      if (r.contains("precision")) l["precision"] = r["precision"];
+      if (r.contains("precision")) l["precision"] = r["precision"];  // cuda: INT8 tactics to come
       for (const char* key : {"variant", "in", "out", "time_ms", "timed"})
         if (r.contains(key)) l[key] = r[key];
     }
@@ -93,6 +114,16 @@ void print_text(const nlohmann::json& j) {
       if (l.contains("out") && !l["out"].empty()) std::cout << " format=" << l["out"][0].get<std::string>();
       if (l.contains("time_ms") && l["time_ms"].get<double>() >= 0)
         std::cout << fmt::format(" tuned={:.4f}ms", l["time_ms"].get<double>());
+    }
+    if (l.contains("int8_scales")) {
+      const auto& q = l["int8_scales"];
+      auto f = [](const nlohmann::json& v) { return v.is_null() ? std::string("float") : fmt::format("{:.6g}", v.get<double>()); };
+      std::cout << " scales: in=" << f(q["input"]);
+      if (q.contains("weights"))
+        std::cout << fmt::format(" w=[{} per channel, {:.4g}..{:.4g}]", q["weights"]["count"].get<size_t>(),
+                                 q["weights"]["min"].get<double>(), q["weights"]["max"].get<double>());
+      if (q.contains("residual")) std::cout << " residual=" << f(q["residual"]);
+      std::cout << " out=" << f(q["output"]);
     }
     if (l["onnx_nodes"].size() > 1 || l["origin"] != "import")
       std::cout << fmt::format(" [{}; covers {}]", l["origin"].get<std::string>(),

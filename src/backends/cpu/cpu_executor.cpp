@@ -88,7 +88,7 @@ Expected<std::vector<std::pair<int, std::string>>> CpuExecutor::debug_slots(
 
 Expected<std::vector<Tensor>> CpuExecutor::run(const std::vector<Tensor>& inputs,
                                                std::vector<LayerTiming>* timings,
-                                               Debug* debug) const {
+                                               Debug* debug, const Observer* observe) const {
   if (inputs.size() != input_slots_.size())
     return KILN_ERROR("expected {} inputs but got {}", input_slots_.size(), inputs.size());
   std::vector<Tensor> slots(static_cast<size_t>(num_slots_));
@@ -142,6 +142,7 @@ Expected<std::vector<Tensor>> CpuExecutor::run(const std::vector<Tensor>& inputs
       set[st.outputs[k]] = true;
       for (auto [it, end] = keep.equal_range(st.outputs[k]); it != end; ++it)
         debug->values[*it->second] = slots[st.outputs[k]];
+      if (observe) (*observe)(*st.node->output(k), slots[st.outputs[k]]);
     }
     for (int s : st.release) { slots[s] = Tensor(); set[s] = false; }
   }

@@ -1,6 +1,7 @@
 // The CPU reference backend: runs a Graph node by node with the registry's reference kernels.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <vector>
@@ -29,9 +30,12 @@ class CpuExecutor {
 
   // Inputs in graph-input order. Checks dtype, rank and static dims, and that a symbolic dim
   // (e.g. "N") has one size across all inputs.
+  // `observe`, when given, sees every node output as it is computed (INT8 calibration reads
+  // the intermediate tensors through it).
+  using Observer = std::function<void(const Value&, const Tensor&)>;
   Expected<std::vector<Tensor>> run(const std::vector<Tensor>& inputs,
                                     std::vector<LayerTiming>* timings = nullptr,
-                                    Debug* debug = nullptr) const;
+                                    Debug* debug = nullptr, const Observer* observe = nullptr) const;
 
  private:
   explicit CpuExecutor(const Graph& g, bool float64) : graph_(g), float64_(float64) {}

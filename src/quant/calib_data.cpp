@@ -1,0 +1,141 @@
+// Calibration data from folders of .npy files (layout rules: calib_io.h).
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+
+#include "core/npy.h"
+#include "quant/calib_io.h"
+
+namespace kiln::quant {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct InputFiles {
+  const Value* input;
+  std::string dir;
+  std::vector<std::string> files;
+};
+
+Expected<std::vector<std::string>> list_npy(const std::string& dir, const std::string& input) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    return KILN_ERROR("calibration data for input '{}': '{}' is not a readable directory", input,
+                      dir);
+  std::vector<std::string> files;
+  fs::directory_iterator it(dir, ec), end;
+  if (ec) return KILN_ERROR("calibration data '{}': cannot read: {}", dir, ec.message());
+  for (; it != end; it.increment(ec)) {
+    if (ec) return KILN_ERROR("calibration data '{}': cannot read: {}", dir, ec.message());
+    if (it->path().extension() == ".npy") files.push_back(it->path().string());
+  }
+  if (files.empty())
+    return KILN_ERROR("calibration data for input '{}': no .npy files in '{}'", input, dir);
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+// Rows [start, start + n) of t's leading dimension, as a new tensor.
+Tensor rows(const Tensor& t, int64_t start, int64_t n) {
+  std::vector<int64_t> shape = t.shape();
+  const size_t row_bytes = t.nbytes() / static_cast<size_t>(shape[0]);
+  shape[0] = n;
+  Tensor out(t.dtype(), shape);
+  std::memcpy(out.raw(), static_cast<const uint8_t*>(t.raw()) + row_bytes * start, out.nbytes());
+  return out;
+}
+
+class NpyCalibData final : public CalibData {
+ public:
+  NpyCalibData(std::vector<InputFiles> inputs, size_t n) : inputs_(std::move(inputs)), n_(n) {}
+  size_t size() const override { return n_; }
+
+  Expected<std::vector<Feed>> batch(size_t i) const override {
+    std::vector<Feed> feeds;
+    for (const InputFiles& in : inputs_) {
+      const std::string& path = in.files[i];
+      KILN_ASSIGN_OR_RETURN(Tensor t, read_npy(path));
+      KILN_ASSIGN_OR_RETURN(std::vector<Tensor> parts, fit(*in.input, t, path));
+      if (feeds.empty()) feeds.resize(parts.size());
+      if (parts.size() != feeds.size())
+        return KILN_ERROR(
+            "calibration batch {}: '{}' holds {} runs of input '{}' but the other "
+            "inputs' files hold {}",
+            i, path, parts.size(), in.input->name, feeds.size());
+      for (size_t k = 0; k < parts.size(); ++k) feeds[k][in.input->name] = std::move(parts[k]);
+    }
+    return feeds;
+  }
+
+ private:
+  // Checks t against the input's declared type; cuts it to the input's fixed batch size.
+  static Expected<std::vector<Tensor>> fit(const Value& in, Tensor t, const std::string& path) {
+    const TensorType& ty = in.type;
+    if (t.dtype() != ty.dtype)
+      return KILN_ERROR("calibration file '{}': input '{}' is {} but the file holds {}", path,
+                        in.name, dtype_name(ty.dtype), t.desc());
+    if (!ty.dims) return std::vector<Tensor>{t};
+    const auto& dims = *ty.dims;
+    if (t.rank() + 1 == static_cast<int64_t>(dims.size())) {  // one sample: add the batch dim
+      std::vector<int64_t> s = t.shape();
+      s.insert(s.begin(), 1);
+      KILN_ASSIGN_OR_RETURN(t, t.reshaped(s));
+    }
+    bool ok = t.rank() == static_cast<int64_t>(dims.size()) && t.rank() > 0;
+    for (size_t d = 1; ok && d < dims.size(); ++d)
+      ok = !dims[d].is_static() || dims[d].value == t.shape()[d];
+    if (ok && dims[0].is_static() && dims[0].value > 0 && t.shape()[0] % dims[0].value != 0)
+      ok = false;
+    if (!ok)
+      return KILN_ERROR("calibration file '{}': shape {} does not fit input '{}' of shape {}", path,
+                        shape_str(t.shape()), in.name, ty.str());
+    if (!dims[0].is_static() || dims[0].value == t.shape()[0] || dims[0].value == 0)
+      return std::vector<Tensor>{t};
+    std::vector<Tensor> parts;
+    for (int64_t s = 0; s < t.shape()[0]; s += dims[0].value)
+      parts.push_back(rows(t, s, dims[0].value));
+    return parts;
+  }
+
+  std::vector<InputFiles> inputs_;
+  size_t n_;
+};
+
+}  // namespace
+
+Expected<std::unique_ptr<CalibData>> open_npy_calib_data(
+    const std::map<std::string, std::string>& dirs, const Graph& g, size_t max_batches) {
+  std::vector<InputFiles> inputs;
+  for (const auto& [name, dir] : dirs) {
+    const Value* in = nullptr;
+    if (name.empty()) {
+      if (g.inputs().size() != 1)
+        return KILN_ERROR("the model has {} inputs: give calibration data as NAME=DIR for each",
+                          g.inputs().size());
+      in = g.inputs()[0];
+    } else {
+      for (const Value* v : g.inputs())
+        if (v->name == name) in = v;
+      if (!in)
+        return KILN_ERROR("calibration data for '{}': the model has no input of that name", name);
+    }
+    KILN_ASSIGN_OR_RETURN(std::vector<std::string> files, list_npy(dir, in->name));
+    inputs.push_back({in, dir, std::move(files)});
+  }
+  for (const Value* v : g.inputs()) {
+    const bool given =
+        std::any_of(inputs.begin(), inputs.end(), [&](auto& i) { return i.input == v; });
+    if (!given) return KILN_ERROR("no calibration data for input '{}' (give NAME=DIR)", v->name);
+  }
+  size_t n = inputs[0].files.size();
+  for (const InputFiles& in : inputs)
+    if (in.files.size() != n)
+      return KILN_ERROR(
+          "calibration data: '{}' has {} .npy files but '{}' has {} (one file per "
+          "batch for every input)",
+          inputs[0].dir, n, in.dir, in.files.size());
+  if (max_batches > 0) n = std::min(n, max_batches);
+  return std::unique_ptr<CalibData>(new NpyCalibData(std::move(inputs), n));
+}
+
+}  // namespace kiln::quant

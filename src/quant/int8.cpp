@@ -1,0 +1,149 @@
+// The INT8 representation's helpers and the step that marks the layers running in INT8.
+#include "quant/int8.h"
+
+#include <cmath>
+
+#include "core/dispatch.h"
+
+namespace kiln::quant {
+
+int8_t quantize_value(float v, float scale) {
+  const float q = v / scale;
+  if (std::isnan(q)) return 0;
+  const float r = std::nearbyint(q);  // default rounding mode: half to even
+  return static_cast<int8_t>(r < -128.f ? -128.f : (r > 127.f ? 127.f : r));
+}
+
+namespace {
+
+bool is_conv(const Node& n) {
+  return (n.domain.empty() && n.op_type == "Conv") ||
+         (n.domain == "kiln" && n.op_type == "FusedConv");
+}
+// "Gemm", "MatMul" or "" for what a node computes.
+std::string gemm_base(const Node& n) {
+  if (n.domain.empty() && (n.op_type == "Gemm" || n.op_type == "MatMul")) return n.op_type;
+  if (n.domain == "kiln" && n.op_type == "FusedGemm") return n.attrs.get_string("base", "");
+  return "";
+}
+
+}  // namespace
+
+int64_t weight_channel_axis(const Node& n) {
+  if (is_conv(n)) return 0;
+  const std::string base = gemm_base(n);
+  if (base == "Gemm") return n.attrs.get_int("transB", 0) != 0 ? 0 : 1;
+  if (base == "MatMul") return 1;  // B is 2-D [K, N] (int8_blocker checks)
+  return -1;
+}
+
+std::vector<float> weight_scales(const Tensor& w, int64_t axis) {
+  const Tensor f = w.dtype() == DataType::kFloat32 ? w : w.cast(DataType::kFloat32);
+  const int64_t channels = f.dim(axis);
+  int64_t inner = 1;
+  for (int64_t d = axis + 1; d < f.rank(); ++d) inner *= f.dim(d);
+  std::vector<float> amax(static_cast<size_t>(channels), 0.f);
+  const float* p = f.data<float>();
+  for (int64_t i = 0; i < f.numel(); ++i) {
+    const auto c = static_cast<size_t>((i / inner) % channels);
+    amax[c] = std::max(amax[c], std::fabs(p[i]));
+  }
+  for (float& a : amax) a = a > 0 && std::isfinite(a) ? a / 127.f : 1.f;
+  return amax;
+}
+
+Tensor quantize_weights(const Tensor& w, const std::vector<float>& scales, int64_t axis) {
+  const Tensor f = w.dtype() == DataType::kFloat32 ? w : w.cast(DataType::kFloat32);
+  Tensor q(DataType::kInt8, f.shape());
+  int64_t inner = 1;
+  for (int64_t d = axis + 1; d < f.rank(); ++d) inner *= f.dim(d);
+  const int64_t channels = scales.size() == 1 ? 1 : f.dim(axis);
+  const float* p = f.data<float>();
+  int8_t* out = q.data<int8_t>();
+  for (int64_t i = 0; i < f.numel(); ++i)
+    out[i] = quantize_value(p[i], scales[static_cast<size_t>((i / inner) % channels)]);
+  return q;
+}
+
+std::string int8_blocker(const Node& n) {
+  const int64_t axis = weight_channel_axis(n);
+  if (axis < 0) return "not a convolution or matrix product";
+  const Value* x = n.input(0);
+  const Value* w = n.input(1);
+  if (!x || x->type.dtype != DataType::kFloat32) return "its input is not float32";
+  if (!x->has_quant_scale()) return fmt::format("input '{}' has no INT8 scale", x->name);
+  if (!w || !w->is_constant() || w->type.dtype != DataType::kFloat32)
+    return "its weights are not a float32 constant";
+  const Value* y = n.output(0);
+  if (!y || y->type.dtype != DataType::kFloat32) return "its output is not float32";
+  const std::string base = gemm_base(n);
+  if (base == "Gemm" && n.attrs.get_int("transA", 0) != 0) return "Gemm with transA = 1";
+  if (base == "MatMul" && (w->constant->rank() != 2 || x->type.rank() < 2))
+    return "MatMul whose weights are not 2-D";
+  if (w->quant_scales.size() > 1) {
+    if (w->quant_axis != axis)
+      return fmt::format(
+          "weight '{}' has scales along axis {}, but its output channels are axis {}", w->name,
+          w->quant_axis, axis);
+    if (static_cast<int64_t>(w->quant_scales.size()) != w->constant->dim(axis))
+      return fmt::format("weight '{}' has {} scales for {} channels", w->name,
+                         w->quant_scales.size(), w->constant->dim(axis));
+  }
+  return "";
+}
+
+bool runs_int8(const Node& n) { return n.attrs.get_int("int8", 0) == 1; }
+
+Expected<Int8Summary> mark_int8_layers(Graph& g, const std::map<std::string, std::string>& pins,
+                                       bool explicit_scales) {
+  Int8Summary out;
+  for (Node* n : g.nodes()) {
+    if (weight_channel_axis(*n) < 0) continue;
+    const auto pin = pins.find(n->name);
+    std::string why = int8_blocker(*n);
+    if (why.empty() && explicit_scales && n->input(1)->quant_scales.empty())
+      why = "the model does not quantize its weights (no DequantizeLinear)";
+    if (why.empty() && pin != pins.end() && pin->second != "int8") why = "pinned to " + pin->second;
+    if (!why.empty()) {
+      n->attrs.erase("int8");
+      out.float_layers[n->name] = why;
+      continue;
+    }
+    // An INT8 layer is always a kiln fused layer, so its kernels live in one place.
+    if (n->domain.empty()) {
+      if (n->op_type != "Conv") n->attrs.set("base", Attribute::String(n->op_type));
+      n->op_type = n->op_type == "Conv" ? "FusedConv" : "FusedGemm";
+      n->domain = "kiln";
+    }
+    Value* w = n->input(1);
+    if (w->quant_scales.empty()) {
+      const int64_t axis = weight_channel_axis(*n);
+      w->quant_scales = weight_scales(*w->constant, axis);
+      w->quant_axis = axis;
+    }
+    n->attrs.set("int8", Attribute::Int(1));
+    out.int8_layers.push_back(n->name);
+  }
+  return out;
+}
+
+void apply_activation_scales(Graph& g, const std::map<std::string, float>& scales) {
+  for (const Value* cv : calibration_tensors(g)) {
+    auto it = scales.find(cv->name);
+    if (it == scales.end()) continue;
+    Value* v = g.find_value(cv->name);
+    v->quant_scales = {it->second};
+    v->quant_axis = -1;
+  }
+}
+
+std::vector<const Value*> calibration_tensors(const Graph& g) {
+  std::vector<const Value*> out;
+  for (const Value* v : g.values())
+    if (!v->is_constant() && v->type.dtype == DataType::kFloat32 && !g.is_graph_output(v) &&
+        (v->producer || g.is_graph_input(v)))
+      out.push_back(v);
+  return out;
+}
+
+}  // namespace kiln::quant

@@ -1,0 +1,39 @@
+// The INT8 steps of a build (docs/quantization.md):
+//   before the optimizer: map_qdq turns an explicitly quantized model's Q/DQ nodes into scales;
+//   after it: quantize_for_build gives the activations their scales (explicit, cached or
+//   calibrated) and marks the layers that run in INT8.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include "ir/graph.h"
+#include "kiln/engine.h"
+#include "kiln/status.h"
+
+namespace kiln::quant {
+
+// Q -> DQ pairs on activations become the activation's scale; DQ of an int8 constant becomes a
+// float constant carrying its (per-channel) scales; DQ of an int32 constant (a bias) becomes a
+// float constant. Returns whether the graph had Q/DQ nodes. A pattern kiln cannot map
+// (asymmetric or uint8, a Q without its DQ, scales that are not constants, ...) is an error
+// naming the node.
+Expected<bool> map_qdq(Graph& g);
+
+// Held-out batches for --accuracy-budget out of n: a fifth, at least 1 (0 when n < 2).
+size_t heldout_batches(size_t n);
+
+// After the optimizer, on the FP32 graph. Returns a summary for the build options: where the
+// scales came from, the INT8 layers, and the conv/gemm layers left in float with the reason.
+Expected<nlohmann::json> quantize_for_build(Graph& g, const BuildConfig& c, bool explicit_scales);
+
+// --accuracy-budget (accuracy_budget.cpp): builds INT8 engines from `onnx_path` through the
+// Engine API, measures each one's outputs against the FP32 engine's on held-out calibration
+// batches (relative L2, the worst output), and moves the most sensitive INT8 layers back to
+// float (FP16 with --fp16) one at a time until the error is within the budget.
+struct BudgetResult {
+  std::unique_ptr<Engine> engine;  // the last engine built
+  nlohmann::json report;           // budget, errors, sensitivities, layers moved, speed cost
+};
+Expected<BudgetResult> fit_accuracy_budget(const std::string& onnx_path, const BuildConfig& c);
+
+}  // namespace kiln::quant

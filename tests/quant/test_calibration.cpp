@@ -1,0 +1,182 @@
+// Calibrators (threshold choice), the calibration cache, and explicit Q/DQ mapping.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "passes/pass_test_util.h"
+#include "quant/calib_io.h"
+#include "quant/calibrator.h"
+#include "quant/int8.h"
+#include "quant/int8_build.h"
+
+namespace kiln {
+namespace {
+
+using test::G;
+using test::rand_t;
+
+std::string temp_path(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / (name + std::to_string(getpid()))).string();
+}
+
+// A Gaussian bulk with a few far outliers: entropy clips the outliers, minmax cannot.
+std::vector<double> gaussian_with_outliers(double* width) {
+  std::mt19937 rng(std::random_device{}());
+  std::normal_distribution<double> d(0, 1);
+  std::vector<double> xs;
+  for (int i = 0; i < 200000; ++i) xs.push_back(std::fabs(d(rng)));
+  xs.push_back(40.0);
+  xs.push_back(39.0);
+  const double amax = 40.0;
+  *width = amax / quant::kHistogramBins;
+  std::vector<double> h(quant::kHistogramBins, 0.0);
+  for (double x : xs) h[std::min<size_t>(static_cast<size_t>(x / *width), h.size() - 1)] += 1;
+  return h;
+}
+
+TEST(Calibration, EntropyClipsOutliersButKeepsTheBulk) {
+  double w = 0;
+  const auto h = gaussian_with_outliers(&w);
+  const double t = quant::entropy_threshold(h, w);
+  EXPECT_LT(t, 10.0);  // far below the outliers at 40
+  EXPECT_GT(t, 2.5);   // but keeps most of |N(0,1)|
+}
+
+TEST(Calibration, EntropyKeepsAUniformRange) {
+  std::vector<double> h(quant::kHistogramBins, 100.0);
+  const double t = quant::entropy_threshold(h, 1.0 / quant::kHistogramBins);
+  EXPECT_GT(t, 0.9);  // no reason to clip data spread evenly up to its max
+}
+
+TEST(Calibration, PercentileFindsTheBin) {
+  std::vector<double> h(100, 0.0);
+  h[9] = 9999;  // 99.99% of the mass in bin 9
+  h[99] = 1;
+  EXPECT_DOUBLE_EQ(quant::percentile_threshold(h, 0.5, 99.99), 5.0);
+  EXPECT_DOUBLE_EQ(quant::percentile_threshold(h, 0.5, 100), 50.0);
+}
+
+TEST(CalibCache, RoundTripAndMismatchesAreNamed) {
+  const std::string path = temp_path("kiln_cache_test");
+  quant::CalibCache c{"entropy", "0.2.0", 0x1234abcdULL, {{"a tensor", 0.125f}, {"b", 3.0e-5f}}};
+  ASSERT_TRUE(quant::write_calib_cache(path, c).ok());
+  auto r = quant::read_calib_cache(path);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->scales, c.scales);
+  EXPECT_EQ(r->fingerprint, c.fingerprint);
+  EXPECT_TRUE(quant::check_calib_cache(*r, path, 0x1234abcd, "", {"a tensor", "b"}).ok());
+  auto msg = [&](uint64_t fp, std::string algo, std::vector<std::string> need) {
+    return quant::check_calib_cache(*r, path, fp, algo, need).message();
+  };
+  EXPECT_NE(msg(1, "", {}).find("fingerprint differs"), std::string::npos);
+  EXPECT_NE(
+      msg(0x1234abcd, "minmax", {}).find("algorithm differs (cache: entropy, requested: minmax)"),
+      std::string::npos);
+  EXPECT_NE(msg(0x1234abcd, "", {"c"}).find("tensor 'c' missing"), std::string::npos);
+  std::ofstream(path) << "kiln-calibration-cache 1\nalgorithm entropy\nfingerprint 12\nx -1\n";
+  auto bad = quant::read_calib_cache(path);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("line 4"), std::string::npos) << bad.status().message();
+  std::remove(path.c_str());
+}
+
+TEST(CalibCache, FingerprintSeesWeightsNotShapes) {
+  G a;
+  Value* x = a.in("x", {1, 4});
+  Tensor w = rand_t({4, 3});
+  a.out(a.op("MatMul", {x, a.c(w)}));
+  const uint64_t f = quant::graph_fingerprint(a.g);
+  x->type = TensorType(DataType::kFloat32, {8, 4});  // another batch size: same cache
+  EXPECT_EQ(quant::graph_fingerprint(a.g), f);
+  G b;
+  Tensor w2 = w.clone();
+  w2.data<float>()[5] += 1e-3f;
+  b.out(b.op("MatMul", {b.in("x", {1, 4}), b.c(w2)}));
+  EXPECT_NE(quant::graph_fingerprint(b.g), f);
+}
+
+// x -> Q -> DQ -> Conv(DQ(int8 W, per-channel)) with an int32 bias DQ.
+TEST(MapQdq, ActivationPairsAndWeightsBecomeScales) {
+  G b;
+  Value* x = b.in("x", {1, 2, 4, 4});
+  Value* s = b.c(Tensor::scalar<float>(0.05f));
+  Value* zp = b.c(Tensor::scalar<int8_t>(0));
+  Value* xq = b.op("QuantizeLinear", {x, s, zp});
+  Value* xd = b.op("DequantizeLinear", {xq, s, zp});
+  Tensor wq(DataType::kInt8, {3, 2, 1, 1});
+  for (int64_t i = 0; i < wq.numel(); ++i) wq.data<int8_t>()[i] = static_cast<int8_t>(i * 17 - 50);
+  Value* ws = b.c(Tensor::from<float>({3}, {0.1f, 0.2f, 0.3f}));
+  Value* wd = b.op("DequantizeLinear", {b.c(wq), ws}, test::attrs({{"axis", Attribute::Int(0)}}));
+  Tensor bq = Tensor::from<int32_t>({3}, {10, -20, 30});
+  Value* bd =
+      b.op("DequantizeLinear", {b.c(bq), b.c(Tensor::from<float>({3}, {0.005f, 0.01f, 0.015f}))},
+           test::attrs({{"axis", Attribute::Int(0)}}));
+  Value* y = b.op("Conv", {xd, wd, bd});
+  b.out(y);
+  ASSERT_TRUE(infer_shapes(b.g).ok());
+  const auto ins = test::random_inputs(b.g);
+  const auto before = test::run_cpu(b.g, ins);
+  auto mapped = quant::map_qdq(b.g);
+  ASSERT_TRUE(mapped.ok()) << mapped.status().message();
+  EXPECT_TRUE(*mapped);
+  EXPECT_EQ(test::count(b.g, "QuantizeLinear") + test::count(b.g, "DequantizeLinear"), 0);
+  ASSERT_EQ(b.g.nodes().size(), 1u);
+  const Node* conv = b.g.nodes()[0];
+  EXPECT_EQ(conv->input(0), x);
+  EXPECT_EQ(x->quant_scales, std::vector<float>{0.05f});
+  EXPECT_EQ(conv->input(1)->quant_scales, (std::vector<float>{0.1f, 0.2f, 0.3f}));
+  EXPECT_EQ(conv->input(1)->quant_axis, 0);
+  EXPECT_TRUE(conv->input(2)->quant_scales.empty());
+  // Marked INT8, the layer computes what the Q/DQ graph computed (up to float rounding).
+  ASSERT_TRUE(infer_shapes(b.g).ok());
+  auto s8 = quant::mark_int8_layers(b.g, {}, true);
+  ASSERT_TRUE(s8.ok());
+  ASSERT_EQ(s8->int8_layers.size(), 1u);
+  const auto after = test::run_cpu(b.g, ins);
+  ASSERT_EQ(after.size(), 1u);
+  EXPECT_LT(test::rel_l2(after[0], before[0]), 1e-6);
+}
+
+TEST(MapQdq, UnmappablePatternsNameTheNode) {
+  auto build = [](DataType zp_type, int zp_value) {
+    auto b = std::make_unique<G>();
+    Value* x = b->in("x", {1, 4});
+    Tensor zp(zp_type, {});
+    if (zp_type == DataType::kUInt8)
+      zp.data<uint8_t>()[0] = static_cast<uint8_t>(zp_value);
+    else
+      zp.data<int8_t>()[0] = static_cast<int8_t>(zp_value);
+    Value* s = b->c(Tensor::scalar<float>(0.1f));
+    Value* z = b->c(zp);
+    Node* q = b->node("QuantizeLinear", {x, s, z});
+    q->name = "the_q";
+    b->out(b->op("DequantizeLinear", {q->output(0), s, z}));
+    EXPECT_TRUE(infer_shapes(b->g).ok());
+    return b;
+  };
+  auto u8 = build(DataType::kUInt8, 128);
+  auto r = quant::map_qdq(u8->g);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("node 'the_q'"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("int8 only"), std::string::npos) << r.status().message();
+  auto nz = build(DataType::kInt8, 3);
+  r = quant::map_qdq(nz->g);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("zero point 3"), std::string::npos) << r.status().message();
+  G lone;  // a DQ of a computed int8 tensor with no Q before it
+  Value* xi = lone.g.add_value("xi", TensorType(DataType::kInt8, {4}));
+  lone.g.add_input(xi);
+  Node* dq = lone.node("DequantizeLinear", {xi, lone.c(Tensor::scalar<float>(0.1f))});
+  lone.out(dq->output(0));
+  r = quant::map_qdq(lone.g);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find(dq->name), std::string::npos) << r.status().message();
+}
+
+}  // namespace
+}  // namespace kiln
