@@ -71,7 +71,12 @@ fi
 
 if has conformance; then
   echo "== ONNX conformance: the onnx wheel's node tests on the CPU and on the GPU (--no-tf32)"
-  DATA=$(python3 -c "import os, onnx.backend.test as t; print(os.path.join(os.path.dirname(t.__file__), 'data'))")
+  # The wheel ships the model suites as data and the node tests as code: generate those first
+  # (scripts/gen_onnx_node_tests.py, as scripts/test.sh does) and run all three suites.
+  DATA=/tmp/onnx-conformance
+  WHEEL=$(python3 -c "import os, onnx.backend.test as t; print(os.path.join(os.path.dirname(t.__file__), 'data'))")
+  mkdir -p $DATA && ln -sfn "$WHEEL/pytorch-converted" $DATA/ && ln -sfn "$WHEEL/pytorch-operator" $DATA/
+  python3 scripts/gen_onnx_node_tests.py $DATA >"$OUT/gen_node_tests.log" 2>&1 || tail -3 "$OUT/gen_node_tests.log"
   # The CPU run (the baseline on this data) goes alongside the GPU run: the machine has cores to spare.
   KILN_BIN=$KILN KILN_BACKEND_ARGS="--backend cpu" timeout 400 python3 scripts/conformance.py \
     --kiln bench/kiln_backend.sh --data "$DATA" --json "$OUT/conformance_cpu.json" >"$OUT/conformance_cpu.log" 2>&1 &

@@ -167,3 +167,84 @@ TEST(CudaEngine, SaveLoadAndBadShapes) {
 
 }  // namespace
 }  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// Inputs whose values decide shapes (TensorRT's shape tensors): y = ReduceSum(Reshape(x, s), axes)
+// with s and axes given as model inputs. Their values are read on the host; each new value plans
+// a new instance; execute() and the device path (device or host addresses) agree with the CPU.
+std::unique_ptr<Graph> shape_tensor_net() {
+  auto g = std::make_unique<Graph>();
+  Value* x = g->add_value("x", TensorType(DataType::kFloat32, {2, 3, 4}));
+  Value* s = g->add_value("s", TensorType(DataType::kInt64, {2}));
+  Value* axes = g->add_value("axes", TensorType(DataType::kInt64, {1}));
+  for (Value* v : {x, s, axes}) g->add_input(v);
+  Node* r = g->add_node("Reshape", "reshape", {x, s}, {"r"});
+  Node* sum = g->add_node("ReduceSum", "sum", {r->output(0), axes}, {"y"});
+  sum->attrs.set("keepdims", Attribute::Int(0));
+  g->add_output(sum->output(0));
+  EXPECT_TRUE(infer_shapes(*g).ok());
+  return g;
+}
+
+TEST(CudaEngine, ShapeTensorInputs) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU here: GPU test skipped";
+  BuildConfig c;
+  c.backend = "cuda";
+  c.tf32 = false;
+  auto e = Engine::build_from_graph(shape_tensor_net(), c, "shape_tensor_net");
+  ASSERT_TRUE(e.ok()) << e.status().message();
+  BuildConfig cc;
+  cc.backend = "cpu";
+  auto cpu = Engine::build_from_graph(shape_tensor_net(), cc, "shape_tensor_net");
+  ASSERT_TRUE(cpu.ok()) << cpu.status().message();
+  auto ctx = e.value()->create_context();
+  ASSERT_TRUE(ctx.ok()) << ctx.status().message();
+  auto cctx = cpu.value()->create_context();
+  ASSERT_TRUE(cctx.ok());
+  const Tensor x = random({2, 3, 4}, 9);
+  for (auto [shape, axis] : std::vector<std::pair<std::vector<int64_t>, int64_t>>{
+           {{6, 4}, 0}, {{3, 8}, 1}, {{6, 4}, 1}, {{24, 1}, 0}}) {
+    std::map<std::string, Tensor> in = {{"x", x},
+                                        {"s", Tensor::from<int64_t>({2}, shape)},
+                                        {"axes", Tensor::from<int64_t>({1}, {axis})}};
+    auto got = ctx.value()->execute(in);
+    ASSERT_TRUE(got.ok()) << got.status().message();
+    auto want = cctx.value()->execute(in);
+    ASSERT_TRUE(want.ok());
+    ASSERT_EQ(got.value()[0].shape(), want.value()[0].shape());
+    EXPECT_LT(rel_l2(got.value()[0], want.value()[0]), 1e-6);
+  }
+  // The device path: x in device memory, the shape tensors in device memory too.
+  void *dx = nullptr, *ds = nullptr, *da = nullptr, *dy = nullptr;
+  ASSERT_EQ(cudaMalloc(&dx, x.nbytes()), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&ds, 16), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&da, 8), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dy, 64), cudaSuccess);
+  const int64_t sv[2] = {4, 6}, av[1] = {1};
+  cudaMemcpy(dx, x.raw(), x.nbytes(), cudaMemcpyHostToDevice);
+  cudaMemcpy(ds, sv, 16, cudaMemcpyHostToDevice);
+  cudaMemcpy(da, av, 8, cudaMemcpyHostToDevice);
+  auto& cx = *ctx.value();
+  ASSERT_TRUE(cx.set_tensor_address("x", dx).ok());
+  ASSERT_TRUE(cx.set_tensor_address("s", ds).ok());
+  ASSERT_TRUE(cx.set_tensor_address("axes", da).ok());
+  auto ys = cx.tensor_shape("y");
+  ASSERT_TRUE(ys.ok()) << ys.status().message();
+  EXPECT_EQ(ys.value(), (std::vector<int64_t>{4}));
+  ASSERT_TRUE(cx.set_tensor_address("y", dy).ok());
+  ASSERT_TRUE(cx.enqueue(nullptr).ok());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  float y[4];
+  cudaMemcpy(y, dy, sizeof(y), cudaMemcpyDeviceToHost);
+  for (int i = 0; i < 4; ++i) {
+    double want = 0;
+    for (int j = 0; j < 6; ++j) want += x.data<float>()[i * 6 + j];
+    EXPECT_NEAR(y[i], want, 1e-5);
+  }
+  for (void* p : {dx, ds, da, dy}) cudaFree(p);
+}
+
+}  // namespace
+}  // namespace kiln

@@ -4,6 +4,7 @@
 #include <cudnn.h>
 
 #include <algorithm>
+#include <cstring>
 #include <unordered_map>
 
 #include "backends/cpu/cpu_executor.h"
@@ -83,6 +84,8 @@ class CudaContext final : public ExecutionContext {
       r.layer = std::move(layer).value();
       runs_.push_back(std::move(r));
     }
+    host_in_ = plan_host_inputs();
+    host_vals_.assign(g_.inputs().size(), nullptr);
     input_shapes_.resize(g_.inputs().size());
     input_set_.assign(g_.inputs().size(), false);
     in_addr_.assign(g_.inputs().size(), nullptr);
@@ -103,7 +106,7 @@ class CudaContext final : public ExecutionContext {
         all_known = false;
       }
     }
-    if (all_known) {
+    if (all_known && std::find(host_in_.begin(), host_in_.end(), true) == host_in_.end()) {
       KILN_ASSIGN_OR_RETURN(Instance * inst, instance_for(max_shapes));
       (void)inst;
     }
@@ -119,6 +122,7 @@ class CudaContext final : public ExecutionContext {
   Expected<MemoryInfo> plan_device_memory() override {
     for (size_t i = 0; i < g_.inputs().size(); ++i)
       if (!input_set_[i]) return KILN_ERROR("input '{}': shape not set", g_.inputs()[i]->name);
+    KILN_RETURN_IF_ERROR(read_host_inputs());
     KILN_ASSIGN_OR_RETURN(Instance * inst, instance_for(input_shapes_));
     KILN_RETURN_IF_ERROR(configure(*inst));
     return memory_info();
@@ -153,6 +157,8 @@ class CudaContext final : public ExecutionContext {
     input_set_[i] = true;
   }
   Expected<Instance*> instance_for(const std::vector<std::vector<int64_t>>& shapes);
+  std::vector<bool> plan_host_inputs() const;
+  Status read_host_inputs();
   Expected<std::unique_ptr<Instance>> make_instance(const std::vector<std::vector<int64_t>>& s);
   Status configure(Instance& inst);
   void* resolve(const Instance& inst, const TensorRef& r) const;
@@ -168,7 +174,13 @@ class CudaContext final : public ExecutionContext {
   std::unique_ptr<LibraryHandles> handles_;
   RunContext rc_;
   std::vector<LayerRun> runs_;
-  std::map<std::vector<std::vector<int64_t>>, std::unique_ptr<Instance>> instances_;
+  // Per input shapes and the values of the inputs read on the host.
+  std::map<std::pair<std::vector<std::vector<int64_t>>, std::string>, std::unique_ptr<Instance>> instances_;
+  // Inputs whose values layers read on the host (shape tensors): their address is read with
+  // cudaMemcpyDefault (host memory, as TensorRT asks of shape tensors, or device memory) when an
+  // inference is planned, and their values select the instance.
+  std::vector<bool> host_in_;
+  std::vector<std::shared_ptr<const Tensor>> host_vals_;
   Instance* current_ = nullptr;     // the instance whose shapes the layers are configured for
   DeviceMemory arena_, workspace_, cublas_ws_;
   std::vector<std::vector<int64_t>> input_shapes_;
@@ -181,6 +193,7 @@ class CudaContext final : public ExecutionContext {
   // Host path staging (execute()).
   std::vector<std::unique_ptr<DeviceMemory>> staging_in_, staging_out_;
   // Debug tensors (set_debug_tensors): values to copy back after their layer, and the copies.
+  std::vector<uint8_t> scratch_;    // read_host_inputs
   std::map<const Value*, std::string> debug_;
   std::map<std::string, Tensor> debug_out_;
   Status keep_debug(const Instance& inst, size_t run);
@@ -214,6 +227,7 @@ Expected<std::vector<int64_t>> CudaContext::tensor_shape(const std::string& name
   for (size_t i = 0; i < input_set_.size(); ++i)
     if (!input_set_[i])
       return KILN_ERROR("output '{}': set the shape of input '{}' first", name, g_.inputs()[i]->name);
+  KILN_RETURN_IF_ERROR(read_host_inputs());
   KILN_ASSIGN_OR_RETURN(Instance * inst, instance_for(input_shapes_));
   return inst->output_shapes[o];
 }
@@ -232,12 +246,55 @@ Status CudaContext::set_tensor_address(const std::string& name, void* ptr) {
 }
 
 Expected<Instance*> CudaContext::instance_for(const std::vector<std::vector<int64_t>>& shapes) {
-  auto it = instances_.find(shapes);
+  std::string values;
+  for (const auto& t : host_vals_)
+    if (t) values.append(static_cast<const char*>(t->raw()), t->nbytes()).push_back('|');
+  auto key = std::make_pair(shapes, std::move(values));
+  auto it = instances_.find(key);
   if (it != instances_.end()) return it->second.get();
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Instance> inst, make_instance(shapes));
   Instance* p = inst.get();
-  instances_[shapes] = std::move(inst);
+  instances_[std::move(key)] = std::move(inst);
   return p;
+}
+
+std::vector<bool> CudaContext::plan_host_inputs() const {
+  std::vector<bool> out(g_.inputs().size(), false);
+  const auto& nodes = g_.nodes();
+  for (size_t k = 0; k < nodes.size(); ++k) {
+    const LayerChoice& c = e_->plan().layers[k];
+    if (is_shape_op(nodes[k]->domain, nodes[k]->op_type)) continue;  // reads shapes only
+    for (size_t s = 0; s < nodes[k]->num_inputs(); ++s)
+      for (size_t i = 0; i < g_.inputs().size(); ++i)
+        if (nodes[k]->input(s) == g_.inputs()[i] &&
+            (c.is_host() || (s < c.in.size() && c.in[s].dtype == DataType::kUndefined)))
+          out[i] = true;
+  }
+  return out;
+}
+
+// The values of the inputs read on the host, from their addresses; a new tensor only when the
+// bytes changed (so a steady loop allocates nothing).
+Status CudaContext::read_host_inputs() {
+  for (size_t i = 0; i < host_in_.size(); ++i) {
+    if (!host_in_[i]) continue;
+    const Value* v = g_.inputs()[i];
+    Tensor probe = Tensor::view(v->type.dtype, input_shapes_[i], nullptr, nullptr);
+    if (probe.nbytes() && !in_addr_[i])
+      return KILN_ERROR("input '{}' is read on the host (its values decide shapes): set its "
+                        "address (host or device memory) first", v->name);
+    scratch_.resize(probe.nbytes());
+    if (probe.nbytes())
+      KILN_CUDA_CHECK(cudaMemcpy(scratch_.data(), in_addr_[i], probe.nbytes(), cudaMemcpyDefault));
+    const auto& cur = host_vals_[i];
+    if (cur && cur->shape() == input_shapes_[i] &&
+        std::memcmp(cur->raw(), scratch_.data(), scratch_.size()) == 0)
+      continue;
+    auto t = std::make_shared<Tensor>(v->type.dtype, input_shapes_[i]);
+    if (probe.nbytes()) std::memcpy(t->raw(), scratch_.data(), scratch_.size());
+    host_vals_[i] = std::move(t);
+  }
+  return Status::Ok();
 }
 
 Expected<std::unique_ptr<Instance>> CudaContext::make_instance(
@@ -246,7 +303,7 @@ Expected<std::unique_ptr<Instance>> CudaContext::make_instance(
   inst->input_shapes = input_shapes;
   std::vector<bool> host(g_.nodes().size());
   for (size_t k = 0; k < host.size(); ++k) host[k] = e_->plan().layers[k].is_host();
-  KILN_ASSIGN_OR_RETURN(inst->shapes, evaluate_shapes(g_, host, input_shapes));
+  KILN_ASSIGN_OR_RETURN(inst->shapes, evaluate_shapes(g_, host, input_shapes, host_vals_));
   const ShapeResult& S = inst->shapes;
 
   std::unordered_map<const Value*, TensorRef> ref;
@@ -517,6 +574,7 @@ Status CudaContext::enqueue(CUstream_st* stream, std::vector<LayerTiming>* layer
         Tensor::view(g_.inputs()[i]->type.dtype, input_shapes_[i], nullptr, nullptr).nbytes())
       return KILN_ERROR("input '{}': no device address set", g_.inputs()[i]->name);
   }
+  KILN_RETURN_IF_ERROR(read_host_inputs());
   KILN_ASSIGN_OR_RETURN(Instance * inst, instance_for(input_shapes_));
   for (size_t j = 0; j < g_.outputs().size(); ++j)
     if (!out_addr_[j] && inst->output_bytes[j])
@@ -574,6 +632,10 @@ Expected<std::vector<Tensor>> CudaContext::execute(const std::map<std::string, T
     KILN_RETURN_IF_ERROR(check_input(*v, it->second, dims_seen));
     KILN_RETURN_IF_ERROR(e_->profile().check(v->name, it->second.shape()));
     set_shape(i, it->second.shape());
+    if (host_in_[i]) {  // read on the host: the caller's tensor is the address
+      KILN_RETURN_IF_ERROR(set_tensor_address(v->name, const_cast<void*>(it->second.raw())));
+      continue;
+    }
     if (staging_in_.size() <= i) staging_in_.push_back(std::make_unique<DeviceMemory>());
     KILN_RETURN_IF_ERROR(staging_in_[i]->reserve(std::max<size_t>(it->second.nbytes(), 256),
                                                  "input '" + v->name + "'"));
@@ -582,6 +644,7 @@ Expected<std::vector<Tensor>> CudaContext::execute(const std::map<std::string, T
       KILN_CUDA_CHECK(cudaMemcpyAsync(staging_in_[i]->get(), it->second.raw(), it->second.nbytes(),
                                       cudaMemcpyHostToDevice, stream_));
   }
+  KILN_RETURN_IF_ERROR(read_host_inputs());
   KILN_ASSIGN_OR_RETURN(Instance * inst, instance_for(input_shapes_));
   for (size_t j = 0; j < g_.outputs().size(); ++j) {
     if (staging_out_.size() <= j) staging_out_.push_back(std::make_unique<DeviceMemory>());

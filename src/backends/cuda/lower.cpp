@@ -152,9 +152,22 @@ struct Lowering {
 
 }  // namespace
 
-std::vector<bool> host_nodes(const Graph& g) {
+std::vector<bool> host_value_inputs(const Graph& g) {
+  std::vector<bool> out(g.inputs().size(), false);
+  for (size_t i = 0; i < g.inputs().size(); ++i)
+    for (const Node* n : g.nodes())
+      for (size_t s = 0; s < n->num_inputs(); ++s)
+        if (n->input(s) == g.inputs()[i] && !is_shape_op(n->domain, n->op_type))
+          for (const TacticDef* t : tactics_for(n->domain, n->op_type))
+            if ((t->host_inputs >> s) & 1u) out[i] = true;
+  return out;
+}
+
+std::vector<bool> host_nodes(const Graph& g, const std::vector<bool>& host_inputs) {
   std::vector<bool> host(g.nodes().size(), false);
   std::unordered_set<const Value*> host_vals;
+  for (size_t i = 0; i < host_inputs.size() && i < g.inputs().size(); ++i)
+    if (host_inputs[i]) host_vals.insert(g.inputs()[i]);
   for (size_t k = 0; k < g.nodes().size(); ++k) {
     const Node* n = g.nodes()[k];
     bool h = is_shape_op(n->domain, n->op_type);
@@ -173,15 +186,34 @@ std::vector<bool> host_nodes(const Graph& g) {
 
 Expected<Plan> lower_for_gpu(Graph& g, const std::vector<std::vector<int64_t>>& opt_shapes,
                              const GpuBuildOptions& o) {
-  Lowering L{g, o, host_nodes(g), {}, {}};
-  KILN_ASSIGN_OR_RETURN(ShapeResult shapes, evaluate_shapes(g, L.host, opt_shapes));
+  const std::vector<bool> host_in = host_value_inputs(g);
+  Lowering L{g, o, host_nodes(g, host_in), {}, {}};
+  // Inputs read on the host have no values at build time: when shapes depend on them, the
+  // layers are not timed (each takes its first supported tactic).
+  bool tune = o.tune;
+  ShapeResult shapes;
+  auto evaluated = evaluate_shapes(g, L.host, opt_shapes);
+  if (evaluated.ok()) {
+    shapes = std::move(evaluated).value();
+  } else if (std::find(host_in.begin(), host_in.end(), true) != host_in.end()) {
+    tune = false;
+    if (o.log)
+      *o.log << "the model has inputs read on the host (shape tensors) that decide shapes: "
+             << "tactics are not timed (" << evaluated.status().message() << ")\n";
+  } else {
+    return evaluated.status();
+  }
   KILN_ASSIGN_OR_RETURN(TimingCache cache, TimingCache::open(o.timing_cache, device_signature()));
   if (cache.device_mismatch() && o.log)
     *o.log << "timing cache " << o.timing_cache << " is from another GPU or library version: "
            << "its times are not used\n";
   std::unique_ptr<Tuner> tuner;
   std::unordered_set<const Value*> host_vals;
-  for (Value* v : g.inputs()) L.produced[v] = TensorFormat{v->type.dtype, Layout::kLinear};
+  for (size_t i = 0; i < g.inputs().size(); ++i) {
+    Value* v = g.inputs()[i];
+    L.produced[v] = TensorFormat{v->type.dtype, Layout::kLinear};
+    if (host_in[i]) host_vals.insert(v);
+  }
   const std::vector<Node*> nodes = g.nodes();  // reformat layers are inserted while we walk
   for (size_t k = 0; k < nodes.size(); ++k) {
     Node* n = nodes[k];
@@ -202,7 +234,7 @@ Expected<Plan> lower_for_gpu(Graph& g, const std::vector<std::vector<int64_t>>& 
                           n->label(), i, v->name);
     }
     size_t best = 0;
-    if (cands.size() > 1 && o.tune) {
+    if (cands.size() > 1 && tune) {
       if (!tuner) {
         KILN_ASSIGN_OR_RETURN(tuner, Tuner::create(&cache, o.workspace_limit));
       }

@@ -26,7 +26,8 @@ Tensor eval_shape_op(const Node& n, const std::vector<int64_t>& dims) {
 }  // namespace
 
 Expected<ShapeResult> evaluate_shapes(const Graph& g, const std::vector<bool>& host_nodes,
-                                      const std::vector<std::vector<int64_t>>& input_shapes) {
+                                      const std::vector<std::vector<int64_t>>& input_shapes,
+                                      const std::vector<std::shared_ptr<const Tensor>>& input_values) {
   if (input_shapes.size() != g.inputs().size())
     return KILN_ERROR("expected {} input shapes, got {}", g.inputs().size(), input_shapes.size());
   // Inference reads types and constants off the graph's values, so it runs on a private copy
@@ -37,6 +38,11 @@ Expected<ShapeResult> evaluate_shapes(const Graph& g, const std::vector<bool>& h
     c->inputs()[i]->type = TensorType(g.inputs()[i]->type.dtype, dims);
   }
   ShapeResult r;
+  for (size_t i = 0; i < input_values.size() && i < input_shapes.size(); ++i) {
+    if (!input_values[i]) continue;
+    c->inputs()[i]->constant = input_values[i];
+    r.host[g.inputs()[i]] = input_values[i];
+  }
   for (size_t k = 0; k < c->nodes().size(); ++k) {
     Node* n = c->nodes()[k];
     const OpDef* def = find_op(n->domain, n->op_type);
