@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "core/dispatch.h"
+#include "core/low_bit.h"
 
 namespace kiln {
 namespace {
@@ -103,8 +104,7 @@ static Tensor cast_low_bit(const Tensor& x, DataType to) {
     if (dtype_is_float8(to)) {
       dst[i] = float_to_float8(to, static_cast<float>(v), /*saturate=*/true);
     } else if (to == DataType::kInt4 || to == DataType::kUInt4) {
-      const auto w = static_cast<uint8_t>(convert<int64_t>(v) & 0xf);
-      dst[i] = to == DataType::kInt4 && (w & 0x8) ? static_cast<uint8_t>(w | 0xf0) : w;
+      dst[i] = low_bit::wrap4(to, convert<int64_t>(v));
     } else {
       visit_dtype(to, [&](auto tag) {
         using To = decltype(tag);

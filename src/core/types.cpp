@@ -1,5 +1,7 @@
 #include "kiln/types.h"
 
+#include "core/low_bit.h"
+
 #include <cmath>
 #include <limits>
 
@@ -155,86 +157,10 @@ bool dtype_is_low_bit(DataType t) {
   return dtype_is_float8(t) || t == DataType::kUInt4 || t == DataType::kInt4;
 }
 
-namespace {
+float low_bit_to_float(DataType t, uint8_t b) { return low_bit::to_float(t, b); }
 
-struct Float8Format {
-  int mant_bits, bias;
-  bool fnuz;      // no infinity, no negative zero, NaN = 0x80
-  bool has_inf;   // e5m2: IEEE-like infinities and NaNs in the top exponent
-};
-
-Float8Format float8_format(DataType t) {
-  switch (t) {
-    case DataType::kFloat8E4M3FN: return {3, 7, false, false};
-    case DataType::kFloat8E4M3FNUZ: return {3, 8, true, false};
-    case DataType::kFloat8E5M2: return {2, 15, false, true};
-    default: return {2, 16, true, false};  // e5m2fnuz
-  }
-}
-
-bool float8_is_nan_code(const Float8Format& f, uint8_t c) {
-  if (f.fnuz) return c == 0x80;
-  if (f.has_inf) return (c & 0x7f) > 0x7c;
-  return (c & 0x7f) == 0x7f;
-}
-
-// The magnitude of code c (sign bit ignored); only for non-NaN, non-inf codes.
-float float8_magnitude(const Float8Format& f, uint8_t c) {
-  const int e = (c & 0x7f) >> f.mant_bits;
-  const int m = c & ((1 << f.mant_bits) - 1);
-  const float frac = static_cast<float>(m) / static_cast<float>(1 << f.mant_bits);
-  return e == 0 ? std::ldexp(frac, 1 - f.bias) : std::ldexp(1.f + frac, e - f.bias);
-}
-
-// The largest finite code of a format (positive).
-uint8_t float8_max_code(const Float8Format& f) {
-  if (f.fnuz) return 0x7f;
-  return f.has_inf ? 0x7b : 0x7e;
-}
-
-}  // namespace
-
-float low_bit_to_float(DataType t, uint8_t b) {
-  if (t == DataType::kInt4) return static_cast<float>(static_cast<int8_t>(b));
-  if (t == DataType::kUInt4) return static_cast<float>(b);
-  const Float8Format f = float8_format(t);
-  if (float8_is_nan_code(f, b)) return std::numeric_limits<float>::quiet_NaN();
-  const float sign = (b & 0x80) ? -1.f : 1.f;
-  if (f.has_inf && (b & 0x7f) == 0x7c) return sign * std::numeric_limits<float>::infinity();
-  return sign * float8_magnitude(f, b);
-}
-
-// Round to nearest, ties to the even code, by searching the (monotonic) positive codes; the
-// code past the largest finite one counts as "overflow" at the value the format would give it.
 uint8_t float_to_float8(DataType t, float v, bool saturate) {
-  const Float8Format f = float8_format(t);
-  const uint8_t nan = f.fnuz ? 0x80 : 0x7f;
-  if (std::isnan(v)) return f.has_inf ? 0x7e : nan;
-  const uint8_t sign = std::signbit(v) ? 0x80 : 0x00;
-  const uint8_t max_code = float8_max_code(f);
-  const float a = std::fabs(v);
-  const auto overflow = [&]() -> uint8_t {
-    if (saturate) return sign | max_code;
-    if (f.has_inf) return sign | 0x7c;
-    return f.fnuz ? nan : static_cast<uint8_t>(sign | nan);
-  };
-  if (std::isinf(a)) return overflow();
-  uint8_t lo = 0;  // largest code with magnitude <= a
-  while (lo < max_code && float8_magnitude(f, static_cast<uint8_t>(lo + 1)) <= a) ++lo;
-  uint8_t code = lo;
-  const float lo_v = float8_magnitude(f, lo);
-  if (a > lo_v) {
-    const float hi_v = lo < max_code
-                           ? float8_magnitude(f, static_cast<uint8_t>(lo + 1))
-                           : lo_v + (lo_v - float8_magnitude(f, static_cast<uint8_t>(lo - 1)));
-    const float mid = lo_v + (hi_v - lo_v) / 2;
-    if (a > mid || (a == mid && (lo & 1))) {
-      if (lo == max_code) return overflow();
-      code = static_cast<uint8_t>(lo + 1);
-    }
-  }
-  if (code == 0 && f.fnuz) return 0;  // no negative zero
-  return sign | code;
+  return low_bit::from_float(t, v, saturate);
 }
 
 }  // namespace kiln

@@ -9,6 +9,7 @@
 #include <map>
 
 #include "core/dispatch.h"
+#include "ops/einsum.h"
 #include "ops/op.h"
 
 namespace kiln {
@@ -221,6 +222,57 @@ void einsum_loop(const std::vector<const Tensor*>& in, const std::vector<int64_t
   }
 }
 
+}  // namespace
+
+Expected<EinsumPlan> plan_einsum(const Node& n, const std::vector<std::vector<int64_t>>& shapes) {
+  KILN_ASSIGN_OR_RETURN(Equation e, parse_equation(n, shapes.size()));
+  KILN_ASSIGN_OR_RETURN(Layout L, layout(n, e, shapes));
+  const int64_t E = static_cast<int64_t>(L.ellipsis.size());
+  EinsumPlan P;
+  std::vector<int64_t>& sizes = P.sizes;
+  sizes = L.ellipsis;
+  std::map<int, size_t> var;
+  for (const auto& [l, s] : L.label_size) {
+    var[l] = sizes.size();
+    sizes.push_back(s);
+  }
+  const size_t num_in = shapes.size();
+  P.in_strides.assign(num_in, std::vector<int64_t>(sizes.size(), 0));
+  for (size_t i = 0; i < num_in; ++i) {
+    const std::vector<int64_t> st = contiguous_strides(shapes[i]);
+    const int64_t named = static_cast<int64_t>(e.inputs[i].size()) -
+                          std::count(e.inputs[i].begin(), e.inputs[i].end(), kEllipsis);
+    const int64_t ne = static_cast<int64_t>(shapes[i].size()) - named;
+    size_t d = 0;
+    for (int l : e.inputs[i]) {
+      if (l != kEllipsis) {
+        P.in_strides[i][var[l]] += st[d++];  // += : a repeated label walks the diagonal
+        continue;
+      }
+      for (int64_t k = 0; k < ne; ++k, ++d)  // right-aligned against the broadcast dims
+        if (shapes[i][d] != 1) P.in_strides[i][static_cast<size_t>(E - ne + k)] = st[d];
+    }
+  }
+  for (int l : e.output) {
+    if (l == kEllipsis) {
+      for (int64_t k = 0; k < E; ++k) {
+        P.out_shape.push_back(L.ellipsis[static_cast<size_t>(k)]);
+        P.out_vars.push_back(static_cast<size_t>(k));
+      }
+    } else {
+      P.out_shape.push_back(sizes[var[l]]);
+      P.out_vars.push_back(var[l]);
+    }
+  }
+  // Variables the output does not name ("..." dims included) are summed over.
+  P.out_strides.assign(sizes.size(), 0);
+  const std::vector<int64_t> ost = contiguous_strides(P.out_shape);
+  for (size_t k = 0; k < P.out_vars.size(); ++k) P.out_strides[P.out_vars[k]] = ost[k];
+  return P;
+}
+
+namespace {
+
 Status cpu_einsum(KernelContext& ctx) {
   const Node& n = ctx.node();
   std::vector<const Tensor*> in;
@@ -234,48 +286,11 @@ Status cpu_einsum(KernelContext& ctx) {
   }
   if (in.empty()) return KILN_ERROR("{}: Einsum needs at least one input", n.label());
   KILN_RETURN_IF_ERROR(check_types(n, types));
-  KILN_ASSIGN_OR_RETURN(Equation e, parse_equation(n, in.size()));
-  KILN_ASSIGN_OR_RETURN(Layout L, layout(n, e, shapes));
-  const int64_t E = static_cast<int64_t>(L.ellipsis.size());
-  std::vector<int64_t> sizes = L.ellipsis;
-  std::map<int, size_t> var;
-  for (const auto& [l, s] : L.label_size) {
-    var[l] = sizes.size();
-    sizes.push_back(s);
-  }
-  std::vector<std::vector<int64_t>> in_strides(in.size(), std::vector<int64_t>(sizes.size(), 0));
-  for (size_t i = 0; i < in.size(); ++i) {
-    const std::vector<int64_t> st = contiguous_strides(shapes[i]);
-    const int64_t named = static_cast<int64_t>(e.inputs[i].size()) -
-                          std::count(e.inputs[i].begin(), e.inputs[i].end(), kEllipsis);
-    const int64_t ne = static_cast<int64_t>(shapes[i].size()) - named;
-    size_t d = 0;
-    for (int l : e.inputs[i]) {
-      if (l != kEllipsis) {
-        in_strides[i][var[l]] += st[d++];  // += : a repeated label walks the diagonal
-        continue;
-      }
-      for (int64_t k = 0; k < ne; ++k, ++d)  // right-aligned against the broadcast dims
-        if (shapes[i][d] != 1) in_strides[i][static_cast<size_t>(E - ne + k)] = st[d];
-    }
-  }
-  std::vector<int64_t> out_shape;
-  std::vector<size_t> out_vars;
-  for (int l : e.output) {
-    if (l == kEllipsis) {
-      for (int64_t k = 0; k < E; ++k) {
-        out_shape.push_back(L.ellipsis[static_cast<size_t>(k)]);
-        out_vars.push_back(static_cast<size_t>(k));
-      }
-    } else {
-      out_shape.push_back(sizes[var[l]]);
-      out_vars.push_back(var[l]);
-    }
-  }
-  // Variables the output does not name ("..." dims included) are summed over.
-  std::vector<int64_t> out_strides(sizes.size(), 0);
-  const std::vector<int64_t> ost = contiguous_strides(out_shape);
-  for (size_t k = 0; k < out_vars.size(); ++k) out_strides[out_vars[k]] = ost[k];
+  KILN_ASSIGN_OR_RETURN(EinsumPlan P, plan_einsum(n, shapes));
+  const std::vector<int64_t>& sizes = P.sizes;
+  const std::vector<std::vector<int64_t>>& in_strides = P.in_strides;
+  const std::vector<int64_t>& out_strides = P.out_strides;
+  const std::vector<int64_t>& out_shape = P.out_shape;
   const DataType dt = types[0];
   Tensor y(dt, out_shape);
   if (dtype_is_float(dt)) {

@@ -5,7 +5,7 @@
 // Each tactic family lists its cases in tests/cuda/cases_<family>.cpp; test_backend_ops.cpp
 // joins them. Tolerances (relative L2 over the output, NaN/Inf must match): fp32 (strict FP32,
 // --no-tf32) 1e-5, tf32 1e-3, fp16 1e-2, unless a case says otherwise; integer and bool
-// outputs must be exact.
+// outputs must be exact, float8 and int4/uint4 outputs bit for bit.
 #pragma once
 
 #include <cstdint>
@@ -58,5 +58,6 @@ std::vector<OpCase> movement_cases();
 std::vector<OpCase> reduce_cases();
 std::vector<OpCase> conv_cases();       // conv family (Conv, ConvTranspose, FusedConv)
 std::vector<OpCase> gemm_pool_cases();  // pooling, Gemm, MatMul, FusedGemm, Attention
+std::vector<OpCase> types_cases();      // float8/int4 Cast and Q/DQ, Einsum, RotaryEmbedding
 
 }  // namespace kiln::gpu::test

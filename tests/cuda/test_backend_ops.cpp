@@ -72,6 +72,13 @@ std::string compare(const Tensor& got, const Tensor& ref, double tol) {
   if (got.shape() != ref.shape())
     return "shape " + got.desc() + " vs reference " + ref.desc();
   if (got.dtype() != ref.dtype()) return "type " + got.desc() + " vs reference " + ref.desc();
+  if (dtype_is_low_bit(ref.dtype())) {  // float8/int4 bit patterns (NaN codes included)
+    const auto* g = static_cast<const uint8_t*>(got.raw());
+    const auto* r = static_cast<const uint8_t*>(ref.raw());
+    for (int64_t i = 0; i < ref.numel(); ++i)
+      if (g[i] != r[i]) return fmt::format("element {}: 0x{:02x} vs reference 0x{:02x}", i, g[i], r[i]);
+    return "";
+  }
   if (!dtype_is_float(ref.dtype())) {
     for (int64_t i = 0; i < ref.numel(); ++i)
       if (got.at_int(i) != ref.at_int(i))
@@ -203,6 +210,7 @@ void register_all() {
       {"elementwise", elementwise_cases}, {"movement", movement_cases},
       {"reduce", reduce_cases},           {"conv", conv_cases},
       {"gemm_pool", gemm_pool_cases},
+      {"types", types_cases},
   };
   for (const auto& [family, fn] : families) {
     for (const OpCase& c : fn()) {

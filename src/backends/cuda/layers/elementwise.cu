@@ -22,6 +22,10 @@ namespace ew {
 // elementwise_ops.cu: everything that is not a float program.
 bool typed_supports(const LayerDesc& d, std::string* why);
 Expected<std::unique_ptr<Layer>> create_typed(const LayerDesc& d);
+bool cast_low_bit_supports(const LayerDesc& d, std::string* why);  // cast_low_bit.cu
+Expected<std::unique_ptr<Layer>> create_cast_low_bit(const LayerDesc& d);
+bool rotary_supports(const LayerDesc& d, std::string* why);  // rotary.cu
+Expected<std::unique_ptr<Layer>> create_rotary(const LayerDesc& d);
 
 // elementwise_ops.cu: operand strides over an output (numpy broadcasting, layouts, merged dims).
 void broadcast_plan(const std::vector<std::vector<int64_t>>& shapes, const std::vector<bool>& nhwc,
@@ -672,6 +676,10 @@ const TacticDef kTactics[] = {
     KILN_EW("Max", "ew.max"), KILN_EW("Min", "ew.min"), KILN_EW("Sum", "ew.sum"),
     KILN_EW("Mean", "ew.mean"), KILN_EW("Where", "ew.where"), KILN_EW("Clip", "ew.clip"),
     KILN_EW("Cast", "ew.cast"), KILN_EW("CastLike", "ew.castlike"),
+    {"", "Cast", "ew.cast.low_bit", kF32 | kF16 | kF64, 0, cast_low_bit_supports, create_cast_low_bit},
+    {"", "CastLike", "ew.castlike.low_bit", kF32 | kF16 | kF64, 0, cast_low_bit_supports,
+     create_cast_low_bit},
+    {"", "RotaryEmbedding", "ew.rotary", kF32 | kF16, 0, rotary_supports, create_rotary},
     {"kiln", "ElementwiseChain", "ew.chain", kCaps, 0, ew_supports, ew_create},
     // NHWC per-channel broadcasts (see nhwc_supports); after the kAnyLayout ones, so that those
     // win where both apply.

@@ -347,7 +347,7 @@ bool classify(const LayerDesc& d, Kind* kind, int* code, std::string* why) {
                                 dtype_name(d.in[i].dtype)),
              false;
   if (d.out.empty() || !known_type(d.out[0].dtype))
-    return *why = fmt::format("output type {} has no GPU kernel (float8/int4 are CPU-only)",
+    return *why = fmt::format("output type {} has no GPU kernel here (float8/int4 casts: ew.cast.low_bit)",
                               d.out.empty() ? "?" : std::string(dtype_name(d.out[0].dtype))), false;
   if (!d.in.empty() && d.in[0].dtype == DataType::kUndefined)
     return *why = "input 0 is absent", false;

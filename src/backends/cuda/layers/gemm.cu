@@ -432,6 +432,9 @@ Expected<std::unique_ptr<Layer>> create_gemm(const LayerDesc& d) {
 // gemm_attention.cu
 bool attention_supports(const LayerDesc& d, std::string* why);
 Expected<std::unique_ptr<Layer>> create_attention(const LayerDesc& d);
+// einsum.cu
+bool einsum_supports(const LayerDesc& d, std::string* why);
+Expected<std::unique_ptr<Layer>> create_einsum(const LayerDesc& d);
 
 namespace {
 
@@ -442,6 +445,7 @@ const TacticDef kGemmTactics[] = {
     {"", "MatMul", "matmul.cublas", kGemmCaps, 0, gemm_supports, create_gemm},
     {"kiln", "FusedGemm", "fused_gemm.cublas", kGemmCaps, 0, gemm_supports, create_gemm},
     {"kiln", "Attention", "attention.cublas", kGemmCaps, 0, attention_supports, create_attention},
+    {"", "Einsum", "einsum.generic", kF32 | kF16 | kF64, 0, einsum_supports, create_einsum},
 };
 
 }  // namespace

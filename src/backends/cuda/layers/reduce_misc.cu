@@ -1,6 +1,6 @@
 // The rest of the reduction family: TopK (src/ops/index_sort.cpp), CumSum (index_scan.cpp),
 // QuantizeLinear, DequantizeLinear and DynamicQuantizeLinear (quant.cpp; int8/uint8/int16/
-// uint16 targets; float8 and int4 are refused in supports()).
+// uint16 targets; float8 and int4 targets/inputs run in quant_low_bit.cu).
 //
 // TopK sorts each lane with a bitonic network under the reference's strict order (wanted end
 // first, NaN largest, ties by index), so the first k are exactly the reference's. Lanes of up to
@@ -12,6 +12,7 @@
 
 #include "kernels/device_util.cuh"
 #include "ops/op.h"
+#include "quant_common.cuh"
 #include "tactics.h"
 
 namespace kiln::gpu {
@@ -354,68 +355,6 @@ Expected<std::unique_ptr<Layer>> create_cumsum(const LayerDesc& d) {
 
 // --- QuantizeLinear / DequantizeLinear / DynamicQuantizeLinear --------------------------------
 
-// An integer zero point (any integer storage type), or 0 when absent.
-struct ZeroPoint {
-  const void* p = nullptr;
-  DataType t = DataType::kUndefined;
-  __device__ int64_t get(int64_t i) const {
-    switch (t) {
-      case DataType::kInt8: return static_cast<const int8_t*>(p)[i];
-      case DataType::kUInt8: return static_cast<const uint8_t*>(p)[i];
-      case DataType::kInt16: return static_cast<const int16_t*>(p)[i];
-      case DataType::kUInt16: return static_cast<const uint16_t*>(p)[i];
-      case DataType::kInt32: return static_cast<const int32_t*>(p)[i];
-      case DataType::kUInt32: return static_cast<const uint32_t*>(p)[i];
-      case DataType::kInt64: return static_cast<const int64_t*>(p)[i];
-      case DataType::kUInt64: return static_cast<int64_t>(static_cast<const uint64_t*>(p)[i]);
-      default: return 0;
-    }
-  }
-};
-
-// Which scale/zero-point element an element of x uses: per tensor, per `axis`, or per block
-// of `block` along `axis` (the scale then has x's shape with that axis ceil(D / block)).
-struct QuantGeom {
-  int mode = 0;  // 0 per tensor, 1 per axis, 2 blocked
-  int64_t D = 1, inner = 1, block = 1, nb = 1;
-  __device__ int64_t param(int64_t i) const {
-    if (mode == 0) return 0;
-    const int64_t j = (i / inner) % D;
-    if (mode == 1) return j;
-    return ((i / (inner * D)) * nb + j / block) * inner + i % inner;
-  }
-};
-
-Expected<QuantGeom> quant_geom(const std::vector<int64_t>& xs, const DeviceTensor& scale,
-                               const DeviceTensor* zp, const Node& n) {
-  if (zp && zp->shape != scale.shape && !(zp->numel() == 1 && scale.numel() == 1))
-    return KILN_ERROR("{}: zero point shape {} differs from scale shape {}", n.label(),
-                      shape_str(zp->shape), shape_str(scale.shape));
-  QuantGeom q;
-  if (scale.numel() == 1 && scale.rank() <= 1) return q;
-  const int64_t rank = static_cast<int64_t>(xs.size());
-  const int64_t block = n.attrs.get_int("block_size", 0);
-  KILN_ASSIGN_OR_RETURN(int64_t axis, normalize_axis(n.attrs.get_int("axis", 1), rank, n));
-  q.D = xs[axis];
-  for (int64_t d = axis + 1; d < rank; ++d) q.inner *= xs[d];
-  if (block <= 0) {
-    if (block < 0 || scale.rank() != 1 || scale.shape[0] != q.D)
-      return KILN_ERROR("{}: per-axis scale must be 1-D of length {}, got {}", n.label(), q.D,
-                        shape_str(scale.shape));
-    q.mode = 1;
-    return q;
-  }
-  std::vector<int64_t> want = xs;
-  want[axis] = (q.D + block - 1) / block;
-  if (scale.shape != want)
-    return KILN_ERROR("{}: blocked scale shape {} should be {}", n.label(), shape_str(scale.shape),
-                      shape_str(want));
-  q.mode = 2;
-  q.block = block;
-  q.nb = want[axis];
-  return q;
-}
-
 // round half to even, add the zero point, saturate (NaN quantizes to the zero point).
 template <typename Q>
 __device__ __forceinline__ Q saturate_round(double q, int64_t zp) {
@@ -679,6 +618,10 @@ std::span<const TacticDef> reduce_misc_tactics() {
          create_quant},
         {"", "DequantizeLinear", "quant.dequantize", kF32 | kF16 | kF64, 0, dequantize_supports,
          create_quant},
+        {"", "QuantizeLinear", "quant.quantize.low_bit", kF32 | kF16 | kF64, 0,
+         quant_low_bit_supports, create_quant_low_bit},
+        {"", "DequantizeLinear", "quant.dequantize.low_bit", kF32 | kF16 | kF64, 0,
+         quant_low_bit_supports, create_quant_low_bit},
         {"", "DynamicQuantizeLinear", "quant.dynamic", kF32 | kF16 | kF64, 0, dql_supports,
          create_dyn_quant},
     };
