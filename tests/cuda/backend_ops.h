@@ -58,5 +58,6 @@ std::vector<OpCase> movement_cases();
 std::vector<OpCase> reduce_cases();
 std::vector<OpCase> conv_cases();       // conv family (Conv, ConvTranspose, FusedConv)
 std::vector<OpCase> gemm_pool_cases();  // pooling, Gemm, MatMul, FusedGemm, Attention
+std::vector<OpCase> attention_cases();  // ONNX Attention (layers/attention_onnx.cu)
 
 }  // namespace kiln::gpu::test

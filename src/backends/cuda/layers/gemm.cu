@@ -432,6 +432,9 @@ Expected<std::unique_ptr<Layer>> create_gemm(const LayerDesc& d) {
 // gemm_attention.cu
 bool attention_supports(const LayerDesc& d, std::string* why);
 Expected<std::unique_ptr<Layer>> create_attention(const LayerDesc& d);
+// attention_onnx.cu
+bool attention_onnx_supports(const LayerDesc& d, std::string* why);
+Expected<std::unique_ptr<Layer>> create_attention_onnx(const LayerDesc& d);
 
 namespace {
 
@@ -442,6 +445,8 @@ const TacticDef kGemmTactics[] = {
     {"", "MatMul", "matmul.cublas", kGemmCaps, 0, gemm_supports, create_gemm},
     {"kiln", "FusedGemm", "fused_gemm.cublas", kGemmCaps, 0, gemm_supports, create_gemm},
     {"kiln", "Attention", "attention.cublas", kGemmCaps, 0, attention_supports, create_attention},
+    {"", "Attention", "attention_onnx.direct", kGemmCaps, 0, attention_onnx_supports,
+     create_attention_onnx},
 };
 
 }  // namespace
