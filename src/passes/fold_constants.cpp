@@ -23,10 +23,6 @@ bool is_random_op(const Node& n) {
   return kRandom.count(n.op_type) != 0;
 }
 
-// Inputs read only for their type: CastLike's target_type. Such an input need not be constant;
-// the kernel sees an empty tensor of its type.
-bool type_only_input(const Node& n, size_t i) { return n.op_type == "CastLike" && i == 1; }
-
 // Shape/Size of a value whose dims are all known, without touching its data.
 std::optional<Tensor> fold_shape_query(const Node& n) {
   const Value* x = n.input(0);
@@ -63,11 +59,11 @@ struct FoldConstant {
     }
     const OpDef* def = find_op(n.domain, n.op_type);
     std::vector<const Tensor*> ins;
-    std::vector<Tensor> like;  // stand-ins for type-only inputs
+    std::vector<Tensor> like;  // empty stand-ins for inputs read only for their type
     like.reserve(n.num_inputs());
     for (size_t i = 0; i < n.num_inputs(); ++i) {
       const Value* v = n.input(i);
-      if (v && !v->is_constant() && type_only_input(n, i)) {
+      if (v && !v->is_constant() && input_is_type_only(n, i)) {
         like.emplace_back(v->type.dtype, std::vector<int64_t>{0});
         ins.push_back(&like.back());
       } else {
@@ -97,7 +93,7 @@ struct FoldConstant {
     for (size_t i = 0; i < n.num_inputs(); ++i) {
       const Value* v = n.input(i);
       if (!v) continue;
-      if (type_only_input(n, i) && v->type.dtype != DataType::kUndefined) continue;
+      if (input_is_type_only(n, i) && v->type.dtype != DataType::kUndefined) continue;
       if (!v->is_constant()) return std::nullopt;
       any = true;
     }
