@@ -111,6 +111,9 @@ Status check_op_version(const Node& n, int opset);
 // Looks an op up by domain ("" and "ai.onnx" are the same) and type; nullptr if unknown.
 const OpDef* find_op(std::string_view domain, std::string_view op_type);
 std::vector<const OpDef*> all_ops();
+// Input i of the node is read only for its type (CastLike's target_type): a value computed at
+// run time there does not keep the node from being folded or evaluated on the host.
+bool input_is_type_only(const Node& n, size_t i);
 // Ops defined by more than one family (must be empty; checked by a unit test).
 std::vector<std::string> duplicate_op_definitions();
 

@@ -39,6 +39,10 @@ const OpDef* find_op(std::string_view domain, std::string_view op_type) {
   return it == table().end() ? nullptr : it->second;
 }
 
+bool input_is_type_only(const Node& n, size_t i) {
+  return (n.domain.empty() || n.domain == "ai.onnx") && n.op_type == "CastLike" && i == 1;
+}
+
 std::vector<std::string> duplicate_op_definitions() {
   table();
   return duplicates();

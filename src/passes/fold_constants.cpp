@@ -1,6 +1,8 @@
 // Constant folding: a node whose inputs are all constants (or a Shape/Size whose input shape is
 // fully known) is replaced by its value, computed with the CPU reference kernel.
 //   Op(const...)  =>  const          Shape(x: static [a,b,c])  =>  const [a,b,c]
+//   CastLike(const, x: known type)  =>  const     (x gives only its type, as ONNX's Attention
+//                                                  function writes CastLike(-inf, mask))
 // Shape -> Gather -> Concat -> Reshape chains fold in one sweep because nodes are visited in
 // topological order. Random ops never fold; results above kMaxFoldBytes stay computed at run
 // time so that folding cannot blow up the engine's size.
@@ -57,7 +59,17 @@ struct FoldConstant {
     }
     const OpDef* def = find_op(n.domain, n.op_type);
     std::vector<const Tensor*> ins;
-    for (const Value* v : n.inputs()) ins.push_back(v ? v->constant.get() : nullptr);
+    std::vector<Tensor> like;  // empty stand-ins for inputs read only for their type
+    like.reserve(n.num_inputs());
+    for (size_t i = 0; i < n.num_inputs(); ++i) {
+      const Value* v = n.input(i);
+      if (v && !v->is_constant() && input_is_type_only(n, i)) {
+        like.emplace_back(v->type.dtype, std::vector<int64_t>{0});
+        ins.push_back(&like.back());
+      } else {
+        ins.push_back(v ? v->constant.get() : nullptr);
+      }
+    }
     KernelContext kctx(n, ins, outs);
     Status st = def && def->cpu ? def->cpu(kctx) : Status::Error("no cpu kernel");
     if (!st.ok()) {
@@ -78,8 +90,10 @@ struct FoldConstant {
       return v ? std::optional<Match>(Match{&n, std::move(*v)}) : std::nullopt;
     }
     bool any = false;
-    for (const Value* v : n.inputs()) {
+    for (size_t i = 0; i < n.num_inputs(); ++i) {
+      const Value* v = n.input(i);
       if (!v) continue;
+      if (input_is_type_only(n, i) && v->type.dtype != DataType::kUndefined) continue;
       if (!v->is_constant()) return std::nullopt;
       any = true;
     }

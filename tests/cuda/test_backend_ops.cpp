@@ -209,8 +209,8 @@ void register_all() {
   const std::pair<const char*, std::function<std::vector<OpCase>()>> families[] = {
       {"elementwise", elementwise_cases}, {"movement", movement_cases},
       {"reduce", reduce_cases},           {"conv", conv_cases},
-      {"gemm_pool", gemm_pool_cases},
-      {"types", types_cases},
+      {"gemm_pool", gemm_pool_cases},     {"types", types_cases},
+      {"attention", attention_cases},
   };
   for (const auto& [family, fn] : families) {
     for (const OpCase& c : fn()) {

@@ -50,6 +50,28 @@ TEST(CudaHost, ShapeArithmeticRunsOnTheHost) {
   EXPECT_FALSE(bad.ok());
 }
 
+// ONNX's Attention function at -O0: Pad(mask, pads, CastLike(-inf, mask)). CastLike reads the
+// mask only for its type, so the fill value is computed on the host, as Pad needs it.
+TEST(CudaHost, CastLikeOfAConstantRunsOnTheHost) {
+  auto g = std::make_unique<Graph>();
+  Value* m = g->add_value("mask", TensorType(DataType::kFloat16, {Dim::sym("N"), 4}));
+  g->add_input(m);
+  Value* neg = g->add_constant("neg", Tensor::scalar<float>(-2.5f));
+  Node* like = g->add_node("CastLike", "like", {neg, m}, {"fill"});
+  Value* pads = g->add_constant("pads", Tensor::from<int64_t>({4}, {0, 0, 0, 2}));
+  Node* pad = g->add_node("Pad", "pad", {m, pads, like->output(0)}, {"y"});
+  g->add_output(pad->output(0));
+  ASSERT_TRUE(infer_shapes(*g).ok());
+  const std::vector<bool> host = host_nodes(*g);
+  EXPECT_EQ(host, (std::vector<bool>{true, false}));
+  auto r = evaluate_shapes(*g, host, {{3, 4}});
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  const Tensor& fill = *r->host.at(g->find_value("fill"));
+  EXPECT_EQ(fill.dtype(), DataType::kFloat16);
+  EXPECT_EQ(fill.at_double(0), -2.5);
+  EXPECT_EQ(r->shapes.at(g->outputs()[0]), (std::vector<int64_t>{3, 6}));
+}
+
 TEST(CudaHost, PlanRecordsRoundTripAndAreValidated) {
   auto g = reshape_by_shape_graph();
   Plan p;

@@ -70,6 +70,22 @@ TEST(FoldConstants, FoldsGraphOutputKeepingItsName) {
   EXPECT_TRUE(opt->outputs()[1]->is_constant());
 }
 
+// CastLike reads only the type of its second input: a constant first input folds even when the
+// second is computed at run time (ONNX's Attention function: CastLike(-inf, mask) as Pad's value).
+TEST(FoldConstants, CastLikeOfConstantFoldsWithComputedTarget) {
+  G b;
+  Value* x = b.in("x", {2, 3});
+  Value* fill = b.op("CastLike", {b.c(Tensor::scalar(-1.5)), b.op("Relu", {x})});
+  b.out(b.op("Pad", {x, b.c(ints({0, 1, 0, 2})), fill}));
+  auto opt = optimize_checked(b.g, {"fold_constants"});
+  EXPECT_EQ(count(*opt, "CastLike"), 0);
+  const Node* pad = opt->nodes().back();
+  ASSERT_EQ(pad->op_type, "Pad");
+  ASSERT_TRUE(pad->input(2)->is_constant());
+  EXPECT_EQ(pad->input(2)->constant->dtype(), DataType::kFloat32);
+  EXPECT_EQ(pad->input(2)->constant->at_double(0), -1.5);
+}
+
 TEST(RemoveNoops, RemovesIdentityDropoutAndNoopLayoutOps) {
   G b;
   Value* x = b.in("x", {2, 3, 4});

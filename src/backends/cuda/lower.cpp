@@ -4,6 +4,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "ops/op.h"
 #include "shape_eval.h"
 #include "tuner.h"
 
@@ -173,8 +174,10 @@ std::vector<bool> host_nodes(const Graph& g, const std::vector<bool>& host_input
     bool h = is_shape_op(n->domain, n->op_type);
     if (!h) {
       h = true;
-      for (const Value* v : n->inputs())
-        if (v && !v->is_constant() && !host_vals.count(v)) h = false;
+      for (size_t i = 0; i < n->num_inputs(); ++i) {
+        const Value* v = n->input(i);
+        if (v && !v->is_constant() && !host_vals.count(v) && !input_is_type_only(*n, i)) h = false;
+      }
     }
     host[k] = h;
     if (h)

@@ -60,7 +60,17 @@ Expected<ShapeResult> evaluate_shapes(const Graph& g, const std::vector<bool>& h
         results[0] = eval_shape_op(*n, *in_shape);
       } else {
         std::vector<const Tensor*> ins;
-        for (const Value* v : n->inputs()) ins.push_back(v ? v->constant.get() : nullptr);
+        std::vector<Tensor> like;  // empty stand-ins for inputs read only for their type
+        like.reserve(n->num_inputs());
+        for (size_t i = 0; i < n->num_inputs(); ++i) {
+          const Value* v = n->input(i);
+          if (v && !v->is_constant() && input_is_type_only(*n, i)) {
+            like.emplace_back(v->type.dtype, std::vector<int64_t>{0});
+            ins.push_back(&like.back());
+          } else {
+            ins.push_back(v ? v->constant.get() : nullptr);
+          }
+        }
         for (size_t i = 0; i < ins.size(); ++i)
           if (n->input(i) && !ins[i])
             return KILN_ERROR("{}: input {} is not known on the host", n->label(), i);

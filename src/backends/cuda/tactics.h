@@ -21,6 +21,6 @@ std::span<const TacticDef> conv_tactics();         // layers/conv*.cpp: Conv, Co
                                                    // kiln.FusedConv (cuDNN, cuBLASLt)
 std::span<const TacticDef> pool_tactics();         // layers/pool.cu
 std::span<const TacticDef> gemm_tactics();         // layers/gemm.cpp: Gemm, MatMul, FusedGemm,
-                                                   // kiln.Attention
+                                                   // kiln.Attention, ONNX Attention
 
 }  // namespace kiln::gpu

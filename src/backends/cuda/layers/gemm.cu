@@ -435,6 +435,9 @@ Expected<std::unique_ptr<Layer>> create_attention(const LayerDesc& d);
 // einsum.cu
 bool einsum_supports(const LayerDesc& d, std::string* why);
 Expected<std::unique_ptr<Layer>> create_einsum(const LayerDesc& d);
+// attention_onnx.cu
+bool attention_onnx_supports(const LayerDesc& d, std::string* why);
+Expected<std::unique_ptr<Layer>> create_attention_onnx(const LayerDesc& d);
 
 namespace {
 
@@ -446,6 +449,8 @@ const TacticDef kGemmTactics[] = {
     {"kiln", "FusedGemm", "fused_gemm.cublas", kGemmCaps, 0, gemm_supports, create_gemm},
     {"kiln", "Attention", "attention.cublas", kGemmCaps, 0, attention_supports, create_attention},
     {"", "Einsum", "einsum.generic", kF32 | kF16 | kF64, 0, einsum_supports, create_einsum},
+    {"", "Attention", "attention_onnx.direct", kGemmCaps, 0, attention_onnx_supports,
+     create_attention_onnx},
 };
 
 }  // namespace

@@ -1,7 +1,10 @@
 // kiln.Attention(Q, Kt, V, mask?): Y = Softmax(Q @ Kt * scale + mask, axis=-1) @ V (ops/fused.h),
 // as batched GEMM (scores into the workspace, in float; double for float64) -> a row softmax
 // kernel that adds the mask (and with nan_to_zero turns NaN probabilities into 0) -> batched
-// GEMM with V. Batch dims broadcast as the unfused MatMul / Add / MatMul do.
+// GEMM with V. Batch dims broadcast as the unfused MatMul / Add / MatMul do. Float16/bfloat16
+// round after each step where the CPU reference (ops/fused_chain.cpp) rounds, so the 16-bit
+// results differ from it only by the order of the GEMM sums: the product, the scaled scores, the
+// biased scores and each softmax step.
 #include <algorithm>
 #include <cmath>
 
@@ -39,34 +42,84 @@ __device__ __forceinline__ A row_reduce(A v, A* smem) {
   return kMax ? warp_max(v) : warp_sum(v);
 }
 
-// One row of T scores per blockDim.x threads: p = softmax(s + mask). NaN anywhere in a row
-// (or a row of -inf, fully masked) makes the whole row NaN, as the reference's max-then-exp does;
-// nan_to_zero then writes 0 for NaN. `s` and `p` may alias (same type).
+// x rounded to T (float16/bfloat16), back in float.
+template <typename T>
+__device__ __forceinline__ float round16(float x) {
+  if constexpr (std::is_same_v<T, __half>) return __half2float(__float2half_rn(x));
+  else return __bfloat162float(__float2bfloat16_rn(x));
+}
+
+// The row's broadcast from lane/thread 0 (a warp, or a whole block with blockDim.y == 1).
+template <typename A>
+__device__ __forceinline__ A row_broadcast(A v, A* smem) {
+  if (blockDim.x <= 32) return __shfl_sync(0xffffffffu, v, 0);
+  __syncthreads();
+  if (threadIdx.x == 0) smem[0] = v;
+  __syncthreads();
+  return smem[0];
+}
+
+// One row of T scores per blockDim.x threads: p = softmax(s * scale + mask). NaN anywhere in a
+// row (or a row of -inf, fully masked) makes the whole row NaN, as the reference's max-then-exp
+// does; nan_to_zero then writes 0 for NaN. `s` and `p` may alias (same type).
+// For float16/bfloat16 (kRound) the steps round to T as the CPU reference's MatMul, Mul, Add and
+// Softmax do (s arrives unscaled; the softmax rounds after each step; bfloat16 sums in order,
+// rounding after every element), so the results are the reference's; float and double take
+// `s` already scaled by the GEMM.
 template <typename A, typename T>
 __global__ void attention_softmax(const A* s, T* p, const T* __restrict__ mask, StridedIndex mix,
-                                  int64_t rows, int64_t len, bool nan_to_zero) {
-  __shared__ A smem[32];
+                                  int64_t rows, int64_t len, bool nan_to_zero, float scale) {
+  constexpr bool kRound = std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>;
+  using R = std::conditional_t<kRound, double, A>;  // the reference's softmax runs in double
+  __shared__ R smem[32];
   for (int64_t row = blockIdx.x * int64_t(blockDim.y) + threadIdx.y;
        row - threadIdx.y < rows; row += int64_t(gridDim.x) * blockDim.y) {
     const bool live = row < rows;
     const A* sr = s + (live ? row : 0) * len;
-    auto at = [&](int64_t t) -> A {
-      A v = sr[t];
-      if (mask) v += static_cast<A>(load(mask, mix.offset(row * len + t)));
-      return v;
+    auto at = [&](int64_t t) -> R {
+      if constexpr (kRound) {
+        float v = round16<T>(sr[t]);
+        if (scale != 1.f) v = round16<T>(v * scale);
+        if (mask) v = round16<T>(v + load(mask, mix.offset(row * len + t)));
+        return v;
+      } else {
+        A v = sr[t];
+        if (mask) v += static_cast<A>(load(mask, mix.offset(row * len + t)));
+        return v;
+      }
     };
-    A mx = -INFINITY;
+    auto r = [](R x) -> R {
+      if constexpr (kRound) return round16<T>(static_cast<float>(x));
+      else return x;
+    };
+    R mx = -INFINITY;
     if (live)
       for (int64_t t = threadIdx.x; t < len; t += blockDim.x) mx = fmax(mx, at(t));
     mx = row_reduce<true>(mx, smem);
-    A sum = 0;
+    R sum = 0;
     if (live)
-      for (int64_t t = threadIdx.x; t < len; t += blockDim.x) sum += exp(at(t) - mx);
-    sum = row_reduce<false>(sum, smem);
+      for (int64_t t = threadIdx.x; t < len; t += blockDim.x) {
+        const R e = r(exp(r(at(t) - mx)));
+        if constexpr (kRound) store(p, row * len + t, e);  // exact: e is rounded to T
+        sum += e;
+      }
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {  // in order, as numpy's bfloat16 sum
+      if (blockDim.x <= 32) __syncwarp();
+      else __syncthreads();
+      R seq = 0;
+      if (live && threadIdx.x == 0)
+        for (int64_t t = 0; t < len; ++t) seq = r(seq + load(p, row * len + t));
+      sum = row_broadcast(seq, smem);
+    } else {
+      sum = row_reduce<false>(sum, smem);
+    }
+    sum = r(sum);
     // fmax skips NaN, but the sum carries it (exp(NaN - mx)), so the whole row becomes NaN.
     if (live)
       for (int64_t t = threadIdx.x; t < len; t += blockDim.x) {
-        A v = exp(at(t) - mx) / sum;
+        R v;
+        if constexpr (kRound) v = r(load(p, row * len + t) / sum);
+        else v = exp(at(t) - mx) / sum;
         if (nan_to_zero && isnan(v)) v = 0;
         store(p, row * len + t, v);
       }
@@ -178,8 +231,11 @@ class AttentionLayer final : public Layer {
     void* probs = probs_bytes_ ? static_cast<uint8_t*>(rc.workspace) + scores_bytes_ : scores;
     const bool has_mask = in.size() > 3 && in[3].present();
     if (rows_ * len_ > 0) {
-      KILN_RETURN_IF_ERROR(run_batched_gemm(rc, qk_, dtype_, acc_, precision_, scale_, in[0].data,
-                                            in[1].data, scores));
+      // 16-bit types scale in the softmax kernel, after rounding the product (as the reference).
+      const bool round_steps = dtype_ == DataType::kFloat16 || dtype_ == DataType::kBFloat16;
+      KILN_RETURN_IF_ERROR(run_batched_gemm(rc, qk_, dtype_, acc_, precision_,
+                                            round_steps ? 1.f : scale_, in[0].data, in[1].data,
+                                            scores));
       const bool wide = len_ > 1024;  // a block per row; else a warp per row
       const dim3 block = wide ? dim3(256, 1) : dim3(32, 8);
       const int64_t blocks = (rows_ + block.y - 1) / block.y;
@@ -190,7 +246,7 @@ class AttentionLayer final : public Layer {
         attention_softmax<A, T><<<grid, block, 0, rc.stream>>>(
             static_cast<const A*>(scores), static_cast<T*>(probs),
             has_mask ? static_cast<const T*>(in[3].data) : nullptr, mix_, rows_, len_,
-            nan_to_zero_);
+            nan_to_zero_, round_steps ? scale_ : 1.f);
       });
       KILN_CUDA_LAUNCH_CHECK("attention softmax");
     }

@@ -214,6 +214,34 @@ __global__ void softmax_cols(const T* __restrict__ x, T* __restrict__ y, int64_t
   }
 }
 
+// Softmax of a float16/bfloat16 model, rounded after each step as the CPU reference (and the
+// ONNX reference, computing in the type) does: a thread per (outer, inner) column in the
+// reference's order; bfloat16 sums element by element in bfloat16, float16 in double.
+template <typename T>
+__device__ __forceinline__ double round16(double v) {
+  if constexpr (std::is_same_v<T, __half>) return __half2float(__float2half_rn(float(v)));
+  else return __bfloat162float(__float2bfloat16_rn(float(v)));
+}
+template <typename T>
+__global__ void softmax16_cols(const T* __restrict__ x, T* __restrict__ y, int64_t outer,
+                               int64_t n, int64_t inner) {
+  KILN_GRID_STRIDE(c, outer * inner) {
+    const int64_t base = (c / inner) * n * inner + c % inner;
+    double mx = load(x, base);
+    for (int64_t k = 1; k < n; ++k) mx = fmax(mx, double(load(x, base + k * inner)));
+    if (isnan(double(load(x, base)))) mx = load(x, base);
+    double sum = 0;
+    for (int64_t k = 0; k < n; ++k) {
+      const double e = round16<T>(exp(round16<T>(double(load(x, base + k * inner)) - mx)));
+      store(y, base + k * inner, e);  // exact: e is rounded to T
+      sum = std::is_same_v<T, __nv_bfloat16> ? round16<T>(sum + e) : sum + e;
+    }
+    sum = round16<T>(sum);
+    for (int64_t k = 0; k < n; ++k)
+      store(y, base + k * inner, round16<T>(double(load(y, base + k * inner)) / sum));
+  }
+}
+
 template <SKind K, typename T>
 void launch_softmax(const T* x, T* y, int64_t outer, int64_t n, int64_t inner, cudaStream_t s) {
   if (inner != 1) {
@@ -242,7 +270,11 @@ class SoftmaxLayer final : public Layer {
       : node_(d.node),
         kind_(d.node->op_type == "Softmax"      ? SKind::kSoftmax
               : d.node->op_type == "LogSoftmax" ? SKind::kLogSoftmax
-                                                : SKind::kHardmax) {}
+                                                : SKind::kHardmax),
+        // A 16-bit model's Softmax rounds as the reference does (not one stored in 16 bits
+        // only for speed: --fp16 of a float32 model keeps the fast kernels).
+        round16_(kind_ == SKind::kSoftmax && d.in_type(0).dtype == d.in[0].dtype &&
+                 (d.in[0].dtype == DataType::kFloat16 || d.in[0].dtype == DataType::kBFloat16)) {}
 
   Expected<size_t> configure(const RunContext&, std::span<const DeviceTensor> in,
                              std::span<const DeviceTensor>) override {
@@ -269,6 +301,13 @@ class SoftmaxLayer final : public Layer {
       using T = decltype(tag);
       const T* x = static_cast<const T*>(in[0].data);
       T* y = static_cast<T*>(out[0].data);
+      if constexpr (std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) {
+        if (round16_) {
+          softmax16_cols<T><<<grid_for(outer_ * inner_), kBlock, 0, rc.stream>>>(x, y, outer_,
+                                                                                 n_, inner_);
+          return;
+        }
+      }
       if (kind_ == SKind::kSoftmax)
         launch_softmax<SKind::kSoftmax>(x, y, outer_, n_, inner_, rc.stream);
       else if (kind_ == SKind::kLogSoftmax)
@@ -284,6 +323,7 @@ class SoftmaxLayer final : public Layer {
  private:
   const Node* node_;
   SKind kind_;
+  bool round16_ = false;
   int64_t outer_ = 0, n_ = 0, inner_ = 0;
 };
 
