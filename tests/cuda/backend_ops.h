@@ -58,10 +58,7 @@ std::vector<OpCase> movement_cases();
 std::vector<OpCase> reduce_cases();
 std::vector<OpCase> conv_cases();       // conv family (Conv, ConvTranspose, FusedConv)
 std::vector<OpCase> gemm_pool_cases();  // pooling, Gemm, MatMul, FusedGemm, Attention
-<<<<<<< HEAD
 std::vector<OpCase> types_cases();      // float8/int4 Cast and Q/DQ, Einsum, RotaryEmbedding
-=======
 std::vector<OpCase> attention_cases();  // ONNX Attention (layers/attention_onnx.cu)
->>>>>>> gpu-attention
 
 }  // namespace kiln::gpu::test
