@@ -29,9 +29,11 @@ double round_to(DataType t, double x) {
   }
 }
 
-Status check_types(const Node& n, DataType x, DataType c, DataType s) {
+// `kernel`: the CPU kernel also takes float64, which only the float64 reference mode of the CPU
+// executor feeds it (ONNX's RotaryEmbedding has no float64; inference refuses it).
+Status check_types(const Node& n, DataType x, DataType c, DataType s, bool kernel = false) {
   if (x != DataType::kUndefined && x != DataType::kFloat32 && x != DataType::kFloat16 &&
-      x != DataType::kBFloat16)
+      x != DataType::kBFloat16 && !(kernel && x == DataType::kFloat64))
     return KILN_ERROR("{}: RotaryEmbedding takes float32, float16 or bfloat16, got {}", n.label(),
                       dtype_name(x));
   for (DataType t : {c, s})
@@ -58,7 +60,7 @@ Status cpu_rotary(KernelContext& ctx) {
   const Tensor* pos = ctx.input(3);
   if (!x || !cosc || !sinc)
     return KILN_ERROR("{}: X, cos_cache and sin_cache are required", n.label());
-  KILN_RETURN_IF_ERROR(check_types(n, x->dtype(), cosc->dtype(), sinc->dtype()));
+  KILN_RETURN_IF_ERROR(check_types(n, x->dtype(), cosc->dtype(), sinc->dtype(), /*kernel=*/true));
   if (x->rank() != 3 && x->rank() != 4)
     return KILN_ERROR("{}: X must be 3-D or 4-D, got {}", n.label(), x->desc());
   const bool packed = x->rank() == 3;

@@ -115,7 +115,7 @@ std::vector<OpCase> attention_cases() {
   // Long rows: many keys per block, a head size over the block width.
   v.push_back(make({.name = "long_rows",
                     .q = {1, 4, 256},
-                    .k = {1, 1500, 256},
+                    .k = {1, 1500, 128},
                     .v = {1, 1500, 128},
                     .mask = in({1, 1, 4, 1500}),
                     .a = attrs({{"q_num_heads", I(2)}, {"kv_num_heads", I(1)}}),
