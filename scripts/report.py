@@ -105,7 +105,7 @@ def line_plot(plt, data, title, ylabel, logy=False):
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, ncol=2, handlelength=3.5)  # long enough to tell dashed from solid
     return png(fig)
 
 
