@@ -51,6 +51,11 @@ CaseInput absent();
 CaseInput konst_random(std::vector<int64_t> shape, double scale);
 Attribute ints_attr(std::vector<int64_t> v);
 Attributes attrs(std::initializer_list<std::pair<const char*, Attribute>> kv);
+// A case from its parts.
+OpCase make_case(std::string name, std::string op, Attributes a, std::vector<CaseInput> ins,
+                 std::vector<std::string> modes, std::string domain = "");
+// A non-constant input with fixed values of type t (given as doubles).
+CaseInput fixed(std::vector<int64_t> shape, std::vector<double> values, DataType t = DataType::kFloat32);
 
 // The families' case lists (tests/cuda/cases_*.cpp).
 std::vector<OpCase> elementwise_cases();

@@ -25,24 +25,7 @@ constexpr DataType kF32 = DataType::kFloat32, kF16 = DataType::kFloat16,
                    kI32 = DataType::kInt32, kI64 = DataType::kInt64, kU32 = DataType::kUInt32,
                    kU64 = DataType::kUInt64, kU16 = DataType::kUInt16, kBool = DataType::kBool;
 
-OpCase make(std::string name, std::string op, Attributes a, std::vector<CaseInput> ins,
-            Modes modes, std::string domain = "") {
-  OpCase c;
-  c.name = std::move(name);
-  c.op_type = std::move(op);
-  c.domain = std::move(domain);
-  c.attrs = std::move(a);
-  c.inputs = std::move(ins);
-  c.modes = std::move(modes);
-  return c;
-}
 
-// A non-constant input with fixed values of type t (given as doubles).
-CaseInput fixed(std::vector<int64_t> shape, std::vector<double> values, DataType t = kF32) {
-  CaseInput c = konst(Tensor::from<double>(std::move(shape), values).cast(t));
-  c.constant = false;
-  return c;
-}
 
 // Pseudo-random multiples of 0.25 in [-4, 4] (exact in float16, with ties for comparisons), with
 // a NaN every `nan_every` elements (0: none).
@@ -91,81 +74,81 @@ void unary_cases(std::vector<OpCase>& v) {
   };
   for (const U& u : ops) {
     const std::string n = lower(u.op);
-    v.push_back(make(n, u.op, {}, {in({3, 5, 7}, kF32, u.lo, u.hi)}, kF));
-    if (u.f64) v.push_back(make(n + "_f64", u.op, {}, {in({4, 9}, kF64, u.lo, u.hi)}, kExact));
+    v.push_back(make_case(n, u.op, {}, {in({3, 5, 7}, kF32, u.lo, u.hi)}, kF));
+    if (u.f64) v.push_back(make_case(n + "_f64", u.op, {}, {in({4, 9}, kF64, u.lo, u.hi)}, kExact));
     // Float16 tensors: the CPU computes in float too; its libm may differ by an ulp.
-    v.push_back(make(n + "_half_input", u.op, {}, {in({37}, kF16, u.lo, u.hi)}, kExact));
+    v.push_back(make_case(n + "_half_input", u.op, {}, {in({37}, kF16, u.lo, u.hi)}, kExact));
     v.back().tolerance = 2e-3;
   }
   // Floor/Ceil/Round jump at integers: float16 rounding of the input would move results.
   for (const char* op : {"Floor", "Ceil", "Round"}) {
-    v.push_back(make(lower(op), op, {}, {in({4, 33}, kF32, -5, 5)}, kExact));
-    v.push_back(make(lower(op) + "_quarters", op, {}, {fixed({66}, quarters(66, 7))}, kF));
-    v.push_back(make(lower(op) + "_f64", op, {}, {in({20}, kF64, -5, 5)}, kExact));
+    v.push_back(make_case(lower(op), op, {}, {in({4, 33}, kF32, -5, 5)}, kExact));
+    v.push_back(make_case(lower(op) + "_quarters", op, {}, {fixed({66}, quarters(66, 7))}, kF));
+    v.push_back(make_case(lower(op) + "_f64", op, {}, {in({20}, kF64, -5, 5)}, kExact));
   }
-  v.push_back(make("round_half_even", "Round", {},
+  v.push_back(make_case("round_half_even", "Round", {},
                    {fixed({10}, {0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 3.5, 0.49999997, -7.5, 8.5})}, kF));
-  v.push_back(make("sign_nan_zero", "Sign", {}, {fixed({5}, {0.0, -0.0, std::nan(""), 3, -2})}, kF));
+  v.push_back(make_case("sign_nan_zero", "Sign", {}, {fixed({5}, {0.0, -0.0, std::nan(""), 3, -2})}, kF));
   // Attributes.
-  v.push_back(make("leaky_relu_alpha", "LeakyRelu", attrs({{"alpha", F(0.3f)}}), {in({40})}, kF));
-  v.push_back(make("elu_alpha", "Elu", attrs({{"alpha", F(0.5f)}}), {in({40}, kF32, -3, 3)}, kF));
-  v.push_back(make("selu_attrs", "Selu", attrs({{"alpha", F(2.f)}, {"gamma", F(0.7f)}}),
+  v.push_back(make_case("leaky_relu_alpha", "LeakyRelu", attrs({{"alpha", F(0.3f)}}), {in({40})}, kF));
+  v.push_back(make_case("elu_alpha", "Elu", attrs({{"alpha", F(0.5f)}}), {in({40}, kF32, -3, 3)}, kF));
+  v.push_back(make_case("selu_attrs", "Selu", attrs({{"alpha", F(2.f)}, {"gamma", F(0.7f)}}),
                    {in({40}, kF32, -3, 3)}, kF));
-  v.push_back(make("celu_alpha", "Celu", attrs({{"alpha", F(2.f)}}), {in({40}, kF32, -3, 3)}, kF));
-  v.push_back(make("hard_sigmoid_attrs", "HardSigmoid", attrs({{"alpha", F(0.5f)}, {"beta", F(0.25f)}}),
+  v.push_back(make_case("celu_alpha", "Celu", attrs({{"alpha", F(2.f)}}), {in({40}, kF32, -3, 3)}, kF));
+  v.push_back(make_case("hard_sigmoid_attrs", "HardSigmoid", attrs({{"alpha", F(0.5f)}, {"beta", F(0.25f)}}),
                    {in({40}, kF32, -3, 3)}, kF));
-  v.push_back(make("thresholded_relu_alpha", "ThresholdedRelu", attrs({{"alpha", F(0.5f)}}),
+  v.push_back(make_case("thresholded_relu_alpha", "ThresholdedRelu", attrs({{"alpha", F(0.5f)}}),
                    {in({40}, kF32, -2, 2)}, kF));
-  v.push_back(make("shrink_attrs", "Shrink", attrs({{"lambd", F(0.8f)}, {"bias", F(0.3f)}}),
+  v.push_back(make_case("shrink_attrs", "Shrink", attrs({{"lambd", F(0.8f)}, {"bias", F(0.3f)}}),
                    {in({40}, kF32, -2, 2)}, kF));
-  v.push_back(make("gelu_tanh", "Gelu", attrs({{"approximate", S("tanh")}}), {in({3, 50}, kF32, -4, 4)}, kF));
-  v.push_back(make("gelu_f64", "Gelu", {}, {in({50}, kF64, -4, 4)}, kExact));
-  v.push_back(make("gelu_tanh_f64", "Gelu", attrs({{"approximate", S("tanh")}}), {in({50}, kF64, -4, 4)}, kExact));
-  v.push_back(make("sigmoid_bf16", "Sigmoid", {}, {in({64}, kBF16, -4, 4)}, kExact));
+  v.push_back(make_case("gelu_tanh", "Gelu", attrs({{"approximate", S("tanh")}}), {in({3, 50}, kF32, -4, 4)}, kF));
+  v.push_back(make_case("gelu_f64", "Gelu", {}, {in({50}, kF64, -4, 4)}, kExact));
+  v.push_back(make_case("gelu_tanh_f64", "Gelu", attrs({{"approximate", S("tanh")}}), {in({50}, kF64, -4, 4)}, kExact));
+  v.push_back(make_case("sigmoid_bf16", "Sigmoid", {}, {in({64}, kBF16, -4, 4)}, kExact));
   v.back().tolerance = 1e-2;
-  v.push_back(make("relu_nan", "Relu", {}, {fixed({6}, {1, -1, std::nan(""), 0, -0.5, 2})}, kF));
-  v.push_back(make("relu_empty", "Relu", {}, {in({2, 0, 4})}, kF));
-  v.push_back(make("exp_large_odd", "Exp", {}, {in({3, 5, 97, 131}, kF32, -2, 2)}, kF));
+  v.push_back(make_case("relu_nan", "Relu", {}, {fixed({6}, {1, -1, std::nan(""), 0, -0.5, 2})}, kF));
+  v.push_back(make_case("relu_empty", "Relu", {}, {in({2, 0, 4})}, kF));
+  v.push_back(make_case("exp_large_odd", "Exp", {}, {in({3, 5, 97, 131}, kF32, -2, 2)}, kF));
   // Integer variants (exact).
   for (DataType t : {kI32, kI64, kI8}) {
     std::string s = "_";  // (operator+ here trips a false -Wrestrict in GCC 12)
     s += dtype_name(t);
-    v.push_back(make("abs" + s, "Abs", {}, {in({30}, t, -100, 100)}, kExact));
-    v.push_back(make("neg" + s, "Neg", {}, {in({30}, t, -100, 100)}, kExact));
-    v.push_back(make("sign" + s, "Sign", {}, {in({30}, t, -3, 3)}, kExact));
-    v.push_back(make("relu" + s, "Relu", {}, {in({30}, t, -50, 50)}, kExact));
-    v.push_back(make("erf" + s, "Erf", {}, {fixed({9}, {-9, -8, -5, -1, 0, 1, 5, 8, 9}, t)}, kExact));
-    v.push_back(make("shrink" + s, "Shrink", attrs({{"lambd", F(2.f)}, {"bias", F(1.5f)}}),
+    v.push_back(make_case("abs" + s, "Abs", {}, {in({30}, t, -100, 100)}, kExact));
+    v.push_back(make_case("neg" + s, "Neg", {}, {in({30}, t, -100, 100)}, kExact));
+    v.push_back(make_case("sign" + s, "Sign", {}, {in({30}, t, -3, 3)}, kExact));
+    v.push_back(make_case("relu" + s, "Relu", {}, {in({30}, t, -50, 50)}, kExact));
+    v.push_back(make_case("erf" + s, "Erf", {}, {fixed({9}, {-9, -8, -5, -1, 0, 1, 5, 8, 9}, t)}, kExact));
+    v.push_back(make_case("shrink" + s, "Shrink", attrs({{"lambd", F(2.f)}, {"bias", F(1.5f)}}),
                      {in({30}, t, -6, 6)}, kExact));
   }
-  v.push_back(make("abs_int8_min", "Abs", {}, {fixed({3}, {-128, 127, -1}, kI8)}, kExact));
-  v.push_back(make("abs_uint16", "Abs", {}, {in({30}, kU16, 0, 1000)}, kExact));
-  v.push_back(make("sign_uint32", "Sign", {}, {in({30}, kU32, 0, 2)}, kExact));
+  v.push_back(make_case("abs_int8_min", "Abs", {}, {fixed({3}, {-128, 127, -1}, kI8)}, kExact));
+  v.push_back(make_case("abs_uint16", "Abs", {}, {in({30}, kU16, 0, 1000)}, kExact));
+  v.push_back(make_case("sign_uint32", "Sign", {}, {in({30}, kU32, 0, 2)}, kExact));
   // Bool out / bool in.
-  v.push_back(make("not", "Not", {}, {in({3, 17}, kBool)}, kExact));
-  v.push_back(make("not_empty", "Not", {}, {in({0}, kBool)}, kExact));
+  v.push_back(make_case("not", "Not", {}, {in({3, 17}, kBool)}, kExact));
+  v.push_back(make_case("not_empty", "Not", {}, {in({0}, kBool)}, kExact));
   const std::vector<double> special = {1.0, -INFINITY, INFINITY, std::nan(""), 0.0, -3.5,
                                        INFINITY, -INFINITY};
-  v.push_back(make("isnan", "IsNaN", {}, {fixed({8}, special)}, kF));
-  v.push_back(make("isnan_f64", "IsNaN", {}, {fixed({8}, special, kF64)}, kExact));
-  v.push_back(make("isinf", "IsInf", {}, {fixed({8}, special)}, kF));
-  v.push_back(make("isinf_pos_only", "IsInf", attrs({{"detect_negative", I(0)}}),
+  v.push_back(make_case("isnan", "IsNaN", {}, {fixed({8}, special)}, kF));
+  v.push_back(make_case("isnan_f64", "IsNaN", {}, {fixed({8}, special, kF64)}, kExact));
+  v.push_back(make_case("isinf", "IsInf", {}, {fixed({8}, special)}, kF));
+  v.push_back(make_case("isinf_pos_only", "IsInf", attrs({{"detect_negative", I(0)}}),
                    {fixed({8}, special)}, kF));
-  v.push_back(make("isinf_neg_only_f16", "IsInf", attrs({{"detect_positive", I(0)}}),
+  v.push_back(make_case("isinf_neg_only_f16", "IsInf", attrs({{"detect_positive", I(0)}}),
                    {fixed({8}, special, kF16)}, kExact));
 }
 
 void activation_cases(std::vector<OpCase>& v) {
   // PRelu: slope broadcast unidirectionally.
-  v.push_back(make("prelu_channel", "PRelu", {}, {in({2, 6, 5, 7}, kF32, -2, 2), in({6, 1, 1})}, kNhwc));
-  v.push_back(make("prelu_channel_4d", "PRelu", {}, {in({2, 6, 5, 7}, kF32, -2, 2), in({1, 6, 1, 1})},
+  v.push_back(make_case("prelu_channel", "PRelu", {}, {in({2, 6, 5, 7}, kF32, -2, 2), in({6, 1, 1})}, kNhwc));
+  v.push_back(make_case("prelu_channel_4d", "PRelu", {}, {in({2, 6, 5, 7}, kF32, -2, 2), in({1, 6, 1, 1})},
                    kNhwc));
-  v.push_back(make("prelu_scalar", "PRelu", {}, {in({3, 11}), in({1})}, kF));
-  v.push_back(make("prelu_last_axis", "PRelu", {}, {in({3, 4, 11}), konst_random({11}, 1)}, kF));
-  v.push_back(make("prelu_same", "PRelu", {}, {in({5, 9}), in({5, 9})}, kF));
-  v.push_back(make("prelu_f64", "PRelu", {}, {in({2, 3, 4}, kF64), in({3, 1}, kF64)}, kExact));
-  v.push_back(make("prelu_int32", "PRelu", {}, {in({4, 9}, kI32, -20, 20), in({9}, kI32, -3, 3)}, kExact));
-  v.push_back(make("prelu_int64", "PRelu", {}, {in({4, 9}, kI64, -20, 20), in({4, 1}, kI64, -3, 3)},
+  v.push_back(make_case("prelu_scalar", "PRelu", {}, {in({3, 11}), in({1})}, kF));
+  v.push_back(make_case("prelu_last_axis", "PRelu", {}, {in({3, 4, 11}), konst_random({11}, 1)}, kF));
+  v.push_back(make_case("prelu_same", "PRelu", {}, {in({5, 9}), in({5, 9})}, kF));
+  v.push_back(make_case("prelu_f64", "PRelu", {}, {in({2, 3, 4}, kF64), in({3, 1}, kF64)}, kExact));
+  v.push_back(make_case("prelu_int32", "PRelu", {}, {in({4, 9}, kI32, -20, 20), in({9}, kI32, -3, 3)}, kExact));
+  v.push_back(make_case("prelu_int64", "PRelu", {}, {in({4, 9}, kI64, -20, 20), in({4, 1}, kI64, -3, 3)},
                    kExact));
 }
 
@@ -173,7 +156,7 @@ void activation_cases(std::vector<OpCase>& v) {
 OpCase bin(std::string name, const char* op, std::vector<int64_t> a, std::vector<int64_t> b,
            DataType t = kF32, double lo = -1, double hi = 1, double blo = -1, double bhi = 1,
            Modes m = kF) {
-  return make(std::move(name), op, {}, {in(std::move(a), t, lo, hi), in(std::move(b), t, blo, bhi)},
+  return make_case(std::move(name), op, {}, {in(std::move(a), t, lo, hi), in(std::move(b), t, blo, bhi)},
               std::move(m));
 }
 
@@ -205,55 +188,55 @@ void binary_cases(std::vector<OpCase>& v) {
   v.back().tolerance = 1e-2;
   v.push_back(bin("add_uint64", "Add", {20}, {20}, kU64, 0, 1e6, 0, 1e6, kExact));
   v.push_back(bin("mul_int16", "Mul", {20}, {20}, kI16, -300, 300, -300, 300, kExact));
-  v.push_back(make("div_int_min_by_minus_one", "Div", {},
+  v.push_back(make_case("div_int_min_by_minus_one", "Div", {},
                    {fixed({3}, {-2147483648.0, 7, -7}, kI32), fixed({3}, {-1, -2, 2}, kI32)}, kExact));
-  v.push_back(make("div_by_zero_float", "Div", {}, {fixed({4}, {1, -1, 0, 2}), fixed({4}, {0, 0, 0, 4})}, kF));
+  v.push_back(make_case("div_by_zero_float", "Div", {}, {fixed({4}, {1, -1, 0, 2}), fixed({4}, {0, 0, 0, 4})}, kF));
   // Legacy (opset < 7) broadcast with an axis: B aligns with A from axis 1.
-  v.push_back(make("add_legacy_axis", "Add", attrs({{"kiln_broadcast_axis", I(1)}}),
+  v.push_back(make_case("add_legacy_axis", "Add", attrs({{"kiln_broadcast_axis", I(1)}}),
                    {in({2, 3, 4, 5}), in({3, 4})}, kF));
   // Mod: both sign rules, floats and integers.
   for (int fmod : {0, 1}) {
     const std::string s = fmod ? "_fmod" : "";
     const Attributes a = attrs({{"fmod", I(fmod)}});
-    v.push_back(make("mod_float_pos" + s, "Mod", a, {in({40}, kF32, -10, 10), in({40}, kF32, 0.5, 3)}, kExact));
-    v.push_back(make("mod_float_neg" + s, "Mod", a, {in({40}, kF32, -10, 10), in({1}, kF32, -3, -0.5)}, kExact));
-    v.push_back(make("mod_f64" + s, "Mod", a, {in({40}, kF64, -10, 10), in({40}, kF64, 0.5, 3)}, kExact));
-    v.push_back(make("mod_quarters" + s, "Mod", a,
+    v.push_back(make_case("mod_float_pos" + s, "Mod", a, {in({40}, kF32, -10, 10), in({40}, kF32, 0.5, 3)}, kExact));
+    v.push_back(make_case("mod_float_neg" + s, "Mod", a, {in({40}, kF32, -10, 10), in({1}, kF32, -3, -0.5)}, kExact));
+    v.push_back(make_case("mod_f64" + s, "Mod", a, {in({40}, kF64, -10, 10), in({40}, kF64, 0.5, 3)}, kExact));
+    v.push_back(make_case("mod_quarters" + s, "Mod", a,
                      {fixed({30}, quarters(30, 3)), fixed({30}, {1.5, -1.5, 0.75, -2.25, 1, -1, 2.5, 3, -0.5, 1.25,
                                                               1.5, -1.5, 0.75, -2.25, 1, -1, 2.5, 3, -0.5, 1.25,
                                                               1.5, -1.5, 0.75, -2.25, 1, -1, 2.5, 3, -0.5, 1.25})},
                      kF));
     for (DataType t : {kI32, kI64, kI8}) {
       const std::string n = "mod_" + std::string(dtype_name(t)) + s;
-      v.push_back(make(n + "_pos", "Mod", a, {in({40}, t, -50, 50), in({40}, t, 1, 9)}, kExact));
-      v.push_back(make(n + "_neg", "Mod", a, {in({40}, t, -50, 50), in({40}, t, -9, -1)}, kExact));
+      v.push_back(make_case(n + "_pos", "Mod", a, {in({40}, t, -50, 50), in({40}, t, 1, 9)}, kExact));
+      v.push_back(make_case(n + "_neg", "Mod", a, {in({40}, t, -50, 50), in({40}, t, -9, -1)}, kExact));
     }
-    v.push_back(make("mod_uint32" + s, "Mod", a, {in({40}, kU32, 0, 500), in({1}, kU32, 1, 9)}, kExact));
+    v.push_back(make_case("mod_uint32" + s, "Mod", a, {in({40}, kU32, 0, 500), in({1}, kU32, 1, 9)}, kExact));
   }
   // Pow: float, mixed base/exponent types, integer bases.
   v.push_back(bin("pow", "Pow", {3, 11}, {3, 11}, kF32, 0.5, 2, -2, 2));
   v.push_back(bin("pow_scalar_exp", "Pow", {3, 11}, {}, kF32, 0.1, 3, 2, 2));
   v.push_back(bin("pow_f64", "Pow", {30}, {30}, kF64, 0.5, 2, -3, 3, kExact));
-  v.push_back(make("pow_int64_exponent", "Pow", {}, {in({4, 8}, kF32, 0.5, 2), in({8}, kI64, -3, 4)}, kF));
-  v.push_back(make("pow_negative_base", "Pow", {},
+  v.push_back(make_case("pow_int64_exponent", "Pow", {}, {in({4, 8}, kF32, 0.5, 2), in({8}, kI64, -3, 4)}, kF));
+  v.push_back(make_case("pow_negative_base", "Pow", {},
                    {fixed({5}, {-2, -1.5, -0.5, 3, -3}), fixed({5}, {3, 2, -3, 0, 1}, kI32)}, kF));
-  v.push_back(make("pow_int32_exponent_f16", "Pow", {}, {in({4, 8}, kF16, -2, 2), in({8}, kI32, 0, 4)}, kExact));
+  v.push_back(make_case("pow_int32_exponent_f16", "Pow", {}, {in({4, 8}, kF16, -2, 2), in({8}, kI32, 0, 4)}, kExact));
   v.back().tolerance = 2e-3;
-  v.push_back(make("pow_int32", "Pow", {}, {in({40}, kI32, -5, 5), in({40}, kI32, 0, 6)}, kExact));
-  v.push_back(make("pow_int64_negative_exp", "Pow", {},
+  v.push_back(make_case("pow_int32", "Pow", {}, {in({40}, kI32, -5, 5), in({40}, kI32, 0, 6)}, kExact));
+  v.push_back(make_case("pow_int64_negative_exp", "Pow", {},
                    {fixed({6}, {1, -1, -1, 2, -2, 0}, kI64), fixed({6}, {-3, -3, -2, -1, 3, 5}, kI64)}, kExact));
-  v.push_back(make("pow_int32_float_exp", "Pow", {}, {in({40}, kI32, 1, 9), in({40}, kF32, 0.0, 2.5)}, kExact));
-  v.push_back(make("pow_uint8_wrap", "Pow", {}, {in({40}, kU8, 0, 9), in({1}, kI64, 3, 5)}, kExact));
-  v.push_back(make("pow_float_uint8_exp", "Pow", {}, {in({20}), in({20}, kU8, 0, 3)}, kF));
+  v.push_back(make_case("pow_int32_float_exp", "Pow", {}, {in({40}, kI32, 1, 9), in({40}, kF32, 0.0, 2.5)}, kExact));
+  v.push_back(make_case("pow_uint8_wrap", "Pow", {}, {in({40}, kU8, 0, 9), in({1}, kI64, 3, 5)}, kExact));
+  v.push_back(make_case("pow_float_uint8_exp", "Pow", {}, {in({20}), in({20}, kU8, 0, 3)}, kF));
 }
 
 void compare_logic_cases(std::vector<OpCase>& v) {
   for (const char* op : {"Equal", "Greater", "GreaterOrEqual", "Less", "LessOrEqual"}) {
     const std::string n = lower(op);
     // Quarter values: exact in float16, with ties.
-    v.push_back(make(n, op, {}, {fixed({4, 9}, quarters(36, 11)), fixed({9}, quarters(9, 5))}, kF));
-    v.push_back(make(n + "_nan", op, {}, {fixed({12}, quarters(12, 2, 4)), fixed({12}, quarters(12, 2, 5))}, kF));
-    v.push_back(make(n + "_f64", op, {}, {fixed({10}, quarters(10, 3), kF64), fixed({}, {0.5}, kF64)}, kExact));
+    v.push_back(make_case(n, op, {}, {fixed({4, 9}, quarters(36, 11)), fixed({9}, quarters(9, 5))}, kF));
+    v.push_back(make_case(n + "_nan", op, {}, {fixed({12}, quarters(12, 2, 4)), fixed({12}, quarters(12, 2, 5))}, kF));
+    v.push_back(make_case(n + "_f64", op, {}, {fixed({10}, quarters(10, 3), kF64), fixed({}, {0.5}, kF64)}, kExact));
     v.push_back(bin(n + "_int32", op, {5, 6}, {5, 1}, kI32, -3, 3, -3, 3, kExact));
     v.push_back(bin(n + "_int64", op, {5, 6}, {6}, kI64, -3, 3, -3, 3, kExact));
     v.push_back(bin(n + "_uint8", op, {30}, {}, kU8, 0, 4, 0, 4, kExact));
@@ -267,18 +250,18 @@ void compare_logic_cases(std::vector<OpCase>& v) {
   for (DataType t : {kU8, kU16, kU32, kU64}) {
     const double bits = static_cast<double>(dtype_size(t) * 8);
     for (const char* dir : {"LEFT", "RIGHT"}) {
-      v.push_back(make("bitshift_" + lower(dir) + "_" + std::string(dtype_name(t)), "BitShift",
+      v.push_back(make_case("bitshift_" + lower(dir) + "_" + std::string(dtype_name(t)), "BitShift",
                        attrs({{"direction", S(dir)}}),
                        {in({40}, t, 0, 200), in({40}, t, 0, bits + 2)}, kExact));
     }
   }
-  v.push_back(make("bitshift_broadcast", "BitShift", attrs({{"direction", S("LEFT")}}),
+  v.push_back(make_case("bitshift_broadcast", "BitShift", attrs({{"direction", S("LEFT")}}),
                    {in({3, 5}, kU32, 0, 1000), in({3, 1}, kU32, 0, 8)}, kExact));
   // Signed (BitShift-28): left wraps, right is arithmetic, out-of-range amounts give 0 or -1.
   for (DataType t : {kI8, kI32, kI64}) {
     const double bits = static_cast<double>(dtype_size(t) * 8);
     for (const char* dir : {"LEFT", "RIGHT"}) {
-      v.push_back(make("bitshift_" + lower(dir) + "_" + std::string(dtype_name(t)), "BitShift",
+      v.push_back(make_case("bitshift_" + lower(dir) + "_" + std::string(dtype_name(t)), "BitShift",
                        attrs({{"direction", S(dir)}}),
                        {in({40}, t, -100, 100), in({40}, t, -2, bits + 2)}, kExact));
     }
@@ -288,61 +271,61 @@ void compare_logic_cases(std::vector<OpCase>& v) {
 void variadic_cases(std::vector<OpCase>& v) {
   for (const char* op : {"Max", "Min", "Sum", "Mean"}) {
     const std::string n = lower(op);
-    v.push_back(make(n + "_one", op, {}, {in({3, 5})}, kF));
-    v.push_back(make(n + "_two", op, {}, {in({3, 5}), in({3, 5})}, kF));
-    v.push_back(make(n + "_three_broadcast", op, {}, {in({3, 1}), in({4, 1, 5}), in({})}, kF));
-    v.push_back(make(n + "_f64", op, {}, {in({2, 6}, kF64), in({6}, kF64), in({2, 1}, kF64)}, kExact));
-    v.push_back(make(n + "_nine", op, {}, std::vector<CaseInput>(9, in({2, 7})), kF));
+    v.push_back(make_case(n + "_one", op, {}, {in({3, 5})}, kF));
+    v.push_back(make_case(n + "_two", op, {}, {in({3, 5}), in({3, 5})}, kF));
+    v.push_back(make_case(n + "_three_broadcast", op, {}, {in({3, 1}), in({4, 1, 5}), in({})}, kF));
+    v.push_back(make_case(n + "_f64", op, {}, {in({2, 6}, kF64), in({6}, kF64), in({2, 1}, kF64)}, kExact));
+    v.push_back(make_case(n + "_nine", op, {}, std::vector<CaseInput>(9, in({2, 7})), kF));
   }
   for (const char* op : {"Max", "Min"}) {
     const std::string n = lower(op);
-    v.push_back(make(n + "_nan", op, {},
+    v.push_back(make_case(n + "_nan", op, {},
                      {fixed({12}, quarters(12, 4, 3)), fixed({12}, quarters(12, 9, 5))}, kF));
-    v.push_back(make(n + "_int32_three", op, {},
+    v.push_back(make_case(n + "_int32_three", op, {},
                      {in({4, 5}, kI32, -50, 50), in({5}, kI32, -50, 50), in({4, 1}, kI32, -50, 50)}, kExact));
-    v.push_back(make(n + "_int64_two", op, {}, {in({4, 5}, kI64, -50, 50), in({4, 5}, kI64, -50, 50)}, kExact));
-    v.push_back(make(n + "_uint8_one", op, {}, {in({9}, kU8, 0, 200)}, kExact));
-    v.push_back(make(n + "_empty", op, {}, {in({0, 5}), in({5})}, kExact));
+    v.push_back(make_case(n + "_int64_two", op, {}, {in({4, 5}, kI64, -50, 50), in({4, 5}, kI64, -50, 50)}, kExact));
+    v.push_back(make_case(n + "_uint8_one", op, {}, {in({9}, kU8, 0, 200)}, kExact));
+    v.push_back(make_case(n + "_empty", op, {}, {in({0, 5}), in({5})}, kExact));
   }
 }
 
 void where_clip_cases(std::vector<OpCase>& v) {
-  v.push_back(make("where", "Where", {}, {in({3, 4}, kBool), in({3, 4}), in({3, 4})}, kF));
-  v.push_back(make("where_broadcast3", "Where", {}, {in({3, 1}, kBool), in({1, 4}), in({})}, kF));
-  v.push_back(make("where_rank_mismatch", "Where", {}, {in({5}, kBool), in({2, 3, 1}), in({3, 5})}, kF));
-  v.push_back(make("where_4d", "Where", {}, {in({2, 3, 4, 5}, kBool), in({2, 3, 4, 5}), in({2, 3, 4, 5})},
+  v.push_back(make_case("where", "Where", {}, {in({3, 4}, kBool), in({3, 4}), in({3, 4})}, kF));
+  v.push_back(make_case("where_broadcast3", "Where", {}, {in({3, 1}, kBool), in({1, 4}), in({})}, kF));
+  v.push_back(make_case("where_rank_mismatch", "Where", {}, {in({5}, kBool), in({2, 3, 1}), in({3, 5})}, kF));
+  v.push_back(make_case("where_4d", "Where", {}, {in({2, 3, 4, 5}, kBool), in({2, 3, 4, 5}), in({2, 3, 4, 5})},
                    kNhwc));
-  v.push_back(make("where_f64", "Where", {}, {in({6}, kBool), in({2, 6}, kF64), in({2, 1}, kF64)}, kExact));
-  v.push_back(make("where_int64", "Where", {}, {in({4, 1}, kBool), in({4, 3}, kI64, -9, 9), in({3}, kI64, -9, 9)},
+  v.push_back(make_case("where_f64", "Where", {}, {in({6}, kBool), in({2, 6}, kF64), in({2, 1}, kF64)}, kExact));
+  v.push_back(make_case("where_int64", "Where", {}, {in({4, 1}, kBool), in({4, 3}, kI64, -9, 9), in({3}, kI64, -9, 9)},
                    kExact));
-  v.push_back(make("where_int8", "Where", {}, {in({7}, kBool), in({7}, kI8, -9, 9), in({1}, kI8, -9, 9)}, kExact));
-  v.push_back(make("where_bool", "Where", {}, {in({5, 3}, kBool), in({5, 3}, kBool), in({3}, kBool)}, kExact));
-  v.push_back(make("where_empty", "Where", {}, {in({0, 3}, kBool), in({3}), in({1})}, kExact));
+  v.push_back(make_case("where_int8", "Where", {}, {in({7}, kBool), in({7}, kI8, -9, 9), in({1}, kI8, -9, 9)}, kExact));
+  v.push_back(make_case("where_bool", "Where", {}, {in({5, 3}, kBool), in({5, 3}, kBool), in({3}, kBool)}, kExact));
+  v.push_back(make_case("where_empty", "Where", {}, {in({0, 3}, kBool), in({3}), in({1})}, kExact));
   // Clip: constant, runtime, absent and crossed bounds.
-  v.push_back(make("clip", "Clip", {}, {in({4, 9}, kF32, -2, 2), scalar_const(-0.5), scalar_const(0.7)}, kF));
-  v.push_back(make("clip_min_only", "Clip", {}, {in({4, 9}, kF32, -2, 2), scalar_const(0.1)}, kF));
-  v.push_back(make("clip_max_only", "Clip", {}, {in({4, 9}, kF32, -2, 2), absent(), scalar_const(0.3)}, kF));
-  v.push_back(make("clip_none", "Clip", {}, {in({4, 9})}, kF));
-  v.push_back(make("clip_crossed", "Clip", {}, {in({4, 9}), scalar_const(0.5), scalar_const(-0.5)}, kF));
-  v.push_back(make("clip_runtime_bounds", "Clip", {}, {in({4, 9}, kF32, -2, 2), in({}, kF32, -1, -0.2),
+  v.push_back(make_case("clip", "Clip", {}, {in({4, 9}, kF32, -2, 2), scalar_const(-0.5), scalar_const(0.7)}, kF));
+  v.push_back(make_case("clip_min_only", "Clip", {}, {in({4, 9}, kF32, -2, 2), scalar_const(0.1)}, kF));
+  v.push_back(make_case("clip_max_only", "Clip", {}, {in({4, 9}, kF32, -2, 2), absent(), scalar_const(0.3)}, kF));
+  v.push_back(make_case("clip_none", "Clip", {}, {in({4, 9})}, kF));
+  v.push_back(make_case("clip_crossed", "Clip", {}, {in({4, 9}), scalar_const(0.5), scalar_const(-0.5)}, kF));
+  v.push_back(make_case("clip_runtime_bounds", "Clip", {}, {in({4, 9}, kF32, -2, 2), in({}, kF32, -1, -0.2),
                                                        in({1}, kF32, 0.2, 1)}, kF));
-  v.push_back(make("clip_nan", "Clip", {}, {fixed({5}, {std::nan(""), -3, 3, 0, 0.5}), scalar_const(-1),
+  v.push_back(make_case("clip_nan", "Clip", {}, {fixed({5}, {std::nan(""), -3, 3, 0, 0.5}), scalar_const(-1),
                                             scalar_const(1)}, kF));
-  v.push_back(make("clip_relu6_4d", "Clip", {}, {in({2, 8, 5, 5}, kF32, -3, 9), scalar_const(0), scalar_const(6)},
+  v.push_back(make_case("clip_relu6_4d", "Clip", {}, {in({2, 8, 5, 5}, kF32, -3, 9), scalar_const(0), scalar_const(6)},
                    kNhwc));
-  v.push_back(make("clip_f64", "Clip", {}, {in({30}, kF64, -2, 2), scalar_const(-1, kF64), scalar_const(1.5, kF64)},
+  v.push_back(make_case("clip_f64", "Clip", {}, {in({30}, kF64, -2, 2), scalar_const(-1, kF64), scalar_const(1.5, kF64)},
                    kExact));
-  v.push_back(make("clip_int32", "Clip", {}, {in({30}, kI32, -20, 20), scalar_const(-5, kI32), scalar_const(7, kI32)},
+  v.push_back(make_case("clip_int32", "Clip", {}, {in({30}, kI32, -20, 20), scalar_const(-5, kI32), scalar_const(7, kI32)},
                    kExact));
-  v.push_back(make("clip_int64_runtime_max", "Clip", {}, {in({30}, kI64, -20, 20), absent(), in({}, kI64, 0, 5)},
+  v.push_back(make_case("clip_int64_runtime_max", "Clip", {}, {in({30}, kI64, -20, 20), absent(), in({}, kI64, 0, 5)},
                    kExact));
-  v.push_back(make("clip_uint8_min", "Clip", {}, {in({30}, kU8, 0, 255), scalar_const(100, kU8)}, kExact));
-  v.push_back(make("clip_empty", "Clip", {}, {in({0, 4}), scalar_const(0), scalar_const(1)}, kExact));
+  v.push_back(make_case("clip_uint8_min", "Clip", {}, {in({30}, kU8, 0, 255), scalar_const(100, kU8)}, kExact));
+  v.push_back(make_case("clip_empty", "Clip", {}, {in({0, 4}), scalar_const(0), scalar_const(1)}, kExact));
 }
 
 void cast_cases(std::vector<OpCase>& v) {
   auto cast = [&](std::string name, CaseInput x, DataType to, Modes m = kExact) {
-    v.push_back(make(std::move(name), "Cast", attrs({{"to", I(static_cast<int64_t>(to))}}), {std::move(x)},
+    v.push_back(make_case(std::move(name), "Cast", attrs({{"to", I(static_cast<int64_t>(to))}}), {std::move(x)},
                      std::move(m)));
   };
   const DataType ints[] = {kI8, kU8, kI16, kU16, kI32, kU32, kI64, kU64};
@@ -380,9 +363,9 @@ void cast_cases(std::vector<OpCase>& v) {
   cast("cast_int64_same", in({3, 7}, kI64, -9, 9), kI64);
   cast("cast_empty", in({0, 7}), kI32);
   cast("cast_4d_float_to_half", in({2, 3, 4, 5}), kF16, kNhwc);
-  v.push_back(make("castlike_float_to_int32", "CastLike", {}, {in({30}, kF32, -50, 50), in({1}, kI32)}, kExact));
-  v.push_back(make("castlike_int64_to_float", "CastLike", {}, {in({30}, kI64, -50, 50), in({2}, kF32)}, kF));
-  v.push_back(make("castlike_bool_to_f64", "CastLike", {}, {in({30}, kBool), in({2}, kF64)}, kExact));
+  v.push_back(make_case("castlike_float_to_int32", "CastLike", {}, {in({30}, kF32, -50, 50), in({1}, kI32)}, kExact));
+  v.push_back(make_case("castlike_int64_to_float", "CastLike", {}, {in({30}, kI64, -50, 50), in({2}, kF32)}, kF));
+  v.push_back(make_case("castlike_bool_to_f64", "CastLike", {}, {in({30}, kBool), in({2}, kF64)}, kExact));
 }
 
 // kiln.ElementwiseChain: ops/arity/operands (k >= 0: input k, -1: previous step, -2: absent),
@@ -393,7 +376,7 @@ OpCase chain(std::string name, std::vector<std::string> ops, std::vector<int64_t
   a.set("ops", Attribute::Strings(std::move(ops)));
   a.set("arity", Attribute::Ints(std::move(arity)));
   a.set("operands", Attribute::Ints(std::move(operands)));
-  return make(std::move(name), "ElementwiseChain", std::move(a), std::move(ins), std::move(m), "kiln");
+  return make_case(std::move(name), "ElementwiseChain", std::move(a), std::move(ins), std::move(m), "kiln");
 }
 
 void chain_cases(std::vector<OpCase>& v) {

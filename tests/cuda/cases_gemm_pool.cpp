@@ -20,17 +20,6 @@ const Modes kPoolModes = {"fp32", "fp16", "nhwc16"};
 const Modes kGemmModes = {"fp32", "tf32", "fp16"};
 const Modes kExact = {"fp32"};
 
-OpCase make(std::string name, std::string op, Attributes a, std::vector<CaseInput> ins,
-            Modes modes, std::string domain = "") {
-  OpCase c;
-  c.name = std::move(name);
-  c.op_type = std::move(op);
-  c.domain = std::move(domain);
-  c.attrs = std::move(a);
-  c.inputs = std::move(ins);
-  c.modes = std::move(modes);
-  return c;
-}
 
 // A non-constant input with fixed values (NaN, -inf masks, ...).
 CaseInput fixed(std::vector<int64_t> shape, std::vector<float> values) {
@@ -54,46 +43,46 @@ std::vector<float> with_nans(int64_t n, int64_t every) {
 void pool_cases(std::vector<OpCase>& v) {
   const auto k = [](std::vector<int64_t> s) { return Attribute::Ints(std::move(s)); };
   // MaxPool
-  v.push_back(make("maxpool_3x3_s2_p1", "MaxPool",
+  v.push_back(make_case("maxpool_3x3_s2_p1", "MaxPool",
                    attrs({{"kernel_shape", k({3, 3})}, {"strides", k({2, 2})}, {"pads", k({1, 1, 1, 1})}}),
                    {in({2, 5, 11, 13})}, kPoolModes));
-  v.push_back(make("maxpool_2x2_c64", "MaxPool", attrs({{"kernel_shape", k({2, 2})}, {"strides", k({2, 2})}}),
+  v.push_back(make_case("maxpool_2x2_c64", "MaxPool", attrs({{"kernel_shape", k({2, 2})}, {"strides", k({2, 2})}}),
                    {in({1, 64, 8, 10})}, kPoolModes));
   // The vectorised NHWC path (channels a multiple of 8): stem geometry, pads, a dilated window.
-  v.push_back(make("maxpool_stem_c16", "MaxPool",
+  v.push_back(make_case("maxpool_stem_c16", "MaxPool",
                    attrs({{"kernel_shape", k({3, 3})}, {"strides", k({2, 2})}, {"pads", k({1, 1, 1, 1})}}),
                    {in({3, 16, 15, 14})}, kPoolModes));
-  v.push_back(make("maxpool_dilated_c24", "MaxPool",
+  v.push_back(make_case("maxpool_dilated_c24", "MaxPool",
                    attrs({{"kernel_shape", k({2, 3})}, {"dilations", k({2, 1})}, {"pads", k({1, 0, 1, 2})}}),
                    {in({2, 24, 9, 10})}, kPoolModes));
-  v.push_back(make("maxpool_1d", "MaxPool",
+  v.push_back(make_case("maxpool_1d", "MaxPool",
                    attrs({{"kernel_shape", k({4})}, {"strides", k({3})}, {"pads", k({1, 2})}}),
                    {in({2, 3, 20})}, {"fp32", "fp16"}));
-  v.push_back(make("maxpool_3d", "MaxPool",
+  v.push_back(make_case("maxpool_3d", "MaxPool",
                    attrs({{"kernel_shape", k({2, 3, 2})}, {"strides", k({2, 2, 1})}, {"pads", k({0, 1, 0, 1, 1, 0})}}),
                    {in({1, 2, 6, 7, 5})}, {"fp32", "fp16"}));
-  v.push_back(make("maxpool_ceil", "MaxPool",
+  v.push_back(make_case("maxpool_ceil", "MaxPool",
                    attrs({{"kernel_shape", k({3, 3})}, {"strides", k({2, 2})}, {"ceil_mode", Attribute::Int(1)}}),
                    {in({1, 3, 10, 10})}, kPoolModes));
-  v.push_back(make("maxpool_dilated", "MaxPool",
+  v.push_back(make_case("maxpool_dilated", "MaxPool",
                    attrs({{"kernel_shape", k({3, 3})}, {"dilations", k({2, 3})}, {"pads", k({2, 2, 2, 3})}}),
                    {in({1, 2, 12, 13})}, kPoolModes));
-  v.push_back(make("maxpool_same_upper", "MaxPool",
+  v.push_back(make_case("maxpool_same_upper", "MaxPool",
                    attrs({{"kernel_shape", k({3, 2})}, {"strides", k({2, 2})}, {"auto_pad", Attribute::String("SAME_UPPER")}}),
                    {in({1, 3, 9, 8})}, kPoolModes));
-  v.push_back(make("maxpool_same_lower", "MaxPool",
+  v.push_back(make_case("maxpool_same_lower", "MaxPool",
                    attrs({{"kernel_shape", k({2, 3})}, {"strides", k({1, 2})}, {"auto_pad", Attribute::String("SAME_LOWER")}}),
                    {in({2, 3, 7, 9})}, kPoolModes));
-  v.push_back(make("maxpool_global_window", "MaxPool", attrs({{"kernel_shape", k({7, 7})}}),
+  v.push_back(make_case("maxpool_global_window", "MaxPool", attrs({{"kernel_shape", k({7, 7})}}),
                    {in({2, 40, 7, 7})}, kPoolModes));
-  v.push_back(make("maxpool_empty_batch", "MaxPool", attrs({{"kernel_shape", k({2, 2})}}),
+  v.push_back(make_case("maxpool_empty_batch", "MaxPool", attrs({{"kernel_shape", k({2, 2})}}),
                    {in({0, 3, 6, 6})}, kExact));
-  v.push_back(make("maxpool_nan", "MaxPool", attrs({{"kernel_shape", k({2, 3})}, {"strides", k({1, 2})}}),
+  v.push_back(make_case("maxpool_nan", "MaxPool", attrs({{"kernel_shape", k({2, 3})}, {"strides", k({1, 2})}}),
                    {fixed({2, 3, 6, 7}, with_nans(2 * 3 * 6 * 7, 11))}, kPoolModes));
   // Indices: exact, so float cases stay float32 (fp16 rounding would create ties); integer
   // inputs also run NHWC.
   {
-    OpCase c = make("maxpool_indices", "MaxPool",
+    OpCase c = make_case("maxpool_indices", "MaxPool",
                     attrs({{"kernel_shape", k({3, 3})}, {"strides", k({2, 2})}, {"pads", k({1, 1, 1, 1})}}),
                     {in({2, 3, 9, 11})}, kExact);
     c.num_outputs = 2;
@@ -101,7 +90,7 @@ void pool_cases(std::vector<OpCase>& v) {
     c.name = "maxpool_indices_col_major";
     c.attrs.set("storage_order", Attribute::Int(1));
     v.push_back(c);
-    c = make("maxpool_indices_int32_nhwc", "MaxPool",
+    c = make_case("maxpool_indices_int32_nhwc", "MaxPool",
              attrs({{"kernel_shape", k({2, 3})}, {"strides", k({2, 1})}, {"pads", k({0, 1, 1, 1})}}),
              {in({2, 5, 8, 7}, DataType::kInt32, -1000, 1000)}, {"fp32", "nhwc16"});
     c.num_outputs = 2;
@@ -109,12 +98,12 @@ void pool_cases(std::vector<OpCase>& v) {
     c.name = "maxpool_indices_int32_nhwc_col_major";
     c.attrs.set("storage_order", Attribute::Int(1));
     v.push_back(c);
-    c = make("maxpool_indices_3d", "MaxPool",
+    c = make_case("maxpool_indices_3d", "MaxPool",
              attrs({{"kernel_shape", k({2, 2, 3})}, {"strides", k({1, 2, 2})}, {"storage_order", Attribute::Int(1)}}),
              {in({1, 2, 4, 5, 7})}, kExact);
     c.num_outputs = 2;
     v.push_back(c);
-    c = make("maxpool_indices_1d_ceil", "MaxPool",
+    c = make_case("maxpool_indices_1d_ceil", "MaxPool",
              attrs({{"kernel_shape", k({3})}, {"strides", k({2})}, {"ceil_mode", Attribute::Int(1)}}),
              {in({3, 2, 10})}, kExact);
     c.num_outputs = 2;
@@ -122,7 +111,7 @@ void pool_cases(std::vector<OpCase>& v) {
   }
   for (auto [name, t] : {std::pair{"int8", DataType::kInt8}, std::pair{"uint8", DataType::kUInt8},
                          std::pair{"int64", DataType::kInt64}, std::pair{"float64", DataType::kFloat64}}) {
-    OpCase c = make(std::string("maxpool_") + name, "MaxPool",
+    OpCase c = make_case(std::string("maxpool_") + name, "MaxPool",
                     attrs({{"kernel_shape", k({3, 3})}, {"strides", k({2, 2})}, {"pads", k({1, 1, 1, 1})}}),
                     {in({1, 4, 9, 10}, t, t == DataType::kUInt8 ? 0 : -100, 100)}, kExact);
     c.num_outputs = 2;
@@ -132,61 +121,61 @@ void pool_cases(std::vector<OpCase>& v) {
   for (int include : {0, 1}) {
     const std::string s = include ? "_incl" : "";
     const Attribute inc = Attribute::Int(include);
-    v.push_back(make("avgpool_3x3_p1" + s, "AveragePool",
+    v.push_back(make_case("avgpool_3x3_p1" + s, "AveragePool",
                      attrs({{"kernel_shape", k({3, 3})}, {"pads", k({1, 1, 1, 1})}, {"count_include_pad", inc}}),
                      {in({2, 5, 9, 10})}, kPoolModes));
-    v.push_back(make("avgpool_ceil" + s, "AveragePool",
+    v.push_back(make_case("avgpool_ceil" + s, "AveragePool",
                      attrs({{"kernel_shape", k({3, 3})}, {"strides", k({2, 2})}, {"pads", k({1, 0, 1, 0})},
                             {"ceil_mode", Attribute::Int(1)}, {"count_include_pad", inc}}),
                      {in({1, 3, 11, 12})}, kPoolModes));
-    v.push_back(make("avgpool_dilated" + s, "AveragePool",
+    v.push_back(make_case("avgpool_dilated" + s, "AveragePool",
                      attrs({{"kernel_shape", k({2, 3})}, {"dilations", k({2, 2})}, {"pads", k({1, 2, 1, 2})},
                             {"count_include_pad", inc}}),
                      {in({1, 2, 10, 9})}, kPoolModes));
-    v.push_back(make("avgpool_same_lower" + s, "AveragePool",
+    v.push_back(make_case("avgpool_same_lower" + s, "AveragePool",
                      attrs({{"kernel_shape", k({3, 3})}, {"strides", k({2, 2})},
                             {"auto_pad", Attribute::String("SAME_LOWER")}, {"count_include_pad", inc}}),
                      {in({2, 3, 8, 9})}, kPoolModes));
-    v.push_back(make("avgpool_1d" + s, "AveragePool",
+    v.push_back(make_case("avgpool_1d" + s, "AveragePool",
                      attrs({{"kernel_shape", k({5})}, {"strides", k({2})}, {"pads", k({2, 1})}, {"count_include_pad", inc}}),
                      {in({2, 3, 19})}, {"fp32", "fp16"}));
-    v.push_back(make("avgpool_3d" + s, "AveragePool",
+    v.push_back(make_case("avgpool_3d" + s, "AveragePool",
                      attrs({{"kernel_shape", k({3, 2, 2})}, {"strides", k({2, 1, 2})}, {"pads", k({1, 0, 1, 1, 1, 0})},
                             {"count_include_pad", inc}}),
                      {in({1, 2, 7, 5, 6})}, {"fp32", "fp16"}));
   }
-  v.push_back(make("avgpool_float64", "AveragePool",
+  v.push_back(make_case("avgpool_float64", "AveragePool",
                    attrs({{"kernel_shape", k({2, 2})}, {"strides", k({2, 2})}, {"ceil_mode", Attribute::Int(1)}}),
                    {in({2, 3, 7, 7}, DataType::kFloat64)}, kExact));
-  v.push_back(make("avgpool_empty", "AveragePool", attrs({{"kernel_shape", k({3, 3})}}),
+  v.push_back(make_case("avgpool_empty", "AveragePool", attrs({{"kernel_shape", k({3, 3})}}),
                    {in({0, 2, 5, 5})}, kExact));
   // Global pools
   for (const char* op : {"GlobalAveragePool", "GlobalMaxPool"}) {
     const std::string p = std::string(op) == "GlobalMaxPool" ? "gmp_" : "gap_";
-    v.push_back(make(p + "resnet", op, {}, {in({2, 64, 7, 7})}, kPoolModes));
-    v.push_back(make(p + "odd_channels", op, {}, {in({3, 37, 5, 6})}, kPoolModes));
-    v.push_back(make(p + "c3", op, {}, {in({2, 3, 9, 9})}, kPoolModes));
-    v.push_back(make(p + "wide_plane", op, {}, {in({1, 5, 100, 90})}, kPoolModes));
-    v.push_back(make(p + "rank3", op, {}, {in({2, 5, 17})}, {"fp32", "fp16"}));
-    v.push_back(make(p + "rank5", op, {}, {in({1, 3, 4, 5, 6})}, {"fp32", "fp16"}));
-    v.push_back(make(p + "rank2", op, {}, {in({3, 7})}, {"fp32", "fp16"}));
-    v.push_back(make(p + "float64", op, {}, {in({2, 4, 6, 5}, DataType::kFloat64)}, kExact));
-    v.push_back(make(p + "empty_batch", op, {}, {in({0, 4, 3, 3})}, kExact));
-    v.push_back(make(p + "nan", op, {}, {fixed({2, 6, 5, 7}, with_nans(2 * 6 * 5 * 7, 37))}, kPoolModes));
+    v.push_back(make_case(p + "resnet", op, {}, {in({2, 64, 7, 7})}, kPoolModes));
+    v.push_back(make_case(p + "odd_channels", op, {}, {in({3, 37, 5, 6})}, kPoolModes));
+    v.push_back(make_case(p + "c3", op, {}, {in({2, 3, 9, 9})}, kPoolModes));
+    v.push_back(make_case(p + "wide_plane", op, {}, {in({1, 5, 100, 90})}, kPoolModes));
+    v.push_back(make_case(p + "rank3", op, {}, {in({2, 5, 17})}, {"fp32", "fp16"}));
+    v.push_back(make_case(p + "rank5", op, {}, {in({1, 3, 4, 5, 6})}, {"fp32", "fp16"}));
+    v.push_back(make_case(p + "rank2", op, {}, {in({3, 7})}, {"fp32", "fp16"}));
+    v.push_back(make_case(p + "float64", op, {}, {in({2, 4, 6, 5}, DataType::kFloat64)}, kExact));
+    v.push_back(make_case(p + "empty_batch", op, {}, {in({0, 4, 3, 3})}, kExact));
+    v.push_back(make_case(p + "nan", op, {}, {fixed({2, 6, 5, 7}, with_nans(2 * 6 * 5 * 7, 37))}, kPoolModes));
     // Few images x channels over a large plane: the split-over-blocks NHWC path.
-    v.push_back(make(p + "se_pool", op, {}, {in({4, 40, 48, 48})}, kPoolModes));
-    v.push_back(make(p + "split_nan", op, {}, {fixed({1, 8, 40, 40}, with_nans(8 * 40 * 40, 37))}, kPoolModes));
+    v.push_back(make_case(p + "se_pool", op, {}, {in({4, 40, 48, 48})}, kPoolModes));
+    v.push_back(make_case(p + "split_nan", op, {}, {fixed({1, 8, 40, 40}, with_nans(8 * 40 * 40, 37))}, kPoolModes));
   }
 }
 
 OpCase gemm(std::string name, std::vector<int64_t> a, std::vector<int64_t> b, CaseInput c,
             Attributes at = {}, Modes modes = kGemmModes) {
   std::vector<CaseInput> ins = {in(std::move(a)), in(std::move(b)), std::move(c)};
-  return make(std::move(name), "Gemm", std::move(at), std::move(ins), std::move(modes));
+  return make_case(std::move(name), "Gemm", std::move(at), std::move(ins), std::move(modes));
 }
 
 OpCase matmul(std::string name, std::vector<int64_t> a, std::vector<int64_t> b, Modes modes = kGemmModes) {
-  return make(std::move(name), "MatMul", {}, {in(std::move(a)), in(std::move(b))}, std::move(modes));
+  return make_case(std::move(name), "MatMul", {}, {in(std::move(a)), in(std::move(b))}, std::move(modes));
 }
 
 void gemm_cases(std::vector<OpCase>& v) {
@@ -233,7 +222,7 @@ void gemm_cases(std::vector<OpCase>& v) {
   v.push_back(matmul("matmul_1d_1d", {33}, {33}));
   v.push_back(matmul("matmul_batched", {2, 3, 5, 7}, {2, 3, 7, 4}));
   v.push_back(matmul("matmul_shared_b", {2, 3, 5, 7}, {7, 4}));
-  v.push_back(make("matmul_shared_const_b", "MatMul", {}, {in({4, 9, 24}), konst_random({24, 40}, 0.2)}, kGemmModes));
+  v.push_back(make_case("matmul_shared_const_b", "MatMul", {}, {in({4, 9, 24}), konst_random({24, 40}, 0.2)}, kGemmModes));
   v.push_back(matmul("matmul_shared_a", {5, 7}, {3, 7, 4}));
   v.push_back(matmul("matmul_batch_bcast", {2, 1, 5, 7}, {1, 3, 7, 4}));
   v.push_back(matmul("matmul_batch_bcast_5d", {4, 1, 3, 5, 6}, {2, 1, 6, 2}));
@@ -269,7 +258,7 @@ void gemm_cases(std::vector<OpCase>& v) {
     }
     if (a == "LeakyRelu") at.set("act_alpha", Attribute::Float(0.2f));
     if (a == "GeluTanh") at.set("act_approximate", Attribute::String("tanh"));
-    OpCase c = make("fused_gemm_" + (a.empty() ? std::string("none") : a), "FusedGemm", at,
+    OpCase c = make_case("fused_gemm_" + (a.empty() ? std::string("none") : a), "FusedGemm", at,
                     {in({6, 40}), konst_random({23, 40}, 0.3), konst_random({23}, 0.5)}, kGemmModes, "kiln");
     v.push_back(c);
     c.name = "fused_matmul_" + (a.empty() ? std::string("none") : a);
@@ -278,13 +267,13 @@ void gemm_cases(std::vector<OpCase>& v) {
     c.inputs = {in({2, 5, 40}), konst_random({40, 23}, 0.3), konst_random({23}, 0.5)};
     v.push_back(c);
   }
-  v.push_back(make("fused_matmul_bias_mn", "FusedGemm",
+  v.push_back(make_case("fused_matmul_bias_mn", "FusedGemm",
                    attrs({{"base", Attribute::String("MatMul")}, {"activation", Attribute::String("Relu")}}),
                    {in({3, 5, 8}), in({8, 7}), in({5, 7})}, kGemmModes, "kiln"));
-  v.push_back(make("fused_matmul_no_bias", "FusedGemm",
+  v.push_back(make_case("fused_matmul_no_bias", "FusedGemm",
                    attrs({{"base", Attribute::String("MatMul")}, {"activation", Attribute::String("Tanh")}}),
                    {in({9, 8}), in({8, 7})}, kGemmModes, "kiln"));
-  v.push_back(make("fused_gemm_alpha_beta", "FusedGemm",
+  v.push_back(make_case("fused_gemm_alpha_beta", "FusedGemm",
                    attrs({{"base", Attribute::String("Gemm")}, {"activation", Attribute::String("Sigmoid")},
                           {"alpha", Attribute::Float(0.7f)}, {"beta", Attribute::Float(-2.f)}, {"transA", one}}),
                    {in({12, 6}), in({12, 10}), in({6, 10})}, kGemmModes, "kiln"));
@@ -294,7 +283,7 @@ void gemm_cases(std::vector<OpCase>& v) {
                        std::vector<int64_t> vv, CaseInput mask, Attributes at, Modes modes = kGemmModes) {
     std::vector<CaseInput> ins = {in(std::move(q)), in(std::move(kt)), in(std::move(vv))};
     if (!mask.absent) ins.push_back(std::move(mask));
-    return make(std::move(name), "Attention", std::move(at), std::move(ins), std::move(modes), "kiln");
+    return make_case(std::move(name), "Attention", std::move(at), std::move(ins), std::move(modes), "kiln");
   };
   v.push_back(attention("attention_plain", {2, 3, 5, 8}, {2, 3, 8, 6}, {2, 3, 6, 4}, absent(),
                         attrs({{"scale", scale}})));

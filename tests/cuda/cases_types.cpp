@@ -25,23 +25,7 @@ constexpr DataType kF32 = DataType::kFloat32, kF16 = DataType::kFloat16,
                    kI4 = DataType::kInt4, kU4 = DataType::kUInt4;
 const DataType kFloat8[] = {kE4, kE4U, kE5, kE5U};
 
-OpCase make(std::string name, std::string op, Attributes a, std::vector<CaseInput> ins,
-            Modes modes) {
-  OpCase c;
-  c.name = std::move(name);
-  c.op_type = std::move(op);
-  c.attrs = std::move(a);
-  c.inputs = std::move(ins);
-  c.modes = std::move(modes);
-  return c;
-}
 
-// A non-constant input with fixed values of type t (given as doubles).
-CaseInput fixed(std::vector<int64_t> shape, std::vector<double> values, DataType t = kF32) {
-  CaseInput c = konst(Tensor::from<double>(std::move(shape), values).cast(t));
-  c.constant = false;
-  return c;
-}
 
 Attribute I(int64_t v) { return Attribute::Int(v); }
 Attribute Sa(const char* v) { return Attribute::String(v); }
@@ -64,44 +48,44 @@ void cast_cases(std::vector<OpCase>& v) {
     for (int sat = 0; sat < 2; ++sat) {
       const Attributes a = attrs({{"to", I(static_cast<int64_t>(t))}, {"saturate", I(sat)}});
       const std::string s = sat ? "" : "_nosat";
-      v.push_back(make("cast_f32_to_" + tname(t) + s, "Cast", a, {fixed({nc}, corners)}, kExact));
-      v.push_back(make("cast_f32r_to_" + tname(t) + s, "Cast", a, {in({4, 33}, kF32, -600, 600)},
+      v.push_back(make_case("cast_f32_to_" + tname(t) + s, "Cast", a, {fixed({nc}, corners)}, kExact));
+      v.push_back(make_case("cast_f32r_to_" + tname(t) + s, "Cast", a, {in({4, 33}, kF32, -600, 600)},
                        kExact));
-      v.push_back(make("cast_f16_to_" + tname(t) + s, "Cast", a,
+      v.push_back(make_case("cast_f16_to_" + tname(t) + s, "Cast", a,
                        {fixed({nc}, corners, kF16)}, kExact));
-      v.push_back(make("castlike_f32_to_" + tname(t) + s, "CastLike",
+      v.push_back(make_case("castlike_f32_to_" + tname(t) + s, "CastLike",
                        attrs({{"saturate", I(sat)}}), {fixed({nc}, corners), in({1}, t)}, kExact));
     }
     const Attributes to_f32 = attrs({{"to", I(static_cast<int64_t>(kF32))}});
-    v.push_back(make("cast_" + tname(t) + "_to_f32", "Cast", to_f32,
+    v.push_back(make_case("cast_" + tname(t) + "_to_f32", "Cast", to_f32,
                      {fixed({nc}, corners, t)}, kExact));
-    v.push_back(make("cast_" + tname(t) + "_to_f16", "Cast",
+    v.push_back(make_case("cast_" + tname(t) + "_to_f16", "Cast",
                      attrs({{"to", I(static_cast<int64_t>(kF16))}}), {in({50}, t, -300, 300)},
                      kExact));
-    v.push_back(make("cast_" + tname(t) + "_to_int8", "Cast",
+    v.push_back(make_case("cast_" + tname(t) + "_to_int8", "Cast",
                      attrs({{"to", I(static_cast<int64_t>(kI8))}}), {fixed({nc}, corners, t)},
                      kExact));
-    v.push_back(make("cast_" + tname(t) + "_to_e5m2", "Cast",
+    v.push_back(make_case("cast_" + tname(t) + "_to_e5m2", "Cast",
                      attrs({{"to", I(static_cast<int64_t>(kE5))}}), {fixed({nc}, corners, t)},
                      kExact));
-    v.push_back(make("cast_" + tname(t) + "_empty", "Cast", to_f32, {in({0, 3}, t)}, kExact));
+    v.push_back(make_case("cast_" + tname(t) + "_empty", "Cast", to_f32, {in({0, 3}, t)}, kExact));
   }
   for (DataType t : {kI4, kU4}) {
     const Attributes to4 = attrs({{"to", I(static_cast<int64_t>(t))}});
-    v.push_back(make("cast_f32_to_" + tname(t), "Cast", to4,
+    v.push_back(make_case("cast_f32_to_" + tname(t), "Cast", to4,
                      {fixed({12}, {0, 1.9, -1.9, 7, 8, -8, -9, 15, 16, 100.7, std::nan(""), -1e30})},
                      kExact));
-    v.push_back(make("cast_i32_to_" + tname(t), "Cast", to4, {in({40}, kI32, -40, 40)}, kExact));
-    v.push_back(make("cast_" + tname(t) + "_to_f32", "Cast",
+    v.push_back(make_case("cast_i32_to_" + tname(t), "Cast", to4, {in({40}, kI32, -40, 40)}, kExact));
+    v.push_back(make_case("cast_" + tname(t) + "_to_f32", "Cast",
                      attrs({{"to", I(static_cast<int64_t>(kF32))}}), {in({30}, t, -8, 15)}, kExact));
-    v.push_back(make("cast_" + tname(t) + "_to_int8", "Cast",
+    v.push_back(make_case("cast_" + tname(t) + "_to_int8", "Cast",
                      attrs({{"to", I(static_cast<int64_t>(t == kI4 ? kI8 : kU8))}}),
                      {in({30}, t, -8, 15)}, kExact));
-    v.push_back(make("cast_" + tname(t) + "_to_e4m3fn", "Cast",
+    v.push_back(make_case("cast_" + tname(t) + "_to_e4m3fn", "Cast",
                      attrs({{"to", I(static_cast<int64_t>(kE4))}}), {in({30}, t, -8, 15)}, kExact));
-    v.push_back(make("castlike_f16_to_" + tname(t), "CastLike", {},
+    v.push_back(make_case("castlike_f16_to_" + tname(t), "CastLike", {},
                      {in({30}, kF16, -20, 20), in({2}, t)}, kExact));
-    v.push_back(make("cast_" + tname(t) + "_empty", "Cast", to4, {in({3, 0}, kF32)}, kExact));
+    v.push_back(make_case("cast_" + tname(t) + "_empty", "Cast", to4, {in({3, 0}, kF32)}, kExact));
   }
 }
 
@@ -112,50 +96,50 @@ void quant_cases(std::vector<OpCase>& v) {
   for (DataType t : kFloat8) {
     for (int sat = 0; sat < 2; ++sat) {
       const std::string s = sat ? "" : "_nosat";
-      v.push_back(make("quantize_" + tname(t) + s, q, attrs({{"saturate", I(sat)}}),
+      v.push_back(make_case("quantize_" + tname(t) + s, q, attrs({{"saturate", I(sat)}}),
                        {fixed({nc}, corners), konst(Tensor::scalar<float>(0.5f)),
                         konst(Tensor::from<double>({}, {0.0}).cast(t))},
                        kExact));
     }
-    v.push_back(make("quantize_" + tname(t) + "_axis_zp", q, attrs({{"axis", I(1)}}),
+    v.push_back(make_case("quantize_" + tname(t) + "_axis_zp", q, attrs({{"axis", I(1)}}),
                      {in({2, 3, 5}, kF32, -500, 500),
                       konst(Tensor::from<double>({3}, {0.5, 2.0, 0.125}).cast(kF32)),
                       konst(Tensor::from<double>({3}, {1.0, -2.0, 0.0}).cast(t))},
                      kExact));
-    v.push_back(make("dequantize_" + tname(t), dq, {},
+    v.push_back(make_case("dequantize_" + tname(t), dq, {},
                      {fixed({nc}, corners, t), konst(Tensor::scalar<float>(0.25f))}, kExact));
-    v.push_back(make("dequantize_" + tname(t) + "_axis_zp_f16", dq, attrs({{"axis", I(0)}}),
+    v.push_back(make_case("dequantize_" + tname(t) + "_axis_zp_f16", dq, attrs({{"axis", I(0)}}),
                      {in({3, 7}, t, -100, 100),
                       konst(Tensor::from<double>({3}, {0.5, 2.0, 0.125}).cast(kF16)),
                       konst(Tensor::from<double>({3}, {1.0, -2.0, 0.0}).cast(t))},
                      kExact));
-    v.push_back(make("quantize_" + tname(t) + "_empty", q, {},
+    v.push_back(make_case("quantize_" + tname(t) + "_empty", q, {},
                      {in({0, 4}, kF32), konst(Tensor::scalar<float>(0.5f)),
                       konst(Tensor::from<double>({}, {0.0}).cast(t))},
                      kExact));
   }
   for (DataType t : {kI4, kU4}) {
     const double zp = t == kI4 ? -1 : 3;
-    v.push_back(make("quantize_" + tname(t), q, {},
+    v.push_back(make_case("quantize_" + tname(t), q, {},
                      {fixed({10}, {0, 0.49, 0.5, 1.5, 2.5, -2.5, 100, -100, std::nan(""), 3.7}),
                       konst(Tensor::scalar<float>(0.5f)),
                       konst(Tensor::from<double>({}, {zp}).cast(t))},
                      kExact));
-    v.push_back(make("quantize_" + tname(t) + "_axis", q, attrs({{"axis", I(0)}}),
+    v.push_back(make_case("quantize_" + tname(t) + "_axis", q, attrs({{"axis", I(0)}}),
                      {in({4, 6}, kF32, -10, 10),
                       konst(Tensor::from<double>({4}, {0.5, 1.0, 2.0, 0.25}).cast(kF32)),
                       konst(Tensor::from<double>({4}, {0, 1, 2, 3}).cast(t))},
                      kExact));
-    v.push_back(make("quantize_" + tname(t) + "_blocked", q,
+    v.push_back(make_case("quantize_" + tname(t) + "_blocked", q,
                      attrs({{"axis", I(1)}, {"block_size", I(2)}}),
                      {in({2, 5}, kF32, -6, 6), konst_random({2, 3}, 1.0)}, kExact));
     v.back().inputs[1] = konst(Tensor::from<double>({2, 3}, {0.5, 1, 2, 0.25, 0.75, 1.5}).cast(kF32));
     v.back().inputs.push_back(konst(Tensor::from<double>({2, 3}, {0, 1, 2, 3, 1, 0}).cast(t)));
-    v.push_back(make("dequantize_" + tname(t), dq, {},
+    v.push_back(make_case("dequantize_" + tname(t), dq, {},
                      {in({20}, t, -8, 15), konst(Tensor::scalar<float>(0.5f)),
                       konst(Tensor::from<double>({}, {zp}).cast(t))},
                      kExact));
-    v.push_back(make("dequantize_" + tname(t) + "_axis", dq, attrs({{"axis", I(1)}}),
+    v.push_back(make_case("dequantize_" + tname(t) + "_axis", dq, attrs({{"axis", I(1)}}),
                      {in({2, 3}, t, -8, 15),
                       konst(Tensor::from<double>({3}, {0.5, 1.0, 2.0}).cast(kF32))},
                      kExact));
@@ -192,15 +176,15 @@ void einsum_cases(std::vector<OpCase>& v) {
       return r;
     };
     const Attributes a = attrs({{"equation", Sa(e.eq)}});
-    v.push_back(make(std::string("einsum_") + e.name, "Einsum", a, ins(kF32, -1, 1), kF));
-    v.push_back(make(std::string("einsum_") + e.name + "_f64", "Einsum", a, ins(kF64, -1, 1),
+    v.push_back(make_case(std::string("einsum_") + e.name, "Einsum", a, ins(kF32, -1, 1), kF));
+    v.push_back(make_case(std::string("einsum_") + e.name + "_f64", "Einsum", a, ins(kF64, -1, 1),
                      kExact));
-    v.push_back(make(std::string("einsum_") + e.name + "_i32", "Einsum", a, ins(kI32, -9, 9),
+    v.push_back(make_case(std::string("einsum_") + e.name + "_i32", "Einsum", a, ins(kI32, -9, 9),
                      kExact));
   }
-  v.push_back(make("einsum_i64_wrap", "Einsum", attrs({{"equation", Sa("i,i->")}}),
+  v.push_back(make_case("einsum_i64_wrap", "Einsum", attrs({{"equation", Sa("i,i->")}}),
                    {in({8}, kI64, -4e9, 4e9), in({8}, kI64, -4e9, 4e9)}, kExact));
-  v.push_back(make("einsum_i8", "Einsum", attrs({{"equation", Sa("ij,jk->ik")}}),
+  v.push_back(make_case("einsum_i8", "Einsum", attrs({{"equation", Sa("ij,jk->ik")}}),
                    {in({3, 8}, kI8, -20, 20), in({8, 2}, kI8, -20, 20)}, kExact));
 }
 
@@ -214,24 +198,24 @@ void rotary_cases(std::vector<OpCase>& v) {
   for (DataType t : {kF32, kF16}) {
     const std::string s = t == kF16 ? "_f16" : "";
     const Modes m = t == kF16 ? kExact : kF;
-    v.push_back(make("rotary_4d" + s, "RotaryEmbedding", {},
+    v.push_back(make_case("rotary_4d" + s, "RotaryEmbedding", {},
                      {in({B, H, S, D}, t), in({P, D / 2}, t), in({P, D / 2}, t), pos(B)}, m));
-    v.push_back(make("rotary_4d_interleaved" + s, "RotaryEmbedding", attrs({{"interleaved", I(1)}}),
+    v.push_back(make_case("rotary_4d_interleaved" + s, "RotaryEmbedding", attrs({{"interleaved", I(1)}}),
                      {in({B, H, S, D}, t), in({P, D / 2}, t), in({P, D / 2}, t), pos(1)}, m));
-    v.push_back(make("rotary_3d_rotary_dim" + s, "RotaryEmbedding",
+    v.push_back(make_case("rotary_3d_rotary_dim" + s, "RotaryEmbedding",
                      attrs({{"num_heads", I(H)}, {"rotary_embedding_dim", I(4)}}),
                      {in({B, S, H * D}, t), in({P, 2}, t), in({P, 2}, t), pos(B)}, m));
-    v.push_back(make("rotary_3d_interleaved_rotary_dim" + s, "RotaryEmbedding",
+    v.push_back(make_case("rotary_3d_interleaved_rotary_dim" + s, "RotaryEmbedding",
                      attrs({{"num_heads", I(H)}, {"rotary_embedding_dim", I(6)},
                             {"interleaved", I(1)}}),
                      {in({B, S, H * D}, t), in({P, 3}, t), in({P, 3}, t), pos(B)}, m));
-    v.push_back(make("rotary_no_pos_3d_cache" + s, "RotaryEmbedding", {},
+    v.push_back(make_case("rotary_no_pos_3d_cache" + s, "RotaryEmbedding", {},
                      {in({B, H, S, D}, t), in({B, S, D / 2}, t), in({B, S, D / 2}, t)}, m));
-    v.push_back(make("rotary_no_pos_2d_cache" + s, "RotaryEmbedding",
+    v.push_back(make_case("rotary_no_pos_2d_cache" + s, "RotaryEmbedding",
                      attrs({{"num_heads", I(H)}}),
                      {in({B, S, H * D}, t), in({S, D / 2}, t), in({S, D / 2}, t)}, m));
   }
-  v.push_back(make("rotary_empty", "RotaryEmbedding", {},
+  v.push_back(make_case("rotary_empty", "RotaryEmbedding", {},
                    {in({0, H, S, D}), in({P, D / 2}), in({P, D / 2}), fixed({0, S}, {}, kI64)},
                    kExact));
 }

@@ -47,6 +47,24 @@ Attributes attrs(std::initializer_list<std::pair<const char*, Attribute>> kv) {
   for (const auto& [k, v] : kv) a.set(k, v);
   return a;
 }
+OpCase make_case(std::string name, std::string op, Attributes a, std::vector<CaseInput> ins,
+                 std::vector<std::string> modes, std::string domain) {
+  OpCase c;
+  c.name = std::move(name);
+  c.op_type = std::move(op);
+  c.domain = std::move(domain);
+  c.attrs = std::move(a);
+  c.inputs = std::move(ins);
+  c.modes = std::move(modes);
+  return c;
+}
+
+CaseInput fixed(std::vector<int64_t> shape, std::vector<double> values, DataType t) {
+  CaseInput c = konst(Tensor::from<double>(std::move(shape), values).cast(t));
+  c.constant = false;
+  return c;
+}
+
 CaseInput konst_random(std::vector<int64_t> shape, double scale) {
   CaseInput c = in(std::move(shape), DataType::kFloat32, -scale, scale);
   c.constant = true;  // filled with fresh random values per run (no fixed value)
