@@ -75,6 +75,7 @@ bool depthwise_supports(const LayerDesc& d, std::string* why) {
     return *why = "float16 or float32 only", false;
   const Tensor* w = d.in_const(1);
   if (!w) return *why = "weights are not constant", false;
+  if (n.input(2) && !d.in_const(2)) return *why = "the bias is not constant", false;
   const int64_t group = n.attrs.get_int("group", 1);
   if (group < 2 || w->rank() != 4 || w->shape()[0] != group || w->shape()[1] != 1)
     return *why = "not depthwise (group = C = M)", false;
@@ -102,13 +103,11 @@ class DepthwiseConvLayer final : public Layer {
       host_b_.resize(static_cast<size_t>(C));
       for (int64_t c = 0; c < C; ++c) host_b_[static_cast<size_t>(c)] = static_cast<float>(b->at_double(c));
     }
-    bias_is_input_ = d.node->input(2) && !d.in_const(2);
   }
 
   Expected<size_t> configure(const RunContext& rc, std::span<const DeviceTensor> in,
                              std::span<const DeviceTensor> out) override {
     KILN_ASSIGN_OR_RETURN(ConvGeom g, conv_geometry(*node_, in[0].shape, in[1].shape, false));
-    if (bias_is_input_) return KILN_ERROR("{}: the bias must be a constant", node_->label());
     if (g.N * g.out[0] * g.out[1] * g.C >= (int64_t(1) << 31) ||
         g.N * g.in[0] * g.in[1] * g.C >= (int64_t(1) << 31))
       return KILN_ERROR("{}: tensor too large for the depthwise kernel", node_->label());
@@ -163,7 +162,6 @@ class DepthwiseConvLayer final : public Layer {
   const Node* node_;
   ActParams act_;
   std::vector<float> host_w_, host_b_;
-  bool bias_is_input_ = false;
   DeviceMemory weights_;
   DwParams p_{};
 };
