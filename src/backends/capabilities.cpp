@@ -1,5 +1,7 @@
 #include "backends/capabilities.h"
 
+#include <algorithm>
+
 #include "ops/fused.h"
 #include "ops/op.h"
 #ifdef KILN_WITH_CUDA
@@ -24,8 +26,11 @@ bool cpu_supports(const LayerCapabilityQuery& q) {
 // to be ones every backend's fused kernels know (fused_layer_supported).
 bool cuda_supports(const LayerCapabilityQuery& q) {
 #ifdef KILN_WITH_CUDA
-  if (gpu::tactics_for(q.domain, q.op_type).empty()) return false;
-  if (q.precision == "int8") return false;
+  const auto tactics = gpu::tactics_for(q.domain, q.op_type);
+  if (tactics.empty()) return false;
+  if (q.precision == "int8" &&  // INT8 kernels: the layers with a tactic taking int8 storage
+      std::none_of(tactics.begin(), tactics.end(), [](auto* t) { return t->caps & gpu::kI8; }))
+    return false;
   if (q.domain != "kiln") return true;
   return q.attrs ? fused_layer_supported(q.op_type, *q.attrs) : false;
 #else

@@ -549,6 +549,10 @@ Status CudaContext::keep_debug(const Instance& inst, size_t run) {
     if (it == debug_.end() || !inst.outs[run][o].present()) continue;
     auto t = copy_to_host(inst.outs[run][o], it->first->type.dtype, rc_.stream);
     if (!t.ok()) return t.status().with_context(n->label());
+    // A float value an INT8 layer stored as int8 codes came back as the codes: scale them.
+    if (inst.outs[run][o].dtype == DataType::kInt8 && t->dtype() == DataType::kFloat32 &&
+        it->first->has_quant_scale())
+      for (int64_t i = 0; i < t->numel(); ++i) t->data<float>()[i] *= it->first->quant_scales[0];
     debug_out_[it->second] = std::move(t).value();
   }
   return Status::Ok();

@@ -72,8 +72,10 @@ struct RunContext {
 };
 
 // Math precision of a layer: the type float tensors are stored in, and for matrix products
-// whether tensor cores may round float32 inputs to TF32.
-enum class Precision : uint8_t { kFP32 = 0, kTF32 = 1, kFP16 = 2 };
+// whether tensor cores may round float32 inputs to TF32. kINT8: a layer marked int8 = 1
+// (docs/quantization.md) computing on int8 tensors with int32 accumulation; its X (and residual
+// and Y when their values carry a scale) are stored int8, its other float tensors in float.
+enum class Precision : uint8_t { kFP32 = 0, kTF32 = 1, kFP16 = 2, kINT8 = 3 };
 const char* precision_name(Precision p);
 
 // The node a layer implements, with the formats chosen for its inputs and outputs.
@@ -109,6 +111,9 @@ enum FormatCaps : uint32_t {
   kNHWC = 1u << 2,         // 4-D activations may be NHWC (the layer reads DeviceTensor::layout)
   kAnyLayout = 1u << 3,    // layout-agnostic when every 4-D input has the output's shape
   kF64 = 1u << 4,          // float64 tensors (always stored as themselves)
+  kI8 = 1u << 5,           // INT8 layers: float values stored as int8 codes (value = q * scale,
+                           // the scale on the Value); the layer's float tensors still need
+                           // kF32/kF16
 };
 
 using SupportsFn = bool (*)(const LayerDesc&, std::string* why_not);

@@ -5,6 +5,7 @@
 #include <unordered_set>
 
 #include "ops/op.h"
+#include "quant/int8.h"
 #include "shape_eval.h"
 #include "tuner.h"
 
@@ -37,10 +38,53 @@ LayerChoice make_choice(const Node& n, const TacticDef& t, Precision p, bool nhw
   return c;
 }
 
+// The formats of an INT8 candidate of a layer marked int8 = 1 (docs/quantization.md): X
+// (slot 0) int8; the residual (FusedConv slot 3) and Y int8 when their values carry a scale, else
+// in the float storage type `flt` of the build's fallback precision; other float inputs float32;
+// 4-D tensors NHWC. Constants (the weights, the bias, Gemm's C) get no format: an INT8 tactic
+// reads them on the host and keeps its own device copy (int8 weights, per-channel epilogue
+// arrays), so the engine uploads no float copy; the same for inputs the tactic reads on the host.
+LayerChoice make_int8_choice(const Node& n, const TacticDef& t, DataType flt) {
+  LayerChoice c;
+  c.tactic = &t;
+  c.precision = Precision::kINT8;
+  auto fmt_of = [](const Value* v, DataType storage) {
+    return TensorFormat{storage, v->type.rank() == 4 ? Layout::kNHWC : Layout::kLinear};
+  };
+  const bool conv = n.op_type == "FusedConv";
+  for (size_t i = 0; i < n.num_inputs(); ++i) {
+    const Value* v = n.input(i);
+    if (!v || v->is_constant() || (t.host_inputs >> i) & 1u) {
+      c.in.push_back(TensorFormat{});
+      continue;
+    }
+    DataType st = v->type.dtype;
+    if (st == DataType::kFloat32 && i == 0) st = DataType::kInt8;
+    else if (st == DataType::kFloat32 && i == 3 && conv)
+      st = v->has_quant_scale() ? DataType::kInt8 : flt;
+    c.in.push_back(fmt_of(v, st));
+  }
+  for (size_t o = 0; o < n.num_outputs(); ++o) {
+    const Value* v = n.output(o);
+    if (!v) {
+      c.out.push_back(TensorFormat{});
+      continue;
+    }
+    DataType st = v->type.dtype;
+    if (st == DataType::kFloat32) st = o == 0 && v->has_quant_scale() ? DataType::kInt8 : flt;
+    c.out.push_back(fmt_of(v, st));
+  }
+  return c;
+}
+
 // Does the tactic take these storage types at all (before its own supports())?
 bool caps_allow(const LayerChoice& c, std::string* why) {
   const uint32_t caps = c.tactic->caps;
   auto check = [&](const TensorFormat& f) {
+    // int8 storage of a float value (an INT8 candidate); a tensor that is int8 in the model is
+    // stored as itself by every tactic.
+    if (c.precision == Precision::kINT8 && f.dtype == DataType::kInt8 && !(caps & kI8))
+      return false;
     if (f.dtype == DataType::kFloat32 && !(caps & kF32)) return false;
     if (f.dtype == DataType::kFloat16 && !(caps & kF16)) return false;
     if (f.dtype == DataType::kFloat64 && !(caps & kF64)) return false;
@@ -76,7 +120,10 @@ struct Lowering {
     return any;
   }
 
-  // The candidates of a node at its precision, most preferred layout first.
+  // The candidates of a node: for a layer marked int8 = 1, its INT8 candidates first, then the
+  // float ones at the build's precision (the tuner times them all and keeps the fastest; an
+  // untuned build takes INT8 when a tactic supports it). Float candidates: most preferred
+  // layout first.
   Expected<std::vector<LayerChoice>> candidates(const Node& n, std::string* why_none) {
     auto tactics = tactics_for(n.domain, n.op_type);
     if (!o.force_tactic.empty() &&
@@ -88,15 +135,21 @@ struct Lowering {
     }
     const auto pin = o.layer_precisions.find(n.name);
     const bool want16 = pin != o.layer_precisions.end() ? pin->second == "fp16" : o.fp16;
+    std::string reasons;
+    std::vector<LayerChoice> out;
+    if (quant::runs_int8(n)) {
+      const DataType flt = want16 ? DataType::kFloat16 : DataType::kFloat32;
+      for (const TacticDef* t : tactics)
+        add_if_supported(n, make_int8_choice(n, *t, flt), &out, &reasons);
+    }
     std::vector<Precision> precisions;
     if (want16) precisions.push_back(Precision::kFP16);
     precisions.push_back(o.tf32 ? Precision::kTF32 : Precision::kFP32);
-    std::string reasons;
     for (Precision p : precisions) {
       const bool nhwc_wanted =
           o.layout == "nhwc" || (o.layout == "auto" && p != Precision::kFP32);
       for (bool nhwc : {true, false}) {
-        std::vector<LayerChoice> out;
+        const size_t before = out.size();
         for (const TacticDef* t : tactics) {
           if (nhwc) {
             const bool can = ((t->caps & kNHWC) && nhwc_wanted && n.output(0) &&
@@ -104,25 +157,32 @@ struct Lowering {
                              ((t->caps & kAnyLayout) && follows_nhwc(n));
             if (!can) continue;
           }
-          LayerChoice c = make_choice(n, *t, p, nhwc);
-          std::string why;
-          LayerDesc d = c.desc(&n);
-          if (!caps_allow(c, &why) || (t->supports && !t->supports(d, &why))) {
-            reasons += fmt::format("{}{} ({}): {}", reasons.empty() ? "" : "; ", t->name,
-                                   precision_name(p), why.empty() ? "not supported" : why);
-            continue;
-          }
-          const auto variants = t->variants ? t->variants(d) : std::vector<std::string>{""};
-          for (const auto& v : variants) {
-            c.variant = v;
-            out.push_back(c);
-          }
+          add_if_supported(n, make_choice(n, *t, p, nhwc), &out, &reasons);
         }
-        if (!out.empty()) return out;
+        if (out.size() > before) return out;
       }
     }
-    *why_none = reasons;
-    return std::vector<LayerChoice>{};
+    if (out.empty()) *why_none = reasons;
+    return out;
+  }
+
+  // Appends candidate `c` (one per variant of its tactic) when the tactic takes it, else the
+  // reason to `reasons`.
+  static void add_if_supported(const Node& n, LayerChoice c, std::vector<LayerChoice>* out,
+                               std::string* reasons) {
+    const TacticDef* t = c.tactic;
+    std::string why;
+    LayerDesc d = c.desc(&n);
+    if (!caps_allow(c, &why) || (t->supports && !t->supports(d, &why))) {
+      *reasons += fmt::format("{}{} ({}): {}", reasons->empty() ? "" : "; ", t->name,
+                              precision_name(c.precision), why.empty() ? "not supported" : why);
+      return;
+    }
+    const auto variants = t->variants ? t->variants(d) : std::vector<std::string>{""};
+    for (const auto& v : variants) {
+      c.variant = v;
+      out->push_back(c);
+    }
   }
 
   // Where value `v` must be in format `want` for a consumer placed before `pos`: the value itself,
@@ -133,11 +193,20 @@ struct Lowering {
     if (it == produced.end() || it->second == want) return v;  // constant/host: converted at load
     auto key = std::make_pair(static_cast<const Value*>(v), want.str());
     if (auto r = reformats.find(key); r != reformats.end()) return r->second;
+    // int8 storage of a float value is its INT8 code (value / scale): only a value with a scale.
+    const bool to_codes = want.dtype == DataType::kInt8 && v->type.dtype != DataType::kInt8;
+    if (to_codes && !v->has_quant_scale())
+      return KILN_ERROR("'{}' would be stored as int8 for {}, but the value has no INT8 scale",
+                        v->name, pos ? pos->label() : std::string("a graph output"));
     const std::string name = g.unique_name(v->name + "_to_" + want.str());
     Node* r = pos ? g.insert_node_before(pos, "Reformat", name, {v}, {name}, "kiln")
                   : g.add_node("Reformat", name, {v}, {name}, "kiln");
     r->origin = "lower";
     r->output(0)->type = v->type;
+    // The reformat reads the scale of its input; its output is the same value, so it keeps the
+    // scale too (the INT8 layer consuming it reads X's and the residual's scales there).
+    r->output(0)->quant_scales = v->quant_scales;
+    r->output(0)->quant_axis = v->quant_axis;
     const TacticDef* t = find_tactic("reformat");
     LayerChoice c;
     c.tactic = t;

@@ -87,6 +87,7 @@ Expected<Plan> plan_from_json(const Graph& g, const nlohmann::json& j) {
       if (prec == "fp32") c.precision = Precision::kFP32;
       else if (prec == "tf32") c.precision = Precision::kTF32;
       else if (prec == "fp16") c.precision = Precision::kFP16;
+      else if (prec == "int8") c.precision = Precision::kINT8;
       else return fail(KILN_ERROR("bad precision '{}'", prec));
       if (r.contains("variant") && r["variant"].is_string()) c.variant = r["variant"];
       auto in = parse_formats(r.value("in", nlohmann::json()), n->num_inputs(), "in");

@@ -53,6 +53,7 @@ const char* precision_name(Precision p) {
     case Precision::kFP32: return "fp32";
     case Precision::kTF32: return "tf32";
     case Precision::kFP16: return "fp16";
+    case Precision::kINT8: return "int8";
   }
   return "?";
 }

@@ -19,6 +19,10 @@ bool cublaslt_conv_supports(const LayerDesc& d, std::string* why);
 // conv_depthwise.cu: kiln's NHWC depthwise convolution with the fused epilogue.
 bool depthwise_conv_supports(const LayerDesc& d, std::string* why);
 Expected<std::unique_ptr<Layer>> create_depthwise_conv(const LayerDesc& d);
+// conv_int8.cu: kiln's INT8 FusedConv / FusedGemm (int8 = 1) with the fused float epilogue.
+bool int8_conv_supports(const LayerDesc& d, std::string* why);
+Expected<std::unique_ptr<Layer>> create_int8_conv(const LayerDesc& d);  // tensor cores
+Expected<std::unique_ptr<Layer>> create_int8_conv_dp4a(const LayerDesc& d);
 
 namespace {
 
@@ -235,6 +239,11 @@ const TacticDef kConvTactics[] = {
      create_depthwise_conv},
     {"kiln", "FusedConv", "kiln.dwconv.fused", kF32 | kF16 | kNHWC, 0, depthwise_conv_supports,
      create_depthwise_conv},
+    // INT8 layers (docs/quantization.md): int8 storage (kI8), float32/float16 float tensors.
+    {"kiln", "FusedConv", "conv_int8", kI8 | kF32 | kF16 | kNHWC, 0, int8_conv_supports,
+     create_int8_conv},
+    {"kiln", "FusedConv", "conv_int8.dp4a", kI8 | kF32 | kF16 | kNHWC, 0, int8_conv_supports,
+     create_int8_conv_dp4a},
     {"", "ConvTranspose", "cudnn.convt", kF32 | kF16 | kF64, 0, convt_supports, create_convt},
 };
 

@@ -435,6 +435,10 @@ Expected<std::unique_ptr<Layer>> create_attention(const LayerDesc& d);
 // einsum.cu
 bool einsum_supports(const LayerDesc& d, std::string* why);
 Expected<std::unique_ptr<Layer>> create_einsum(const LayerDesc& d);
+// conv_int8.cu: INT8 FusedGemm (int8 = 1) as a 1x1 convolution over the rows of X.
+bool int8_conv_supports(const LayerDesc& d, std::string* why);
+Expected<std::unique_ptr<Layer>> create_int8_conv(const LayerDesc& d);  // tensor cores
+Expected<std::unique_ptr<Layer>> create_int8_conv_dp4a(const LayerDesc& d);
 // attention_onnx.cu
 bool attention_onnx_supports(const LayerDesc& d, std::string* why);
 Expected<std::unique_ptr<Layer>> create_attention_onnx(const LayerDesc& d);
@@ -447,6 +451,9 @@ const TacticDef kGemmTactics[] = {
     {"", "Gemm", "gemm.cublas", kGemmCaps, 0, gemm_supports, create_gemm},
     {"", "MatMul", "matmul.cublas", kGemmCaps, 0, gemm_supports, create_gemm},
     {"kiln", "FusedGemm", "fused_gemm.cublas", kGemmCaps, 0, gemm_supports, create_gemm},
+    {"kiln", "FusedGemm", "gemm_int8", kI8 | kF32 | kF16, 0, int8_conv_supports, create_int8_conv},
+    {"kiln", "FusedGemm", "gemm_int8.dp4a", kI8 | kF32 | kF16, 0, int8_conv_supports,
+     create_int8_conv_dp4a},
     {"kiln", "Attention", "attention.cublas", kGemmCaps, 0, attention_supports, create_attention},
     {"", "Einsum", "einsum.generic", kF32 | kF16 | kF64, 0, einsum_supports, create_einsum},
     {"", "Attention", "attention_onnx.direct", kGemmCaps, 0, attention_onnx_supports,

@@ -1,30 +1,44 @@
 // kiln.Reformat: the explicit conversion the lowering places where a tensor's producer and a
-// consumer want different formats (float32 <-> float16, linear <-> NHWC). Logically Identity.
+// consumer want different formats (float32 <-> float16, linear <-> NHWC, and for INT8 layers a
+// float value <-> its int8 codes with the value's scale). Logically Identity.
 #include "kernels/device_util.cuh"
+#include "kernels/int8.cuh"
 #include "tactics.h"
 
 namespace kiln::gpu {
 namespace {
 
-template <typename In, typename Out>
-__global__ void reformat_kernel(const In* x, Out* y, int64_t n, StridedIndex in_ix) {
-  KILN_GRID_STRIDE(i, n) { store(y, i, load(x, in_ix.offset(i))); }
+// What a reformat does to each element besides moving it: convert the storage type, or
+// quantize a float value to its int8 code / dequantize a code (docs/quantization.md).
+enum class Codes : int { kNone, kQuantize, kDequantize };
+
+template <Codes M, typename In, typename Out>
+__device__ __forceinline__ void convert(const In* x, int64_t xi, Out* y, int64_t yi, float scale) {
+  if constexpr (M == Codes::kQuantize)
+    y[yi] = quantize_code(static_cast<float>(load(x, xi)), scale);
+  else if constexpr (M == Codes::kDequantize) store(y, yi, dequantize_code(x[xi], scale));
+  else store(y, yi, load(x, xi));
+}
+
+template <Codes M, typename In, typename Out>
+__global__ void reformat_kernel(const In* x, Out* y, int64_t n, StridedIndex in_ix, float scale) {
+  KILN_GRID_STRIDE(i, n) { convert<M>(x, in_ix.offset(i), y, i, scale); }
 }
 
 // Linear [N,C,HW] <-> NHWC [N,HW,C] with few channels (a CNN's input image, C = 3): one thread
 // per pixel; reads of each channel plane and writes of the pixel's C values are coalesced
 // across the warp, and the index math is one 32-bit division (the general kernel's rank-4
 // strided index cost 4x the memory time on ResNet-50's input).
-template <typename In, typename Out, bool ToNHWC>
+template <Codes M, typename In, typename Out, bool ToNHWC>
 __global__ void reformat_pixels(const In* __restrict__ x, Out* __restrict__ y, int pixels,
-                                int hw, int C) {
+                                int hw, int C, float scale) {
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < pixels; i += gridDim.x * blockDim.x) {
     const int n = i / hw, p = i - n * hw;
     const int64_t plane = static_cast<int64_t>(n) * C * hw + p;  // linear: x[n, c, p]
     const int64_t pix = static_cast<int64_t>(i) * C;              // NHWC: x[n, p, c]
     for (int c = 0; c < C; ++c) {
-      if constexpr (ToNHWC) store(y, pix + c, load(x, plane + static_cast<int64_t>(c) * hw));
-      else store(y, plane + static_cast<int64_t>(c) * hw, load(x, pix + c));
+      if constexpr (ToNHWC) convert<M>(x, plane + static_cast<int64_t>(c) * hw, y, pix + c, scale);
+      else convert<M>(x, pix + c, y, plane + static_cast<int64_t>(c) * hw, scale);
     }
   }
 }
@@ -54,8 +68,41 @@ StridedIndex storage_map(const DeviceTensor& from, const DeviceTensor& to) {
   return ix;
 }
 
+// Launches the pixel kernel for small channel counts, else the general strided one.
+template <Codes M, typename In, typename Out>
+void launch_reformat(const DeviceTensor& x, const DeviceTensor& y, float scale, cudaStream_t s) {
+  const int64_t n = y.numel();
+  const In* xp = static_cast<const In*>(x.data);
+  Out* yp = static_cast<Out*>(y.data);
+  const bool pixels = x.rank() == 4 && x.layout != y.layout && x.shape[1] <= kPixelReformatMaxC &&
+                      n < (int64_t(1) << 31);
+  if (pixels) {
+    const int C = static_cast<int>(x.shape[1]), hw = static_cast<int>(x.shape[2] * x.shape[3]);
+    const int count = static_cast<int>(n / C);
+    if (y.layout == Layout::kNHWC)
+      reformat_pixels<M, In, Out, true>
+          <<<grid_for(count), kBlock, 0, s>>>(xp, yp, count, hw, C, scale);
+    else
+      reformat_pixels<M, In, Out, false>
+          <<<grid_for(count), kBlock, 0, s>>>(xp, yp, count, hw, C, scale);
+  } else {
+    reformat_kernel<M, In, Out><<<grid_for(n), kBlock, 0, s>>>(xp, yp, n, storage_map(x, y), scale);
+  }
+}
+
+// Calls f(T{}) for the float storage types an INT8 layer's neighbours use.
+template <typename F>
+bool dispatch_f32_f16(DataType t, F&& f) {
+  if (t == DataType::kFloat32) return f(float{}), true;
+  if (t == DataType::kFloat16) return f(__half{}), true;
+  return false;
+}
+
 class ReformatLayer final : public Layer {
  public:
+  // codes: the value is float and one side stores it as int8 codes of `scale`.
+  ReformatLayer(bool codes, float scale) : codes_(codes), scale_(scale) {}
+
   Status run(const RunContext& rc, std::span<const DeviceTensor> in,
              std::span<const DeviceTensor> out) override {
     const DeviceTensor& x = in[0];
@@ -66,42 +113,46 @@ class ReformatLayer final : public Layer {
       KILN_CUDA_CHECK(cudaMemcpyAsync(y.data, x.data, y.nbytes(), cudaMemcpyDeviceToDevice, rc.stream));
       return Status::Ok();
     }
-    const bool pixels = x.rank() == 4 && x.layout != y.layout && x.shape[1] <= kPixelReformatMaxC &&
-                        n < (int64_t(1) << 31);
-    const StridedIndex ix = storage_map(x, y);
     bool ok = false;
-    dispatch_dtype(x.dtype, [&](auto in_t) {
-      using In = decltype(in_t);
-      ok = dispatch_dtype(y.dtype, [&](auto out_t) {
-        using Out = decltype(out_t);
-        const In* xp = static_cast<const In*>(x.data);
-        Out* yp = static_cast<Out*>(y.data);
-        if (pixels) {
-          const int C = static_cast<int>(x.shape[1]), hw = static_cast<int>(x.shape[2] * x.shape[3]);
-          const int count = static_cast<int>(n / C);
-          if (y.layout == Layout::kNHWC)
-            reformat_pixels<In, Out, true><<<grid_for(count), kBlock, 0, rc.stream>>>(xp, yp, count, hw, C);
-          else
-            reformat_pixels<In, Out, false><<<grid_for(count), kBlock, 0, rc.stream>>>(xp, yp, count, hw, C);
-        } else {
-          reformat_kernel<In, Out><<<grid_for(n), kBlock, 0, rc.stream>>>(xp, yp, n, ix);
-        }
+    if (codes_ && y.dtype == DataType::kInt8 && x.dtype != DataType::kInt8) {
+      ok = dispatch_f32_f16(x.dtype, [&](auto in_t) {
+        launch_reformat<Codes::kQuantize, decltype(in_t), int8_t>(x, y, scale_, rc.stream);
       });
-    });
+    } else if (codes_ && x.dtype == DataType::kInt8 && y.dtype != DataType::kInt8) {
+      ok = dispatch_f32_f16(y.dtype, [&](auto out_t) {
+        launch_reformat<Codes::kDequantize, int8_t, decltype(out_t)>(x, y, scale_, rc.stream);
+      });
+    } else {
+      dispatch_dtype(x.dtype, [&](auto in_t) {
+        ok = dispatch_dtype(y.dtype, [&](auto out_t) {
+          launch_reformat<Codes::kNone, decltype(in_t), decltype(out_t)>(x, y, 1.f, rc.stream);
+        });
+      });
+    }
     if (!ok)
       return KILN_ERROR("reformat from {} to {} is not supported", dtype_name(x.dtype),
                         dtype_name(y.dtype));
     KILN_CUDA_LAUNCH_CHECK("reformat kernel");
     return Status::Ok();
   }
+
+ private:
+  bool codes_;
+  float scale_;
 };
 
-Expected<std::unique_ptr<Layer>> create_reformat(const LayerDesc&) {
-  return std::unique_ptr<Layer>(new ReformatLayer());
+Expected<std::unique_ptr<Layer>> create_reformat(const LayerDesc& d) {
+  const Value* v = d.node->input(0);
+  const bool float_value = v && dtype_is_float(v->type.dtype);
+  const bool codes =
+      float_value && (d.in[0].dtype == DataType::kInt8 || d.out[0].dtype == DataType::kInt8);
+  if (codes && !v->has_quant_scale())
+    return KILN_ERROR("{}: '{}' is stored as int8 but has no INT8 scale", d.node->label(), v->name);
+  return std::unique_ptr<Layer>(new ReformatLayer(codes, codes ? v->quant_scales[0] : 1.f));
 }
 
 const TacticDef kReformatTactics[] = {
-    {"kiln", "Reformat", "reformat", kF32 | kF16 | kF64 | kNHWC, 0, nullptr, create_reformat},
+    {"kiln", "Reformat", "reformat", kF32 | kF16 | kF64 | kNHWC | kI8, 0, nullptr, create_reformat},
 };
 
 }  // namespace

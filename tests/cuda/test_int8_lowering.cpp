@@ -1,0 +1,143 @@
+// Lowering of INT8 layers for the CUDA backend (host side, no GPU needed; untuned builds take
+// the first supported candidate, which for a layer marked int8 = 1 is its INT8 one): formats of
+// the INT8 candidate, the quantizing/dequantizing reformats and their scales, the float
+// fallback of a layer no INT8 tactic takes, and float builds left as they were.
+#include <gtest/gtest.h>
+
+#include "backends/cuda/lower.h"
+#include "backends/cuda/plan.h"
+#include "ops/op.h"
+#include "quant/int8.h"
+
+namespace kiln::gpu {
+namespace {
+
+Tensor ramp(std::vector<int64_t> shape, float step) {
+  Tensor t(DataType::kFloat32, shape);
+  for (int64_t i = 0; i < t.numel(); ++i)
+    t.data<float>()[i] = step * static_cast<float>(i % 13 - 6);
+  return t;
+}
+
+// x [2,C,8,8] -> FusedConv(W [16,C,3,3], bias, int8 = 1, Relu) -> y, with scales on x, W and
+// (when `y_scale`) y.
+std::unique_ptr<Graph> int8_conv_graph(int64_t C, bool y_scale, bool int8 = true) {
+  auto g = std::make_unique<Graph>();
+  Value* x = g->add_value("x", TensorType(DataType::kFloat32, {2, C, 8, 8}));
+  g->add_input(x);
+  Value* w = g->add_constant("w", ramp({16, C, 3, 3}, 0.01f));
+  Value* b = g->add_constant("b", ramp({16}, 0.1f));
+  Node* n = g->add_node("FusedConv", "conv", {x, w, b}, {"y"}, "kiln");
+  n->attrs.set("pads", Attribute::Ints({1, 1, 1, 1}));
+  n->attrs.set("activation", Attribute::String("Relu"));
+  if (int8) {
+    n->attrs.set("int8", Attribute::Int(1));
+    x->quant_scales = {0.02f};
+    w->quant_scales = quant::weight_scales(*w->constant, 0);
+    w->quant_axis = 0;
+    if (y_scale) n->output(0)->quant_scales = {0.05f};
+  }
+  g->add_output(n->output(0));
+  EXPECT_TRUE(infer_shapes(*g).ok());
+  return g;
+}
+
+Expected<Plan> lower(Graph& g, bool fp16, int64_t C) {
+  GpuBuildOptions o;
+  o.fp16 = fp16;
+  o.tune = false;
+  return lower_for_gpu(g, {{2, C, 8, 8}}, o);
+}
+
+const LayerChoice& choice_of(const Graph& g, const Plan& p, const std::string& op_type) {
+  for (size_t k = 0; k < g.nodes().size(); ++k)
+    if (g.nodes()[k]->op_type == op_type) return p.layers[k];
+  static const LayerChoice none;
+  ADD_FAILURE() << "no " << op_type << " layer";
+  return none;
+}
+
+TEST(CudaInt8Lowering, Int8LayerGetsInt8FormatsAndScaledReformats) {
+  auto g = int8_conv_graph(8, /*y_scale=*/true);
+  auto p = lower(*g, false, 8);
+  ASSERT_TRUE(p.ok()) << p.status().message();
+  const LayerChoice& c = choice_of(*g, *p, "FusedConv");
+  ASSERT_NE(c.tactic, nullptr);
+  EXPECT_EQ(c.tactic->name, "conv_int8");
+  EXPECT_EQ(c.precision, Precision::kINT8);
+  EXPECT_EQ(c.in[0].str(), "int8/nhwc");
+  EXPECT_EQ(c.in[1].dtype, DataType::kUndefined);  // the tactic quantizes W itself: not uploaded
+  EXPECT_EQ(c.in[2].dtype, DataType::kUndefined);
+  EXPECT_EQ(c.out[0].str(), "int8/nhwc");
+  // x -> Reformat(float32/linear -> int8/nhwc) -> conv -> Reformat(int8/nhwc -> float32/linear).
+  ASSERT_EQ(g->nodes().size(), 3u);
+  const Node* q = g->nodes()[0];
+  EXPECT_EQ(q->op_type, "Reformat");
+  EXPECT_EQ(p->layers[0].out[0].str(), "int8/nhwc");
+  ASSERT_EQ(q->output(0)->quant_scales.size(), 1u);  // the INT8 layer reads sx there
+  EXPECT_FLOAT_EQ(q->output(0)->quant_scales[0], 0.02f);
+  EXPECT_EQ(g->nodes()[1]->input(0), q->output(0));
+  EXPECT_TRUE(quant::int8_blocker(*g->nodes()[1]).empty()) << quant::int8_blocker(*g->nodes()[1]);
+  EXPECT_EQ(p->layers[2].in[0].str(), "int8/nhwc");
+  EXPECT_EQ(p->layers[2].out[0].str(), "float32/linear");
+  // The plan's precision survives the engine's JSON.
+  auto back = plan_from_json(*g, plan_to_json(*p));
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->layers[1].precision, Precision::kINT8);
+  EXPECT_STREQ(precision_name(back->layers[1].precision), "int8");
+}
+
+TEST(CudaInt8Lowering, FloatOutputTakesTheBuildsFloatStorage) {
+  auto g = int8_conv_graph(8, /*y_scale=*/false);
+  auto p = lower(*g, /*fp16=*/true, 8);
+  ASSERT_TRUE(p.ok()) << p.status().message();
+  const LayerChoice& c = choice_of(*g, *p, "FusedConv");
+  EXPECT_EQ(c.precision, Precision::kINT8);
+  EXPECT_EQ(c.out[0].str(), "float16/nhwc");
+}
+
+TEST(CudaInt8Lowering, LayerNoInt8TacticTakesFallsBackToFloat) {
+  auto g = int8_conv_graph(3, /*y_scale=*/true);  // C = 3: the INT8 kernel needs C % 4 == 0
+  auto p = lower(*g, /*fp16=*/true, 3);
+  ASSERT_TRUE(p.ok()) << p.status().message();
+  const LayerChoice& c = choice_of(*g, *p, "FusedConv");
+  ASSERT_NE(c.tactic, nullptr);
+  EXPECT_NE(c.tactic->name, "conv_int8");
+  EXPECT_EQ(c.precision, Precision::kFP16);
+  for (const LayerChoice& l : p->layers)
+    for (const TensorFormat& f : l.out) EXPECT_NE(f.dtype, DataType::kInt8);
+}
+
+TEST(CudaInt8Lowering, FloatBuildsAreUnchanged) {
+  for (bool fp16 : {false, true}) {
+    auto g = int8_conv_graph(8, true, /*int8=*/false);
+    auto p = lower(*g, fp16, 8);
+    ASSERT_TRUE(p.ok()) << p.status().message();
+    const LayerChoice& c = choice_of(*g, *p, "FusedConv");
+    ASSERT_NE(c.tactic, nullptr);
+    EXPECT_NE(c.tactic->name, "conv_int8");
+    EXPECT_EQ(c.precision, fp16 ? Precision::kFP16 : Precision::kTF32);
+    EXPECT_EQ(c.in[0].dtype, fp16 ? DataType::kFloat16 : DataType::kFloat32);
+  }
+}
+
+TEST(CudaInt8Lowering, ReformatIntoInt8NeedsAScale) {
+  auto g = std::make_unique<Graph>();
+  Value* x = g->add_value("act", TensorType(DataType::kFloat32, {2, 8}));
+  g->add_input(x);
+  Node* r = g->add_node("Reformat", "r", {x}, {"q"}, "kiln");
+  r->output(0)->type = x->type;
+  LayerDesc d{r,
+              {TensorFormat{DataType::kFloat32, Layout::kLinear}},
+              {TensorFormat{DataType::kInt8, Layout::kLinear}},
+              Precision::kFP32,
+              ""};
+  auto layer = find_tactic("reformat")->create(d);
+  ASSERT_FALSE(layer.ok());
+  EXPECT_NE(layer.status().message().find("'act'"), std::string::npos) << layer.status().message();
+  x->quant_scales = {0.1f};
+  EXPECT_TRUE(find_tactic("reformat")->create(d).ok());
+}
+
+}  // namespace
+}  // namespace kiln::gpu
