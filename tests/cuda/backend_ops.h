@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <map>
 #include <optional>
 #include <utility>
 #include <string>
@@ -40,6 +41,15 @@ struct OpCase {
   // 4-D tensors). Float64/integer cases use "fp32" only.
   std::vector<std::string> modes = {"fp32", "fp16"};
   double tolerance = 0;           // relative L2 override for float outputs (0: per-mode default)
+  // INT8 layers (int8 = 1, cases_int8.cpp; modes "int8" and "int8fp16", the latter with float16
+  // storage for float tensors): the scales put on the case's values (input slot -> scales, the
+  // weights' per output channel; Y's scale, empty: Y float). Such a case runs only the tactics
+  // that take int8 storage; an output with a scale must be within one int8 code (±sy) of the
+  // reference everywhere (the fraction off by one is printed; in mode int8 at most 0.1%), a
+  // float output within the mode's relative L2 tolerance (int8: 1e-5, int8fp16: 1e-3).
+  std::map<int, std::vector<float>> in_scales;
+  std::vector<float> out_scale;
+  bool int8() const { return !in_scales.empty(); }
 };
 
 // Helpers for writing cases compactly.
@@ -65,5 +75,6 @@ std::vector<OpCase> conv_cases();       // conv family (Conv, ConvTranspose, Fus
 std::vector<OpCase> gemm_pool_cases();  // pooling, Gemm, MatMul, FusedGemm, Attention
 std::vector<OpCase> types_cases();      // float8/int4 Cast and Q/DQ, Einsum, RotaryEmbedding
 std::vector<OpCase> attention_cases();  // ONNX Attention (layers/attention_onnx.cu)
+std::vector<OpCase> int8_cases();       // INT8 FusedConv / FusedGemm (layers/conv_int8.cu)
 
 }  // namespace kiln::gpu::test

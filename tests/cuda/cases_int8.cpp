@@ -1,0 +1,183 @@
+// INT8 layer cases (docs/quantization.md; layers/conv_int8.cu): kiln.FusedConv / kiln.FusedGemm
+// with int8 = 1 and scales on their values, against the CPU INT8 reference (fused_int8.cpp).
+// Shapes: 1x1, 3x3 stride 1/2, padding (also asymmetric), dilation, batch 1, odd sizes, an
+// empty batch, and seeded random ones; residual int8 / float / absent; Relu / Clip / none;
+// output int8 (±1 code) or float; per-tensor and per-channel weight scales.
+#include <cmath>
+#include <random>
+
+#include "backend_ops.h"
+
+namespace kiln::gpu::test {
+namespace {
+
+enum class Residual { kNone, kInt8, kFloat };
+
+struct ConvSpec {
+  std::string name;
+  std::vector<int64_t> x, w;  // X [N,C,H,W], W [K,C,R,S]
+  Attributes attrs;
+  Residual residual = Residual::kNone;
+  std::string act;  // "", "Relu", "Clip"
+  bool int8_out = true;
+  bool per_channel = true;
+  bool bias = true;
+};
+
+ConvSpec spec(std::string name, std::vector<int64_t> x, std::vector<int64_t> w, Attributes a,
+              Residual residual = Residual::kNone, std::string act = "", bool int8_out = true,
+              bool per_channel = true, bool bias = true) {
+  ConvSpec s;
+  s.name = std::move(name);
+  s.x = std::move(x);
+  s.w = std::move(w);
+  s.attrs = std::move(a);
+  s.residual = residual;
+  s.act = std::move(act);
+  s.int8_out = int8_out;
+  s.per_channel = per_channel;
+  s.bias = bias;
+  return s;
+}
+
+// Weight scales: per channel (some below the channel's amax, so codes saturate) or one.
+std::vector<float> weight_scales(int64_t K, double range, bool per_channel) {
+  std::vector<float> s;
+  for (int64_t k = 0; k < (per_channel ? K : 1); ++k)
+    s.push_back(static_cast<float>(range / 127 * (0.8 + 0.1 * static_cast<double>(k % 5))));
+  return s;
+}
+
+std::vector<int64_t> conv_out(const ConvSpec& c) {
+  const auto pads = c.attrs.get_ints("pads", {0, 0, 0, 0});
+  const auto st = c.attrs.get_ints("strides", {1, 1});
+  const auto dl = c.attrs.get_ints("dilations", {1, 1});
+  std::vector<int64_t> y = {c.x[0], c.w[0], 0, 0};
+  for (int d = 0; d < 2; ++d)
+    y[2 + d] = (c.x[2 + d] + pads[d] + pads[2 + d] - dl[d] * (c.w[2 + d] - 1) - 1) / st[d] + 1;
+  return y;
+}
+
+OpCase int8_conv(const ConvSpec& s) {
+  OpCase c;
+  c.name = s.name;
+  c.op_type = "FusedConv";
+  c.domain = "kiln";
+  c.attrs = s.attrs;
+  c.attrs.set("int8", Attribute::Int(1));
+  if (!s.act.empty()) c.attrs.set("activation", Attribute::String(s.act));
+  if (s.act == "Clip") {
+    c.attrs.set("act_min", Attribute::Float(-0.25f));
+    c.attrs.set("act_max", Attribute::Float(0.75f));
+  }
+  const double range = 1.0 / std::sqrt(static_cast<double>(s.w[1] * s.w[2] * s.w[3]));
+  c.inputs = {in(s.x), konst_random(s.w, range)};
+  c.in_scales[0] = {1.f / 127};
+  c.in_scales[1] = weight_scales(s.w[0], range, s.per_channel);
+  c.inputs.push_back(s.bias ? konst_random({s.w[0]}, 0.5) : absent());
+  if (s.residual != Residual::kNone) {
+    c.inputs.push_back(in(conv_out(s)));
+    if (s.residual == Residual::kInt8) c.in_scales[3] = {1.f / 127};
+  }
+  if (s.int8_out) c.out_scale = {2.f / 127};
+  c.modes = {"int8", "int8fp16"};
+  return c;
+}
+
+Attributes conv_attrs(std::vector<int64_t> pads, std::vector<int64_t> strides,
+                      std::vector<int64_t> dilations = {1, 1}) {
+  return attrs({{"pads", ints_attr(std::move(pads))},
+                {"strides", ints_attr(std::move(strides))},
+                {"dilations", ints_attr(std::move(dilations))}});
+}
+
+// FusedGemm: base Gemm (X [M,K] times W [N,K]^T or [K,N], C [N] with alpha/beta) or MatMul
+// (X [..., K] times W [K,N] plus a bias [N]).
+OpCase int8_gemm(std::string name, std::string base, std::vector<int64_t> x, int64_t N, bool transB,
+                 std::string act, bool int8_out, bool per_channel, float alpha = 1.f,
+                 float beta = 1.f) {
+  OpCase c;
+  c.name = std::move(name);
+  c.op_type = "FusedGemm";
+  c.domain = "kiln";
+  const int64_t K = x.back();
+  c.attrs = attrs({{"base", Attribute::String(base)}, {"int8", Attribute::Int(1)}});
+  if (base == "Gemm") {
+    c.attrs.set("transB", Attribute::Int(transB ? 1 : 0));
+    c.attrs.set("alpha", Attribute::Float(alpha));
+    c.attrs.set("beta", Attribute::Float(beta));
+  }
+  if (!act.empty()) c.attrs.set("activation", Attribute::String(act));
+  if (act == "Clip") {
+    c.attrs.set("act_min", Attribute::Float(0.f));
+    c.attrs.set("act_max", Attribute::Float(0.5f));
+  }
+  const double range = 1.0 / std::sqrt(static_cast<double>(K));
+  const std::vector<int64_t> w = transB ? std::vector<int64_t>{N, K} : std::vector<int64_t>{K, N};
+  c.inputs = {in(x), konst_random(w, range), konst_random({N}, 0.5)};
+  c.in_scales[0] = {1.f / 127};
+  c.in_scales[1] = weight_scales(N, range, per_channel);
+  if (int8_out) c.out_scale = {2.f / 127};
+  c.modes = {"int8", "int8fp16"};
+  return c;
+}
+
+}  // namespace
+
+std::vector<OpCase> int8_cases() {
+  std::vector<OpCase> v;
+  const Attributes same3 = conv_attrs({1, 1, 1, 1}, {1, 1});
+  v.push_back(int8_conv(spec("i8_1x1", {2, 16, 7, 7}, {24, 16, 1, 1}, {})));
+  v.push_back(int8_conv(spec("i8_3x3_pad1", {2, 8, 9, 11}, {16, 8, 3, 3}, same3)));
+  v.push_back(int8_conv(
+      spec("i8_3x3_s2", {3, 12, 13, 10}, {20, 12, 3, 3}, conv_attrs({1, 1, 1, 1}, {2, 2}))));
+  v.push_back(
+      int8_conv(spec("i8_1x1_s2_nobias", {1, 32, 8, 8}, {64, 32, 1, 1},
+                     conv_attrs({0, 0, 0, 0}, {2, 2}), Residual::kNone, "", true, true, false)));
+  v.push_back(int8_conv(spec("i8_asym_pad_dilated", {1, 4, 12, 9}, {5, 4, 3, 3},
+                             conv_attrs({2, 1, 0, 2}, {1, 2}, {2, 1}), Residual::kNone, "Relu")));
+  // Residual x activation x output type, per-tensor and per-channel weights.
+  for (Residual r : {Residual::kNone, Residual::kInt8, Residual::kFloat})
+    for (const char* act : {"", "Relu", "Clip"})
+      for (bool int8_out : {true, false}) {
+        const std::string name = fmt::format("i8_res{}_{}_{}",
+                                             r == Residual::kNone   ? "none"
+                                             : r == Residual::kInt8 ? "int8"
+                                                                    : "float",
+                                             *act ? act : "noact", int8_out ? "outi8" : "outf");
+        v.push_back(int8_conv(spec(name, {2, 20, 6, 5}, {20, 20, 3, 3}, same3, r, act, int8_out,
+                                   r != Residual::kFloat)));
+      }
+  // ResNet-like shapes: batch 1 and an odd batch, many channels (several K tiles), 7x7 maps.
+  v.push_back(int8_conv(
+      spec("i8_resnet_1x1", {1, 256, 14, 14}, {64, 256, 1, 1}, {}, Residual::kNone, "Relu")));
+  v.push_back(int8_conv(
+      spec("i8_resnet_3x3_b3", {3, 64, 7, 7}, {136, 64, 3, 3}, same3, Residual::kInt8, "Relu")));
+  v.push_back(int8_conv(
+      spec("i8_empty_batch", {0, 8, 5, 5}, {8, 8, 3, 3}, same3, Residual::kInt8, "Relu")));
+  // Seeded random shapes (C a multiple of 4, the kernel's requirement; the case names stay
+  // stable from run to run).
+  std::mt19937 rng(20240611);
+  auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  for (int i = 0; i < 6; ++i) {
+    const int64_t k = pick(0, 1) ? 3 : 1, s = pick(1, 2), p = k == 3 ? pick(0, 1) : 0;
+    std::vector<int64_t> x = {pick(1, 3), 4 * pick(1, 12), pick(3, 17), pick(3, 17)};
+    std::vector<int64_t> w = {pick(1, 70), x[1], k, k};
+    ConvSpec c = spec("i8_random" + std::to_string(i), x, w, conv_attrs({p, p, p, p}, {s, s}));
+    c.residual = static_cast<Residual>(pick(0, 2));
+    c.act = pick(0, 1) ? "Relu" : "";
+    c.int8_out = pick(0, 1);
+    c.per_channel = pick(0, 1);
+    v.push_back(int8_conv(c));
+  }
+  // FusedGemm: ResNet's FC (transB, C [N]), plain Gemm with alpha/beta, MatMul with a bias.
+  v.push_back(int8_gemm("i8_gemm_fc", "Gemm", {2, 512}, 100, true, "", false, true));
+  v.push_back(int8_gemm("i8_gemm_b1_relu_i8", "Gemm", {1, 64}, 33, true, "Relu", true, false));
+  v.push_back(int8_gemm("i8_gemm_notrans_alpha_beta", "Gemm", {5, 36}, 70, false, "Clip", true,
+                        true, 0.5f, 2.f));
+  v.push_back(int8_gemm("i8_matmul_3d", "MatMul", {2, 3, 20}, 17, false, "", false, true));
+  v.push_back(int8_gemm("i8_gemm_empty", "Gemm", {0, 16}, 8, true, "Relu", true, true));
+  return v;
+}
+
+}  // namespace kiln::gpu::test
