@@ -10,8 +10,10 @@ namespace kiln::cli {
 namespace {
 
 // The INT8 part of the build options: layers in INT8, where the scales came from, and what
-// --accuracy-budget moved.
-void print_int8_summary(const std::string& options_json, const std::string& backend) {
+// --accuracy-budget moved. On cuda, also how many of them the tuner gave an INT8 tactic (the
+// others run float: no INT8 tactic takes them, or a float one was faster).
+void print_int8_summary(const std::string& options_json, const std::string& backend,
+                        const std::string& plan_json) {
   const auto o = nlohmann::json::parse(options_json, nullptr, false);
   if (!o.is_object() || !o.contains("int8")) return;
   const auto& q = o["int8"];
@@ -19,11 +21,16 @@ void print_int8_summary(const std::string& options_json, const std::string& back
                            q.value("int8_layers", 0), q.contains("float_layers") ? q["float_layers"].size() : 0,
                            q.value("scales", ""),
                            q.contains("algorithm") ? " (" + q["algorithm"].get<std::string>() + ")" : "");
-  // The tuner falls back to FP16/FP32 tactics for layers no INT8 tactic takes; the cuda backend
-  // has none yet (docs/quantization.md), so say what the layers really run in.
-  if (backend == "cuda")
-    std::cout << "  note   the cuda backend has no INT8 tactics yet: these layers run in their "
-                 "float tactics (kiln inspect shows each layer's precision)\n";
+  if (backend == "cuda") {
+    const auto plan = nlohmann::json::parse(plan_json, nullptr, false);
+    int on_int8 = 0;
+    if (plan.is_object() && plan.contains("layers") && plan["layers"].is_array())
+      for (const auto& r : plan["layers"])
+        if (r.is_object() && r.value("precision", "") == "int8") ++on_int8;
+    std::cout << fmt::format("  gpu    {} of them run INT8 tactics, the rest float (no INT8 "
+                             "tactic takes them, or float was faster; kiln inspect shows each)\n",
+                             on_int8);
+  }
   if (!o.contains("accuracy_budget")) return;
   const auto& b = o["accuracy_budget"];
   std::cout << fmt::format("  budget {} (relative L2 vs FP32 on {} held-out runs): all INT8 {:.6g}, final {:.6g}{}\n",
@@ -61,7 +68,7 @@ Runner add_build_command(CLI::App& app) {
               << "\n";
     for (const auto& i : e->inputs()) std::cout << "  input  " << i.str() << "\n";
     for (const auto& i : e->outputs()) std::cout << "  output " << i.str() << "\n";
-    print_int8_summary(e->build_options_json(), e->backend());
+    print_int8_summary(e->build_options_json(), e->backend(), e->backend_plan_json());
     return Status::Ok();
   };
 }

@@ -78,7 +78,9 @@ nlohmann::json describe(const Graph& g, const std::string& kind, const nlohmann:
     if (has_plan) {  // the backend's choice for this layer
       const auto& r = plan["layers"][k];
       l["tactic"] = r.value("tactic", "");
-      if (r.contains("precision")) l["precision"] = r["precision"];  // cuda: INT8 tactics to come
+      // cuda: what the layer runs in (int8 for an INT8 tactic; an INT8-marked layer that fell
+      // back to a float tactic shows fp16/tf32 next to its scales).
+      if (r.contains("precision")) l["precision"] = r["precision"];
       for (const char* key : {"variant", "in", "out", "time_ms", "timed"})
         if (r.contains(key)) l[key] = r[key];
     }
