@@ -3,8 +3,11 @@
 FP32 (strict, --no-tf32), TF32 (default) and FP16 engines for the cuda backend, runs the same
 random input through each and through the CPU backend, and prints the relative L2 error of every
 output. Exit status 1 when a precision misses its bound (strict FP32 1e-5, TF32 1e-3, FP16 1e-2).
+--profile MIN,OPT,MAX builds engines with a dynamic batch profile (tuned at OPT) instead of for
+the one batch, and runs them at --batch: the tactics then run at a shape they were not timed at.
 
   scripts/check_gpu_accuracy.py --kiln build/kiln --onnx models/resnet50.onnx --batch 2
+  scripts/check_gpu_accuracy.py --kiln build/kiln --onnx models/resnet50.onnx --batch 2 --profile 1,32,256
 """
 import argparse
 import json
@@ -34,10 +37,17 @@ def main():
     ap.add_argument("--input-name", default="input")
     ap.add_argument("--size", type=int, default=224)
     ap.add_argument("--precisions", default="fp32,tf32,fp16")
+    ap.add_argument("--profile", default="", help="MIN,OPT,MAX batch of a dynamic profile")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     name = os.path.splitext(os.path.basename(args.onnx))[0]
-    shapes = f"{args.input_name}:{args.batch}x3x{args.size}x{args.size}"
+    dims = lambda b: f"{args.input_name}:{b}x3x{args.size}x{args.size}"
+    shapes = dims(args.batch)
+    shape_flags = ["--shapes", shapes]
+    if args.profile:
+        lo, opt, hi = (int(b) for b in args.profile.split(","))
+        shape_flags = ["--min-shapes", dims(lo), "--opt-shapes", dims(opt), "--max-shapes", dims(hi)]
+        name += f" (profile {args.profile})"
     rng = np.random.default_rng(1234)
     results = {"model": name, "batch": args.batch, "errors": {}}
     ok = True
@@ -51,10 +61,10 @@ def main():
             out_dir = os.path.join(tmp, prec)
             engine = os.path.join(tmp, f"{prec}.kiln")
             try:
-                run([args.kiln, "build", "--onnx", args.onnx, "--backend", "cuda", "--shapes", shapes,
+                run([args.kiln, "build", "--onnx", args.onnx, "--backend", "cuda", *shape_flags,
                      "--save-engine", engine] + FLAGS[prec])
                 run([args.kiln, "run", "--engine", engine, "--input", f"{args.input_name}={x}",
-                     "--save-outputs", out_dir])
+                     "--shapes", shapes, "--save-outputs", out_dir])
             except RuntimeError as e:
                 print(f"FAIL {name} {prec}: {e}")
                 results["errors"][prec] = str(e)

@@ -232,10 +232,17 @@ Status heuristic_configs(const OpGraph& g, cudnnBackendHeurMode_t mode, std::vec
   return {};
 }
 
+// What an engine's numerical notes say about its arithmetic.
+struct Numerics {
+  bool tensor_core = false;
+  bool down_converts = false;      // converts float32 inputs to a 16-bit type before the math
+  bool reduced_reduction = false;  // accumulates in less than float32
+};
+
 // "e<global index>[.rtc][.k<knob>=<value>...]", and whether the engine compiles at run time.
-std::string config_name(const Desc& cfg, bool* runtime_compiled, bool* tensor_core) {
+std::string config_name(const Desc& cfg, bool* runtime_compiled, Numerics* numerics) {
   *runtime_compiled = false;
-  *tensor_core = false;
+  *numerics = {};
   Desc engine;
   if (!create(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &engine).ok()) return "e?";
   int64_t n = 0;
@@ -259,7 +266,10 @@ std::string config_name(const Desc& cfg, bool* runtime_compiled, bool* tensor_co
   if (cudnnBackendGetAttribute(engine.d, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE,
                                CUDNN_TYPE_NUMERICAL_NOTE, 16, &n, notes) == CUDNN_STATUS_SUCCESS) {
     for (int64_t i = 0; i < std::min<int64_t>(n, 16); ++i) {
-      if (notes[i] == CUDNN_NUMERICAL_NOTE_TENSOR_CORE) *tensor_core = true;
+      if (notes[i] == CUDNN_NUMERICAL_NOTE_TENSOR_CORE) numerics->tensor_core = true;
+      if (notes[i] == CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS) numerics->down_converts = true;
+      if (notes[i] == CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION)
+        numerics->reduced_reduction = true;
     }
   }
   if (*runtime_compiled) name += ".rtc";
@@ -409,12 +419,22 @@ class CudnnGraphSource final : public ConvTacticSource {
     if (!f.ok()) *note += "fallback: " + f.message() + "; ";
     const char* prec = precision_name(p.precision);
     std::set<std::string> seen;
-    int runtime_compiled = 0;
+    int runtime_compiled = 0, lossy = 0;
     for (auto& cfg : cfgs) {
-      bool rtc = false, tc = false;
+      bool rtc = false;
+      Numerics num;
       const std::string name =
-          std::string("cudnn_graph.") + prec + "." + config_name(cfg, &rtc, &tc);
+          std::string("cudnn_graph.") + prec + "." + config_name(cfg, &rtc, &num);
       if (!seen.insert(name).second) continue;
+      // TF32 promises float32 storage with TF32 products and FP16 float32 accumulation: an
+      // engine that converts float32 inputs to half (it overflows on large activations) or
+      // accumulates in half is not a candidate.
+      const bool fp = p.precision != Precision::kINT8;
+      if (fp && (num.reduced_reduction ||
+                 (p.precision == Precision::kTF32 && num.down_converts))) {
+        ++lossy;
+        continue;
+      }
       if (int(out.size()) >= tactic_limits().max_cudnn_graph_configs) {
         *note += "kept the first " + std::to_string(out.size()) + " of " +
                  std::to_string(cfgs.size()) + " configs; ";
@@ -423,6 +443,7 @@ class CudnnGraphSource final : public ConvTacticSource {
       if (rtc && ++runtime_compiled > tactic_limits().max_cudnn_rtc_configs) continue;
       out.push_back(std::make_unique<CudnnGraphConvTactic>(graph, std::move(cfg), name));
     }
+    if (lossy) *note += std::to_string(lossy) + " lossy engine configs skipped; ";
     if (cfgs.empty()) *note += "heuristics returned no engine config; ";
     return out;
   }
