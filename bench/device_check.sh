@@ -39,6 +39,7 @@ if has tests; then
   [ -x .deps/kiln_cuda_tactics_test ] && .deps/kiln_cuda_tactics_test --gtest_brief=1 2>&1 | tail -2
   [ -x .deps/kiln_cuda_engine_test ] && timeout 120 .deps/kiln_cuda_engine_test --gtest_brief=1 2>&1 | tail -12
   [ -x .deps/kiln_cuda_compare_test ] && timeout 120 .deps/kiln_cuda_compare_test --gtest_brief=1 2>&1 | tail -12
+  [ -x .deps/kiln_cuda_calib_test ] && timeout 120 .deps/kiln_cuda_calib_test --gtest_brief=1 2>&1 | tail -6
 fi
 
 if has models; then
