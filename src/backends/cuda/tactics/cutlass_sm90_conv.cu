@@ -1,5 +1,6 @@
 // CUTLASS 3 Hopper implicit-GEMM convolution (TMA + wgmma, warp-specialized), INT8 in, int32
 // accumulate, int8 out: y = sat(rne(alpha * acc)). One tactic per compiled tile configuration.
+// Only INT8 problems with a scalar alpha (int8_scalar_alpha) are taken.
 // Built only when CUTLASS's headers are found (see src/backends/cuda/CMakeLists.txt).
 #include <memory>
 
@@ -64,6 +65,8 @@ class CutlassInt8ConvTactic final : public ConvTactic {
 
   Status init(const ConvProblem& p, const LibraryHandles&, cudaStream_t) override {
     problem_ = p;
+    std::string why;
+    if (!int8_scalar_alpha(p, &alpha_, &why)) return Status::Error(why);
     const ConvShape& s = p.shape;
     shape_ = ProblemShape(cutlass::conv::Mode::kCrossCorrelation, {s.n, s.h, s.w, s.c},
                           {s.k, s.r, s.s, s.c}, {s.pad, s.pad}, {s.pad, s.pad},
@@ -108,11 +111,12 @@ class CutlassInt8ConvTactic final : public ConvTactic {
     return typename Conv::Arguments{
         shape_,
         {static_cast<const E*>(x), static_cast<const E*>(weights_.get())},
-        {{problem_.int8_scale, 0.f}, nullptr, stride_c_, static_cast<E*>(y), stride_d_}};
+        {{alpha_, 0.f}, nullptr, stride_c_, static_cast<E*>(y), stride_d_}};
   }
 
   std::string tile_;
   ConvProblem problem_;
+  float alpha_ = 1.f;
   ProblemShape shape_;
   StrideC stride_c_{};
   StrideD stride_d_{};
@@ -142,7 +146,9 @@ class CutlassSm90Source final : public ConvTacticSource {
       *why = "TMA needs C and K multiples of 16 int8 elements";
       return false;
     }
-    return true;
+    // The compiled kernels' epilogue is alpha * acc -> int8 (no EVT epilogue yet).
+    float alpha = 0.f;
+    return int8_scalar_alpha(p, &alpha, why);
   }
   std::vector<std::unique_ptr<ConvTactic>> candidates(const ConvProblem&, const LibraryHandles&,
                                                       std::string*) override {
