@@ -285,7 +285,7 @@ std::vector<Case> int8_cases() {
   // Clipped ReLU (ReLU6-like, at 1.5 on unit-spread outputs), with the int8 residual's rescaling.
   cases.push_back({"3x3_res8_relu1.5_int8", c3x3, Epilogue::kBiasAddRelu, 8, true, 1.5f});
   cases.push_back({"1x1_relu1.5_half", c1x1, Epilogue::kBiasRelu, 0, false, 1.5f});
-  // No bias, one scale: the scalar-alpha paths (cuDNN legacy, CUTLASS) take these too.
+  // No bias, one scale: the scalar-alpha paths (cuDNN legacy, CUTLASS's two study tiles) too.
   cases.push_back({"1x1_scale_only", c1x1, Epilogue::kNone, 0, true, 0.f, false, true});
   cases.push_back({"3x3_scale_only", c3x3, Epilogue::kNone, 0, true, 0.f, false, true});
   // Exact (power-of-two scales): the conversion's rounding and saturation alone.
