@@ -5,11 +5,16 @@ For each (model, precision, batch): kiln builds an engine (static shapes, timing
 `kiln bench` times it with CUDA events (CUDA graph, no host<->device copies, median of >= 200
 inferences); PyTorch times eager and torch.compile(mode="reduce-overhead") on the same input
 shape, same precision (FP16: .half() + channels_last; TF32: the allow_tf32 switches), median of
-200 event-timed runs. Writes bench_cnn.json and prints a Markdown table.
+200 event-timed runs. Writes bench_cnn.json and prints a Markdown table. Precision int8 builds
+`--int8 --fp16` engines from one calibration cache per model (random inputs, as the weights are
+random); PyTorch has no GPU INT8 path, so its FP16 numbers stand beside them (issue 10's table
+compares kiln INT8 with kiln FP16 from the same run).
 
   bench/bench_cnn.py --kiln .deps/kiln --out OUT [--rows resnet50:fp16:256,...]
+  bench/bench_cnn.py --kiln .deps/kiln --out OUT --rows resnet50:int8:256,resnet50:fp16:256,resnet50:int8:32,resnet50:int8:1
 """
 import argparse
+import shutil
 import json
 import os
 import statistics
@@ -28,6 +33,26 @@ def sh(cmd, **kw):
     return p.stdout
 
 
+def calib_cache(args, model, onnx):
+    """The model's calibration cache: made once (entropy, 8 batches of 32 random normal images,
+    what random weights see), then reused by every INT8 engine of the model whatever its batch."""
+    cache = os.path.join(args.out, f"{model}.calib")
+    if os.path.exists(cache):
+        return cache
+    import numpy as np
+    calib = os.path.join(args.out, f"calib_{model}")
+    os.makedirs(calib, exist_ok=True)
+    rng = np.random.default_rng(7)
+    for i in range(8):
+        np.save(os.path.join(calib, f"batch{i}.npy"),
+                rng.standard_normal((32, 3, 224, 224)).astype(np.float32))
+    sh([args.kiln, "build", "--onnx", onnx, "--save-engine", os.path.join(calib, "e.kiln"),
+        "--shapes", "input:32x3x224x224", "--int8", "--fp16", "--calib", calib,
+        "--calib-cache", cache])
+    shutil.rmtree(calib)
+    return cache
+
+
 def kiln_row(args, model, prec, batch):
     onnx = os.path.join(args.models, f"{model}.onnx")
     if not os.path.exists(onnx):
@@ -35,6 +60,8 @@ def kiln_row(args, model, prec, batch):
     engine = os.path.join(args.out, f"{model}_{prec}_b{batch}.kiln")
     cache = os.path.join(args.out, f"timing_{prec}.cache")
     flags = ["--fp16"] if prec == "fp16" else []
+    if prec == "int8":  # INT8 with FP16 where INT8 is slower or unsupported, as TensorRT users build
+        flags = ["--int8", "--fp16", "--calib-cache", calib_cache(args, model, onnx)]
     t0 = time.time()
     sh([args.kiln, "build", "--onnx", onnx, "--save-engine", engine, "--shapes",
         f"input:{batch}x3x224x224", "--timing-cache", cache] + flags)
@@ -63,7 +90,7 @@ def torch_rows(model_name, prec, batch, args, compile_ok):
     dev = torch.device("cuda")
     model = getattr(torchvision.models, model_name)(weights=None).eval().to(dev)
     x = torch.randn(batch, 3, 224, 224, device=dev)
-    if prec == "fp16":
+    if prec in ("fp16", "int8"):  # PyTorch has no GPU INT8 path: its FP16 is the comparison
         model = model.half()
         x = x.half()
     model = model.to(memory_format=torch.channels_last)

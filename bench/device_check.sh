@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks in one device call. Expects binaries built here (sm_90a) and the
 # shared libraries they need in .deps/ (bench/prepare_deps.sh makes it; carry ".deps").
-#   bench/device_check.sh [STAGE...]     stages: env tests models bench rebuild conformance (default: all)
+#   bench/device_check.sh [STAGE...]     stages: env tests models bench int8 rebuild conformance (default: all)
 # Logs and JSON go to $OUT (the device tool brings them back).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +19,7 @@ if [ "$CUDNN_DIR" != none ] && [ -e "$CUDNN_DIR/libcudnn.so.9" ]; then
   echo "cuDNN from $CUDNN_DIR"
 fi
 KILN=$PWD/.deps/kiln
-STAGES=${*:-env tests models bench rebuild conformance}
+STAGES=${*:-env tests models bench int8 rebuild conformance}
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 
 if has env; then
@@ -39,6 +39,7 @@ if has tests; then
   [ -x .deps/kiln_cuda_tactics_test ] && .deps/kiln_cuda_tactics_test --gtest_brief=1 2>&1 | tail -2
   [ -x .deps/kiln_cuda_engine_test ] && timeout 120 .deps/kiln_cuda_engine_test --gtest_brief=1 2>&1 | tail -12
   [ -x .deps/kiln_cuda_compare_test ] && timeout 120 .deps/kiln_cuda_compare_test --gtest_brief=1 2>&1 | tail -12
+  [ -x .deps/kiln_cuda_calib_test ] && timeout 120 .deps/kiln_cuda_calib_test --gtest_brief=1 2>&1 | tail -6
   [ -x .deps/kiln_cuda_int8_test ] && timeout 300 .deps/kiln_cuda_int8_test --gtest_brief=1 2>&1 | tail -12
 fi
 
@@ -49,11 +50,28 @@ if has models; then
     python3 scripts/check_gpu_accuracy.py --kiln "$KILN" --onnx "models/$m.onnx" --batch 2 \
       --json "$OUT/accuracy_$m.json" 2>&1 | tee -a "$OUT/accuracy.log"
   done
+  # One engine for all batches (a dynamic profile tuned at 32) run at batch 2: tactics at a shape
+  # they were not timed at.
+  [ -f models/resnet50.onnx ] && python3 scripts/check_gpu_accuracy.py --kiln "$KILN" \
+    --onnx models/resnet50.onnx --batch 2 --profile 1,32,256 --precisions tf32,fp16 \
+    --json "$OUT/accuracy_resnet50_profile.json" 2>&1 | tee -a "$OUT/accuracy.log"
 fi
 
 if has bench; then
   echo "== benchmarks: kiln next to PyTorch eager and torch.compile in the same run"
   python3 bench/bench_cnn.py --kiln "$KILN" --out "$OUT" ${KILN_BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
+fi
+
+if has int8; then
+  echo "== INT8 (issue 10): ResNet-50 accuracy against FP32 and the CPU INT8 reference, speed next to FP16"
+  [ -f models/resnet50.onnx ] || python3 scripts/export_torchvision.py resnet50 models/resnet50.onnx >/dev/null
+  python3 scripts/check_gpu_accuracy.py --kiln "$KILN" --onnx models/resnet50.onnx --batch 2 \
+    --precisions int8 --json "$OUT/accuracy_resnet50_int8.json" 2>&1 | tee -a "$OUT/int8.log"
+  python3 bench/bench_cnn.py --kiln "$KILN" --out "$OUT/int8_bench" \
+    --rows ${KILN_INT8_ROWS:-resnet50:int8:256,resnet50:fp16:256,resnet50:int8:32,resnet50:int8:1} 2>&1 | tee -a "$OUT/int8.log"
+  cp "$OUT/int8_bench/bench_cnn.json" "$OUT/bench_int8.json" 2>/dev/null; rm -rf "$OUT/int8_bench"
+  # Fashion-MNIST top-1 per precision (needs the dataset carried: FMNIST_DIR).
+  if [ -n "${FMNIST_DIR:-}" ]; then KILN=$KILN OUT=$OUT bench/fashion_mnist_int8.sh 2>&1 | tail -20; fi
 fi
 
 if has rebuild; then

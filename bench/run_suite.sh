@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The benchmark suite in one command on a GPU machine (issue 9): exports ResNet-18 and ResNet-50,
-# builds FP32 (strict), TF32, FP16 and INT8 (skipped with a message while `kiln build --int8`
-# refuses) engines with a dynamic batch profile 1..256, sweeps the batch with `kiln bench
+# builds FP32 (strict), TF32, FP16 and INT8 (`--int8 --fp16`, calibrated on random inputs as the
+# weights are random; one calibration cache per model) engines with a dynamic batch profile
+# 1..256, sweeps the batch with `kiln bench
 # --batch`, times PyTorch eager and torch.compile on the same shapes in the same run
 # (bench/suite_torch.py, which reuses bench/bench_cnn.py), checks accuracy with `kiln compare`
 # against the float64 CPU reference, and writes $OUT/results/*.json and $OUT/report.html.
@@ -52,7 +53,13 @@ for m in $MODELS; do
     || { log "export $m failed: $(tail -1 "$OUT/export_$m.log")"; continue; }
   ENGINES=""
   for p in $PRECS; do
-    case $p in fp32) F="--no-tf32";; tf32) F="";; fp16) F="--fp16";; int8) F="--int8";; *) log "unknown precision $p"; continue;; esac
+    case $p in fp32) F="--no-tf32";; tf32) F="";; fp16) F="--fp16";;
+      int8) F="--int8 --fp16 --calib $OUT/calib --calib-cache $OUT/$m.calib"
+        [ -d "$OUT/calib" ] || python3 -c "
+import numpy as np, os, sys
+os.makedirs(sys.argv[1]); r = np.random.default_rng(7)
+for i in range(8): np.save(f'{sys.argv[1]}/b{i}.npy', r.standard_normal((32, 3, 224, 224)).astype(np.float32))" "$OUT/calib";;
+      *) log "unknown precision $p"; continue;; esac
     E="$OUT/${m}_$p.kiln"
     log "build $m $p"
     if ! "$KILN" build --onnx "models/$m.onnx" --save-engine "$E" $F --timing-cache "$OUT/timing_$p.cache" \
@@ -88,5 +95,6 @@ if [ -x "$TC" ] && [ -n "$E" ]; then
     --iterations 300 --export-json "$OUT/timing_check_bench.json" >/dev/null &&
     "$TC" "$E" "$OUT/timing_check_bench.json" | tee "$OUT/timing_check.log"
 fi
+rm -rf "$OUT/calib"
 log "report"
 "$KILN" report "$RES" -o "$OUT/report.html" && log "wrote $OUT/report.html (results in $RES)"

@@ -3,8 +3,14 @@
 FP32 (strict, --no-tf32), TF32 (default) and FP16 engines for the cuda backend, runs the same
 random input through each and through the CPU backend, and prints the relative L2 error of every
 output. Exit status 1 when a precision misses its bound (strict FP32 1e-5, TF32 1e-3, FP16 1e-2).
+int8 (`--int8 --fp16`, minmax-calibrated on 16 batches of random inputs) is reported against the
+FP32 reference (relative L2, top-1 agreement) and bounded (2e-2) against the CPU backend's INT8
+reference calibrated on the same data: the arithmetic GPU INT8 kernels must reproduce.
+--profile MIN,OPT,MAX builds engines with a dynamic batch profile (tuned at OPT) instead of for
+the one batch, and runs them at --batch: the tactics then run at a shape they were not timed at.
 
   scripts/check_gpu_accuracy.py --kiln build/kiln --onnx models/resnet50.onnx --batch 2
+  scripts/check_gpu_accuracy.py --kiln build/kiln --onnx models/resnet50.onnx --batch 2 --profile 1,32,256
 """
 import argparse
 import json
@@ -15,8 +21,8 @@ import tempfile
 
 import numpy as np
 
-BOUNDS = {"fp32": 1e-5, "tf32": 1e-3, "fp16": 1e-2}
-FLAGS = {"fp32": ["--no-tf32"], "tf32": [], "fp16": ["--fp16"]}
+BOUNDS = {"fp32": 1e-5, "tf32": 1e-3, "fp16": 1e-2, "int8": 2e-2}
+FLAGS = {"fp32": ["--no-tf32"], "tf32": [], "fp16": ["--fp16"], "int8": ["--int8", "--fp16"]}
 
 
 def run(cmd):
@@ -24,6 +30,10 @@ def run(cmd):
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)}: {p.stderr.strip()}")
     return p.stdout
+
+
+def rel_l2(got, ref):
+    return float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30))
 
 
 def main():
@@ -34,10 +44,17 @@ def main():
     ap.add_argument("--input-name", default="input")
     ap.add_argument("--size", type=int, default=224)
     ap.add_argument("--precisions", default="fp32,tf32,fp16")
+    ap.add_argument("--profile", default="", help="MIN,OPT,MAX batch of a dynamic profile")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     name = os.path.splitext(os.path.basename(args.onnx))[0]
-    shapes = f"{args.input_name}:{args.batch}x3x{args.size}x{args.size}"
+    dims = lambda b: f"{args.input_name}:{b}x3x{args.size}x{args.size}"
+    shapes = dims(args.batch)
+    shape_flags = ["--shapes", shapes]
+    if args.profile:
+        lo, opt, hi = (int(b) for b in args.profile.split(","))
+        shape_flags = ["--min-shapes", dims(lo), "--opt-shapes", dims(opt), "--max-shapes", dims(hi)]
+        name += f" (profile {args.profile})"
     rng = np.random.default_rng(1234)
     results = {"model": name, "batch": args.batch, "errors": {}}
     ok = True
@@ -47,14 +64,30 @@ def main():
         ref_dir = os.path.join(tmp, "cpu")
         run([args.kiln, "run", "--onnx", args.onnx, "--backend", "cpu", "--shapes", shapes,
              "--input", f"{args.input_name}={x}", "--save-outputs", ref_dir])
+        calib_flags = []
+        if "int8" in args.precisions.split(","):
+            calib = os.path.join(tmp, "calib")
+            os.makedirs(calib)
+            for i in range(16):
+                np.save(os.path.join(calib, f"b{i}.npy"),
+                        rng.standard_normal((args.batch, 3, args.size, args.size)).astype(np.float32))
+            # minmax: the CPU reference calibrates the same data on its own (its fused graph
+            # may differ from the GPU build's, so the GPU's cache does not apply to it), and
+            # minmax scales of the same FP32 network agree to float32 rounding.
+            calib_flags = ["--calib", calib, "--calib-algo", "minmax"]
         for prec in args.precisions.split(","):
             out_dir = os.path.join(tmp, prec)
             engine = os.path.join(tmp, f"{prec}.kiln")
+            extra = calib_flags if prec == "int8" else []
             try:
-                run([args.kiln, "build", "--onnx", args.onnx, "--backend", "cuda", "--shapes", shapes,
-                     "--save-engine", engine] + FLAGS[prec])
+                run([args.kiln, "build", "--onnx", args.onnx, "--backend", "cuda", *shape_flags,
+                     "--save-engine", engine] + FLAGS[prec] + extra)
+                if prec == "int8":  # the CPU INT8 reference, calibrated on the same data
+                    run([args.kiln, "run", "--onnx", args.onnx, "--backend", "cpu", "--int8",
+                         *calib_flags, "--shapes", shapes,
+                         "--input", f"{args.input_name}={x}", "--save-outputs", os.path.join(tmp, "cpu_int8")])
                 run([args.kiln, "run", "--engine", engine, "--input", f"{args.input_name}={x}",
-                     "--save-outputs", out_dir])
+                     "--shapes", shapes, "--save-outputs", out_dir])
             except RuntimeError as e:
                 print(f"FAIL {name} {prec}: {e}")
                 results["errors"][prec] = str(e)
@@ -63,13 +96,22 @@ def main():
             for f in sorted(os.listdir(ref_dir)):
                 ref = np.load(os.path.join(ref_dir, f)).astype(np.float64)
                 got = np.load(os.path.join(out_dir, f)).astype(np.float64)
-                rel = float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30))
+                rel = rel_l2(got, ref)
                 agree = float(np.mean(got.reshape(args.batch, -1).argmax(1) == ref.reshape(args.batch, -1).argmax(1)))
-                good = rel <= BOUNDS[prec] and np.all(np.isfinite(got))
-                ok &= bool(good)
                 results[prec] = {"output": f, "rel_l2": rel, "top1_agreement": agree}
-                print(f"{'ok  ' if good else 'FAIL'} {name:16s} {prec}: {f} relative L2 {rel:.2e} "
-                      f"(bound {BOUNDS[prec]:.0e}), top-1 agreement {agree:.2f}")
+                if prec == "int8":
+                    ref8 = np.load(os.path.join(tmp, "cpu_int8", f)).astype(np.float64)
+                    rel8 = rel_l2(got, ref8)
+                    results[prec]["rel_l2_vs_cpu_int8"] = rel8
+                    good = rel8 <= BOUNDS[prec] and np.all(np.isfinite(got))
+                    print(f"{'ok  ' if good else 'FAIL'} {name:16s} int8: {f} against FP32: relative L2 "
+                          f"{rel:.2e}, top-1 agreement {agree:.2f}; against the CPU INT8 reference: "
+                          f"relative L2 {rel8:.2e} (bound {BOUNDS[prec]:.0e})")
+                else:
+                    good = rel <= BOUNDS[prec] and np.all(np.isfinite(got))
+                    print(f"{'ok  ' if good else 'FAIL'} {name:16s} {prec}: {f} relative L2 {rel:.2e} "
+                          f"(bound {BOUNDS[prec]:.0e}), top-1 agreement {agree:.2f}")
+                ok &= bool(good)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(results, fh, indent=1)

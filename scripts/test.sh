@@ -23,6 +23,14 @@ python3 scripts/conformance.py --kiln "$BUILD_DIR/kiln" --opt-level 2 --data "$B
   --suites node --expect tests/conformance/expected_pass_onnx_current.txt --json "$BUILD_DIR/conformance_onnx.json" \
   --same-as "$BUILD_DIR/conformance_onnx_O0.json"
 
+if [ -x "$BUILD_DIR/tests/cuda/kiln_lower_check" ]; then
+  echo "== GPU build step of the conformance tests (no GPU needed): every CPU-passing test builds for cuda =="
+  python3 scripts/gpu_lower_check.py --lower-check "$BUILD_DIR/tests/cuda/kiln_lower_check" \
+    --expect tests/conformance/expected_pass.txt
+  python3 scripts/gpu_lower_check.py --lower-check "$BUILD_DIR/tests/cuda/kiln_lower_check" \
+    --data "$BUILD_DIR/onnx-node-tests" --suites node --expect tests/conformance/expected_pass_onnx_current.txt
+fi
+
 echo "== model tests (kiln vs ONNX Runtime) =="
 python3 tests/models/run_model_tests.py --kiln "$BUILD_DIR/kiln"
 python3 tests/models/run_int8_tests.py --kiln "$BUILD_DIR/kiln"

@@ -1,10 +1,13 @@
 #include "kiln/engine.h"
 
+#include <iostream>
+
 #include <nlohmann/json.hpp>
 
 #include "backends/backend.h"
 #include "backends/backend_info.h"
 #include "backends/cpu/cpu_executor.h"
+#include "engine/fp16_range.h"
 #include "engine/plan_format.h"
 #include "engine/profile.h"
 #include "ir/verifier.h"
@@ -171,6 +174,8 @@ Expected<std::unique_ptr<Engine>> Engine::build_from_graph(std::unique_ptr<Graph
   // Fusion is decided at the float precision; INT8 layers are marked on the fused graph.
   opt.precision = config.fp16 ? "fp16" : "fp32";
   KILN_RETURN_IF_ERROR(optimize_graph(*g, opt));
+  if (backend == "cuda" && config.fp16 && config.verbose)
+    report_fp16_range(*g, profile, backend, std::cerr);
   nlohmann::json int8_info;
   if (config.int8) {
     KILN_ASSIGN_OR_RETURN(int8_info, quant::quantize_for_build(*g, config, explicit_int8));

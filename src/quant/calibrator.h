@@ -37,8 +37,8 @@ double percentile_threshold(const std::vector<double>& hist, double bin_width, d
 using Feed = std::map<std::string, Tensor>;
 using Visitor = std::function<void(const std::string& name, const Tensor& t)>;
 
-// Runs the FP32 network and shows its intermediate tensors: the CPU executor today; a GPU
-// execution context can serve the same interface once it exposes intermediates.
+// Runs the FP32 network and shows its intermediate tensors: the CPU executor, or a strict-FP32
+// cuda engine of the graph whose context keeps them as debug tensors (on the GPU).
 class ActivationSource {
  public:
   virtual ~ActivationSource() = default;
@@ -47,6 +47,10 @@ class ActivationSource {
 };
 // `g` must outlive the source.
 Expected<std::unique_ptr<ActivationSource>> cpu_activation_source(const Graph& g);
+// On the GPU (the cuda backend): visits the graph inputs and those of `tensors` that nodes
+// compute. The engine is built on the first run (and again if the input shapes change).
+Expected<std::unique_ptr<ActivationSource>> engine_activation_source(
+    const Graph& g, const std::vector<std::string>& tensors);
 
 // Calibration data: batch i yields one or more feeds (a file of N samples for an input whose
 // batch dimension is fixed at B is cut into N / B feeds).

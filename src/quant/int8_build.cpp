@@ -3,6 +3,7 @@
 
 #include <filesystem>
 
+#include "backends/backend_info.h"
 #include "quant/calib_io.h"
 #include "quant/calibrator.h"
 #include "quant/int8.h"
@@ -47,10 +48,18 @@ Expected<std::map<std::string, float>> activation_scales(const Graph& g, const B
                         open_npy_calib_data(c.calib_data, g, c.calib_batches));
   const size_t n = data->size();
   const size_t used = c.accuracy_budget > 0 ? n - heldout_batches(n) : n;
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<ActivationSource> src, cpu_activation_source(g));
+  // The FP32 network runs where the engine will: on the GPU for a cuda build.
+  const bool gpu = (c.backend.empty() ? default_backend() : c.backend) == "cuda";
+  std::unique_ptr<ActivationSource> src;
+  if (gpu) {
+    if (c.progress) c.progress("calibration runs the FP32 network on the GPU");
+    KILN_ASSIGN_OR_RETURN(src, engine_activation_source(g, needed));
+  } else {
+    KILN_ASSIGN_OR_RETURN(src, cpu_activation_source(g));
+  }
   CalibOptions o{algo, c.calib_percentile, c.progress};
   KILN_ASSIGN_OR_RETURN(auto scales, calibrate(*src, needed, *data, 0, used, o));
-  info["scales"] = fmt::format("calibrated on {} batches", used);
+  info["scales"] = fmt::format("calibrated on {} batches ({})", used, gpu ? "GPU, FP32" : "CPU");
   info["algorithm"] = calib_algo_name(algo);
   if (!c.calib_cache.empty()) {
     CalibCache cache{calib_algo_name(algo), KILN_VERSION_STRING, fp, scales};

@@ -72,6 +72,35 @@ TEST(CudaHost, CastLikeOfAConstantRunsOnTheHost) {
   EXPECT_EQ(r->shapes.at(g->outputs()[0]), (std::vector<int64_t>{3, 6}));
 }
 
+// Range(0, Cast(limit), 1): Range reads its limit on the host, so the graph input it is computed
+// from is read on the host too and the Cast runs there. A limit computed from a large activation
+// (ReduceMax of an image) is not: it stays a GPU value (and the lowering names it).
+TEST(CudaHost, SmallValuesThatDecideShapesAreReadOnTheHost) {
+  for (bool small : {true, false}) {
+    auto g = std::make_unique<Graph>();
+    Value* in = g->add_value("in", small ? TensorType(DataType::kInt32, std::vector<Dim>{})
+                                         : TensorType(DataType::kFloat32, {1, 3, 224, 224}));
+    g->add_input(in);
+    Value* limit = in;
+    if (!small) {
+      Node* r = g->add_node("ReduceMax", "max", {in}, {"m"});
+      r->attrs.set("keepdims", Attribute::Int(0));
+      limit = r->output(0);
+    }
+    Node* cast = g->add_node("Cast", "cast", {limit}, {"limit"});
+    cast->attrs.set("to", Attribute::Int(static_cast<int64_t>(DataType::kInt64)));
+    Value* zero = g->add_constant("zero", Tensor::scalar<int64_t>(0));
+    Value* one = g->add_constant("one", Tensor::scalar<int64_t>(1));
+    Node* range = g->add_node("Range", "range", {zero, cast->output(0), one}, {"y"});
+    g->add_output(range->output(0));
+    ASSERT_TRUE(infer_shapes(*g).ok());
+    const std::vector<bool> host_in = host_value_inputs(*g);
+    EXPECT_EQ(host_in, std::vector<bool>{small});
+    const std::vector<bool> host = host_nodes(*g, host_in);
+    EXPECT_EQ(host.back(), small) << "Range";
+  }
+}
+
 TEST(CudaHost, PlanRecordsRoundTripAndAreValidated) {
   auto g = reshape_by_shape_graph();
   Plan p;

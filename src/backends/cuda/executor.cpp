@@ -636,15 +636,16 @@ Expected<std::vector<Tensor>> CudaContext::execute(const std::map<std::string, T
     KILN_RETURN_IF_ERROR(check_input(*v, it->second, dims_seen));
     KILN_RETURN_IF_ERROR(e_->profile().check(v->name, it->second.shape()));
     set_shape(i, it->second.shape());
-    if (host_in_[i]) {  // read on the host: the caller's tensor is the address
-      KILN_RETURN_IF_ERROR(set_tensor_address(v->name, const_cast<void*>(it->second.raw())));
-      continue;
-    }
     if (staging_in_.size() <= i) staging_in_.push_back(std::make_unique<DeviceMemory>());
     KILN_RETURN_IF_ERROR(staging_in_[i]->reserve(std::max<size_t>(it->second.nbytes(), 256),
                                                  "input '" + v->name + "'"));
     KILN_RETURN_IF_ERROR(set_tensor_address(v->name, staging_in_[i]->get()));
-    if (it->second.nbytes())
+    // An input read on the host may feed GPU layers too, so it is staged like the others, and
+    // synchronously: read_host_inputs() reads it back before planning the inference.
+    if (it->second.nbytes() && host_in_[i])
+      KILN_CUDA_CHECK(cudaMemcpy(staging_in_[i]->get(), it->second.raw(), it->second.nbytes(),
+                                 cudaMemcpyHostToDevice));
+    else if (it->second.nbytes())
       KILN_CUDA_CHECK(cudaMemcpyAsync(staging_in_[i]->get(), it->second.raw(), it->second.nbytes(),
                                       cudaMemcpyHostToDevice, stream_));
   }

@@ -84,6 +84,7 @@ struct LayerDesc {
   std::vector<TensorFormat> in, out;  // per input/output slot
   Precision precision = Precision::kTF32;
   std::string variant;                // tactic-specific parameters (e.g. a cuDNN engine config)
+  bool tuning = false;                // made by the tuner, to be timed at the profile's opt shape
   // Build-time types of the node's inputs/outputs (dims may be symbolic).
   const TensorType& in_type(size_t i) const;
   const TensorType& out_type(size_t i) const;

@@ -12,8 +12,6 @@
 namespace kiln::gpu {
 namespace {
 
-bool is_float(DataType t) { return t == DataType::kFloat32 || t == DataType::kFloat16; }
-
 // The storage type of a tensor of logical type `t` in a layer of precision `p`.
 DataType storage_type(DataType t, Precision p) {
   if (t == DataType::kFloat32) return p == Precision::kFP16 ? DataType::kFloat16 : t;
@@ -222,14 +220,47 @@ struct Lowering {
 
 }  // namespace
 
+namespace {
+// Shape arithmetic, not activations: a value this small may be computed on the host.
+constexpr int64_t kMaxHostValueElements = 1024;
+bool small_value(const Value& v) {
+  const auto s = v.type.static_shape();
+  if (!s) return false;
+  int64_t n = 1;
+  for (int64_t d : *s) n *= d;
+  return n <= kMaxHostValueElements;
+}
+}  // namespace
+
 std::vector<bool> host_value_inputs(const Graph& g) {
-  std::vector<bool> out(g.inputs().size(), false);
-  for (size_t i = 0; i < g.inputs().size(); ++i)
-    for (const Node* n : g.nodes())
+  // The values some layer reads on the host (shape, axes, pads, ...), then, walking back through
+  // the nodes that compute them, those nodes' inputs while they stay small: a Range whose limit
+  // is Cast(size) of a graph input `size` makes `size` an input read on the host (so the Cast
+  // runs on the host too, see host_nodes) instead of a value computed on the GPU too late.
+  std::unordered_set<const Value*> needed;
+  std::vector<std::pair<const Value*, bool>> work;  // value, reached through a producer
+  for (const Node* n : g.nodes()) {
+    if (is_shape_op(n->domain, n->op_type)) continue;
+    // An op whose output shape depends on its input's values has no GPU layer: with small
+    // inputs it runs on the host.
+    if ((n->domain.empty() || n->domain == "ai.onnx") && n->op_type == "NonZero")
+      for (const Value* v : n->inputs()) work.emplace_back(v, true);
+    for (const TacticDef* t : tactics_for(n->domain, n->op_type))
       for (size_t s = 0; s < n->num_inputs(); ++s)
-        if (n->input(s) == g.inputs()[i] && !is_shape_op(n->domain, n->op_type))
-          for (const TacticDef* t : tactics_for(n->domain, n->op_type))
-            if ((t->host_inputs >> s) & 1u) out[i] = true;
+        if ((t->host_inputs >> s) & 1u) work.emplace_back(n->input(s), false);
+  }
+  while (!work.empty()) {
+    auto [v, derived] = work.back();
+    work.pop_back();
+    if (!v || v->is_constant() || (derived && !small_value(*v)) || !needed.insert(v).second)
+      continue;
+    const Node* p = v->producer;
+    if (!p || is_shape_op(p->domain, p->op_type) || !small_value(*v)) continue;
+    for (size_t i = 0; i < p->num_inputs(); ++i)
+      if (!input_is_type_only(*p, i)) work.emplace_back(p->input(i), true);
+  }
+  std::vector<bool> out(g.inputs().size(), false);
+  for (size_t i = 0; i < g.inputs().size(); ++i) out[i] = needed.count(g.inputs()[i]) > 0;
   return out;
 }
 
@@ -259,7 +290,7 @@ std::vector<bool> host_nodes(const Graph& g, const std::vector<bool>& host_input
 Expected<Plan> lower_for_gpu(Graph& g, const std::vector<std::vector<int64_t>>& opt_shapes,
                              const GpuBuildOptions& o) {
   const std::vector<bool> host_in = host_value_inputs(g);
-  Lowering L{g, o, host_nodes(g, host_in), {}, {}};
+  Lowering L{g, o, host_nodes(g, host_in), {}, {}, {}};
   // Inputs read on the host have no values at build time: when shapes depend on them, the
   // layers are not timed (each takes its first supported tactic).
   bool tune = o.tune;

@@ -35,8 +35,9 @@ Expected<Plan> lower_for_gpu(Graph& g, const std::vector<std::vector<int64_t>>& 
 // values. Per node, in node order.
 std::vector<bool> host_nodes(const Graph& g, const std::vector<bool>& host_inputs = {});
 // Graph inputs whose values a layer reads on the host (TensorRT's shape tensors: Reshape's
-// shape, Reduce's axes, Resize's sizes given as model inputs). Their values decide shapes, so
-// the executor reads them on the host before planning an inference.
+// shape, Reduce's axes, Resize's sizes given as model inputs), directly or through small nodes
+// that compute such a value (Range's limit = Cast(size)). Their values decide shapes, so the
+// executor reads them on the host before planning an inference.
 std::vector<bool> host_value_inputs(const Graph& g);
 
 }  // namespace kiln::gpu

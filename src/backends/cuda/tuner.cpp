@@ -46,7 +46,8 @@ std::string Tuner::signature(const Node& n, const LayerChoice& c, const ShapeRes
 
 Expected<double> Tuner::time_candidate(const Node& n, const LayerChoice& c,
                                        const ShapeResult& shapes, double best_so_far) {
-  const LayerDesc desc = c.desc(&n);
+  LayerDesc desc = c.desc(&n);
+  desc.tuning = true;
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Layer> layer, c.tactic->create(desc));
   std::vector<DeviceTensor> in(n.num_inputs()), out(n.num_outputs());
   size_t next = 0;

@@ -94,10 +94,11 @@ class FusedConvLayer final : public Layer {
       std::string note;
       auto cands = src->candidates(p, h, &note);
       if (cands.empty()) return KILN_ERROR("no candidate ({})", note);
-      // The variant's rank at the opt shape (the first shape configured, when tuning; a rank
-      // the library does not offer there is refused, so the tuner drops it); at other shapes
-      // the nearest rank the library still offers.
-      if (cache_.empty() && static_cast<size_t>(rank_) >= cands.size())
+      // The variant's rank at the opt shape (when tuning, a rank the library does not offer
+      // there is refused, so the tuner drops it); at other shapes the nearest rank the library
+      // still offers. Every candidate computes the same thing: lossy engines are filtered out
+      // by the sources (cudnn_graph_conv.cpp).
+      if (desc_.tuning && static_cast<size_t>(rank_) >= cands.size())
         return KILN_ERROR("the library offers only {} candidates", cands.size());
       const size_t pick = std::min<size_t>(static_cast<size_t>(rank_), cands.size() - 1);
       std::unique_ptr<cuda::ConvTactic> t = std::move(cands[pick]);

@@ -68,7 +68,18 @@ class CudnnConvLayer final : public Layer {
     nhwc_ = in[0].layout == Layout::kNHWC;
     pad_ = !symmetric_pads(g_);
     KILN_RETURN_IF_ERROR(descs_.set(g_, in[0].dtype, desc_.precision, nhwc_, false, pad_));
-    if (forced_algo_ >= 0) {
+    // The tuned algorithm; at a shape other than the one it was timed at, cuDNN's heuristic
+    // choice when the tuned one does not support it (never during tuning: the tuner drops it).
+    size_t forced_ws = 0;
+    const bool forced_ok =
+        forced_algo_ >= 0 &&
+        (desc_.tuning ||
+         (cudnnGetConvolutionForwardWorkspaceSize(
+              rc.cudnn, descs_.x, descs_.w, descs_.conv, descs_.y,
+              static_cast<cudnnConvolutionFwdAlgo_t>(forced_algo_), &forced_ws) ==
+              CUDNN_STATUS_SUCCESS &&
+          forced_ws + (pad_ ? padded_input_bytes(g_, in[0].dtype) : 0) <= rc.workspace_limit));
+    if (forced_ok) {
       algo_ = static_cast<cudnnConvolutionFwdAlgo_t>(forced_algo_);
     } else {
       cudnnConvolutionFwdAlgoPerf_t perf[kNumFwdAlgos];

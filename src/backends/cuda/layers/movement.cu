@@ -570,6 +570,16 @@ class AliasLayer final : public Layer {
       const Tensor one = Tensor::scalar<double>(1.0);
       mask_bits_ = value_bits(one, out[1].dtype);
     }
+    // Dropout whose training_mode is an input: its value is known now (read on the host).
+    if (mask_ && in.size() > 2 && in[2].host && in[2].host->numel() == 1 &&
+        in[2].host->at_double(0) != 0.0) {
+      const double ratio = in.size() > 1 && in[1].host && in[1].host->numel() == 1
+                               ? in[1].host->at_double(0)
+                               : (in.size() > 1 && in[1].present() ? -1.0 : 0.5);
+      if (ratio != 0.0)
+        return KILN_ERROR("{}: Dropout in training mode with a ratio other than 0 is random; "
+                          "only inference (or ratio 0) runs", node_->label());
+    }
     return size_t{0};
   }
   Status run(const RunContext& rc, std::span<const DeviceTensor> in,
@@ -596,10 +606,12 @@ Expected<std::unique_ptr<Layer>> create_alias(const LayerDesc& d) {
 bool has_mask(const LayerDesc& d) { return d.node->num_outputs() > 1 && d.node->output(1); }
 
 // Dropout runs as identity only in inference mode (training_mode absent or false, or ratio 0).
-bool dropout_inference(const LayerDesc& d, std::string* why) {
+// A training_mode given as an input is checked when its value is known (configure), by the
+// layer that always runs (movement.dropout_mask; movement.dropout is skipped as an alias).
+bool dropout_inference(const LayerDesc& d, std::string* why, bool checks_at_configure) {
   const Tensor* training = d.node->num_inputs() > 2 && d.node->input(2) ? d.in_const(2) : nullptr;
   if (d.node->num_inputs() > 2 && d.node->input(2) && !training)
-    return *why = "training_mode must be a constant", false;
+    return checks_at_configure || (*why = "training_mode is not a constant", false);
   if (training && training->numel() == 1 && training->at_double(0) != 0.0) {
     const Tensor* ratio = d.node->num_inputs() > 1 && d.node->input(1) ? d.in_const(1) : nullptr;
     if (!ratio || ratio->numel() != 1 || ratio->at_double(0) != 0.0)
@@ -616,11 +628,12 @@ bool supports_data(const LayerDesc& d, std::string* why) {
 }
 bool supports_dropout(const LayerDesc& d, std::string* why) {
   if (has_mask(d)) return *why = "the mask output needs movement.dropout_mask", false;
-  return supports_data(d, why) && dropout_inference(d, why);
+  return supports_data(d, why) && dropout_inference(d, why, false);
 }
 bool supports_dropout_mask(const LayerDesc& d, std::string* why) {
-  if (!has_mask(d)) return *why = "no mask output", false;
-  return supports_data(d, why) && dropout_inference(d, why);
+  const bool input_mode = d.node->num_inputs() > 2 && d.node->input(2) && !d.in_const(2);
+  if (!has_mask(d) && !input_mode) return *why = "no mask output", false;
+  return supports_data(d, why) && dropout_inference(d, why, true);
 }
 bool supports_space(const LayerDesc& d, std::string* why) {
   if (d.in_type(0).has_rank() && d.in_type(0).rank() != 4) return *why = "4-D input only", false;

@@ -3,6 +3,8 @@
 #include <cublasLt.h>
 #include <cudnn.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 #include "check.h"
@@ -57,6 +59,82 @@ const char* epilogue_name(Epilogue e) {
       return "bias+add";
   }
   return "?";
+}
+
+bool Int8Epilogue::uniform_scale() const {
+  for (float v : channel_scale) {
+    if (v != channel_scale.front()) return false;
+  }
+  return true;
+}
+
+Int8Epilogue int8_epilogue(const ConvProblem& p) {
+  Int8Epilogue e;
+  if (p.channel_scale.empty()) {  // the per-tensor path
+    e.channel_scale.assign(size_t(std::max(p.shape.k, 0)), p.int8_scale);
+    return e;
+  }
+  e.channel_scale = p.channel_scale;
+  e.bias = p.epilogue != Epilogue::kNone;
+  e.residual = epilogue_has_residual(p.epilogue);
+  e.relu = epilogue_has_relu(p.epilogue);
+  e.relu_clip = e.relu ? p.relu_clip : 0.f;
+  e.residual_scale = p.residual_scale;
+  e.output_scale = p.output_scale;
+  return e;
+}
+
+bool int8_problem_valid(const ConvProblem& p, std::string* why) {
+  if (p.precision != Precision::kINT8) return true;
+  auto bad = [&](const std::string& m) {
+    *why = m;
+    return false;
+  };
+  if (p.channel_scale.empty()) {
+    if (p.epilogue != Epilogue::kNone) return bad("INT8 per-tensor path takes no epilogue");
+    if (!(std::isfinite(p.int8_scale) && p.int8_scale > 0)) return bad("int8_scale not > 0");
+    return true;
+  }
+  if (p.channel_scale.size() != size_t(p.shape.k)) {
+    return bad("channel_scale has " + std::to_string(p.channel_scale.size()) + " values for K " +
+               std::to_string(p.shape.k));
+  }
+  for (float v : p.channel_scale) {
+    if (!(std::isfinite(v) && v > 0)) return bad("channel_scale values must be finite and > 0");
+  }
+  if (!(std::isfinite(p.residual_scale) && p.residual_scale >= 0) ||
+      !(std::isfinite(p.output_scale) && p.output_scale >= 0)) {
+    return bad("residual_scale and output_scale must be finite and >= 0");
+  }
+  if (p.relu_clip < 0 || (p.relu_clip > 0 && !epilogue_has_relu(p.epilogue))) {
+    return bad("relu_clip needs a ReLU epilogue");
+  }
+  return true;
+}
+
+bool int8_scalar_alpha(const ConvProblem& p, float* alpha, std::string* why) {
+  if (!int8_problem_valid(p, why)) return false;
+  const Int8Epilogue e = int8_epilogue(p);
+  if (!e.uniform_scale() || e.bias || e.residual || e.relu || !e.int8_output()) {
+    *why =
+        "scalar alpha only: per-channel scales, bias, residual, ReLU and half output are not "
+        "fused";
+    return false;
+  }
+  *alpha = p.channel_scale.empty() ? p.int8_scale : e.channel_scale.front() / e.output_scale;
+  return true;
+}
+
+size_t output_element_size(const ConvProblem& p) {
+  if (p.precision == Precision::kINT8 && !p.channel_scale.empty() && !(p.output_scale > 0)) {
+    return 2;  // half
+  }
+  return element_size(p.precision);
+}
+
+size_t residual_element_size(const ConvProblem& p) {
+  if (p.precision == Precision::kINT8 && !(p.residual_scale > 0)) return 2;  // half
+  return element_size(p.precision);
 }
 
 std::string ConvShape::str() const {

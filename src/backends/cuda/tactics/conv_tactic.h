@@ -28,13 +28,14 @@ namespace kiln::cuda {
 using Status = ::kiln::Status;
 
 // FP16: half tensors, fp32 accumulate. TF32: float tensors, tensor cores round inputs to tf32.
-// INT8: int8 tensors, int32 accumulate, output requantised to int8 by a per-tensor scale.
+// INT8: int8 x and w, int32 accumulate, then the INT8 epilogue (ConvProblem below).
 enum class Precision { kFP16, kTF32, kINT8 };
 const char* precision_name(Precision p);
 size_t element_size(Precision p);
 
-// Fused epilogue after the convolution: y = act(conv(x, w) + bias [+ residual]).
-// INT8 problems use kNone: y = sat(round_to_nearest_even(conv(x, w) * int8_scale)).
+// Fused epilogue after the convolution: y = act(conv(x, w) + bias [+ residual]). INT8 problems
+// use it too (see ConvProblem): kNone there means scale only, no bias. There is no "ReLU without
+// bias": a layer without one passes a zero bias.
 enum class Epilogue { kNone, kBias, kBiasRelu, kBiasAddRelu, kBiasAdd };
 const char* epilogue_name(Epilogue e);
 KILN_HD inline bool epilogue_has_residual(Epilogue e) {
@@ -59,16 +60,54 @@ struct ConvShape {
   std::string str() const;
 };
 
+// INT8 arithmetic (kiln's INT8 layer, docs/quantization.md), per output element of channel k:
+//   y   = float(acc) * channel_scale[k]        acc: the exact int32 sum of int8 x * int8 w
+//   y   = y + bias[k]                          when the epilogue has a bias (float32 bias)
+//   y   = y + (residual_scale > 0 ? float(z) * residual_scale : float(z))
+//                                              when it has a residual: int8 z, or half z
+//   y   = relu(y), then min(y, relu_clip) when relu_clip > 0     when it has a ReLU
+//   out = output_scale > 0 ? int8 sat(rne(y / output_scale)) : half(y)
+// Tactics may reassociate the scalings (multiply by reciprocals, fold 1/output_scale into
+// channel_scale, fuse into FMAs): results may differ from this order by one int8 code, or by
+// rounding on half outputs. A combination a library cannot fuse is refused by supports().
+// With channel_scale empty an INT8 problem is the kernel study's per-tensor path: epilogue kNone,
+// out = int8 sat(rne(acc * int8_scale)), as if channel_scale were K copies of int8_scale and
+// output_scale 1 (int8_epilogue() below gives that view).
 struct ConvProblem {
   ConvShape shape;
   Precision precision = Precision::kFP16;
   Epilogue epilogue = Epilogue::kBiasRelu;
-  float int8_scale = 1.0f;  // INT8 only: output = sat(rne(acc * int8_scale))
+  float int8_scale = 1.0f;  // INT8 per-tensor path only (channel_scale empty)
   float relu_clip = 0.f;    // > 0: the ReLU is clipped at this value (ReLU6); cuDNN graph only
+  // INT8 epilogue, see above. channel_scale[k] = sx * sw[k] (float32, rounded once), K values.
+  std::vector<float> channel_scale;
+  float residual_scale = 0.f;  // > 0: the residual is int8 with this scale; 0: it is half
+  float output_scale = 0.f;    // > 0: y is int8 with this scale; 0: y is half
 };
 
-// Device pointers for one execution. bias: K elements (half for FP16, float for TF32);
-// residual: same shape and type as y; both may be null when the epilogue does not use them.
+// The INT8 epilogue of a problem with the per-tensor path expressed in the general form.
+struct Int8Epilogue {
+  std::vector<float> channel_scale;  // K values
+  bool bias = false, residual = false, relu = false;
+  float relu_clip = 0.f;       // > 0: clipped ReLU
+  float residual_scale = 0.f;  // > 0: int8 residual
+  float output_scale = 1.f;    // > 0: int8 output
+  bool int8_residual() const { return residual && residual_scale > 0; }
+  bool int8_output() const { return output_scale > 0; }
+  // All channel scales equal (a library with only a scalar alpha can take it).
+  bool uniform_scale() const;
+};
+Int8Epilogue int8_epilogue(const ConvProblem& p);
+// Whether an INT8 problem's fields are consistent (scale count, signs, clip only with ReLU).
+bool int8_problem_valid(const ConvProblem& p, std::string* why);
+// Element sizes of y and of the residual: the precision's, except INT8 half outputs/residuals.
+size_t output_element_size(const ConvProblem& p);
+size_t residual_element_size(const ConvProblem& p);
+
+// Device pointers for one execution. bias: K elements (half for FP16, float for TF32 and INT8);
+// residual: same shape as y, in y's type (INT8: int8 when residual_scale > 0, else half); both
+// may be null when the epilogue does not use them. INT8 tactics may keep a scaled copy of the
+// bias: its contents must stay the same for as long as the pointer does (it is a constant).
 struct ConvBuffers {
   const void* x = nullptr;
   const void* bias = nullptr;

@@ -2,7 +2,15 @@
 //   Y[M = N*H*W][K] = X[M][C] * W[K][C]^T,
 // which in cuBLASLt's column-major terms is D (K x M) = op_T(W: C x K) * X (C x M), the "TN" form
 // that the INT8 IMMA kernels require. The bias(+ReLU) epilogue is fused; the residual comes in as
-// C with beta = 1. INT8: int32 accumulation, D = sat(rne(alpha * acc)) in int8.
+// C with beta = 1. INT8: int32 accumulation, D = sat(rne(act(alpha * acc + beta * C + bias))) in
+// int8 (float scale type). The per-tensor path uses a host alpha; kiln's INT8 epilogue uses
+// CUBLASLT_POINTER_MODE_ALPHA_DEVICE_VECTOR_BETA_HOST with the 1/output scale folded in:
+//   alpha[k] = channel_scale[k] / sy, beta = sz / sy (int8 residual as C), bias[k] / sy
+// (a scaled copy made by cublasLtMatrixTransform), epilogue BIAS / RELU_BIAS / RELU. The bias is
+// float32: for IMMA with int8 C the bias type is the scale type (cublasLt.h,
+// CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE). Not fusable, refused by supports(): half output (IMMA's
+// C/D are int8 with a float scale type, or int32), a half residual (C has D's type), a clipped
+// ReLU (no such epilogue).
 #include <cublasLt.h>
 
 #include <memory>
@@ -17,13 +25,63 @@ namespace {
 struct LtProblem {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
+  // INT8 epilogue (channel_scale set): device alpha vector, host beta, bias scaling.
+  bool alpha_vector = false;
+  DeviceBuffer alpha;  // K floats: channel_scale[k] / output_scale
+  float beta = 0.f;    // residual_scale / output_scale with an int8 residual
+  float bias_scale = 1.f;
+  cublasLtMatrixTransformDesc_t bias_transform = nullptr;
+  cublasLtMatrixLayout_t bias_layout = nullptr;
   ~LtProblem() {
     if (desc) cublasLtMatmulDescDestroy(desc);
-    for (auto l : {a, b, c, d}) {
+    if (bias_transform) cublasLtMatrixTransformDescDestroy(bias_transform);
+    for (auto l : {a, b, c, d, bias_layout}) {
       if (l) cublasLtMatrixLayoutDestroy(l);
     }
   }
 };
+
+// Why cuBLASLt cannot fuse an INT8 problem's epilogue, or "" when it can.
+std::string int8_refusal(const ConvProblem& p) {
+  if (p.precision != Precision::kINT8 || p.channel_scale.empty()) return {};
+  const Int8Epilogue e = int8_epilogue(p);
+  if (!e.int8_output()) return "IMMA writes D in int8 (float scale type) or int32, not half";
+  if (e.residual && !e.int8_residual()) {
+    return "the residual enters as C, which must have D's type (int8): a half residual is not "
+           "fused";
+  }
+  if (e.relu_clip > 0) return "cuBLASLt has no clipped-ReLU epilogue";
+  return {};
+}
+
+// kiln's INT8 epilogue on the matmul descriptor: alpha vector, beta, bias/ReLU epilogue.
+Status set_int8_epilogue(const ConvProblem& p, LtProblem* lt) {
+  const Int8Epilogue e = int8_epilogue(p);
+  const float sy = e.output_scale;
+  std::vector<float> alpha(e.channel_scale.size());
+  for (size_t i = 0; i < alpha.size(); ++i) alpha[i] = e.channel_scale[i] / sy;
+  if (!lt->alpha.allocate(alpha.size() * sizeof(float))) return Status::Error("alpha allocation");
+  KILN_CUDA(cudaMemcpy(lt->alpha.get(), alpha.data(), alpha.size() * sizeof(float),
+                       cudaMemcpyHostToDevice));
+  lt->alpha_vector = true;
+  lt->beta = e.int8_residual() ? e.residual_scale / sy : 0.f;
+  const cublasLtPointerMode_t pm = CUBLASLT_POINTER_MODE_ALPHA_DEVICE_VECTOR_BETA_HOST;
+  KILN_CUBLAS(
+      cublasLtMatmulDescSetAttribute(lt->desc, CUBLASLT_MATMUL_DESC_POINTER_MODE, &pm, sizeof(pm)));
+  const cublasLtEpilogue_t ep =
+      e.relu ? (e.bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU)
+             : (e.bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
+  KILN_CUBLAS(
+      cublasLtMatmulDescSetAttribute(lt->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof(ep)));
+  if (!e.bias) return {};
+  const cudaDataType_t f32 = CUDA_R_32F;
+  KILN_CUBLAS(cublasLtMatmulDescSetAttribute(lt->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &f32,
+                                             sizeof(f32)));
+  lt->bias_scale = 1.f / sy;
+  KILN_CUBLAS(cublasLtMatrixTransformDescCreate(&lt->bias_transform, CUDA_R_32F));
+  KILN_CUBLAS(cublasLtMatrixLayoutCreate(&lt->bias_layout, CUDA_R_32F, p.shape.k, 1, p.shape.k));
+  return {};
+}
 
 Status build_lt_problem(const ConvProblem& p, LtProblem* lt) {
   const ConvShape& s = p.shape;
@@ -49,6 +107,9 @@ Status build_lt_problem(const ConvProblem& p, LtProblem* lt) {
     const cudaDataType_t bias_type = io;
     KILN_CUBLAS(cublasLtMatmulDescSetAttribute(lt->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
                                                &bias_type, sizeof(bias_type)));
+  }
+  if (p.precision == Precision::kINT8 && !p.channel_scale.empty()) {
+    KILN_TRY(set_int8_epilogue(p, lt));
   }
   KILN_CUBLAS(cublasLtMatrixLayoutCreate(&lt->a, io, s.c, s.k, s.c));
   KILN_CUBLAS(cublasLtMatrixLayoutCreate(&lt->b, io, s.c, m, s.c));
@@ -90,6 +151,7 @@ class CublasLtConvTactic final : public ConvTactic {
     return copy_weights_krsc(weights_, problem_, w, stream);
   }
   Status run(const ConvBuffers& b, cudaStream_t stream) override {
+    if (lt_->alpha_vector) return run_int8(b, stream);
     const bool residual = epilogue_has_residual(problem_.epilogue);
     if (problem_.precision != Precision::kINT8 && problem_.epilogue != Epilogue::kNone) {
       KILN_CUBLAS(cublasLtMatmulDescSetAttribute(lt_->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
@@ -105,12 +167,40 @@ class CublasLtConvTactic final : public ConvTactic {
   }
 
  private:
+  // kiln's INT8 epilogue: alpha is the device vector, beta a host value, the bias a scaled copy
+  // (remade when the bias pointer changes; its contents are a constant of the layer).
+  Status run_int8(const ConvBuffers& b, cudaStream_t stream) {
+    const bool residual = epilogue_has_residual(problem_.epilogue);
+    if (lt_->bias_transform) {
+      if (b.bias != scaled_from_) {
+        if (!scaled_bias_.allocate(size_t(problem_.shape.k) * sizeof(float))) {
+          return Status::Error("bias allocation failed");
+        }
+        const float zero = 0.f;
+        KILN_CUBLAS(cublasLtMatrixTransform(handle_, lt_->bias_transform, &lt_->bias_scale, b.bias,
+                                            lt_->bias_layout, &zero, b.bias, lt_->bias_layout,
+                                            scaled_bias_.get(), lt_->bias_layout, stream));
+        scaled_from_ = b.bias;
+      }
+      const void* bias = scaled_bias_.get();
+      KILN_CUBLAS(cublasLtMatmulDescSetAttribute(lt_->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                 &bias, sizeof(bias)));
+    }
+    const void* c = residual ? b.residual : b.y;
+    KILN_CUBLAS(cublasLtMatmul(handle_, lt_->desc, lt_->alpha.get(), weights_.get(), lt_->a, b.x,
+                               lt_->b, &lt_->beta, c, lt_->c, b.y, lt_->d, &heur_.algo, b.workspace,
+                               b.workspace_bytes, stream));
+    return {};
+  }
+
   std::shared_ptr<LtProblem> lt_;
   cublasLtMatmulHeuristicResult_t heur_;
   std::string name_;
   ConvProblem problem_;
   cublasLtHandle_t handle_ = nullptr;
   DeviceBuffer weights_;
+  DeviceBuffer scaled_bias_;  // INT8: bias / output_scale
+  const void* scaled_from_ = nullptr;
 };
 
 class CublasLtSource final : public ConvTacticSource {
@@ -125,7 +215,10 @@ class CublasLtSource final : public ConvTacticSource {
       *why = "IMMA needs C and K multiples of 4";
       return false;
     }
-    return true;
+    if (!int8_problem_valid(p, why)) return false;
+    const std::string refusal = int8_refusal(p);
+    if (!refusal.empty()) *why = refusal;
+    return refusal.empty();
   }
   std::vector<std::unique_ptr<ConvTactic>> candidates(const ConvProblem& p, const LibraryHandles& h,
                                                       std::string* note) override {

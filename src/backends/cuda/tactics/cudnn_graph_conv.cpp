@@ -1,6 +1,8 @@
 // cuDNN graph (backend) API: conv -> +bias -> (+residual) -> ReLU as one operation graph, NHWC.
-// The heuristics (mode A, then the fallback list) name engine configurations; each one becomes a
-// tactic, and init() finalizes its execution plan (runtime-compiled engines compile here).
+// INT8: conv (int32 accumulate, float out) -> x channel scale -> (+bias) -> (+residual) -> (ReLU)
+// -> (x 1/output scale) -> int8 or half. The heuristics (mode A, then the fallback list) name
+// engine configurations; each one becomes a tactic, and init() finalizes its execution plan
+// (runtime-compiled engines compile here; on sm_90 they are the only INT8 engines).
 #include <cudnn.h>
 
 #include <algorithm>
@@ -42,7 +44,16 @@ Status set(const Desc& d, cudnnBackendAttributeName_t name, cudnnBackendAttribut
   return cudnn_status(cudnnBackendSetAttribute(d.d, name, type, count, value), what);
 }
 
-enum Uid : int64_t { kX = 1, kW = 2, kY = 3, kBias = 4, kResidual = 5, kScale = 6 };
+enum Uid : int64_t {
+  kX = 1,
+  kW = 2,
+  kY = 3,
+  kBias = 4,
+  kResidual = 5,
+  kScale = 6,     // INT8: channel scale
+  kResScale = 7,  // INT8 with an int8 residual: 1 / residual scale
+  kOutScale = 8,  // INT8: residual scale / output scale (each 1 when absent), when not 1
+};
 
 struct Dims {
   int64_t dim[4];
@@ -96,8 +107,57 @@ Status make_pointwise(cudnnPointwiseMode_t mode, const Desc& x, const Desc* b, c
 struct OpGraph {
   std::deque<Desc> keep;  // tensors, pointwise descriptors and ops the graph refers to
   Desc graph;
-  DeviceBuffer int8_scale;  // INT8: per-channel requantisation scale (all = problem scale)
+  // INT8: the [1,K,1,1] float scale tensors the graph multiplies by (uid, device values).
+  std::vector<std::pair<int64_t, DeviceBuffer>> scales;
 };
+
+// One pointwise step of the epilogue chain: mode, uid of operand B (0: none), B's element type
+// and whether B is per channel ([1,K,1,1]) or a full output-shaped tensor (the residual).
+struct Step {
+  cudnnPointwiseMode_t mode;
+  int64_t uid;
+  cudnnDataType_t b_type;
+  bool per_channel;
+  double relu_clip;
+};
+
+Status upload_scale(OpGraph* g, int64_t uid, const std::vector<float>& v) {
+  DeviceBuffer b;
+  if (!b.allocate(v.size() * sizeof(float))) return Status::Error("scale allocation failed");
+  KILN_CUDA(cudaMemcpy(b.get(), v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice));
+  g->scales.emplace_back(uid, std::move(b));
+  return {};
+}
+
+// The INT8 chain. An int8 residual z enters as (y / sz + z) * sz: the chain's operands are
+// plain tensors (no scaled-residual branch, which the fusion engines may not take), the bias
+// stays the caller's, and the ReLU clip and final scale absorb sz. Scales uploaded here.
+Status int8_chain(const ConvProblem& p, OpGraph* g, std::vector<Step>* chain) {
+  const Int8Epilogue e = int8_epilogue(p);
+  const size_t k = e.channel_scale.size();
+  const float r = e.int8_residual() ? e.residual_scale : 1.f;
+  chain->push_back({CUDNN_POINTWISE_MUL, kScale, CUDNN_DATA_FLOAT, true, 0.0});
+  KILN_TRY(upload_scale(g, kScale, e.channel_scale));
+  if (e.bias) chain->push_back({CUDNN_POINTWISE_ADD, kBias, CUDNN_DATA_FLOAT, true, 0.0});
+  if (e.residual) {
+    if (e.int8_residual()) {
+      chain->push_back({CUDNN_POINTWISE_MUL, kResScale, CUDNN_DATA_FLOAT, true, 0.0});
+      KILN_TRY(upload_scale(g, kResScale, std::vector<float>(k, 1.f / r)));
+    }
+    const cudnnDataType_t z = e.int8_residual() ? CUDNN_DATA_INT8 : CUDNN_DATA_HALF;
+    chain->push_back({CUDNN_POINTWISE_ADD, kResidual, z, false, 0.0});
+  }
+  if (e.relu) {
+    const double clip = e.relu_clip > 0 ? double(e.relu_clip / r) : 0.0;
+    chain->push_back({CUDNN_POINTWISE_RELU_FWD, 0, CUDNN_DATA_FLOAT, true, clip});
+  }
+  const float out = e.int8_output() ? r / e.output_scale : r;
+  if (out != 1.f) {
+    chain->push_back({CUDNN_POINTWISE_MUL, kOutScale, CUDNN_DATA_FLOAT, true, 0.0});
+    KILN_TRY(upload_scale(g, kOutScale, std::vector<float>(k, out)));
+  }
+  return {};
+}
 
 Status build_graph(const ConvProblem& p, cudnnHandle_t handle, OpGraph* g) {
   const ConvShape& s = p.shape;
@@ -106,6 +166,7 @@ Status build_graph(const ConvProblem& p, cudnnHandle_t handle, OpGraph* g) {
                              : p.precision == Precision::kTF32 ? CUDNN_DATA_FLOAT
                                                                : CUDNN_DATA_INT8;
   const cudnnDataType_t comp = int8 ? CUDNN_DATA_INT32 : CUDNN_DATA_FLOAT;
+  const cudnnDataType_t y_type = int8 && output_element_size(p) == 2 ? CUDNN_DATA_HALF : io;
   auto add = [&](Desc&& d) -> const Desc& {
     g->keep.push_back(std::move(d));
     return g->keep.back();
@@ -113,7 +174,7 @@ Status build_graph(const ConvProblem& p, cudnnHandle_t handle, OpGraph* g) {
   Desc x, w, y, conv_out;
   KILN_TRY(make_tensor(kX, io, nhwc(s.n, s.c, s.h, s.w), false, &x));
   KILN_TRY(make_tensor(kW, io, nhwc(s.k, s.c, s.r, s.s), false, &w));
-  KILN_TRY(make_tensor(kY, io, nhwc(s.n, s.k, s.p(), s.q()), false, &y));
+  KILN_TRY(make_tensor(kY, y_type, nhwc(s.n, s.k, s.p(), s.q()), false, &y));
   const Desc& xd = add(std::move(x));
   const Desc& wd = add(std::move(w));
   const Desc& yd = add(std::move(y));
@@ -159,27 +220,28 @@ Status build_graph(const ConvProblem& p, cudnnHandle_t handle, OpGraph* g) {
   std::vector<cudnnBackendDescriptor_t> ops = {add(std::move(conv_op)).d};
 
   // Chain the epilogue: each pointwise op writes a virtual float tensor, the last writes y.
-  std::vector<std::pair<cudnnPointwiseMode_t, int64_t>> chain;  // mode, uid of operand B
+  std::vector<Step> chain;
   if (int8) {
-    chain.push_back({CUDNN_POINTWISE_MUL, kScale});
+    KILN_TRY(int8_chain(p, g, &chain));
   } else {
-    chain.push_back({CUDNN_POINTWISE_ADD, kBias});
-    if (epilogue_has_residual(p.epilogue)) chain.push_back({CUDNN_POINTWISE_ADD, kResidual});
-    if (epilogue_has_relu(p.epilogue)) chain.push_back({CUDNN_POINTWISE_RELU_FWD, 0});
+    const double clip = p.relu_clip;
+    chain.push_back({CUDNN_POINTWISE_ADD, kBias, io, true, 0.0});
+    if (epilogue_has_residual(p.epilogue)) {
+      chain.push_back({CUDNN_POINTWISE_ADD, kResidual, io, false, 0.0});
+    }
+    if (epilogue_has_relu(p.epilogue)) {
+      chain.push_back({CUDNN_POINTWISE_RELU_FWD, 0, io, true, clip});
+    }
   }
   const Desc* cur = conv_y;
   for (size_t i = 0; fused && i < chain.size(); ++i) {
     const bool last = i + 1 == chain.size();
     const Desc* b = nullptr;
-    if (chain[i].second == kBias || chain[i].second == kScale) {
+    if (chain[i].uid != 0) {
       Desc bt;
-      const cudnnDataType_t bt_type = chain[i].second == kScale ? CUDNN_DATA_FLOAT : io;
-      KILN_TRY(make_tensor(chain[i].second, bt_type, nhwc(1, s.k, 1, 1), false, &bt));
+      const Dims d = chain[i].per_channel ? nhwc(1, s.k, 1, 1) : nhwc(s.n, s.k, s.p(), s.q());
+      KILN_TRY(make_tensor(chain[i].uid, chain[i].b_type, d, false, &bt));
       b = &add(std::move(bt));
-    } else if (chain[i].second == kResidual) {
-      Desc rt;
-      KILN_TRY(make_tensor(kResidual, io, nhwc(s.n, s.k, s.p(), s.q()), false, &rt));
-      b = &add(std::move(rt));
     }
     const Desc* out = &yd;
     if (!last) {
@@ -189,8 +251,7 @@ Status build_graph(const ConvProblem& p, cudnnHandle_t handle, OpGraph* g) {
       out = &add(std::move(v));
     }
     Desc pw, op;
-    const double clip = chain[i].first == CUDNN_POINTWISE_RELU_FWD ? p.relu_clip : 0.0;
-    KILN_TRY(make_pointwise(chain[i].first, *cur, b, *out, &pw, &op, clip));
+    KILN_TRY(make_pointwise(chain[i].mode, *cur, b, *out, &pw, &op, chain[i].relu_clip));
     add(std::move(pw));
     ops.push_back(add(std::move(op)).d);
     cur = out;
@@ -232,10 +293,17 @@ Status heuristic_configs(const OpGraph& g, cudnnBackendHeurMode_t mode, std::vec
   return {};
 }
 
+// What an engine's numerical notes say about its arithmetic.
+struct Numerics {
+  bool tensor_core = false;
+  bool down_converts = false;      // converts float32 inputs to a 16-bit type before the math
+  bool reduced_reduction = false;  // accumulates in less than float32
+};
+
 // "e<global index>[.rtc][.k<knob>=<value>...]", and whether the engine compiles at run time.
-std::string config_name(const Desc& cfg, bool* runtime_compiled, bool* tensor_core) {
+std::string config_name(const Desc& cfg, bool* runtime_compiled, Numerics* numerics) {
   *runtime_compiled = false;
-  *tensor_core = false;
+  *numerics = {};
   Desc engine;
   if (!create(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &engine).ok()) return "e?";
   int64_t n = 0;
@@ -259,7 +327,10 @@ std::string config_name(const Desc& cfg, bool* runtime_compiled, bool* tensor_co
   if (cudnnBackendGetAttribute(engine.d, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE,
                                CUDNN_TYPE_NUMERICAL_NOTE, 16, &n, notes) == CUDNN_STATUS_SUCCESS) {
     for (int64_t i = 0; i < std::min<int64_t>(n, 16); ++i) {
-      if (notes[i] == CUDNN_NUMERICAL_NOTE_TENSOR_CORE) *tensor_core = true;
+      if (notes[i] == CUDNN_NUMERICAL_NOTE_TENSOR_CORE) numerics->tensor_core = true;
+      if (notes[i] == CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS) numerics->down_converts = true;
+      if (notes[i] == CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION)
+        numerics->reduced_reduction = true;
     }
   }
   if (*runtime_compiled) name += ".rtc";
@@ -299,6 +370,11 @@ class CudnnGraphConvTactic final : public ConvTactic {
   Status init(const ConvProblem& p, const LibraryHandles& h, cudaStream_t stream) override {
     problem_ = p;
     handle_ = h.cudnn;
+    if (p.precision == Precision::kINT8) {
+      const Int8Epilogue e = int8_epilogue(p);
+      int8_bias_ = e.bias;
+      int8_residual_ = e.residual;
+    }
     KILN_CUDNN(cudnnSetStream(handle_, stream));
     KILN_TRY(create(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan_));
     // Deprecated in newer cuDNN (the handle comes from the graph); harmless where accepted.
@@ -328,8 +404,18 @@ class CudnnGraphConvTactic final : public ConvTactic {
     std::vector<int64_t> uids = {kX, kW, kY};
     std::vector<void*> ptrs = {const_cast<void*>(b.x), weights_.get(), b.y};
     if (problem_.precision == Precision::kINT8) {
-      uids.push_back(kScale);
-      ptrs.push_back(graph_->int8_scale.get());
+      for (const auto& [uid, buf] : graph_->scales) {
+        uids.push_back(uid);
+        ptrs.push_back(buf.get());
+      }
+      if (int8_bias_) {
+        uids.push_back(kBias);
+        ptrs.push_back(const_cast<void*>(b.bias));
+      }
+      if (int8_residual_) {
+        uids.push_back(kResidual);
+        ptrs.push_back(const_cast<void*>(b.residual));
+      }
     } else if (problem_.epilogue != Epilogue::kNone) {
       uids.push_back(kBias);
       ptrs.push_back(const_cast<void*>(b.bias));
@@ -363,6 +449,7 @@ class CudnnGraphConvTactic final : public ConvTactic {
   Desc cfg_;
   std::string name_;
   ConvProblem problem_;
+  bool int8_bias_ = false, int8_residual_ = false;
   cudnnHandle_t handle_ = nullptr;
   Desc plan_;
   size_t workspace_ = 0;
@@ -381,7 +468,7 @@ class CudnnGraphSource final : public ConvTacticSource {
       *why = "INT8 needs C % 4 == 0";
       return false;
     }
-    return true;
+    return int8_problem_valid(p, why);
   }
 
   std::vector<std::unique_ptr<ConvTactic>> candidates(const ConvProblem& p, const LibraryHandles& h,
@@ -393,15 +480,6 @@ class CudnnGraphSource final : public ConvTacticSource {
       *note = "operation graph: " + s.message();
       return out;
     }
-    if (p.precision == Precision::kINT8) {
-      std::vector<float> scale(size_t(p.shape.k), p.int8_scale);
-      if (!graph->int8_scale.allocate(scale.size() * sizeof(float)) ||
-          cudaMemcpy(graph->int8_scale.get(), scale.data(), scale.size() * sizeof(float),
-                     cudaMemcpyHostToDevice) != cudaSuccess) {
-        *note = "scale upload failed";
-        return out;
-      }
-    }
     std::vector<Desc> cfgs;
     Status a = heuristic_configs(*graph, CUDNN_HEUR_MODE_A, &cfgs);
     Status f = heuristic_configs(*graph, CUDNN_HEUR_MODE_FALLBACK, &cfgs);
@@ -409,12 +487,22 @@ class CudnnGraphSource final : public ConvTacticSource {
     if (!f.ok()) *note += "fallback: " + f.message() + "; ";
     const char* prec = precision_name(p.precision);
     std::set<std::string> seen;
-    int runtime_compiled = 0;
+    int runtime_compiled = 0, lossy = 0;
     for (auto& cfg : cfgs) {
-      bool rtc = false, tc = false;
+      bool rtc = false;
+      Numerics num;
       const std::string name =
-          std::string("cudnn_graph.") + prec + "." + config_name(cfg, &rtc, &tc);
+          std::string("cudnn_graph.") + prec + "." + config_name(cfg, &rtc, &num);
       if (!seen.insert(name).second) continue;
+      // TF32 promises float32 storage with TF32 products and FP16 float32 accumulation: an
+      // engine that converts float32 inputs to half (it overflows on large activations) or
+      // accumulates in half is not a candidate.
+      const bool fp = p.precision != Precision::kINT8;
+      if (fp && (num.reduced_reduction ||
+                 (p.precision == Precision::kTF32 && num.down_converts))) {
+        ++lossy;
+        continue;
+      }
       if (int(out.size()) >= tactic_limits().max_cudnn_graph_configs) {
         *note += "kept the first " + std::to_string(out.size()) + " of " +
                  std::to_string(cfgs.size()) + " configs; ";
@@ -423,6 +511,7 @@ class CudnnGraphSource final : public ConvTacticSource {
       if (rtc && ++runtime_compiled > tactic_limits().max_cudnn_rtc_configs) continue;
       out.push_back(std::make_unique<CudnnGraphConvTactic>(graph, std::move(cfg), name));
     }
+    if (lossy) *note += std::to_string(lossy) + " lossy engine configs skipped; ";
     if (cfgs.empty()) *note += "heuristics returned no engine config; ";
     return out;
   }

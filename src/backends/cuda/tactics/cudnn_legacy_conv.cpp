@@ -31,6 +31,10 @@ class CudnnLegacyConvTactic final : public ConvTactic {
   Status init(const ConvProblem& p, const LibraryHandles& h, cudaStream_t stream) override {
     problem_ = p;
     handle_ = h.cudnn;
+    std::string why;
+    if (p.precision == Precision::kINT8 && !int8_scalar_alpha(p, &int8_alpha_, &why)) {
+      return Status::Error(why);
+    }
     KILN_CUDNN(cudnnSetStream(handle_, stream));
     const ConvShape& s = p.shape;
     const cudnnDataType_t io = p.precision == Precision::kFP16   ? CUDNN_DATA_HALF
@@ -99,7 +103,7 @@ class CudnnLegacyConvTactic final : public ConvTactic {
 
   Status run(const ConvBuffers& b, cudaStream_t stream) override {
     KILN_CUDNN(cudnnSetStream(handle_, stream));
-    const float alpha = problem_.precision == Precision::kINT8 ? problem_.int8_scale : 1.f;
+    const float alpha = problem_.precision == Precision::kINT8 ? int8_alpha_ : 1.f;
     const float beta = 0.f;
     KILN_CUDNN(cudnnConvolutionForward(handle_, &alpha, x_, b.x, w_, weights_.get(), conv_,
                                        cudnnConvolutionFwdAlgo_t(algo_), b.workspace,
@@ -118,6 +122,7 @@ class CudnnLegacyConvTactic final : public ConvTactic {
   cudnnTensorDescriptor_t x_ = nullptr, y_ = nullptr;
   cudnnFilterDescriptor_t w_ = nullptr;
   cudnnConvolutionDescriptor_t conv_ = nullptr;
+  float int8_alpha_ = 1.f;
   int algo_ = -1;
   cudnnMathType_t math_ = CUDNN_DEFAULT_MATH;
   bool found_ = false;
@@ -134,7 +139,8 @@ class CudnnLegacySource final : public ConvTacticSource {
       *why = "INT8 needs C and K multiples of 4";
       return false;
     }
-    return true;
+    float alpha = 0.f;
+    return p.precision != Precision::kINT8 || int8_scalar_alpha(p, &alpha, why);
   }
   std::vector<std::unique_ptr<ConvTactic>> candidates(const ConvProblem&, const LibraryHandles&,
                                                       std::string*) override {

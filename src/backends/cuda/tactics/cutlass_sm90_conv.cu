@@ -1,12 +1,22 @@
 // CUTLASS 3 Hopper implicit-GEMM convolution (TMA + wgmma, warp-specialized), INT8 in, int32
-// accumulate, int8 out: y = sat(rne(alpha * acc)). One tactic per compiled tile configuration.
+// accumulate, int8 out. One tactic per compiled kernel: two tiles with the scalar epilogue
+// y = sat(rne(alpha * acc)) (int8_scalar_alpha problems), and one with kiln's INT8 epilogue as
+// CUTLASS's PerColLinCombPerColBiasEltAct EVT: y = clamp(alpha[k] * acc + bias[k] + beta * z,
+// lo, hi) -> int8 with alpha = cs / sy, beta = sz / sy (int8 residual as C), bias / sy (scaled
+// by a small kernel here) and the clamp bounds giving none / ReLU / clipped ReLU; half outputs
+// and half residuals are not compiled.
 // Built only when CUTLASS's headers are found (see src/backends/cuda/CMakeLists.txt).
+#include <limits>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "check.h"
 #include "conv_sources.h"
 #include "device_buffer.h"
 
+// CUTLASS's conv headers need cutlass.h and kernel_hardware_info.hpp first.
+// clang-format off
 #include "cutlass/cutlass.h"
 #include "cutlass/kernel_hardware_info.hpp"
 #include "cute/tensor.hpp"
@@ -17,6 +27,9 @@
 #include "cutlass/conv/dispatch_policy.hpp"
 #include "cutlass/conv/kernel/conv_universal.hpp"
 #include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/epilogue/fusion/operations.hpp"
+#include "cutlass/epilogue/thread/activation.h"
+// clang-format on
 
 namespace kiln::cuda {
 namespace {
@@ -29,6 +42,7 @@ using namespace cute;
 // stages the tile in shared memory and writes it with TMA. (Conv has no persistent schedules.)
 template <class TileShape, class ClusterShape, class EpilogueSchedule>
 struct Int8Fprop {
+  static constexpr bool kFused = false;
   using Element = int8_t;
   static constexpr int kAlign = 16;  // TMA needs 16-byte aligned rows: C and K multiples of 16
   using Layout = cutlass::layout::TensorNHWC;
@@ -37,15 +51,56 @@ struct Int8Fprop {
       cutlass::epilogue::collective::EpilogueTileAuto, int32_t, float, void, Layout, kAlign,
       Element, Layout, kAlign, EpilogueSchedule>::CollectiveOp;
   using Mainloop = typename cutlass::conv::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cutlass::conv::Operator::kFprop,
-      Element, Layout, kAlign, Element, Layout, kAlign, int32_t, TileShape, ClusterShape,
-      cutlass::conv::collective::StageCountAutoCarveout<
-          static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cutlass::conv::Operator::kFprop, Element,
+      Layout, kAlign, Element, Layout, kAlign, int32_t, TileShape, ClusterShape,
+      cutlass::conv::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename Epilogue::SharedStorage))>,
       cutlass::conv::KernelImplicitTmaWarpSpecializedSm90>::CollectiveOp;
   using ProblemShape = cutlass::conv::ConvProblemShape<cutlass::conv::Operator::kFprop, 2>;
   using Kernel = cutlass::conv::kernel::ConvUniversal<ProblemShape, Mainloop, Epilogue>;
   using Conv = cutlass::conv::device::ConvUniversalAdapter<Kernel>;
 };
+
+// kiln's INT8 epilogue (see the top): int8 C (the residual) and D, per-column (= per output
+// channel) float alpha and bias, and a Clamp "activation", whose bounds cover no activation,
+// ReLU and clipped ReLU in one compiled kernel.
+template <class TileShape, class ClusterShape>
+struct Int8FpropFused {
+  static constexpr bool kFused = true;
+  using Element = int8_t;
+  static constexpr int kAlign = 16;
+  using Layout = cutlass::layout::TensorNHWC;
+  using Fusion = cutlass::epilogue::fusion::PerColLinCombPerColBiasEltAct<
+      cutlass::epilogue::thread::Clamp, Element, float, float, Element, float>;
+  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, int32_t, float, Element, Layout, kAlign,
+      Element, Layout, kAlign, cutlass::epilogue::TmaWarpSpecialized, Fusion>::CollectiveOp;
+  using Mainloop = typename cutlass::conv::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cutlass::conv::Operator::kFprop, Element,
+      Layout, kAlign, Element, Layout, kAlign, int32_t, TileShape, ClusterShape,
+      cutlass::conv::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename Epilogue::SharedStorage))>,
+      cutlass::conv::KernelImplicitTmaWarpSpecializedSm90>::CollectiveOp;
+  using ProblemShape = cutlass::conv::ConvProblemShape<cutlass::conv::Operator::kFprop, 2>;
+  using Kernel = cutlass::conv::kernel::ConvUniversal<ProblemShape, Mainloop, Epilogue>;
+  using Conv = cutlass::conv::device::ConvUniversalAdapter<Kernel>;
+};
+
+__global__ void scale_floats(const float* src, float* dst, int n, float s) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) dst[i] = src[i] * s;
+}
+
+// Why the fused kernel cannot take an INT8 problem, or "" when it can.
+std::string fused_refusal(const ConvProblem& p) {
+  std::string why;
+  if (!int8_problem_valid(p, &why)) return why;
+  const Int8Epilogue e = int8_epilogue(p);
+  if (!e.int8_output()) return "the compiled kernels write int8 only, not half";
+  if (e.residual && !e.int8_residual()) return "the compiled kernels read an int8 residual only";
+  return {};
+}
 
 Status cutlass_status(cutlass::Status s, const char* what) {
   if (s == cutlass::Status::kSuccess) return {};
@@ -64,6 +119,12 @@ class CutlassInt8ConvTactic final : public ConvTactic {
 
   Status init(const ConvProblem& p, const LibraryHandles&, cudaStream_t) override {
     problem_ = p;
+    if constexpr (Config::kFused) {
+      KILN_TRY(init_fused(p));
+    } else {
+      std::string why;
+      if (!int8_scalar_alpha(p, &alpha_, &why)) return Status::Error(why);
+    }
     const ConvShape& s = p.shape;
     shape_ = ProblemShape(cutlass::conv::Mode::kCrossCorrelation, {s.n, s.h, s.w, s.c},
                           {s.k, s.r, s.s, s.c}, {s.pad, s.pad}, {s.pad, s.pad},
@@ -73,7 +134,7 @@ class CutlassInt8ConvTactic final : public ConvTactic {
       cute::get<0, i>(stride_c_) = shape_.stride_C[ProblemShape::RankT - 2 - i];
       cute::get<0, i>(stride_d_) = shape_.stride_C[ProblemShape::RankT - 2 - i];
     });
-    auto args = arguments(nullptr, nullptr, nullptr);
+    auto args = arguments(nullptr, nullptr, nullptr, nullptr);
     KILN_TRY(cutlass_status(Conv::can_implement(args), "can_implement"));
     workspace_ = Conv::get_workspace_size(args);
     return {};
@@ -87,12 +148,25 @@ class CutlassInt8ConvTactic final : public ConvTactic {
 
   Status run(const ConvBuffers& b, cudaStream_t stream) override {
     // initialize() builds TMA descriptors on the host: redo it only when pointers change.
-    if (b.x != init_x_ || b.y != init_y_ || b.workspace != init_ws_) {
-      auto args = arguments(b.x, b.y, b.workspace);
+    // Without a residual the fused kernel reads y as C (times beta = 0): C has no "absent".
+    const void* c = epilogue_has_residual(problem_.epilogue) ? b.residual : b.y;
+    if (b.x != init_x_ || b.y != init_y_ || b.workspace != init_ws_ || c != init_c_) {
+      auto args = arguments(b.x, c, b.y, b.workspace);
       KILN_TRY(cutlass_status(conv_.initialize(args, b.workspace, stream), "initialize"));
       init_x_ = b.x;
+      init_c_ = c;
       init_y_ = b.y;
       init_ws_ = b.workspace;
+    }
+    if constexpr (Config::kFused) {
+      // The bias divided by the output scale, remade when the bias pointer changes (a constant).
+      if (bias_scale_ != 0 && b.bias != scaled_from_) {
+        const int k = problem_.shape.k;
+        scale_floats<<<(k + 255) / 256, 256, 0, stream>>>(static_cast<const float*>(b.bias),
+                                                          scaled_bias_.as<float>(), k, bias_scale_);
+        KILN_CUDA(cudaGetLastError());
+        scaled_from_ = b.bias;
+      }
     }
     KILN_TRY(cutlass_status(conv_.run(stream), "run"));
     KILN_CUDA(cudaGetLastError());
@@ -103,23 +177,65 @@ class CutlassInt8ConvTactic final : public ConvTactic {
   using StrideC = typename Conv::ConvKernel::StrideC;
   using StrideD = typename Conv::ConvKernel::StrideD;
 
-  typename Conv::Arguments arguments(const void* x, void* y, void*) const {
+  typename Conv::Arguments arguments(const void* x, const void* c, void* y, void*) const {
     using E = typename Config::Element;
-    return typename Conv::Arguments{
-        shape_,
-        {static_cast<const E*>(x), static_cast<const E*>(weights_.get())},
-        {{problem_.int8_scale, 0.f}, nullptr, stride_c_, static_cast<E*>(y), stride_d_}};
+    if constexpr (Config::kFused) {
+      typename Conv::Arguments a{
+          shape_,
+          {static_cast<const E*>(x), static_cast<const E*>(weights_.get())},
+          {{}, static_cast<const E*>(c), stride_c_, static_cast<E*>(y), stride_d_}};
+      auto& t = a.epilogue.thread;
+      t.alpha_ptr = alpha_vector_.as<float>();
+      t.beta = beta_;
+      t.bias_ptr = bias_scale_ != 0 ? scaled_bias_.as<float>() : nullptr;
+      t.activation.lower_bound = lower_;
+      t.activation.upper_bound = upper_;
+      return a;
+    } else {
+      return typename Conv::Arguments{
+          shape_,
+          {static_cast<const E*>(x), static_cast<const E*>(weights_.get())},
+          {{alpha_, 0.f}, nullptr, stride_c_, static_cast<E*>(y), stride_d_}};
+    }
+  }
+
+  // The fused kernel's constants: alpha vector, beta, bias scale and clamp bounds, all with
+  // 1 / output scale folded in (y / sy commutes with the clamp at 0 and with its upper bound).
+  Status init_fused(const ConvProblem& p) {
+    const std::string why = fused_refusal(p);
+    if (!why.empty()) return Status::Error(why);
+    const Int8Epilogue e = int8_epilogue(p);
+    const float sy = e.output_scale;
+    std::vector<float> alpha(e.channel_scale.size());
+    for (size_t i = 0; i < alpha.size(); ++i) alpha[i] = e.channel_scale[i] / sy;
+    if (!alpha_vector_.allocate(alpha.size() * sizeof(float)) ||
+        !scaled_bias_.allocate(alpha.size() * sizeof(float))) {
+      return Status::Error("alpha/bias allocation failed");
+    }
+    KILN_CUDA(cudaMemcpy(alpha_vector_.get(), alpha.data(), alpha.size() * sizeof(float),
+                         cudaMemcpyHostToDevice));
+    beta_ = e.int8_residual() ? e.residual_scale / sy : 0.f;
+    bias_scale_ = e.bias ? 1.f / sy : 0.f;
+    lower_ = e.relu ? 0.f : std::numeric_limits<float>::lowest();
+    upper_ = e.relu_clip > 0 ? e.relu_clip / sy : std::numeric_limits<float>::max();
+    return {};
   }
 
   std::string tile_;
   ConvProblem problem_;
+  float alpha_ = 1.f;
   ProblemShape shape_;
   StrideC stride_c_{};
   StrideD stride_d_{};
   size_t workspace_ = 0;
   DeviceBuffer weights_;
+  // Fused kernel only (init_fused).
+  DeviceBuffer alpha_vector_, scaled_bias_;
+  float beta_ = 0.f, bias_scale_ = 0.f, lower_ = 0.f, upper_ = 0.f;
+  const void* scaled_from_ = nullptr;
   Conv conv_;
   const void* init_x_ = nullptr;
+  const void* init_c_ = nullptr;
   void* init_y_ = nullptr;
   void* init_ws_ = nullptr;
 };
@@ -129,6 +245,7 @@ using Tile128x128 = Int8Fprop<Shape<_128, _128, Shape<_128>>, Shape<_1, _1, _1>,
                               cutlass::epilogue::TmaWarpSpecialized>;
 using Tile128x256 = Int8Fprop<Shape<_128, _256, Shape<_64>>, Shape<_1, _1, _1>,
                               cutlass::epilogue::TmaWarpSpecialized>;
+using Fused128x128 = Int8FpropFused<Shape<_128, _128, Shape<_128>>, Shape<_1, _1, _1>>;
 
 class CutlassSm90Source final : public ConvTacticSource {
  public:
@@ -142,13 +259,22 @@ class CutlassSm90Source final : public ConvTacticSource {
       *why = "TMA needs C and K multiples of 16 int8 elements";
       return false;
     }
-    return true;
+    *why = fused_refusal(p);
+    return why->empty();
   }
-  std::vector<std::unique_ptr<ConvTactic>> candidates(const ConvProblem&, const LibraryHandles&,
+  // The scalar-epilogue tiles where they apply (the kernel study's), else the fused kernel.
+  std::vector<std::unique_ptr<ConvTactic>> candidates(const ConvProblem& p, const LibraryHandles&,
                                                       std::string*) override {
     std::vector<std::unique_ptr<ConvTactic>> out;
-    out.push_back(std::make_unique<CutlassInt8ConvTactic<Tile128x128>>("128x128x128.tma_epi"));
-    out.push_back(std::make_unique<CutlassInt8ConvTactic<Tile128x256>>("128x256x64.tma_epi"));
+    float alpha = 0.f;
+    std::string why;
+    if (int8_scalar_alpha(p, &alpha, &why)) {
+      out.push_back(std::make_unique<CutlassInt8ConvTactic<Tile128x128>>("128x128x128.tma_epi"));
+      out.push_back(std::make_unique<CutlassInt8ConvTactic<Tile128x256>>("128x256x64.tma_epi"));
+    } else {
+      out.push_back(
+          std::make_unique<CutlassInt8ConvTactic<Fused128x128>>("128x128x128.tma_epi.fused"));
+    }
     return out;
   }
 };

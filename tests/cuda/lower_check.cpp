@@ -1,0 +1,75 @@
+// Lowers ONNX models for the cuda backend without running anything on a GPU: the build step of
+// `kiln build --backend cuda` (import, optimize for cuda, choose a tactic and formats for every
+// layer, place reformats) with tuning off, so it needs no GPU. Prints one line per model:
+//   ok<TAB>MODEL                 every layer has a GPU tactic
+//   fail<TAB>MODEL<TAB>ERROR      the one-line build error a GPU build would give
+// scripts/gpu_lower_check.py runs it over the conformance tests the CPU backend passes, so a test
+// that would fail to build on the GPU is caught on any machine (CI has no GPU). It says nothing
+// about the numbers a GPU computes: that is the GPU conformance run's job.
+//
+//   kiln_lower_check [--no-tf32] [--fp16] [--opt-level N] MODEL.onnx...
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "backends/backend.h"
+#include "engine/profile.h"
+#include "kiln/engine.h"
+#include "onnx/importer.h"
+#include "passes/pipeline.h"
+
+namespace {
+
+kiln::Status lower(const std::string& path, const kiln::BuildConfig& c) {
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<kiln::Graph> g, kiln::import_onnx_file(path));
+  KILN_ASSIGN_OR_RETURN(kiln::Profile profile, kiln::Profile::from_config(*g, c));
+  KILN_RETURN_IF_ERROR(profile.apply_static_shapes(*g));
+  kiln::OptimizeOptions opt;
+  opt.opt_level = c.opt_level;
+  opt.backend = "cuda";
+  opt.precision = c.fp16 ? "fp16" : "fp32";
+  KILN_RETURN_IF_ERROR(kiln::optimize_graph(*g, opt));
+  KILN_ASSIGN_OR_RETURN(nlohmann::json plan, kiln::gpu::build_cuda_plan(*g, c, profile));
+  if (!plan.is_object() && !plan.is_array()) return kiln::Status::Error("empty plan");
+  return kiln::Status::Ok();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  kiln::BuildConfig c;
+  c.backend = "cuda";
+  c.tune = false;  // no GPU: each layer takes its first supported tactic
+  std::vector<std::string> models;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--no-tf32")) {
+      c.tf32 = false;
+    } else if (!std::strcmp(argv[i], "--fp16")) {
+      c.fp16 = true;
+    } else if (!std::strcmp(argv[i], "--opt-level") && i + 1 < argc) {
+      c.opt_level = std::atoi(argv[++i]);
+    } else if (argv[i][0] == '-') {
+      std::fprintf(stderr, "kiln_lower_check: unknown option '%s'\n", argv[i]);
+      return 1;
+    } else {
+      models.emplace_back(argv[i]);
+    }
+  }
+  if (models.empty()) {
+    std::fprintf(stderr, "usage: kiln_lower_check [--no-tf32] [--fp16] [--opt-level N] MODEL.onnx...\n");
+    return 1;
+  }
+  for (const std::string& m : models) {
+    const kiln::Status s = lower(m, c);
+    if (s.ok()) {
+      std::printf("ok\t%s\n", m.c_str());
+    } else {
+      std::string msg = s.message();
+      for (char& ch : msg)
+        if (ch == '\n' || ch == '\t') ch = ' ';
+      std::printf("fail\t%s\t%s\n", m.c_str(), msg.c_str());
+    }
+  }
+  return 0;
+}
