@@ -4,9 +4,11 @@
 // fallback of a layer no INT8 tactic takes, and float builds left as they were.
 #include <gtest/gtest.h>
 
+#include "../compare/compare_test_net.h"
 #include "backends/cuda/lower.h"
 #include "backends/cuda/plan.h"
 #include "ops/op.h"
+#include "passes/pipeline.h"
 #include "quant/int8.h"
 
 namespace kiln::gpu {
@@ -119,6 +121,43 @@ TEST(CudaInt8Lowering, FloatBuildsAreUnchanged) {
     EXPECT_EQ(c.precision, fp16 ? Precision::kFP16 : Precision::kTF32);
     EXPECT_EQ(c.in[0].dtype, fp16 ? DataType::kFloat16 : DataType::kFloat32);
   }
+}
+
+// The small CNN optimized for cuda, every activation given a scale and its layers marked INT8:
+// the three convolutions and the FC run INT8 tactics; consecutive INT8 convolutions pass int8
+// NHWC tensors with no reformat between; values are quantized twice: the input before conv1 and
+// the float GlobalAveragePool's (flattened) output before the FC.
+TEST(CudaInt8Lowering, SmallCnnChainsInt8Layers) {
+  auto g = testnet::small_cnn();
+  OptimizeOptions opt;
+  opt.backend = "cuda";
+  ASSERT_TRUE(optimize_graph(*g, opt).ok());
+  std::map<std::string, float> scales;
+  for (const Value* v : quant::calibration_tensors(*g)) scales[v->name] = 0.05f;
+  quant::apply_activation_scales(*g, scales);
+  auto marked = quant::mark_int8_layers(*g, {}, false);
+  ASSERT_TRUE(marked.ok()) << marked.status().message();
+  EXPECT_EQ(marked->int8_layers.size(), 4u);
+  GpuBuildOptions o;
+  o.fp16 = true;
+  o.tune = false;
+  auto p = lower_for_gpu(*g, {{2, 4, 12, 12}}, o);
+  ASSERT_TRUE(p.ok()) << p.status().message();
+  int int8 = 0, quantizing = 0;
+  std::string listing;
+  for (size_t k = 0; k < g->nodes().size(); ++k) {
+    const Node* n = g->nodes()[k];
+    listing +=
+        n->op_type + "(" + (p->layers[k].is_host() ? "host" : p->layers[k].out[0].str()) + ") ";
+    if (n->op_type == "Reformat" && p->layers[k].out[0].dtype == DataType::kInt8) ++quantizing;
+    if (p->layers[k].precision != Precision::kINT8) continue;
+    ++int8;
+    const Node* prev = n->input(0)->producer;
+    if (n->op_type == "FusedConv" && prev && prev->op_type == "FusedConv")
+      EXPECT_EQ(p->layers[prev->index].out[0].str(), "int8/nhwc") << n->name;
+  }
+  EXPECT_EQ(int8, 4);
+  EXPECT_EQ(quantizing, 2) << listing;  // x before conv1, Flatten's output before the FC
 }
 
 TEST(CudaInt8Lowering, ReformatIntoInt8NeedsAScale) {
