@@ -160,6 +160,32 @@ TEST(CudaInt8Lowering, SmallCnnChainsInt8Layers) {
   EXPECT_EQ(quantizing, 2) << listing;  // x before conv1, Flatten's output before the FC
 }
 
+// The library INT8 tactics (layers/conv_int8_lib.cpp) are candidates of the same layer: forced,
+// the cuDNN graph one takes a 3x3 conv with int8 or half output and refuses a float32 one (no
+// library writes float32 from INT8); cuBLASLt's takes only 1x1 stride-1 convolutions.
+TEST(CudaInt8Lowering, LibraryTacticsAreCandidates) {
+  auto forced = [](bool y_scale, bool fp16, const std::string& tactic) -> std::string {
+    auto g = int8_conv_graph(8, y_scale);
+    GpuBuildOptions o;
+    o.fp16 = fp16;
+    o.tune = false;
+    o.force_tactic = tactic;
+    auto p = lower_for_gpu(*g, {{2, 8, 8, 8}}, o);
+    if (!p.ok()) return "error: " + p.status().message();
+    const LayerChoice& c = choice_of(*g, *p, "FusedConv");
+    return std::string(c.tactic->name) + " " + precision_name(c.precision) + " " + c.out[0].str();
+  };
+  EXPECT_EQ(forced(true, false, "cudnn_graph.int8"), "cudnn_graph.int8 int8 int8/nhwc");
+  EXPECT_EQ(forced(false, true, "cudnn_graph.int8"), "cudnn_graph.int8 int8 float16/nhwc");
+  // Forced alone, a refusal is the build error naming the tactic and its reason.
+  const std::string f32 = forced(false, false, "cudnn_graph.int8");
+  EXPECT_EQ(f32.rfind("error:", 0), 0u) << f32;
+  EXPECT_NE(f32.find("no float32 kernel"), std::string::npos) << f32;
+  const std::string lt = forced(true, false, "cublaslt.conv1x1.int8");
+  EXPECT_EQ(lt.rfind("error:", 0), 0u) << lt;
+  EXPECT_NE(lt.find("1x1"), std::string::npos) << lt;
+}
+
 TEST(CudaInt8Lowering, ReformatIntoInt8NeedsAScale) {
   auto g = std::make_unique<Graph>();
   Value* x = g->add_value("act", TensorType(DataType::kFloat32, {2, 8}));

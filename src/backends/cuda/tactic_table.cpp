@@ -11,7 +11,7 @@ namespace {
 using FamilyFn = std::span<const TacticDef> (*)();
 constexpr FamilyFn kFamilies[] = {
     reformat_tactics, elementwise_tactics, movement_tactics, reduce_tactics,
-    conv_tactics,     pool_tactics,        gemm_tactics,
+    conv_tactics,     int8_library_conv_tactics, pool_tactics, gemm_tactics,
 };
 
 const std::vector<TacticDef>& table() {

@@ -19,6 +19,8 @@ std::span<const TacticDef> reduce_tactics();       // layers/reduce*.cu: Reduce*
                                                    // Softmax family, norms, TopK, CumSum, Q/DQ
 std::span<const TacticDef> conv_tactics();         // layers/conv*.cpp: Conv, ConvTranspose,
                                                    // kiln.FusedConv (cuDNN, cuBLASLt)
+std::span<const TacticDef> int8_library_conv_tactics();  // layers/conv_int8_lib.cpp: the
+                                                   // library INT8 convs (after kiln's own)
 std::span<const TacticDef> pool_tactics();         // layers/pool.cu
 std::span<const TacticDef> gemm_tactics();         // layers/gemm.cpp: Gemm, MatMul, FusedGemm,
                                                    // kiln.Attention, ONNX Attention
