@@ -3,17 +3,14 @@
 // bias/ReLU epilogue). Both take 2-D NHWC float16 (FP16) or float32 (TF32) problems with square
 // strides and symmetric padding; the variant is the rank of the library's candidate in its own
 // heuristic order, timed by the tuner at the opt shape.
-#include <map>
-
 #include "device_util_host.h"
 #include "layers/conv_common.h"
+#include "layers/conv_ranked.h"
 #include "tactics/conv_sources.h"
 #include "tactics/conv_tactic.h"
 
 namespace kiln::gpu {
 namespace {
-
-Status from_tactic(Status s) { return s; }  // the study's tactics return kiln::Status too
 
 // The problem a FusedConv node describes, or why it is not one the fused tactics take.
 bool describe_problem(const LayerDesc& d, cuda::ConvProblem* p, std::string* why) {
@@ -26,16 +23,7 @@ bool describe_problem(const LayerDesc& d, cuda::ConvProblem* p, std::string* why
     p->precision = cuda::Precision::kTF32;
   else
     return *why = "FP16 or TF32 only", false;
-  if (n.attrs.get_int("group", 1) != 1) return *why = "grouped", false;
-  for (int64_t v : n.attrs.get_ints("dilations", {1, 1}))
-    if (v != 1) return *why = "dilated", false;
-  const auto st = n.attrs.get_ints("strides", {1, 1});
-  if (st.size() != 2 || st[0] != st[1]) return *why = "non-square strides", false;
-  const std::string ap = n.attrs.get_string("auto_pad", "NOTSET");
-  if (ap != "NOTSET" && ap != "VALID") return *why = "auto_pad", false;
-  const auto pads = n.attrs.get_ints("pads", {0, 0, 0, 0});
-  if (pads.size() != 4 || pads[0] != pads[1] || pads[0] != pads[2] || pads[0] != pads[3])
-    return *why = "asymmetric or non-square padding", false;
+  if (!library_conv_geometry(n, p, why)) return false;
   if (!d.in_const(1)) return *why = "weights are not constant", false;
   const std::string act = n.attrs.get_string("activation", "");
   const bool bias = n.input(2) != nullptr, residual = n.input(3) != nullptr;
@@ -44,28 +32,20 @@ bool describe_problem(const LayerDesc& d, cuda::ConvProblem* p, std::string* why
   const bool relu6 = act == "Clip" && n.attrs.get_float("act_min", -1.f) == 0.f &&
                      n.attrs.get_float("act_max", 0.f) > 0.f && !residual;
   if (!act.empty() && act != "Relu" && !relu6) return *why = "activation " + act, false;
-  if (residual && d.in_type(3).dims != d.out_type(0).dims) return *why = "broadcast residual", false;
+  if (residual && d.in_type(3).dims != d.out_type(0).dims)
+    return *why = "broadcast residual", false;
   const bool relu = !act.empty();
   p->epilogue = residual ? (relu ? cuda::Epilogue::kBiasAddRelu : cuda::Epilogue::kBiasAdd)
                          : (relu ? cuda::Epilogue::kBiasRelu : cuda::Epilogue::kBias);
   p->relu_clip = relu6 ? n.attrs.get_float("act_max", 0.f) : 0.f;
-  p->shape.stride = static_cast<int>(st[0]);
-  p->shape.pad = static_cast<int>(pads[0]);
   return true;
 }
 
 class FusedConvLayer final : public Layer {
  public:
-  FusedConvLayer(const LayerDesc& d, bool cublaslt) : desc_(d), cublaslt_(cublaslt) {
-    rank_ = d.variant.empty() ? 0 : std::stoi(d.variant);
-    // The kernel study: precompiled engines win in FP16/TF32; runtime-compiled ones cost up to
-    // a second of NVRTC each, so at most one (the only kind cuDNN offers for some residual
-    // graphs) is considered.
-    cuda::TacticLimits limits;
-    limits.max_cudnn_graph_configs = 6;
-    limits.max_cudnn_rtc_configs = 1;
-    limits.max_cublaslt_algos = 3;
-    cuda::set_tactic_limits(limits);
+  FusedConvLayer(const LayerDesc& d, bool cublaslt)
+      : desc_(d), cublaslt_(cublaslt), tactics_(d.variant, d.tuning) {
+    use_layer_tactic_limits();
   }
 
   Expected<size_t> configure(const RunContext& rc, std::span<const DeviceTensor> in,
@@ -85,35 +65,20 @@ class FusedConvLayer final : public Layer {
     if (w[2] != w[3] && cublaslt_) return KILN_ERROR("non-square kernel");
     if (p.shape.p() != out[0].shape[2] || p.shape.q() != out[0].shape[3])
       return KILN_ERROR("output size differs from the tactic's geometry");
-    const std::string key = p.shape.str();
-    auto it = cache_.find(key);
-    if (it == cache_.end()) {
-      auto src = cublaslt_ ? cuda::make_cublaslt_source() : cuda::make_cudnn_graph_source();
-      if (!src->supports(p, &why)) return Status::Error(why);
-      cuda::LibraryHandles h{rc.cudnn, rc.cublaslt, rc.workspace_limit};
-      std::string note;
-      auto cands = src->candidates(p, h, &note);
-      if (cands.empty()) return KILN_ERROR("no candidate ({})", note);
-      // The variant's rank at the opt shape (when tuning, a rank the library does not offer
-      // there is refused, so the tuner drops it); at other shapes the nearest rank the library
-      // still offers. Every candidate computes the same thing: lossy engines are filtered out
-      // by the sources (cudnn_graph_conv.cpp).
-      if (desc_.tuning && static_cast<size_t>(rank_) >= cands.size())
-        return KILN_ERROR("the library offers only {} candidates", cands.size());
-      const size_t pick = std::min<size_t>(static_cast<size_t>(rank_), cands.size() - 1);
-      std::unique_ptr<cuda::ConvTactic> t = std::move(cands[pick]);
-      KILN_RETURN_IF_ERROR(from_tactic(t->init(p, h, rc.stream)));
-      // The tactic keeps its own copy of the weights (KRSC, the layer's storage type).
+    // The tactic keeps its own copy of the weights (KRSC, the layer's storage type); the staged
+    // copy lives until the tactic has it (get() synchronizes).
+    DeviceMemory staged;
+    auto weights = [&]() -> Expected<const void*> {
       const TensorFormat wf{in[1].dtype, Layout::kNHWC};
       KILN_ASSIGN_OR_RETURN(Tensor wt, to_device_format(*desc_.in_const(1), wf));
-      DeviceMemory tmp;
-      KILN_RETURN_IF_ERROR(tmp.reserve(std::max<size_t>(wt.nbytes(), 256), "conv weights"));
-      KILN_CUDA_CHECK(cudaMemcpy(tmp.get(), wt.raw(), wt.nbytes(), cudaMemcpyHostToDevice));
-      KILN_RETURN_IF_ERROR(from_tactic(t->prepare_weights(tmp.get(), rc.stream)));
-      KILN_CUDA_CHECK(cudaStreamSynchronize(rc.stream));
-      it = cache_.emplace(key, std::move(t)).first;
-    }
-    current_ = it->second.get();
+      KILN_RETURN_IF_ERROR(staged.reserve(std::max<size_t>(wt.nbytes(), 256), "conv weights"));
+      KILN_CUDA_CHECK(cudaMemcpy(staged.get(), wt.raw(), wt.nbytes(), cudaMemcpyHostToDevice));
+      return static_cast<const void*>(staged.get());
+    };
+    auto source = [this] {
+      return cublaslt_ ? cuda::make_cublaslt_source() : cuda::make_cudnn_graph_source();
+    };
+    KILN_ASSIGN_OR_RETURN(current_, tactics_.get(p, rc, source, weights));
     return current_->workspace_size();
   }
 
@@ -127,14 +92,13 @@ class FusedConvLayer final : public Layer {
     b.y = out[0].data;
     b.workspace = rc.workspace;
     b.workspace_bytes = rc.workspace_bytes;
-    return from_tactic(current_->run(b, rc.stream));
+    return current_->run(b, rc.stream);
   }
 
  private:
   LayerDesc desc_;
   bool cublaslt_;
-  int rank_ = 0;
-  std::map<std::string, std::unique_ptr<cuda::ConvTactic>> cache_;  // per problem shape
+  RankedConvTactics tactics_;
   cuda::ConvTactic* current_ = nullptr;
 };
 

@@ -5,11 +5,10 @@
 // its scale or half, ReLU or ReLU clipped at Clip's max, and Y int8 with its scale or half. Each
 // library's own supports() refuses what it cannot fuse. The variant is the rank of the library's
 // candidate, as for the FP16/TF32 fused tactics (conv_fused.cpp).
-#include <map>
-
 #include "device_util_host.h"
 #include "kernels/activation.cuh"
 #include "layers/conv_common.h"
+#include "layers/conv_ranked.h"
 #include "quant/int8.h"
 #include "tactics/conv_sources.h"
 #include "tactics/conv_tactic.h"
@@ -49,16 +48,7 @@ bool describe_int8(const LayerDesc& d, cuda::ConvProblem* p, std::string* why) {
   const Value* wv = n.input(1);
   if (!w || w->rank() != 4 || wv->quant_scales.empty())
     return *why = "weights are not a constant with INT8 scales", false;
-  if (n.attrs.get_int("group", 1) != 1) return *why = "grouped", false;
-  for (int64_t v : n.attrs.get_ints("dilations", {1, 1}))
-    if (v != 1) return *why = "dilated", false;
-  const auto st = n.attrs.get_ints("strides", {1, 1});
-  if (st.size() != 2 || st[0] != st[1]) return *why = "non-square strides", false;
-  const std::string ap = n.attrs.get_string("auto_pad", "NOTSET");
-  if (ap != "NOTSET" && ap != "VALID") return *why = "auto_pad", false;
-  const auto pads = n.attrs.get_ints("pads", {0, 0, 0, 0});
-  if (pads.size() != 4 || pads[0] != pads[1] || pads[0] != pads[2] || pads[0] != pads[3])
-    return *why = "asymmetric or non-square padding", false;
+  if (!library_conv_geometry(n, p, why)) return false;
   const int64_t K = w->dim(0);
   if (w->dim(1) % 4 != 0) return *why = "input channels not a multiple of 4", false;
   // The activation: none, ReLU, or Clip(0, hi) as a clipped ReLU.
@@ -105,20 +95,14 @@ bool describe_int8(const LayerDesc& d, cuda::ConvProblem* p, std::string* why) {
   p->shape.c = static_cast<int>(w->dim(1));
   p->shape.r = static_cast<int>(w->dim(2));
   p->shape.s = static_cast<int>(w->dim(3));
-  p->shape.stride = static_cast<int>(st[0]);
-  p->shape.pad = static_cast<int>(pads[0]);
   return true;
 }
 
 class LibraryInt8ConvLayer final : public Layer {
  public:
-  LibraryInt8ConvLayer(const LayerDesc& d, Library lib) : desc_(d), lib_(lib) {
-    rank_ = d.variant.empty() ? 0 : std::stoi(d.variant);
-    cuda::TacticLimits limits;  // as conv_fused.cpp: few configs, at most one compiled at run time
-    limits.max_cudnn_graph_configs = 6;
-    limits.max_cudnn_rtc_configs = 1;
-    limits.max_cublaslt_algos = 3;
-    cuda::set_tactic_limits(limits);
+  LibraryInt8ConvLayer(const LayerDesc& d, Library lib)
+      : desc_(d), lib_(lib), tactics_(d.variant, d.tuning) {
+    use_layer_tactic_limits();
   }
 
   Expected<size_t> configure(const RunContext& rc, std::span<const DeviceTensor> in,
@@ -132,27 +116,22 @@ class LibraryInt8ConvLayer final : public Layer {
     p.shape.w = static_cast<int>(x[3]);
     if (p.shape.p() != out[0].shape[2] || p.shape.q() != out[0].shape[3])
       return KILN_ERROR("output size differs from the tactic's geometry");
-    KILN_RETURN_IF_ERROR(upload_constants(p));
-    const std::string key = p.shape.str();
-    auto it = cache_.find(key);
-    if (it == cache_.end()) {
-      auto src = make_source(lib_);
-      if (!src) return KILN_ERROR("this build has no CUTLASS");
-      if (!src->supports(p, &why)) return Status::Error(why);
-      cuda::LibraryHandles h{rc.cudnn, rc.cublaslt, rc.workspace_limit};
-      std::string note;
-      auto cands = src->candidates(p, h, &note);
-      if (cands.empty()) return KILN_ERROR("no candidate ({})", note);
-      if (desc_.tuning && static_cast<size_t>(rank_) >= cands.size())
-        return KILN_ERROR("the library offers only {} candidates", cands.size());
-      std::unique_ptr<cuda::ConvTactic> t =
-          std::move(cands[std::min<size_t>(static_cast<size_t>(rank_), cands.size() - 1)]);
-      KILN_RETURN_IF_ERROR(t->init(p, h, rc.stream));
-      KILN_RETURN_IF_ERROR(t->prepare_weights(weights_.get(), rc.stream));
-      KILN_CUDA_CHECK(cudaStreamSynchronize(rc.stream));
-      it = cache_.emplace(key, std::move(t)).first;
-    }
-    current_ = it->second.get();
+    KILN_RETURN_IF_ERROR(upload_bias(p));
+    // The int8 KRSC weights, quantized per output channel as the CPU reference does; the staged
+    // copy lives until the tactic has its own (get() synchronizes).
+    DeviceMemory staged;
+    auto weights = [&]() -> Expected<const void*> {
+      const Node& n = *desc_.node;
+      const Tensor q = quant::quantize_weights(*desc_.in_const(1), n.input(1)->quant_scales,
+                                               quant::weight_channel_axis(n));
+      KILN_ASSIGN_OR_RETURN(Tensor krsc,
+                            to_device_format(q, TensorFormat{DataType::kInt8, Layout::kNHWC}));
+      KILN_RETURN_IF_ERROR(staged.reserve(std::max<size_t>(krsc.nbytes(), 256), "INT8 weights"));
+      KILN_CUDA_CHECK(cudaMemcpy(staged.get(), krsc.raw(), krsc.nbytes(), cudaMemcpyHostToDevice));
+      return static_cast<const void*>(staged.get());
+    };
+    KILN_ASSIGN_OR_RETURN(current_, tactics_.get(
+                                        p, rc, [this] { return make_source(lib_); }, weights));
     return current_->workspace_size();
   }
 
@@ -170,23 +149,15 @@ class LibraryInt8ConvLayer final : public Layer {
   }
 
  private:
-  // Once: the int8 KRSC weights (quantized per output channel, as the CPU reference) and the
-  // float32 bias (zeros without one) on the device; the tactics copy or keep what they need.
-  Status upload_constants(const cuda::ConvProblem& p) {
-    if (weights_.get()) return Status::Ok();
-    const Node& n = *desc_.node;
-    const Tensor q = quant::quantize_weights(*desc_.in_const(1), n.input(1)->quant_scales,
-                                             quant::weight_channel_axis(n));
-    KILN_ASSIGN_OR_RETURN(Tensor krsc,
-                          to_device_format(q, TensorFormat{DataType::kInt8, Layout::kNHWC}));
+  // Once: the float32 bias on the device (zeros without one). It never changes behind its
+  // pointer, as the tactics that keep a scaled copy of it require.
+  Status upload_bias(const cuda::ConvProblem& p) {
+    if (bias_.get()) return Status::Ok();
     std::vector<float> bias(static_cast<size_t>(p.shape.k), 0.f);
-    if (const Tensor* b = n.input(2) ? desc_.in_const(2) : nullptr)
+    if (const Tensor* b = desc_.node->input(2) ? desc_.in_const(2) : nullptr)
       for (int64_t k = 0; k < p.shape.k; ++k)
         bias[static_cast<size_t>(k)] = static_cast<float>(b->at_double(k));
-    KILN_RETURN_IF_ERROR(
-        weights_.reserve(std::max<size_t>(krsc.nbytes(), 256), "INT8 conv weights"));
     KILN_RETURN_IF_ERROR(bias_.reserve(bias.size() * sizeof(float), "INT8 conv bias"));
-    KILN_CUDA_CHECK(cudaMemcpy(weights_.get(), krsc.raw(), krsc.nbytes(), cudaMemcpyHostToDevice));
     KILN_CUDA_CHECK(
         cudaMemcpy(bias_.get(), bias.data(), bias.size() * sizeof(float), cudaMemcpyHostToDevice));
     return Status::Ok();
@@ -194,9 +165,8 @@ class LibraryInt8ConvLayer final : public Layer {
 
   LayerDesc desc_;
   Library lib_;
-  int rank_ = 0;
-  DeviceMemory weights_, bias_;
-  std::map<std::string, std::unique_ptr<cuda::ConvTactic>> cache_;  // per problem shape
+  RankedConvTactics tactics_;
+  DeviceMemory bias_;
   cuda::ConvTactic* current_ = nullptr;
 };
 

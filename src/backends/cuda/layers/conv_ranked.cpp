@@ -1,0 +1,54 @@
+#include "layers/conv_ranked.h"
+
+namespace kiln::gpu {
+
+void use_layer_tactic_limits() {
+  cuda::TacticLimits limits;
+  limits.max_cudnn_graph_configs = 6;
+  limits.max_cudnn_rtc_configs = 1;
+  limits.max_cublaslt_algos = 3;
+  cuda::set_tactic_limits(limits);
+}
+
+bool library_conv_geometry(const Node& n, cuda::ConvProblem* p, std::string* why) {
+  if (n.attrs.get_int("group", 1) != 1) return *why = "grouped", false;
+  for (int64_t v : n.attrs.get_ints("dilations", {1, 1}))
+    if (v != 1) return *why = "dilated", false;
+  const auto st = n.attrs.get_ints("strides", {1, 1});
+  if (st.size() != 2 || st[0] != st[1]) return *why = "non-square strides", false;
+  const std::string ap = n.attrs.get_string("auto_pad", "NOTSET");
+  if (ap != "NOTSET" && ap != "VALID") return *why = "auto_pad", false;
+  const auto pads = n.attrs.get_ints("pads", {0, 0, 0, 0});
+  if (pads.size() != 4 || pads[0] != pads[1] || pads[0] != pads[2] || pads[0] != pads[3])
+    return *why = "asymmetric or non-square padding", false;
+  p->shape.stride = static_cast<int>(st[0]);
+  p->shape.pad = static_cast<int>(pads[0]);
+  return true;
+}
+
+Expected<cuda::ConvTactic*> RankedConvTactics::get(
+    const cuda::ConvProblem& p, const RunContext& rc,
+    const std::function<std::unique_ptr<cuda::ConvTacticSource>()>& make_source,
+    const std::function<Expected<const void*>()>& weights) {
+  const std::string key = p.shape.str();
+  if (auto it = cache_.find(key); it != cache_.end()) return it->second.get();
+  auto src = make_source();
+  if (!src) return KILN_ERROR("this build has no such library path");
+  std::string why;
+  if (!src->supports(p, &why)) return Status::Error(why);
+  cuda::LibraryHandles h{rc.cudnn, rc.cublaslt, rc.workspace_limit};
+  std::string note;
+  auto cands = src->candidates(p, h, &note);
+  if (cands.empty()) return KILN_ERROR("no candidate ({})", note);
+  if (tuning_ && static_cast<size_t>(rank_) >= cands.size())
+    return KILN_ERROR("the library offers only {} candidates", cands.size());
+  std::unique_ptr<cuda::ConvTactic> t =
+      std::move(cands[std::min<size_t>(static_cast<size_t>(rank_), cands.size() - 1)]);
+  KILN_RETURN_IF_ERROR(t->init(p, h, rc.stream));
+  KILN_ASSIGN_OR_RETURN(const void* w, weights());
+  KILN_RETURN_IF_ERROR(t->prepare_weights(w, rc.stream));
+  KILN_CUDA_CHECK(cudaStreamSynchronize(rc.stream));
+  return cache_.emplace(key, std::move(t)).first->second.get();
+}
+
+}  // namespace kiln::gpu

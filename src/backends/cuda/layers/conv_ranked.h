@@ -1,0 +1,45 @@
+// What the library conv tactics' layers share (conv_fused.cpp for FP16/TF32, conv_int8_lib.cpp
+// for INT8): a layer's variant is a rank in the library's own candidate list, and per problem
+// shape the layer keeps the tactic of that rank, initialized and holding its weights.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "layer.h"
+#include "tactics/conv_tactic.h"
+
+namespace kiln::gpu {
+
+// The candidate limits both layers use (the kernel study: precompiled engines win in FP16/TF32;
+// runtime-compiled ones cost up to a second of NVRTC each, so at most one — the only kind cuDNN
+// offers for some residual and INT8 graphs — is considered).
+void use_layer_tactic_limits();
+
+// The geometry every library conv tactic takes: groups 1, no dilation, square strides, symmetric
+// padding (auto_pad NOTSET or VALID). Fills the problem's stride and pad, or says why not.
+bool library_conv_geometry(const Node& n, cuda::ConvProblem* p, std::string* why);
+
+class RankedConvTactics {
+ public:
+  // `variant`: the rank ("" = 0). `tuning`: a rank the library does not offer is refused (the
+  // tuner drops the variant); otherwise, at shapes other than the one tuned, the nearest rank.
+  RankedConvTactics(const std::string& variant, bool tuning)
+      : rank_(variant.empty() ? 0 : std::stoi(variant)), tuning_(tuning) {}
+
+  // The tactic for problem `p` from `make_source()`'s candidates; on first use of a shape it is
+  // initialized and given the weights `weights()` returns (device KRSC in the problem's type).
+  Expected<cuda::ConvTactic*> get(
+      const cuda::ConvProblem& p, const RunContext& rc,
+      const std::function<std::unique_ptr<cuda::ConvTacticSource>()>& make_source,
+      const std::function<Expected<const void*>()>& weights);
+
+ private:
+  int rank_;
+  bool tuning_;
+  std::map<std::string, std::unique_ptr<cuda::ConvTactic>> cache_;  // per problem shape
+};
+
+}  // namespace kiln::gpu
