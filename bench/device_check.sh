@@ -4,21 +4,7 @@
 #   bench/device_check.sh [STAGE...]     stages: env tests models bench int8 rebuild conformance (default: all)
 # Logs and JSON go to $OUT (the device tool brings them back).
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/kiln-device-check}
-mkdir -p "$OUT" models
-# bench/prepare_deps.sh packs the binaries (too big to carry unpacked).
-if [ -f .deps/bundle.tar.xz ] && [ ! -x .deps/kiln ]; then tar -C .deps -xJf .deps/bundle.tar.xz; fi
-export LD_LIBRARY_PATH="$PWD/.deps${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export PYTHONUNBUFFERED=1
-# kiln loads the cuDNN PyTorch ships (9.19 on the H100 machine; the system has 9.14), so both
-# sides of a comparison run the same cuDNN. KILN_CUDNN_LIB_DIR=none keeps the system's.
-CUDNN_DIR=${KILN_CUDNN_LIB_DIR:-$(python3 -c "import os, nvidia.cudnn as c; print(os.path.join(list(c.__path__)[0], 'lib'))" 2>/dev/null)}
-if [ "$CUDNN_DIR" != none ] && [ -e "$CUDNN_DIR/libcudnn.so.9" ]; then
-  export LD_LIBRARY_PATH="$CUDNN_DIR:$LD_LIBRARY_PATH"
-  echo "cuDNN from $CUDNN_DIR"
-fi
-KILN=$PWD/.deps/kiln
+. "$(dirname "$0")/device_env.sh" /tmp/kiln-device-check
 STAGES=${*:-env tests models bench int8 rebuild conformance}
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 

@@ -6,12 +6,7 @@
 #   bench/gpu_attention.sh                                 # on the device (carry .deps)
 # Logs and JSON go to $OUT.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/kiln-gpu-attention}
-mkdir -p "$OUT"
-if [ -f .deps/bundle.tar.xz ] && [ ! -x .deps/kiln ]; then tar -C .deps -xJf .deps/bundle.tar.xz; fi
-export LD_LIBRARY_PATH="$PWD/.deps${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-KILN=$PWD/.deps/kiln
+. "$(dirname "$0")/device_env.sh" /tmp/kiln-gpu-attention
 
 echo "== test-backend-ops: attention family, kiln.Attention, Softmax"
 timeout 300 .deps/kiln_backend_ops_test --gtest_brief=1 \

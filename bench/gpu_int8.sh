@@ -11,12 +11,7 @@
 #   bench/gpu_int8.sh                                      # on the device (carry .deps)
 # Logs go to $OUT.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/kiln-gpu-int8}
-mkdir -p "$OUT" models
-if [ -f .deps/bundle.tar.xz ] && [ ! -x .deps/kiln ]; then tar -C .deps -xJf .deps/bundle.tar.xz; fi
-export LD_LIBRARY_PATH="$PWD/.deps${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-KILN=$PWD/.deps/kiln
+. "$(dirname "$0")/device_env.sh" /tmp/kiln-gpu-int8
 
 echo "== test-backend-ops: INT8 family"
 timeout 300 .deps/kiln_backend_ops_test --gtest_brief=1 --gtest_filter='int8.*' \

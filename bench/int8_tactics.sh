@@ -8,19 +8,7 @@
 # $OUT/int8_tactics.log: the full gtest log; $OUT/int8_tactics_summary.txt: per problem, which
 # tactics ran (with their one-code differences) and why the others were refused.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/kiln-int8-tactics}
-mkdir -p "$OUT"
-if [ -f .deps/bundle.tar.xz ] && [ ! -x .deps/kiln_cuda_tactics_test ]; then
-  tar -C .deps -xJf .deps/bundle.tar.xz
-fi
-export LD_LIBRARY_PATH="$PWD/.deps${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-# The cuDNN PyTorch ships (as bench/device_check.sh does); KILN_CUDNN_LIB_DIR=none keeps the system's.
-CUDNN_DIR=${KILN_CUDNN_LIB_DIR:-$(python3 -c "import os, nvidia.cudnn as c; print(os.path.join(list(c.__path__)[0], 'lib'))" 2>/dev/null)}
-if [ "$CUDNN_DIR" != none ] && [ -e "$CUDNN_DIR/libcudnn.so.9" ]; then
-  export LD_LIBRARY_PATH="$CUDNN_DIR:$LD_LIBRARY_PATH"
-  echo "cuDNN from $CUDNN_DIR"
-fi
+. "$(dirname "$0")/device_env.sh" /tmp/kiln-int8-tactics
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | tee "$OUT/env.txt"
 
 echo "== tactic tests: INT8 epilogue (Int8*) and the kernel study's (ConvTactics.*)"

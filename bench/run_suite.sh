@@ -14,17 +14,9 @@
 # KILN_SUITE_NO_COMPILE=1 (eager only).
 # On the H100 the default suite takes about 9 minutes.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/kiln-suite}
+. "$(dirname "$0")/device_env.sh" /tmp/kiln-suite
 RES="$OUT/results"
-mkdir -p "$RES" models
-if [ -f .deps/bundle.tar.xz ] && [ ! -x .deps/kiln ]; then tar -C .deps -xJf .deps/bundle.tar.xz; fi
-export LD_LIBRARY_PATH="$PWD/.deps${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export PYTHONUNBUFFERED=1
-# The cuDNN PyTorch ships, so both sides run the same library (as bench/device_check.sh does).
-CUDNN_DIR=${KILN_CUDNN_LIB_DIR:-$(python3 -c "import os, nvidia.cudnn as c; print(os.path.join(list(c.__path__)[0], 'lib'))" 2>/dev/null)}
-if [ "$CUDNN_DIR" != none ] && [ -e "$CUDNN_DIR/libcudnn.so.9" ]; then export LD_LIBRARY_PATH="$CUDNN_DIR:$LD_LIBRARY_PATH"; fi
-KILN=${KILN:-$PWD/.deps/kiln}
+mkdir -p "$RES"
 [ -x "$KILN" ] || KILN=$PWD/build/kiln
 MODELS=${KILN_SUITE_MODELS:-resnet18 resnet50}
 BATCHES=${KILN_SUITE_BATCHES:-1,8,32,128,256}
