@@ -56,7 +56,9 @@ if has int8; then
   python3 bench/bench_cnn.py --kiln "$KILN" --out "$OUT/int8_bench" \
     --rows ${KILN_INT8_ROWS:-resnet50:int8:256,resnet50:fp16:256,resnet50:int8:32,resnet50:int8:1} 2>&1 | tee -a "$OUT/int8.log"
   cp "$OUT/int8_bench/bench_cnn.json" "$OUT/bench_int8.json" 2>/dev/null; rm -rf "$OUT/int8_bench"
-  # Fashion-MNIST top-1 per precision (needs the dataset carried: FMNIST_DIR).
+  # Fashion-MNIST top-1 per precision (the dataset carried in .deps: KILN_DEPS_FMNIST=1
+  # bench/prepare_deps.sh, or FMNIST_DIR).
+  [ -d .deps/fashion-mnist ] && export FMNIST_DIR=${FMNIST_DIR:-$PWD/.deps/fashion-mnist}
   if [ -n "${FMNIST_DIR:-}" ]; then KILN=$KILN OUT=$OUT bench/fashion_mnist_int8.sh 2>&1 | tail -20; fi
 fi
 

@@ -22,4 +22,10 @@ rm -rf .deps && mkdir -p .deps
 # The programs share most of their bytes (kiln's GPU code): one xz stream with a dictionary
 # larger than a program finds each repeat (multi-threaded xz would cut it into blocks).
 tar -C "$STAGE" -cf - . | xz -T1 --lzma2=preset=6,dict=192MiB > .deps/bundle.tar.xz
+# KILN_DEPS_FMNIST=1: Debian's Fashion-MNIST beside the bundle (30 MB, for the int8 stage of
+# bench/device_check.sh; the GPU machine has no such package).
+if [ "${KILN_DEPS_FMNIST:-0}" = 1 ]; then
+  mkdir -p .deps/fashion-mnist
+  cp $(dpkg -L dataset-fashion-mnist | grep -E 'idx[13]-ubyte(\.gz)?$') .deps/fashion-mnist/
+fi
 du -sh .deps
