@@ -52,7 +52,13 @@ def main():
     shapes = dims(args.batch)
     shape_flags = ["--shapes", shapes]
     if args.profile:
-        lo, opt, hi = (int(b) for b in args.profile.split(","))
+        try:
+            lo, opt, hi = (int(b) for b in args.profile.split(","))
+        except ValueError:
+            sys.exit(f"check_gpu_accuracy: --profile '{args.profile}': give MIN,OPT,MAX batch sizes")
+        if not 1 <= lo <= min(opt, args.batch) or max(opt, args.batch) > hi:
+            sys.exit(f"check_gpu_accuracy: --profile {args.profile} must hold --batch {args.batch} "
+                     "and satisfy 1 <= MIN <= OPT <= MAX")
         shape_flags = ["--min-shapes", dims(lo), "--opt-shapes", dims(opt), "--max-shapes", dims(hi)]
         name += f" (profile {args.profile})"
     rng = np.random.default_rng(1234)

@@ -30,6 +30,11 @@ def main():
     ap.add_argument("--flags", default="--no-tf32", help="build flags (as the GPU conformance run)")
     args = ap.parse_args()
     root = find_data_root(args.data)
+    if not os.access(args.lower_check, os.X_OK):
+        sys.exit(f"gpu_lower_check: {args.lower_check} is not a program (build with CUDA: "
+                 "build/tests/cuda/kiln_lower_check)")
+    if not os.path.isfile(args.expect):
+        sys.exit(f"gpu_lower_check: --expect {args.expect}: no such file")
     expected = []
     with open(args.expect) as f:
         for line in f:

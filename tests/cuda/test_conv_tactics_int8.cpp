@@ -23,27 +23,13 @@
 #include "kernels/conv_kernels.h"
 #include "tactics/check.h"
 #include "tactics/device_buffer.h"
+#include "tactic_test_util.h"
 
 namespace kiln::cuda {
 namespace {
 
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-struct Handles {
-  cudnnHandle_t dnn = nullptr;
-  cublasLtHandle_t lt = nullptr;
-  Handles() {
-    cudnnCreate(&dnn);
-    cublasLtCreate(&lt);
-  }
-  ~Handles() {
-    if (lt) cublasLtDestroy(lt);
-    if (dnn) cudnnDestroy(dnn);
-  }
-};
+using test::Handles;
+using test::have_gpu;
 
 // Host copies of one problem's tensors and its reference output.
 struct HostProblem {

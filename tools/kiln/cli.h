@@ -14,6 +14,8 @@ namespace kiln::cli {
 
 // Parses "name:1x3x224x224,other:4x8" into a ShapeMap. Names may contain ':' (the last ':'
 // separates the dims).
+// The non-empty items of a comma-separated flag value ("a,,b" -> a, b).
+std::vector<std::string> split_list(const std::string& s);
 Expected<ShapeMap> parse_shapes(const std::string& spec, const std::string& flag);
 
 // The build options `build`, `run --onnx` and `bench --onnx` share (trtexec's names).

@@ -6,18 +6,21 @@
 
 namespace kiln::cli {
 
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= s.size()) {
+    size_t end = s.find(',', start);
+    if (end == std::string::npos) end = s.size();
+    if (end > start) out.push_back(s.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
+
 Expected<ShapeMap> parse_shapes(const std::string& spec, const std::string& flag) {
   ShapeMap out;
-  size_t start = 0;
-  while (start <= spec.size()) {
-    size_t end = spec.find(',', start);
-    if (end == std::string::npos) end = spec.size();
-    const std::string item = spec.substr(start, end - start);
-    start = end + 1;
-    if (item.empty()) {
-      if (end == spec.size()) break;
-      continue;
-    }
+  for (const std::string& item : split_list(spec)) {
     const size_t colon = item.rfind(':');
     if (colon == std::string::npos || colon == 0)
       return KILN_ERROR("{}: '{}' must look like name:1x3x224x224", flag, item);
@@ -125,13 +128,7 @@ Expected<BuildConfig> to_build_config(const BuildFlags& f) {
   c.timing_cache = f.timing_cache;
   c.layout = f.layout;
   for (const std::string& spec : f.calib) {
-    size_t start = 0;
-    while (start <= spec.size()) {
-      size_t end = spec.find(',', start);
-      if (end == std::string::npos) end = spec.size();
-      const std::string item = spec.substr(start, end - start);
-      start = end + 1;
-      if (item.empty()) continue;
+    for (const std::string& item : split_list(spec)) {
       const size_t eq = item.find('=');
       const std::string name = eq == std::string::npos ? "" : item.substr(0, eq);
       if (c.calib_data.count(name))
@@ -157,14 +154,7 @@ Expected<BuildConfig> to_build_config(const BuildFlags& f) {
   if (!f.mem_pool.empty()) {
     KILN_ASSIGN_OR_RETURN(c.workspace_limit, parse_mem_pool(f.mem_pool));
   }
-  size_t start = 0;
-  const std::string& lp = f.layer_precisions;
-  while (start < lp.size()) {
-    size_t end = lp.find(',', start);
-    if (end == std::string::npos) end = lp.size();
-    const std::string item = lp.substr(start, end - start);
-    start = end + 1;
-    if (item.empty()) continue;
+  for (const std::string& item : split_list(f.layer_precisions)) {
     const size_t colon = item.rfind(':');
     if (colon == std::string::npos || colon == 0)
       return KILN_ERROR("--layer-precisions: '{}' must look like NAME:fp32 or NAME:fp16", item);

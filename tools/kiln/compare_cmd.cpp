@@ -25,18 +25,6 @@ struct Opts {
   int dataset_limit = 1000, batch = 1;
 };
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (start <= s.size()) {
-    size_t end = s.find(',', start);
-    if (end == std::string::npos) end = s.size();
-    if (end > start) out.push_back(s.substr(start, end - start));
-    start = end + 1;
-  }
-  return out;
-}
-
 Expected<BuildConfig> precision_config(const std::string& p, const Opts& o) {
   BuildConfig c;
   c.backend = o.backend.empty() ? default_backend() : o.backend;
@@ -60,13 +48,13 @@ Expected<BuildConfig> precision_config(const std::string& p, const Opts& o) {
 
 Expected<std::vector<CompareEngine>> engines_to_compare(const Opts& o) {
   std::vector<CompareEngine> out;
-  for (const std::string& path : split(o.engines)) {
+  for (const std::string& path : split_list(o.engines)) {
     KILN_ASSIGN_OR_RETURN(std::unique_ptr<Engine> e, Engine::load(path));
     out.push_back({path, path, engine_precision(*e), std::move(e)});
   }
   std::string precisions = o.precisions;
   if (precisions.empty() && out.empty()) precisions = "fp32";
-  for (const std::string& p : split(precisions)) {
+  for (const std::string& p : split_list(precisions)) {
     KILN_ASSIGN_OR_RETURN(BuildConfig c, precision_config(p, o));
     auto e = Engine::build_from_onnx(o.model, c);
     if (!e.ok()) return e.status().with_context("--precisions " + p);
