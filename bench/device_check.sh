@@ -2,6 +2,9 @@
 # GPU checks and benchmarks in one device call. Expects binaries built here (sm_90a) and the
 # shared libraries they need in .deps/ (bench/prepare_deps.sh makes it; carry ".deps").
 #   bench/device_check.sh [STAGE...]     stages: env tests models bench int8 rebuild conformance (default: all)
+#                                        and perlayer (not in the default: localizes an accuracy failure)
+# Narrower runs: KILN_BACKEND_OPS_FILTER (gtest filter of test-backend-ops), KILN_CONFORMANCE_FILTER
+# (regex on conformance test names), KILN_MODELS, KILN_PERLAYER="model:precision ..." (perlayer).
 # Logs and JSON go to $OUT (the device tool brings them back).
 set -uo pipefail
 . "$(dirname "$0")/device_env.sh" /tmp/kiln-device-check
@@ -18,7 +21,8 @@ fi
 
 if has tests; then
   echo "== GPU unit tests (test-backend-ops and the conv tactic tests)"
-  timeout ${KILN_TESTS_TIMEOUT:-420} .deps/kiln_backend_ops_test --gtest_brief=1 >"$OUT/backend_ops.log" 2>&1
+  timeout ${KILN_TESTS_TIMEOUT:-420} .deps/kiln_backend_ops_test --gtest_brief=1 \
+    ${KILN_BACKEND_OPS_FILTER:+--gtest_filter=$KILN_BACKEND_OPS_FILTER} >"$OUT/backend_ops.log" 2>&1
   echo "backend ops rc $? (skipped = tactic/mode pairs a case does not apply to):"
   grep -E "^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ tests?|tests? from .* ran" "$OUT/backend_ops.log" | tail -5
   grep -E "^\[  FAILED  \]" "$OUT/backend_ops.log" | head -40
@@ -62,6 +66,20 @@ if has int8; then
   if [ -n "${FMNIST_DIR:-}" ]; then KILN=$KILN OUT=$OUT bench/fashion_mnist_int8.sh 2>&1 | tail -20; fi
 fi
 
+if has perlayer; then
+  echo "== per-layer error against the float64 CPU reference, with the tactics the build chose"
+  for mp in ${KILN_PERLAYER:-efficientnet_b0:tf32}; do
+    m=${mp%%:*} prec=${mp#*:}
+    [ -f "models/$m.onnx" ] || python3 scripts/export_torchvision.py "$m" "models/$m.onnx" >/dev/null
+    "$KILN" compare "models/$m.onnx" --precisions "$prec" --shapes input:2x3x224x224 --per-layer \
+      --export-json "$OUT/perlayer_${m}_$prec.json" 2>&1 | tee "$OUT/perlayer_${m}_$prec.log" | tail -25
+    "$KILN" build --onnx "models/$m.onnx" --save-engine /tmp/pl.kiln --shapes input:2x3x224x224 \
+      $([ "$prec" = fp16 ] && echo --fp16) $([ "$prec" = int8 ] && echo --int8 --fp16) --verbose \
+      >"$OUT/perlayer_${m}_${prec}_build.log" 2>&1
+    "$KILN" inspect /tmp/pl.kiln >"$OUT/perlayer_${m}_${prec}_inspect.log" 2>&1
+  done
+fi
+
 if has rebuild; then
   echo "== build time with a warm timing cache, and determinism (same cache: byte-identical engines)"
   m=${KILN_REBUILD_MODEL:-resnet50}
@@ -86,9 +104,9 @@ if has conformance; then
   python3 scripts/gen_onnx_node_tests.py $DATA >"$OUT/gen_node_tests.log" 2>&1 || tail -3 "$OUT/gen_node_tests.log"
   # The CPU run (the baseline on this data) goes alongside the GPU run: the machine has cores to spare.
   KILN_BIN=$KILN KILN_BACKEND_ARGS="--backend cpu" timeout 400 python3 scripts/conformance.py \
-    --kiln bench/kiln_backend.sh --data "$DATA" --json "$OUT/conformance_cpu.json" >"$OUT/conformance_cpu.log" 2>&1 &
+    --kiln bench/kiln_backend.sh --data "$DATA" --filter "${KILN_CONFORMANCE_FILTER:-}" --json "$OUT/conformance_cpu.json" >"$OUT/conformance_cpu.log" 2>&1 &
   KILN_BIN=$KILN KILN_BACKEND_ARGS="--backend cuda --no-tf32" timeout 400 python3 scripts/conformance.py \
-    --kiln bench/kiln_backend.sh --data "$DATA" --json "$OUT/conformance_cuda.json" >"$OUT/conformance_cuda.log" 2>&1
+    --kiln bench/kiln_backend.sh --data "$DATA" --filter "${KILN_CONFORMANCE_FILTER:-}" --json "$OUT/conformance_cuda.json" >"$OUT/conformance_cuda.log" 2>&1
   wait
   tail -4 "$OUT/conformance_cpu.log"
   tail -4 "$OUT/conformance_cuda.log"

@@ -1,7 +1,8 @@
 // ONNX's own Attention op (opset 23+) onto kiln's attention layer, so a backend implements
 // attention once:
-//   Attention(Q, K, V, mask?)  [no past / nonpad_kv_seqlen, no softcap, no window, softmax in
-//                               the input type, only Y used; static heads and head sizes]
+//   Attention(Q, K, V, mask?)  [float32/float64, no past / nonpad_kv_seqlen, no softcap, no
+//                               window, softmax in the input type, only Y used; static heads and
+//                               head sizes]
 //     =>  kiln.Attention(Q, Transpose(K, [0,1,3,2]), V, bias?, scale, nan_to_zero)
 // bias: an additive mask as it is, a boolean one as Where(mask, 0, -inf); is_causal adds a
 // constant [q_len, kv_len] triangle of 0 / -inf (static lengths only). nan_to_zero gives rows
@@ -176,6 +177,11 @@ struct MapOnnxAttention {
     if (sp != 0 && sp != static_cast<int64_t>(q.dtype))
       return reject(ctx, n, "softmax_precision differs from the input type");
     const DataType t = q.dtype;
+    // The ONNX function rounds Q and K, each scaled by sqrt(scale), and every later step to a
+    // 16-bit input type; one fused layer that scales the scores once cannot round the same, and
+    // its results then differ from ONNX's by an ulp here and there.
+    if (t == DataType::kFloat16 || t == DataType::kBFloat16)
+      return reject(ctx, n, "16-bit inputs (the exact ONNX kernel rounds as ONNX does)");
     Match m{&n, a.get_float("scale", 0.f), a.get_int("is_causal", 0) != 0, -1, -1, h};
     if (m.scale == 0) m.scale = 1.0 / std::sqrt(static_cast<double>(h.d));
     const Dim &sq = (*q.dims)[packed ? 1 : 2], &skv = (*k.dims)[packed ? 1 : 2];

@@ -69,7 +69,10 @@ inline int count(const Graph& g, const std::string& op_type) {
 
 inline std::vector<Tensor> random_inputs(const Graph& g) {
   std::vector<Tensor> ins;
-  for (const Value* v : g.inputs()) ins.push_back(rand_t(*v->type.static_shape()));
+  for (const Value* v : g.inputs()) {
+    Tensor t = rand_t(*v->type.static_shape());
+    ins.push_back(v->type.dtype == DataType::kFloat32 ? std::move(t) : t.cast(v->type.dtype));
+  }
   return ins;
 }
 

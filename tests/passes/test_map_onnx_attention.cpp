@@ -92,5 +92,23 @@ TEST(MapOnnxAttention, OtherFormsStayAsTheyAre) {
   EXPECT_EQ(count(*opt, "Attention"), 5);
 }
 
+// 16-bit Attention stays on the exact ONNX kernel, which rounds Q and K and every step as the ONNX
+// function does (the conformance suite checks float16 and bfloat16 results to the ulp).
+TEST(MapOnnxAttention, SixteenBitInputsStay) {
+  G b;
+  for (DataType t : {DataType::kFloat16, DataType::kBFloat16}) {
+    std::vector<Value*> qkv;
+    for (const char* name : {"q", "k", "v"}) {
+      Value* x = b.g.add_value(fmt::format("{}{}", name, dtype_name(t)), TensorType(t, {1, 2, 3, 4}));
+      b.g.add_input(x);
+      qkv.push_back(x);
+    }
+    b.out(attention(b, qkv, attrs({{"is_causal", Attribute::Int(1)}}))->output(0));
+  }
+  auto opt = optimize_checked(b.g, {"map_onnx_attention"});
+  EXPECT_EQ(count_kiln_attention(*opt), 0);
+  EXPECT_EQ(count(*opt, "Attention"), 2);
+}
+
 }  // namespace
 }  // namespace kiln::test

@@ -272,4 +272,15 @@ void apply_epilogue(const ConvProblem& p, void* y, const void* bias, const void*
   }
 }
 
+namespace {
+__global__ void scale_floats_kernel(const float* src, float* dst, int n, float s) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) dst[i] = src[i] * s;
+}
+}  // namespace
+
+void scale_floats(const float* src, float* dst, int n, float s, cudaStream_t stream) {
+  if (n > 0) scale_floats_kernel<<<(n + 255) / 256, 256, 0, stream>>>(src, dst, n, s);
+}
+
 }  // namespace kiln::cuda

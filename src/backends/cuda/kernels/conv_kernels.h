@@ -35,4 +35,7 @@ CheckResult check_output(const ConvProblem& p, const void* y, const void* ref, c
 void apply_epilogue(const ConvProblem& p, void* y, const void* bias, const void* residual,
                     cudaStream_t stream);
 
+// dst[i] = src[i] * s for i < n (the INT8 tactics' bias divided by the output scale).
+void scale_floats(const float* src, float* dst, int n, float s, cudaStream_t stream);
+
 }  // namespace kiln::cuda

@@ -65,6 +65,8 @@ class FusedConvLayer final : public Layer {
     if (w[2] != w[3] && cublaslt_) return KILN_ERROR("non-square kernel");
     if (p.shape.p() != out[0].shape[2] || p.shape.q() != out[0].shape[3])
       return KILN_ERROR("output size differs from the tactic's geometry");
+    // An empty batch runs nothing (cuDNN refuses zero-sized descriptors).
+    if (out[0].numel() == 0) return size_t{0};
     // The tactic keeps its own copy of the weights (KRSC, the layer's storage type); the staged
     // copy lives until the tactic has it (get() synchronizes).
     DeviceMemory staged;

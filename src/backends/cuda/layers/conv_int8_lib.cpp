@@ -116,6 +116,8 @@ class LibraryInt8ConvLayer final : public Layer {
     p.shape.w = static_cast<int>(x[3]);
     if (p.shape.p() != out[0].shape[2] || p.shape.q() != out[0].shape[3])
       return KILN_ERROR("output size differs from the tactic's geometry");
+    // An empty batch runs nothing (cuDNN refuses zero-sized descriptors).
+    if (out[0].numel() == 0) return size_t{0};
     KILN_RETURN_IF_ERROR(upload_bias(p));
     // The int8 KRSC weights, quantized per output channel as the CPU reference does; the staged
     // copy lives until the tactic has its own (get() synchronizes).

@@ -15,6 +15,7 @@
 
 #include <memory>
 
+#include "../kernels/conv_kernels.h"
 #include "check.h"
 #include "conv_sources.h"
 #include "device_buffer.h"
@@ -29,13 +30,10 @@ struct LtProblem {
   bool alpha_vector = false;
   DeviceBuffer alpha;  // K floats: channel_scale[k] / output_scale
   float beta = 0.f;    // residual_scale / output_scale with an int8 residual
-  float bias_scale = 1.f;
-  cublasLtMatrixTransformDesc_t bias_transform = nullptr;
-  cublasLtMatrixLayout_t bias_layout = nullptr;
+  float bias_scale = 0.f;  // 1 / output_scale with a bias (scaled by a kiln kernel), else 0
   ~LtProblem() {
     if (desc) cublasLtMatmulDescDestroy(desc);
-    if (bias_transform) cublasLtMatrixTransformDescDestroy(bias_transform);
-    for (auto l : {a, b, c, d, bias_layout}) {
+    for (auto l : {a, b, c, d}) {
       if (l) cublasLtMatrixLayoutDestroy(l);
     }
   }
@@ -78,8 +76,6 @@ Status set_int8_epilogue(const ConvProblem& p, LtProblem* lt) {
   KILN_CUBLAS(cublasLtMatmulDescSetAttribute(lt->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &f32,
                                              sizeof(f32)));
   lt->bias_scale = 1.f / sy;
-  KILN_CUBLAS(cublasLtMatrixTransformDescCreate(&lt->bias_transform, CUDA_R_32F));
-  KILN_CUBLAS(cublasLtMatrixLayoutCreate(&lt->bias_layout, CUDA_R_32F, p.shape.k, 1, p.shape.k));
   return {};
 }
 
@@ -171,15 +167,14 @@ class CublasLtConvTactic final : public ConvTactic {
   // (remade when the bias pointer changes; its contents are a constant of the layer).
   Status run_int8(const ConvBuffers& b, cudaStream_t stream) {
     const bool residual = epilogue_has_residual(problem_.epilogue);
-    if (lt_->bias_transform) {
+    if (lt_->bias_scale != 0.f) {
       if (b.bias != scaled_from_) {
         if (!scaled_bias_.allocate(size_t(problem_.shape.k) * sizeof(float))) {
           return Status::Error("bias allocation failed");
         }
-        const float zero = 0.f;
-        KILN_CUBLAS(cublasLtMatrixTransform(handle_, lt_->bias_transform, &lt_->bias_scale, b.bias,
-                                            lt_->bias_layout, &zero, b.bias, lt_->bias_layout,
-                                            scaled_bias_.get(), lt_->bias_layout, stream));
+        scale_floats(static_cast<const float*>(b.bias), static_cast<float*>(scaled_bias_.get()),
+                     problem_.shape.k, lt_->bias_scale, stream);
+        KILN_CUDA(cudaGetLastError());
         scaled_from_ = b.bias;
       }
       const void* bias = scaled_bias_.get();

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "../kernels/conv_kernels.h"
 #include "check.h"
 #include "conv_sources.h"
 #include "device_buffer.h"
@@ -87,11 +88,6 @@ struct Int8FpropFused {
   using Conv = cutlass::conv::device::ConvUniversalAdapter<Kernel>;
 };
 
-__global__ void scale_floats(const float* src, float* dst, int n, float s) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) dst[i] = src[i] * s;
-}
-
 // Why the fused kernel cannot take an INT8 problem, or "" when it can.
 std::string fused_refusal(const ConvProblem& p) {
   std::string why;
@@ -162,8 +158,8 @@ class CutlassInt8ConvTactic final : public ConvTactic {
       // The bias divided by the output scale, remade when the bias pointer changes (a constant).
       if (bias_scale_ != 0 && b.bias != scaled_from_) {
         const int k = problem_.shape.k;
-        scale_floats<<<(k + 255) / 256, 256, 0, stream>>>(static_cast<const float*>(b.bias),
-                                                          scaled_bias_.as<float>(), k, bias_scale_);
+        scale_floats(static_cast<const float*>(b.bias), scaled_bias_.as<float>(), k, bias_scale_,
+                     stream);
         KILN_CUDA(cudaGetLastError());
         scaled_from_ = b.bias;
       }
