@@ -4,8 +4,12 @@ FP32 (strict, --no-tf32), TF32 (default) and FP16 engines for the cuda backend, 
 random input through each and through the CPU backend, and prints the relative L2 error of every
 output. Exit status 1 when a precision misses its bound (strict FP32 1e-5, TF32 1e-3, FP16 1e-2).
 int8 (`--int8 --fp16`, minmax-calibrated on 16 batches of random inputs) is reported against the
-FP32 reference (relative L2, top-1 agreement) and bounded (2e-2) against the CPU backend's INT8
-reference calibrated on the same data: the arithmetic GPU INT8 kernels must reproduce.
+FP32 reference (relative L2, top-1 agreement) and bounded against the CPU backend's INT8
+reference calibrated on the same data (twice that reference's own error against FP32, at least
+2e-2): the arithmetic GPU INT8 kernels must reproduce.
+A failing float engine is kept and localized: `kiln compare --per-layer` on it with the same input
+and `kiln inspect` (its tactics) are written next to --json (or to the working directory) and the
+first jump is printed.
 --profile MIN,OPT,MAX builds engines with a dynamic batch profile (tuned at OPT) instead of for
 the one batch, and runs them at --batch: the tactics then run at a shape they were not timed at.
 
@@ -34,6 +38,22 @@ def run(cmd):
 
 def rel_l2(got, ref):
     return float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
+def localize(args, engine, x, shapes, prec):
+    """Per-layer error of a failing engine on the same input, and its tactics, kept in files."""
+    stem = os.path.splitext(args.json)[0] if args.json else os.path.splitext(os.path.basename(args.onnx))[0]
+    per_layer, inspect = f"{stem}_{prec}_perlayer.log", f"{stem}_{prec}_inspect.log"
+    p = subprocess.run([args.kiln, "compare", args.onnx, "--engines", engine, "--shapes", shapes,
+                        "--input", f"{args.input_name}={x}", "--per-layer"],
+                       capture_output=True, text=True)
+    with open(per_layer, "w") as fh:
+        fh.write(p.stdout + p.stderr)
+    with open(inspect, "w") as fh:
+        q = subprocess.run([args.kiln, "inspect", engine], capture_output=True, text=True)
+        fh.write(q.stdout + q.stderr)
+    jump = [l for l in p.stdout.splitlines() if l.startswith("first jump")]
+    print(f"     {prec}: {jump[0] if jump else 'per-layer compare failed'} ({per_layer}, {inspect})")
 
 
 def main():
@@ -108,15 +128,26 @@ def main():
                 if prec == "int8":
                     ref8 = np.load(os.path.join(tmp, "cpu_int8", f)).astype(np.float64)
                     rel8 = rel_l2(got, ref8)
-                    results[prec]["rel_l2_vs_cpu_int8"] = rel8
-                    good = rel8 <= BOUNDS[prec] and np.all(np.isfinite(got))
+                    # Two faithful INT8 networks round some activations differently (the GPU's
+                    # float layers run in FP16), and each such code carries on: their distance is
+                    # of the order of the quantization error itself. The bound is twice the CPU
+                    # INT8 reference's own error against FP32 (at least BOUNDS["int8"]); a kernel
+                    # bug is far beyond it.
+                    cpu_err = rel_l2(ref8, ref)
+                    bound8 = max(BOUNDS[prec], 2 * cpu_err)
+                    results[prec].update(rel_l2_vs_cpu_int8=rel8, cpu_int8_rel_l2=cpu_err,
+                                         bound_vs_cpu_int8=bound8)
+                    good = rel8 <= bound8 and np.all(np.isfinite(got))
                     print(f"{'ok  ' if good else 'FAIL'} {name:16s} int8: {f} against FP32: relative L2 "
                           f"{rel:.2e}, top-1 agreement {agree:.2f}; against the CPU INT8 reference: "
-                          f"relative L2 {rel8:.2e} (bound {BOUNDS[prec]:.0e})")
+                          f"relative L2 {rel8:.2e} (bound {bound8:.1e}: twice the CPU INT8's "
+                          f"{cpu_err:.2e} against FP32)")
                 else:
                     good = rel <= BOUNDS[prec] and np.all(np.isfinite(got))
                     print(f"{'ok  ' if good else 'FAIL'} {name:16s} {prec}: {f} relative L2 {rel:.2e} "
                           f"(bound {BOUNDS[prec]:.0e}), top-1 agreement {agree:.2f}")
+                    if not good:
+                        localize(args, engine, x, shapes, prec)
                 ok &= bool(good)
     if args.json:
         with open(args.json, "w") as fh:
