@@ -16,6 +16,8 @@ import numpy as np
 
 
 def kiln(k, *a):
+    if not (os.path.isfile(k) and os.access(k, os.X_OK)):
+        sys.exit(f"fashion_mnist_accuracy: no kiln program at {k} (give --kiln)")
     p = subprocess.run([k, *a], capture_output=True, text=True)
     if p.returncode != 0:
         sys.exit(f"kiln {' '.join(a)}: {p.stderr.strip()}")
@@ -33,6 +35,9 @@ def main():
     ap.add_argument("--limit", type=int, default=0, help="only the first N test images (the cpu reference is slow)")
     a = ap.parse_args()
     onnx_path = os.path.join(a.data, "fmnist_resnet.onnx")
+    for f in (onnx_path, os.path.join(a.data, "test_images.npy"), os.path.join(a.data, "test_labels.npy")):
+        if not os.path.isfile(f):
+            sys.exit(f"fashion_mnist_accuracy: {f} is missing (scripts/train_fashion_mnist.py writes it)")
     x = np.load(os.path.join(a.data, "test_images.npy"))
     y = np.load(os.path.join(a.data, "test_labels.npy"))
     if a.limit:

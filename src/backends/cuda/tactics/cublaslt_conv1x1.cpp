@@ -140,6 +140,10 @@ class CublasLtConvTactic final : public ConvTactic {
   Status init(const ConvProblem& p, const LibraryHandles& h, cudaStream_t) override {
     problem_ = p;
     handle_ = h.cublaslt;
+    // The scaled INT8 bias is made at the first run; its memory here (a run may be captured
+    // into a CUDA graph, where nothing may be allocated).
+    if (lt_->bias_scale != 0.f && !scaled_bias_.allocate(size_t(p.shape.k) * sizeof(float)))
+      return Status::Error("INT8 bias allocation failed");
     return {};
   }
   size_t workspace_size() const override { return heur_.workspaceSize; }
@@ -169,9 +173,6 @@ class CublasLtConvTactic final : public ConvTactic {
     const bool residual = epilogue_has_residual(problem_.epilogue);
     if (lt_->bias_scale != 0.f) {
       if (b.bias != scaled_from_) {
-        if (!scaled_bias_.allocate(size_t(problem_.shape.k) * sizeof(float))) {
-          return Status::Error("bias allocation failed");
-        }
         scale_floats(static_cast<const float*>(b.bias), static_cast<float*>(scaled_bias_.get()),
                      problem_.shape.k, lt_->bias_scale, stream);
         KILN_CUDA(cudaGetLastError());
