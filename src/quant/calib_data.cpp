@@ -86,6 +86,12 @@ class NpyCalibData final : public CalibData {
       ok = !dims[d].is_static() || dims[d].value == t.shape()[d];
     if (ok && dims[0].is_static() && dims[0].value > 0 && t.shape()[0] % dims[0].value != 0)
       ok = false;
+    if (!ok && t.rank() == static_cast<int64_t>(dims.size()) && dims[0].is_static())
+      return KILN_ERROR(
+          "calibration file '{}': shape {} does not fit input '{}' of shape {} (files must hold "
+          "{} samples or a multiple; or calibrate a build at the files' batch with --calib-cache "
+          "and give that cache here: scales do not depend on the batch)",
+          path, shape_str(t.shape()), in.name, ty.str(), dims[0].value);
     if (!ok)
       return KILN_ERROR("calibration file '{}': shape {} does not fit input '{}' of shape {}", path,
                         shape_str(t.shape()), in.name, ty.str());
