@@ -2,11 +2,13 @@
 // shape evaluation, format conversion and the timing cache.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 
 #include "backends/cuda/device_util_host.h"
+#include "backends/cuda/layer.h"
 #include "backends/cuda/lower.h"
 #include "backends/cuda/plan.h"
 #include "backends/cuda/shape_eval.h"
@@ -32,6 +34,34 @@ std::unique_ptr<Graph> reshape_by_shape_graph() {
   g->add_output(relu->output(0));
   EXPECT_TRUE(infer_shapes(*g).ok());
   return g;
+}
+
+// TF32 convolutions do not offer cuDNN's FFT and Winograd algorithms to the tuner (they round
+// transformed values to TF32); strict FP32 and FP16 still do.
+TEST(CudaHost, Tf32ConvolutionsLeaveOutFftAndWinograd) {
+  Graph g;
+  Value* x = g.add_value("x", TensorType(DataType::kFloat32, {1, 8, 9, 9}));
+  g.add_input(x);
+  Value* w = g.add_constant("w", Tensor(DataType::kFloat32, {8, 8, 3, 3}));
+  Node* n = g.add_node("Conv", "conv", {x, w}, {"y"});
+  g.add_output(n->output(0));
+  ASSERT_TRUE(infer_shapes(g).ok());
+  const TacticDef* t = find_tactic("cudnn.conv");
+  ASSERT_TRUE(t && t->variants);
+  auto variants = [&](Precision p) {
+    LayerDesc d;
+    d.node = n;
+    d.precision = p;
+    return t->variants(d);
+  };
+  const std::vector<std::string> lossy = {"4", "5", "6", "7"};  // FFT, FFT_TILING, WINOGRAD(_NONFUSED)
+  const std::vector<std::string> tf32 = variants(Precision::kTF32);
+  const std::vector<std::string> strict = variants(Precision::kFP32);
+  for (const std::string& a : lossy) {
+    EXPECT_EQ(std::count(tf32.begin(), tf32.end(), a), 0) << a;
+    EXPECT_EQ(std::count(strict.begin(), strict.end(), a), 1) << a;
+  }
+  EXPECT_EQ(tf32.size() + lossy.size(), strict.size());
 }
 
 TEST(CudaHost, ShapeArithmeticRunsOnTheHost) {

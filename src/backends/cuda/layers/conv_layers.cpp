@@ -48,9 +48,29 @@ bool conv_supports(const LayerDesc& d, std::string* why) {
   return true;
 }
 
-std::vector<std::string> conv_variants(const LayerDesc&) {
-  std::vector<std::string> v = {""};  // "": cuDNN's own heuristic choice
-  for (int a = 0; a < kNumFwdAlgos; ++a) v.push_back(std::to_string(a));
+// TF32 (float32 storage, TF32 tensor-core products) promises about 1e-3 of FP32. The FFT and
+// Winograd algorithms transform inputs and filters and multiply the transformed values, which
+// tensor-op math rounds to TF32's 10-bit mantissa after a transform that amplifies that
+// rounding; they are not TF32 candidates. (Suspected cause of an EfficientNet-B0 TF32 engine
+// that once reached 1.6e-2 when the tuner's choice varied; strict FP32 and FP16 keep them.)
+bool algo_allowed(Precision p, DataType storage, int algo) {
+  if (p != Precision::kTF32 || storage != DataType::kFloat32) return true;
+  switch (static_cast<cudnnConvolutionFwdAlgo_t>(algo)) {
+    case CUDNN_CONVOLUTION_FWD_ALGO_FFT:
+    case CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING:
+    case CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD:
+    case CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED:
+      return false;
+    default:
+      return true;
+  }
+}
+
+std::vector<std::string> conv_variants(const LayerDesc& d) {
+  std::vector<std::string> v = {""};  // "": cuDNN's own heuristic choice (allowed ones only)
+  const DataType storage = d.node ? d.in_type(0).dtype : DataType::kFloat32;
+  for (int a = 0; a < kNumFwdAlgos; ++a)
+    if (algo_allowed(d.precision, storage, a)) v.push_back(std::to_string(a));
   return v;
 }
 
@@ -72,7 +92,7 @@ class CudnnConvLayer final : public Layer {
     // choice when the tuned one does not support it (never during tuning: the tuner drops it).
     size_t forced_ws = 0;
     const bool forced_ok =
-        forced_algo_ >= 0 &&
+        forced_algo_ >= 0 && algo_allowed(desc_.precision, in[0].dtype, forced_algo_) &&
         (desc_.tuning ||
          (cudnnGetConvolutionForwardWorkspaceSize(
               rc.cudnn, descs_.x, descs_.w, descs_.conv, descs_.y,
@@ -92,6 +112,7 @@ class CudnnConvLayer final : public Layer {
       for (int i = 0; i < n && !found; ++i) {
         size_t ws = 0;
         if (perf[i].status == CUDNN_STATUS_SUCCESS &&
+            algo_allowed(desc_.precision, in[0].dtype, perf[i].algo) &&
             cudnnGetConvolutionForwardWorkspaceSize(rc.cudnn, descs_.x, descs_.w, descs_.conv,
                                                     descs_.y, perf[i].algo, &ws) ==
                 CUDNN_STATUS_SUCCESS &&
