@@ -298,6 +298,7 @@ struct Numerics {
   bool tensor_core = false;
   bool down_converts = false;      // converts float32 inputs to a 16-bit type before the math
   bool reduced_reduction = false;  // accumulates in less than float32
+  bool transformed = false;        // FFT or Winograd: multiplies transformed values
 };
 
 // "e<global index>[.rtc][.k<knob>=<value>...]", and whether the engine compiles at run time.
@@ -331,6 +332,11 @@ std::string config_name(const Desc& cfg, bool* runtime_compiled, Numerics* numer
       if (notes[i] == CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS) numerics->down_converts = true;
       if (notes[i] == CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION)
         numerics->reduced_reduction = true;
+      if (notes[i] == CUDNN_NUMERICAL_NOTE_FFT || notes[i] == CUDNN_NUMERICAL_NOTE_WINOGRAD ||
+          notes[i] == CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_4x4 ||
+          notes[i] == CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_6x6 ||
+          notes[i] == CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_13x13)
+        numerics->transformed = true;
     }
   }
   if (*runtime_compiled) name += ".rtc";
@@ -495,10 +501,12 @@ class CudnnGraphSource final : public ConvTacticSource {
           std::string("cudnn_graph.") + prec + "." + config_name(cfg, &rtc, &num);
       if (!seen.insert(name).second) continue;
       // TF32 promises float32 storage with TF32 products: an engine that converts float32
-      // inputs to half (it overflows on large activations) or reduces in less than float32 is
+      // inputs to half (it overflows on large activations), reduces in less than float32, or
+      // rounds FFT/Winograd-transformed values to TF32 (the transform amplifies the rounding) is
       // not a TF32 candidate. (FP16 engines are left as they were; their accuracy is checked
       // against the 1e-2 bound by bench/device_check.sh models.)
-      if (p.precision == Precision::kTF32 && (num.down_converts || num.reduced_reduction)) {
+      if (p.precision == Precision::kTF32 &&
+          (num.down_converts || num.reduced_reduction || num.transformed)) {
         ++lossy;
         continue;
       }
