@@ -13,6 +13,7 @@
 #include "backends/cuda/plan.h"
 #include "backends/cuda/shape_eval.h"
 #include "backends/cuda/timing_cache.h"
+#include "backends/cuda/tuner.h"
 #include "ops/op.h"
 
 namespace kiln::gpu {
@@ -62,6 +63,20 @@ TEST(CudaHost, Tf32ConvolutionsLeaveOutFftAndWinograd) {
     EXPECT_EQ(std::count(strict.begin(), strict.end(), a), 1) << a;
   }
   EXPECT_EQ(tf32.size() + lossy.size(), strict.size());
+}
+
+// The tuner's pick: least layer time plus the reformats a candidate's input formats add; failed
+// candidates (time -1) never win.
+TEST(CudaHost, CheapestCountsReformatCosts) {
+  std::vector<LayerChoice> c(3);
+  c[0].time_ms = 0.10;  // e.g. an INT8 kernel whose input is already int8
+  c[1].time_ms = 0.08;  // an FP16 kernel that needs the int8 input converted
+  c[2].time_ms = -1;    // failed
+  EXPECT_EQ(cheapest(c, {}), 1u);
+  EXPECT_EQ(cheapest(c, {0.0, 0.05, 0.0}), 0u);
+  EXPECT_EQ(cheapest(c, {0.0, 0.01, 0.0}), 1u);
+  c[0].time_ms = c[1].time_ms = -1;
+  EXPECT_EQ(cheapest(c, {}), 3u);
 }
 
 TEST(CudaHost, ShapeArithmeticRunsOnTheHost) {

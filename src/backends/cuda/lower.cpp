@@ -183,6 +183,38 @@ struct Lowering {
     }
   }
 
+  // Per candidate, the time of the reformats its input formats would add (inputs already
+  // produced, or already reformatted, in the wanted format cost nothing). All zeros when the
+  // candidates agree on every input format (nothing to time).
+  std::vector<double> reformat_costs(const Node& n, const std::vector<LayerChoice>& cands,
+                                     Tuner& tuner, const ShapeResult& shapes) {
+    std::vector<double> extra(cands.size(), 0.0);
+    for (size_t i = 0; i < n.num_inputs(); ++i) {
+      const Value* v = n.input(i);
+      auto it = v ? produced.find(v) : produced.end();
+      if (it == produced.end()) continue;  // constant, host value or absent
+      bool differ = false;
+      for (const LayerChoice& c : cands) differ |= !(c.in[i] == cands[0].in[i]);
+      if (!differ) continue;
+      std::map<std::string, double> timed;  // per wanted format
+      for (size_t k = 0; k < cands.size(); ++k) {
+        const TensorFormat& want = cands[k].in[i];
+        if (cands[k].time_ms < 0 || want.dtype == DataType::kUndefined || it->second == want ||
+            reformats.count({v, want.str()}))
+          continue;
+        auto t = timed.find(want.str());
+        if (t == timed.end()) {
+          auto ms = tuner.reformat_ms(*v, it->second, want, shapes);
+          // A reformat that cannot be timed is left out of the choice (the build still inserts
+          // it; its own errors surface there).
+          t = timed.emplace(want.str(), ms.ok() ? *ms : 0.0).first;
+        }
+        extra[k] += t->second;
+      }
+    }
+    return extra;
+  }
+
   // Where value `v` must be in format `want` for a consumer placed before `pos`: the value itself,
   // or a kiln.Reformat of it (one per value and format, shared by consumers).
   std::map<std::pair<const Value*, std::string>, Value*> reformats;
@@ -343,15 +375,21 @@ Expected<Plan> lower_for_gpu(Graph& g, const std::vector<std::vector<int64_t>>& 
       }
       std::vector<std::string> failed;
       KILN_ASSIGN_OR_RETURN(best, tuner->choose(*n, cands, shapes, &failed));
+      // A candidate pays for the reformats of its inputs that its formats would add.
+      const std::vector<double> extra = L.reformat_costs(*n, cands, *tuner, shapes);
+      best = cheapest(cands, extra);
       for (const auto& c : cands)
         if (c.time_ms >= 0) cands[best].timed.emplace_back(std::string(c.tactic->name) + "/" + c.variant, c.time_ms);
       if (o.log) {
         *o.log << fmt::format("{}: {} candidates, chose {}/{} ({:.4f} ms)\n", n->label(),
                               cands.size(), cands[best].tactic->name, cands[best].variant,
                               cands[best].time_ms);
-        for (const auto& c : cands)
-          if (c.time_ms >= 0)
-            *o.log << fmt::format("    {}/{} {:.4f} ms\n", c.tactic->name, c.variant, c.time_ms);
+        for (size_t i = 0; i < cands.size(); ++i)
+          if (cands[i].time_ms >= 0)
+            *o.log << fmt::format("    {}/{} {:.4f} ms{}\n", cands[i].tactic->name,
+                                  cands[i].variant, cands[i].time_ms,
+                                  extra[i] > 0 ? fmt::format(" + {:.4f} ms of reformats", extra[i])
+                                               : "");
         for (const auto& f : failed) *o.log << "    failed " << f << "\n";
       }
     } else if (o.log) {

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "layer.h"
+
 namespace kiln::gpu {
 
 Expected<std::unique_ptr<Tuner>> Tuner::create(TimingCache* cache, size_t workspace_limit) {
@@ -130,6 +132,43 @@ Expected<double> Tuner::time_candidate(const Node& n, const LayerChoice& c,
   return rounds[2];
 }
 
+size_t cheapest(const std::vector<LayerChoice>& candidates, const std::vector<double>& extra_ms) {
+  size_t best = candidates.size();
+  double best_ms = 0;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    if (candidates[i].time_ms < 0) continue;
+    const double ms = candidates[i].time_ms + (i < extra_ms.size() ? extra_ms[i] : 0.0);
+    if (best == candidates.size() || ms < best_ms) best = i, best_ms = ms;
+  }
+  return best;
+}
+
+Expected<double> Tuner::reformat_ms(const Value& v, const TensorFormat& from,
+                                    const TensorFormat& to, const ShapeResult& shapes) {
+  // A one-node graph: the Reformat of a value of v's type, shape and scale.
+  Graph g;
+  Value* x = g.add_value("x", v.type);
+  x->quant_scales = v.quant_scales;
+  x->quant_axis = v.quant_axis;
+  g.add_input(x);
+  Node* r = g.add_node("Reformat", "reformat", {x}, {"y"}, "kiln");
+  r->output(0)->type = v.type;
+  r->output(0)->quant_scales = v.quant_scales;
+  r->output(0)->quant_axis = v.quant_axis;
+  ShapeResult s;
+  s.shapes[x] = s.shapes[r->output(0)] = shapes.shapes.at(&v);
+  LayerChoice c;
+  c.tactic = find_tactic("reformat");
+  c.precision = Precision::kFP32;
+  c.in = {from};
+  c.out = {to};
+  const std::string key = signature(*r, c, s);
+  if (std::optional<double> ms = cache_ ? cache_->find(key) : std::nullopt) return *ms;
+  KILN_ASSIGN_OR_RETURN(double ms, time_candidate(*r, c, s, -1));
+  if (cache_) cache_->put(key, ms);
+  return ms;
+}
+
 Expected<size_t> Tuner::choose(const Node& n, std::vector<LayerChoice>& candidates,
                                const ShapeResult& shapes, std::vector<std::string>* why) {
   size_t best = candidates.size();
@@ -152,6 +191,7 @@ Expected<size_t> Tuner::choose(const Node& n, std::vector<LayerChoice>& candidat
     c.time_ms = *ms;
     if (*ms >= 0 && (best == candidates.size() || *ms < candidates[best].time_ms)) best = i;
   }
+  best = cheapest(candidates, {});
   if (best == candidates.size())
     return KILN_ERROR("{}: every candidate tactic failed", n.label());
   return best;
