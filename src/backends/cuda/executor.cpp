@@ -119,6 +119,7 @@ class CudaContext final : public ExecutionContext {
   Expected<std::vector<int64_t>> tensor_shape(const std::string& name) override;
   Status set_tensor_address(const std::string& name, void* ptr) override;
   Status enqueue(CUstream_st* stream, std::vector<LayerTiming>* layer_times) override;
+  Status enqueue_read(CUstream_st* stream, std::vector<LayerTiming>* layer_times);
   Expected<MemoryInfo> plan_device_memory() override {
     for (size_t i = 0; i < g_.inputs().size(); ++i)
       if (!input_set_[i]) return KILN_ERROR("input '{}': shape not set", g_.inputs()[i]->name);
@@ -158,7 +159,9 @@ class CudaContext final : public ExecutionContext {
   }
   Expected<Instance*> instance_for(const std::vector<std::vector<int64_t>>& shapes);
   std::vector<bool> plan_host_inputs() const;
-  Status read_host_inputs();
+  // host_src (optional, per input): host memory holding the input's bytes, read instead of its
+  // address (execute() passes the caller's tensors: no device round trip).
+  Status read_host_inputs(const std::vector<const void*>* host_src = nullptr);
   Expected<std::unique_ptr<Instance>> make_instance(const std::vector<std::vector<int64_t>>& s);
   Status configure(Instance& inst);
   void* resolve(const Instance& inst, const TensorRef& r) const;
@@ -273,9 +276,9 @@ std::vector<bool> CudaContext::plan_host_inputs() const {
   return out;
 }
 
-// The values of the inputs read on the host, from their addresses; a new tensor only when the
-// bytes changed (so a steady loop allocates nothing).
-Status CudaContext::read_host_inputs() {
+// The values of the inputs read on the host, from their addresses (or host_src); a new tensor
+// only when the bytes changed (so a steady loop allocates nothing).
+Status CudaContext::read_host_inputs(const std::vector<const void*>* host_src) {
   for (size_t i = 0; i < host_in_.size(); ++i) {
     if (!host_in_[i]) continue;
     const Value* v = g_.inputs()[i];
@@ -284,7 +287,10 @@ Status CudaContext::read_host_inputs() {
       return KILN_ERROR("input '{}' is read on the host (its values decide shapes): set its "
                         "address (host or device memory) first", v->name);
     scratch_.resize(probe.nbytes());
-    if (probe.nbytes())
+    const void* src = host_src && i < host_src->size() ? (*host_src)[i] : nullptr;
+    if (probe.nbytes() && src)
+      std::memcpy(scratch_.data(), src, probe.nbytes());
+    else if (probe.nbytes())
       KILN_CUDA_CHECK(cudaMemcpy(scratch_.data(), in_addr_[i], probe.nbytes(), cudaMemcpyDefault));
     const auto& cur = host_vals_[i];
     if (cur && cur->shape() == input_shapes_[i] &&
@@ -579,6 +585,11 @@ Status CudaContext::enqueue(CUstream_st* stream, std::vector<LayerTiming>* layer
       return KILN_ERROR("input '{}': no device address set", g_.inputs()[i]->name);
   }
   KILN_RETURN_IF_ERROR(read_host_inputs());
+  return enqueue_read(stream, layer_times);
+}
+
+// enqueue() once the host-read inputs' values are read.
+Status CudaContext::enqueue_read(CUstream_st* stream, std::vector<LayerTiming>* layer_times) {
   KILN_ASSIGN_OR_RETURN(Instance * inst, instance_for(input_shapes_));
   for (size_t j = 0; j < g_.outputs().size(); ++j)
     if (!out_addr_[j] && inst->output_bytes[j])
@@ -629,6 +640,7 @@ Expected<std::vector<Tensor>> CudaContext::execute(const std::map<std::string, T
                                                    std::vector<LayerTiming>* timings) {
   for (const auto& [name, t] : inputs) KILN_RETURN_IF_ERROR(index_of(name, true).status());
   std::map<std::string, int64_t> dims_seen;
+  std::vector<const void*> host_src(g_.inputs().size(), nullptr);
   for (size_t i = 0; i < g_.inputs().size(); ++i) {
     const Value* v = g_.inputs()[i];
     auto it = inputs.find(v->name);
@@ -640,16 +652,14 @@ Expected<std::vector<Tensor>> CudaContext::execute(const std::map<std::string, T
     KILN_RETURN_IF_ERROR(staging_in_[i]->reserve(std::max<size_t>(it->second.nbytes(), 256),
                                                  "input '" + v->name + "'"));
     KILN_RETURN_IF_ERROR(set_tensor_address(v->name, staging_in_[i]->get()));
-    // An input read on the host may feed GPU layers too, so it is staged like the others, and
-    // synchronously: read_host_inputs() reads it back before planning the inference.
-    if (it->second.nbytes() && host_in_[i])
-      KILN_CUDA_CHECK(cudaMemcpy(staging_in_[i]->get(), it->second.raw(), it->second.nbytes(),
-                                 cudaMemcpyHostToDevice));
-    else if (it->second.nbytes())
+    // An input read on the host may feed GPU layers too, so it is staged like the others; its
+    // host value is read from the caller's tensor.
+    if (host_in_[i]) host_src[i] = it->second.raw();
+    if (it->second.nbytes())
       KILN_CUDA_CHECK(cudaMemcpyAsync(staging_in_[i]->get(), it->second.raw(), it->second.nbytes(),
                                       cudaMemcpyHostToDevice, stream_));
   }
-  KILN_RETURN_IF_ERROR(read_host_inputs());
+  KILN_RETURN_IF_ERROR(read_host_inputs(&host_src));
   KILN_ASSIGN_OR_RETURN(Instance * inst, instance_for(input_shapes_));
   for (size_t j = 0; j < g_.outputs().size(); ++j) {
     if (staging_out_.size() <= j) staging_out_.push_back(std::make_unique<DeviceMemory>());
@@ -657,7 +667,7 @@ Expected<std::vector<Tensor>> CudaContext::execute(const std::map<std::string, T
                                                   "output '" + g_.outputs()[j]->name + "'"));
     KILN_RETURN_IF_ERROR(set_tensor_address(g_.outputs()[j]->name, staging_out_[j]->get()));
   }
-  KILN_RETURN_IF_ERROR(enqueue(stream_, timings));
+  KILN_RETURN_IF_ERROR(enqueue_read(stream_, timings));  // host-read inputs: read above
   std::vector<Tensor> out;
   for (size_t j = 0; j < g_.outputs().size(); ++j) {
     Tensor t(g_.outputs()[j]->type.dtype, inst->output_shapes[j]);
