@@ -28,8 +28,10 @@ std::string descr_of(DataType t) {
 
 }  // namespace
 
-Expected<Tensor> read_npy(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
+namespace {
+
+// Reads the header; leaves `in` at the first data byte and `*data_bytes` the bytes after it.
+Expected<NpyInfo> read_header(std::ifstream& in, const std::string& path, uint64_t* data_bytes) {
   if (!in) return KILN_ERROR("{}: cannot open file", path);
   char magic[8];
   if (!in.read(magic, 8) || std::memcmp(magic, "\x93NUMPY", 6) != 0)
@@ -62,7 +64,8 @@ Expected<Tensor> read_npy(const std::string& path) {
     return KILN_ERROR("{}: Fortran-order arrays are not supported (save with C order)", path);
   if (!std::regex_search(header, m, std::regex("'shape':\\s*\\(([^)]*)\\)")))
     return KILN_ERROR("{}: header has no shape", path);
-  std::vector<int64_t> shape;
+  NpyInfo info;
+  info.dtype = *dtype;
   const std::string dims = m[1];
   std::regex num("\\d+");
   int64_t numel = 1;
@@ -71,17 +74,33 @@ Expected<Tensor> read_npy(const std::string& path) {
     if (d > 0 && numel > std::numeric_limits<int64_t>::max() / 16 / d)
       return KILN_ERROR("{}: shape too large", path);
     numel *= d;
-    shape.push_back(d);
+    info.shape.push_back(d);
   }
   const auto data_start = in.tellg();
   in.seekg(0, std::ios::end);
   const auto avail = static_cast<uint64_t>(in.tellg() - data_start);
   const uint64_t need = static_cast<uint64_t>(numel) * dtype_size(*dtype);
   if (avail < need)
-    return KILN_ERROR("{}: truncated: shape {} needs {} bytes, file has {}", path, shape_str(shape),
-                      need, avail);
+    return KILN_ERROR("{}: truncated: shape {} needs {} bytes, file has {}", path,
+                      shape_str(info.shape), need, avail);
   in.seekg(data_start);
-  Tensor t(*dtype, shape);
+  *data_bytes = need;
+  return info;
+}
+
+}  // namespace
+
+Expected<NpyInfo> read_npy_info(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  uint64_t bytes = 0;
+  return read_header(in, path, &bytes);
+}
+
+Expected<Tensor> read_npy(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  uint64_t need = 0;
+  KILN_ASSIGN_OR_RETURN(NpyInfo info, read_header(in, path, &need));
+  Tensor t(info.dtype, info.shape);
   if (need && !in.read(static_cast<char*>(t.raw()), static_cast<std::streamsize>(need)))
     return KILN_ERROR("{}: read failed", path);
   return t;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "kiln/status.h"
 #include "kiln/tensor.h"
@@ -9,6 +10,13 @@
 namespace kiln {
 
 Expected<Tensor> read_npy(const std::string& path);
+// The element type and shape of a .npy file, from its header only (the data is not read; its
+// size is checked against the shape).
+struct NpyInfo {
+  DataType dtype = DataType::kUndefined;
+  std::vector<int64_t> shape;
+};
+Expected<NpyInfo> read_npy_info(const std::string& path);
 // bfloat16 has no NumPy type: such tensors are written as float32.
 Status write_npy(const std::string& path, const Tensor& t);
 

@@ -107,6 +107,90 @@ class NpyCalibData final : public CalibData {
   size_t n_;
 };
 
+// Calibration data whose files do not hold whole batches of the engine's fixed batch size B
+// (every input's batch fixed at the same B): each input's files, in name order, are one stream
+// of samples, and batch i is samples [i*B, (i+1)*B) of every stream (the rest is unused).
+class NpyStreamCalibData final : public CalibData {
+ public:
+  struct Stream {
+    const Value* input;
+    std::vector<std::string> files;
+    std::vector<int64_t> first;  // index of each file's first sample; first.back() = total
+  };
+  NpyStreamCalibData(std::vector<Stream> streams, int64_t batch, size_t n)
+      : streams_(std::move(streams)), batch_(batch), n_(n) {}
+  size_t size() const override { return n_; }
+
+  Expected<std::vector<Feed>> batch(size_t i) const override {
+    Feed feed;
+    for (const Stream& s : streams_) {
+      const TensorType& ty = s.input->type;
+      std::vector<int64_t> shape;
+      for (const Dim& d : *ty.dims) shape.push_back(d.value);
+      Tensor out(ty.dtype, shape);
+      const size_t row_bytes = out.nbytes() / static_cast<size_t>(batch_);
+      int64_t at = static_cast<int64_t>(i) * batch_;
+      for (int64_t filled = 0; filled < batch_;) {
+        const size_t f = static_cast<size_t>(
+            std::upper_bound(s.first.begin(), s.first.end(), at) - s.first.begin() - 1);
+        KILN_ASSIGN_OR_RETURN(const Tensor* t, file(s, f));
+        const int64_t from = at - s.first[f];
+        const int64_t n = std::min(batch_ - filled, s.first[f + 1] - at);
+        std::memcpy(static_cast<uint8_t*>(out.raw()) + row_bytes * filled,
+                    static_cast<const uint8_t*>(t->raw()) + row_bytes * from, row_bytes * n);
+        filled += n;
+        at += n;
+      }
+      feed[s.input->name] = std::move(out);
+    }
+    return std::vector<Feed>{std::move(feed)};
+  }
+
+ private:
+  // File f of stream s, read once while consecutive batches use it.
+  Expected<const Tensor*> file(const Stream& s, size_t f) const {
+    auto& [path, t] = cached_[s.input];
+    if (path != s.files[f]) {
+      KILN_ASSIGN_OR_RETURN(t, read_npy(s.files[f]));
+      path = s.files[f];
+    }
+    return &t;
+  }
+
+  std::vector<Stream> streams_;
+  int64_t batch_;
+  size_t n_;
+  mutable std::map<const Value*, std::pair<std::string, Tensor>> cached_;
+};
+
+// Whether the files (headers only) hold whole batches of every input's fixed batch size. When
+// not, and every input's batch is fixed at one B with files that fit otherwise, the stream
+// form applies; `*streams` gets the inputs' sample counts per file.
+Expected<bool> needs_stream(const std::vector<InputFiles>& inputs,
+                            std::vector<NpyStreamCalibData::Stream>* streams, int64_t* batch) {
+  bool whole = true, all_fixed = true;
+  *batch = 0;
+  for (const InputFiles& in : inputs) {
+    const TensorType& ty = in.input->type;
+    const bool fixed = ty.dims && !ty.dims->empty() && (*ty.dims)[0].is_static() &&
+                       (*ty.dims)[0].value > 0 && ty.static_shape().has_value();
+    if (!fixed || (*batch && (*ty.dims)[0].value != *batch)) all_fixed = false;
+    if (fixed && !*batch) *batch = (*ty.dims)[0].value;
+    NpyStreamCalibData::Stream s{in.input, in.files, {0}};
+    for (const std::string& f : in.files) {
+      KILN_ASSIGN_OR_RETURN(NpyInfo info, read_npy_info(f));
+      const int64_t rank = static_cast<int64_t>(ty.dims ? ty.dims->size() : 0);
+      const int64_t rows = static_cast<int64_t>(info.shape.size()) + 1 == rank ? 1
+                           : info.shape.empty()                               ? 0
+                                                                              : info.shape[0];
+      if (fixed && rows % (*ty.dims)[0].value != 0) whole = false;
+      s.first.push_back(s.first.back() + rows);
+    }
+    streams->push_back(std::move(s));
+  }
+  return !whole && all_fixed;
+}
+
 }  // namespace
 
 Expected<std::unique_ptr<CalibData>> open_npy_calib_data(
@@ -140,6 +224,40 @@ Expected<std::unique_ptr<CalibData>> open_npy_calib_data(
           "calibration data: '{}' has {} .npy files but '{}' has {} (one file per "
           "batch for every input)",
           inputs[0].dir, n, in.dir, in.files.size());
+  std::vector<NpyStreamCalibData::Stream> streams;
+  int64_t batch = 0;
+  KILN_ASSIGN_OR_RETURN(bool stream, needs_stream(inputs, &streams, &batch));
+  if (stream) {
+    // Each file is still checked against its input (type, non-batch dims) where it is read.
+    for (const InputFiles& in : inputs)
+      for (const std::string& f : in.files) {
+        KILN_ASSIGN_OR_RETURN(NpyInfo info, read_npy_info(f));
+        const TensorType& ty = in.input->type;
+        const size_t rank = ty.dims->size();
+        const bool sample = info.shape.size() + 1 == rank;
+        bool ok = info.dtype == ty.dtype && (sample || info.shape.size() == rank);
+        for (size_t d = 1; ok && d < rank; ++d)
+          ok = (*ty.dims)[d].value == info.shape[sample ? d - 1 : d];
+        if (!ok)
+          return KILN_ERROR("calibration file '{}': {}{} does not fit input '{}' of {}", f,
+                            dtype_name(info.dtype), shape_str(info.shape), in.input->name,
+                            ty.str());
+      }
+    const int64_t total = streams[0].first.back();
+    for (const auto& s : streams)
+      if (s.first.back() != total)
+        return KILN_ERROR("calibration data: input '{}' has {} samples but '{}' has {}",
+                          streams[0].input->name, total, s.input->name, s.first.back());
+    if (total < batch)
+      return KILN_ERROR(
+          "calibration data holds {} samples of input '{}', fewer than one batch of the "
+          "engine's {} (give at least {}, or calibrate a smaller-batch build with --calib-cache "
+          "and give that cache here)",
+          total, streams[0].input->name, batch, batch);
+    size_t nb = static_cast<size_t>(total / batch);
+    if (max_batches > 0) nb = std::min(nb, max_batches);
+    return std::unique_ptr<CalibData>(new NpyStreamCalibData(std::move(streams), batch, nb));
+  }
   if (max_batches > 0) n = std::min(n, max_batches);
   return std::unique_ptr<CalibData>(new NpyCalibData(std::move(inputs), n));
 }

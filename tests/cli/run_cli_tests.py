@@ -179,6 +179,11 @@ def int8_cases(args, p):
     if " int8 " not in out.stdout or "scales: in=" not in out.stdout:
         FAILURES.append("inspect shows int8 layers and scales")
     expect_ok(args, "int8 build from the cache alone", *build, "--calib-cache", p("c.cache"))
+    # Files of 2 samples for an engine of batch 4: one stream of samples, cut into batches of 4.
+    expect_ok(args, "int8 calibration files of another batch", *build, "--shapes", "input:4x3x32x32",
+              "--calib", p("calib"))
+    expect_error(args, "int8 calibration with fewer samples than a batch", "holds 6 samples", *build,
+                 "--shapes", "input:8x3x32x32", "--calib", p("calib"))
     expect_error(args, "int8 cache algorithm differs", "algorithm differs", *build, "--calib-cache", p("c.cache"), "--calib-algo", "minmax")
     onnx.save(small_models.mlp(), p("mlp.onnx"))
     expect_error(args, "int8 cache from another model", "fingerprint differs", "build", "--onnx", p("mlp.onnx"), "--save-engine", p("q.kiln"), "--backend", "cpu", "--int8", "--calib-cache", p("c.cache"))

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <random>
 
+#include "core/npy.h"
 #include "passes/pass_test_util.h"
 #include "quant/calib_io.h"
 #include "quant/calibrator.h"
@@ -101,6 +102,56 @@ TEST(CalibCache, FingerprintSeesWeightsNotShapes) {
 }
 
 // x -> Q -> DQ -> Conv(DQ(int8 W, per-channel)) with an int32 bias DQ.
+// Files that do not hold whole batches of the engine's fixed batch are one stream of samples,
+// cut into batches of that size across files (TensorRT's calibration batch is the engine's too).
+TEST(CalibData, FilesOfOtherBatchSizesAreOneStreamOfSamples) {
+  const std::string dir = temp_path("calib_stream");
+  std::filesystem::create_directories(dir);
+  float next = 0;
+  auto rows = [&](std::vector<int64_t> shape) {  // consecutive sample numbers
+    Tensor t(DataType::kFloat32, shape);
+    const int64_t per = t.numel() / (shape.size() == 2 ? shape[0] : 1);
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = next + static_cast<float>(i / per);
+    next += static_cast<float>(t.numel() / per);
+    return t;
+  };
+  ASSERT_TRUE(write_npy(dir + "/a.npy", rows({3, 2})).ok());
+  ASSERT_TRUE(write_npy(dir + "/b.npy", rows({2})).ok());  // one sample
+  ASSERT_TRUE(write_npy(dir + "/c.npy", rows({5, 2})).ok());
+  G b;
+  Value* x = b.g.add_value("x", TensorType(DataType::kFloat32, {4, 2}));
+  b.g.add_input(x);
+  auto data = quant::open_npy_calib_data({{"", dir}}, b.g, 0);
+  ASSERT_TRUE(data.ok()) << data.status().message();
+  ASSERT_EQ((*data)->size(), 2u);  // 9 samples: two batches of 4, one sample unused
+  for (size_t i = 0; i < 2; ++i) {
+    auto feeds = (*data)->batch(i);
+    ASSERT_TRUE(feeds.ok()) << feeds.status().message();
+    ASSERT_EQ(feeds->size(), 1u);
+    const Tensor& t = (*feeds)[0].at("x");
+    ASSERT_EQ(t.shape(), (std::vector<int64_t>{4, 2}));
+    for (int64_t r = 0; r < 4; ++r)
+      for (int64_t c = 0; c < 2; ++c)
+        EXPECT_EQ(t.data<float>()[r * 2 + c], static_cast<float>(4 * i + r)) << i << " " << r;
+  }
+  auto limited = quant::open_npy_calib_data({{"", dir}}, b.g, 1);
+  ASSERT_TRUE(limited.ok());
+  EXPECT_EQ((*limited)->size(), 1u);
+  // Fewer samples than one batch: the error says how many and what to do.
+  G big;
+  Value* y = big.g.add_value("x", TensorType(DataType::kFloat32, {16, 2}));
+  big.g.add_input(y);
+  auto few = quant::open_npy_calib_data({{"", dir}}, big.g, 0);
+  ASSERT_FALSE(few.ok());
+  EXPECT_NE(few.status().message().find("holds 9 samples"), std::string::npos) << few.status().message();
+  // A file whose sample shape differs is named.
+  ASSERT_TRUE(write_npy(dir + "/d.npy", Tensor(DataType::kFloat32, {3, 5})).ok());
+  auto bad = quant::open_npy_calib_data({{"", dir}}, b.g, 0);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("d.npy"), std::string::npos) << bad.status().message();
+  std::filesystem::remove_all(dir);
+}
+
 TEST(MapQdq, ActivationPairsAndWeightsBecomeScales) {
   G b;
   Value* x = b.in("x", {1, 2, 4, 4});
