@@ -155,15 +155,18 @@ Expected<double> Tuner::reformat_ms(const Value& v, const TensorFormat& from,
   r->output(0)->type = v.type;
   r->output(0)->quant_scales = v.quant_scales;
   r->output(0)->quant_axis = v.quant_axis;
+  auto shape = shapes.shapes.find(&v);
+  if (shape == shapes.shapes.end()) return KILN_ERROR("no shape for '{}'", v.name);
   ShapeResult s;
-  s.shapes[x] = s.shapes[r->output(0)] = shapes.shapes.at(&v);
+  s.shapes[x] = s.shapes[r->output(0)] = shape->second;
   LayerChoice c;
   c.tactic = find_tactic("reformat");
   c.precision = Precision::kFP32;
   c.in = {from};
   c.out = {to};
   const std::string key = signature(*r, c, s);
-  if (std::optional<double> ms = cache_ ? cache_->find(key) : std::nullopt) return *ms;
+  if (std::optional<double> ms = cache_ ? cache_->find(key) : std::nullopt; ms && *ms >= 0)
+    return *ms;
   KILN_ASSIGN_OR_RETURN(double ms, time_candidate(*r, c, s, -1));
   if (cache_) cache_->put(key, ms);
   return ms;
