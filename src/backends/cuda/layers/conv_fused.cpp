@@ -25,20 +25,12 @@ bool describe_problem(const LayerDesc& d, cuda::ConvProblem* p, std::string* why
     return *why = "FP16 or TF32 only", false;
   if (!library_conv_geometry(n, p, why)) return false;
   if (!d.in_const(1)) return *why = "weights are not constant", false;
-  const std::string act = n.attrs.get_string("activation", "");
   const bool bias = n.input(2) != nullptr, residual = n.input(3) != nullptr;
   if (!bias) return *why = "no bias", false;
-  // ReLU6 (Clip to [0, hi]) is a clipped ReLU in cuDNN's graph; other activations are not fused.
-  const bool relu6 = act == "Clip" && n.attrs.get_float("act_min", -1.f) == 0.f &&
-                     n.attrs.get_float("act_max", 0.f) > 0.f && !residual;
-  if (!act.empty() && act != "Relu" && !relu6) return *why = "activation " + act, false;
   if (residual && d.in_type(3).dims != d.out_type(0).dims)
     return *why = "broadcast residual", false;
-  const bool relu = !act.empty();
-  p->epilogue = residual ? (relu ? cuda::Epilogue::kBiasAddRelu : cuda::Epilogue::kBiasAdd)
-                         : (relu ? cuda::Epilogue::kBiasRelu : cuda::Epilogue::kBias);
-  p->relu_clip = relu6 ? n.attrs.get_float("act_max", 0.f) : 0.f;
-  return true;
+  // ReLU6 (Clip to [0, hi]) is a clipped ReLU in cuDNN's graph, but not after a residual add.
+  return library_conv_epilogue(n, residual, /*clip_with_residual=*/false, p, why);
 }
 
 class FusedConvLayer final : public Layer {
@@ -86,15 +78,7 @@ class FusedConvLayer final : public Layer {
 
   Status run(const RunContext& rc, std::span<const DeviceTensor> in,
              std::span<const DeviceTensor> out) override {
-    if (out[0].numel() == 0) return Status::Ok();
-    cuda::ConvBuffers b;
-    b.x = in[0].data;
-    b.bias = in[2].data;
-    b.residual = in.size() > 3 && in[3].present() ? in[3].data : nullptr;
-    b.y = out[0].data;
-    b.workspace = rc.workspace;
-    b.workspace_bytes = rc.workspace_bytes;
-    return current_->run(b, rc.stream);
+    return run_library_conv(current_, in[2].data, rc, in, out);
   }
 
  private:

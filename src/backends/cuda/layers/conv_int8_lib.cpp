@@ -51,15 +51,11 @@ bool describe_int8(const LayerDesc& d, cuda::ConvProblem* p, std::string* why) {
   if (!library_conv_geometry(n, p, why)) return false;
   const int64_t K = w->dim(0);
   if (w->dim(1) % 4 != 0) return *why = "input channels not a multiple of 4", false;
-  // The activation: none, ReLU, or Clip(0, hi) as a clipped ReLU.
-  const std::string act = n.attrs.get_string("activation", "");
-  const bool clip = act == "Clip" && n.attrs.get_float("act_min", -1.f) == 0.f &&
-                    n.attrs.get_float("act_max", 0.f) > 0.f;
-  if (!act.empty() && act != "Relu" && !clip) return *why = "activation " + act, false;
-  const bool relu = !act.empty();
-  p->relu_clip = clip ? n.attrs.get_float("act_max", 0.f) : 0.f;
-  // The residual: int8 with its scale, or half.
+  // The residual: int8 with its scale, or half. The activation: none, ReLU, or Clip(0, hi) as
+  // a clipped ReLU. Every epilogue here has a bias (zeros when the node has none): the tactics
+  // have no ReLU without one.
   const bool residual = n.num_inputs() > 3 && n.input(3);
+  if (!library_conv_epilogue(n, residual, /*clip_with_residual=*/true, p, why)) return false;
   p->residual_scale = 0.f;
   if (residual) {
     if (d.in_type(3).dims != d.out_type(0).dims) return *why = "the residual broadcasts", false;
@@ -86,10 +82,6 @@ bool describe_int8(const LayerDesc& d, cuda::ConvProblem* p, std::string* why) {
   p->channel_scale.resize(static_cast<size_t>(K));
   for (int64_t k = 0; k < K; ++k)
     p->channel_scale[static_cast<size_t>(k)] = sx * sw[sw.size() == 1 ? 0 : static_cast<size_t>(k)];
-  // Every epilogue here has a bias (zeros when the node has none): the tactics have no ReLU
-  // without one.
-  p->epilogue = residual ? (relu ? cuda::Epilogue::kBiasAddRelu : cuda::Epilogue::kBiasAdd)
-                         : (relu ? cuda::Epilogue::kBiasRelu : cuda::Epilogue::kBias);
   p->precision = cuda::Precision::kINT8;
   p->shape.k = static_cast<int>(K);
   p->shape.c = static_cast<int>(w->dim(1));
@@ -139,15 +131,7 @@ class LibraryInt8ConvLayer final : public Layer {
 
   Status run(const RunContext& rc, std::span<const DeviceTensor> in,
              std::span<const DeviceTensor> out) override {
-    if (out[0].numel() == 0) return Status::Ok();
-    cuda::ConvBuffers b;
-    b.x = in[0].data;
-    b.bias = bias_.get();
-    b.residual = in.size() > 3 && in[3].present() ? in[3].data : nullptr;
-    b.y = out[0].data;
-    b.workspace = rc.workspace;
-    b.workspace_bytes = rc.workspace_bytes;
-    return current_->run(b, rc.stream);
+    return run_library_conv(current_, bias_.get(), rc, in, out);
   }
 
  private:

@@ -26,6 +26,33 @@ bool library_conv_geometry(const Node& n, cuda::ConvProblem* p, std::string* why
   return true;
 }
 
+bool library_conv_epilogue(const Node& n, bool residual, bool clip_with_residual,
+                           cuda::ConvProblem* p, std::string* why) {
+  const std::string act = n.attrs.get_string("activation", "");
+  const bool clip = act == "Clip" && n.attrs.get_float("act_min", -1.f) == 0.f &&
+                    n.attrs.get_float("act_max", 0.f) > 0.f && (clip_with_residual || !residual);
+  if (!act.empty() && act != "Relu" && !clip) return *why = "activation " + act, false;
+  const bool relu = !act.empty();
+  p->epilogue = residual ? (relu ? cuda::Epilogue::kBiasAddRelu : cuda::Epilogue::kBiasAdd)
+                         : (relu ? cuda::Epilogue::kBiasRelu : cuda::Epilogue::kBias);
+  p->relu_clip = clip ? n.attrs.get_float("act_max", 0.f) : 0.f;
+  return true;
+}
+
+Status run_library_conv(cuda::ConvTactic* t, const void* bias, const RunContext& rc,
+                        std::span<const DeviceTensor> in, std::span<const DeviceTensor> out) {
+  if (out[0].numel() == 0) return Status::Ok();
+  cuda::ConvBuffers b;
+  b.x = in[0].data;
+  b.bias = bias;
+  b.residual = in.size() > 3 && in[3].present() ? in[3].data : nullptr;
+  b.y = out[0].data;
+  b.workspace = rc.workspace;
+  b.workspace_bytes = rc.workspace_bytes;
+  if (!t) return KILN_ERROR("the layer was not configured");
+  return t->run(b, rc.stream);
+}
+
 Expected<cuda::ConvTactic*> RankedConvTactics::get(
     const cuda::ConvProblem& p, const RunContext& rc,
     const std::function<std::unique_ptr<cuda::ConvTacticSource>()>& make_source,

@@ -6,6 +6,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "layer.h"
@@ -21,6 +22,17 @@ void use_layer_tactic_limits();
 // The geometry every library conv tactic takes: groups 1, no dilation, square strides, symmetric
 // padding (auto_pad NOTSET or VALID). Fills the problem's stride and pad, or says why not.
 bool library_conv_geometry(const Node& n, cuda::ConvProblem* p, std::string* why);
+
+// The fused epilogue the library tactics take: the node's activation (none, ReLU, or Clip(0, hi)
+// as a clipped ReLU; `clip_with_residual` false: no clipped ReLU after a residual add) over bias
+// [+ residual]. Fills p->epilogue and p->relu_clip, or says why not.
+bool library_conv_epilogue(const Node& n, bool residual, bool clip_with_residual,
+                           cuda::ConvProblem* p, std::string* why);
+
+// Runs library conv tactic t (that configure chose) on the layer's tensors (X, -, -, residual?) -> Y with `bias`; an
+// empty output runs nothing.
+Status run_library_conv(cuda::ConvTactic* t, const void* bias, const RunContext& rc,
+                        std::span<const DeviceTensor> in, std::span<const DeviceTensor> out);
 
 class RankedConvTactics {
  public:
