@@ -38,32 +38,45 @@ __device__ __forceinline__ float to_float<__half>(__half v) {
   return __half2float(v);
 }
 
+// Output element i = (n, p, q, k) of the direct convolution: sets *k and returns the sum over
+// the filter window of mul(x, w), accumulated in Acc (float: fma order; int: exact).
+template <typename Acc, typename T, typename Mul>
+__device__ Acc conv_dot(const ConvShape& sh, const T* x, const T* w, int64_t i, int* k_out,
+                        Mul mul) {
+  const int P = sh.p(), Q = sh.q();
+  const int k = int(i % sh.k);
+  int64_t t = i / sh.k;
+  const int q = int(t % Q);
+  t /= Q;
+  const int p = int(t % P);
+  const int n = int(t / P);
+  Acc acc = 0;
+  for (int r = 0; r < sh.r; ++r) {
+    const int hi = p * sh.stride - sh.pad + r;
+    if (hi < 0 || hi >= sh.h) continue;
+    for (int s = 0; s < sh.s; ++s) {
+      const int wi = q * sh.stride - sh.pad + s;
+      if (wi < 0 || wi >= sh.w) continue;
+      const T* xp = x + ((int64_t(n) * sh.h + hi) * sh.w + wi) * sh.c;
+      const T* wp = w + ((int64_t(k) * sh.r + r) * sh.s + s) * sh.c;
+      for (int c = 0; c < sh.c; ++c) acc = mul(xp[c], wp[c], acc);
+    }
+  }
+  *k_out = k;
+  return acc;
+}
+
 // FP reference: one thread per output (n, p, q, k); k is fastest so a warp shares input pixels.
 template <typename T>
 __global__ void reference_conv_fp(ConvShape sh, Epilogue ep, const T* x, const T* w, const T* bias,
                                   const T* residual, float* y) {
-  const int P = sh.p(), Q = sh.q();
   const int64_t total = sh.y_elems();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x) {
-    const int k = int(i % sh.k);
-    int64_t t = i / sh.k;
-    const int q = int(t % Q);
-    t /= Q;
-    const int p = int(t % P);
-    const int n = int(t / P);
-    float acc = 0.f;
-    for (int r = 0; r < sh.r; ++r) {
-      const int hi = p * sh.stride - sh.pad + r;
-      if (hi < 0 || hi >= sh.h) continue;
-      for (int s = 0; s < sh.s; ++s) {
-        const int wi = q * sh.stride - sh.pad + s;
-        if (wi < 0 || wi >= sh.w) continue;
-        const T* xp = x + ((int64_t(n) * sh.h + hi) * sh.w + wi) * sh.c;
-        const T* wp = w + ((int64_t(k) * sh.r + r) * sh.s + s) * sh.c;
-        for (int c = 0; c < sh.c; ++c) acc = fmaf(to_float(xp[c]), to_float(wp[c]), acc);
-      }
-    }
+    int k = 0;
+    float acc = conv_dot<float>(sh, x, w, i, &k, [](T a, T b, float s) {
+      return fmaf(to_float(a), to_float(b), s);
+    });
     if (ep != Epilogue::kNone) acc += to_float(bias[k]);
     if (epilogue_has_residual(ep)) acc += to_float(residual[i]);
     if (epilogue_has_relu(ep)) acc = fmaxf(acc, 0.f);
@@ -73,28 +86,12 @@ __global__ void reference_conv_fp(ConvShape sh, Epilogue ep, const T* x, const T
 
 __global__ void reference_conv_int8(ConvShape sh, float scale, const int8_t* x, const int8_t* w,
                                     int8_t* y) {
-  const int P = sh.p(), Q = sh.q();
   const int64_t total = sh.y_elems();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x) {
-    const int k = int(i % sh.k);
-    int64_t t = i / sh.k;
-    const int q = int(t % Q);
-    t /= Q;
-    const int p = int(t % P);
-    const int n = int(t / P);
-    int acc = 0;
-    for (int r = 0; r < sh.r; ++r) {
-      const int hi = p * sh.stride - sh.pad + r;
-      if (hi < 0 || hi >= sh.h) continue;
-      for (int s = 0; s < sh.s; ++s) {
-        const int wi = q * sh.stride - sh.pad + s;
-        if (wi < 0 || wi >= sh.w) continue;
-        const int8_t* xp = x + ((int64_t(n) * sh.h + hi) * sh.w + wi) * sh.c;
-        const int8_t* wp = w + ((int64_t(k) * sh.r + r) * sh.s + s) * sh.c;
-        for (int c = 0; c < sh.c; ++c) acc += int(xp[c]) * int(wp[c]);
-      }
-    }
+    int k = 0;
+    const int acc = conv_dot<int>(sh, x, w, i, &k,
+                                  [](int8_t a, int8_t b, int s) { return s + int(a) * int(b); });
     const double v = rint(double(acc) * double(scale));  // round half to even
     y[i] = int8_t(fmin(fmax(v, -128.0), 127.0));
   }
