@@ -62,6 +62,13 @@ if has int8; then
   cp /tmp/int8_bench/profiles.txt "$OUT/int8_profiles.txt" 2>/dev/null
   python3 scripts/check_gpu_accuracy.py --kiln "$KILN" --onnx models/resnet50.onnx --batch 2 \
     --precisions int8 --json "$OUT/accuracy_resnet50_int8.json" 2>&1 | tee -a "$OUT/int8.log"
+  # Point 5: --accuracy-budget on the GPU (ResNet-50 b32, random calibration batches, of which the
+  # last fifth are held out): which layers move back to FP16 and what that costs in tuned time.
+  python3 -c "import numpy as np, os; os.makedirs('/tmp/r50_calib', exist_ok=True); r = np.random.default_rng(7)
+[np.save(f'/tmp/r50_calib/b{i:02d}.npy', r.standard_normal((32, 3, 224, 224)).astype(np.float32)) for i in range(10)]"
+  timeout ${KILN_BUDGET_TIMEOUT:-300} "$KILN" build --onnx models/resnet50.onnx --shapes input:32x3x224x224 \
+    --int8 --fp16 --calib /tmp/r50_calib --accuracy-budget ${KILN_BUDGET:-0.01} \
+    --timing-cache /tmp/r50_budget.cache --save-engine /tmp/r50_budget.kiln 2>&1 | tail -25 | tee "$OUT/int8_budget.log"
   # Fashion-MNIST top-1 per precision (the dataset carried in .deps: KILN_DEPS_FMNIST=1
   # bench/prepare_deps.sh, or FMNIST_DIR).
   [ -d .deps/fashion-mnist ] && export FMNIST_DIR=${FMNIST_DIR:-$PWD/.deps/fashion-mnist}
