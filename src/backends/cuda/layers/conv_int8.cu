@@ -11,9 +11,10 @@
 // same problem with H = W = R = S = 1 (rows of X are the pixels). Two kernels, two tactics the
 // tuner times against each other and the float ones:
 //   mma:  tensor cores (mma.sync m16n8k32 s8, sm_80+): a block computes 128 pixels x 64
-//         channels, 8 warps of 32 x 32, staging 64 codes of the reduction per step;
+//         channels, 8 warps of 32 x 32, staging 64 codes of the reduction per step in two
+//         shared-memory buffers (the next step's loads overlap this step's multiplies);
 //   dp4a: SIMT __dp4a, 64 x 64 tiles, 4 x 4 outputs per thread (the simple reference kernel).
-// TODO: software pipelining of the mma kernel (cp.async double buffering, ldmatrix).
+// Not yet: cp.async (loads straight to shared memory), ldmatrix, wider global loads.
 #include <algorithm>
 #include <vector>
 
@@ -162,8 +163,10 @@ template <typename Out>
 __global__ void __launch_bounds__(kThreads)
     int8_conv_mma(const int32_t* __restrict__ x, const int32_t* __restrict__ w, Out* __restrict__ y,
                   Int8Geom g, Int8Epilogue e) {
-  __shared__ __align__(16) uint32_t xs[kMmaM][kMmaStride];
-  __shared__ __align__(16) uint32_t ws[kMmaN][kMmaStride];
+  // Two buffers: while the warps multiply one step's tiles, the next step's words are in flight
+  // from global memory to registers and then go to the other buffer (one barrier per step).
+  __shared__ __align__(16) uint32_t xs[2][kMmaM][kMmaStride];
+  __shared__ __align__(16) uint32_t ws[2][kMmaN][kMmaStride];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int m0 = blockIdx.x * kMmaM, k0 = blockIdx.y * kMmaN;
   // This thread loads word `kk` of pixel rows lr + 16 e (e < 8) and channel rows lr + 16 e (e < 4).
@@ -179,10 +182,9 @@ __global__ void __launch_bounds__(kThreads)
       nh[i] = (m / (g.Q * g.P)) * g.H;
     }
   }
-  int32_t acc[2][4][4] = {};
-  const int wm = (warp % 4) * 32, wn = (warp / 4) * 32;
-  const int gq = lane / 4, tq = lane % 4;
-  for (int kw0 = 0; kw0 < g.KW; kw0 += kMmaKW) {
+  // This thread's words of the step starting at reduction word kw0 (zeros outside).
+  uint32_t xr[8], wr[4];
+  auto load = [&](int kw0) {
     const int kw = kw0 + kk;
     const bool kin = kw < g.KW;
     const int c4 = kin ? kw % g.C4 : 0;
@@ -194,35 +196,54 @@ __global__ void __launch_bounds__(kThreads)
       const int ih = ih0[i] + dh, iw = iw0[i] + dw;
       if (kin && nh[i] >= 0 && ih >= 0 && ih < g.H && iw >= 0 && iw < g.W)
         v = x[(static_cast<int64_t>(nh[i] + ih) * g.W + iw) * g.C4 + c4];
-      xs[lr + 16 * i][kk] = static_cast<uint32_t>(v);
+      xr[i] = static_cast<uint32_t>(v);
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int k = k0 + lr + 16 * i;
-      ws[lr + 16 * i][kk] =
-          kin && k < g.K ? static_cast<uint32_t>(w[static_cast<int64_t>(k) * g.KW + kw]) : 0u;
+      wr[i] = kin && k < g.K ? static_cast<uint32_t>(w[static_cast<int64_t>(k) * g.KW + kw]) : 0u;
     }
-    __syncthreads();
+  };
+  auto stage = [&](int buf) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) xs[buf][lr + 16 * i][kk] = xr[i];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) ws[buf][lr + 16 * i][kk] = wr[i];
+  };
+  int32_t acc[2][4][4] = {};
+  const int wm = (warp % 4) * 32, wn = (warp / 4) * 32;
+  const int gq = lane / 4, tq = lane % 4;
+  load(0);
+  stage(0);
+  __syncthreads();
+  int cur = 0;
+  for (int kw0 = 0; kw0 < g.KW; kw0 += kMmaKW) {
+    const bool more = kw0 + kMmaKW < g.KW;
+    if (more) load(kw0 + kMmaKW);  // in flight during the multiplies below
 #pragma unroll
     for (int o = 0; o < kMmaKW; o += 8) {  // two k32 steps
       uint32_t a[2][4];
 #pragma unroll
       for (int mi = 0; mi < 2; ++mi) {
         const int row = wm + mi * 16 + gq;
-        a[mi][0] = xs[row][o + tq];
-        a[mi][1] = xs[row + 8][o + tq];
-        a[mi][2] = xs[row][o + tq + 4];
-        a[mi][3] = xs[row + 8][o + tq + 4];
+        a[mi][0] = xs[cur][row][o + tq];
+        a[mi][1] = xs[cur][row + 8][o + tq];
+        a[mi][2] = xs[cur][row][o + tq + 4];
+        a[mi][3] = xs[cur][row + 8][o + tq + 4];
       }
 #pragma unroll
       for (int ni = 0; ni < 4; ++ni) {
         const int col = wn + ni * 8 + gq;
-        const uint32_t b0 = ws[col][o + tq], b1 = ws[col][o + tq + 4];
+        const uint32_t b0 = ws[cur][col][o + tq], b1 = ws[cur][col][o + tq + 4];
 #pragma unroll
         for (int mi = 0; mi < 2; ++mi) mma_s8(acc[mi][ni], a[mi], b0, b1);
       }
     }
+    // The other buffer was last read in the previous step, which every warp finished before
+    // the barrier that ended it.
+    if (more) stage(cur ^ 1);
     __syncthreads();
+    cur ^= 1;
   }
 #pragma unroll
   for (int mi = 0; mi < 2; ++mi)
