@@ -59,7 +59,18 @@ struct BuildConfig {
   std::string force_tactic;    // tests: only this tactic (by name) for the layers it implements
   // INT8 (docs/quantization.md). A model with Q/DQ nodes carries its own scales; any other
   // model is calibrated on `calib_data` or takes the scales of a matching `calib_cache`.
-  std::map<std::string, std::string> calib_data;  // input name ("" = the only input) -> .npy folder
+  // input name ("" = the only input) -> folder of .npy files, or of images (also in class
+  // subfolders) preprocessed by `calib_images`, as `kiln run` preprocesses an image input
+  std::map<std::string, std::string> calib_data;
+  struct CalibImages {
+    int resize_short = 0;         // > 0: shorter side to this, then center-crop to the input's HxW
+    int resize_h = 0, resize_w = 0;  // > 0: exactly this size (the input's HxW when both are 0)
+    std::vector<float> mean, std;    // per channel, of values in [0, 1]; empty: 0 and 1
+    bool nhwc = false;               // the input is [N,H,W,C]
+    bool any() const {
+      return resize_short || resize_h || resize_w || !mean.empty() || !std.empty() || nhwc;
+    }
+  } calib_images;
   std::string calib_algo;          // entropy | minmax | percentile; "" = entropy, or the cache's
   double calib_percentile = 99.99;
   size_t calib_batches = 0;        // use at most this many batches (0: all)

@@ -83,7 +83,8 @@ Expected<BudgetResult> fit_accuracy_budget(const std::string& onnx_path, const B
   base.int8 = false;
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Engine> fp32, Engine::build_from_onnx(onnx_path, base));
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<CalibData> data,
-                        open_npy_calib_data(c.calib_data, fp32->graph(), c.calib_batches));
+                        open_npy_calib_data(c.calib_data, fp32->graph(), c.calib_batches,
+                                            c.calib_images));
   const size_t n = data->size(), held = heldout_batches(n);
   Evaluator ev;
   for (size_t b = held ? n - held : 0; b < n; ++b) {

@@ -1,8 +1,10 @@
-// Calibration data from folders of .npy files (layout rules: calib_io.h).
+// Calibration data from folders of .npy files or of images (layout rules: calib_io.h).
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 
+#include "core/image.h"
 #include "core/npy.h"
 #include "quant/calib_io.h"
 
@@ -15,24 +17,39 @@ struct InputFiles {
   const Value* input;
   std::string dir;
   std::vector<std::string> files;
+  bool images = false;  // image files (one sample each), not .npy
 };
 
-Expected<std::vector<std::string>> list_npy(const std::string& dir, const std::string& input) {
+// The folder's .npy files, or else its images (also in subfolders: one per class, as image
+// classification datasets are laid out), in path order.
+Expected<InputFiles> list_files(const std::string& dir, const Value* input) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
-    return KILN_ERROR("calibration data for input '{}': '{}' is not a readable directory", input,
-                      dir);
-  std::vector<std::string> files;
-  fs::directory_iterator it(dir, ec), end;
+    return KILN_ERROR("calibration data for input '{}': '{}' is not a readable directory",
+                      input->name, dir);
+  InputFiles out{input, dir, {}, false};
+  std::vector<std::string> images;
+  fs::recursive_directory_iterator it(dir, fs::directory_options::follow_directory_symlink, ec), end;
   if (ec) return KILN_ERROR("calibration data '{}': cannot read: {}", dir, ec.message());
   for (; it != end; it.increment(ec)) {
     if (ec) return KILN_ERROR("calibration data '{}': cannot read: {}", dir, ec.message());
-    if (it->path().extension() == ".npy") files.push_back(it->path().string());
+    if (!it->is_regular_file(ec)) continue;
+    const std::string path = it->path().string();
+    if (it->path().extension() == ".npy" && it.depth() == 0) out.files.push_back(path);
+    else if (is_image_path(path)) images.push_back(path);
   }
-  if (files.empty())
-    return KILN_ERROR("calibration data for input '{}': no .npy files in '{}'", input, dir);
-  std::sort(files.begin(), files.end());
-  return files;
+  if (!out.files.empty() && !images.empty())
+    return KILN_ERROR("calibration data '{}' holds both .npy files and images: use one kind",
+                      dir);
+  if (out.files.empty()) {
+    out.files = std::move(images);
+    out.images = true;
+  }
+  if (out.files.empty())
+    return KILN_ERROR("calibration data for input '{}': no .npy files or images in '{}'",
+                      input->name, dir);
+  std::sort(out.files.begin(), out.files.end());
+  return out;
 }
 
 // Rows [start, start + n) of t's leading dimension, as a new tensor.
@@ -107,33 +124,37 @@ class NpyCalibData final : public CalibData {
   size_t n_;
 };
 
-// Calibration data whose files do not hold whole batches of the engine's fixed batch size B
-// (every input's batch fixed at the same B): each input's files, in name order, are one stream
-// of samples, and batch i is samples [i*B, (i+1)*B) of every stream (the rest is unused).
-class NpyStreamCalibData final : public CalibData {
+// Calibration data as one stream of samples per input, cut into batches of `batch` samples
+// (the rest unused): files that do not hold whole batches of a fixed-batch engine (the input's
+// files in name order), or images (one sample each).
+class StreamCalibData final : public CalibData {
  public:
   struct Stream {
     const Value* input;
     std::vector<std::string> files;
-    std::vector<int64_t> first;  // index of each file's first sample; first.back() = total
+    std::vector<int64_t> first;        // index of each file's first sample; first.back() = total
+    std::vector<int64_t> sample;       // one sample's shape (without the batch dimension)
+    std::function<Expected<Tensor>(const std::string&)> load;  // a file's samples, [n, sample...]
   };
-  NpyStreamCalibData(std::vector<Stream> streams, int64_t batch, size_t n)
+  StreamCalibData(std::vector<Stream> streams, int64_t batch, size_t n)
       : streams_(std::move(streams)), batch_(batch), n_(n) {}
   size_t size() const override { return n_; }
 
   Expected<std::vector<Feed>> batch(size_t i) const override {
     Feed feed;
     for (const Stream& s : streams_) {
-      const TensorType& ty = s.input->type;
-      std::vector<int64_t> shape;
-      for (const Dim& d : *ty.dims) shape.push_back(d.value);
-      Tensor out(ty.dtype, shape);
+      std::vector<int64_t> shape = {batch_};
+      shape.insert(shape.end(), s.sample.begin(), s.sample.end());
+      Tensor out(s.input->type.dtype, shape);
       const size_t row_bytes = out.nbytes() / static_cast<size_t>(batch_);
       int64_t at = static_cast<int64_t>(i) * batch_;
       for (int64_t filled = 0; filled < batch_;) {
         const size_t f = static_cast<size_t>(
             std::upper_bound(s.first.begin(), s.first.end(), at) - s.first.begin() - 1);
         KILN_ASSIGN_OR_RETURN(const Tensor* t, file(s, f));
+        if (t->nbytes() != row_bytes * static_cast<size_t>(s.first[f + 1] - s.first[f]))
+          return KILN_ERROR("calibration file '{}': {} does not give {} samples of {}", s.files[f],
+                            t->desc(), s.first[f + 1] - s.first[f], shape_str(s.sample));
         const int64_t from = at - s.first[f];
         const int64_t n = std::min(batch_ - filled, s.first[f + 1] - at);
         std::memcpy(static_cast<uint8_t*>(out.raw()) + row_bytes * filled,
@@ -151,7 +172,7 @@ class NpyStreamCalibData final : public CalibData {
   Expected<const Tensor*> file(const Stream& s, size_t f) const {
     auto& [path, t] = cached_[s.input];
     if (path != s.files[f]) {
-      KILN_ASSIGN_OR_RETURN(t, read_npy(s.files[f]));
+      KILN_ASSIGN_OR_RETURN(t, s.load(s.files[f]));
       path = s.files[f];
     }
     return &t;
@@ -163,11 +184,61 @@ class NpyStreamCalibData final : public CalibData {
   mutable std::map<const Value*, std::pair<std::string, Tensor>> cached_;
 };
 
+// The stream of an image folder: the preprocessing `kiln run` gives an image input of this
+// shape (channels 1 or 3, the input's height and width unless `o` resizes exactly), cast to the
+// input's float type.
+Expected<StreamCalibData::Stream> image_stream(const InputFiles& in,
+                                               const BuildConfig::CalibImages& o) {
+  const TensorType& ty = in.input->type;
+  if (!dtype_is_float(ty.dtype))
+    return KILN_ERROR("calibration images for input '{}': the input is {}, not a float tensor",
+                      in.input->name, dtype_name(ty.dtype));
+  if (!ty.dims || ty.dims->size() != 4)
+    return KILN_ERROR("calibration images for input '{}' ({}): the input is not 4-D",
+                      in.input->name, ty.str());
+  const auto& d = *ty.dims;
+  auto dim = [&](size_t i) { return d[i].is_static() ? d[i].value : int64_t(-1); };
+  const int64_t c = o.nhwc ? dim(3) : dim(1), h = o.nhwc ? dim(1) : dim(2),
+                w = o.nhwc ? dim(2) : dim(3);
+  if (c != 1 && c != 3)
+    return KILN_ERROR("calibration images for input '{}' ({}): {} channels in {} layout; images "
+                      "give 1 or 3 (--image-layout?)",
+                      in.input->name, ty.str(), c, o.nhwc ? "NHWC" : "NCHW");
+  ImagePreprocess p;
+  p.channels = static_cast<int>(c);
+  p.nhwc = o.nhwc;
+  p.mean = o.mean;
+  p.std = o.std;
+  p.resize_short = o.resize_short;
+  p.crop_h = o.resize_h > 0 ? o.resize_h : static_cast<int>(h);
+  p.crop_w = o.resize_w > 0 ? o.resize_w : static_cast<int>(w);
+  if (p.crop_h <= 0 || p.crop_w <= 0)
+    return KILN_ERROR("calibration images for input '{}' ({}): its height and width are not "
+                      "fixed: give --shapes or --resize HxW",
+                      in.input->name, ty.str());
+  if ((h > 0 && h != p.crop_h) || (w > 0 && w != p.crop_w))
+    return KILN_ERROR("calibration images for input '{}' ({}): --resize {}x{} does not give "
+                      "its height and width",
+                      in.input->name, ty.str(), p.crop_h, p.crop_w);
+  StreamCalibData::Stream s;
+  s.input = in.input;
+  s.files = in.files;
+  for (size_t i = 0; i <= in.files.size(); ++i) s.first.push_back(static_cast<int64_t>(i));
+  s.sample = o.nhwc ? std::vector<int64_t>{p.crop_h, p.crop_w, c}
+                    : std::vector<int64_t>{c, p.crop_h, p.crop_w};
+  const DataType t = ty.dtype;
+  s.load = [p, t](const std::string& path) -> Expected<Tensor> {
+    KILN_ASSIGN_OR_RETURN(Tensor x, load_image(path, p));
+    return t == DataType::kFloat32 ? x : x.cast(t);
+  };
+  return s;
+}
+
 // Whether the files (headers only) hold whole batches of every input's fixed batch size. When
 // not, and every input's batch is fixed at one B with files that fit otherwise, the stream
 // form applies; `*streams` gets the inputs' sample counts per file.
 Expected<bool> needs_stream(const std::vector<InputFiles>& inputs,
-                            std::vector<NpyStreamCalibData::Stream>* streams, int64_t* batch) {
+                            std::vector<StreamCalibData::Stream>* streams, int64_t* batch) {
   bool whole = true, all_fixed = true;
   *batch = 0;
   for (const InputFiles& in : inputs) {
@@ -176,7 +247,13 @@ Expected<bool> needs_stream(const std::vector<InputFiles>& inputs,
                        (*ty.dims)[0].value > 0 && ty.static_shape().has_value();
     if (!fixed || (*batch && (*ty.dims)[0].value != *batch)) all_fixed = false;
     if (fixed && !*batch) *batch = (*ty.dims)[0].value;
-    NpyStreamCalibData::Stream s{in.input, in.files, {0}};
+    StreamCalibData::Stream s;
+    s.input = in.input;
+    s.files = in.files;
+    s.first = {0};
+    if (ty.dims)
+      for (size_t d = 1; d < ty.dims->size(); ++d) s.sample.push_back((*ty.dims)[d].value);
+    s.load = [](const std::string& path) { return read_npy(path); };
     for (const std::string& f : in.files) {
       KILN_ASSIGN_OR_RETURN(NpyInfo info, read_npy_info(f));
       const int64_t rank = static_cast<int64_t>(ty.dims ? ty.dims->size() : 0);
@@ -191,10 +268,31 @@ Expected<bool> needs_stream(const std::vector<InputFiles>& inputs,
   return !whole && all_fixed;
 }
 
+// The streams as batches of `batch` samples (every input the same number of samples; at least
+// one batch), at most `max_batches` (0: all).
+Expected<std::unique_ptr<CalibData>> stream_data(std::vector<StreamCalibData::Stream> streams,
+                                                 int64_t batch, size_t max_batches) {
+  const int64_t total = streams[0].first.back();
+  for (const auto& s : streams)
+    if (s.first.back() != total)
+      return KILN_ERROR("calibration data: input '{}' has {} samples but '{}' has {}",
+                        streams[0].input->name, total, s.input->name, s.first.back());
+  if (total < batch)
+    return KILN_ERROR(
+        "calibration data holds {} samples of input '{}', fewer than one batch of the engine's {} "
+        "(give at least {}, or calibrate a smaller-batch build with --calib-cache and give that "
+        "cache here)",
+        total, streams[0].input->name, batch, batch);
+  size_t n = static_cast<size_t>(total / batch);
+  if (max_batches > 0) n = std::min(n, max_batches);
+  return std::unique_ptr<CalibData>(new StreamCalibData(std::move(streams), batch, n));
+}
+
 }  // namespace
 
 Expected<std::unique_ptr<CalibData>> open_npy_calib_data(
-    const std::map<std::string, std::string>& dirs, const Graph& g, size_t max_batches) {
+    const std::map<std::string, std::string>& dirs, const Graph& g, size_t max_batches,
+    const BuildConfig::CalibImages& images) {
   std::vector<InputFiles> inputs;
   for (const auto& [name, dir] : dirs) {
     const Value* in = nullptr;
@@ -209,8 +307,8 @@ Expected<std::unique_ptr<CalibData>> open_npy_calib_data(
       if (!in)
         return KILN_ERROR("calibration data for '{}': the model has no input of that name", name);
     }
-    KILN_ASSIGN_OR_RETURN(std::vector<std::string> files, list_npy(dir, in->name));
-    inputs.push_back({in, dir, std::move(files)});
+    KILN_ASSIGN_OR_RETURN(InputFiles files, list_files(dir, in));
+    inputs.push_back(std::move(files));
   }
   for (const Value* v : g.inputs()) {
     const bool given =
@@ -224,7 +322,33 @@ Expected<std::unique_ptr<CalibData>> open_npy_calib_data(
           "calibration data: '{}' has {} .npy files but '{}' has {} (one file per "
           "batch for every input)",
           inputs[0].dir, n, in.dir, in.files.size());
-  std::vector<NpyStreamCalibData::Stream> streams;
+  const bool any_images =
+      std::any_of(inputs.begin(), inputs.end(), [](const InputFiles& in) { return in.images; });
+  if (images.any() && !any_images)
+    return Status::Error(
+        "--resize, --mean, --std and --image-layout apply to calibration images; the "
+        "calibration folders hold .npy files");
+  if (any_images) {
+    // Images: one sample each; batches of the inputs' fixed batch size (all the same), else 1.
+    std::vector<StreamCalibData::Stream> streams;
+    int64_t batch = -1;
+    for (const InputFiles& in : inputs) {
+      if (!in.images)
+        return KILN_ERROR("calibration data: '{}' holds images but '{}' holds .npy files: use "
+                          "one kind for every input",
+                          std::find_if(inputs.begin(), inputs.end(), [](auto& i) { return i.images; })->dir,
+                          in.dir);
+      KILN_ASSIGN_OR_RETURN(StreamCalibData::Stream s, image_stream(in, images));
+      const Dim& b = (*in.input->type.dims)[0];
+      const int64_t this_batch = b.is_static() && b.value > 0 ? b.value : 1;
+      if (batch >= 0 && this_batch != batch)
+        return Status::Error("calibration images: the inputs' batch sizes differ");
+      batch = this_batch;
+      streams.push_back(std::move(s));
+    }
+    return stream_data(std::move(streams), batch, max_batches);
+  }
+  std::vector<StreamCalibData::Stream> streams;
   int64_t batch = 0;
   KILN_ASSIGN_OR_RETURN(bool stream, needs_stream(inputs, &streams, &batch));
   if (stream) {
@@ -243,20 +367,7 @@ Expected<std::unique_ptr<CalibData>> open_npy_calib_data(
                             dtype_name(info.dtype), shape_str(info.shape), in.input->name,
                             ty.str());
       }
-    const int64_t total = streams[0].first.back();
-    for (const auto& s : streams)
-      if (s.first.back() != total)
-        return KILN_ERROR("calibration data: input '{}' has {} samples but '{}' has {}",
-                          streams[0].input->name, total, s.input->name, s.first.back());
-    if (total < batch)
-      return KILN_ERROR(
-          "calibration data holds {} samples of input '{}', fewer than one batch of the "
-          "engine's {} (give at least {}, or calibrate a smaller-batch build with --calib-cache "
-          "and give that cache here)",
-          total, streams[0].input->name, batch, batch);
-    size_t nb = static_cast<size_t>(total / batch);
-    if (max_batches > 0) nb = std::min(nb, max_batches);
-    return std::unique_ptr<CalibData>(new NpyStreamCalibData(std::move(streams), batch, nb));
+    return stream_data(std::move(streams), batch, max_batches);
   }
   if (max_batches > 0) n = std::min(n, max_batches);
   return std::unique_ptr<CalibData>(new NpyCalibData(std::move(inputs), n));

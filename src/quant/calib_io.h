@@ -8,6 +8,7 @@
 #include <string>
 
 #include "ir/graph.h"
+#include "kiln/engine.h"
 #include "kiln/status.h"
 #include "quant/calibrator.h"
 
@@ -18,8 +19,14 @@ namespace kiln::quant {
 // order; file i of every folder makes batch i. A file holds one batch (the input's rank) or
 // one sample (rank - 1; a batch dimension of 1 is added). Its element type and every
 // non-batch dimension must match the input's. At most `max_batches` batches (0: all).
+// Files that do not hold whole batches of a fixed-batch engine are one stream of samples cut
+// into batches of its size. A folder of images (JPEG/PNG/..., also in class subfolders, taken
+// in path order) gives one sample per image, preprocessed by `images` as `kiln run` does an
+// image input (channels and size from the input), batched as the input's fixed batch, else one
+// image per batch.
 Expected<std::unique_ptr<CalibData>> open_npy_calib_data(
-    const std::map<std::string, std::string>& dirs, const Graph& g, size_t max_batches);
+    const std::map<std::string, std::string>& dirs, const Graph& g, size_t max_batches,
+    const BuildConfig::CalibImages& images = {});
 
 struct CalibCache {
   std::string algorithm;                // entropy | minmax | percentile

@@ -45,7 +45,7 @@ Expected<std::map<std::string, float>> activation_scales(const Graph& g, const B
   if (!(c.calib_percentile > 0 && c.calib_percentile <= 100))
     return KILN_ERROR("percentile {} must be in (0, 100]", c.calib_percentile);
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<CalibData> data,
-                        open_npy_calib_data(c.calib_data, g, c.calib_batches));
+                        open_npy_calib_data(c.calib_data, g, c.calib_batches, c.calib_images));
   const size_t n = data->size();
   const size_t used = c.accuracy_budget > 0 ? n - heldout_batches(n) : n;
   // The FP32 network runs where the engine will: on the GPU for a cuda build.

@@ -184,6 +184,18 @@ def int8_cases(args, p):
               "--calib", p("calib"))
     expect_error(args, "int8 calibration with fewer samples than a batch", "holds 6 samples", *build,
                  "--shapes", "input:8x3x32x32", "--calib", p("calib"))
+    # An image folder (class subfolders) as calibration data, preprocessed as image inputs are.
+    from PIL import Image
+    for cls in ("a", "b"):
+        os.makedirs(p(f"calib_img/{cls}"))
+        for i in range(3):
+            Image.fromarray(rng.integers(0, 256, (40, 48, 3), dtype=np.uint8)).save(p(f"calib_img/{cls}/{i}.png"))
+    expect_ok(args, "int8 calibration on an image folder", *build, "--calib", p("calib_img"),
+              "--resize", "36", "--mean", "0.485,0.456,0.406", "--std", "0.229,0.224,0.225")
+    expect_error(args, "image options without calibration images", "apply to calibration images",
+                 "build", "--onnx", p("cnn.onnx"), "--save-engine", p("q.kiln"), "--resize", "36")
+    expect_error(args, "image options with .npy calibration data", "apply to calibration images",
+                 *build, "--calib", p("calib"), "--mean", "0.5")
     expect_error(args, "int8 cache algorithm differs", "algorithm differs", *build, "--calib-cache", p("c.cache"), "--calib-algo", "minmax")
     onnx.save(small_models.mlp(), p("mlp.onnx"))
     expect_error(args, "int8 cache from another model", "fingerprint differs", "build", "--onnx", p("mlp.onnx"), "--save-engine", p("q.kiln"), "--backend", "cpu", "--int8", "--calib-cache", p("c.cache"))

@@ -1,5 +1,6 @@
 // Calibrators (threshold choice), the calibration cache, and explicit Q/DQ mapping.
 #include <gtest/gtest.h>
+#include <stb/stb_image_write.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -8,6 +9,7 @@
 #include <fstream>
 #include <random>
 
+#include "core/image.h"
 #include "core/npy.h"
 #include "passes/pass_test_util.h"
 #include "quant/calib_io.h"
@@ -150,6 +152,70 @@ TEST(CalibData, FilesOfOtherBatchSizesAreOneStreamOfSamples) {
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("d.npy"), std::string::npos) << bad.status().message();
   std::filesystem::remove_all(dir);
+}
+
+// A folder of images (in class subfolders) is calibration data: one sample per image, read as
+// `kiln run` reads an image input of the model's shape, batched as the input's fixed batch.
+TEST(CalibData, ImageFoldersAreSamples) {
+  const std::string dir = temp_path("calib_images");
+  std::filesystem::remove_all(dir);
+  std::vector<std::string> paths;
+  for (const char* cls : {"cat", "dog"}) {
+    std::filesystem::create_directories(dir + "/" + cls);
+    for (int i = 0; i < 3; ++i) {
+      std::vector<unsigned char> px(8 * 6 * 3);
+      for (size_t k = 0; k < px.size(); ++k)
+        px[k] = static_cast<unsigned char>((k * 7 + static_cast<size_t>(i) * 40 + cls[0]) % 256);
+      const std::string path = dir + "/" + cls + "/" + std::to_string(i) + ".png";
+      ASSERT_TRUE(stbi_write_png(path.c_str(), 8, 6, 3, px.data(), 8 * 3));
+      paths.push_back(path);
+    }
+  }
+  BuildConfig::CalibImages o;
+  o.mean = {0.5f};
+  o.std = {0.25f};
+  ImagePreprocess p;
+  p.crop_h = p.crop_w = 4;
+  p.mean = o.mean;
+  p.std = o.std;
+  G fixed;
+  Value* x = fixed.g.add_value("x", TensorType(DataType::kFloat32, {2, 3, 4, 4}));
+  fixed.g.add_input(x);
+  auto data = quant::open_npy_calib_data({{"", dir}}, fixed.g, 0, o);
+  ASSERT_TRUE(data.ok()) << data.status().message();
+  ASSERT_EQ((*data)->size(), 3u);  // 6 images, batches of 2, in path order
+  for (size_t b = 0; b < 3; ++b) {
+    auto feeds = (*data)->batch(b);
+    ASSERT_TRUE(feeds.ok()) << feeds.status().message();
+    const Tensor& t = (*feeds)[0].at("x");
+    ASSERT_EQ(t.shape(), (std::vector<int64_t>{2, 3, 4, 4}));
+    for (int64_t i = 0; i < 2; ++i) {
+      auto want = load_image(paths[2 * b + static_cast<size_t>(i)], p);
+      ASSERT_TRUE(want.ok());
+      for (int64_t k = 0; k < 48; ++k)
+        ASSERT_EQ(t.data<float>()[i * 48 + k], want->data<float>()[k]) << b << " " << i;
+    }
+  }
+  // A dynamic batch: one image per batch.
+  G dyn;
+  Value* y = dyn.g.add_value("x", TensorType(DataType::kFloat32, {Dim::sym("N"), 3, 4, 4}));
+  dyn.g.add_input(y);
+  auto one = quant::open_npy_calib_data({{"", dir}}, dyn.g, 0, o);
+  ASSERT_TRUE(one.ok()) << one.status().message();
+  EXPECT_EQ((*one)->size(), 6u);
+  // Image options with .npy data, and a folder of both kinds, are errors.
+  const std::string npy = temp_path("calib_npy_only");
+  std::filesystem::create_directories(npy);
+  ASSERT_TRUE(write_npy(npy + "/a.npy", Tensor(DataType::kFloat32, {2, 3, 4, 4})).ok());
+  auto opts = quant::open_npy_calib_data({{"", npy}}, fixed.g, 0, o);
+  ASSERT_FALSE(opts.ok());
+  EXPECT_NE(opts.status().message().find("calibration images"), std::string::npos);
+  ASSERT_TRUE(write_npy(dir + "/a.npy", Tensor(DataType::kFloat32, {2, 3, 4, 4})).ok());
+  auto mixed = quant::open_npy_calib_data({{"", dir}}, fixed.g, 0, o);
+  ASSERT_FALSE(mixed.ok());
+  EXPECT_NE(mixed.status().message().find("both .npy files and images"), std::string::npos);
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(npy);
 }
 
 TEST(MapQdq, ActivationPairsAndWeightsBecomeScales) {

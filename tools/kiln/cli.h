@@ -7,6 +7,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "inputs.h"
 #include "kiln/engine.h"
 #include "kiln/status.h"
 
@@ -30,8 +31,14 @@ struct BuildFlags {
   size_t calib_batches = 0;
   double accuracy_budget = 0;
   CLI::Option* opt_level_flag = nullptr;
+  // Preprocessing of calibration images: the command's own image options (kiln run's, which
+  // also serve its image inputs), or these, registered by add_build_flags(with_images).
+  InputFlags own_images;
+  const InputFlags* images = nullptr;
 };
-void add_build_flags(CLI::App* cmd, BuildFlags& f, bool with_dump);
+// with_images: also register --resize/--mean/--std/--image-layout (for calibration images);
+// a command that has them already (kiln run) sets BuildFlags::images to its own.
+void add_build_flags(CLI::App* cmd, BuildFlags& f, bool with_dump, bool with_images = true);
 Expected<BuildConfig> to_build_config(const BuildFlags& f);
 // `--onnx M` builds with the flags; `--engine E` loads (build flags are then an error).
 Expected<std::unique_ptr<Engine>> engine_from_flags(const std::string& onnx,

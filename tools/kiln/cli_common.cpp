@@ -46,7 +46,7 @@ Expected<ShapeMap> parse_shapes(const std::string& spec, const std::string& flag
   return out;
 }
 
-void add_build_flags(CLI::App* cmd, BuildFlags& f, bool with_dump) {
+void add_build_flags(CLI::App* cmd, BuildFlags& f, bool with_dump, bool with_images) {
   cmd->add_option("--backend", f.backend, "cpu or cuda (default: cuda if a GPU is usable, else cpu)");
   cmd->add_flag("--fp16", f.fp16, "Allow FP16 storage and tensor cores (float32 accumulation)");
   cmd->add_flag("--int8", f.int8, "Allow INT8 kernels");
@@ -70,8 +70,13 @@ void add_build_flags(CLI::App* cmd, BuildFlags& f, bool with_dump) {
     cmd->add_option("--dump-graph", f.dump, "Write the graph after each pass (text + dot) to this folder");
   cmd->add_flag("--verbose", f.verbose, "Explain optimizer decisions and each layer's tactic choice");
   cmd->add_option("--calib", f.calib,
-                  "INT8 calibration data: a folder of .npy files (one batch or one sample each), "
-                  "or NAME=DIR per input");
+                  "INT8 calibration data: a folder of .npy files (one batch or one sample each) "
+                  "or of images (also in class subfolders; --resize/--mean/--std/--image-layout "
+                  "as for image inputs), or NAME=DIR per input");
+  if (with_images) {
+    add_image_flags(cmd, f.own_images);
+    f.images = &f.own_images;
+  }
   cmd->add_option("--calib-algo", f.calib_algo, "entropy (default), minmax or percentile (99.99)")
       ->check(CLI::IsMember({"entropy", "minmax", "percentile"}));
   cmd->add_option("--calib-batches", f.calib_batches, "Calibrate on at most N batches (default: all)");
@@ -138,6 +143,13 @@ Expected<BuildConfig> to_build_config(const BuildFlags& f) {
   }
   if (c.calib_data.count("") && c.calib_data.size() > 1)
     return Status::Error("--calib: give either one DIR or NAME=DIR for every input");
+  if (f.images) {
+    KILN_ASSIGN_OR_RETURN(c.calib_images, calib_image_options(*f.images));
+    if (f.images == &f.own_images && c.calib_images.any() && f.calib.empty())
+      return Status::Error(
+          "--resize, --mean, --std and --image-layout apply to calibration images (--int8 "
+          "--calib DIR of images)");
+  }
   c.calib_algo = f.calib_algo;
   c.calib_batches = f.calib_batches;
   c.calib_cache = f.calib_cache;

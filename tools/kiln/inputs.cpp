@@ -61,6 +61,10 @@ void add_input_flags(CLI::App* cmd, InputFlags& f) {
   cmd->add_option("--input", f.inputs,
                   "NAME=FILE: .npy, ONNX .pb, or an image (.jpg/.png/...); repeat per input. "
                   "Inputs not given get seeded random data");
+  add_image_flags(cmd, f);
+}
+
+void add_image_flags(CLI::App* cmd, InputFlags& f) {
   cmd->add_option(
       "--resize", f.resize,
       "Images: R = shorter side to R then center crop to the input's HxW (torchvision's "
@@ -71,6 +75,19 @@ void add_input_flags(CLI::App* cmd, InputFlags& f) {
   // Not --layout: that build flag already names the engine's internal layout (auto/linear/nhwc).
   cmd->add_option("--image-layout", f.layout, "Images: NCHW (default) or NHWC")
       ->check(CLI::IsMember({"NCHW", "NHWC", "nchw", "nhwc"}));
+}
+
+Expected<BuildConfig::CalibImages> calib_image_options(const InputFlags& f) {
+  BuildConfig::CalibImages o;
+  o.nhwc = f.layout == "NHWC" || f.layout == "nhwc";
+  KILN_ASSIGN_OR_RETURN(o.mean, parse_floats(f.mean, "--mean"));
+  KILN_ASSIGN_OR_RETURN(o.std, parse_floats(f.std, "--std"));
+  ImagePreprocess p;
+  KILN_RETURN_IF_ERROR(parse_resize(f.resize, p));
+  o.resize_short = p.resize_short;
+  o.resize_h = p.crop_h;
+  o.resize_w = p.crop_w;
+  return o;
 }
 
 Expected<ImagePreprocess> image_options(const InputFlags& f, const TensorInfo& info) {
@@ -118,7 +135,7 @@ Expected<Tensor> random_input(const TensorInfo& info, const ShapeMap& shapes, st
 
 Expected<std::map<std::string, Tensor>> load_inputs(const std::vector<TensorInfo>& model_inputs,
                                                     const InputFlags& f, const ShapeMap& shapes,
-                                                    std::mt19937& rng) {
+                                                    std::mt19937& rng, bool images_elsewhere) {
   std::map<std::string, Tensor> out;
   bool any_image = false;
   for (const std::string& spec : f.inputs) {
@@ -152,8 +169,9 @@ Expected<std::map<std::string, Tensor>> load_inputs(const std::vector<TensorInfo
       t = Tensor::view(DataType::kBFloat16, t.shape(), t.raw(), std::make_shared<Tensor>(t));
     out[name] = std::move(t);
   }
-  if (!any_image && (!f.resize.empty() || !f.mean.empty() || !f.std.empty() ||
-                     (f.layout != "NCHW" && f.layout != "nchw")))
+  if (!any_image && !images_elsewhere &&
+      (!f.resize.empty() || !f.mean.empty() || !f.std.empty() ||
+       (f.layout != "NCHW" && f.layout != "nchw")))
     return Status::Error(
         "--resize, --mean, --std and --image-layout apply to image inputs "
         "(--input NAME=photo.jpg); no image was given");

@@ -48,7 +48,9 @@ Runner add_run_command(CLI::App& app) {
   g->require_option(1);
   add_input_flags(cmd, o->in);
   cmd->add_option("--save-outputs", o->save_dir, "Save each output as DIR/NAME.npy");
-  add_build_flags(cmd, o->flags, /*with_dump=*/false);  // with --onnx; --shapes also sizes random inputs
+  // with --onnx; --shapes also sizes random inputs; the image options also serve --calib images
+  add_build_flags(cmd, o->flags, /*with_dump=*/false, /*with_images=*/false);
+  o->flags.images = &o->in;
   cmd->add_option("--seed", o->seed, "Seed of the random inputs (default 1)");
   cmd->add_option("--iterations", o->iterations, "Timed runs (default 1)")->check(CLI::Range(1, 1000000));
   cmd->add_option("--warmup", o->warmup, "Untimed runs first (default 0)")->check(CLI::Range(0, 1000000));
@@ -56,7 +58,8 @@ Runner add_run_command(CLI::App& app) {
     KILN_ASSIGN_OR_RETURN(ShapeMap shapes, parse_shapes(o->flags.shapes, "--shapes"));
     KILN_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, engine_from_flags(o->onnx, o->engine, o->flags));
     std::mt19937 rng(o->seed);
-    KILN_ASSIGN_OR_RETURN(auto inputs, load_inputs(engine->inputs(), o->in, shapes, rng));
+    KILN_ASSIGN_OR_RETURN(auto inputs, load_inputs(engine->inputs(), o->in, shapes, rng,
+                                                   /*images_elsewhere=*/!o->flags.calib.empty()));
     KILN_ASSIGN_OR_RETURN(std::unique_ptr<ExecutionContext> ctx, engine->create_context());
     std::vector<Tensor> outputs;
     for (int i = 0; i < o->warmup; ++i) {
