@@ -112,6 +112,19 @@ def compare_tests(args, p):
     if not has_gpu:
         expect_error(args, "compare fp16 without GPU", "need the cuda backend", "compare", p("cnn.onnx"), "--precisions", "fp16")
     expect_error(args, "compare missing engine", "nope.kiln", "compare", p("cnn.onnx"), "--engines", p("nope.kiln"))
+    # --precisions int8 calibrates as kiln build does (the INT8 reference on the cpu backend).
+    os.makedirs(p("cal"))
+    for i in range(3):
+        np.save(p(f"cal/{i}.npy"), np.random.default_rng(i).uniform(-1, 1, (1, 3, 32, 32)).astype(np.float32))
+    r = expect_ok(args, "compare --precisions int8 --calib", "compare", p("cnn.onnx"), "--backend", "cpu",
+                  "--precisions", "fp32,int8", "--calib", p("cal"), "--per-layer", "--export-json", p("cmp8.json"))
+    doc = json.load(open(p("cmp8.json")))
+    check("compare int8: both engines reported, int8 per layer", [e["precision"] for e in doc["engines"]] == ["fp32", "int8"]
+          and len(doc["engines"][1]["per_layer"]["layers"]) > 0, str([e.get("precision") for e in doc["engines"]]))
+    expect_error(args, "compare int8 without scales", "needs scales", "compare", p("cnn.onnx"), "--backend", "cpu",
+                 "--precisions", "int8")
+    expect_error(args, "compare --calib without int8", "apply to --precisions int8", "compare", p("cnn.onnx"),
+                 "--calib", p("cal"))
     # --dataset: gzip IDX files; top-1/top-5 against NumPy's on the same model.
     import gzip
     rng = np.random.default_rng(2)

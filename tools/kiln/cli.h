@@ -40,6 +40,8 @@ struct BuildFlags {
 // a command that has them already (kiln run) sets BuildFlags::images to its own.
 void add_build_flags(CLI::App* cmd, BuildFlags& f, bool with_dump, bool with_images = true);
 Expected<BuildConfig> to_build_config(const BuildFlags& f);
+// --calib specs (DIR, or NAME=DIR per input; repeated or comma-separated) as input -> folder.
+Expected<std::map<std::string, std::string>> parse_calib(const std::vector<std::string>& specs);
 // `--onnx M` builds with the flags; `--engine E` loads (build flags are then an error).
 Expected<std::unique_ptr<Engine>> engine_from_flags(const std::string& onnx,
                                                     const std::string& engine,

@@ -121,6 +121,22 @@ Expected<size_t> parse_mem_pool(const std::string& spec) {
 
 }  // namespace
 
+Expected<std::map<std::string, std::string>> parse_calib(const std::vector<std::string>& specs) {
+  std::map<std::string, std::string> out;
+  for (const std::string& spec : specs) {
+    for (const std::string& item : split_list(spec)) {
+      const size_t eq = item.find('=');
+      const std::string name = eq == std::string::npos ? "" : item.substr(0, eq);
+      if (out.count(name))
+        return KILN_ERROR("--calib: data for {} given twice", name.empty() ? "the input" : "'" + name + "'");
+      out[name] = eq == std::string::npos ? item : item.substr(eq + 1);
+    }
+  }
+  if (out.count("") && out.size() > 1)
+    return Status::Error("--calib: give either one DIR or NAME=DIR for every input");
+  return out;
+}
+
 Expected<BuildConfig> to_build_config(const BuildFlags& f) {
   BuildConfig c;
   c.backend = f.backend;
@@ -132,17 +148,7 @@ Expected<BuildConfig> to_build_config(const BuildFlags& f) {
   c.verbose = f.verbose;
   c.timing_cache = f.timing_cache;
   c.layout = f.layout;
-  for (const std::string& spec : f.calib) {
-    for (const std::string& item : split_list(spec)) {
-      const size_t eq = item.find('=');
-      const std::string name = eq == std::string::npos ? "" : item.substr(0, eq);
-      if (c.calib_data.count(name))
-        return KILN_ERROR("--calib: data for {} given twice", name.empty() ? "the input" : "'" + name + "'");
-      c.calib_data[name] = eq == std::string::npos ? item : item.substr(eq + 1);
-    }
-  }
-  if (c.calib_data.count("") && c.calib_data.size() > 1)
-    return Status::Error("--calib: give either one DIR or NAME=DIR for every input");
+  KILN_ASSIGN_OR_RETURN(c.calib_data, parse_calib(f.calib));
   if (f.images) {
     KILN_ASSIGN_OR_RETURN(c.calib_images, calib_image_options(*f.images));
     if (f.images == &f.own_images && c.calib_images.any() && f.calib.empty())

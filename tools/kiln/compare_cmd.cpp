@@ -2,6 +2,7 @@
 // and through the ONNX model on the CPU backend in float64, and reports per output max abs
 // error, relative L2, cosine similarity and top-1 agreement; --per-layer localises the first
 // layer where the error jumps; --dataset reports real top-1/top-5 per engine.
+#include <algorithm>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -23,6 +24,10 @@ struct Opts {
   bool per_layer = false;
   double tolerance = -1, jump_floor = -1;
   int dataset_limit = 1000, batch = 1;
+  // --precisions int8: calibration as kiln build's
+  std::vector<std::string> calib;
+  std::string calib_algo, calib_cache;
+  size_t calib_batches = 0;
 };
 
 Expected<BuildConfig> precision_config(const std::string& p, const Opts& o) {
@@ -33,20 +38,36 @@ Expected<BuildConfig> precision_config(const std::string& p, const Opts& o) {
   if (p != "fp32" && p != "tf32" && p != "fp16" && p != "int8")
     return KILN_ERROR("--precisions: unknown precision '{}' (choose from fp32, tf32, fp16, int8)",
                       p);
-  if (p != "fp32" && c.backend != "cuda") {
+  if ((p == "tf32" || p == "fp16") && c.backend != "cuda") {
     const std::string why = backend_unavailable_reason("cuda");
     return KILN_ERROR(
-        "--precisions {}: tf32, fp16 and int8 need the cuda backend ({}); fp32 "
-        "works on the cpu backend",
+        "--precisions {}: tf32 and fp16 need the cuda backend ({}); fp32 and int8 (the INT8 "
+        "reference) work on the cpu backend",
         p, why.empty() ? "use --backend cuda" : "not usable here: " + why);
   }
   c.tf32 = p == "tf32";
   c.fp16 = p == "fp16";
-  c.int8 = p == "int8";
+  if (p == "int8") {
+    // As `kiln build --int8 --fp16` on the GPU (float layers in FP16), the INT8 reference on the
+    // CPU; calibrated as kiln build calibrates.
+    c.int8 = true;
+    c.fp16 = c.backend == "cuda";
+    c.tf32 = true;
+    KILN_ASSIGN_OR_RETURN(c.calib_data, parse_calib(o.calib));
+    KILN_ASSIGN_OR_RETURN(c.calib_images, calib_image_options(o.in));
+    c.calib_algo = o.calib_algo;
+    c.calib_cache = o.calib_cache;
+    c.calib_batches = o.calib_batches;
+  }
   return c;
 }
 
 Expected<std::vector<CompareEngine>> engines_to_compare(const Opts& o) {
+  const auto ps = split_list(o.precisions);
+  if ((!o.calib.empty() || !o.calib_cache.empty() || !o.calib_algo.empty() || o.calib_batches) &&
+      std::find(ps.begin(), ps.end(), "int8") == ps.end())
+    return Status::Error("--calib, --calib-algo, --calib-batches and --calib-cache apply to "
+                         "--precisions int8");
   std::vector<CompareEngine> out;
   for (const std::string& path : split_list(o.engines)) {
     KILN_ASSIGN_OR_RETURN(std::unique_ptr<Engine> e, Engine::load(path));
@@ -122,7 +143,8 @@ Status run_compare(const Opts& o) {
   KILN_ASSIGN_OR_RETURN(std::vector<CompareEngine> engines, engines_to_compare(o));
   KILN_ASSIGN_OR_RETURN(ShapeMap shapes, parse_shapes(o.shapes, "--shapes"));
   std::mt19937 rng(o.seed);
-  KILN_ASSIGN_OR_RETURN(auto inputs, load_inputs(engines[0].engine->inputs(), o.in, shapes, rng));
+  KILN_ASSIGN_OR_RETURN(auto inputs, load_inputs(engines[0].engine->inputs(), o.in, shapes, rng,
+                                                 /*images_elsewhere=*/!o.calib.empty()));
   std::vector<std::string> keep;
   if (o.per_layer) {
     std::set<std::string> all;
@@ -171,8 +193,16 @@ Runner add_compare_command(CLI::App& app) {
   cmd->add_option("model", o->model, "The ONNX model (the reference)")->required();
   cmd->add_option("--engines", o->engines, "Engine files to compare: A.kiln,B.kiln");
   cmd->add_option("--precisions", o->precisions,
-                  "Build and compare these: fp32,tf32,fp16,int8 (tf32/fp16/int8 need the cuda "
-                  "backend). Default fp32 when no --engines");
+                  "Build and compare these: fp32,tf32,fp16,int8 (tf32/fp16 need the cuda backend; "
+                  "int8 is --int8 --fp16 there, the INT8 reference on the cpu). Default fp32 when "
+                  "no --engines");
+  cmd->add_option("--calib", o->calib,
+                  "--precisions int8: calibration data as for kiln build (.npy files or images, "
+                  "or NAME=DIR per input)");
+  cmd->add_option("--calib-algo", o->calib_algo, "--precisions int8: entropy, minmax or percentile")
+      ->check(CLI::IsMember({"entropy", "minmax", "percentile"}));
+  cmd->add_option("--calib-batches", o->calib_batches, "--precisions int8: at most N batches");
+  cmd->add_option("--calib-cache", o->calib_cache, "--precisions int8: calibration cache");
   cmd->add_option("--backend", o->backend,
                   "Backend for --precisions builds (default: cuda if usable, else cpu)");
   cmd->add_option("--shapes", o->shapes,
