@@ -69,6 +69,10 @@ if has int8; then
   timeout ${KILN_BUDGET_TIMEOUT:-300} "$KILN" build --onnx models/resnet50.onnx --shapes input:32x3x224x224 \
     --int8 --fp16 --calib /tmp/r50_calib --accuracy-budget ${KILN_BUDGET:-0.01} \
     --timing-cache /tmp/r50_budget.cache --save-engine /tmp/r50_budget.kiln 2>&1 | tail -25 | tee "$OUT/int8_budget.log"
+  # Where INT8 error arises, layer by layer (kiln compare against the float64 CPU reference).
+  timeout 300 "$KILN" compare models/resnet50.onnx --precisions fp16,int8 --shapes input:2x3x224x224 \
+    --calib /tmp/r50_calib --calib-batches 40 --per-layer --export-json "$OUT/compare_int8.json" \
+    2>&1 | tail -40 > "$OUT/compare_int8.log"; head -8 "$OUT/compare_int8.log"
   # Fashion-MNIST top-1 per precision (the dataset carried in .deps: KILN_DEPS_FMNIST=1
   # bench/prepare_deps.sh, or FMNIST_DIR).
   [ -d .deps/fashion-mnist ] && export FMNIST_DIR=${FMNIST_DIR:-$PWD/.deps/fashion-mnist}
