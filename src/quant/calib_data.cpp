@@ -29,7 +29,7 @@ Expected<InputFiles> list_files(const std::string& dir, const Value* input) {
                       input->name, dir);
   InputFiles out{input, dir, {}, false};
   std::vector<std::string> images;
-  fs::recursive_directory_iterator it(dir, fs::directory_options::follow_directory_symlink, ec), end;
+  fs::recursive_directory_iterator it(dir, ec), end;  // symlinked subfolders: not followed (no cycles)
   if (ec) return KILN_ERROR("calibration data '{}': cannot read: {}", dir, ec.message());
   for (; it != end; it.increment(ec)) {
     if (ec) return KILN_ERROR("calibration data '{}': cannot read: {}", dir, ec.message());
