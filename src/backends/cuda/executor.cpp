@@ -42,6 +42,7 @@ struct Instance {
   std::vector<std::vector<int64_t>> output_shapes;
   std::vector<size_t> output_bytes;
   cudaGraphExec_t graph = nullptr;
+  bool ran_direct = false;  // once run without capture (layers' first-run work is not captured)
   std::vector<void*> graph_io;
   uint64_t graph_generation = 0;
   ~Instance() {
@@ -603,7 +604,10 @@ Status CudaContext::enqueue_read(CUstream_st* stream, std::vector<LayerTiming>* 
   rc_.stream = s;
   std::vector<void*> io(in_addr_);
   io.insert(io.end(), out_addr_.begin(), out_addr_.end());
-  const bool direct = !use_graph_ || layer_times || !debug_.empty();  // debug copies sync
+  // Direct: without CUDA graphs, when timing layers, with debug copies (they synchronize), and
+  // the first run of an instance, so that what layers do once at their first run (a tactic's
+  // constants, library plans) happens outside a capture, where allocations are not allowed.
+  const bool direct = !use_graph_ || layer_times || !debug_.empty() || !inst->ran_direct;
   if (!direct && inst->graph && inst->graph_io == io &&
       inst->graph_generation == generation_) {
     KILN_CUDA_CHECK(cudaGraphLaunch(inst->graph, s));
@@ -613,6 +617,7 @@ Status CudaContext::enqueue_read(CUstream_st* stream, std::vector<LayerTiming>* 
   bind(*inst);
   if (direct) {
     KILN_RETURN_IF_ERROR(run_layers(*inst, layer_times));
+    inst->ran_direct = true;
     return copy_outputs(*inst, s);
   }
   if (inst->graph) cudaGraphExecDestroy(inst->graph);
