@@ -4,7 +4,8 @@
 #   bench/device_check.sh [STAGE...]     stages: env tests models bench int8 rebuild conformance (default: all)
 #                                        and perlayer (not in the default: localizes an accuracy failure)
 # Narrower runs: KILN_BACKEND_OPS_FILTER (gtest filter of test-backend-ops), KILN_CONFORMANCE_FILTER
-# (regex on conformance test names), KILN_MODELS, KILN_PERLAYER="model:precision ..." (perlayer).
+# (regex on conformance test names), KILN_MODELS, KILN_PERLAYER="model:precision ..." (perlayer),
+# KILN_INT8_PARTS (int8: some of speed accuracy budget compare fmnist).
 # Logs and JSON go to $OUT (the device tool brings them back).
 set -uo pipefail
 . "$(dirname "$0")/device_env.sh" /tmp/kiln-device-check
@@ -53,30 +54,41 @@ if has bench; then
 fi
 
 if has int8; then
-  echo "== INT8 (issue 10): ResNet-50 speed next to FP16 (per-layer profile), accuracy against FP32 and the CPU INT8 reference, Fashion-MNIST"
+  echo "== INT8 (issue 10): ResNet-50 speed next to FP16 (per-layer profile), accuracy against FP32 and the CPU INT8 reference, --accuracy-budget, per-layer INT8 error, Fashion-MNIST"
+  # KILN_INT8_PARTS picks parts (all by default; a 600 s call holds about two or three).
+  PARTS=" ${KILN_INT8_PARTS:-speed accuracy budget compare fmnist} "
   [ -f models/resnet50.onnx ] || python3 scripts/export_torchvision.py resnet50 models/resnet50.onnx >/dev/null
-  # Speed first: it is what the INT8 work is for, and a call's time limit cuts the end.
-  python3 bench/bench_cnn.py --kiln "$KILN" --out /tmp/int8_bench --profile ${KILN_INT8_BENCH_ARGS:-} \
-    --rows ${KILN_INT8_ROWS:-resnet50:int8:256,resnet50:fp16:256,resnet50:int8:32,resnet50:int8:1} 2>&1 | tee -a "$OUT/int8.log"
-  cp /tmp/int8_bench/bench_cnn.json "$OUT/bench_int8.json" 2>/dev/null
-  cp /tmp/int8_bench/profiles.txt "$OUT/int8_profiles.txt" 2>/dev/null
-  python3 scripts/check_gpu_accuracy.py --kiln "$KILN" --onnx models/resnet50.onnx --batch 2 \
-    --precisions int8 --json "$OUT/accuracy_resnet50_int8.json" 2>&1 | tee -a "$OUT/int8.log"
+  if [[ $PARTS == *" speed "* ]]; then
+    python3 bench/bench_cnn.py --kiln "$KILN" --out /tmp/int8_bench --profile ${KILN_INT8_BENCH_ARGS:-} \
+      --rows ${KILN_INT8_ROWS:-resnet50:int8:256,resnet50:fp16:256,resnet50:int8:32,resnet50:int8:1} 2>&1 | tee -a "$OUT/int8.log"
+    cp /tmp/int8_bench/bench_cnn.json "$OUT/bench_int8.json" 2>/dev/null
+    cp /tmp/int8_bench/profiles.txt "$OUT/int8_profiles.txt" 2>/dev/null
+  fi
+  if [[ $PARTS == *" accuracy "* ]]; then
+    python3 scripts/check_gpu_accuracy.py --kiln "$KILN" --onnx models/resnet50.onnx --batch 2 \
+      --precisions int8 --json "$OUT/accuracy_resnet50_int8.json" 2>&1 | tee -a "$OUT/int8.log"
+  fi
+  if [[ $PARTS == *" budget "* || $PARTS == *" compare "* ]]; then
+    python3 -c "import numpy as np, os; os.makedirs('/tmp/r50_calib', exist_ok=True); r = np.random.default_rng(7)
+[np.save(f'/tmp/r50_calib/b{i:02d}.npy', r.standard_normal((32, 3, 224, 224)).astype(np.float32)) for i in range(10)]"
+  fi
   # Point 5: --accuracy-budget on the GPU (ResNet-50 b32, random calibration batches, of which the
   # last fifth are held out): which layers move back to FP16 and what that costs in tuned time.
-  python3 -c "import numpy as np, os; os.makedirs('/tmp/r50_calib', exist_ok=True); r = np.random.default_rng(7)
-[np.save(f'/tmp/r50_calib/b{i:02d}.npy', r.standard_normal((32, 3, 224, 224)).astype(np.float32)) for i in range(10)]"
-  timeout ${KILN_BUDGET_TIMEOUT:-300} "$KILN" build --onnx models/resnet50.onnx --shapes input:32x3x224x224 \
-    --int8 --fp16 --calib /tmp/r50_calib --accuracy-budget ${KILN_BUDGET:-0.01} \
-    --timing-cache /tmp/r50_budget.cache --save-engine /tmp/r50_budget.kiln 2>&1 | tail -25 | tee "$OUT/int8_budget.log"
+  if [[ $PARTS == *" budget "* ]]; then
+    timeout ${KILN_BUDGET_TIMEOUT:-300} "$KILN" build --onnx models/resnet50.onnx --shapes input:32x3x224x224 \
+      --int8 --fp16 --calib /tmp/r50_calib --accuracy-budget ${KILN_BUDGET:-0.01} \
+      --timing-cache /tmp/r50_budget.cache --save-engine /tmp/r50_budget.kiln 2>&1 | tail -25 | tee "$OUT/int8_budget.log"
+  fi
   # Where INT8 error arises, layer by layer (kiln compare against the float64 CPU reference).
-  timeout 300 "$KILN" compare models/resnet50.onnx --precisions fp16,int8 --shapes input:2x3x224x224 \
-    --calib /tmp/r50_calib --calib-batches 40 --per-layer --export-json "$OUT/compare_int8.json" \
-    2>&1 | tail -40 > "$OUT/compare_int8.log"; head -8 "$OUT/compare_int8.log"
+  if [[ $PARTS == *" compare "* ]]; then
+    timeout 300 "$KILN" compare models/resnet50.onnx --precisions fp16,int8 --shapes input:2x3x224x224 \
+      --calib /tmp/r50_calib --per-layer --export-json "$OUT/compare_int8.json" \
+      2>&1 | tail -40 > "$OUT/compare_int8.log"; head -8 "$OUT/compare_int8.log"
+  fi
   # Fashion-MNIST top-1 per precision (the dataset carried in .deps: KILN_DEPS_FMNIST=1
   # bench/prepare_deps.sh, or FMNIST_DIR).
   [ -d .deps/fashion-mnist ] && export FMNIST_DIR=${FMNIST_DIR:-$PWD/.deps/fashion-mnist}
-  if [ -n "${FMNIST_DIR:-}" ]; then
+  if [[ $PARTS == *" fmnist "* ]] && [ -n "${FMNIST_DIR:-}" ]; then
     KILN=$KILN OUT=$OUT bench/fashion_mnist_int8.sh 2>&1 | tail -20
     rm -rf "$OUT/fashion_mnist"  # the model, calibration images and test set: large, regenerated
   fi
