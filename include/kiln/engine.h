@@ -67,6 +67,9 @@ struct BuildConfig {
     int resize_h = 0, resize_w = 0;  // > 0: exactly this size (the input's HxW when both are 0)
     std::vector<float> mean, std;    // per channel, of values in [0, 1]; empty: 0 and 1
     bool nhwc = false;               // the input is [N,H,W,C]
+    // Options given with no calibration images to apply to are an error (false: they also
+    // serve something else, as kiln run's image inputs).
+    bool error_if_unused = true;
     bool any() const {
       return resize_short || resize_h || resize_w || !mean.empty() || !std.empty() || nhwc;
     }

@@ -324,7 +324,7 @@ Expected<std::unique_ptr<CalibData>> open_npy_calib_data(
           inputs[0].dir, n, in.dir, in.files.size());
   const bool any_images =
       std::any_of(inputs.begin(), inputs.end(), [](const InputFiles& in) { return in.images; });
-  if (images.any() && !any_images)
+  if (images.any() && images.error_if_unused && !any_images)
     return Status::Error(
         "--resize, --mean, --std and --image-layout apply to calibration images; the "
         "calibration folders hold .npy files");

@@ -151,6 +151,7 @@ Expected<BuildConfig> to_build_config(const BuildFlags& f) {
   KILN_ASSIGN_OR_RETURN(c.calib_data, parse_calib(f.calib));
   if (f.images) {
     KILN_ASSIGN_OR_RETURN(c.calib_images, calib_image_options(*f.images));
+    c.calib_images.error_if_unused = f.images == &f.own_images;  // else kiln run's inputs too
     if (f.images == &f.own_images && c.calib_images.any() && f.calib.empty())
       return Status::Error(
           "--resize, --mean, --std and --image-layout apply to calibration images (--int8 "

@@ -55,6 +55,7 @@ Expected<BuildConfig> precision_config(const std::string& p, const Opts& o) {
     c.tf32 = true;
     KILN_ASSIGN_OR_RETURN(c.calib_data, parse_calib(o.calib));
     KILN_ASSIGN_OR_RETURN(c.calib_images, calib_image_options(o.in));
+    c.calib_images.error_if_unused = false;  // the image options serve image inputs too
     c.calib_algo = o.calib_algo;
     c.calib_cache = o.calib_cache;
     c.calib_batches = o.calib_batches;
