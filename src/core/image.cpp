@@ -38,6 +38,23 @@ Status check_options(const ImagePreprocess& p, const std::string& what) {
 
 }  // namespace
 
+Expected<ImagePreprocess> image_preprocess_for(const std::vector<int64_t>& d, ImagePreprocess p,
+                                               const std::string& what) {
+  if (d.size() != 4) return KILN_ERROR("{} is not 4-D: it cannot take an image", what);
+  const int64_t c = p.nhwc ? d[3] : d[1], h = p.nhwc ? d[1] : d[2], w = p.nhwc ? d[2] : d[3];
+  if (c >= 0 && c != 1 && c != 3)
+    return KILN_ERROR("{} has {} channels in {} layout: images give 1 or 3", what, c,
+                      p.nhwc ? "NHWC" : "NCHW");
+  p.channels = c == 1 ? 1 : 3;
+  const bool exact = p.resize_short == 0 && p.crop_h > 0 && p.crop_w > 0;
+  if (p.resize_short > 0 || (!exact && h > 0 && w > 0)) {
+    // Crop (or, without a resize, scale) to the model's size when it is fixed.
+    p.crop_h = h > 0 ? static_cast<int>(h) : p.resize_short;
+    p.crop_w = w > 0 ? static_cast<int>(w) : p.resize_short;
+  }
+  return p;
+}
+
 bool is_image_path(const std::string& path) {
   std::string ext = std::filesystem::path(path).extension().string();
   std::transform(ext.begin(), ext.end(), ext.begin(),

@@ -31,6 +31,13 @@ struct ImagePreprocess {
   bool nhwc = false;  // layout of the result: [1,C,H,W] (false) or [1,H,W,C] (true)
 };
 
+// `o` (layout, mean/std, resize_short or an exact crop_h x crop_w) completed for an image input
+// of shape `dims` (4-D, -1 where dynamic; NCHW, or NHWC with o.nhwc): channels from the shape
+// (1 or 3; 3 when dynamic), and the crop (or, without a resize, the scaling) to the input's
+// height and width where they are fixed. Errors name `what` (e.g. "input 'x' (float32[...])").
+Expected<ImagePreprocess> image_preprocess_for(const std::vector<int64_t>& dims, ImagePreprocess o,
+                                               const std::string& what);
+
 // Reads and preprocesses an image file into a float32 tensor [1,C,H,W] (or [1,H,W,C]).
 // Errors name the file: unreadable, not an image stb_image can decode, bad options.
 Expected<Tensor> load_image(const std::string& path, const ImagePreprocess& p);

@@ -188,7 +188,7 @@ class StreamCalibData final : public CalibData {
 // shape (channels 1 or 3, the input's height and width unless `o` resizes exactly), cast to the
 // input's float type.
 Expected<StreamCalibData::Stream> image_stream(const InputFiles& in,
-                                               const BuildConfig::CalibImages& o) {
+                                               const BuildConfig::CalibImages& opts) {
   const TensorType& ty = in.input->type;
   if (!dtype_is_float(ty.dtype))
     return KILN_ERROR("calibration images for input '{}': the input is {}, not a float tensor",
@@ -196,35 +196,32 @@ Expected<StreamCalibData::Stream> image_stream(const InputFiles& in,
   if (!ty.dims || ty.dims->size() != 4)
     return KILN_ERROR("calibration images for input '{}' ({}): the input is not 4-D",
                       in.input->name, ty.str());
-  const auto& d = *ty.dims;
-  auto dim = [&](size_t i) { return d[i].is_static() ? d[i].value : int64_t(-1); };
-  const int64_t c = o.nhwc ? dim(3) : dim(1), h = o.nhwc ? dim(1) : dim(2),
-                w = o.nhwc ? dim(2) : dim(3);
-  if (c != 1 && c != 3)
-    return KILN_ERROR("calibration images for input '{}' ({}): {} channels in {} layout; images "
-                      "give 1 or 3 (--image-layout?)",
-                      in.input->name, ty.str(), c, o.nhwc ? "NHWC" : "NCHW");
-  ImagePreprocess p;
-  p.channels = static_cast<int>(c);
-  p.nhwc = o.nhwc;
-  p.mean = o.mean;
-  p.std = o.std;
-  p.resize_short = o.resize_short;
-  p.crop_h = o.resize_h > 0 ? o.resize_h : static_cast<int>(h);
-  p.crop_w = o.resize_w > 0 ? o.resize_w : static_cast<int>(w);
+  std::vector<int64_t> dims;
+  for (const Dim& d : *ty.dims) dims.push_back(d.is_static() ? d.value : -1);
+  ImagePreprocess o;
+  o.nhwc = opts.nhwc;
+  o.mean = opts.mean;
+  o.std = opts.std;
+  o.resize_short = opts.resize_short;
+  o.crop_h = opts.resize_h;
+  o.crop_w = opts.resize_w;
+  const std::string what = fmt::format("calibration images for input '{}' ({})", in.input->name,
+                                       ty.str());
+  KILN_ASSIGN_OR_RETURN(ImagePreprocess p, image_preprocess_for(dims, std::move(o), what));
+  // The samples must have the input's size: it is where they go.
+  const int64_t h = dims[opts.nhwc ? 1 : 2], w = dims[opts.nhwc ? 2 : 3];
   if (p.crop_h <= 0 || p.crop_w <= 0)
-    return KILN_ERROR("calibration images for input '{}' ({}): its height and width are not "
-                      "fixed: give --shapes or --resize HxW",
-                      in.input->name, ty.str());
+    return KILN_ERROR("{}: its height and width are not fixed: give --shapes or --resize HxW",
+                      what);
   if ((h > 0 && h != p.crop_h) || (w > 0 && w != p.crop_w))
-    return KILN_ERROR("calibration images for input '{}' ({}): --resize {}x{} does not give "
-                      "its height and width",
-                      in.input->name, ty.str(), p.crop_h, p.crop_w);
+    return KILN_ERROR("{}: --resize {}x{} does not give its height and width", what, p.crop_h,
+                      p.crop_w);
+  const int64_t c = p.channels;
   StreamCalibData::Stream s;
   s.input = in.input;
   s.files = in.files;
   for (size_t i = 0; i <= in.files.size(); ++i) s.first.push_back(static_cast<int64_t>(i));
-  s.sample = o.nhwc ? std::vector<int64_t>{p.crop_h, p.crop_w, c}
+  s.sample = opts.nhwc ? std::vector<int64_t>{p.crop_h, p.crop_w, c}
                     : std::vector<int64_t>{c, p.crop_h, p.crop_w};
   const DataType t = ty.dtype;
   s.load = [p, t](const std::string& path) -> Expected<Tensor> {
@@ -238,7 +235,8 @@ Expected<StreamCalibData::Stream> image_stream(const InputFiles& in,
 // not, and every input's batch is fixed at one B with files that fit otherwise, the stream
 // form applies; `*streams` gets the inputs' sample counts per file.
 Expected<bool> needs_stream(const std::vector<InputFiles>& inputs,
-                            std::vector<StreamCalibData::Stream>* streams, int64_t* batch) {
+                            std::vector<StreamCalibData::Stream>* streams,
+                            std::vector<std::vector<NpyInfo>>* headers, int64_t* batch) {
   bool whole = true, all_fixed = true;
   *batch = 0;
   for (const InputFiles& in : inputs) {
@@ -254,8 +252,10 @@ Expected<bool> needs_stream(const std::vector<InputFiles>& inputs,
     if (ty.dims)
       for (size_t d = 1; d < ty.dims->size(); ++d) s.sample.push_back((*ty.dims)[d].value);
     s.load = [](const std::string& path) { return read_npy(path); };
+    headers->emplace_back();
     for (const std::string& f : in.files) {
       KILN_ASSIGN_OR_RETURN(NpyInfo info, read_npy_info(f));
+      headers->back().push_back(info);
       const int64_t rank = static_cast<int64_t>(ty.dims ? ty.dims->size() : 0);
       const int64_t rows = static_cast<int64_t>(info.shape.size()) + 1 == rank ? 1
                            : info.shape.empty()                               ? 0
@@ -349,13 +349,16 @@ Expected<std::unique_ptr<CalibData>> open_npy_calib_data(
     return stream_data(std::move(streams), batch, max_batches);
   }
   std::vector<StreamCalibData::Stream> streams;
+  std::vector<std::vector<NpyInfo>> headers;  // per input, per file
   int64_t batch = 0;
-  KILN_ASSIGN_OR_RETURN(bool stream, needs_stream(inputs, &streams, &batch));
+  KILN_ASSIGN_OR_RETURN(bool stream, needs_stream(inputs, &streams, &headers, &batch));
   if (stream) {
-    // Each file is still checked against its input (type, non-batch dims) where it is read.
-    for (const InputFiles& in : inputs)
-      for (const std::string& f : in.files) {
-        KILN_ASSIGN_OR_RETURN(NpyInfo info, read_npy_info(f));
+    // Each file is checked against its input (type, non-batch dims) before any is read.
+    for (size_t i = 0; i < inputs.size(); ++i)
+      for (size_t k = 0; k < inputs[i].files.size(); ++k) {
+        const InputFiles& in = inputs[i];
+        const std::string& f = in.files[k];
+        const NpyInfo& info = headers[i][k];
         const TensorType& ty = in.input->type;
         const size_t rank = ty.dims->size();
         const bool sample = info.shape.size() + 1 == rank;

@@ -95,21 +95,9 @@ Expected<ImagePreprocess> image_options(const InputFlags& f, const TensorInfo& i
   p.nhwc = f.layout == "NHWC" || f.layout == "nhwc";
   KILN_ASSIGN_OR_RETURN(p.mean, parse_floats(f.mean, "--mean"));
   KILN_ASSIGN_OR_RETURN(p.std, parse_floats(f.std, "--std"));
-  const auto& d = info.dims;
-  if (d.size() != 4)
-    return KILN_ERROR("input '{}' ({}) is not 4-D: it cannot take an image", info.name, info.str());
-  const int64_t c = p.nhwc ? d[3] : d[1], h = p.nhwc ? d[1] : d[2], w = p.nhwc ? d[2] : d[3];
-  if (c >= 0 && c != 1 && c != 3)
-    return KILN_ERROR("input '{}' ({}) has {} channels in {} layout: images give 1 or 3", info.name,
-                      info.str(), c, p.nhwc ? "NHWC" : "NCHW");
-  p.channels = c == 1 ? 1 : 3;
   KILN_RETURN_IF_ERROR(parse_resize(f.resize, p));
-  if (p.resize_short > 0 || (f.resize.empty() && h > 0 && w > 0)) {
-    // Crop (or, without --resize, scale) to the model's size when it is fixed.
-    p.crop_h = h > 0 ? static_cast<int>(h) : p.resize_short;
-    p.crop_w = w > 0 ? static_cast<int>(w) : p.resize_short;
-  }
-  return p;
+  return image_preprocess_for(info.dims, std::move(p),
+                              fmt::format("input '{}' ({})", info.name, info.str()));
 }
 
 Expected<Tensor> random_input(const TensorInfo& info, const ShapeMap& shapes, std::mt19937& rng) {

@@ -194,7 +194,6 @@ Expected<size_t> Tuner::choose(const Node& n, std::vector<LayerChoice>& candidat
     c.time_ms = *ms;
     if (*ms >= 0 && (best == candidates.size() || *ms < candidates[best].time_ms)) best = i;
   }
-  best = cheapest(candidates, {});
   if (best == candidates.size())
     return KILN_ERROR("{}: every candidate tactic failed", n.label());
   return best;
