@@ -26,11 +26,11 @@ DEFAULT_ROWS = ("resnet50:fp16:256,resnet50:fp16:1,resnet50:fp16:32,resnet50:tf3
                 "resnet18:fp16:32,mobilenet_v2:fp16:32,efficientnet_b0:fp16:32,densenet121:fp16:32")
 
 
-def sh(cmd, **kw):
+def sh(cmd, with_stderr=False, **kw):
     p = subprocess.run(cmd, capture_output=True, text=True, **kw)
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)}\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
-    return p.stdout
+    return p.stdout + p.stderr if with_stderr else p.stdout
 
 
 def calib_cache(args, model, onnx):
@@ -63,9 +63,13 @@ def kiln_row(args, model, prec, batch):
     if prec == "int8":  # INT8 with FP16 where INT8 is slower or unsupported, as TensorRT users build
         flags = ["--int8", "--fp16", "--calib-cache", calib_cache(args, model, onnx)]
     t0 = time.time()
-    sh([args.kiln, "build", "--onnx", onnx, "--save-engine", engine, "--shapes",
-        f"input:{batch}x3x224x224", "--timing-cache", cache] + flags)
+    log = sh([args.kiln, "build", "--onnx", onnx, "--save-engine", engine, "--shapes",
+              f"input:{batch}x3x224x224", "--timing-cache", cache] + flags +
+             (["--verbose"] if args.profile else []), with_stderr=args.profile)
     build_s = time.time() - t0
+    if args.profile:  # every candidate's time and the format choice's moves, per layer
+        with open(os.path.join(args.out, "build_logs.txt"), "a") as f:
+            f.write(f"==== {model} {prec} b{batch}\n{log}\n")
     js = os.path.join(args.out, f"kiln_{model}_{prec}_b{batch}.json")
     text = sh([args.kiln, "bench", "--engine", engine, "--use-cuda-graph", "--no-data-transfers",
                "--iterations", str(args.iters), "--duration", "1", "--export-json", js] +

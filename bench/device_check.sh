@@ -63,6 +63,7 @@ if has int8; then
       --rows ${KILN_INT8_ROWS:-resnet50:int8:256,resnet50:fp16:256,resnet50:int8:32,resnet50:int8:1} 2>&1 | tee -a "$OUT/int8.log"
     cp /tmp/int8_bench/bench_cnn.json "$OUT/bench_int8.json" 2>/dev/null
     cp /tmp/int8_bench/profiles.txt "$OUT/int8_profiles.txt" 2>/dev/null
+    cp /tmp/int8_bench/build_logs.txt "$OUT/int8_build_logs.txt" 2>/dev/null
   fi
   if [[ $PARTS == *" accuracy "* ]]; then
     python3 scripts/check_gpu_accuracy.py --kiln "$KILN" --onnx models/resnet50.onnx --batch 2 \

@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "backends/cuda/device_util_host.h"
+#include "backends/cuda/format_choice.h"
 #include "backends/cuda/layer.h"
 #include "backends/cuda/lower.h"
 #include "backends/cuda/plan.h"
@@ -65,18 +66,101 @@ TEST(CudaHost, Tf32ConvolutionsLeaveOutFftAndWinograd) {
   EXPECT_EQ(tf32.size() + lossy.size(), strict.size());
 }
 
-// The tuner's pick: least layer time plus the reformats a candidate's input formats add; failed
-// candidates (time -1) never win.
-TEST(CudaHost, CheapestCountsReformatCosts) {
-  std::vector<LayerChoice> c(3);
-  c[0].time_ms = 0.10;  // e.g. an INT8 kernel whose input is already int8
-  c[1].time_ms = 0.08;  // an FP16 kernel that needs the int8 input converted
-  c[2].time_ms = -1;    // failed
-  EXPECT_EQ(cheapest(c, {}), 1u);
-  EXPECT_EQ(cheapest(c, {0.0, 0.05, 0.0}), 0u);
-  EXPECT_EQ(cheapest(c, {0.0, 0.01, 0.0}), 1u);
-  c[0].time_ms = c[1].time_ms = -1;
-  EXPECT_EQ(cheapest(c, {}), 3u);
+// The format choice. Formats: F = float16/nhwc, Q = int8/nhwc, L = float32/linear.
+const TensorFormat kF{DataType::kFloat16, Layout::kNHWC}, kQ{DataType::kInt8, Layout::kNHWC},
+    kL{DataType::kFloat32, Layout::kLinear};
+
+// A chain input -> stem (FP16 only) -> n layers (candidate 0 FP16, candidate 1 INT8) -> output.
+// Values: 0 the input, k+1 the output of layer k.
+FormatChoice chain(size_t n, double f16_ms, double i8_ms, double reformat_ms, std::vector<size_t>* pick) {
+  std::vector<FormatLayer> layers;
+  std::vector<FormatValue> values(n + 2);
+  values[0].fixed = kL;
+  values[n + 1].wanted = {kL};
+  FormatLayer stem;
+  stem.time_ms = {0.5};
+  stem.in = {{kF}};
+  stem.out = {{kF}};
+  stem.inputs = {0};
+  stem.outputs = {1};
+  layers.push_back(stem);
+  for (size_t k = 1; k <= n; ++k) {
+    FormatLayer l;
+    l.time_ms = {f16_ms, i8_ms};
+    l.in = {{kF}, {kQ}};
+    l.out = {{kF}, {kQ}};
+    l.inputs = {static_cast<int>(k)};
+    l.outputs = {static_cast<int>(k + 1)};
+    layers.push_back(l);
+  }
+  pick->assign(layers.size(), 0);
+  return FormatChoice(std::move(layers), std::move(values),
+                      [=](int, const TensorFormat&, const TensorFormat&) { return reformat_ms; });
+}
+
+// Greedy in node order would keep FP16 (each INT8 layer alone pays a quantizing reformat that is
+// more than it saves); starting from the fastest candidates, the INT8 chain stays whole.
+TEST(FormatChoice, KeepsAnInt8ChainThatPaysForItsReformats) {
+  std::vector<size_t> pick;
+  FormatChoice fc = chain(4, 1.0, 0.6, 0.5, &pick);
+  EXPECT_DOUBLE_EQ(fc.total_ms(pick), 0.5 + 4 * 1.0 + 2 * 0.5);  // input and output reformats
+  pick = {0, 1, 1, 1, 1};                                          // the fastest of each layer
+  EXPECT_TRUE(fc.refine(pick).empty());
+  EXPECT_EQ(pick, (std::vector<size_t>{0, 1, 1, 1, 1}));
+  // in: L->F; stem F->Q (quantize); output: Q->L.
+  EXPECT_NEAR(fc.total_ms(pick), 0.5 + 4 * 0.6 + 3 * 0.5, 1e-12);
+}
+
+// A single INT8 layer that saves less than the two reformats it causes goes back to FP16.
+TEST(FormatChoice, MovesALoneLayerBackWhenItsReformatsCostMore) {
+  std::vector<size_t> pick;
+  FormatChoice fc = chain(1, 1.0, 0.8, 0.5, &pick);
+  pick = {0, 1};
+  const double before = fc.total_ms(pick);
+  const auto moves = fc.refine(pick);
+  ASSERT_EQ(moves.size(), 1u);
+  EXPECT_EQ(moves[0].layer, 1u);
+  EXPECT_EQ(moves[0].from, 1u);
+  EXPECT_EQ(moves[0].to, 0u);
+  // INT8: 0.8 + quantize 0.5 + Q->L 0.5; FP16: 1.0 + F->L 0.5.
+  EXPECT_NEAR(moves[0].saved_ms, 0.3, 1e-12);
+  EXPECT_EQ(pick, (std::vector<size_t>{0, 0}));
+  EXPECT_NEAR(before - fc.total_ms(pick), moves[0].saved_ms, 1e-12);
+}
+
+// An INT8 layer between FP16 ones: its neighbours join it where that saves more than they lose
+// (each saves 0.2 and a reformat), and the whole chain ends up INT8.
+TEST(FormatChoice, GrowsAChainWhereThatSaves) {
+  std::vector<size_t> pick;
+  FormatChoice fc = chain(3, 1.0, 0.8, 0.5, &pick);
+  pick = {0, 0, 1, 0};
+  const double before = fc.total_ms(pick);
+  const auto moves = fc.refine(pick);
+  EXPECT_EQ(moves.size(), 2u);
+  EXPECT_EQ(pick, (std::vector<size_t>{0, 1, 1, 1}));
+  EXPECT_NEAR(before - fc.total_ms(pick), 0.9, 1e-12);  // 5.3 ms -> 4.4 ms
+}
+
+// Failed candidates (time < 0) are never picked, however many reformats they would save; one
+// reformat serves every consumer that wants the same format.
+TEST(FormatChoice, NeverPicksAFailedCandidateAndSharesReformats) {
+  std::vector<FormatLayer> layers(3);
+  std::vector<FormatValue> values(4);
+  values[0].fixed = kL;
+  layers[0] = {{0.1}, {{kL}}, {{kF}}, {0}, {1}};            // producer of value 1 (F)
+  layers[1] = {{1.0, -1}, {{kQ}, {kF}}, {{kL}, {kL}}, {1}, {2}};  // reads 1 as Q; F failed
+  layers[2] = {{1.0}, {{kQ}}, {{kL}}, {1}, {3}};            // reads 1 as Q too
+  int timed = 0;
+  FormatChoice fc(layers, values, [&](int, const TensorFormat&, const TensorFormat&) {
+    ++timed;
+    return 0.25;
+  });
+  std::vector<size_t> pick = {0, 0, 0};
+  EXPECT_TRUE(fc.refine(pick).empty());
+  EXPECT_EQ(pick[1], 0u);
+  // value 0: L->L none; value 1: F->Q once for both readers; values 2, 3: nothing.
+  EXPECT_NEAR(fc.total_ms(pick), 0.1 + 1.0 + 1.0 + 0.25, 1e-12);
+  EXPECT_GT(timed, 0);
 }
 
 TEST(CudaHost, ShapeArithmeticRunsOnTheHost) {

@@ -1,9 +1,12 @@
 #include "lower.h"
 
 #include <algorithm>
+#include <map>
+#include <tuple>
 #include <unordered_map>
 #include <unordered_set>
 
+#include "format_choice.h"
 #include "ops/op.h"
 #include "quant/int8.h"
 #include "shape_eval.h"
@@ -183,38 +186,6 @@ struct Lowering {
     }
   }
 
-  // Per candidate, the time of the reformats its input formats would add (inputs already
-  // produced, or already reformatted, in the wanted format cost nothing). All zeros when the
-  // candidates agree on every input format (nothing to time).
-  std::vector<double> reformat_costs(const Node& n, const std::vector<LayerChoice>& cands,
-                                     Tuner& tuner, const ShapeResult& shapes) {
-    std::vector<double> extra(cands.size(), 0.0);
-    for (size_t i = 0; i < n.num_inputs(); ++i) {
-      const Value* v = n.input(i);
-      auto it = v ? produced.find(v) : produced.end();
-      if (it == produced.end()) continue;  // constant, host value or absent
-      bool differ = false;
-      for (const LayerChoice& c : cands) differ |= !(c.in[i] == cands[0].in[i]);
-      if (!differ) continue;
-      std::map<std::string, double> timed;  // per wanted format
-      for (size_t k = 0; k < cands.size(); ++k) {
-        const TensorFormat& want = cands[k].in[i];
-        if (cands[k].time_ms < 0 || want.dtype == DataType::kUndefined || it->second == want ||
-            reformats.count({v, want.str()}))
-          continue;
-        auto t = timed.find(want.str());
-        if (t == timed.end()) {
-          auto ms = tuner.reformat_ms(*v, it->second, want, shapes);
-          // A reformat that cannot be timed is left out of the choice (the build still inserts
-          // it; its own errors surface there).
-          t = timed.emplace(want.str(), ms.ok() ? *ms : 0.0).first;
-        }
-        extra[k] += t->second;
-      }
-    }
-    return extra;
-  }
-
   // Where value `v` must be in format `want` for a consumer placed before `pos`: the value itself,
   // or a kiln.Reformat of it (one per value and format, shared by consumers).
   std::map<std::pair<const Value*, std::string>, Value*> reformats;
@@ -319,6 +290,84 @@ std::vector<bool> host_nodes(const Graph& g, const std::vector<bool>& host_input
   return host;
 }
 
+namespace {
+std::string choice_name(const LayerChoice& c) {
+  return fmt::format("{}/{} ({}, {})", c.tactic->name, c.variant, precision_name(c.precision),
+                     c.out.empty() ? "" : c.out[0].str());
+}
+
+// Step 2 of lower_for_gpu: the format choice over the timed candidates (format_choice.h), with
+// each reformat timed by the tuner (and cached like a layer).
+void choose_formats(const Graph& g, const std::vector<Node*>& nodes, const std::vector<bool>& host,
+                      const ShapeResult& shapes, Tuner& tuner,
+                      const std::vector<std::vector<LayerChoice>>& cands, std::vector<size_t>& pick,
+                      std::ostream* log) {
+  std::unordered_map<const Value*, int> id;
+  std::vector<const Value*> value_of;
+  std::vector<FormatValue> values;
+  auto add_value = [&](const Value* v) {
+    id[v] = static_cast<int>(value_of.size());
+    value_of.push_back(v);
+    values.emplace_back();
+  };
+  for (const Value* v : g.inputs()) {
+    add_value(v);
+    values.back().fixed = TensorFormat{v->type.dtype, Layout::kLinear};
+  }
+  for (size_t k = 0; k < nodes.size(); ++k)
+    if (!host[k])
+      for (const Value* v : nodes[k]->outputs())
+        if (v) add_value(v);
+  for (const Value* v : g.outputs())
+    if (auto it = id.find(v); it != id.end())
+      values[it->second].wanted.push_back(TensorFormat{v->type.dtype, Layout::kLinear});
+  std::vector<FormatLayer> layers;
+  std::vector<size_t> layer_node, lpick;
+  for (size_t k = 0; k < nodes.size(); ++k) {
+    if (host[k]) continue;
+    FormatLayer L;
+    const bool timed = cands[k][pick[k]].time_ms >= 0;
+    for (const LayerChoice& c : cands[k]) {
+      // An untimed layer (one candidate) costs nothing of its own: only its formats count.
+      L.time_ms.push_back(timed ? c.time_ms : (&c == &cands[k][pick[k]] ? 0.0 : -1.0));
+      L.in.push_back(c.in);
+      L.out.push_back(c.out);
+    }
+    for (const Value* v : nodes[k]->inputs()) {
+      auto it = v ? id.find(v) : id.end();
+      L.inputs.push_back(it == id.end() ? -1 : it->second);
+    }
+    for (const Value* v : nodes[k]->outputs()) L.outputs.push_back(v ? id.at(v) : -1);
+    layers.push_back(std::move(L));
+    layer_node.push_back(k);
+    lpick.push_back(pick[k]);
+  }
+  std::map<std::tuple<int, std::string, std::string>, double> timed;
+  auto cost = [&](int v, const TensorFormat& from, const TensorFormat& to) {
+    auto key = std::make_tuple(v, from.str(), to.str());
+    if (auto it = timed.find(key); it != timed.end()) return it->second;
+    // A reformat that cannot be timed counts as free (the build still inserts it; its own errors
+    // surface there).
+    auto ms = tuner.reformat_ms(*value_of[v], from, to, shapes);
+    return timed[key] = ms.ok() ? *ms : 0.0;
+  };
+  FormatChoice choice(std::move(layers), std::move(values), cost);
+  const double before = choice.total_ms(lpick);
+  const std::vector<FormatMove> moves = choice.refine(lpick);
+  for (size_t l = 0; l < lpick.size(); ++l) pick[layer_node[l]] = lpick[l];
+  if (log) {
+    for (const FormatMove& m : moves) {
+      const size_t k = layer_node[m.layer];
+      *log << fmt::format("format choice: {}: {} instead of {}: {:.4f} ms less in the layer and "
+                          "its reformats\n", nodes[k]->label(), choice_name(cands[k][m.to]),
+                          choice_name(cands[k][m.from]), m.saved_ms);
+    }
+    *log << fmt::format("format choice: {} moves; layers and reformats {:.4f} ms -> {:.4f} ms\n",
+                        moves.size(), before, choice.total_ms(lpick));
+  }
+}
+}  // namespace
+
 Expected<Plan> lower_for_gpu(Graph& g, const std::vector<std::vector<int64_t>>& opt_shapes,
                              const GpuBuildOptions& o) {
   const std::vector<bool> host_in = host_value_inputs(g);
@@ -349,55 +398,68 @@ Expected<Plan> lower_for_gpu(Graph& g, const std::vector<std::vector<int64_t>>& 
     L.produced[v] = TensorFormat{v->type.dtype, Layout::kLinear};
     if (host_in[i]) host_vals.insert(v);
   }
-  const std::vector<Node*> nodes = g.nodes();  // reformat layers are inserted while we walk
+  // 1. Per node, its candidates, each timed (the provisional pick, the fastest, decides the
+  //    formats later nodes see). 2. The format choice (format_choice.h) moves picks where that
+  //    saves reformats. 3. The picks are placed, with kiln.Reformat layers where formats differ.
+  const std::vector<Node*> nodes = g.nodes();  // reformat layers are inserted in step 3
+  std::vector<std::vector<LayerChoice>> cands(nodes.size());
+  std::vector<size_t> pick(nodes.size(), 0);
   for (size_t k = 0; k < nodes.size(); ++k) {
     Node* n = nodes[k];
     if (L.host[k]) {
-      L.choice[n] = LayerChoice{};
       for (const Value* v : n->outputs()) host_vals.insert(v);
       continue;
     }
     std::string why;
-    KILN_ASSIGN_OR_RETURN(std::vector<LayerChoice> cands, L.candidates(*n, &why));
-    if (cands.empty())
+    KILN_ASSIGN_OR_RETURN(cands[k], L.candidates(*n, &why));
+    if (cands[k].empty())
       return KILN_ERROR("{}: cannot run on the GPU: {}", n->label(), why);
     for (size_t i = 0; i < n->num_inputs(); ++i) {
       const Value* v = n->input(i);
-      if (v && (cands[0].tactic->host_inputs >> i) & 1u && !v->is_constant() && !host_vals.count(v))
+      if (v && (cands[k][0].tactic->host_inputs >> i) & 1u && !v->is_constant() && !host_vals.count(v))
         return KILN_ERROR("{}: input {} ('{}') must be known before the layer runs (a constant "
                           "or computed from shapes), but it is computed on the GPU",
                           n->label(), i, v->name);
     }
-    size_t best = 0;
-    if (cands.size() > 1 && tune) {
+    if (cands[k].size() > 1 && tune) {
       if (!tuner) {
         KILN_ASSIGN_OR_RETURN(tuner, Tuner::create(&cache, o.workspace_limit));
       }
       std::vector<std::string> failed;
-      KILN_ASSIGN_OR_RETURN(best, tuner->choose(*n, cands, shapes, &failed));
-      // A candidate pays for the reformats of its inputs that its formats would add.
-      const std::vector<double> extra = L.reformat_costs(*n, cands, *tuner, shapes);
-      best = cheapest(cands, extra);
-      for (const auto& c : cands)
-        if (c.time_ms >= 0) cands[best].timed.emplace_back(std::string(c.tactic->name) + "/" + c.variant, c.time_ms);
+      KILN_ASSIGN_OR_RETURN(pick[k], tuner->choose(*n, cands[k], shapes, &failed));
       if (o.log) {
-        *o.log << fmt::format("{}: {} candidates, chose {}/{} ({:.4f} ms)\n", n->label(),
-                              cands.size(), cands[best].tactic->name, cands[best].variant,
-                              cands[best].time_ms);
-        for (size_t i = 0; i < cands.size(); ++i)
-          if (cands[i].time_ms >= 0)
-            *o.log << fmt::format("    {}/{} {:.4f} ms{}\n", cands[i].tactic->name,
-                                  cands[i].variant, cands[i].time_ms,
-                                  extra[i] > 0 ? fmt::format(" + {:.4f} ms of reformats", extra[i])
-                                               : "");
+        *o.log << fmt::format("{}: {} candidates, fastest {}/{} ({:.4f} ms)\n", n->label(),
+                              cands[k].size(), cands[k][pick[k]].tactic->name,
+                              cands[k][pick[k]].variant, cands[k][pick[k]].time_ms);
+        for (const LayerChoice& c : cands[k])
+          if (c.time_ms >= 0)
+            *o.log << fmt::format("    {}/{} {} {} {:.4f} ms\n", c.tactic->name, c.variant,
+                                  precision_name(c.precision),
+                                  c.out.empty() ? "" : c.out[0].str(), c.time_ms);
         for (const auto& f : failed) *o.log << "    failed " << f << "\n";
       }
     } else if (o.log) {
-      *o.log << fmt::format("{}: {} ({}, {})\n", n->label(), cands[0].tactic->name,
-                            precision_name(cands[0].precision),
-                            cands[0].out.empty() ? "" : cands[0].out[0].str());
+      *o.log << fmt::format("{}: {} ({}, {})\n", n->label(), cands[k][0].tactic->name,
+                            precision_name(cands[k][0].precision),
+                            cands[k][0].out.empty() ? "" : cands[k][0].out[0].str());
     }
-    LayerChoice c = std::move(cands[best]);
+    for (size_t out = 0; out < n->num_outputs(); ++out)
+      if (const Value* v = n->output(out)) L.produced[v] = cands[k][pick[k]].out[out];
+  }
+  if (tuner) choose_formats(g, nodes, L.host, shapes, *tuner, cands, pick, o.log);
+  // Step 3, in node order: producers' formats are known before their consumers are placed.
+  for (size_t k = 0; k < nodes.size(); ++k) {
+    Node* n = nodes[k];
+    if (L.host[k]) {
+      L.choice[n] = LayerChoice{};
+      continue;
+    }
+    std::vector<std::pair<std::string, double>> timed;
+    for (const LayerChoice& other : cands[k])
+      if (other.time_ms >= 0)
+        timed.emplace_back(std::string(other.tactic->name) + "/" + other.variant, other.time_ms);
+    LayerChoice c = std::move(cands[k][pick[k]]);
+    if (c.time_ms >= 0) c.timed = std::move(timed);
     for (size_t i = 0; i < n->num_inputs(); ++i) {
       Value* v = n->input(i);
       if (!v || c.in[i].dtype == DataType::kUndefined) continue;

@@ -132,17 +132,6 @@ Expected<double> Tuner::time_candidate(const Node& n, const LayerChoice& c,
   return rounds[2];
 }
 
-size_t cheapest(const std::vector<LayerChoice>& candidates, const std::vector<double>& extra_ms) {
-  size_t best = candidates.size();
-  double best_ms = 0;
-  for (size_t i = 0; i < candidates.size(); ++i) {
-    if (candidates[i].time_ms < 0) continue;
-    const double ms = candidates[i].time_ms + (i < extra_ms.size() ? extra_ms[i] : 0.0);
-    if (best == candidates.size() || ms < best_ms) best = i, best_ms = ms;
-  }
-  return best;
-}
-
 Expected<double> Tuner::reformat_ms(const Value& v, const TensorFormat& from,
                                     const TensorFormat& to, const ShapeResult& shapes) {
   // A one-node graph: the Reformat of a value of v's type, shape and scale.

@@ -15,10 +15,6 @@
 
 namespace kiln::gpu {
 
-// The candidate with the least time_ms + extra_ms[i] among those that were timed (time_ms >= 0),
-// or candidates.size() when none was. extra_ms may be empty (no extra costs).
-size_t cheapest(const std::vector<LayerChoice>& candidates, const std::vector<double>& extra_ms);
-
 class Tuner {
  public:
   static Expected<std::unique_ptr<Tuner>> create(TimingCache* cache, size_t workspace_limit);
@@ -30,8 +26,8 @@ class Tuner {
   // The cache key of a candidate: op, attributes, shapes and formats, precision, tactic.
   static std::string signature(const Node& n, const LayerChoice& c, const ShapeResult& shapes);
   // The time of a kiln.Reformat of value `v` (its shape in `shapes`, its INT8 scale) from one
-  // format to another (cache first). The lowering adds it to a candidate whose input formats
-  // differ from what the producers made, so a layer's choice pays for the conversions it causes.
+  // format to another (cache first). The format choice (format_choice.h) weighs these against
+  // layer times, so a layer's choice pays for the conversions it causes.
   Expected<double> reformat_ms(const Value& v, const TensorFormat& from, const TensorFormat& to,
                                const ShapeResult& shapes);
 
