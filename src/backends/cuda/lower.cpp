@@ -352,8 +352,32 @@ void choose_formats(const Graph& g, const std::vector<Node*>& nodes, const std::
     return timed[key] = ms.ok() ? *ms : 0.0;
   };
   FormatChoice choice(std::move(layers), std::move(values), cost);
+  // Two starts: each layer's fastest candidate, and its fastest float one (differs only in INT8
+  // builds). Local search from the first can end in a mix that costs more than no INT8 at all
+  // (chains of INT8 layers whose quantizing and dequantizing reformats exceed what they save);
+  // the cheaper result wins, so an INT8 build is never slower, by the tuner's times, than its
+  // float fallback.
+  std::vector<size_t> float_pick = lpick;
+  for (size_t l = 0; l < lpick.size(); ++l) {
+    const auto& cs = cands[layer_node[l]];
+    for (size_t c = 0; c < cs.size(); ++c)
+      if (cs[c].precision != Precision::kINT8 && cs[c].time_ms >= 0 &&
+          (cs[float_pick[l]].precision == Precision::kINT8 || cs[c].time_ms < cs[float_pick[l]].time_ms))
+        float_pick[l] = c;
+  }
   const double before = choice.total_ms(lpick);
-  const std::vector<FormatMove> moves = choice.refine(lpick);
+  std::vector<FormatMove> moves = choice.refine(lpick);
+  if (float_pick != lpick) {
+    const double float_before = choice.total_ms(float_pick);
+    std::vector<FormatMove> float_moves = choice.refine(float_pick);
+    const double mixed = choice.total_ms(lpick), floats = choice.total_ms(float_pick);
+    if (log)
+      *log << fmt::format("format choice: from the fastest candidates {:.4f} ms -> {:.4f} ms; "
+                          "from the fastest float candidates {:.4f} ms -> {:.4f} ms: {} wins\n",
+                          before, mixed, float_before, floats,
+                          floats < mixed ? "the float start" : "the fastest start");
+    if (floats < mixed) lpick = float_pick, moves = std::move(float_moves);
+  }
   for (size_t l = 0; l < lpick.size(); ++l) pick[layer_node[l]] = lpick[l];
   if (log) {
     for (const FormatMove& m : moves) {
@@ -362,8 +386,8 @@ void choose_formats(const Graph& g, const std::vector<Node*>& nodes, const std::
                           "its reformats\n", nodes[k]->label(), choice_name(cands[k][m.to]),
                           choice_name(cands[k][m.from]), m.saved_ms);
     }
-    *log << fmt::format("format choice: {} moves; layers and reformats {:.4f} ms -> {:.4f} ms\n",
-                        moves.size(), before, choice.total_ms(lpick));
+    *log << fmt::format("format choice: {} moves; layers and reformats {:.4f} ms\n", moves.size(),
+                        choice.total_ms(lpick));
   }
 }
 }  // namespace

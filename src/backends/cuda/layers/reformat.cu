@@ -25,6 +25,27 @@ __global__ void reformat_kernel(const In* x, Out* y, int64_t n, StridedIndex in_
   KILN_GRID_STRIDE(i, n) { convert<M>(x, in_ix.offset(i), y, i, scale); }
 }
 
+// Same element order on both sides (a type conversion, quantize or dequantize only): kVec
+// consecutive elements per thread through one aligned vector load and store, no index math.
+// The strided kernel's rank-4 index cost 17x the memory time on ResNet-50's float16 -> int8
+// reformats (1.77 ms for [256,256,56,56]).
+constexpr int kVec = 4;
+template <typename T>
+struct alignas(sizeof(T) * kVec) Pack {
+  T v[kVec];
+};
+template <Codes M, typename In, typename Out>
+__global__ void reformat_flat(const Pack<In>* __restrict__ x, Pack<Out>* __restrict__ y,
+                              int64_t packs, float scale) {
+  KILN_GRID_STRIDE(i, packs) {
+    const Pack<In> a = x[i];
+    Pack<Out> b;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) convert<M>(a.v, k, b.v, k, scale);
+    y[i] = b;
+  }
+}
+
 // Linear [N,C,HW] <-> NHWC [N,HW,C] with few channels (a CNN's input image, C = 3): one thread
 // per pixel; reads of each channel plane and writes of the pixel's C values are coalesced
 // across the warp, and the index math is one 32-bit division (the general kernel's rank-4
@@ -74,9 +95,16 @@ void launch_reformat(const DeviceTensor& x, const DeviceTensor& y, float scale, 
   const int64_t n = y.numel();
   const In* xp = static_cast<const In*>(x.data);
   Out* yp = static_cast<Out*>(y.data);
-  const bool pixels = x.rank() == 4 && x.layout != y.layout && x.shape[1] <= kPixelReformatMaxC &&
+  const bool same_order = x.layout == y.layout || x.rank() != 4;
+  const bool pixels = x.rank() == 4 && !same_order && x.shape[1] <= kPixelReformatMaxC &&
                       n < (int64_t(1) << 31);
-  if (pixels) {
+  auto aligned = [](const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; };
+  if (same_order && n % kVec == 0 && aligned(xp, alignof(Pack<In>)) &&
+      aligned(yp, alignof(Pack<Out>))) {
+    const int64_t packs = n / kVec;
+    reformat_flat<M, In, Out><<<grid_for(packs), kBlock, 0, s>>>(
+        reinterpret_cast<const Pack<In>*>(xp), reinterpret_cast<Pack<Out>*>(yp), packs, scale);
+  } else if (pixels) {
     const int C = static_cast<int>(x.shape[1]), hw = static_cast<int>(x.shape[2] * x.shape[3]);
     const int count = static_cast<int>(n / C);
     if (y.layout == Layout::kNHWC)
