@@ -155,6 +155,26 @@ std::vector<OpCase> int8_cases() {
       spec("i8_resnet_3x3_b3", {3, 64, 7, 7}, {136, 64, 3, 3}, same3, Residual::kInt8, "Relu")));
   v.push_back(int8_conv(
       spec("i8_empty_batch", {0, 8, 5, 5}, {8, 8, 3, 3}, same3, Residual::kInt8, "Relu")));
+  // The pipelined kernel's problems (conv_int8.pipelined: C and K multiples of 64, Y int8, the
+  // residual int8 or absent): pixel counts that are not a multiple of its 128-pixel tile, several
+  // 64-channel reduction steps, K tiles of 64 and of 128, ResNet's 7x7 maps; 3x3 taps with
+  // padding (zero-filled loads), stride, asymmetric padding and dilation.
+  v.push_back(int8_conv(spec("i8_pl_1x1_res_relu", {3, 128, 13, 11}, {256, 128, 1, 1}, {},
+                             Residual::kInt8, "Relu")));
+  v.push_back(int8_conv(
+      spec("i8_pl_1x1_k64_clip", {2, 64, 9, 7}, {64, 64, 1, 1}, {}, Residual::kNone, "Clip")));
+  v.push_back(int8_conv(spec("i8_pl_1x1_c192_pertensor", {1, 192, 10, 10}, {128, 192, 1, 1}, {},
+                             Residual::kInt8, "", true, false, false)));
+  v.push_back(int8_conv(spec("i8_pl_1x1_resnet_l4", {1, 512, 7, 7}, {2048, 512, 1, 1}, {},
+                             Residual::kInt8, "Relu")));
+  v.push_back(int8_conv(spec("i8_pl_1x1_s2_res", {2, 128, 14, 13}, {256, 128, 1, 1},
+                             conv_attrs({0, 0, 0, 0}, {2, 2}), Residual::kInt8, "Relu")));
+  v.push_back(int8_conv(
+      spec("i8_pl_3x3_res", {2, 64, 11, 9}, {64, 64, 3, 3}, same3, Residual::kInt8, "Relu")));
+  v.push_back(int8_conv(spec("i8_pl_3x3_s2", {1, 128, 15, 13}, {128, 128, 3, 3},
+                             conv_attrs({1, 1, 1, 1}, {2, 2}), Residual::kNone, "Relu")));
+  v.push_back(int8_conv(spec("i8_pl_3x3_asym_dilated", {1, 64, 12, 10}, {128, 64, 3, 3},
+                             conv_attrs({2, 1, 0, 2}, {1, 2}, {2, 1}), Residual::kNone, "Clip")));
   // Seeded random shapes (C a multiple of 4, the kernel's requirement; the case names stay
   // stable from run to run).
   std::mt19937 rng(20240611);

@@ -22,6 +22,7 @@
 #include "kernels/device_util.cuh"
 #include "kernels/int8.cuh"
 #include "layers/conv_common.h"
+#include "layers/conv_int8.cuh"
 #include "quant/int8.h"
 
 namespace kiln::gpu {
@@ -30,39 +31,19 @@ namespace {
 constexpr int kTileM = 64, kTileN = 64, kTileK = 8;  // pixels, channels, 32-bit words
 constexpr int kThreads = 256;
 
-struct Int8Geom {
-  int N, H, W, C4, K, R, S, P, Q, sh, sw, dh, dw, ph, pw;
-  int M, KW;  // output pixels (N*P*Q), reduction words (R*S*C4)
-};
-
-struct Int8Epilogue {
-  const float* scale = nullptr;  // [K] sx * sw[k], one float32 rounding
-  const float* bias = nullptr;   // [K] conv/MatMul bias or Gemm's beta * C; nullptr: none
-  float alpha = 1.f;             // Gemm's alpha (applied when != 1)
-  const void* z = nullptr;       // residual, Y's layout; nullptr: none
-  DataType z_type = DataType::kUndefined;
-  float sz = 1.f;  // the residual's scale when z is int8
-  ActParams act;
-  float sy = 1.f;  // Y's scale when Y is int8
-};
-
 template <typename Out>
 __device__ __forceinline__ void epilogue(int32_t acc, int64_t i, int k, const Int8Epilogue& e,
                                          Out* y) {
-  float v = __fmul_rn(static_cast<float>(acc), e.scale[k]);
-  if (e.alpha != 1.f) v = __fmul_rn(v, e.alpha);
-  if (e.bias) v = __fadd_rn(v, e.bias[k]);
+  float z = 0.f;
   if (e.z) {
-    float z;
     if (e.z_type == DataType::kInt8)
       z = dequantize_code(static_cast<const int8_t*>(e.z)[i], e.sz);
     else if (e.z_type == DataType::kFloat16)
       z = __half2float(static_cast<const __half*>(e.z)[i]);
     else
       z = static_cast<const float*>(e.z)[i];
-    v = __fadd_rn(v, z);
   }
-  v = apply_act(v, e.act);
+  const float v = epilogue_value(acc, k, e, e.z != nullptr, z);
   if constexpr (std::is_same_v<Out, int8_t>)
     y[i] = quantize_code(v, e.sy);
   else
@@ -320,9 +301,13 @@ bool int8_supports(const LayerDesc& d, std::string* why) {
   return true;
 }
 
+// Which kernel a tactic runs: the implicit GEMM on tensor cores or on __dp4a, or the pipelined
+// one for int8 chains with 64-channel multiples (conv_int8_pipelined.cu).
+enum class Int8Kernel { kMma, kDp4a, kPipelined };
+
 class Int8ConvLayer final : public Layer {
  public:
-  Int8ConvLayer(const LayerDesc& d, bool mma) : node_(d.node), mma_(mma) {}
+  Int8ConvLayer(const LayerDesc& d, Int8Kernel kernel) : node_(d.node), kernel_(kernel) {}
 
   // Host side, once: int8 weights [K][R][S][C] and the epilogue's per-channel arrays.
   Status init(const LayerDesc& d) {
@@ -443,6 +428,16 @@ class Int8ConvLayer final : public Layer {
       e.z = in[3].data;
       e.z_type = in[3].dtype;
     }
+    if (kernel_ == Int8Kernel::kPipelined) {
+      if (out[0].dtype != DataType::kInt8)
+        return KILN_ERROR("{}: the pipelined INT8 kernel writes int8 only", node_->label());
+      const char* why = launch_int8_pipelined(
+          static_cast<const int8_t*>(in[0].data), static_cast<const int8_t*>(weights_.get()),
+          static_cast<int8_t*>(out[0].data), g_, e, rc.stream);
+      if (*why) return KILN_ERROR("{}: pipelined INT8 kernel: {}", node_->label(), why);
+      KILN_CUDA_LAUNCH_CHECK("INT8 pipelined conv kernel");
+      return Status::Ok();
+    }
     const auto* x = static_cast<const int32_t*>(in[0].data);
     const auto* w = static_cast<const int32_t*>(weights_.get());
     const bool ok = [&] {
@@ -465,7 +460,7 @@ class Int8ConvLayer final : public Layer {
  private:
   template <typename Out>
   bool launch(const int32_t* x, const int32_t* w, Out* y, const Int8Epilogue& e, cudaStream_t s) {
-    if (mma_) {
+    if (kernel_ == Int8Kernel::kMma) {
       const dim3 grid((g_.M + kMmaM - 1) / kMmaM, (g_.K + kMmaN - 1) / kMmaN);
       int8_conv_mma<<<grid, kThreads, 0, s>>>(x, w, y, g_, e);
     } else {
@@ -476,7 +471,7 @@ class Int8ConvLayer final : public Layer {
   }
 
   const Node* node_;
-  bool mma_;
+  Int8Kernel kernel_;
   bool conv_ = true, transposed_ = false, has_bias_ = false;
   int64_t K_ = 0, C_ = 0, R_ = 1, S_ = 1;
   std::vector<int8_t> host_w_;
@@ -486,10 +481,25 @@ class Int8ConvLayer final : public Layer {
   DeviceMemory weights_;  // int8 weights, then the epilogue arrays
 };
 
-Expected<std::unique_ptr<Layer>> create_int8(const LayerDesc& d, bool mma) {
+// The pipelined kernel's problems (conv_int8_pipelined.cu): what int8_supports takes, with C and
+// K multiples of 64, Y int8 and the residual int8 or absent.
+bool pipelined_supports(const LayerDesc& d, std::string* why) {
+  if (!int8_supports(d, why)) return false;
+  const Node& n = *d.node;
+  if (!is_conv(n)) return *why = "convolutions only", false;
+  const Tensor* w = d.in_const(1);
+  if (w->dim(1) % 64 != 0 || w->dim(0) % 64 != 0)
+    return *why = "C and K must be multiples of 64", false;
+  if (d.out[0].dtype != DataType::kInt8) return *why = "Y is not stored as int8", false;
+  if (n.input(3) && d.in[3].dtype != DataType::kInt8) return *why = "the residual is not int8", false;
+  return true;
+}
+
+Expected<std::unique_ptr<Layer>> create_int8(const LayerDesc& d, Int8Kernel kernel) {
   std::string why;
-  if (!int8_supports(d, &why)) return KILN_ERROR("{}: INT8 kernel: {}", d.node->label(), why);
-  auto layer = std::make_unique<Int8ConvLayer>(d, mma);
+  const bool ok = kernel == Int8Kernel::kPipelined ? pipelined_supports(d, &why) : int8_supports(d, &why);
+  if (!ok) return KILN_ERROR("{}: INT8 kernel: {}", d.node->label(), why);
+  auto layer = std::make_unique<Int8ConvLayer>(d, kernel);
   KILN_RETURN_IF_ERROR(layer->init(d));
   return std::unique_ptr<Layer>(std::move(layer));
 }
@@ -497,11 +507,17 @@ Expected<std::unique_ptr<Layer>> create_int8(const LayerDesc& d, bool mma) {
 }  // namespace
 
 bool int8_conv_supports(const LayerDesc& d, std::string* why) { return int8_supports(d, why); }
+bool int8_pipelined_supports(const LayerDesc& d, std::string* why) {
+  return pipelined_supports(d, why);
+}
 Expected<std::unique_ptr<Layer>> create_int8_conv(const LayerDesc& d) {
-  return create_int8(d, true);
+  return create_int8(d, Int8Kernel::kMma);
 }
 Expected<std::unique_ptr<Layer>> create_int8_conv_dp4a(const LayerDesc& d) {
-  return create_int8(d, false);
+  return create_int8(d, Int8Kernel::kDp4a);
+}
+Expected<std::unique_ptr<Layer>> create_int8_pipelined(const LayerDesc& d) {
+  return create_int8(d, Int8Kernel::kPipelined);
 }
 
 }  // namespace kiln::gpu

@@ -1,0 +1,49 @@
+// kiln's INT8 convolution kernels (conv_int8.cu, conv_int8_pipelined.cu): the problem geometry, the
+// fused float epilogue's operands, and the epilogue arithmetic, in the CPU reference's order
+// (src/ops/fused_int8.cpp) so that every kernel gives the reference's codes.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/activation.cuh"
+#include "kernels/int8.cuh"
+#include "kiln/types.h"
+
+namespace kiln::gpu {
+
+struct Int8Geom {
+  int N, H, W, C4, K, R, S, P, Q, sh, sw, dh, dw, ph, pw;
+  int M, KW;  // output pixels (N*P*Q), reduction words (R*S*C4)
+};
+
+struct Int8Epilogue {
+  const float* scale = nullptr;  // [K] sx * sw[k], one float32 rounding
+  const float* bias = nullptr;   // [K] conv/MatMul bias or Gemm's beta * C; nullptr: none
+  float alpha = 1.f;             // Gemm's alpha (applied when != 1)
+  const void* z = nullptr;       // residual, Y's layout; nullptr: none
+  DataType z_type = DataType::kUndefined;
+  float sz = 1.f;  // the residual's scale when z is int8
+  ActParams act;
+  float sy = 1.f;  // Y's scale when Y is int8
+};
+
+// y before its output conversion: float(acc) * scale[k] [* alpha] [+ bias[k]] [+ z] -> act, each
+// step one float32 rounding. z is the residual's float value (its dequantized code) when has_z.
+__device__ __forceinline__ float epilogue_value(int32_t acc, int k, const Int8Epilogue& e,
+                                                bool has_z, float z) {
+  float v = __fmul_rn(static_cast<float>(acc), e.scale[k]);
+  if (e.alpha != 1.f) v = __fmul_rn(v, e.alpha);
+  if (e.bias) v = __fadd_rn(v, e.bias[k]);
+  if (has_z) v = __fadd_rn(v, z);
+  return apply_act(v, e.act);
+}
+
+// The pipelined kernel (conv_int8_pipelined.cu): C % 64 == 0, K % 64 == 0, Y int8 and the
+// residual int8 or absent; any filter size, stride, padding and dilation. Launches it; returns why
+// not when the problem or the buffers' alignment does not fit ("" when launched).
+const char* launch_int8_pipelined(const int8_t* x, const int8_t* w, int8_t* y, const Int8Geom& g,
+                                  const Int8Epilogue& e, cudaStream_t stream);
+
+}  // namespace kiln::gpu

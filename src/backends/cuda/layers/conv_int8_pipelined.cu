@@ -1,0 +1,207 @@
+// The pipelined INT8 convolution (tactic conv_int8.pipelined): kiln.FusedConv int8 = 1 as an
+// implicit GEMM Y[M][K] = X'[M][R*S*C] * W[K][R*S*C]^T over NHWC pixels, for C and K multiples of
+// 64, Y int8 and the residual int8 or absent (an INT8 chain's layers). Built around the bytes,
+// since ResNet's INT8 layers are memory-bound or close to it and the libraries' fused INT8
+// epilogues read the residual slowly (the fifth session's profile: their expand layers ran at
+// 0.8x FP16, their stage-1 3x3 at 0.34x):
+//   - each step is one filter tap and 64 input channels: the X rows of the tile's 128 pixels
+//     (shifted by the tap; zero-filled outside the image) and the W rows of its N channels arrive
+//     by cp.async in 16-byte chunks into two buffers, so the next step loads while the tensor
+//     cores multiply this one (mma.sync m16n8k32 s8, fragments as in conv_int8.cu);
+//   - the block's residual tile (128 pixels x N channels, int8) is fetched by cp.async at the
+//     start, overlapping the whole reduction;
+//   - the epilogue (epilogue_value, the CPU reference's arithmetic) reads the residual from
+//     shared memory and writes the int8 result in its place; the tile then leaves in 16-byte
+//     coalesced stores.
+#include "layers/conv_int8.cuh"
+
+namespace kiln::gpu {
+namespace {
+
+constexpr int kPwM = 128;          // pixels per block
+constexpr int kPwStep = 64;        // reduction bytes (input channels) per step
+constexpr int kPwRowWords = 20;    // 16 words + 4 of padding: conflict-free fragment reads
+constexpr int kPwThreads = 256;    // 8 warps: 4 along the pixels x 2 along the channels
+constexpr int kPwOutPad = 16;      // bytes of padding per residual/output tile row
+
+template <int N>
+constexpr int smem_bytes() {
+  return 2 * kPwM * kPwRowWords * 4 + 2 * N * kPwRowWords * 4 + kPwM * (N + kPwOutPad);
+}
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  // src-size 0 zero-fills the chunk without reading (rows past the last pixel).
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int Pending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending));
+}
+
+__device__ __forceinline__ void mma_s8_16832(int32_t (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                             uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+  __trap();  // kiln is built for sm_90a: not reached
+#endif
+}
+
+// N: output channels per block (128, or 64 when K is not a multiple of 128).
+template <int N>
+__global__ void __launch_bounds__(kPwThreads)
+    int8_pipelined(const int8_t* __restrict__ x, const int8_t* __restrict__ w,
+                   int8_t* __restrict__ y, Int8Geom g, Int8Epilogue e) {
+  const int M = g.M, K = g.K, C = g.C4 * 4;
+  extern __shared__ __align__(16) unsigned char smem[];
+  uint32_t* xs = reinterpret_cast<uint32_t*>(smem);  // [2][kPwM][kPwRowWords]
+  uint32_t* ws = xs + 2 * kPwM * kPwRowWords;        // [2][N][kPwRowWords]
+  int8_t* zy = reinterpret_cast<int8_t*>(ws + 2 * N * kPwRowWords);  // [kPwM][kZyRow]
+  constexpr int kZyRow = N + kPwOutPad;
+  constexpr int kRowChunks = N / 16;
+  constexpr int NI = N / 16;  // 8-channel mma columns per warp (a warp covers N / 2 channels)
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int m0 = blockIdx.x * kPwM, k0 = blockIdx.y * N;
+  const auto* z = static_cast<const int8_t*>(e.z);
+  if (z)
+    for (int i = tid; i < kPwM * kRowChunks; i += kPwThreads) {
+      const int r = i / kRowChunks, c = i % kRowChunks;
+      const bool ok = m0 + r < M;
+      cp_async16(zy + r * kZyRow + c * 16,
+                 z + static_cast<int64_t>(ok ? m0 + r : 0) * K + k0 + c * 16, ok);
+    }
+  // This thread's X chunks: chunk tid % 4 of tile rows tid / 4 and tid / 4 + 64, whose output
+  // pixels (n, p, q) read input row n * H + p * sh - ph + r * dh, column q * sw - pw + s * dw.
+  int nh[2], ih0[2], iw0[2];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int m = m0 + tid / 4 + 64 * j;
+    nh[j] = -1;
+    ih0[j] = iw0[j] = 0;
+    if (m < M) {
+      const int q = m % g.Q, p = (m / g.Q) % g.P;
+      nh[j] = (m / (g.Q * g.P)) * g.H;
+      ih0[j] = p * g.sh - g.ph;
+      iw0[j] = q * g.sw - g.pw;
+    }
+  }
+  const int cblocks = C / kPwStep, rsc = g.R * g.S * C;
+  auto load_step = [&](int buf, int step) {
+    const int rs = step / cblocks, c0 = (step % cblocks) * kPwStep + (tid % 4) * 16;
+    const int dh = (rs / g.S) * g.dh, dw = (rs % g.S) * g.dw;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int ih = ih0[j] + dh, iw = iw0[j] + dw;
+      const bool ok = nh[j] >= 0 && ih >= 0 && ih < g.H && iw >= 0 && iw < g.W;
+      const int64_t pixel = ok ? (static_cast<int64_t>(nh[j] + ih) * g.W + iw) : 0;
+      cp_async16(xs + (buf * kPwM + tid / 4 + 64 * j) * kPwRowWords + (tid % 4) * 4,
+                 x + pixel * C + c0, ok);
+    }
+    for (int i = tid; i < N * 4; i += kPwThreads) {
+      const int r = i / 4;
+      cp_async16(ws + (buf * N + r) * kPwRowWords + (i % 4) * 4,
+                 w + static_cast<int64_t>(k0 + r) * rsc + rs * C + (step % cblocks) * kPwStep +
+                     (i % 4) * 16,
+                 true);
+    }
+  };
+  const int steps = g.R * g.S * cblocks;
+  load_step(0, 0);
+  cp_async_commit();  // the residual tile and step 0
+  int32_t acc[2][NI][4] = {};
+  const int wm = (warp % 4) * 32, wn = (warp / 4) * (N / 2);
+  const int gq = lane / 4, tq = lane % 4;
+  for (int s = 0; s < steps; ++s) {
+    const int cur = s & 1;
+    if (s + 1 < steps) {
+      // The other buffer was last read in step s - 1, which every warp finished before the
+      // barrier that ended it.
+      load_step(cur ^ 1, s + 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const uint32_t* xb = xs + cur * kPwM * kPwRowWords;
+    const uint32_t* wb = ws + cur * N * kPwRowWords;
+#pragma unroll
+    for (int o = 0; o < kPwStep / 4; o += 8) {  // two k32 steps
+      uint32_t a[2][4];
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi) {
+        const int row = wm + mi * 16 + gq;
+        a[mi][0] = xb[row * kPwRowWords + o + tq];
+        a[mi][1] = xb[(row + 8) * kPwRowWords + o + tq];
+        a[mi][2] = xb[row * kPwRowWords + o + tq + 4];
+        a[mi][3] = xb[(row + 8) * kPwRowWords + o + tq + 4];
+      }
+#pragma unroll
+      for (int ni = 0; ni < NI; ++ni) {
+        const int col = wn + ni * 8 + gq;
+        const uint32_t b0 = wb[col * kPwRowWords + o + tq], b1 = wb[col * kPwRowWords + o + tq + 4];
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi) mma_s8_16832(acc[mi][ni], a[mi], b0, b1);
+      }
+    }
+    __syncthreads();
+  }
+  // The residual landed with the last wait; each element of the tile belongs to one thread,
+  // which reads its residual code and writes its output code in the same place.
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int r = wm + mi * 16 + gq + (c >= 2 ? 8 : 0);
+        const int col = wn + ni * 8 + tq * 2 + (c & 1);
+        int8_t* p = zy + r * kZyRow + col;
+        const float zf = z ? dequantize_code(*p, e.sz) : 0.f;
+        *p = quantize_code(epilogue_value(acc[mi][ni][c], k0 + col, e, z != nullptr, zf), e.sy);
+      }
+  __syncthreads();
+  for (int i = tid; i < kPwM * kRowChunks; i += kPwThreads) {
+    const int r = i / kRowChunks, c = i % kRowChunks;
+    if (m0 + r < M)
+      *reinterpret_cast<int4*>(y + static_cast<int64_t>(m0 + r) * K + k0 + c * 16) =
+          *reinterpret_cast<const int4*>(zy + r * kZyRow + c * 16);
+  }
+}
+
+template <int N>
+const char* launch(const int8_t* x, const int8_t* w, int8_t* y, const Int8Geom& g,
+                   const Int8Epilogue& e, cudaStream_t stream) {
+  constexpr int bytes = smem_bytes<N>();
+  // Over the default 48 KiB of dynamic shared memory: opted into once per kernel (a function
+  // static: thread-safe initialization for contexts on several threads).
+  static const cudaError_t opt_in =
+      cudaFuncSetAttribute(int8_pipelined<N>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (opt_in != cudaSuccess) return "cannot raise the kernel's shared memory limit";
+  const dim3 grid((g.M + kPwM - 1) / kPwM, g.K / N);
+  int8_pipelined<N><<<grid, kPwThreads, bytes, stream>>>(x, w, y, g, e);
+  return "";
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+const char* launch_int8_pipelined(const int8_t* x, const int8_t* w, int8_t* y, const Int8Geom& g,
+                                  const Int8Epilogue& e, cudaStream_t stream) {
+  if (g.C4 * 4 % kPwStep != 0 || g.K % 64 != 0) return "C and K must be multiples of 64";
+  if (e.z && e.z_type != DataType::kInt8) return "the residual is not int8";
+  if (!aligned16(x) || !aligned16(w) || !aligned16(y) || (e.z && !aligned16(e.z)))
+    return "a tensor is not 16-byte aligned";
+  if (g.K % 128 == 0) return launch<128>(x, w, y, g, e, stream);
+  return launch<64>(x, w, y, g, e, stream);
+}
+
+}  // namespace kiln::gpu
