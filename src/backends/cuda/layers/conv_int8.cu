@@ -307,7 +307,8 @@ enum class Int8Kernel { kMma, kDp4a, kPipelined };
 
 class Int8ConvLayer final : public Layer {
  public:
-  Int8ConvLayer(const LayerDesc& d, Int8Kernel kernel) : node_(d.node), kernel_(kernel) {}
+  Int8ConvLayer(const LayerDesc& d, Int8Kernel kernel)
+      : node_(d.node), kernel_(kernel), tile_n_(d.variant == "n64" ? 64 : 128) {}
 
   // Host side, once: int8 weights [K][R][S][C] and the epilogue's per-channel arrays.
   Status init(const LayerDesc& d) {
@@ -433,7 +434,7 @@ class Int8ConvLayer final : public Layer {
         return KILN_ERROR("{}: the pipelined INT8 kernel writes int8 only", node_->label());
       const char* why = launch_int8_pipelined(
           static_cast<const int8_t*>(in[0].data), static_cast<const int8_t*>(weights_.get()),
-          static_cast<int8_t*>(out[0].data), g_, e, rc.stream);
+          static_cast<int8_t*>(out[0].data), g_, e, K_ % tile_n_ == 0 ? tile_n_ : 64, rc.stream);
       if (*why) return KILN_ERROR("{}: pipelined INT8 kernel: {}", node_->label(), why);
       KILN_CUDA_LAUNCH_CHECK("INT8 pipelined conv kernel");
       return Status::Ok();
@@ -472,6 +473,7 @@ class Int8ConvLayer final : public Layer {
 
   const Node* node_;
   Int8Kernel kernel_;
+  int tile_n_;  // the pipelined kernel's output channels per block (variant n128 / n64)
   bool conv_ = true, transposed_ = false, has_bias_ = false;
   int64_t K_ = 0, C_ = 0, R_ = 1, S_ = 1;
   std::vector<int8_t> host_w_;
@@ -495,6 +497,15 @@ bool pipelined_supports(const LayerDesc& d, std::string* why) {
   return true;
 }
 
+// The pipelined kernel's variants: 128 or 64 output channels per block (64 only when K is not a
+// multiple of 128). Wider tiles read X once per 128 channels; narrower ones use half the
+// registers, so more blocks keep loads in flight.
+std::vector<std::string> pipelined_variants(const LayerDesc& d) {
+  const Tensor* w = d.in_const(1);
+  if (w && w->rank() >= 1 && w->dim(0) % 128 == 0) return {"n128", "n64"};
+  return {"n64"};
+}
+
 Expected<std::unique_ptr<Layer>> create_int8(const LayerDesc& d, Int8Kernel kernel) {
   std::string why;
   const bool ok = kernel == Int8Kernel::kPipelined ? pipelined_supports(d, &why) : int8_supports(d, &why);
@@ -509,6 +520,9 @@ Expected<std::unique_ptr<Layer>> create_int8(const LayerDesc& d, Int8Kernel kern
 bool int8_conv_supports(const LayerDesc& d, std::string* why) { return int8_supports(d, why); }
 bool int8_pipelined_supports(const LayerDesc& d, std::string* why) {
   return pipelined_supports(d, why);
+}
+std::vector<std::string> int8_pipelined_variants(const LayerDesc& d) {
+  return pipelined_variants(d);
 }
 Expected<std::unique_ptr<Layer>> create_int8_conv(const LayerDesc& d) {
   return create_int8(d, Int8Kernel::kMma);

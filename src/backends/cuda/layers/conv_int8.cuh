@@ -41,9 +41,10 @@ __device__ __forceinline__ float epilogue_value(int32_t acc, int k, const Int8Ep
 }
 
 // The pipelined kernel (conv_int8_pipelined.cu): C % 64 == 0, K % 64 == 0, Y int8 and the
-// residual int8 or absent; any filter size, stride, padding and dilation. Launches it; returns why
-// not when the problem or the buffers' alignment does not fit ("" when launched).
+// residual int8 or absent; any filter size, stride, padding and dilation; tile_n output channels
+// per block (128 or 64, dividing K). Launches it; returns why not when the problem or the
+// buffers' alignment does not fit ("" when launched).
 const char* launch_int8_pipelined(const int8_t* x, const int8_t* w, int8_t* y, const Int8Geom& g,
-                                  const Int8Epilogue& e, cudaStream_t stream);
+                                  const Int8Epilogue& e, int tile_n, cudaStream_t stream);
 
 }  // namespace kiln::gpu

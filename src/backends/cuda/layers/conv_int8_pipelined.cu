@@ -68,7 +68,8 @@ __global__ void __launch_bounds__(kPwThreads)
   constexpr int kRowChunks = N / 16;
   constexpr int NI = N / 16;  // 8-channel mma columns per warp (a warp covers N / 2 channels)
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int m0 = blockIdx.x * kPwM, k0 = blockIdx.y * N;
+  // Channel blocks vary fastest: the blocks that share an X tile run together and read it from L2.
+  const int m0 = blockIdx.y * kPwM, k0 = blockIdx.x * N;
   const auto* z = static_cast<const int8_t*>(e.z);
   if (z)
     for (int i = tid; i < kPwM * kRowChunks; i += kPwThreads) {
@@ -185,7 +186,7 @@ const char* launch(const int8_t* x, const int8_t* w, int8_t* y, const Int8Geom& 
   static const cudaError_t opt_in =
       cudaFuncSetAttribute(int8_pipelined<N>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (opt_in != cudaSuccess) return "cannot raise the kernel's shared memory limit";
-  const dim3 grid((g.M + kPwM - 1) / kPwM, g.K / N);
+  const dim3 grid(g.K / N, (g.M + kPwM - 1) / kPwM);
   int8_pipelined<N><<<grid, kPwThreads, bytes, stream>>>(x, w, y, g, e);
   return "";
 }
@@ -195,13 +196,14 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }  // namespace
 
 const char* launch_int8_pipelined(const int8_t* x, const int8_t* w, int8_t* y, const Int8Geom& g,
-                                  const Int8Epilogue& e, cudaStream_t stream) {
-  if (g.C4 * 4 % kPwStep != 0 || g.K % 64 != 0) return "C and K must be multiples of 64";
+                                  const Int8Epilogue& e, int tile_n, cudaStream_t stream) {
+  if (g.C4 * 4 % kPwStep != 0 || g.K % tile_n != 0 || (tile_n != 64 && tile_n != 128))
+    return "C must be a multiple of 64 and K of the tile's channels (64 or 128)";
+  if ((static_cast<int64_t>(g.M) + kPwM - 1) / kPwM > 65535) return "too many output pixels";
   if (e.z && e.z_type != DataType::kInt8) return "the residual is not int8";
   if (!aligned16(x) || !aligned16(w) || !aligned16(y) || (e.z && !aligned16(e.z)))
     return "a tensor is not 16-byte aligned";
-  if (g.K % 128 == 0) return launch<128>(x, w, y, g, e, stream);
-  return launch<64>(x, w, y, g, e, stream);
+  return tile_n == 128 ? launch<128>(x, w, y, g, e, stream) : launch<64>(x, w, y, g, e, stream);
 }
 
 }  // namespace kiln::gpu

@@ -24,6 +24,7 @@ bool int8_conv_supports(const LayerDesc& d, std::string* why);
 Expected<std::unique_ptr<Layer>> create_int8_conv(const LayerDesc& d);  // tensor cores
 Expected<std::unique_ptr<Layer>> create_int8_conv_dp4a(const LayerDesc& d);
 bool int8_pipelined_supports(const LayerDesc& d, std::string* why);
+std::vector<std::string> int8_pipelined_variants(const LayerDesc& d);
 Expected<std::unique_ptr<Layer>> create_int8_pipelined(const LayerDesc& d);  // conv_int8_pipelined.cu
 
 namespace {
@@ -279,7 +280,7 @@ const TacticDef kConvTactics[] = {
     {"kiln", "FusedConv", "conv_int8.dp4a", kI8 | kF32 | kF16 | kNHWC, 0, int8_conv_supports,
      create_int8_conv_dp4a},
     {"kiln", "FusedConv", "conv_int8.pipelined", kI8 | kF32 | kF16 | kNHWC, 0,
-     int8_pipelined_supports, create_int8_pipelined},
+     int8_pipelined_supports, create_int8_pipelined, int8_pipelined_variants},
     {"", "ConvTranspose", "cudnn.convt", kF32 | kF16 | kF64, 0, convt_supports, create_convt},
 };
 

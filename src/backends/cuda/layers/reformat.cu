@@ -1,6 +1,8 @@
 // kiln.Reformat: the explicit conversion the lowering places where a tensor's producer and a
 // consumer want different formats (float32 <-> float16, linear <-> NHWC, and for INT8 layers a
 // float value <-> its int8 codes with the value's scale). Logically Identity.
+#include <algorithm>
+
 #include "kernels/device_util.cuh"
 #include "kernels/int8.cuh"
 #include "tactics.h"
@@ -25,23 +27,24 @@ __global__ void reformat_kernel(const In* x, Out* y, int64_t n, StridedIndex in_
   KILN_GRID_STRIDE(i, n) { convert<M>(x, in_ix.offset(i), y, i, scale); }
 }
 
-// Same element order on both sides (a type conversion, quantize or dequantize only): kVec
-// consecutive elements per thread through one aligned vector load and store, no index math.
-// The strided kernel's rank-4 index cost 17x the memory time on ResNet-50's float16 -> int8
-// reformats (1.77 ms for [256,256,56,56]).
-constexpr int kVec = 4;
-template <typename T>
-struct alignas(sizeof(T) * kVec) Pack {
-  T v[kVec];
+// Same element order on both sides (a type conversion, quantize or dequantize only): V
+// consecutive elements per thread through one aligned vector load and store (16 bytes on the
+// wider side), no index math. The strided kernel's rank-4 index cost 17x the memory time on
+// ResNet-50's float16 -> int8 reformats (1.77 ms for [256,256,56,56]).
+template <typename In, typename Out>
+constexpr int kVec = std::max<int>(1, 16 / std::max(sizeof(In), sizeof(Out)));
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
 };
-template <Codes M, typename In, typename Out>
-__global__ void reformat_flat(const Pack<In>* __restrict__ x, Pack<Out>* __restrict__ y,
+template <Codes M, typename In, typename Out, int V = kVec<In, Out>>
+__global__ void reformat_flat(const Pack<In, V>* __restrict__ x, Pack<Out, V>* __restrict__ y,
                               int64_t packs, float scale) {
   KILN_GRID_STRIDE(i, packs) {
-    const Pack<In> a = x[i];
-    Pack<Out> b;
+    const Pack<In, V> a = x[i];
+    Pack<Out, V> b;
 #pragma unroll
-    for (int k = 0; k < kVec; ++k) convert<M>(a.v, k, b.v, k, scale);
+    for (int k = 0; k < V; ++k) convert<M>(a.v, k, b.v, k, scale);
     y[i] = b;
   }
 }
@@ -99,11 +102,13 @@ void launch_reformat(const DeviceTensor& x, const DeviceTensor& y, float scale, 
   const bool pixels = x.rank() == 4 && !same_order && x.shape[1] <= kPixelReformatMaxC &&
                       n < (int64_t(1) << 31);
   auto aligned = [](const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; };
-  if (same_order && n % kVec == 0 && aligned(xp, alignof(Pack<In>)) &&
-      aligned(yp, alignof(Pack<Out>))) {
-    const int64_t packs = n / kVec;
+  constexpr int V = kVec<In, Out>;
+  if (same_order && n % V == 0 && aligned(xp, alignof(Pack<In, V>)) &&
+      aligned(yp, alignof(Pack<Out, V>))) {
+    const int64_t packs = n / V;
     reformat_flat<M, In, Out><<<grid_for(packs), kBlock, 0, s>>>(
-        reinterpret_cast<const Pack<In>*>(xp), reinterpret_cast<Pack<Out>*>(yp), packs, scale);
+        reinterpret_cast<const Pack<In, V>*>(xp), reinterpret_cast<Pack<Out, V>*>(yp), packs,
+        scale);
   } else if (pixels) {
     const int C = static_cast<int>(x.shape[1]), hw = static_cast<int>(x.shape[2] * x.shape[3]);
     const int count = static_cast<int>(n / C);
