@@ -123,18 +123,6 @@ __global__ void __launch_bounds__(kThreads)
 constexpr int kMmaM = 128, kMmaN = 64, kMmaKW = 16;  // pixels, channels, words per step
 constexpr int kMmaStride = kMmaKW + 4;               // padded rows: conflict-free fragment reads
 
-__device__ __forceinline__ void mma_s8(int32_t (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                       uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#else
-  __trap();  // kiln is built for sm_90a (CMAKE_CUDA_ARCHITECTURES): not reached
-#endif
-}
 
 // Fragments (PTX ISA, m16n8k32 .s8; lane = 4 * gq + tq): A (16 x 32, row-major) a0 = A[gq][4tq..],
 // a1 = A[gq+8][4tq..], a2 = A[gq][16+4tq..], a3 = A[gq+8][16+4tq..]; B (32 x 8, column-major)

@@ -41,18 +41,6 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending));
 }
 
-__device__ __forceinline__ void mma_s8_16832(int32_t (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                             uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#else
-  __trap();  // kiln is built for sm_90a: not reached
-#endif
-}
 
 // N: output channels per block (128, or 64 when K is not a multiple of 128).
 template <int N>
@@ -149,7 +137,7 @@ __global__ void __launch_bounds__(kPwThreads)
         const int col = wn + ni * 8 + gq;
         const uint32_t b0 = wb[col * kPwRowWords + o + tq], b1 = wb[col * kPwRowWords + o + tq + 4];
 #pragma unroll
-        for (int mi = 0; mi < 2; ++mi) mma_s8_16832(acc[mi][ni], a[mi], b0, b1);
+        for (int mi = 0; mi < 2; ++mi) mma_s8(acc[mi][ni], a[mi], b0, b1);
       }
     }
     __syncthreads();
