@@ -54,31 +54,15 @@ struct FuseLayerNorm {
     }
     std::vector<Node*> nodes = {rm1, sub, sq, rm2, add_eps, sqrt, &div};
     Value* out = div.output(0);
-    std::optional<Tensor> scale, bias;
-    if (Node* mul = sole_consumer(ctx.g, out); is_op(mul, "Mul")) {
-      if ((scale = affine_param(other_input(mul, out), norm))) {
-        nodes.push_back(mul);
-        out = mul->output(0);
-      }
-    }
-    if (Node* add = sole_consumer(ctx.g, out); is_op(add, "Add")) {
-      if ((bias = affine_param(other_input(add, out), norm))) {
-        nodes.push_back(add);
-        out = add->output(0);
-      }
-    }
+    std::optional<Tensor> scale = absorb_affine(ctx.g, "Mul", norm, nodes, out);
+    std::optional<Tensor> bias = absorb_affine(ctx.g, "Add", norm, nodes, out);
     if (!group_is_closed(ctx.g, nodes, out)) {
       ctx.note(fmt::format("LayerNorm pattern at {}: an intermediate has another consumer",
                            div.label()));
       return std::nullopt;
     }
     if (!is_float_type(x->type.dtype)) return std::nullopt;
-    if (!scale) {
-      int64_t count = 1;
-      for (int64_t dm : norm) count *= dm;
-      scale = Tensor::from<float>(norm, std::vector<float>(static_cast<size_t>(count), 1.f))
-                  .cast(x->type.dtype);
-    }
+    if (!scale) scale = ones(norm, x->type.dtype);
     if (scale->dtype() != x->type.dtype || (bias && bias->dtype() != x->type.dtype))
       return std::nullopt;
     Attributes a;

@@ -89,13 +89,7 @@ struct FuseRmsNorm {
     std::vector<Node*> nodes = {sq, rm, add_eps, sqrt, &norm_node};
     if (recip) nodes.push_back(recip);
     Value* out = norm_node.output(0);
-    std::optional<Tensor> scale;
-    if (Node* mul = sole_consumer(ctx.g, out); is_op(mul, "Mul")) {
-      if ((scale = affine_param(other_input(mul, out), norm))) {
-        nodes.push_back(mul);
-        out = mul->output(0);
-      }
-    }
+    std::optional<Tensor> scale = absorb_affine(ctx.g, "Mul", norm, nodes, out);
     if (!group_is_closed(ctx.g, nodes, out)) {
       ctx.note(fmt::format("RMSNorm pattern at {}: an intermediate has another consumer",
                            norm_node.label()));
@@ -103,12 +97,7 @@ struct FuseRmsNorm {
     }
     const DataType t = x->type.dtype;
     if (!is_float_type(t) || (scale && scale->dtype() != t)) return std::nullopt;
-    if (!scale) {
-      int64_t count = 1;
-      for (int64_t dm : norm) count *= dm;
-      scale =
-          Tensor::from<float>(norm, std::vector<float>(static_cast<size_t>(count), 1.f)).cast(t);
-    }
+    if (!scale) scale = ones(norm, t);
     if (!ctx.backend_supports("", "RMSNormalization", {}, t)) return std::nullopt;
     return Match{nodes, x, out, *scale, k, static_cast<float>(*eps)};
   }

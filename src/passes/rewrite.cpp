@@ -143,6 +143,24 @@ std::optional<Tensor> affine_param(const Value* v, const std::vector<int64_t>& n
   return *r;
 }
 
+std::optional<Tensor> absorb_affine(const Graph& g, const char* op_type,
+                                    const std::vector<int64_t>& norm, std::vector<Node*>& group,
+                                    Value*& out) {
+  Node* n = sole_consumer(g, out);
+  if (!is_op(n, op_type)) return std::nullopt;
+  std::optional<Tensor> t = affine_param(other_input(n, out), norm);
+  if (!t) return std::nullopt;
+  group.push_back(n);
+  out = n->output(0);
+  return t;
+}
+
+Tensor ones(const std::vector<int64_t>& norm, DataType t) {
+  int64_t count = 1;
+  for (int64_t d : norm) count *= d;
+  return Tensor::from<float>(norm, std::vector<float>(static_cast<size_t>(count), 1.f)).cast(t);
+}
+
 Expected<Node*> replace_with_layer(PassContext& ctx, const std::vector<Node*>& group,
                                    const std::string& domain, const std::string& op_type,
                                    const std::vector<Value*>& inputs, Attributes attrs,

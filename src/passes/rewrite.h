@@ -91,6 +91,13 @@ std::optional<std::vector<int64_t>> trailing_axes(const Node* rm, int64_t rank);
 // A constant equal in shape to the normalized dims `norm` (leading 1s allowed), as a tensor of
 // exactly that shape (LayerNorm/RMSNorm scale and bias).
 std::optional<Tensor> affine_param(const Value* v, const std::vector<int64_t>& norm);
+// When the sole consumer of *out is `op_type` (Mul: scale, Add: bias) with an affine_param as its
+// other operand: appends that node to `group`, moves *out to its output, returns the parameter.
+std::optional<Tensor> absorb_affine(const Graph& g, const char* op_type,
+                                    const std::vector<int64_t>& norm, std::vector<Node*>& group,
+                                    Value*& out);
+// A tensor of ones of shape `norm` and type `t` (the scale of a norm without one).
+Tensor ones(const std::vector<int64_t>& norm, DataType t);
 
 // --- edits ------------------------------------------------------------------------------------
 // Replaces `group` (its nodes' outputs other than `out` must be used only inside the group) by
