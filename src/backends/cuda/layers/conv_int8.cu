@@ -390,6 +390,8 @@ class Int8ConvLayer final : public Layer {
             0,
             0};
     }
+    if (kernel_ == Int8Kernel::kPipelined)
+      KILN_CUDA_CHECK(prepare_int8_pipelined());
     g_.M = g_.N * g_.P * g_.Q;
     g_.KW = g_.R * g_.S * g_.C4;
     if (in[0].numel() >= (int64_t(1) << 33) || out[0].numel() >= (int64_t(1) << 31) ||

@@ -59,6 +59,8 @@ __device__ __forceinline__ void mma_s8(int32_t (&c)[4], const uint32_t (&a)[4], 
 // residual int8 or absent; any filter size, stride, padding and dilation; tile_n output channels
 // per block (128 or 64, dividing K). Launches it; returns why not when the problem or the
 // buffers' alignment does not fit ("" when launched).
+// Its shared-memory opt-in on the current device; call before the first launch (configure).
+cudaError_t prepare_int8_pipelined();
 const char* launch_int8_pipelined(const int8_t* x, const int8_t* w, int8_t* y, const Int8Geom& g,
                                   const Int8Epilogue& e, int tile_n, cudaStream_t stream);
 

@@ -169,11 +169,6 @@ template <int N>
 const char* launch(const int8_t* x, const int8_t* w, int8_t* y, const Int8Geom& g,
                    const Int8Epilogue& e, cudaStream_t stream) {
   constexpr int bytes = smem_bytes<N>();
-  // Over the default 48 KiB of dynamic shared memory: opted into once per kernel (a function
-  // static: thread-safe initialization for contexts on several threads).
-  static const cudaError_t opt_in =
-      cudaFuncSetAttribute(int8_pipelined<N>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-  if (opt_in != cudaSuccess) return "cannot raise the kernel's shared memory limit";
   const dim3 grid(g.K / N, (g.M + kPwM - 1) / kPwM);
   int8_pipelined<N><<<grid, kPwThreads, bytes, stream>>>(x, w, y, g, e);
   return "";
@@ -182,6 +177,17 @@ const char* launch(const int8_t* x, const int8_t* w, int8_t* y, const Int8Geom& 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
+
+cudaError_t prepare_int8_pipelined() {
+  // Over the default 48 KiB of dynamic shared memory: an opt-in per kernel and device, made at
+  // configure time (not while a run may be captured into a CUDA graph).
+  cudaError_t e = cudaFuncSetAttribute(int8_pipelined<128>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<128>());
+  if (e == cudaSuccess)
+    e = cudaFuncSetAttribute(int8_pipelined<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             smem_bytes<64>());
+  return e;
+}
 
 const char* launch_int8_pipelined(const int8_t* x, const int8_t* w, int8_t* y, const Int8Geom& g,
                                   const Int8Epilogue& e, int tile_n, cudaStream_t stream) {
