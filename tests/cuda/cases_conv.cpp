@@ -122,6 +122,38 @@ std::vector<OpCase> conv_cases() {
     c.domain = "kiln";
     v.push_back(c);
   }
+  // The stem kernel's problems (kiln.conv.stem: FP16 NHWC, C <= 4, K % 32 == 0, one filter row
+  // of taps contiguous): ResNet's 7x7/2 with pad 3 on RGB at odd sizes (tiles past the last
+  // pixel, edge taps), grayscale 3x3, 4 channels with a taller dilation and asymmetric padding,
+  // K = 32 (the narrow tile), no bias.
+  struct Stem {
+    const char* name;
+    std::vector<int64_t> x, w;
+    Attributes a;
+    const char* act;
+    bool bias;
+  };
+  const Stem stems[] = {
+      {"stem_7x7_s2_rgb", {2, 3, 37, 29}, {64, 3, 7, 7},
+       attrs({{"pads", ints_attr({3, 3, 3, 3})}, {"strides", ints_attr({2, 2})}}), "Relu", true},
+      {"stem_3x3_gray_k32", {3, 1, 13, 17}, {32, 1, 3, 3}, attrs({{"pads", ints_attr({1, 1, 1, 1})}}),
+       "HardSwish", true},
+      {"stem_5x5_c4_dil", {1, 4, 15, 12}, {96, 4, 5, 5},
+       attrs({{"pads", ints_attr({2, 0, 1, 3})}, {"dilations", ints_attr({2, 1})}}), "", false},
+      {"stem_3x3_s2_rgb_k32", {2, 3, 24, 24}, {32, 3, 3, 3},
+       attrs({{"pads", ints_attr({1, 1, 1, 1})}, {"strides", ints_attr({2, 2})}}), "Clip", true},
+  };
+  for (const Stem& st : stems) {
+    OpCase c = conv(st.name, st.x, st.w, st.a, st.bias, {"fp16", "nhwc16"});
+    c.op_type = "FusedConv";
+    c.domain = "kiln";
+    c.attrs.set("activation", Attribute::String(st.act));
+    if (std::string(st.act) == "Clip") {
+      c.attrs.set("act_min", Attribute::Float(0.f));
+      c.attrs.set("act_max", Attribute::Float(0.5f));
+    }
+    v.push_back(c);
+  }
   // ConvTranspose.
   auto convt = [&](std::string name, std::vector<int64_t> x, std::vector<int64_t> w, Attributes a) {
     OpCase c = conv(std::move(name), std::move(x), w, std::move(a), true, {"fp32", "fp16"});

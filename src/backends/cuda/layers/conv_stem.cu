@@ -1,0 +1,289 @@
+// kiln's stem convolution (tactic kiln.conv.stem): kiln.FusedConv in FP16 on NHWC images with
+// few input channels (C <= 4: a CNN's first layer, e.g. ResNet's 7x7/2 on RGB), bias and
+// activation fused. cuDNN pads C = 3 up to 8 for each of the 49 taps (the kernel study: 0.6 ms,
+// 23% of the H100's FP16 rate, at batch 256); here the whole filter is one GEMM reduction: each
+// filter row's S*C taps are contiguous in an NHWC input row, padded only to a multiple of 8
+// (7*3 = 21 -> 24, so the reduction is 7*24 = 168 -> 176 instead of 49*8 = 392).
+//
+// A block computes 128 output pixels x NT channels (NT = 64, or 32 when K is not a multiple of
+// 64) with mma.sync m16n8k16 (float16 in, float32 accumulation), 8 warps of 32 x NT/2. The
+// filter (NT x reduction, float16) stays in shared memory; the im2col tile of each 16-wide
+// reduction step is gathered by the threads (8 consecutive reduction elements each, which are
+// consecutive halves of one input row) into one of two buffers while the tensor cores work on
+// the other. The epilogue (bias, activation, float16) stages the tile in shared memory and writes
+// it out in 16-byte stores.
+#include <algorithm>
+#include <vector>
+
+#include "device_util_host.h"
+#include "kernels/device_util.cuh"
+#include "layers/conv_common.h"
+
+namespace kiln::gpu {
+namespace {
+
+constexpr int kStemM = 128;        // output pixels per block
+constexpr int kStemThreads = 256;  // 8 warps: 4 along the pixels x 2 along the channels
+constexpr int kStemARow = 24;      // halves per im2col tile row: 16 + 8 of padding
+constexpr int kStemMaxReduction = 176;
+
+struct StemGeom {
+  int N, H, W, K, R, S, P, Q, sh, sw, ph, pw, dh;
+  int SC, SCp, Kp;  // taps of one filter row (S * C), padded to 8; the reduction padded to 16
+  int M;            // output pixels
+};
+
+__device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                        uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+  __trap();  // kiln is built for sm_90a: not reached
+#endif
+}
+
+template <int NT>
+constexpr int stem_smem_bytes(int Kp) {
+  const int main = NT * (Kp + 8) * 2 + 2 * kStemM * kStemARow * 2;
+  const int out = kStemM * (NT + 8) * 2;
+  return main > out ? main : out;
+}
+
+// Fragments (PTX ISA, m16n8k16 .f16; lane = 4 * gq + tq): A (16 x 16, row-major) a0 = A[gq][2tq,
+// 2tq+1], a1 = A[gq+8][2tq..], a2 = A[gq][2tq+8..], a3 = A[gq+8][2tq+8..]; B (16 x 8, column-major)
+// b0 = B[2tq, 2tq+1][gq], b1 = B[2tq+8..][gq]; C c0,c1 = C[gq][2tq, 2tq+1], c2,c3 = C[gq+8][...].
+// With the im2col tile stored [pixel][k] and the filter [channel][k], each is one 32-bit word.
+template <int C, int NT>
+__global__ void __launch_bounds__(kStemThreads)
+    conv_stem(const __half* __restrict__ x, const __half* __restrict__ w,
+              const float* __restrict__ bias, __half* __restrict__ y, StemGeom g, ActParams act) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  __half* ws = reinterpret_cast<__half*>(smem);  // [NT][Kp + 8]
+  __half* as = ws + NT * (g.Kp + 8);               // [2][kStemM][kStemARow]
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int k0 = blockIdx.x * NT, m0 = blockIdx.y * kStemM;
+  const int wrow = g.Kp + 8;
+  // The filter rows of this block's channels, in 16-byte chunks.
+  const int chunks = g.Kp / 8;
+  for (int i = tid; i < NT * chunks; i += kStemThreads) {
+    const int r = i / chunks, c = i % chunks;
+    *reinterpret_cast<uint4*>(ws + r * wrow + c * 8) =
+        *reinterpret_cast<const uint4*>(w + static_cast<int64_t>(k0 + r) * g.Kp + c * 8);
+  }
+  // This thread gathers 8 reduction elements (k = step * 16 + kh .. + 7) of tile row `row`.
+  const int row = tid / 2, kh = (tid % 2) * 8;
+  const int m = m0 + row;
+  int nh = -1, ih0 = 0, iw0 = 0;
+  if (m < g.M) {
+    const int q = m % g.Q, p = (m / g.Q) % g.P;
+    nh = (m / (g.Q * g.P)) * g.H;
+    ih0 = p * g.sh - g.ph;
+    iw0 = q * g.sw - g.pw;
+  }
+  uint32_t v[4];  // 8 halves, two per word (registers; no local array of halves)
+  auto gather = [&](int step) {
+    const int k = step * 16 + kh;  // a multiple of 8, so all 8 lie in one filter row
+    const int r = k / g.SCp, j0 = k - r * g.SCp;
+    const int ih = ih0 + r * g.dh;
+    const bool row_ok = nh >= 0 && r < g.R && ih >= 0 && ih < g.H;
+    const auto* base = reinterpret_cast<const unsigned short*>(x) +
+                       (static_cast<int64_t>(nh + ih) * g.W + iw0) * C;
+#pragma unroll
+    for (int e = 0; e < 8; e += 2) {
+      uint32_t lo = 0, hi = 0;  // float16 zero is all bits clear
+      const int j = j0 + e;
+      if (row_ok && j < g.SC && iw0 + j / C >= 0 && iw0 + j / C < g.W) lo = base[j];
+      if (row_ok && j + 1 < g.SC && iw0 + (j + 1) / C >= 0 && iw0 + (j + 1) / C < g.W)
+        hi = base[j + 1];
+      v[e / 2] = lo | (hi << 16);  // the lower k in the low half, as mma fragments expect
+    }
+  };
+  auto stage = [&](int buf) {
+    *reinterpret_cast<uint4*>(as + (buf * kStemM + row) * kStemARow + kh) =
+        make_uint4(v[0], v[1], v[2], v[3]);
+  };
+  constexpr int NI = NT / 16;  // 8-channel mma columns per warp
+  float acc[2][NI][4] = {};
+  const int wm = (warp % 4) * 32, wn = (warp / 4) * (NT / 2);
+  const int gq = lane / 4, tq = lane % 4;
+  const uint32_t* w32 = reinterpret_cast<const uint32_t*>(ws);
+  const int steps = g.Kp / 16;
+  gather(0);
+  stage(0);
+  __syncthreads();
+  for (int s = 0; s < steps; ++s) {
+    const int cur = s & 1;
+    const bool more = s + 1 < steps;
+    if (more) gather(s + 1);  // in flight during the multiplies below
+    const uint32_t* a32 = reinterpret_cast<const uint32_t*>(as + cur * kStemM * kStemARow);
+    uint32_t a[2][4];
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi) {
+      const int r = wm + mi * 16 + gq;
+      a[mi][0] = a32[r * (kStemARow / 2) + tq];
+      a[mi][1] = a32[(r + 8) * (kStemARow / 2) + tq];
+      a[mi][2] = a32[r * (kStemARow / 2) + tq + 4];
+      a[mi][3] = a32[(r + 8) * (kStemARow / 2) + tq + 4];
+    }
+#pragma unroll
+    for (int ni = 0; ni < NI; ++ni) {
+      const int col = wn + ni * 8 + gq;
+      const uint32_t b0 = w32[col * (wrow / 2) + s * 8 + tq];
+      const uint32_t b1 = w32[col * (wrow / 2) + s * 8 + tq + 4];
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi) mma_f16(acc[mi][ni], a[mi], b0, b1);
+    }
+    // The other buffer was last read in step s - 1, which every warp finished before the
+    // barrier that ended it.
+    if (more) stage(cur ^ 1);
+    __syncthreads();
+  }
+  // Epilogue into a [kStemM][NT + 8] tile over the (now unused) filter and im2col buffers.
+  __half* out = reinterpret_cast<__half*>(smem);
+  constexpr int orow = NT + 8;
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = wm + mi * 16 + gq + 8 * h;
+        const int col = wn + ni * 8 + tq * 2;
+        const float y0 = apply_act(acc[mi][ni][2 * h] + bias[k0 + col], act);
+        const float y1 = apply_act(acc[mi][ni][2 * h + 1] + bias[k0 + col + 1], act);
+        *reinterpret_cast<__half2*>(out + r * orow + col) = __floats2half2_rn(y0, y1);
+      }
+  __syncthreads();
+  constexpr int row_chunks = NT / 8;
+  for (int i = tid; i < kStemM * row_chunks; i += kStemThreads) {
+    const int r = i / row_chunks, c = i % row_chunks;
+    if (m0 + r < g.M)
+      *reinterpret_cast<uint4*>(y + static_cast<int64_t>(m0 + r) * g.K + k0 + c * 8) =
+          *reinterpret_cast<const uint4*>(out + r * orow + c * 8);
+  }
+}
+
+int round_up(int v, int m) { return (v + m - 1) / m * m; }
+
+bool stem_supports(const LayerDesc& d, std::string* why) {
+  const Node& n = *d.node;
+  if (d.precision != Precision::kFP16) return *why = "FP16 layers only", false;
+  if (d.in[0].dtype != DataType::kFloat16 || d.out[0].dtype != DataType::kFloat16 ||
+      d.in[0].layout != Layout::kNHWC || d.out[0].layout != Layout::kNHWC)
+    return *why = "float16 NHWC X and Y only", false;
+  const Tensor* w = d.in_const(1);
+  if (!w || w->rank() != 4 || d.in_type(0).rank() != 4) return *why = "not a 2-D convolution with constant weights", false;
+  if (n.attrs.get_int("group", 1) != 1) return *why = "grouped", false;
+  if (n.input(2) && !d.in_const(2)) return *why = "the bias is not constant", false;
+  if (n.num_inputs() > 3 && n.input(3)) return *why = "a residual", false;
+  ActParams a;
+  if (!read_activation(n.attrs, &a)) return *why = "unknown activation", false;
+  const int64_t K = w->dim(0), C = w->dim(1), R = w->dim(2), S = w->dim(3);
+  if (C < 1 || C > 4) return *why = "more than 4 input channels (not a stem)", false;
+  if (K % 32 != 0) return *why = "K is not a multiple of 32", false;
+  const auto dil = n.attrs.get_ints("dilations", {1, 1});
+  if (dil.size() == 2 && dil[1] != 1) return *why = "dilated along the width", false;
+  if (round_up(static_cast<int>(R * round_up(static_cast<int>(S * C), 8)), 16) > kStemMaxReduction)
+    return *why = "the filter is too large for the stem kernel", false;
+  return true;
+}
+
+class StemConvLayer final : public Layer {
+ public:
+  explicit StemConvLayer(const LayerDesc& d) : node_(d.node) {
+    read_activation(d.node->attrs, &act_);
+    // Weights [K,C,R,S] -> float16 [K][Kp], reduction index r * SCp + s * C + c, zero-padded.
+    const Tensor& w = *d.in_const(1);
+    K_ = static_cast<int>(w.dim(0));
+    C_ = static_cast<int>(w.dim(1));
+    R_ = static_cast<int>(w.dim(2));
+    S_ = static_cast<int>(w.dim(3));
+    SCp_ = round_up(S_ * C_, 8);
+    Kp_ = round_up(R_ * SCp_, 16);
+    host_w_.assign(static_cast<size_t>(K_) * Kp_, __float2half(0.f));
+    for (int k = 0; k < K_; ++k)
+      for (int c = 0; c < C_; ++c)
+        for (int r = 0; r < R_; ++r)
+          for (int s = 0; s < S_; ++s)
+            host_w_[static_cast<size_t>(k) * Kp_ + r * SCp_ + s * C_ + c] = __float2half(
+                static_cast<float>(w.at_double(((static_cast<int64_t>(k) * C_ + c) * R_ + r) * S_ + s)));
+    host_b_.assign(static_cast<size_t>(K_), 0.f);
+    if (const Tensor* b = d.node->input(2) ? d.in_const(2) : nullptr)
+      for (int k = 0; k < K_; ++k) host_b_[static_cast<size_t>(k)] = static_cast<float>(b->at_double(k));
+  }
+
+  Expected<size_t> configure(const RunContext& rc, std::span<const DeviceTensor> in,
+                             std::span<const DeviceTensor> out) override {
+    KILN_ASSIGN_OR_RETURN(ConvGeom c, conv_geometry(*node_, in[0].shape, in[1].shape, false));
+    if (c.nsp != 2) return KILN_ERROR("{}: not a 2-D convolution", node_->label());
+    const int64_t M = c.N * c.out[0] * c.out[1];
+    if (M * K_ >= (int64_t(1) << 31) || c.N * c.in[0] * c.in[1] * C_ >= (int64_t(1) << 31) ||
+        (M + kStemM - 1) / kStemM > 65535)
+      return KILN_ERROR("{}: tensor too large for the stem kernel", node_->label());
+    g_ = {static_cast<int>(c.N), static_cast<int>(c.in[0]), static_cast<int>(c.in[1]), K_, R_,
+          S_, static_cast<int>(c.out[0]), static_cast<int>(c.out[1]),
+          static_cast<int>(c.stride[0]), static_cast<int>(c.stride[1]),
+          static_cast<int>(c.pad_begin[0]), static_cast<int>(c.pad_begin[1]),
+          static_cast<int>(c.dilation[0]), S_ * C_, SCp_, Kp_, static_cast<int>(M)};
+    if (!weights_.get()) {
+      const size_t wb = round_up(static_cast<int>(host_w_.size() * sizeof(__half)), 256);
+      KILN_RETURN_IF_ERROR(weights_.reserve(wb + host_b_.size() * sizeof(float), "stem conv weights"));
+      KILN_CUDA_CHECK(cudaMemcpy(weights_.get(), host_w_.data(), host_w_.size() * sizeof(__half),
+                                 cudaMemcpyHostToDevice));
+      bias_ = reinterpret_cast<float*>(static_cast<char*>(weights_.get()) + wb);
+      KILN_CUDA_CHECK(cudaMemcpy(bias_, host_b_.data(), host_b_.size() * sizeof(float),
+                                 cudaMemcpyHostToDevice));
+    }
+    return size_t{0};
+  }
+
+  Status run(const RunContext& rc, std::span<const DeviceTensor> in,
+             std::span<const DeviceTensor> out) override {
+    if (out[0].numel() == 0) return Status::Ok();
+    if (reinterpret_cast<uintptr_t>(out[0].data) % 16 != 0)
+      return KILN_ERROR("{}: the stem kernel needs a 16-byte aligned output", node_->label());
+    const auto* x = static_cast<const __half*>(in[0].data);
+    auto* y = static_cast<__half*>(out[0].data);
+    const auto* w = static_cast<const __half*>(weights_.get());
+    const bool wide = K_ % 64 == 0;
+    const dim3 grid(K_ / (wide ? 64 : 32), (g_.M + kStemM - 1) / kStemM);
+    const int bytes = wide ? stem_smem_bytes<64>(Kp_) : stem_smem_bytes<32>(Kp_);
+    auto go = [&](auto kernel) { kernel<<<grid, kStemThreads, bytes, rc.stream>>>(x, w, bias_, y, g_, act_); };
+    switch (C_ * 2 + (wide ? 1 : 0)) {
+      case 2: go(conv_stem<1, 32>); break;
+      case 3: go(conv_stem<1, 64>); break;
+      case 4: go(conv_stem<2, 32>); break;
+      case 5: go(conv_stem<2, 64>); break;
+      case 6: go(conv_stem<3, 32>); break;
+      case 7: go(conv_stem<3, 64>); break;
+      case 8: go(conv_stem<4, 32>); break;
+      case 9: go(conv_stem<4, 64>); break;
+      default: return KILN_ERROR("{}: {} input channels", node_->label(), C_);
+    }
+    KILN_CUDA_LAUNCH_CHECK("stem conv kernel");
+    return Status::Ok();
+  }
+
+ private:
+  const Node* node_;
+  ActParams act_;
+  int K_ = 0, C_ = 0, R_ = 0, S_ = 0, SCp_ = 0, Kp_ = 0;
+  std::vector<__half> host_w_;
+  std::vector<float> host_b_;
+  DeviceMemory weights_;  // float16 [K][Kp], then float bias [K]
+  float* bias_ = nullptr;
+  StemGeom g_{};
+};
+
+}  // namespace
+
+bool stem_conv_supports(const LayerDesc& d, std::string* why) { return stem_supports(d, why); }
+Expected<std::unique_ptr<Layer>> create_stem_conv(const LayerDesc& d) {
+  return std::unique_ptr<Layer>(new StemConvLayer(d));
+}
+
+}  // namespace kiln::gpu
