@@ -9,6 +9,7 @@
 
 #include "kernels/activation.cuh"
 #include "kernels/int8.cuh"
+#include "kernels/mma.cuh"
 #include "kiln/types.h"
 
 namespace kiln::gpu {
@@ -40,20 +41,6 @@ __device__ __forceinline__ float epilogue_value(int32_t acc, int k, const Int8Ep
   return apply_act(v, e.act);
 }
 
-// One tensor-core step: c += a (16 x 32 int8, row-major fragments) * b (32 x 8, column-major),
-// int32 accumulation (mma.sync m16n8k32 s8, sm_80+; fragment layout in conv_int8.cu).
-__device__ __forceinline__ void mma_s8(int32_t (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                       uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#else
-  __trap();  // kiln is built for sm_90a (CMAKE_CUDA_ARCHITECTURES): not reached
-#endif
-}
 
 // The pipelined kernel (conv_int8_pipelined.cu): C % 64 == 0, K % 64 == 0, Y int8 and the
 // residual int8 or absent; any filter size, stride, padding and dilation; tile_n output channels

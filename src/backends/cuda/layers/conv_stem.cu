@@ -17,6 +17,7 @@
 
 #include "device_util_host.h"
 #include "kernels/device_util.cuh"
+#include "kernels/mma.cuh"
 #include "layers/conv_common.h"
 
 namespace kiln::gpu {
@@ -33,18 +34,6 @@ struct StemGeom {
   int M;            // output pixels
 };
 
-__device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                        uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#else
-  __trap();  // kiln is built for sm_90a: not reached
-#endif
-}
 
 template <int NT>
 constexpr int stem_smem_bytes(int Kp) {
