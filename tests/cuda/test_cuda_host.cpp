@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -161,6 +162,43 @@ TEST(FormatChoice, NeverPicksAFailedCandidateAndSharesReformats) {
   // value 0: L->L none; value 1: F->Q once for both readers; values 2, 3: nothing.
   EXPECT_NEAR(fc.total_ms(pick), 0.1 + 1.0 + 1.0 + 0.25, 1e-12);
   EXPECT_GT(timed, 0);
+}
+
+// Tactics not yet run on a GPU stay out of every build unless KILN_UNVERIFIED_TACTICS=1; with it,
+// the stem tactic takes ResNet's 7x7/2 RGB stem in FP16 NHWC and refuses what it cannot run.
+TEST(CudaHost, UnverifiedTacticsAreOffByDefault) {
+  Graph g;
+  Value* x = g.add_value("x", TensorType(DataType::kFloat32, {2, 3, 224, 224}));
+  g.add_input(x);
+  Value* w = g.add_constant("w", Tensor(DataType::kFloat32, {64, 3, 7, 7}));
+  Value* b = g.add_constant("b", Tensor(DataType::kFloat32, {64}));
+  Node* n = g.add_node("FusedConv", "stem", {x, w, b}, {"y"}, "kiln");
+  n->attrs.set("pads", Attribute::Ints({3, 3, 3, 3}));
+  n->attrs.set("strides", Attribute::Ints({2, 2}));
+  n->attrs.set("activation", Attribute::String("Relu"));
+  g.add_output(n->output(0));
+  ASSERT_TRUE(infer_shapes(g).ok());
+  const TacticDef* t = find_tactic("kiln.conv.stem");
+  ASSERT_TRUE(t && t->supports);
+  const TensorFormat f16{DataType::kFloat16, Layout::kNHWC};
+  LayerDesc d;
+  d.node = n;
+  d.in = {f16, TensorFormat{DataType::kFloat16, Layout::kNHWC}, TensorFormat{DataType::kFloat16}};
+  d.out = {f16};
+  d.precision = Precision::kFP16;
+  const char* old = std::getenv("KILN_UNVERIFIED_TACTICS");
+  const std::string saved = old ? old : "";
+  unsetenv("KILN_UNVERIFIED_TACTICS");
+  std::string why;
+  EXPECT_FALSE(t->supports(d, &why));
+  EXPECT_NE(why.find("KILN_UNVERIFIED_TACTICS"), std::string::npos) << why;
+  setenv("KILN_UNVERIFIED_TACTICS", "1", 1);
+  why.clear();
+  EXPECT_TRUE(t->supports(d, &why)) << why;
+  d.precision = Precision::kTF32;
+  EXPECT_FALSE(t->supports(d, &why));
+  if (old) setenv("KILN_UNVERIFIED_TACTICS", saved.c_str(), 1);
+  else unsetenv("KILN_UNVERIFIED_TACTICS");
 }
 
 TEST(CudaHost, ShapeArithmeticRunsOnTheHost) {

@@ -1,5 +1,6 @@
 // The one table of GPU tactics: every family's TacticDef list, in one explicit place. Lookups
 // (what can run this op, which tactic has this name) and the capability query all read it.
+#include <cstdlib>
 #include <map>
 #include <string>
 
@@ -34,6 +35,13 @@ std::vector<const TacticDef*> tactics_for(std::string_view domain, std::string_v
   for (const TacticDef& d : table())
     if (d.domain == domain && d.op_type == op_type) out.push_back(&d);
   return out;
+}
+
+bool unverified_tactics_enabled(std::string* why) {
+  const char* v = std::getenv("KILN_UNVERIFIED_TACTICS");
+  if (v && std::string_view(v) == "1") return true;
+  if (why) *why = "not yet run on a GPU (KILN_UNVERIFIED_TACTICS=1 enables it)";
+  return false;
 }
 
 const TacticDef* find_tactic(std::string_view name) {

@@ -159,6 +159,7 @@ __global__ void __launch_bounds__(kStemThreads)
 int round_up(int v, int m) { return (v + m - 1) / m * m; }
 
 bool stem_supports(const LayerDesc& d, std::string* why) {
+  if (!unverified_tactics_enabled(why)) return false;
   const Node& n = *d.node;
   if (d.precision != Precision::kFP16) return *why = "FP16 layers only", false;
   if (d.in[0].dtype != DataType::kFloat16 || d.out[0].dtype != DataType::kFloat16 ||
