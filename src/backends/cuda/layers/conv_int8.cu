@@ -123,7 +123,6 @@ __global__ void __launch_bounds__(kThreads)
 constexpr int kMmaM = 128, kMmaN = 64, kMmaKW = 16;  // pixels, channels, words per step
 constexpr int kMmaStride = kMmaKW + 4;               // padded rows: conflict-free fragment reads
 
-
 // Fragments (PTX ISA, m16n8k32 .s8; lane = 4 * gq + tq): A (16 x 32, row-major) a0 = A[gq][4tq..],
 // a1 = A[gq+8][4tq..], a2 = A[gq][16+4tq..], a3 = A[gq+8][16+4tq..]; B (32 x 8, column-major)
 // b0 = B[4tq..][gq], b1 = B[16+4tq..][gq]; C c0,c1 = C[gq][2tq, 2tq+1], c2,c3 = C[gq+8][...].

@@ -41,7 +41,6 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending));
 }
 
-
 // N: output channels per block (128, or 64 when K is not a multiple of 128).
 template <int N>
 __global__ void __launch_bounds__(kPwThreads)
