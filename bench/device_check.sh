@@ -3,6 +3,9 @@
 # shared libraries they need in .deps/ (bench/prepare_deps.sh makes it; carry ".deps").
 #   bench/device_check.sh [STAGE...]     stages: env tests models bench int8 rebuild conformance (default: all)
 #                                        and perlayer (not in the default: localizes an accuracy failure)
+#                                        and verify (not in the default: the first GPU run of gated
+#                                        kernels, KILN_UNVERIFIED_TACTICS=1: their test-backend-ops
+#                                        cases, then ResNet-50 INT8/FP16 speed and INT8 accuracy)
 # Narrower runs: KILN_BACKEND_OPS_FILTER (gtest filter of test-backend-ops), KILN_CONFORMANCE_FILTER
 # (regex on conformance test names), KILN_MODELS, KILN_PERLAYER="model:precision ..." (perlayer),
 # KILN_INT8_PARTS (int8: some of speed accuracy budget compare fmnist).
@@ -51,6 +54,24 @@ fi
 if has bench; then
   echo "== benchmarks: kiln next to PyTorch eager and torch.compile in the same run"
   python3 bench/bench_cnn.py --kiln "$KILN" --out "$OUT" ${KILN_BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
+fi
+
+if has verify; then
+  echo "== verify: kernels not yet run on a GPU (KILN_UNVERIFIED_TACTICS=1; docs/architecture.md)"
+  export KILN_UNVERIFIED_TACTICS=1
+  timeout ${KILN_VERIFY_OPS_TIMEOUT:-150} .deps/kiln_backend_ops_test --gtest_brief=1 \
+    --gtest_filter="${KILN_BACKEND_OPS_FILTER:-int8.*:conv.*}" >"$OUT/verify_backend_ops.log" 2>&1
+  echo "backend ops rc $?"
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ tests?|tests? from .* ran" "$OUT/verify_backend_ops.log" | tail -4
+  grep -E "^\[  FAILED  \]" "$OUT/verify_backend_ops.log" | head -30
+  [ -f models/resnet50.onnx ] || python3 scripts/export_torchvision.py resnet50 models/resnet50.onnx >/dev/null 2>&1
+  timeout ${KILN_VERIFY_BENCH_TIMEOUT:-330} python3 bench/bench_cnn.py --kiln "$KILN" --out /tmp/verify_bench --profile \
+    --rows ${KILN_VERIFY_ROWS:-resnet50:int8:256,resnet50:fp16:256,resnet50:int8:32,resnet50:fp16:32} 2>&1 | tee "$OUT/verify_bench.log"
+  cp /tmp/verify_bench/bench_cnn.json "$OUT/verify_bench.json" 2>/dev/null
+  cp /tmp/verify_bench/profiles.txt "$OUT/verify_profiles.txt" 2>/dev/null
+  cp /tmp/verify_bench/build_logs.txt "$OUT/verify_build_logs.txt" 2>/dev/null
+  timeout 120 python3 scripts/check_gpu_accuracy.py --kiln "$KILN" --onnx models/resnet50.onnx --batch 2 \
+    --precisions fp16,int8 --json "$OUT/verify_accuracy.json" 2>&1 | tee "$OUT/verify_accuracy.log"
 fi
 
 if has int8; then
