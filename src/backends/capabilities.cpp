@@ -13,6 +13,7 @@ namespace kiln {
 namespace {
 
 bool cpu_supports(const LayerCapabilityQuery& q) {
+  if (q.domain == "kiln" && q.op_type == "FusedConvPool") return false;
   const OpDef* def = find_op(q.domain, q.op_type);
   if (!def || !def->cpu || !def->infer) return false;
   if (q.precision != "fp32" && q.precision != "fp64") return false;
@@ -20,6 +21,40 @@ bool cpu_supports(const LayerCapabilityQuery& q) {
   if (q.dtype != DataType::kFloat32 && q.dtype != DataType::kFloat64) return false;
   return q.attrs ? fused_layer_supported(q.op_type, *q.attrs) : false;
 }
+
+#ifdef KILN_WITH_CUDA
+// Does one of `tactics` take the layer `n` at the build precision, in the formats lowering would
+// offer it (each precision's storage type; NHWC, then linear, for 4-D tensors)?
+bool tactic_takes(const std::vector<const gpu::TacticDef*>& tactics, const Node& n,
+                  const std::string& precision) {
+  // The build's own precision: an FP16 build's layers are FP16 (what runs in TF32 there is a
+  // fallback); an FP32 build's are TF32 or strict FP32.
+  const std::vector<gpu::Precision> precs =
+      precision == "fp16" ? std::vector<gpu::Precision>{gpu::Precision::kFP16}
+                          : std::vector<gpu::Precision>{gpu::Precision::kTF32, gpu::Precision::kFP32};
+  for (gpu::Precision p : precs)
+    for (bool nhwc : {true, false}) {
+      auto fmt = [&](const Value* v) {
+        if (!v) return gpu::TensorFormat{};
+        DataType t = v->type.dtype;
+        if (t == DataType::kFloat32 && p == gpu::Precision::kFP16) t = DataType::kFloat16;
+        return gpu::TensorFormat{t, nhwc && v->type.rank() == 4 ? gpu::Layout::kNHWC
+                                                              : gpu::Layout::kLinear};
+      };
+      gpu::LayerDesc d;
+      d.node = &n;
+      d.precision = p;
+      for (const Value* v : n.inputs()) d.in.push_back(fmt(v));
+      for (const Value* v : n.outputs()) d.out.push_back(fmt(v));
+      for (const gpu::TacticDef* t : tactics) {
+        std::string why;
+        if (t->caps & gpu::kFallback) continue;
+        if (!t->supports || t->supports(d, &why)) return true;
+      }
+    }
+  return false;
+}
+#endif
 
 // cuda: a layer is supported when the GPU tactic table has an implementation of the op (the
 // same table lowering dispatches from); fused layers also need their activation or chain steps
@@ -31,8 +66,8 @@ bool cuda_supports(const LayerCapabilityQuery& q) {
   if (q.precision == "int8" &&  // INT8 kernels: the layers with a tactic taking int8 storage
       std::none_of(tactics.begin(), tactics.end(), [](auto* t) { return t->caps & gpu::kI8; }))
     return false;
-  if (q.domain != "kiln") return true;
-  return q.attrs ? fused_layer_supported(q.op_type, *q.attrs) : false;
+  if (q.domain == "kiln" && !(q.attrs && fused_layer_supported(q.op_type, *q.attrs))) return false;
+  return !q.node || tactic_takes(tactics, *q.node, q.precision);
 #else
   return false;
 #endif

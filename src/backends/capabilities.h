@@ -17,12 +17,18 @@ struct LayerCapabilityQuery {
   const Attributes* attrs = nullptr;      // the layer's attributes (activation, chain program...)
   DataType dtype = DataType::kUndefined;  // element type of the layer's output
   std::string precision = "fp32";         // the build precision (fp32, fp16, int8)
+  // The layer as it would be made (its inputs, with their types and constants, and attributes),
+  // not yet in the graph: for layers whose kernels depend on more than attributes (cuda asks the
+  // tactics' own supports() about it). nullptr: attributes only.
+  const Node* node = nullptr;
 };
 
 // True when `backend` can run the described layer as one kernel at the query's precision.
 // cpu: every kiln fused op it has a kernel for (float32/float64 data; activation and chain
-// steps it knows), and every ai.onnx op with a registry kernel. cuda: every op with a tactic in
-// the GPU tactic table (backends/cuda/tactic_table.cpp), the table lowering dispatches from.
+// steps it knows), and every ai.onnx op with a registry kernel; not FusedConvPool (its kernel
+// is the reference for other backends; on the CPU the fusion saves nothing). cuda: every op
+// with a tactic in the GPU tactic table (backends/cuda/tactic_table.cpp), the table lowering
+// dispatches from; with `node`, a tactic whose supports() takes it at the build precision.
 bool backend_supports_layer(const std::string& backend, const LayerCapabilityQuery& query);
 
 }  // namespace kiln

@@ -43,7 +43,7 @@ bool chain_op_supported(const std::string& op_type) {
 }
 
 bool fused_layer_supported(const std::string& op_type, const Attributes& attrs) {
-  if (op_type == "FusedConv" || op_type == "FusedGemm")
+  if (op_type == "FusedConv" || op_type == "FusedGemm" || op_type == "FusedConvPool")
     return fused_activation_supported(attrs.get_string("activation", ""));
   if (op_type == "ElementwiseChain") {
     const auto ops = attrs.get_strings("ops");
@@ -130,6 +130,37 @@ Status cpu_fused_conv(KernelContext& ctx) {
   return Status::Ok();
 }
 
+// --- kiln.FusedConvPool: FusedConv (no residual) then MaxPool with the attributes prefixed "pool_"
+// -------------------------------------------------------------------------------
+
+Status infer_fused_conv_pool(InferContext& ctx) {
+  std::vector<TensorType> conv(1);
+  InferContext c(ctx.node(), conv);
+  KILN_RETURN_IF_ERROR(base_op("Conv").infer(c));
+  Graph g;
+  Value* y = g.add_value("conv", conv[0]);
+  Node* pool = g.add_node("MaxPool", ctx.node().name + "/MaxPool", {y}, {"pooled"});
+  pool->attrs = fused::strip_prefix(ctx.node().attrs, "pool_");
+  std::vector<TensorType> pooled(1);
+  InferContext p(*pool, pooled);
+  KILN_RETURN_IF_ERROR(base_op("MaxPool").infer(p));
+  ctx.set_output(0, pooled[0]);
+  return Status::Ok();
+}
+
+Status cpu_fused_conv_pool(KernelContext& ctx) {
+  const Node& n = ctx.node();
+  if (ctx.input(3)) return KILN_ERROR("{}: FusedConvPool takes no residual", n.label());
+  std::vector<Tensor> outs(1);
+  KernelContext conv(n, {ctx.input(0), ctx.input(1), ctx.input(2)}, outs);
+  KILN_RETURN_IF_ERROR(base_op("Conv").cpu(conv));
+  KILN_ASSIGN_OR_RETURN(Tensor y, fused::apply_activation(n, std::move(outs[0])));
+  KILN_ASSIGN_OR_RETURN(Tensor pooled,
+                        fused::run_op(n, "MaxPool", fused::strip_prefix(n.attrs, "pool_"), {&y}));
+  ctx.set_output(0, std::move(pooled));
+  return Status::Ok();
+}
+
 // --- kiln.FusedGemm
 // -------------------------------------------------------------------------------
 
@@ -185,6 +216,7 @@ Status cpu_attention(KernelContext& ctx);
 std::span<const OpDef> fused_ops() {
   static const OpDef kOps[] = {
       {"kiln", "FusedConv", infer_fused_conv, cpu_fused_conv, nullptr},
+      {"kiln", "FusedConvPool", infer_fused_conv_pool, cpu_fused_conv_pool, nullptr},
       {"kiln", "FusedGemm", infer_fused_gemm, cpu_fused_gemm, nullptr},
       {"kiln", "ElementwiseChain", infer_elementwise_chain, cpu_elementwise_chain, nullptr},
       {"kiln", "Attention", infer_attention, cpu_attention, nullptr},

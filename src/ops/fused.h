@@ -2,6 +2,9 @@
 // backend that declares them (backends/capabilities.h):
 //
 //   kiln.FusedConv(X, W, B?, Z?)        Y = act(Conv(X, W, B) + Z)   Conv's attributes
+//   kiln.FusedConvPool(X, W, B?)        Y = MaxPool(act(Conv(X, W, B)))   Conv's attributes, and
+//                                       MaxPool's prefixed "pool_" (pool_kernel_shape,
+//                                       pool_strides, pool_pads): a CNN's stem with its max-pool
 //   kiln.FusedGemm(A, B, C?)            base = "Gemm":   Y = act(Gemm(A, B, C))  Gemm's attributes
 //                                       base = "MatMul": Y = act(MatMul(A, B) + C)
 //   kiln.ElementwiseChain(x0, x1, ...)  a straight program of elementwise ops (see below)

@@ -19,6 +19,7 @@ Expected<bool> map_onnx_attention(PassContext& ctx);
 Expected<bool> fuse_matmul_add(PassContext& ctx);
 Expected<bool> fuse_residual_add(PassContext& ctx);
 Expected<bool> fuse_conv_act(PassContext& ctx);
+Expected<bool> fuse_conv_pool(PassContext& ctx);  // after fuse_conv_act: the stem's activation first
 Expected<bool> fuse_elementwise(PassContext& ctx);
 
 }  // namespace kiln::passes

@@ -38,6 +38,8 @@ struct PassEntry {
 //   (x - mean) / sqrt(mean((x - mean)^2) + eps) has RMSNorm's shape and belongs to LayerNorm.
 // - fuse_matmul_add and fuse_residual_add before fuse_conv_act: the layer computes
 //   act(conv(x) + bias + residual), so bias and residual must join before the activation does.
+// - fuse_conv_pool after fuse_conv_act: the stem's max-pool joins a convolution that already
+//   carries its activation.
 // - fuse_elementwise last: it takes the elementwise chains the specific fusions left.
 // - eliminate_dead_code after folding and at the end of each round.
 constexpr PassEntry kPipeline[] = {
@@ -54,6 +56,7 @@ constexpr PassEntry kPipeline[] = {
     {"fuse_matmul_add", 2, passes::fuse_matmul_add},
     {"fuse_residual_add", 2, passes::fuse_residual_add},
     {"fuse_conv_act", 2, passes::fuse_conv_act},
+    {"fuse_conv_pool", 2, passes::fuse_conv_pool},
     {"fuse_elementwise", 2, passes::fuse_elementwise},
     {"eliminate_dead_code", 2, passes::eliminate_dead_code},
 };

@@ -8,14 +8,37 @@
 namespace kiln::passes {
 
 bool PassContext::backend_supports(const std::string& domain, const std::string& op_type,
-                                   const Attributes& attrs, DataType dtype) {
-  LayerCapabilityQuery q{domain, op_type, &attrs, dtype, opts.precision};
+                                   const Attributes& attrs, DataType dtype, const Node* node) {
+  LayerCapabilityQuery q{domain, op_type, &attrs, dtype, opts.precision, node};
   const bool ok = backend_supports_layer(opts.backend, q);
   if (!ok)
     note(fmt::format("the {} backend cannot run {}{} ({}) as one layer at {}", opts.backend,
                      domain.empty() ? "" : domain + ".", op_type, dtype_name(dtype),
                      opts.precision));
   return ok;
+}
+
+std::unique_ptr<Graph> scratch_layer(const std::string& domain, const std::string& op_type,
+                                     const std::vector<Value*>& inputs, const Attributes& attrs,
+                                     const Value* out) {
+  auto g = std::make_unique<Graph>();
+  std::vector<Value*> ins;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Value* v = inputs[i];
+    if (!v) {
+      ins.push_back(nullptr);
+      continue;
+    }
+    Value* c = g->add_value("in" + std::to_string(i), v->type);
+    c->constant = v->constant;
+    c->quant_scales = v->quant_scales;
+    c->quant_axis = v->quant_axis;
+    ins.push_back(c);
+  }
+  Node* n = g->add_node(op_type, "layer", ins, {"out"}, domain);
+  n->attrs = attrs;
+  n->output(0)->type = out->type;
+  return g;
 }
 
 bool is_op(const Node* n, const char* op_type) {

@@ -7,6 +7,7 @@
 // ctx.note(); in verbose mode a pass that did not fire prints those reasons.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -29,8 +30,10 @@ struct PassContext {
     if (opts.verbose) notes.insert(std::move(why));
   }
   // Asks the target backend whether it can run this layer as one kernel at the build precision.
+  // `node`: the layer as it would be made (scratch_layer), for backends that need more than
+  // its attributes.
   bool backend_supports(const std::string& domain, const std::string& op_type,
-                        const Attributes& attrs, DataType dtype);
+                        const Attributes& attrs, DataType dtype, const Node* node = nullptr);
 };
 
 // Runs P over the graph until it no longer matches; returns whether anything changed.
@@ -98,6 +101,12 @@ std::optional<Tensor> absorb_affine(const Graph& g, const char* op_type,
                                     Value*& out);
 // A tensor of ones of shape `norm` and type `t` (the scale of a norm without one).
 Tensor ones(const std::vector<int64_t>& norm, DataType t);
+
+// A would-be layer in a graph of its own: its inputs' types and constants, its output's type.
+// For capability queries that need more than attributes; the real graph is not touched.
+std::unique_ptr<Graph> scratch_layer(const std::string& domain, const std::string& op_type,
+                                     const std::vector<Value*>& inputs, const Attributes& attrs,
+                                     const Value* out);
 
 // --- edits ------------------------------------------------------------------------------------
 // Replaces `group` (its nodes' outputs other than `out` must be used only inside the group) by

@@ -154,6 +154,53 @@ std::vector<OpCase> conv_cases() {
     }
     v.push_back(c);
   }
+  // kiln.FusedConvPool (a stem with its max-pool): the stem kernel's pooled tiles (ResNet's
+  // 7x7/2 + 3x3/2 pool at odd sizes: pooled tiles past the edge, the pool's padding; a 2x2/2 pool
+  // on grayscale with K = 32) and the direct fallback every mode runs (float32, float64, C = 8).
+  struct ConvPool {
+    const char* name;
+    std::vector<int64_t> x, w;
+    Attributes a;
+    std::vector<int64_t> pk, ps, pp;
+    const char* act;
+    std::vector<std::string> modes;
+  };
+  const ConvPool convpools[] = {
+      {"convpool_resnet_stem", {2, 3, 37, 29}, {64, 3, 7, 7},
+       attrs({{"pads", ints_attr({3, 3, 3, 3})}, {"strides", ints_attr({2, 2})}}), {3, 3}, {2, 2},
+       {1, 1, 1, 1}, "Relu", {"fp32", "fp16", "nhwc16"}},
+      {"convpool_gray_k32_2x2", {1, 1, 20, 19}, {32, 1, 3, 3}, attrs({{"pads", ints_attr({1, 1, 1, 1})}}),
+       {2, 2}, {2, 2}, {0, 0, 0, 0}, "", {"fp16", "nhwc16"}},
+      {"convpool_c8_direct", {1, 8, 12, 12}, {16, 8, 3, 3}, attrs({{"pads", ints_attr({1, 1, 1, 1})}}),
+       {3, 3}, {1, 1}, {1, 0, 0, 1}, "Clip", {"fp32", "fp16", "nhwc16"}},
+  };
+  for (const ConvPool& cp : convpools) {
+    OpCase c = conv(cp.name, cp.x, cp.w, cp.a, true, cp.modes);
+    c.op_type = "FusedConvPool";
+    c.domain = "kiln";
+    c.attrs.set("activation", Attribute::String(cp.act));
+    if (std::string(cp.act) == "Clip") {
+      c.attrs.set("act_min", Attribute::Float(0.f));
+      c.attrs.set("act_max", Attribute::Float(0.5f));
+    }
+    c.attrs.set("pool_kernel_shape", ints_attr(cp.pk));
+    c.attrs.set("pool_strides", ints_attr(cp.ps));
+    c.attrs.set("pool_pads", ints_attr(cp.pp));
+    v.push_back(c);
+  }
+  {
+    OpCase c = conv("convpool_float64", {1, 3, 10, 9}, {32, 3, 3, 3},
+                    attrs({{"pads", ints_attr({1, 1, 1, 1})}}), true, {"fp32"});
+    for (auto& i : c.inputs) {
+      if (i.value) i.value = i.value->cast(DataType::kFloat64);
+      i.dtype = DataType::kFloat64;
+    }
+    c.op_type = "FusedConvPool";
+    c.domain = "kiln";
+    c.attrs.set("pool_kernel_shape", ints_attr({3, 3}));
+    c.attrs.set("pool_strides", ints_attr({2, 2}));
+    v.push_back(c);
+  }
   // ConvTranspose.
   auto convt = [&](std::string name, std::vector<int64_t> x, std::vector<int64_t> w, Attributes a) {
     OpCase c = conv(std::move(name), std::move(x), w, std::move(a), true, {"fp32", "fp16"});

@@ -1,6 +1,8 @@
 // fuse_matmul_add, fuse_conv_act, fuse_residual_add, fuse_elementwise and the capability query.
 #include "pass_test_util.h"
 
+#include <cstdlib>
+
 namespace kiln::test {
 namespace {
 
@@ -265,6 +267,62 @@ TEST(Pipeline, DumpGraphWritesTextAndDotPerPass) {
     EXPECT_NE(fp, nullptr) << f;
     if (fp) std::fclose(fp);
   }
+}
+
+// fuse_conv_pool: a stem's max-pool joins it for the cuda backend in FP16 builds, where the stem
+// kernel takes the layer (its capability query sees the weights); the fused layer's CPU kernel
+// computes exactly what the two layers did. Not for the CPU backend, not in FP32 builds (the
+// fallback tactic never justifies the fusion), not for a 64-channel input (no stem kernel).
+TEST(FuseConvPool, StemAndMaxPoolBecomeOneLayerForTheGpuStemKernel) {
+#ifndef KILN_WITH_CUDA
+  GTEST_SKIP() << "built without the CUDA backend";
+#else
+  auto stem = [](int64_t cin) {
+    G b;
+    Value* x = b.in("x", {2, cin, 33, 30});
+    Value* y = b.op("Conv", {x, b.c(rand_t({64, cin, 7, 7})), b.c(rand_t({64}))},
+                    attrs({{"kernel_shape", Attribute::Ints({7, 7})},
+                           {"pads", Attribute::Ints({3, 3, 3, 3})},
+                           {"strides", Attribute::Ints({2, 2})}}));
+    y = b.op("Relu", {y});
+    b.out(b.op("MaxPool", {y}, attrs({{"kernel_shape", Attribute::Ints({3, 3})},
+                                      {"pads", Attribute::Ints({1, 1, 1, 1})},
+                                      {"strides", Attribute::Ints({2, 2})}})));
+    return b.g.clone();
+  };
+  const char* old = std::getenv("KILN_UNVERIFIED_TACTICS");
+  const std::string saved = old ? old : "";
+  setenv("KILN_UNVERIFIED_TACTICS", "1", 1);  // the stem kernel is not yet run on a GPU
+  auto fuse = [](const Graph& g, const std::string& backend, const std::string& precision) {
+    auto opt = g.clone();
+    OptimizeOptions o = only({"fuse_conv_act", "fuse_conv_pool"});
+    o.backend = backend;
+    o.precision = precision;
+    EXPECT_TRUE(optimize_graph(*opt, o).ok());
+    return opt;
+  };
+  const std::unique_ptr<Graph> rgb_graph = stem(3);
+  const Graph& rgb = *rgb_graph;
+  auto opt = fuse(rgb, "cuda", "fp16");
+  ASSERT_EQ(opt->nodes().size(), 1u);
+  const Node* n = opt->nodes()[0];
+  EXPECT_EQ(n->domain + "." + n->op_type, "kiln.FusedConvPool");
+  EXPECT_EQ(n->attrs.get_string("activation", ""), "Relu");
+  EXPECT_EQ(n->attrs.get_ints("pool_kernel_shape", {}), (std::vector<int64_t>{3, 3}));
+  EXPECT_EQ(n->onnx_nodes.size(), 3u);
+  const auto ins = random_inputs(rgb);
+  const auto before = run_cpu(rgb, ins), after = run_cpu(*opt, ins);
+  ASSERT_EQ(before.size(), 1u);
+  ASSERT_EQ(after.size(), 1u);
+  EXPECT_EQ(after[0].shape(), (std::vector<int64_t>{2, 64, 9, 8}));
+  EXPECT_EQ(rel_l2(after[0], before[0]), 0.0);
+  EXPECT_EQ(count(*fuse(rgb, "cpu", "fp32"), "FusedConvPool"), 0);
+  EXPECT_EQ(count(*fuse(rgb, "cuda", "fp32"), "FusedConvPool"), 0);
+  EXPECT_EQ(count(*fuse(*stem(64), "cuda", "fp16"), "FusedConvPool"), 0);
+  unsetenv("KILN_UNVERIFIED_TACTICS");
+  EXPECT_EQ(count(*fuse(rgb, "cuda", "fp16"), "FusedConvPool"), 0);  // gated kernel: no fusion
+  if (old) setenv("KILN_UNVERIFIED_TACTICS", saved.c_str(), 1);
+#endif
 }
 
 }  // namespace

@@ -115,6 +115,9 @@ enum FormatCaps : uint32_t {
   kI8 = 1u << 5,           // INT8 layers: float values stored as int8 codes (value = q * scale,
                            // the scale on the Value); the layer's float tensors still need
                            // kF32/kF16
+  kFallback = 1u << 6,     // runs what no faster tactic takes (e.g. a fused layer at a precision
+                           // its fast kernel lacks), never by itself a reason for the optimizer
+                           // to make the layer (the capability query skips it)
 };
 
 using SupportsFn = bool (*)(const LayerDesc&, std::string* why_not);

@@ -26,6 +26,8 @@ Expected<std::unique_ptr<Layer>> create_int8_conv_dp4a(const LayerDesc& d);
 bool int8_pipelined_supports(const LayerDesc& d, std::string* why);
 bool stem_conv_supports(const LayerDesc& d, std::string* why);  // conv_stem.cu
 Expected<std::unique_ptr<Layer>> create_stem_conv(const LayerDesc& d);
+bool conv_pool_direct_supports(const LayerDesc& d, std::string* why);  // conv_stem.cu
+Expected<std::unique_ptr<Layer>> create_conv_pool_direct(const LayerDesc& d);
 std::vector<std::string> int8_pipelined_variants(const LayerDesc& d);
 Expected<std::unique_ptr<Layer>> create_int8_pipelined(const LayerDesc& d);  // conv_int8_pipelined.cu
 
@@ -275,6 +277,10 @@ const TacticDef kConvTactics[] = {
     {"", "Conv", "kiln.dwconv", kF32 | kF16 | kNHWC, 0, depthwise_conv_supports,
      create_depthwise_conv},
     {"kiln", "FusedConv", "kiln.conv.stem", kF16 | kNHWC, 0, stem_conv_supports, create_stem_conv},
+    {"kiln", "FusedConvPool", "kiln.convpool.stem", kF16 | kNHWC, 0, stem_conv_supports,
+     create_stem_conv},
+    {"kiln", "FusedConvPool", "kiln.convpool.direct", kF32 | kF16 | kF64 | kNHWC | kFallback, 0,
+     conv_pool_direct_supports, create_conv_pool_direct},
     {"kiln", "FusedConv", "kiln.dwconv.fused", kF32 | kF16 | kNHWC, 0, depthwise_conv_supports,
      create_depthwise_conv},
     // INT8 layers (docs/quantization.md): int8 storage (kI8), float32/float16 float tensors.
