@@ -45,6 +45,11 @@ struct PoolGeom {
   int tiles_h, tiles_w;                 // blocks per image
 };
 
+__device__ __forceinline__ __half2 neg_inf2() {
+  const __half h = __ushort_as_half(0xFC00u);  // float16 -inf: the max-pool's padding
+  return __halves2half2(h, h);
+}
+
 template <int NT>
 constexpr int stem_smem_bytes(int Kp) {
   const int main = NT * (Kp + 8) * 2 + 2 * kStemM * kStemARow * 2;
@@ -189,8 +194,7 @@ __global__ void __launch_bounds__(kStemThreads)
         const float y0 = apply_act(acc[mi][ni][2 * h] + bias[k0 + col], act);
         const float y1 = apply_act(acc[mi][ni][2 * h + 1] + bias[k0 + col + 1], act);
         *reinterpret_cast<__half2*>(out + r * orow + col) =
-            inside ? __floats2half2_rn(y0, y1) : __halves2half2(__ushort_as_half(0xFC00u),
-                                                                __ushort_as_half(0xFC00u));
+            inside ? __floats2half2_rn(y0, y1) : neg_inf2();
       }
     }
   __syncthreads();
@@ -203,7 +207,7 @@ __global__ void __launch_bounds__(kStemThreads)
       const int py = py0 + ly, px = px0 + lx;
       if (py >= pg.PP || px >= pg.PQ) continue;
       __half2 m[4];
-      for (int e = 0; e < 4; ++e) m[e] = __halves2half2(__ushort_as_half(0xFC00u), __ushort_as_half(0xFC00u));
+      for (int e = 0; e < 4; ++e) m[e] = neg_inf2();
       for (int dy = 0; dy < pg.kh; ++dy)
         for (int dx = 0; dx < pg.kw; ++dx) {
           const int r = (ly * pg.sh + dy) * pg.cols + lx * pg.sw + dx;
@@ -214,13 +218,13 @@ __global__ void __launch_bounds__(kStemThreads)
       *reinterpret_cast<uint4*>(y + ((static_cast<int64_t>(pn) * pg.PP + py) * pg.PQ + px) * g.K +
                                 k0 + c * 8) = *reinterpret_cast<const uint4*>(m);
     }
-    return;
-  }
-  for (int i = tid; i < kStemM * row_chunks; i += kStemThreads) {
-    const int r = i / row_chunks, c = i % row_chunks;
-    if (m0 + r < g.M)
-      *reinterpret_cast<uint4*>(y + static_cast<int64_t>(m0 + r) * g.K + k0 + c * 8) =
-          *reinterpret_cast<const uint4*>(out + r * orow + c * 8);
+  } else {
+    for (int i = tid; i < kStemM * row_chunks; i += kStemThreads) {
+      const int r = i / row_chunks, c = i % row_chunks;
+      if (m0 + r < g.M)
+        *reinterpret_cast<uint4*>(y + static_cast<int64_t>(m0 + r) * g.K + k0 + c * 8) =
+            *reinterpret_cast<const uint4*>(out + r * orow + c * 8);
+    }
   }
 }
 
