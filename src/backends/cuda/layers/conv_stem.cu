@@ -12,6 +12,10 @@
 // consecutive halves of one input row) into one of two buffers while the tensor cores work on
 // the other. The epilogue (bias, activation, float16) stages the tile in shared memory and writes
 // it out in 16-byte stores.
+//
+// kiln.FusedConvPool (tactic kiln.convpool.stem) is the same kernel with the max-pool in its
+// epilogue: the tile's rows are the patch of convolution outputs under 3 x 8 pooled pixels, and
+// only the pooled pixels are written. Its fallback, kiln.convpool.direct, is at the end.
 #include <algorithm>
 #include <vector>
 
