@@ -6,6 +6,7 @@
 #include "ops/op.h"
 #ifdef KILN_WITH_CUDA
 #include "backends/cuda/layer.h"
+#include "backends/cuda/lower.h"
 #endif
 
 namespace kiln {
@@ -23,35 +24,23 @@ bool cpu_supports(const LayerCapabilityQuery& q) {
 }
 
 #ifdef KILN_WITH_CUDA
-// Does one of `tactics` take the layer `n` at the build precision, in the formats lowering would
-// offer it (each precision's storage type; NHWC, then linear, for 4-D tensors)?
+// Does one of `tactics` (not a fallback) take the layer `n` at the build precision, in the
+// formats lowering would offer it (gpu::float_choice, NHWC and linear)? An FP16 build's layers
+// are FP16 (what runs in TF32 there is a fallback); an FP32 build's are TF32 or strict FP32.
 bool tactic_takes(const std::vector<const gpu::TacticDef*>& tactics, const Node& n,
                   const std::string& precision) {
-  // The build's own precision: an FP16 build's layers are FP16 (what runs in TF32 there is a
-  // fallback); an FP32 build's are TF32 or strict FP32.
   const std::vector<gpu::Precision> precs =
       precision == "fp16" ? std::vector<gpu::Precision>{gpu::Precision::kFP16}
                           : std::vector<gpu::Precision>{gpu::Precision::kTF32, gpu::Precision::kFP32};
-  for (gpu::Precision p : precs)
-    for (bool nhwc : {true, false}) {
-      auto fmt = [&](const Value* v) {
-        if (!v) return gpu::TensorFormat{};
-        DataType t = v->type.dtype;
-        if (t == DataType::kFloat32 && p == gpu::Precision::kFP16) t = DataType::kFloat16;
-        return gpu::TensorFormat{t, nhwc && v->type.rank() == 4 ? gpu::Layout::kNHWC
-                                                              : gpu::Layout::kLinear};
-      };
-      gpu::LayerDesc d;
-      d.node = &n;
-      d.precision = p;
-      for (const Value* v : n.inputs()) d.in.push_back(fmt(v));
-      for (const Value* v : n.outputs()) d.out.push_back(fmt(v));
-      for (const gpu::TacticDef* t : tactics) {
+  for (const gpu::TacticDef* t : tactics) {
+    if (t->caps & gpu::kFallback) continue;
+    for (gpu::Precision p : precs)
+      for (bool nhwc : {true, false}) {
         std::string why;
-        if (t->caps & gpu::kFallback) continue;
-        if (!t->supports || t->supports(d, &why)) return true;
+        const gpu::LayerChoice c = gpu::float_choice(n, *t, p, nhwc);
+        if (!t->supports || t->supports(c.desc(&n), &why)) return true;
       }
-    }
+  }
   return false;
 }
 #endif

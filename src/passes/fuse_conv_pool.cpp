@@ -15,6 +15,7 @@ struct FuseConvPool {
   struct Match {
     Node* conv;
     Node* pool;
+    std::vector<Value*> inputs;  // X, W, B?: the convolution's, without the residual slot
     Attributes attrs;
   };
 
@@ -37,13 +38,11 @@ struct FuseConvPool {
     auto layer = scratch_layer("kiln", "FusedConvPool", ins, a, pool.output(0));
     if (!ctx.backend_supports("kiln", "FusedConvPool", a, y->type.dtype, layer->nodes()[0]))
       return std::nullopt;
-    return Match{conv, &pool, std::move(a)};
+    return Match{conv, &pool, std::move(ins), std::move(a)};
   }
 
   static Status rewrite(PassContext& ctx, const Match& m) {
-    std::vector<Value*> ins(m.conv->inputs().begin(), m.conv->inputs().end());
-    ins.resize(std::min<size_t>(ins.size(), 3));
-    return replace_with_layer(ctx, {m.conv, m.pool}, "kiln", "FusedConvPool", ins, m.attrs,
+    return replace_with_layer(ctx, {m.conv, m.pool}, "kiln", "FusedConvPool", m.inputs, m.attrs,
                               m.pool->output(0))
         .status();
   }

@@ -21,9 +21,9 @@ DataType storage_type(DataType t, Precision p) {
   return t;
 }
 
-// Formats of one candidate: every device tensor in `p`'s storage type; 4-D tensors NHWC when
-// `nhwc`; inputs the tactic reads on the host get no format.
-LayerChoice make_choice(const Node& n, const TacticDef& t, Precision p, bool nhwc) {
+}  // namespace
+
+LayerChoice float_choice(const Node& n, const TacticDef& t, Precision p, bool nhwc) {
   LayerChoice c;
   c.tactic = &t;
   c.precision = p;
@@ -38,6 +38,8 @@ LayerChoice make_choice(const Node& n, const TacticDef& t, Precision p, bool nhw
   for (size_t o = 0; o < n.num_outputs(); ++o) c.out.push_back(fmt_of(n.output(o)));
   return c;
 }
+
+namespace {
 
 // The formats of an INT8 candidate of a layer marked int8 = 1 (docs/quantization.md): X
 // (slot 0) int8; the residual (FusedConv slot 3) and Y int8 when their values carry a scale, else
@@ -158,7 +160,7 @@ struct Lowering {
                              ((t->caps & kAnyLayout) && follows_nhwc(n));
             if (!can) continue;
           }
-          add_if_supported(n, make_choice(n, *t, p, nhwc), &out, &reasons);
+          add_if_supported(n, float_choice(n, *t, p, nhwc), &out, &reasons);
         }
         if (out.size() > before) return out;
       }

@@ -40,4 +40,9 @@ std::vector<bool> host_nodes(const Graph& g, const std::vector<bool>& host_input
 // executor reads them on the host before planning an inference.
 std::vector<bool> host_value_inputs(const Graph& g);
 
+// A float candidate's formats for node `n` under tactic `t`: every device tensor in precision
+// `p`'s storage type, 4-D tensors NHWC when `nhwc`, inputs the tactic reads on the host without
+// a format. Lowering's candidates, and what the capability query asks a tactic about.
+LayerChoice float_choice(const Node& n, const TacticDef& t, Precision p, bool nhwc);
+
 }  // namespace kiln::gpu
