@@ -475,7 +475,7 @@ class Int8ConvLayer final : public Layer {
 // The pipelined kernel's problems (conv_int8_pipelined.cu): what int8_supports takes, with C and
 // K multiples of 64, Y int8 and the residual int8 or absent.
 bool pipelined_supports(const LayerDesc& d, std::string* why) {
-  if (!unverified_tactics_enabled(why) || !int8_supports(d, why)) return false;
+  if (!int8_supports(d, why)) return false;
   const Node& n = *d.node;
   if (!is_conv(n)) return *why = "convolutions only", false;
   const Tensor* w = d.in_const(1);
