@@ -122,10 +122,9 @@ std::vector<OpCase> conv_cases() {
     c.domain = "kiln";
     v.push_back(c);
   }
-  // The stem kernel's problems (kiln.conv.stem: FP16 NHWC, C <= 4, K % 32 == 0, one filter row
-  // of taps contiguous): ResNet's 7x7/2 with pad 3 on RGB at odd sizes (tiles past the last
-  // pixel, edge taps), grayscale 3x3, 4 channels with a taller dilation and asymmetric padding,
-  // K = 32 (the narrow tile), no bias.
+  // The stem kernel's problems (kiln.conv.stem: FP16 NHWC, C <= 4, K % 32 == 0): ResNet's 7x7/2
+  // with pad 3 on RGB at odd sizes (tiles past the last pixel, edge taps), grayscale 3x3, 4
+  // channels with a taller dilation and asymmetric padding, K = 32 (the narrow tile), no bias.
   struct Stem {
     const char* name;
     std::vector<int64_t> x, w;
@@ -142,9 +141,16 @@ std::vector<OpCase> conv_cases() {
        attrs({{"pads", ints_attr({2, 0, 1, 3})}, {"dilations", ints_attr({2, 1})}}), "", false},
       {"stem_3x3_s2_rgb_k32", {2, 3, 24, 24}, {32, 3, 3, 3},
        attrs({{"pads", ints_attr({1, 1, 1, 1})}, {"strides", ints_attr({2, 2})}}), "Clip", true},
+      // More tiles (336) than the kernel's persistent blocks (two per SM): each block walks
+      // several tiles, swapping its patch buffers.
+      {"stem_resnet_224_b3", {3, 3, 224, 224}, {64, 3, 7, 7},
+       attrs({{"pads", ints_attr({3, 3, 3, 3})}, {"strides", ints_attr({2, 2})}}), "Relu", true},
   };
   for (const Stem& st : stems) {
-    OpCase c = conv(st.name, st.x, st.w, st.a, st.bias, {"fp16", "nhwc16"});
+    // (The stem kernel runs only in NHWC; the 224 x 224 case, slow on the CPU, only there.)
+    OpCase c = conv(st.name, st.x, st.w, st.a, st.bias,
+                    st.x[2] > 100 ? std::vector<std::string>{"nhwc16"}
+                                  : std::vector<std::string>{"fp16", "nhwc16"});
     c.op_type = "FusedConv";
     c.domain = "kiln";
     c.attrs.set("activation", Attribute::String(st.act));
@@ -173,6 +179,10 @@ std::vector<OpCase> conv_cases() {
        {2, 2}, {2, 2}, {0, 0, 0, 0}, "", {"fp16", "nhwc16"}},
       {"convpool_c8_direct", {1, 8, 12, 12}, {16, 8, 3, 3}, attrs({{"pads", ints_attr({1, 1, 1, 1})}}),
        {3, 3}, {1, 1}, {1, 0, 0, 1}, "Clip", {"fp32", "fp16", "nhwc16"}},
+      // ResNet's stem at 224 x 224, batch 3: 399 pooled tiles, several per persistent block.
+      {"convpool_resnet_224_b3", {3, 3, 224, 224}, {64, 3, 7, 7},
+       attrs({{"pads", ints_attr({3, 3, 3, 3})}, {"strides", ints_attr({2, 2})}}), {3, 3}, {2, 2},
+       {1, 1, 1, 1}, "Relu", {"nhwc16"}},
   };
   for (const ConvPool& cp : convpools) {
     OpCase c = conv(cp.name, cp.x, cp.w, cp.a, true, cp.modes);

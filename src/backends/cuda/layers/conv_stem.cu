@@ -1,21 +1,23 @@
 // kiln's stem convolution (tactic kiln.conv.stem): kiln.FusedConv in FP16 on NHWC images with
 // few input channels (C <= 4: a CNN's first layer, e.g. ResNet's 7x7/2 on RGB), bias and
 // activation fused. cuDNN pads C = 3 up to 8 for each of the 49 taps (the kernel study: 0.6 ms,
-// 23% of the H100's FP16 rate, at batch 256); here the whole filter is one GEMM reduction: each
-// filter row's S*C taps are contiguous in an NHWC input row, padded only to a multiple of 8
-// (7*3 = 21 -> 24, so the reduction is 7*24 = 168 -> 176 instead of 49*8 = 392).
+// 23% of the H100's FP16 rate, at batch 256); here the whole filter is one GEMM reduction over
+// r, s and c with C padded only to 4 (7 * 7 * 4 = 196 -> 208 instead of 49 * 8 = 392).
 //
-// A block computes 128 output pixels x NT channels (NT = 64, or 32 when K is not a multiple of
-// 64) with mma.sync m16n8k16 (float16 in, float32 accumulation), 8 warps of 32 x NT/2. The
-// filter (NT x reduction, float16) stays in shared memory; the im2col tile of each 16-wide
-// reduction step is gathered by the threads (8 consecutive reduction elements each, which are
-// consecutive halves of one input row) into one of two buffers while the tensor cores work on
-// the other. The epilogue (bias, activation, float16) stages the tile in shared memory and writes
-// it out in 16-byte stores.
+// A block is persistent: it loads its NT channels' filter (float16 [NT][reduction]) into shared
+// memory once and then walks tiles of 128 convolution outputs (a 2-D patch of one image: 4 x 32
+// outputs, or the patch under 3 x 8 pooled outputs). Per tile it copies the tile's input patch
+// (IH x IW pixels, C padded to Cp, zeros outside the image) into shared memory once; the im2col
+// matrix is never built: an A fragment word is the patch word at (the pixel's corner) + (the
+// reduction index's offset), from a small table. The next tile's patch is loaded into registers
+// while the tensor cores work on this one (mma.sync m16n8k16, float16 in, float32 accumulation,
+// 8 warps of 32 x NT/2). The epilogue (bias, activation, float16) stages the tile in shared
+// memory and writes it out in 16-byte stores.
 //
 // kiln.FusedConvPool (tactic kiln.convpool.stem) is the same kernel with the max-pool in its
-// epilogue: the tile's rows are the patch of convolution outputs under 3 x 8 pooled pixels, and
-// only the pooled pixels are written. Its fallback, kiln.convpool.direct, is at the end.
+// epilogue: the tile's rows are the patch of convolution outputs under 3 x 8 pooled pixels (7 x 17
+// = 119 of the 128 rows for a 3x3/2 pool), and only the pooled pixels are written. Its fallback,
+// kiln.convpool.direct, is at the end.
 #include <algorithm>
 #include <vector>
 
@@ -28,25 +30,23 @@
 namespace kiln::gpu {
 namespace {
 
-constexpr int kStemM = 128;        // output pixels per block
-constexpr int kStemThreads = 256;  // 8 warps: 4 along the pixels x 2 along the channels
-constexpr int kStemARow = 24;      // halves per im2col tile row: 16 + 8 of padding
-constexpr int kStemMaxReduction = 176;
+constexpr int kStemM = 128;        // convolution outputs per tile
+constexpr int kStemThreads = 256;  // 8 warps: 4 along the outputs x 2 along the channels
+constexpr int kStemTH = 4, kStemTW = 32;  // a plain tile: 4 x 32 outputs
+constexpr int kPoolTH = 3, kPoolTW = 8;   // a pooled tile: 3 x 8 pooled outputs
+constexpr int kStemMaxReduction = 224;    // R * S * Cp, padded to 16
+constexpr int kStemMaxPatch = 4096;       // halves of one input patch buffer (8 KiB)
+constexpr int kStemPrefetch = 12;         // patch elements per thread: IH * IW * C <= 3072
 
 struct StemGeom {
   int N, H, W, K, R, S, P, Q, sh, sw, ph, pw, dh;
-  int SC, SCp, Kp;  // taps of one filter row (S * C), padded to 8; the reduction padded to 16
-  int M;            // output pixels
-};
-
-// kiln.FusedConvPool: the max-pool after the convolution. A block makes kPoolTH x kPoolTW pooled
-// pixels of one image from the patch of convolution outputs their windows cover (3x8 pooled
-// pixels of a 3x3/2 pool: 7 x 17 = 119 of the tile's 128 rows).
-constexpr int kPoolTH = 3, kPoolTW = 8;
-struct PoolGeom {
-  int PP, PQ, kh, kw, sh, sw, ph, pw;  // pooled size, window, strides, leading pads
-  int rows, cols;                       // the convolution patch of a block
-  int tiles_h, tiles_w;                 // blocks per image
+  int Cp, Kp;                   // channels per tap in shared memory (C padded to even); the
+                                // reduction R * S * Cp padded to 16
+  int TH, TW;                   // a tile's convolution outputs: TH x TW <= kStemM
+  int IH, IW, rowh;             // its input patch: IH x IW pixels, rowh = IW * Cp halves per row
+  int tiles_h, tiles_w, tiles;  // tiles per image along h and w; tiles in all
+  // kiln.FusedConvPool: the pooled size, the window, strides and leading pads.
+  int PP, PQ, pkh, pkw, psh, psw, pph, ppw;
 };
 
 __device__ __forceinline__ __half2 neg_inf2() {
@@ -56,179 +56,200 @@ __device__ __forceinline__ __half2 neg_inf2() {
 
 template <int NT>
 constexpr int stem_smem_bytes(int Kp) {
-  const int main = NT * (Kp + 8) * 2 + 2 * kStemM * kStemARow * 2;
-  const int out = kStemM * (NT + 8) * 2;
-  return main > out ? main : out;
+  return NT * (Kp + 8) * 2 + 2 * kStemMaxPatch * 2 + kStemM * (NT + 8) * 2 + Kp / 2 * 4;
+}
+
+// Tile t: its image and the first convolution output of its patch (for a pooled tile, also its
+// first pooled output).
+struct StemTile {
+  int n, oy0, ox0, py0, px0;
+};
+template <bool POOL>
+__device__ __forceinline__ StemTile stem_tile(const StemGeom& g, int t) {
+  const int per_image = g.tiles_h * g.tiles_w, r = t % per_image;
+  StemTile s{t / per_image, 0, 0, 0, 0};
+  if constexpr (POOL) {
+    s.py0 = (r / g.tiles_w) * kPoolTH;
+    s.px0 = (r % g.tiles_w) * kPoolTW;
+    s.oy0 = s.py0 * g.psh - g.pph;
+    s.ox0 = s.px0 * g.psw - g.ppw;
+  } else {
+    s.oy0 = (r / g.tiles_w) * g.TH;
+    s.ox0 = (r % g.tiles_w) * g.TW;
+  }
+  return s;
 }
 
 // Fragments (PTX ISA, m16n8k16 .f16; lane = 4 * gq + tq): A (16 x 16, row-major) a0 = A[gq][2tq,
 // 2tq+1], a1 = A[gq+8][2tq..], a2 = A[gq][2tq+8..], a3 = A[gq+8][2tq+8..]; B (16 x 8, column-major)
 // b0 = B[2tq, 2tq+1][gq], b1 = B[2tq+8..][gq]; C c0,c1 = C[gq][2tq, 2tq+1], c2,c3 = C[gq+8][...].
-// With the im2col tile stored [pixel][k] and the filter [channel][k], each is one 32-bit word.
-// POOL: the tile's rows are a patch of convolution outputs (PoolGeom) and the block writes their
-// max-pool; else they are 128 consecutive output pixels.
+// A[m][k] (k = (r * S + s) * Cp + c, a pair of k in one word as Cp is even) is the patch word at
+// corner(m) + offs[k / 2]; the filter is stored [channel][k], so b0 and b1 are one word each.
 template <int C, int NT, bool POOL>
-__global__ void __launch_bounds__(kStemThreads)
+__global__ void __launch_bounds__(kStemThreads, 2)
     conv_stem(const __half* __restrict__ x, const __half* __restrict__ w,
-              const float* __restrict__ bias, __half* __restrict__ y, StemGeom g, PoolGeom pg,
-              ActParams act) {
+              const float* __restrict__ bias, __half* __restrict__ y, StemGeom g, ActParams act) {
   extern __shared__ __align__(16) unsigned char smem[];
-  __half* ws = reinterpret_cast<__half*>(smem);  // [NT][Kp + 8]
-  __half* as = ws + NT * (g.Kp + 8);               // [2][kStemM][kStemARow]
+  const int wrow = g.Kp + 8;                      // halves per filter row (+8: no bank conflicts)
+  __half* ws = reinterpret_cast<__half*>(smem);  // [NT][wrow]
+  __half* patch = ws + NT * wrow;                 // [2][kStemMaxPatch]
+  __half* out = patch + 2 * kStemMaxPatch;        // [kStemM][NT + 8]: the epilogue's tile
+  int* offs = reinterpret_cast<int*>(out + kStemM * (NT + 8));  // [Kp / 2], -1: padding
+  constexpr int orow = NT + 8;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int k0 = blockIdx.x * NT, m0 = blockIdx.y * kStemM;
-  const int wrow = g.Kp + 8;
-  // POOL: this block's image, its first pooled pixel and the patch's first convolution output.
-  int pn = 0, py0 = 0, px0 = 0, oy0 = 0, ox0 = 0;
-  if constexpr (POOL) {
-    const int per_image = pg.tiles_h * pg.tiles_w, t = blockIdx.y % per_image;
-    pn = blockIdx.y / per_image;
-    py0 = (t / pg.tiles_w) * kPoolTH;
-    px0 = (t % pg.tiles_w) * kPoolTW;
-    oy0 = py0 * pg.sh - pg.ph;
-    ox0 = px0 * pg.sw - pg.pw;
-  }
-  // Tile row -> the convolution output it holds: (n, p, q), or false past the tile's pixels.
-  auto conv_pixel = [&](int row, int* n, int* p, int* q) {
-    if constexpr (POOL) {
-      if (row >= pg.rows * pg.cols) return false;
-      *n = pn;
-      *p = oy0 + row / pg.cols;
-      *q = ox0 + row % pg.cols;
-      return *p >= 0 && *p < g.P && *q >= 0 && *q < g.Q;
-    } else {
-      const int m = m0 + row;
-      if (m >= g.M) return false;
-      *q = m % g.Q;
-      *p = (m / g.Q) % g.P;
-      *n = m / (g.Q * g.P);
-      return true;
-    }
-  };
-  // The filter rows of this block's channels, in 16-byte chunks.
+  const int k0 = blockIdx.y * NT;
+  // The filter rows of this block's channels (16-byte chunks), the offset table, and zeroed patch
+  // buffers (the padding channels c >= C stay zero; the loads write only c < C).
   const int chunks = g.Kp / 8;
   for (int i = tid; i < NT * chunks; i += kStemThreads) {
     const int r = i / chunks, c = i % chunks;
     *reinterpret_cast<uint4*>(ws + r * wrow + c * 8) =
         *reinterpret_cast<const uint4*>(w + static_cast<int64_t>(k0 + r) * g.Kp + c * 8);
   }
-  // This thread gathers 8 reduction elements (k = step * 16 + kh .. + 7) of tile row `row`.
-  const int row = tid / 2, kh = (tid % 2) * 8;
-  int nh = -1, ih0 = 0, iw0 = 0;
-  {
-    int n, p, q;
-    if (conv_pixel(row, &n, &p, &q)) {
-      nh = n * g.H;
-      ih0 = p * g.sh - g.ph;
-      iw0 = q * g.sw - g.pw;
-    }
+  const int SCp = g.S * g.Cp;
+  for (int i = tid; i < g.Kp / 2; i += kStemThreads) {
+    const int k = 2 * i, r = k / SCp;
+    offs[i] = r < g.R ? (r * g.dh * g.rowh + (k - r * SCp)) / 2 : -1;
   }
-  uint32_t v[4];  // 8 halves, two per word (registers; no local array of halves)
-  auto gather = [&](int step) {
-    const int k = step * 16 + kh;  // a multiple of 8, so all 8 lie in one filter row
-    const int r = k / g.SCp, j0 = k - r * g.SCp;
-    const int ih = ih0 + r * g.dh;
-    const bool row_ok = nh >= 0 && r < g.R && ih >= 0 && ih < g.H;
-    const auto* base = reinterpret_cast<const unsigned short*>(x) +
-                       (static_cast<int64_t>(nh + ih) * g.W + iw0) * C;
+  for (int i = tid; i < 2 * kStemMaxPatch / 8; i += kStemThreads)
+    reinterpret_cast<uint4*>(patch)[i] = make_uint4(0, 0, 0, 0);
+  // This thread's patch elements (flat NHWC order within the patch, so loads coalesce):
+  // (iy << 16) | (ix << 3) | c, or -1 past the patch.
+  const int npatch = g.IH * g.IW * C;
+  int where[kStemPrefetch];
 #pragma unroll
-    for (int e = 0; e < 8; e += 2) {
-      uint32_t lo = 0, hi = 0;  // float16 zero is all bits clear
-      const int j = j0 + e;
-      if (row_ok && j < g.SC && iw0 + j / C >= 0 && iw0 + j / C < g.W) lo = base[j];
-      if (row_ok && j + 1 < g.SC && iw0 + (j + 1) / C >= 0 && iw0 + (j + 1) / C < g.W)
-        hi = base[j + 1];
-      v[e / 2] = lo | (hi << 16);  // the lower k in the low half, as mma fragments expect
+  for (int i = 0; i < kStemPrefetch; ++i) {
+    const int e = tid + i * kStemThreads;
+    const int iy = e / (g.IW * C), rem = e - iy * g.IW * C, ix = rem / C;
+    where[i] = e < npatch ? (iy << 16) | (ix << 3) | (rem - ix * C) : -1;
+  }
+  uint32_t pre[kStemPrefetch / 2];  // two float16 bit patterns per register
+  const auto* xs = reinterpret_cast<const unsigned short*>(x);
+  auto fetch = [&](int t) {
+    const StemTile tl = stem_tile<POOL>(g, t);
+    const int ih0 = tl.oy0 * g.sh - g.ph, iw0 = tl.ox0 * g.sw - g.pw;
+    const int64_t img = static_cast<int64_t>(tl.n) * g.H;
+#pragma unroll
+    for (int i = 0; i < kStemPrefetch; ++i) {
+      const int ih = ih0 + (where[i] >> 16), iw = iw0 + ((where[i] >> 3) & 0x1fff);
+      const uint32_t v = where[i] >= 0 && ih >= 0 && ih < g.H && iw >= 0 && iw < g.W
+                             ? xs[((img + ih) * g.W + iw) * C + (where[i] & 7)]
+                             : 0u;  // float16 zero: the convolution's padding
+      pre[i / 2] = i % 2 == 0 ? v : pre[i / 2] | (v << 16);
     }
   };
-  auto stage = [&](int buf) {
-    *reinterpret_cast<uint4*>(as + (buf * kStemM + row) * kStemARow + kh) =
-        make_uint4(v[0], v[1], v[2], v[3]);
+  auto place = [&](int buf) {
+    auto* ps = reinterpret_cast<unsigned short*>(patch + buf * kStemMaxPatch);
+#pragma unroll
+    for (int i = 0; i < kStemPrefetch; ++i)
+      if (where[i] >= 0)
+        ps[(where[i] >> 16) * g.rowh + ((where[i] >> 3) & 0x1fff) * g.Cp + (where[i] & 7)] =
+            static_cast<unsigned short>(pre[i / 2] >> (16 * (i % 2)));
   };
+  // The 4 tile rows whose A fragments this lane loads: their corners (patch words) and (ly, lx).
   constexpr int NI = NT / 16;  // 8-channel mma columns per warp
-  float acc[2][NI][4] = {};
   const int wm = (warp % 4) * 32, wn = (warp / 4) * (NT / 2);
   const int gq = lane / 4, tq = lane % 4;
-  const uint32_t* w32 = reinterpret_cast<const uint32_t*>(ws);
-  const int steps = g.Kp / 16;
-  gather(0);
-  stage(0);
-  __syncthreads();
-  for (int s = 0; s < steps; ++s) {
-    const int cur = s & 1;
-    const bool more = s + 1 < steps;
-    if (more) gather(s + 1);  // in flight during the multiplies below
-    const uint32_t* a32 = reinterpret_cast<const uint32_t*>(as + cur * kStemM * kStemARow);
-    uint32_t a[2][4];
-#pragma unroll
-    for (int mi = 0; mi < 2; ++mi) {
-      const int r = wm + mi * 16 + gq;
-      a[mi][0] = a32[r * (kStemARow / 2) + tq];
-      a[mi][1] = a32[(r + 8) * (kStemARow / 2) + tq];
-      a[mi][2] = a32[r * (kStemARow / 2) + tq + 4];
-      a[mi][3] = a32[(r + 8) * (kStemARow / 2) + tq + 4];
-    }
-#pragma unroll
-    for (int ni = 0; ni < NI; ++ni) {
-      const int col = wn + ni * 8 + gq;
-      const uint32_t b0 = w32[col * (wrow / 2) + s * 8 + tq];
-      const uint32_t b1 = w32[col * (wrow / 2) + s * 8 + tq + 4];
-#pragma unroll
-      for (int mi = 0; mi < 2; ++mi) mma_f16(acc[mi][ni], a[mi], b0, b1);
-    }
-    // The other buffer was last read in step s - 1, which every warp finished before the
-    // barrier that ended it.
-    if (more) stage(cur ^ 1);
-    __syncthreads();
-  }
-  // Epilogue into a [kStemM][NT + 8] tile over the (now unused) filter and im2col buffers.
-  __half* out = reinterpret_cast<__half*>(smem);
-  constexpr int orow = NT + 8;
+  int corner[2][2];
 #pragma unroll
   for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int r = wm + mi * 16 + gq + 8 * h;
-      int n, p, q;
-      // POOL: outputs outside the convolution's image are the pool's padding (-inf).
-      const bool inside = !POOL || conv_pixel(r, &n, &p, &q);
+      const int m = wm + mi * 16 + gq + 8 * h;
+      const int ly = m / g.TW, lx = m % g.TW;
+      corner[mi][h] = m < g.TH * g.TW ? (ly * g.sh * g.rowh + lx * g.sw * g.Cp) / 2 : 0;
+    }
+  const uint32_t* w32 = reinterpret_cast<const uint32_t*>(ws);
+  const int steps = g.Kp / 16;
+  int t = blockIdx.x;
+  __syncthreads();  // zeroed buffers before the first patch lands
+  if (t < g.tiles) {
+    fetch(t);
+    place(0);
+  }
+  __syncthreads();
+  for (int it = 0; t < g.tiles; ++it, t += gridDim.x) {
+    const int buf = it & 1, next = t + gridDim.x;
+    if (next < g.tiles) fetch(next);  // in flight during the multiplies below
+    const uint32_t* p32 = reinterpret_cast<const uint32_t*>(patch + buf * kStemMaxPatch);
+    float acc[2][NI][4] = {};
+    for (int s = 0; s < steps; ++s) {
+      const int o0 = offs[s * 8 + tq], o1 = offs[s * 8 + tq + 4];
+      uint32_t a[2][4];
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi) {
+        a[mi][0] = o0 >= 0 ? p32[corner[mi][0] + o0] : 0u;
+        a[mi][1] = o0 >= 0 ? p32[corner[mi][1] + o0] : 0u;
+        a[mi][2] = o1 >= 0 ? p32[corner[mi][0] + o1] : 0u;
+        a[mi][3] = o1 >= 0 ? p32[corner[mi][1] + o1] : 0u;
+      }
 #pragma unroll
       for (int ni = 0; ni < NI; ++ni) {
-        const int col = wn + ni * 8 + tq * 2;
-        const float y0 = apply_act(acc[mi][ni][2 * h] + bias[k0 + col], act);
-        const float y1 = apply_act(acc[mi][ni][2 * h + 1] + bias[k0 + col + 1], act);
-        *reinterpret_cast<__half2*>(out + r * orow + col) =
-            inside ? __floats2half2_rn(y0, y1) : neg_inf2();
+        const int col = wn + ni * 8 + gq;
+        const uint32_t b0 = w32[col * (wrow / 2) + s * 8 + tq];
+        const uint32_t b1 = w32[col * (wrow / 2) + s * 8 + tq + 4];
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi) mma_f16(acc[mi][ni], a[mi], b0, b1);
       }
     }
-  __syncthreads();
-  constexpr int row_chunks = NT / 8;
-  if constexpr (POOL) {
-    // Each pooled pixel's 8-channel chunk: the max over its window of the patch, 16-byte stores.
-    for (int i = tid; i < kPoolTH * kPoolTW * row_chunks; i += kStemThreads) {
-      const int c = i % row_chunks, pl = i / row_chunks;
-      const int ly = pl / kPoolTW, lx = pl % kPoolTW;
-      const int py = py0 + ly, px = px0 + lx;
-      if (py >= pg.PP || px >= pg.PQ) continue;
-      __half2 m[4];
-      for (int e = 0; e < 4; ++e) m[e] = neg_inf2();
-      for (int dy = 0; dy < pg.kh; ++dy)
-        for (int dx = 0; dx < pg.kw; ++dx) {
-          const int r = (ly * pg.sh + dy) * pg.cols + lx * pg.sw + dx;
-          const uint4 v = *reinterpret_cast<const uint4*>(out + r * orow + c * 8);
-          const __half2* h2 = reinterpret_cast<const __half2*>(&v);
-          for (int e = 0; e < 4; ++e) m[e] = __hmax2(m[e], h2[e]);
+    // Epilogue into `out` (free: the last tile's stores ended with a barrier).
+    const StemTile tl = stem_tile<POOL>(g, t);
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = wm + mi * 16 + gq + 8 * h;
+        // POOL: outputs outside the convolution's image are the pool's padding (-inf).
+        bool inside = true;
+        if constexpr (POOL) {
+          const int oy = tl.oy0 + r / g.TW, ox = tl.ox0 + r % g.TW;
+          inside = r < g.TH * g.TW && oy >= 0 && oy < g.P && ox >= 0 && ox < g.Q;
         }
-      *reinterpret_cast<uint4*>(y + ((static_cast<int64_t>(pn) * pg.PP + py) * pg.PQ + px) * g.K +
-                                k0 + c * 8) = *reinterpret_cast<const uint4*>(m);
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni) {
+          const int col = wn + ni * 8 + tq * 2;
+          const float y0 = apply_act(acc[mi][ni][2 * h] + bias[k0 + col], act);
+          const float y1 = apply_act(acc[mi][ni][2 * h + 1] + bias[k0 + col + 1], act);
+          *reinterpret_cast<__half2*>(out + r * orow + col) =
+              inside ? __floats2half2_rn(y0, y1) : neg_inf2();
+        }
+      }
+    // The other patch buffer was last read by the previous tile's multiplies, which every warp
+    // finished before the barriers that ended it.
+    if (next < g.tiles) place(buf ^ 1);
+    __syncthreads();
+    constexpr int row_chunks = NT / 8;
+    if constexpr (POOL) {
+      // Each pooled pixel's 8-channel chunk: the max over its window of the patch.
+      for (int i = tid; i < kPoolTH * kPoolTW * row_chunks; i += kStemThreads) {
+        const int c = i % row_chunks, pl = i / row_chunks;
+        const int ly = pl / kPoolTW, lx = pl % kPoolTW;
+        const int py = tl.py0 + ly, px = tl.px0 + lx;
+        if (py >= g.PP || px >= g.PQ) continue;
+        __half2 m[4];
+        for (int e = 0; e < 4; ++e) m[e] = neg_inf2();
+        for (int dy = 0; dy < g.pkh; ++dy)
+          for (int dx = 0; dx < g.pkw; ++dx) {
+            const int r = (ly * g.psh + dy) * g.TW + lx * g.psw + dx;
+            const uint4 v = *reinterpret_cast<const uint4*>(out + r * orow + c * 8);
+            const __half2* h2 = reinterpret_cast<const __half2*>(&v);
+            for (int e = 0; e < 4; ++e) m[e] = __hmax2(m[e], h2[e]);
+          }
+        *reinterpret_cast<uint4*>(
+            y + ((static_cast<int64_t>(tl.n) * g.PP + py) * g.PQ + px) * g.K + k0 + c * 8) =
+            *reinterpret_cast<const uint4*>(m);
+      }
+    } else {
+      for (int i = tid; i < kStemM * row_chunks; i += kStemThreads) {
+        const int r = i / row_chunks, c = i % row_chunks;
+        const int p = tl.oy0 + r / g.TW, q = tl.ox0 + r % g.TW;
+        if (r < g.TH * g.TW && p < g.P && q < g.Q)
+          *reinterpret_cast<uint4*>(
+              y + ((static_cast<int64_t>(tl.n) * g.P + p) * g.Q + q) * g.K + k0 + c * 8) =
+              *reinterpret_cast<const uint4*>(out + r * orow + c * 8);
+      }
     }
-  } else {
-    for (int i = tid; i < kStemM * row_chunks; i += kStemThreads) {
-      const int r = i / row_chunks, c = i % row_chunks;
-      if (m0 + r < g.M)
-        *reinterpret_cast<uint4*>(y + static_cast<int64_t>(m0 + r) * g.K + k0 + c * 8) =
-            *reinterpret_cast<const uint4*>(out + r * orow + c * 8);
-    }
+    __syncthreads();  // `out` free and the next patch in place
   }
 }
 
@@ -276,6 +297,44 @@ const Tensor* plain_conv(const LayerDesc& d, std::string* why) {
   return w;
 }
 
+// The stem kernel's geometry for a convolution (and its pool) of these sizes; false with the
+// reason where a tile's patch or filter does not fit.
+bool stem_geometry(int N, int H, int W, int C, int K, int R, int S, int P, int Q, int sh, int sw,
+                   int ph, int pw, int dh, const PoolAttrs* pool, StemGeom* g, std::string* why) {
+  *g = {};
+  g->N = N, g->H = H, g->W = W, g->K = K, g->R = R, g->S = S, g->P = P, g->Q = Q;
+  g->sh = sh, g->sw = sw, g->ph = ph, g->pw = pw, g->dh = dh;
+  g->Cp = C % 2 == 0 ? C : C + 1;
+  g->Kp = round_up(R * S * g->Cp, 16);
+  if (g->Kp > kStemMaxReduction) return *why = "the filter is too large for the stem kernel", false;
+  if (pool) {
+    if (pool->kh > 3 || pool->kw > 3 || pool->sh > 2 || pool->sw > 2)
+      return *why = "a max-pool window over 3x3 or a stride over 2", false;
+    g->pkh = pool->kh, g->pkw = pool->kw, g->psh = pool->sh, g->psw = pool->sw;
+    g->pph = pool->pt, g->ppw = pool->pl;
+    g->PP = (P + pool->pt + pool->pb - pool->kh) / pool->sh + 1;
+    g->PQ = (Q + pool->pl + pool->pr - pool->kw) / pool->sw + 1;
+    g->TH = (kPoolTH - 1) * pool->sh + pool->kh;
+    g->TW = (kPoolTW - 1) * pool->sw + pool->kw;
+    g->tiles_h = (g->PP + kPoolTH - 1) / kPoolTH;
+    g->tiles_w = (g->PQ + kPoolTW - 1) / kPoolTW;
+  } else {
+    g->TH = kStemTH, g->TW = kStemTW;
+    g->tiles_h = (P + kStemTH - 1) / kStemTH;
+    g->tiles_w = (Q + kStemTW - 1) / kStemTW;
+  }
+  g->IH = (g->TH - 1) * sh + (R - 1) * dh + 1;
+  g->IW = (g->TW - 1) * sw + S;
+  g->rowh = g->IW * g->Cp;
+  if (g->IH * g->rowh > kStemMaxPatch || g->IH * g->IW * C > kStemPrefetch * kStemThreads ||
+      g->IW >= (1 << 13))
+    return *why = "a tile's input patch does not fit the stem kernel (strides or filter too large)", false;
+  const int64_t tiles = static_cast<int64_t>(N) * g->tiles_h * g->tiles_w;
+  if (tiles >= (int64_t(1) << 31)) return *why = "tensor too large for the stem kernel", false;
+  g->tiles = static_cast<int>(tiles);
+  return true;
+}
+
 bool stem_supports(const LayerDesc& d, std::string* why) {
   if (!unverified_tactics_enabled(why)) return false;
   const Node& n = *d.node;
@@ -290,71 +349,92 @@ bool stem_supports(const LayerDesc& d, std::string* why) {
   if (K % 32 != 0) return *why = "K is not a multiple of 32", false;
   const auto dil = n.attrs.get_ints("dilations", {1, 1});
   if (dil.size() == 2 && dil[1] != 1) return *why = "dilated along the width", false;
-  if (round_up(static_cast<int>(R * round_up(static_cast<int>(S * C), 8)), 16) > kStemMaxReduction)
-    return *why = "the filter is too large for the stem kernel", false;
-  if (is_conv_pool(n)) {
-    PoolAttrs pa;
-    if (!read_pool(n, &pa, why)) return false;
-    if (pa.kh > 3 || pa.kw > 3 || pa.sh > 2 || pa.sw > 2)
-      return *why = "a max-pool window over 3x3 or a stride over 2", false;
-    if (((kPoolTH - 1) * pa.sh + pa.kh) * ((kPoolTW - 1) * pa.sw + pa.kw) > kStemM)
-      return *why = "the pool's patch does not fit the tile", false;
-  }
-  return true;
+  const auto st = n.attrs.get_ints("strides", {1, 1});
+  if (st.size() != 2 || R > 64 || S > 64 || st[0] > 64 || st[1] > 64 || dil[0] > 64)
+    return *why = "a filter, stride or dilation over 64", false;
+  PoolAttrs pa;
+  const bool pool = is_conv_pool(n);
+  if (pool && !read_pool(n, &pa, why)) return false;
+  // The tile sizes do not depend on the image's size: check them on a nominal one.
+  StemGeom g;
+  return stem_geometry(1, 64, 64, static_cast<int>(C), static_cast<int>(K), static_cast<int>(R),
+                       static_cast<int>(S), 64, 64, static_cast<int>(st[0]),
+                       static_cast<int>(st[1]), 0, 0, static_cast<int>(dil[0]),
+                       pool ? &pa : nullptr, &g, why);
+}
+
+using StemKernel = void (*)(const __half*, const __half*, const float*, __half*, StemGeom, ActParams);
+
+template <int C>
+StemKernel stem_kernel_for(bool wide, bool pool) {
+  if (wide) return pool ? conv_stem<C, 64, true> : conv_stem<C, 64, false>;
+  return pool ? conv_stem<C, 32, true> : conv_stem<C, 32, false>;
 }
 
 class StemConvLayer final : public Layer {
  public:
   explicit StemConvLayer(const LayerDesc& d) : node_(d.node) {
     read_activation(d.node->attrs, &act_);
-    // Weights [K,C,R,S] -> float16 [K][Kp], reduction index r * SCp + s * C + c, zero-padded.
+    // Weights [K,C,R,S] -> float16 [K][Kp], reduction index (r * S + s) * Cp + c, zero-padded.
     const Tensor& w = *d.in_const(1);
     K_ = static_cast<int>(w.dim(0));
     C_ = static_cast<int>(w.dim(1));
     R_ = static_cast<int>(w.dim(2));
     S_ = static_cast<int>(w.dim(3));
-    SCp_ = round_up(S_ * C_, 8);
-    Kp_ = round_up(R_ * SCp_, 16);
+    Cp_ = C_ % 2 == 0 ? C_ : C_ + 1;
+    Kp_ = round_up(R_ * S_ * Cp_, 16);
     host_w_.assign(static_cast<size_t>(K_) * Kp_, __float2half(0.f));
     for (int k = 0; k < K_; ++k)
       for (int c = 0; c < C_; ++c)
         for (int r = 0; r < R_; ++r)
           for (int s = 0; s < S_; ++s)
-            host_w_[static_cast<size_t>(k) * Kp_ + r * SCp_ + s * C_ + c] = __float2half(
+            host_w_[static_cast<size_t>(k) * Kp_ + (r * S_ + s) * Cp_ + c] = __float2half(
                 static_cast<float>(w.at_double(((static_cast<int64_t>(k) * C_ + c) * R_ + r) * S_ + s)));
     host_b_.assign(static_cast<size_t>(K_), 0.f);
     if (const Tensor* b = d.node->input(2) ? d.in_const(2) : nullptr)
       for (int k = 0; k < K_; ++k) host_b_[static_cast<size_t>(k)] = static_cast<float>(b->at_double(k));
+    const bool wide = K_ % 64 == 0, pool = is_conv_pool(*node_);
+    switch (C_) {
+      case 1: kernel_ = stem_kernel_for<1>(wide, pool); break;
+      case 2: kernel_ = stem_kernel_for<2>(wide, pool); break;
+      case 3: kernel_ = stem_kernel_for<3>(wide, pool); break;
+      case 4: kernel_ = stem_kernel_for<4>(wide, pool); break;
+      default: break;  // supports() refused it; configure() says so
+    }
+    nt_ = wide ? 64 : 32;
+    smem_ = wide ? stem_smem_bytes<64>(Kp_) : stem_smem_bytes<32>(Kp_);
   }
 
   Expected<size_t> configure(const RunContext& rc, std::span<const DeviceTensor> in,
                              std::span<const DeviceTensor> out) override {
+    if (!kernel_) return KILN_ERROR("{}: {} input channels", node_->label(), C_);
     KILN_ASSIGN_OR_RETURN(ConvGeom c, conv_geometry(*node_, in[0].shape, in[1].shape, false));
     if (c.nsp != 2) return KILN_ERROR("{}: not a 2-D convolution", node_->label());
-    const int64_t M = c.N * c.out[0] * c.out[1];
-    if (M * K_ >= (int64_t(1) << 31) || c.N * c.in[0] * c.in[1] * C_ >= (int64_t(1) << 31) ||
-        (M + kStemM - 1) / kStemM > 65535)
+    if (c.N * c.in[0] * c.in[1] * C_ >= (int64_t(1) << 31) ||
+        c.N * c.out[0] * c.out[1] * K_ >= (int64_t(1) << 31))
       return KILN_ERROR("{}: tensor too large for the stem kernel", node_->label());
-    g_ = {static_cast<int>(c.N), static_cast<int>(c.in[0]), static_cast<int>(c.in[1]), K_, R_,
-          S_, static_cast<int>(c.out[0]), static_cast<int>(c.out[1]),
-          static_cast<int>(c.stride[0]), static_cast<int>(c.stride[1]),
-          static_cast<int>(c.pad_begin[0]), static_cast<int>(c.pad_begin[1]),
-          static_cast<int>(c.dilation[0]), S_ * C_, SCp_, Kp_, static_cast<int>(M)};
-    if (is_conv_pool(*node_)) {
-      PoolAttrs pa;
-      std::string why;
-      if (!read_pool(*node_, &pa, &why)) return KILN_ERROR("{}: {}", node_->label(), why);
-      pg_ = {(g_.P + pa.pt + pa.pb - pa.kh) / pa.sh + 1,
-             (g_.Q + pa.pl + pa.pr - pa.kw) / pa.sw + 1,
-             pa.kh, pa.kw, pa.sh, pa.sw, pa.pt, pa.pl,
-             (kPoolTH - 1) * pa.sh + pa.kh, (kPoolTW - 1) * pa.sw + pa.kw, 0, 0};
-      pg_.tiles_h = (pg_.PP + kPoolTH - 1) / kPoolTH;
-      pg_.tiles_w = (pg_.PQ + kPoolTW - 1) / kPoolTW;
-      if (out[0].shape.size() != 4 || out[0].shape[2] != pg_.PP || out[0].shape[3] != pg_.PQ)
-        return KILN_ERROR("{}: the output is not the max-pool's size", node_->label());
-      if (static_cast<int64_t>(g_.N) * pg_.tiles_h * pg_.tiles_w > 65535)
-        return KILN_ERROR("{}: tensor too large for the stem kernel", node_->label());
-    }
+    PoolAttrs pa;
+    const bool pool = is_conv_pool(*node_);
+    std::string why;
+    if (pool && !read_pool(*node_, &pa, &why)) return KILN_ERROR("{}: {}", node_->label(), why);
+    if (!stem_geometry(static_cast<int>(c.N), static_cast<int>(c.in[0]), static_cast<int>(c.in[1]),
+                       C_, K_, R_, S_, static_cast<int>(c.out[0]), static_cast<int>(c.out[1]),
+                       static_cast<int>(c.stride[0]), static_cast<int>(c.stride[1]),
+                       static_cast<int>(c.pad_begin[0]), static_cast<int>(c.pad_begin[1]),
+                       static_cast<int>(c.dilation[0]), pool ? &pa : nullptr, &g_, &why))
+      return KILN_ERROR("{}: {}", node_->label(), why);
+    const int64_t expect_h = pool ? g_.PP : g_.P, expect_w = pool ? g_.PQ : g_.Q;
+    if (out[0].shape.size() != 4 || out[0].shape[2] != expect_h || out[0].shape[3] != expect_w)
+      return KILN_ERROR("{}: the output is not the {}'s size", node_->label(),
+                        pool ? "max-pool" : "convolution");
+    // Persistent blocks: two per SM (each keeps its filter in shared memory), at most one per tile.
+    int dev = 0, sms = 0;
+    KILN_CUDA_CHECK(cudaGetDevice(&dev));
+    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    blocks_ = static_cast<int>(std::min<int64_t>(g_.tiles, 2 * static_cast<int64_t>(sms)));
+    // Over the default 48 KiB of dynamic shared memory: an opt-in per kernel and device, made at
+    // configure time (not while a run may be captured into a CUDA graph).
+    KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel_, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_));
     if (!weights_.get()) {
       const size_t wb = round_up(static_cast<int>(host_w_.size() * sizeof(__half)), 256);
       KILN_RETURN_IF_ERROR(weights_.reserve(wb + host_b_.size() * sizeof(float), "stem conv weights"));
@@ -369,38 +449,13 @@ class StemConvLayer final : public Layer {
 
   Status run(const RunContext& rc, std::span<const DeviceTensor> in,
              std::span<const DeviceTensor> out) override {
-    if (out[0].numel() == 0) return Status::Ok();
+    if (out[0].numel() == 0 || g_.tiles == 0) return Status::Ok();
     if (reinterpret_cast<uintptr_t>(out[0].data) % 16 != 0)
       return KILN_ERROR("{}: the stem kernel needs a 16-byte aligned output", node_->label());
-    const auto* x = static_cast<const __half*>(in[0].data);
-    auto* y = static_cast<__half*>(out[0].data);
-    const auto* w = static_cast<const __half*>(weights_.get());
-    const bool wide = K_ % 64 == 0, pool = is_conv_pool(*node_);
-    const int blocks = pool ? g_.N * pg_.tiles_h * pg_.tiles_w : (g_.M + kStemM - 1) / kStemM;
-    const dim3 grid(K_ / (wide ? 64 : 32), blocks);
-    const int bytes = wide ? stem_smem_bytes<64>(Kp_) : stem_smem_bytes<32>(Kp_);
-    auto go = [&](auto kernel) {
-      kernel<<<grid, kStemThreads, bytes, rc.stream>>>(x, w, bias_, y, g_, pg_, act_);
-    };
-    switch (C_ * 4 + (wide ? 2 : 0) + (pool ? 1 : 0)) {
-      case 4: go(conv_stem<1, 32, false>); break;
-      case 5: go(conv_stem<1, 32, true>); break;
-      case 6: go(conv_stem<1, 64, false>); break;
-      case 7: go(conv_stem<1, 64, true>); break;
-      case 8: go(conv_stem<2, 32, false>); break;
-      case 9: go(conv_stem<2, 32, true>); break;
-      case 10: go(conv_stem<2, 64, false>); break;
-      case 11: go(conv_stem<2, 64, true>); break;
-      case 12: go(conv_stem<3, 32, false>); break;
-      case 13: go(conv_stem<3, 32, true>); break;
-      case 14: go(conv_stem<3, 64, false>); break;
-      case 15: go(conv_stem<3, 64, true>); break;
-      case 16: go(conv_stem<4, 32, false>); break;
-      case 17: go(conv_stem<4, 32, true>); break;
-      case 18: go(conv_stem<4, 64, false>); break;
-      case 19: go(conv_stem<4, 64, true>); break;
-      default: return KILN_ERROR("{}: {} input channels", node_->label(), C_);
-    }
+    const dim3 grid(blocks_, K_ / nt_);
+    kernel_<<<grid, kStemThreads, smem_, rc.stream>>>(
+        static_cast<const __half*>(in[0].data), static_cast<const __half*>(weights_.get()), bias_,
+        static_cast<__half*>(out[0].data), g_, act_);
     KILN_CUDA_LAUNCH_CHECK("stem conv kernel");
     return Status::Ok();
   }
@@ -408,13 +463,13 @@ class StemConvLayer final : public Layer {
  private:
   const Node* node_;
   ActParams act_;
-  int K_ = 0, C_ = 0, R_ = 0, S_ = 0, SCp_ = 0, Kp_ = 0;
+  int K_ = 0, C_ = 0, R_ = 0, S_ = 0, Cp_ = 0, Kp_ = 0, nt_ = 64, smem_ = 0, blocks_ = 0;
+  StemKernel kernel_ = nullptr;
   std::vector<__half> host_w_;
   std::vector<float> host_b_;
   DeviceMemory weights_;  // float16 [K][Kp], then float bias [K]
   float* bias_ = nullptr;
   StemGeom g_{};
-  PoolGeom pg_{};
 };
 
 // --- kiln.FusedConvPool's fallback (tactic kiln.convpool.direct, caps kFallback): any float type
