@@ -5,7 +5,9 @@
 #                                        and perlayer (not in the default: localizes an accuracy failure)
 #                                        and verify (not in the default: the first GPU run of gated
 #                                        kernels, KILN_UNVERIFIED_TACTICS=1: their test-backend-ops
-#                                        cases, then ResNet-50 INT8/FP16 speed and INT8 accuracy)
+#                                        cases, then ResNet-50 INT8/FP16 speed and INT8 accuracy;
+#                                        KILN_VERIFY_ROWS, KILN_VERIFY_ACCURACY, and KILN_VERIFY_OFF_ROWS:
+#                                        rows benched again with the gate closed)
 # Narrower runs: KILN_BACKEND_OPS_FILTER (gtest filter of test-backend-ops), KILN_CONFORMANCE_FILTER
 # (regex on conformance test names), KILN_MODELS, KILN_PERLAYER="model:precision ..." (perlayer),
 # KILN_INT8_PARTS (int8: some of speed accuracy budget compare fmnist).
@@ -71,7 +73,15 @@ if has verify; then
   cp /tmp/verify_bench/profiles.txt "$OUT/verify_profiles.txt" 2>/dev/null
   cp /tmp/verify_bench/build_logs.txt "$OUT/verify_build_logs.txt" 2>/dev/null
   timeout 120 python3 scripts/check_gpu_accuracy.py --kiln "$KILN" --onnx models/resnet50.onnx --batch 2 \
-    --precisions fp16,int8 --json "$OUT/verify_accuracy.json" 2>&1 | tee "$OUT/verify_accuracy.log"
+    --precisions ${KILN_VERIFY_ACCURACY:-fp16,int8} --json "$OUT/verify_accuracy.json" 2>&1 | tee "$OUT/verify_accuracy.log"
+  # The same rows with the gate closed (today's default engines), in the same run: does the gated
+  # kernel make the engine faster?
+  if [ -n "${KILN_VERIFY_OFF_ROWS:-}" ]; then
+    unset KILN_UNVERIFIED_TACTICS
+    timeout ${KILN_VERIFY_OFF_TIMEOUT:-200} python3 bench/bench_cnn.py --kiln "$KILN" --out /tmp/verify_off --profile \
+      --rows $KILN_VERIFY_OFF_ROWS 2>&1 | sed 's/^/gate closed: /' | tee "$OUT/verify_bench_off.log"
+    cp /tmp/verify_off/profiles.txt "$OUT/verify_profiles_off.txt" 2>/dev/null
+  fi
 fi
 
 if has int8; then
