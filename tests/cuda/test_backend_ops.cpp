@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <iostream>
 #include <functional>
 #include <random>
@@ -11,6 +12,7 @@
 #include "backend_ops.h"
 #include "backends/backend_info.h"
 #include "backends/cpu/cpu_executor.h"
+#include "core/npy.h"
 #include "backends/cuda/layer.h"
 #include "kiln/engine.h"
 #include "ops/op.h"
@@ -147,8 +149,11 @@ double default_tol(const std::string& mode) {
 void run_case(const OpCase& c, const std::string& tactic, const std::string& mode) {
   std::string why;
   if (cuda_device_count(&why) == 0) GTEST_SKIP() << "no CUDA GPU here (" << why << "): GPU test skipped";
+  // A failure prints its seed; KILN_TEST_SEED=that seed replays the same inputs.
   std::random_device rd;
-  const uint64_t seed = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  const char* fixed_seed = std::getenv("KILN_TEST_SEED");
+  const uint64_t seed = fixed_seed ? std::strtoull(fixed_seed, nullptr, 10)
+                                   : (static_cast<uint64_t>(rd()) << 32) ^ rd();
   std::mt19937_64 rng(seed);
   SCOPED_TRACE(fmt::format("seed {}", seed));
   auto g = std::make_unique<Graph>();
@@ -219,6 +224,17 @@ void run_case(const OpCase& c, const std::string& tactic, const std::string& mod
     const std::string err = codes ? compare_codes((*got)[o], (*ref)[o], c.out_scale[0], &off)
                                   : compare((*got)[o], (*ref)[o], tol);
     EXPECT_TRUE(err.empty()) << "output " << o << ": " << err;
+    // KILN_TEST_DUMP=DIR keeps a failing case's inputs, reference and result as .npy files.
+    const char* dump = std::getenv("KILN_TEST_DUMP");
+    if (!err.empty() && dump) {
+      const std::string base = fmt::format("{}/{}_{}_{}_", dump, c.name, tactic, mode);
+      for (size_t i = 0; i < feeds.size(); ++i)
+        (void)write_npy(base + g->inputs()[i]->name + ".npy", feeds[i]);
+      for (const Value* v : ins)
+        if (v && v->is_constant()) (void)write_npy(base + v->name + ".npy", *v->constant);
+      (void)write_npy(base + "ref" + std::to_string(o) + ".npy", (*ref)[o]);
+      (void)write_npy(base + "got" + std::to_string(o) + ".npy", (*got)[o]);
+    }
     if (codes) {
       std::cout << fmt::format("[ int8     ] {}: {:.4g}% of {} codes off by one\n", c.name,
                                100 * off, (*ref)[o].numel());
