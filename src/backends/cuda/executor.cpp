@@ -10,6 +10,7 @@
 #include "backends/cpu/cpu_executor.h"
 #include "backends/memory_planner.h"
 #include "shape_eval.h"
+#include "tactics/check.h"
 
 namespace kiln::gpu {
 namespace {
@@ -439,8 +440,8 @@ Expected<std::unique_ptr<Instance>> CudaContext::make_instance(
   }
   if (!inst->upload_host.empty()) {
     KILN_RETURN_IF_ERROR(inst->uploads.reserve(inst->upload_host.size(), "shape-dependent values"));
-    KILN_CUDA_CHECK(cudaMemcpy(inst->uploads.get(), inst->upload_host.data(),
-                               inst->upload_host.size(), cudaMemcpyHostToDevice));
+    KILN_RETURN_IF_ERROR(cuda::upload(inst->uploads.get(), inst->upload_host.data(),
+                                      inst->upload_host.size(), "shape-dependent values"));
   }
   return inst;
 }
@@ -718,8 +719,8 @@ Status CudaEngineState::ensure_weights() {
   KILN_RETURN_IF_ERROR(weights_.reserve(std::max<size_t>(total, 256), "the engine's weights"));
   for (const auto& [off, t] : pieces)
     if (t.nbytes())
-      KILN_CUDA_CHECK(cudaMemcpy(static_cast<uint8_t*>(weights_.get()) + off, t.raw(), t.nbytes(),
-                                 cudaMemcpyHostToDevice));
+      KILN_RETURN_IF_ERROR(
+          cuda::upload(static_cast<uint8_t*>(weights_.get()) + off, t.raw(), t.nbytes(), "the engine's weights"));
   uploaded_ = true;
   return Status::Ok();
 }

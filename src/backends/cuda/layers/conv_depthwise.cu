@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "device_util_host.h"
+#include "tactics/check.h"
 #include "kernels/device_util.cuh"
 #include "layers/conv_common.h"
 
@@ -120,8 +121,8 @@ class DepthwiseConvLayer final : public Layer {
     if (!weights_.get()) {
       const size_t wb = host_w_.size() * sizeof(float), bb = host_b_.size() * sizeof(float);
       KILN_RETURN_IF_ERROR(weights_.reserve(wb + bb + 16, "depthwise conv weights"));
-      KILN_CUDA_CHECK(cudaMemcpy(weights_.get(), host_w_.data(), wb, cudaMemcpyHostToDevice));
-      if (bb) KILN_CUDA_CHECK(cudaMemcpy(bias_ptr(), host_b_.data(), bb, cudaMemcpyHostToDevice));
+      KILN_RETURN_IF_ERROR(cuda::upload(weights_.get(), host_w_.data(), wb, "depthwise weights"));
+      KILN_RETURN_IF_ERROR(cuda::upload(bias_ptr(), host_b_.data(), bb, "depthwise bias"));
     }
     return size_t{0};
   }

@@ -4,6 +4,7 @@
 // strides and symmetric padding; the variant is the rank of the library's candidate in its own
 // heuristic order, timed by the tuner at the opt shape.
 #include "device_util_host.h"
+#include "tactics/check.h"
 #include "layers/conv_common.h"
 #include "layers/conv_ranked.h"
 #include "tactics/conv_sources.h"
@@ -66,7 +67,7 @@ class FusedConvLayer final : public Layer {
       const TensorFormat wf{in[1].dtype, Layout::kNHWC};
       KILN_ASSIGN_OR_RETURN(Tensor wt, to_device_format(*desc_.in_const(1), wf));
       KILN_RETURN_IF_ERROR(staged.reserve(std::max<size_t>(wt.nbytes(), 256), "conv weights"));
-      KILN_CUDA_CHECK(cudaMemcpy(staged.get(), wt.raw(), wt.nbytes(), cudaMemcpyHostToDevice));
+      KILN_RETURN_IF_ERROR(cuda::upload(staged.get(), wt.raw(), wt.nbytes(), "conv weights"));
       return static_cast<const void*>(staged.get());
     };
     auto source = [this] {

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "device_util_host.h"
+#include "tactics/check.h"
 #include "kernels/device_util.cuh"
 #include "kernels/int8.cuh"
 #include "layers/conv_common.h"
@@ -402,8 +403,8 @@ class Int8ConvLayer final : public Layer {
       const size_t eb = host_ep_.size() * sizeof(float);
       KILN_RETURN_IF_ERROR(weights_.reserve(wb + eb, "INT8 weights"));
       auto* base = static_cast<char*>(weights_.get());
-      KILN_CUDA_CHECK(cudaMemcpy(base, host_w_.data(), host_w_.size(), cudaMemcpyHostToDevice));
-      KILN_CUDA_CHECK(cudaMemcpy(base + wb, host_ep_.data(), eb, cudaMemcpyHostToDevice));
+      KILN_RETURN_IF_ERROR(cuda::upload(base, host_w_.data(), host_w_.size(), "INT8 conv weights"));
+      KILN_RETURN_IF_ERROR(cuda::upload(base + wb, host_ep_.data(), eb, "INT8 conv epilogue"));
       e_.scale = reinterpret_cast<const float*>(base + wb);
       e_.bias = has_bias_ ? e_.scale + K_ : nullptr;
     }

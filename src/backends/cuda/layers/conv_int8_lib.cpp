@@ -6,6 +6,7 @@
 // library's own supports() refuses what it cannot fuse. The variant is the rank of the library's
 // candidate, as for the FP16/TF32 fused tactics (conv_fused.cpp).
 #include "device_util_host.h"
+#include "tactics/check.h"
 #include "kernels/activation.cuh"
 #include "layers/conv_common.h"
 #include "layers/conv_ranked.h"
@@ -121,7 +122,7 @@ class LibraryInt8ConvLayer final : public Layer {
       KILN_ASSIGN_OR_RETURN(Tensor krsc,
                             to_device_format(q, TensorFormat{DataType::kInt8, Layout::kNHWC}));
       KILN_RETURN_IF_ERROR(staged.reserve(std::max<size_t>(krsc.nbytes(), 256), "INT8 weights"));
-      KILN_CUDA_CHECK(cudaMemcpy(staged.get(), krsc.raw(), krsc.nbytes(), cudaMemcpyHostToDevice));
+      KILN_RETURN_IF_ERROR(cuda::upload(staged.get(), krsc.raw(), krsc.nbytes(), "INT8 weights"));
       return static_cast<const void*>(staged.get());
     };
     KILN_ASSIGN_OR_RETURN(current_, tactics_.get(
@@ -144,8 +145,7 @@ class LibraryInt8ConvLayer final : public Layer {
       for (int64_t k = 0; k < p.shape.k; ++k)
         bias[static_cast<size_t>(k)] = static_cast<float>(b->at_double(k));
     KILN_RETURN_IF_ERROR(bias_.reserve(bias.size() * sizeof(float), "INT8 conv bias"));
-    KILN_CUDA_CHECK(
-        cudaMemcpy(bias_.get(), bias.data(), bias.size() * sizeof(float), cudaMemcpyHostToDevice));
+    KILN_RETURN_IF_ERROR(cuda::upload(bias_.get(), bias.data(), bias.size() * sizeof(float), "INT8 conv bias"));
     return Status::Ok();
   }
 

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "device_util_host.h"
+#include "tactics/check.h"
 #include "kernels/device_util.cuh"
 #include "kernels/mma.cuh"
 #include "layers/conv_common.h"
@@ -438,11 +439,10 @@ class StemConvLayer final : public Layer {
     if (!weights_.get()) {
       const size_t wb = round_up(static_cast<int>(host_w_.size() * sizeof(__half)), 256);
       KILN_RETURN_IF_ERROR(weights_.reserve(wb + host_b_.size() * sizeof(float), "stem conv weights"));
-      KILN_CUDA_CHECK(cudaMemcpy(weights_.get(), host_w_.data(), host_w_.size() * sizeof(__half),
-                                 cudaMemcpyHostToDevice));
+      KILN_RETURN_IF_ERROR(cuda::upload(weights_.get(), host_w_.data(), host_w_.size() * sizeof(__half),
+                                        "stem conv weights"));
       bias_ = reinterpret_cast<float*>(static_cast<char*>(weights_.get()) + wb);
-      KILN_CUDA_CHECK(cudaMemcpy(bias_, host_b_.data(), host_b_.size() * sizeof(float),
-                                 cudaMemcpyHostToDevice));
+      KILN_RETURN_IF_ERROR(cuda::upload(bias_, host_b_.data(), host_b_.size() * sizeof(float), "stem conv bias"));
     }
     return size_t{0};
   }
@@ -579,10 +579,10 @@ class DirectConvPoolLayer final : public Layer {
       KILN_RETURN_IF_ERROR(weights_.reserve(wb + host_b_.size() * es + 16, "conv-pool weights"));
       auto up = [&](const std::vector<double>& v, char* dst) -> Status {
         if (double64_) {
-          KILN_CUDA_CHECK(cudaMemcpy(dst, v.data(), v.size() * sizeof(double), cudaMemcpyHostToDevice));
+          KILN_RETURN_IF_ERROR(cuda::upload(dst, v.data(), v.size() * sizeof(double), "conv-pool weights"));
         } else {
           std::vector<float> f(v.begin(), v.end());
-          KILN_CUDA_CHECK(cudaMemcpy(dst, f.data(), f.size() * sizeof(float), cudaMemcpyHostToDevice));
+          KILN_RETURN_IF_ERROR(cuda::upload(dst, f.data(), f.size() * sizeof(float), "conv-pool weights"));
         }
         return Status::Ok();
       };

@@ -31,6 +31,18 @@ inline Status cublas_status(cublasStatus_t s, const char* what) {
                        cublasLtGetStatusString(s));
 }
 
+// A host-to-device copy that has landed when it returns. cudaMemcpy from pageable host memory
+// may return once the bytes are staged, before their DMA completes (CUDA's "API synchronization
+// behavior"); kiln's streams are non-blocking, so a kernel launched next on one does not wait for
+// that copy on the legacy stream and could read the old bytes. For weights, scales and tables
+// uploaded when a layer is made or configured (never while a CUDA graph is captured).
+inline Status upload(void* dst, const void* src, size_t bytes, const char* what) {
+  if (bytes == 0) return Status::Ok();
+  Status s = cuda_status(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), what);
+  if (!s.ok()) return s;
+  return cuda_status(cudaStreamSynchronize(cudaStreamLegacy), what);
+}
+
 }  // namespace kiln::cuda
 
 #define KILN_TRY(expr) KILN_RETURN_IF_ERROR(expr)

@@ -59,8 +59,7 @@ Status set_int8_epilogue(const ConvProblem& p, LtProblem* lt) {
   std::vector<float> alpha(e.channel_scale.size());
   for (size_t i = 0; i < alpha.size(); ++i) alpha[i] = e.channel_scale[i] / sy;
   if (!lt->alpha.allocate(alpha.size() * sizeof(float))) return Status::Error("alpha allocation");
-  KILN_CUDA(cudaMemcpy(lt->alpha.get(), alpha.data(), alpha.size() * sizeof(float),
-                       cudaMemcpyHostToDevice));
+  KILN_TRY(upload(lt->alpha.get(), alpha.data(), alpha.size() * sizeof(float), "cuBLASLt alpha upload"));
   lt->alpha_vector = true;
   lt->beta = e.int8_residual() ? e.residual_scale / sy : 0.f;
   const cublasLtPointerMode_t pm = CUBLASLT_POINTER_MODE_ALPHA_DEVICE_VECTOR_BETA_HOST;

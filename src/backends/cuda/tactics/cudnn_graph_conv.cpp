@@ -124,7 +124,7 @@ struct Step {
 Status upload_scale(OpGraph* g, int64_t uid, const std::vector<float>& v) {
   DeviceBuffer b;
   if (!b.allocate(v.size() * sizeof(float))) return Status::Error("scale allocation failed");
-  KILN_CUDA(cudaMemcpy(b.get(), v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice));
+  KILN_TRY(upload(b.get(), v.data(), v.size() * sizeof(float), "cuDNN graph scale upload"));
   g->scales.emplace_back(uid, std::move(b));
   return {};
 }

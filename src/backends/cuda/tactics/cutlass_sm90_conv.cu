@@ -208,8 +208,8 @@ class CutlassInt8ConvTactic final : public ConvTactic {
         !scaled_bias_.allocate(alpha.size() * sizeof(float))) {
       return Status::Error("alpha/bias allocation failed");
     }
-    KILN_CUDA(cudaMemcpy(alpha_vector_.get(), alpha.data(), alpha.size() * sizeof(float),
-                         cudaMemcpyHostToDevice));
+    KILN_TRY(upload(alpha_vector_.get(), alpha.data(), alpha.size() * sizeof(float),
+                    "CUTLASS alpha upload"));
     beta_ = e.int8_residual() ? e.residual_scale / sy : 0.f;
     bias_scale_ = e.bias ? 1.f / sy : 0.f;
     lower_ = e.relu ? 0.f : std::numeric_limits<float>::lowest();
