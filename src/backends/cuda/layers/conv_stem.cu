@@ -124,9 +124,7 @@ __global__ void __launch_bounds__(kStemThreads, 2)
     const int iy = e / (g.IW * C), rem = e - iy * g.IW * C, ix = rem / C;
     where[i] = e < npatch ? (iy << 16) | (ix << 3) | (rem - ix * C) : -1;
   }
-  // The next tile's patch elements, one per register: packing two would consume each load as it
-  // lands, before the multiplies it is meant to overlap.
-  unsigned short pre[kStemPrefetch];
+  uint32_t pre[kStemPrefetch / 2];  // two float16 bit patterns per register (one each ran slower)
   const auto* xs = reinterpret_cast<const unsigned short*>(x);
   auto fetch = [&](int t) {
     const StemTile tl = stem_tile<POOL>(g, t);
@@ -135,9 +133,10 @@ __global__ void __launch_bounds__(kStemThreads, 2)
 #pragma unroll
     for (int i = 0; i < kStemPrefetch; ++i) {
       const int ih = ih0 + (where[i] >> 16), iw = iw0 + ((where[i] >> 3) & 0x1fff);
-      pre[i] = where[i] >= 0 && ih >= 0 && ih < g.H && iw >= 0 && iw < g.W
-                   ? xs[((img + ih) * g.W + iw) * C + (where[i] & 7)]
-                   : static_cast<unsigned short>(0);  // float16 zero: the convolution's padding
+      const uint32_t v = where[i] >= 0 && ih >= 0 && ih < g.H && iw >= 0 && iw < g.W
+                             ? xs[((img + ih) * g.W + iw) * C + (where[i] & 7)]
+                             : 0u;  // float16 zero: the convolution's padding
+      pre[i / 2] = i % 2 == 0 ? v : pre[i / 2] | (v << 16);
     }
   };
   auto place = [&](int buf) {
@@ -145,7 +144,8 @@ __global__ void __launch_bounds__(kStemThreads, 2)
 #pragma unroll
     for (int i = 0; i < kStemPrefetch; ++i)
       if (where[i] >= 0)
-        ps[(where[i] >> 16) * g.rowh + ((where[i] >> 3) & 0x1fff) * g.Cp + (where[i] & 7)] = pre[i];
+        ps[(where[i] >> 16) * g.rowh + ((where[i] >> 3) & 0x1fff) * g.Cp + (where[i] & 7)] =
+            static_cast<unsigned short>(pre[i / 2] >> (16 * (i % 2)));
   };
   // The 4 tile rows whose A fragments this lane loads: their corners (patch words) and (ly, lx).
   constexpr int NI = NT / 16;  // 8-channel mma columns per warp
