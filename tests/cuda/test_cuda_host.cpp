@@ -164,34 +164,50 @@ TEST(FormatChoice, NeverPicksAFailedCandidateAndSharesReformats) {
   EXPECT_GT(timed, 0);
 }
 
-// Tactics not yet run on a GPU stay out of every build unless KILN_UNVERIFIED_TACTICS=1; with it,
-// the stem tactic takes ResNet's 7x7/2 RGB stem in FP16 NHWC and refuses what it cannot run.
-TEST(CudaHost, UnverifiedTacticsAreOffByDefault) {
+// Gated tactics stay out of every build unless KILN_UNVERIFIED_TACTICS=1: the fused stem +
+// max-pool (slower than the unfused pair on the H100) is gated, with its reason; with the gate
+// open it takes ResNet's 7x7/2 RGB stem and 3x3/2 pool in FP16 NHWC and refuses what it cannot
+// run. The plain stem takes the same convolution ungated.
+TEST(CudaHost, GatedTacticsAreOffByDefault) {
   Graph g;
   Value* x = g.add_value("x", TensorType(DataType::kFloat32, {2, 3, 224, 224}));
   g.add_input(x);
   Value* w = g.add_constant("w", Tensor(DataType::kFloat32, {64, 3, 7, 7}));
   Value* b = g.add_constant("b", Tensor(DataType::kFloat32, {64}));
-  Node* n = g.add_node("FusedConv", "stem", {x, w, b}, {"y"}, "kiln");
-  n->attrs.set("pads", Attribute::Ints({3, 3, 3, 3}));
-  n->attrs.set("strides", Attribute::Ints({2, 2}));
-  n->attrs.set("activation", Attribute::String("Relu"));
-  g.add_output(n->output(0));
+  auto stem_node = [&](const char* op, const char* name) {
+    Node* n = g.add_node(op, name, {x, w, b}, {std::string(name) + "_y"}, "kiln");
+    n->attrs.set("pads", Attribute::Ints({3, 3, 3, 3}));
+    n->attrs.set("strides", Attribute::Ints({2, 2}));
+    n->attrs.set("activation", Attribute::String("Relu"));
+    g.add_output(n->output(0));
+    return n;
+  };
+  Node* plain = stem_node("FusedConv", "stem");
+  Node* pooled = stem_node("FusedConvPool", "stem_pool");
+  pooled->attrs.set("pool_kernel_shape", Attribute::Ints({3, 3}));
+  pooled->attrs.set("pool_strides", Attribute::Ints({2, 2}));
+  pooled->attrs.set("pool_pads", Attribute::Ints({1, 1, 1, 1}));
   ASSERT_TRUE(infer_shapes(g).ok());
-  const TacticDef* t = find_tactic("kiln.conv.stem");
-  ASSERT_TRUE(t && t->supports);
+  const TacticDef* t = find_tactic("kiln.convpool.stem");
+  const TacticDef* tp = find_tactic("kiln.conv.stem");
+  ASSERT_TRUE(t && t->supports && tp && tp->supports);
   const TensorFormat f16{DataType::kFloat16, Layout::kNHWC};
   LayerDesc d;
-  d.node = n;
+  d.node = pooled;
   d.in = {f16, TensorFormat{DataType::kFloat16, Layout::kNHWC}, TensorFormat{DataType::kFloat16}};
   d.out = {f16};
   d.precision = Precision::kFP16;
+  LayerDesc dp = d;
+  dp.node = plain;
   const char* old = std::getenv("KILN_UNVERIFIED_TACTICS");
   const std::string saved = old ? old : "";
   unsetenv("KILN_UNVERIFIED_TACTICS");
   std::string why;
   EXPECT_FALSE(t->supports(d, &why));
   EXPECT_NE(why.find("KILN_UNVERIFIED_TACTICS"), std::string::npos) << why;
+  EXPECT_NE(why.find("slower"), std::string::npos) << why;
+  why.clear();
+  EXPECT_TRUE(tp->supports(dp, &why)) << why;
   setenv("KILN_UNVERIFIED_TACTICS", "1", 1);
   why.clear();
   EXPECT_TRUE(t->supports(d, &why)) << why;

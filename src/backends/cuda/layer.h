@@ -142,10 +142,11 @@ std::span<const TacticDef> all_tactics();
 std::vector<const TacticDef*> tactics_for(std::string_view domain, std::string_view op_type);
 const TacticDef* find_tactic(std::string_view name);
 
-// Tactics written but not yet run on a GPU take part only where KILN_UNVERIFIED_TACTICS=1 (set by
-// the GPU session that first runs test-backend-ops on them, which then removes the gate): their
-// supports() asks this first, so no engine picks an unchecked kernel by default.
-bool unverified_tactics_enabled(std::string* why);
+// Gated tactics take part only where KILN_UNVERIFIED_TACTICS=1: kernels written but not yet run
+// on a GPU (the GPU session that first runs test-backend-ops on them removes the gate), and
+// kernels whose mere support changes the graph (a fusion) before the tuner could see that they
+// are slower. Their supports() asks this first with the reason, so no engine picks them by default.
+bool unverified_tactics_enabled(std::string* why, const char* reason = "not yet run on a GPU");
 
 // Ops whose nodes run on the host when shapes are set (Shape, Size), whatever their inputs.
 bool is_shape_op(std::string_view domain, std::string_view op_type);

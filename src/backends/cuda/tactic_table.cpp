@@ -37,10 +37,10 @@ std::vector<const TacticDef*> tactics_for(std::string_view domain, std::string_v
   return out;
 }
 
-bool unverified_tactics_enabled(std::string* why) {
+bool unverified_tactics_enabled(std::string* why, const char* reason) {
   const char* v = std::getenv("KILN_UNVERIFIED_TACTICS");
   if (v && std::string_view(v) == "1") return true;
-  if (why) *why = "not yet run on a GPU (KILN_UNVERIFIED_TACTICS=1 enables it)";
+  if (why) *why = std::string(reason) + " (KILN_UNVERIFIED_TACTICS=1 enables it)";
   return false;
 }
 
