@@ -18,6 +18,12 @@
 // epilogue: the tile's rows are the patch of convolution outputs under 3 x 8 pooled pixels (7 x 17
 // = 119 of the 128 rows for a 3x3/2 pool), and only the pooled pixels are written. Its fallback,
 // kiln.convpool.direct, is at the end.
+//
+// On the H100 (docs/perf.md, sixth session) both forms are correct but slow: ResNet-50's stem at
+// batch 256 takes 0.93 ms here against cuDNN's 0.60 ms (the tuner keeps cuDNN), the pooled form
+// 1.10 ms against 0.92 ms for cuDNN's stem plus the max-pool, so the pooled form stays gated
+// (unverified_tactics_enabled) and the optimizer does not fuse. The tensor-core feed is what is
+// slow (~92 TFLOPS); a profile of it is the next step.
 #include <algorithm>
 #include <vector>
 
