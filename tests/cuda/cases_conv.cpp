@@ -122,6 +122,16 @@ std::vector<OpCase> conv_cases() {
     c.domain = "kiln";
     v.push_back(c);
   }
+  // A conv case as a kiln fused layer with an activation ("Clip" clips to [0, 0.5]).
+  auto as_kiln_layer = [](OpCase& c, const char* op, const char* act) {
+    c.op_type = op;
+    c.domain = "kiln";
+    c.attrs.set("activation", Attribute::String(act));
+    if (std::string(act) == "Clip") {
+      c.attrs.set("act_min", Attribute::Float(0.f));
+      c.attrs.set("act_max", Attribute::Float(0.5f));
+    }
+  };
   // The stem kernel's problems (kiln.conv.stem: FP16 NHWC, C <= 4, K % 32 == 0): ResNet's 7x7/2
   // with pad 3 on RGB at odd sizes (tiles past the last pixel, edge taps), grayscale 3x3, 4
   // channels with a taller dilation and asymmetric padding, K = 32 (the narrow tile), no bias.
@@ -151,13 +161,7 @@ std::vector<OpCase> conv_cases() {
     OpCase c = conv(st.name, st.x, st.w, st.a, st.bias,
                     st.x[2] > 100 ? std::vector<std::string>{"nhwc16"}
                                   : std::vector<std::string>{"fp16", "nhwc16"});
-    c.op_type = "FusedConv";
-    c.domain = "kiln";
-    c.attrs.set("activation", Attribute::String(st.act));
-    if (std::string(st.act) == "Clip") {
-      c.attrs.set("act_min", Attribute::Float(0.f));
-      c.attrs.set("act_max", Attribute::Float(0.5f));
-    }
+    as_kiln_layer(c, "FusedConv", st.act);
     v.push_back(c);
   }
   // kiln.FusedConvPool (a stem with its max-pool): the stem kernel's pooled tiles (ResNet's
@@ -186,13 +190,7 @@ std::vector<OpCase> conv_cases() {
   };
   for (const ConvPool& cp : convpools) {
     OpCase c = conv(cp.name, cp.x, cp.w, cp.a, true, cp.modes);
-    c.op_type = "FusedConvPool";
-    c.domain = "kiln";
-    c.attrs.set("activation", Attribute::String(cp.act));
-    if (std::string(cp.act) == "Clip") {
-      c.attrs.set("act_min", Attribute::Float(0.f));
-      c.attrs.set("act_max", Attribute::Float(0.5f));
-    }
+    as_kiln_layer(c, "FusedConvPool", cp.act);
     c.attrs.set("pool_kernel_shape", ints_attr(cp.pk));
     c.attrs.set("pool_strides", ints_attr(cp.ps));
     c.attrs.set("pool_pads", ints_attr(cp.pp));

@@ -152,8 +152,11 @@ void run_case(const OpCase& c, const std::string& tactic, const std::string& mod
   // A failure prints its seed; KILN_TEST_SEED=that seed replays the same inputs.
   std::random_device rd;
   const char* fixed_seed = std::getenv("KILN_TEST_SEED");
-  const uint64_t seed = fixed_seed ? std::strtoull(fixed_seed, nullptr, 10)
+  char* end = nullptr;
+  const uint64_t seed = fixed_seed ? std::strtoull(fixed_seed, &end, 10)
                                    : (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  ASSERT_TRUE(!fixed_seed || (end != fixed_seed && *end == '\0'))
+      << "KILN_TEST_SEED is not a decimal seed: '" << fixed_seed << "'";
   std::mt19937_64 rng(seed);
   SCOPED_TRACE(fmt::format("seed {}", seed));
   auto g = std::make_unique<Graph>();
