@@ -193,7 +193,9 @@ def table(rows, cols):
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def build_html(bench, compare, env, title):
+def build_html(bench, compare, env, title, save_plots=None):
+    """The page; with save_plots, every plot also as DIR/<model>_<kind>.png (the README's plot:
+    scripts/report.py RESULTS --save-plots docs/img, then resnet50_throughput.png)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -207,6 +209,11 @@ def build_html(bench, compare, env, title):
                 line_plot(plt, series(bench, model, throughput), f"{model}: throughput vs batch", "images / s"),
                 speedup_plot(plt, bench, model), memory_plot(plt, bench, model)]
         parts += [f'<img src="data:image/png;base64,{i}">' for i in imgs if i]
+        if save_plots:
+            for kind, i in zip(("latency", "throughput", "speedup", "memory"), imgs):
+                if i:
+                    with open(os.path.join(save_plots, f"{model}_{kind}.png"), "wb") as f:
+                        f.write(base64.b64decode(i))
     acc = accuracy_rows(compare)
     if acc:
         parts.append("<h2>Accuracy</h2>")
@@ -235,10 +242,16 @@ def main():
     ap.add_argument("results")
     ap.add_argument("-o", "--output", default="report.html")
     ap.add_argument("--title", default="kiln benchmark report")
+    ap.add_argument("--save-plots", metavar="DIR", help="also write each plot as DIR/<model>_<kind>.png")
     args = ap.parse_args()
     try:
         bench, compare, env = load(args.results)
-        page = build_html(bench, compare, env, args.title)
+        if args.save_plots:
+            try:
+                os.makedirs(args.save_plots, exist_ok=True)
+            except OSError as e:
+                raise ReportError(f"cannot create {args.save_plots}: {e.strerror}")
+        page = build_html(bench, compare, env, args.title, args.save_plots)
         try:
             with open(args.output, "w") as f:
                 f.write(page)

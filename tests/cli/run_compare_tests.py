@@ -185,7 +185,11 @@ def report_tests(args, p):
     json.dump({"schema": "kiln.bench/1", "records": recs}, open(p("results/bench.json"), "w"))
     json.dump({"schema": "kiln.env/1", "gpu": "synthetic"}, open(p("results/env.json"), "w"))
     os.system(f"cp {p('cmp.json')} {p('results/compare.json')}")
-    expect_ok(args, "report", "report", p("results"), "-o", p("report.html"))
+    expect_ok(args, "report", "report", p("results"), "-o", p("report.html"), "--save-plots", p("plots"))
+    check("report --save-plots: each model's plots as PNG files",
+          all(open(p(f"plots/resnet_synthetic_{k}.png"), "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+              for k in ("latency", "throughput", "speedup", "memory")) if os.path.isdir(p("plots")) else False,
+          str(os.listdir(p("plots")) if os.path.isdir(p("plots")) else "no plots folder"))
     page = open(p("report.html")).read() if os.path.exists(p("report.html")) else ""
     check("report: self-contained HTML with plots and the tables", page.count("data:image/png;base64,") >= 5 and
           "Every number" in page and "Accuracy" in page and "src=\"http" not in page, f"{page.count('data:image/png')} images")

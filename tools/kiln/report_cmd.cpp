@@ -74,7 +74,7 @@ Runner add_report_command(CLI::App& app) {
   auto* cmd =
       app.add_subcommand("report", "Plots and tables of bench/compare results as one HTML page");
   struct Opts {
-    std::string dir, out = "report.html", title;
+    std::string dir, out = "report.html", title, plots;
   };
   auto o = std::make_shared<Opts>();
   cmd->add_option("results", o->dir,
@@ -82,6 +82,8 @@ Runner add_report_command(CLI::App& app) {
       ->required();
   cmd->add_option("-o,--output", o->out, "The HTML file to write (default report.html)");
   cmd->add_option("--title", o->title, "Page title");
+  cmd->add_option("--save-plots", o->plots,
+                  "Also write each plot as DIR/<model>_<kind>.png (the README's plot comes from here)");
   return [o]() -> Status {
     std::error_code ec;
     if (!fs::is_directory(o->dir, ec))
@@ -90,6 +92,7 @@ Runner add_report_command(CLI::App& app) {
     const char* py = std::getenv("PYTHON");
     std::vector<std::string> args = {py && *py ? py : "python3", script, o->dir, "-o", o->out};
     if (!o->title.empty()) args.insert(args.end(), {"--title", o->title});
+    if (!o->plots.empty()) args.insert(args.end(), {"--save-plots", o->plots});
     KILN_RETURN_IF_ERROR(run_captured(args));
     std::cout << "wrote " << o->out << "\n";
     return Status::Ok();
