@@ -239,8 +239,8 @@ void run_case(const OpCase& c, const std::string& tactic, const std::string& mod
       (void)write_npy(base + "got" + std::to_string(o) + ".npy", (*got)[o]);
     }
     if (codes) {
-      std::cout << fmt::format("[ int8     ] {}: {:.4g}% of {} codes off by one\n", c.name,
-                               100 * off, (*ref)[o].numel());
+      std::cout << fmt::format("[ int8     ] {} {} {}: {:.4g}% of {} codes off by one\n", c.name,
+                               tactic, mode, 100 * off, (*ref)[o].numel());
       // kiln's own kernels do the reference's arithmetic in its order: a code may move only
       // where an activation function differs in its last bit. The library tactics reassociate
       // the scalings (reciprocals, 1/sy folded into the channel scale): a few more move.

@@ -3,12 +3,15 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <random>
 
 #include "backends/cuda/device_util_host.h"
+#include "backends/cuda/kernels/int8.cuh"
 #include "backends/cuda/format_choice.h"
 #include "backends/cuda/layer.h"
 #include "backends/cuda/lower.h"
@@ -17,6 +20,7 @@
 #include "backends/cuda/timing_cache.h"
 #include "backends/cuda/tuner.h"
 #include "ops/op.h"
+#include "quant/int8.h"
 
 namespace kiln::gpu {
 namespace {
@@ -338,6 +342,44 @@ TEST(CudaHost, TimingCacheKeepsEntriesPerDevice) {
   std::ofstream(path) << "not json";
   EXPECT_FALSE(TimingCache::open(path, "gpu A").ok());
   std::filesystem::remove(path);
+}
+
+// The INT8 epilogues quantize by multiplying with 1 / scale and divide only near a rounding
+// boundary (kernels/int8.cuh): every code must equal the CPU reference's division. Random values
+// over many magnitudes, and values a few ulps around every half-integer boundary, where the
+// multiply alone would round the other way.
+TEST(CudaHost, QuantizeByInverseGivesTheReferenceCodes) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> mant(1.f, 2.f);
+  std::uniform_int_distribution<int> expo(-12, 6);
+  int64_t checked = 0, divided_near_boundary = 0;
+  for (int si = 0; si < 200; ++si) {
+    const float scale = std::ldexp(mant(rng), expo(rng));
+    const float inv = 1.f / scale;
+    for (int i = 0; i < 2000; ++i) {
+      const float v = std::ldexp(mant(rng), expo(rng)) * scale * (i % 2 ? -1.f : 1.f);
+      ASSERT_EQ(quantize_code_inv(v, scale, inv), quant::quantize_value(v, scale))
+          << "v " << v << " scale " << scale;
+      ++checked;
+    }
+    for (int n = -130; n <= 130; ++n) {
+      float v = (static_cast<float>(n) + 0.5f) * scale;
+      for (int k = 0; k < 8; ++k) v = std::nextafter(v, -INFINITY);
+      for (int k = 0; k < 17; ++k, v = std::nextafter(v, INFINITY)) {
+        const int8_t by_mul = static_cast<int8_t>(
+            std::fmin(std::fmax(std::rint(v * inv), -128.f), 127.f));
+        divided_near_boundary += by_mul != quant::quantize_value(v, scale);
+        ASSERT_EQ(quantize_code_inv(v, scale, inv), quant::quantize_value(v, scale))
+            << "v " << v << " scale " << scale;
+        ++checked;
+      }
+    }
+  }
+  EXPECT_EQ(quantize_code_inv(NAN, 0.5f, 2.f), 0);
+  EXPECT_EQ(quantize_code_inv(INFINITY, 0.5f, 2.f), 127);
+  EXPECT_EQ(quantize_code_inv(-1e30f, 0.5f, 2.f), -128);
+  // The multiply alone does get some boundary cases wrong: the division fallback is needed.
+  EXPECT_GT(divided_near_boundary, 0) << checked;
 }
 
 }  // namespace
