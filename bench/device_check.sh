@@ -112,7 +112,7 @@ if has int8; then
     [ -f "models/$BM.onnx" ] || python3 scripts/export_torchvision.py "$BM" "models/$BM.onnx" >/dev/null 2>&1
     timeout ${KILN_BUDGET_TIMEOUT:-300} "$KILN" build --onnx "models/$BM.onnx" --shapes input:32x3x224x224 \
       --int8 --fp16 --calib /tmp/r50_calib --accuracy-budget ${KILN_BUDGET:-0.01} \
-      --timing-cache /tmp/r50_budget.cache --save-engine /tmp/r50_budget.kiln 2>&1 | tail -25 | tee "$OUT/int8_budget.log"
+      --timing-cache /tmp/${BM}_budget.cache --save-engine /tmp/${BM}_budget.kiln 2>&1 | tail -25 | tee "$OUT/int8_budget.log"
   fi
   # Where INT8 error arises, layer by layer (kiln compare against the float64 CPU reference).
   if [[ $PARTS == *" compare "* ]]; then

@@ -19,12 +19,12 @@ S=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - S ))s] $*"; }
 
 if [ "${KILN_PROFILE_OPS:-1}" = 1 ]; then  # KILN_PROFILE_OPS=0: the kernels were checked already
-stamp "test-backend-ops int8.*"
-timeout ${KILN_PROFILE_OPS_TIMEOUT:-150} .deps/kiln_backend_ops_test --gtest_brief=1 \
-  --gtest_filter="${KILN_BACKEND_OPS_FILTER:-int8.*}" >"$OUT/backend_ops_int8.log" 2>&1
-echo "backend ops rc $?"
-grep -E "^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ tests?" "$OUT/backend_ops_int8.log" | tail -3
-grep -E "^\[  FAILED  \]" "$OUT/backend_ops_int8.log" | head -20
+  stamp "test-backend-ops int8.*"
+  timeout ${KILN_PROFILE_OPS_TIMEOUT:-150} .deps/kiln_backend_ops_test --gtest_brief=1 \
+    --gtest_filter="${KILN_BACKEND_OPS_FILTER:-int8.*}" >"$OUT/backend_ops_int8.log" 2>&1
+  echo "backend ops rc $?"
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ tests?" "$OUT/backend_ops_int8.log" | tail -3
+  grep -E "^\[  FAILED  \]" "$OUT/backend_ops_int8.log" | head -20
 fi
 
 M=models/resnet50.onnx

@@ -172,8 +172,9 @@ __global__ void __launch_bounds__(kPwThreads)
   // (16-bit shared accesses, conflict-free with the padded rows). The arithmetic is
   // epilogue_value's, with the per-channel scale and bias from shared memory, the activation
   // resolved at compile time and the quantizing division replaced by a multiply that divides
-  // only near a rounding boundary (quantize_code_inv): the same codes, a third of the
-  // instructions per element, which is what these memory-bound layers are short of.
+  // only near a rounding boundary (quantize_code_inv): the same codes, fewer instructions per
+  // element. (On the H100 this did not make the kernel win a layer: per tile it still loads,
+  // multiplies and stores in turn, so its 1x1 layers wait on memory latency; docs/perf.md.)
   const float inv_sy = 1.f / e.sy;
   const bool has_z = z != nullptr;
 #pragma unroll
