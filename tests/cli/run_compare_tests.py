@@ -193,6 +193,8 @@ def report_tests(args, p):
     page = open(p("report.html")).read() if os.path.exists(p("report.html")) else ""
     check("report: self-contained HTML with plots and the tables", page.count("data:image/png;base64,") >= 5 and
           "Every number" in page and "Accuracy" in page and "src=\"http" not in page, f"{page.count('data:image/png')} images")
+    expect_error(args, "report --save-plots onto a file", "cannot create", "report", p("results"), "-o", p("r.html"),
+                 "--save-plots", p("report.html"))
     os.makedirs(p("empty"))
     expect_error(args, "report on an empty folder", "no *.json", "report", p("empty"), "-o", p("r.html"))
     open(p("results/broken.json"), "w").write("{not json")
