@@ -11,13 +11,13 @@ trap 'rm -rf "$STAGE"' EXIT
 cp "$BUILD/kiln" "$STAGE/"
 # KILN_DEPS_LEAN=1: the CLI alone (room in the 64 MiB for data a call carries beside it).
 TESTS="kiln_backend_ops_test kiln_cuda_tactics_test kiln_cuda_engine_test kiln_cuda_compare_test kiln_cuda_calib_test kiln_timing_check"
-TESTS="$TESTS kiln_cuda_int8_test"  # kiln_cuda_host_test needs no GPU: it runs here (ctest)
+TESTS="$TESTS kiln_cuda_int8_test kiln_int8_pw_bench"  # kiln_cuda_host_test needs no GPU: it runs here (ctest)
 [ "${KILN_DEPS_LEAN:-0}" = 1 ] && TESTS=""
 for t in $TESTS; do
-  [ -x "$BUILD/tests/cuda/$t" ] && cp "$BUILD/tests/cuda/$t" "$STAGE/"
+  for d in tests/cuda bench/kernels; do [ -x "$BUILD/$d/$t" ] && cp "$BUILD/$d/$t" "$STAGE/"; done
 done
 for lib in libprotobuf.so.32 libfmt.so.9 libstb.so.0; do cp -L "/lib/x86_64-linux-gnu/$lib" "$STAGE/"; done
-strip --strip-unneeded "$STAGE"/kiln "$STAGE"/kiln_*_test "$STAGE"/kiln_timing_check 2>/dev/null || true
+strip --strip-unneeded "$STAGE"/kiln "$STAGE"/kiln_*_test "$STAGE"/kiln_timing_check "$STAGE"/kiln_int8_pw_bench 2>/dev/null || true
 rm -rf .deps && mkdir -p .deps
 # The programs share most of their bytes (kiln's GPU code): one xz stream with a dictionary
 # larger than a program finds each repeat (multi-threaded xz would cut it into blocks).

@@ -382,5 +382,56 @@ TEST(CudaHost, QuantizeByInverseGivesTheReferenceCodes) {
   EXPECT_GT(divided_near_boundary, 0) << checked;
 }
 
+// The pointwise epilogue quantizes two values at once with a fixed margin around half-integers
+// and ReLU folded into the clamp (quantize_pair_inv): each code must equal the CPU reference's
+// quantize_value of v (or of ReLU(v)), for random values over many magnitudes and values a few
+// ulps around every half-integer, NaN and infinities included.
+TEST(CudaHost, QuantizePairGivesTheReferenceCodes) {
+  std::mt19937 rng(12);
+  std::uniform_real_distribution<float> mant(1.f, 2.f);
+  std::uniform_int_distribution<int> expo(-12, 6);
+  auto check = [](float v0, float v1, float scale, float inv) {
+    const uint32_t plain = quantize_pair_inv<false>(v0, v1, scale, inv);
+    const uint32_t relu = quantize_pair_inv<true>(v0, v1, scale, inv);
+    auto r = [](float v) { return v > 0.f ? v : 0.f; };
+    ASSERT_EQ(static_cast<int8_t>(plain & 0xff), quant::quantize_value(v0, scale)) << v0 << " " << scale;
+    ASSERT_EQ(static_cast<int8_t>(plain >> 8 & 0xff), quant::quantize_value(v1, scale)) << v1;
+    ASSERT_EQ(static_cast<int8_t>(relu & 0xff), quant::quantize_value(r(v0), scale)) << v0;
+    ASSERT_EQ(static_cast<int8_t>(relu >> 8 & 0xff), quant::quantize_value(r(v1), scale)) << v1;
+  };
+  int64_t checked = 0;
+  for (int si = 0; si < 200; ++si) {
+    const float scale = std::ldexp(mant(rng), expo(rng));
+    const float inv = 1.f / scale;
+    for (int i = 0; i < 2000; ++i, ++checked) {
+      const float v0 = std::ldexp(mant(rng), expo(rng)) * scale * (i % 2 ? -1.f : 1.f);
+      const float v1 = std::ldexp(mant(rng), expo(rng)) * scale * (i % 3 ? 1.f : -1.f);
+      ASSERT_NO_FATAL_FAILURE(check(v0, v1, scale, inv));
+    }
+    for (int n = -130; n <= 130; ++n) {
+      float v = (static_cast<float>(n) + 0.5f) * scale;
+      for (int k = 0; k < 8; ++k) v = std::nextafter(v, -INFINITY);
+      for (int k = 0; k < 17; ++k, v = std::nextafter(v, INFINITY), ++checked) {
+        ASSERT_NO_FATAL_FAILURE(check(v, 3.f * scale, scale, inv));
+        ASSERT_NO_FATAL_FAILURE(check(-2.f * scale, v, scale, inv));
+      }
+    }
+  }
+  for (float odd : {NAN, INFINITY, -INFINITY, -0.f, 0.f, 1e30f, -1e30f})
+    for (float other : {0.7f, -127.5f, 127.5f, -128.5f})
+      ASSERT_NO_FATAL_FAILURE(check(odd, other, 1.f, 1.f));
+  EXPECT_GT(checked, 400000);
+}
+
+// The INT8 epilogues convert accumulators of at most 256 products (|acc| <= 2^22) and codes by
+// adding and subtracting 1.5 * 2^23 (kernels/int8.cuh): exact over the whole range, both ends
+// included.
+TEST(CudaHost, SmallIntToFloatIsExactUpTo2To22) {
+  for (int32_t i = -(1 << 22); i <= (1 << 22); ++i)
+    ASSERT_EQ(small_int_to_float(i), static_cast<float>(i)) << i;
+  // Just past the bound the trick no longer holds, which is why the kernels check the bound.
+  EXPECT_NE(small_int_to_float((1 << 22) + 1), static_cast<float>((1 << 22) + 1));
+}
+
 }  // namespace
 }  // namespace kiln::gpu

@@ -289,14 +289,17 @@ bool int8_supports(const LayerDesc& d, std::string* why) {
   return true;
 }
 
-// Which kernel a tactic runs: the implicit GEMM on tensor cores or on __dp4a, or the pipelined
-// one for int8 chains with 64-channel multiples (conv_int8_pipelined.cu).
-enum class Int8Kernel { kMma, kDp4a, kPipelined };
+// Which kernel a tactic runs: the implicit GEMM on tensor cores or on __dp4a, the pipelined one
+// for int8 chains with 64-channel multiples (conv_int8_pipelined.cu), or the persistent
+// pointwise one for their 1x1 layers (conv_int8_pointwise.cu).
+enum class Int8Kernel { kMma, kDp4a, kPipelined, kPointwise };
 
 class Int8ConvLayer final : public Layer {
  public:
   Int8ConvLayer(const LayerDesc& d, Int8Kernel kernel)
-      : node_(d.node), kernel_(kernel), tile_n_(d.variant == "n64" ? 64 : 128) {}
+      : node_(d.node),
+        kernel_(kernel),
+        tile_n_(d.variant == "n64" ? 64 : 128) {}
 
   // Host side, once: int8 weights [K][R][S][C] and the epilogue's per-channel arrays.
   Status init(const LayerDesc& d) {
@@ -390,8 +393,8 @@ class Int8ConvLayer final : public Layer {
             0,
             0};
     }
-    if (kernel_ == Int8Kernel::kPipelined)
-      KILN_CUDA_CHECK(prepare_int8_pipelined());
+    if (kernel_ == Int8Kernel::kPipelined) KILN_CUDA_CHECK(prepare_int8_pipelined());
+    if (kernel_ == Int8Kernel::kPointwise) KILN_CUDA_CHECK(prepare_int8_pointwise());
     g_.M = g_.N * g_.P * g_.Q;
     g_.KW = g_.R * g_.S * g_.C4;
     if (in[0].numel() >= (int64_t(1) << 33) || out[0].numel() >= (int64_t(1) << 31) ||
@@ -419,13 +422,15 @@ class Int8ConvLayer final : public Layer {
       e.z = in[3].data;
       e.z_type = in[3].dtype;
     }
-    if (kernel_ == Int8Kernel::kPipelined) {
+    if (kernel_ == Int8Kernel::kPipelined || kernel_ == Int8Kernel::kPointwise) {
       if (out[0].dtype != DataType::kInt8)
         return KILN_ERROR("{}: the pipelined INT8 kernel writes int8 only", node_->label());
-      const char* why = launch_int8_pipelined(
+      const bool pw = kernel_ == Int8Kernel::kPointwise;
+      const char* why = (pw ? launch_int8_pointwise : launch_int8_pipelined)(
           static_cast<const int8_t*>(in[0].data), static_cast<const int8_t*>(weights_.get()),
           static_cast<int8_t*>(out[0].data), g_, e, K_ % tile_n_ == 0 ? tile_n_ : 64, rc.stream);
-      if (*why) return KILN_ERROR("{}: pipelined INT8 kernel: {}", node_->label(), why);
+      if (*why)
+        return KILN_ERROR("{}: {} INT8 kernel: {}", node_->label(), pw ? "pointwise" : "pipelined", why);
       KILN_CUDA_LAUNCH_CHECK("INT8 pipelined conv kernel");
       return Status::Ok();
     }
@@ -463,7 +468,7 @@ class Int8ConvLayer final : public Layer {
 
   const Node* node_;
   Int8Kernel kernel_;
-  int tile_n_;  // the pipelined kernel's output channels per block (variant n128 / n64)
+  int tile_n_;  // the pipelined/pointwise kernel's output channels per block (variant n128 / n64)
   bool conv_ = true, transposed_ = false, has_bias_ = false;
   int64_t K_ = 0, C_ = 0, R_ = 1, S_ = 1;
   std::vector<int8_t> host_w_;
@@ -496,9 +501,31 @@ std::vector<std::string> pipelined_variants(const LayerDesc& d) {
   return {"n64"};
 }
 
+// The persistent pointwise kernel's problems (conv_int8_pointwise.cu): the pipelined kernel's,
+// as a 1x1 convolution without padding (any stride), C of 64, 128 or 256, no activation or ReLU.
+// Its variants are the pipelined kernel's (128 or 64 output channels per block).
+bool pointwise_supports(const LayerDesc& d, std::string* why) {
+  if (!pipelined_supports(d, why)) return false;
+  const Node& n = *d.node;
+  const Tensor* w = d.in_const(1);
+  if (w->rank() != 4 || w->dim(2) != 1 || w->dim(3) != 1) return *why = "not a 1x1 convolution", false;
+  const auto pads = n.attrs.get_ints("pads", {});
+  if (std::any_of(pads.begin(), pads.end(), [](int64_t p) { return p != 0; }) ||
+      n.attrs.get_string("auto_pad", "NOTSET") != "NOTSET")
+    return *why = "padded", false;
+  if (const int64_t C = w->dim(1); C != 64 && C != 128 && C != 256)
+    return *why = "C must be 64, 128 or 256 (the weight slice stays in shared memory)", false;
+  ActParams act;
+  read_activation(n.attrs, &act);
+  if (act.act != Act::kNone && act.act != Act::kRelu) return *why = "activations other than ReLU", false;
+  return true;
+}
+
 Expected<std::unique_ptr<Layer>> create_int8(const LayerDesc& d, Int8Kernel kernel) {
   std::string why;
-  const bool ok = kernel == Int8Kernel::kPipelined ? pipelined_supports(d, &why) : int8_supports(d, &why);
+  const bool ok = kernel == Int8Kernel::kPipelined    ? pipelined_supports(d, &why)
+                  : kernel == Int8Kernel::kPointwise ? pointwise_supports(d, &why)
+                                                     : int8_supports(d, &why);
   if (!ok) return KILN_ERROR("{}: INT8 kernel: {}", d.node->label(), why);
   auto layer = std::make_unique<Int8ConvLayer>(d, kernel);
   KILN_RETURN_IF_ERROR(layer->init(d));
@@ -522,6 +549,12 @@ Expected<std::unique_ptr<Layer>> create_int8_conv_dp4a(const LayerDesc& d) {
 }
 Expected<std::unique_ptr<Layer>> create_int8_pipelined(const LayerDesc& d) {
   return create_int8(d, Int8Kernel::kPipelined);
+}
+bool int8_pointwise_supports(const LayerDesc& d, std::string* why) {
+  return pointwise_supports(d, why);
+}
+Expected<std::unique_ptr<Layer>> create_int8_pointwise(const LayerDesc& d) {
+  return create_int8(d, Int8Kernel::kPointwise);
 }
 
 }  // namespace kiln::gpu

@@ -51,4 +51,13 @@ cudaError_t prepare_int8_pipelined();
 const char* launch_int8_pipelined(const int8_t* x, const int8_t* w, int8_t* y, const Int8Geom& g,
                                   const Int8Epilogue& e, int tile_n, cudaStream_t stream);
 
+// The persistent pointwise kernel (conv_int8_pointwise.cu): 1x1 without padding, any stride,
+// C of 64, 128 or 256, K % tile_n == 0 (64 or 128), Y int8, the residual int8 or absent, no
+// activation or ReLU. int8_pointwise_unfit says why a geometry does not fit ("" when it does);
+// prepare (configure time) makes the shared-memory opt-in and finds how many blocks fit per SM.
+cudaError_t prepare_int8_pointwise();
+const char* int8_pointwise_unfit(const Int8Geom& g, int tile_n);
+const char* launch_int8_pointwise(const int8_t* x, const int8_t* w, int8_t* y, const Int8Geom& g,
+                                  const Int8Epilogue& e, int tile_n, cudaStream_t stream);
+
 }  // namespace kiln::gpu

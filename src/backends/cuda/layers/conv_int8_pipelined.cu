@@ -12,10 +12,10 @@
 //     start, overlapping the whole reduction;
 //   - the epilogue (epilogue_value's arithmetic, the CPU reference's codes) reads the residual
 //     from shared memory and writes the int8 result in its place, two channels per access, with
-//     the channel scales and biases staged in shared memory, the activation compiled in and the
-//     quantizing division done by a multiply except near a rounding boundary; the tile then
-//     leaves in 16-byte coalesced stores.
-#include "layers/conv_int8.cuh"
+//     the channel scales and biases staged in shared memory, the activation compiled in, no
+//     conversion instruction and the quantizing division done by a multiply except near a
+//     rounding boundary; the tile then leaves in 16-byte coalesced stores.
+#include "layers/conv_int8_pw.cuh"
 
 namespace kiln::gpu {
 namespace {
@@ -31,37 +31,9 @@ constexpr int smem_bytes() {
   return 2 * kPwM * kPwRowWords * 4 + 2 * N * kPwRowWords * 4 + kPwM * (N + kPwOutPad) + N * 8;
 }
 
-// Activation modes compiled into the kernel: none, ReLU, or any other through apply_act.
-enum PwAct { kPwNone = 0, kPwRelu = 1, kPwAny = 2 };
-
-// epilogue_value's arithmetic (conv_int8.cuh) for one element, with the channel's scale and
-// bias given (bias 0 when the layer has none: adding +0 changes no code) and z its residual code.
-template <int Act>
-__device__ __forceinline__ float pw_value(int32_t acc, float scale, float bias,
-                                          const Int8Epilogue& e, bool has_z, int8_t z) {
-  float v = __fmul_rn(static_cast<float>(acc), scale);
-  if (e.alpha != 1.f) v = __fmul_rn(v, e.alpha);
-  v = __fadd_rn(v, bias);
-  if (has_z) v = __fadd_rn(v, dequantize_code(z, e.sz));
-  if constexpr (Act == kPwNone) return v;
-  else if constexpr (Act == kPwRelu) return v > 0.f ? v : 0.f;
-  else return apply_act(v, e.act);
-}
-
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  // src-size 0 zero-fills the chunk without reading (rows past the last pixel).
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
-               "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int Pending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending));
-}
-
-// N: output channels per block (128, or 64 when K is not a multiple of 128); Act: a PwAct.
-template <int N, int Act>
+// N: output channels per block (128, or 64 when K is not a multiple of 128); Act: a PwAct;
+// SmallAcc: the reduction has at most 256 products (R * S * C <= 256), so |acc| <= 2^22.
+template <int N, int Act, bool SmallAcc>
 __global__ void __launch_bounds__(kPwThreads)
     int8_pipelined(const int8_t* __restrict__ x, const int8_t* __restrict__ w,
                    int8_t* __restrict__ y, Int8Geom g, Int8Epilogue e) {
@@ -170,32 +142,13 @@ __global__ void __launch_bounds__(kPwThreads)
   // The residual landed with the last wait. Each pair of adjacent channels of the tile belongs to
   // one thread, which reads its two residual codes and writes its two output codes in their place
   // (16-bit shared accesses, conflict-free with the padded rows). The arithmetic is
-  // epilogue_value's, with the per-channel scale and bias from shared memory, the activation
-  // resolved at compile time and the quantizing division replaced by a multiply that divides
-  // only near a rounding boundary (quantize_code_inv): the same codes, fewer instructions per
-  // element. (On the H100 this did not make the kernel win a layer: per tile it still loads,
-  // multiplies and stores in turn, so its 1x1 layers wait on memory latency; docs/perf.md.)
-  const float inv_sy = 1.f / e.sy;
-  const bool has_z = z != nullptr;
-#pragma unroll
-  for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-    for (int ni = 0; ni < NI; ++ni) {
-      const int col = wn + ni * 8 + tq * 2;
-      const float4 sb2 = *reinterpret_cast<const float4*>(sb + 2 * col);  // s0 b0 s1 b1
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        auto* p = reinterpret_cast<uint16_t*>(zy + (wm + mi * 16 + gq + 8 * h) * kZyRow + col);
-        const unsigned zz = has_z ? *p : 0u;
-        const unsigned q0 = static_cast<uint8_t>(quantize_code_inv(
-            pw_value<Act>(acc[mi][ni][2 * h], sb2.x, sb2.y, e, has_z, static_cast<int8_t>(zz & 0xff)),
-            e.sy, inv_sy));
-        const unsigned q1 = static_cast<uint8_t>(quantize_code_inv(
-            pw_value<Act>(acc[mi][ni][2 * h + 1], sb2.z, sb2.w, e, has_z, static_cast<int8_t>(zz >> 8)),
-            e.sy, inv_sy));
-        *p = static_cast<uint16_t>(q0 | (q1 << 8));
-      }
-    }
+  // epilogue_value's, with the per-channel scale and bias from shared memory, and written for the
+  // instruction count, since the epilogue, not memory, bounded this kernel's 1x1 layers on the H100
+  // (its conversions run at a quarter of the float rate; docs/perf.md): the accumulator and the
+  // residual codes become floats without the conversion unit, the activation is resolved at compile
+  // time (ReLU folded into the quantizing clamp), and the quantizing division is a multiply that
+  // divides only near a rounding boundary (quantize_pair_inv): the same codes.
+  pw_epilogue<N, Act, SmallAcc>(acc, zy, kZyRow, sb, wm, wn, lane, e, z != nullptr);
   __syncthreads();
   for (int i = tid; i < kPwM * kRowChunks; i += kPwThreads) {
     const int r = i / kRowChunks, c = i % kRowChunks;
@@ -205,28 +158,46 @@ __global__ void __launch_bounds__(kPwThreads)
   }
 }
 
+template <int N, bool SmallAcc>
+void launch_act(const int8_t* x, const int8_t* w, int8_t* y, const Int8Geom& g,
+                const Int8Epilogue& e, cudaStream_t stream) {
+  constexpr int bytes = smem_bytes<N>();
+  const dim3 grid(g.K / N, (g.M + kPwM - 1) / kPwM);
+  if (e.act.act == Act::kNone)
+    int8_pipelined<N, kPwNone, SmallAcc><<<grid, kPwThreads, bytes, stream>>>(x, w, y, g, e);
+  else
+    int8_pipelined<N, kPwRelu, SmallAcc><<<grid, kPwThreads, bytes, stream>>>(x, w, y, g, e);
+}
+
 template <int N>
 const char* launch(const int8_t* x, const int8_t* w, int8_t* y, const Int8Geom& g,
                    const Int8Epilogue& e, cudaStream_t stream) {
-  constexpr int bytes = smem_bytes<N>();
-  const dim3 grid(g.K / N, (g.M + kPwM - 1) / kPwM);
-  switch (e.act.act) {
-    case Act::kNone:
-      int8_pipelined<N, kPwNone><<<grid, kPwThreads, bytes, stream>>>(x, w, y, g, e);
-      break;
-    case Act::kRelu:
-      int8_pipelined<N, kPwRelu><<<grid, kPwThreads, bytes, stream>>>(x, w, y, g, e);
-      break;
-    default:
-      int8_pipelined<N, kPwAny><<<grid, kPwThreads, bytes, stream>>>(x, w, y, g, e);
+  if (e.act.act != Act::kNone && e.act.act != Act::kRelu) {
+    // Any other activation: apply_act at run time, the accumulator converted by the conversion unit.
+    int8_pipelined<N, kPwAny, false>
+        <<<dim3(g.K / N, (g.M + kPwM - 1) / kPwM), kPwThreads, smem_bytes<N>(), stream>>>(x, w, y,
+                                                                                          g, e);
+  } else if (g.KW * 4 <= 256) {
+    launch_act<N, true>(x, w, y, g, e, stream);
+  } else {
+    launch_act<N, false>(x, w, y, g, e, stream);
   }
   return "";
 }
 
-template <int N, int Act>
+template <int N, int Act, bool SmallAcc>
 cudaError_t allow_smem() {
-  return cudaFuncSetAttribute(int8_pipelined<N, Act>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              smem_bytes<N>());
+  return cudaFuncSetAttribute(int8_pipelined<N, Act, SmallAcc>,
+                              cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<N>());
+}
+
+template <int N>
+cudaError_t allow_smem_all() {
+  for (cudaError_t e : {allow_smem<N, kPwNone, true>(), allow_smem<N, kPwRelu, true>(),
+                        allow_smem<N, kPwNone, false>(), allow_smem<N, kPwRelu, false>(),
+                        allow_smem<N, kPwAny, false>()})
+    if (e != cudaSuccess) return e;
+  return cudaSuccess;
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -236,11 +207,8 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 cudaError_t prepare_int8_pipelined() {
   // Over the default 48 KiB of dynamic shared memory: an opt-in per kernel and device, made at
   // configure time (not while a run may be captured into a CUDA graph).
-  for (cudaError_t e : {allow_smem<128, kPwNone>(), allow_smem<128, kPwRelu>(),
-                        allow_smem<128, kPwAny>(), allow_smem<64, kPwNone>(),
-                        allow_smem<64, kPwRelu>(), allow_smem<64, kPwAny>()})
-    if (e != cudaSuccess) return e;
-  return cudaSuccess;
+  const cudaError_t e = allow_smem_all<128>();
+  return e != cudaSuccess ? e : allow_smem_all<64>();
 }
 
 const char* launch_int8_pipelined(const int8_t* x, const int8_t* w, int8_t* y, const Int8Geom& g,
@@ -249,6 +217,7 @@ const char* launch_int8_pipelined(const int8_t* x, const int8_t* w, int8_t* y, c
     return "C must be a multiple of 64 and K of the tile's channels (64 or 128)";
   if ((static_cast<int64_t>(g.M) + kPwM - 1) / kPwM > 65535) return "too many output pixels";
   if (e.z && e.z_type != DataType::kInt8) return "the residual is not int8";
+  if (e.alpha != 1.f) return "Gemm's alpha (convolutions only)";
   if (!aligned16(x) || !aligned16(w) || !aligned16(y) || (e.z && !aligned16(e.z)))
     return "a tensor is not 16-byte aligned";
   return tile_n == 128 ? launch<128>(x, w, y, g, e, stream) : launch<64>(x, w, y, g, e, stream);

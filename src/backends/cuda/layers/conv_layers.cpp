@@ -30,6 +30,8 @@ bool conv_pool_direct_supports(const LayerDesc& d, std::string* why);  // conv_s
 Expected<std::unique_ptr<Layer>> create_conv_pool_direct(const LayerDesc& d);
 std::vector<std::string> int8_pipelined_variants(const LayerDesc& d);
 Expected<std::unique_ptr<Layer>> create_int8_pipelined(const LayerDesc& d);  // conv_int8_pipelined.cu
+bool int8_pointwise_supports(const LayerDesc& d, std::string* why);
+Expected<std::unique_ptr<Layer>> create_int8_pointwise(const LayerDesc& d);  // conv_int8_pointwise.cu
 
 namespace {
 
@@ -290,6 +292,8 @@ const TacticDef kConvTactics[] = {
      create_int8_conv_dp4a},
     {"kiln", "FusedConv", "conv_int8.pipelined", kI8 | kF32 | kF16 | kNHWC, 0,
      int8_pipelined_supports, create_int8_pipelined, int8_pipelined_variants},
+    {"kiln", "FusedConv", "conv_int8.pointwise", kI8 | kF32 | kF16 | kNHWC, 0,
+     int8_pointwise_supports, create_int8_pointwise, int8_pipelined_variants},
     {"", "ConvTranspose", "cudnn.convt", kF32 | kF16 | kF64, 0, convt_supports, create_convt},
 };
 

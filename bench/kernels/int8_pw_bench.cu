@@ -1,0 +1,167 @@
+// kiln_int8_pw_bench: kiln's INT8 convolution kernels (pipelined, persistent pointwise) alone on ResNet-50's 1x1 shapes at batch
+// 256 (issue 10's speed work), against the bytes they must move. For each shape: random int8
+// X, W and residual, one run of each kernel checked code for code against the first kernel's
+// output, then CUDA-event medians; the bytes (X + W + residual + Y) over the median give the
+// achieved bandwidth, beside a device-to-device copy of as many bytes (what the memory can do).
+// Usage: kiln_int8_pw_bench [runs]   (a GPU machine; the layers' own tests are test-backend-ops)
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "layers/conv_int8.cuh"
+
+namespace {
+
+using kiln::gpu::Int8Epilogue;
+using kiln::gpu::Int8Geom;
+
+#define PW_CHECK(call)                                                                          \
+  do {                                                                                          \
+    cudaError_t e_ = (call);                                                                    \
+    if (e_ != cudaSuccess) {                                                                    \
+      std::fprintf(stderr, "kiln_int8_pw_bench: %s: %s\n", #call, cudaGetErrorString(e_));     \
+      std::exit(1);                                                                             \
+    }                                                                                           \
+  } while (0)
+
+struct Shape {
+  const char* name;
+  int n, h, w, c, k, stride;
+  bool residual;
+};
+
+template <typename T>
+T* upload(const std::vector<T>& v) {
+  T* d = nullptr;
+  PW_CHECK(cudaMalloc(&d, v.size() * sizeof(T)));
+  PW_CHECK(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+
+template <typename F>
+float median_ms(F&& f, int runs) {
+  cudaEvent_t a, b;
+  PW_CHECK(cudaEventCreate(&a));
+  PW_CHECK(cudaEventCreate(&b));
+  for (int i = 0; i < 3; ++i) f();
+  std::vector<float> t;
+  for (int i = 0; i < runs; ++i) {
+    PW_CHECK(cudaEventRecord(a));
+    f();
+    PW_CHECK(cudaEventRecord(b));
+    PW_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    PW_CHECK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms);
+  }
+  std::sort(t.begin(), t.end());
+  PW_CHECK(cudaEventDestroy(a));
+  PW_CHECK(cudaEventDestroy(b));
+  return t[t.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int runs = argc > 1 ? std::atoi(argv[1]) : 20;
+  int dev_count = 0;
+  if (cudaGetDeviceCount(&dev_count) != cudaSuccess || dev_count == 0) {
+    std::printf("kiln_int8_pw_bench: no CUDA device: skipped\n");
+    return 0;
+  }
+  cudaDeviceProp prop{};
+  PW_CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("gpu %s, %d SMs, runs %d (median)\n", prop.name, prop.multiProcessorCount, runs);
+  PW_CHECK(kiln::gpu::prepare_int8_pipelined());
+  PW_CHECK(kiln::gpu::prepare_int8_pointwise());
+  const Shape shapes[] = {
+      {"s1 expand 64->256 +res", 256, 56, 56, 64, 256, 1, true},
+      {"s1 expand 64->256", 256, 56, 56, 64, 256, 1, false},
+      {"s1 reduce 256->64", 256, 56, 56, 256, 64, 1, false},
+      {"s2 reduce 256->128", 256, 56, 56, 256, 128, 1, false},
+      {"s2 expand 128->512 +res", 256, 28, 28, 128, 512, 1, true},
+      {"s3 expand 256->1024 +res", 256, 14, 14, 256, 1024, 1, true},
+      {"s2 downsample 256->512 s2", 256, 56, 56, 256, 512, 2, false},
+  };
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int> code(-128, 127), wcode(-127, 127);
+  for (const Shape& s : shapes) {
+    Int8Geom g{};
+    g.N = s.n, g.H = s.h, g.W = s.w, g.C4 = s.c / 4, g.K = s.k, g.R = g.S = 1;
+    g.P = (s.h - 1) / s.stride + 1, g.Q = (s.w - 1) / s.stride + 1;
+    g.sh = g.sw = s.stride, g.dh = g.dw = 1, g.ph = g.pw = 0;
+    g.M = g.N * g.P * g.Q, g.KW = g.C4;
+    const size_t xn = static_cast<size_t>(s.n) * s.h * s.w * s.c, wn = size_t(s.k) * s.c,
+                 yn = size_t(g.M) * s.k;
+    std::vector<int8_t> hx(xn), hw(wn), hz(s.residual ? yn : 0);
+    for (auto& v : hx) v = static_cast<int8_t>(code(rng));
+    for (auto& v : hw) v = static_cast<int8_t>(wcode(rng));
+    for (auto& v : hz) v = static_cast<int8_t>(code(rng));
+    std::vector<float> hsb(2 * s.k);
+    for (int i = 0; i < s.k; ++i) hsb[i] = 1e-3f * (1 + i % 7), hsb[s.k + i] = 0.01f * (i % 5 - 2);
+    int8_t *x = upload(hx), *w = upload(hw), *z = s.residual ? upload(hz) : nullptr;
+    float* sb = upload(hsb);
+    int8_t *y = nullptr, *y_ref = nullptr;
+    PW_CHECK(cudaMalloc(&y, yn));
+    PW_CHECK(cudaMalloc(&y_ref, yn));
+    Int8Epilogue e;
+    e.scale = sb, e.bias = sb + s.k, e.z = z, e.sz = 0.05f, e.sy = 0.04f;
+    e.z_type = s.residual ? kiln::DataType::kInt8 : kiln::DataType::kUndefined;
+    e.act.act = kiln::gpu::Act::kRelu;
+    const double bytes = double(s.n) * s.h * s.w * s.c / (s.stride * s.stride) + wn +
+                         (s.residual ? 2.0 : 1.0) * double(yn);
+    std::printf("%-28s M %d C %d K %d: %.1f MB moved at least\n", s.name, g.M, s.c, s.k, bytes / 1e6);
+    // The floor: a device-to-device copy of as many bytes (read + write counted, as above).
+    int8_t *ca = nullptr, *cb = nullptr;
+    PW_CHECK(cudaMalloc(&ca, size_t(bytes / 2)));
+    PW_CHECK(cudaMalloc(&cb, size_t(bytes / 2)));
+    const float copy_ms =
+        median_ms([&] { PW_CHECK(cudaMemcpyAsync(cb, ca, size_t(bytes / 2), cudaMemcpyDeviceToDevice)); }, runs);
+    std::printf("    %-22s %8.4f ms %7.0f GB/s\n", "copy (floor)", copy_ms, bytes / copy_ms / 1e6);
+    PW_CHECK(cudaFree(ca));
+    PW_CHECK(cudaFree(cb));
+    struct Kernel {
+      std::string name;
+      std::function<const char*()> launch;
+    };
+    std::vector<Kernel> kernels = {
+        {"pipelined n64", [&] { return kiln::gpu::launch_int8_pipelined(x, w, y, g, e, 64, 0); }},
+        {"pipelined n128", [&] { return kiln::gpu::launch_int8_pipelined(x, w, y, g, e, 128, 0); }},
+        {"pointwise n64", [&] { return kiln::gpu::launch_int8_pointwise(x, w, y, g, e, 64, 0); }},
+        {"pointwise n128", [&] { return kiln::gpu::launch_int8_pointwise(x, w, y, g, e, 128, 0); }},
+    };
+    bool first = true;
+    for (const Kernel& k : kernels) {
+      PW_CHECK(cudaMemset(y, 0x55, yn));
+      const char* why = k.launch();
+      if (*why) {
+        std::printf("    %-22s not applicable: %s\n", k.name.c_str(), why);
+        continue;
+      }
+      PW_CHECK(cudaDeviceSynchronize());
+      if (first) {
+        PW_CHECK(cudaMemcpy(y_ref, y, yn, cudaMemcpyDeviceToDevice));
+        first = false;
+      } else {
+        std::vector<int8_t> a(yn), b(yn);
+        PW_CHECK(cudaMemcpy(a.data(), y, yn, cudaMemcpyDeviceToHost));
+        PW_CHECK(cudaMemcpy(b.data(), y_ref, yn, cudaMemcpyDeviceToHost));
+        size_t diff = 0;
+        for (size_t i = 0; i < yn; ++i) diff += a[i] != b[i];
+        if (diff) std::printf("    %-22s %zu codes differ from the first kernel's\n", k.name.c_str(), diff);
+      }
+      const float ms = median_ms([&] { k.launch(); }, runs);
+      std::printf("    %-22s %8.4f ms %7.0f GB/s\n", k.name.c_str(), ms, bytes / ms / 1e6);
+    }
+    PW_CHECK(cudaGetLastError());
+    for (void* p : {(void*)x, (void*)w, (void*)z, (void*)sb, (void*)y, (void*)y_ref})
+      if (p) PW_CHECK(cudaFree(p));
+  }
+  return 0;
+}

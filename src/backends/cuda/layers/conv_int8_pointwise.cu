@@ -1,0 +1,230 @@
+// The persistent pointwise INT8 convolution (conv_int8.pipelined's pw64 / pw128 variants): a 1x1
+// convolution without padding (any stride), C of 64, 128 or 256 input channels and K a multiple of
+// the block's N output channels, Y int8 and the residual int8 or absent: ResNet's expand, reduce
+// and downsample layers in an INT8 chain. The H100 showed the per-tile kernels (the pipelined one
+// and the libraries') spending their time in instructions and in per-tile start-up, each tile
+// loading, multiplying and storing in turn (docs/perf.md). Here:
+//   - each block keeps its N x C weight slice and the channels' scales and biases in shared memory
+//     for its whole life, and walks pixel tiles of 128 (gridDim.y apart; as many blocks as fit on
+//     the GPU at once, the channel blocks of a pixel tile side by side so X is read from L2);
+//   - a two-stage ring: tile i + 1's X rows and residual arrive by cp.async while tile i is
+//     multiplied (mma.sync m16n8k32 s8 over the whole reduction from shared memory), quantized in
+//     place (pw_epilogue: the CPU reference's codes) and stored in 16-byte coalesced rows;
+//   - a stride-1 layer's pixel rows are contiguous, so no index arithmetic per row.
+#include <algorithm>
+
+#include "layers/conv_int8_pw.cuh"
+
+namespace kiln::gpu {
+namespace {
+
+constexpr int kTileM = 128;    // pixels per tile
+constexpr int kThreads = 256;  // 8 warps: 4 along the pixels x 2 along the channels
+
+// Shared memory: W [N][C + 16], X [2][128][C + 16], the residual/output ring [2][128][N + 16]
+// (rows padded 16 bytes past a multiple of 32 words: conflict-free fragment and pair accesses),
+// then scale and bias [N][2].
+template <int N, int C>
+constexpr int smem_bytes() {
+  return N * (C + 16) + 2 * kTileM * (C + 16) + 2 * kTileM * (N + 16) + N * 8;
+}
+
+template <int N, int C, int Act>
+__global__ void __launch_bounds__(kThreads)
+    int8_pointwise(const int8_t* __restrict__ x, const int8_t* __restrict__ w,
+                   int8_t* __restrict__ y, Int8Geom g, Int8Epilogue e, int tiles) {
+  constexpr int kXRow = C + 16, kXWords = kXRow / 4, kZRow = N + 16;
+  constexpr int kXChunks = C / 16, kZChunks = N / 16;  // 16-byte chunks per row
+  constexpr int NI = N / 16;  // 8-channel mma columns per warp (a warp covers N / 2 channels)
+  extern __shared__ __align__(16) unsigned char smem[];
+  int8_t* ws = reinterpret_cast<int8_t*>(smem);
+  int8_t* xs = ws + N * kXRow;
+  int8_t* zy = xs + 2 * kTileM * kXRow;
+  float* sb = reinterpret_cast<float*>(zy + 2 * kTileM * kZRow);
+  static_assert((N * kXRow + 2 * kTileM * (kXRow + kZRow)) % 16 == 0, "sb must stay aligned");
+  const int M = g.M, K = g.K;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int k0 = blockIdx.x * N;
+  const auto* z = static_cast<const int8_t*>(e.z);
+  const bool contiguous = g.sh == 1 && g.sw == 1;  // and no padding: pixel m reads X row m
+
+  for (int i = tid; i < N * kXChunks; i += kThreads)
+    cp_async16(ws + (i / kXChunks) * kXRow + (i % kXChunks) * 16,
+               w + static_cast<int64_t>(k0 + i / kXChunks) * C + (i % kXChunks) * 16, true);
+  for (int i = tid; i < N; i += kThreads) {
+    sb[2 * i] = e.scale[k0 + i];
+    sb[2 * i + 1] = e.bias ? e.bias[k0 + i] : 0.f;
+  }
+  auto load_tile = [&](int stage, int tile) {
+    const int m0 = tile * kTileM;
+    int8_t* xt = xs + stage * kTileM * kXRow;
+#pragma unroll
+    for (int j = 0; j < kTileM * kXChunks / kThreads; ++j) {
+      const int i = tid + j * kThreads, r = i / kXChunks, c = i % kXChunks, m = m0 + r;
+      const bool ok = m < M;
+      int64_t row = ok ? m : 0;
+      if (!contiguous && ok) {
+        const int q = m % g.Q, p = (m / g.Q) % g.P, n = m / (g.Q * g.P);
+        row = (static_cast<int64_t>(n) * g.H + p * g.sh) * g.W + q * g.sw;
+      }
+      cp_async16(xt + r * kXRow + c * 16, x + row * C + c * 16, ok);
+    }
+    if (z) {
+      int8_t* zt = zy + stage * kTileM * kZRow;
+#pragma unroll
+      for (int j = 0; j < kTileM * kZChunks / kThreads; ++j) {
+        const int i = tid + j * kThreads, r = i / kZChunks, c = i % kZChunks, m = m0 + r;
+        const bool ok = m < M;
+        cp_async16(zt + r * kZRow + c * 16, z + static_cast<int64_t>(ok ? m : 0) * K + k0 + c * 16,
+                   ok);
+      }
+    }
+  };
+
+  const int step = gridDim.y;
+  int tile = blockIdx.y;
+  load_tile(0, tile);
+  cp_async_commit();  // the weights and the first tile
+  if (tile + step < tiles) load_tile(1, tile + step);
+  cp_async_commit();
+  const int wm = (warp % 4) * 32, wn = (warp / 4) * (N / 2);
+  const int gq = lane / 4, tq = lane % 4;
+  for (int it = 0; tile < tiles; ++it, tile += step) {
+    const int st = it & 1;
+    cp_async_wait<1>();  // every group but the newest (the next tile's) has landed
+    __syncthreads();
+    const uint32_t* xb = reinterpret_cast<const uint32_t*>(xs + st * kTileM * kXRow);
+    const uint32_t* wb = reinterpret_cast<const uint32_t*>(ws);
+    int32_t acc[2][NI][4] = {};
+#pragma unroll
+    for (int o = 0; o < C / 4; o += 8) {  // k32 steps
+      uint32_t a[2][4];
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi) {
+        const int row = wm + mi * 16 + gq;
+        a[mi][0] = xb[row * kXWords + o + tq];
+        a[mi][1] = xb[(row + 8) * kXWords + o + tq];
+        a[mi][2] = xb[row * kXWords + o + tq + 4];
+        a[mi][3] = xb[(row + 8) * kXWords + o + tq + 4];
+      }
+#pragma unroll
+      for (int ni = 0; ni < NI; ++ni) {
+        const int col = wn + ni * 8 + gq;
+        const uint32_t b0 = wb[col * kXWords + o + tq], b1 = wb[col * kXWords + o + tq + 4];
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi) mma_s8(acc[mi][ni], a[mi], b0, b1);
+      }
+    }
+    int8_t* zt = zy + st * kTileM * kZRow;
+    pw_epilogue<N, Act, true>(acc, zt, kZRow, sb, wm, wn, lane, e, z != nullptr);
+    __syncthreads();
+    const int m0 = tile * kTileM;
+#pragma unroll
+    for (int j = 0; j < kTileM * kZChunks / kThreads; ++j) {
+      const int i = tid + j * kThreads, r = i / kZChunks, c = i % kZChunks;
+      if (m0 + r < M)
+        *reinterpret_cast<int4*>(y + static_cast<int64_t>(m0 + r) * K + k0 + c * 16) =
+            *reinterpret_cast<const int4*>(zt + r * kZRow + c * 16);
+    }
+    __syncthreads();  // this stage's X and output rows are free again
+    if (tile + 2 * step < tiles) load_tile(st, tile + 2 * step);
+    cp_async_commit();  // possibly empty: one group per iteration keeps the wait count right
+  }
+  cp_async_wait<0>();
+}
+
+// Blocks of one instantiation that fit on an SM (occupancy), found once per process at configure.
+template <int N, int C, int Act>
+int& resident_blocks() {
+  static int blocks = 0;
+  return blocks;
+}
+
+template <int N, int C, int Act>
+cudaError_t prepare_one() {
+  constexpr int bytes = smem_bytes<N, C>();
+  cudaError_t err = cudaFuncSetAttribute(int8_pointwise<N, C, Act>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (err != cudaSuccess) return err;
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident_blocks<N, C, Act>(),
+                                                       int8_pointwise<N, C, Act>, kThreads, bytes);
+}
+
+template <int N>
+cudaError_t prepare_n() {
+  for (cudaError_t e : {prepare_one<N, 64, kPwNone>(), prepare_one<N, 64, kPwRelu>(),
+                        prepare_one<N, 128, kPwNone>(), prepare_one<N, 128, kPwRelu>(),
+                        prepare_one<N, 256, kPwNone>(), prepare_one<N, 256, kPwRelu>()})
+    if (e != cudaSuccess) return e;
+  return cudaSuccess;
+}
+
+int sm_count() {
+  static const int n = [] {
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+      return 0;
+    return sms;
+  }();
+  return n;
+}
+
+template <int N, int C, int Act>
+const char* launch(const int8_t* x, const int8_t* w, int8_t* y, const Int8Geom& g,
+                   const Int8Epilogue& e, cudaStream_t stream) {
+  const int per_sm = resident_blocks<N, C, Act>();
+  if (per_sm <= 0) return "not prepared (prepare_int8_pointwise), or no block fits on an SM";
+  const int tiles = (g.M + kTileM - 1) / kTileM, cblocks = g.K / N;
+  const int rows = std::max(1, std::min(tiles, per_sm * sm_count() / cblocks));
+  int8_pointwise<N, C, Act>
+      <<<dim3(cblocks, rows), kThreads, smem_bytes<N, C>(), stream>>>(x, w, y, g, e, tiles);
+  return "";
+}
+
+template <int N, int Act>
+const char* launch_c(const int8_t* x, const int8_t* w, int8_t* y, const Int8Geom& g,
+                     const Int8Epilogue& e, cudaStream_t stream) {
+  switch (g.C4 * 4) {
+    case 64: return launch<N, 64, Act>(x, w, y, g, e, stream);
+    case 128: return launch<N, 128, Act>(x, w, y, g, e, stream);
+    default: return launch<N, 256, Act>(x, w, y, g, e, stream);
+  }
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+cudaError_t prepare_int8_pointwise() {
+  const cudaError_t e = prepare_n<128>();
+  return e != cudaSuccess ? e : prepare_n<64>();
+}
+
+const char* int8_pointwise_unfit(const Int8Geom& g, int tile_n) {
+  const int C = g.C4 * 4;
+  if (g.R != 1 || g.S != 1 || g.ph != 0 || g.pw != 0) return "not a 1x1 convolution without padding";
+  if (C != 64 && C != 128 && C != 256) return "C must be 64, 128 or 256";
+  if ((tile_n != 64 && tile_n != 128) || g.K % tile_n != 0)
+    return "K must be a multiple of the tile's channels (64 or 128)";
+  if (g.P != (g.H - 1) / g.sh + 1 || g.Q != (g.W - 1) / g.sw + 1) return "unexpected output size";
+  return "";
+}
+
+const char* launch_int8_pointwise(const int8_t* x, const int8_t* w, int8_t* y, const Int8Geom& g,
+                                  const Int8Epilogue& e, int tile_n, cudaStream_t stream) {
+  if (const char* why = int8_pointwise_unfit(g, tile_n); *why) return why;
+  if (e.z && e.z_type != DataType::kInt8) return "the residual is not int8";
+  if (e.alpha != 1.f) return "Gemm's alpha (convolutions only)";
+  if (e.act.act != Act::kNone && e.act.act != Act::kRelu) return "activations other than ReLU";
+  if (!aligned16(x) || !aligned16(w) || !aligned16(y) || (e.z && !aligned16(e.z)))
+    return "a tensor is not 16-byte aligned";
+  const bool relu = e.act.act == Act::kRelu;
+  if (tile_n == 128)
+    return relu ? launch_c<128, kPwRelu>(x, w, y, g, e, stream)
+                : launch_c<128, kPwNone>(x, w, y, g, e, stream);
+  return relu ? launch_c<64, kPwRelu>(x, w, y, g, e, stream)
+              : launch_c<64, kPwNone>(x, w, y, g, e, stream);
+}
+
+}  // namespace kiln::gpu

@@ -1,0 +1,93 @@
+// Device helpers shared by kiln's INT8 kernels that write int8 tiles through shared memory
+// (conv_int8_pipelined.cu, conv_int8_pointwise.cu): cp.async, and the epilogue of a 128-pixel x
+// N-channel tile held in mma.sync m16n8k32 accumulator fragments, with the CPU reference's codes.
+#pragma once
+
+#include "layers/conv_int8.cuh"
+
+namespace kiln::gpu {
+
+// Activation modes compiled into the kernel: none, ReLU, or any other through apply_act.
+enum PwAct { kPwNone = 0, kPwRelu = 1, kPwAny = 2 };
+
+// epilogue_value's arithmetic (conv_int8.cuh) for one element up to its activation, with the
+// channel's scale and bias given (bias 0 when the layer has none: adding +0 changes no code) and z
+// its residual's float value (0 without one: adding +0 changes no code either). SmallAcc: |acc| <=
+// 2^22 by the layer's reduction length, so it converts without the conversion unit
+// (small_int_to_float). Convolutions only: Gemm's alpha is 1 here.
+template <bool SmallAcc>
+__device__ __forceinline__ float pw_preact(int32_t acc, float scale, float bias, float z) {
+  const float v = __fmul_rn(SmallAcc ? small_int_to_float(acc) : static_cast<float>(acc), scale);
+  return __fadd_rn(__fadd_rn(v, bias), z);
+}
+
+// Two adjacent channels' codes (low byte first): the activation (ReLU folded into the quantizing
+// clamp; any other applied first) and quantize_code's codes by quantize_pair_inv.
+template <int Act>
+__device__ __forceinline__ uint32_t pw_codes(float v0, float v1, const Int8Epilogue& e, float inv_sy) {
+  if constexpr (Act == kPwAny) {
+    v0 = apply_act(v0, e.act);
+    v1 = apply_act(v1, e.act);
+  }
+  return quantize_pair_inv<Act == kPwRelu>(v0, v1, e.sy, inv_sy);
+}
+
+// The dequantized values of the two residual codes packed in zz (low byte first), exactly
+// dequantize_code's: each code c becomes the float 2^23 + (c + 128) by placing c ^ 0x80 under the
+// exponent bits of 2^23 (one byte permute), then 2^23 + 128 is subtracted (exact) and the result
+// scaled, with no conversion instruction.
+__device__ __forceinline__ float2 residual_pair(unsigned zz, float sz) {
+  const unsigned u = zz ^ 0x8080u;
+  const float z0 = __fsub_rn(__uint_as_float(__byte_perm(u, 0x4B000000u, 0x7540)), 8388736.f);
+  const float z1 = __fsub_rn(__uint_as_float(__byte_perm(u, 0x4B000000u, 0x7541)), 8388736.f);
+  return make_float2(__fmul_rn(z0, sz), __fmul_rn(z1, sz));
+}
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  // src-size 0 zero-fills the chunk without reading (rows past the last pixel).
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int Pending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending));
+}
+
+// The epilogue of a tile whose accumulators acc[2][N / 16][4] belong to a warp at pixel rows wm..
+// wm + 31 and channels wn.. wn + N / 2 - 1 (the fragment layout of mma.sync m16n8k32): zy holds
+// the tile's residual codes (rows of zy_row bytes; ignored when !has_z) and receives its output
+// codes in their place; sb holds each channel's scale and bias. Each pair of adjacent channels of
+// a row belongs to one thread, which reads its two residual codes and writes its two output codes
+// in their place (16-bit shared accesses, conflict-free with rows padded to 16 bytes past a
+// multiple of 32 words). The arithmetic is epilogue_value's, written for the instruction count,
+// since the epilogue, not memory, bounds these kernels' 1x1 layers on the H100 (docs/perf.md): the
+// accumulator and the residual codes become floats without the conversion unit, the activation
+// is resolved at compile time (ReLU folded into the quantizing clamp), and the quantizing
+// division is a multiply that divides only near a rounding boundary (quantize_pair_inv).
+template <int N, int Act, bool SmallAcc>
+__device__ __forceinline__ void pw_epilogue(const int32_t (&acc)[2][N / 16][4], int8_t* zy,
+                                            int zy_row, const float* sb, int wm, int wn, int lane,
+                                            const Int8Epilogue& e, bool has_z) {
+  const int gq = lane / 4, tq = lane % 4;
+  const float inv_sy = 1.f / e.sy;
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < N / 16; ++ni) {
+      const int col = wn + ni * 8 + tq * 2;
+      const float4 sb2 = *reinterpret_cast<const float4*>(sb + 2 * col);  // s0 b0 s1 b1
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        auto* p = reinterpret_cast<uint16_t*>(zy + (wm + mi * 16 + gq + 8 * h) * zy_row + col);
+        const float2 zf = has_z ? residual_pair(*p, e.sz) : make_float2(0.f, 0.f);
+        *p = static_cast<uint16_t>(
+            pw_codes<Act>(pw_preact<SmallAcc>(acc[mi][ni][2 * h], sb2.x, sb2.y, zf.x),
+                          pw_preact<SmallAcc>(acc[mi][ni][2 * h + 1], sb2.z, sb2.w, zf.y), e,
+                          inv_sy));
+      }
+    }
+}
+
+}  // namespace kiln::gpu
