@@ -11,6 +11,7 @@
 #include <random>
 
 #include "backends/cuda/device_util_host.h"
+#include "backends/cuda/kernels/fast_div.cuh"
 #include "backends/cuda/kernels/int8.cuh"
 #include "backends/cuda/format_choice.h"
 #include "backends/cuda/layer.h"
@@ -421,6 +422,28 @@ TEST(CudaHost, QuantizePairGivesTheReferenceCodes) {
     for (float other : {0.7f, -127.5f, 127.5f, -128.5f})
       ASSERT_NO_FATAL_FAILURE(check(odd, other, 1.f, 1.f));
   EXPECT_GT(checked, 400000);
+}
+
+// FastDiv (kernels/fast_div.cuh) divides by multiply-high: the exact quotient for dividends below
+// 2^31, for small, power-of-two, odd and large divisors, around each multiple and at the top.
+TEST(CudaHost, FastDivGivesExactQuotients) {
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<uint32_t> any(0, (1u << 31) - 1);
+  for (uint32_t d : {1u, 2u, 3u, 7u, 14u, 28u, 56u, 64u, 196u, 784u, 3136u, 12544u, 65535u,
+                     1000003u, (1u << 30) + 1, (1u << 31) - 1}) {
+    const FastDiv f(d);
+    for (int i = 0; i < 20000; ++i) {
+      const uint32_t n = any(rng);
+      ASSERT_EQ(f.div(n), n / d) << n << " / " << d;
+    }
+    for (uint64_t k = 0; k * d < (1u << 31) && k < 5000; ++k)
+      for (int64_t off : {-1, 0, 1}) {
+        const int64_t n = static_cast<int64_t>(k * d) + off;
+        if (n < 0 || n >= (int64_t{1} << 31)) continue;
+        ASSERT_EQ(f.div(static_cast<uint32_t>(n)), static_cast<uint32_t>(n) / d) << n << " / " << d;
+      }
+    ASSERT_EQ(f.div((1u << 31) - 1), ((1u << 31) - 1) / d) << d;
+  }
 }
 
 // The INT8 epilogues convert accumulators of at most 256 products (|acc| <= 2^22) and codes by

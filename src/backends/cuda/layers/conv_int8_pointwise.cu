@@ -13,6 +13,7 @@
 //   - a stride-1 layer's pixel rows are contiguous, so no index arithmetic per row.
 #include <algorithm>
 
+#include "kernels/fast_div.cuh"
 #include "layers/conv_int8_pw.cuh"
 
 namespace kiln::gpu {
@@ -32,7 +33,8 @@ constexpr int smem_bytes() {
 template <int N, int C, int Act>
 __global__ void __launch_bounds__(kThreads)
     int8_pointwise(const int8_t* __restrict__ x, const int8_t* __restrict__ w,
-                   int8_t* __restrict__ y, Int8Geom g, Int8Epilogue e, int tiles) {
+                   int8_t* __restrict__ y, Int8Geom g, Int8Epilogue e, int tiles, FastDiv by_q,
+                   FastDiv by_pq) {
   constexpr int kXRow = C + 16, kXWords = kXRow / 4, kZRow = N + 16;
   constexpr int kXChunks = C / 16, kZChunks = N / 16;  // 16-byte chunks per row
   constexpr int NI = N / 16;  // 8-channel mma columns per warp (a warp covers N / 2 channels)
@@ -64,7 +66,9 @@ __global__ void __launch_bounds__(kThreads)
       const bool ok = m < M;
       int64_t row = ok ? m : 0;
       if (!contiguous && ok) {
-        const int q = m % g.Q, p = (m / g.Q) % g.P, n = m / (g.Q * g.P);
+        // m / Q and m / (P * Q) by multiply-high (FastDiv): no integer division per chunk.
+        const int nq = static_cast<int>(by_q.div(m)), n = static_cast<int>(by_pq.div(m));
+        const int q = m - nq * g.Q, p = nq - n * g.P;
         row = (static_cast<int64_t>(n) * g.H + p * g.sh) * g.W + q * g.sw;
       }
       cp_async16(xt + r * kXRow + c * 16, x + row * C + c * 16, ok);
@@ -177,8 +181,8 @@ const char* launch(const int8_t* x, const int8_t* w, int8_t* y, const Int8Geom& 
   if (per_sm <= 0) return "not prepared (prepare_int8_pointwise), or no block fits on an SM";
   const int tiles = (g.M + kTileM - 1) / kTileM, cblocks = g.K / N;
   const int rows = std::max(1, std::min(tiles, per_sm * sm_count() / cblocks));
-  int8_pointwise<N, C, Act>
-      <<<dim3(cblocks, rows), kThreads, smem_bytes<N, C>(), stream>>>(x, w, y, g, e, tiles);
+  int8_pointwise<N, C, Act><<<dim3(cblocks, rows), kThreads, smem_bytes<N, C>(), stream>>>(
+      x, w, y, g, e, tiles, FastDiv(g.Q), FastDiv(g.P * g.Q));
   return "";
 }
 

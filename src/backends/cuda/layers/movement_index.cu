@@ -14,6 +14,7 @@
 #include <numeric>
 
 #include "kernels/device_util.cuh"
+#include "kernels/fast_div.cuh"
 #include "ops/op.h"
 #include "tactics.h"
 
@@ -508,18 +509,6 @@ bool supports_scatter(const LayerDesc& d, std::string* why) {
   if (!known) return *why = "unsupported type " + std::string(dtype_name(d.in[0].dtype)), false;
   return true;
 }
-
-// Division of 32-bit dividends below 2^31 by a divisor fixed at configure time, as a multiply-high,
-// an add and a shift (Granlund and Montgomery's method) instead of a long software division.
-struct FastDiv {
-  uint32_t d = 1, m = 1, s = 0;
-  FastDiv() = default;
-  explicit FastDiv(int64_t divisor) : d(static_cast<uint32_t>(divisor < 1 ? 1 : divisor)) {
-    while ((uint64_t{1} << s) < d) ++s;
-    m = static_cast<uint32_t>((uint64_t{1} << 32) * ((uint64_t{1} << s) - d) / d + 1);
-  }
-  __device__ __forceinline__ uint32_t div(uint32_t n) const { return (__umulhi(n, m) + n) >> s; }
-};
 
 // n / dims[d]: FastDiv for 32-bit iteration spaces, a plain division for 64-bit ones.
 template <typename Idx>
