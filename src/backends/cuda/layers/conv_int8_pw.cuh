@@ -1,6 +1,8 @@
 // Device helpers shared by kiln's INT8 kernels that write int8 tiles through shared memory
-// (conv_int8_pipelined.cu, conv_int8_pointwise.cu): cp.async, and the epilogue of a 128-pixel x
-// N-channel tile held in mma.sync m16n8k32 accumulator fragments, with the CPU reference's codes.
+// (conv_int8_pipelined.cu, conv_int8_pointwise.cu): cp.async, and the epilogues of a 128-pixel x
+// N-channel tile held in mma.sync m16n8k32 accumulator fragments: the reference's arithmetic
+// (pw_epilogue: the CPU reference's codes), or reassociated as TensorRT and the INT8 libraries do
+// it (pw_epilogue_fused: within one code of them).
 #pragma once
 
 #include "layers/conv_int8.cuh"
@@ -32,15 +34,19 @@ __device__ __forceinline__ uint32_t pw_codes(float v0, float v1, const Int8Epilo
   return quantize_pair_inv<Act == kPwRelu>(v0, v1, e.sy, inv_sy);
 }
 
-// The dequantized values of the two residual codes packed in zz (low byte first), exactly
-// dequantize_code's: each code c becomes the float 2^23 + (c + 128) by placing c ^ 0x80 under the
-// exponent bits of 2^23 (one byte permute), then 2^23 + 128 is subtracted (exact) and the result
-// scaled, with no conversion instruction.
-__device__ __forceinline__ float2 residual_pair(unsigned zz, float sz) {
+// The two residual codes packed in zz (low byte first) as floats, exactly: each code c becomes the
+// float 2^23 + (c + 128) by placing c ^ 0x80 under the exponent bits of 2^23 (one byte permute),
+// then 2^23 + 128 is subtracted (exact), with no conversion instruction.
+__device__ __forceinline__ float2 residual_codes(unsigned zz) {
   const unsigned u = zz ^ 0x8080u;
-  const float z0 = __fsub_rn(__uint_as_float(__byte_perm(u, 0x4B000000u, 0x7540)), 8388736.f);
-  const float z1 = __fsub_rn(__uint_as_float(__byte_perm(u, 0x4B000000u, 0x7541)), 8388736.f);
-  return make_float2(__fmul_rn(z0, sz), __fmul_rn(z1, sz));
+  return make_float2(__fsub_rn(__uint_as_float(__byte_perm(u, 0x4B000000u, 0x7540)), 8388736.f),
+                     __fsub_rn(__uint_as_float(__byte_perm(u, 0x4B000000u, 0x7541)), 8388736.f));
+}
+
+// Their dequantized values, exactly dequantize_code's.
+__device__ __forceinline__ float2 residual_pair(unsigned zz, float sz) {
+  const float2 c = residual_codes(zz);
+  return make_float2(__fmul_rn(c.x, sz), __fmul_rn(c.y, sz));
 }
 
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
@@ -86,6 +92,46 @@ __device__ __forceinline__ void pw_epilogue(const int32_t (&acc)[2][N / 16][4], 
             pw_codes<Act>(pw_preact<SmallAcc>(acc[mi][ni][2 * h], sb2.x, sb2.y, zf.x),
                           pw_preact<SmallAcc>(acc[mi][ni][2 * h + 1], sb2.z, sb2.w, zf.y), e,
                           inv_sy));
+      }
+    }
+}
+
+// The reassociated epilogue (conv_int8.pointwise): with the channel's scale and bias already
+// divided by Y's scale (sb: scale / sy, bias / sy) and szy = sz / sy, the code is
+// sat(rne(fma(z, szy, fma(acc, scale / sy, bias / sy)))), ReLU being the clamp's lower bound:
+// what TensorRT and the INT8 libraries compute. It differs from the reference's arithmetic
+// (float products and sums, then a division by sy: pw_epilogue) only in rounding, so a code may
+// move by one where the value lies within a few float32 ulps of a half-integer (test-backend-ops
+// holds it to the libraries' bound). About 9 instructions per element with a residual against
+// the reference's 20: these layers are bound by instruction issue on the H100. Needs |acc| <= 2^22
+// (R * S * C <= 256). NaN (from a NaN bias) gives 0, as the reference.
+template <int N, bool Relu>
+__device__ __forceinline__ void pw_epilogue_fused(const int32_t (&acc)[2][N / 16][4], int8_t* zy,
+                                                  int zy_row, const float* sb, int wm, int wn,
+                                                  int lane, float szy, bool has_z) {
+  const int gq = lane / 4, tq = lane % 4;
+  auto code = [](float t) {
+    float c = fminf(fmaxf(t, Relu ? 0.f : -128.f), 127.f);  // ReLU maps NaN to 0 already
+    if constexpr (!Relu) c = t != t ? 0.f : c;
+    return __float_as_uint(__fadd_rn(c, kMagicRound));  // its low byte is the code
+  };
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < N / 16; ++ni) {
+      const int col = wn + ni * 8 + tq * 2;
+      const float4 sb2 = *reinterpret_cast<const float4*>(sb + 2 * col);  // s0 b0 s1 b1
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        auto* p = reinterpret_cast<uint16_t*>(zy + (wm + mi * 16 + gq + 8 * h) * zy_row + col);
+        float t0 = __fmaf_rn(small_int_to_float(acc[mi][ni][2 * h]), sb2.x, sb2.y);
+        float t1 = __fmaf_rn(small_int_to_float(acc[mi][ni][2 * h + 1]), sb2.z, sb2.w);
+        if (has_z) {
+          const float2 zc = residual_codes(*p);
+          t0 = __fmaf_rn(zc.x, szy, t0);
+          t1 = __fmaf_rn(zc.y, szy, t1);
+        }
+        *p = static_cast<uint16_t>(__byte_perm(code(t0), code(t1), 0x0040));
       }
     }
 }
