@@ -57,8 +57,11 @@ def main():
         for name, flags in configs.items():
             engine = os.path.join(d, f"{name}.kiln")
             t0 = time.time()
-            kiln(a.kiln, "build", "--onnx", onnx_path, "--save-engine", engine, "--backend", a.backend,
-                 *shapes, *flags)
+            built = kiln(a.kiln, "build", "--onnx", onnx_path, "--save-engine", engine, "--backend",
+                         a.backend, *shapes, *flags)
+            # How many layers really run INT8 (on the GPU the tuner keeps float where it is faster,
+            # so an INT8 engine's top-1 may be mostly FP16's): printed with the result.
+            summary = [ln.strip() for ln in built.splitlines() if ln.strip().startswith(("int8 ", "gpu "))]
             correct = 0
             for i in range(0, len(x) - a.chunk + 1, a.chunk):
                 np.save(os.path.join(d, "x.npy"), x[i:i + a.chunk])
@@ -69,7 +72,11 @@ def main():
                 correct += int((logits.argmax(1) == y[i:i + a.chunk]).sum())
             n = len(x) // a.chunk * a.chunk
             rows[name] = {"top1": 100.0 * correct / n, "images": n, "seconds": time.time() - t0}
+            if summary:
+                rows[name]["build"] = summary
             print(f"{name}: {rows[name]['top1']:.2f}% ({n} images, {rows[name]['seconds']:.0f} s)", flush=True)
+            for ln in summary:
+                print(f"  {ln}", flush=True)
     print(f"\n| precision ({a.backend}) | top-1 % | vs fp32 |\n|---|---|---|")
     for name, r in rows.items():
         print(f"| {name} | {r['top1']:.2f} | {r['top1'] - rows['fp32']['top1']:+.2f} |")
