@@ -171,7 +171,7 @@ Expected<std::map<std::string, float>> calibrate(ActivationSource& source,
     auto it = amax.find(name);
     if (it == amax.end()) continue;  // not computed by the network (e.g. only on the host)
     double a = it->second;
-    if (two_pass && a > 0) {
+    if (two_pass && a > 0 && !o.full_range.count(name)) {
       const double width = a / kHistogramBins;
       a = o.algo == CalibAlgo::kEntropy ? entropy_threshold(hist[name], width)
                                         : percentile_threshold(hist[name], width, o.percentile);

@@ -57,7 +57,8 @@ Expected<std::map<std::string, float>> activation_scales(const Graph& g, const B
   } else {
     KILN_ASSIGN_OR_RETURN(src, cpu_activation_source(g));
   }
-  CalibOptions o{algo, c.calib_percentile, c.progress};
+  CalibOptions o{algo, c.calib_percentile, c.progress, {}};
+  for (const Value* v : g.inputs()) o.full_range.insert(v->name);  // never clipped
   KILN_ASSIGN_OR_RETURN(auto scales, calibrate(*src, needed, *data, 0, used, o));
   info["scales"] = fmt::format("calibrated on {} batches ({})", used, gpu ? "GPU, FP32" : "CPU");
   info["algorithm"] = calib_algo_name(algo);

@@ -37,7 +37,7 @@ TEST(CalibrationGpu, ScalesMatchTheCpuReference) {
   ASSERT_GE(names.size(), 3u);
   const MemoryCalibData data(4);
   for (auto algo : {quant::CalibAlgo::kMinMax, quant::CalibAlgo::kEntropy}) {
-    const quant::CalibOptions o{algo, 99.99, nullptr};
+    const quant::CalibOptions o{algo, 99.99, nullptr, {}};
     auto cpu = quant::cpu_activation_source(*g);
     auto gpu = quant::engine_activation_source(*g, names);
     ASSERT_TRUE(cpu.ok() && gpu.ok());

@@ -56,6 +56,49 @@ TEST(Calibration, EntropyKeepsAUniformRange) {
   EXPECT_GT(t, 0.9);  // no reason to clip data spread evenly up to its max
 }
 
+// A normalized Fashion-MNIST-like input: 60% background at -0.8, the rest spread up to 2.0.
+// Entropy clips such a tensor near the background's magnitude (the clipped foreground lands in
+// one bin, which KL cannot see); the network's input is therefore taken at its full range
+// (CalibOptions::full_range), while the same values inside the network keep entropy's threshold.
+TEST(Calibration, TheNetworksInputIsNeverClipped) {
+  G b;
+  Value* x = b.in("x", {4, 1, 28, 28});
+  Value* copy = b.op("Mul", {x, b.cf(1.f)});
+  b.out(b.op("Relu", {copy}));
+  class Data final : public quant::CalibData {
+   public:
+    Data() {
+      std::mt19937 rng(5);
+      std::uniform_real_distribution<float> fg(-0.8f, 2.0f), u(0.f, 1.f);
+      for (int i = 0; i < 4; ++i) {
+        Tensor t(DataType::kFloat32, {4, 1, 28, 28});
+        for (int64_t k = 0; k < t.numel(); ++k) t.data<float>()[k] = u(rng) < 0.6f ? -0.8f : fg(rng);
+        t.data<float>()[0] = 2.0f;  // the range's top, in every batch
+        feeds_.push_back({{"x", std::move(t)}});
+      }
+    }
+    size_t size() const override { return feeds_.size(); }
+    Expected<std::vector<quant::Feed>> batch(size_t i) const override {
+      return std::vector<quant::Feed>{feeds_[i]};
+    }
+
+   private:
+    std::vector<quant::Feed> feeds_;
+  } data;
+  auto src = quant::cpu_activation_source(b.g);
+  ASSERT_TRUE(src.ok()) << src.status().message();
+  quant::CalibOptions o{quant::CalibAlgo::kEntropy, 99.99, nullptr, {"x"}};
+  auto scales = quant::calibrate(**src, {"x", copy->name}, data, 0, data.size(), o);
+  ASSERT_TRUE(scales.ok()) << scales.status().message();
+  EXPECT_FLOAT_EQ(scales->at("x"), 2.0f / 127);            // full range
+  EXPECT_LT(scales->at(copy->name), 0.8f * 2.0f / 127);     // entropy clips the same values
+  // What kiln build does: the graph's inputs are full-range.
+  o.full_range.clear();
+  auto clipped = quant::calibrate(**src, {"x"}, data, 0, data.size(), o);
+  ASSERT_TRUE(clipped.ok());
+  EXPECT_LT(clipped->at("x"), scales->at("x"));
+}
+
 TEST(Calibration, PercentileFindsTheBin) {
   std::vector<double> h(100, 0.0);
   h[9] = 9999;  // 99.99% of the mass in bin 9
