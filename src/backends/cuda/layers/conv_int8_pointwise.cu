@@ -26,8 +26,8 @@ constexpr int kTileM = 128;    // pixels per tile
 constexpr int kThreads = 256;  // 8 warps: 4 along the pixels x 2 along the channels
 
 // Shared memory: W [N][C + 16], X [2][128][C + 16], the residual/output ring [2][128][N + 16]
-// (rows padded 16 bytes past a multiple of 32 words: conflict-free fragment and pair accesses),
-// then scale and bias [N][2].
+// (rows padded by 16 bytes, 20, 36 or 68 words: the 8 rows a fragment or pair access touches
+// fall in distinct banks), then scale and bias [N][2].
 template <int N, int C>
 constexpr int smem_bytes() {
   return N * (C + 16) + 2 * kTileM * (C + 16) + 2 * kTileM * (N + 16) + N * 8;

@@ -66,8 +66,8 @@ __device__ __forceinline__ void cp_async_wait() {
 // the tile's residual codes (rows of zy_row bytes; ignored when !has_z) and receives its output
 // codes in their place; sb holds each channel's scale and bias. Each pair of adjacent channels of
 // a row belongs to one thread, which reads its two residual codes and writes its two output codes
-// in their place (16-bit shared accesses, conflict-free with rows padded to 16 bytes past a
-// multiple of 32 words). The arithmetic is epilogue_value's, written for the instruction count,
+// in their place (16-bit shared accesses, conflict-free with rows padded by 16 bytes: N + 16
+// bytes is 20 or 36 words, so the 8 rows of an access fall in distinct banks). The arithmetic is epilogue_value's, written for the instruction count,
 // since the epilogue, not memory, bounds these kernels' 1x1 layers on the H100 (docs/perf.md): the
 // accumulator and the residual codes become floats without the conversion unit, the activation
 // is resolved at compile time (ReLU folded into the quantizing clamp), and the quantizing
