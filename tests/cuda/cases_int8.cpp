@@ -169,7 +169,7 @@ std::vector<OpCase> int8_cases() {
                              Residual::kInt8, "Relu")));
   v.push_back(int8_conv(spec("i8_pl_1x1_s2_res", {2, 128, 14, 13}, {256, 128, 1, 1},
                              conv_attrs({0, 0, 0, 0}, {2, 2}), Residual::kInt8, "Relu")));
-  // The persistent pointwise variants (pw128 / pw64: 1x1, no padding, C of 64, 128 or 256):
+  // The persistent pointwise kernel (conv_int8.pointwise: 1x1, no padding, C of 64, 128 or 256):
   // enough pixels that each block walks three or more tiles around its two-stage ring, a last
   // tile cut short, no activation, and a strided layer whose pixel rows are not contiguous.
   v.push_back(int8_conv(spec("i8_pw_1x1_c64_k512_res_relu", {8, 64, 56, 55}, {512, 64, 1, 1}, {},
