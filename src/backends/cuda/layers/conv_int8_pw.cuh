@@ -61,23 +61,18 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending));
 }
 
-// The epilogue of a tile whose accumulators acc[2][N / 16][4] belong to a warp at pixel rows wm..
-// wm + 31 and channels wn.. wn + N / 2 - 1 (the fragment layout of mma.sync m16n8k32): zy holds
-// the tile's residual codes (rows of zy_row bytes; ignored when !has_z) and receives its output
-// codes in their place; sb holds each channel's scale and bias. Each pair of adjacent channels of
-// a row belongs to one thread, which reads its two residual codes and writes its two output codes
-// in their place (16-bit shared accesses, conflict-free with rows padded by 16 bytes: N + 16
-// bytes is 20 or 36 words, so the 8 rows of an access fall in distinct banks). The arithmetic is epilogue_value's, written for the instruction count,
-// since the epilogue, not memory, bounds these kernels' 1x1 layers on the H100 (docs/perf.md): the
-// accumulator and the residual codes become floats without the conversion unit, the activation
-// is resolved at compile time (ReLU folded into the quantizing clamp), and the quantizing
-// division is a multiply that divides only near a rounding boundary (quantize_pair_inv).
-template <int N, int Act, bool SmallAcc>
-__device__ __forceinline__ void pw_epilogue(const int32_t (&acc)[2][N / 16][4], int8_t* zy,
-                                            int zy_row, const float* sb, int wm, int wn, int lane,
-                                            const Int8Epilogue& e, bool has_z) {
+// Calls f(a0, a1, sb2, p) for each pair of adjacent channels of a row that this thread holds in a
+// tile's accumulators acc[2][N / 16][4] (a warp at pixel rows wm.. wm + 31, channels wn.. wn +
+// N / 2 - 1: the fragment layout of mma.sync m16n8k32): a0 and a1 the two accumulators, sb2 the
+// channels' (scale, bias, scale, bias) from sb, p the pair's 16-bit slot in the tile zy (rows of
+// zy_row bytes), which holds the residual codes and receives the output codes. The 16-bit shared
+// accesses are conflict-free with rows padded by 16 bytes (N + 16 bytes is 20 or 36 words, so the
+// 8 rows of an access fall in distinct banks).
+template <int N, typename F>
+__device__ __forceinline__ void pw_for_each_pair(const int32_t (&acc)[2][N / 16][4], int8_t* zy,
+                                                 int zy_row, const float* sb, int wm, int wn,
+                                                 int lane, F&& f) {
   const int gq = lane / 4, tq = lane % 4;
-  const float inv_sy = 1.f / e.sy;
 #pragma unroll
   for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
@@ -85,15 +80,35 @@ __device__ __forceinline__ void pw_epilogue(const int32_t (&acc)[2][N / 16][4], 
       const int col = wn + ni * 8 + tq * 2;
       const float4 sb2 = *reinterpret_cast<const float4*>(sb + 2 * col);  // s0 b0 s1 b1
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        auto* p = reinterpret_cast<uint16_t*>(zy + (wm + mi * 16 + gq + 8 * h) * zy_row + col);
-        const float2 zf = has_z ? residual_pair(*p, e.sz) : make_float2(0.f, 0.f);
-        *p = static_cast<uint16_t>(
-            pw_codes<Act>(pw_preact<SmallAcc>(acc[mi][ni][2 * h], sb2.x, sb2.y, zf.x),
-                          pw_preact<SmallAcc>(acc[mi][ni][2 * h + 1], sb2.z, sb2.w, zf.y), e,
-                          inv_sy));
-      }
+      for (int h = 0; h < 2; ++h)
+        f(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1], sb2,
+          reinterpret_cast<uint16_t*>(zy + (wm + mi * 16 + gq + 8 * h) * zy_row + col));
     }
+}
+
+// The epilogue of a tile whose accumulators acc[2][N / 16][4] belong to a warp at pixel rows wm..
+// wm + 31 and channels wn.. wn + N / 2 - 1 (the fragment layout of mma.sync m16n8k32): zy holds
+// the tile's residual codes (rows of zy_row bytes; ignored when !has_z) and receives its output
+// codes in their place; sb holds each channel's scale and bias. Each pair of adjacent channels of
+// a row belongs to one thread, which reads its two residual codes and writes its two output codes
+// in their place (pw_for_each_pair). The arithmetic is epilogue_value's, written for the
+// instruction count, since the epilogue, not memory, bounds these kernels' 1x1 layers on the H100
+// (docs/perf.md): the
+// accumulator and the residual codes become floats without the conversion unit, the activation
+// is resolved at compile time (ReLU folded into the quantizing clamp), and the quantizing
+// division is a multiply that divides only near a rounding boundary (quantize_pair_inv).
+template <int N, int Act, bool SmallAcc>
+__device__ __forceinline__ void pw_epilogue(const int32_t (&acc)[2][N / 16][4], int8_t* zy,
+                                            int zy_row, const float* sb, int wm, int wn, int lane,
+                                            const Int8Epilogue& e, bool has_z) {
+  const float inv_sy = 1.f / e.sy;
+  pw_for_each_pair<N>(acc, zy, zy_row, sb, wm, wn, lane,
+                      [&](int32_t a0, int32_t a1, const float4& sb2, uint16_t* p) {
+                        const float2 zf = has_z ? residual_pair(*p, e.sz) : make_float2(0.f, 0.f);
+                        *p = static_cast<uint16_t>(
+                            pw_codes<Act>(pw_preact<SmallAcc>(a0, sb2.x, sb2.y, zf.x),
+                                          pw_preact<SmallAcc>(a1, sb2.z, sb2.w, zf.y), e, inv_sy));
+                      });
 }
 
 // The reassociated epilogue (conv_int8.pointwise): with the channel's scale and bias already
@@ -109,31 +124,22 @@ template <int N, bool Relu>
 __device__ __forceinline__ void pw_epilogue_fused(const int32_t (&acc)[2][N / 16][4], int8_t* zy,
                                                   int zy_row, const float* sb, int wm, int wn,
                                                   int lane, float szy, bool has_z) {
-  const int gq = lane / 4, tq = lane % 4;
   auto code = [](float t) {
     float c = fminf(fmaxf(t, Relu ? 0.f : -128.f), 127.f);  // ReLU maps NaN to 0 already
     if constexpr (!Relu) c = t != t ? 0.f : c;
     return __float_as_uint(__fadd_rn(c, kMagicRound));  // its low byte is the code
   };
-#pragma unroll
-  for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-    for (int ni = 0; ni < N / 16; ++ni) {
-      const int col = wn + ni * 8 + tq * 2;
-      const float4 sb2 = *reinterpret_cast<const float4*>(sb + 2 * col);  // s0 b0 s1 b1
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        auto* p = reinterpret_cast<uint16_t*>(zy + (wm + mi * 16 + gq + 8 * h) * zy_row + col);
-        float t0 = __fmaf_rn(small_int_to_float(acc[mi][ni][2 * h]), sb2.x, sb2.y);
-        float t1 = __fmaf_rn(small_int_to_float(acc[mi][ni][2 * h + 1]), sb2.z, sb2.w);
-        if (has_z) {
-          const float2 zc = residual_codes(*p);
-          t0 = __fmaf_rn(zc.x, szy, t0);
-          t1 = __fmaf_rn(zc.y, szy, t1);
-        }
-        *p = static_cast<uint16_t>(__byte_perm(code(t0), code(t1), 0x0040));
-      }
-    }
+  pw_for_each_pair<N>(acc, zy, zy_row, sb, wm, wn, lane,
+                      [&](int32_t a0, int32_t a1, const float4& sb2, uint16_t* p) {
+                        float t0 = __fmaf_rn(small_int_to_float(a0), sb2.x, sb2.y);
+                        float t1 = __fmaf_rn(small_int_to_float(a1), sb2.z, sb2.w);
+                        if (has_z) {
+                          const float2 zc = residual_codes(*p);
+                          t0 = __fmaf_rn(zc.x, szy, t0);
+                          t1 = __fmaf_rn(zc.y, szy, t1);
+                        }
+                        *p = static_cast<uint16_t>(__byte_perm(code(t0), code(t1), 0x0040));
+                      });
 }
 
 }  // namespace kiln::gpu
