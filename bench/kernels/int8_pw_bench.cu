@@ -69,7 +69,21 @@ float median_ms(F&& f, int runs) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int runs = argc > 1 ? std::atoi(argv[1]) : 20;
+  int runs = 20;
+  if (argc > 2) {
+    std::fprintf(stderr, "kiln_int8_pw_bench: usage: kiln_int8_pw_bench [runs]\n");
+    return 1;
+  }
+  if (argc == 2) {
+    char* end = nullptr;
+    const long v = std::strtol(argv[1], &end, 10);
+    if (end == argv[1] || *end != '\0' || v < 1 || v > 100000) {
+      std::fprintf(stderr, "kiln_int8_pw_bench: runs must be a whole number from 1 to 100000, not '%s'\n",
+                   argv[1]);
+      return 1;
+    }
+    runs = static_cast<int>(v);
+  }
   int dev_count = 0;
   if (cudaGetDeviceCount(&dev_count) != cudaSuccess || dev_count == 0) {
     std::printf("kiln_int8_pw_bench: no CUDA device: skipped\n");
