@@ -1,5 +1,6 @@
-// kiln_int8_pw_bench: kiln's INT8 convolution kernels (pipelined, persistent pointwise) alone on ResNet-50's 1x1 shapes at batch
-// 256 (issue 10's speed work), against the bytes they must move. For each shape: random int8
+// kiln_int8_pw_bench: kiln's INT8 convolution kernels (pipelined, persistent pointwise and 3x3)
+// alone on ResNet-50's 1x1 and stride-1 3x3 shapes at batch 256 (issue 10's speed work), against
+// the bytes they must move. For each shape: random int8
 // X, W and residual, one run of each kernel compared code for code with the first kernel's
 // output (the pipelined kernel: the reference's arithmetic; differing codes are counted), then CUDA-event medians; the bytes (X + W + residual + Y) over the median give the
 // achieved bandwidth, beside a device-to-device copy of as many bytes (what the memory can do).
@@ -7,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -34,6 +36,7 @@ struct Shape {
   const char* name;
   int n, h, w, c, k, stride;
   bool residual;
+  int r = 1;  // filter size (3: padding 1)
 };
 
 template <typename T>
@@ -102,23 +105,28 @@ int main(int argc, char** argv) {
       {"s2 expand 128->512 +res", 256, 28, 28, 128, 512, 1, true},
       {"s3 expand 256->1024 +res", 256, 14, 14, 256, 1024, 1, true},
       {"s2 downsample 256->512 s2", 256, 56, 56, 256, 512, 2, false},
+      {"s1 3x3 64->64", 256, 56, 56, 64, 64, 1, false, 3},
+      {"s2 3x3 128->128", 256, 28, 28, 128, 128, 1, false, 3},
   };
   std::mt19937 rng(5);
   std::uniform_int_distribution<int> code(-128, 127), wcode(-127, 127);
   for (const Shape& s : shapes) {
     Int8Geom g{};
-    g.N = s.n, g.H = s.h, g.W = s.w, g.C4 = s.c / 4, g.K = s.k, g.R = g.S = 1;
+    g.N = s.n, g.H = s.h, g.W = s.w, g.C4 = s.c / 4, g.K = s.k, g.R = g.S = s.r;
     g.P = (s.h - 1) / s.stride + 1, g.Q = (s.w - 1) / s.stride + 1;
-    g.sh = g.sw = s.stride, g.dh = g.dw = 1, g.ph = g.pw = 0;
-    g.M = g.N * g.P * g.Q, g.KW = g.C4;
-    const size_t xn = static_cast<size_t>(s.n) * s.h * s.w * s.c, wn = size_t(s.k) * s.c,
-                 yn = size_t(g.M) * s.k;
+    g.sh = g.sw = s.stride, g.dh = g.dw = 1, g.ph = g.pw = s.r / 2;
+    g.M = g.N * g.P * g.Q, g.KW = g.R * g.S * g.C4;
+    const size_t xn = static_cast<size_t>(s.n) * s.h * s.w * s.c,
+                 wn = size_t(s.k) * s.c * s.r * s.r, yn = size_t(g.M) * s.k;
     std::vector<int8_t> hx(xn), hw(wn), hz(s.residual ? yn : 0);
     for (auto& v : hx) v = static_cast<int8_t>(code(rng));
     for (auto& v : hw) v = static_cast<int8_t>(wcode(rng));
     for (auto& v : hz) v = static_cast<int8_t>(code(rng));
     std::vector<float> hsb(2 * s.k);
-    for (int i = 0; i < s.k; ++i) hsb[i] = 1e-3f * (1 + i % 7), hsb[s.k + i] = 0.01f * (i % 5 - 2);
+    // Channel scales that put y / sy mostly inside the int8 range (the codes compared below are
+    // not all saturated): the accumulator's spread is about sqrt(R * S * C) * 74 * 73.
+    const float unit = 40.f * 0.04f / (std::sqrt(float(s.r * s.r * s.c)) * 74.f * 73.f);
+    for (int i = 0; i < s.k; ++i) hsb[i] = unit * (1 + i % 7) / 4, hsb[s.k + i] = 0.01f * (i % 5 - 2);
     int8_t *x = upload(hx), *w = upload(hw), *z = s.residual ? upload(hz) : nullptr;
     float* sb = upload(hsb);
     int8_t *y = nullptr, *y_ref = nullptr;
@@ -130,7 +138,8 @@ int main(int argc, char** argv) {
     e.act.act = kiln::gpu::Act::kRelu;
     const double bytes = double(s.n) * s.h * s.w * s.c / (s.stride * s.stride) + wn +
                          (s.residual ? 2.0 : 1.0) * double(yn);
-    std::printf("%-28s M %d C %d K %d: %.1f MB moved at least\n", s.name, g.M, s.c, s.k, bytes / 1e6);
+    std::printf("%-28s M %d C %d K %d R %d: %.1f MB moved at least\n", s.name, g.M, s.c, s.k, s.r,
+                bytes / 1e6);
     // The floor: a device-to-device copy of as many bytes (read + write counted, as above).
     int8_t *ca = nullptr, *cb = nullptr;
     PW_CHECK(cudaMalloc(&ca, size_t(bytes / 2)));
@@ -140,6 +149,8 @@ int main(int argc, char** argv) {
     std::printf("    %-22s %8.4f ms %7.0f GB/s\n", "copy (floor)", copy_ms, bytes / copy_ms / 1e6);
     PW_CHECK(cudaFree(ca));
     PW_CHECK(cudaFree(cb));
+    int per_sm3 = 0;
+    PW_CHECK(kiln::gpu::prepare_int8_conv3x3(g, true, &per_sm3));
     struct Kernel {
       std::string name;
       std::function<const char*()> launch;
@@ -149,6 +160,7 @@ int main(int argc, char** argv) {
         {"pipelined n128", [&] { return kiln::gpu::launch_int8_pipelined(x, w, y, g, e, 128, 0); }},
         {"pointwise n64", [&] { return kiln::gpu::launch_int8_pointwise(x, w, y, g, e, 64, 0); }},
         {"pointwise n128", [&] { return kiln::gpu::launch_int8_pointwise(x, w, y, g, e, 128, 0); }},
+        {"conv3x3", [&] { return kiln::gpu::launch_int8_conv3x3(x, w, y, g, e, per_sm3, 0); }},
     };
     bool first = true;
     for (const Kernel& k : kernels) {
@@ -162,16 +174,27 @@ int main(int argc, char** argv) {
       if (first) {
         PW_CHECK(cudaMemcpy(y_ref, y, yn, cudaMemcpyDeviceToDevice));
         first = false;
+        std::vector<int8_t> b(yn);
+        PW_CHECK(cudaMemcpy(b.data(), y_ref, yn, cudaMemcpyDeviceToHost));
+        const auto sat = std::count(b.begin(), b.end(), int8_t{127});
+        std::printf("    (%.1f%% of its codes are 127, %.1f%% are 0)\n", 100.0 * double(sat) / double(yn),
+                    100.0 * double(std::count(b.begin(), b.end(), int8_t{0})) / double(yn));
       } else {
         std::vector<int8_t> a(yn), b(yn);
         PW_CHECK(cudaMemcpy(a.data(), y, yn, cudaMemcpyDeviceToHost));
         PW_CHECK(cudaMemcpy(b.data(), y_ref, yn, cudaMemcpyDeviceToHost));
         size_t diff = 0;
-        for (size_t i = 0; i < yn; ++i) diff += a[i] != b[i];
-        // The pointwise kernel's epilogue is reassociated (within one code of the reference's).
+        int worst = 0;
+        for (size_t i = 0; i < yn; ++i) {
+          diff += a[i] != b[i];
+          worst = std::max(worst, std::abs(int(a[i]) - int(b[i])));
+        }
+        // The pointwise and 3x3 kernels' epilogues are reassociated (within one code of the
+        // reference's): more than one is a wrong kernel.
         if (diff)
-          std::printf("    %-22s %zu codes (%.5f%%) differ from the first kernel's\n", k.name.c_str(),
-                      diff, 100.0 * double(diff) / double(yn));
+          std::printf("    %-22s %zu codes (%.5f%%) differ from the first kernel's, by at most %d%s\n",
+                      k.name.c_str(), diff, 100.0 * double(diff) / double(yn), worst,
+                      worst > 1 ? "  WRONG" : "");
       }
       const float ms = median_ms([&] { k.launch(); }, runs);
       std::printf("    %-22s %8.4f ms %7.0f GB/s\n", k.name.c_str(), ms, bytes / ms / 1e6);

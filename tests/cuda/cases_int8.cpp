@@ -176,6 +176,18 @@ std::vector<OpCase> int8_cases() {
                              Residual::kInt8, "Relu")));
   v.push_back(int8_conv(spec("i8_pw_1x1_c256_s2_noact", {2, 256, 29, 27}, {128, 256, 1, 1},
                              conv_attrs({0, 0, 0, 0}, {2, 2}), Residual::kNone, "")));
+  // The persistent 3x3 kernel (conv_int8.conv3x3: stride 1, padding 1, C of 64 or 128): ResNet's
+  // 56x56 maps (25 tiles an image, the last one half full, several tiles a block), a width that
+  // does not divide a tile (rows wrap inside it) with a residual, K of two blocks, an image
+  // smaller than a tile and one wider than a tile (a tile within one row).
+  v.push_back(int8_conv(
+      spec("i8_k3_c64_56x56_relu", {4, 64, 56, 56}, {64, 64, 3, 3}, same3, Residual::kNone, "Relu")));
+  v.push_back(int8_conv(spec("i8_k3_c128_k128_res", {3, 128, 28, 27}, {128, 128, 3, 3}, same3,
+                             Residual::kInt8, "Relu")));
+  v.push_back(int8_conv(
+      spec("i8_k3_c64_tiny_noact", {2, 64, 5, 3}, {128, 64, 3, 3}, same3, Residual::kNone, "")));
+  v.push_back(int8_conv(
+      spec("i8_k3_c64_wide", {1, 64, 3, 150}, {64, 64, 3, 3}, same3, Residual::kInt8, "Relu")));
   v.push_back(int8_conv(
       spec("i8_pl_3x3_res", {2, 64, 11, 9}, {64, 64, 3, 3}, same3, Residual::kInt8, "Relu")));
   v.push_back(int8_conv(spec("i8_pl_3x3_s2", {1, 128, 15, 13}, {128, 128, 3, 3},

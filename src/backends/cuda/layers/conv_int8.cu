@@ -290,9 +290,9 @@ bool int8_supports(const LayerDesc& d, std::string* why) {
 }
 
 // Which kernel a tactic runs: the implicit GEMM on tensor cores or on __dp4a, the pipelined one
-// for int8 chains with 64-channel multiples (conv_int8_pipelined.cu), or the persistent
-// pointwise one for their 1x1 layers (conv_int8_pointwise.cu).
-enum class Int8Kernel { kMma, kDp4a, kPipelined, kPointwise };
+// for int8 chains with 64-channel multiples (conv_int8_pipelined.cu), or the persistent ones for
+// their 1x1 layers (conv_int8_pointwise.cu) and 3x3 layers (conv_int8_3x3.cu).
+enum class Int8Kernel { kMma, kDp4a, kPipelined, kPointwise, kConv3x3 };
 
 class Int8ConvLayer final : public Layer {
  public:
@@ -397,6 +397,8 @@ class Int8ConvLayer final : public Layer {
     if (kernel_ == Int8Kernel::kPointwise) KILN_CUDA_CHECK(prepare_int8_pointwise());
     g_.M = g_.N * g_.P * g_.Q;
     g_.KW = g_.R * g_.S * g_.C4;
+    if (kernel_ == Int8Kernel::kConv3x3)
+      KILN_CUDA_CHECK(prepare_int8_conv3x3(g_, e_.act.act == Act::kRelu, &per_sm_));
     if (in[0].numel() >= (int64_t(1) << 33) || out[0].numel() >= (int64_t(1) << 31) ||
         static_cast<int64_t>(g_.M) * g_.K != out[0].numel())
       return KILN_ERROR("{}: tensor too large or shapes inconsistent for the INT8 kernel",
@@ -422,16 +424,23 @@ class Int8ConvLayer final : public Layer {
       e.z = in[3].data;
       e.z_type = in[3].dtype;
     }
-    if (kernel_ == Int8Kernel::kPipelined || kernel_ == Int8Kernel::kPointwise) {
+    if (kernel_ == Int8Kernel::kPipelined || kernel_ == Int8Kernel::kPointwise ||
+        kernel_ == Int8Kernel::kConv3x3) {
+      static constexpr const char* kNames[] = {"", "", "pipelined", "pointwise", "3x3"};
+      const char* name = kNames[static_cast<int>(kernel_)];
       if (out[0].dtype != DataType::kInt8)
-        return KILN_ERROR("{}: the pipelined INT8 kernel writes int8 only", node_->label());
-      const bool pw = kernel_ == Int8Kernel::kPointwise;
-      const char* why = (pw ? launch_int8_pointwise : launch_int8_pipelined)(
-          static_cast<const int8_t*>(in[0].data), static_cast<const int8_t*>(weights_.get()),
-          static_cast<int8_t*>(out[0].data), g_, e, K_ % tile_n_ == 0 ? tile_n_ : 64, rc.stream);
-      if (*why)
-        return KILN_ERROR("{}: {} INT8 kernel: {}", node_->label(), pw ? "pointwise" : "pipelined", why);
-      KILN_CUDA_LAUNCH_CHECK("INT8 pipelined conv kernel");
+        return KILN_ERROR("{}: the {} INT8 kernel writes int8 only", node_->label(), name);
+      const auto* x = static_cast<const int8_t*>(in[0].data);
+      const auto* w = static_cast<const int8_t*>(weights_.get());
+      auto* y = static_cast<int8_t*>(out[0].data);
+      const int tile_n = K_ % tile_n_ == 0 ? tile_n_ : 64;
+      const char* why =
+          kernel_ == Int8Kernel::kConv3x3 ? launch_int8_conv3x3(x, w, y, g_, e, per_sm_, rc.stream)
+          : kernel_ == Int8Kernel::kPointwise
+              ? launch_int8_pointwise(x, w, y, g_, e, tile_n, rc.stream)
+              : launch_int8_pipelined(x, w, y, g_, e, tile_n, rc.stream);
+      if (*why) return KILN_ERROR("{}: {} INT8 kernel: {}", node_->label(), name, why);
+      KILN_CUDA_LAUNCH_CHECK("INT8 conv kernel (int8 output)");
       return Status::Ok();
     }
     const auto* x = static_cast<const int32_t*>(in[0].data);
@@ -469,6 +478,7 @@ class Int8ConvLayer final : public Layer {
   const Node* node_;
   Int8Kernel kernel_;
   int tile_n_;  // the pipelined/pointwise kernel's output channels per block (variant n128 / n64)
+  int per_sm_ = 0;  // the 3x3 kernel's resident blocks per SM at the configured shapes
   bool conv_ = true, transposed_ = false, has_bias_ = false;
   int64_t K_ = 0, C_ = 0, R_ = 1, S_ = 1;
   std::vector<int8_t> host_w_;
@@ -521,10 +531,45 @@ bool pointwise_supports(const LayerDesc& d, std::string* why) {
   return true;
 }
 
+// The persistent 3x3 kernel's problems (conv_int8_3x3.cu): the pipelined kernel's, as a 3x3
+// convolution with stride 1, padding 1 on every side and dilation 1, C of 64 or 128, no
+// activation or ReLU, and an input width known at build time for which the kernel's input patch
+// fits in shared memory (a wider image at run time would not launch).
+bool conv3x3_supports(const LayerDesc& d, std::string* why) {
+  if (!pipelined_supports(d, why)) return false;
+  const Node& n = *d.node;
+  const Tensor* w = d.in_const(1);
+  if (w->rank() != 4 || w->dim(2) != 3 || w->dim(3) != 3) return *why = "not a 3x3 convolution", false;
+  auto all = [&](const char* attr, int64_t v) {
+    const auto a = n.attrs.get_ints(attr, {});
+    return std::all_of(a.begin(), a.end(), [v](int64_t x) { return x == v; });
+  };
+  if (!all("strides", 1) || !all("dilations", 1)) return *why = "strided or dilated", false;
+  if (n.attrs.get_ints("pads", {}).size() != 4 || !all("pads", 1) ||
+      n.attrs.get_string("auto_pad", "NOTSET") != "NOTSET")
+    return *why = "padding is not 1 on every side", false;
+  if (const int64_t C = w->dim(1); C != 64 && C != 128)
+    return *why = "C must be 64 or 128 (the filter stays in shared memory)", false;
+  ActParams act;
+  read_activation(n.attrs, &act);
+  if (act.act != Act::kNone && act.act != Act::kRelu) return *why = "activations other than ReLU", false;
+  const TensorType& xt = d.in_type(0);
+  if (xt.rank() != 4 || !(*xt.dims)[3].is_static())
+    return *why = "the input width is not known at build time", false;
+  Int8Geom g{};
+  g.N = 1, g.C4 = static_cast<int>(w->dim(1) / 4), g.K = static_cast<int>(w->dim(0));
+  g.R = g.S = 3, g.sh = g.sw = g.dh = g.dw = g.ph = g.pw = 1;
+  g.W = g.Q = static_cast<int>((*xt.dims)[3].value);
+  g.H = g.P = (*xt.dims)[2].is_static() ? static_cast<int>((*xt.dims)[2].value) : 1 << 20;
+  if (const char* unfit = int8_conv3x3_unfit(g); *unfit) return *why = unfit, false;
+  return true;
+}
+
 Expected<std::unique_ptr<Layer>> create_int8(const LayerDesc& d, Int8Kernel kernel) {
   std::string why;
   const bool ok = kernel == Int8Kernel::kPipelined    ? pipelined_supports(d, &why)
                   : kernel == Int8Kernel::kPointwise ? pointwise_supports(d, &why)
+                  : kernel == Int8Kernel::kConv3x3   ? conv3x3_supports(d, &why)
                                                      : int8_supports(d, &why);
   if (!ok) return KILN_ERROR("{}: INT8 kernel: {}", d.node->label(), why);
   auto layer = std::make_unique<Int8ConvLayer>(d, kernel);
@@ -555,6 +600,10 @@ bool int8_pointwise_supports(const LayerDesc& d, std::string* why) {
 }
 Expected<std::unique_ptr<Layer>> create_int8_pointwise(const LayerDesc& d) {
   return create_int8(d, Int8Kernel::kPointwise);
+}
+bool int8_conv3x3_supports(const LayerDesc& d, std::string* why) { return conv3x3_supports(d, why); }
+Expected<std::unique_ptr<Layer>> create_int8_conv3x3(const LayerDesc& d) {
+  return create_int8(d, Int8Kernel::kConv3x3);
 }
 
 }  // namespace kiln::gpu

@@ -60,4 +60,14 @@ const char* int8_pointwise_unfit(const Int8Geom& g, int tile_n);
 const char* launch_int8_pointwise(const int8_t* x, const int8_t* w, int8_t* y, const Int8Geom& g,
                                   const Int8Epilogue& e, int tile_n, cudaStream_t stream);
 
+// The persistent 3x3 kernel (conv_int8_3x3.cu): 3x3, stride 1, padding 1, dilation 1, C of 64 or
+// 128, K % 64 == 0, Y int8, the residual int8 or absent, no activation or ReLU, an input row narrow
+// enough for the input patch in shared memory. prepare (configure time, for these shapes) makes
+// the shared-memory opt-in and finds how many blocks fit per SM (0 when the geometry does not fit:
+// launch then says why); launch takes that count.
+const char* int8_conv3x3_unfit(const Int8Geom& g);
+cudaError_t prepare_int8_conv3x3(const Int8Geom& g, bool relu, int* per_sm);
+const char* launch_int8_conv3x3(const int8_t* x, const int8_t* w, int8_t* y, const Int8Geom& g,
+                                const Int8Epilogue& e, int per_sm, cudaStream_t stream);
+
 }  // namespace kiln::gpu

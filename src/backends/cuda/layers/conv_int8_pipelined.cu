@@ -103,7 +103,6 @@ __global__ void __launch_bounds__(kPwThreads)
   cp_async_commit();  // the residual tile and step 0
   int32_t acc[2][NI][4] = {};
   const int wm = (warp % 4) * 32, wn = (warp / 4) * (N / 2);
-  const int gq = lane / 4, tq = lane % 4;
   for (int s = 0; s < steps; ++s) {
     const int cur = s & 1;
     if (s + 1 < steps) {
@@ -119,24 +118,8 @@ __global__ void __launch_bounds__(kPwThreads)
     const uint32_t* xb = xs + cur * kPwM * kPwRowWords;
     const uint32_t* wb = ws + cur * N * kPwRowWords;
 #pragma unroll
-    for (int o = 0; o < kPwStep / 4; o += 8) {  // two k32 steps
-      uint32_t a[2][4];
-#pragma unroll
-      for (int mi = 0; mi < 2; ++mi) {
-        const int row = wm + mi * 16 + gq;
-        a[mi][0] = xb[row * kPwRowWords + o + tq];
-        a[mi][1] = xb[(row + 8) * kPwRowWords + o + tq];
-        a[mi][2] = xb[row * kPwRowWords + o + tq + 4];
-        a[mi][3] = xb[(row + 8) * kPwRowWords + o + tq + 4];
-      }
-#pragma unroll
-      for (int ni = 0; ni < NI; ++ni) {
-        const int col = wn + ni * 8 + gq;
-        const uint32_t b0 = wb[col * kPwRowWords + o + tq], b1 = wb[col * kPwRowWords + o + tq + 4];
-#pragma unroll
-        for (int mi = 0; mi < 2; ++mi) mma_s8(acc[mi][ni], a[mi], b0, b1);
-      }
-    }
+    for (int o = 0; o < kPwStep / 4; o += 8)  // two k32 steps
+      pw_mma_k32<NI>(acc, xb, kPwRowWords, wb, kPwRowWords, o, wm, wn, lane);
     __syncthreads();
   }
   // The residual landed with the last wait. Each pair of adjacent channels of the tile belongs to

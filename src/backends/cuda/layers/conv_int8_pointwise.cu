@@ -96,7 +96,6 @@ __global__ void __launch_bounds__(kThreads)
   if (tile + step < tiles) load_tile(1, tile + step);
   cp_async_commit();
   const int wm = (warp % 4) * 32, wn = (warp / 4) * (N / 2);
-  const int gq = lane / 4, tq = lane % 4;
   for (int it = 0; tile < tiles; ++it, tile += step) {
     const int st = it & 1;
     cp_async_wait<1>();  // every group but the newest (the next tile's) has landed
@@ -105,24 +104,8 @@ __global__ void __launch_bounds__(kThreads)
     const uint32_t* wb = reinterpret_cast<const uint32_t*>(ws);
     int32_t acc[2][NI][4] = {};
 #pragma unroll
-    for (int o = 0; o < C / 4; o += 8) {  // k32 steps
-      uint32_t a[2][4];
-#pragma unroll
-      for (int mi = 0; mi < 2; ++mi) {
-        const int row = wm + mi * 16 + gq;
-        a[mi][0] = xb[row * kXWords + o + tq];
-        a[mi][1] = xb[(row + 8) * kXWords + o + tq];
-        a[mi][2] = xb[row * kXWords + o + tq + 4];
-        a[mi][3] = xb[(row + 8) * kXWords + o + tq + 4];
-      }
-#pragma unroll
-      for (int ni = 0; ni < NI; ++ni) {
-        const int col = wn + ni * 8 + gq;
-        const uint32_t b0 = wb[col * kXWords + o + tq], b1 = wb[col * kXWords + o + tq + 4];
-#pragma unroll
-        for (int mi = 0; mi < 2; ++mi) mma_s8(acc[mi][ni], a[mi], b0, b1);
-      }
-    }
+    for (int o = 0; o < C / 4; o += 8)  // k32 steps over the whole reduction
+      pw_mma_k32<NI>(acc, xb, kXWords, wb, kXWords, o, wm, wn, lane);
     int8_t* zt = zy + st * kTileM * kZRow;
     pw_epilogue_fused<N, Act == kPwRelu>(acc, zt, kZRow, sb, wm, wn, lane, szy, z != nullptr);
     __syncthreads();

@@ -1,5 +1,5 @@
 // Device helpers shared by kiln's INT8 kernels that write int8 tiles through shared memory
-// (conv_int8_pipelined.cu, conv_int8_pointwise.cu): cp.async, and the epilogues of a 128-pixel x
+// (conv_int8_pipelined.cu, conv_int8_pointwise.cu, conv_int8_3x3.cu): cp.async, and the epilogues of a 128-pixel x
 // N-channel tile held in mma.sync m16n8k32 accumulator fragments: the reference's arithmetic
 // (pw_epilogue: the CPU reference's codes), or reassociated as TensorRT and the INT8 libraries do
 // it (pw_epilogue_fused: within one code of them).
@@ -61,6 +61,75 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending));
 }
 
+// One k32 step (word offset o) of a warp's 32-pixel x N / 2-channel share of a 128-pixel tile
+// (mma.sync m16n8k32 s8): A from the tile's pixel rows xb (x_words words per row), B from the
+// weight rows wb (w_words per row); rows padded by 16 bytes read without bank conflicts.
+template <int NI>
+__device__ __forceinline__ void pw_mma_k32(int32_t (&acc)[2][NI][4], const uint32_t* xb,
+                                           int x_words, const uint32_t* wb, int w_words, int o,
+                                           int wm, int wn, int lane) {
+  const int gq = lane / 4, tq = lane % 4;
+  uint32_t a[2][4];
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi) {
+    const int row = wm + mi * 16 + gq;
+    a[mi][0] = xb[row * x_words + o + tq];
+    a[mi][1] = xb[(row + 8) * x_words + o + tq];
+    a[mi][2] = xb[row * x_words + o + tq + 4];
+    a[mi][3] = xb[(row + 8) * x_words + o + tq + 4];
+  }
+#pragma unroll
+  for (int ni = 0; ni < NI; ++ni) {
+    const int col = wn + ni * 8 + gq;
+    const uint32_t b0 = wb[col * w_words + o + tq], b1 = wb[col * w_words + o + tq + 4];
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi) mma_s8(acc[mi][ni], a[mi], b0, b1);
+  }
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// The ldmatrix lanes of a k32 step (ldm_mma_k32). A: the lane gives the address of row
+// ldm_a_row(lane) of its warp's 16-row fragment, at byte ldm_a_k(lane) of the step (matrices
+// j = lane / 8: rows 0-7 | 8-15, then k 0-15 | 16-31). B: the row (output channel) ldm_b_row(lane)
+// of 16, at byte ldm_b_k(lane) (matrices: channels 0-7 k 0-15, 0-7 k 16-31, 8-15 k 0-15, 8-15 k
+// 16-31).
+__device__ __forceinline__ int ldm_a_row(int lane) { return (lane & 7) + ((lane >> 3) & 1) * 8; }
+__device__ __forceinline__ int ldm_a_k(int lane) { return (lane >> 4) * 16; }
+__device__ __forceinline__ int ldm_b_row(int lane) { return (lane & 7) + ((lane >> 4) & 1) * 8; }
+__device__ __forceinline__ int ldm_b_k(int lane) { return ((lane >> 3) & 1) * 16; }
+
+// One k32 step of a warp's 32-pixel x 8 * NI-channel share of a tile (mma.sync m16n8k32 s8) with
+// its fragments read by ldmatrix: a[mi] the shared address this lane gives for A rows mi * 16..
+// (its row ldm_a_row(lane), byte ldm_a_k(lane) of the step: any row order, so an implicit GEMM
+// gathers its rows here), b the address it gives for the first 16 channels' B rows, the next 16
+// being w_row bytes * 16 further. Rows padded by 16 bytes past a multiple of 128 (or any stride
+// that is an odd multiple of 16) put the 8 rows of a matrix in distinct banks.
+template <int NI>
+__device__ __forceinline__ void ldm_mma_k32(int32_t (&acc)[2][NI][4], const uint32_t (&a)[2],
+                                            uint32_t b, int w_row) {
+  uint32_t af[2][4];
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi) ldmatrix_x4(af[mi], a[mi]);
+#pragma unroll
+  for (int nb = 0; nb < NI / 2; ++nb) {
+    uint32_t bf[4];
+    ldmatrix_x4(bf, b + nb * 16 * w_row);
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi) {
+      mma_s8(acc[mi][2 * nb], af[mi], bf[0], bf[1]);
+      mma_s8(acc[mi][2 * nb + 1], af[mi], bf[2], bf[3]);
+    }
+  }
+}
+
 // Calls f(a0, a1, sb2, p) for each pair of adjacent channels of a row that this thread holds in a
 // tile's accumulators acc[2][N / 16][4] (a warp at pixel rows wm.. wm + 31, channels wn.. wn +
 // N / 2 - 1: the fragment layout of mma.sync m16n8k32): a0 and a1 the two accumulators, sb2 the
@@ -118,9 +187,10 @@ __device__ __forceinline__ void pw_epilogue(const int32_t (&acc)[2][N / 16][4], 
 // (float products and sums, then a division by sy: pw_epilogue) only in rounding, so a code may
 // move by one where the value lies within a few float32 ulps of a half-integer (test-backend-ops
 // holds it to the libraries' bound). About 9 instructions per element with a residual against
-// the reference's 20: these layers are bound by instruction issue on the H100. Needs |acc| <= 2^22
-// (R * S * C <= 256). NaN (from a NaN bias) gives 0, as the reference.
-template <int N, bool Relu>
+// the reference's 20: these layers are bound by instruction issue on the H100. SmallAcc: |acc| <=
+// 2^22 (R * S * C <= 256), converted without the conversion unit; else by it (the 3x3 kernel).
+// NaN (from a NaN bias) gives 0, as the reference.
+template <int N, bool Relu, bool SmallAcc = true>
 __device__ __forceinline__ void pw_epilogue_fused(const int32_t (&acc)[2][N / 16][4], int8_t* zy,
                                                   int zy_row, const float* sb, int wm, int wn,
                                                   int lane, float szy, bool has_z) {
@@ -131,8 +201,10 @@ __device__ __forceinline__ void pw_epilogue_fused(const int32_t (&acc)[2][N / 16
   };
   pw_for_each_pair<N>(acc, zy, zy_row, sb, wm, wn, lane,
                       [&](int32_t a0, int32_t a1, const float4& sb2, uint16_t* p) {
-                        float t0 = __fmaf_rn(small_int_to_float(a0), sb2.x, sb2.y);
-                        float t1 = __fmaf_rn(small_int_to_float(a1), sb2.z, sb2.w);
+                        const float f0 = SmallAcc ? small_int_to_float(a0) : __int2float_rn(a0);
+                        const float f1 = SmallAcc ? small_int_to_float(a1) : __int2float_rn(a1);
+                        float t0 = __fmaf_rn(f0, sb2.x, sb2.y);
+                        float t1 = __fmaf_rn(f1, sb2.z, sb2.w);
                         if (has_z) {
                           const float2 zc = residual_codes(*p);
                           t0 = __fmaf_rn(zc.x, szy, t0);

@@ -32,6 +32,8 @@ std::vector<std::string> int8_pipelined_variants(const LayerDesc& d);
 Expected<std::unique_ptr<Layer>> create_int8_pipelined(const LayerDesc& d);  // conv_int8_pipelined.cu
 bool int8_pointwise_supports(const LayerDesc& d, std::string* why);
 Expected<std::unique_ptr<Layer>> create_int8_pointwise(const LayerDesc& d);  // conv_int8_pointwise.cu
+bool int8_conv3x3_supports(const LayerDesc& d, std::string* why);
+Expected<std::unique_ptr<Layer>> create_int8_conv3x3(const LayerDesc& d);  // conv_int8_3x3.cu
 
 namespace {
 
@@ -294,6 +296,8 @@ const TacticDef kConvTactics[] = {
      int8_pipelined_supports, create_int8_pipelined, int8_pipelined_variants},
     {"kiln", "FusedConv", "conv_int8.pointwise", kI8 | kF32 | kF16 | kNHWC, 0,
      int8_pointwise_supports, create_int8_pointwise, int8_pipelined_variants},
+    {"kiln", "FusedConv", "conv_int8.conv3x3", kI8 | kF32 | kF16 | kNHWC, 0,
+     int8_conv3x3_supports, create_int8_conv3x3},
     {"", "ConvTranspose", "cudnn.convt", kF32 | kF16 | kF64, 0, convt_supports, create_convt},
 };
 
