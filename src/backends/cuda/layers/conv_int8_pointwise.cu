@@ -38,7 +38,7 @@ __global__ void __launch_bounds__(kThreads)
     int8_pointwise(const int8_t* __restrict__ x, const int8_t* __restrict__ w,
                    int8_t* __restrict__ y, Int8Geom g, Int8Epilogue e, int tiles, FastDiv by_q,
                    FastDiv by_pq) {
-  constexpr int kXRow = C + 16, kXWords = kXRow / 4, kZRow = N + 16;
+  constexpr int kXRow = C + 16, kZRow = N + 16;
   constexpr int kXChunks = C / 16, kZChunks = N / 16;  // 16-byte chunks per row
   constexpr int NI = N / 16;  // 8-channel mma columns per warp (a warp covers N / 2 channels)
   extern __shared__ __align__(16) unsigned char smem[];
@@ -96,16 +96,21 @@ __global__ void __launch_bounds__(kThreads)
   if (tile + step < tiles) load_tile(1, tile + step);
   cp_async_commit();
   const int wm = (warp % 4) * 32, wn = (warp / 4) * (N / 2);
+  // ldmatrix addresses (ldm_mma_k32): this lane's A rows in a stage, its B row in the weights.
+  const uint32_t arow[2] = {static_cast<uint32_t>((wm + ldm_a_row(lane)) * kXRow + ldm_a_k(lane)),
+                            static_cast<uint32_t>((wm + 16 + ldm_a_row(lane)) * kXRow + ldm_a_k(lane))};
+  const uint32_t wrow = smem_u32(ws) + (wn + ldm_b_row(lane)) * kXRow + ldm_b_k(lane);
   for (int it = 0; tile < tiles; ++it, tile += step) {
     const int st = it & 1;
     cp_async_wait<1>();  // every group but the newest (the next tile's) has landed
     __syncthreads();
-    const uint32_t* xb = reinterpret_cast<const uint32_t*>(xs + st * kTileM * kXRow);
-    const uint32_t* wb = reinterpret_cast<const uint32_t*>(ws);
+    const uint32_t xb = smem_u32(xs + st * kTileM * kXRow);
     int32_t acc[2][NI][4] = {};
 #pragma unroll
-    for (int o = 0; o < C / 4; o += 8)  // k32 steps over the whole reduction
-      pw_mma_k32<NI>(acc, xb, kXWords, wb, kXWords, o, wm, wn, lane);
+    for (int kk = 0; kk < C / 32; ++kk) {  // k32 steps over the whole reduction
+      const uint32_t a[2] = {xb + arow[0] + kk * 32, xb + arow[1] + kk * 32};
+      ldm_mma_k32<NI>(acc, a, wrow + kk * 32, kXRow);
+    }
     int8_t* zt = zy + st * kTileM * kZRow;
     pw_epilogue_fused<N, Act == kPwRelu>(acc, zt, kZRow, sb, wm, wn, lane, szy, z != nullptr);
     __syncthreads();
