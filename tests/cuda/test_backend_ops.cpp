@@ -3,9 +3,11 @@
 // its reason, and without a GPU every test skips and says so.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
+#include <map>
 #include <functional>
 #include <random>
 
@@ -211,7 +213,10 @@ void run_case(const OpCase& c, const std::string& tactic, const std::string& mod
   ASSERT_TRUE(engine.ok()) << engine.status().message();
   // Was the tactic under test really chosen for the node?
   const std::string plan = (*engine)->backend_plan_json();
-  if (plan.find("\"" + tactic + "\"") == std::string::npos)
+  const size_t slash = tactic.find('/');  // NAME/VARIANT: that variant of the tactic
+  if (plan.find("\"" + tactic.substr(0, slash) + "\"") == std::string::npos ||
+      (slash != std::string::npos &&
+       plan.find("\"variant\":\"" + tactic.substr(slash + 1) + "\"") == std::string::npos))
     GTEST_SKIP() << "not applicable: another tactic was chosen (" << plan.substr(0, 200) << ")";
   auto ctx = (*engine)->create_context();
   ASSERT_TRUE(ctx.ok()) << ctx.status().message();
@@ -230,7 +235,9 @@ void run_case(const OpCase& c, const std::string& tactic, const std::string& mod
     // KILN_TEST_DUMP=DIR keeps a failing case's inputs, reference and result as .npy files.
     const char* dump = std::getenv("KILN_TEST_DUMP");
     if (!err.empty() && dump) {
-      const std::string base = fmt::format("{}/{}_{}_{}_", dump, c.name, tactic, mode);
+      std::string flat = tactic;  // NAME/VARIANT: one file name
+      std::replace(flat.begin(), flat.end(), '/', '_');
+      const std::string base = fmt::format("{}/{}_{}_{}_", dump, c.name, flat, mode);
       for (size_t i = 0; i < feeds.size(); ++i)
         (void)write_npy(base + g->inputs()[i]->name + ".npy", feeds[i]);
       for (const Value* v : ins)
@@ -247,7 +254,8 @@ void run_case(const OpCase& c, const std::string& tactic, const std::string& mod
       // folded into the channel scale, fused multiply-adds): a few more move. int8fp16 rounds
       // float residuals to float16 first (~1%).
       const bool own = (tactic.rfind("conv_int8", 0) == 0 || tactic.rfind("gemm_int8", 0) == 0) &&
-                       tactic != "conv_int8.pointwise" && tactic != "conv_int8.conv3x3";
+                       tactic.rfind("conv_int8.pointwise", 0) != 0 &&
+                       tactic.rfind("conv_int8.conv3x3", 0) != 0;
       if (mode == "int8") {
         EXPECT_LE(off, own ? 1e-3 : 5e-3) << "more codes off by one than rounding explains";
       }
@@ -288,15 +296,27 @@ void register_all() {
       {"gemm_pool", gemm_pool_cases},     {"types", types_cases},
       {"attention", attention_cases},     {"int8", int8_cases},
   };
+  // Tactics whose variants are different kernels (tile shapes): each variant is a test of its own
+  // (forced as NAME/VARIANT); an untuned build would only ever run the first.
+  const std::map<std::string, std::vector<std::string>> kernel_variants = {
+      {"conv_int8.pipelined", {"n128", "n64"}},
+      {"conv_int8.pointwise", {"n128", "n64"}},
+  };
   for (const auto& [family, fn] : families) {
     for (const OpCase& c : fn()) {
       for (const TacticDef* t : tactics_for(c.domain, c.op_type)) {
         if (c.int8() && !(t->caps & kI8)) continue;  // INT8 cases: INT8 tactics only
-        for (const std::string& mode : c.modes) {
-          const std::string name = clean(c.name) + "/" + clean(std::string(t->name)) + "/" + mode;
-          ::testing::RegisterTest(family, name.c_str(), nullptr, nullptr, __FILE__, __LINE__,
-                                  [=]() -> ::testing::Test* { return new CaseTest(c, std::string(t->name), mode); });
+        std::vector<std::string> forced = {std::string(t->name)};
+        if (auto it = kernel_variants.find(forced[0]); it != kernel_variants.end()) {
+          forced.clear();
+          for (const std::string& v : it->second) forced.push_back(std::string(t->name) + "/" + v);
         }
+        for (const std::string& tactic : forced)
+          for (const std::string& mode : c.modes) {
+            const std::string name = clean(c.name) + "/" + clean(tactic) + "/" + mode;
+            ::testing::RegisterTest(family, name.c_str(), nullptr, nullptr, __FILE__, __LINE__,
+                                    [=]() -> ::testing::Test* { return new CaseTest(c, tactic, mode); });
+          }
       }
     }
   }

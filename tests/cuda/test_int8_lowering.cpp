@@ -153,8 +153,9 @@ TEST(CudaInt8Lowering, SmallCnnChainsInt8Layers) {
     if (p->layers[k].precision != Precision::kINT8) continue;
     ++int8;
     const Node* prev = n->input(0)->producer;
-    if (n->op_type == "FusedConv" && prev && prev->op_type == "FusedConv")
+    if (n->op_type == "FusedConv" && prev && prev->op_type == "FusedConv") {
       EXPECT_EQ(p->layers[prev->index].out[0].str(), "int8/nhwc") << n->name;
+    }
   }
   EXPECT_EQ(int8, 4);
   EXPECT_EQ(quantizing, 2) << listing;  // x before conv1, Flatten's output before the FC

@@ -129,9 +129,15 @@ struct Lowering {
   // layout first.
   Expected<std::vector<LayerChoice>> candidates(const Node& n, std::string* why_none) {
     auto tactics = tactics_for(n.domain, n.op_type);
-    if (!o.force_tactic.empty() &&
-        std::any_of(tactics.begin(), tactics.end(), [&](auto* t) { return t->name == o.force_tactic; }))
-      std::erase_if(tactics, [&](auto* t) { return t->name != o.force_tactic; });
+    // force_tactic: NAME, or NAME/VARIANT (only that variant of it).
+    const std::string_view forced = std::string_view(o.force_tactic).substr(0, o.force_tactic.find('/'));
+    std::string forced_variant =
+        forced.size() < o.force_tactic.size() ? o.force_tactic.substr(forced.size() + 1) : "";
+    if (!forced.empty() &&
+        std::any_of(tactics.begin(), tactics.end(), [&](auto* t) { return t->name == forced; }))
+      std::erase_if(tactics, [&](auto* t) { return t->name != forced; });
+    else if (!forced.empty())
+      forced_variant.clear();
     if (tactics.empty()) {
       *why_none = "no GPU kernel exists for this op";
       return std::vector<LayerChoice>{};
@@ -143,7 +149,7 @@ struct Lowering {
     if (quant::runs_int8(n)) {
       const DataType flt = want16 ? DataType::kFloat16 : DataType::kFloat32;
       for (const TacticDef* t : tactics)
-        add_if_supported(n, make_int8_choice(n, *t, flt), &out, &reasons);
+        add_if_supported(n, make_int8_choice(n, *t, flt), &out, &reasons, forced_variant);
     }
     std::vector<Precision> precisions;
     if (want16) precisions.push_back(Precision::kFP16);
@@ -160,7 +166,7 @@ struct Lowering {
                              ((t->caps & kAnyLayout) && follows_nhwc(n));
             if (!can) continue;
           }
-          add_if_supported(n, float_choice(n, *t, p, nhwc), &out, &reasons);
+          add_if_supported(n, float_choice(n, *t, p, nhwc), &out, &reasons, forced_variant);
         }
         if (out.size() > before) return out;
       }
@@ -172,7 +178,7 @@ struct Lowering {
   // Appends candidate `c` (one per variant of its tactic) when the tactic takes it, else the
   // reason to `reasons`.
   static void add_if_supported(const Node& n, LayerChoice c, std::vector<LayerChoice>* out,
-                               std::string* reasons) {
+                               std::string* reasons, const std::string& only_variant = "") {
     const TacticDef* t = c.tactic;
     std::string why;
     LayerDesc d = c.desc(&n);
@@ -183,6 +189,7 @@ struct Lowering {
     }
     const auto variants = t->variants ? t->variants(d) : std::vector<std::string>{""};
     for (const auto& v : variants) {
+      if (!only_variant.empty() && v != only_variant) continue;
       c.variant = v;
       out->push_back(c);
     }

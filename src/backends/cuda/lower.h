@@ -22,7 +22,8 @@ struct GpuBuildOptions {
   std::string timing_cache;     // path, or empty
   size_t workspace_limit = size_t(1) << 30;
   bool tune = true;             // time candidates (false: the first supported one, for tests)
-  std::string force_tactic;     // tests: keep only this tactic where it implements the op
+  std::string force_tactic;     // tests: keep only this tactic (NAME or NAME/VARIANT) where it
+                                // implements the op
   std::ostream* log = nullptr;  // --verbose: per-layer candidates and times
 };
 
