@@ -6,6 +6,7 @@
 // fully masked rows, nan_to_zero, long rows, broadcast heads).
 #include <cmath>
 #include <limits>
+#include <tuple>
 
 #include "backend_ops.h"
 
@@ -52,6 +53,18 @@ void pool_cases(std::vector<OpCase>& v) {
   v.push_back(make_case("maxpool_stem_c16", "MaxPool",
                    attrs({{"kernel_shape", k({3, 3})}, {"strides", k({2, 2})}, {"pads", k({1, 1, 1, 1})}}),
                    {in({3, 16, 15, 14})}, kPoolModes));
+  // pool.max.quantize (Y written as the int8 codes of its value's scale; checked within one code
+  // of the float64 max): the stem's 3x3/2 window with padding, and a 2x2 window.
+  for (auto [name, a, shape] : {std::tuple{"maxpool_stem_int8_out",
+                                           attrs({{"kernel_shape", k({3, 3})}, {"strides", k({2, 2})}, {"pads", k({1, 1, 1, 1})}}),
+                                           std::vector<int64_t>{3, 64, 15, 14}},
+                                std::tuple{"maxpool_2x2_int8_out",
+                                           attrs({{"kernel_shape", k({2, 2})}, {"strides", k({2, 2})}}),
+                                           std::vector<int64_t>{2, 16, 8, 9}}}) {
+    OpCase q = make_case(name, "MaxPool", a, {in(shape)}, {"nhwc16"});
+    q.out_scale = {1.1f / 127};
+    v.push_back(std::move(q));
+  }
   v.push_back(make_case("maxpool_dilated_c24", "MaxPool",
                    attrs({{"kernel_shape", k({2, 3})}, {"dilations", k({2, 1})}, {"pads", k({1, 0, 1, 2})}}),
                    {in({2, 24, 9, 10})}, kPoolModes));

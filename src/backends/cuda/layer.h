@@ -118,6 +118,10 @@ enum FormatCaps : uint32_t {
   kFallback = 1u << 6,     // runs what no faster tactic takes (e.g. a fused layer at a precision
                            // its fast kernel lacks), never by itself a reason for the optimizer
                            // to make the layer (the capability query skips it)
+  kQuantOut = 1u << 7,     // a float layer that writes output 0 as the int8 codes of its value's
+                           // scale (sat(rne(y / s)), as the quantizing kiln.Reformat would): its
+                           // candidates store that output int8, and exist only where the value
+                           // has a scale, so it can feed an INT8 chain without a reformat
 };
 
 using SupportsFn = bool (*)(const LayerDesc&, std::string* why_not);

@@ -142,14 +142,18 @@ struct Lowering {
       *why_none = "no GPU kernel exists for this op";
       return std::vector<LayerChoice>{};
     }
-    const auto pin = o.layer_precisions.find(n.name);
-    const bool want16 = pin != o.layer_precisions.end() ? pin->second == "fp16" : o.fp16;
+    const std::string* pin = quant::layer_pin(o.layer_precisions, n.name);
+    const bool want16 = pin && *pin != "int8" ? *pin == "fp16" : o.fp16;
     std::string reasons;
     std::vector<LayerChoice> out;
     if (quant::runs_int8(n)) {
       const DataType flt = want16 ? DataType::kFloat16 : DataType::kFloat32;
       for (const TacticDef* t : tactics)
         add_if_supported(n, make_int8_choice(n, *t, flt), &out, &reasons, forced_variant);
+      // Pinned to int8 (--layer-precisions NAME:int8, or *:int8): INT8 kernels only, however
+      // slow, where one takes the layer (TensorRT's obeyed precision constraints); float
+      // otherwise, as for any INT8 layer no INT8 kernel takes.
+      if (pin && *pin == "int8" && !out.empty()) return out;
     }
     std::vector<Precision> precisions;
     if (want16) precisions.push_back(Precision::kFP16);
@@ -166,7 +170,17 @@ struct Lowering {
                              ((t->caps & kAnyLayout) && follows_nhwc(n));
             if (!can) continue;
           }
-          add_if_supported(n, float_choice(n, *t, p, nhwc), &out, &reasons, forced_variant);
+          LayerChoice c = float_choice(n, *t, p, nhwc);
+          if (t->caps & kQuantOut) {  // output 0 as its value's int8 codes (layer.h)
+            const Value* y = n.output(0);
+            if (!y || !y->has_quant_scale() || !dtype_is_float(y->type.dtype) || c.out.empty()) {
+              reasons += fmt::format("{}{}: its output has no INT8 scale", reasons.empty() ? "" : "; ",
+                                     t->name);
+              continue;
+            }
+            c.out[0].dtype = DataType::kInt8;
+          }
+          add_if_supported(n, std::move(c), &out, &reasons, forced_variant);
         }
         if (out.size() > before) return out;
       }
@@ -366,12 +380,16 @@ void choose_formats(const Graph& g, const std::vector<Node*>& nodes, const std::
   // (chains of INT8 layers whose quantizing and dequantizing reformats exceed what they save);
   // the cheaper result wins, so an INT8 build is never slower, by the tuner's times, than its
   // float fallback.
+  // A float candidate: neither an INT8 layer nor a float one that writes int8 codes.
+  auto is_float = [](const LayerChoice& c) {
+    return c.precision != Precision::kINT8 && !(c.tactic->caps & kQuantOut);
+  };
   std::vector<size_t> float_pick = lpick;
   for (size_t l = 0; l < lpick.size(); ++l) {
     const auto& cs = cands[layer_node[l]];
     for (size_t c = 0; c < cs.size(); ++c)
-      if (cs[c].precision != Precision::kINT8 && cs[c].time_ms >= 0 &&
-          (cs[float_pick[l]].precision == Precision::kINT8 || cs[c].time_ms < cs[float_pick[l]].time_ms))
+      if (is_float(cs[c]) && cs[c].time_ms >= 0 &&
+          (!is_float(cs[float_pick[l]]) || cs[c].time_ms < cs[float_pick[l]].time_ms))
         float_pick[l] = c;
   }
   const double before = choice.total_ms(lpick);

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "kernels/device_util.cuh"
+#include "kernels/int8.cuh"
 #include "ops/conv_util.h"
 #include "tactics.h"
 
@@ -120,9 +121,13 @@ __global__ void maxpool_kernel(const T* __restrict__ x, T* __restrict__ y,
 // general kernel's 64-bit divisions made ResNet-50's stem pool 25x slower than memory allows).
 // Same selection rule as maxpool_kernel; for values the first maximum and the last are equal.
 // K > 0: a KxK window known at compile time (the stem's 3x3), so the loops unroll and the
-// taps' loads issue together.
-template <typename T, int V, int K>
-__global__ void maxpool2d_nhwc_vec(const T* __restrict__ x, T* __restrict__ y, PoolParams p) {
+// taps' loads issue together. Out int8 (pool.max.quantize): Y is written as the int8 codes of
+// scale, quantize_code's codes (those of the quantizing kiln.Reformat, so the pair fused is
+// exact): a CNN's stem pool feeding an INT8 chain writes a quarter of float16's bytes and needs
+// no reformat.
+template <typename T, int V, int K, typename Out = T>
+__global__ void maxpool2d_nhwc_vec(const T* __restrict__ x, Out* __restrict__ y, PoolParams p,
+                                   float scale = 1.f) {
   using C = Compute<T>;
   const int H = static_cast<int>(p.in[1]), W = static_cast<int>(p.in[2]);
   const int P = static_cast<int>(p.out[1]), Q = static_cast<int>(p.out[2]);
@@ -157,11 +162,24 @@ __global__ void maxpool2d_nhwc_vec(const T* __restrict__ x, T* __restrict__ y, P
         found = true;
       }
     }
-    uint4 packed;
-    T* outv = reinterpret_cast<T*>(&packed);
+    const int64_t yo = ((static_cast<int64_t>(n) * P + op) * Q + q) * p.C + cv * V;
+    if constexpr (std::is_same_v<Out, int8_t> && !std::is_same_v<T, int8_t>) {  // quantizing
+      static_assert(V == 4 || V == 8, "4 or 8 codes per thread");
+      using Pack = std::conditional_t<V == 8, uint2, uint32_t>;
+      Pack packed;
+      int8_t* codes = reinterpret_cast<int8_t*>(&packed);
+      const float inv = 1.f / scale;
 #pragma unroll
-    for (int l = 0; l < V; ++l) store(outv, l, found ? best[l] : C(-INFINITY));
-    *reinterpret_cast<uint4*>(y + ((static_cast<int64_t>(n) * P + op) * Q + q) * p.C + cv * V) = packed;
+      for (int l = 0; l < V; ++l)
+        codes[l] = quantize_code_inv(found ? static_cast<float>(best[l]) : -INFINITY, scale, inv);
+      *reinterpret_cast<Pack*>(y + yo) = packed;
+    } else {
+      uint4 packed;
+      T* outv = reinterpret_cast<T*>(&packed);
+#pragma unroll
+      for (int l = 0; l < V; ++l) store(outv, l, found ? best[l] : C(-INFINITY));
+      *reinterpret_cast<uint4*>(y + yo) = packed;
+    }
   }
 }
 
@@ -224,10 +242,31 @@ bool pool_supports(const LayerDesc& d, std::string* why) {
   return true;
 }
 
+// pool.max.quantize (kQuantOut): a 2-D MaxPool on NHWC float16/float32 with Y written as int8
+// codes of its value's scale (the vectorised kernel's int8 form), no Indices.
+bool pool_quantize_supports(const LayerDesc& d, std::string* why) {
+  const Node& n = *d.node;
+  if (d.in_type(0).rank() != 4) return *why = "2-D pooling only", false;
+  if (n.num_outputs() > 1 && n.output(1)) return *why = "the Indices output", false;
+  const TensorFormat& x = d.in[0];
+  if ((x.dtype != DataType::kFloat16 && x.dtype != DataType::kFloat32) || x.layout != Layout::kNHWC)
+    return *why = "X must be float16 or float32 NHWC", false;
+  if (d.out[0].dtype != DataType::kInt8 || d.out[0].layout != Layout::kNHWC || !n.output(0)->has_quant_scale())
+    return *why = "Y must be int8 NHWC codes of a scale", false;
+  const Dim& c = (*d.in_type(0).dims)[1];
+  if (!c.is_static() || c.value % (x.dtype == DataType::kFloat16 ? 8 : 4) != 0)
+    return *why = "channels must be a known multiple of 16 bytes", false;
+  return true;
+}
+
 class WindowPoolLayer final : public Layer {
  public:
   explicit WindowPoolLayer(const LayerDesc& d)
-      : node_(d.node), max_(d.node->op_type == "MaxPool") {}
+      : node_(d.node),
+        max_(d.node->op_type == "MaxPool"),
+        quantize_(!d.out.empty() && d.out[0].dtype == DataType::kInt8 &&
+                  d.node->output(0)->type.dtype != DataType::kInt8),
+        scale_(quantize_ ? d.node->output(0)->quant_scales.at(0) : 1.f) {}
 
   Expected<size_t> configure(const RunContext&, std::span<const DeviceTensor> in,
                              std::span<const DeviceTensor> out) override {
@@ -303,6 +342,7 @@ class WindowPoolLayer final : public Layer {
     int64_t* ind = indices_ ? static_cast<int64_t*>(out[1].data) : nullptr;
     const unsigned grid = grid_for(p_.total);
     bool ok;
+    if (quantize_) return run_quantize(rc, x, y);
     if (max_) {
       ok = dispatch_dtype(x.dtype, [&](auto tag) {
         using T = decltype(tag);
@@ -336,8 +376,35 @@ class WindowPoolLayer final : public Layer {
   }
 
  private:
+  // pool.max.quantize: the vectorised NHWC kernel writing Y's int8 codes.
+  Status run_quantize(const RunContext& rc, const DeviceTensor& x, const DeviceTensor& y) {
+    auto* yp = static_cast<int8_t*>(y.data);
+    const int V = x.dtype == DataType::kFloat16 ? 8 : 4;
+    if (!max_ || !p_.c_last || x.layout != Layout::kNHWC || indices_ || p_.C % V != 0 ||
+        p_.total >= (int64_t(1) << 31) || reinterpret_cast<uintptr_t>(x.data) % 16 != 0 ||
+        reinterpret_cast<uintptr_t>(yp) % V != 0 ||
+        (x.dtype != DataType::kFloat16 && x.dtype != DataType::kFloat32))
+      return KILN_ERROR("{}: the quantizing max-pool takes 2-D NHWC float16/float32 with 16-byte "
+                        "channel rows only", node_->label());
+    const unsigned grid = grid_for(p_.total / V);
+    const bool k3 = p_.k[1] == 3 && p_.k[2] == 3;
+    if (x.dtype == DataType::kFloat16) {
+      const auto* xp = static_cast<const __half*>(x.data);
+      if (k3) maxpool2d_nhwc_vec<__half, 8, 3, int8_t><<<grid, kBlock, 0, rc.stream>>>(xp, yp, p_, scale_);
+      else maxpool2d_nhwc_vec<__half, 8, 0, int8_t><<<grid, kBlock, 0, rc.stream>>>(xp, yp, p_, scale_);
+    } else {
+      const auto* xp = static_cast<const float*>(x.data);
+      if (k3) maxpool2d_nhwc_vec<float, 4, 3, int8_t><<<grid, kBlock, 0, rc.stream>>>(xp, yp, p_, scale_);
+      else maxpool2d_nhwc_vec<float, 4, 0, int8_t><<<grid, kBlock, 0, rc.stream>>>(xp, yp, p_, scale_);
+    }
+    KILN_CUDA_LAUNCH_CHECK("quantizing maxpool kernel");
+    return Status::Ok();
+  }
+
   const Node* node_;
   bool max_;
+  bool quantize_;  // pool.max.quantize: Y is int8 codes of scale_
+  float scale_;
   bool indices_ = false;
   PoolParams p_;
 };
@@ -555,6 +622,8 @@ constexpr uint32_t kPoolCaps = kF32 | kF16 | kF64 | kNHWC;
 
 const TacticDef kPoolTactics[] = {
     {"", "MaxPool", "pool.max", kPoolCaps, 0, pool_supports, create_window_pool},
+    {"", "MaxPool", "pool.max.quantize", kF32 | kF16 | kNHWC | kQuantOut, 0, pool_quantize_supports,
+     create_window_pool},
     {"", "AveragePool", "pool.avg", kPoolCaps, 0, pool_supports, create_window_pool},
     {"", "GlobalAveragePool", "pool.global_avg", kPoolCaps, 0, global_pool_supports,
      create_global_pool},
