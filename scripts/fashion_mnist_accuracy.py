@@ -52,6 +52,10 @@ def main():
                        "--calib-cache", os.path.join(a.data, f"calib_{a.calib_algo}.cache")]
     if a.backend == "cuda":
         configs["int8"].append("--fp16")  # FP16 where a layer does not run in INT8
+        # The tuner keeps a layer float where that is faster, which on a network this small may be
+        # every layer: this build pins every INT8-capable layer to INT8 kernels, so the row
+        # measures the GPU's INT8 kernels (the calibration cache of the build above is reused).
+        configs["int8_kernels"] = configs["int8"] + ["--layer-precisions", "*:int8"]
     rows = {}
     with tempfile.TemporaryDirectory() as d:
         for name, flags in configs.items():
@@ -82,9 +86,12 @@ def main():
         print(f"| {name} | {r['top1']:.2f} | {r['top1'] - rows['fp32']['top1']:+.2f} |")
     if a.json:
         json.dump(rows, open(a.json, "w"), indent=1)
-    gap = rows["fp32"]["top1"] - rows["int8"]["top1"]
-    print(f"INT8 is {gap:.2f} points below FP32 (issue 10 asks for at most 0.5)")
-    return 0 if gap <= 0.5 else 1
+    worst = 0.0
+    for name in [k for k in rows if k.startswith("int8")]:
+        gap = rows["fp32"]["top1"] - rows[name]["top1"]
+        worst = max(worst, gap)
+        print(f"{name}: {gap:.2f} points below FP32 (issue 10 asks for at most 0.5)")
+    return 0 if worst <= 0.5 else 1
 
 
 if __name__ == "__main__":

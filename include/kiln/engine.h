@@ -51,7 +51,7 @@ struct BuildConfig {
   bool verbose = false;        // passes explain why they did not apply; tactics and their times
   // cuda backend:
   bool tf32 = true;            // FP32 matrix products may use TF32 tensor cores (--no-tf32: off)
-  std::map<std::string, std::string> layer_precisions;  // node name -> "fp32" | "fp16"
+  std::map<std::string, std::string> layer_precisions;  // node name ("*": every other) -> "fp32" | "fp16" | "int8"
   std::string timing_cache;    // --timing-cache FILE: reuse and record tactic timings
   size_t workspace_limit = 0;  // --mem-pool-size workspace:N bytes (0: 1 GiB)
   std::string layout = "auto"; // "auto" (NHWC for FP16/TF32 CNN layers), "linear", "nhwc"

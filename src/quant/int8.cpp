@@ -99,11 +99,11 @@ Expected<Int8Summary> mark_int8_layers(Graph& g, const std::map<std::string, std
   Int8Summary out;
   for (Node* n : g.nodes()) {
     if (weight_channel_axis(*n) < 0) continue;
-    const auto pin = pins.find(n->name);
+    const std::string* pin = layer_pin(pins, n->name);
     std::string why = int8_blocker(*n);
     if (why.empty() && explicit_scales && n->input(1)->quant_scales.empty())
       why = "the model does not quantize its weights (no DequantizeLinear)";
-    if (why.empty() && pin != pins.end() && pin->second != "int8") why = "pinned to " + pin->second;
+    if (why.empty() && pin && *pin != "int8") why = "pinned to " + *pin;
     if (!why.empty()) {
       n->attrs.erase("int8");
       out.float_layers[n->name] = why;

@@ -58,6 +58,15 @@ struct Int8Summary {
 Expected<Int8Summary> mark_int8_layers(Graph& g, const std::map<std::string, std::string>& pins,
                                        bool explicit_scales);
 
+// The precision `pins` (--layer-precisions: node name -> fp32 | fp16 | int8, "*" for every layer
+// not named) give layer `name`, or nullptr.
+inline const std::string* layer_pin(const std::map<std::string, std::string>& pins,
+                                    const std::string& name) {
+  auto it = pins.find(name);
+  if (it == pins.end()) it = pins.find("*");
+  return it == pins.end() ? nullptr : &it->second;
+}
+
 // Sets per-tensor scales from `scales` (value name -> scale) on the graph's float activations,
 // except graph outputs (a network's outputs stay float). Names the graph lacks are ignored.
 void apply_activation_scales(Graph& g, const std::map<std::string, float>& scales);

@@ -119,6 +119,19 @@ def main():
         check("budget: layers moved back to fit", rep["met"] and len(moved) >= 1 and rep["error"] <= 5e-3 < rep["error_all_int8"],
               f"(all INT8 {rep['error_all_int8']:.2e} -> {rep['error']:.2e}, moved {moved})")
         check("budget: build prints what moved", "moved to fp32" in out)
+
+        # 3. Pins: '*' names every layer not named; int8 pins need --int8.
+        first = [l["name"] for l in info["layers"] if l["precision"] == "int8"][0]
+        kiln(args, "build", "--onnx", p("fp32.onnx"), "--save-engine", p("pin.kiln"), "--backend", "cpu", "--int8",
+             "--calib", p("calib"), "--shapes", "input:4x3x32x32", "--layer-precisions", f"*:fp32,{first}:int8")
+        pinned = json.loads(kiln(args, "inspect", p("pin.kiln"), "--json"))
+        int8_names = [l["name"] for l in pinned["layers"] if l["precision"] == "int8"]
+        check("pins: *:fp32 keeps every other layer float", int8_names == [first], f"(int8: {int8_names})")
+        r = subprocess.run([args.kiln, "build", "--onnx", p("fp32.onnx"), "--save-engine", p("x.kiln"), "--backend",
+                            "cpu", "--shapes", "input:4x3x32x32", "--layer-precisions", "*:int8"],
+                           capture_output=True, text=True, timeout=60)
+        check("pins: int8 without --int8 is refused", r.returncode == 1 and "needs --int8" in r.stderr,
+              f"(rc {r.returncode}: {r.stderr.strip()[:120]})")
     print(f"int8 model tests: {'all pass' if not FAILURES else str(len(FAILURES)) + ' FAILED: ' + ', '.join(FAILURES)}")
     return 1 if FAILURES else 0
 

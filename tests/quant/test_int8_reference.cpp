@@ -133,20 +133,43 @@ TEST(Int8, GemmReferenceWithTransBAlphaAndC) {
     }
 }
 
-TEST(Int8, PinsAndMissingScalesKeepLayersFloat) {
-  G b;
+// Two MatMuls, x -> h -> y; x has an INT8 scale.
+void two_matmuls(G& b, Value** h) {
   Value* x = b.in("x", {1, 4});
-  Value* h = b.op("MatMul", {x, b.c(rand_t({4, 4}))});
-  Value* y = b.op("MatMul", {h, b.c(rand_t({4, 2}))});
-  b.out(y);
+  *h = b.op("MatMul", {x, b.c(rand_t({4, 4}))});
+  b.out(b.op("MatMul", {*h, b.c(rand_t({4, 2}))}));
   ASSERT_TRUE(infer_shapes(b.g).ok());
   x->quant_scales = {0.01f};
+}
+
+TEST(Int8, PinsAndMissingScalesKeepLayersFloat) {
+  G b;
+  Value* h = nullptr;
+  two_matmuls(b, &h);
   const std::string first = b.g.nodes()[0]->name;
   auto s = quant::mark_int8_layers(b.g, {{first, "fp32"}}, false);
   ASSERT_TRUE(s.ok());
   EXPECT_TRUE(s->int8_layers.empty());
   EXPECT_EQ(s->float_layers.at(first), "pinned to fp32");
   EXPECT_NE(s->float_layers.at(b.g.nodes()[1]->name).find("has no INT8 scale"), std::string::npos);
+}
+
+// "*" pins every layer not named (--layer-precisions '*:fp16,NAME:int8').
+TEST(Int8, WildcardPinAppliesToLayersNotNamed) {
+  G b;
+  Value* h = nullptr;
+  two_matmuls(b, &h);
+  h->quant_scales = {0.02f};
+  const std::string first = b.g.nodes()[0]->name, second = b.g.nodes()[1]->name;
+  const std::map<std::string, std::string> pins = {{"*", "fp16"}, {second, "int8"}};
+  ASSERT_NE(quant::layer_pin(pins, first), nullptr);
+  EXPECT_EQ(*quant::layer_pin(pins, first), "fp16");
+  EXPECT_EQ(*quant::layer_pin(pins, second), "int8");
+  EXPECT_EQ(quant::layer_pin({{second, "int8"}}, first), nullptr);
+  auto s = quant::mark_int8_layers(b.g, pins, false);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->float_layers.at(first), "pinned to fp16");
+  EXPECT_EQ(s->float_layers.count(second), 0u);
 }
 
 TEST(Int8, EngineFileKeepsScalesAndRefusesBadOnes) {

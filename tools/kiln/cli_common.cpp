@@ -52,7 +52,9 @@ void add_build_flags(CLI::App* cmd, BuildFlags& f, bool with_dump, bool with_ima
   cmd->add_flag("--int8", f.int8, "Allow INT8 kernels");
   cmd->add_flag("--no-tf32", f.no_tf32, "Strict FP32: no TF32 tensor cores for FP32 layers");
   cmd->add_option("--layer-precisions", f.layer_precisions,
-                  "Pin layers: NAME:fp32,NAME:fp16 (layer names as `kiln inspect` shows them)");
+                  "Pin layers: NAME:fp32,NAME:fp16,NAME:int8 (layer names as `kiln inspect` shows "
+                  "them; * for every other layer). int8: INT8 kernels wherever one takes the "
+                  "layer, even where float is faster (needs --int8)");
   cmd->add_option("--timing-cache", f.timing_cache,
                   "Read and update tactic timings in this file (rebuilds skip timing)");
   cmd->add_option("--mem-pool-size", f.mem_pool,
@@ -176,10 +178,12 @@ Expected<BuildConfig> to_build_config(const BuildFlags& f) {
   for (const std::string& item : split_list(f.layer_precisions)) {
     const size_t colon = item.rfind(':');
     if (colon == std::string::npos || colon == 0)
-      return KILN_ERROR("--layer-precisions: '{}' must look like NAME:fp32 or NAME:fp16", item);
+      return KILN_ERROR("--layer-precisions: '{}' must look like NAME:fp32, NAME:fp16 or NAME:int8", item);
     const std::string prec = item.substr(colon + 1);
-    if (prec != "fp32" && prec != "fp16")
-      return KILN_ERROR("--layer-precisions: '{}': precision must be fp32 or fp16", item);
+    if (prec != "fp32" && prec != "fp16" && prec != "int8")
+      return KILN_ERROR("--layer-precisions: '{}': precision must be fp32, fp16 or int8", item);
+    if (prec == "int8" && !f.int8)
+      return KILN_ERROR("--layer-precisions: '{}': int8 needs --int8", item);
     c.layer_precisions[item.substr(0, colon)] = prec;
   }
   return c;

@@ -19,9 +19,11 @@ Expected<nlohmann::json> build_cuda_plan(Graph& g, const BuildConfig& c, const P
   o.force_tactic = c.force_tactic;
   o.log = c.verbose ? &std::cerr : nullptr;
   for (const auto& [name, p] : c.layer_precisions) {
-    if (p != "fp32" && p != "fp16")
-      return KILN_ERROR("--layer-precisions: '{}' for layer '{}' (choose fp32 or fp16)", p, name);
-    if (!g.find_node(name))
+    if (p != "fp32" && p != "fp16" && p != "int8")
+      return KILN_ERROR("--layer-precisions: '{}' for layer '{}' (choose fp32, fp16 or int8)", p, name);
+    if (p == "int8" && !c.int8)
+      return KILN_ERROR("--layer-precisions: layer '{}' pinned to int8 needs --int8", name);
+    if (name != "*" && !g.find_node(name))
       return KILN_ERROR("--layer-precisions: the optimized graph has no layer named '{}' (see "
                         "`kiln inspect`)", name);
   }

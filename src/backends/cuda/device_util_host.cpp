@@ -4,6 +4,8 @@
 #include <cublas_v2.h>
 #include <cudnn.h>
 
+#include <array>
+#include <atomic>
 #include <cstring>
 
 #include "core/dispatch.h"
@@ -112,6 +114,19 @@ Status DeviceMemory::reserve(size_t bytes, const std::string& what) {
   }
   bytes_ = bytes;
   return Status::Ok();
+}
+
+int sm_count() {
+  constexpr int kDevices = 64;
+  static std::array<std::atomic<int>, kDevices> known{};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0) return 0;
+  if (dev < kDevices)
+    if (const int n = known[dev].load(std::memory_order_relaxed); n > 0) return n;
+  int sms = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) return 0;
+  if (dev < kDevices) known[dev].store(sms, std::memory_order_relaxed);
+  return sms;
 }
 
 }  // namespace kiln::gpu

@@ -40,6 +40,10 @@ class LibraryHandles {
 // "NVIDIA H100 80GB HBM3 sm_90 cudnn 91400 cublas 130000": what tuned times depend on.
 std::string device_signature();
 
+// The current device's SM count (looked up once per device; 0 when CUDA cannot say): persistent
+// kernels size their grids by it. No stream work, so callable during a CUDA-graph capture.
+int sm_count();
+
 // A device allocation that reports failure as "out of GPU memory" naming what it was for.
 class DeviceMemory {
  public:

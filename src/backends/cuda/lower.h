@@ -17,7 +17,7 @@ namespace kiln::gpu {
 struct GpuBuildOptions {
   bool fp16 = false;  // float layers may store float16 and use FP16 tensor cores
   bool tf32 = true;   // FP32 matrix products may use TF32 tensor cores
-  std::map<std::string, std::string> layer_precisions;  // node name -> "fp32" | "fp16"
+  std::map<std::string, std::string> layer_precisions;  // node name ("*": every other) -> "fp32" | "fp16" | "int8"
   std::string layout = "auto";  // "auto" (NHWC for reduced-precision CNN layers), "linear", "nhwc"
   std::string timing_cache;     // path, or empty
   size_t workspace_limit = size_t(1) << 30;

@@ -21,6 +21,7 @@
 //     converted by the conversion unit (9 * C * 127 * 128 exceeds the byte trick's 2^22).
 #include <algorithm>
 
+#include "device_util_host.h"
 #include "kernels/fast_div.cuh"
 #include "layers/conv_int8_pw.cuh"
 
@@ -119,58 +120,42 @@ __global__ void __launch_bounds__(kThreads)
     }
   };
 
-  const int step = gridDim.y;
-  int tile = blockIdx.y;
-  load_tile(0, tile);
-  cp_async_commit();  // the filter and the first tile
-  if (tile + step < tiles) load_tile(1, tile + step);
-  cp_async_commit();
   const int wm = (warp % 4) * 32, wn = (warp / 4) * (kN / 2);
   const int arow = ldm_a_row(lane), akb = ldm_a_k(lane);
   const uint32_t wbase = smem_u32(ws) + (wn + ldm_b_row(lane)) * kWRow + ldm_b_k(lane);
-  for (int it = 0; tile < tiles; ++it, tile += step) {
-    const int st = it & 1;
-    const Tile3 s = tile3(tile, tpi, pq, by_q);
-    cp_async_wait<1>();  // every group but the newest (the next tile's) has landed
-    __syncthreads();
-    const uint32_t xbase = smem_u32(xs + st * stage_bytes);
-    uint32_t abase[2];
+  pw_tile_ring(
+      tiles, load_tile,
+      [&](int st, int tile) {
+        const Tile3 s = tile3(tile, tpi, pq, by_q);
+        const uint32_t xbase = smem_u32(xs + st * stage_bytes);
+        uint32_t abase[2];
 #pragma unroll
-    for (int mi = 0; mi < 2; ++mi) {
-      // Rows past the tile's last pixel read that pixel's inputs; their codes are not stored.
-      const int m = s.m0 + min(wm + mi * 16 + arow, s.count - 1);
-      const int p = static_cast<int>(by_q.div(static_cast<uint32_t>(m))), q = m - p * W;
-      abase[mi] = xbase + ((p - s.p0) * QP + q) * kXRow + akb;
-    }
-    int32_t acc[2][NI][4] = {};
-#pragma unroll
-    for (int r = 0; r < 3; ++r)
-#pragma unroll
-      for (int sx = 0; sx < 3; ++sx) {
-        const uint32_t toff = (r * QP + sx) * kXRow;
-#pragma unroll
-        for (int kk = 0; kk < C / 32; ++kk) {
-          const uint32_t a[2] = {abase[0] + toff + kk * 32, abase[1] + toff + kk * 32};
-          ldm_mma_k32<NI>(acc, a, wbase + (r * 3 + sx) * C + kk * 32, kWRow);
+        for (int mi = 0; mi < 2; ++mi) {
+          // Rows past the tile's last pixel read that pixel's inputs; their codes are not stored.
+          const int m = s.m0 + min(wm + mi * 16 + arow, s.count - 1);
+          const int p = static_cast<int>(by_q.div(static_cast<uint32_t>(m))), q = m - p * W;
+          abase[mi] = xbase + ((p - s.p0) * QP + q) * kXRow + akb;
         }
-      }
-    int8_t* zt = zy + st * kTileM * kZRow;
-    pw_epilogue_fused<kN, Act == kPwRelu, false>(acc, zt, kZRow, sb, wm, wn, lane, szy,
-                                                 z != nullptr);
-    __syncthreads();
-    const int64_t yrow = static_cast<int64_t>(s.n) * pq + s.m0;
+        int32_t acc[2][NI][4] = {};
 #pragma unroll
-    for (int j = 0; j < kTileM * kZChunks / kThreads; ++j) {
-      const int i = tid + j * kThreads, r = i / kZChunks, c = i % kZChunks;
-      if (r < s.count)
-        *reinterpret_cast<int4*>(y + (yrow + r) * K + k0 + c * 16) =
-            *reinterpret_cast<const int4*>(zt + r * kZRow + c * 16);
-    }
-    __syncthreads();  // this stage's patch and output rows are free again
-    if (tile + 2 * step < tiles) load_tile(st, tile + 2 * step);
-    cp_async_commit();  // possibly empty: one group per iteration keeps the wait count right
-  }
-  cp_async_wait<0>();
+        for (int r = 0; r < 3; ++r)
+#pragma unroll
+          for (int sx = 0; sx < 3; ++sx) {
+            const uint32_t toff = (r * QP + sx) * kXRow;
+#pragma unroll
+            for (int kk = 0; kk < C / 32; ++kk) {
+              const uint32_t a[2] = {abase[0] + toff + kk * 32, abase[1] + toff + kk * 32};
+              ldm_mma_k32<NI>(acc, a, wbase + (r * 3 + sx) * C + kk * 32, kWRow);
+            }
+          }
+        pw_epilogue_fused<kN, Act == kPwRelu, false>(acc, zy + st * kTileM * kZRow, kZRow, sb, wm,
+                                                     wn, lane, szy, z != nullptr);
+      },
+      [&](int st, int tile) {
+        const Tile3 s = tile3(tile, tpi, pq, by_q);
+        pw_store_rows<kN, kThreads>(y, static_cast<int64_t>(s.n) * pq + s.m0, s.count, K, k0,
+                                    zy + st * kTileM * kZRow, kZRow, tid);
+      });
 }
 
 template <int C, int Act>
@@ -181,19 +166,6 @@ cudaError_t prepare_one(int64_t bytes, int* per_sm) {
   return cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, int8_conv3x3<C, Act>, kThreads,
                                                        static_cast<size_t>(bytes));
 }
-
-int sm_count() {
-  static const int n = [] {
-    int dev = 0, sms = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-      return 0;
-    return sms;
-  }();
-  return n;
-}
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 

@@ -183,8 +183,6 @@ cudaError_t allow_smem_all() {
   return cudaSuccess;
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 }  // namespace
 
 cudaError_t prepare_int8_pipelined() {

@@ -16,6 +16,7 @@
 //   - a stride-1 layer's pixel rows are contiguous, so no index arithmetic per row.
 #include <algorithm>
 
+#include "device_util_host.h"
 #include "kernels/fast_div.cuh"
 #include "layers/conv_int8_pw.cuh"
 
@@ -89,44 +90,28 @@ __global__ void __launch_bounds__(kThreads)
     }
   };
 
-  const int step = gridDim.y;
-  int tile = blockIdx.y;
-  load_tile(0, tile);
-  cp_async_commit();  // the weights and the first tile
-  if (tile + step < tiles) load_tile(1, tile + step);
-  cp_async_commit();
   const int wm = (warp % 4) * 32, wn = (warp / 4) * (N / 2);
   // ldmatrix addresses (ldm_mma_k32): this lane's A rows in a stage, its B row in the weights.
   const uint32_t arow[2] = {static_cast<uint32_t>((wm + ldm_a_row(lane)) * kXRow + ldm_a_k(lane)),
                             static_cast<uint32_t>((wm + 16 + ldm_a_row(lane)) * kXRow + ldm_a_k(lane))};
   const uint32_t wrow = smem_u32(ws) + (wn + ldm_b_row(lane)) * kXRow + ldm_b_k(lane);
-  for (int it = 0; tile < tiles; ++it, tile += step) {
-    const int st = it & 1;
-    cp_async_wait<1>();  // every group but the newest (the next tile's) has landed
-    __syncthreads();
-    const uint32_t xb = smem_u32(xs + st * kTileM * kXRow);
-    int32_t acc[2][NI][4] = {};
+  pw_tile_ring(
+      tiles, load_tile,
+      [&](int st, int) {
+        const uint32_t xb = smem_u32(xs + st * kTileM * kXRow);
+        int32_t acc[2][NI][4] = {};
 #pragma unroll
-    for (int kk = 0; kk < C / 32; ++kk) {  // k32 steps over the whole reduction
-      const uint32_t a[2] = {xb + arow[0] + kk * 32, xb + arow[1] + kk * 32};
-      ldm_mma_k32<NI>(acc, a, wrow + kk * 32, kXRow);
-    }
-    int8_t* zt = zy + st * kTileM * kZRow;
-    pw_epilogue_fused<N, Act == kPwRelu>(acc, zt, kZRow, sb, wm, wn, lane, szy, z != nullptr);
-    __syncthreads();
-    const int m0 = tile * kTileM;
-#pragma unroll
-    for (int j = 0; j < kTileM * kZChunks / kThreads; ++j) {
-      const int i = tid + j * kThreads, r = i / kZChunks, c = i % kZChunks;
-      if (m0 + r < M)
-        *reinterpret_cast<int4*>(y + static_cast<int64_t>(m0 + r) * K + k0 + c * 16) =
-            *reinterpret_cast<const int4*>(zt + r * kZRow + c * 16);
-    }
-    __syncthreads();  // this stage's X and output rows are free again
-    if (tile + 2 * step < tiles) load_tile(st, tile + 2 * step);
-    cp_async_commit();  // possibly empty: one group per iteration keeps the wait count right
-  }
-  cp_async_wait<0>();
+        for (int kk = 0; kk < C / 32; ++kk) {  // k32 steps over the whole reduction
+          const uint32_t a[2] = {xb + arow[0] + kk * 32, xb + arow[1] + kk * 32};
+          ldm_mma_k32<NI>(acc, a, wrow + kk * 32, kXRow);
+        }
+        pw_epilogue_fused<N, Act == kPwRelu>(acc, zy + st * kTileM * kZRow, kZRow, sb, wm, wn,
+                                             lane, szy, z != nullptr);
+      },
+      [&](int st, int tile) {
+        const int m0 = tile * kTileM;
+        pw_store_rows<N, kThreads>(y, m0, M - m0, K, k0, zy + st * kTileM * kZRow, kZRow, tid);
+      });
 }
 
 // Blocks of one instantiation that fit on an SM (occupancy), found once per process at configure.
@@ -155,17 +140,6 @@ cudaError_t prepare_n() {
   return cudaSuccess;
 }
 
-int sm_count() {
-  static const int n = [] {
-    int dev = 0, sms = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-      return 0;
-    return sms;
-  }();
-  return n;
-}
-
 template <int N, int C, int Act>
 const char* launch(const int8_t* x, const int8_t* w, int8_t* y, const Int8Geom& g,
                    const Int8Epilogue& e, cudaStream_t stream) {
@@ -187,8 +161,6 @@ const char* launch_c(const int8_t* x, const int8_t* w, int8_t* y, const Int8Geom
     default: return launch<N, 256, Act>(x, w, y, g, e, stream);
   }
 }
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 

@@ -49,6 +49,9 @@ __device__ __forceinline__ float2 residual_pair(unsigned zz, float sz) {
   return make_float2(__fmul_rn(c.x, sz), __fmul_rn(c.y, sz));
 }
 
+// Host: whether a tensor's base address allows the kernels' 16-byte accesses.
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
   const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
   // src-size 0 zero-fills the chunk without reading (rows past the last pixel).
@@ -127,6 +130,50 @@ __device__ __forceinline__ void ldm_mma_k32(int32_t (&acc)[2][NI][4], const uint
       mma_s8(acc[mi][2 * nb], af[mi], bf[0], bf[1]);
       mma_s8(acc[mi][2 * nb + 1], af[mi], bf[2], bf[3]);
     }
+  }
+}
+
+// The persistent kernels' tile loop (conv_int8_pointwise.cu, conv_int8_3x3.cu): a block walks
+// tiles blockIdx.y, + gridDim.y, ... through a two-stage cp.async ring. load(stage, tile) issues
+// a tile's copies into a stage (the first group also holds whatever the block issued before: its
+// weights); compute(stage, tile) multiplies a landed stage and leaves the tile's output codes in
+// shared memory; store(stage, tile) writes them out. Tile i + 1 loads while tile i is computed;
+// tile i + 2 starts loading into tile i's stage once every thread is done with it.
+template <typename Load, typename Compute, typename Store>
+__device__ __forceinline__ void pw_tile_ring(int tiles, Load&& load, Compute&& compute,
+                                             Store&& store) {
+  const int step = gridDim.y;
+  int tile = blockIdx.y;
+  load(0, tile);
+  cp_async_commit();
+  if (tile + step < tiles) load(1, tile + step);
+  cp_async_commit();
+  for (int it = 0; tile < tiles; ++it, tile += step) {
+    const int st = it & 1;
+    cp_async_wait<1>();  // every group but the newest (the next tile's) has landed
+    __syncthreads();
+    compute(st, tile);
+    __syncthreads();
+    store(st, tile);
+    __syncthreads();  // this stage's input and output rows are free again
+    if (tile + 2 * step < tiles) load(st, tile + 2 * step);
+    cp_async_commit();  // possibly empty: one group per iteration keeps the wait count right
+  }
+  cp_async_wait<0>();
+}
+
+// Writes a tile's first `count` output rows (N int8 channels each, from zt rows of zt_row bytes)
+// to Y rows row0.. of K channels, at channel k0, in coalesced 16-byte stores.
+template <int N, int Threads>
+__device__ __forceinline__ void pw_store_rows(int8_t* y, int64_t row0, int count, int K, int k0,
+                                              const int8_t* zt, int zt_row, int tid) {
+  constexpr int kChunks = N / 16;
+#pragma unroll
+  for (int j = 0; j < 128 * kChunks / Threads; ++j) {
+    const int i = tid + j * Threads, r = i / kChunks, c = i % kChunks;
+    if (r < count)
+      *reinterpret_cast<int4*>(y + (row0 + r) * K + k0 + c * 16) =
+          *reinterpret_cast<const int4*>(zt + r * zt_row + c * 16);
   }
 }
 
