@@ -248,14 +248,13 @@ void run_case(const OpCase& c, const std::string& tactic, const std::string& mod
     if (codes) {
       std::cout << fmt::format("[ int8     ] {} {} {}: {:.4g}% of {} codes off by one\n", c.name,
                                tactic, mode, 100 * off, (*ref)[o].numel());
-      // kiln's own kernels do the reference's arithmetic in its order: a code may move only
-      // where an activation function differs in its last bit. The library tactics, and kiln's
-      // persistent conv_int8.pointwise and conv_int8.conv3x3, reassociate the scalings (1/sy
-      // folded into the channel scale, fused multiply-adds): a few more move. int8fp16 rounds
-      // float residuals to float16 first (~1%).
-      const bool own = (tactic.rfind("conv_int8", 0) == 0 || tactic.rfind("gemm_int8", 0) == 0) &&
-                       tactic.rfind("conv_int8.pointwise", 0) != 0 &&
-                       tactic.rfind("conv_int8.conv3x3", 0) != 0;
+      // Tactics that do the reference's arithmetic in its order: a code may move only where an
+      // activation function differs in its last bit. Reassociated ones (the libraries, kiln's
+      // persistent pointwise and 3x3 kernels: kReassociated) fold 1/sy into the channel scale
+      // and fuse multiply-adds: a few more move. int8fp16 rounds float residuals to float16 first
+      // (~1%).
+      const TacticDef* def = find_tactic(tactic.substr(0, slash));
+      const bool own = def && !(def->caps & kReassociated);
       if (mode == "int8") {
         EXPECT_LE(off, own ? 1e-3 : 5e-3) << "more codes off by one than rounding explains";
       }

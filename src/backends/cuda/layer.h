@@ -122,6 +122,10 @@ enum FormatCaps : uint32_t {
                            // scale (sat(rne(y / s)), as the quantizing kiln.Reformat would): its
                            // candidates store that output int8, and exist only where the value
                            // has a scale, so it can feed an INT8 chain without a reformat
+  kReassociated = 1u << 8, // an INT8 tactic whose epilogue is reassociated as TensorRT and the
+                           // INT8 libraries compute it (1/sy folded into the channel scale, fused
+                           // multiply-adds): within one code of the CPU reference, not its exact
+                           // codes (test-backend-ops holds it to the libraries' bound)
 };
 
 using SupportsFn = bool (*)(const LayerDesc&, std::string* why_not);

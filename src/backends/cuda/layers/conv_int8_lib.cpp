@@ -186,12 +186,12 @@ std::vector<std::string> ranks6(const LayerDesc&) { return {"0", "1", "2", "3", 
 
 std::span<const TacticDef> int8_library_conv_tactics() {
   static const TacticDef kTactics[] = {
-      {"kiln", "FusedConv", "cudnn_graph.int8", kI8 | kF16 | kNHWC, 0,
+      {"kiln", "FusedConv", "cudnn_graph.int8", kI8 | kF16 | kNHWC | kReassociated, 0,
        supports<Library::kCudnnGraph>, create<Library::kCudnnGraph>, ranks6},
-      {"kiln", "FusedConv", "cublaslt.conv1x1.int8", kI8 | kF16 | kNHWC, 0,
+      {"kiln", "FusedConv", "cublaslt.conv1x1.int8", kI8 | kF16 | kNHWC | kReassociated, 0,
        supports<Library::kCublasLt>, create<Library::kCublasLt>, ranks3},
-      {"kiln", "FusedConv", "cutlass_sm90.int8", kI8 | kF16 | kNHWC, 0, supports<Library::kCutlass>,
-       create<Library::kCutlass>, ranks3},
+      {"kiln", "FusedConv", "cutlass_sm90.int8", kI8 | kF16 | kNHWC | kReassociated, 0,
+       supports<Library::kCutlass>, create<Library::kCutlass>, ranks3},
   };
   return kTactics;
 }

@@ -294,9 +294,9 @@ const TacticDef kConvTactics[] = {
      create_int8_conv_dp4a},
     {"kiln", "FusedConv", "conv_int8.pipelined", kI8 | kF32 | kF16 | kNHWC, 0,
      int8_pipelined_supports, create_int8_pipelined, int8_pipelined_variants},
-    {"kiln", "FusedConv", "conv_int8.pointwise", kI8 | kF32 | kF16 | kNHWC, 0,
+    {"kiln", "FusedConv", "conv_int8.pointwise", kI8 | kF32 | kF16 | kNHWC | kReassociated, 0,
      int8_pointwise_supports, create_int8_pointwise, int8_pipelined_variants},
-    {"kiln", "FusedConv", "conv_int8.conv3x3", kI8 | kF32 | kF16 | kNHWC, 0,
+    {"kiln", "FusedConv", "conv_int8.conv3x3", kI8 | kF32 | kF16 | kNHWC | kReassociated, 0,
      int8_conv3x3_supports, create_int8_conv3x3},
     {"", "ConvTranspose", "cudnn.convt", kF32 | kF16 | kF64, 0, convt_supports, create_convt},
 };
