@@ -297,9 +297,7 @@ enum class Int8Kernel { kMma, kDp4a, kPipelined, kPointwise, kConv3x3 };
 class Int8ConvLayer final : public Layer {
  public:
   Int8ConvLayer(const LayerDesc& d, Int8Kernel kernel)
-      : node_(d.node),
-        kernel_(kernel),
-        tile_n_(d.variant == "n64" ? 64 : 128) {}
+      : node_(d.node), kernel_(kernel), tile_n_(d.variant == "n64" ? 64 : 128) {}
 
   // Host side, once: int8 weights [K][R][S][C] and the epilogue's per-channel arrays.
   Status init(const LayerDesc& d) {
@@ -511,6 +509,14 @@ std::vector<std::string> pipelined_variants(const LayerDesc& d) {
   return {"n64"};
 }
 
+// The persistent kernels' epilogues compile in no activation or ReLU only.
+bool none_or_relu(const Node& n, std::string* why) {
+  ActParams act;
+  read_activation(n.attrs, &act);
+  if (act.act != Act::kNone && act.act != Act::kRelu) return *why = "activations other than ReLU", false;
+  return true;
+}
+
 // The persistent pointwise kernel's problems (conv_int8_pointwise.cu): the pipelined kernel's,
 // as a 1x1 convolution without padding (any stride), C of 64, 128 or 256, no activation or ReLU.
 // Its variants are the pipelined kernel's (128 or 64 output channels per block).
@@ -525,10 +531,7 @@ bool pointwise_supports(const LayerDesc& d, std::string* why) {
     return *why = "padded", false;
   if (const int64_t C = w->dim(1); C != 64 && C != 128 && C != 256)
     return *why = "C must be 64, 128 or 256 (the weight slice stays in shared memory)", false;
-  ActParams act;
-  read_activation(n.attrs, &act);
-  if (act.act != Act::kNone && act.act != Act::kRelu) return *why = "activations other than ReLU", false;
-  return true;
+  return none_or_relu(n, why);
 }
 
 // The persistent 3x3 kernel's problems (conv_int8_3x3.cu): the pipelined kernel's, as a 3x3
@@ -550,9 +553,7 @@ bool conv3x3_supports(const LayerDesc& d, std::string* why) {
     return *why = "padding is not 1 on every side", false;
   if (const int64_t C = w->dim(1); C != 64 && C != 128)
     return *why = "C must be 64 or 128 (the filter stays in shared memory)", false;
-  ActParams act;
-  read_activation(n.attrs, &act);
-  if (act.act != Act::kNone && act.act != Act::kRelu) return *why = "activations other than ReLU", false;
+  if (!none_or_relu(n, why)) return false;
   const TensorType& xt = d.in_type(0);
   if (xt.rank() != 4 || !(*xt.dims)[3].is_static())
     return *why = "the input width is not known at build time", false;

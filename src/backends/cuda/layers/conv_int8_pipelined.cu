@@ -141,30 +141,25 @@ __global__ void __launch_bounds__(kPwThreads)
   }
 }
 
-template <int N, bool SmallAcc>
-void launch_act(const int8_t* x, const int8_t* w, int8_t* y, const Int8Geom& g,
+template <int N, int Act, bool SmallAcc>
+void launch_one(const int8_t* x, const int8_t* w, int8_t* y, const Int8Geom& g,
                 const Int8Epilogue& e, cudaStream_t stream) {
-  constexpr int bytes = smem_bytes<N>();
-  const dim3 grid(g.K / N, (g.M + kPwM - 1) / kPwM);
-  if (e.act.act == Act::kNone)
-    int8_pipelined<N, kPwNone, SmallAcc><<<grid, kPwThreads, bytes, stream>>>(x, w, y, g, e);
-  else
-    int8_pipelined<N, kPwRelu, SmallAcc><<<grid, kPwThreads, bytes, stream>>>(x, w, y, g, e);
+  int8_pipelined<N, Act, SmallAcc>
+      <<<dim3(g.K / N, (g.M + kPwM - 1) / kPwM), kPwThreads, smem_bytes<N>(), stream>>>(x, w, y, g, e);
 }
 
 template <int N>
 const char* launch(const int8_t* x, const int8_t* w, int8_t* y, const Int8Geom& g,
                    const Int8Epilogue& e, cudaStream_t stream) {
-  if (e.act.act != Act::kNone && e.act.act != Act::kRelu) {
-    // Any other activation: apply_act at run time, the accumulator converted by the conversion unit.
-    int8_pipelined<N, kPwAny, false>
-        <<<dim3(g.K / N, (g.M + kPwM - 1) / kPwM), kPwThreads, smem_bytes<N>(), stream>>>(x, w, y,
-                                                                                          g, e);
-  } else if (g.KW * 4 <= 256) {
-    launch_act<N, true>(x, w, y, g, e, stream);
-  } else {
-    launch_act<N, false>(x, w, y, g, e, stream);
-  }
+  const bool small = g.KW * 4 <= 256;  // |acc| <= 2^22: no conversion unit for it
+  if (e.act.act == Act::kNone)
+    small ? launch_one<N, kPwNone, true>(x, w, y, g, e, stream)
+          : launch_one<N, kPwNone, false>(x, w, y, g, e, stream);
+  else if (e.act.act == Act::kRelu)
+    small ? launch_one<N, kPwRelu, true>(x, w, y, g, e, stream)
+          : launch_one<N, kPwRelu, false>(x, w, y, g, e, stream);
+  else  // any other activation: apply_act at run time, the accumulator converted by I2F
+    launch_one<N, kPwAny, false>(x, w, y, g, e, stream);
   return "";
 }
 

@@ -441,9 +441,8 @@ class StemConvLayer final : public Layer {
       return KILN_ERROR("{}: the output is not the {}'s size", node_->label(),
                         pool ? "max-pool" : "convolution");
     // Persistent blocks: two per SM (each keeps its filter in shared memory), at most one per tile.
-    int dev = 0, sms = 0;
-    KILN_CUDA_CHECK(cudaGetDevice(&dev));
-    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    const int sms = sm_count();
+    if (sms <= 0) return KILN_ERROR("{}: the GPU's SM count is not available", node_->label());
     blocks_ = static_cast<int>(std::min<int64_t>(g_.tiles, 2 * static_cast<int64_t>(sms)));
     // Over the default 48 KiB of dynamic shared memory: an opt-in per kernel and device, made at
     // configure time (not while a run may be captured into a CUDA graph).
