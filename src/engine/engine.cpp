@@ -174,6 +174,17 @@ Expected<std::unique_ptr<Engine>> Engine::build_from_graph(std::unique_ptr<Graph
   // Fusion is decided at the float precision; INT8 layers are marked on the fused graph.
   opt.precision = config.fp16 ? "fp16" : "fp32";
   KILN_RETURN_IF_ERROR(optimize_graph(*g, opt));
+  // Pins name layers of the optimized graph (fused layers keep their first node's name), on
+  // every backend: a misspelt name is an error, not a pin that silently does nothing.
+  for (const auto& [name, p] : config.layer_precisions) {
+    if (p != "fp32" && p != "fp16" && p != "int8")
+      return KILN_ERROR("--layer-precisions: '{}' for layer '{}' (choose fp32, fp16 or int8)", p, name);
+    if (p == "int8" && !config.int8)
+      return KILN_ERROR("--layer-precisions: layer '{}' pinned to int8 needs --int8", name);
+    if (name != "*" && !g->find_node(name))
+      return KILN_ERROR("--layer-precisions: the optimized graph has no layer named '{}' (see "
+                        "`kiln inspect`)", name);
+  }
   if (backend == "cuda" && config.fp16 && config.verbose)
     report_fp16_range(*g, profile, backend, std::cerr);
   nlohmann::json int8_info;

@@ -132,6 +132,11 @@ def main():
                            capture_output=True, text=True, timeout=60)
         check("pins: int8 without --int8 is refused", r.returncode == 1 and "needs --int8" in r.stderr,
               f"(rc {r.returncode}: {r.stderr.strip()[:120]})")
+        r = subprocess.run([args.kiln, "build", "--onnx", p("fp32.onnx"), "--save-engine", p("x.kiln"), "--backend",
+                            "cpu", "--shapes", "input:4x3x32x32", "--int8", "--calib", p("calib"),
+                            "--layer-precisions", "Conv_nope:fp32"], capture_output=True, text=True, timeout=60)
+        check("pins: a layer name the graph lacks is refused", r.returncode == 1 and "no layer named 'Conv_nope'" in r.stderr,
+              f"(rc {r.returncode}: {r.stderr.strip()[:120]})")
     print(f"int8 model tests: {'all pass' if not FAILURES else str(len(FAILURES)) + ' FAILED: ' + ', '.join(FAILURES)}")
     return 1 if FAILURES else 0
 

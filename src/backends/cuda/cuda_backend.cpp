@@ -18,15 +18,6 @@ Expected<nlohmann::json> build_cuda_plan(Graph& g, const BuildConfig& c, const P
   o.tune = c.tune;
   o.force_tactic = c.force_tactic;
   o.log = c.verbose ? &std::cerr : nullptr;
-  for (const auto& [name, p] : c.layer_precisions) {
-    if (p != "fp32" && p != "fp16" && p != "int8")
-      return KILN_ERROR("--layer-precisions: '{}' for layer '{}' (choose fp32, fp16 or int8)", p, name);
-    if (p == "int8" && !c.int8)
-      return KILN_ERROR("--layer-precisions: layer '{}' pinned to int8 needs --int8", name);
-    if (name != "*" && !g.find_node(name))
-      return KILN_ERROR("--layer-precisions: the optimized graph has no layer named '{}' (see "
-                        "`kiln inspect`)", name);
-  }
   std::vector<std::vector<int64_t>> opt;
   for (const Value* v : g.inputs()) {
     auto r = profile.ranges().find(v->name);
