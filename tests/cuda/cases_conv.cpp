@@ -188,14 +188,34 @@ std::vector<OpCase> conv_cases() {
        attrs({{"pads", ints_attr({3, 3, 3, 3})}, {"strides", ints_attr({2, 2})}}), {3, 3}, {2, 2},
        {1, 1, 1, 1}, "Relu", {"nhwc16"}},
   };
-  for (const ConvPool& cp : convpools) {
+  // The space-to-depth stem (kiln.convpool.s2d: float32 NCHW RGB in, an even width, stride 2,
+  // K % 64 == 0, a 3x3/2 pool; the odd-width cases above are refused): a 5x5 filter with even and odd leading pads and K = 128 (two channel blocks)
+  // under a pool with asymmetric pads, Clip (the generic activation path); an 8x8 filter with
+  // even pads, no activation, an unpadded pool; and the .quantize form (int8 codes of the pooled
+  // value, checked within one code of the float64 reference).
+  const ConvPool s2d_pools[] = {
+      {"convpool_s2d_5x5_k128", {2, 3, 45, 40}, {128, 3, 5, 5},
+       attrs({{"pads", ints_attr({2, 1, 2, 2})}, {"strides", ints_attr({2, 2})}}), {3, 3}, {2, 2},
+       {1, 0, 0, 1}, "Clip", {"nhwc16"}},
+      {"convpool_s2d_8x8_even", {1, 3, 33, 30}, {64, 3, 8, 8},
+       attrs({{"pads", ints_attr({2, 2, 1, 1})}, {"strides", ints_attr({2, 2})}}), {3, 3}, {2, 2},
+       {0, 0, 0, 0}, "", {"nhwc16"}},
+      {"convpool_resnet_stem_int8_out", {2, 3, 37, 30}, {64, 3, 7, 7},
+       attrs({{"pads", ints_attr({3, 3, 3, 3})}, {"strides", ints_attr({2, 2})}}), {3, 3}, {2, 2},
+       {1, 1, 1, 1}, "Relu", {"nhwc16"}},
+  };
+  auto add_convpool = [&](const ConvPool& cp) {
     OpCase c = conv(cp.name, cp.x, cp.w, cp.a, true, cp.modes);
     as_kiln_layer(c, "FusedConvPool", cp.act);
     c.attrs.set("pool_kernel_shape", ints_attr(cp.pk));
     c.attrs.set("pool_strides", ints_attr(cp.ps));
     c.attrs.set("pool_pads", ints_attr(cp.pp));
+    // Values stay under 6 (weights scaled by 1/sqrt(C R), inputs in [-1, 1]): no code saturates.
+    if (std::string(cp.name).ends_with("_int8_out")) c.out_scale = {8.f / 127};
     v.push_back(c);
-  }
+  };
+  for (const ConvPool& cp : convpools) add_convpool(cp);
+  for (const ConvPool& cp : s2d_pools) add_convpool(cp);
   {
     OpCase c = conv("convpool_float64", {1, 3, 10, 9}, {32, 3, 3, 3},
                     attrs({{"pads", ints_attr({1, 1, 1, 1})}}), true, {"fp32"});

@@ -126,6 +126,9 @@ enum FormatCaps : uint32_t {
                            // INT8 libraries compute it (1/sy folded into the channel scale, fused
                            // multiply-adds): within one code of the CPU reference, not its exact
                            // codes (test-backend-ops holds it to the libraries' bound)
+  kRawIn0 = 1u << 9,       // input 0 is read as the model stores it (its own float type,
+                           // row-major) whatever the layer's precision and layout: a stem that
+                           // reads float32 NCHW images itself, with no reformat ahead of it
 };
 
 using SupportsFn = bool (*)(const LayerDesc&, std::string* why_not);

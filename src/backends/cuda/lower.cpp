@@ -36,6 +36,8 @@ LayerChoice float_choice(const Node& n, const TacticDef& t, Precision p, bool nh
   for (size_t i = 0; i < n.num_inputs(); ++i)
     c.in.push_back((t.host_inputs >> i) & 1u ? TensorFormat{} : fmt_of(n.input(i)));
   for (size_t o = 0; o < n.num_outputs(); ++o) c.out.push_back(fmt_of(n.output(o)));
+  if ((t.caps & kRawIn0) && n.input(0))  // layer.h
+    c.in[0] = TensorFormat{n.input(0)->type.dtype, Layout::kLinear};
   return c;
 }
 

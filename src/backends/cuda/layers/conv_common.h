@@ -25,6 +25,17 @@ int64_t full_transpose_out(const ConvGeom& g, int axis);
 bool symmetric_pads(const ConvGeom& g);
 size_t padded_input_bytes(const ConvGeom& g, DataType t);
 
+// kiln.FusedConvPool's max-pool (its "pool_" attributes, layers/conv_stem.cu): 2-D, one output,
+// no dilation, no ceil mode, explicit pads.
+struct PoolAttrs {
+  int kh = 1, kw = 1, sh = 1, sw = 1, pt = 0, pl = 0, pb = 0, pr = 0;
+};
+bool read_pool(const Node& n, PoolAttrs* p, std::string* why);
+bool is_conv_pool(const Node& n);
+// What kiln's stem kernels need of the layer: a 2-D, ungrouped convolution with constant weights
+// and bias, no residual, an activation they know. Returns the weights (nullptr and why if not).
+const Tensor* plain_conv(const LayerDesc& d, std::string* why);
+
 Status cudnn_check(cudnnStatus_t s, const char* what);
 cudnnDataType_t cudnn_type(DataType t);
 

@@ -52,18 +52,6 @@ __device__ __forceinline__ float2 residual_pair(unsigned zz, float sz) {
 // Host: whether a tensor's base address allows the kernels' 16-byte accesses.
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  // src-size 0 zero-fills the chunk without reading (rows past the last pixel).
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
-               "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int Pending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending));
-}
-
 // One k32 step (word offset o) of a warp's 32-pixel x N / 2-channel share of a 128-pixel tile
 // (mma.sync m16n8k32 s8): A from the tile's pixel rows xb (x_words words per row), B from the
 // weight rows wb (w_words per row); rows padded by 16 bytes read without bank conflicts.
@@ -88,15 +76,6 @@ __device__ __forceinline__ void pw_mma_k32(int32_t (&acc)[2][NI][4], const uint3
 #pragma unroll
     for (int mi = 0; mi < 2; ++mi) mma_s8(acc[mi][ni], a[mi], b0, b1);
   }
-}
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
 }
 
 // The ldmatrix lanes of a k32 step (ldm_mma_k32). A: the lane gives the address of row

@@ -26,6 +26,8 @@ Expected<std::unique_ptr<Layer>> create_int8_conv_dp4a(const LayerDesc& d);
 bool int8_pipelined_supports(const LayerDesc& d, std::string* why);
 bool stem_conv_supports(const LayerDesc& d, std::string* why);  // conv_stem.cu
 Expected<std::unique_ptr<Layer>> create_stem_conv(const LayerDesc& d);
+bool stem_s2d_supports(const LayerDesc& d, std::string* why);  // conv_stem_s2d.cu
+Expected<std::unique_ptr<Layer>> create_stem_s2d(const LayerDesc& d);
 bool conv_pool_direct_supports(const LayerDesc& d, std::string* why);  // conv_stem.cu
 Expected<std::unique_ptr<Layer>> create_conv_pool_direct(const LayerDesc& d);
 std::vector<std::string> int8_pipelined_variants(const LayerDesc& d);
@@ -283,6 +285,11 @@ const TacticDef kConvTactics[] = {
     {"kiln", "FusedConv", "kiln.conv.stem", kF16 | kNHWC, 0, stem_conv_supports, create_stem_conv},
     {"kiln", "FusedConvPool", "kiln.convpool.stem", kF16 | kNHWC, 0, stem_conv_supports,
      create_stem_conv},
+    // The pooled stem on the model's float32 NCHW images, float16 or int8-code output.
+    {"kiln", "FusedConvPool", "kiln.convpool.s2d", kF32 | kF16 | kNHWC | kRawIn0, 0,
+     stem_s2d_supports, create_stem_s2d},
+    {"kiln", "FusedConvPool", "kiln.convpool.s2d.quantize", kF32 | kF16 | kNHWC | kRawIn0 | kQuantOut,
+     0, stem_s2d_supports, create_stem_s2d},
     {"kiln", "FusedConvPool", "kiln.convpool.direct", kF32 | kF16 | kF64 | kNHWC | kFallback, 0,
      conv_pool_direct_supports, create_conv_pool_direct},
     {"kiln", "FusedConv", "kiln.dwconv.fused", kF32 | kF16 | kNHWC, 0, depthwise_conv_supports,

@@ -262,11 +262,8 @@ __global__ void __launch_bounds__(kStemThreads, 2)
 
 int round_up(int v, int m) { return (v + m - 1) / m * m; }
 
-// kiln.FusedConvPool's max-pool (its "pool_" attributes): 2-D, one output, no dilation, no
-// ceil mode, explicit pads.
-struct PoolAttrs {
-  int kh = 1, kw = 1, sh = 1, sw = 1, pt = 0, pl = 0, pb = 0, pr = 0;
-};
+}  // namespace
+
 bool read_pool(const Node& n, PoolAttrs* p, std::string* why) {
   const Attributes a = fused::strip_prefix(n.attrs, "pool_");
   const auto k = a.get_ints("kernel_shape", {});
@@ -289,8 +286,6 @@ bool read_pool(const Node& n, PoolAttrs* p, std::string* why) {
 }
 bool is_conv_pool(const Node& n) { return n.op_type == "FusedConvPool"; }
 
-// What both FusedConvPool/stem kernels need of the layer: a 2-D, ungrouped convolution with
-// constant weights and bias, no residual, an activation they know. Returns the weights.
 const Tensor* plain_conv(const LayerDesc& d, std::string* why) {
   const Node& n = *d.node;
   const Tensor* w = d.in_const(1);
@@ -303,6 +298,8 @@ const Tensor* plain_conv(const LayerDesc& d, std::string* why) {
   if (!read_activation(n.attrs, &a)) return *why = "unknown activation", nullptr;
   return w;
 }
+
+namespace {
 
 // The stem kernel's geometry for a convolution (and its pool) of these sizes; false with the
 // reason where a tile's patch or filter does not fit.

@@ -1,0 +1,425 @@
+// kiln's pooled stem (tactics kiln.convpool.s2d and kiln.convpool.s2d.quantize): a CNN's first
+// layer and its max-pool as one kernel (kiln.FusedConvPool in FP16: ResNet's 7x7/2 convolution on
+// RGB, bias and ReLU, then the 3x3/2 max-pool). It reads the model's own float32 NCHW images
+// (tactic cap kRawIn0: no reformat ahead of it) and writes only the pooled tensor, float16 NHWC,
+// or (the .quantize form, kQuantOut) the int8 codes the next INT8 layer reads. Unfused, ResNet-50
+// at batch 256 spends ~1 ms here on the H100: the images' reformat, cuDNN's stem writing 411 MB
+// of float16 and the max-pool reading it back.
+//
+// Space-to-depth: a stride-2 convolution on an image is a stride-1 convolution on the image's
+// 2 x 2 pixel blocks (16 channels: a, b, c for the block's row, column and the RGB channel padded
+// to 4). A 7 x 7 filter (8 x 8 with a zero row and column in front when the padding is odd) is a
+// 4 x 4 filter over blocks, so the reduction is 16 taps of 16 float16: each tap's slice of an A
+// row is one 32-byte block in shared memory, which ldmatrix reads directly (no im2col, no
+// per-element gather: the table-driven gather of kiln.conv.stem is what made it slow).
+//
+// A block is persistent: it keeps its 64 output channels' filter (16 taps x 64 x 16 float16,
+// 32 KiB) in shared memory and walks tiles of 7 x 8 pooled outputs of one image (the max-pool is
+// the stems' 3x3/2, fixed at compile time: the epilogue and the pool cost more instructions than
+// the multiplies when their geometry is read at run time). A tile's
+// convolution outputs are the 15 x 17 = 255 under its pooled outputs (padded to 256 rows); its
+// input patch is 18 x 20 blocks (36 x 40 pixels), converted to float16 and stored as blocks. Four
+// warps of 64 rows x 64 channels (m16n8k16, float32 accumulation) run the 16 taps; the epilogue
+// (bias, activation, float16 rounding: the values the unfused layers store) stages the tile in
+// shared memory, where the max-pool reads it. The next tile's patch is loaded into registers
+// while the tensor cores work on this one. 16-byte block halves are XOR-swizzled so ldmatrix's
+// eight rows hit distinct banks.
+#include <algorithm>
+#include <vector>
+
+#include "device_util_host.h"
+#include "kernels/device_util.cuh"
+#include "kernels/int8.cuh"
+#include "tactics/check.h"
+#include "kernels/mma.cuh"
+#include "layers/conv_common.h"
+
+namespace kiln::gpu {
+namespace {
+
+constexpr int kThreads = 128;        // 4 warps x 64 convolution outputs
+constexpr int kNT = 64;              // output channels per block
+constexpr int kPH = 7, kPW = 8;      // pooled outputs per tile (a 3x3/2 max-pool)
+constexpr int kCH = 2 * kPH + 1, kCW = 2 * kPW + 1;  // the convolution outputs under them: 15 x 17
+constexpr int kSH = kCH + 3, kSW = kCW + 3;  // the patch in 2 x 2 blocks (4 x 4 taps): 18 x 20
+constexpr int kSP = 24;              // blocks per patch row in shared memory (a multiple of 8: a
+                                     // tap's row offset keeps the swizzle, so it is an immediate)
+constexpr int kIH = 2 * kSH, kIW = 2 * kSW;  // the patch in pixels
+constexpr int kC = 3;                // input channels (RGB)
+constexpr int kTaps = 16;            // 4 x 4 block taps
+constexpr int kPatchElems = kC * kIH * kIW;                           // 4320 floats
+constexpr int kPatchBytes = kSH * kSP * 32;                           // 13,824
+constexpr int kFilterBytes = kTaps * kNT * 32;                        // 32 KiB
+constexpr int kOutRow = kNT + 8;     // halves per staged output row (+8: no bank conflicts)
+constexpr int kSmem = kFilterBytes + kPatchBytes + kPatchElems * 4 + 256 * kOutRow * 2 + kNT * 4;
+
+struct S2dGeom {
+  int N, H, W, K;      // input [N, 3, H, W] float32; K output channels
+  int P, Q;            // the convolution's output size
+  int ph, pw, oh, ow;  // its leading pads and their parities
+  int PP, PQ;          // the pooled output size
+  int pph, ppw;        // the max-pool's leading pads (0 or 1)
+  int tiles_w, tiles;
+};
+
+// The byte offset of 16-byte half h of block q (XOR-swizzled by bit 2 of q).
+__device__ __forceinline__ uint32_t block_half(int q, int h) {
+  return static_cast<uint32_t>(q * 32 + ((h ^ ((q >> 2) & 1)) << 4));
+}
+
+__device__ __forceinline__ __half2 neg_inf2() {
+  const __half h = __ushort_as_half(0xFC00u);  // float16 -inf: the max-pool's padding
+  return __halves2half2(h, h);
+}
+
+// The epilogue's activation: none, ReLU (a packed float16 max), or any other (apply_act's switch,
+// out of line: inlined per element it costs more instructions than the tile's multiplies, so the
+// common two are their own instantiations).
+enum StemAct { kActNone = 0, kActRelu = 1, kActAny = 2 };
+__device__ __noinline__ float stem_act_any(float v, ActParams act) { return apply_act(v, act); }
+
+template <bool Q8, int A>
+__global__ void __launch_bounds__(kThreads, 2)
+    stem_s2d(const float* __restrict__ x, const __half* __restrict__ w,
+             const float* __restrict__ bias, void* __restrict__ yv, S2dGeom g, ActParams act,
+             float scale, float inv) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  unsigned char* ws = smem;                            // [tap][64][2 x 16 bytes]
+  unsigned char* patch = smem + kFilterBytes;          // [kSH][kSP][2 x 16 bytes]
+  float* raw = reinterpret_cast<float*>(patch + kPatchBytes);  // [kC][kIH][kIW]
+  __half* out = reinterpret_cast<__half*>(raw + kPatchElems);   // [256][kOutRow]
+  float* bias_s = reinterpret_cast<float*>(out + 256 * kOutRow);  // [kNT]
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int k0 = blockIdx.y * kNT;
+  // The filter (16-byte halves, swizzled by channel) and the bias.
+  if (tid < kNT) bias_s[tid] = bias[k0 + tid];
+  for (int i = tid; i < kTaps * kNT * 2; i += kThreads) {
+    const int tap = i / (2 * kNT), n = (i / 2) % kNT, h = i % 2;
+    *reinterpret_cast<uint4*>(ws + (tap * kNT + n) * 32 + ((h ^ ((n >> 2) & 1)) << 4)) =
+        *reinterpret_cast<const uint4*>(w + (static_cast<int64_t>(tap) * g.K + k0 + n) * 16 + h * 8);
+  }
+
+  // Tile t: image n, first pooled output (py0, px0), first convolution output (oy0, ox0), and the
+  // patch's first pixel (iy0, ix0): two pixels per block row ahead of the convolution's window
+  // by its pad rounded up to even.
+  struct Tile {
+    int n, py0, px0, oy0, ox0;
+  };
+  auto tile_of = [&](int t) {
+    const int per_image = ((g.PP + kPH - 1) / kPH) * g.tiles_w, r = t % per_image;
+    Tile s;
+    s.n = t / per_image;
+    s.py0 = (r / g.tiles_w) * kPH;
+    s.px0 = (r % g.tiles_w) * kPW;
+    s.oy0 = s.py0 * 2 - g.pph;
+    s.ox0 = s.px0 * 2 - g.ppw;
+    return s;
+  };
+  // The next tile's pixels arrive by cp.async as float32 in `raw` ([c][row][col], loads coalesce
+  // along the image rows; zeros outside the image: the convolution's padding); `convert` then
+  // writes them to `patch` as float16 blocks, one 16-byte block half (b = 0, 1 x c = 0..3) per
+  // step.
+  auto fetch = [&](int t) {
+    const Tile tl = tile_of(t);
+    const int iy0 = 2 * tl.oy0 - g.ph - g.oh, ix0 = 2 * tl.ox0 - g.pw - g.ow;
+    const float* img = x + static_cast<int64_t>(tl.n) * kC * g.H * g.W;
+    if (tid < 6 * (kIW / 2)) {  // 120 threads: a column pair each, every sixth row
+      const int p = tid % (kIW / 2), r0 = tid / (kIW / 2);
+      const int ix = ix0 + 2 * p;
+      const bool col_ok = ix >= 0 && ix < g.W;  // ix0 and W even: both pixels in, or both out
+#pragma unroll
+      for (int c = 0; c < kC; ++c)
+#pragma unroll
+        for (int row = r0; row < kIH; row += 6) {
+          const int iy = iy0 + row;
+          const bool ok = col_ok && iy >= 0 && iy < g.H;
+          cp_async8(raw + (c * kIH + row) * kIW + 2 * p,
+                    ok ? img + (static_cast<int64_t>(c) * g.H + iy) * g.W + ix : img, ok);
+        }
+    }
+    cp_async_commit();
+  };
+  auto convert = [&]() {
+    for (int i = tid; i < kSH * kSW * 2; i += kThreads) {
+      const int by = i / (2 * kSW), bx = (i / 2) % kSW, a = i % 2;
+      const int q = by * kSP + bx, row = by * 2 + a, col = bx * 2;
+      __half2 v[4];
+#pragma unroll
+      for (int c = 0; c < kC; ++c) {
+        const float2 f = *reinterpret_cast<const float2*>(raw + (c * kIH + row) * kIW + col);
+        v[c] = __floats2half2_rn(f.x, f.y);  // (b = 0, b = 1) of channel c
+      }
+      uint4 o;  // b * 4 + c: (c0 c1) (c2 0) for b = 0, then b = 1
+      o.x = __half_as_ushort(__low2half(v[0])) | (uint32_t(__half_as_ushort(__low2half(v[1]))) << 16);
+      o.y = __half_as_ushort(__low2half(v[2]));
+      o.z = __half_as_ushort(__high2half(v[0])) | (uint32_t(__half_as_ushort(__high2half(v[1]))) << 16);
+      o.w = __half_as_ushort(__high2half(v[2]));
+      *reinterpret_cast<uint4*>(patch + block_half(q, a)) = o;
+    }
+  };
+
+  // ldmatrix lanes. A: row m = warp * 64 + mt * 16 + (lane % 8) + 8 * ((lane / 8) % 2) of the
+  // tile, k half lane / 16; its block at tap (i, j) is q = qa[mt] + i * kSP + j, at byte
+  // block_half(qa[mt] + j) + i * kSP * 32 (bit 2 of q, the swizzle, does not depend on i).
+  // B: channel nb * 16 + 8 * (lane / 16) + lane % 8, k half (lane / 8) % 2.
+  uint32_t aa[4][4];  // [mt][j]
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt) {
+    const int m = warp * 64 + mt * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
+    const int qa = m < kCH * kCW ? (m / kCW) * kSP + m % kCW : 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) aa[mt][j] = smem_u32(patch) + block_half(qa + j, lane / 16);
+  }
+  uint32_t bb[4];
+#pragma unroll
+  for (int nb = 0; nb < 4; ++nb) {
+    const int n = nb * 16 + 8 * (lane / 16) + lane % 8;
+    bb[nb] = smem_u32(ws) + n * 32 + ((((lane / 8) % 2) ^ ((n >> 2) & 1)) << 4);
+  }
+  const int gq = lane / 4, tq = lane % 4;
+
+  int t = blockIdx.x;
+  if (t < g.tiles) fetch(t);
+  cp_async_wait<0>();
+  __syncthreads();  // the filter and the first tile's pixels in place
+  if (t < g.tiles) convert();
+  __syncthreads();
+  for (; t < g.tiles; t += gridDim.x) {
+    const int next = t + gridDim.x;
+    if (next < g.tiles) fetch(next);  // lands during the multiplies below (`raw` was converted)
+    float acc[4][8][4];
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[mt][nt][e] = bias_s[nt * 8 + tq * 2 + e % 2];  // added first
+#pragma unroll
+    for (int tap = 0; tap < kTaps; ++tap) {
+      const int i = tap / 4, j = tap % 4;
+      uint32_t b[4][4];
+#pragma unroll
+      for (int nb = 0; nb < 4; ++nb) ldmatrix_x4(b[nb], bb[nb] + tap * kNT * 32);
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt) {
+        uint32_t a[4];
+        ldmatrix_x4(a, aa[mt][j] + i * kSP * 32);
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) mma_f16(acc[mt][nt], a, b[nt / 2][(nt % 2) * 2], b[nt / 2][(nt % 2) * 2 + 1]);
+      }
+    }
+    // Epilogue into `out` (free: the last tile's pooling ended with a barrier). Convolution
+    // outputs outside the image are the max-pool's padding (-inf).
+    const Tile tl = tile_of(t);
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = warp * 64 + mt * 16 + gq + 8 * h;
+        const int oy = tl.oy0 + r / kCW, ox = tl.ox0 + r % kCW;
+        const bool inside = oy >= 0 && oy < g.P && ox >= 0 && ox < g.Q;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+          __half2 v;
+          if constexpr (A == kActAny) {
+            v = __floats2half2_rn(stem_act_any(acc[mt][nt][2 * h], act),
+                                  stem_act_any(acc[mt][nt][2 * h + 1], act));
+          } else {
+            v = __floats2half2_rn(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
+            // ReLU after the rounding: the same float16 (rounding is monotone and keeps 0).
+            if constexpr (A == kActRelu) v = __hmax2(v, __float2half2_rn(0.f));
+          }
+          *reinterpret_cast<__half2*>(out + r * kOutRow + nt * 8 + tq * 2) = inside ? v : neg_inf2();
+        }
+      }
+    cp_async_wait<0>();
+    __syncthreads();  // every warp done with `patch`, `out` written, the next pixels landed
+    if (next < g.tiles) convert();
+    // The max-pool: each pooled pixel's 8-channel chunk is the max over its window.
+    for (int i = tid; i < kPH * kPW * (kNT / 8); i += kThreads) {
+      const int c = i % (kNT / 8), pl = i / (kNT / 8);
+      const int ly = pl / kPW, lx = pl % kPW;
+      const int py = tl.py0 + ly, px = tl.px0 + lx;
+      if (py >= g.PP || px >= g.PQ) continue;
+      __half2 m[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) m[e] = neg_inf2();
+#pragma unroll
+      for (int dy = 0; dy < 3; ++dy)
+#pragma unroll
+        for (int dx = 0; dx < 3; ++dx) {
+          const int r = (ly * 2 + dy) * kCW + lx * 2 + dx;
+          const uint4 v = *reinterpret_cast<const uint4*>(out + r * kOutRow + c * 8);
+          const __half2* h2 = reinterpret_cast<const __half2*>(&v);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) m[e] = __hmax2(m[e], h2[e]);
+        }
+      const int64_t o = ((static_cast<int64_t>(tl.n) * g.PP + py) * g.PQ + px) * g.K + k0 + c * 8;
+      if constexpr (Q8) {
+        // The quantizing reformat's codes of the pooled float16 values (pool.max.quantize's).
+        uint32_t lo = 0, hi = 0;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float2 f = __half22float2(m[e]);
+          const uint32_t pair = quantize_pair_inv<false>(f.x, f.y, scale, inv) & 0xffffu;
+          if (e < 2) lo |= pair << (16 * e);
+          else hi |= pair << (16 * (e - 2));
+        }
+        *reinterpret_cast<uint2*>(static_cast<int8_t*>(yv) + o) = make_uint2(lo, hi);
+      } else {
+        *reinterpret_cast<uint4*>(static_cast<__half*>(yv) + o) = *reinterpret_cast<const uint4*>(m);
+      }
+    }
+    __syncthreads();  // `out` free and the next tile's blocks in place
+  }
+}
+
+bool s2d_supports(const LayerDesc& d, std::string* why) {
+  const Node& n = *d.node;
+  if (!is_conv_pool(n)) return *why = "kiln.FusedConvPool only", false;
+  if (d.precision != Precision::kFP16) return *why = "FP16 layers only", false;
+  if (d.in[0].dtype != DataType::kFloat32 || d.in[0].layout != Layout::kLinear)
+    return *why = "X must be the model's float32 NCHW images", false;
+  const bool q8 = d.out[0].dtype == DataType::kInt8;
+  if ((!q8 && d.out[0].dtype != DataType::kFloat16) || d.out[0].layout != Layout::kNHWC)
+    return *why = "Y must be float16 or int8 NHWC", false;
+  if (q8 && !n.output(0)->has_quant_scale()) return *why = "Y has no INT8 scale", false;
+  const Tensor* w = plain_conv(d, why);
+  if (!w) return false;
+  // Pixel pairs arrive in 8-byte copies: an image row must start 8-byte aligned.
+  const Dim& width = (*d.in_type(0).dims)[3];
+  if (!width.is_static() || width.value % 2 != 0) return *why = "an image width not known to be even", false;
+  if (w->dim(1) != kC) return *why = "3 input channels (RGB) only", false;
+  if (w->dim(0) % kNT != 0) return *why = "K is not a multiple of 64", false;
+  const auto st = n.attrs.get_ints("strides", {1, 1});
+  const auto dil = n.attrs.get_ints("dilations", {1, 1});
+  if (st.size() != 2 || st[0] != 2 || st[1] != 2) return *why = "stride 2 only", false;
+  if (dil.size() != 2 || dil[0] != 1 || dil[1] != 1) return *why = "a dilated convolution", false;
+  if (n.attrs.get_string("auto_pad", "NOTSET") != "NOTSET") return *why = "auto_pad", false;
+  const auto pads = n.attrs.get_ints("pads", {0, 0, 0, 0});
+  if (pads.size() != 4) return *why = "not 2-D pads", false;
+  if (w->dim(2) + pads[0] % 2 > 8 || w->dim(3) + pads[1] % 2 > 8)
+    return *why = "a filter over 4 x 4 blocks (7 x 7 with odd padding, 8 x 8 with even)", false;
+  PoolAttrs pa;
+  if (!read_pool(n, &pa, why)) return false;
+  if (pa.kh != 3 || pa.kw != 3 || pa.sh != 2 || pa.sw != 2 || pa.pt > 1 || pa.pl > 1)
+    return *why = "not a 3x3/2 max-pool with leading pads of at most 1", false;
+  return true;
+}
+
+class S2dStemLayer final : public Layer {
+ public:
+  explicit S2dStemLayer(const LayerDesc& d)
+      : node_(d.node), q8_(d.out[0].dtype == DataType::kInt8) {
+    read_activation(d.node->attrs, &act_);
+    if (q8_) {
+      scale_ = d.node->output(0)->quant_scales.at(0);
+      inv_ = 1.f / scale_;
+    }
+    // Weights [K,3,R,S] -> float16 [tap][K][16]: tap (i, j), element a * 8 + b * 4 + c is
+    // W[k][c][2i + a - oh][2j + b - ow] (zero outside the filter and for c = 3).
+    const Tensor& w = *d.in_const(1);
+    K_ = static_cast<int>(w.dim(0));
+    const int R = static_cast<int>(w.dim(2)), S = static_cast<int>(w.dim(3));
+    const auto pads = d.node->attrs.get_ints("pads", {0, 0, 0, 0});
+    const int oh = static_cast<int>(pads[0] % 2), ow = static_cast<int>(pads[1] % 2);
+    host_w_.assign(static_cast<size_t>(kTaps) * K_ * 16, __float2half(0.f));
+    for (int tap = 0; tap < kTaps; ++tap)
+      for (int k = 0; k < K_; ++k)
+        for (int e = 0; e < 16; ++e) {
+          const int a = e / 8, b = (e / 4) % 2, c = e % 4;
+          const int r = 2 * (tap / 4) + a - oh, s = 2 * (tap % 4) + b - ow;
+          if (c < kC && r >= 0 && r < R && s >= 0 && s < S)
+            host_w_[(static_cast<size_t>(tap) * K_ + k) * 16 + e] = __float2half(static_cast<float>(
+                w.at_double(((static_cast<int64_t>(k) * kC + c) * R + r) * S + s)));
+        }
+    host_b_.assign(static_cast<size_t>(K_), 0.f);
+    if (const Tensor* b = d.node->input(2) ? d.in_const(2) : nullptr)
+      for (int k = 0; k < K_; ++k) host_b_[static_cast<size_t>(k)] = static_cast<float>(b->at_double(k));
+  }
+
+  Expected<size_t> configure(const RunContext& rc, std::span<const DeviceTensor> in,
+                             std::span<const DeviceTensor> out) override {
+    KILN_ASSIGN_OR_RETURN(ConvGeom c, conv_geometry(*node_, in[0].shape, in[1].shape, false));
+    if (c.nsp != 2 || c.C != kC) return KILN_ERROR("{}: not a 2-D convolution of RGB images", node_->label());
+    if (c.in[1] % 2 != 0) return KILN_ERROR("{}: the stem kernel needs an even image width", node_->label());
+    PoolAttrs pa;
+    std::string why;
+    if (!read_pool(*node_, &pa, &why)) return KILN_ERROR("{}: {}", node_->label(), why);
+    g_ = {};
+    g_.N = static_cast<int>(c.N), g_.H = static_cast<int>(c.in[0]), g_.W = static_cast<int>(c.in[1]);
+    g_.K = K_, g_.P = static_cast<int>(c.out[0]), g_.Q = static_cast<int>(c.out[1]);
+    g_.ph = static_cast<int>(c.pad_begin[0]), g_.pw = static_cast<int>(c.pad_begin[1]);
+    g_.oh = g_.ph % 2, g_.ow = g_.pw % 2;
+    g_.pph = pa.pt, g_.ppw = pa.pl;
+    g_.PP = (g_.P + pa.pt + pa.pb - pa.kh) / pa.sh + 1;
+    g_.PQ = (g_.Q + pa.pl + pa.pr - pa.kw) / pa.sw + 1;
+    if (out[0].shape.size() != 4 || out[0].shape[2] != g_.PP || out[0].shape[3] != g_.PQ)
+      return KILN_ERROR("{}: the output is not the max-pool's size", node_->label());
+    if (c.N * kC * c.in[0] * c.in[1] >= (int64_t(1) << 31) ||
+        c.N * g_.PP * g_.PQ * K_ >= (int64_t(1) << 31))
+      return KILN_ERROR("{}: tensor too large for the stem kernel", node_->label());
+    g_.tiles_w = (g_.PQ + kPW - 1) / kPW;
+    const int64_t tiles = c.N * ((g_.PP + kPH - 1) / kPH) * g_.tiles_w;
+    g_.tiles = static_cast<int>(tiles);
+    // Persistent blocks: two per SM (registers and shared memory), at most one per tile.
+    const int sms = sm_count();
+    if (sms <= 0) return KILN_ERROR("{}: the GPU's SM count is not available", node_->label());
+    blocks_ = static_cast<int>(std::min<int64_t>(tiles, 2 * static_cast<int64_t>(sms)));
+    // Over the default 48 KiB of dynamic shared memory: an opt-in per kernel and device, made at
+    // configure time (not while a run may be captured into a CUDA graph).
+    KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel(), cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    if (!weights_.get()) {
+      const size_t wb = (host_w_.size() * sizeof(__half) + 255) / 256 * 256;
+      KILN_RETURN_IF_ERROR(weights_.reserve(wb + host_b_.size() * sizeof(float), "stem weights"));
+      KILN_RETURN_IF_ERROR(cuda::upload(weights_.get(), host_w_.data(), host_w_.size() * sizeof(__half),
+                                        "stem weights"));
+      bias_ = reinterpret_cast<float*>(static_cast<char*>(weights_.get()) + wb);
+      KILN_RETURN_IF_ERROR(cuda::upload(bias_, host_b_.data(), host_b_.size() * sizeof(float), "stem bias"));
+    }
+    return size_t{0};
+  }
+
+  Status run(const RunContext& rc, std::span<const DeviceTensor> in,
+             std::span<const DeviceTensor> out) override {
+    if (out[0].numel() == 0 || g_.tiles == 0) return Status::Ok();
+    if (reinterpret_cast<uintptr_t>(out[0].data) % 16 != 0)
+      return KILN_ERROR("{}: the stem kernel needs a 16-byte aligned output", node_->label());
+    kernel()<<<dim3(blocks_, K_ / kNT), kThreads, kSmem, rc.stream>>>(
+        static_cast<const float*>(in[0].data), static_cast<const __half*>(weights_.get()), bias_,
+        out[0].data, g_, act_, scale_, inv_);
+    KILN_CUDA_LAUNCH_CHECK("pooled stem kernel");
+    return Status::Ok();
+  }
+
+ private:
+  using Kernel = void (*)(const float*, const __half*, const float*, void*, S2dGeom, ActParams,
+                          float, float);
+  template <bool Q8>
+  Kernel kernel_for() const {
+    if (act_.act == Act::kNone) return stem_s2d<Q8, kActNone>;
+    if (act_.act == Act::kRelu) return stem_s2d<Q8, kActRelu>;
+    return stem_s2d<Q8, kActAny>;
+  }
+  Kernel kernel() const { return q8_ ? kernel_for<true>() : kernel_for<false>(); }
+
+  const Node* node_;
+  bool q8_;
+  ActParams act_;
+  float scale_ = 1.f, inv_ = 1.f;
+  int K_ = 0, blocks_ = 0;
+  std::vector<__half> host_w_;
+  std::vector<float> host_b_;
+  DeviceMemory weights_;  // float16 [tap][K][16], then float bias [K]
+  float* bias_ = nullptr;
+  S2dGeom g_{};
+};
+
+}  // namespace
+
+bool stem_s2d_supports(const LayerDesc& d, std::string* why) { return s2d_supports(d, why); }
+Expected<std::unique_ptr<Layer>> create_stem_s2d(const LayerDesc& d) {
+  return std::unique_ptr<Layer>(new S2dStemLayer(d));
+}
+
+}  // namespace kiln::gpu
