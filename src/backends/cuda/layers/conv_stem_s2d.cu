@@ -261,7 +261,8 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const float2 f = __half22float2(m[e]);
-          const uint32_t pair = quantize_pair_inv<false>(f.x, f.y, scale, inv) & 0xffffu;
+          // After ReLU the pooled values are >= 0: the clamp at 0 is exact there.
+          const uint32_t pair = quantize_pair_inv<A == kActRelu>(f.x, f.y, scale, inv) & 0xffffu;
           if (e < 2) lo |= pair << (16 * e);
           else hi |= pair << (16 * (e - 2));
         }
