@@ -35,6 +35,11 @@ bool is_conv_pool(const Node& n);
 // What kiln's stem kernels need of the layer: a 2-D, ungrouped convolution with constant weights
 // and bias, no residual, an activation they know. Returns the weights (nullptr and why if not).
 const Tensor* plain_conv(const LayerDesc& d, std::string* why);
+class DeviceMemory;
+// A stem kernel's device copy: its weights (w_bytes from w), then its float bias 256-byte aligned
+// after them, in one allocation `mem` reserves; returns the bias's device address.
+Expected<float*> upload_weights_and_bias(DeviceMemory& mem, const void* w, size_t w_bytes,
+                                         const std::vector<float>& bias, const std::string& what);
 
 Status cudnn_check(cudnnStatus_t s, const char* what);
 cudnnDataType_t cudnn_type(DataType t);

@@ -286,6 +286,16 @@ bool read_pool(const Node& n, PoolAttrs* p, std::string* why) {
 }
 bool is_conv_pool(const Node& n) { return n.op_type == "FusedConvPool"; }
 
+Expected<float*> upload_weights_and_bias(DeviceMemory& mem, const void* w, size_t w_bytes,
+                                         const std::vector<float>& bias, const std::string& what) {
+  const size_t wb = (w_bytes + 255) / 256 * 256;
+  KILN_RETURN_IF_ERROR(mem.reserve(wb + bias.size() * sizeof(float), what));
+  KILN_RETURN_IF_ERROR(cuda::upload(mem.get(), w, w_bytes, what.c_str()));
+  float* b = reinterpret_cast<float*>(static_cast<char*>(mem.get()) + wb);
+  KILN_RETURN_IF_ERROR(cuda::upload(b, bias.data(), bias.size() * sizeof(float), what.c_str()));
+  return b;
+}
+
 const Tensor* plain_conv(const LayerDesc& d, std::string* why) {
   const Node& n = *d.node;
   const Tensor* w = d.in_const(1);
@@ -445,12 +455,9 @@ class StemConvLayer final : public Layer {
     // configure time (not while a run may be captured into a CUDA graph).
     KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel_, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_));
     if (!weights_.get()) {
-      const size_t wb = round_up(static_cast<int>(host_w_.size() * sizeof(__half)), 256);
-      KILN_RETURN_IF_ERROR(weights_.reserve(wb + host_b_.size() * sizeof(float), "stem conv weights"));
-      KILN_RETURN_IF_ERROR(cuda::upload(weights_.get(), host_w_.data(), host_w_.size() * sizeof(__half),
-                                        "stem conv weights"));
-      bias_ = reinterpret_cast<float*>(static_cast<char*>(weights_.get()) + wb);
-      KILN_RETURN_IF_ERROR(cuda::upload(bias_, host_b_.data(), host_b_.size() * sizeof(float), "stem conv bias"));
+      KILN_ASSIGN_OR_RETURN(bias_, upload_weights_and_bias(weights_, host_w_.data(),
+                                                           host_w_.size() * sizeof(__half), host_b_,
+                                                           "stem conv weights"));
     }
     return size_t{0};
   }

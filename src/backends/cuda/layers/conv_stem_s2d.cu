@@ -371,12 +371,9 @@ class S2dStemLayer final : public Layer {
     // configure time (not while a run may be captured into a CUDA graph).
     KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel(), cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     if (!weights_.get()) {
-      const size_t wb = (host_w_.size() * sizeof(__half) + 255) / 256 * 256;
-      KILN_RETURN_IF_ERROR(weights_.reserve(wb + host_b_.size() * sizeof(float), "stem weights"));
-      KILN_RETURN_IF_ERROR(cuda::upload(weights_.get(), host_w_.data(), host_w_.size() * sizeof(__half),
-                                        "stem weights"));
-      bias_ = reinterpret_cast<float*>(static_cast<char*>(weights_.get()) + wb);
-      KILN_RETURN_IF_ERROR(cuda::upload(bias_, host_b_.data(), host_b_.size() * sizeof(float), "stem bias"));
+      KILN_ASSIGN_OR_RETURN(bias_, upload_weights_and_bias(weights_, host_w_.data(),
+                                                           host_w_.size() * sizeof(__half), host_b_,
+                                                           "pooled stem weights"));
     }
     return size_t{0};
   }
