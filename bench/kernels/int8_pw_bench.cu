@@ -158,8 +158,10 @@ int main(int argc, char** argv) {
     std::vector<Kernel> kernels = {
         {"pipelined n64", [&] { return kiln::gpu::launch_int8_pipelined(x, w, y, g, e, 64, 0); }},
         {"pipelined n128", [&] { return kiln::gpu::launch_int8_pipelined(x, w, y, g, e, 128, 0); }},
-        {"pointwise n64", [&] { return kiln::gpu::launch_int8_pointwise(x, w, y, g, e, 64, 0); }},
-        {"pointwise n128", [&] { return kiln::gpu::launch_int8_pointwise(x, w, y, g, e, 128, 0); }},
+        {"pointwise n64", [&] { return kiln::gpu::launch_int8_pointwise(x, w, y, g, e, 64, 128, 0); }},
+        {"pointwise n128", [&] { return kiln::gpu::launch_int8_pointwise(x, w, y, g, e, 128, 128, 0); }},
+        {"pointwise n64m64", [&] { return kiln::gpu::launch_int8_pointwise(x, w, y, g, e, 64, 64, 0); }},
+        {"pointwise n128m64", [&] { return kiln::gpu::launch_int8_pointwise(x, w, y, g, e, 128, 64, 0); }},
         {"conv3x3", [&] { return kiln::gpu::launch_int8_conv3x3(x, w, y, g, e, per_sm3, 0); }},
     };
     bool first = true;

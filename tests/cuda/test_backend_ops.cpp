@@ -299,7 +299,7 @@ void register_all() {
   // (forced as NAME/VARIANT); an untuned build would only ever run the first.
   const std::map<std::string, std::vector<std::string>> kernel_variants = {
       {"conv_int8.pipelined", {"n128", "n64"}},
-      {"conv_int8.pointwise", {"n128", "n64"}},
+      {"conv_int8.pointwise", {"n128", "n64", "n128m64", "n64m64"}},
   };
   for (const auto& [family, fn] : families) {
     for (const OpCase& c : fn()) {

@@ -297,7 +297,10 @@ enum class Int8Kernel { kMma, kDp4a, kPipelined, kPointwise, kConv3x3 };
 class Int8ConvLayer final : public Layer {
  public:
   Int8ConvLayer(const LayerDesc& d, Int8Kernel kernel)
-      : node_(d.node), kernel_(kernel), tile_n_(d.variant == "n64" ? 64 : 128) {}
+      : node_(d.node),
+        kernel_(kernel),
+        tile_n_(d.variant.starts_with("n64") ? 64 : 128),
+        tile_m_(d.variant.ends_with("m64") ? 64 : 128) {}
 
   // Host side, once: int8 weights [K][R][S][C] and the epilogue's per-channel arrays.
   Status init(const LayerDesc& d) {
@@ -435,7 +438,7 @@ class Int8ConvLayer final : public Layer {
       const char* why =
           kernel_ == Int8Kernel::kConv3x3 ? launch_int8_conv3x3(x, w, y, g_, e, per_sm_, rc.stream)
           : kernel_ == Int8Kernel::kPointwise
-              ? launch_int8_pointwise(x, w, y, g_, e, tile_n, rc.stream)
+              ? launch_int8_pointwise(x, w, y, g_, e, tile_n, tile_m_, rc.stream)
               : launch_int8_pipelined(x, w, y, g_, e, tile_n, rc.stream);
       if (*why) return KILN_ERROR("{}: {} INT8 kernel: {}", node_->label(), name, why);
       KILN_CUDA_LAUNCH_CHECK("INT8 conv kernel (int8 output)");
@@ -476,6 +479,7 @@ class Int8ConvLayer final : public Layer {
   const Node* node_;
   Int8Kernel kernel_;
   int tile_n_;  // the pipelined/pointwise kernel's output channels per block (variant n128 / n64)
+  int tile_m_;  // the pointwise kernel's pixels per tile (128; variant ...m64: 64)
   int per_sm_ = 0;  // the 3x3 kernel's resident blocks per SM at the configured shapes
   bool conv_ = true, transposed_ = false, has_bias_ = false;
   int64_t K_ = 0, C_ = 0, R_ = 1, S_ = 1;
@@ -586,6 +590,13 @@ bool int8_pipelined_supports(const LayerDesc& d, std::string* why) {
 }
 std::vector<std::string> int8_pipelined_variants(const LayerDesc& d) {
   return pipelined_variants(d);
+}
+// The pointwise kernel's: the pipelined kernel's channel tiles, each also with 64-pixel tiles
+// (m64: half the shared memory and registers, twice the blocks per SM).
+std::vector<std::string> int8_pointwise_variants(const LayerDesc& d) {
+  std::vector<std::string> v = pipelined_variants(d);
+  for (size_t i = 0, n = v.size(); i < n; ++i) v.push_back(v[i] + "m64");
+  return v;
 }
 Expected<std::unique_ptr<Layer>> create_int8_conv(const LayerDesc& d) {
   return create_int8(d, Int8Kernel::kMma);

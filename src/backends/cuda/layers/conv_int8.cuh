@@ -52,13 +52,14 @@ const char* launch_int8_pipelined(const int8_t* x, const int8_t* w, int8_t* y, c
                                   const Int8Epilogue& e, int tile_n, cudaStream_t stream);
 
 // The persistent pointwise kernel (conv_int8_pointwise.cu): 1x1 without padding, any stride,
-// C of 64, 128 or 256, K % tile_n == 0 (64 or 128), Y int8, the residual int8 or absent, no
-// activation or ReLU. int8_pointwise_unfit says why a geometry does not fit ("" when it does);
-// prepare (configure time) makes the shared-memory opt-in and finds how many blocks fit per SM.
+// C of 64, 128 or 256, K % tile_n == 0 (64 or 128), tiles of tile_m pixels (128 or 64), Y int8, the residual int8 or absent, no activation or ReLU. int8_pointwise_unfit says
+// why a geometry does not fit ("" when it does); prepare (configure time) makes the shared-memory
+// opt-in and finds how many blocks fit per SM.
 cudaError_t prepare_int8_pointwise();
-const char* int8_pointwise_unfit(const Int8Geom& g, int tile_n);
+const char* int8_pointwise_unfit(const Int8Geom& g, int tile_n, int tile_m);
 const char* launch_int8_pointwise(const int8_t* x, const int8_t* w, int8_t* y, const Int8Geom& g,
-                                  const Int8Epilogue& e, int tile_n, cudaStream_t stream);
+                                  const Int8Epilogue& e, int tile_n, int tile_m,
+                                  cudaStream_t stream);
 
 // The persistent 3x3 kernel (conv_int8_3x3.cu): 3x3, stride 1, padding 1, dilation 1, C of 64 or
 // 128, K % 64 == 0, Y int8, the residual int8 or absent, no activation or ReLU, an input row narrow

@@ -23,31 +23,36 @@
 namespace kiln::gpu {
 namespace {
 
-constexpr int kTileM = 128;    // pixels per tile
-constexpr int kThreads = 256;  // 8 warps: 4 along the pixels x 2 along the channels
+constexpr int kThreads = 256;  // 8 warps: TM / 32 along the pixels x the rest along the channels
 
-// Shared memory: W [N][C + 16], X [2][128][C + 16], the residual/output ring [2][128][N + 16]
+// Shared memory: W [N][C + 16], X [2][TM][C + 16], the residual/output ring [2][TM][N + 16]
 // (rows padded by 16 bytes, 20, 36 or 68 words: the 8 rows a fragment or pair access touches
-// fall in distinct banks), then scale and bias [N][2].
-template <int N, int C>
+// fall in distinct banks), then scale and bias [N][2]. TM, the pixels per tile, is 128, or 64
+// (variants ...m64): half the shared memory and registers, so twice the blocks per SM keep loads in
+// flight (C = 256, N = 128: 141 KiB hold one block per SM, 88 KiB two).
+template <int N, int C, int TM>
 constexpr int smem_bytes() {
-  return N * (C + 16) + 2 * kTileM * (C + 16) + 2 * kTileM * (N + 16) + N * 8;
+  return N * (C + 16) + 2 * TM * (C + 16) + 2 * TM * (N + 16) + N * 8;
 }
 
-template <int N, int C, int Act>
+template <int N, int C, int Act, int TM>
 __global__ void __launch_bounds__(kThreads)
     int8_pointwise(const int8_t* __restrict__ x, const int8_t* __restrict__ w,
                    int8_t* __restrict__ y, Int8Geom g, Int8Epilogue e, int tiles, FastDiv by_q,
                    FastDiv by_pq) {
+  constexpr int kTileM = TM;
   constexpr int kXRow = C + 16, kZRow = N + 16;
   constexpr int kXChunks = C / 16, kZChunks = N / 16;  // 16-byte chunks per row
-  constexpr int NI = N / 16;  // 8-channel mma columns per warp (a warp covers N / 2 channels)
+  constexpr int WM = TM / 32, WN = 8 / WM;  // warps along the pixels and along the channels
+  constexpr int NW = N / WN;                // channels per warp
+  constexpr int NI = NW / 8;                // 8-channel mma columns per warp
   extern __shared__ __align__(16) unsigned char smem[];
   int8_t* ws = reinterpret_cast<int8_t*>(smem);
   int8_t* xs = ws + N * kXRow;
   int8_t* zy = xs + 2 * kTileM * kXRow;
   float* sb = reinterpret_cast<float*>(zy + 2 * kTileM * kZRow);
   static_assert((N * kXRow + 2 * kTileM * (kXRow + kZRow)) % 16 == 0, "sb must stay aligned");
+  static_assert(TM == 128 || TM == 64, "tiles of 128 or 64 pixels");
   const int M = g.M, K = g.K;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int k0 = blockIdx.x * N;
@@ -90,7 +95,7 @@ __global__ void __launch_bounds__(kThreads)
     }
   };
 
-  const int wm = (warp % 4) * 32, wn = (warp / 4) * (N / 2);
+  const int wm = (warp % WM) * 32, wn = (warp / WM) * NW;
   // ldmatrix addresses (ldm_mma_k32): this lane's A rows in a stage, its B row in the weights.
   const uint32_t arow[2] = {static_cast<uint32_t>((wm + ldm_a_row(lane)) * kXRow + ldm_a_k(lane)),
                             static_cast<uint32_t>((wm + 16 + ldm_a_row(lane)) * kXRow + ldm_a_k(lane))};
@@ -105,61 +110,71 @@ __global__ void __launch_bounds__(kThreads)
           const uint32_t a[2] = {xb + arow[0] + kk * 32, xb + arow[1] + kk * 32};
           ldm_mma_k32<NI>(acc, a, wrow + kk * 32, kXRow);
         }
-        pw_epilogue_fused<N, Act == kPwRelu>(acc, zy + st * kTileM * kZRow, kZRow, sb, wm, wn,
-                                             lane, szy, z != nullptr);
+        // (The epilogue's N is that of a block whose two warps along the channels cover it.)
+        pw_epilogue_fused<2 * NW, Act == kPwRelu>(acc, zy + st * kTileM * kZRow, kZRow, sb, wm, wn,
+                                                  lane, szy, z != nullptr);
       },
       [&](int st, int tile) {
         const int m0 = tile * kTileM;
-        pw_store_rows<N, kThreads>(y, m0, M - m0, K, k0, zy + st * kTileM * kZRow, kZRow, tid);
+        pw_store_rows<N, kThreads, TM>(y, m0, M - m0, K, k0, zy + st * kTileM * kZRow, kZRow, tid);
       });
 }
 
 // Blocks of one instantiation that fit on an SM (occupancy), found once per process at configure.
-template <int N, int C, int Act>
+template <int N, int C, int Act, int TM>
 int& resident_blocks() {
   static int blocks = 0;
   return blocks;
 }
 
-template <int N, int C, int Act>
+template <int N, int C, int Act, int TM = 128>
 cudaError_t prepare_one() {
-  constexpr int bytes = smem_bytes<N, C>();
-  cudaError_t err = cudaFuncSetAttribute(int8_pointwise<N, C, Act>,
+  constexpr int bytes = smem_bytes<N, C, TM>();
+  cudaError_t err = cudaFuncSetAttribute(int8_pointwise<N, C, Act, TM>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (err != cudaSuccess) return err;
-  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident_blocks<N, C, Act>(),
-                                                       int8_pointwise<N, C, Act>, kThreads, bytes);
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident_blocks<N, C, Act, TM>(),
+                                                       int8_pointwise<N, C, Act, TM>, kThreads, bytes);
 }
 
 template <int N>
 cudaError_t prepare_n() {
   for (cudaError_t e : {prepare_one<N, 64, kPwNone>(), prepare_one<N, 64, kPwRelu>(),
                         prepare_one<N, 128, kPwNone>(), prepare_one<N, 128, kPwRelu>(),
-                        prepare_one<N, 256, kPwNone>(), prepare_one<N, 256, kPwRelu>()})
+                        prepare_one<N, 256, kPwNone>(), prepare_one<N, 256, kPwRelu>(),
+                        prepare_one<N, 64, kPwNone, 64>(), prepare_one<N, 64, kPwRelu, 64>(),
+                        prepare_one<N, 128, kPwNone, 64>(), prepare_one<N, 128, kPwRelu, 64>(),
+                        prepare_one<N, 256, kPwNone, 64>(), prepare_one<N, 256, kPwRelu, 64>()})
     if (e != cudaSuccess) return e;
   return cudaSuccess;
 }
 
-template <int N, int C, int Act>
+template <int N, int C, int Act, int TM>
 const char* launch(const int8_t* x, const int8_t* w, int8_t* y, const Int8Geom& g,
                    const Int8Epilogue& e, cudaStream_t stream) {
-  const int per_sm = resident_blocks<N, C, Act>();
+  const int per_sm = resident_blocks<N, C, Act, TM>();
   if (per_sm <= 0) return "not prepared (prepare_int8_pointwise), or no block fits on an SM";
-  const int tiles = (g.M + kTileM - 1) / kTileM, cblocks = g.K / N;
+  const int tiles = (g.M + TM - 1) / TM, cblocks = g.K / N;
   const int rows = std::max(1, std::min(tiles, per_sm * sm_count() / cblocks));
-  int8_pointwise<N, C, Act><<<dim3(cblocks, rows), kThreads, smem_bytes<N, C>(), stream>>>(
+  int8_pointwise<N, C, Act, TM><<<dim3(cblocks, rows), kThreads, smem_bytes<N, C, TM>(), stream>>>(
       x, w, y, g, e, tiles, FastDiv(g.Q), FastDiv(g.P * g.Q));
   return "";
 }
 
-template <int N, int Act>
+template <int N, int Act, int TM>
 const char* launch_c(const int8_t* x, const int8_t* w, int8_t* y, const Int8Geom& g,
                      const Int8Epilogue& e, cudaStream_t stream) {
   switch (g.C4 * 4) {
-    case 64: return launch<N, 64, Act>(x, w, y, g, e, stream);
-    case 128: return launch<N, 128, Act>(x, w, y, g, e, stream);
-    default: return launch<N, 256, Act>(x, w, y, g, e, stream);
+    case 64: return launch<N, 64, Act, TM>(x, w, y, g, e, stream);
+    case 128: return launch<N, 128, Act, TM>(x, w, y, g, e, stream);
+    default: return launch<N, 256, Act, TM>(x, w, y, g, e, stream);
   }
+}
+template <int N, int Act>
+const char* launch_m(const int8_t* x, const int8_t* w, int8_t* y, const Int8Geom& g,
+                     const Int8Epilogue& e, int tile_m, cudaStream_t stream) {
+  return tile_m == 64 ? launch_c<N, Act, 64>(x, w, y, g, e, stream)
+                      : launch_c<N, Act, 128>(x, w, y, g, e, stream);
 }
 
 }  // namespace
@@ -169,10 +184,11 @@ cudaError_t prepare_int8_pointwise() {
   return e != cudaSuccess ? e : prepare_n<64>();
 }
 
-const char* int8_pointwise_unfit(const Int8Geom& g, int tile_n) {
+const char* int8_pointwise_unfit(const Int8Geom& g, int tile_n, int tile_m) {
   const int C = g.C4 * 4;
   if (g.R != 1 || g.S != 1 || g.ph != 0 || g.pw != 0) return "not a 1x1 convolution without padding";
   if (C != 64 && C != 128 && C != 256) return "C must be 64, 128 or 256";
+  if (tile_m != 128 && tile_m != 64) return "tiles of 128 or 64 pixels only";
   if ((tile_n != 64 && tile_n != 128) || g.K % tile_n != 0)
     return "K must be a multiple of the tile's channels (64 or 128)";
   if (g.P != (g.H - 1) / g.sh + 1 || g.Q != (g.W - 1) / g.sw + 1) return "unexpected output size";
@@ -180,8 +196,9 @@ const char* int8_pointwise_unfit(const Int8Geom& g, int tile_n) {
 }
 
 const char* launch_int8_pointwise(const int8_t* x, const int8_t* w, int8_t* y, const Int8Geom& g,
-                                  const Int8Epilogue& e, int tile_n, cudaStream_t stream) {
-  if (const char* why = int8_pointwise_unfit(g, tile_n); *why) return why;
+                                  const Int8Epilogue& e, int tile_n, int tile_m,
+                                  cudaStream_t stream) {
+  if (const char* why = int8_pointwise_unfit(g, tile_n, tile_m); *why) return why;
   if (e.z && e.z_type != DataType::kInt8) return "the residual is not int8";
   if (e.alpha != 1.f) return "Gemm's alpha (convolutions only)";
   if (e.act.act != Act::kNone && e.act.act != Act::kRelu) return "activations other than ReLU";
@@ -189,10 +206,10 @@ const char* launch_int8_pointwise(const int8_t* x, const int8_t* w, int8_t* y, c
     return "a tensor is not 16-byte aligned";
   const bool relu = e.act.act == Act::kRelu;
   if (tile_n == 128)
-    return relu ? launch_c<128, kPwRelu>(x, w, y, g, e, stream)
-                : launch_c<128, kPwNone>(x, w, y, g, e, stream);
-  return relu ? launch_c<64, kPwRelu>(x, w, y, g, e, stream)
-              : launch_c<64, kPwNone>(x, w, y, g, e, stream);
+    return relu ? launch_m<128, kPwRelu>(x, w, y, g, e, tile_m, stream)
+                : launch_m<128, kPwNone>(x, w, y, g, e, tile_m, stream);
+  return relu ? launch_m<64, kPwRelu>(x, w, y, g, e, tile_m, stream)
+              : launch_m<64, kPwNone>(x, w, y, g, e, tile_m, stream);
 }
 
 }  // namespace kiln::gpu

@@ -141,14 +141,14 @@ __device__ __forceinline__ void pw_tile_ring(int tiles, Load&& load, Compute&& c
   cp_async_wait<0>();
 }
 
-// Writes a tile's first `count` output rows (N int8 channels each, from zt rows of zt_row bytes)
+// Writes a tile's first `count` output rows of its Rows (N int8 channels each, from zt rows of zt_row bytes)
 // to Y rows row0.. of K channels, at channel k0, in coalesced 16-byte stores.
-template <int N, int Threads>
+template <int N, int Threads, int Rows = 128>
 __device__ __forceinline__ void pw_store_rows(int8_t* y, int64_t row0, int count, int K, int k0,
                                               const int8_t* zt, int zt_row, int tid) {
   constexpr int kChunks = N / 16;
 #pragma unroll
-  for (int j = 0; j < 128 * kChunks / Threads; ++j) {
+  for (int j = 0; j < Rows * kChunks / Threads; ++j) {
     const int i = tid + j * Threads, r = i / kChunks, c = i % kChunks;
     if (r < count)
       *reinterpret_cast<int4*>(y + (row0 + r) * K + k0 + c * 16) =

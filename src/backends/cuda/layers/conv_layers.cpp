@@ -31,6 +31,7 @@ Expected<std::unique_ptr<Layer>> create_stem_s2d(const LayerDesc& d);
 bool conv_pool_direct_supports(const LayerDesc& d, std::string* why);  // conv_stem.cu
 Expected<std::unique_ptr<Layer>> create_conv_pool_direct(const LayerDesc& d);
 std::vector<std::string> int8_pipelined_variants(const LayerDesc& d);
+std::vector<std::string> int8_pointwise_variants(const LayerDesc& d);
 Expected<std::unique_ptr<Layer>> create_int8_pipelined(const LayerDesc& d);  // conv_int8_pipelined.cu
 bool int8_pointwise_supports(const LayerDesc& d, std::string* why);
 Expected<std::unique_ptr<Layer>> create_int8_pointwise(const LayerDesc& d);  // conv_int8_pointwise.cu
@@ -302,7 +303,7 @@ const TacticDef kConvTactics[] = {
     {"kiln", "FusedConv", "conv_int8.pipelined", kI8 | kF32 | kF16 | kNHWC, 0,
      int8_pipelined_supports, create_int8_pipelined, int8_pipelined_variants},
     {"kiln", "FusedConv", "conv_int8.pointwise", kI8 | kF32 | kF16 | kNHWC | kReassociated, 0,
-     int8_pointwise_supports, create_int8_pointwise, int8_pipelined_variants},
+     int8_pointwise_supports, create_int8_pointwise, int8_pointwise_variants},
     {"kiln", "FusedConv", "conv_int8.conv3x3", kI8 | kF32 | kF16 | kNHWC | kReassociated, 0,
      int8_conv3x3_supports, create_int8_conv3x3},
     {"", "ConvTranspose", "cudnn.convt", kF32 | kF16 | kF64, 0, convt_supports, create_convt},
