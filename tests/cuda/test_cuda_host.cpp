@@ -222,6 +222,58 @@ TEST(CudaHost, GatedTacticsAreOffByDefault) {
   else unsetenv("KILN_UNVERIFIED_TACTICS");
 }
 
+// kiln.convpool.s2d (kRawIn0): its candidates read input 0 as the model stores it (float32 NCHW:
+// no reformat of the images) and write float16 NHWC, or int8 codes in its .quantize form where
+// the output has a scale; it takes RGB images of an even width in FP16 layers under a 3x3/2 pool.
+TEST(CudaHost, PooledStemReadsTheModelsImagesItself) {
+  auto stem = [](Graph& g, int64_t width, int64_t pool) {
+    Value* x = g.add_value("x", TensorType(DataType::kFloat32, {2, 3, 224, width}));
+    g.add_input(x);
+    Value* w = g.add_constant("w", Tensor(DataType::kFloat32, {64, 3, 7, 7}));
+    Value* b = g.add_constant("b", Tensor(DataType::kFloat32, {64}));
+    Node* n = g.add_node("FusedConvPool", "stem", {x, w, b}, {"y"}, "kiln");
+    n->attrs.set("pads", Attribute::Ints({3, 3, 3, 3}));
+    n->attrs.set("strides", Attribute::Ints({2, 2}));
+    n->attrs.set("activation", Attribute::String("Relu"));
+    n->attrs.set("pool_kernel_shape", Attribute::Ints({pool, pool}));
+    n->attrs.set("pool_strides", Attribute::Ints({2, 2}));
+    n->attrs.set("pool_pads", Attribute::Ints({1, 1, 1, 1}));
+    g.add_output(n->output(0));
+    EXPECT_TRUE(infer_shapes(g).ok());
+    return n;
+  };
+  const TacticDef* t = find_tactic("kiln.convpool.s2d");
+  const TacticDef* tq = find_tactic("kiln.convpool.s2d.quantize");
+  ASSERT_TRUE(t && t->supports && tq && (t->caps & kRawIn0) && (tq->caps & kQuantOut));
+  Graph g;
+  Node* n = stem(g, 224, 3);
+  LayerChoice c = float_choice(*n, *t, Precision::kFP16, /*nhwc=*/true);
+  EXPECT_EQ(c.in[0].dtype, DataType::kFloat32);
+  EXPECT_EQ(c.in[0].layout, Layout::kLinear);
+  EXPECT_EQ(c.out[0].dtype, DataType::kFloat16);
+  EXPECT_EQ(c.out[0].layout, Layout::kNHWC);
+  std::string why;
+  EXPECT_TRUE(t->supports(c.desc(n), &why)) << why;
+  // The .quantize form: int8 codes only where the output has a scale.
+  LayerChoice q = float_choice(*n, *tq, Precision::kFP16, true);
+  q.out[0].dtype = DataType::kInt8;  // what lowering does for a kQuantOut tactic
+  EXPECT_FALSE(tq->supports(q.desc(n), &why));
+  EXPECT_NE(why.find("scale"), std::string::npos) << why;
+  n->output(0)->quant_scales = {0.05f};
+  why.clear();
+  EXPECT_TRUE(tq->supports(q.desc(n), &why)) << why;
+  // Not a float32 TF32 layer, not an odd width, not another pool window.
+  EXPECT_FALSE(t->supports(float_choice(*n, *t, Precision::kTF32, true).desc(n), &why));
+  Graph odd;
+  Node* no = stem(odd, 223, 3);
+  EXPECT_FALSE(t->supports(float_choice(*no, *t, Precision::kFP16, true).desc(no), &why));
+  EXPECT_NE(why.find("even"), std::string::npos) << why;
+  Graph wide;
+  Node* nw = stem(wide, 224, 5);
+  EXPECT_FALSE(t->supports(float_choice(*nw, *t, Precision::kFP16, true).desc(nw), &why));
+  EXPECT_NE(why.find("3x3/2"), std::string::npos) << why;
+}
+
 TEST(CudaHost, ShapeArithmeticRunsOnTheHost) {
   auto g = reshape_by_shape_graph();
   const std::vector<bool> host = host_nodes(*g);
