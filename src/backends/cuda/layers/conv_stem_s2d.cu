@@ -16,23 +16,24 @@
 // A block is persistent: it keeps its 64 output channels' filter (16 taps x 64 x 16 float16,
 // 32 KiB) in shared memory and walks tiles of 7 x 8 pooled outputs of one image (the max-pool is
 // the stems' 3x3/2, fixed at compile time: the epilogue and the pool cost more instructions than
-// the multiplies when their geometry is read at run time). A tile's
-// convolution outputs are the 15 x 17 = 255 under its pooled outputs (padded to 256 rows); its
-// input patch is 18 x 20 blocks (36 x 40 pixels), converted to float16 and stored as blocks. Four
-// warps of 64 rows x 64 channels (m16n8k16, float32 accumulation) run the 16 taps; the epilogue
-// (bias, activation, float16 rounding: the values the unfused layers store) stages the tile in
-// shared memory, where the max-pool reads it. The next tile's patch is loaded into registers
-// while the tensor cores work on this one. 16-byte block halves are XOR-swizzled so ldmatrix's
-// eight rows hit distinct banks.
+// the multiplies when their geometry is read at run time). A tile's convolution outputs are the
+// 15 x 17 = 255 under its pooled outputs (padded to 256 rows); its input patch is 18 x 20 blocks
+// (36 x 40 pixels). Four warps of 64 rows x 64 channels (m16n8k16, float32 accumulators that start
+// at the bias) run the 16 taps, unrolled, every ldmatrix address a register plus an immediate; the
+// epilogue (activation, float16 rounding: the values the unfused layers store) stages the tile in
+// shared memory, where the max-pool reads it. The next tile's pixels arrive by 8-byte cp.async as
+// float32 while the tensor cores work on this one, and are converted to float16 blocks after it.
+// 16-byte block halves are XOR-swizzled so ldmatrix's eight rows hit distinct banks. On the H100
+// (docs/perf.md, tenth session): 0.39 ms for ResNet-50 at batch 256, against ~1 ms unfused.
 #include <algorithm>
 #include <vector>
 
 #include "device_util_host.h"
 #include "kernels/device_util.cuh"
 #include "kernels/int8.cuh"
-#include "tactics/check.h"
 #include "kernels/mma.cuh"
 #include "layers/conv_common.h"
+#include "tactics/check.h"
 
 namespace kiln::gpu {
 namespace {
