@@ -150,7 +150,7 @@ __global__ void __launch_bounds__(kThreads)
               ldm_mma_k32<NI>(acc, a, wbase + (r * 3 + sx) * C + kk * 32, kWRow);
             }
           }
-        pw_epilogue_fused<kN, Act == kPwRelu, false>(acc, zy + st * kTileM * kZRow, kZRow, sb, wm,
+        pw_epilogue_fused<Act == kPwRelu, false>(acc, zy + st * kTileM * kZRow, kZRow, sb, wm,
                                                      wn, lane, szy, z != nullptr);
       },
       [&](int st, int tile) {

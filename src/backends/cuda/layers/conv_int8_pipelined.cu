@@ -131,7 +131,7 @@ __global__ void __launch_bounds__(kPwThreads)
   // residual codes become floats without the conversion unit, the activation is resolved at compile
   // time (ReLU folded into the quantizing clamp), and the quantizing division is a multiply that
   // divides only near a rounding boundary (quantize_pair_inv): the same codes.
-  pw_epilogue<N, Act, SmallAcc>(acc, zy, kZyRow, sb, wm, wn, lane, e, z != nullptr);
+  pw_epilogue<Act, SmallAcc>(acc, zy, kZyRow, sb, wm, wn, lane, e, z != nullptr);
   __syncthreads();
   for (int i = tid; i < kPwM * kRowChunks; i += kPwThreads) {
     const int r = i / kRowChunks, c = i % kRowChunks;

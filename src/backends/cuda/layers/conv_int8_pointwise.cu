@@ -110,9 +110,8 @@ __global__ void __launch_bounds__(kThreads)
           const uint32_t a[2] = {xb + arow[0] + kk * 32, xb + arow[1] + kk * 32};
           ldm_mma_k32<NI>(acc, a, wrow + kk * 32, kXRow);
         }
-        // (The epilogue's N is that of a block whose two warps along the channels cover it.)
-        pw_epilogue_fused<2 * NW, Act == kPwRelu>(acc, zy + st * kTileM * kZRow, kZRow, sb, wm, wn,
-                                                  lane, szy, z != nullptr);
+        pw_epilogue_fused<Act == kPwRelu>(acc, zy + st * kTileM * kZRow, kZRow, sb, wm, wn, lane,
+                                          szy, z != nullptr);
       },
       [&](int st, int tile) {
         const int m0 = tile * kTileM;

@@ -157,21 +157,21 @@ __device__ __forceinline__ void pw_store_rows(int8_t* y, int64_t row0, int count
 }
 
 // Calls f(a0, a1, sb2, p) for each pair of adjacent channels of a row that this thread holds in a
-// tile's accumulators acc[2][N / 16][4] (a warp at pixel rows wm.. wm + 31, channels wn.. wn +
-// N / 2 - 1: the fragment layout of mma.sync m16n8k32): a0 and a1 the two accumulators, sb2 the
+// tile's accumulators acc[2][NI][4] (a warp at pixel rows wm.. wm + 31, channels wn.. wn +
+// 8 * NI - 1: the fragment layout of mma.sync m16n8k32; NI is deduced from acc): a0 and a1 the two accumulators, sb2 the
 // channels' (scale, bias, scale, bias) from sb, p the pair's 16-bit slot in the tile zy (rows of
 // zy_row bytes), which holds the residual codes and receives the output codes. The 16-bit shared
 // accesses are conflict-free with rows padded by 16 bytes (N + 16 bytes is 20 or 36 words, so the
 // 8 rows of an access fall in distinct banks).
-template <int N, typename F>
-__device__ __forceinline__ void pw_for_each_pair(const int32_t (&acc)[2][N / 16][4], int8_t* zy,
+template <int NI, typename F>
+__device__ __forceinline__ void pw_for_each_pair(const int32_t (&acc)[2][NI][4], int8_t* zy,
                                                  int zy_row, const float* sb, int wm, int wn,
                                                  int lane, F&& f) {
   const int gq = lane / 4, tq = lane % 4;
 #pragma unroll
   for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
-    for (int ni = 0; ni < N / 16; ++ni) {
+    for (int ni = 0; ni < NI; ++ni) {
       const int col = wn + ni * 8 + tq * 2;
       const float4 sb2 = *reinterpret_cast<const float4*>(sb + 2 * col);  // s0 b0 s1 b1
 #pragma unroll
@@ -181,8 +181,8 @@ __device__ __forceinline__ void pw_for_each_pair(const int32_t (&acc)[2][N / 16]
     }
 }
 
-// The epilogue of a tile whose accumulators acc[2][N / 16][4] belong to a warp at pixel rows wm..
-// wm + 31 and channels wn.. wn + N / 2 - 1 (the fragment layout of mma.sync m16n8k32): zy holds
+// The epilogue of a tile whose accumulators acc[2][NI][4] belong to a warp at pixel rows wm..
+// wm + 31 and channels wn.. wn + 8 * NI - 1 (the fragment layout of mma.sync m16n8k32): zy holds
 // the tile's residual codes (rows of zy_row bytes; ignored when !has_z) and receives its output
 // codes in their place; sb holds each channel's scale and bias. Each pair of adjacent channels of
 // a row belongs to one thread, which reads its two residual codes and writes its two output codes
@@ -192,12 +192,12 @@ __device__ __forceinline__ void pw_for_each_pair(const int32_t (&acc)[2][N / 16]
 // accumulator and the residual codes become floats without the conversion unit, the activation
 // is resolved at compile time (ReLU folded into the quantizing clamp), and the quantizing
 // division is a multiply that divides only near a rounding boundary (quantize_pair_inv).
-template <int N, int Act, bool SmallAcc>
-__device__ __forceinline__ void pw_epilogue(const int32_t (&acc)[2][N / 16][4], int8_t* zy,
+template <int Act, bool SmallAcc, int NI>
+__device__ __forceinline__ void pw_epilogue(const int32_t (&acc)[2][NI][4], int8_t* zy,
                                             int zy_row, const float* sb, int wm, int wn, int lane,
                                             const Int8Epilogue& e, bool has_z) {
   const float inv_sy = 1.f / e.sy;
-  pw_for_each_pair<N>(acc, zy, zy_row, sb, wm, wn, lane,
+  pw_for_each_pair(acc, zy, zy_row, sb, wm, wn, lane,
                       [&](int32_t a0, int32_t a1, const float4& sb2, uint16_t* p) {
                         const float2 zf = has_z ? residual_pair(*p, e.sz) : make_float2(0.f, 0.f);
                         *p = static_cast<uint16_t>(
@@ -216,8 +216,8 @@ __device__ __forceinline__ void pw_epilogue(const int32_t (&acc)[2][N / 16][4], 
 // the reference's 20: these layers are bound by instruction issue on the H100. SmallAcc: |acc| <=
 // 2^22 (R * S * C <= 256), converted without the conversion unit; else by it (the 3x3 kernel).
 // NaN (from a NaN bias) gives 0, as the reference.
-template <int N, bool Relu, bool SmallAcc = true>
-__device__ __forceinline__ void pw_epilogue_fused(const int32_t (&acc)[2][N / 16][4], int8_t* zy,
+template <bool Relu, bool SmallAcc = true, int NI>
+__device__ __forceinline__ void pw_epilogue_fused(const int32_t (&acc)[2][NI][4], int8_t* zy,
                                                   int zy_row, const float* sb, int wm, int wn,
                                                   int lane, float szy, bool has_z) {
   auto code = [](float t) {
@@ -225,7 +225,7 @@ __device__ __forceinline__ void pw_epilogue_fused(const int32_t (&acc)[2][N / 16
     if constexpr (!Relu) c = t != t ? 0.f : c;
     return __float_as_uint(__fadd_rn(c, kMagicRound));  // its low byte is the code
   };
-  pw_for_each_pair<N>(acc, zy, zy_row, sb, wm, wn, lane,
+  pw_for_each_pair(acc, zy, zy_row, sb, wm, wn, lane,
                       [&](int32_t a0, int32_t a1, const float4& sb2, uint16_t* p) {
                         const float f0 = SmallAcc ? small_int_to_float(a0) : __int2float_rn(a0);
                         const float f1 = SmallAcc ? small_int_to_float(a1) : __int2float_rn(a1);
