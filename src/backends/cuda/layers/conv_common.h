@@ -2,8 +2,13 @@
 // kernels (layers/conv.cu) used by conv_layers.cpp and conv_fused.cpp.
 #pragma once
 
+#include <cuda_fp16.h>
 #include <cudnn.h>
 
+#include <string>
+#include <vector>
+
+#include "device_util_host.h"
 #include "kernels/activation.cuh"
 #include "layer.h"
 
@@ -35,11 +40,19 @@ bool is_conv_pool(const Node& n);
 // What kiln's stem kernels need of the layer: a 2-D, ungrouped convolution with constant weights
 // and bias, no residual, an activation they know. Returns the weights (nullptr and why if not).
 const Tensor* plain_conv(const LayerDesc& d, std::string* why);
-class DeviceMemory;
-// A stem kernel's device copy: its weights (w_bytes from w), then its float bias 256-byte aligned
-// after them, in one allocation `mem` reserves; returns the bias's device address.
-Expected<float*> upload_weights_and_bias(DeviceMemory& mem, const void* w, size_t w_bytes,
-                                         const std::vector<float>& bias, const std::string& what);
+// A stem kernel's float16 weights (in the kernel's own order, filled by its layer) and float
+// bias (the layer's constant input 2, or zeros), built on the host when the layer is created and
+// copied into one device allocation at its first configure, the bias 256-byte aligned after them.
+struct StemWeights {
+  std::vector<__half> w;
+  std::vector<float> b;
+  DeviceMemory mem;
+  const float* bias = nullptr;  // device address, once uploaded
+
+  void read_bias(const LayerDesc& d, int K);
+  Status upload_once(const std::string& what);
+  const __half* weights() const { return static_cast<const __half*>(mem.get()); }
+};
 
 Status cudnn_check(cudnnStatus_t s, const char* what);
 cudnnDataType_t cudnn_type(DataType t);

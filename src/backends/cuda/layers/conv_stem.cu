@@ -286,14 +286,21 @@ bool read_pool(const Node& n, PoolAttrs* p, std::string* why) {
 }
 bool is_conv_pool(const Node& n) { return n.op_type == "FusedConvPool"; }
 
-Expected<float*> upload_weights_and_bias(DeviceMemory& mem, const void* w, size_t w_bytes,
-                                         const std::vector<float>& bias, const std::string& what) {
-  const size_t wb = (w_bytes + 255) / 256 * 256;
-  KILN_RETURN_IF_ERROR(mem.reserve(wb + bias.size() * sizeof(float), what));
-  KILN_RETURN_IF_ERROR(cuda::upload(mem.get(), w, w_bytes, what.c_str()));
-  float* b = reinterpret_cast<float*>(static_cast<char*>(mem.get()) + wb);
-  KILN_RETURN_IF_ERROR(cuda::upload(b, bias.data(), bias.size() * sizeof(float), what.c_str()));
-  return b;
+void StemWeights::read_bias(const LayerDesc& d, int K) {
+  b.assign(static_cast<size_t>(K), 0.f);
+  if (const Tensor* t = d.node->input(2) ? d.in_const(2) : nullptr)
+    for (int k = 0; k < K; ++k) b[static_cast<size_t>(k)] = static_cast<float>(t->at_double(k));
+}
+
+Status StemWeights::upload_once(const std::string& what) {
+  if (mem.get()) return Status::Ok();
+  const size_t w_bytes = w.size() * sizeof(__half), wb = (w_bytes + 255) / 256 * 256;
+  KILN_RETURN_IF_ERROR(mem.reserve(wb + b.size() * sizeof(float), what));
+  KILN_RETURN_IF_ERROR(cuda::upload(mem.get(), w.data(), w_bytes, what.c_str()));
+  float* dst = reinterpret_cast<float*>(static_cast<char*>(mem.get()) + wb);
+  KILN_RETURN_IF_ERROR(cuda::upload(dst, b.data(), b.size() * sizeof(float), what.c_str()));
+  bias = dst;
+  return Status::Ok();
 }
 
 const Tensor* plain_conv(const LayerDesc& d, std::string* why) {
@@ -403,16 +410,14 @@ class StemConvLayer final : public Layer {
     S_ = static_cast<int>(w.dim(3));
     Cp_ = C_ % 2 == 0 ? C_ : C_ + 1;
     Kp_ = round_up(R_ * S_ * Cp_, 16);
-    host_w_.assign(static_cast<size_t>(K_) * Kp_, __float2half(0.f));
+    weights_.w.assign(static_cast<size_t>(K_) * Kp_, __float2half(0.f));
     for (int k = 0; k < K_; ++k)
       for (int c = 0; c < C_; ++c)
         for (int r = 0; r < R_; ++r)
           for (int s = 0; s < S_; ++s)
-            host_w_[static_cast<size_t>(k) * Kp_ + (r * S_ + s) * Cp_ + c] = __float2half(
+            weights_.w[static_cast<size_t>(k) * Kp_ + (r * S_ + s) * Cp_ + c] = __float2half(
                 static_cast<float>(w.at_double(((static_cast<int64_t>(k) * C_ + c) * R_ + r) * S_ + s)));
-    host_b_.assign(static_cast<size_t>(K_), 0.f);
-    if (const Tensor* b = d.node->input(2) ? d.in_const(2) : nullptr)
-      for (int k = 0; k < K_; ++k) host_b_[static_cast<size_t>(k)] = static_cast<float>(b->at_double(k));
+    weights_.read_bias(d, K_);
     const bool wide = K_ % 64 == 0, pool = is_conv_pool(*node_);
     switch (C_) {
       case 1: kernel_ = stem_kernel_for<1>(wide, pool); break;
@@ -454,11 +459,7 @@ class StemConvLayer final : public Layer {
     // Over the default 48 KiB of dynamic shared memory: an opt-in per kernel and device, made at
     // configure time (not while a run may be captured into a CUDA graph).
     KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel_, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_));
-    if (!weights_.get()) {
-      KILN_ASSIGN_OR_RETURN(bias_, upload_weights_and_bias(weights_, host_w_.data(),
-                                                           host_w_.size() * sizeof(__half), host_b_,
-                                                           "stem conv weights"));
-    }
+    KILN_RETURN_IF_ERROR(weights_.upload_once("stem conv weights"));
     return size_t{0};
   }
 
@@ -469,7 +470,7 @@ class StemConvLayer final : public Layer {
       return KILN_ERROR("{}: the stem kernel needs a 16-byte aligned output", node_->label());
     const dim3 grid(blocks_, K_ / nt_);
     kernel_<<<grid, kStemThreads, smem_, rc.stream>>>(
-        static_cast<const __half*>(in[0].data), static_cast<const __half*>(weights_.get()), bias_,
+        static_cast<const __half*>(in[0].data), weights_.weights(), weights_.bias,
         static_cast<__half*>(out[0].data), g_, act_);
     KILN_CUDA_LAUNCH_CHECK("stem conv kernel");
     return Status::Ok();
@@ -480,10 +481,7 @@ class StemConvLayer final : public Layer {
   ActParams act_;
   int K_ = 0, C_ = 0, R_ = 0, S_ = 0, Cp_ = 0, Kp_ = 0, nt_ = 64, smem_ = 0, blocks_ = 0;
   StemKernel kernel_ = nullptr;
-  std::vector<__half> host_w_;
-  std::vector<float> host_b_;
-  DeviceMemory weights_;  // float16 [K][Kp], then float bias [K]
-  float* bias_ = nullptr;
+  StemWeights weights_;  // float16 [K][Kp]
   StemGeom g_{};
 };
 

@@ -55,7 +55,7 @@ constexpr int kOutRow = kNT + 8;     // halves per staged output row (+8: no ban
 constexpr int kSmem = kFilterBytes + kPatchBytes + kPatchElems * 4 + 256 * kOutRow * 2 + kNT * 4;
 
 struct S2dGeom {
-  int N, H, W, K;      // input [N, 3, H, W] float32; K output channels
+  int H, W, K;         // input [tiles' images, 3, H, W] float32; K output channels
   int P, Q;            // the convolution's output size
   int ph, pw, oh, ow;  // its leading pads and their parities
   int PP, PQ;          // the pooled output size
@@ -325,19 +325,17 @@ class S2dStemLayer final : public Layer {
     const int R = static_cast<int>(w.dim(2)), S = static_cast<int>(w.dim(3));
     const auto pads = d.node->attrs.get_ints("pads", {0, 0, 0, 0});
     const int oh = static_cast<int>(pads[0] % 2), ow = static_cast<int>(pads[1] % 2);
-    host_w_.assign(static_cast<size_t>(kTaps) * K_ * 16, __float2half(0.f));
+    weights_.w.assign(static_cast<size_t>(kTaps) * K_ * 16, __float2half(0.f));
     for (int tap = 0; tap < kTaps; ++tap)
       for (int k = 0; k < K_; ++k)
         for (int e = 0; e < 16; ++e) {
           const int a = e / 8, b = (e / 4) % 2, c = e % 4;
           const int r = 2 * (tap / 4) + a - oh, s = 2 * (tap % 4) + b - ow;
           if (c < kC && r >= 0 && r < R && s >= 0 && s < S)
-            host_w_[(static_cast<size_t>(tap) * K_ + k) * 16 + e] = __float2half(static_cast<float>(
+            weights_.w[(static_cast<size_t>(tap) * K_ + k) * 16 + e] = __float2half(static_cast<float>(
                 w.at_double(((static_cast<int64_t>(k) * kC + c) * R + r) * S + s)));
         }
-    host_b_.assign(static_cast<size_t>(K_), 0.f);
-    if (const Tensor* b = d.node->input(2) ? d.in_const(2) : nullptr)
-      for (int k = 0; k < K_; ++k) host_b_[static_cast<size_t>(k)] = static_cast<float>(b->at_double(k));
+    weights_.read_bias(d, K_);
   }
 
   Expected<size_t> configure(const RunContext& rc, std::span<const DeviceTensor> in,
@@ -349,7 +347,7 @@ class S2dStemLayer final : public Layer {
     std::string why;
     if (!read_pool(*node_, &pa, &why)) return KILN_ERROR("{}: {}", node_->label(), why);
     g_ = {};
-    g_.N = static_cast<int>(c.N), g_.H = static_cast<int>(c.in[0]), g_.W = static_cast<int>(c.in[1]);
+    g_.H = static_cast<int>(c.in[0]), g_.W = static_cast<int>(c.in[1]);
     g_.K = K_, g_.P = static_cast<int>(c.out[0]), g_.Q = static_cast<int>(c.out[1]);
     g_.ph = static_cast<int>(c.pad_begin[0]), g_.pw = static_cast<int>(c.pad_begin[1]);
     g_.oh = g_.ph % 2, g_.ow = g_.pw % 2;
@@ -371,11 +369,7 @@ class S2dStemLayer final : public Layer {
     // Over the default 48 KiB of dynamic shared memory: an opt-in per kernel and device, made at
     // configure time (not while a run may be captured into a CUDA graph).
     KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel(), cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    if (!weights_.get()) {
-      KILN_ASSIGN_OR_RETURN(bias_, upload_weights_and_bias(weights_, host_w_.data(),
-                                                           host_w_.size() * sizeof(__half), host_b_,
-                                                           "pooled stem weights"));
-    }
+    KILN_RETURN_IF_ERROR(weights_.upload_once("pooled stem weights"));
     return size_t{0};
   }
 
@@ -385,7 +379,7 @@ class S2dStemLayer final : public Layer {
     if (reinterpret_cast<uintptr_t>(out[0].data) % 16 != 0)
       return KILN_ERROR("{}: the stem kernel needs a 16-byte aligned output", node_->label());
     kernel()<<<dim3(blocks_, K_ / kNT), kThreads, kSmem, rc.stream>>>(
-        static_cast<const float*>(in[0].data), static_cast<const __half*>(weights_.get()), bias_,
+        static_cast<const float*>(in[0].data), weights_.weights(), weights_.bias,
         out[0].data, g_, act_, scale_, inv_);
     KILN_CUDA_LAUNCH_CHECK("pooled stem kernel");
     return Status::Ok();
@@ -407,10 +401,7 @@ class S2dStemLayer final : public Layer {
   ActParams act_;
   float scale_ = 1.f, inv_ = 1.f;
   int K_ = 0, blocks_ = 0;
-  std::vector<__half> host_w_;
-  std::vector<float> host_b_;
-  DeviceMemory weights_;  // float16 [tap][K][16], then float bias [K]
-  float* bias_ = nullptr;
+  StemWeights weights_;  // float16 [tap][K][16]
   S2dGeom g_{};
 };
 
