@@ -39,6 +39,11 @@ inline bool read_activation(const Attributes& a, ActParams* p) {
   return true;
 }
 
+// Activation modes compiled into a kernel whose epilogue would otherwise pay apply_act's switch
+// per element (kiln's INT8 tile kernels, the pooled stem): none, ReLU, or any other through
+// apply_act.
+enum PwAct { kPwNone = 0, kPwRelu = 1, kPwAny = 2 };
+
 #ifdef __CUDACC__
 template <typename T>
 __device__ __forceinline__ T apply_act(T x, const ActParams& p) {

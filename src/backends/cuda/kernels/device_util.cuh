@@ -35,6 +35,12 @@ __device__ __forceinline__ void store(T* p, int64_t i, V v) {
   else if constexpr (std::is_same_v<T, __nv_bfloat16>) p[i] = __float2bfloat16_rn(static_cast<float>(v));
   else p[i] = static_cast<T>(v);
 }
+// float16 -inf in both halves (a max-pool's padding).
+__device__ __forceinline__ __half2 half2_neg_inf() {
+  const __half h = __ushort_as_half(0xFC00u);
+  return __halves2half2(h, h);
+}
+
 template <typename T> constexpr bool is_float_v =
     std::is_floating_point_v<T> || std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>;
 

@@ -9,8 +9,6 @@
 
 namespace kiln::gpu {
 
-// Activation modes compiled into the kernel: none, ReLU, or any other through apply_act.
-enum PwAct { kPwNone = 0, kPwRelu = 1, kPwAny = 2 };
 
 // epilogue_value's arithmetic (conv_int8.cuh) for one element up to its activation, with the
 // channel's scale and bias given (bias 0 when the layer has none: adding +0 changes no code) and z

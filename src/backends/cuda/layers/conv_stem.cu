@@ -56,11 +56,6 @@ struct StemGeom {
   int PP, PQ, pkh, pkw, psh, psw, pph, ppw;
 };
 
-__device__ __forceinline__ __half2 neg_inf2() {
-  const __half h = __ushort_as_half(0xFC00u);  // float16 -inf: the max-pool's padding
-  return __halves2half2(h, h);
-}
-
 template <int NT>
 constexpr int stem_smem_bytes(int Kp) {
   return NT * (Kp + 8) * 2 + 2 * kStemMaxPatch * 2 + kStemM * (NT + 8) * 2 + Kp / 2 * 4;
@@ -218,7 +213,7 @@ __global__ void __launch_bounds__(kStemThreads, 2)
           const float y0 = apply_act(acc[mi][ni][2 * h] + bias[k0 + col], act);
           const float y1 = apply_act(acc[mi][ni][2 * h + 1] + bias[k0 + col + 1], act);
           *reinterpret_cast<__half2*>(out + r * orow + col) =
-              inside ? __floats2half2_rn(y0, y1) : neg_inf2();
+              inside ? __floats2half2_rn(y0, y1) : half2_neg_inf();
         }
       }
     // The other patch buffer was last read by the previous tile's multiplies, which every warp
@@ -234,7 +229,7 @@ __global__ void __launch_bounds__(kStemThreads, 2)
         const int py = tl.py0 + ly, px = tl.px0 + lx;
         if (py >= g.PP || px >= g.PQ) continue;
         __half2 m[4];
-        for (int e = 0; e < 4; ++e) m[e] = neg_inf2();
+        for (int e = 0; e < 4; ++e) m[e] = half2_neg_inf();
         for (int dy = 0; dy < g.pkh; ++dy)
           for (int dx = 0; dx < g.pkw; ++dx) {
             const int r = (ly * g.psh + dy) * g.TW + lx * g.psw + dx;

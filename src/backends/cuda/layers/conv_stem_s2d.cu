@@ -68,15 +68,9 @@ __device__ __forceinline__ uint32_t block_half(int q, int h) {
   return static_cast<uint32_t>(q * 32 + ((h ^ ((q >> 2) & 1)) << 4));
 }
 
-__device__ __forceinline__ __half2 neg_inf2() {
-  const __half h = __ushort_as_half(0xFC00u);  // float16 -inf: the max-pool's padding
-  return __halves2half2(h, h);
-}
-
 // The epilogue's activation: none, ReLU (a packed float16 max), or any other (apply_act's switch,
 // out of line: inlined per element it costs more instructions than the tile's multiplies, so the
 // common two are their own instantiations).
-enum StemAct { kActNone = 0, kActRelu = 1, kActAny = 2 };
 __device__ __noinline__ float stem_act_any(float v, ActParams act) { return apply_act(v, act); }
 
 template <bool Q8, int A>
@@ -222,15 +216,15 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) {
           __half2 v;
-          if constexpr (A == kActAny) {
+          if constexpr (A == kPwAny) {
             v = __floats2half2_rn(stem_act_any(acc[mt][nt][2 * h], act),
                                   stem_act_any(acc[mt][nt][2 * h + 1], act));
           } else {
             v = __floats2half2_rn(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
             // ReLU after the rounding: the same float16 (rounding is monotone and keeps 0).
-            if constexpr (A == kActRelu) v = __hmax2(v, __float2half2_rn(0.f));
+            if constexpr (A == kPwRelu) v = __hmax2(v, __float2half2_rn(0.f));
           }
-          *reinterpret_cast<__half2*>(out + r * kOutRow + nt * 8 + tq * 2) = inside ? v : neg_inf2();
+          *reinterpret_cast<__half2*>(out + r * kOutRow + nt * 8 + tq * 2) = inside ? v : half2_neg_inf();
         }
       }
     cp_async_wait<0>();
@@ -244,7 +238,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       if (py >= g.PP || px >= g.PQ) continue;
       __half2 m[4];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) m[e] = neg_inf2();
+      for (int e = 0; e < 4; ++e) m[e] = half2_neg_inf();
 #pragma unroll
       for (int dy = 0; dy < 3; ++dy)
 #pragma unroll
@@ -263,7 +257,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         for (int e = 0; e < 4; ++e) {
           const float2 f = __half22float2(m[e]);
           // After ReLU the pooled values are >= 0: the clamp at 0 is exact there.
-          const uint32_t pair = quantize_pair_inv<A == kActRelu>(f.x, f.y, scale, inv) & 0xffffu;
+          const uint32_t pair = quantize_pair_inv<A == kPwRelu>(f.x, f.y, scale, inv) & 0xffffu;
           if (e < 2) lo |= pair << (16 * e);
           else hi |= pair << (16 * (e - 2));
         }
@@ -390,9 +384,9 @@ class S2dStemLayer final : public Layer {
                           float, float);
   template <bool Q8>
   Kernel kernel_for() const {
-    if (act_.act == Act::kNone) return stem_s2d<Q8, kActNone>;
-    if (act_.act == Act::kRelu) return stem_s2d<Q8, kActRelu>;
-    return stem_s2d<Q8, kActAny>;
+    if (act_.act == Act::kNone) return stem_s2d<Q8, kPwNone>;
+    if (act_.act == Act::kRelu) return stem_s2d<Q8, kPwRelu>;
+    return stem_s2d<Q8, kPwAny>;
   }
   Kernel kernel() const { return q8_ ? kernel_for<true>() : kernel_for<false>(); }
 
