@@ -190,6 +190,12 @@ Expected<std::unique_ptr<Engine>> Engine::build_from_graph(std::unique_ptr<Graph
   nlohmann::json int8_info;
   if (config.int8) {
     KILN_ASSIGN_OR_RETURN(int8_info, quant::quantize_for_build(*g, config, explicit_int8));
+    // Fusions of INT8 layers (fuse_conv_pair), now that they are marked; the capability query
+    // at precision int8 says where the backend has a kernel. The pins above named the layers
+    // before pairing: a pinned layer is not INT8 and stays unpaired.
+    OptimizeOptions int8_opt = opt;
+    int8_opt.precision = "int8";
+    KILN_RETURN_IF_ERROR(optimize_int8_graph(*g, int8_opt));
   }
   std::string plan_json = "{}";
   if (backend == "cuda") {

@@ -1,5 +1,6 @@
-// kiln's fused layers: the op table, FusedConv and FusedGemm, and the helpers shared with
-// fused_chain.cpp. Kernels compose the registry's reference kernels (see fused_util.h).
+// kiln's fused layers: the op table, FusedConv, FusedConvPool, FusedConvPair and FusedGemm, and
+// the helpers shared with fused_chain.cpp and fused_int8.cpp. Kernels compose the registry's
+// reference kernels (see fused_util.h).
 #include "ops/fused.h"
 
 #include <algorithm>
@@ -43,7 +44,8 @@ bool chain_op_supported(const std::string& op_type) {
 }
 
 bool fused_layer_supported(const std::string& op_type, const Attributes& attrs) {
-  if (op_type == "FusedConv" || op_type == "FusedGemm" || op_type == "FusedConvPool")
+  if (op_type == "FusedConv" || op_type == "FusedGemm" || op_type == "FusedConvPool" ||
+      op_type == "FusedConvPair")
     return fused_activation_supported(attrs.get_string("activation", ""));
   if (op_type == "ElementwiseChain") {
     const auto ops = attrs.get_strings("ops");
@@ -104,6 +106,13 @@ Expected<Tensor> add_same_shape(const Node& n, const Tensor& y, const Tensor& z,
   return s;
 }
 
+Status check_pair_shapes(const Node& n, const Tensor& y1, const Tensor& y2) {
+  if (y1.shape() != y2.shape())
+    return KILN_ERROR("{}: the two convolutions' outputs differ in shape: {} and {}", n.label(),
+                      shape_str(y1.shape()), shape_str(y2.shape()));
+  return Status::Ok();
+}
+
 }  // namespace fused
 
 namespace {
@@ -158,6 +167,81 @@ Status cpu_fused_conv_pool(KernelContext& ctx) {
   KILN_ASSIGN_OR_RETURN(Tensor pooled,
                         fused::run_op(n, "MaxPool", fused::strip_prefix(n.attrs, "pool_"), {&y}));
   ctx.set_output(0, std::move(pooled));
+  return Status::Ok();
+}
+
+// --- kiln.FusedConvPair: act(Conv(X, W, B) + Conv(X2, W2, B2)), the second convolution's
+// attributes prefixed "conv2_"
+// -------------------------------------------------------------------------------
+
+// The second convolution's output type: Conv's inference on inputs 3..5 in a scratch graph (an
+// InferContext reads its input types from the node's values).
+Expected<TensorType> infer_second_conv(const Node& n) {
+  Graph g;
+  std::vector<Value*> ins;
+  for (size_t i = 3; i < 6; ++i) {
+    const Value* v = n.input(i);
+    Value* c = v ? g.add_value("in" + std::to_string(i), v->type) : nullptr;
+    if (c) c->constant = v->constant;
+    ins.push_back(c);
+  }
+  Node* conv = g.add_node("Conv", n.name + "/conv2", ins, {"y2"});
+  conv->attrs = fused::strip_prefix(n.attrs, "conv2_");
+  std::vector<TensorType> out(1);
+  InferContext c(*conv, out);
+  KILN_RETURN_IF_ERROR(base_op("Conv").infer(c));
+  return out[0];
+}
+
+// Whether two inferred dims may be the same (static ones must be equal).
+bool dims_may_match(const TensorType& a, const TensorType& b) {
+  if (!a.dims || !b.dims) return true;
+  if (a.dims->size() != b.dims->size()) return false;
+  for (size_t i = 0; i < a.dims->size(); ++i) {
+    const Dim &x = (*a.dims)[i], &y = (*b.dims)[i];
+    if (x.is_static() && y.is_static() && x.value != y.value) return false;
+  }
+  return true;
+}
+
+// The two outputs are added element by element, never broadcast: a shape that only broadcasts
+// would make the layer write a tensor neither convolution computes.
+Status infer_fused_conv_pair(InferContext& ctx) {
+  const Node& n = ctx.node();
+  if (!n.input(3) || !n.input(4))
+    return KILN_ERROR("{}: FusedConvPair needs X2 and W2 (inputs 3 and 4)", n.label());
+  std::vector<TensorType> first(1);
+  InferContext c(n, first);
+  KILN_RETURN_IF_ERROR(base_op("Conv").infer(c));
+  Expected<TensorType> second = infer_second_conv(n);
+  if (!second.ok()) return second.status().with_context(n.label());
+  if (!dims_may_match(first[0], *second))
+    return KILN_ERROR("{}: the two convolutions' outputs differ in shape: {} and {}", n.label(),
+                      first[0].str(), second->str());
+  TensorType y = first[0];  // a dim only the second convolution knows statically is kept
+  if (!y.dims && second->dims) y.dims = second->dims;
+  if (y.dims && second->dims)
+    for (size_t i = 0; i < y.dims->size(); ++i)
+      if (!(*y.dims)[i].is_static() && (*second->dims)[i].is_static())
+        (*y.dims)[i] = (*second->dims)[i];
+  ctx.set_output(0, std::move(y));
+  return Status::Ok();
+}
+
+Status cpu_fused_conv_pair(KernelContext& ctx) {
+  const Node& n = ctx.node();
+  if (quant::runs_int8(n)) return cpu_int8_layer(ctx);
+  if (!ctx.input(3) || !ctx.input(4))
+    return KILN_ERROR("{}: FusedConvPair needs X2 and W2 (inputs 3 and 4)", n.label());
+  std::vector<Tensor> outs(1);
+  KernelContext conv(n, {ctx.input(0), ctx.input(1), ctx.input(2)}, outs);
+  KILN_RETURN_IF_ERROR(base_op("Conv").cpu(conv));
+  KILN_ASSIGN_OR_RETURN(Tensor y2, fused::run_op(n, "Conv", fused::strip_prefix(n.attrs, "conv2_"),
+                                                 {ctx.input(3), ctx.input(4), ctx.input(5)}));
+  KILN_RETURN_IF_ERROR(fused::check_pair_shapes(n, outs[0], y2));
+  KILN_ASSIGN_OR_RETURN(Tensor y, fused::add_same_shape(n, outs[0], y2, "second convolution"));
+  KILN_ASSIGN_OR_RETURN(y, fused::apply_activation(n, std::move(y)));
+  ctx.set_output(0, std::move(y));
   return Status::Ok();
 }
 
@@ -217,6 +301,7 @@ std::span<const OpDef> fused_ops() {
   static const OpDef kOps[] = {
       {"kiln", "FusedConv", infer_fused_conv, cpu_fused_conv, nullptr},
       {"kiln", "FusedConvPool", infer_fused_conv_pool, cpu_fused_conv_pool, nullptr},
+      {"kiln", "FusedConvPair", infer_fused_conv_pair, cpu_fused_conv_pair, nullptr},
       {"kiln", "FusedGemm", infer_fused_gemm, cpu_fused_gemm, nullptr},
       {"kiln", "ElementwiseChain", infer_elementwise_chain, cpu_elementwise_chain, nullptr},
       {"kiln", "Attention", infer_attention, cpu_attention, nullptr},

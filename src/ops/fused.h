@@ -5,6 +5,14 @@
 //   kiln.FusedConvPool(X, W, B?)        Y = MaxPool(act(Conv(X, W, B)))   Conv's attributes, and
 //                                       MaxPool's prefixed "pool_" (pool_kernel_shape,
 //                                       pool_strides, pool_pads): a CNN's stem with its max-pool
+//   kiln.FusedConvPair(X, W, B?, X2, W2, B2?)
+//                                       Y = act(Conv(X, W, B) + Conv(X2, W2, B2))   the first
+//                                       Conv's attributes, the second's prefixed "conv2_"
+//                                       (conv2_strides, conv2_pads, ...); both outputs must have
+//                                       the same shape (no broadcasting): ResNet's first block
+//                                       of a stage, its last 1x1 conv and the downsample, with
+//                                       the Add and ReLU. Made only from INT8 layers
+//                                       (passes/fuse_conv_pair.cpp); int8 = 1: both convs in INT8
 //   kiln.FusedGemm(A, B, C?)            base = "Gemm":   Y = act(Gemm(A, B, C))  Gemm's attributes
 //                                       base = "MatMul": Y = act(MatMul(A, B) + C)
 //   kiln.ElementwiseChain(x0, x1, ...)  a straight program of elementwise ops (see below)

@@ -18,11 +18,14 @@ Attributes strip_prefix(const Attributes& a, const std::string& prefix);
 Expected<Tensor> apply_activation(const Node& n, Tensor y);
 // y + z where z broadcasts into y without changing y's shape.
 Expected<Tensor> add_same_shape(const Node& n, const Tensor& y, const Tensor& z, const char* what);
+// kiln.FusedConvPair adds its two convolutions' outputs without broadcasting: an error naming
+// the layer and both shapes unless they are equal.
+Status check_pair_shapes(const Node& n, const Tensor& y1, const Tensor& y2);
 
 }  // namespace kiln::fused
 
 namespace kiln {
-// The CPU reference of an INT8 layer (fused_int8.cpp): kiln.FusedConv / kiln.FusedGemm with
-// int8 = 1, computed as a GPU INT8 kernel does.
+// The CPU reference of an INT8 layer (fused_int8.cpp): kiln.FusedConv / kiln.FusedConvPair /
+// kiln.FusedGemm with int8 = 1, computed as a GPU INT8 kernel does.
 Status cpu_int8_layer(KernelContext& ctx);
 }  // namespace kiln

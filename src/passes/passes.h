@@ -21,5 +21,16 @@ Expected<bool> fuse_residual_add(PassContext& ctx);
 Expected<bool> fuse_conv_act(PassContext& ctx);
 Expected<bool> fuse_conv_pool(PassContext& ctx);  // after fuse_conv_act: the stem's activation first
 Expected<bool> fuse_elementwise(PassContext& ctx);
+// The INT8 stage (after the layers are marked INT8; optimize_int8_graph):
+Expected<bool> fuse_conv_pair(PassContext& ctx);
+
+// The kiln.FusedConvPair fuse_conv_pair makes of FusedConv A and FusedConv B (B's residual is
+// A's output): inputs (A.X, A.W, A.B, B.X, B.W, B.B), A's convolution attributes unprefixed, B's
+// prefixed "conv2_", B's activation and act_*, int8 = 1.
+struct ConvPairLayer {
+  std::vector<Value*> inputs;
+  Attributes attrs;
+};
+ConvPairLayer conv_pair_layer(const Node& a, const Node& b);
 
 }  // namespace kiln::passes

@@ -1,9 +1,11 @@
 #include "passes/pipeline.h"
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <span>
 
 #include "ir/printer.h"
 #include "ir/verifier.h"
@@ -60,12 +62,38 @@ constexpr PassEntry kPipeline[] = {
     {"fuse_elementwise", 2, passes::fuse_elementwise},
     {"eliminate_dead_code", 2, passes::eliminate_dead_code},
 };
+
+// The INT8 stage, a second list run the same way by optimize_int8_graph, on the graph the list
+// above made, after quant::quantize_for_build has given the activations their scales and marked
+// the layers that run in INT8 (engine.cpp; INT8 builds at --opt-level 2). Why after marking:
+// - the fusions above are decided at the float precision, and marking needs their layers (an
+//   INT8 layer is a FusedConv/FusedGemm with its bias, residual and activation); which layers
+//   run in INT8 is known only then, so a fusion of INT8 layers cannot run before. Calibration
+//   and its cache (fingerprinted on the float graph) see the unpaired layers.
+// - fuse_conv_pair: an INT8 FusedConv whose residual is another INT8 FusedConv's output (no
+//   activation, no residual) becomes one kiln.FusedConvPair where the backend has a kernel for
+//   it; both layers keep the scales their values got.
+// - eliminate_dead_code after it.
+// --layer-precisions pins (and --accuracy-budget's) name the layers before pairing: a pinned
+// layer is not INT8, so it does not pair; the pair is named after its first convolution.
+constexpr PassEntry kInt8Pipeline[] = {
+    {"fuse_conv_pair", 2, passes::fuse_conv_pair},
+    {"eliminate_dead_code", 2, passes::eliminate_dead_code},
+};
 constexpr int kMaxRounds = 10;
 
 const PassEntry* find_pass(const std::string& name) {
-  for (const PassEntry& p : kPipeline)
-    if (name == p.name) return &p;
+  for (std::span<const PassEntry> list :
+       {std::span<const PassEntry>(kPipeline), std::span<const PassEntry>(kInt8Pipeline)})
+    for (const PassEntry& p : list)
+      if (name == p.name) return &p;
   return nullptr;
+}
+
+bool selected(const PassEntry& p, const OptimizeOptions& options) {
+  if (options.only_passes.empty()) return options.opt_level >= p.min_level;
+  return std::find(options.only_passes.begin(), options.only_passes.end(), std::string(p.name)) !=
+         options.only_passes.end();
 }
 
 Status dump(const Graph& g, const std::string& dir, int step, const std::string& what) {
@@ -103,6 +131,57 @@ Expected<bool> run_entry(Graph& g, const PassEntry& p, const OptimizeOptions& op
   return *changed;
 }
 
+// The number of the next --dump-graph step in `dir`: one past the highest NN of its NN_*.txt
+// files (the INT8 stage continues the float pipeline's numbering).
+int next_dump_step(const std::string& dir) {
+  int next = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string f = e.path().filename().string();
+    size_t digits = 0;
+    while (digits < f.size() && digits < 6 && std::isdigit(static_cast<unsigned char>(f[digits])))
+      ++digits;
+    if (digits >= 2 && digits < f.size() && f[digits] == '_')
+      next = std::max(next, std::stoi(f.substr(0, digits)) + 1);
+  }
+  return next;
+}
+
+Status create_dump_dir(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return KILN_ERROR("--dump-graph: cannot create '{}': {}", dir, ec.message());
+  return Status::Ok();
+}
+
+// Runs the selected passes of `list` round after round until a round changes nothing (or
+// kMaxRounds), dumping the graph after each pass that changed it; then drops dead values,
+// re-infers and verifies. Returns the number of rounds.
+Expected<int> run_rounds(Graph& g, std::span<const PassEntry> list, const OptimizeOptions& options,
+                         int& step) {
+  int round = 0;
+  for (bool changed = true; changed && round < kMaxRounds; ++round) {
+    changed = false;
+    for (const PassEntry& p : list) {
+      if (!selected(p, options)) continue;
+      KILN_ASSIGN_OR_RETURN(bool c, run_entry(g, p, options, round == 0));
+      if (c && !options.dump_dir.empty())
+        KILN_RETURN_IF_ERROR(dump(g, options.dump_dir, step++, p.name));
+      changed |= c;
+    }
+  }
+  g.remove_dead_values();
+  KILN_RETURN_IF_ERROR(infer_shapes(g));
+  KILN_RETURN_IF_ERROR(verify_graph(g));
+  return round;
+}
+
+Status check_opt_level(const OptimizeOptions& options) {
+  if (options.opt_level < 0 || options.opt_level > 2)
+    return KILN_ERROR("--opt-level must be 0, 1 or 2 (got {})", options.opt_level);
+  return Status::Ok();
+}
+
 }  // namespace
 
 std::vector<std::string> pipeline_passes(int opt_level) {
@@ -119,43 +198,50 @@ Expected<bool> run_pass(Graph& g, const std::string& pass, const OptimizeOptions
 }
 
 Status optimize_graph(Graph& g, const OptimizeOptions& options) {
-  if (options.opt_level < 0 || options.opt_level > 2)
-    return KILN_ERROR("--opt-level must be 0, 1 or 2 (got {})", options.opt_level);
+  KILN_RETURN_IF_ERROR(check_opt_level(options));
   KILN_RETURN_IF_ERROR(infer_shapes(g));
   int step = 0;
   if (!options.dump_dir.empty()) {
-    std::error_code ec;
-    std::filesystem::create_directories(options.dump_dir, ec);
-    if (ec)
-      return KILN_ERROR("--dump-graph: cannot create '{}': {}", options.dump_dir, ec.message());
+    KILN_RETURN_IF_ERROR(create_dump_dir(options.dump_dir));
     KILN_RETURN_IF_ERROR(dump(g, options.dump_dir, step++, "import"));
   }
   if (options.opt_level == 0 && options.only_passes.empty()) return Status::Ok();
   const size_t before = g.nodes().size();
-  int round = 0;
-  for (bool changed = true; changed && round < kMaxRounds; ++round) {
-    changed = false;
-    for (const PassEntry& p : kPipeline) {
-      const bool selected = options.only_passes.empty()
-                                ? options.opt_level >= p.min_level
-                                : std::find(options.only_passes.begin(), options.only_passes.end(),
-                                            std::string(p.name)) != options.only_passes.end();
-      if (!selected) continue;
-      KILN_ASSIGN_OR_RETURN(bool c, run_entry(g, p, options, round == 0));
-      if (c && !options.dump_dir.empty())
-        KILN_RETURN_IF_ERROR(dump(g, options.dump_dir, step++, p.name));
-      changed |= c;
-    }
-  }
-  g.remove_dead_values();
-  KILN_RETURN_IF_ERROR(infer_shapes(g));
-  KILN_RETURN_IF_ERROR(verify_graph(g));
+  KILN_ASSIGN_OR_RETURN(const int rounds, run_rounds(g, kPipeline, options, step));
   if (options.verbose)
     std::cerr << fmt::format("optimizer: {} nodes -> {} layers in {} round{} (opt level {})\n",
-                             before, g.nodes().size(), round, round == 1 ? "" : "s",
+                             before, g.nodes().size(), rounds, rounds == 1 ? "" : "s",
                              options.opt_level);
   if (!options.dump_dir.empty()) KILN_RETURN_IF_ERROR(dump(g, options.dump_dir, step, "final"));
   return Status::Ok();
+}
+
+Status optimize_int8_graph(Graph& g, const OptimizeOptions& options) {
+  KILN_RETURN_IF_ERROR(check_opt_level(options));
+  if (std::none_of(std::begin(kInt8Pipeline), std::end(kInt8Pipeline),
+                   [&](const PassEntry& p) { return selected(p, options); }))
+    return Status::Ok();
+  int step = 0;
+  if (!options.dump_dir.empty()) {
+    KILN_RETURN_IF_ERROR(create_dump_dir(options.dump_dir));
+    step = next_dump_step(options.dump_dir);
+  }
+  KILN_RETURN_IF_ERROR(infer_shapes(g));
+  const size_t before = g.nodes().size();
+  KILN_ASSIGN_OR_RETURN(const int rounds, run_rounds(g, kInt8Pipeline, options, step));
+  if (options.verbose)
+    std::cerr << fmt::format("INT8 optimizer: {} layers -> {} in {} round{}\n", before,
+                             g.nodes().size(), rounds, rounds == 1 ? "" : "s");
+  if (!options.dump_dir.empty())
+    KILN_RETURN_IF_ERROR(dump(g, options.dump_dir, step, "int8_final"));
+  return Status::Ok();
+}
+
+std::vector<std::string> int8_pipeline_passes(int opt_level) {
+  std::vector<std::string> out;
+  for (const PassEntry& p : kInt8Pipeline)
+    if (opt_level >= p.min_level) out.push_back(p.name);
+  return out;
 }
 
 }  // namespace kiln

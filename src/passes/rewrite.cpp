@@ -38,6 +38,9 @@ std::unique_ptr<Graph> scratch_layer(const std::string& domain, const std::strin
   Node* n = g->add_node(op_type, "layer", ins, {"out"}, domain);
   n->attrs = attrs;
   n->output(0)->type = out->type;
+  // Its output's scale too: an INT8 layer writes int8 where the value has one.
+  n->output(0)->quant_scales = out->quant_scales;
+  n->output(0)->quant_axis = out->quant_axis;
   return g;
 }
 

@@ -102,7 +102,8 @@ std::optional<Tensor> absorb_affine(const Graph& g, const char* op_type,
 // A tensor of ones of shape `norm` and type `t` (the scale of a norm without one).
 Tensor ones(const std::vector<int64_t>& norm, DataType t);
 
-// A would-be layer in a graph of its own: its inputs' types and constants, its output's type.
+// A would-be layer in a graph of its own: its inputs' types, constants and INT8 scales, its
+// output's type and scales.
 // For capability queries that need more than attributes; the real graph is not touched.
 std::unique_ptr<Graph> scratch_layer(const std::string& domain, const std::string& op_type,
                                      const std::vector<Value*>& inputs, const Attributes& attrs,

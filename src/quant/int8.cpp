@@ -1,6 +1,7 @@
 // The INT8 representation's helpers and the step that marks the layers running in INT8.
 #include "quant/int8.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/dispatch.h"
@@ -20,6 +21,8 @@ bool is_conv(const Node& n) {
   return (n.domain.empty() && n.op_type == "Conv") ||
          (n.domain == "kiln" && n.op_type == "FusedConv");
 }
+// kiln.FusedConvPair: two convolutions, W (input 1) and W2 (input 4) both KCRS.
+bool is_conv_pair(const Node& n) { return n.domain == "kiln" && n.op_type == "FusedConvPair"; }
 // "Gemm", "MatMul" or "" for what a node computes.
 std::string gemm_base(const Node& n) {
   if (n.domain.empty() && (n.op_type == "Gemm" || n.op_type == "MatMul")) return n.op_type;
@@ -30,7 +33,7 @@ std::string gemm_base(const Node& n) {
 }  // namespace
 
 int64_t weight_channel_axis(const Node& n) {
-  if (is_conv(n)) return 0;
+  if (is_conv(n) || is_conv_pair(n)) return 0;
   const std::string base = gemm_base(n);
   if (base == "Gemm") return n.attrs.get_int("transB", 0) != 0 ? 0 : 1;
   if (base == "MatMul") return 1;  // B is 2-D [K, N] (int8_blocker checks)
@@ -65,6 +68,34 @@ Tensor quantize_weights(const Tensor& w, const std::vector<float>& scales, int64
   return q;
 }
 
+namespace {
+
+// Why scales already on weight `w` do not fit output-channel axis `axis` ("" when they do, or
+// when there are none: marking gives them).
+std::string weight_scales_blocker(const Value* w, int64_t axis) {
+  if (w->quant_scales.size() <= 1) return "";
+  if (w->quant_axis != axis)
+    return fmt::format("weight '{}' has scales along axis {}, but its output channels are axis {}",
+                       w->name, w->quant_axis, axis);
+  if (static_cast<int64_t>(w->quant_scales.size()) != w->constant->dim(axis))
+    return fmt::format("weight '{}' has {} scales for {} channels", w->name, w->quant_scales.size(),
+                       w->constant->dim(axis));
+  return "";
+}
+
+// FusedConvPair's second convolution: X2 (input 3) and W2 (input 4) as X and W.
+std::string second_conv_blocker(const Node& n) {
+  const Value* x2 = n.input(3);
+  const Value* w2 = n.input(4);
+  if (!x2 || x2->type.dtype != DataType::kFloat32) return "its second input is not float32";
+  if (!x2->has_quant_scale()) return fmt::format("input '{}' has no INT8 scale", x2->name);
+  if (!w2 || !w2->is_constant() || w2->type.dtype != DataType::kFloat32)
+    return "its second weights are not a float32 constant";
+  return weight_scales_blocker(w2, 0);
+}
+
+}  // namespace
+
 std::string int8_blocker(const Node& n) {
   const int64_t axis = weight_channel_axis(n);
   if (axis < 0) return "not a convolution or matrix product";
@@ -80,16 +111,8 @@ std::string int8_blocker(const Node& n) {
   if (base == "Gemm" && n.attrs.get_int("transA", 0) != 0) return "Gemm with transA = 1";
   if (base == "MatMul" && (w->constant->rank() != 2 || x->type.rank() < 2))
     return "MatMul whose weights are not 2-D";
-  if (w->quant_scales.size() > 1) {
-    if (w->quant_axis != axis)
-      return fmt::format(
-          "weight '{}' has scales along axis {}, but its output channels are axis {}", w->name,
-          w->quant_axis, axis);
-    if (static_cast<int64_t>(w->quant_scales.size()) != w->constant->dim(axis))
-      return fmt::format("weight '{}' has {} scales for {} channels", w->name,
-                         w->quant_scales.size(), w->constant->dim(axis));
-  }
-  return "";
+  if (std::string why = weight_scales_blocker(w, axis); !why.empty()) return why;
+  return is_conv_pair(n) ? second_conv_blocker(n) : "";
 }
 
 bool runs_int8(const Node& n) { return n.attrs.get_int("int8", 0) == 1; }
@@ -101,7 +124,14 @@ Expected<Int8Summary> mark_int8_layers(Graph& g, const std::map<std::string, std
     if (weight_channel_axis(*n) < 0) continue;
     const std::string* pin = layer_pin(pins, n->name);
     std::string why = int8_blocker(*n);
-    if (why.empty() && explicit_scales && n->input(1)->quant_scales.empty())
+    // A FusedConvPair is made from INT8 layers after marking (passes/fuse_conv_pair.cpp); marked
+    // again, both of its weights are treated alike.
+    const std::vector<Value*> weights = is_conv_pair(*n)
+                                            ? std::vector<Value*>{n->input(1), n->input(4)}
+                                            : std::vector<Value*>{n->input(1)};
+    if (why.empty() && explicit_scales &&
+        std::any_of(weights.begin(), weights.end(),
+                    [](const Value* w) { return w->quant_scales.empty(); }))
       why = "the model does not quantize its weights (no DequantizeLinear)";
     if (why.empty() && pin && *pin != "int8") why = "pinned to " + *pin;
     if (!why.empty()) {
@@ -115,12 +145,12 @@ Expected<Int8Summary> mark_int8_layers(Graph& g, const std::map<std::string, std
       n->op_type = n->op_type == "Conv" ? "FusedConv" : "FusedGemm";
       n->domain = "kiln";
     }
-    Value* w = n->input(1);
-    if (w->quant_scales.empty()) {
-      const int64_t axis = weight_channel_axis(*n);
-      w->quant_scales = weight_scales(*w->constant, axis);
-      w->quant_axis = axis;
-    }
+    const int64_t axis = weight_channel_axis(*n);
+    for (Value* w : weights)
+      if (w->quant_scales.empty()) {
+        w->quant_scales = weight_scales(*w->constant, axis);
+        w->quant_axis = axis;
+      }
     n->attrs.set("int8", Attribute::Int(1));
     out.int8_layers.push_back(n->name);
   }

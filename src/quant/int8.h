@@ -4,13 +4,18 @@
 //   Value::quant_scales / quant_axis   a tensor's symmetric scale (real = int8 * scale): one per
 //                                      tensor for activations, one per output channel for the
 //                                      weights of an INT8 layer
-//   node attribute  int8 = 1           this layer runs in INT8 (kiln.FusedConv / kiln.FusedGemm):
+//   node attribute  int8 = 1           this layer runs in INT8 (kiln.FusedConv / kiln.FusedGemm,
+//                                      and kiln.FusedConvPair made from two of them):
 //                                      X (input 0) is quantized with its value's scale, W
 //                                      (input 1, a float constant) per output channel, int32
 //                                      accumulation, dequantized by sx * sw[c]; bias, residual
 //                                      (quantized on read when its value has a scale) and
 //                                      activation in float; the output is requantized when its
-//                                      value has a scale, else it stays float
+//                                      value has a scale, else it stays float. A FusedConvPair's
+//                                      second convolution reads X2 (input 3, per-tensor scale)
+//                                      and W2 (input 4, per output channel) the same way, and
+//                                      its dequantized result (+ B2) is added to the first's in
+//                                      float, in place of a residual
 #pragma once
 
 #include <cstdint>
@@ -27,8 +32,8 @@ namespace kiln::quant {
 // gives 0 (as ONNX QuantizeLinear).
 int8_t quantize_value(float v, float scale);
 
-// The axis of W that holds the output channels of `n` (Conv/FusedConv: 0; Gemm: transB ? 0 : 1;
-// MatMul: the last), or -1 when `n` is not a conv/gemm-like layer.
+// The axis of W that holds the output channels of `n` (Conv/FusedConv/FusedConvPair: 0, for W2
+// too; Gemm: transB ? 0 : 1; MatMul: the last), or -1 when `n` is not a conv/gemm-like layer.
 int64_t weight_channel_axis(const Node& n);
 
 // Symmetric per-channel scales of a float weight: amax over everything but `axis`, / 127 (a
@@ -39,7 +44,8 @@ std::vector<float> weight_scales(const Tensor& w, int64_t axis);
 Tensor quantize_weights(const Tensor& w, const std::vector<float>& scales, int64_t axis);
 
 // Why node `n` cannot run in INT8 ("" when it can): conv/gemm-like with a float32 X carrying a
-// per-tensor scale and a constant float32 W (scales, if any, per output channel).
+// per-tensor scale and a constant float32 W (scales, if any, per output channel); for a
+// FusedConvPair also X2 (input 3) and W2 (input 4) likewise.
 std::string int8_blocker(const Node& n);
 
 // Whether a layer runs in INT8 (attribute int8 = 1).
@@ -54,7 +60,8 @@ struct Int8Summary {
 // not pinned to fp32/fp16 in `pins` (node name -> precision). Plain Conv/Gemm/MatMul become
 // kiln.FusedConv / kiln.FusedGemm; weights without scales get per-channel scales from their
 // values, unless `explicit_scales` (a Q/DQ model: only layers whose weights were quantized in
-// the model run in INT8).
+// the model run in INT8). Pairs (FusedConvPair) are formed after this from marked layers; one
+// marked again gets W2's scales like W's.
 Expected<Int8Summary> mark_int8_layers(Graph& g, const std::map<std::string, std::string>& pins,
                                        bool explicit_scales);
 

@@ -213,5 +213,142 @@ TEST(Int8, EngineFileKeepsScalesAndRefusesBadOnes) {
       << forged.status().message();
 }
 
+// Independent reference of one INT8 1x1 convolution without padding (any stride), up to its
+// bias: float(acc) * (sx * sw[k]) rounded as float32, + b[k] (float32) when there is a bias.
+std::vector<float> naive_int8_1x1(const Tensor& x, float sx, const Tensor& w,
+                                  const std::vector<float>& sw, const Tensor* b, int64_t stride) {
+  const int64_t N = x.dim(0), C = x.dim(1), H = x.dim(2), W = x.dim(3), K = w.dim(0);
+  const int64_t Ho = (H - 1) / stride + 1, Wo = (W - 1) / stride + 1;
+  std::vector<float> out(static_cast<size_t>(N * K * Ho * Wo));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k)
+      for (int64_t h = 0; h < Ho; ++h)
+        for (int64_t ww = 0; ww < Wo; ++ww) {
+          int32_t acc = 0;
+          for (int64_t c = 0; c < C; ++c) {
+            const float xv = x.data<float>()[((n * C + c) * H + h * stride) * W + ww * stride];
+            acc += int32_t{quant::quantize_value(xv, sx)} *
+                   quant::quantize_value(w.data<float>()[k * C + c], sw[static_cast<size_t>(k)]);
+          }
+          const float scale = sx * sw[static_cast<size_t>(k)];
+          float y = static_cast<float>(acc) * scale;
+          if (b) y += b->data<float>()[k];
+          out[static_cast<size_t>(((n * K + k) * Ho + h) * Wo + ww)] = y;
+        }
+  return out;
+}
+
+// kiln.FusedConvPair with int8 = 1: each convolution as its own INT8 product (its input's scale,
+// its weights' per-channel scales, its bias), the two added in float32 (never quantized), then
+// the activation and the output's requantization. The second convolution has stride 2, as
+// ResNet's downsample. Marking gives W2 per-channel scales as it gives W.
+TEST(Int8, FusedConvPairReferenceMatchesIntegerLoops) {
+  struct Case {
+    bool bias, bias2, relu, out_scale;
+  };
+  for (const Case c : {Case{true, true, true, true}, Case{false, false, false, false},
+                       Case{false, false, true, true}, Case{true, false, true, false},
+                       Case{false, true, false, true}}) {
+    SCOPED_TRACE(::testing::Message() << "bias " << c.bias << " bias2 " << c.bias2 << " relu "
+                                      << c.relu << " out_scale " << c.out_scale);
+    G b;
+    Value* x = b.in("x", {2, 8, 6, 6});
+    Value* x2 = b.in("x2", {2, 4, 12, 12});
+    const Tensor wt = rand_t({16, 8, 1, 1}), bt = rand_t({16}), w2t = rand_t({16, 4, 1, 1}),
+                 b2t = rand_t({16}), xt = rand_t({2, 8, 6, 6}, -2, 2),
+                 x2t = rand_t({2, 4, 12, 12}, -3, 3);
+    Value* w = b.c(wt);
+    Value* w2 = b.c(w2t);
+    Attributes a = test::attrs({{"kernel_shape", Attribute::Ints({1, 1})},
+                                {"conv2_kernel_shape", Attribute::Ints({1, 1})},
+                                {"conv2_strides", Attribute::Ints({2, 2})}});
+    if (c.relu) a.set("activation", Attribute::String("Relu"));
+    Node* n =
+        b.node("Conv", {x, w, c.bias ? b.c(bt) : nullptr, x2, w2, c.bias2 ? b.c(b2t) : nullptr}, a);
+    n->op_type = "FusedConvPair";
+    n->domain = "kiln";
+    b.out(n->output(0));
+    ASSERT_TRUE(infer_shapes(b.g).ok());
+    x->quant_scales = {2.f / 127};
+    x2->quant_scales = {3.f / 127};
+    const float sy = 0.04f;
+    if (c.out_scale) n->output(0)->quant_scales = {sy};
+    EXPECT_EQ(quant::weight_channel_axis(*n), 0);
+    auto marked = quant::mark_int8_layers(b.g, {}, false);
+    ASSERT_TRUE(marked.ok()) << marked.status().message();
+    ASSERT_EQ(marked->int8_layers.size(), 1u);
+    ASSERT_EQ(w->quant_scales.size(), 16u);
+    ASSERT_EQ(w2->quant_scales.size(), 16u);
+    EXPECT_EQ(w2->quant_axis, 0);
+    EXPECT_EQ(w2->quant_scales, quant::weight_scales(w2t, 0));
+
+    const auto got = test::run_cpu(b.g, {xt, x2t});
+    ASSERT_EQ(got.size(), 1u);
+    const auto y1 =
+        naive_int8_1x1(xt, x->quant_scales[0], wt, w->quant_scales, c.bias ? &bt : nullptr, 1);
+    const auto y2 = naive_int8_1x1(x2t, x2->quant_scales[0], w2t, w2->quant_scales,
+                                   c.bias2 ? &b2t : nullptr, 2);
+    ASSERT_EQ(got[0].shape(), (std::vector<int64_t>{2, 16, 6, 6}));
+    ASSERT_EQ(y1.size(), y2.size());
+    for (size_t i = 0; i < y1.size(); ++i) {
+      float y = y1[i] + y2[i];
+      if (c.relu) y = std::max(y, 0.f);
+      if (c.out_scale) y = static_cast<float>(quant::quantize_value(y, sy)) * sy;
+      ASSERT_EQ(got[0].data<float>()[i], y) << "element " << i;
+    }
+  }
+}
+
+// int8_blocker checks the second convolution's input and weights as it checks the first's.
+TEST(Int8, FusedConvPairBlockerChecksTheSecondConvolution) {
+  G b;
+  Value* x = b.in("x", {1, 8, 4, 4});
+  Value* x2 = b.in("x2", {1, 4, 4, 4});
+  Value* w2 = b.c(rand_t({16, 4, 1, 1}));
+  Node* n = b.node("Conv", {x, b.c(rand_t({16, 8, 1, 1})), nullptr, x2, w2, nullptr},
+                   test::attrs({{"kernel_shape", Attribute::Ints({1, 1})}}));
+  n->op_type = "FusedConvPair";
+  n->domain = "kiln";
+  b.out(n->output(0));
+  ASSERT_TRUE(infer_shapes(b.g).ok());
+  x->quant_scales = {0.1f};
+  EXPECT_EQ(quant::int8_blocker(*n), "input 'x2' has no INT8 scale");
+  x2->quant_scales = {0.1f};
+  EXPECT_EQ(quant::int8_blocker(*n), "");
+  w2->quant_scales = {0.1f, 0.2f, 0.3f};
+  w2->quant_axis = 0;
+  EXPECT_EQ(quant::int8_blocker(*n),
+            fmt::format("weight '{}' has 3 scales for 16 channels", w2->name));
+  w2->quant_axis = 1;
+  EXPECT_EQ(quant::int8_blocker(*n),
+            fmt::format("weight '{}' has scales along axis 1, but its output channels are axis 0",
+                        w2->name));
+  // Weights computed at run time (not a constant).
+  G c;
+  Value* cx = c.in("x", {1, 8, 4, 4});
+  Value* cx2 = c.in("x2", {1, 4, 4, 4});
+  Value* cw2 = c.in("w2", {16, 4, 1, 1});
+  Node* m = c.node("Conv", {cx, c.c(rand_t({16, 8, 1, 1})), nullptr, cx2, cw2, nullptr});
+  m->op_type = "FusedConvPair";
+  m->domain = "kiln";
+  cx->quant_scales = {0.1f};
+  cx2->quant_scales = {0.1f};
+  m->output(0)->type = cx->type;
+  EXPECT_EQ(quant::int8_blocker(*m), "its second weights are not a float32 constant");
+  // Marked as INT8 but not runnable: the reference says why.
+  n->attrs.set("int8", Attribute::Int(1));
+  x2->quant_scales.clear();
+  w2->quant_scales.clear();
+  const auto ins = test::random_inputs(b.g);
+  auto ex = CpuExecutor::create(b.g);
+  ASSERT_TRUE(ex.ok()) << ex.status().message();
+  auto r = (*ex)->run(ins);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("marked INT8 but cannot run in INT8: input 'x2' has no "
+                                      "INT8 scale"),
+            std::string::npos)
+      << r.status().message();
+}
+
 }  // namespace
 }  // namespace kiln

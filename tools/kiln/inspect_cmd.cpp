@@ -33,17 +33,25 @@ std::string layer_precision(const Node& n) {
   return "";
 }
 
+// Per-channel weight scales as {count, axis, min, max}, or null when the weight has none.
+nlohmann::json weight_scales_json(const Value* w) {
+  if (!w || w->quant_scales.empty()) return nullptr;
+  const auto [lo, hi] = std::minmax_element(w->quant_scales.begin(), w->quant_scales.end());
+  return {{"count", w->quant_scales.size()}, {"axis", w->quant_axis}, {"min", *lo}, {"max", *hi}};
+}
+
 // The scales an INT8 layer uses (docs/quantization.md): input, weights per channel, residual,
-// output (absent: the output stays float).
+// a FusedConvPair's second input and weights, output (absent: the output stays float).
 nlohmann::json int8_scales(const Node& n) {
   nlohmann::json j = nlohmann::json::object();
   auto scale = [](const Value* v) { return v && v->has_quant_scale() ? nlohmann::json(v->quant_scales[0]) : nlohmann::json(); };
   j["input"] = scale(n.input(0));
-  if (const Value* w = n.input(1); w && !w->quant_scales.empty()) {
-    const auto [lo, hi] = std::minmax_element(w->quant_scales.begin(), w->quant_scales.end());
-    j["weights"] = {{"count", w->quant_scales.size()}, {"axis", w->quant_axis}, {"min", *lo}, {"max", *hi}};
-  }
+  if (auto w = weight_scales_json(n.input(1)); !w.is_null()) j["weights"] = std::move(w);
   if (n.op_type == "FusedConv" && n.input(3)) j["residual"] = scale(n.input(3));
+  if (n.op_type == "FusedConvPair") {
+    j["input2"] = scale(n.input(3));
+    if (auto w = weight_scales_json(n.input(4)); !w.is_null()) j["weights2"] = std::move(w);
+  }
   j["output"] = scale(n.output(0));
   return j;
 }
@@ -120,11 +128,15 @@ void print_text(const nlohmann::json& j) {
     if (l.contains("int8_scales")) {
       const auto& q = l["int8_scales"];
       auto f = [](const nlohmann::json& v) { return v.is_null() ? std::string("float") : fmt::format("{:.6g}", v.get<double>()); };
+      auto w = [](const nlohmann::json& v) {
+        return fmt::format("[{} per channel, {:.4g}..{:.4g}]", v["count"].get<size_t>(),
+                           v["min"].get<double>(), v["max"].get<double>());
+      };
       std::cout << " scales: in=" << f(q["input"]);
-      if (q.contains("weights"))
-        std::cout << fmt::format(" w=[{} per channel, {:.4g}..{:.4g}]", q["weights"]["count"].get<size_t>(),
-                                 q["weights"]["min"].get<double>(), q["weights"]["max"].get<double>());
+      if (q.contains("weights")) std::cout << " w=" << w(q["weights"]);
       if (q.contains("residual")) std::cout << " residual=" << f(q["residual"]);
+      if (q.contains("input2")) std::cout << " in2=" << f(q["input2"]);
+      if (q.contains("weights2")) std::cout << " w2=" << w(q["weights2"]);
       std::cout << " out=" << f(q["output"]);
     }
     if (l["onnx_nodes"].size() > 1 || l["origin"] != "import")
