@@ -10,6 +10,8 @@
 #   5. Nsight Compute (when `ncu` is on the machine; KILN_PROFILE_NCU=0: skip) over one inference:
 #      each kernel's duration, DRAM and SM throughput (% of peak) and achieved occupancy
 #      ($OUT/ncu.csv): memory-bound at the floor, or short of both? (About 150 s for ResNet-50.)
+#   6. KILN_NCU_FULL=REGEX: Nsight Compute's full set over a few launches of the kernels matching
+#      REGEX ($OUT/ncu_full.txt).
 #   bench/prepare_deps.sh            # here (carry ".deps")
 #   bench/int8_profile.sh            # on the GPU machine; logs in $OUT
 set -uo pipefail
@@ -62,5 +64,17 @@ gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__th
     "$KILN" bench --engine "$E" --no-data-transfers --warmup 0 --iterations 1 --duration 0 \
     >"$OUT/ncu.csv" 2>"$OUT/ncu.err"
   echo "ncu rc $?"; tail -2 "$OUT/ncu.err"
+fi
+# KILN_NCU_FULL=REGEX: Nsight Compute's full set over the first KILN_NCU_FULL_COUNT (default 3)
+# launches of the kernels matching REGEX (e.g. int8_pair), with the lines that say what bounds them.
+NCU_BIN=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+if [ -n "${KILN_NCU_FULL:-}" ] && [ -x "$NCU_BIN" ]; then
+  stamp "ncu --set full -k regex:$KILN_NCU_FULL"
+  timeout ${KILN_PROFILE_NCU_TIMEOUT:-150} "$NCU_BIN" --kernel-name-base mangled \
+    -k "regex:$KILN_NCU_FULL" --launch-count ${KILN_NCU_FULL_COUNT:-3} --set full \
+    "$KILN" bench --engine "$E" --no-data-transfers --warmup 0 --iterations 1 --duration 0 \
+    >"$OUT/ncu_full.txt" 2>&1
+  echo "ncu rc $?"
+  grep -E "int8_|Duration|DRAM Throughput|Compute \(SM\) Throughput|Issue Slots Busy|Warp Cycles Per Issued|Achieved Occupancy|Block Limit|Registers Per|L1/TEX Hit|Executed Ipc A|Bank Conflicts|Stall" "$OUT/ncu_full.txt" | cut -c1-160 | head -90
 fi
 stamp done

@@ -14,7 +14,10 @@ namespace kiln {
 namespace {
 
 bool cpu_supports(const LayerCapabilityQuery& q) {
-  if (q.domain == "kiln" && q.op_type == "FusedConvPool") return false;
+  // Kernel-shaped layers: their CPU kernels are the references for other backends; on the CPU
+  // the fusion saves nothing.
+  if (q.domain == "kiln" && (q.op_type == "FusedConvPool" || q.op_type == "FusedConvPair"))
+    return false;
   const OpDef* def = find_op(q.domain, q.op_type);
   if (!def || !def->cpu || !def->infer) return false;
   if (q.precision != "fp32" && q.precision != "fp64") return false;
@@ -27,8 +30,18 @@ bool cpu_supports(const LayerCapabilityQuery& q) {
 // Does one of `tactics` (not a fallback) take the layer `n` at the build precision, in the
 // formats lowering would offer it (gpu::float_choice, NHWC and linear)? An FP16 build's layers
 // are FP16 (what runs in TF32 there is a fallback); an FP32 build's are TF32 or strict FP32.
+// At int8 (the passes after INT8 marking), an INT8 tactic in gpu::make_int8_choice's formats.
 bool tactic_takes(const std::vector<const gpu::TacticDef*>& tactics, const Node& n,
                   const std::string& precision) {
+  if (precision == "int8") {  // a layer marked int8 = 1: its INT8 candidates
+    for (const gpu::TacticDef* t : tactics) {
+      std::string why;
+      if (!(t->caps & gpu::kI8)) continue;
+      const gpu::LayerChoice c = gpu::make_int8_choice(n, *t, DataType::kFloat16);
+      if (!t->supports || t->supports(c.desc(&n), &why)) return true;
+    }
+    return false;
+  }
   const std::vector<gpu::Precision> precs =
       precision == "fp16" ? std::vector<gpu::Precision>{gpu::Precision::kFP16}
                           : std::vector<gpu::Precision>{gpu::Precision::kTF32, gpu::Precision::kFP32};

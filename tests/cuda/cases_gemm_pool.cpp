@@ -178,6 +178,22 @@ void pool_cases(std::vector<OpCase>& v) {
     // Few images x channels over a large plane: the split-over-blocks NHWC path.
     v.push_back(make_case(p + "se_pool", op, {}, {in({4, 40, 48, 48})}, kPoolModes));
     v.push_back(make_case(p + "split_nan", op, {}, {fixed({1, 8, 40, 40}, with_nans(8 * 40 * 40, 37))}, kPoolModes));
+    // ResNet-50's head: 2048 channels over 7x7 (NHWC: the 16-byte vector loads).
+    v.push_back(make_case(p + "resnet50_head", op, {}, {in({3, 2048, 7, 7})}, kPoolModes));
+  }
+  // pool.global_avg.codes: the input stored as its value's int8 codes (scale 1/127). The feeds
+  // are exact multiples of the scale, so the codes hold them exactly and the only error is the
+  // mean's float rounding: 2048 channels (ResNet-50's head) and 48 (a block's vector row only
+  // partly used).
+  for (int64_t C : {2048, 48}) {
+    const std::vector<int64_t> shape = {3, C, 7, 7};
+    std::vector<float> vals(static_cast<size_t>(3 * C * 49));
+    for (size_t i = 0; i < vals.size(); ++i)
+      vals[i] = static_cast<float>(static_cast<int64_t>((i * 7919) % 255) - 127) / 127.f;
+    OpCase c = make_case("gap_codes_c" + std::to_string(C), "GlobalAveragePool", {},
+                         {fixed(shape, vals)}, {"int8", "int8fp16"});
+    c.in_scales[0] = {1.f / 127};
+    v.push_back(std::move(c));
   }
 }
 

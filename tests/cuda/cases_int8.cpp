@@ -122,6 +122,30 @@ OpCase int8_gemm(std::string name, std::string base, std::vector<int64_t> x, int
   return c;
 }
 
+// kiln.FusedConvPair (conv_int8.pair): act(conv(X, W) + conv(X2, W2)), two 1x1 convolutions
+// without padding, X2's at stride s2, both int8 with their own scales, Y int8.
+OpCase int8_pair(std::string name, std::vector<int64_t> x, std::vector<int64_t> x2, int64_t K,
+                 int64_t s2, std::string act, bool bias1, bool bias2, bool per_channel2) {
+  OpCase c;
+  c.name = std::move(name);
+  c.op_type = "FusedConvPair";
+  c.domain = "kiln";
+  c.attrs = attrs({{"int8", Attribute::Int(1)},
+                   {"conv2_strides", ints_attr({s2, s2})}});
+  if (!act.empty()) c.attrs.set("activation", Attribute::String(act));
+  const double r1 = 1.0 / std::sqrt(static_cast<double>(x[1]));
+  const double r2 = 1.0 / std::sqrt(static_cast<double>(x2[1]));
+  c.inputs = {in(x), konst_random({K, x[1], 1, 1}, r1), bias1 ? konst_random({K}, 0.5) : absent(),
+              in(x2), konst_random({K, x2[1], 1, 1}, r2), bias2 ? konst_random({K}, 0.25) : absent()};
+  c.in_scales[0] = {1.f / 127};
+  c.in_scales[1] = weight_scales(K, r1, true);
+  c.in_scales[3] = {1.5f / 127};
+  c.in_scales[4] = weight_scales(K, r2, per_channel2);
+  c.out_scale = {3.f / 127};
+  c.modes = {"int8"};
+  return c;
+}
+
 }  // namespace
 
 std::vector<OpCase> int8_cases() {
@@ -209,6 +233,15 @@ std::vector<OpCase> int8_cases() {
     c.per_channel = pick(0, 1);
     v.push_back(int8_conv(c));
   }
+  // The pair kernel's shapes (conv_int8.pair): ResNet's stage 1 (C1 = C2 = 64, both stride 1)
+  // with a last tile cut short, stage 2 (X2 at stride 2 from a map twice the size, no
+  // activation, one bias) and stage 3 (C2 = 512: accumulators past 2^22, W2 per tensor).
+  v.push_back(int8_pair("i8_pair_c64_c64_relu", {3, 64, 20, 19}, {3, 64, 20, 19}, 256, 1, "Relu",
+                        true, true, true));
+  v.push_back(int8_pair("i8_pair_c128_c256_s2_noact", {2, 128, 14, 13}, {2, 256, 28, 26}, 512, 2,
+                        "", false, true, true));
+  v.push_back(int8_pair("i8_pair_c256_c512_s2_relu", {2, 256, 7, 7}, {2, 512, 13, 13}, 1024, 2,
+                        "Relu", true, false, false));
   // FusedGemm: ResNet's FC (transB, C [N]), plain Gemm with alpha/beta, MatMul with a bias.
   v.push_back(int8_gemm("i8_gemm_fc", "Gemm", {2, 512}, 100, true, "", false, true));
   v.push_back(int8_gemm("i8_gemm_b1_relu_i8", "Gemm", {1, 64}, 33, true, "Relu", true, false));

@@ -300,11 +300,13 @@ void register_all() {
   const std::map<std::string, std::vector<std::string>> kernel_variants = {
       {"conv_int8.pipelined", {"n128", "n64"}},
       {"conv_int8.pointwise", {"n128", "n64", "n128m64", "n64m64"}},
+      {"conv_int8.pair", {"n128m64", "n64m64"}},
   };
   for (const auto& [family, fn] : families) {
     for (const OpCase& c : fn()) {
       for (const TacticDef* t : tactics_for(c.domain, c.op_type)) {
-        if (c.int8() && !(t->caps & kI8)) continue;  // INT8 cases: INT8 tactics only
+        // INT8 cases: INT8 tactics, and float ones that read int8 codes, only.
+        if (c.int8() && !(t->caps & (kI8 | kQuantIn0))) continue;
         std::vector<std::string> forced = {std::string(t->name)};
         if (auto it = kernel_variants.find(forced[0]); it != kernel_variants.end()) {
           forced.clear();

@@ -21,6 +21,7 @@
 #include "backends/cuda/timing_cache.h"
 #include "backends/cuda/tuner.h"
 #include "ops/op.h"
+#include "passes/pipeline.h"
 #include "quant/int8.h"
 
 namespace kiln::gpu {
@@ -506,6 +507,92 @@ TEST(CudaHost, SmallIntToFloatIsExactUpTo2To22) {
     ASSERT_EQ(small_int_to_float(i), static_cast<float>(i)) << i;
   // Just past the bound the trick no longer holds, which is why the kernels check the bound.
   EXPECT_NE(small_int_to_float((1 << 22) + 1), static_cast<float>((1 << 22) + 1));
+}
+
+// ResNet's first block of stage 2 after INT8 marking: A = the block's expand (1x1, 128 -> 512)
+// and B = the downsample (1x1 stride 2, 256 -> 512) with A's output as its residual and ReLU.
+// On the cuda backend the INT8 stage pairs them (conv_int8.pair takes (C1, C2) = (128, 256));
+// with a downsample from 32 channels it does not, and says the backend cannot run the layer.
+std::unique_ptr<Graph> int8_block_graph(int64_t c2) {
+  auto g = std::make_unique<Graph>();
+  Value* x = g->add_value("x", TensorType(DataType::kFloat32, {2, 128, 14, 14}));
+  Value* x2 = g->add_value("x2", TensorType(DataType::kFloat32, {2, c2, 28, 28}));
+  g->add_input(x);
+  g->add_input(x2);
+  auto conv = [&](const std::string& name, Value* in, int64_t c, std::vector<Value*> extra) {
+    Tensor w(DataType::kFloat32, {512, c, 1, 1});
+    for (int64_t i = 0; i < w.numel(); ++i) w.data<float>()[i] = 0.01f * static_cast<float>(i % 7 - 3);
+    std::vector<Value*> ins = {in, g->add_constant(name + "_w", std::move(w)),
+                               g->add_constant(name + "_b", Tensor(DataType::kFloat32, {512}))};
+    for (Value* v : extra) ins.push_back(v);
+    Node* n = g->add_node("FusedConv", name, ins, {name + "_y"}, "kiln");
+    n->attrs.set("int8", Attribute::Int(1));
+    n->input(1)->quant_scales = quant::weight_scales(*n->input(1)->constant, 0);
+    n->input(1)->quant_axis = 0;
+    return n;
+  };
+  Node* a = conv("expand", x, 128, {});
+  Node* b = conv("downsample", x2, c2, {a->output(0)});
+  b->attrs.set("strides", Attribute::Ints({2, 2}));
+  b->attrs.set("activation", Attribute::String("Relu"));
+  Node* next = g->add_node("Relu", "next", {b->output(0)}, {"out"});
+  g->add_output(next->output(0));
+  EXPECT_TRUE(infer_shapes(*g).ok());
+  x->quant_scales = {0.02f};
+  x2->quant_scales = {0.03f};
+  a->output(0)->quant_scales = {0.05f};
+  b->output(0)->quant_scales = {0.04f};
+  return g;
+}
+
+TEST(CudaHost, Int8StagePairsResNetsBlockZeroWhereTheKernelTakesIt) {
+  OptimizeOptions o;
+  o.backend = "cuda";
+  o.precision = "int8";
+  o.opt_level = 2;
+  auto g = int8_block_graph(256);
+  ASSERT_TRUE(optimize_int8_graph(*g, o).ok());
+  ASSERT_EQ(g->nodes().size(), 2u);
+  const Node* pair = g->nodes()[0];
+  EXPECT_EQ(pair->op_type, "FusedConvPair");
+  EXPECT_EQ(pair->name, "expand");
+  EXPECT_EQ(pair->input(3)->name, "x2");
+  EXPECT_EQ(pair->attrs.get_ints("conv2_strides", {}), (std::vector<int64_t>{2, 2}));
+  EXPECT_EQ(pair->attrs.get_string("activation", ""), "Relu");
+  // Its INT8 candidate reads X and X2 as int8 codes and writes int8 codes.
+  const TacticDef* t = find_tactic("conv_int8.pair");
+  ASSERT_TRUE(t && t->supports);
+  LayerChoice c = make_int8_choice(*pair, *t, DataType::kFloat16);
+  EXPECT_EQ(c.in[0].dtype, DataType::kInt8);
+  EXPECT_EQ(c.in[3].dtype, DataType::kInt8);
+  EXPECT_EQ(c.out[0].dtype, DataType::kInt8);
+  std::string why;
+  EXPECT_TRUE(t->supports(c.desc(pair), &why)) << why;
+  // A downsample from 32 channels: no kernel, no pair.
+  auto other = int8_block_graph(32);
+  ASSERT_TRUE(optimize_int8_graph(*other, o).ok());
+  EXPECT_EQ(other->nodes().size(), 3u);
+  EXPECT_EQ(other->nodes()[0]->op_type, "FusedConv");
+}
+
+// pool.global_avg.codes (kQuantIn0) takes GlobalAveragePool's input as int8 codes of its scale:
+// NHWC, channels a multiple of 16.
+TEST(CudaHost, GlobalAveragePoolReadsInt8Codes) {
+  const TacticDef* t = find_tactic("pool.global_avg.codes");
+  ASSERT_TRUE(t && t->supports && (t->caps & kQuantIn0));
+  for (int64_t C : {2048, 40}) {
+    Graph g;
+    Value* x = g.add_value("x", TensorType(DataType::kFloat32, {4, C, 7, 7}));
+    g.add_input(x);
+    Node* n = g.add_node("GlobalAveragePool", "gap", {x}, {"y"});
+    g.add_output(n->output(0));
+    ASSERT_TRUE(infer_shapes(g).ok());
+    x->quant_scales = {0.1f};
+    LayerChoice c = float_choice(*n, *t, Precision::kFP16, /*nhwc=*/true);
+    c.in[0].dtype = DataType::kInt8;  // what lowering does for a kQuantIn0 tactic
+    std::string why;
+    EXPECT_EQ(t->supports(c.desc(n), &why), C % 16 == 0) << C << ": " << why;
+  }
 }
 
 }  // namespace

@@ -129,6 +129,10 @@ enum FormatCaps : uint32_t {
   kRawIn0 = 1u << 9,       // input 0 is read as the model stores it (its own float type,
                            // row-major) whatever the layer's precision and layout: a stem that
                            // reads float32 NCHW images itself, with no reformat ahead of it
+  kQuantIn0 = 1u << 10,    // a float layer that reads input 0 as the int8 codes of its value's
+                           // scale (kQuantOut's mirror): candidates exist only where the value
+                           // has a scale, so an INT8 chain's last tensor needs no dequantizing
+                           // reformat ahead of it
 };
 
 using SupportsFn = bool (*)(const LayerDesc&, std::string* why_not);

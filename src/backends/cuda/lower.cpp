@@ -41,14 +41,13 @@ LayerChoice float_choice(const Node& n, const TacticDef& t, Precision p, bool nh
   return c;
 }
 
-namespace {
-
 // The formats of an INT8 candidate of a layer marked int8 = 1 (docs/quantization.md): X
-// (slot 0) int8; the residual (FusedConv slot 3) and Y int8 when their values carry a scale, else
-// in the float storage type `flt` of the build's fallback precision; other float inputs float32;
-// 4-D tensors NHWC. Constants (the weights, the bias, Gemm's C) get no format: an INT8 tactic
-// reads them on the host and keeps its own device copy (int8 weights, per-channel epilogue
-// arrays), so the engine uploads no float copy; the same for inputs the tactic reads on the host.
+// (slot 0, and a FusedConvPair's X2 in slot 3) int8; the residual (FusedConv slot 3) and Y int8
+// when their values carry a scale, else in the float storage type `flt` of the build's fallback
+// precision; other float inputs float32; 4-D tensors NHWC. Constants (the weights, the bias,
+// Gemm's C) get no format: an INT8 tactic reads them on the host and keeps its own device copy
+// (int8 weights, per-channel epilogue arrays), so the engine uploads no float copy; the same for
+// inputs the tactic reads on the host.
 LayerChoice make_int8_choice(const Node& n, const TacticDef& t, DataType flt) {
   LayerChoice c;
   c.tactic = &t;
@@ -57,6 +56,7 @@ LayerChoice make_int8_choice(const Node& n, const TacticDef& t, DataType flt) {
     return TensorFormat{storage, v->type.rank() == 4 ? Layout::kNHWC : Layout::kLinear};
   };
   const bool conv = n.op_type == "FusedConv";
+  const bool pair = n.op_type == "FusedConvPair";  // X2 (slot 3) is quantized as X is
   for (size_t i = 0; i < n.num_inputs(); ++i) {
     const Value* v = n.input(i);
     if (!v || v->is_constant() || (t.host_inputs >> i) & 1u) {
@@ -64,7 +64,7 @@ LayerChoice make_int8_choice(const Node& n, const TacticDef& t, DataType flt) {
       continue;
     }
     DataType st = v->type.dtype;
-    if (st == DataType::kFloat32 && i == 0) st = DataType::kInt8;
+    if (st == DataType::kFloat32 && (i == 0 || (pair && i == 3))) st = DataType::kInt8;
     else if (st == DataType::kFloat32 && i == 3 && conv)
       st = v->has_quant_scale() ? DataType::kInt8 : flt;
     c.in.push_back(fmt_of(v, st));
@@ -81,6 +81,8 @@ LayerChoice make_int8_choice(const Node& n, const TacticDef& t, DataType flt) {
   }
   return c;
 }
+
+namespace {
 
 // Does the tactic take these storage types at all (before its own supports())?
 bool caps_allow(const LayerChoice& c, std::string* why) {
@@ -181,6 +183,15 @@ struct Lowering {
               continue;
             }
             c.out[0].dtype = DataType::kInt8;
+          }
+          if (t->caps & kQuantIn0) {  // input 0 as its value's int8 codes (layer.h)
+            const Value* x = n.input(0);
+            if (!x || !x->has_quant_scale() || !dtype_is_float(x->type.dtype) || c.in.empty()) {
+              reasons += fmt::format("{}{}: its input has no INT8 scale", reasons.empty() ? "" : "; ",
+                                     t->name);
+              continue;
+            }
+            c.in[0].dtype = DataType::kInt8;
           }
           add_if_supported(n, std::move(c), &out, &reasons, forced_variant);
         }
@@ -382,9 +393,9 @@ void choose_formats(const Graph& g, const std::vector<Node*>& nodes, const std::
   // (chains of INT8 layers whose quantizing and dequantizing reformats exceed what they save);
   // the cheaper result wins, so an INT8 build is never slower, by the tuner's times, than its
   // float fallback.
-  // A float candidate: neither an INT8 layer nor a float one that writes int8 codes.
+  // A float candidate: neither an INT8 layer nor a float one that writes or reads int8 codes.
   auto is_float = [](const LayerChoice& c) {
-    return c.precision != Precision::kINT8 && !(c.tactic->caps & kQuantOut);
+    return c.precision != Precision::kINT8 && !(c.tactic->caps & (kQuantOut | kQuantIn0));
   };
   std::vector<size_t> float_pick = lpick;
   for (size_t l = 0; l < lpick.size(); ++l) {

@@ -45,5 +45,8 @@ std::vector<bool> host_value_inputs(const Graph& g);
 // `p`'s storage type, 4-D tensors NHWC when `nhwc`, inputs the tactic reads on the host without
 // a format. Lowering's candidates, and what the capability query asks a tactic about.
 LayerChoice float_choice(const Node& n, const TacticDef& t, Precision p, bool nhwc);
+// An INT8 candidate's formats (docs/quantization.md): X (and a FusedConvPair's X2) int8, the
+// residual and Y int8 where their values carry a scale, else `flt`; 4-D tensors NHWC.
+LayerChoice make_int8_choice(const Node& n, const TacticDef& t, DataType flt);
 
 }  // namespace kiln::gpu

@@ -47,6 +47,23 @@ __device__ __forceinline__ float2 residual_pair(unsigned zz, float sz) {
   return make_float2(__fmul_rn(c.x, sz), __fmul_rn(c.y, sz));
 }
 
+// The reassociated epilogues' code of t (the value already divided by Y's scale), in the low
+// byte of the result: saturated, rounded half to even by the magic-number add, ReLU as the
+// clamp's lower bound (which maps NaN to 0 already); NaN gives 0 as the reference.
+template <bool Relu>
+__device__ __forceinline__ uint32_t fused_code(float t) {
+  float c = fminf(fmaxf(t, Relu ? 0.f : -128.f), 127.f);
+  if constexpr (!Relu) c = t != t ? 0.f : c;
+  return __float_as_uint(__fadd_rn(c, kMagicRound));
+}
+
+// SmallAcc: |acc| <= 2^22 (a reduction of at most 256 int8 products), converted without the
+// conversion unit (small_int_to_float); else by it.
+template <bool SmallAcc>
+__device__ __forceinline__ float acc_to_float(int32_t a) {
+  return SmallAcc ? small_int_to_float(a) : __int2float_rn(a);
+}
+
 // Host: whether a tensor's base address allows the kernels' 16-byte accesses.
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
@@ -218,23 +235,17 @@ template <bool Relu, bool SmallAcc = true, int NI>
 __device__ __forceinline__ void pw_epilogue_fused(const int32_t (&acc)[2][NI][4], int8_t* zy,
                                                   int zy_row, const float* sb, int wm, int wn,
                                                   int lane, float szy, bool has_z) {
-  auto code = [](float t) {
-    float c = fminf(fmaxf(t, Relu ? 0.f : -128.f), 127.f);  // ReLU maps NaN to 0 already
-    if constexpr (!Relu) c = t != t ? 0.f : c;
-    return __float_as_uint(__fadd_rn(c, kMagicRound));  // its low byte is the code
-  };
   pw_for_each_pair(acc, zy, zy_row, sb, wm, wn, lane,
                       [&](int32_t a0, int32_t a1, const float4& sb2, uint16_t* p) {
-                        const float f0 = SmallAcc ? small_int_to_float(a0) : __int2float_rn(a0);
-                        const float f1 = SmallAcc ? small_int_to_float(a1) : __int2float_rn(a1);
-                        float t0 = __fmaf_rn(f0, sb2.x, sb2.y);
-                        float t1 = __fmaf_rn(f1, sb2.z, sb2.w);
+                        float t0 = __fmaf_rn(acc_to_float<SmallAcc>(a0), sb2.x, sb2.y);
+                        float t1 = __fmaf_rn(acc_to_float<SmallAcc>(a1), sb2.z, sb2.w);
                         if (has_z) {
                           const float2 zc = residual_codes(*p);
                           t0 = __fmaf_rn(zc.x, szy, t0);
                           t1 = __fmaf_rn(zc.y, szy, t1);
                         }
-                        *p = static_cast<uint16_t>(__byte_perm(code(t0), code(t1), 0x0040));
+                        *p = static_cast<uint16_t>(
+                            __byte_perm(fused_code<Relu>(t0), fused_code<Relu>(t1), 0x0040));
                       });
 }
 
