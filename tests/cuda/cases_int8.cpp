@@ -233,15 +233,15 @@ std::vector<OpCase> int8_cases() {
     c.per_channel = pick(0, 1);
     v.push_back(int8_conv(c));
   }
-  // The pair kernel's shapes (conv_int8.pair): ResNet's stage 1 (C1 = C2 = 64, both stride 1)
-  // with a last tile cut short, stage 2 (X2 at stride 2 from a map twice the size, no
-  // activation, one bias) and stage 3 (C2 = 512: accumulators past 2^22, W2 per tensor).
+  // The pair kernel (conv_int8.pair, C1 = C2 = 64): ResNet's stage 1 (both stride 1, a last
+  // tile cut short, K of two 128-channel blocks), X2 at stride 2 from a map twice the size with
+  // no activation, one bias and W2 per tensor, and K = 64 (one 64-channel block, no n128 tile).
   v.push_back(int8_pair("i8_pair_c64_c64_relu", {3, 64, 20, 19}, {3, 64, 20, 19}, 256, 1, "Relu",
                         true, true, true));
-  v.push_back(int8_pair("i8_pair_c128_c256_s2_noact", {2, 128, 14, 13}, {2, 256, 28, 26}, 512, 2,
-                        "", false, true, true));
-  v.push_back(int8_pair("i8_pair_c256_c512_s2_relu", {2, 256, 7, 7}, {2, 512, 13, 13}, 1024, 2,
-                        "Relu", true, false, false));
+  v.push_back(int8_pair("i8_pair_s2_noact", {2, 64, 14, 13}, {2, 64, 28, 26}, 128, 2, "", false,
+                        true, false));
+  v.push_back(int8_pair("i8_pair_k64_b1", {1, 64, 9, 9}, {1, 64, 9, 9}, 64, 1, "Relu", true,
+                        false, true));
   // FusedGemm: ResNet's FC (transB, C [N]), plain Gemm with alpha/beta, MatMul with a bias.
   v.push_back(int8_gemm("i8_gemm_fc", "Gemm", {2, 512}, 100, true, "", false, true));
   v.push_back(int8_gemm("i8_gemm_b1_relu_i8", "Gemm", {1, 64}, 33, true, "Relu", true, false));

@@ -509,13 +509,14 @@ TEST(CudaHost, SmallIntToFloatIsExactUpTo2To22) {
   EXPECT_NE(small_int_to_float((1 << 22) + 1), static_cast<float>((1 << 22) + 1));
 }
 
-// ResNet's first block of stage 2 after INT8 marking: A = the block's expand (1x1, 128 -> 512)
-// and B = the downsample (1x1 stride 2, 256 -> 512) with A's output as its residual and ReLU.
-// On the cuda backend the INT8 stage pairs them (conv_int8.pair takes (C1, C2) = (128, 256));
-// with a downsample from 32 channels it does not, and says the backend cannot run the layer.
+// ResNet's first block of stage 1 after INT8 marking, with the downsample at stride 2 (as a
+// later stage's): A = the block's expand (1x1, 64 -> 512) and B = the downsample (1x1 stride 2,
+// c2 -> 512) with A's output as its residual and ReLU. On the cuda backend the INT8 stage pairs
+// them (conv_int8.pair takes (C1, C2) = (64, 64)); with a downsample from 256 channels it does
+// not (no kernel for that pair).
 std::unique_ptr<Graph> int8_block_graph(int64_t c2) {
   auto g = std::make_unique<Graph>();
-  Value* x = g->add_value("x", TensorType(DataType::kFloat32, {2, 128, 14, 14}));
+  Value* x = g->add_value("x", TensorType(DataType::kFloat32, {2, 64, 14, 14}));
   Value* x2 = g->add_value("x2", TensorType(DataType::kFloat32, {2, c2, 28, 28}));
   g->add_input(x);
   g->add_input(x2);
@@ -531,7 +532,7 @@ std::unique_ptr<Graph> int8_block_graph(int64_t c2) {
     n->input(1)->quant_axis = 0;
     return n;
   };
-  Node* a = conv("expand", x, 128, {});
+  Node* a = conv("expand", x, 64, {});
   Node* b = conv("downsample", x2, c2, {a->output(0)});
   b->attrs.set("strides", Attribute::Ints({2, 2}));
   b->attrs.set("activation", Attribute::String("Relu"));
@@ -550,7 +551,7 @@ TEST(CudaHost, Int8StagePairsResNetsBlockZeroWhereTheKernelTakesIt) {
   o.backend = "cuda";
   o.precision = "int8";
   o.opt_level = 2;
-  auto g = int8_block_graph(256);
+  auto g = int8_block_graph(64);
   ASSERT_TRUE(optimize_int8_graph(*g, o).ok());
   ASSERT_EQ(g->nodes().size(), 2u);
   const Node* pair = g->nodes()[0];
@@ -568,8 +569,8 @@ TEST(CudaHost, Int8StagePairsResNetsBlockZeroWhereTheKernelTakesIt) {
   EXPECT_EQ(c.out[0].dtype, DataType::kInt8);
   std::string why;
   EXPECT_TRUE(t->supports(c.desc(pair), &why)) << why;
-  // A downsample from 32 channels: no kernel, no pair.
-  auto other = int8_block_graph(32);
+  // A downsample from 256 channels (stage 2's): no kernel, no pair.
+  auto other = int8_block_graph(256);
   ASSERT_TRUE(optimize_int8_graph(*other, o).ok());
   EXPECT_EQ(other->nodes().size(), 3u);
   EXPECT_EQ(other->nodes()[0]->op_type, "FusedConv");

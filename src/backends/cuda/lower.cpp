@@ -175,24 +175,19 @@ struct Lowering {
             if (!can) continue;
           }
           LayerChoice c = float_choice(n, *t, p, nhwc);
-          if (t->caps & kQuantOut) {  // output 0 as its value's int8 codes (layer.h)
-            const Value* y = n.output(0);
-            if (!y || !y->has_quant_scale() || !dtype_is_float(y->type.dtype) || c.out.empty()) {
-              reasons += fmt::format("{}{}: its output has no INT8 scale", reasons.empty() ? "" : "; ",
-                                     t->name);
-              continue;
+          // kQuantOut / kQuantIn0 (layer.h): output 0 / input 0 stored as its value's int8
+          // codes, only where the value has a scale.
+          auto as_codes = [&](const Value* v, std::vector<TensorFormat>& f, const char* what) {
+            if (!v || !v->has_quant_scale() || !dtype_is_float(v->type.dtype) || f.empty()) {
+              reasons += fmt::format("{}{}: its {} has no INT8 scale", reasons.empty() ? "" : "; ",
+                                     t->name, what);
+              return false;
             }
-            c.out[0].dtype = DataType::kInt8;
-          }
-          if (t->caps & kQuantIn0) {  // input 0 as its value's int8 codes (layer.h)
-            const Value* x = n.input(0);
-            if (!x || !x->has_quant_scale() || !dtype_is_float(x->type.dtype) || c.in.empty()) {
-              reasons += fmt::format("{}{}: its input has no INT8 scale", reasons.empty() ? "" : "; ",
-                                     t->name);
-              continue;
-            }
-            c.in[0].dtype = DataType::kInt8;
-          }
+            f[0].dtype = DataType::kInt8;
+            return true;
+          };
+          if ((t->caps & kQuantOut) && !as_codes(n.output(0), c.out, "output")) continue;
+          if ((t->caps & kQuantIn0) && !as_codes(n.input(0), c.in, "input")) continue;
           add_if_supported(n, std::move(c), &out, &reasons, forced_variant);
         }
         if (out.size() > before) return out;

@@ -96,20 +96,12 @@ __global__ void __launch_bounds__(kThreads)
   };
 
   const int wm = (warp % WM) * 32, wn = (warp / WM) * NW;
-  // ldmatrix addresses (ldm_mma_k32): this lane's A rows in a stage, its B row in the weights.
-  const uint32_t arow[2] = {static_cast<uint32_t>((wm + ldm_a_row(lane)) * kXRow + ldm_a_k(lane)),
-                            static_cast<uint32_t>((wm + 16 + ldm_a_row(lane)) * kXRow + ldm_a_k(lane))};
-  const uint32_t wrow = smem_u32(ws) + (wn + ldm_b_row(lane)) * kXRow + ldm_b_k(lane);
+  const PwLaneAddrs la = pw_lane_addrs(ws, kXRow, wm, wn, lane);
   pw_tile_ring(
       tiles, load_tile,
       [&](int st, int) {
-        const uint32_t xb = smem_u32(xs + st * kTileM * kXRow);
         int32_t acc[2][NI][4] = {};
-#pragma unroll
-        for (int kk = 0; kk < C / 32; ++kk) {  // k32 steps over the whole reduction
-          const uint32_t a[2] = {xb + arow[0] + kk * 32, xb + arow[1] + kk * 32};
-          ldm_mma_k32<NI>(acc, a, wrow + kk * 32, kXRow);
-        }
+        pw_mma_steps<0, C / 32>(acc, smem_u32(xs + st * kTileM * kXRow), la, kXRow);
         pw_epilogue_fused<Act == kPwRelu>(acc, zy + st * kTileM * kZRow, kZRow, sb, wm, wn, lane,
                                           szy, z != nullptr);
       },

@@ -127,6 +127,31 @@ __device__ __forceinline__ void ldm_mma_k32(int32_t (&acc)[2][NI][4], const uint
   }
 }
 
+// A lane's ldmatrix addresses in the persistent 1x1 kernels (pointwise, pair), whose tiles and
+// weight slice have rows of `row` bytes: a[] its A rows' offsets within a tile stage (add the
+// stage's shared address), b its B row's shared address in the weights ws.
+struct PwLaneAddrs {
+  uint32_t a[2];
+  uint32_t b;
+};
+__device__ __forceinline__ PwLaneAddrs pw_lane_addrs(const int8_t* ws, int row, int wm, int wn,
+                                                    int lane) {
+  return {{static_cast<uint32_t>((wm + ldm_a_row(lane)) * row + ldm_a_k(lane)),
+           static_cast<uint32_t>((wm + 16 + ldm_a_row(lane)) * row + ldm_a_k(lane))},
+          smem_u32(ws) + (wn + ldm_b_row(lane)) * row + ldm_b_k(lane)};
+}
+
+// The k32 steps From..To - 1 of a tile stage at shared address xb into acc (ldm_mma_k32).
+template <int From, int To, int NI>
+__device__ __forceinline__ void pw_mma_steps(int32_t (&acc)[2][NI][4], uint32_t xb,
+                                             const PwLaneAddrs& l, int row) {
+#pragma unroll
+  for (int kk = From; kk < To; ++kk) {
+    const uint32_t a[2] = {xb + l.a[0] + kk * 32, xb + l.a[1] + kk * 32};
+    ldm_mma_k32<NI>(acc, a, l.b + kk * 32, row);
+  }
+}
+
 // The persistent kernels' tile loop (conv_int8_pointwise.cu, conv_int8_3x3.cu): a block walks
 // tiles blockIdx.y, + gridDim.y, ... through a two-stage cp.async ring. load(stage, tile) issues
 // a tile's copies into a stage (the first group also holds whatever the block issued before: its
