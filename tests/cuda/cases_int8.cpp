@@ -1,5 +1,6 @@
-// INT8 layer cases (docs/quantization.md; layers/conv_int8.cu): kiln.FusedConv / kiln.FusedGemm
-// with int8 = 1 and scales on their values, against the CPU INT8 reference (fused_int8.cpp).
+// INT8 layer cases (docs/quantization.md; layers/conv_int8*.cu): kiln.FusedConv, kiln.FusedGemm
+// and kiln.FusedConvPair with int8 = 1 and scales on their values, against the CPU INT8
+// reference (fused_int8.cpp).
 // Shapes: 1x1, 3x3 stride 1/2, padding (also asymmetric), dilation, batch 1, odd sizes, an
 // empty batch, and seeded random ones; residual int8 / float / absent; Relu / Clip / none;
 // output int8 (±1 code) or float; per-tensor and per-channel weight scales.
