@@ -116,29 +116,22 @@ __global__ void __launch_bounds__(kThreads)
         int32_t acc1[2][NI][4] = {}, acc2[2][NI][4] = {};
         pw_mma_steps<0, C1 / 32>(acc1, xb, la, kXRow);   // X's channels
         pw_mma_steps<C1 / 32, C / 32>(acc2, xb, la, kXRow);  // X2's
-        // Each pair of adjacent channels of a row belongs to one thread (the m16n8k32 fragment
-        // layout, as pw_for_each_pair): fma(acc2, s2, fma(acc1, s1, b)) per element.
+        // Per pair of adjacent channels of a row (pw_fragments): fma(acc2, s2, fma(acc1, s1, b)).
         int8_t* zt = zy + st * kTileM * kZRow;
-        const int gq = lane / 4, tq = lane % 4;
+        pw_fragments<NI>(wm, wn, lane, [&](int mi, int ni, int row, int col) {
+          const PairChannel e0 = sc[col], e1 = sc[col + 1];
 #pragma unroll
-        for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-          for (int ni = 0; ni < NI; ++ni) {
-            const int col = wn + ni * 8 + tq * 2;
-            const PairChannel e0 = sc[col], e1 = sc[col + 1];
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const float t0 =
-                  __fmaf_rn(acc_to_float<kSmall2>(acc2[mi][ni][2 * h]), e0.s2,
-                            __fmaf_rn(acc_to_float<kSmall1>(acc1[mi][ni][2 * h]), e0.s1, e0.b));
-              const float t1 = __fmaf_rn(
-                  acc_to_float<kSmall2>(acc2[mi][ni][2 * h + 1]), e1.s2,
-                  __fmaf_rn(acc_to_float<kSmall1>(acc1[mi][ni][2 * h + 1]), e1.s1, e1.b));
-              *reinterpret_cast<uint16_t*>(zt + (wm + mi * 16 + gq + 8 * h) * kZRow + col) =
-                  static_cast<uint16_t>(
-                      __byte_perm(fused_code<Relu>(t0), fused_code<Relu>(t1), 0x0040));
-            }
+          for (int h = 0; h < 2; ++h) {
+            const float t0 =
+                __fmaf_rn(acc_to_float<kSmall2>(acc2[mi][ni][2 * h]), e0.s2,
+                          __fmaf_rn(acc_to_float<kSmall1>(acc1[mi][ni][2 * h]), e0.s1, e0.b));
+            const float t1 =
+                __fmaf_rn(acc_to_float<kSmall2>(acc2[mi][ni][2 * h + 1]), e1.s2,
+                          __fmaf_rn(acc_to_float<kSmall1>(acc1[mi][ni][2 * h + 1]), e1.s1, e1.b));
+            *reinterpret_cast<uint16_t*>(zt + (row + 8 * h) * kZRow + col) = static_cast<uint16_t>(
+                __byte_perm(fused_code<Relu>(t0), fused_code<Relu>(t1), 0x0040));
           }
+        });
       },
       [&](int st, int tile) {
         const int m0 = tile * kTileM;

@@ -196,29 +196,35 @@ __device__ __forceinline__ void pw_store_rows(int8_t* y, int64_t row0, int count
   }
 }
 
-// Calls f(a0, a1, sb2, p) for each pair of adjacent channels of a row that this thread holds in a
-// tile's accumulators acc[2][NI][4] (a warp at pixel rows wm.. wm + 31, channels wn.. wn +
-// 8 * NI - 1: the fragment layout of mma.sync m16n8k32; NI is deduced from acc): a0 and a1 the two accumulators, sb2 the
-// channels' (scale, bias, scale, bias) from sb, p the pair's 16-bit slot in the tile zy (rows of
-// zy_row bytes), which holds the residual codes and receives the output codes. The 16-bit shared
-// accesses are conflict-free with rows padded by 16 bytes (N + 16 bytes is 20 or 36 words, so the
-// 8 rows of an access fall in distinct banks).
+// The m16n8k32 accumulator fragment layout of a warp at pixel rows wm.. wm + 31 and channels
+// wn.. wn + 8 * NI - 1: calls f(mi, ni, row, col) for each of this thread's fragments acc[mi][ni],
+// whose elements 2h, 2h + 1 (h = 0, 1) are channels col, col + 1 of tile row row + 8h.
 template <int NI, typename F>
-__device__ __forceinline__ void pw_for_each_pair(const int32_t (&acc)[2][NI][4], int8_t* zy,
-                                                 int zy_row, const float* sb, int wm, int wn,
-                                                 int lane, F&& f) {
+__device__ __forceinline__ void pw_fragments(int wm, int wn, int lane, F&& f) {
   const int gq = lane / 4, tq = lane % 4;
 #pragma unroll
   for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
-    for (int ni = 0; ni < NI; ++ni) {
-      const int col = wn + ni * 8 + tq * 2;
-      const float4 sb2 = *reinterpret_cast<const float4*>(sb + 2 * col);  // s0 b0 s1 b1
+    for (int ni = 0; ni < NI; ++ni) f(mi, ni, wm + mi * 16 + gq, wn + ni * 8 + tq * 2);
+}
+
+// Calls f(a0, a1, sb2, p) for each pair of adjacent channels of a row that this thread holds in a
+// tile's accumulators acc[2][NI][4] (pw_fragments; NI is deduced from acc): a0 and a1 the two
+// accumulators, sb2 the channels' (scale, bias, scale, bias) from sb, p the pair's 16-bit slot in
+// the tile zy (rows of zy_row bytes), which holds the residual codes and receives the output
+// codes. The 16-bit shared accesses are conflict-free with rows padded by 16 bytes (N + 16 bytes
+// is 20 or 36 words, so the 8 rows of an access fall in distinct banks).
+template <int NI, typename F>
+__device__ __forceinline__ void pw_for_each_pair(const int32_t (&acc)[2][NI][4], int8_t* zy,
+                                                 int zy_row, const float* sb, int wm, int wn,
+                                                 int lane, F&& f) {
+  pw_fragments<NI>(wm, wn, lane, [&](int mi, int ni, int row, int col) {
+    const float4 sb2 = *reinterpret_cast<const float4*>(sb + 2 * col);  // s0 b0 s1 b1
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
-        f(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1], sb2,
-          reinterpret_cast<uint16_t*>(zy + (wm + mi * 16 + gq + 8 * h) * zy_row + col));
-    }
+    for (int h = 0; h < 2; ++h)
+      f(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1], sb2,
+        reinterpret_cast<uint16_t*>(zy + (row + 8 * h) * zy_row + col));
+  });
 }
 
 // The epilogue of a tile whose accumulators acc[2][NI][4] belong to a warp at pixel rows wm..
