@@ -4,6 +4,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -39,6 +40,9 @@ class LibraryHandles {
 
 // "NVIDIA H100 80GB HBM3 sm_90 cudnn 91400 cublas 130000": what tuned times depend on.
 std::string device_signature();
+
+// Host: whether a device address allows 16-byte vector accesses.
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // The current device's SM count (looked up once per device; 0 when CUDA cannot say): persistent
 // kernels size their grids by it. No stream work, so callable during a CUDA-graph capture.

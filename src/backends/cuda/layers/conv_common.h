@@ -40,6 +40,10 @@ bool is_conv_pool(const Node& n);
 // What kiln's stem kernels need of the layer: a 2-D, ungrouped convolution with constant weights
 // and bias, no residual, an activation they know. Returns the weights (nullptr and why if not).
 const Tensor* plain_conv(const LayerDesc& d, std::string* why);
+// The persistent INT8 1x1 kernels' checks (conv_int8.cu): a 1x1 convolution without padding
+// (weights w, attributes a), and an activation compiled in (none or ReLU); else why not.
+bool unpadded_1x1(const Attributes& a, const Tensor* w, std::string* why);
+bool none_or_relu(const Node& n, std::string* why);
 // A stem kernel's float16 weights (in the kernel's own order, filled by its layer) and float
 // bias (the layer's constant input 2, or zeros), built on the host when the layer is created and
 // copied into one device allocation at its first configure, the bias 256-byte aligned after them.

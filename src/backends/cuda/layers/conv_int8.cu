@@ -513,14 +513,6 @@ std::vector<std::string> pipelined_variants(const LayerDesc& d) {
   return {"n64"};
 }
 
-// The persistent kernels' epilogues compile in no activation or ReLU only.
-bool none_or_relu(const Node& n, std::string* why) {
-  ActParams act;
-  read_activation(n.attrs, &act);
-  if (act.act != Act::kNone && act.act != Act::kRelu) return *why = "activations other than ReLU", false;
-  return true;
-}
-
 // The persistent pointwise kernel's problems (conv_int8_pointwise.cu): the pipelined kernel's,
 // as a 1x1 convolution without padding (any stride), C of 64, 128 or 256, no activation or ReLU.
 // Its variants are the pipelined kernel's (128 or 64 output channels per block).
@@ -528,11 +520,7 @@ bool pointwise_supports(const LayerDesc& d, std::string* why) {
   if (!pipelined_supports(d, why)) return false;
   const Node& n = *d.node;
   const Tensor* w = d.in_const(1);
-  if (w->rank() != 4 || w->dim(2) != 1 || w->dim(3) != 1) return *why = "not a 1x1 convolution", false;
-  const auto pads = n.attrs.get_ints("pads", {});
-  if (std::any_of(pads.begin(), pads.end(), [](int64_t p) { return p != 0; }) ||
-      n.attrs.get_string("auto_pad", "NOTSET") != "NOTSET")
-    return *why = "padded", false;
+  if (!unpadded_1x1(n.attrs, w, why)) return false;
   if (const int64_t C = w->dim(1); C != 64 && C != 128 && C != 256)
     return *why = "C must be 64, 128 or 256 (the weight slice stays in shared memory)", false;
   return none_or_relu(n, why);
@@ -583,6 +571,24 @@ Expected<std::unique_ptr<Layer>> create_int8(const LayerDesc& d, Int8Kernel kern
 }
 
 }  // namespace
+
+bool unpadded_1x1(const Attributes& a, const Tensor* w, std::string* why) {
+  if (!w || w->rank() != 4 || w->dim(2) != 1 || w->dim(3) != 1)
+    return *why = "not a 1x1 convolution", false;
+  const auto pads = a.get_ints("pads", {});
+  if (std::any_of(pads.begin(), pads.end(), [](int64_t p) { return p != 0; }) ||
+      a.get_string("auto_pad", "NOTSET") != "NOTSET")
+    return *why = "padded", false;
+  return true;
+}
+
+// The persistent kernels' epilogues compile in no activation or ReLU only.
+bool none_or_relu(const Node& n, std::string* why) {
+  ActParams act;
+  if (!read_activation(n.attrs, &act)) return *why = "unknown activation", false;
+  if (act.act != Act::kNone && act.act != Act::kRelu) return *why = "activations other than ReLU", false;
+  return true;
+}
 
 bool int8_conv_supports(const LayerDesc& d, std::string* why) { return int8_supports(d, why); }
 bool int8_pipelined_supports(const LayerDesc& d, std::string* why) {

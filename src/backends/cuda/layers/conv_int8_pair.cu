@@ -223,11 +223,11 @@ Node second_conv(const Node& n) {
   return s;
 }
 
-bool unpadded_1x1(const Attributes& a, const Tensor* w) {
-  if (!w || w->rank() != 4 || w->dim(2) != 1 || w->dim(3) != 1) return false;
-  const auto pads = a.get_ints("pads", {});
-  if (std::any_of(pads.begin(), pads.end(), [](int64_t p) { return p != 0; })) return false;
-  return a.get_string("auto_pad", "NOTSET") == "NOTSET" && a.get_int("group", 1) == 1;
+// Each of the two convolutions: 1x1, unpadded, ungrouped.
+bool pair_conv_fits(const Attributes& a, const Tensor* w, std::string* why) {
+  if (!unpadded_1x1(a, w, why)) return false;
+  if (a.get_int("group", 1) != 1) return *why = "grouped", false;
+  return true;
 }
 
 bool pair_supports(const LayerDesc& d, std::string* why) {
@@ -239,17 +239,15 @@ bool pair_supports(const LayerDesc& d, std::string* why) {
   const Tensor* w2 = d.in_const(4);
   if (!w1 || !w2 || n.input(1)->quant_scales.empty() || n.input(4)->quant_scales.empty())
     return *why = "weights without INT8 scales", false;
-  if (!unpadded_1x1(n.attrs, w1) || !unpadded_1x1(second_conv(n).attrs, w2))
-    return *why = "both convolutions must be 1x1, ungrouped, without padding", false;
+  if (!pair_conv_fits(n.attrs, w1, why) || !pair_conv_fits(second_conv(n).attrs, w2, why))
+    return false;
   if (w1->dim(0) != w2->dim(0)) return *why = "the convolutions' output channels differ", false;
   for (size_t i : {size_t{0}, size_t{3}})
     if (d.in[i].dtype != DataType::kInt8 || d.in[i].layout != Layout::kNHWC)
       return *why = "X and X2 must be stored int8 NHWC", false;
   if (d.out[0].dtype != DataType::kInt8 || d.out[0].layout != Layout::kNHWC)
     return *why = "Y must be stored int8 NHWC (its value needs an INT8 scale)", false;
-  ActParams act;
-  if (!read_activation(n.attrs, &act) || (act.act != Act::kNone && act.act != Act::kRelu))
-    return *why = "activations other than ReLU", false;
+  if (!none_or_relu(n, why)) return false;
   const int c1 = static_cast<int>(w1->dim(1)), c2 = static_cast<int>(w2->dim(1));
   if (!shape_known(c1, c2)) return *why = kShapeWhy, false;
   if (w1->dim(0) % 64 != 0) return *why = "K must be a multiple of 64", false;

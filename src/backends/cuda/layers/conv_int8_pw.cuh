@@ -5,6 +5,7 @@
 // it (pw_epilogue_fused: within one code of them).
 #pragma once
 
+#include "device_util_host.h"  // aligned16
 #include "layers/conv_int8.cuh"
 
 namespace kiln::gpu {
@@ -63,9 +64,6 @@ template <bool SmallAcc>
 __device__ __forceinline__ float acc_to_float(int32_t a) {
   return SmallAcc ? small_int_to_float(a) : __int2float_rn(a);
 }
-
-// Host: whether a tensor's base address allows the kernels' 16-byte accesses.
-inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // One k32 step (word offset o) of a warp's 32-pixel x N / 2-channel share of a 128-pixel tile
 // (mma.sync m16n8k32 s8): A from the tile's pixel rows xb (x_words words per row), B from the

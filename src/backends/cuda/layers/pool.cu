@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 
+#include "device_util_host.h"
 #include "kernels/device_util.cuh"
 #include "kernels/int8.cuh"
 #include "ops/conv_util.h"
@@ -596,8 +597,6 @@ bool global_pool_supports(const LayerDesc& d, std::string* why) {
   if (!dtype_is_float(d.in[0].dtype)) return *why = "float types only", false;
   return true;
 }
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 class GlobalPoolLayer final : public Layer {
  public:
