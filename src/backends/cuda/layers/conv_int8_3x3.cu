@@ -162,11 +162,8 @@ __global__ void __launch_bounds__(kThreads)
 
 template <int C, int Act>
 cudaError_t prepare_one(int64_t bytes, int* per_sm) {
-  static const cudaError_t opt_in = cudaFuncSetAttribute(
-      int8_conv3x3<C, Act>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemLimit);
-  if (opt_in != cudaSuccess) return opt_in;
-  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, int8_conv3x3<C, Act>, kThreads,
-                                                       static_cast<size_t>(bytes));
+  return prepare_persistent(int8_conv3x3<C, Act>, kThreads, kSmemLimit, static_cast<size_t>(bytes),
+                            per_sm);
 }
 
 }  // namespace

@@ -150,11 +150,8 @@ int& resident_blocks() {
 template <int N, int C1, int C2, bool Relu>
 cudaError_t prepare_one() {
   constexpr int bytes = smem_bytes<N, C1, C2>();
-  cudaError_t err = cudaFuncSetAttribute(int8_pair<N, C1, C2, Relu>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-  if (err != cudaSuccess) return err;
-  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident_blocks<N, C1, C2, Relu>(),
-                                                       int8_pair<N, C1, C2, Relu>, kThreads, bytes);
+  return prepare_persistent(int8_pair<N, C1, C2, Relu>, kThreads, bytes, bytes,
+                            &resident_blocks<N, C1, C2, Relu>());
 }
 
 struct PairLaunch {

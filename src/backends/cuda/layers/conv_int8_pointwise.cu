@@ -121,11 +121,8 @@ int& resident_blocks() {
 template <int N, int C, int Act, int TM = 128>
 cudaError_t prepare_one() {
   constexpr int bytes = smem_bytes<N, C, TM>();
-  cudaError_t err = cudaFuncSetAttribute(int8_pointwise<N, C, Act, TM>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-  if (err != cudaSuccess) return err;
-  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident_blocks<N, C, Act, TM>(),
-                                                       int8_pointwise<N, C, Act, TM>, kThreads, bytes);
+  return prepare_persistent(int8_pointwise<N, C, Act, TM>, kThreads, bytes, bytes,
+                            &resident_blocks<N, C, Act, TM>());
 }
 
 template <int N>

@@ -125,6 +125,18 @@ __device__ __forceinline__ void ldm_mma_k32(int32_t (&acc)[2][NI][4], const uint
   }
 }
 
+// A persistent kernel's configure-time preparation: the opt-in to `opt_in` bytes of dynamic
+// shared memory (over the default 48 KiB), then how many blocks of `threads` threads using
+// `bytes` fit on an SM (*per_sm; the grid is sized by it).
+template <typename Kernel>
+cudaError_t prepare_persistent(Kernel kernel, int threads, size_t opt_in, size_t bytes,
+                               int* per_sm) {
+  const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(opt_in));
+  if (e != cudaSuccess) return e;
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, kernel, threads, bytes);
+}
+
 // A lane's ldmatrix addresses in the persistent 1x1 kernels (pointwise, pair), whose tiles and
 // weight slice have rows of `row` bytes: a[] its A rows' offsets within a tile stage (add the
 // stage's shared address), b its B row's shared address in the weights ws.
