@@ -1,5 +1,5 @@
 // The library INT8 convolutions (tactics/: cuDNN graph, cuBLASLt IMMA for 1x1 stride 1, CUTLASS
-// sm90) as tactics of kiln.FusedConv int8 = 1, next to kiln's own conv_int8 (conv_int8.cu). The
+// sm90's implicit-GEMM conv, and its persistent GEMMs for 1x1 stride 1) as tactics of kiln.FusedConv int8 = 1, next to kiln's own conv_int8 (conv_int8.cu). The
 // layer fills the ConvProblem's INT8 epilogue (conv_tactic.h) from the node's scales:
 // channel_scale[k] = sx * sw[k], the bias (zeros when the node has none), the residual int8 with
 // its scale or half, ReLU or ReLU clipped at Clip's max, and Y int8 with its scale or half. Each
@@ -17,7 +17,7 @@
 namespace kiln::gpu {
 namespace {
 
-enum class Library { kCudnnGraph, kCublasLt, kCutlass };
+enum class Library { kCudnnGraph, kCublasLt, kCutlass, kCutlassGemm };
 
 std::unique_ptr<cuda::ConvTacticSource> make_source(Library lib) {
   switch (lib) {
@@ -28,6 +28,12 @@ std::unique_ptr<cuda::ConvTacticSource> make_source(Library lib) {
     case Library::kCutlass:
 #if KILN_HAVE_CUTLASS
       return cuda::make_cutlass_sm90_source();
+#else
+      return nullptr;
+#endif
+    case Library::kCutlassGemm:
+#if KILN_HAVE_CUTLASS
+      return cuda::make_cutlass_sm90_gemm_source();
 #else
       return nullptr;
 #endif
@@ -180,6 +186,7 @@ bool supports(const LayerDesc& d, std::string* why) {
 }
 
 std::vector<std::string> ranks3(const LayerDesc&) { return {"0", "1", "2"}; }
+std::vector<std::string> ranks4(const LayerDesc&) { return {"0", "1", "2", "3"}; }
 std::vector<std::string> ranks6(const LayerDesc&) { return {"0", "1", "2", "3", "4", "5"}; }
 
 }  // namespace
@@ -192,6 +199,8 @@ std::span<const TacticDef> int8_library_conv_tactics() {
        supports<Library::kCublasLt>, create<Library::kCublasLt>, ranks3},
       {"kiln", "FusedConv", "cutlass_sm90.int8", kI8 | kF16 | kNHWC | kReassociated, 0,
        supports<Library::kCutlass>, create<Library::kCutlass>, ranks3},
+      {"kiln", "FusedConv", "cutlass_sm90_gemm.int8", kI8 | kF16 | kNHWC | kReassociated, 0,
+       supports<Library::kCutlassGemm>, create<Library::kCutlassGemm>, ranks4},
   };
   return kTactics;
 }

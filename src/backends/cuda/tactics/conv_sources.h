@@ -25,6 +25,7 @@ std::unique_ptr<ConvTacticSource> make_cudnn_legacy_source();
 std::unique_ptr<ConvTacticSource> make_cublaslt_source();
 #if KILN_HAVE_CUTLASS
 std::unique_ptr<ConvTacticSource> make_cutlass_sm90_source();
+std::unique_ptr<ConvTacticSource> make_cutlass_sm90_gemm_source();
 #endif
 
 }  // namespace kiln::cuda

@@ -1,0 +1,94 @@
+// kiln's INT8 epilogue (conv_tactic.h) as the constants of CUTLASS's
+// PerColLinCombPerColBiasEltAct<Clamp> fusion, shared by the sm90 conv (cutlass_sm90_conv.cu) and
+// GEMM (cutlass_sm90_gemm.cu) tactics:
+//   y = clamp(alpha[k] * acc + bias'[k] + beta * z, lower, upper) -> int8 (round half to even,
+//   saturating), with alpha = cs / sy, beta = sz / sy (int8 residual as C), bias' = bias / sy
+// (scaled on the device, remade when the bias pointer changes) and the clamp bounds giving none,
+// ReLU or clipped ReLU (y / sy commutes with the clamp at 0 and with its upper bound).
+// Host code; it names no CUTLASS type itself (cutlass_status is a template).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "../kernels/conv_kernels.h"
+#include "check.h"
+#include "conv_tactic.h"
+#include "device_buffer.h"
+
+namespace kiln::cuda {
+
+// Why the fused CUTLASS kernels cannot take an INT8 problem, or "" when they can: they write int8
+// only and read an int8 residual only (half outputs and residuals are not compiled).
+inline std::string cutlass_int8_refusal(const ConvProblem& p) {
+  std::string why;
+  if (!int8_problem_valid(p, &why)) return why;
+  const Int8Epilogue e = int8_epilogue(p);
+  if (!e.int8_output()) return "the compiled kernels write int8 only, not half";
+  if (e.residual && !e.int8_residual()) return "the compiled kernels read an int8 residual only";
+  return {};
+}
+
+// A CUTLASS status as a Status naming the call (S is cutlass::Status; the caller includes
+// CUTLASS).
+template <class S>
+Status cutlass_status(S s, const char* what) {
+  if (s == S::kSuccess) return {};
+  return Status::Error(std::string(what) + ": " + cutlassGetStatusString(s));
+}
+
+class CutlassInt8Constants {
+ public:
+  Status init(const ConvProblem& p) {
+    const std::string why = cutlass_int8_refusal(p);
+    if (!why.empty()) return Status::Error(why);
+    const Int8Epilogue e = int8_epilogue(p);
+    const float sy = e.output_scale;
+    std::vector<float> alpha(e.channel_scale.size());
+    for (size_t i = 0; i < alpha.size(); ++i) alpha[i] = e.channel_scale[i] / sy;
+    k_ = static_cast<int>(alpha.size());
+    if (!alpha_.allocate(alpha.size() * sizeof(float)) ||
+        !scaled_bias_.allocate(alpha.size() * sizeof(float))) {
+      return Status::Error("alpha/bias allocation failed");
+    }
+    KILN_TRY(upload(alpha_.get(), alpha.data(), alpha.size() * sizeof(float),
+                    "CUTLASS alpha upload"));
+    beta_ = e.int8_residual() ? e.residual_scale / sy : 0.f;
+    bias_scale_ = e.bias ? 1.f / sy : 0.f;
+    lower_ = e.relu ? 0.f : std::numeric_limits<float>::lowest();
+    upper_ = e.relu_clip > 0 ? e.relu_clip / sy : std::numeric_limits<float>::max();
+    scaled_from_ = nullptr;
+    return {};
+  }
+
+  // The bias divided by the output scale, remade when the bias pointer changes (a constant).
+  Status refresh_bias(const void* bias, cudaStream_t stream) {
+    if (bias_scale_ == 0 || bias == scaled_from_) return {};
+    scale_floats(static_cast<const float*>(bias), scaled_bias_.as<float>(), k_, bias_scale_,
+                 stream);
+    KILN_CUDA(cudaGetLastError());
+    scaled_from_ = bias;
+    return {};
+  }
+
+  // Fills a PerColLinCombPerColBiasEltAct<Clamp> argument struct (CUTLASS's epilogue.thread).
+  template <class ThreadArgs>
+  void fill(ThreadArgs& t) const {
+    t.alpha_ptr = alpha_.as<float>();
+    t.beta = beta_;
+    t.bias_ptr = bias_scale_ != 0 ? scaled_bias_.as<float>() : nullptr;
+    t.activation.lower_bound = lower_;
+    t.activation.upper_bound = upper_;
+  }
+
+ private:
+  int k_ = 0;
+  DeviceBuffer alpha_, scaled_bias_;
+  float beta_ = 0.f, bias_scale_ = 0.f, lower_ = 0.f, upper_ = 0.f;
+  const void* scaled_from_ = nullptr;
+};
+
+}  // namespace kiln::cuda
