@@ -91,4 +91,36 @@ class CutlassInt8Constants {
   const void* scaled_from_ = nullptr;
 };
 
+// One execution of a CUTLASS device adapter (GemmUniversalAdapter or ConvUniversalAdapter).
+// initialize() builds TMA descriptors on the host, so it is redone only when a pointer differs
+// from the last run's. Without a residual the fused kernels read y as C (times beta = 0, so C is
+// never loaded: C has no "absent"). make_args(x, c, y) gives the adapter's Arguments; constants
+// (the fused kernels' only, else null) rescale a bias whose pointer changed.
+class CutlassRunner {
+ public:
+  template <class Adapter, class MakeArgs>
+  Status run(Adapter& op, const ConvProblem& p, const ConvBuffers& b,
+             CutlassInt8Constants* constants, cudaStream_t stream, MakeArgs make_args) {
+    const void* c = epilogue_has_residual(p.epilogue) ? b.residual : b.y;
+    if (b.x != x_ || b.y != y_ || b.workspace != ws_ || c != c_) {
+      auto args = make_args(b.x, c, b.y);
+      KILN_TRY(cutlass_status(op.initialize(args, b.workspace, stream), "initialize"));
+      x_ = b.x;
+      c_ = c;
+      y_ = b.y;
+      ws_ = b.workspace;
+    }
+    if (constants) KILN_TRY(constants->refresh_bias(b.bias, stream));
+    KILN_TRY(cutlass_status(op.run(stream), "run"));
+    KILN_CUDA(cudaGetLastError());
+    return {};
+  }
+
+ private:
+  const void* x_ = nullptr;
+  const void* c_ = nullptr;
+  void* y_ = nullptr;
+  void* ws_ = nullptr;
+};
+
 }  // namespace kiln::cuda

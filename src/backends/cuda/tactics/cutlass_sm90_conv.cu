@@ -120,7 +120,7 @@ class CutlassInt8ConvTactic final : public ConvTactic {
       cute::get<0, i>(stride_c_) = shape_.stride_C[ProblemShape::RankT - 2 - i];
       cute::get<0, i>(stride_d_) = shape_.stride_C[ProblemShape::RankT - 2 - i];
     });
-    auto args = arguments(nullptr, nullptr, nullptr, nullptr);
+    auto args = arguments(nullptr, nullptr, nullptr);
     KILN_TRY(cutlass_status(Conv::can_implement(args), "can_implement"));
     workspace_ = Conv::get_workspace_size(args);
     return {};
@@ -133,28 +133,15 @@ class CutlassInt8ConvTactic final : public ConvTactic {
   }
 
   Status run(const ConvBuffers& b, cudaStream_t stream) override {
-    // initialize() builds TMA descriptors on the host: redo it only when pointers change.
-    // Without a residual the fused kernel reads y as C (times beta = 0): C has no "absent".
-    const void* c = epilogue_has_residual(problem_.epilogue) ? b.residual : b.y;
-    if (b.x != init_x_ || b.y != init_y_ || b.workspace != init_ws_ || c != init_c_) {
-      auto args = arguments(b.x, c, b.y, b.workspace);
-      KILN_TRY(cutlass_status(conv_.initialize(args, b.workspace, stream), "initialize"));
-      init_x_ = b.x;
-      init_c_ = c;
-      init_y_ = b.y;
-      init_ws_ = b.workspace;
-    }
-    if constexpr (Config::kFused) KILN_TRY(constants_.refresh_bias(b.bias, stream));
-    KILN_TRY(cutlass_status(conv_.run(stream), "run"));
-    KILN_CUDA(cudaGetLastError());
-    return {};
+    return runner_.run(conv_, problem_, b, Config::kFused ? &constants_ : nullptr, stream,
+                       [this](const void* x, const void* c, void* y) { return arguments(x, c, y); });
   }
 
  private:
   using StrideC = typename Conv::ConvKernel::StrideC;
   using StrideD = typename Conv::ConvKernel::StrideD;
 
-  typename Conv::Arguments arguments(const void* x, const void* c, void* y, void*) const {
+  typename Conv::Arguments arguments(const void* x, const void* c, void* y) const {
     using E = typename Config::Element;
     if constexpr (Config::kFused) {
       typename Conv::Arguments a{
@@ -181,10 +168,7 @@ class CutlassInt8ConvTactic final : public ConvTactic {
   DeviceBuffer weights_;
   CutlassInt8Constants constants_;  // the fused kernels only
   Conv conv_;
-  const void* init_x_ = nullptr;
-  const void* init_c_ = nullptr;
-  void* init_y_ = nullptr;
-  void* init_ws_ = nullptr;
+  CutlassRunner runner_;
 };
 
 // The K mode of a conv tile is itself a tuple (it spans C, R and S).
