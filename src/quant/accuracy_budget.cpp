@@ -49,13 +49,6 @@ struct Evaluator {
   }
 };
 
-std::vector<std::string> int8_layers_of(const Engine& e) {
-  std::vector<std::string> out;
-  for (const Node* n : e.graph().nodes())
-    if (runs_int8(*n)) out.push_back(n->name);
-  return out;
-}
-
 // Sum of the tuned layer times in a cuda engine's plan (ms); -1 when there are none (cpu).
 double tuned_ms(const Engine& e) {
   const auto plan = nlohmann::json::parse(e.backend_plan_json(), nullptr, false);
@@ -67,7 +60,28 @@ double tuned_ms(const Engine& e) {
   return sum;
 }
 
+std::string join_names(const std::vector<std::string>& names) {
+  std::string s;
+  for (const std::string& n : names) s += (s.empty() ? "" : " + ") + n;
+  return s;
+}
+
 }  // namespace
+
+std::vector<std::vector<std::string>> int8_layer_groups(const Graph& int8_graph,
+                                                        const Graph& float_graph) {
+  std::vector<std::vector<std::string>> out;
+  for (const Node* n : int8_graph.nodes()) {
+    if (!runs_int8(*n)) continue;
+    std::vector<std::string> group = {n->name};
+    for (const Node* f : float_graph.nodes())
+      if (f->name != n->name &&
+          std::find(n->onnx_nodes.begin(), n->onnx_nodes.end(), f->name) != n->onnx_nodes.end())
+        group.push_back(f->name);
+    out.push_back(std::move(group));
+  }
+  return out;
+}
 
 Expected<BudgetResult> fit_accuracy_budget(const std::string& onnx_path, const BuildConfig& c) {
   const double budget = c.accuracy_budget;
@@ -128,7 +142,8 @@ Expected<BudgetResult> fit_accuracy_budget(const std::string& onnx_path, const B
   };
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Engine> all, build({}));
   KILN_ASSIGN_OR_RETURN(const double err_all, ev.error(*all));
-  const std::vector<std::string> layers = int8_layers_of(*all);
+  // One unit per INT8 layer of the engine; a pair's unit names both of its layers.
+  const std::vector<std::vector<std::string>> layers = int8_layer_groups(all->graph(), fp32->graph());
   nlohmann::json report = {{"budget", budget},
                            {"metric", "relative L2, worst output"},
                            {"heldout_runs", ev.feeds.size()},
@@ -144,26 +159,27 @@ Expected<BudgetResult> fit_accuracy_budget(const std::string& onnx_path, const B
     return r;
   }
   // Sensitivity of a layer: how much the error drops when only it moves back.
-  std::vector<std::pair<double, std::string>> gain;
+  std::vector<std::pair<double, size_t>> gain;  // error drop, index into layers
   nlohmann::json sens = nlohmann::json::object();
   for (size_t i = 0; i < layers.size(); ++i) {
-    KILN_ASSIGN_OR_RETURN(std::unique_ptr<Engine> e, build({layers[i]}));
+    KILN_ASSIGN_OR_RETURN(std::unique_ptr<Engine> e, build(layers[i]));
     KILN_ASSIGN_OR_RETURN(const double err, ev.error(*e));
-    say(fmt::format("sensitivity {}/{}: {} back to {}: error {:.6g}", i + 1, layers.size(),
-                    layers[i], back, err));
-    gain.emplace_back(err_all - err, layers[i]);
-    sens[layers[i]] = err;
+    const std::string unit = join_names(layers[i]);
+    say(fmt::format("sensitivity {}/{}: {} back to {}: error {:.6g}", i + 1, layers.size(), unit,
+                    back, err));
+    gain.emplace_back(err_all - err, i);
+    sens[unit] = err;
   }
   std::stable_sort(gain.begin(), gain.end(), [](auto& a, auto& b) { return a.first > b.first; });
   std::vector<std::string> moved;
   double err = err_all;
   std::unique_ptr<Engine> last;
-  for (const auto& [g, name] : gain) {
-    moved.push_back(name);
+  for (const auto& [g, i] : gain) {
+    moved.insert(moved.end(), layers[i].begin(), layers[i].end());
     KILN_ASSIGN_OR_RETURN(last, build(moved));
     KILN_ASSIGN_OR_RETURN(err, ev.error(*last));
     say(fmt::format("moved {} layer{} back to {} (last {}): error {:.6g}", moved.size(),
-                    moved.size() == 1 ? "" : "s", back, name, err));
+                    moved.size() == 1 ? "" : "s", back, join_names(layers[i]), err));
     if (err <= budget) break;
   }
   if (err > budget)

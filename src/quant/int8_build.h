@@ -30,6 +30,14 @@ Expected<nlohmann::json> quantize_for_build(Graph& g, const BuildConfig& c, bool
 // Engine API, measures each one's outputs against the FP32 engine's on held-out calibration
 // batches (relative L2, the worst output), and moves the most sensitive INT8 layers back to
 // float (FP16 with --fp16) one at a time until the error is within the budget.
+// The INT8 layers of an engine's graph as the layer names that --layer-precisions pins, one group
+// per INT8 layer: its own name, and the names of every other layer of `float_graph` (the same
+// model optimized without --int8, whose layer names the pins use) that it covers. Layers fused
+// after INT8 marking (kiln.FusedConvPair) cover two: moving one back to float must pin both, or
+// the other would run INT8 alone and never be measured by itself.
+std::vector<std::vector<std::string>> int8_layer_groups(const Graph& int8_graph,
+                                                        const Graph& float_graph);
+
 struct BudgetResult {
   std::unique_ptr<Engine> engine;  // the last engine built
   nlohmann::json report;           // budget, errors, sensitivities, layers moved, speed cost

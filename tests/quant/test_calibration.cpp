@@ -338,5 +338,29 @@ TEST(MapQdq, UnmappablePatternsNameTheNode) {
   EXPECT_NE(r.status().message().find(dq->name), std::string::npos) << r.status().message();
 }
 
+// --accuracy-budget's units: a pair made after INT8 marking moves back with both of its layers
+// (the names --layer-precisions pins are the float graph's); every other INT8 layer alone.
+TEST(AccuracyBudget, APairMovesBackWithBothOfItsLayers) {
+  Graph fl, i8;
+  Value* x = fl.add_value("x");
+  fl.add_node("FusedConv", "expand", {x}, {"e"}, "kiln");
+  fl.add_node("FusedConv", "down", {x}, {"d"}, "kiln");
+  fl.add_node("FusedConv", "reduce", {x}, {"r"}, "kiln");
+  fl.add_node("Relu", "head", {x}, {"h"});
+  Value* y = i8.add_value("x");
+  Node* pair = i8.add_node("FusedConvPair", "expand", {y}, {"p"}, "kiln");
+  pair->onnx_nodes = {"expand", "down", "add", "relu"};
+  pair->attrs.set("int8", Attribute::Int(1));
+  Node* reduce = i8.add_node("FusedConv", "reduce", {y}, {"r"}, "kiln");
+  reduce->onnx_nodes = {"reduce", "reduce_relu"};
+  reduce->attrs.set("int8", Attribute::Int(1));
+  Node* head = i8.add_node("Relu", "head", {y}, {"h"});
+  head->onnx_nodes = {"head"};
+  const auto groups = quant::int8_layer_groups(i8, fl);
+  ASSERT_EQ(groups.size(), 2u);
+  EXPECT_EQ(groups[0], (std::vector<std::string>{"expand", "down"}));
+  EXPECT_EQ(groups[1], (std::vector<std::string>{"reduce"}));
+}
+
 }  // namespace
 }  // namespace kiln
