@@ -60,12 +60,6 @@ double tuned_ms(const Engine& e) {
   return sum;
 }
 
-std::string join_names(const std::vector<std::string>& names) {
-  std::string s;
-  for (const std::string& n : names) s += (s.empty() ? "" : " + ") + n;
-  return s;
-}
-
 }  // namespace
 
 std::vector<std::vector<std::string>> int8_layer_groups(const Graph& int8_graph,
@@ -164,7 +158,7 @@ Expected<BudgetResult> fit_accuracy_budget(const std::string& onnx_path, const B
   for (size_t i = 0; i < layers.size(); ++i) {
     KILN_ASSIGN_OR_RETURN(std::unique_ptr<Engine> e, build(layers[i]));
     KILN_ASSIGN_OR_RETURN(const double err, ev.error(*e));
-    const std::string unit = join_names(layers[i]);
+    const std::string unit = fmt::format("{}", fmt::join(layers[i], " + "));
     say(fmt::format("sensitivity {}/{}: {} back to {}: error {:.6g}", i + 1, layers.size(), unit,
                     back, err));
     gain.emplace_back(err_all - err, i);
@@ -179,7 +173,7 @@ Expected<BudgetResult> fit_accuracy_budget(const std::string& onnx_path, const B
     KILN_ASSIGN_OR_RETURN(last, build(moved));
     KILN_ASSIGN_OR_RETURN(err, ev.error(*last));
     say(fmt::format("moved {} layer{} back to {} (last {}): error {:.6g}", moved.size(),
-                    moved.size() == 1 ? "" : "s", back, join_names(layers[i]), err));
+                    moved.size() == 1 ? "" : "s", back, fmt::join(layers[i], " + "), err));
     if (err <= budget) break;
   }
   if (err > budget)
