@@ -137,7 +137,8 @@ Expected<BudgetResult> fit_accuracy_budget(const std::string& onnx_path, const B
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Engine> all, build({}));
   KILN_ASSIGN_OR_RETURN(const double err_all, ev.error(*all));
   // One unit per INT8 layer of the engine; a pair's unit names both of its layers.
-  const std::vector<std::vector<std::string>> layers = int8_layer_groups(all->graph(), fp32->graph());
+  const std::vector<std::vector<std::string>> layers =
+      int8_layer_groups(all->graph(), fp32->graph());
   nlohmann::json report = {{"budget", budget},
                            {"metric", "relative L2, worst output"},
                            {"heldout_runs", ev.feeds.size()},

@@ -1,10 +1,11 @@
 // The library INT8 convolutions (tactics/: cuDNN graph, cuBLASLt IMMA for 1x1 stride 1, CUTLASS
-// sm90's implicit-GEMM conv, and its persistent GEMMs for 1x1 stride 1) as tactics of kiln.FusedConv int8 = 1, next to kiln's own conv_int8 (conv_int8.cu). The
-// layer fills the ConvProblem's INT8 epilogue (conv_tactic.h) from the node's scales:
-// channel_scale[k] = sx * sw[k], the bias (zeros when the node has none), the residual int8 with
-// its scale or half, ReLU or ReLU clipped at Clip's max, and Y int8 with its scale or half. Each
-// library's own supports() refuses what it cannot fuse. The variant is the rank of the library's
-// candidate, as for the FP16/TF32 fused tactics (conv_fused.cpp).
+// sm90's implicit-GEMM conv, and its persistent GEMMs for 1x1 stride 1) as tactics of
+// kiln.FusedConv int8 = 1, next to kiln's own conv_int8 (conv_int8.cu). The layer fills the
+// ConvProblem's INT8 epilogue (conv_tactic.h) from the node's scales: channel_scale[k] =
+// sx * sw[k], the bias (zeros when the node has none), the residual int8 with its scale or half,
+// ReLU or ReLU clipped at Clip's max, and Y int8 with its scale or half. Each library's own
+// supports() refuses what it cannot fuse. The variant is the rank of the library's candidate, as
+// for the FP16/TF32 fused tactics (conv_fused.cpp).
 #include "device_util_host.h"
 #include "tactics/check.h"
 #include "kernels/activation.cuh"

@@ -54,8 +54,8 @@ class CutlassInt8Constants {
         !scaled_bias_.allocate(alpha.size() * sizeof(float))) {
       return Status::Error("alpha/bias allocation failed");
     }
-    KILN_TRY(upload(alpha_.get(), alpha.data(), alpha.size() * sizeof(float),
-                    "CUTLASS alpha upload"));
+    KILN_TRY(
+        upload(alpha_.get(), alpha.data(), alpha.size() * sizeof(float), "CUTLASS alpha upload"));
     beta_ = e.int8_residual() ? e.residual_scale / sy : 0.f;
     bias_scale_ = e.bias ? 1.f / sy : 0.f;
     lower_ = e.relu ? 0.f : std::numeric_limits<float>::lowest();

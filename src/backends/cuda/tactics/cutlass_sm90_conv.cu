@@ -133,8 +133,9 @@ class CutlassInt8ConvTactic final : public ConvTactic {
   }
 
   Status run(const ConvBuffers& b, cudaStream_t stream) override {
-    return runner_.run(conv_, problem_, b, Config::kFused ? &constants_ : nullptr, stream,
-                       [this](const void* x, const void* c, void* y) { return arguments(x, c, y); });
+    return runner_.run(
+        conv_, problem_, b, Config::kFused ? &constants_ : nullptr, stream,
+        [this](const void* x, const void* c, void* y) { return arguments(x, c, y); });
   }
 
  private:

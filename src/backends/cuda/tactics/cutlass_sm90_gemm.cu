@@ -59,7 +59,8 @@ struct Int8Gemm {
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename Epilogue::SharedStorage))>,
       KernelSchedule>::CollectiveOp;
-  using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue>;
+  using Kernel =
+      cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 };
 
@@ -118,8 +119,9 @@ class CutlassInt8GemmTactic final : public ConvTactic {
   }
 
   Status run(const ConvBuffers& b, cudaStream_t stream) override {
-    return runner_.run(gemm_, problem_, b, &constants_, stream,
-                       [this](const void* x, const void* c, void* y) { return arguments(x, c, y); });
+    return runner_.run(
+        gemm_, problem_, b, &constants_, stream,
+        [this](const void* x, const void* c, void* y) { return arguments(x, c, y); });
   }
 
  private:
