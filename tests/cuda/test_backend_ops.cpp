@@ -303,6 +303,7 @@ void register_all() {
       {"conv_int8.pair", {"n128m64", "n64m64"}},
       {"cutlass_sm90.int8", {"0", "1", "2"}},
       {"cutlass_sm90_gemm.int8", {"0", "1", "2", "3"}},
+      {"cutlass_sm90_pconv.int8", {"0", "1", "2", "3"}},
   };
   for (const auto& [family, fn] : families) {
     for (const OpCase& c : fn()) {

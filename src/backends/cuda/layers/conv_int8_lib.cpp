@@ -1,24 +1,24 @@
 // The library INT8 convolutions (tactics/: cuDNN graph, cuBLASLt IMMA for 1x1 stride 1, CUTLASS
-// sm90's implicit-GEMM conv, and its persistent GEMMs for 1x1 stride 1) as tactics of
-// kiln.FusedConv int8 = 1, next to kiln's own conv_int8 (conv_int8.cu). The layer fills the
-// ConvProblem's INT8 epilogue (conv_tactic.h) from the node's scales: channel_scale[k] =
-// sx * sw[k], the bias (zeros when the node has none), the residual int8 with its scale or half,
-// ReLU or ReLU clipped at Clip's max, and Y int8 with its scale or half. Each library's own
-// supports() refuses what it cannot fuse. The variant is the rank of the library's candidate, as
-// for the FP16/TF32 fused tactics (conv_fused.cpp).
+// sm90's implicit-GEMM conv, its persistent GEMMs for 1x1 stride 1, and the persistent conv for
+// the rest) as tactics of kiln.FusedConv int8 = 1, next to kiln's own conv_int8 (conv_int8.cu). The
+// layer fills the ConvProblem's INT8 epilogue (conv_tactic.h) from the node's scales:
+// channel_scale[k] = sx * sw[k], the bias (zeros when the node has none), the residual int8 with
+// its scale or half, ReLU or ReLU clipped at Clip's max, and Y int8 with its scale or half. Each
+// library's own supports() refuses what it cannot fuse. The variant is the rank of the library's
+// candidate, as for the FP16/TF32 fused tactics (conv_fused.cpp).
 #include "device_util_host.h"
-#include "tactics/check.h"
 #include "kernels/activation.cuh"
 #include "layers/conv_common.h"
 #include "layers/conv_ranked.h"
 #include "quant/int8.h"
+#include "tactics/check.h"
 #include "tactics/conv_sources.h"
 #include "tactics/conv_tactic.h"
 
 namespace kiln::gpu {
 namespace {
 
-enum class Library { kCudnnGraph, kCublasLt, kCutlass, kCutlassGemm };
+enum class Library { kCudnnGraph, kCublasLt, kCutlass, kCutlassGemm, kCutlassPconv };
 
 std::unique_ptr<cuda::ConvTacticSource> make_source(Library lib) {
   switch (lib) {
@@ -35,6 +35,12 @@ std::unique_ptr<cuda::ConvTacticSource> make_source(Library lib) {
     case Library::kCutlassGemm:
 #if KILN_HAVE_CUTLASS
       return cuda::make_cutlass_sm90_gemm_source();
+#else
+      return nullptr;
+#endif
+    case Library::kCutlassPconv:
+#if KILN_HAVE_CUTLASS
+      return cuda::make_cutlass_sm90_pconv_source();
 #else
       return nullptr;
 #endif
@@ -152,7 +158,8 @@ class LibraryInt8ConvLayer final : public Layer {
       for (int64_t k = 0; k < p.shape.k; ++k)
         bias[static_cast<size_t>(k)] = static_cast<float>(b->at_double(k));
     KILN_RETURN_IF_ERROR(bias_.reserve(bias.size() * sizeof(float), "INT8 conv bias"));
-    KILN_RETURN_IF_ERROR(cuda::upload(bias_.get(), bias.data(), bias.size() * sizeof(float), "INT8 conv bias"));
+    KILN_RETURN_IF_ERROR(
+        cuda::upload(bias_.get(), bias.data(), bias.size() * sizeof(float), "INT8 conv bias"));
     return Status::Ok();
   }
 
@@ -202,6 +209,8 @@ std::span<const TacticDef> int8_library_conv_tactics() {
        supports<Library::kCutlass>, create<Library::kCutlass>, ranks3},
       {"kiln", "FusedConv", "cutlass_sm90_gemm.int8", kI8 | kF16 | kNHWC | kReassociated, 0,
        supports<Library::kCutlassGemm>, create<Library::kCutlassGemm>, ranks4},
+      {"kiln", "FusedConv", "cutlass_sm90_pconv.int8", kI8 | kF16 | kNHWC | kReassociated, 0,
+       supports<Library::kCutlassPconv>, create<Library::kCutlassPconv>, ranks4},
   };
   return kTactics;
 }

@@ -26,6 +26,7 @@ std::unique_ptr<ConvTacticSource> make_cublaslt_source();
 #if KILN_HAVE_CUTLASS
 std::unique_ptr<ConvTacticSource> make_cutlass_sm90_source();
 std::unique_ptr<ConvTacticSource> make_cutlass_sm90_gemm_source();
+std::unique_ptr<ConvTacticSource> make_cutlass_sm90_pconv_source();
 #endif
 
 }  // namespace kiln::cuda

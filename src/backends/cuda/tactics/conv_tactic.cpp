@@ -159,6 +159,7 @@ std::vector<std::unique_ptr<ConvTacticSource>> make_conv_tactic_sources() {
 #if KILN_HAVE_CUTLASS
   sources.push_back(make_cutlass_sm90_source());
   sources.push_back(make_cutlass_sm90_gemm_source());
+  sources.push_back(make_cutlass_sm90_pconv_source());
 #endif
   return sources;
 }

@@ -1,0 +1,209 @@
+// Persistent CUTLASS sm90 implicit-GEMM convolutions for INT8 (3x3, strided 1x1, any filter but
+// 1x1 stride 1, which cutlass_sm90_gemm.cu takes as a plain GEMM), with kiln's INT8 epilogue
+// fused (cutlass_int8_epilogue.h). The mainloop is CUTLASS's conv collective (TMA im2col loads of
+// the NHWC activations, KRSC filters, wgmma), run by CUTLASS's persistent GEMM kernels through
+// cutlass_persistent_conv.h; the epilogue is the GEMM one over Y as a row-major N*P*Q x K matrix.
+//
+// Why: CUTLASS's own conv kernel is not persistent: a CTA loads, multiplies and stores one tile.
+// ResNet-50's 3x3 layers (a 576- to 4608-deep reduction) ran at about a third of the int8 rate
+// with it (twelfth session). Ping-pong runs two consumer warp groups on alternate tiles, so one's
+// epilogue and the next tile's first loads overlap the other's math; cooperative splits a
+// 256-row tile over both, halving the filter traffic per pixel.
+// Built only when CUTLASS's headers are found (see src/backends/cuda/CMakeLists.txt).
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "check.h"
+#include "conv_sources.h"
+#include "cutlass_int8_epilogue.h"
+#include "device_buffer.h"
+
+// clang-format off
+#include "cutlass/cutlass.h"
+#include "cutlass/kernel_hardware_info.hpp"
+#include "cute/tensor.hpp"
+#include "cutlass/conv/collective/collective_builder.hpp"
+#include "cutlass/conv/convnd_problem_shape.hpp"
+#include "cutlass/conv/convolution.h"
+#include "cutlass/conv/dispatch_policy.hpp"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/epilogue/fusion/operations.hpp"
+#include "cutlass/epilogue/thread/activation.h"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "cutlass/util/packed_stride.hpp"
+#include "cutlass_persistent_conv.h"
+// clang-format on
+
+namespace kiln::cuda {
+namespace {
+
+using namespace cute;
+
+// GemmSchedule / EpilogueSchedule: the persistent kernel; WarpGroups: those sharing a tile's MMA.
+template <class TileShape, class GemmSchedule, class EpilogueSchedule, int WarpGroups>
+struct Int8PersistentFprop {
+  using Element = int8_t;
+  static constexpr int kAlign = 16;  // TMA: 16-byte aligned rows, so C and K multiples of 16
+  using Fusion = cutlass::epilogue::fusion::PerColLinCombPerColBiasEltAct<
+      cutlass::epilogue::thread::Clamp, Element, float, float, Element, float>;
+  using Cluster = Shape<_1, _1, _1>;
+  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, Cluster,
+      cutlass::epilogue::collective::EpilogueTileAuto, int32_t, float, Element,
+      cutlass::layout::RowMajor, kAlign, Element, cutlass::layout::RowMajor, kAlign,
+      EpilogueSchedule, Fusion>::CollectiveOp;
+  // The persistent kernels' own shared memory (barriers, the tile scheduler) beside the
+  // epilogue's, left out of the stage count.
+  static constexpr int kKernelCarveout = 1024;
+  using Conv = typename cutlass::conv::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cutlass::conv::Operator::kFprop, Element,
+      cutlass::layout::TensorNHWC, kAlign, Element, cutlass::layout::TensorNHWC, kAlign, int32_t,
+      TileShape, Cluster,
+      cutlass::conv::collective::StageCountAutoCarveout<
+          static_cast<int>(sizeof(typename Epilogue::SharedStorage)) + kKernelCarveout>,
+      cutlass::conv::KernelImplicitTmaWarpSpecializedSm90>::CollectiveOp;
+  using Mainloop = PersistentConvMainloop<Conv, GemmSchedule, WarpGroups>;
+  using Kernel =
+      cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue>;
+  static_assert(sizeof(typename Kernel::SharedStorage) <= 232448, "over sm90's shared memory");
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+  static constexpr int kBlockK = size<2>(TileShape{});
+};
+
+using PingPong = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
+using Cooperative = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+using PingPongEpi = cutlass::epilogue::TmaWarpSpecialized;
+using CoopEpi = cutlass::epilogue::TmaWarpSpecializedCooperative;
+// The K mode of a conv tile is itself a tuple (it spans C, S and R). A 64-deep k-block serves
+// the layers whose C is 64; 64 output columns the layers whose K is 64.
+using PingPong128x64x64 =
+    Int8PersistentFprop<Shape<_128, _64, Shape<_64>>, PingPong, PingPongEpi, 1>;
+using PingPong128x128x64 =
+    Int8PersistentFprop<Shape<_128, _128, Shape<_64>>, PingPong, PingPongEpi, 1>;
+using PingPong128x128x128 =
+    Int8PersistentFprop<Shape<_128, _128, Shape<_128>>, PingPong, PingPongEpi, 1>;
+using Coop256x128x64 = Int8PersistentFprop<Shape<_256, _128, Shape<_64>>, Cooperative, CoopEpi, 2>;
+
+template <class Config>
+class CutlassInt8PersistentConvTactic final : public ConvTactic {
+  using Gemm = typename Config::Gemm;
+  using ConvShape = typename Config::Mainloop::ConvShape;
+  using StrideC = typename Gemm::GemmKernel::StrideC;
+  using StrideD = typename Gemm::GemmKernel::StrideD;
+  using E = typename Config::Element;
+
+ public:
+  explicit CutlassInt8PersistentConvTactic(std::string tile) : tile_(std::move(tile)) {}
+  std::string name() const override { return "cutlass_sm90_pconv.int8." + tile_; }
+  std::string family() const override { return "cutlass_sm90_pconv"; }
+
+  Status init(const ConvProblem& p, const LibraryHandles&, cudaStream_t) override {
+    problem_ = p;
+    KILN_TRY(constants_.init(p));
+    const auto& s = p.shape;
+    conv_ = ConvShape(cutlass::conv::Mode::kCrossCorrelation, {s.n, s.h, s.w, s.c},
+                      {s.k, s.r, s.s, s.c}, {s.pad, s.pad}, {s.pad, s.pad}, {s.stride, s.stride},
+                      {1, 1}, 1);
+    m_ = int(int64_t(s.n) * s.p() * s.q());
+    n_ = s.k;
+    // The kernels count k-blocks as K / block-K: C rounded up to whole blocks, times R*S.
+    k_ = (s.c + Config::kBlockK - 1) / Config::kBlockK * Config::kBlockK * s.r * s.s;
+    stride_c_ = cutlass::make_cute_packed_stride(StrideC{}, cute::make_shape(m_, n_, 1));
+    stride_d_ = cutlass::make_cute_packed_stride(StrideD{}, cute::make_shape(m_, n_, 1));
+    int device = 0;
+    KILN_CUDA(cudaGetDevice(&device));
+    hw_.device_id = device;
+    hw_.sm_count = cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
+    auto args = arguments(nullptr, nullptr, nullptr);
+    KILN_TRY(cutlass_status(Gemm::can_implement(args), "can_implement"));
+    workspace_ = Gemm::get_workspace_size(args);
+    return {};
+  }
+
+  size_t workspace_size() const override { return workspace_; }
+
+  Status prepare_weights(const void* w, cudaStream_t stream) override {
+    return copy_weights_krsc(weights_, problem_, w, stream);
+  }
+
+  Status run(const ConvBuffers& b, cudaStream_t stream) override {
+    return runner_.run(
+        gemm_, problem_, b, &constants_, stream,
+        [this](const void* x, const void* c, void* y) { return arguments(x, c, y); });
+  }
+
+ private:
+  typename Gemm::Arguments arguments(const void* x, const void* c, void* y) const {
+    typename Gemm::Arguments a{
+        cutlass::gemm::GemmUniversalMode::kGemm,
+        {m_, n_, k_, 1},
+        {conv_, {static_cast<const E*>(x), static_cast<const E*>(weights_.get())}},
+        {{}, static_cast<const E*>(c), stride_c_, static_cast<E*>(y), stride_d_},
+        hw_};
+    constants_.fill(a.epilogue.thread);
+    return a;
+  }
+
+  std::string tile_;
+  ConvProblem problem_;
+  ConvShape conv_;
+  int m_ = 0, n_ = 0, k_ = 0;
+  StrideC stride_c_{};
+  StrideD stride_d_{};
+  cutlass::KernelHardwareInfo hw_{};
+  size_t workspace_ = 0;
+  DeviceBuffer weights_;
+  CutlassInt8Constants constants_;
+  Gemm gemm_;
+  CutlassRunner runner_;
+};
+
+class CutlassSm90PersistentConvSource final : public ConvTacticSource {
+ public:
+  std::string family() const override { return "cutlass_sm90_pconv"; }
+  bool supports(const ConvProblem& p, std::string* why) const override {
+    if (p.precision != Precision::kINT8) {
+      *why = "only the INT8 kernels are compiled";
+      return false;
+    }
+    if (p.shape.is_1x1_s1()) {
+      *why = "a 1x1 stride-1 convolution (cutlass_sm90_gemm runs it as a plain GEMM)";
+      return false;
+    }
+    if (p.shape.c % 16 != 0 || p.shape.k % 16 != 0) {
+      *why = "TMA needs C and K multiples of 16 int8 elements";
+      return false;
+    }
+    if (int64_t(p.shape.n) * p.shape.p() * p.shape.q() > INT32_MAX) {
+      *why = "more than 2^31 output pixels";
+      return false;
+    }
+    *why = cutlass_int8_refusal(p);
+    return why->empty();
+  }
+  std::vector<std::unique_ptr<ConvTactic>> candidates(const ConvProblem&, const LibraryHandles&,
+                                                      std::string*) override {
+    std::vector<std::unique_ptr<ConvTactic>> out;
+    out.push_back(
+        std::make_unique<CutlassInt8PersistentConvTactic<PingPong128x64x64>>("pp.128x64x64"));
+    out.push_back(
+        std::make_unique<CutlassInt8PersistentConvTactic<PingPong128x128x64>>("pp.128x128x64"));
+    out.push_back(
+        std::make_unique<CutlassInt8PersistentConvTactic<PingPong128x128x128>>("pp.128x128x128"));
+    out.push_back(
+        std::make_unique<CutlassInt8PersistentConvTactic<Coop256x128x64>>("coop.256x128x64"));
+    return out;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<ConvTacticSource> make_cutlass_sm90_pconv_source() {
+  return std::make_unique<CutlassSm90PersistentConvSource>();
+}
+
+}  // namespace kiln::cuda
