@@ -302,8 +302,8 @@ void register_all() {
       {"conv_int8.pointwise", {"n128", "n64", "n128m64", "n64m64"}},
       {"conv_int8.pair", {"n128m64", "n64m64"}},
       {"cutlass_sm90.int8", {"0", "1", "2"}},
-      {"cutlass_sm90_gemm.int8", {"0", "1", "2", "3"}},
-      {"cutlass_sm90_pconv.int8", {"0", "1", "2", "3"}},
+      {"cutlass_sm90_gemm.int8", {"0", "1", "2"}},
+      {"cutlass_sm90_pconv.int8", {"0", "1", "2"}},
   };
   for (const auto& [family, fn] : families) {
     for (const OpCase& c : fn()) {

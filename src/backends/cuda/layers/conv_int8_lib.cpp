@@ -194,7 +194,6 @@ bool supports(const LayerDesc& d, std::string* why) {
 }
 
 std::vector<std::string> ranks3(const LayerDesc&) { return {"0", "1", "2"}; }
-std::vector<std::string> ranks4(const LayerDesc&) { return {"0", "1", "2", "3"}; }
 std::vector<std::string> ranks6(const LayerDesc&) { return {"0", "1", "2", "3", "4", "5"}; }
 
 }  // namespace
@@ -208,9 +207,9 @@ std::span<const TacticDef> int8_library_conv_tactics() {
       {"kiln", "FusedConv", "cutlass_sm90.int8", kI8 | kF16 | kNHWC | kReassociated, 0,
        supports<Library::kCutlass>, create<Library::kCutlass>, ranks3},
       {"kiln", "FusedConv", "cutlass_sm90_gemm.int8", kI8 | kF16 | kNHWC | kReassociated, 0,
-       supports<Library::kCutlassGemm>, create<Library::kCutlassGemm>, ranks4},
+       supports<Library::kCutlassGemm>, create<Library::kCutlassGemm>, ranks3},
       {"kiln", "FusedConv", "cutlass_sm90_pconv.int8", kI8 | kF16 | kNHWC | kReassociated, 0,
-       supports<Library::kCutlassPconv>, create<Library::kCutlassPconv>, ranks4},
+       supports<Library::kCutlassPconv>, create<Library::kCutlassPconv>, ranks3},
   };
   return kTactics;
 }

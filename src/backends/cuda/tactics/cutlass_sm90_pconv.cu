@@ -44,7 +44,9 @@ namespace {
 using namespace cute;
 
 // GemmSchedule / EpilogueSchedule: the persistent kernel; WarpGroups: those sharing a tile's MMA.
-template <class TileShape, class GemmSchedule, class EpilogueSchedule, int WarpGroups>
+// EpiTile: the epilogue's subtile, as for the GEMMs (cutlass_sm90_gemm.cu).
+template <class TileShape, class GemmSchedule, class EpilogueSchedule, int WarpGroups,
+          class EpiTile = cutlass::epilogue::collective::EpilogueTileAuto>
 struct Int8PersistentFprop {
   using Element = int8_t;
   static constexpr int kAlign = 16;  // TMA: 16-byte aligned rows, so C and K multiples of 16
@@ -52,9 +54,8 @@ struct Int8PersistentFprop {
       cutlass::epilogue::thread::Clamp, Element, float, float, Element, float>;
   using Cluster = Shape<_1, _1, _1>;
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, Cluster,
-      cutlass::epilogue::collective::EpilogueTileAuto, int32_t, float, Element,
-      cutlass::layout::RowMajor, kAlign, Element, cutlass::layout::RowMajor, kAlign,
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, Cluster, EpiTile, int32_t,
+      float, Element, cutlass::layout::RowMajor, kAlign, Element, cutlass::layout::RowMajor, kAlign,
       EpilogueSchedule, Fusion>::CollectiveOp;
   // The persistent kernels' own shared memory (barriers, the tile scheduler) beside the
   // epilogue's, left out of the stage count.
@@ -78,15 +79,17 @@ using PingPong = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
 using Cooperative = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
 using PingPongEpi = cutlass::epilogue::TmaWarpSpecialized;
 using CoopEpi = cutlass::epilogue::TmaWarpSpecializedCooperative;
-// The K mode of a conv tile is itself a tuple (it spans C, S and R). A 64-deep k-block serves
-// the layers whose C is 64; 64 output columns the layers whose K is 64.
-using PingPong128x64x64 =
-    Int8PersistentFprop<Shape<_128, _64, Shape<_64>>, PingPong, PingPongEpi, 1>;
-using PingPong128x128x64 =
-    Int8PersistentFprop<Shape<_128, _128, Shape<_64>>, PingPong, PingPongEpi, 1>;
+// The K mode of a conv tile is itself a tuple (it spans C, S and R).
 using PingPong128x128x128 =
     Int8PersistentFprop<Shape<_128, _128, Shape<_128>>, PingPong, PingPongEpi, 1>;
-using Coop256x128x64 = Int8PersistentFprop<Shape<_256, _128, Shape<_64>>, Cooperative, CoopEpi, 2>;
+using Coop256x128x128Epi128x64 =
+    Int8PersistentFprop<Shape<_256, _128, Shape<_128>>, Cooperative, CoopEpi, 2, Shape<_128, _64>>;
+using PingPong128x64x64 =
+    Int8PersistentFprop<Shape<_128, _64, Shape<_64>>, PingPong, PingPongEpi, 1>;
+// Tried and not built (thirteenth session, ResNet-50 at b256): 64-deep k-blocks lose to 128-deep
+// ones where C allows (stage 2's 3x3: 0.078 against 0.055 ms) and gained nothing with two k-blocks'
+// MMAs in flight (the dispatch policy's PipelineAsyncMmaStages = 2); ping-pong with 64 x 128
+// epilogue subtiles and cooperative with CUTLASS's default or 128 x 128 ones lost or tied.
 
 template <class Config>
 class CutlassInt8PersistentConvTactic final : public ConvTactic {
@@ -188,14 +191,14 @@ class CutlassSm90PersistentConvSource final : public ConvTacticSource {
   std::vector<std::unique_ptr<ConvTactic>> candidates(const ConvProblem&, const LibraryHandles&,
                                                       std::string*) override {
     std::vector<std::unique_ptr<ConvTactic>> out;
-    out.push_back(
-        std::make_unique<CutlassInt8PersistentConvTactic<PingPong128x64x64>>("pp.128x64x64"));
-    out.push_back(
-        std::make_unique<CutlassInt8PersistentConvTactic<PingPong128x128x64>>("pp.128x128x64"));
-    out.push_back(
-        std::make_unique<CutlassInt8PersistentConvTactic<PingPong128x128x128>>("pp.128x128x128"));
-    out.push_back(
-        std::make_unique<CutlassInt8PersistentConvTactic<Coop256x128x64>>("coop.256x128x64"));
+    auto add = [&](auto config, const char* tile) {
+      using Config = decltype(config);
+      out.push_back(std::make_unique<CutlassInt8PersistentConvTactic<Config>>(tile));
+    };
+    add(PingPong128x128x128{}, "pp.128x128x128");
+    add(Coop256x128x128Epi128x64{}, "coop.256x128x128.epi128x64");
+    // For K = 64 (a 128-wide tile would waste half) and C = 64.
+    add(PingPong128x64x64{}, "pp.128x64x64");
     return out;
   }
 };
