@@ -26,22 +26,17 @@ std::unique_ptr<cuda::ConvTacticSource> make_source(Library lib) {
       return cuda::make_cudnn_graph_source();
     case Library::kCublasLt:
       return cuda::make_cublaslt_source();
+#if KILN_HAVE_CUTLASS
     case Library::kCutlass:
-#if KILN_HAVE_CUTLASS
       return cuda::make_cutlass_sm90_source();
-#else
-      return nullptr;
-#endif
     case Library::kCutlassGemm:
-#if KILN_HAVE_CUTLASS
       return cuda::make_cutlass_sm90_gemm_source();
-#else
-      return nullptr;
-#endif
     case Library::kCutlassPconv:
-#if KILN_HAVE_CUTLASS
       return cuda::make_cutlass_sm90_pconv_source();
 #else
+    case Library::kCutlass:
+    case Library::kCutlassGemm:
+    case Library::kCutlassPconv:
       return nullptr;
 #endif
   }

@@ -16,11 +16,6 @@
 #include <string>
 #include <vector>
 
-#include "check.h"
-#include "conv_sources.h"
-#include "cutlass_int8_epilogue.h"
-#include "device_buffer.h"
-
 // clang-format off
 #include "cutlass/cutlass.h"
 #include "cutlass/kernel_hardware_info.hpp"
@@ -33,6 +28,7 @@
 #include "cutlass/gemm/dispatch_policy.hpp"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "cutlass/util/packed_stride.hpp"
+#include "cutlass_int8_tactic.h"
 // clang-format on
 
 namespace kiln::cuda {
@@ -85,77 +81,30 @@ using Coop256x128x128Epi128x64 =
 // sharing the weights (2x1) or the activations (1x2) by TMA multicast.
 
 template <class Config>
-class CutlassInt8GemmTactic final : public ConvTactic {
-  using Gemm = typename Config::Gemm;
-  using StrideA = typename Gemm::GemmKernel::StrideA;
-  using StrideB = typename Gemm::GemmKernel::StrideB;
-  using StrideC = typename Gemm::GemmKernel::StrideC;
-  using StrideD = typename Gemm::GemmKernel::StrideD;
-  using E = typename Config::Element;
+class GemmTactic final : public CutlassInt8GemmTactic<typename Config::Gemm> {
+  using Base = CutlassInt8GemmTactic<typename Config::Gemm>;
+  using StrideA = typename Config::Gemm::GemmKernel::StrideA;
+  using StrideB = typename Config::Gemm::GemmKernel::StrideB;
 
  public:
-  explicit CutlassInt8GemmTactic(std::string tile) : tile_(std::move(tile)) {}
-  std::string name() const override { return "cutlass_sm90_gemm.int8." + tile_; }
-  std::string family() const override { return "cutlass_sm90_gemm"; }
+  explicit GemmTactic(const std::string& tile)
+      : Base("cutlass_sm90_gemm.int8." + tile, "cutlass_sm90_gemm") {}
 
   Status init(const ConvProblem& p, const LibraryHandles&, cudaStream_t) override {
-    problem_ = p;
-    KILN_TRY(constants_.init(p));
     const ConvShape& s = p.shape;
-    m_ = int(int64_t(s.n) * s.h * s.w);
-    n_ = s.k;
-    k_ = s.c;
-    stride_a_ = cutlass::make_cute_packed_stride(StrideA{}, cute::make_shape(m_, k_, 1));
-    stride_b_ = cutlass::make_cute_packed_stride(StrideB{}, cute::make_shape(n_, k_, 1));
-    stride_c_ = cutlass::make_cute_packed_stride(StrideC{}, cute::make_shape(m_, n_, 1));
-    stride_d_ = cutlass::make_cute_packed_stride(StrideD{}, cute::make_shape(m_, n_, 1));
-    int device = 0;
-    KILN_CUDA(cudaGetDevice(&device));
-    hw_.device_id = device;
-    hw_.sm_count = cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
-    auto args = arguments(nullptr, nullptr, nullptr);
-    KILN_TRY(cutlass_status(Gemm::can_implement(args), "can_implement"));
-    workspace_ = Gemm::get_workspace_size(args);
-    return {};
-  }
-
-  size_t workspace_size() const override { return workspace_; }
-
-  Status prepare_weights(const void* w, cudaStream_t stream) override {
-    return copy_weights_krsc(weights_, problem_, w, stream);
-  }
-
-  Status run(const ConvBuffers& b, cudaStream_t stream) override {
-    return runner_.run(
-        gemm_, problem_, b, &constants_, stream,
-        [this](const void* x, const void* c, void* y) { return arguments(x, c, y); });
+    const int m = int(int64_t(s.n) * s.h * s.w);
+    stride_a_ = cutlass::make_cute_packed_stride(StrideA{}, cute::make_shape(m, s.c, 1));
+    stride_b_ = cutlass::make_cute_packed_stride(StrideB{}, cute::make_shape(s.k, s.c, 1));
+    return this->init_gemm(p, m, s.k, s.c);
   }
 
  private:
-  typename Gemm::Arguments arguments(const void* x, const void* c, void* y) const {
-    typename Gemm::Arguments a{
-        cutlass::gemm::GemmUniversalMode::kGemm,
-        {m_, n_, k_, 1},
-        {static_cast<const E*>(x), stride_a_, static_cast<const E*>(weights_.get()), stride_b_},
-        {{}, static_cast<const E*>(c), stride_c_, static_cast<E*>(y), stride_d_},
-        hw_};
-    constants_.fill(a.epilogue.thread);
-    return a;
+  typename Base::MainloopArguments mainloop(const void* x) const override {
+    return {static_cast<const int8_t*>(x), stride_a_, this->weights(), stride_b_};
   }
 
-  std::string tile_;
-  ConvProblem problem_;
-  int m_ = 0, n_ = 0, k_ = 0;
   StrideA stride_a_{};
   StrideB stride_b_{};
-  StrideC stride_c_{};
-  StrideD stride_d_{};
-  cutlass::KernelHardwareInfo hw_{};
-  size_t workspace_ = 0;
-  DeviceBuffer weights_;
-  CutlassInt8Constants constants_;
-  Gemm gemm_;
-  CutlassRunner runner_;
 };
 
 class CutlassSm90GemmSource final : public ConvTacticSource {
@@ -184,10 +133,10 @@ class CutlassSm90GemmSource final : public ConvTacticSource {
   std::vector<std::unique_ptr<ConvTactic>> candidates(const ConvProblem&, const LibraryHandles&,
                                                       std::string*) override {
     std::vector<std::unique_ptr<ConvTactic>> out;
-    out.push_back(std::make_unique<CutlassInt8GemmTactic<PingPong128x128x128>>("pp.128x128x128"));
-    out.push_back(std::make_unique<CutlassInt8GemmTactic<PingPong128x64x128>>("pp.128x64x128"));
-    out.push_back(std::make_unique<CutlassInt8GemmTactic<Coop256x128x128Epi128x64>>(
-        "coop.256x128x128.epi128x64"));
+    out.push_back(std::make_unique<GemmTactic<PingPong128x128x128>>("pp.128x128x128"));
+    out.push_back(std::make_unique<GemmTactic<PingPong128x64x128>>("pp.128x64x128"));
+    out.push_back(
+        std::make_unique<GemmTactic<Coop256x128x128Epi128x64>>("coop.256x128x128.epi128x64"));
     return out;
   }
 };

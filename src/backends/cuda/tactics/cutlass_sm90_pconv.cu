@@ -15,11 +15,6 @@
 #include <string>
 #include <vector>
 
-#include "check.h"
-#include "conv_sources.h"
-#include "cutlass_int8_epilogue.h"
-#include "device_buffer.h"
-
 // clang-format off
 #include "cutlass/cutlass.h"
 #include "cutlass/kernel_hardware_info.hpp"
@@ -35,6 +30,7 @@
 #include "cutlass/gemm/dispatch_policy.hpp"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "cutlass/util/packed_stride.hpp"
+#include "cutlass_int8_tactic.h"
 #include "cutlass_persistent_conv.h"
 // clang-format on
 
@@ -92,77 +88,30 @@ using PingPong128x64x64 =
 // epilogue subtiles and cooperative with CUTLASS's default or 128 x 128 ones lost or tied.
 
 template <class Config>
-class CutlassInt8PersistentConvTactic final : public ConvTactic {
-  using Gemm = typename Config::Gemm;
+class PersistentConvTactic final : public CutlassInt8GemmTactic<typename Config::Gemm> {
+  using Base = CutlassInt8GemmTactic<typename Config::Gemm>;
   using ConvShape = typename Config::Mainloop::ConvShape;
-  using StrideC = typename Gemm::GemmKernel::StrideC;
-  using StrideD = typename Gemm::GemmKernel::StrideD;
-  using E = typename Config::Element;
 
  public:
-  explicit CutlassInt8PersistentConvTactic(std::string tile) : tile_(std::move(tile)) {}
-  std::string name() const override { return "cutlass_sm90_pconv.int8." + tile_; }
-  std::string family() const override { return "cutlass_sm90_pconv"; }
+  explicit PersistentConvTactic(const std::string& tile)
+      : Base("cutlass_sm90_pconv.int8." + tile, "cutlass_sm90_pconv") {}
 
   Status init(const ConvProblem& p, const LibraryHandles&, cudaStream_t) override {
-    problem_ = p;
-    KILN_TRY(constants_.init(p));
     const auto& s = p.shape;
     conv_ = ConvShape(cutlass::conv::Mode::kCrossCorrelation, {s.n, s.h, s.w, s.c},
                       {s.k, s.r, s.s, s.c}, {s.pad, s.pad}, {s.pad, s.pad}, {s.stride, s.stride},
                       {1, 1}, 1);
-    m_ = int(int64_t(s.n) * s.p() * s.q());
-    n_ = s.k;
     // The kernels count k-blocks as K / block-K: C rounded up to whole blocks, times R*S.
-    k_ = (s.c + Config::kBlockK - 1) / Config::kBlockK * Config::kBlockK * s.r * s.s;
-    stride_c_ = cutlass::make_cute_packed_stride(StrideC{}, cute::make_shape(m_, n_, 1));
-    stride_d_ = cutlass::make_cute_packed_stride(StrideD{}, cute::make_shape(m_, n_, 1));
-    int device = 0;
-    KILN_CUDA(cudaGetDevice(&device));
-    hw_.device_id = device;
-    hw_.sm_count = cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
-    auto args = arguments(nullptr, nullptr, nullptr);
-    KILN_TRY(cutlass_status(Gemm::can_implement(args), "can_implement"));
-    workspace_ = Gemm::get_workspace_size(args);
-    return {};
-  }
-
-  size_t workspace_size() const override { return workspace_; }
-
-  Status prepare_weights(const void* w, cudaStream_t stream) override {
-    return copy_weights_krsc(weights_, problem_, w, stream);
-  }
-
-  Status run(const ConvBuffers& b, cudaStream_t stream) override {
-    return runner_.run(
-        gemm_, problem_, b, &constants_, stream,
-        [this](const void* x, const void* c, void* y) { return arguments(x, c, y); });
+    const int k = (s.c + Config::kBlockK - 1) / Config::kBlockK * Config::kBlockK * s.r * s.s;
+    return this->init_gemm(p, int(int64_t(s.n) * s.p() * s.q()), s.k, k);
   }
 
  private:
-  typename Gemm::Arguments arguments(const void* x, const void* c, void* y) const {
-    typename Gemm::Arguments a{
-        cutlass::gemm::GemmUniversalMode::kGemm,
-        {m_, n_, k_, 1},
-        {conv_, {static_cast<const E*>(x), static_cast<const E*>(weights_.get())}},
-        {{}, static_cast<const E*>(c), stride_c_, static_cast<E*>(y), stride_d_},
-        hw_};
-    constants_.fill(a.epilogue.thread);
-    return a;
+  typename Base::MainloopArguments mainloop(const void* x) const override {
+    return {conv_, {static_cast<const int8_t*>(x), this->weights()}};
   }
 
-  std::string tile_;
-  ConvProblem problem_;
   ConvShape conv_;
-  int m_ = 0, n_ = 0, k_ = 0;
-  StrideC stride_c_{};
-  StrideD stride_d_{};
-  cutlass::KernelHardwareInfo hw_{};
-  size_t workspace_ = 0;
-  DeviceBuffer weights_;
-  CutlassInt8Constants constants_;
-  Gemm gemm_;
-  CutlassRunner runner_;
 };
 
 class CutlassSm90PersistentConvSource final : public ConvTacticSource {
@@ -193,7 +142,7 @@ class CutlassSm90PersistentConvSource final : public ConvTacticSource {
     std::vector<std::unique_ptr<ConvTactic>> out;
     auto add = [&](auto config, const char* tile) {
       using Config = decltype(config);
-      out.push_back(std::make_unique<CutlassInt8PersistentConvTactic<Config>>(tile));
+      out.push_back(std::make_unique<PersistentConvTactic<Config>>(tile));
     };
     add(PingPong128x128x128{}, "pp.128x128x128");
     add(Coop256x128x128Epi128x64{}, "coop.256x128x128.epi128x64");
