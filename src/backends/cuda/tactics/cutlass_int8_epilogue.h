@@ -1,6 +1,6 @@
 // kiln's INT8 epilogue (conv_tactic.h) as the constants of CUTLASS's
-// PerColLinCombPerColBiasEltAct<Clamp> fusion, shared by the sm90 conv (cutlass_sm90_conv.cu) and
-// GEMM (cutlass_sm90_gemm.cu) tactics:
+// PerColLinCombPerColBiasEltAct<Clamp> fusion, shared by the sm90 conv (cutlass_sm90_conv.cu),
+// GEMM (cutlass_sm90_gemm.cu) and persistent conv (cutlass_sm90_pconv.cu) tactics:
 //   y = clamp(alpha[k] * acc + bias'[k] + beta * z, lower, upper) -> int8 (round half to even,
 //   saturating), with alpha = cs / sy, beta = sz / sy (int8 residual as C), bias' = bias / sy
 // (scaled on the device, remade when the bias pointer changes) and the clamp bounds giving none,
