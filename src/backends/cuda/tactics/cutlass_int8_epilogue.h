@@ -21,9 +21,13 @@
 
 namespace kiln::cuda {
 
-// Why the fused CUTLASS kernels cannot take an INT8 problem, or "" when they can: they write int8
-// only and read an int8 residual only (half outputs and residuals are not compiled).
+// Why the CUTLASS INT8 kernels cannot take a problem, or "" when they can: INT8 only, C and K
+// multiples of 16 (TMA's 16-byte aligned rows), and, as the fused kernels, int8 output only and
+// an int8 residual only (half outputs and residuals are not compiled).
 inline std::string cutlass_int8_refusal(const ConvProblem& p) {
+  if (p.precision != Precision::kINT8) return "only the INT8 kernels are compiled";
+  if (p.shape.c % 16 != 0 || p.shape.k % 16 != 0)
+    return "TMA needs C and K multiples of 16 int8 elements";
   std::string why;
   if (!int8_problem_valid(p, &why)) return why;
   const Int8Epilogue e = int8_epilogue(p);

@@ -4,7 +4,7 @@
 // epilogue (cutlass_int8_epilogue.h), the device's SM count for the persistent grid, the KRSC
 // weights' own copy and the run. A tactic gives its name and the GEMM extents in init() and the
 // mainloop's arguments for an input pointer.
-// Include only from a .cu that includes CUTLASS's GEMM headers first.
+// Include only from a .cu that includes CUTLASS's GEMM and epilogue headers first.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +16,19 @@
 #include "device_buffer.h"
 
 namespace kiln::cuda {
+
+// The fused INT8 epilogue as a CUTLASS sm90 collective over a row-major int8 Y (and residual C):
+// PerColLinCombPerColBiasEltAct<Clamp> with CutlassInt8Constants' values. EpiTile: the subtile
+// (CUTLASS's default: 64 x 64 for ping-pong int8, 128 x 32 for cooperative); a larger one loads
+// the residual and stores Y in fewer, larger TMA transfers.
+template <class TileShape, class Cluster, class EpilogueSchedule,
+          class EpiTile = cutlass::epilogue::collective::EpilogueTileAuto>
+using CutlassInt8Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, Cluster, EpiTile, int32_t,
+    float, int8_t, cutlass::layout::RowMajor, 16, int8_t, cutlass::layout::RowMajor, 16,
+    EpilogueSchedule,
+    cutlass::epilogue::fusion::PerColLinCombPerColBiasEltAct<
+        cutlass::epilogue::thread::Clamp, int8_t, float, float, int8_t, float>>::CollectiveOp;
 
 template <class Gemm>
 class CutlassInt8GemmTactic : public ConvTactic {

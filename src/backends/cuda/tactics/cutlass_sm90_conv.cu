@@ -190,14 +190,6 @@ class CutlassSm90Source final : public ConvTacticSource {
  public:
   std::string family() const override { return "cutlass_sm90"; }
   bool supports(const ConvProblem& p, std::string* why) const override {
-    if (p.precision != Precision::kINT8) {
-      *why = "only the INT8 kernels are compiled";
-      return false;
-    }
-    if (p.shape.c % 16 != 0 || p.shape.k % 16 != 0) {
-      *why = "TMA needs C and K multiples of 16 int8 elements";
-      return false;
-    }
     *why = cutlass_int8_refusal(p);
     return why->empty();
   }

@@ -36,8 +36,7 @@ namespace {
 
 using namespace cute;
 
-// EpiTile: the epilogue's subtile (CUTLASS's default: 64 x 64 for ping-pong int8, 128 x 32 for
-// cooperative); a larger one loads the residual and stores Y in fewer, larger TMA transfers.
+// EpiTile: the epilogue's subtile (CutlassInt8Epilogue, cutlass_int8_tactic.h).
 template <class TileShape, class Cluster, class KernelSchedule, class EpilogueSchedule,
           class EpiTile = cutlass::epilogue::collective::EpilogueTileAuto>
 struct Int8Gemm {
@@ -45,13 +44,7 @@ struct Int8Gemm {
   static constexpr int kAlign = 16;  // TMA: 16-byte aligned rows, so C and K multiples of 16
   using LayoutA = cutlass::layout::RowMajor;
   using LayoutB = cutlass::layout::ColumnMajor;
-  using LayoutC = cutlass::layout::RowMajor;
-  using Fusion = cutlass::epilogue::fusion::PerColLinCombPerColBiasEltAct<
-      cutlass::epilogue::thread::Clamp, Element, float, float, Element, float>;
-  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, Cluster, EpiTile, int32_t,
-      float, Element, LayoutC, kAlign, Element, LayoutC, kAlign, EpilogueSchedule,
-      Fusion>::CollectiveOp;
+  using Epilogue = CutlassInt8Epilogue<TileShape, Cluster, EpilogueSchedule, EpiTile>;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA, kAlign, Element,
       LayoutB, kAlign, int32_t, TileShape, Cluster,
@@ -111,16 +104,8 @@ class CutlassSm90GemmSource final : public ConvTacticSource {
  public:
   std::string family() const override { return "cutlass_sm90_gemm"; }
   bool supports(const ConvProblem& p, std::string* why) const override {
-    if (p.precision != Precision::kINT8) {
-      *why = "only the INT8 kernels are compiled";
-      return false;
-    }
     if (!p.shape.is_1x1_s1()) {
       *why = "not a 1x1 stride-1 convolution";
-      return false;
-    }
-    if (p.shape.c % 16 != 0 || p.shape.k % 16 != 0) {
-      *why = "TMA needs C and K multiples of 16 int8 elements";
       return false;
     }
     if (int64_t(p.shape.n) * p.shape.h * p.shape.w > INT32_MAX) {

@@ -40,19 +40,14 @@ namespace {
 using namespace cute;
 
 // GemmSchedule / EpilogueSchedule: the persistent kernel; WarpGroups: those sharing a tile's MMA.
-// EpiTile: the epilogue's subtile, as for the GEMMs (cutlass_sm90_gemm.cu).
+// EpiTile: the epilogue's subtile (CutlassInt8Epilogue, cutlass_int8_tactic.h).
 template <class TileShape, class GemmSchedule, class EpilogueSchedule, int WarpGroups,
           class EpiTile = cutlass::epilogue::collective::EpilogueTileAuto>
 struct Int8PersistentFprop {
   using Element = int8_t;
   static constexpr int kAlign = 16;  // TMA: 16-byte aligned rows, so C and K multiples of 16
-  using Fusion = cutlass::epilogue::fusion::PerColLinCombPerColBiasEltAct<
-      cutlass::epilogue::thread::Clamp, Element, float, float, Element, float>;
   using Cluster = Shape<_1, _1, _1>;
-  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, Cluster, EpiTile, int32_t,
-      float, Element, cutlass::layout::RowMajor, kAlign, Element, cutlass::layout::RowMajor, kAlign,
-      EpilogueSchedule, Fusion>::CollectiveOp;
+  using Epilogue = CutlassInt8Epilogue<TileShape, Cluster, EpilogueSchedule, EpiTile>;
   // The persistent kernels' own shared memory (barriers, the tile scheduler) beside the
   // epilogue's, left out of the stage count.
   static constexpr int kKernelCarveout = 1024;
@@ -118,16 +113,8 @@ class CutlassSm90PersistentConvSource final : public ConvTacticSource {
  public:
   std::string family() const override { return "cutlass_sm90_pconv"; }
   bool supports(const ConvProblem& p, std::string* why) const override {
-    if (p.precision != Precision::kINT8) {
-      *why = "only the INT8 kernels are compiled";
-      return false;
-    }
     if (p.shape.is_1x1_s1()) {
       *why = "a 1x1 stride-1 convolution (cutlass_sm90_gemm runs it as a plain GEMM)";
-      return false;
-    }
-    if (p.shape.c % 16 != 0 || p.shape.k % 16 != 0) {
-      *why = "TMA needs C and K multiples of 16 int8 elements";
       return false;
     }
     if (int64_t(p.shape.n) * p.shape.p() * p.shape.q() > INT32_MAX) {
