@@ -160,6 +160,7 @@ Status infer_fused_conv_pool(InferContext& ctx) {
 Status cpu_fused_conv_pool(KernelContext& ctx) {
   const Node& n = ctx.node();
   if (ctx.input(3)) return KILN_ERROR("{}: FusedConvPool takes no residual", n.label());
+  if (quant::runs_int8(n)) return cpu_int8_layer(ctx);
   std::vector<Tensor> outs(1);
   KernelContext conv(n, {ctx.input(0), ctx.input(1), ctx.input(2)}, outs);
   KILN_RETURN_IF_ERROR(base_op("Conv").cpu(conv));

@@ -1,5 +1,5 @@
-// The CPU reference of an INT8 layer (kiln.FusedConv / kiln.FusedConvPair / kiln.FusedGemm with
-// int8 = 1): the arithmetic a GPU INT8 kernel performs, step by step (docs/quantization.md):
+// The CPU reference of an INT8 layer (kiln.FusedConv / kiln.FusedConvPool / kiln.FusedConvPair /
+// kiln.FusedGemm with int8 = 1): the arithmetic a GPU INT8 kernel performs, step by step (docs/quantization.md):
 //
 //   xq  = sat(rne(x / sx))                 int8, sx = X's per-tensor scale
 //   wq  = sat(rne(w / sw[c]))              int8, per output channel c
@@ -12,6 +12,7 @@
 //                                          X, W, scales and bias), added in float32; the sum is
 //                                          never quantized
 //   y   = act(y)                           float32
+//   y   = MaxPool(y)                       FusedConvPool (its "pool_" attributes)
 //   out = sat(rne(y / sy)) * sy            only when Y has a scale (stored int8), else y
 #include <cmath>
 
@@ -97,7 +98,7 @@ Expected<Tensor> dequantized_product(const Node& n, const Int8Product& p) {
 // bias, then the residual.
 Expected<Tensor> single_layer(const KernelContext& ctx) {
   const Node& n = ctx.node();
-  const bool conv = n.op_type == "FusedConv";
+  const bool conv = n.op_type == "FusedConv" || n.op_type == "FusedConvPool";
   const bool matmul = !conv && n.attrs.get_string("base", "") == "MatMul";
   const Tensor* bias = conv || matmul ? ctx.input(2) : nullptr;
   KILN_ASSIGN_OR_RETURN(Tensor y,
@@ -151,6 +152,9 @@ Status cpu_int8_layer(KernelContext& ctx) {
   KILN_ASSIGN_OR_RETURN(Tensor y,
                         n.op_type == "FusedConvPair" ? conv_pair(ctx) : single_layer(ctx));
   KILN_ASSIGN_OR_RETURN(y, fused::apply_activation(n, std::move(y)));
+  if (n.op_type == "FusedConvPool") {
+    KILN_ASSIGN_OR_RETURN(y, fused::run_op(n, "MaxPool", fused::strip_prefix(n.attrs, "pool_"), {&y}));
+  }
   if (const Value* yv = n.output(0); yv && yv->has_quant_scale())
     y = fake_quant(y, yv->quant_scales[0]);
   ctx.set_output(0, x->dtype() == DataType::kFloat32 ? std::move(y) : y.cast(x->dtype()));

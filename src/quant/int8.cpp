@@ -17,9 +17,11 @@ int8_t quantize_value(float v, float scale) {
 
 namespace {
 
+// Conv, kiln.FusedConv, and kiln.FusedConvPool (a stem and its max-pool: the pool follows the
+// INT8 convolution's epilogue).
 bool is_conv(const Node& n) {
   return (n.domain.empty() && n.op_type == "Conv") ||
-         (n.domain == "kiln" && n.op_type == "FusedConv");
+         (n.domain == "kiln" && (n.op_type == "FusedConv" || n.op_type == "FusedConvPool"));
 }
 // kiln.FusedConvPair: two convolutions, W (input 1) and W2 (input 4) both KCRS.
 bool is_conv_pair(const Node& n) { return n.domain == "kiln" && n.op_type == "FusedConvPair"; }

@@ -5,7 +5,8 @@
 //                                      tensor for activations, one per output channel for the
 //                                      weights of an INT8 layer
 //   node attribute  int8 = 1           this layer runs in INT8 (kiln.FusedConv / kiln.FusedGemm,
-//                                      and kiln.FusedConvPair made from two of them):
+//                                      kiln.FusedConvPool: a stem whose max-pool follows its
+//                                      epilogue, and kiln.FusedConvPair made from two of them):
 //                                      X (input 0) is quantized with its value's scale, W
 //                                      (input 1, a float constant) per output channel, int32
 //                                      accumulation, dequantized by sx * sw[c]; bias, residual
@@ -32,8 +33,9 @@ namespace kiln::quant {
 // gives 0 (as ONNX QuantizeLinear).
 int8_t quantize_value(float v, float scale);
 
-// The axis of W that holds the output channels of `n` (Conv/FusedConv/FusedConvPair: 0, for W2
-// too; Gemm: transB ? 0 : 1; MatMul: the last), or -1 when `n` is not a conv/gemm-like layer.
+// The axis of W that holds the output channels of `n` (Conv/FusedConv/FusedConvPool/FusedConvPair:
+// 0, for W2 too; Gemm: transB ? 0 : 1; MatMul: the last), or -1 when `n` is not a conv/gemm-like
+// layer.
 int64_t weight_channel_axis(const Node& n);
 
 // Symmetric per-channel scales of a float weight: amax over everything but `axis`, / 127 (a

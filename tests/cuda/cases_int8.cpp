@@ -1,6 +1,6 @@
-// INT8 layer cases (docs/quantization.md; layers/conv_int8*.cu): kiln.FusedConv, kiln.FusedGemm
-// and kiln.FusedConvPair with int8 = 1 and scales on their values, against the CPU INT8
-// reference (fused_int8.cpp).
+// INT8 layer cases (docs/quantization.md; layers/conv_int8*.cu, conv_stem_s2d.cu):
+// kiln.FusedConv, kiln.FusedGemm, kiln.FusedConvPool and kiln.FusedConvPair with int8 = 1 and
+// scales on their values, against the CPU INT8 reference (fused_int8.cpp).
 // Shapes: 1x1, 3x3 stride 1/2, padding (also asymmetric), dilation, batch 1, odd sizes, an
 // empty batch, and seeded random ones; residual int8 / float / absent; Relu / Clip / none;
 // output int8 (±1 code) or float; per-tensor and per-channel weight scales.
@@ -90,6 +90,22 @@ Attributes conv_attrs(std::vector<int64_t> pads, std::vector<int64_t> strides,
   return attrs({{"pads", ints_attr(std::move(pads))},
                 {"strides", ints_attr(std::move(strides))},
                 {"dilations", ints_attr(std::move(dilations))}});
+}
+
+// kiln.FusedConvPool int8 = 1 (kiln.convpool.s2d.int8): an RGB stem and its 3x3/2 max-pool, X
+// the model's float32 NCHW images quantized with their scale, W per channel or per tensor, Y int8.
+OpCase int8_convpool(std::string name, std::vector<int64_t> x, std::vector<int64_t> w,
+                     std::vector<int64_t> pads, std::vector<int64_t> pool_pads, std::string act,
+                     bool per_channel) {
+  ConvSpec s = spec(std::move(name), std::move(x), std::move(w), conv_attrs(std::move(pads), {2, 2}),
+                    Residual::kNone, std::move(act), true, per_channel);
+  OpCase c = int8_conv(s);
+  c.op_type = "FusedConvPool";
+  c.attrs.set("pool_kernel_shape", ints_attr({3, 3}));
+  c.attrs.set("pool_strides", ints_attr({2, 2}));
+  c.attrs.set("pool_pads", ints_attr(std::move(pool_pads)));
+  c.modes = {"int8"};
+  return c;
 }
 
 // FusedGemm: base Gemm (X [M,K] times W [N,K]^T or [K,N], C [N] with alpha/beta) or MatMul
@@ -243,6 +259,18 @@ std::vector<OpCase> int8_cases() {
                         true, false));
   v.push_back(int8_pair("i8_pair_k64_b1", {1, 64, 9, 9}, {1, 64, 9, 9}, 64, 1, "Relu", true,
                         false, true));
+  // The INT8 pooled stem: ResNet's 7x7/2 + 3x3/2 at odd sizes (pooled tiles past the edge, the
+  // pool's padding); a 5x5 filter with even and odd leading pads, K = 128 (two channel blocks),
+  // an asymmetric pool, Clip, one weight scale; ResNet's stem at 224 x 224, batch 8: 448 pooled
+  // tiles, more than one per persistent block.
+  v.push_back(int8_convpool("i8_convpool_resnet_stem", {2, 3, 37, 30}, {64, 3, 7, 7}, {3, 3, 3, 3},
+                            {1, 1, 1, 1}, "Relu", true));
+  v.push_back(int8_convpool("i8_convpool_5x5_k128_clip", {2, 3, 45, 40}, {128, 3, 5, 5},
+                            {2, 1, 2, 2}, {1, 0, 0, 1}, "Clip", false));
+  v.push_back(int8_convpool("i8_convpool_8x8_noact", {1, 3, 33, 30}, {64, 3, 8, 8}, {2, 2, 1, 1},
+                            {0, 0, 0, 0}, "", true));
+  v.push_back(int8_convpool("i8_convpool_resnet_224_b8", {8, 3, 224, 224}, {64, 3, 7, 7},
+                            {3, 3, 3, 3}, {1, 1, 1, 1}, "Relu", true));
   // FusedGemm: ResNet's FC (transB, C [N]), plain Gemm with alpha/beta, MatMul with a bias.
   v.push_back(int8_gemm("i8_gemm_fc", "Gemm", {2, 512}, 100, true, "", false, true));
   v.push_back(int8_gemm("i8_gemm_b1_relu_i8", "Gemm", {1, 64}, 33, true, "Relu", true, false));

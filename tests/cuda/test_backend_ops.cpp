@@ -301,6 +301,7 @@ void register_all() {
       {"conv_int8.pipelined", {"n128", "n64"}},
       {"conv_int8.pointwise", {"n128", "n64", "n128m64", "n64m64"}},
       {"conv_int8.pair", {"n128m64", "n64m64"}},
+      {"kiln.convpool.s2d.int8", {"b3", "b2"}},
       {"cutlass_sm90.int8", {"0", "1", "2"}},
       {"cutlass_sm90_gemm.int8", {"0", "1", "2"}},
       {"cutlass_sm90_pconv.int8", {"0", "1", "2"}},

@@ -47,7 +47,7 @@ LayerChoice float_choice(const Node& n, const TacticDef& t, Precision p, bool nh
 // precision; other float inputs float32; 4-D tensors NHWC. Constants (the weights, the bias,
 // Gemm's C) get no format: an INT8 tactic reads them on the host and keeps its own device copy
 // (int8 weights, per-channel epilogue arrays), so the engine uploads no float copy; the same for
-// inputs the tactic reads on the host.
+// inputs the tactic reads on the host. A kRawIn0 tactic reads X as the model stores it.
 LayerChoice make_int8_choice(const Node& n, const TacticDef& t, DataType flt) {
   LayerChoice c;
   c.tactic = &t;
@@ -79,6 +79,8 @@ LayerChoice make_int8_choice(const Node& n, const TacticDef& t, DataType flt) {
     if (st == DataType::kFloat32) st = o == 0 && v->has_quant_scale() ? DataType::kInt8 : flt;
     c.out.push_back(fmt_of(v, st));
   }
+  if ((t.caps & kRawIn0) && n.input(0))  // layer.h: X as the model stores it, quantized on read
+    c.in[0] = TensorFormat{n.input(0)->type.dtype, Layout::kLinear};
   return c;
 }
 

@@ -28,6 +28,8 @@ bool stem_conv_supports(const LayerDesc& d, std::string* why);  // conv_stem.cu
 Expected<std::unique_ptr<Layer>> create_stem_conv(const LayerDesc& d);
 bool stem_s2d_supports(const LayerDesc& d, std::string* why);  // conv_stem_s2d.cu
 Expected<std::unique_ptr<Layer>> create_stem_s2d(const LayerDesc& d);
+bool stem_s2d_int8_supports(const LayerDesc& d, std::string* why);
+std::vector<std::string> stem_s2d_int8_variants(const LayerDesc& d);
 bool conv_pool_direct_supports(const LayerDesc& d, std::string* why);  // conv_stem.cu
 Expected<std::unique_ptr<Layer>> create_conv_pool_direct(const LayerDesc& d);
 std::vector<std::string> int8_pipelined_variants(const LayerDesc& d);
@@ -294,6 +296,9 @@ const TacticDef kConvTactics[] = {
      stem_s2d_supports, create_stem_s2d},
     {"kiln", "FusedConvPool", "kiln.convpool.s2d.quantize", kF32 | kF16 | kNHWC | kRawIn0 | kQuantOut,
      0, stem_s2d_supports, create_stem_s2d},
+    // ... and in INT8 (a layer marked int8 = 1: X quantized as it is read, int8 filter and MMAs).
+    {"kiln", "FusedConvPool", "kiln.convpool.s2d.int8", kI8 | kF32 | kF16 | kNHWC | kRawIn0 | kReassociated, 0,
+     stem_s2d_int8_supports, create_stem_s2d, stem_s2d_int8_variants},
     {"kiln", "FusedConvPool", "kiln.convpool.direct", kF32 | kF16 | kF64 | kNHWC | kFallback, 0,
      conv_pool_direct_supports, create_conv_pool_direct},
     {"kiln", "FusedConv", "kiln.dwconv.fused", kF32 | kF16 | kNHWC, 0, depthwise_conv_supports,
