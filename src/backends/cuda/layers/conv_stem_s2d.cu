@@ -294,8 +294,10 @@ __global__ void __launch_bounds__(kThreads, 2)
 // multiply-add (ReLU folded into the clamp; another activation is applied to the value first).
 // The epilogue stages codes, four per 32-bit store (a lane's channels 2tq, 2tq + 1 of two 8-channel
 // groups), and the max-pool of codes is the code of the max-pool (quantizing is monotone): the
-// pool reads 16 channels per load, takes a packed signed-byte max, and puts the channels back in
-// order with four byte permutes. Unswizzled blocks, 25 per patch row: 25 = 1 (mod 8), so eight
+// pool reads 16 channels per load, sign-extends the codes to 16-bit pairs (a byte permute per
+// pair) for Hopper's three-input packed 16-bit max (DPX; a packed byte max is a dozen
+// instructions on sm_90), and byte permutes put the channels back in order. (Staging int16 codes
+// instead, which needs no extension, was slower: shared memory traffic, ~0.39 ms.) Unswizzled blocks, 25 per patch row: 25 = 1 (mod 8), so eight
 // consecutive convolution outputs hit eight distinct 16-byte bank groups even where they wrap to
 // the next row. A third of the float16 form's shared memory: three blocks per SM fit (variant b3:
 // 168 registers; b2: two blocks, more registers; the tuner times both).
@@ -415,20 +417,13 @@ __global__ void __launch_bounds__(kThreads, MinBlocks)
     // outside the image are the max-pool's padding (code -128, below or equal to every code, and
     // every window holds one output inside).
     const Tile tl = tile_of(g, t);
-    bool inside[4][2];
 #pragma unroll
     for (int mt = 0; mt < 4; ++mt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int r = warp * 64 + mt * 16 + gq + 8 * h;
         const int oy = tl.oy0 + r / kCW, ox = tl.ox0 + r % kCW;
-        inside[mt][h] = oy >= 0 && oy < g.P && ox >= 0 && ox < g.Q;
-      }
-#pragma unroll
-    for (int mt = 0; mt < 4; ++mt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = warp * 64 + mt * 16 + gq + 8 * h;
+        const bool inside = oy >= 0 && oy < g.P && ox >= 0 && ox < g.Q;
 #pragma unroll
         for (int c16 = 0; c16 < 4; ++c16) {
           uint32_t q[2][2];  // [e][j]: channel c16 * 16 + e * 8 + tq * 2 + j
@@ -450,7 +445,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks)
           const uint32_t word = __byte_perm(__byte_perm(q[0][0], q[0][1], 0x0040),
                                             __byte_perm(q[1][0], q[1][1], 0x0040), 0x5410);
           *reinterpret_cast<uint32_t*>(out + r * kOut8Row + c16 * 16 + tq * 4) =
-              inside[mt][h] ? word : 0x80808080u;
+              inside ? word : 0x80808080u;
         }
       }
     cp_async_wait<0>();
@@ -462,21 +457,36 @@ __global__ void __launch_bounds__(kThreads, MinBlocks)
       const int ly = pl / kPW, lx = pl % kPW;
       const int py = tl.py0 + ly, px = tl.px0 + lx;
       if (py >= g.PP || px >= g.PQ) continue;
-      uint4 m = make_uint4(0x80808080u, 0x80808080u, 0x80808080u, 0x80808080u);
+      // Word e of a staged chunk holds channels {2e, 2e + 1, 8 + 2e, 9 + 2e}: its codes
+      // sign-extended to int16 pairs, (2e, 8 + 2e) and (2e + 1, 9 + 2e).
+      uint32_t rm[3][8];  // [dy][2e + j]: the row's max of pair j of word e
 #pragma unroll
-      for (int dy = 0; dy < 3; ++dy)
+      for (int dy = 0; dy < 3; ++dy) {
+        uint4 v[3];
 #pragma unroll
         for (int dx = 0; dx < 3; ++dx) {
           const int r = (ly * 2 + dy) * kCW + lx * 2 + dx;
-          const uint4 v = *reinterpret_cast<const uint4*>(out + r * kOut8Row + c * 16);
-          m.x = __vmaxs4(m.x, v.x);
-          m.y = __vmaxs4(m.y, v.y);
-          m.z = __vmaxs4(m.z, v.z);
-          m.w = __vmaxs4(m.w, v.w);
+          v[dx] = *reinterpret_cast<const uint4*>(out + r * kOut8Row + c * 16);
         }
-      // Word tq holds channels {2tq, 2tq + 1, 8 + 2tq, 9 + 2tq}: back in order.
-      const uint4 o4 = make_uint4(__byte_perm(m.x, m.y, 0x5410), __byte_perm(m.z, m.w, 0x5410),
-                                  __byte_perm(m.x, m.y, 0x7632), __byte_perm(m.z, m.w, 0x7632));
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const uint32_t w0 = (&v[0].x)[e], w1 = (&v[1].x)[e], w2 = (&v[2].x)[e];
+          rm[dy][2 * e] = __vimax3_s16x2(__byte_perm(w0, 0, 0xA280), __byte_perm(w1, 0, 0xA280),
+                                         __byte_perm(w2, 0, 0xA280));
+          rm[dy][2 * e + 1] = __vimax3_s16x2(__byte_perm(w0, 0, 0xB391),
+                                             __byte_perm(w1, 0, 0xB391), __byte_perm(w2, 0, 0xB391));
+        }
+      }
+      // Back to codes in channel order: the low bytes of the pairs make the staged word order
+      // again, then four permutes put the channels in order.
+      uint32_t w[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        w[e] = __byte_perm(__vimax3_s16x2(rm[0][2 * e], rm[1][2 * e], rm[2][2 * e]),
+                           __vimax3_s16x2(rm[0][2 * e + 1], rm[1][2 * e + 1], rm[2][2 * e + 1]),
+                           0x6240);
+      const uint4 o4 = make_uint4(__byte_perm(w[0], w[1], 0x5410), __byte_perm(w[2], w[3], 0x5410),
+                                  __byte_perm(w[0], w[1], 0x7632), __byte_perm(w[2], w[3], 0x7632));
       const int64_t o = ((static_cast<int64_t>(tl.n) * g.PP + py) * g.PQ + px) * g.K + k0 + c * 16;
       *reinterpret_cast<uint4*>(y + o) = o4;
     }
