@@ -104,6 +104,50 @@ TEST(Int8, FusedConvReferenceMatchesIntegerLoops) {
     ASSERT_EQ(got[0].data<float>()[i], want[i]) << "element " << i;
 }
 
+// kiln.FusedConvPool (a stem and its max-pool) marked INT8: the convolution's INT8 arithmetic,
+// then the 3x3/2 max-pool (padding 1) of the requantized values.
+TEST(Int8, FusedConvPoolReferenceIsTheInt8ConvThenMaxPool) {
+  G b;
+  Value* x = b.in("x", {2, 3, 9, 8});
+  Tensor wt = rand_t({4, 3, 3, 3}), bt = rand_t({4}), xt = rand_t({2, 3, 9, 8}, -2, 2);
+  Value* w = b.c(wt);
+  Value* bias = b.c(bt);
+  Node* n = b.node("Conv", {x, w, bias},
+                   test::attrs({{"pads", Attribute::Ints({1, 1, 1, 1})},
+                                {"kernel_shape", Attribute::Ints({3, 3})},
+                                {"activation", Attribute::String("Relu")},
+                                {"pool_kernel_shape", Attribute::Ints({3, 3})},
+                                {"pool_strides", Attribute::Ints({2, 2})},
+                                {"pool_pads", Attribute::Ints({1, 1, 1, 1})}}));
+  n->op_type = "FusedConvPool";
+  n->domain = "kiln";
+  b.out(n->output(0));
+  ASSERT_TRUE(infer_shapes(b.g).ok());
+  x->quant_scales = {2.f / 127};
+  n->output(0)->quant_scales = {0.05f};
+  auto marked = quant::mark_int8_layers(b.g, {}, false);
+  ASSERT_TRUE(marked.ok()) << marked.status().message();
+  ASSERT_EQ(marked->int8_layers.size(), 1u);
+  ASSERT_EQ(w->quant_scales.size(), 4u);
+  const auto got = test::run_cpu(b.g, {xt});
+  ASSERT_EQ(got.size(), 1u);
+  const Tensor zero(DataType::kFloat32, {2, 4, 9, 8});
+  const auto conv =
+      naive_int8_conv(xt, x->quant_scales[0], wt, w->quant_scales, bt, zero, 1.f, 0.05f);
+  ASSERT_EQ(got[0].shape(), (std::vector<int64_t>{2, 4, 5, 4}));
+  for (int64_t i = 0; i < got[0].numel(); ++i) {
+    const int64_t q = i % 4, p = (i / 4) % 5, k = (i / 20) % 4, m = i / 80;
+    float want = -INFINITY;
+    for (int64_t dy = 0; dy < 3; ++dy)
+      for (int64_t dx = 0; dx < 3; ++dx) {
+        const int64_t h = 2 * p - 1 + dy, ww = 2 * q - 1 + dx;
+        if (h >= 0 && h < 9 && ww >= 0 && ww < 8)
+          want = std::max(want, conv[static_cast<size_t>(((m * 4 + k) * 9 + h) * 8 + ww)]);
+      }
+    ASSERT_EQ(got[0].data<float>()[i], want) << "element " << i;
+  }
+}
+
 TEST(Int8, GemmReferenceWithTransBAlphaAndC) {
   G b;
   Value* x = b.in("x", {3, 8});
