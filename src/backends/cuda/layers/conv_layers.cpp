@@ -297,8 +297,9 @@ const TacticDef kConvTactics[] = {
     {"kiln", "FusedConvPool", "kiln.convpool.s2d.quantize", kF32 | kF16 | kNHWC | kRawIn0 | kQuantOut,
      0, stem_s2d_supports, create_stem_s2d},
     // ... and in INT8 (a layer marked int8 = 1: X quantized as it is read, int8 filter and MMAs).
-    {"kiln", "FusedConvPool", "kiln.convpool.s2d.int8", kI8 | kF32 | kF16 | kNHWC | kRawIn0 | kReassociated, 0,
-     stem_s2d_int8_supports, create_stem_s2d, stem_s2d_int8_variants},
+    {"kiln", "FusedConvPool", "kiln.convpool.s2d.int8",
+     kI8 | kF32 | kF16 | kNHWC | kRawIn0 | kReassociated, 0, stem_s2d_int8_supports,
+     create_stem_s2d, stem_s2d_int8_variants},
     {"kiln", "FusedConvPool", "kiln.convpool.direct", kF32 | kF16 | kF64 | kNHWC | kFallback, 0,
      conv_pool_direct_supports, create_conv_pool_direct},
     {"kiln", "FusedConv", "kiln.dwconv.fused", kF32 | kF16 | kNHWC, 0, depthwise_conv_supports,

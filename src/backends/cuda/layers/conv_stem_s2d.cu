@@ -116,8 +116,54 @@ __device__ __forceinline__ void load_filter(unsigned char* ws, const unsigned ch
   for (int i = tid; i < steps * kNT * 2; i += kThreads) {
     const int step = i / (2 * kNT), n = (i / 2) % kNT, h = i % 2;
     *reinterpret_cast<uint4*>(ws + (step * kNT + n) * 32 + ((h ^ ((n >> 2) & 1)) << 4)) =
-        *reinterpret_cast<const uint4*>(w + (static_cast<int64_t>(step) * K + k0 + n) * 32 + h * 16);
+        *reinterpret_cast<const uint4*>(w + (static_cast<int64_t>(step) * K + k0 + n) * 32 +
+                                        h * 16);
   }
+}
+
+// B lanes of ldmatrix over the filter (load_filter's layout): channel nb * 16 + 8 * (lane / 16) +
+// lane % 8, 16-byte half (lane / 8) % 2, for the 4 x 16 channels of a block.
+__device__ __forceinline__ void filter_lanes(uint32_t (&bb)[4], const unsigned char* ws, int lane) {
+#pragma unroll
+  for (int nb = 0; nb < 4; ++nb) {
+    const int n = nb * 16 + 8 * (lane / 16) + lane % 8;
+    bb[nb] = smem_u32(ws) + n * 32 + ((((lane / 8) % 2) ^ ((n >> 2) & 1)) << 4);
+  }
+}
+
+// One k-step of a warp's 64 rows x 64 channels: the step's B fragments from the filter (at byte
+// offset `b_off` of each lane address), then per 16-row block its A fragment (at a[mt]) times
+// the eight 8-channel columns. Mma is mma_f16 or mma_s8, Acc float or int32_t.
+template <typename Acc, typename Mma>
+__device__ __forceinline__ void warp_k_step(Acc (&acc)[4][8][4], const uint32_t (&a)[4],
+                                            const uint32_t (&bb)[4], uint32_t b_off, Mma mma) {
+  uint32_t b[4][4];
+#pragma unroll
+  for (int nb = 0; nb < 4; ++nb) ldmatrix_x4(b[nb], bb[nb] + b_off);
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt) {
+    uint32_t af[4];
+    ldmatrix_x4(af, a[mt]);
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+      mma(acc[mt][nt], af, b[nt / 2][(nt % 2) * 2], b[nt / 2][(nt % 2) * 2 + 1]);
+  }
+}
+
+// The epilogue's walk over a lane's accumulator rows: f(mt, h, r, inside) for row r = warp * 64 +
+// mt * 16 + gq + 8h of the tile (a convolution output), `inside` whether it lies in the image
+// (those outside are the max-pool's padding).
+template <typename F>
+__device__ __forceinline__ void for_each_acc_row(const S2dGeom& g, const Tile& tl, int warp, int gq,
+                                                 F f) {
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = warp * 64 + mt * 16 + gq + 8 * h;
+      const int oy = tl.oy0 + r / kCW, ox = tl.ox0 + r % kCW;
+      f(mt, h, r, oy >= 0 && oy < g.P && ox >= 0 && ox < g.Q);
+    }
 }
 
 // The epilogue's activation: none, ReLU (a packed float16 max), or any other (apply_act's switch,
@@ -178,11 +224,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     for (int j = 0; j < 4; ++j) aa[mt][j] = smem_u32(patch) + block_half(qa + j, lane / 16);
   }
   uint32_t bb[4];
-#pragma unroll
-  for (int nb = 0; nb < 4; ++nb) {
-    const int n = nb * 16 + 8 * (lane / 16) + lane % 8;
-    bb[nb] = smem_u32(ws) + n * 32 + ((((lane / 8) % 2) ^ ((n >> 2) & 1)) << 4);
-  }
+  filter_lanes(bb, ws, lane);
   const int gq = lane / 4, tq = lane % 4;
 
   int t = blockIdx.x;
@@ -204,41 +246,31 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
     for (int tap = 0; tap < kTaps; ++tap) {
       const int i = tap / 4, j = tap % 4;
-      uint32_t b[4][4];
-#pragma unroll
-      for (int nb = 0; nb < 4; ++nb) ldmatrix_x4(b[nb], bb[nb] + tap * kNT * 32);
-#pragma unroll
-      for (int mt = 0; mt < 4; ++mt) {
-        uint32_t a[4];
-        ldmatrix_x4(a, aa[mt][j] + i * kSP * 32);
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt) mma_f16(acc[mt][nt], a, b[nt / 2][(nt % 2) * 2], b[nt / 2][(nt % 2) * 2 + 1]);
-      }
+      const uint32_t a[4] = {aa[0][j] + i * kSP * 32, aa[1][j] + i * kSP * 32,
+                             aa[2][j] + i * kSP * 32, aa[3][j] + i * kSP * 32};
+      warp_k_step(acc, a, bb, tap * kNT * 32,
+                  [](float(&c)[4], const uint32_t(&af)[4], uint32_t b0, uint32_t b1) {
+                    mma_f16(c, af, b0, b1);
+                  });
     }
     // Epilogue into `out` (free: the last tile's pooling ended with a barrier). Convolution
     // outputs outside the image are the max-pool's padding (-inf).
     const Tile tl = tile_of(g, t);
+    for_each_acc_row(g, tl, warp, gq, [&](int mt, int h, int r, bool inside) {
 #pragma unroll
-    for (int mt = 0; mt < 4; ++mt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = warp * 64 + mt * 16 + gq + 8 * h;
-        const int oy = tl.oy0 + r / kCW, ox = tl.ox0 + r % kCW;
-        const bool inside = oy >= 0 && oy < g.P && ox >= 0 && ox < g.Q;
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-          __half2 v;
-          if constexpr (A == kPwAny) {
-            v = __floats2half2_rn(stem_act_any(acc[mt][nt][2 * h], act),
-                                  stem_act_any(acc[mt][nt][2 * h + 1], act));
-          } else {
-            v = __floats2half2_rn(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
-            // ReLU after the rounding: the same float16 (rounding is monotone and keeps 0).
-            if constexpr (A == kPwRelu) v = __hmax2(v, __float2half2_rn(0.f));
-          }
-          *reinterpret_cast<__half2*>(out + r * kOutRow + nt * 8 + tq * 2) = inside ? v : half2_neg_inf();
+      for (int nt = 0; nt < 8; ++nt) {
+        __half2 v;
+        if constexpr (A == kPwAny) {
+          v = __floats2half2_rn(stem_act_any(acc[mt][nt][2 * h], act),
+                                stem_act_any(acc[mt][nt][2 * h + 1], act));
+        } else {
+          v = __floats2half2_rn(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
+          // ReLU after the rounding: the same float16 (rounding is monotone and keeps 0).
+          if constexpr (A == kPwRelu) v = __hmax2(v, __float2half2_rn(0.f));
         }
+        *reinterpret_cast<__half2*>(out + r * kOutRow + nt * 8 + tq * 2) = inside ? v : half2_neg_inf();
       }
+    });
     cp_async_wait<0>();
     __syncthreads();  // every warp done with `patch`, `out` written, the next pixels landed
     if (next < g.tiles) convert();
@@ -292,15 +324,16 @@ __global__ void __launch_bounds__(kThreads, 2)
 // libraries compute it (kReassociated: within one code of the CPU reference): X's codes are
 // sat(rne(x * (1 / sx))), Y's sat(rne(acc * (sx * sw[k] / sy) + b[k] / sy)) by one fused
 // multiply-add (ReLU folded into the clamp; another activation is applied to the value first).
-// The epilogue stages codes, four per 32-bit store (a lane's channels 2tq, 2tq + 1 of two 8-channel
-// groups), and the max-pool of codes is the code of the max-pool (quantizing is monotone): the
-// pool reads 16 channels per load, sign-extends the codes to 16-bit pairs (a byte permute per
-// pair) for Hopper's three-input packed 16-bit max (DPX; a packed byte max is a dozen
+// The epilogue stages codes, four per 32-bit store (a lane's channels 2tq, 2tq + 1 of two
+// 8-channel groups), and the max-pool of codes is the code of the max-pool (quantizing is
+// monotone): the pool reads 16 channels per load, sign-extends the codes to 16-bit pairs (a byte
+// permute per pair) for Hopper's three-input packed 16-bit max (DPX; a packed byte max is a dozen
 // instructions on sm_90), and byte permutes put the channels back in order. (Staging int16 codes
-// instead, which needs no extension, was slower: shared memory traffic, ~0.39 ms.) Unswizzled blocks, 25 per patch row: 25 = 1 (mod 8), so eight
-// consecutive convolution outputs hit eight distinct 16-byte bank groups even where they wrap to
-// the next row. A third of the float16 form's shared memory: three blocks per SM fit (variant b3:
-// 168 registers; b2: two blocks, more registers; the tuner times both).
+// instead, which needs no extension, was slower: shared memory traffic, 0.39 against 0.33 ms.)
+// Unswizzled blocks, 25 per patch row: 25 = 1 (mod 8), so eight consecutive convolution outputs
+// hit eight distinct 16-byte bank groups even where they wrap to the next row. A third of the
+// float16 form's shared memory: three blocks per SM fit (variant b3: 168 registers; b2: two
+// blocks, more registers; the tuner times both and takes b3 for ResNet-50 on the H100).
 constexpr int kSP8 = 25;                              // blocks per patch row (16 bytes each)
 constexpr int kSteps8 = kTaps / 2;                    // k-steps of 32 int8
 constexpr int kPatch8Bytes = kSH * kSP8 * 16;         // 7200
@@ -379,11 +412,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks)
     aa[mt] = smem_u32(patch) + (qa + lane / 16) * 16;
   }
   uint32_t bb[4];
-#pragma unroll
-  for (int nb = 0; nb < 4; ++nb) {
-    const int n = nb * 16 + 8 * (lane / 16) + lane % 8;
-    bb[nb] = smem_u32(ws) + n * 32 + ((((lane / 8) % 2) ^ ((n >> 2) & 1)) << 4);
-  }
+  filter_lanes(bb, ws, lane);
   const int gq = lane / 4, tq = lane % 4;
 
   int t = blockIdx.x;
@@ -398,18 +427,12 @@ __global__ void __launch_bounds__(kThreads, MinBlocks)
     int32_t acc[4][8][4] = {};
 #pragma unroll
     for (int step = 0; step < kSteps8; ++step) {
-      const int i = step / 2, jj = step % 2;
-      uint32_t b[4][4];
-#pragma unroll
-      for (int nb = 0; nb < 4; ++nb) ldmatrix_x4(b[nb], bb[nb] + step * kNT * 32);
-#pragma unroll
-      for (int mt = 0; mt < 4; ++mt) {
-        uint32_t a[4];
-        ldmatrix_x4(a, aa[mt] + (i * kSP8 + 2 * jj) * 16);
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-          mma_s8(acc[mt][nt], a, b[nt / 2][(nt % 2) * 2], b[nt / 2][(nt % 2) * 2 + 1]);
-      }
+      const uint32_t off = ((step / 2) * kSP8 + 2 * (step % 2)) * 16;
+      const uint32_t a[4] = {aa[0] + off, aa[1] + off, aa[2] + off, aa[3] + off};
+      warp_k_step(acc, a, bb, step * kNT * 32,
+                  [](int32_t(&c)[4], const uint32_t(&af)[4], uint32_t b0, uint32_t b1) {
+                    mma_s8(c, af, b0, b1);
+                  });
     }
     // Epilogue: codes into `out` (free: the last tile's pooling ended with a barrier), the word
     // of row r, channel group pair (2 c16, 2 c16 + 1) and lane tq at r * kOut8Row + c16 * 16 +
@@ -417,37 +440,31 @@ __global__ void __launch_bounds__(kThreads, MinBlocks)
     // outside the image are the max-pool's padding (code -128, below or equal to every code, and
     // every window holds one output inside).
     const Tile tl = tile_of(g, t);
+    for_each_acc_row(g, tl, warp, gq, [&](int mt, int h, int r, bool inside) {
 #pragma unroll
-    for (int mt = 0; mt < 4; ++mt)
+      for (int c16 = 0; c16 < 4; ++c16) {
+        uint32_t q[2][2];  // [e][j]: channel c16 * 16 + e * 8 + tq * 2 + j
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = warp * 64 + mt * 16 + gq + 8 * h;
-        const int oy = tl.oy0 + r / kCW, ox = tl.ox0 + r % kCW;
-        const bool inside = oy >= 0 && oy < g.P && ox >= 0 && ox < g.Q;
+        for (int e = 0; e < 2; ++e) {
+          const float2 cs = *reinterpret_cast<const float2*>(scale_s + c16 * 16 + e * 8 + tq * 2);
+          const float2 cb = *reinterpret_cast<const float2*>(bias_s + c16 * 16 + e * 8 + tq * 2);
 #pragma unroll
-        for (int c16 = 0; c16 < 4; ++c16) {
-          uint32_t q[2][2];  // [e][j]: channel c16 * 16 + e * 8 + tq * 2 + j
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float2 cs = *reinterpret_cast<const float2*>(scale_s + c16 * 16 + e * 8 + tq * 2);
-            const float2 cb = *reinterpret_cast<const float2*>(bias_s + c16 * 16 + e * 8 + tq * 2);
-#pragma unroll
-            for (int j = 0; j < 2; ++j) {
-              // |acc| <= 256 * 128 * 128 = 2^22: small_int_to_float is exact.
-              const float v = __fmaf_rn(small_int_to_float(acc[mt][2 * c16 + e][2 * h + j]),
-                                        j ? cs.y : cs.x, j ? cb.y : cb.x);
-              if constexpr (A == kPwAny)
-                q[e][j] = code_bits<false>(__fmul_rn(stem_act_any(v, act), p.inv_sy));
-              else
-                q[e][j] = code_bits<A == kPwRelu>(v);
-            }
+          for (int j = 0; j < 2; ++j) {
+            // |acc| <= 256 * 128 * 128 = 2^22: small_int_to_float is exact.
+            const float v = __fmaf_rn(small_int_to_float(acc[mt][2 * c16 + e][2 * h + j]),
+                                      j ? cs.y : cs.x, j ? cb.y : cb.x);
+            if constexpr (A == kPwAny)
+              q[e][j] = code_bits<false>(__fmul_rn(stem_act_any(v, act), p.inv_sy));
+            else
+              q[e][j] = code_bits<A == kPwRelu>(v);
           }
-          const uint32_t word = __byte_perm(__byte_perm(q[0][0], q[0][1], 0x0040),
-                                            __byte_perm(q[1][0], q[1][1], 0x0040), 0x5410);
-          *reinterpret_cast<uint32_t*>(out + r * kOut8Row + c16 * 16 + tq * 4) =
-              inside ? word : 0x80808080u;
         }
+        const uint32_t word = __byte_perm(__byte_perm(q[0][0], q[0][1], 0x0040),
+                                          __byte_perm(q[1][0], q[1][1], 0x0040), 0x5410);
+        *reinterpret_cast<uint32_t*>(out + r * kOut8Row + c16 * 16 + tq * 4) =
+            inside ? word : 0x80808080u;
       }
+    });
     cp_async_wait<0>();
     __syncthreads();  // every warp done with `patch`, `out` written, the next pixels landed
     if (next < g.tiles) convert();
@@ -473,8 +490,8 @@ __global__ void __launch_bounds__(kThreads, MinBlocks)
           const uint32_t w0 = (&v[0].x)[e], w1 = (&v[1].x)[e], w2 = (&v[2].x)[e];
           rm[dy][2 * e] = __vimax3_s16x2(__byte_perm(w0, 0, 0xA280), __byte_perm(w1, 0, 0xA280),
                                          __byte_perm(w2, 0, 0xA280));
-          rm[dy][2 * e + 1] = __vimax3_s16x2(__byte_perm(w0, 0, 0xB391),
-                                             __byte_perm(w1, 0, 0xB391), __byte_perm(w2, 0, 0xB391));
+          rm[dy][2 * e + 1] = __vimax3_s16x2(
+              __byte_perm(w0, 0, 0xB391), __byte_perm(w1, 0, 0xB391), __byte_perm(w2, 0, 0xB391));
         }
       }
       // Back to codes in channel order: the low bytes of the pairs make the staged word order
@@ -582,7 +599,8 @@ class S2dStemLayer final : public Layer {
           const int64_t src = ((static_cast<int64_t>(k) * kC + c) * R + r) * S + s;
           const size_t dst = (static_cast<size_t>(tap) * K_ + k) * 16 + e;
           if (int8_)  // [step = tap / 2][k][32]: tap's 16 bytes at (tap % 2) * 16
-            w8_[(static_cast<size_t>(tap / 2) * K_ + k) * 32 + (tap % 2) * 16 + e] = wq.data<int8_t>()[src];
+            w8_[(static_cast<size_t>(tap / 2) * K_ + k) * 32 + (tap % 2) * 16 + e] =
+                wq.data<int8_t>()[src];
           else
             weights_.w[dst] = __float2half(static_cast<float>(w.at_double(src)));
         }
@@ -630,14 +648,17 @@ class S2dStemLayer final : public Layer {
     // memory), at most one per tile.
     const int sms = sm_count();
     if (sms <= 0) return KILN_ERROR("{}: the GPU's SM count is not available", node_->label());
-    blocks_ = static_cast<int>(std::min<int64_t>(tiles, blocks_per_sm_ * static_cast<int64_t>(sms)));
+    blocks_ =
+        static_cast<int>(std::min<int64_t>(tiles, blocks_per_sm_ * static_cast<int64_t>(sms)));
     // Over the default 48 KiB of dynamic shared memory: an opt-in per kernel and device, made at
     // configure time (not while a run may be captured into a CUDA graph).
     if (int8_) {
-      KILN_CUDA_CHECK(cudaFuncSetAttribute(int8_kernel(), cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem8));
+      KILN_CUDA_CHECK(cudaFuncSetAttribute(int8_kernel(),
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem8));
       KILN_RETURN_IF_ERROR(upload_int8());
     } else {
-      KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel(), cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+      KILN_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel(), cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
       KILN_RETURN_IF_ERROR(weights_.upload_once("pooled stem weights"));
     }
     return size_t{0};
@@ -715,7 +736,9 @@ class S2dStemLayer final : public Layer {
 }  // namespace
 
 bool stem_s2d_supports(const LayerDesc& d, std::string* why) { return s2d_supports(d, why); }
-bool stem_s2d_int8_supports(const LayerDesc& d, std::string* why) { return s2d_int8_supports(d, why); }
+bool stem_s2d_int8_supports(const LayerDesc& d, std::string* why) {
+  return s2d_int8_supports(d, why);
+}
 std::vector<std::string> stem_s2d_int8_variants(const LayerDesc&) { return {"b3", "b2"}; }
 Expected<std::unique_ptr<Layer>> create_stem_s2d(const LayerDesc& d) {
   return std::unique_ptr<Layer>(new S2dStemLayer(d));
