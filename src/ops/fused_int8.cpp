@@ -1,5 +1,6 @@
 // The CPU reference of an INT8 layer (kiln.FusedConv / kiln.FusedConvPool / kiln.FusedConvPair /
-// kiln.FusedGemm with int8 = 1): the arithmetic a GPU INT8 kernel performs, step by step (docs/quantization.md):
+// kiln.FusedGemm with int8 = 1): the arithmetic a GPU INT8 kernel performs, step by step
+// (docs/quantization.md):
 //
 //   xq  = sat(rne(x / sx))                 int8, sx = X's per-tensor scale
 //   wq  = sat(rne(w / sw[c]))              int8, per output channel c
@@ -153,7 +154,8 @@ Status cpu_int8_layer(KernelContext& ctx) {
                         n.op_type == "FusedConvPair" ? conv_pair(ctx) : single_layer(ctx));
   KILN_ASSIGN_OR_RETURN(y, fused::apply_activation(n, std::move(y)));
   if (n.op_type == "FusedConvPool") {
-    KILN_ASSIGN_OR_RETURN(y, fused::run_op(n, "MaxPool", fused::strip_prefix(n.attrs, "pool_"), {&y}));
+    KILN_ASSIGN_OR_RETURN(
+        y, fused::run_op(n, "MaxPool", fused::strip_prefix(n.attrs, "pool_"), {&y}));
   }
   if (const Value* yv = n.output(0); yv && yv->has_quant_scale())
     y = fake_quant(y, yv->quant_scales[0]);

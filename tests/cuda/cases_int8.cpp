@@ -97,8 +97,9 @@ Attributes conv_attrs(std::vector<int64_t> pads, std::vector<int64_t> strides,
 OpCase int8_convpool(std::string name, std::vector<int64_t> x, std::vector<int64_t> w,
                      std::vector<int64_t> pads, std::vector<int64_t> pool_pads, std::string act,
                      bool per_channel) {
-  ConvSpec s = spec(std::move(name), std::move(x), std::move(w), conv_attrs(std::move(pads), {2, 2}),
-                    Residual::kNone, std::move(act), true, per_channel);
+  ConvSpec s = spec(std::move(name), std::move(x), std::move(w),
+                    conv_attrs(std::move(pads), {2, 2}), Residual::kNone, std::move(act), true,
+                    per_channel);
   OpCase c = int8_conv(s);
   c.op_type = "FusedConvPool";
   c.attrs.set("pool_kernel_shape", ints_attr({3, 3}));

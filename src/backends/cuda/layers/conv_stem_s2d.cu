@@ -268,7 +268,8 @@ __global__ void __launch_bounds__(kThreads, 2)
           // ReLU after the rounding: the same float16 (rounding is monotone and keeps 0).
           if constexpr (A == kPwRelu) v = __hmax2(v, __float2half2_rn(0.f));
         }
-        *reinterpret_cast<__half2*>(out + r * kOutRow + nt * 8 + tq * 2) = inside ? v : half2_neg_inf();
+        *reinterpret_cast<__half2*>(out + r * kOutRow + nt * 8 + tq * 2) =
+            inside ? v : half2_neg_inf();
       }
     });
     cp_async_wait<0>();
