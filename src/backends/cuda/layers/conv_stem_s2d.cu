@@ -609,12 +609,13 @@ class S2dStemLayer final : public Layer {
     if (int8_) {
       // The epilogue's per-channel scale and bias (S2dInt8Params): in codes of Y unless the
       // activation needs the value.
-      sx_ = d.node->input(0)->quant_scales.at(0);
+      const float sx = d.node->input(0)->quant_scales.at(0);
+      inv_sx_ = 1.f / sx;
       const bool in_codes = act_.act == Act::kNone || act_.act == Act::kRelu;
       const float inv_sy = in_codes ? inv_ : 1.f;
       epi_.resize(2 * static_cast<size_t>(K_));
       for (int k = 0; k < K_; ++k) {
-        const float cs = sx_ * (*sw)[sw->size() == 1 ? 0 : static_cast<size_t>(k)];
+        const float cs = sx * (*sw)[sw->size() == 1 ? 0 : static_cast<size_t>(k)];
         epi_[static_cast<size_t>(k)] = cs * inv_sy;
         epi_[static_cast<size_t>(K_ + k)] = weights_.b[static_cast<size_t>(k)] * inv_sy;
       }
@@ -673,7 +674,7 @@ class S2dStemLayer final : public Layer {
     const dim3 grid(blocks_, K_ / kNT);
     const float* x = static_cast<const float*>(in[0].data);
     if (int8_) {
-      const S2dInt8Params p{w8_dev_, epi_dev_, epi_dev_ + K_, 1.f / sx_, inv_};
+      const S2dInt8Params p{w8_dev_, epi_dev_, epi_dev_ + K_, inv_sx_, inv_};
       int8_kernel()<<<grid, kThreads, kSmem8, rc.stream>>>(x, p, static_cast<int8_t*>(out[0].data),
                                                             g_, act_);
     } else {
@@ -727,7 +728,7 @@ class S2dStemLayer final : public Layer {
   StemWeights weights_;  // float16 [tap][K][16] (float16 form) and the bias (both forms)
   std::vector<int8_t> w8_;   // INT8 form: [step][K][32]
   std::vector<float> epi_;   // its epilogue's scales [K], then biases [K] (S2dInt8Params)
-  float sx_ = 1.f;
+  float inv_sx_ = 1.f;  // 1 / X's scale
   DeviceMemory int8_mem_;
   const unsigned char* w8_dev_ = nullptr;
   const float* epi_dev_ = nullptr;
