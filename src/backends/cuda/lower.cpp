@@ -21,6 +21,13 @@ DataType storage_type(DataType t, Precision p) {
   return t;
 }
 
+// A kRawIn0 tactic (layer.h) reads input 0 as the model stores it: its own type, row-major,
+// whatever the candidate's precision and layout.
+void read_raw_in0(const Node& n, const TacticDef& t, LayerChoice* c) {
+  if ((t.caps & kRawIn0) && n.input(0))
+    c->in[0] = TensorFormat{n.input(0)->type.dtype, Layout::kLinear};
+}
+
 }  // namespace
 
 LayerChoice float_choice(const Node& n, const TacticDef& t, Precision p, bool nhwc) {
@@ -36,8 +43,7 @@ LayerChoice float_choice(const Node& n, const TacticDef& t, Precision p, bool nh
   for (size_t i = 0; i < n.num_inputs(); ++i)
     c.in.push_back((t.host_inputs >> i) & 1u ? TensorFormat{} : fmt_of(n.input(i)));
   for (size_t o = 0; o < n.num_outputs(); ++o) c.out.push_back(fmt_of(n.output(o)));
-  if ((t.caps & kRawIn0) && n.input(0))  // layer.h
-    c.in[0] = TensorFormat{n.input(0)->type.dtype, Layout::kLinear};
+  read_raw_in0(n, t, &c);
   return c;
 }
 
@@ -79,8 +85,7 @@ LayerChoice make_int8_choice(const Node& n, const TacticDef& t, DataType flt) {
     if (st == DataType::kFloat32) st = o == 0 && v->has_quant_scale() ? DataType::kInt8 : flt;
     c.out.push_back(fmt_of(v, st));
   }
-  if ((t.caps & kRawIn0) && n.input(0))  // layer.h: X as the model stores it, quantized on read
-    c.in[0] = TensorFormat{n.input(0)->type.dtype, Layout::kLinear};
+  read_raw_in0(n, t, &c);  // an INT8 one quantizes X as it reads it
   return c;
 }
 
