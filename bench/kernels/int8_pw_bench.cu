@@ -1,4 +1,5 @@
-// kiln_int8_pw_bench: kiln's INT8 convolution kernels (pipelined, persistent pointwise and 3x3)
+// kiln_int8_pw_bench: kiln's INT8 convolution kernels (pipelined, persistent pointwise and 3x3
+// on mma.sync and on wgmma)
 // alone on ResNet-50's 1x1 and stride-1 3x3 shapes at batch 256 (issue 10's speed work), against
 // the bytes they must move. For each shape: random int8
 // X, W and residual, one run of each kernel compared code for code with the first kernel's
@@ -149,8 +150,9 @@ int main(int argc, char** argv) {
     std::printf("    %-22s %8.4f ms %7.0f GB/s\n", "copy (floor)", copy_ms, bytes / copy_ms / 1e6);
     PW_CHECK(cudaFree(ca));
     PW_CHECK(cudaFree(cb));
-    int per_sm3 = 0;
+    int per_sm3 = 0, per_sm3w = 0;
     PW_CHECK(kiln::gpu::prepare_int8_conv3x3(g, true, &per_sm3));
+    PW_CHECK(kiln::gpu::prepare_int8_conv3x3_wgmma(g, true, &per_sm3w));
     struct Kernel {
       std::string name;
       std::function<const char*()> launch;
@@ -163,6 +165,8 @@ int main(int argc, char** argv) {
         {"pointwise n64m64", [&] { return kiln::gpu::launch_int8_pointwise(x, w, y, g, e, 64, 64, 0); }},
         {"pointwise n128m64", [&] { return kiln::gpu::launch_int8_pointwise(x, w, y, g, e, 128, 64, 0); }},
         {"conv3x3", [&] { return kiln::gpu::launch_int8_conv3x3(x, w, y, g, e, per_sm3, 0); }},
+        {"conv3x3 wgmma",
+         [&] { return kiln::gpu::launch_int8_conv3x3_wgmma(x, w, y, g, e, per_sm3w, 0); }},
     };
     bool first = true;
     for (const Kernel& k : kernels) {

@@ -230,6 +230,10 @@ std::vector<OpCase> int8_cases() {
       spec("i8_k3_c64_tiny_noact", {2, 64, 5, 3}, {128, 64, 3, 3}, same3, Residual::kNone, "")));
   v.push_back(int8_conv(
       spec("i8_k3_c64_wide", {1, 64, 3, 150}, {64, 64, 3, 3}, same3, Residual::kInt8, "Relu")));
+  // Images narrower than the output rows a tile stages (conv_int8.conv3x3.wgmma sizes its
+  // patch stages for them), enough of them that each block walks several tiles, with a residual.
+  v.push_back(int8_conv(spec("i8_k3_c64_narrow_many", {600, 64, 3, 2}, {64, 64, 3, 3}, same3,
+                             Residual::kInt8, "Relu")));
   v.push_back(int8_conv(
       spec("i8_pl_3x3_res", {2, 64, 11, 9}, {64, 64, 3, 3}, same3, Residual::kInt8, "Relu")));
   v.push_back(int8_conv(spec("i8_pl_3x3_s2", {1, 128, 15, 13}, {128, 128, 3, 3},

@@ -291,8 +291,9 @@ bool int8_supports(const LayerDesc& d, std::string* why) {
 
 // Which kernel a tactic runs: the implicit GEMM on tensor cores or on __dp4a, the pipelined one
 // for int8 chains with 64-channel multiples (conv_int8_pipelined.cu), or the persistent ones for
-// their 1x1 layers (conv_int8_pointwise.cu) and 3x3 layers (conv_int8_3x3.cu).
-enum class Int8Kernel { kMma, kDp4a, kPipelined, kPointwise, kConv3x3 };
+// their 1x1 layers (conv_int8_pointwise.cu) and 3x3 layers (conv_int8_3x3.cu on mma.sync,
+// conv_int8_3x3_wgmma.cu on wgmma).
+enum class Int8Kernel { kMma, kDp4a, kPipelined, kPointwise, kConv3x3, kConv3x3Wgmma };
 
 class Int8ConvLayer final : public Layer {
  public:
@@ -400,6 +401,8 @@ class Int8ConvLayer final : public Layer {
     g_.KW = g_.R * g_.S * g_.C4;
     if (kernel_ == Int8Kernel::kConv3x3)
       KILN_CUDA_CHECK(prepare_int8_conv3x3(g_, e_.act.act == Act::kRelu, &per_sm_));
+    if (kernel_ == Int8Kernel::kConv3x3Wgmma)
+      KILN_CUDA_CHECK(prepare_int8_conv3x3_wgmma(g_, e_.act.act == Act::kRelu, &per_sm_));
     if (in[0].numel() >= (int64_t(1) << 33) || out[0].numel() >= (int64_t(1) << 31) ||
         static_cast<int64_t>(g_.M) * g_.K != out[0].numel())
       return KILN_ERROR("{}: tensor too large or shapes inconsistent for the INT8 kernel",
@@ -426,8 +429,8 @@ class Int8ConvLayer final : public Layer {
       e.z_type = in[3].dtype;
     }
     if (kernel_ == Int8Kernel::kPipelined || kernel_ == Int8Kernel::kPointwise ||
-        kernel_ == Int8Kernel::kConv3x3) {
-      static constexpr const char* kNames[] = {"", "", "pipelined", "pointwise", "3x3"};
+        kernel_ == Int8Kernel::kConv3x3 || kernel_ == Int8Kernel::kConv3x3Wgmma) {
+      static constexpr const char* kNames[] = {"", "", "pipelined", "pointwise", "3x3", "3x3 wgmma"};
       const char* name = kNames[static_cast<int>(kernel_)];
       if (out[0].dtype != DataType::kInt8)
         return KILN_ERROR("{}: the {} INT8 kernel writes int8 only", node_->label(), name);
@@ -437,6 +440,8 @@ class Int8ConvLayer final : public Layer {
       const int tile_n = K_ % tile_n_ == 0 ? tile_n_ : 64;
       const char* why =
           kernel_ == Int8Kernel::kConv3x3 ? launch_int8_conv3x3(x, w, y, g_, e, per_sm_, rc.stream)
+          : kernel_ == Int8Kernel::kConv3x3Wgmma
+              ? launch_int8_conv3x3_wgmma(x, w, y, g_, e, per_sm_, rc.stream)
           : kernel_ == Int8Kernel::kPointwise
               ? launch_int8_pointwise(x, w, y, g_, e, tile_n, tile_m_, rc.stream)
               : launch_int8_pipelined(x, w, y, g_, e, tile_n, rc.stream);
@@ -480,7 +485,7 @@ class Int8ConvLayer final : public Layer {
   Int8Kernel kernel_;
   int tile_n_;  // the pipelined/pointwise kernel's output channels per block (variant n128 / n64)
   int tile_m_;  // the pointwise kernel's pixels per tile (128; variant ...m64: 64)
-  int per_sm_ = 0;  // the 3x3 kernel's resident blocks per SM at the configured shapes
+  int per_sm_ = 0;  // the 3x3 kernels' resident blocks per SM at the configured shapes
   bool conv_ = true, transposed_ = false, has_bias_ = false;
   int64_t K_ = 0, C_ = 0, R_ = 1, S_ = 1;
   std::vector<int8_t> host_w_;
@@ -526,11 +531,13 @@ bool pointwise_supports(const LayerDesc& d, std::string* why) {
   return none_or_relu(n, why);
 }
 
-// The persistent 3x3 kernel's problems (conv_int8_3x3.cu): the pipelined kernel's, as a 3x3
-// convolution with stride 1, padding 1 on every side and dilation 1, C of 64 or 128, no
-// activation or ReLU, and an input width known at build time for which the kernel's input patch
-// fits in shared memory (a wider image at run time would not launch).
-bool conv3x3_supports(const LayerDesc& d, std::string* why) {
+// The persistent 3x3 kernels' problems (conv_int8_3x3.cu, conv_int8_3x3_wgmma.cu): the
+// pipelined kernel's, as a 3x3 convolution with stride 1, padding 1 on every side and dilation
+// 1, C of 64 or 128, no activation or ReLU, and an input width known at build time for which the
+// kernel's input patch fits in shared memory (`unfit`; a wider image at run time would not
+// launch).
+bool conv3x3_supports(const LayerDesc& d, std::string* why,
+                      const char* (*unfit)(const Int8Geom&) = int8_conv3x3_unfit) {
   if (!pipelined_supports(d, why)) return false;
   const Node& n = *d.node;
   const Tensor* w = d.in_const(1);
@@ -554,7 +561,7 @@ bool conv3x3_supports(const LayerDesc& d, std::string* why) {
   g.R = g.S = 3, g.sh = g.sw = g.dh = g.dw = g.ph = g.pw = 1;
   g.W = g.Q = static_cast<int>((*xt.dims)[3].value);
   g.H = g.P = (*xt.dims)[2].is_static() ? static_cast<int>((*xt.dims)[2].value) : 1 << 20;
-  if (const char* unfit = int8_conv3x3_unfit(g); *unfit) return *why = unfit, false;
+  if (const char* u = unfit(g); *u) return *why = u, false;
   return true;
 }
 
@@ -563,6 +570,8 @@ Expected<std::unique_ptr<Layer>> create_int8(const LayerDesc& d, Int8Kernel kern
   const bool ok = kernel == Int8Kernel::kPipelined    ? pipelined_supports(d, &why)
                   : kernel == Int8Kernel::kPointwise ? pointwise_supports(d, &why)
                   : kernel == Int8Kernel::kConv3x3   ? conv3x3_supports(d, &why)
+                  : kernel == Int8Kernel::kConv3x3Wgmma
+                      ? conv3x3_supports(d, &why, int8_conv3x3_wgmma_unfit)
                                                      : int8_supports(d, &why);
   if (!ok) return KILN_ERROR("{}: INT8 kernel: {}", d.node->label(), why);
   auto layer = std::make_unique<Int8ConvLayer>(d, kernel);
@@ -622,6 +631,12 @@ Expected<std::unique_ptr<Layer>> create_int8_pointwise(const LayerDesc& d) {
 bool int8_conv3x3_supports(const LayerDesc& d, std::string* why) { return conv3x3_supports(d, why); }
 Expected<std::unique_ptr<Layer>> create_int8_conv3x3(const LayerDesc& d) {
   return create_int8(d, Int8Kernel::kConv3x3);
+}
+bool int8_conv3x3_wgmma_supports(const LayerDesc& d, std::string* why) {
+  return conv3x3_supports(d, why, int8_conv3x3_wgmma_unfit);
+}
+Expected<std::unique_ptr<Layer>> create_int8_conv3x3_wgmma(const LayerDesc& d) {
+  return create_int8(d, Int8Kernel::kConv3x3Wgmma);
 }
 
 }  // namespace kiln::gpu

@@ -71,4 +71,11 @@ cudaError_t prepare_int8_conv3x3(const Int8Geom& g, bool relu, int* per_sm);
 const char* launch_int8_conv3x3(const int8_t* x, const int8_t* w, int8_t* y, const Int8Geom& g,
                                 const Int8Epilogue& e, int per_sm, cudaStream_t stream);
 
+// The same problems on Hopper's warpgroup MMA (conv_int8_3x3_wgmma.cu), the same interface.
+const char* int8_conv3x3_wgmma_unfit(const Int8Geom& g);
+cudaError_t prepare_int8_conv3x3_wgmma(const Int8Geom& g, bool relu, int* per_sm);
+const char* launch_int8_conv3x3_wgmma(const int8_t* x, const int8_t* w, int8_t* y,
+                                      const Int8Geom& g, const Int8Epilogue& e, int per_sm,
+                                      cudaStream_t stream);
+
 }  // namespace kiln::gpu

@@ -206,29 +206,30 @@ __device__ __forceinline__ void pw_store_rows(int8_t* y, int64_t row0, int count
   }
 }
 
-// The m16n8k32 accumulator fragment layout of a warp at pixel rows wm.. wm + 31 and channels
-// wn.. wn + 8 * NI - 1: calls f(mi, ni, row, col) for each of this thread's fragments acc[mi][ni],
-// whose elements 2h, 2h + 1 (h = 0, 1) are channels col, col + 1 of tile row row + 8h.
-template <int NI, typename F>
+// The m16n8k32 accumulator fragment layout of a warp at pixel rows wm.. wm + 16 * MI - 1 and
+// channels wn.. wn + 8 * NI - 1 (also wgmma's, one 16-row block per warp): calls
+// f(mi, ni, row, col) for each of this thread's fragments acc[mi][ni], whose elements 2h, 2h + 1
+// (h = 0, 1) are channels col, col + 1 of tile row row + 8h.
+template <int NI, int MI = 2, typename F>
 __device__ __forceinline__ void pw_fragments(int wm, int wn, int lane, F&& f) {
   const int gq = lane / 4, tq = lane % 4;
 #pragma unroll
-  for (int mi = 0; mi < 2; ++mi)
+  for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
     for (int ni = 0; ni < NI; ++ni) f(mi, ni, wm + mi * 16 + gq, wn + ni * 8 + tq * 2);
 }
 
 // Calls f(a0, a1, sb2, p) for each pair of adjacent channels of a row that this thread holds in a
-// tile's accumulators acc[2][NI][4] (pw_fragments; NI is deduced from acc): a0 and a1 the two
+// tile's accumulators acc[MI][NI][4] (pw_fragments; MI and NI are deduced from acc): a0 and a1 the two
 // accumulators, sb2 the channels' (scale, bias, scale, bias) from sb, p the pair's 16-bit slot in
 // the tile zy (rows of zy_row bytes), which holds the residual codes and receives the output
 // codes. The 16-bit shared accesses are conflict-free with rows padded by 16 bytes (N + 16 bytes
 // is 20 or 36 words, so the 8 rows of an access fall in distinct banks).
-template <int NI, typename F>
-__device__ __forceinline__ void pw_for_each_pair(const int32_t (&acc)[2][NI][4], int8_t* zy,
+template <int MI, int NI, typename F>
+__device__ __forceinline__ void pw_for_each_pair(const int32_t (&acc)[MI][NI][4], int8_t* zy,
                                                  int zy_row, const float* sb, int wm, int wn,
                                                  int lane, F&& f) {
-  pw_fragments<NI>(wm, wn, lane, [&](int mi, int ni, int row, int col) {
+  pw_fragments<NI, MI>(wm, wn, lane, [&](int mi, int ni, int row, int col) {
     const float4 sb2 = *reinterpret_cast<const float4*>(sb + 2 * col);  // s0 b0 s1 b1
 #pragma unroll
     for (int h = 0; h < 2; ++h)
@@ -237,8 +238,8 @@ __device__ __forceinline__ void pw_for_each_pair(const int32_t (&acc)[2][NI][4],
   });
 }
 
-// The epilogue of a tile whose accumulators acc[2][NI][4] belong to a warp at pixel rows wm..
-// wm + 31 and channels wn.. wn + 8 * NI - 1 (the fragment layout of mma.sync m16n8k32): zy holds
+// The epilogue of a tile whose accumulators acc[MI][NI][4] belong to a warp at pixel rows wm..
+// wm + 16 * MI - 1 and channels wn.. wn + 8 * NI - 1 (the fragment layout of mma.sync m16n8k32): zy holds
 // the tile's residual codes (rows of zy_row bytes; ignored when !has_z) and receives its output
 // codes in their place; sb holds each channel's scale and bias. Each pair of adjacent channels of
 // a row belongs to one thread, which reads its two residual codes and writes its two output codes
@@ -248,8 +249,8 @@ __device__ __forceinline__ void pw_for_each_pair(const int32_t (&acc)[2][NI][4],
 // accumulator and the residual codes become floats without the conversion unit, the activation
 // is resolved at compile time (ReLU folded into the quantizing clamp), and the quantizing
 // division is a multiply that divides only near a rounding boundary (quantize_pair_inv).
-template <int Act, bool SmallAcc, int NI>
-__device__ __forceinline__ void pw_epilogue(const int32_t (&acc)[2][NI][4], int8_t* zy,
+template <int Act, bool SmallAcc, int MI, int NI>
+__device__ __forceinline__ void pw_epilogue(const int32_t (&acc)[MI][NI][4], int8_t* zy,
                                             int zy_row, const float* sb, int wm, int wn, int lane,
                                             const Int8Epilogue& e, bool has_z) {
   const float inv_sy = 1.f / e.sy;
@@ -272,8 +273,8 @@ __device__ __forceinline__ void pw_epilogue(const int32_t (&acc)[2][NI][4], int8
 // the reference's 20: these layers are bound by instruction issue on the H100. SmallAcc: |acc| <=
 // 2^22 (R * S * C <= 256), converted without the conversion unit; else by it (the 3x3 kernel).
 // NaN (from a NaN bias) gives 0, as the reference.
-template <bool Relu, bool SmallAcc = true, int NI>
-__device__ __forceinline__ void pw_epilogue_fused(const int32_t (&acc)[2][NI][4], int8_t* zy,
+template <bool Relu, bool SmallAcc = true, int MI, int NI>
+__device__ __forceinline__ void pw_epilogue_fused(const int32_t (&acc)[MI][NI][4], int8_t* zy,
                                                   int zy_row, const float* sb, int wm, int wn,
                                                   int lane, float szy, bool has_z) {
   pw_for_each_pair(acc, zy, zy_row, sb, wm, wn, lane,

@@ -39,6 +39,8 @@ bool int8_pointwise_supports(const LayerDesc& d, std::string* why);
 Expected<std::unique_ptr<Layer>> create_int8_pointwise(const LayerDesc& d);  // conv_int8_pointwise.cu
 bool int8_conv3x3_supports(const LayerDesc& d, std::string* why);
 Expected<std::unique_ptr<Layer>> create_int8_conv3x3(const LayerDesc& d);  // conv_int8_3x3.cu
+bool int8_conv3x3_wgmma_supports(const LayerDesc& d, std::string* why);
+Expected<std::unique_ptr<Layer>> create_int8_conv3x3_wgmma(const LayerDesc& d);
 bool int8_pair_supports(const LayerDesc& d, std::string* why);  // conv_int8_pair.cu
 std::vector<std::string> int8_pair_variants(const LayerDesc& d);
 Expected<std::unique_ptr<Layer>> create_int8_pair(const LayerDesc& d);
@@ -315,6 +317,8 @@ const TacticDef kConvTactics[] = {
      int8_pointwise_supports, create_int8_pointwise, int8_pointwise_variants},
     {"kiln", "FusedConv", "conv_int8.conv3x3", kI8 | kF32 | kF16 | kNHWC | kReassociated, 0,
      int8_conv3x3_supports, create_int8_conv3x3},
+    {"kiln", "FusedConv", "conv_int8.conv3x3.wgmma", kI8 | kF32 | kF16 | kNHWC | kReassociated, 0,
+     int8_conv3x3_wgmma_supports, create_int8_conv3x3_wgmma},
     // Two 1x1 convolutions summed into one activation (ResNet's expand + downsample), INT8 only.
     {"kiln", "FusedConvPair", "conv_int8.pair", kI8 | kF32 | kF16 | kNHWC | kReassociated, 0,
      int8_pair_supports, create_int8_pair, int8_pair_variants},
