@@ -67,6 +67,11 @@ const char* launch_int8_pointwise(const int8_t* x, const int8_t* w, int8_t* y, c
 // the shared-memory opt-in and finds how many blocks fit per SM (0 when the geometry does not fit:
 // launch then says why); launch takes that count.
 const char* int8_conv3x3_unfit(const Int8Geom& g);
+// The problem rules the two 3x3 kernels share (shape, C, K), and their launch-time checks of the
+// epilogue and the buffers ("" when they fit).
+const char* int8_conv3x3_problem_unfit(const Int8Geom& g);
+const char* int8_conv3x3_launch_unfit(const int8_t* x, const int8_t* w, const int8_t* y,
+                                      const Int8Epilogue& e);
 cudaError_t prepare_int8_conv3x3(const Int8Geom& g, bool relu, int* per_sm);
 const char* launch_int8_conv3x3(const int8_t* x, const int8_t* w, int8_t* y, const Int8Geom& g,
                                 const Int8Epilogue& e, int per_sm, cudaStream_t stream);

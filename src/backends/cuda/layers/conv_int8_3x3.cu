@@ -168,14 +168,29 @@ cudaError_t prepare_one(int64_t bytes, int* per_sm) {
 
 }  // namespace
 
-const char* int8_conv3x3_unfit(const Int8Geom& g) {
+const char* int8_conv3x3_problem_unfit(const Int8Geom& g) {
   const int C = g.C4 * 4;
   if (g.R != 3 || g.S != 3 || g.sh != 1 || g.sw != 1 || g.dh != 1 || g.dw != 1 || g.ph != 1 ||
       g.pw != 1 || g.P != g.H || g.Q != g.W)
     return "not a 3x3 convolution with stride 1 and padding 1";
   if (C != 64 && C != 128) return "C must be 64 or 128";
   if (g.K % kN != 0) return "K must be a multiple of 64";
-  if (g.W < 1 || smem_bytes(C, std::max(g.H, 1), g.W) > kSmemLimit)
+  return "";
+}
+
+const char* int8_conv3x3_launch_unfit(const int8_t* x, const int8_t* w, const int8_t* y,
+                                      const Int8Epilogue& e) {
+  if (e.z && e.z_type != DataType::kInt8) return "the residual is not int8";
+  if (e.alpha != 1.f) return "Gemm's alpha (convolutions only)";
+  if (e.act.act != Act::kNone && e.act.act != Act::kRelu) return "activations other than ReLU";
+  if (!aligned16(x) || !aligned16(w) || !aligned16(y) || (e.z && !aligned16(e.z)))
+    return "a tensor is not 16-byte aligned";
+  return "";
+}
+
+const char* int8_conv3x3_unfit(const Int8Geom& g) {
+  if (const char* why = int8_conv3x3_problem_unfit(g); *why) return why;
+  if (g.W < 1 || smem_bytes(g.C4 * 4, std::max(g.H, 1), g.W) > kSmemLimit)
     return "the image is too wide for the input patch in shared memory";
   return "";
 }
@@ -193,11 +208,7 @@ cudaError_t prepare_int8_conv3x3(const Int8Geom& g, bool relu, int* per_sm) {
 const char* launch_int8_conv3x3(const int8_t* x, const int8_t* w, int8_t* y, const Int8Geom& g,
                                 const Int8Epilogue& e, int per_sm, cudaStream_t stream) {
   if (const char* why = int8_conv3x3_unfit(g); *why) return why;
-  if (e.z && e.z_type != DataType::kInt8) return "the residual is not int8";
-  if (e.alpha != 1.f) return "Gemm's alpha (convolutions only)";
-  if (e.act.act != Act::kNone && e.act.act != Act::kRelu) return "activations other than ReLU";
-  if (!aligned16(x) || !aligned16(w) || !aligned16(y) || (e.z && !aligned16(e.z)))
-    return "a tensor is not 16-byte aligned";
+  if (const char* why = int8_conv3x3_launch_unfit(x, w, y, e); *why) return why;
   if (per_sm <= 0) return "not prepared (prepare_int8_conv3x3), or no block fits on an SM";
   if (g.N == 0) return "";
   const int C = g.C4 * 4, pq = g.P * g.Q, tpi = (pq + kTileM - 1) / kTileM;

@@ -242,13 +242,8 @@ auto with_kernel(int C, bool relu, F&& f) {
 }  // namespace
 
 const char* int8_conv3x3_wgmma_unfit(const Int8Geom& g) {
-  const int C = g.C4 * 4;
-  if (g.R != 3 || g.S != 3 || g.sh != 1 || g.sw != 1 || g.dh != 1 || g.dw != 1 || g.ph != 1 ||
-      g.pw != 1 || g.P != g.H || g.Q != g.W)
-    return "not a 3x3 convolution with stride 1 and padding 1";
-  if (C != 64 && C != 128) return "C must be 64 or 128";
-  if (g.K % kN != 0) return "K must be a multiple of 64";
-  if (g.W < 1 || g.W > 4096 || smem_bytes(C, g.W) > kSmemLimit)
+  if (const char* why = int8_conv3x3_problem_unfit(g); *why) return why;
+  if (g.W < 1 || g.W > 4096 || smem_bytes(g.C4 * 4, g.W) > kSmemLimit)
     return "the image is too wide for the input patch in shared memory";
   if (int64_t{g.H} * (g.W + 2) + 2 * kTileM >= (int64_t{1} << 31))
     return "the image is too large for 32-bit padded positions";
@@ -268,11 +263,7 @@ const char* launch_int8_conv3x3_wgmma(const int8_t* x, const int8_t* w, int8_t* 
                                       const Int8Geom& g, const Int8Epilogue& e, int per_sm,
                                       cudaStream_t stream) {
   if (const char* why = int8_conv3x3_wgmma_unfit(g); *why) return why;
-  if (e.z && e.z_type != DataType::kInt8) return "the residual is not int8";
-  if (e.alpha != 1.f) return "Gemm's alpha (convolutions only)";
-  if (e.act.act != Act::kNone && e.act.act != Act::kRelu) return "activations other than ReLU";
-  if (!aligned16(x) || !aligned16(w) || !aligned16(y) || (e.z && !aligned16(e.z)))
-    return "a tensor is not 16-byte aligned";
+  if (const char* why = int8_conv3x3_launch_unfit(x, w, y, e); *why) return why;
   if (per_sm <= 0) return "not prepared (prepare_int8_conv3x3_wgmma), or no block fits on an SM";
   if (g.N == 0) return "";
   const int C = g.C4 * 4, QP = g.W + 2, tpi = (g.H * QP + kTileM - 1) / kTileM;
