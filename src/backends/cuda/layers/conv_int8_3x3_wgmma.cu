@@ -94,7 +94,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int plane = stride * 16, stage_bytes = kXChunks * plane;
   const int positions = kTileM + 2 * QP + 2;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int wg = __shfl_sync(0xffffffffu, warp / 4, 0);  // warp-uniform: descriptors in uniform registers
+  // The warpgroup, warp-uniform to the compiler: its descriptors then live in uniform registers.
+  const int wg = __shfl_sync(0xffffffffu, warp / 4, 0);
   const int k0 = blockIdx.x * kN;
   const auto* z = static_cast<const int8_t*>(e.z);
 
