@@ -220,7 +220,8 @@ __device__ __forceinline__ void pw_fragments(int wm, int wn, int lane, F&& f) {
 }
 
 // Calls f(a0, a1, sb2, p) for each pair of adjacent channels of a row that this thread holds in a
-// tile's accumulators acc[MI][NI][4] (pw_fragments; MI and NI are deduced from acc): a0 and a1 the two
+// tile's accumulators acc[MI][NI][4] (pw_fragments; MI and NI are deduced from acc): a0 and a1
+// the two
 // accumulators, sb2 the channels' (scale, bias, scale, bias) from sb, p the pair's 16-bit slot in
 // the tile zy (rows of zy_row bytes), which holds the residual codes and receives the output
 // codes. The 16-bit shared accesses are conflict-free with rows padded by 16 bytes (N + 16 bytes
@@ -239,7 +240,8 @@ __device__ __forceinline__ void pw_for_each_pair(const int32_t (&acc)[MI][NI][4]
 }
 
 // The epilogue of a tile whose accumulators acc[MI][NI][4] belong to a warp at pixel rows wm..
-// wm + 16 * MI - 1 and channels wn.. wn + 8 * NI - 1 (the fragment layout of mma.sync m16n8k32): zy holds
+// wm + 16 * MI - 1 and channels wn.. wn + 8 * NI - 1 (the fragment layout of mma.sync
+// m16n8k32): zy holds
 // the tile's residual codes (rows of zy_row bytes; ignored when !has_z) and receives its output
 // codes in their place; sb holds each channel's scale and bias. Each pair of adjacent channels of
 // a row belongs to one thread, which reads its two residual codes and writes its two output codes
