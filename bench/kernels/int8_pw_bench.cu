@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "layers/conv_int8.cuh"
+#include "layers/conv_int8_pair.cuh"
 
 namespace {
 
@@ -70,6 +71,102 @@ float median_ms(F&& f, int runs) {
   return t[t.size() / 2];
 }
 
+// The first block of ResNet-50's stages 2-4 at batch 256: the wgmma pair kernel (expand and
+// strided downsample as one layer) against the same work as two pointwise layers (the expand
+// writing Y0, the downsample reading it back as its residual; each the fastest of its tiles).
+void pair_bench(int runs) {
+  struct PairShape {
+    const char* name;
+    int p, c1, c2, k;  // X: 256 x p x p x c1, X2: 256 x 2p x 2p x c2 (read at stride 2)
+  };
+  const PairShape shapes[] = {{"s2 pair 128+256->512", 28, 128, 256, 512},
+                              {"s3 pair 256+512->1024", 14, 256, 512, 1024},
+                              {"s4 pair 512+1024->2048", 7, 512, 1024, 2048}};
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> code(-128, 127), wcode(-127, 127);
+  for (const PairShape& s : shapes) {
+    const int n = 256, M = n * s.p * s.p;
+    const size_t x1n = size_t(M) * s.c1, x2n = size_t(M) * 4 * s.c2, yn = size_t(M) * s.k;
+    std::vector<int8_t> hx1(x1n), hx2(x2n), hw(size_t(s.k) * (s.c1 + s.c2));
+    for (auto& v : hx1) v = static_cast<int8_t>(code(rng));
+    for (auto& v : hx2) v = static_cast<int8_t>(code(rng));
+    for (auto& v : hw) v = static_cast<int8_t>(wcode(rng));
+    std::vector<int8_t> hw1(size_t(s.k) * s.c1), hw2(size_t(s.k) * s.c2);
+    for (int k = 0; k < s.k; ++k) {
+      std::copy_n(hw.begin() + size_t(k) * (s.c1 + s.c2), s.c1, hw1.begin() + size_t(k) * s.c1);
+      std::copy_n(hw.begin() + size_t(k) * (s.c1 + s.c2) + s.c1, s.c2,
+                  hw2.begin() + size_t(k) * s.c2);
+    }
+    const float u1 = 20.f / (std::sqrt(float(s.c1)) * 74.f * 73.f);
+    const float u2 = 20.f / (std::sqrt(float(s.c2)) * 74.f * 73.f);
+    std::vector<kiln::gpu::PairChannel> hch(s.k);
+    std::vector<float> hsb(2 * s.k);
+    for (int i = 0; i < s.k; ++i) {
+      hch[i] = {u1 * (1 + i % 5) / 3, u2 * (1 + i % 3) / 2, 0.1f * (i % 5 - 2), 0.f};
+      hsb[i] = u1 * 0.04f, hsb[s.k + i] = 0.f;
+    }
+    int8_t *x1 = upload(hx1), *x2 = upload(hx2), *w = upload(hw), *w1 = upload(hw1),
+           *w2 = upload(hw2);
+    auto* ch = upload(hch);
+    float* sb = upload(hsb);
+    int8_t *y = nullptr, *y0 = nullptr;
+    PW_CHECK(cudaMalloc(&y, yn));
+    PW_CHECK(cudaMalloc(&y0, yn));
+    const double bytes = double(x1n) + double(x2n) / 4 + double(hw.size()) + double(yn);
+    std::printf("%-28s M %d K %d: %.1f MB moved at least (as one layer)\n", s.name, M, s.k,
+                bytes / 1e6);
+    kiln::gpu::PairLaunch l{};
+    l.a = {x1, s.p, s.p, 1, 1, true};
+    l.b = {x2, 2 * s.p, 2 * s.p, 2, 2, false};
+    l.w = w, l.ch = ch, l.y = y, l.M = M, l.K = s.k, l.P = s.p, l.Q = s.p;
+    if (const char* e = kiln::gpu::launch_int8_pair_wgmma(true, s.c1, s.c2, l, true, 0); *e) {
+      std::printf("    pair wgmma: prepare: %s\n", e);
+    } else {
+      const float ms = median_ms(
+          [&] {
+            if (const char* e2 = kiln::gpu::launch_int8_pair_wgmma(true, s.c1, s.c2, l, false, 0);
+                *e2) {
+              std::fprintf(stderr, "kiln_int8_pw_bench: pair: %s\n", e2);
+              std::exit(1);
+            }
+          },
+          runs);
+      PW_CHECK(cudaGetLastError());
+      std::printf("    %-22s %8.4f ms %7.0f GB/s %6.0f TOPS\n", "pair wgmma", ms,
+                  bytes / ms / 1e6, 2.0 * M * s.k * (s.c1 + s.c2) / ms / 1e9);
+    }
+    // The two layers, each at its fastest pointwise tile.
+    Int8Geom g1{}, g2{};
+    g1.N = g2.N = n, g1.H = g1.W = s.p, g2.H = g2.W = 2 * s.p;
+    g1.C4 = s.c1 / 4, g2.C4 = s.c2 / 4, g1.K = g2.K = s.k, g1.R = g1.S = g2.R = g2.S = 1;
+    g1.P = g1.Q = g2.P = g2.Q = s.p, g1.sh = g1.sw = 1, g2.sh = g2.sw = 2;
+    g1.dh = g1.dw = g2.dh = g2.dw = 1, g1.M = g2.M = M, g1.KW = g1.C4, g2.KW = g2.C4;
+    Int8Epilogue e1, e2;
+    e1.scale = e2.scale = sb, e1.bias = e2.bias = sb + s.k, e1.sy = e2.sy = 0.04f;
+    e2.z = y0, e2.z_type = kiln::DataType::kInt8, e2.sz = 0.05f;
+    e2.act.act = kiln::gpu::Act::kRelu;
+    auto best = [&](const int8_t* x, const int8_t* wt, int8_t* out, const Int8Geom& g,
+                    const Int8Epilogue& e) {
+      float b = 1e9f;
+      for (int tn : {128, 64})
+        for (int tm : {128, 64}) {
+          if (*kiln::gpu::int8_pointwise_unfit(g, tn, tm)) continue;
+          b = std::min(b, median_ms([&] {
+                         kiln::gpu::launch_int8_pointwise(x, wt, out, g, e, tn, tm, 0);
+                       }, runs));
+        }
+      return b;
+    };
+    const float ex = best(x1, w1, y0, g1, e1), ds = best(x2, w2, y, g2, e2);
+    PW_CHECK(cudaGetLastError());
+    std::printf("    %-22s %8.4f ms (expand %.4f + downsample %.4f)\n", "two pointwise layers",
+                ex + ds, ex, ds);
+    for (void* p : {(void*)x1, (void*)x2, (void*)w, (void*)w1, (void*)w2, (void*)ch, (void*)sb,
+                    (void*)y, (void*)y0})
+      PW_CHECK(cudaFree(p));
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -98,6 +195,10 @@ int main(int argc, char** argv) {
   std::printf("gpu %s, %d SMs, runs %d (median)\n", prop.name, prop.multiProcessorCount, runs);
   PW_CHECK(kiln::gpu::prepare_int8_pipelined());
   PW_CHECK(kiln::gpu::prepare_int8_pointwise());
+  if (const char* only = std::getenv("KILN_PW_BENCH"); only && std::string(only) == "pair") {
+    pair_bench(runs);  // KILN_PW_BENCH=pair: the pair rows only
+    return 0;
+  }
   const Shape shapes[] = {
       {"s1 expand 64->256 +res", 256, 56, 56, 64, 256, 1, true},
       {"s1 expand 64->256", 256, 56, 56, 64, 256, 1, false},
@@ -209,5 +310,6 @@ int main(int argc, char** argv) {
     for (void* p : {(void*)x, (void*)w, (void*)z, (void*)sb, (void*)y, (void*)y_ref})
       if (p) PW_CHECK(cudaFree(p));
   }
+  pair_bench(runs);
   return 0;
 }

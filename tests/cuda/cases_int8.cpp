@@ -264,6 +264,18 @@ std::vector<OpCase> int8_cases() {
                         true, false));
   v.push_back(int8_pair("i8_pair_k64_b1", {1, 64, 9, 9}, {1, 64, 9, 9}, 64, 1, "Relu", true,
                         false, true));
+  // The wgmma pair kernel (conv_int8.pair.wgmma): ResNet's stages 2-4 (C1, C2) with the
+  // downsample at stride 2 (a last tile cut short; stage 3 without activation, one bias and W2
+  // per tensor; stage 4's 64-channel blocks), and one 128-channel block over 20,000 pixels,
+  // X2 at stride 1: 313 tiles, so that some warpgroups walk two (the ring across a tile's end).
+  v.push_back(int8_pair("i8_pair_c128_c256_s2", {3, 128, 14, 13}, {3, 256, 28, 26}, 512, 2,
+                        "Relu", true, true, true));
+  v.push_back(int8_pair("i8_pair_c256_c512_noact", {2, 256, 7, 7}, {2, 512, 14, 14}, 256, 2, "",
+                        false, true, false));
+  v.push_back(int8_pair("i8_pair_c512_c1024", {1, 512, 5, 6}, {1, 1024, 9, 11}, 2048, 2, "Relu",
+                        true, true, true));
+  v.push_back(int8_pair("i8_pair_c128_c256_many", {2, 128, 100, 100}, {2, 256, 100, 100}, 128, 1,
+                        "Relu", true, false, true));
   // The INT8 pooled stem: ResNet's 7x7/2 + 3x3/2 at odd sizes (pooled tiles past the edge, the
   // pool's padding); a 5x5 filter with even and odd leading pads, K = 128 (two channel blocks),
   // an asymmetric pool, Clip, one weight scale; ResNet's stem at 224 x 224, batch 8: 448 pooled

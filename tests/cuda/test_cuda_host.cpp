@@ -509,14 +509,14 @@ TEST(CudaHost, SmallIntToFloatIsExactUpTo2To22) {
   EXPECT_NE(small_int_to_float((1 << 22) + 1), static_cast<float>((1 << 22) + 1));
 }
 
-// ResNet's first block of stage 1 after INT8 marking, with the downsample at stride 2 (as a
-// later stage's): A = the block's expand (1x1, 64 -> 512) and B = the downsample (1x1 stride 2,
-// c2 -> 512) with A's output as its residual and ReLU. On the cuda backend the INT8 stage pairs
-// them (conv_int8.pair takes (C1, C2) = (64, 64)); with a downsample from 256 channels it does
-// not (no kernel for that pair).
-std::unique_ptr<Graph> int8_block_graph(int64_t c2) {
+// ResNet's first block of a stage after INT8 marking, with the downsample at stride 2: A = the
+// block's expand (1x1, c1 -> 512) and B = the downsample (1x1 stride 2, c2 -> 512) with A's
+// output as its residual and ReLU. On the cuda backend the INT8 stage pairs them where a pair
+// kernel takes (c1, c2): (64, 64) (conv_int8.pair), stage 2's (128, 256) (conv_int8.pair.wgmma);
+// with (64, 256) it does not (no kernel for that pair).
+std::unique_ptr<Graph> int8_block_graph(int64_t c2, int64_t c1 = 64) {
   auto g = std::make_unique<Graph>();
-  Value* x = g->add_value("x", TensorType(DataType::kFloat32, {2, 64, 14, 14}));
+  Value* x = g->add_value("x", TensorType(DataType::kFloat32, {2, c1, 14, 14}));
   Value* x2 = g->add_value("x2", TensorType(DataType::kFloat32, {2, c2, 28, 28}));
   g->add_input(x);
   g->add_input(x2);
@@ -532,7 +532,7 @@ std::unique_ptr<Graph> int8_block_graph(int64_t c2) {
     n->input(1)->quant_axis = 0;
     return n;
   };
-  Node* a = conv("expand", x, 64, {});
+  Node* a = conv("expand", x, c1, {});
   Node* b = conv("downsample", x2, c2, {a->output(0)});
   b->attrs.set("strides", Attribute::Ints({2, 2}));
   b->attrs.set("activation", Attribute::String("Relu"));
@@ -569,11 +569,24 @@ TEST(CudaHost, Int8StagePairsResNetsBlockZeroWhereTheKernelTakesIt) {
   EXPECT_EQ(c.out[0].dtype, DataType::kInt8);
   std::string why;
   EXPECT_TRUE(t->supports(c.desc(pair), &why)) << why;
-  // A downsample from 256 channels (stage 2's): no kernel, no pair.
+  // A downsample from 256 channels beside an expand from 64: no kernel, no pair.
   auto other = int8_block_graph(256);
   ASSERT_TRUE(optimize_int8_graph(*other, o).ok());
   EXPECT_EQ(other->nodes().size(), 3u);
   EXPECT_EQ(other->nodes()[0]->op_type, "FusedConv");
+  // Stage 2's (128, 256): the wgmma pair kernel takes it (and the mma.sync one does not).
+  auto stage2 = int8_block_graph(256, 128);
+  ASSERT_TRUE(optimize_int8_graph(*stage2, o).ok());
+  ASSERT_EQ(stage2->nodes().size(), 2u);
+  const Node* pair2 = stage2->nodes()[0];
+  ASSERT_EQ(pair2->op_type, "FusedConvPair");
+  const TacticDef* tw = find_tactic("conv_int8.pair.wgmma");
+  ASSERT_TRUE(tw && tw->supports);
+  LayerChoice c2 = make_int8_choice(*pair2, *tw, DataType::kFloat16);
+  EXPECT_TRUE(tw->supports(c2.desc(pair2), &why)) << why;
+  LayerChoice c1 = make_int8_choice(*pair2, *t, DataType::kFloat16);
+  EXPECT_FALSE(t->supports(c1.desc(pair2), &why));
+  EXPECT_NE(why.find("(64, 64)"), std::string::npos) << why;
 }
 
 // pool.global_avg.codes (kQuantIn0) takes GlobalAveragePool's input as int8 codes of its scale:

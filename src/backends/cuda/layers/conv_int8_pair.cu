@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "device_util_host.h"
-#include "kernels/fast_div.cuh"
 #include "layers/conv_common.h"
+#include "layers/conv_int8_pair.cuh"
 #include "layers/conv_int8_pw.cuh"
 #include "ops/fused_util.h"
 #include "quant/int8.h"
@@ -31,19 +31,6 @@ namespace {
 constexpr int kThreads = 256;  // 8 warps: 2 along the pixels x 4 along the channels
 constexpr int kTileM = 64;     // pixels per tile
 
-// One input of the pair: int8 NHWC [n][H][W][C], read at stride (sh, sw) (1x1, no padding).
-struct PairInput {
-  const int8_t* x;
-  int H, W, sh, sw;
-  bool contiguous;  // stride 1 (so H, W are the output's): output pixel m reads row m
-};
-
-// The epilogue's constants of an output channel, divided by Y's scale: X's and X2's dequantizing
-// scales (sx * sw[k] / sy, sx2 * sw2[k] / sy) and the two biases' sum (b[k] + b2[k]) / sy.
-struct PairChannel {
-  float s1, s2, b, pad;
-};
-
 // Shared memory: W [N][C1 + C2 + 16], X [2][64][C1 + C2 + 16], the output ring [2][64][N + 16],
 // then the channels' PairChannel [N] (rows padded by 16 bytes: fragment and pair accesses fall in
 // distinct banks).
@@ -51,14 +38,6 @@ template <int N, int C1, int C2>
 constexpr int smem_bytes() {
   constexpr int kRow = C1 + C2 + 16;
   return N * kRow + 2 * kTileM * kRow + 2 * kTileM * (N + 16) + N * 16;
-}
-
-__device__ __forceinline__ int64_t input_row(const PairInput& in, int m, int P, int Q,
-                                             const FastDiv& by_q, const FastDiv& by_pq) {
-  if (in.contiguous) return m;
-  const int nq = static_cast<int>(by_q.div(m)), n = static_cast<int>(by_pq.div(m));
-  const int q = m - nq * Q, p = nq - n * P;
-  return (static_cast<int64_t>(n) * in.H + p * in.sh) * in.W + q * in.sw;
 }
 
 // Issues the cp.async copies of a tile's C codes of one input into its rows' columns
@@ -72,7 +51,7 @@ __device__ __forceinline__ void load_input(int8_t* xt, int col0, const PairInput
   for (int j = 0; j < kTileM * kChunks / kThreads; ++j) {
     const int i = tid + j * kThreads, r = i / kChunks, c = i % kChunks, m = m0 + r;
     const bool ok = m < M;
-    const int64_t row = ok ? input_row(in, m, P, Q, by_q, by_pq) : 0;
+    const int64_t row = ok ? pair_input_row(in, m, P, Q, by_q, by_pq) : 0;
     cp_async16(xt + r * kRow + col0 + c * 16, in.x + row * C + c * 16, ok);
   }
 }
@@ -154,14 +133,6 @@ cudaError_t prepare_one() {
                             &resident_blocks<N, C1, C2, Relu>());
 }
 
-struct PairLaunch {
-  PairInput a, b;
-  const int8_t* w;
-  const PairChannel* ch;
-  int8_t* y;
-  int M, K, P, Q;
-};
-
 template <int N, int C1, int C2, bool Relu>
 const char* launch(const PairLaunch& l, bool prepare, cudaStream_t stream) {
   if (prepare) {
@@ -181,8 +152,8 @@ const char* launch(const PairLaunch& l, bool prepare, cudaStream_t stream) {
 // channels, the downsample from the stem's 64). Stages 2 and 3's pairs, (128, 256) and
 // (256, 512) with the downsample at stride 2, ran too (H100, docs/perf.md, eleventh session):
 // 0.236 and 0.196 ms against 0.233 and 0.185 for their two layers. Their weight slices and
-// rows fill shared memory, so one block of 8 warps per SM issues a third of the time; the pass
-// then makes nothing faster, so they are not instantiated. Stage 4's (512, 1024) does not fit.
+// rows fill shared memory, so one block of 8 warps per SM issues a third of the time; the wgmma
+// pair kernel (conv_int8_pair_wgmma.cu) takes them instead.
 constexpr int kC1 = 64, kC2 = 64;
 constexpr const char* kShapeWhy = "(C1, C2) must be (64, 64)";
 
@@ -194,8 +165,10 @@ const char* dispatch_c(int c1, int c2, const PairLaunch& l, bool prepare, cudaSt
   return kShapeWhy;
 }
 
+// The two kernel families: mma.sync (this file, tile_n 128 or 64) or wgmma (tile_n 0).
 const char* dispatch(int tile_n, bool relu, int c1, int c2, const PairLaunch& l, bool prepare,
                      cudaStream_t s) {
+  if (tile_n == 0) return launch_int8_pair_wgmma(relu, c1, c2, l, prepare, s);
   if (tile_n == 128)
     return relu ? dispatch_c<128, true>(c1, c2, l, prepare, s)
                 : dispatch_c<128, false>(c1, c2, l, prepare, s);
@@ -227,7 +200,8 @@ bool pair_conv_fits(const Attributes& a, const Tensor* w, std::string* why) {
   return true;
 }
 
-bool pair_supports(const LayerDesc& d, std::string* why) {
+// wgmma: the tactic conv_int8.pair.wgmma (conv_int8_pair_wgmma.cu), else conv_int8.pair.
+bool pair_supports(const LayerDesc& d, std::string* why, bool wgmma) {
   const Node& n = *d.node;
   if (d.precision != Precision::kINT8 || !quant::runs_int8(n))
     return *why = "INT8 layers only (int8 = 1)", false;
@@ -246,8 +220,15 @@ bool pair_supports(const LayerDesc& d, std::string* why) {
     return *why = "Y must be stored int8 NHWC (its value needs an INT8 scale)", false;
   if (!none_or_relu(n, why)) return false;
   const int c1 = static_cast<int>(w1->dim(1)), c2 = static_cast<int>(w2->dim(1));
-  if (!shape_known(c1, c2)) return *why = kShapeWhy, false;
-  if (w1->dim(0) % 64 != 0) return *why = "K must be a multiple of 64", false;
+  if (wgmma) {
+    if (const char* e = int8_pair_wgmma_unfit(c1, c2, static_cast<int>(w1->dim(0))); *e)
+      return *why = e, false;
+    for (int64_t st : n.attrs.get_ints("strides", {}))
+      if (st != 1) return *why = "the first convolution must be stride 1 (X read row by row)", false;
+  } else {
+    if (!shape_known(c1, c2)) return *why = kShapeWhy, false;
+    if (w1->dim(0) % 64 != 0) return *why = "K must be a multiple of 64", false;
+  }
   for (size_t b : {size_t{2}, size_t{5}})
     if (n.input(b) && (!d.in_const(b) || d.in_const(b)->numel() != w1->dim(0)))
       return *why = "a bias is not one constant per output channel", false;
@@ -266,8 +247,9 @@ std::vector<std::string> pair_variants(const LayerDesc& d) {
 
 class Int8PairLayer final : public Layer {
  public:
-  explicit Int8PairLayer(const LayerDesc& d)
-      : node_(d.node), tile_n_(d.variant.starts_with("n128") ? 128 : 64) {}
+  // tile_n: the mma.sync kernel's output channels per block (its variant), 0 for the wgmma kernel.
+  Int8PairLayer(const LayerDesc& d, bool wgmma)
+      : node_(d.node), tile_n_(wgmma ? 0 : d.variant.starts_with("n128") ? 128 : 64) {}
 
   // Host side, once: the int8 weights [K][C1 + C2] (W's row, then W2's) and the channels'
   // epilogue constants.
@@ -281,7 +263,7 @@ class Int8PairLayer final : public Layer {
     K_ = static_cast<int>(w1.dim(0));
     c1_ = static_cast<int>(w1.dim(1));
     c2_ = static_cast<int>(w2.dim(1));
-    if (pair_smem(tile_n_, c1_, c2_) > kSmemLimit)
+    if (tile_n_ != 0 && pair_smem(tile_n_, c1_, c2_) > kSmemLimit)
       return KILN_ERROR("{}: variant n{} does not fit in shared memory", n.label(), tile_n_);
     const Tensor q1 = quant::quantize_weights(w1, n.input(1)->quant_scales, 0);
     const Tensor q2 = quant::quantize_weights(w2, n.input(4)->quant_scales, 0);
@@ -337,7 +319,7 @@ class Int8PairLayer final : public Layer {
       return KILN_ERROR("{}: tensor too large or shapes inconsistent for the INT8 pair kernel",
                         node_->label());
     M_ = static_cast<int>(M);
-    if (K_ % tile_n_ != 0)
+    if (tile_n_ != 0 && K_ % tile_n_ != 0)
       return KILN_ERROR("{}: K = {} is not a multiple of the variant's {} channels", node_->label(),
                         K_, tile_n_);
     PairLaunch none{};
@@ -385,16 +367,29 @@ class Int8PairLayer final : public Layer {
   DeviceMemory weights_;  // int8 weights, then the channels' epilogue constants
 };
 
-}  // namespace
-
-bool int8_pair_supports(const LayerDesc& d, std::string* why) { return pair_supports(d, why); }
-std::vector<std::string> int8_pair_variants(const LayerDesc& d) { return pair_variants(d); }
-Expected<std::unique_ptr<Layer>> create_int8_pair(const LayerDesc& d) {
+Expected<std::unique_ptr<Layer>> create_pair(const LayerDesc& d, bool wgmma) {
   std::string why;
-  if (!pair_supports(d, &why)) return KILN_ERROR("{}: INT8 pair kernel: {}", d.node->label(), why);
-  auto layer = std::make_unique<Int8PairLayer>(d);
+  if (!pair_supports(d, &why, wgmma))
+    return KILN_ERROR("{}: INT8 pair kernel: {}", d.node->label(), why);
+  auto layer = std::make_unique<Int8PairLayer>(d, wgmma);
   KILN_RETURN_IF_ERROR(layer->init(d));
   return std::unique_ptr<Layer>(std::move(layer));
+}
+
+}  // namespace
+
+bool int8_pair_supports(const LayerDesc& d, std::string* why) {
+  return pair_supports(d, why, false);
+}
+std::vector<std::string> int8_pair_variants(const LayerDesc& d) { return pair_variants(d); }
+Expected<std::unique_ptr<Layer>> create_int8_pair(const LayerDesc& d) {
+  return create_pair(d, false);
+}
+bool int8_pair_wgmma_supports(const LayerDesc& d, std::string* why) {
+  return pair_supports(d, why, true);
+}
+Expected<std::unique_ptr<Layer>> create_int8_pair_wgmma(const LayerDesc& d) {
+  return create_pair(d, true);
 }
 
 }  // namespace kiln::gpu

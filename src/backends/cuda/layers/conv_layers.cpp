@@ -44,6 +44,8 @@ Expected<std::unique_ptr<Layer>> create_int8_conv3x3_wgmma(const LayerDesc& d);
 bool int8_pair_supports(const LayerDesc& d, std::string* why);  // conv_int8_pair.cu
 std::vector<std::string> int8_pair_variants(const LayerDesc& d);
 Expected<std::unique_ptr<Layer>> create_int8_pair(const LayerDesc& d);
+bool int8_pair_wgmma_supports(const LayerDesc& d, std::string* why);  // conv_int8_pair.cu
+Expected<std::unique_ptr<Layer>> create_int8_pair_wgmma(const LayerDesc& d);
 
 namespace {
 
@@ -322,6 +324,8 @@ const TacticDef kConvTactics[] = {
     // Two 1x1 convolutions summed into one activation (ResNet's expand + downsample), INT8 only.
     {"kiln", "FusedConvPair", "conv_int8.pair", kI8 | kF32 | kF16 | kNHWC | kReassociated, 0,
      int8_pair_supports, create_int8_pair, int8_pair_variants},
+    {"kiln", "FusedConvPair", "conv_int8.pair.wgmma", kI8 | kF32 | kF16 | kNHWC | kReassociated,
+     0, int8_pair_wgmma_supports, create_int8_pair_wgmma},
     {"", "ConvTranspose", "cudnn.convt", kF32 | kF16 | kF64, 0, convt_supports, create_convt},
 };
 
