@@ -77,16 +77,17 @@ float median_ms(F&& f, int runs) {
 void pair_bench(int runs) {
   struct PairShape {
     const char* name;
-    int p, c1, c2, k;  // X: 256 x p x p x c1, X2: 256 x 2p x 2p x c2 (read at stride 2)
+    int p, c1, c2, k, s;  // X: 256 x p x p x c1, X2: 256 x sp x sp x c2 (read at stride s)
   };
-  const PairShape shapes[] = {{"s2 pair 128+256->512", 28, 128, 256, 512},
-                              {"s3 pair 256+512->1024", 14, 256, 512, 1024},
-                              {"s4 pair 512+1024->2048", 7, 512, 1024, 2048}};
+  const PairShape shapes[] = {{"s1 pair 64+64->256", 56, 64, 64, 256, 1},
+                              {"s2 pair 128+256->512", 28, 128, 256, 512, 2},
+                              {"s3 pair 256+512->1024", 14, 256, 512, 1024, 2},
+                              {"s4 pair 512+1024->2048", 7, 512, 1024, 2048, 2}};
   std::mt19937 rng(7);
   std::uniform_int_distribution<int> code(-128, 127), wcode(-127, 127);
   for (const PairShape& s : shapes) {
     const int n = 256, M = n * s.p * s.p;
-    const size_t x1n = size_t(M) * s.c1, x2n = size_t(M) * 4 * s.c2, yn = size_t(M) * s.k;
+    const size_t x1n = size_t(M) * s.c1, x2n = size_t(M) * s.s * s.s * s.c2, yn = size_t(M) * s.k;
     std::vector<int8_t> hx1(x1n), hx2(x2n), hw(size_t(s.k) * (s.c1 + s.c2));
     for (auto& v : hx1) v = static_cast<int8_t>(code(rng));
     for (auto& v : hx2) v = static_cast<int8_t>(code(rng));
@@ -112,12 +113,12 @@ void pair_bench(int runs) {
     int8_t *y = nullptr, *y0 = nullptr;
     PW_CHECK(cudaMalloc(&y, yn));
     PW_CHECK(cudaMalloc(&y0, yn));
-    const double bytes = double(x1n) + double(x2n) / 4 + double(hw.size()) + double(yn);
+    const double bytes = double(x1n) + double(x2n) / (s.s * s.s) + double(hw.size()) + double(yn);
     std::printf("%-28s M %d K %d: %.1f MB moved at least (as one layer)\n", s.name, M, s.k,
                 bytes / 1e6);
     kiln::gpu::PairLaunch l{};
     l.a = {x1, s.p, s.p, 1, 1, true};
-    l.b = {x2, 2 * s.p, 2 * s.p, 2, 2, false};
+    l.b = {x2, s.s * s.p, s.s * s.p, s.s, s.s, s.s == 1};
     l.w = w, l.ch = ch, l.y = y, l.M = M, l.K = s.k, l.P = s.p, l.Q = s.p;
     if (const char* e = kiln::gpu::launch_int8_pair_wgmma(true, s.c1, s.c2, l, true, 0); *e) {
       std::printf("    pair wgmma: prepare: %s\n", e);
@@ -137,9 +138,9 @@ void pair_bench(int runs) {
     }
     // The two layers, each at its fastest pointwise tile.
     Int8Geom g1{}, g2{};
-    g1.N = g2.N = n, g1.H = g1.W = s.p, g2.H = g2.W = 2 * s.p;
+    g1.N = g2.N = n, g1.H = g1.W = s.p, g2.H = g2.W = s.s * s.p;
     g1.C4 = s.c1 / 4, g2.C4 = s.c2 / 4, g1.K = g2.K = s.k, g1.R = g1.S = g2.R = g2.S = 1;
-    g1.P = g1.Q = g2.P = g2.Q = s.p, g1.sh = g1.sw = 1, g2.sh = g2.sw = 2;
+    g1.P = g1.Q = g2.P = g2.Q = s.p, g1.sh = g1.sw = 1, g2.sh = g2.sw = s.s;
     g1.dh = g1.dw = g2.dh = g2.dw = 1, g1.M = g2.M = M, g1.KW = g1.C4, g2.KW = g2.C4;
     Int8Epilogue e1, e2;
     e1.scale = e2.scale = sb, e1.bias = e2.bias = sb + s.k, e1.sy = e2.sy = 0.04f;

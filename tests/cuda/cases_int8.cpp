@@ -276,6 +276,10 @@ std::vector<OpCase> int8_cases() {
                         true, true, true));
   v.push_back(int8_pair("i8_pair_c128_c256_many", {2, 128, 100, 100}, {2, 256, 100, 100}, 128, 1,
                         "Relu", true, false, true));
+  // ... and (64, 64), a chunk holding both inputs' codes, with 313 tiles (one chunk per tile:
+  // loads three tiles ahead).
+  v.push_back(int8_pair("i8_pair_c64_c64_many", {2, 64, 100, 100}, {2, 64, 100, 100}, 128, 1,
+                        "Relu", true, true, false));
   // The INT8 pooled stem: ResNet's 7x7/2 + 3x3/2 at odd sizes (pooled tiles past the edge, the
   // pool's padding); a 5x5 filter with even and odd leading pads, K = 128 (two channel blocks),
   // an asymmetric pool, Clip, one weight scale; ResNet's stem at 224 x 224, batch 8: 448 pooled

@@ -1,7 +1,8 @@
 // conv_int8.pair.wgmma: kiln.FusedConvPair (int8 = 1) on Hopper's warpgroup MMA, for the first
-// bottleneck block of ResNet's stages 2-4, where the block's expand (1x1, C1 -> K) and its
-// strided downsample (1x1 stride 2, C2 -> K) join in the residual Add and ReLU:
-// (C1, C2) = (128, 256), (256, 512), (512, 1024) with K = 4 C1.
+// bottleneck block of ResNet's stages, where the block's expand (1x1, C1 -> K) and its
+// downsample (1x1, stride 2 past stage 1, C2 -> K) join in the residual Add and ReLU:
+// (C1, C2) = (64, 64), (128, 256), (256, 512), (512, 1024) with K = 4 C1. At (64, 64) a chunk
+// holds both inputs' codes; the tuner times it against the mma.sync pair kernel there.
 //
 // Run as two layers, the expand writes its K-channel output and the downsample reads it back as
 // its residual; the pair reads X and X2 and writes Y once. The mma.sync pair kernel
@@ -16,9 +17,9 @@
 //     chunks (64 pixel rows of 128 bytes in wgmma's 128-byte swizzled layout, so that the 8 lanes
 //     copying a row write one line), S - 2 chunks ahead of its MMAs, across tile boundaries; a
 //     stage's mbarrier completes when its copies have landed (cp.async.mbarrier.arrive);
-//   - a chunk is 4 k steps of wgmma m64nBNk32 into X's accumulators (the first C1 / 128 chunks)
-//     or X2's (their scales differ per channel, so the two GEMMs accumulate apart), issued
-//     without waiting for the chunk before;
+//   - a chunk is 4 k steps of wgmma m64nBNk32, each into X's accumulators (the first C1 / 32
+//     steps of a tile) or X2's (their scales differ per channel, so the two GEMMs accumulate
+//     apart), issued without waiting for the chunk before;
 //   - at a tile's end the warpgroup waits for its MMAs and runs the pair epilogue,
 //     fma(acc2, s2, fma(acc1, s1, b)) -> code (the mma.sync pair kernel's arithmetic), into its
 //     output rows in shared memory, then stores them coalesced. While one warpgroup is in its
@@ -76,10 +77,11 @@ __global__ void __launch_bounds__(128 * WG, 1)
     int8_pair_wgmma(PairInput a, PairInput b, const int8_t* __restrict__ w,
                     const PairChannel* __restrict__ ch, int8_t* __restrict__ y, int M, int K,
                     int P, int Q, int tiles, FastDiv by_q, FastDiv by_pq) {
-  constexpr int C = C1 + C2, kNC1 = C1 / kChunk, kNC = C / kChunk, kZRow = BN + 16;
+  constexpr int C = C1 + C2, kNC = C / kChunk, kZRow = BN + 16;
+  constexpr int kP1 = C1 / 16, kS1 = C1 / 32;  // X's 16-byte pieces, its k steps
   constexpr int kThreads = 128 * WG, kStages = S, kAhead = S - 2;  // chunks loaded ahead
   constexpr bool kSmall1 = C1 <= 256, kSmall2 = C2 <= 256;  // |acc| <= 2^22: acc_to_float
-  static_assert(C1 % kChunk == 0 && C2 % kChunk == 0, "whole chunks per input");
+  static_assert(C % kChunk == 0 && C1 % 32 == 0, "whole chunks; a k step reads one input");
   extern __shared__ __align__(128) unsigned char smem[];
   const int tid = threadIdx.x, t = tid % 128, lane = tid % 32, warp = t / 32;
   // The warpgroup, warp-uniform to the compiler (its descriptors then live in uniform registers).
@@ -110,10 +112,9 @@ __global__ void __launch_bounds__(128 * WG, 1)
   const int step = gridDim.y * WG, first = blockIdx.y * WG + wg;
   const int my_tiles = first < tiles ? (tiles - 1 - first) / step + 1 : 0;
   const int bar = 1 + wg;
-  // Thread t copies 16-byte piece t % 8 of pixels t / 8 + 16 i of a chunk. Where those pixels'
-  // rows start in X and in X2 (elements; -1: past the last pixel, zero-filled), per tile, found
-  // once per tile rather than once per chunk (the strided input's divisions).
-  // X is read at stride 1 (int8_pair_wgmma_unfit): pixel m's row is m.
+  // Thread t copies 16-byte piece t % 8 of pixels t / 8 + 16 i of a chunk. A tile's first pixel
+  // and where those pixels' rows start in X2 (elements; -1: past the last pixel, zero-filled);
+  // X is read at stride 1 (launch checks it): pixel m's row is m.
   struct Rows {
     int m0, x2[4];
   };
@@ -126,44 +127,64 @@ __global__ void __launch_bounds__(128 * WG, 1)
       rw.x2[i] = ok ? static_cast<int>(pair_input_row(b, m, P, Q, by_q, by_pq)) * C2 : -1;
     }
   };
-  // Chunk J of a tile (rows rw) into chunk g's stage, 128-byte swizzled (piece c of pixel r at
-  // byte 16 (c ^ r % 8) of its 128-byte row: the 8 lanes copying a pixel's 128 contiguous bytes
-  // write one 128-byte line, and wgmma's reads of 8 rows' piece fall in distinct banks); the
-  // stage's barrier counts this thread's arrival once its copies have landed.
+  // Chunk J of a tile (rows rw) into chunk g's stage: the tile's pieces 8 J.. of the reduction
+  // (X's C1 / 16 pieces, then X2's), 128-byte swizzled (piece c of pixel r at byte 16 (c ^ r % 8)
+  // of its 128-byte row: the 8 lanes copying a pixel's 128 contiguous bytes write one 128-byte
+  // line, and wgmma's reads of 8 rows' piece fall in distinct banks); the stage's barrier counts
+  // this thread's arrival once its copies have landed.
   auto load = [&](const Rows& rw, auto chunk, int g) {
     constexpr int J = decltype(chunk)::value;
     int8_t* st = ring + (g % kStages) * kStageBytes + (t / 8) * kChunk +
                  (((t % 8) ^ ((t / 8) % 8)) * 16);  // pixels t / 8 + 16 i: the same r % 8
+    const int p = J * 8 + t % 8;
+    const bool from_x = C1 % kChunk == 0 ? J * 8 < kP1 : p < kP1;  // whole chunks: J decides
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int m = rw.m0 + t / 8 + 16 * i;
-      const int row = J < kNC1 ? (m < M ? m * C1 : -1) : rw.x2[i];
-      const int8_t* src = J < kNC1 ? a.x + J * kChunk : b.x + (J - kNC1) * kChunk;
-      cp_async16(st + 16 * i * kChunk, src + (row < 0 ? 0 : row) + (t % 8) * 16, row >= 0);
+      const bool ok = from_x ? m < M : rw.x2[i] >= 0;
+      const int8_t* src = from_x ? a.x + m * C1 + p * 16 : b.x + rw.x2[i] + (p - kP1) * 16;
+      cp_async16(st + 16 * i * kChunk, ok ? src : a.x, ok);
     }
     cp_async_mbarrier_arrive(full + g % kStages);
   };
-  // Chunk g (chunk j of its tile) as 4 k steps of wgmma into acc, issued without waiting; the
-  // tile's first chunk of each input overwrites its accumulators.
-  auto mma = [&](int32_t(&acc)[1][BN / 8][4], int g, int j, bool overwrite) {
+  // Chunk g (chunk J of its tile) as 4 k steps of wgmma, each into X's accumulators or X2's (k
+  // step s of the tile reads X when s < C1 / 32), issued without waiting; a tile's first k step
+  // of each input overwrites its accumulators.
+  auto mma = [&](int32_t(&acc1)[1][BN / 8][4], int32_t(&acc2)[1][BN / 8][4], int g, auto chunk) {
+    constexpr int J = decltype(chunk)::value, s0 = J * (kChunk / 32), s1 = s0 + kChunk / 32;
     const uint64_t ad =
         wgmma_desc_opaque(wgmma_desc_sw128(smem_u32(ring + (g % kStages) * kStageBytes)));
     const uint64_t bd =
-        wgmma_desc_opaque(wgmma_desc(smem_u32(ws) + j * (kChunk / 16) * BN * 16, BN * 16, 128));
-    wgmma_fence_operand(acc[0]);
+        wgmma_desc_opaque(wgmma_desc(smem_u32(ws) + J * (kChunk / 16) * BN * 16, BN * 16, 128));
+    if constexpr (s0 < kS1) wgmma_fence_operand(acc1[0]);
+    if constexpr (s1 > kS1) wgmma_fence_operand(acc2[0]);
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kChunk / 32; ++kk)
-      wgmma_s8_k32<BN>(acc[0], wgmma_desc_add(ad, 32 * kk),
-                       wgmma_desc_add(bd, 2 * kk * BN * 16), !(overwrite && kk == 0));
+    constexpr_for<kChunk / 32>([&](auto kc) {
+      constexpr int kk = decltype(kc)::value, s = s0 + kk;
+      const uint64_t da = wgmma_desc_add(ad, 32 * kk), db = wgmma_desc_add(bd, 2 * kk * BN * 16);
+      if constexpr (s < kS1)
+        wgmma_s8_k32<BN>(acc1[0], da, db, s != 0);
+      else
+        wgmma_s8_k32<BN>(acc2[0], da, db, s != kS1);
+    });
     wgmma_commit();
   };
 
-  static_assert(kNC >= kAhead, "the first loads are all the first tile's");
-  Rows cur, next;  // this tile's rows, the next one's
+  // The tiles' rows: found once per tile (this tile's and the next's) where a tile has at least
+  // kAhead chunks, else for each load.
+  Rows cur, next;
   tile_rows(0, cur);
   tile_rows(1, next);
-  if (my_tiles > 0) constexpr_for<kAhead>([&](auto jc) { load(cur, jc, decltype(jc)::value); });
+  constexpr_for<kAhead>([&](auto sc_) {
+    constexpr int s = decltype(sc_)::value;
+    if constexpr (kNC >= kAhead) {
+      if (my_tiles > 0) load(cur, std::integral_constant<int, s>(), s);
+    } else if (s / kNC < my_tiles) {
+      Rows rw;
+      tile_rows(s / kNC, rw);
+      load(rw, std::integral_constant<int, s % kNC>(), s);
+    }
+  });
   int g = 0;
   for (int lt = 0; lt < my_tiles; ++lt) {
     int32_t acc1[1][BN / 8][4], acc2[1][BN / 8][4];
@@ -173,19 +194,26 @@ __global__ void __launch_bounds__(128 * WG, 1)
       // Every warp is past its wait for chunk g - 2's MMAs (below, last iteration): that chunk's
       // stage takes chunk g + kAhead (chunk j + kAhead of this tile, or of the next).
       warpgroup_barrier(bar);
-      if constexpr (j + kAhead < kNC)
-        load(cur, std::integral_constant<int, j + kAhead>(), g + kAhead);
-      else if (lt + 1 < my_tiles)
-        load(next, std::integral_constant<int, j + kAhead - kNC>(), g + kAhead);
-      if (j < kNC1)
-        mma(acc1, g, j, j == 0);
-      else
-        mma(acc2, g, j, j == kNC1);
+      // The chunk kAhead on: chunk J of tile lt + dt.
+      constexpr int dt = (j + kAhead) / kNC, J = (j + kAhead) % kNC;
+      if constexpr (kNC >= kAhead) {
+        if constexpr (dt == 0)
+          load(cur, std::integral_constant<int, J>(), g + kAhead);
+        else if (lt + 1 < my_tiles)
+          load(next, std::integral_constant<int, J>(), g + kAhead);
+      } else if (lt + dt < my_tiles) {
+        Rows rw;
+        tile_rows(lt + dt, rw);
+        load(rw, std::integral_constant<int, J>(), g + kAhead);
+      }
+      mma(acc1, acc2, g, jc);
       wgmma_wait<1>();  // chunk g - 1's MMAs are done
       ++g;
     });
-    cur = next;
-    tile_rows(lt + 2, next);
+    if constexpr (kNC >= kAhead) {
+      cur = next;
+      tile_rows(lt + 2, next);
+    }
     wgmma_wait<0>();
     wgmma_fence_operand(acc1[0]);
     wgmma_fence_operand(acc2[0]);
@@ -243,6 +271,7 @@ const char* launch(const PairLaunch& l, bool prepare, cudaStream_t stream) {
 
 template <bool Relu>
 const char* dispatch(int c1, int c2, const PairLaunch& l, bool prepare, cudaStream_t s) {
+  if (c1 == 64 && c2 == 64) return launch<64, 64, Relu>(l, prepare, s);
   if (c1 == 128 && c2 == 256) return launch<128, 256, Relu>(l, prepare, s);
   if (c1 == 256 && c2 == 512) return launch<256, 512, Relu>(l, prepare, s);
   if (c1 == 512 && c2 == 1024) return launch<512, 1024, Relu>(l, prepare, s);
@@ -252,9 +281,9 @@ const char* dispatch(int c1, int c2, const PairLaunch& l, bool prepare, cudaStre
 }  // namespace
 
 const char* int8_pair_wgmma_unfit(int c1, int c2, int K) {
-  const bool known = (c1 == 128 && c2 == 256) || (c1 == 256 && c2 == 512) ||
-                     (c1 == 512 && c2 == 1024);
-  if (!known) return "(C1, C2) must be (128, 256), (256, 512) or (512, 1024)";
+  const bool known = (c1 == 64 && c2 == 64) || (c1 == 128 && c2 == 256) ||
+                     (c1 == 256 && c2 == 512) || (c1 == 512 && c2 == 1024);
+  if (!known) return "(C1, C2) must be (64, 64), (128, 256), (256, 512) or (512, 1024)";
   if (K % (c1 == 512 ? Config<512, 1024>::BN : 128) != 0)
     return c1 == 512 ? "K must be a multiple of 64" : "K must be a multiple of 128";
   return "";
