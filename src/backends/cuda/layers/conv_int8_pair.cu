@@ -165,10 +165,11 @@ const char* dispatch_c(int c1, int c2, const PairLaunch& l, bool prepare, cudaSt
   return kShapeWhy;
 }
 
-// The two kernel families: mma.sync (this file, tile_n 128 or 64) or wgmma (tile_n 0).
-const char* dispatch(int tile_n, bool relu, int c1, int c2, const PairLaunch& l, bool prepare,
-                     cudaStream_t s) {
-  if (tile_n == 0) return launch_int8_pair_wgmma(relu, c1, c2, l, prepare, s);
+// The two kernel families: wgmma (conv_int8_pair_wgmma.cu), or mma.sync (this file) with tile_n
+// output channels per block (128 or 64).
+const char* dispatch(bool wgmma, int tile_n, bool relu, int c1, int c2, const PairLaunch& l,
+                     bool prepare, cudaStream_t s) {
+  if (wgmma) return launch_int8_pair_wgmma(relu, c1, c2, l, prepare, s);
   if (tile_n == 128)
     return relu ? dispatch_c<128, true>(c1, c2, l, prepare, s)
                 : dispatch_c<128, false>(c1, c2, l, prepare, s);
@@ -247,9 +248,9 @@ std::vector<std::string> pair_variants(const LayerDesc& d) {
 
 class Int8PairLayer final : public Layer {
  public:
-  // tile_n: the mma.sync kernel's output channels per block (its variant), 0 for the wgmma kernel.
+  // wgmma: the wgmma kernel; else the mma.sync one, its variant giving its tile_n.
   Int8PairLayer(const LayerDesc& d, bool wgmma)
-      : node_(d.node), tile_n_(wgmma ? 0 : d.variant.starts_with("n128") ? 128 : 64) {}
+      : node_(d.node), wgmma_(wgmma), tile_n_(d.variant.starts_with("n128") ? 128 : 64) {}
 
   // Host side, once: the int8 weights [K][C1 + C2] (W's row, then W2's) and the channels'
   // epilogue constants.
@@ -263,7 +264,7 @@ class Int8PairLayer final : public Layer {
     K_ = static_cast<int>(w1.dim(0));
     c1_ = static_cast<int>(w1.dim(1));
     c2_ = static_cast<int>(w2.dim(1));
-    if (tile_n_ != 0 && pair_smem(tile_n_, c1_, c2_) > kSmemLimit)
+    if (!wgmma_ && pair_smem(tile_n_, c1_, c2_) > kSmemLimit)
       return KILN_ERROR("{}: variant n{} does not fit in shared memory", n.label(), tile_n_);
     const Tensor q1 = quant::quantize_weights(w1, n.input(1)->quant_scales, 0);
     const Tensor q2 = quant::quantize_weights(w2, n.input(4)->quant_scales, 0);
@@ -319,11 +320,11 @@ class Int8PairLayer final : public Layer {
       return KILN_ERROR("{}: tensor too large or shapes inconsistent for the INT8 pair kernel",
                         node_->label());
     M_ = static_cast<int>(M);
-    if (tile_n_ != 0 && K_ % tile_n_ != 0)
+    if (!wgmma_ && K_ % tile_n_ != 0)
       return KILN_ERROR("{}: K = {} is not a multiple of the variant's {} channels", node_->label(),
                         K_, tile_n_);
     PairLaunch none{};
-    if (const char* e = dispatch(tile_n_, relu_, c1_, c2_, none, true, nullptr); *e)
+    if (const char* e = dispatch(wgmma_, tile_n_, relu_, c1_, c2_, none, true, nullptr); *e)
       return KILN_ERROR("{}: INT8 pair kernel: {}", node_->label(), e);
     if (!weights_.get()) {
       const size_t wb = (host_w_.size() + 255) / 256 * 256;
@@ -349,7 +350,7 @@ class Int8PairLayer final : public Layer {
                  static_cast<int8_t*>(out[0].data), M_, K_, P_, Q_};
     l.a.x = static_cast<const int8_t*>(in[0].data);
     l.b.x = static_cast<const int8_t*>(in[3].data);
-    if (const char* e = dispatch(tile_n_, relu_, c1_, c2_, l, false, rc.stream); *e)
+    if (const char* e = dispatch(wgmma_, tile_n_, relu_, c1_, c2_, l, false, rc.stream); *e)
       return KILN_ERROR("{}: INT8 pair kernel: {}", node_->label(), e);
     KILN_CUDA_LAUNCH_CHECK("INT8 pair kernel");
     return Status::Ok();
@@ -357,6 +358,7 @@ class Int8PairLayer final : public Layer {
 
  private:
   const Node* node_;
+  bool wgmma_;
   int tile_n_;
   bool relu_ = false;
   int K_ = 0, c1_ = 0, c2_ = 0, M_ = 0, P_ = 0, Q_ = 0;

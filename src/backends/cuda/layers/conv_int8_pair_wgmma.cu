@@ -57,9 +57,11 @@ __device__ __forceinline__ void constexpr_for(F&& f) {
 // not fit: stage 4), WG warpgroups per block (each with its own tiles: while one is in its
 // epilogue the others' MMAs run) and a ring of S chunk stages per warpgroup (a chunk's MMAs, the
 // one before, S - 2 loading), as many as fit in shared memory.
+constexpr int pair_tile_n(int c1, int c2) { return (c1 + c2) * 128 <= 128 * 1024 ? 128 : 64; }
+
 template <int C1, int C2>
 struct Config {
-  static constexpr int BN = (C1 + C2) * 128 <= 128 * 1024 ? 128 : 64;
+  static constexpr int BN = pair_tile_n(C1, C2);
   static constexpr int WG = 3;
   static constexpr int S = C1 + C2 <= 384 ? 5 : 4;
 };
@@ -284,8 +286,8 @@ const char* int8_pair_wgmma_unfit(int c1, int c2, int K) {
   const bool known = (c1 == 64 && c2 == 64) || (c1 == 128 && c2 == 256) ||
                      (c1 == 256 && c2 == 512) || (c1 == 512 && c2 == 1024);
   if (!known) return "(C1, C2) must be (64, 64), (128, 256), (256, 512) or (512, 1024)";
-  if (K % (c1 == 512 ? Config<512, 1024>::BN : 128) != 0)
-    return c1 == 512 ? "K must be a multiple of 64" : "K must be a multiple of 128";
+  if (const int bn = pair_tile_n(c1, c2); K % bn != 0)
+    return bn == 64 ? "K must be a multiple of 64" : "K must be a multiple of 128";
   return "";
 }
 
