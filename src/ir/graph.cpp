@@ -309,6 +309,7 @@ std::unique_ptr<Graph> Graph::clone() const {
     c->constant = v->constant;
     c->quant_scales = v->quant_scales;
     c->quant_axis = v->quant_axis;
+    c->shape_value = v->shape_value;
     vmap[v.get()] = c;
   }
   auto map_v = [&](Value* v) -> Value* {

@@ -27,6 +27,29 @@ struct Dim {
   std::string str() const;  // "3", "N" or "?"
 };
 
+// One element of a small integer tensor computed from shapes (Value::shape_value): a known
+// integer of any sign (a Reshape's -1 too), a symbolic size ("N", "2*N*S"), or unknown.
+struct SymInt {
+  std::optional<int64_t> value;
+  std::string symbol;  // when value is unset; empty: unknown
+  static SymInt of(const Dim& d) {
+    SymInt s;
+    if (d.is_static())
+      s.value = d.value;
+    else
+      s.symbol = d.symbol;
+    return s;
+  }
+  static SymInt known(int64_t v) {
+    SymInt s;
+    s.value = v;
+    return s;
+  }
+  // As a dim: a non-negative value or a symbol; negative values and unknowns are unknown dims.
+  Dim dim() const { return value ? (*value >= 0 ? Dim(*value) : Dim()) : Dim::sym(symbol); }
+  bool operator==(const SymInt& o) const = default;
+};
+
 // Element type plus shape; `dims` is nullopt when even the rank is unknown.
 struct TensorType {
   DataType dtype = DataType::kUndefined;
@@ -58,6 +81,10 @@ struct Value {
   std::vector<float> quant_scales;
   int64_t quant_axis = -1;
   bool has_quant_scale() const { return quant_scales.size() == 1; }
+  // The elements of a small integer tensor computed from shapes (Shape(x) and the shape
+  // arithmetic after it), each a static size or a symbol of the model's dims: what infer_shapes
+  // knows of a non-constant shape tensor (ops/shape_values.h). nullopt: not known.
+  std::optional<std::vector<SymInt>> shape_value;
   bool is_constant() const { return constant != nullptr; }
   // (node, input index) pairs that read this value; maintained by Graph.
   const std::vector<std::pair<Node*, int>>& uses() const { return uses_; }

@@ -25,10 +25,19 @@ std::string op_name(const Node& n) {
 
 std::string value_ref(const Value* v) { return v ? "%" + v->name : "_"; }
 
+// A shape tensor's symbolic elements (Value::shape_value), as " {N,S,12,64}".
+std::string shape_value_str(const Value& v) {
+  if (!v.shape_value) return "";
+  std::vector<std::string> parts;
+  for (const SymInt& e : *v.shape_value)
+    parts.push_back(e.value ? std::to_string(*e.value) : e.dim().str());
+  return fmt::format(" {{{}}}", fmt::join(parts, ","));
+}
+
 std::string node_line(const Node& n) {
   std::vector<std::string> outs, ins, attrs;
   for (const Value* o : n.outputs())
-    outs.push_back(o ? fmt::format("%{}: {}", o->name, o->type.str()) : "_");
+    outs.push_back(o ? fmt::format("%{}: {}{}", o->name, o->type.str(), shape_value_str(*o)) : "_");
   for (const Value* v : n.inputs()) ins.push_back(value_ref(v));
   for (const auto& [name, a] : n.attrs.all()) attrs.push_back(name + "=" + a.str());
   std::string s = fmt::format("{} = {}", fmt::join(outs, ", "), op_name(n));

@@ -1,6 +1,8 @@
+#include "ops/op.h"
+
 #include <algorithm>
 
-#include "ops/op.h"
+#include "ops/shape_values.h"
 
 namespace kiln {
 
@@ -42,6 +44,10 @@ const TensorType& InferContext::input_type(size_t i) const {
 const Tensor* InferContext::input_const(size_t i) const {
   const Value* v = node_.input(i);
   return v && v->constant ? v->constant.get() : nullptr;
+}
+
+std::optional<std::vector<SymInt>> InferContext::input_value(size_t i) const {
+  return known_shape_value(node_.input(i));
 }
 
 Expected<int64_t> normalize_axis(int64_t axis, int64_t rank, const Node& n) {
@@ -93,7 +99,7 @@ Expected<std::vector<Dim>> broadcast_dims(const std::vector<std::vector<Dim>>& d
       }
       if (d.is_static()) { cur = d; continue; }  // unknown vs known>1: known wins
       if (cur.is_static()) continue;
-      if (d.symbol != cur.symbol) cur = Dim();    // two different unknowns
+      if (!same_dim(d, cur)) cur = Dim();  // two different unknowns
     }
   }
   return out;

@@ -51,6 +51,9 @@ class InferContext {
   const TensorType& input_type(size_t i) const;
   // The input's value when it is a constant (initializer or folded), else nullptr.
   const Tensor* input_const(size_t i) const;
+  // The elements of a small integer input when known: a constant's values, or the symbolic
+  // shape value infer_shapes recorded (Value::shape_value).
+  std::optional<std::vector<SymInt>> input_value(size_t i) const;
   void set_output(size_t i, TensorType t) {
     if (i < outputs_.size()) outputs_[i] = std::move(t);
   }
@@ -155,5 +158,6 @@ std::span<const OpDef> einsum_ops();       // Einsum
 std::span<const OpDef> attention_ops();    // Attention (ONNX's, opset 23-25)
 std::span<const OpDef> rotary_ops();       // RotaryEmbedding
 std::span<const OpDef> fused_ops();        // kiln's fused layers (the optimizer's output)
+std::span<const OpDef> transformer_ops();  // kiln.MultiHeadAttention, kiln.SkipLayerNorm
 
 }  // namespace kiln

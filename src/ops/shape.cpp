@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "ops/shape_util.h"
+#include "ops/shape_values.h"
 
 namespace kiln {
 namespace shape_detail {
@@ -65,14 +66,9 @@ std::optional<int64_t> static_product(std::span<const Dim> dims) {
 }
 
 Dim dim_product(std::span<const Dim> dims) {
-  if (auto p = static_product(dims)) return Dim(*p);
-  const Dim* single = nullptr;
-  for (const Dim& d : dims) {
-    if (d.is_static() && d.value == 1) continue;
-    if (d.is_static() || single) return Dim();
-    single = &d;
-  }
-  return single ? *single : Dim();
+  Dim p(1);
+  for (const Dim& d : dims) p = mul_dims(p, d);
+  return p;
 }
 
 int64_t product(std::span<const int64_t> dims) {

@@ -207,6 +207,14 @@ Status expand_infer(InferContext& ctx) {
     ctx.set_output(0, TensorType(x.dtype, std::move(dims)));
     return Status::Ok();
   }
+  // A shape computed from shapes, known symbolically (ops/shape_values.h).
+  if (auto shape = ctx.input_value(1); shape && x.has_rank() && ctx.input_type(1).rank() == 1) {
+    std::vector<Dim> req;
+    for (const SymInt& e : *shape) req.push_back(e.dim());
+    KILN_ASSIGN_OR_RETURN(auto dims, broadcast_dims({*x.dims, req}, ctx.node()));
+    ctx.set_output(0, TensorType(x.dtype, std::move(dims)));
+    return Status::Ok();
+  }
   const TensorType& st = ctx.input_type(1);
   if (x.has_rank() && st.rank() == 1 && (*st.dims)[0].is_static()) {
     const int64_t rank = std::max(x.rank(), (*st.dims)[0].value);

@@ -78,7 +78,11 @@ Status constant_of_shape_infer(InferContext& ctx) {
     return Status::Ok();
   }
   const TensorType& st = ctx.input_type(0);
-  if (st.rank() == 1 && (*st.dims)[0].is_static())
+  if (auto shape = ctx.input_value(0); shape && st.rank() == 1) {
+    std::vector<Dim> dims;
+    for (const SymInt& e : *shape) dims.push_back(e.dim());
+    ctx.set_output(0, TensorType(v.dtype(), std::move(dims)));
+  } else if (st.rank() == 1 && (*st.dims)[0].is_static())
     ctx.set_output(0, TensorType(v.dtype(), std::vector<Dim>((*st.dims)[0].value)));
   else
     ctx.set_output(0, TensorType::unknown_rank(v.dtype()));
@@ -182,7 +186,13 @@ Status range_infer(InferContext& ctx) {
     if (it.dtype != DataType::kUndefined && !range_type_ok(it.dtype))
       return KILN_ERROR("{}: Range does not support {}", ctx.node().label(), dtype_name(it.dtype));
   }
-  ctx.set_output(0, TensorType(ctx.input_type(0).dtype, {Dim()}));
+  // Range(0, n, 1) of a symbolic size n has n elements.
+  Dim len;
+  const auto start = ctx.input_value(0), limit = ctx.input_value(1), delta = ctx.input_value(2);
+  if (start && limit && delta && start->size() == 1 && limit->size() == 1 && delta->size() == 1 &&
+      (*start)[0].value == 0 && (*delta)[0].value == 1)
+    len = (*limit)[0].dim();
+  ctx.set_output(0, TensorType(ctx.input_type(0).dtype, {len}));
   return Status::Ok();
 }
 

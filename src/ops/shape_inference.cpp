@@ -1,4 +1,5 @@
 #include "ops/op.h"
+#include "ops/shape_values.h"
 
 namespace kiln {
 namespace {
@@ -60,6 +61,7 @@ Status infer_shapes(Graph& g) {
       Value* v = n->output(i);
       if (v && !v->is_constant()) v->type = merge(outs[i], v->type);
     }
+    propagate_shape_value(*n);
   }
   return Status::Ok();
 }

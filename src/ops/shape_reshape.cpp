@@ -5,61 +5,72 @@
 
 #include "core/dispatch.h"
 #include "ops/shape_util.h"
+#include "ops/shape_values.h"
 
 namespace kiln::shape_detail {
 namespace {
 
 // ---------------------------------------------------------------- Reshape
-// Resolves a requested shape against the input dims. Unknown dims in `in` are allowed; the
-// result has Dim() where a size cannot be known.
-Expected<std::vector<Dim>> reshape_dims(const std::vector<Dim>& in, const std::vector<int64_t>& req,
+// Resolves a requested shape against the input dims. Unknown dims in `in` are allowed, and so
+// are symbolic requests (a shape tensor computed from Shape(x), ops/shape_values.h): the result
+// has the symbol, or Dim() where a size cannot be known.
+Expected<std::vector<Dim>> reshape_dims(const std::vector<Dim>& in, const std::vector<SymInt>& req,
                                         bool allowzero, const Node& n) {
   std::vector<Dim> out(req.size());
-  std::vector<bool> used(in.size(), false);
+  std::vector<bool> used(in.size(), false), copied(req.size(), false);
   int64_t infer_at = -1;
   bool has_zero = false;
+  auto req_str = [&] {
+    std::vector<std::string> parts;
+    for (const SymInt& r : req) parts.push_back(r.value ? std::to_string(*r.value) : r.dim().str());
+    return "[" + fmt::format("{}", fmt::join(parts, ",")) + "]";
+  };
   for (size_t i = 0; i < req.size(); ++i) {
-    const int64_t r = req[i];
+    if (!req[i].value) {  // a symbolic size (or an unknown one)
+      out[i] = req[i].dim();
+      continue;
+    }
+    const int64_t r = *req[i].value;
     if (r == -1) {
-      if (infer_at >= 0) return KILN_ERROR("{}: shape {} has more than one -1", n.label(), shape_str(req));
+      if (infer_at >= 0)
+        return KILN_ERROR("{}: shape {} has more than one -1", n.label(), req_str());
       infer_at = static_cast<int64_t>(i);
     } else if (r == 0 && !allowzero) {
       if (i >= in.size())
         return KILN_ERROR("{}: shape {} copies dimension {} (0) but the input has rank {}",
-                          n.label(), shape_str(req), i, in.size());
+                          n.label(), req_str(), i, in.size());
       out[i] = in[i];
-      used[i] = true;
+      used[i] = copied[i] = true;
     } else if (r < 0) {
-      return KILN_ERROR("{}: invalid dimension {} in shape {}", n.label(), r, shape_str(req));
+      return KILN_ERROR("{}: invalid dimension {} in shape {}", n.label(), r, req_str());
     } else {
       has_zero |= r == 0;
       out[i] = Dim(r);
     }
   }
   if (has_zero && infer_at >= 0)
-    return KILN_ERROR("{}: shape {} has both 0 (allowzero) and -1", n.label(), shape_str(req));
+    return KILN_ERROR("{}: shape {} has both 0 (allowzero) and -1", n.label(), req_str());
   // Dims copied by 0 cancel between input and output; what remains must be static to check.
   std::vector<Dim> rest_in;
   for (size_t i = 0; i < in.size(); ++i)
     if (!used[i]) rest_in.push_back(in[i]);
   std::vector<Dim> rest_out;
   for (size_t i = 0; i < out.size(); ++i)
-    if (static_cast<int64_t>(i) != infer_at && !(req[i] == 0 && !allowzero)) rest_out.push_back(out[i]);
+    if (static_cast<int64_t>(i) != infer_at && !copied[i]) rest_out.push_back(out[i]);
   const auto pin = static_product(rest_in);
-  const int64_t pout = *static_product(rest_out);
+  const auto pout = static_product(rest_out);
   if (infer_at >= 0) {
-    if (pin) {
-      if (pout == 0 || *pin % pout != 0)
+    if (pin && pout) {
+      if (*pout == 0 || *pin % *pout != 0)
         return KILN_ERROR("{}: cannot reshape {} elements into shape {}", n.label(), *pin,
-                          shape_str(req));
-      out[infer_at] = Dim(*pin / pout);
-    } else if (pout == 1) {
-      out[infer_at] = dim_product(rest_in);  // e.g. [N,1] -> [-1] gives [N]
+                          req_str());
+      out[infer_at] = Dim(*pin / *pout);
     } else {
-      out[infer_at] = Dim();
+      out[infer_at] =
+          div_dims(dim_product(rest_in), dim_product(rest_out));  // e.g. [N,1] -> [-1]: [N]
     }
-  } else if (pin && *pin != pout) {
-    return KILN_ERROR("{}: cannot reshape {} elements into shape {}", n.label(), *pin, shape_str(req));
+  } else if (pin && pout && *pin != *pout) {
+    return KILN_ERROR("{}: cannot reshape {} elements into shape {}", n.label(), *pin, req_str());
   }
   return out;
 }
@@ -76,21 +87,25 @@ Status reshape_infer(InferContext& ctx) {
   const TensorType& x = ctx.input_type(0);
   const bool allowzero = ctx.attrs().get_int("allowzero", 0) != 0;
   if (const Tensor* s = ctx.input_const(1)) {
-    KILN_ASSIGN_OR_RETURN(auto req, int_values(*s, ctx.node(), "shape"));
+    KILN_RETURN_IF_ERROR(int_values(*s, ctx.node(), "shape").status());
     if (s->rank() != 1) return KILN_ERROR("{}: shape must be 1-D, got {}", ctx.node().label(), s->desc());
+  }
+  // A constant shape, or one computed from shapes whose elements are known symbolically.
+  const TensorType& st = ctx.input_type(1);
+  if (auto req = ctx.input_value(1); req && (ctx.input_const(1) || st.rank() == 1)) {
     if (x.has_rank()) {
-      KILN_ASSIGN_OR_RETURN(auto dims, reshape_dims(*x.dims, req, allowzero, ctx.node()));
+      KILN_ASSIGN_OR_RETURN(auto dims, reshape_dims(*x.dims, *req, allowzero, ctx.node()));
       ctx.set_output(0, TensorType(x.dtype, std::move(dims)));
     } else {
       std::vector<Dim> dims;
-      for (int64_t r : req) dims.push_back(r > 0 || (r == 0 && allowzero) ? Dim(r) : Dim());
+      for (const SymInt& r : *req)
+        dims.push_back(!r.value || *r.value > 0 || (*r.value == 0 && allowzero) ? r.dim() : Dim());
       ctx.set_output(0, TensorType(x.dtype, std::move(dims)));
     }
     return Status::Ok();
   }
-  const TensorType& s = ctx.input_type(1);
-  if (s.rank() == 1 && (*s.dims)[0].is_static())
-    ctx.set_output(0, TensorType(x.dtype, std::vector<Dim>((*s.dims)[0].value)));
+  if (st.rank() == 1 && (*st.dims)[0].is_static())
+    ctx.set_output(0, TensorType(x.dtype, std::vector<Dim>((*st.dims)[0].value)));
   else
     ctx.set_output(0, TensorType::unknown_rank(x.dtype));
   return Status::Ok();
@@ -101,7 +116,9 @@ Status reshape_cpu(KernelContext& ctx) {
   const Tensor* s = ctx.input(1);
   if (!x || !s) return KILN_ERROR("{}: Reshape needs data and shape inputs", ctx.node().label());
   if (s->rank() != 1) return KILN_ERROR("{}: shape must be 1-D, got {}", ctx.node().label(), s->desc());
-  KILN_ASSIGN_OR_RETURN(auto req, int_values(*s, ctx.node(), "shape"));
+  KILN_ASSIGN_OR_RETURN(auto values, int_values(*s, ctx.node(), "shape"));
+  std::vector<SymInt> req;
+  for (int64_t v : values) req.push_back(SymInt::known(v));
   KILN_ASSIGN_OR_RETURN(auto dims, reshape_dims(to_dims(x->shape()), req,
                                                 ctx.attrs().get_int("allowzero", 0) != 0,
                                                 ctx.node()));

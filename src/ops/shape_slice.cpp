@@ -77,6 +77,41 @@ bool keeps_whole_axis(int64_t start, int64_t end, int64_t step) {
   return false;
 }
 
+// Slice with constant starts, axes and steps and ends computed from shapes (x[:, :S] with S a
+// symbolic size, ops/shape_values.h): the sliced dims from what is known of the ends. An end S
+// taken from 0 with step 1 gives S, as it does for every slice within the axis, the only kind a
+// model that runs at every profile shape takes.
+std::optional<std::vector<Dim>> symbolic_slice_dims(InferContext& ctx) {
+  const TensorType& x = ctx.input_type(0);
+  const Tensor* starts = ctx.input_const(1);
+  const auto ends = ctx.input_value(2);
+  const Tensor* axes_t = ctx.input_const(3);
+  const Tensor* steps_t = ctx.input_const(4);
+  if (!starts || !ends || (ctx.has_input(3) && !axes_t) || (ctx.has_input(4) && !steps_t))
+    return std::nullopt;
+  const auto st = starts->to_int64_vector();
+  if (st.size() != ends->size()) return std::nullopt;
+  std::vector<int64_t> axes(st.size()), steps(st.size(), 1);
+  for (size_t i = 0; i < axes.size(); ++i) axes[i] = static_cast<int64_t>(i);
+  if (axes_t) axes = axes_t->to_int64_vector();
+  if (steps_t) steps = steps_t->to_int64_vector();
+  if (axes.size() != st.size() || steps.size() != st.size()) return std::nullopt;
+  std::vector<Dim> dims = *x.dims;
+  for (size_t i = 0; i < st.size(); ++i) {
+    const int64_t ax = axes[i] < 0 ? axes[i] + x.rank() : axes[i];
+    if (ax < 0 || ax >= x.rank()) return std::nullopt;
+    Dim& d = dims[ax];
+    const SymInt& e = (*ends)[i];
+    if (e.value && d.is_static() && steps[i] != 0)
+      d = Dim(clamp_slice(st[i], *e.value, steps[i], d.value).second);
+    else if (!e.value && !e.symbol.empty() && st[i] == 0 && steps[i] == 1)
+      d = e.dim();
+    else
+      d = Dim();
+  }
+  return dims;
+}
+
 Status slice_infer(InferContext& ctx) {
   const TensorType& x = ctx.input_type(0);
   if (!x.has_rank()) {
@@ -92,7 +127,7 @@ Status slice_infer(InferContext& ctx) {
     return KILN_ERROR("{}: Slice needs starts and ends inputs", ctx.node().label());
   std::vector<Dim> dims(x.rank());
   if (!all_const) {
-    ctx.set_output(0, TensorType(x.dtype, std::move(dims)));
+    ctx.set_output(0, TensorType(x.dtype, symbolic_slice_dims(ctx).value_or(dims)));
     return Status::Ok();
   }
   KILN_ASSIGN_OR_RETURN(auto a, slice_args(*starts, *ends, axes, steps, x.rank(), ctx.node()));

@@ -30,8 +30,8 @@ void strided_copy(const void* src, int64_t offset, const std::vector<int64_t>& s
 
 // Product of dims, or nullopt when one is unknown. A known 0 makes the product 0.
 std::optional<int64_t> static_product(std::span<const Dim> dims);
-// Product of dims as a Dim: static when all are known (or one is 0); a single non-static dim
-// times static 1s keeps that dim (and its symbol); otherwise unknown.
+// Product of dims as a Dim: static when all are known (or one is 0); with symbols, their
+// product as a compound symbol ("2*N*S", ops/shape_values.h); unknown when a dim is unknown.
 Dim dim_product(std::span<const Dim> dims);
 // Product of a concrete shape.
 int64_t product(std::span<const int64_t> dims);

@@ -1,0 +1,303 @@
+#include "ops/shape_values.h"
+
+#include <algorithm>
+#include <cctype>
+#include <string>
+
+#include "ops/op.h"
+
+namespace kiln {
+namespace {
+
+// A dim as coefficient times a multiset of symbols; `ok` false for an unknown dim.
+struct Factors {
+  int64_t coef = 1;
+  std::vector<std::string> syms;  // sorted
+  bool ok = true;
+};
+
+bool plain_token(const std::string& s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+  });
+}
+
+Factors factors_of(const Dim& d) {
+  Factors f;
+  if (d.is_static()) {
+    f.coef = d.value;
+    return f;
+  }
+  if (d.symbol.empty()) {
+    f.ok = false;
+    return f;
+  }
+  // "2*N*S" splits into its factors; any other symbol ("((a*b)//c)") is one opaque factor.
+  std::vector<std::string> parts;
+  size_t start = 0;
+  bool plain = true;
+  while (plain) {
+    const size_t star = d.symbol.find('*', start);
+    parts.push_back(d.symbol.substr(start, star == std::string::npos ? star : star - start));
+    plain = plain_token(parts.back());
+    if (star == std::string::npos) break;
+    start = star + 1;
+  }
+  if (!plain) {
+    f.syms = {d.symbol};
+    return f;
+  }
+  for (const std::string& p : parts) {
+    if (std::all_of(p.begin(), p.end(),
+                    [](char c) { return std::isdigit(static_cast<unsigned char>(c)); }))
+      f.coef *= std::stoll(p);
+    else
+      f.syms.push_back(p);
+  }
+  std::sort(f.syms.begin(), f.syms.end());
+  return f;
+}
+
+Dim dim_of(const Factors& f) {
+  if (!f.ok) return Dim();
+  if (f.coef == 0 || f.syms.empty()) return Dim(f.coef);
+  std::string s = f.coef == 1 ? "" : std::to_string(f.coef);
+  for (const std::string& p : f.syms) s += (s.empty() ? "" : "*") + p;
+  return Dim::sym(s);
+}
+
+bool int_like(DataType t) { return t == DataType::kBool || dtype_is_integer(t); }
+
+// Elementwise f over two known vectors that broadcast (equal sizes, or one of size 1).
+using Elems = std::vector<SymInt>;
+
+template <typename F>
+std::optional<Elems> elementwise(const std::optional<Elems>& a, const std::optional<Elems>& b,
+                                 F f) {
+  if (!a || !b) return std::nullopt;
+  const size_t n = std::max(a->size(), b->size());
+  if ((a->size() != n && a->size() != 1) || (b->size() != n && b->size() != 1)) return std::nullopt;
+  Elems out;
+  for (size_t i = 0; i < n; ++i)
+    out.push_back(f((*a)[a->size() == 1 ? 0 : i], (*b)[b->size() == 1 ? 0 : i]));
+  return out;
+}
+
+std::optional<std::vector<int64_t>> all_static(const std::optional<Elems>& v) {
+  if (!v) return std::nullopt;
+  std::vector<int64_t> out;
+  for (const SymInt& d : *v) {
+    if (!d.value) return std::nullopt;
+    out.push_back(*d.value);
+  }
+  return out;
+}
+
+// Slice of a 1-D value: starts/ends/steps as ONNX clamps them (axis 0 only).
+std::optional<Elems> slice_value(const Node& n) {
+  auto data = known_shape_value(n.input(0));
+  auto starts = all_static(known_shape_value(n.input(1)));
+  auto ends = all_static(known_shape_value(n.input(2)));
+  if (!data || !starts || !ends || starts->size() != 1 || ends->size() != 1) return std::nullopt;
+  if (n.input(3)) {
+    auto axes = all_static(known_shape_value(n.input(3)));
+    if (!axes || axes->size() != 1 || ((*axes)[0] != 0 && (*axes)[0] != -1)) return std::nullopt;
+  }
+  int64_t step = 1;
+  if (n.input(4)) {
+    auto steps = all_static(known_shape_value(n.input(4)));
+    if (!steps || steps->size() != 1 || (*steps)[0] == 0) return std::nullopt;
+    step = (*steps)[0];
+  }
+  const int64_t len = static_cast<int64_t>(data->size());
+  auto clampi = [&](int64_t v, int64_t lo, int64_t hi) {
+    if (v < 0) v += len;
+    return std::clamp(v, lo, hi);
+  };
+  Elems out;
+  if (step > 0) {
+    for (int64_t i = clampi((*starts)[0], 0, len), e = clampi((*ends)[0], 0, len); i < e; i += step)
+      out.push_back((*data)[i]);
+  } else {
+    for (int64_t i = clampi((*starts)[0], -1, len - 1), e = clampi((*ends)[0], -1, len - 1); i > e;
+         i += step)
+      out.push_back((*data)[i]);
+  }
+  return out;
+}
+
+std::optional<Elems> gather_value(const Node& n) {
+  auto data = known_shape_value(n.input(0));
+  auto idx = all_static(known_shape_value(n.input(1)));
+  if (!data || !idx || n.attrs.get_int("axis", 0) != 0) return std::nullopt;
+  const int64_t len = static_cast<int64_t>(data->size());
+  Elems out;
+  for (int64_t i : *idx) {
+    if (i < 0) i += len;
+    if (i < 0 || i >= len) return std::nullopt;
+    out.push_back((*data)[i]);
+  }
+  return out;
+}
+
+SymInt arith(const std::string& op, const SymInt& a, const SymInt& b) {
+  if (a.value && b.value) {
+    const int64_t x = *a.value, y = *b.value;
+    if (op == "Add") return SymInt::known(x + y);
+    if (op == "Sub") return SymInt::known(x - y);
+    if (op == "Mul") return SymInt::known(x * y);
+    // ONNX's integer Div truncates toward zero, as C++ does.
+    if (op == "Div") return y != 0 ? SymInt::known(x / y) : SymInt{};
+    if (op == "Max") return SymInt::known(std::max(x, y));
+    if (op == "Min") return SymInt::known(std::min(x, y));
+    return SymInt{};
+  }
+  // A symbol is a size (>= 0); combined with a negative constant it is left unknown.
+  if ((a.value && *a.value < 0) || (b.value && *b.value < 0)) return SymInt{};
+  const Dim da = a.dim(), db = b.dim();
+  if (op == "Mul") return SymInt::of(mul_dims(da, db));
+  if (op == "Div") return SymInt::of(div_dims(da, db));
+  if ((op == "Add" || op == "Sub") && b.value == 0) return a;
+  if (op == "Add" && a.value == 0) return b;
+  if ((op == "Max" || op == "Min") && same_dim(da, db)) return a;
+  return SymInt{};
+}
+
+// Equal as 1/0: a symbol (a size, >= 0) never equals a negative constant.
+SymInt equal_elems(const SymInt& a, const SymInt& b) {
+  if (a.value && b.value) return SymInt::known(*a.value == *b.value ? 1 : 0);
+  if ((a.value && *a.value < 0 && !b.symbol.empty()) ||
+      (b.value && *b.value < 0 && !a.symbol.empty()))
+    return SymInt::known(0);
+  if (same_dim(a.dim(), b.dim())) return SymInt::known(1);
+  return SymInt{};
+}
+
+std::optional<Elems> where_value(const Node& n) {
+  auto c = all_static(known_shape_value(n.input(0)));
+  auto x = known_shape_value(n.input(1));
+  auto y = known_shape_value(n.input(2));
+  if (!c || !x || !y) return std::nullopt;
+  const size_t len = std::max({c->size(), x->size(), y->size()});
+  for (size_t s : {c->size(), x->size(), y->size()})
+    if (s != len && s != 1) return std::nullopt;
+  Elems out;
+  for (size_t i = 0; i < len; ++i) {
+    const bool pick = (*c)[c->size() == 1 ? 0 : i] != 0;
+    const auto& src = pick ? *x : *y;
+    out.push_back(src[src.size() == 1 ? 0 : i]);
+  }
+  return out;
+}
+
+std::optional<Elems> constant_of_shape_value(const Node& n) {
+  auto shape = all_static(known_shape_value(n.input(0)));
+  if (!shape || shape->size() > 1) return std::nullopt;
+  const int64_t count = shape->empty() ? 1 : (*shape)[0];
+  if (count < 0 || count > kMaxShapeValueElements) return std::nullopt;
+  int64_t fill = 0;
+  if (const Tensor* t = n.attrs.get_tensor("value")) {
+    if (!int_like(t->dtype()) || t->numel() != 1) return std::nullopt;
+    fill = t->to_int64_vector()[0];
+  }
+  return Elems(count, SymInt::known(fill));
+}
+
+std::optional<Elems> value_of(const Node& n) {
+  const std::string& op = n.op_type;
+  const Value* x = n.input(0);
+  if (op == "Shape") {
+    if (!x || !x->type.has_rank()) return std::nullopt;
+    const int64_t rank = x->type.rank();
+    auto clampi = [&](int64_t v) { return std::clamp<int64_t>(v < 0 ? v + rank : v, 0, rank); };
+    const int64_t start = clampi(n.attrs.get_int("start", 0));
+    const int64_t end = n.attrs.has("end") ? clampi(n.attrs.get_int("end", rank)) : rank;
+    Elems out;
+    for (int64_t k = start; k < end; ++k) out.push_back(SymInt::of((*x->type.dims)[k]));
+    return out;
+  }
+  if (op == "Size") {
+    if (!x || !x->type.has_rank()) return std::nullopt;
+    Dim p(1);
+    for (const Dim& d : *x->type.dims) p = mul_dims(p, d);
+    return Elems{SymInt::of(p)};
+  }
+  if (op == "Identity" || op == "Squeeze" || op == "Unsqueeze" || op == "Reshape" ||
+      op == "Flatten" || op == "Cast")
+    return known_shape_value(x);
+  if (op == "Gather") return gather_value(n);
+  if (op == "Slice") return slice_value(n);
+  if (op == "Concat") {
+    Elems out;
+    for (const Value* v : n.inputs()) {
+      auto part = known_shape_value(v);
+      if (!part) return std::nullopt;
+      out.insert(out.end(), part->begin(), part->end());
+    }
+    return out;
+  }
+  if (op == "Add" || op == "Sub" || op == "Mul" || op == "Div" || op == "Max" || op == "Min") {
+    if (n.num_inputs() != 2) return std::nullopt;
+    return elementwise(known_shape_value(n.input(0)), known_shape_value(n.input(1)),
+                       [&](const SymInt& a, const SymInt& b) { return arith(op, a, b); });
+  }
+  if (op == "Equal")
+    return elementwise(known_shape_value(n.input(0)), known_shape_value(n.input(1)), equal_elems);
+  if (op == "Where") return where_value(n);
+  if (op == "ConstantOfShape") return constant_of_shape_value(n);
+  return std::nullopt;
+}
+
+}  // namespace
+
+Dim mul_dims(const Dim& a, const Dim& b) {
+  Factors fa = factors_of(a), fb = factors_of(b);
+  if ((a.is_static() && a.value == 0) || (b.is_static() && b.value == 0)) return Dim(0);
+  if (!fa.ok || !fb.ok) return Dim();
+  fa.coef *= fb.coef;
+  fa.syms.insert(fa.syms.end(), fb.syms.begin(), fb.syms.end());
+  std::sort(fa.syms.begin(), fa.syms.end());
+  return dim_of(fa);
+}
+
+Dim div_dims(const Dim& a, const Dim& b) {
+  Factors fa = factors_of(a), fb = factors_of(b);
+  if (!fa.ok || !fb.ok || fb.coef == 0 || fa.coef % fb.coef != 0) return Dim();
+  fa.coef /= fb.coef;
+  for (const std::string& s : fb.syms) {
+    auto it = std::find(fa.syms.begin(), fa.syms.end(), s);
+    if (it == fa.syms.end()) return Dim();
+    fa.syms.erase(it);
+  }
+  return dim_of(fa);
+}
+
+bool same_dim(const Dim& a, const Dim& b) {
+  if (a.is_static() || b.is_static()) return a.is_static() && b.is_static() && a.value == b.value;
+  const Factors fa = factors_of(a), fb = factors_of(b);
+  return fa.ok && fb.ok && fa.coef == fb.coef && fa.syms == fb.syms;
+}
+
+std::optional<std::vector<SymInt>> known_shape_value(const Value* v) {
+  if (!v) return std::nullopt;
+  if (v->constant) {
+    const Tensor& t = *v->constant;
+    if (!int_like(t.dtype()) || t.rank() > 1 || t.numel() > kMaxShapeValueElements)
+      return std::nullopt;
+    Elems out;
+    for (int64_t x : t.to_int64_vector()) out.push_back(SymInt::known(x));
+    return out;
+  }
+  return v->shape_value;
+}
+
+void propagate_shape_value(Node& n) {
+  for (Value* v : n.outputs())
+    if (v) v->shape_value.reset();
+  Value* y = n.output(0);
+  if (!y || (!n.domain.empty() && n.domain != "ai.onnx") || !int_like(y->type.dtype)) return;
+  auto v = value_of(n);
+  if (v && static_cast<int64_t>(v->size()) <= kMaxShapeValueElements) y->shape_value = std::move(v);
+}
+
+}  // namespace kiln
