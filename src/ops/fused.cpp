@@ -51,7 +51,7 @@ bool fused_layer_supported(const std::string& op_type, const Attributes& attrs) 
     const auto ops = attrs.get_strings("ops");
     return !ops.empty() && std::all_of(ops.begin(), ops.end(), chain_op_supported);
   }
-  return op_type == "Attention";
+  return op_type == "Attention" || op_type == "MultiHeadAttention" || op_type == "SkipLayerNorm";
 }
 
 namespace fused {
@@ -276,6 +276,9 @@ Status cpu_fused_gemm(KernelContext& ctx) {
   Tensor y = std::move(outs[0]);
   if (base == "MatMul" && ctx.input(2)) {
     KILN_ASSIGN_OR_RETURN(y, fused::add_same_shape(n, y, *ctx.input(2), "bias"));
+  }
+  if (const Tensor* r = ctx.input(3)) {
+    KILN_ASSIGN_OR_RETURN(y, fused::add_same_shape(n, y, *r, "residual input"));
   }
   KILN_ASSIGN_OR_RETURN(y, fused::apply_activation(n, std::move(y)));
   ctx.set_output(0, std::move(y));

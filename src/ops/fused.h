@@ -13,12 +13,28 @@
 //                                       of a stage, its last 1x1 conv and the downsample, with
 //                                       the Add and ReLU. Made only from INT8 layers
 //                                       (passes/fuse_conv_pair.cpp); int8 = 1: both convs in INT8
-//   kiln.FusedGemm(A, B, C?)            base = "Gemm":   Y = act(Gemm(A, B, C))  Gemm's attributes
-//                                       base = "MatMul": Y = act(MatMul(A, B) + C)
+//   kiln.FusedGemm(A, B, C?, R?)        base = "Gemm":   Y = act(Gemm(A, B, C) + R)  Gemm's
+//   attributes
+//                                       base = "MatMul": Y = act(MatMul(A, B) + C + R)
+//                                       R: a residual of Y's shape (no broadcasting)
 //   kiln.ElementwiseChain(x0, x1, ...)  a straight program of elementwise ops (see below)
 //   kiln.Attention(Q, Kt, V, mask?)     Y = Softmax(Q @ Kt * scale + mask, axis=-1) @ V
 //                                       (nan_to_zero = 1: NaN probabilities, from fully
 //                                       masked rows, count as 0, as SDPA's export does)
+//   kiln.MultiHeadAttention(Q, K?, V?, mask?)
+//                                       Y = merge(Attention(split(Q), split(K)^T, split(V), mask))
+//                                       Q [B, Sq, H*D], K [B, Sk, H*D], V [B, Sk, H*Dv], Y
+//                                       [B, Sq, H*Dv]: split makes [B, H, S, D] of [B, S, H*D]
+//                                       (Reshape + Transpose), merge undoes it; attributes
+//                                       num_heads (H), scale, nan_to_zero as kiln.Attention;
+//                                       packed = 1: Q holds Q, K and V side by side
+//                                       ([B, S, 3*H*D], one projection's output) and K, V are
+//                                       absent. The mask is added to the [B, H, Sq, Sk] scores
+//   kiln.SkipLayerNorm(X, Skip, Scale, B?) -> (Y, Sum?)
+//                                       Sum = X + Skip (same shape); Y = LayerNormalization(Sum,
+//                                       Scale, B) over the last axis (epsilon, stash_type as
+//                                       LayerNormalization); Sum is an output only when the
+//                                       graph reads it (a pre-norm transformer's residual)
 //   kiln.Reformat(X)                    Y = X; placed by a backend where the storage format
 //                                       (type, layout) changes between layers
 //

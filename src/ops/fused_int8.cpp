@@ -118,7 +118,7 @@ Expected<Tensor> single_layer(const KernelContext& ctx) {
       KILN_ASSIGN_OR_RETURN(y, fused::add_same_shape(n, y, c, bias ? "bias" : "C"));
     }
   }
-  if (conv && ctx.input(3)) {
+  if (ctx.input(3)) {  // FusedConv's or FusedGemm's residual
     const Value* zv = n.input(3);
     const Tensor z = zv->has_quant_scale() ? fake_quant(*ctx.input(3), zv->quant_scales[0])
                                            : as_f32(*ctx.input(3));

@@ -1,0 +1,161 @@
+// kiln's transformer layers (see fused.h for their inputs and attributes):
+//   kiln.MultiHeadAttention: a kiln.Attention with the head split and merge folded in;
+//   kiln.SkipLayerNorm: LayerNormalization of a sum, optionally returning the sum.
+// Their CPU kernels chain the reference kernels of the ops they replace (Slice, Reshape,
+// Transpose, kiln.Attention, Add, LayerNormalization), so an optimized graph computes what the
+// exported one does.
+#include "ops/fused.h"
+#include "ops/fused_util.h"
+
+namespace kiln {
+
+Status cpu_attention(KernelContext& ctx);  // fused_chain.cpp
+
+namespace {
+
+Tensor ints(std::vector<int64_t> v) {
+  const auto n = static_cast<int64_t>(v.size());
+  return Tensor::from<int64_t>({n}, std::move(v));
+}
+
+// --- kiln.MultiHeadAttention
+// -------------------------------------------------------------------------------
+
+// Head counts and sizes from the attributes and the input shapes: Q [B, Sq, H*D] (packed: Q, K
+// and V side by side, [B, S, 3*H*D]), K [B, Sk, H*D], V [B, Sk, H*Dv].
+struct MhaDims {
+  int64_t heads = 0, d = 0, dv = 0;
+};
+
+Expected<MhaDims> mha_dims(const Node& n, const Dim& q_last, const Dim& v_last) {
+  MhaDims m;
+  m.heads = n.attrs.get_int("num_heads", 0);
+  if (m.heads <= 0) return KILN_ERROR("{}: num_heads must be positive", n.label());
+  const bool packed = n.attrs.get_int("packed", 0) != 0;
+  const int64_t parts = packed ? 3 : 1;
+  if (!q_last.is_static() || q_last.value % (parts * m.heads) != 0)
+    return KILN_ERROR("{}: Q's last dim {} is not {} x num_heads ({}) x a head size", n.label(),
+                      q_last.str(), parts, m.heads);
+  m.d = q_last.value / (parts * m.heads);
+  m.dv = m.d;
+  if (!packed) {
+    if (!v_last.is_static() || v_last.value % m.heads != 0)
+      return KILN_ERROR("{}: V's last dim {} is not num_heads ({}) x a head size", n.label(),
+                        v_last.str(), m.heads);
+    m.dv = v_last.value / m.heads;
+  }
+  return m;
+}
+
+Status infer_mha(InferContext& ctx) {
+  const Node& n = ctx.node();
+  const bool packed = n.attrs.get_int("packed", 0) != 0;
+  const TensorType& q = ctx.input_type(0);
+  const TensorType& v = ctx.input_type(packed ? 0 : 2);
+  if (!packed && (!ctx.has_input(1) || !ctx.has_input(2)))
+    return KILN_ERROR("{}: K and V are required unless Q is packed", n.label());
+  if (q.rank() != 3 || v.rank() != 3)
+    return KILN_ERROR("{}: Q, K and V must be 3-D [batch, sequence, heads x head size]", n.label());
+  KILN_ASSIGN_OR_RETURN(MhaDims m, mha_dims(n, q.dims->back(), v.dims->back()));
+  ctx.set_output(0, TensorType(q.dtype, {(*q.dims)[0], (*q.dims)[1], Dim(m.heads * m.dv)}));
+  return Status::Ok();
+}
+
+// x [B, S, H*D] -> [B, H, S, D] (perm 0,2,1,3) or, for K, [B, H, D, S] (perm 0,2,3,1).
+Expected<Tensor> split_heads(const Node& n, const Tensor& x, int64_t heads, bool k) {
+  const Tensor shape = ints({x.dim(0), x.dim(1), heads, x.dim(2) / heads});
+  KILN_ASSIGN_OR_RETURN(Tensor r, fused::run_op(n, "Reshape", {}, {&x, &shape}));
+  Attributes perm;
+  perm.set("perm", Attribute::Ints(k ? std::vector<int64_t>{0, 2, 3, 1}
+                                     : std::vector<int64_t>{0, 2, 1, 3}));
+  return fused::run_op(n, "Transpose", perm, {&r});
+}
+
+Status cpu_mha(KernelContext& ctx) {
+  const Node& n = ctx.node();
+  const bool packed = n.attrs.get_int("packed", 0) != 0;
+  const Tensor* q_in = ctx.input(0);
+  const Tensor* v_in = ctx.input(packed ? 0 : 2);
+  if (!q_in || !v_in || (!packed && !ctx.input(1)))
+    return KILN_ERROR("{}: Q, K and V are required", n.label());
+  if (q_in->rank() != 3 || v_in->rank() != 3)
+    return KILN_ERROR("{}: Q, K and V must be 3-D", n.label());
+  KILN_ASSIGN_OR_RETURN(MhaDims m, mha_dims(n, Dim(q_in->dim(2)), Dim(v_in->dim(2))));
+  Tensor q = *q_in, k, v;
+  if (packed) {  // Q | K | V along the last axis
+    const int64_t w = m.heads * m.d;
+    const Tensor axes = ints({2});
+    Tensor parts[3];
+    for (int64_t i = 0; i < 3; ++i) {
+      const Tensor starts = ints({i * w}), ends = ints({(i + 1) * w});
+      KILN_ASSIGN_OR_RETURN(parts[i], fused::run_op(n, "Slice", {}, {q_in, &starts, &ends, &axes}));
+    }
+    q = std::move(parts[0]), k = std::move(parts[1]), v = std::move(parts[2]);
+  } else {
+    k = *ctx.input(1), v = *ctx.input(2);
+  }
+  KILN_ASSIGN_OR_RETURN(Tensor q4, split_heads(n, q, m.heads, false));
+  KILN_ASSIGN_OR_RETURN(Tensor kt4, split_heads(n, k, m.heads, true));
+  KILN_ASSIGN_OR_RETURN(Tensor v4, split_heads(n, v, m.heads, false));
+  std::vector<Tensor> outs(1);
+  KernelContext attn(n, {&q4, &kt4, &v4, ctx.input(3)}, outs);
+  KILN_RETURN_IF_ERROR(cpu_attention(attn));
+  Attributes perm;
+  perm.set("perm", Attribute::Ints({0, 2, 1, 3}));
+  KILN_ASSIGN_OR_RETURN(Tensor merged, fused::run_op(n, "Transpose", perm, {&outs[0]}));
+  const Tensor shape = ints({merged.dim(0), merged.dim(1), m.heads * m.dv});
+  KILN_ASSIGN_OR_RETURN(Tensor y, fused::run_op(n, "Reshape", {}, {&merged, &shape}));
+  ctx.set_output(0, std::move(y));
+  return Status::Ok();
+}
+
+// --- kiln.SkipLayerNorm
+// -------------------------------------------------------------------------------
+
+Status infer_skip_layernorm(InferContext& ctx) {
+  const Node& n = ctx.node();
+  const TensorType& x = ctx.input_type(0);
+  const TensorType& s = ctx.input_type(1);
+  if (!ctx.has_input(1) || !ctx.has_input(2))
+    return KILN_ERROR("{}: SkipLayerNorm needs X, Skip and Scale", n.label());
+  if (x.has_rank() && s.has_rank() && x.rank() != s.rank())
+    return KILN_ERROR("{}: X {} and Skip {} differ in rank", n.label(), x.str(), s.str());
+  if (n.attrs.get_int("axis", -1) != -1)
+    return KILN_ERROR("{}: SkipLayerNorm normalizes the last axis only", n.label());
+  TensorType y = x;
+  if (y.has_rank() && s.has_rank())  // a dim only Skip knows statically is kept
+    for (size_t i = 0; i < y.dims->size(); ++i)
+      if (!(*y.dims)[i].is_static()) (*y.dims)[i] = (*s.dims)[i];
+  ctx.set_output(0, y);
+  if (ctx.num_outputs() > 1) ctx.set_output(1, y);
+  return Status::Ok();
+}
+
+Status cpu_skip_layernorm(KernelContext& ctx) {
+  const Node& n = ctx.node();
+  if (!ctx.input(0) || !ctx.input(1) || !ctx.input(2))
+    return KILN_ERROR("{}: SkipLayerNorm needs X, Skip and Scale", n.label());
+  if (ctx.input(0)->shape() != ctx.input(1)->shape())
+    return KILN_ERROR("{}: X {} and Skip {} differ in shape", n.label(),
+                      shape_str(ctx.input(0)->shape()), shape_str(ctx.input(1)->shape()));
+  KILN_ASSIGN_OR_RETURN(Tensor sum, fused::run_op(n, "Add", {}, {ctx.input(0), ctx.input(1)}));
+  Attributes ln = n.attrs;
+  ln.set("axis", Attribute::Int(-1));
+  KILN_ASSIGN_OR_RETURN(
+      Tensor y, fused::run_op(n, "LayerNormalization", ln, {&sum, ctx.input(2), ctx.input(3)}));
+  ctx.set_output(0, std::move(y));
+  if (ctx.num_outputs() > 1) ctx.set_output(1, std::move(sum));
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::span<const OpDef> transformer_ops() {
+  static const OpDef kOps[] = {
+      {"kiln", "MultiHeadAttention", infer_mha, cpu_mha, nullptr},
+      {"kiln", "SkipLayerNorm", infer_skip_layernorm, cpu_skip_layernorm, nullptr},
+  };
+  return kOps;
+}
+
+}  // namespace kiln
