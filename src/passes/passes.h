@@ -8,7 +8,10 @@ namespace kiln::passes {
 
 Expected<bool> fold_constants(PassContext& ctx);
 Expected<bool> remove_noops(PassContext& ctx);
+Expected<bool> detach_shapes(PassContext& ctx);
+Expected<bool> merge_duplicates(PassContext& ctx);
 Expected<bool> cancel_transposes(PassContext& ctx);
+Expected<bool> fold_reshape_transpose(PassContext& ctx);
 Expected<bool> eliminate_dead_code(PassContext& ctx);
 Expected<bool> fold_batchnorm(PassContext& ctx);
 Expected<bool> fuse_layernorm(PassContext& ctx);
@@ -16,8 +19,13 @@ Expected<bool> fuse_rmsnorm(PassContext& ctx);
 Expected<bool> fuse_gelu(PassContext& ctx);
 Expected<bool> fuse_attention(PassContext& ctx);
 Expected<bool> map_onnx_attention(PassContext& ctx);
+Expected<bool> fold_gemm_reshape(PassContext& ctx);
 Expected<bool> fuse_matmul_add(PassContext& ctx);
+Expected<bool> fold_attention_heads(PassContext& ctx);
+Expected<bool> pack_qkv(PassContext& ctx);
+Expected<bool> drop_zero_mask(PassContext& ctx);
 Expected<bool> fuse_residual_add(PassContext& ctx);
+Expected<bool> fuse_skip_layernorm(PassContext& ctx);
 Expected<bool> fuse_conv_act(PassContext& ctx);
 Expected<bool> fuse_conv_pool(PassContext& ctx);  // after fuse_conv_act: the stem's activation first
 Expected<bool> fuse_elementwise(PassContext& ctx);

@@ -28,8 +28,15 @@ struct PassEntry {
 // - fold_constants first: with the profile's input shapes applied, Shape -> Gather -> Concat
 //   -> Reshape chains become constants, which turns dynamic Reshapes into static ones that the
 //   no-op and pair rules can then judge.
+// - detach_shapes after fold_constants: a Shape of an activation whose dims the inputs
+//   determine reads the inputs' shapes instead, so it no longer counts as a consumer of the
+//   activation (fold_constants folds it outright when the profile fixes every dim).
+// - merge_duplicates after detach_shapes (which makes equal Shape reads of different tensors
+//   equal nodes): a subexpression computed in every layer is computed once.
 // - remove_noops and cancel_transposes next: they unhide producer/consumer pairs (Conv ->
-//   Identity -> BatchNorm) for the patterns below.
+//   Identity -> BatchNorm) for the patterns below; fold_reshape_transpose, just before
+//   cancel_transposes, turns a transpose written through merged dims (SDPA's K) into a plain
+//   Transpose that cancel_transposes composes with the head split's, in the same round.
 // - fold_batchnorm before any fusion: BN folds into the weights of a plain Conv/Gemm/MatMul;
 //   once an activation fused in between, it no longer could.
 // - fuse_layernorm, fuse_gelu and fuse_attention before the generic fusions: they recognise
@@ -38,8 +45,20 @@ struct PassEntry {
 //   own Attention op becomes the same kiln.Attention layer (its Where/Add for the mask are
 //   left to the later passes). fuse_rmsnorm after fuse_layernorm: a LayerNorm's tail
 //   (x - mean) / sqrt(mean((x - mean)^2) + eps) has RMSNorm's shape and belongs to LayerNorm.
+// - fold_attention_heads after fuse_attention (it folds the head split and merge around a
+//   kiln.Attention) and before fold_gemm_reshape: the attention output's merge Reshape is then
+//   the flattening of a [B, S, H*D] tensor, which fold_gemm_reshape folds with the output
+//   projection (GPT-2).
+// - fold_gemm_reshape before fuse_matmul_add: a product over flattened rows (GPT-2's Conv1D)
+//   becomes the [B, S, N] FusedGemm the later patterns expect.
 // - fuse_matmul_add and fuse_residual_add before fuse_conv_act: the layer computes
 //   act(conv(x) + bias + residual), so bias and residual must join before the activation does.
+// - pack_qkv after fuse_matmul_add (the projections carry their biases) and before
+//   fuse_residual_add and fuse_conv_act (it takes only bias-only projections).
+// - drop_zero_mask after fold_attention_heads: the layer it edits must exist.
+// - fuse_skip_layernorm after fuse_residual_add, all in one round: a residual Add that a
+//   projection can take goes into the GEMM's epilogue; the Adds left in front of a LayerNorm
+//   (embeddings) join the norm.
 // - fuse_conv_pool after fuse_conv_act: the stem's max-pool joins a convolution that already
 //   carries its activation.
 // - fuse_elementwise last: it takes the elementwise chains the specific fusions left.
@@ -47,6 +66,9 @@ struct PassEntry {
 constexpr PassEntry kPipeline[] = {
     {"fold_constants", 1, passes::fold_constants},
     {"remove_noops", 1, passes::remove_noops},
+    {"detach_shapes", 1, passes::detach_shapes},
+    {"merge_duplicates", 1, passes::merge_duplicates},
+    {"fold_reshape_transpose", 1, passes::fold_reshape_transpose},
     {"cancel_transposes", 1, passes::cancel_transposes},
     {"fold_batchnorm", 1, passes::fold_batchnorm},
     {"eliminate_dead_code", 1, passes::eliminate_dead_code},
@@ -55,8 +77,13 @@ constexpr PassEntry kPipeline[] = {
     {"fuse_gelu", 2, passes::fuse_gelu},
     {"fuse_attention", 2, passes::fuse_attention},
     {"map_onnx_attention", 2, passes::map_onnx_attention},
+    {"fold_attention_heads", 2, passes::fold_attention_heads},
+    {"fold_gemm_reshape", 2, passes::fold_gemm_reshape},
     {"fuse_matmul_add", 2, passes::fuse_matmul_add},
+    {"pack_qkv", 2, passes::pack_qkv},
+    {"drop_zero_mask", 2, passes::drop_zero_mask},
     {"fuse_residual_add", 2, passes::fuse_residual_add},
+    {"fuse_skip_layernorm", 2, passes::fuse_skip_layernorm},
     {"fuse_conv_act", 2, passes::fuse_conv_act},
     {"fuse_conv_pool", 2, passes::fuse_conv_pool},
     {"fuse_elementwise", 2, passes::fuse_elementwise},

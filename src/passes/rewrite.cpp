@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "backends/capabilities.h"
+#include "ops/shape_values.h"
 
 namespace kiln::passes {
 
@@ -77,15 +78,30 @@ bool is_float_type(DataType t) { return t == DataType::kFloat32 || t == DataType
 
 bool same_dims(const TensorType& a, const TensorType& b) {
   if (!a.dims || !b.dims || a.dims->size() != b.dims->size()) return false;
-  for (size_t i = 0; i < a.dims->size(); ++i) {
-    const Dim &x = (*a.dims)[i], &y = (*b.dims)[i];
-    if (x.is_static() || y.is_static()) {
-      if (x.value != y.value) return false;
-    } else if (x.symbol.empty() || x.symbol != y.symbol) {
-      return false;
-    }
-  }
+  for (size_t i = 0; i < a.dims->size(); ++i)
+    if (!same_dim((*a.dims)[i], (*b.dims)[i])) return false;
   return true;
+}
+
+std::vector<int64_t> transpose_perm(const Node& n) {
+  std::vector<int64_t> p = n.attrs.get_ints("perm");
+  const Value* x = n.input(0);
+  if (p.empty() && x && x->type.has_rank())
+    for (int64_t i = x->type.rank() - 1; i >= 0; --i) p.push_back(i);
+  return p;
+}
+
+std::optional<std::pair<int64_t, int64_t>> splits_last_axis(const Node* r) {
+  if (!is_op(r, "Reshape") || !r->input(0) || !r->output(0)) return std::nullopt;
+  const TensorType &x = r->input(0)->type, &y = r->output(0)->type;
+  if (!x.has_rank() || y.rank() != x.rank() + 1 || x.rank() < 1) return std::nullopt;
+  const int64_t k = x.rank() - 1;
+  for (int64_t i = 0; i < k; ++i)
+    if (!same_dim((*x.dims)[i], (*y.dims)[i])) return std::nullopt;
+  const Dim &whole = (*x.dims)[k], &h = (*y.dims)[k], &d = (*y.dims)[k + 1];
+  if (!whole.is_static() || !h.is_static() || !d.is_static() || h.value * d.value != whole.value)
+    return std::nullopt;
+  return std::make_pair(h.value, d.value);
 }
 
 bool group_is_closed(const Graph& g, const std::vector<Node*>& group, const Value* out) {
@@ -121,8 +137,7 @@ bool broadcasts_into(const TensorType& other, const TensorType& target) {
     const Dim& o = (*other.dims)[i];
     const Dim& t = (*target.dims)[off + i];
     if (o.is_static() && o.value == 1) continue;
-    if (o.is_static() && t.is_static() && o.value == t.value) continue;
-    if (!o.is_static() && !t.is_static() && !o.symbol.empty() && o.symbol == t.symbol) continue;
+    if (same_dim(o, t)) continue;
     return false;
   }
   return true;

@@ -71,8 +71,13 @@ Node* sole_consumer(const Graph& g, const Value* v);
 std::optional<double> scalar_const(const Value* v);
 bool is_scalar_const(const Value* v, double expected, double rel_tol = 1e-4);
 bool is_float_type(DataType t);
-// Same rank and dims (static values or equal, non-empty symbols).
+// Same rank and dims (static values or equal, non-empty symbols; ops/shape_values.h same_dim).
 bool same_dims(const TensorType& a, const TensorType& b);
+// A Transpose's permutation (the reversal when the attribute is absent and the rank is known).
+std::vector<int64_t> transpose_perm(const Node& n);
+// When `r` is a Reshape that splits its input's last axis in two and keeps every other dim,
+// provably for every shape ([..., H*D] -> [..., H, D]): (H, D).
+std::optional<std::pair<int64_t, int64_t>> splits_last_axis(const Node* r);
 // True when `other` provably broadcasts into `target` without changing target's shape: its
 // rank is not larger and each of its dims (aligned right) is 1, or equals target's dim (same
 // static value or same symbol). Unknown dims prove nothing.
