@@ -36,7 +36,11 @@ struct FuseSkipLayerNorm {
     if (!is_float_type(s->type.dtype)) return reject("not float32/float64");
     Attributes attrs = ln.attrs;
     attrs.set("axis", Attribute::Int(-1));
-    if (!ctx.backend_supports("kiln", "SkipLayerNorm", attrs, s->type.dtype)) return std::nullopt;
+    auto layer = scratch_layer("kiln", "SkipLayerNorm",
+                               {add->input(0), add->input(1), ln.input(1), ln.input(2)}, attrs,
+                               ln.output(0));
+    if (!ctx.backend_supports("kiln", "SkipLayerNorm", attrs, s->type.dtype, layer->nodes()[0]))
+      return std::nullopt;
     const bool keep = !single_use(ctx.g, s);
     return Match{add, &ln, keep};
   }

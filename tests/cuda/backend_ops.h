@@ -76,5 +76,7 @@ std::vector<OpCase> gemm_pool_cases();  // pooling, Gemm, MatMul, FusedGemm, Att
 std::vector<OpCase> types_cases();      // float8/int4 Cast and Q/DQ, Einsum, RotaryEmbedding
 std::vector<OpCase> attention_cases();  // ONNX Attention (layers/attention_onnx.cu)
 std::vector<OpCase> int8_cases();       // INT8 FusedConv / FusedGemm (layers/conv_int8.cu)
+std::vector<OpCase>
+transformer_cases();  // MultiHeadAttention, SkipLayerNorm, LayerNorm rows, GEMM epilogues
 
 }  // namespace kiln::gpu::test

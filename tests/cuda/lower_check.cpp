@@ -7,7 +7,10 @@
 // that would fail to build on the GPU is caught on any machine (CI has no GPU). It says nothing
 // about the numbers a GPU computes: that is the GPU conformance run's job.
 //
-//   kiln_lower_check [--no-tf32] [--fp16] [--opt-level N] MODEL.onnx...
+//   kiln_lower_check [--no-tf32] [--fp16] [--opt-level N] [--shapes S | --min-shapes S
+//                    --opt-shapes S --max-shapes S] [--print] MODEL.onnx...
+// S as kiln build takes it (input_ids:1x128,attention_mask:1x128); --print lists each layer's
+// op, tactic and precision (untuned: the first candidate), and the count of kernel layers.
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -21,6 +24,30 @@
 
 namespace {
 
+bool print_plan = false;
+
+// "name:1x3x224x224,other:4" as a ShapeMap.
+bool parse(const char* spec, kiln::ShapeMap* out) {
+  std::string s = spec;
+  size_t start = 0;
+  while (start < s.size()) {
+    const size_t end = s.find(',', start);
+    const std::string item = s.substr(start, end == std::string::npos ? end : end - start);
+    const size_t colon = item.rfind(':');
+    if (colon == std::string::npos) return false;
+    std::vector<int64_t> dims;
+    for (size_t p = colon + 1; p < item.size();) {
+      const size_t x = item.find('x', p);
+      dims.push_back(std::atoll(item.substr(p, x == std::string::npos ? x : x - p).c_str()));
+      p = x == std::string::npos ? item.size() : x + 1;
+    }
+    (*out)[item.substr(0, colon)] = dims;
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+  return true;
+}
+
 kiln::Status lower(const std::string& path, const kiln::BuildConfig& c) {
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<kiln::Graph> g, kiln::import_onnx_file(path));
   KILN_ASSIGN_OR_RETURN(kiln::Profile profile, kiln::Profile::from_config(*g, c));
@@ -32,6 +59,18 @@ kiln::Status lower(const std::string& path, const kiln::BuildConfig& c) {
   KILN_RETURN_IF_ERROR(kiln::optimize_graph(*g, opt));
   KILN_ASSIGN_OR_RETURN(nlohmann::json plan, kiln::gpu::build_cuda_plan(*g, c, profile));
   if (!plan.is_object() && !plan.is_array()) return kiln::Status::Error("empty plan");
+  if (print_plan && plan.contains("layers")) {
+    const auto& nodes = g->nodes();
+    for (size_t k = 0; k < nodes.size() && k < plan["layers"].size(); ++k) {
+      const auto& l = plan["layers"][k];
+      const std::string tactic = l.value("tactic", "");
+      std::printf("  %-24s %-40s %s\n",
+                  (nodes[k]->domain.empty() ? "" : nodes[k]->domain + ".")
+                      .append(nodes[k]->op_type)
+                      .c_str(),
+                  tactic.empty() ? "(host)" : tactic.c_str(), l.value("precision", "").c_str());
+    }
+  }
   return kiln::Status::Ok();
 }
 
@@ -49,6 +88,19 @@ int main(int argc, char** argv) {
       c.fp16 = true;
     } else if (!std::strcmp(argv[i], "--opt-level") && i + 1 < argc) {
       c.opt_level = std::atoi(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--print")) {
+      print_plan = true;
+    } else if ((!std::strcmp(argv[i], "--shapes") || !std::strcmp(argv[i], "--min-shapes") ||
+                !std::strcmp(argv[i], "--opt-shapes") || !std::strcmp(argv[i], "--max-shapes")) &&
+               i + 1 < argc) {
+      kiln::ShapeMap* m = !std::strcmp(argv[i], "--shapes")       ? &c.shapes
+                          : !std::strcmp(argv[i], "--min-shapes") ? &c.min_shapes
+                          : !std::strcmp(argv[i], "--opt-shapes") ? &c.opt_shapes
+                                                                  : &c.max_shapes;
+      if (!parse(argv[++i], m)) {
+        std::fprintf(stderr, "kiln_lower_check: bad shapes '%s'\n", argv[i]);
+        return 1;
+      }
     } else if (argv[i][0] == '-') {
       std::fprintf(stderr, "kiln_lower_check: unknown option '%s'\n", argv[i]);
       return 1;

@@ -294,6 +294,7 @@ void register_all() {
       {"reduce", reduce_cases},           {"conv", conv_cases},
       {"gemm_pool", gemm_pool_cases},     {"types", types_cases},
       {"attention", attention_cases},     {"int8", int8_cases},
+      {"transformer", transformer_cases},
   };
   // Tactics whose variants are different kernels (tile shapes): each variant is a test of its own
   // (forced as NAME/VARIANT); an untuned build would only ever run the first.
@@ -305,6 +306,8 @@ void register_all() {
       {"cutlass_sm90.int8", {"0", "1", "2"}},
       {"cutlass_sm90_gemm.int8", {"0", "1", "2"}},
       {"cutlass_sm90_pconv.int8", {"0", "1", "2"}},
+      {"fused_gemm.cublaslt", {"h0", "h1"}},
+      {"matmul.cublaslt", {"h0", "h1"}},
   };
   for (const auto& [family, fn] : families) {
     for (const OpCase& c : fn()) {

@@ -41,6 +41,7 @@ const char* layout_name(Layout l);
 struct TensorFormat {
   DataType dtype = DataType::kUndefined;  // kUndefined: absent optional input/output
   Layout layout = Layout::kLinear;
+  bool present() const { return dtype != DataType::kUndefined; }
   bool operator==(const TensorFormat&) const = default;
   std::string str() const;  // "float16/nhwc"
 };
@@ -107,32 +108,35 @@ class Layer {
 
 // Format capabilities of a tactic (bit flags).
 enum FormatCaps : uint32_t {
-  kF32 = 1u << 0,          // float tensors stored as float32
-  kF16 = 1u << 1,          // float tensors stored as float16
-  kNHWC = 1u << 2,         // 4-D activations may be NHWC (the layer reads DeviceTensor::layout)
-  kAnyLayout = 1u << 3,    // layout-agnostic when every 4-D input has the output's shape
-  kF64 = 1u << 4,          // float64 tensors (always stored as themselves)
-  kI8 = 1u << 5,           // INT8 layers: float values stored as int8 codes (value = q * scale,
-                           // the scale on the Value); the layer's float tensors still need
-                           // kF32/kF16
-  kFallback = 1u << 6,     // runs what no faster tactic takes (e.g. a fused layer at a precision
-                           // its fast kernel lacks), never by itself a reason for the optimizer
-                           // to make the layer (the capability query skips it)
-  kQuantOut = 1u << 7,     // a float layer that writes output 0 as the int8 codes of its value's
-                           // scale (sat(rne(y / s)), as the quantizing kiln.Reformat would): its
-                           // candidates store that output int8, and exist only where the value
-                           // has a scale, so it can feed an INT8 chain without a reformat
-  kReassociated = 1u << 8, // an INT8 tactic whose epilogue is reassociated as TensorRT and the
-                           // INT8 libraries compute it (1/sy folded into the channel scale, fused
-                           // multiply-adds): within one code of the CPU reference, not its exact
-                           // codes (test-backend-ops holds it to the libraries' bound)
-  kRawIn0 = 1u << 9,       // input 0 is read as the model stores it (its own float type,
-                           // row-major) whatever the layer's precision and layout: a stem that
-                           // reads float32 NCHW images itself, with no reformat ahead of it
-  kQuantIn0 = 1u << 10,    // a float layer that reads input 0 as the int8 codes of its value's
-                           // scale (kQuantOut's mirror): candidates exist only where the value
-                           // has a scale, so an INT8 chain's last tensor needs no dequantizing
-                           // reformat ahead of it
+  kF32 = 1u << 0,           // float tensors stored as float32
+  kF16 = 1u << 1,           // float tensors stored as float16
+  kNHWC = 1u << 2,          // 4-D activations may be NHWC (the layer reads DeviceTensor::layout)
+  kAnyLayout = 1u << 3,     // layout-agnostic when every 4-D input has the output's shape
+  kF64 = 1u << 4,           // float64 tensors (always stored as themselves)
+  kI8 = 1u << 5,            // INT8 layers: float values stored as int8 codes (value = q * scale,
+                            // the scale on the Value); the layer's float tensors still need
+                            // kF32/kF16
+  kFallback = 1u << 6,      // runs what no faster tactic takes (e.g. a fused layer at a precision
+                            // its fast kernel lacks), never by itself a reason for the optimizer
+                            // to make the layer (the capability query skips it)
+  kQuantOut = 1u << 7,      // a float layer that writes output 0 as the int8 codes of its value's
+                            // scale (sat(rne(y / s)), as the quantizing kiln.Reformat would): its
+                            // candidates store that output int8, and exist only where the value
+                            // has a scale, so it can feed an INT8 chain without a reformat
+  kReassociated = 1u << 8,  // an INT8 tactic whose epilogue is reassociated as TensorRT and the
+                            // INT8 libraries compute it (1/sy folded into the channel scale, fused
+                            // multiply-adds): within one code of the CPU reference, not its exact
+                            // codes (test-backend-ops holds it to the libraries' bound)
+  kRawIn0 = 1u << 9,        // input 0 is read as the model stores it (its own float type,
+                            // row-major) whatever the layer's precision and layout: a stem that
+                            // reads float32 NCHW images itself, with no reformat ahead of it
+  kF32Out = 1u << 11,       // an FP16 layer that can write output 0 as float32 where it is a graph
+                            // output of that type: its extra candidate saves the reformat after
+                            // it (a language model's logits)
+  kQuantIn0 = 1u << 10,     // a float layer that reads input 0 as the int8 codes of its value's
+                            // scale (kQuantOut's mirror): candidates exist only where the value
+                            // has a scale, so an INT8 chain's last tensor needs no dequantizing
+                            // reformat ahead of it
 };
 
 using SupportsFn = bool (*)(const LayerDesc&, std::string* why_not);

@@ -195,6 +195,14 @@ struct Lowering {
           };
           if ((t->caps & kQuantOut) && !as_codes(n.output(0), c.out, "output")) continue;
           if ((t->caps & kQuantIn0) && !as_codes(n.input(0), c.in, "input")) continue;
+          // kF32Out: also the candidate writing a float32 graph output itself.
+          const Value* y = n.output(0);
+          if ((t->caps & kF32Out) && p == Precision::kFP16 && y && g.is_graph_output(y) &&
+              y->type.dtype == DataType::kFloat32 && !c.out.empty()) {
+            LayerChoice wide = c;
+            wide.out[0].dtype = DataType::kFloat32;
+            add_if_supported(n, std::move(wide), &out, &reasons, forced_variant);
+          }
           add_if_supported(n, std::move(c), &out, &reasons, forced_variant);
         }
         if (out.size() > before) return out;

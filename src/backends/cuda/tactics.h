@@ -17,6 +17,8 @@ std::span<const TacticDef> movement_tactics();     // layers/movement*.cu: Resha
                                                    // Pad, Tile, Expand, Resize, DepthToSpace, ...
 std::span<const TacticDef> reduce_tactics();       // layers/reduce*.cu: Reduce*, ArgMax/Min,
                                                    // Softmax family, norms, TopK, CumSum, Q/DQ
+std::span<const TacticDef> layernorm_rows_tactics();  // layers/layernorm_rows.cu: LayerNorm
+                                                      // over the last axis, kiln.SkipLayerNorm
 std::span<const TacticDef> conv_tactics();         // layers/conv*.cpp: Conv, ConvTranspose,
                                                    // kiln.FusedConv (cuDNN, cuBLASLt)
 std::span<const TacticDef> int8_library_conv_tactics();  // layers/conv_int8_lib.cpp: the

@@ -51,6 +51,14 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
                : "r"(addr));
 }
 
+// The same four matrices transposed: lane 4 * gq + tq receives elements (2tq, gq) and
+// (2tq + 1, gq) of each: the B fragment of a row-major (k-major) operand such as attention's V.
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
 // cp.async: a global -> shared copy that bypasses registers; src-size 0 zero-fills the chunk
 // without reading (rows past the last pixel, the convolution's padding).
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {

@@ -217,14 +217,15 @@ __global__ void int_gemm_epilogue(T* __restrict__ y, int64_t n, const T* __restr
   }
 }
 
-// Float: y = act(y + beta * C broadcast), computed in float (double for float64).
+// Float: y = act(y + beta * C broadcast + R), computed in float (double for float64).
 template <typename T>
 __global__ void gemm_epilogue(T* __restrict__ y, int64_t n, const T* __restrict__ c,
-                              StridedIndex cix, float beta, ActParams act) {
+                              StridedIndex cix, float beta, const T* __restrict__ r, ActParams act) {
   using A = Compute<T>;
   KILN_GRID_STRIDE(i, n) {
     A v = load(y, i);
     if (c) v += static_cast<A>(beta) * static_cast<A>(load(c, cix.offset(i)));
+    if (r) v += static_cast<A>(load(r, i));
     store(y, i, apply_act<A>(v, act));
   }
 }
@@ -255,6 +256,8 @@ bool gemm_supports(const LayerDesc& d, std::string* why) {
     return *why = "unsupported type " + std::string(dtype_name(t)), false;
   if (d.in.size() > 2 && d.in[2].dtype != DataType::kUndefined && d.in[2].dtype != t)
     return *why = "C differs in type", false;
+  if (d.in.size() > 3 && d.in[3].dtype != DataType::kUndefined && d.in[3].dtype != t)
+    return *why = "the residual differs in type", false;
   return true;
 }
 
@@ -344,6 +347,10 @@ class GemmLayer final : public Layer {
         cix_.strides[d] = st[0][d];
       }
     }
+    has_r_ = in.size() > 3 && in[3].present();
+    if (has_r_ && (in[3].shape != y.shape || !dtype_is_float(dtype_)))
+      return KILN_ERROR("{}: the residual {} must have the output's shape {} (float types only)",
+                        n.label(), shape_str(in[3].shape), shape_str(y.shape));
     numel_ = y.numel();
     if (dtype_is_float(dtype_)) {
       plan_ = plan_batched_gemm(a_batch, b_batch, batch, M, N, K, ta, tb);
@@ -380,11 +387,13 @@ class GemmLayer final : public Layer {
     if (dtype_is_float(dtype_)) {
       KILN_RETURN_IF_ERROR(run_batched_gemm(rc, plan_, dtype_, dtype_, precision_, alpha_,
                                             in[0].data, in[1].data, y.data));
-      if (!c && act_.act == Act::kNone) return Status::Ok();
+      const void* r = has_r_ ? in[3].data : nullptr;
+      if (!c && !r && act_.act == Act::kNone) return Status::Ok();
       dispatch_float(dtype_, [&](auto tag) {
         using T = decltype(tag);
         gemm_epilogue<T><<<grid_for(numel_), kBlock, 0, rc.stream>>>(
-            static_cast<T*>(y.data), numel_, static_cast<const T*>(c), cix_, beta_, act_);
+            static_cast<T*>(y.data), numel_, static_cast<const T*>(c), cix_, beta_,
+            static_cast<const T*>(r), act_);
       });
       KILN_CUDA_LAUNCH_CHECK("gemm epilogue");
       return Status::Ok();
@@ -416,7 +425,7 @@ class GemmLayer final : public Layer {
   ActParams act_;
   DataType dtype_ = DataType::kUndefined;
   float alpha_ = 1.f, beta_ = 1.f;
-  bool has_c_ = false;
+  bool has_c_ = false, has_r_ = false;
   StridedIndex cix_;
   int64_t numel_ = 0;
   BatchedGemm plan_;
@@ -442,6 +451,15 @@ Expected<std::unique_ptr<Layer>> create_int8_conv_dp4a(const LayerDesc& d);
 // attention_onnx.cu
 bool attention_onnx_supports(const LayerDesc& d, std::string* why);
 Expected<std::unique_ptr<Layer>> create_attention_onnx(const LayerDesc& d);
+// gemm_lt.cpp
+bool gemm_lt_supports(const LayerDesc& d, std::string* why);
+std::vector<std::string> gemm_lt_variants(const LayerDesc& d);
+Expected<std::unique_ptr<Layer>> create_gemm_lt(const LayerDesc& d);
+// attention_mha.cu
+bool mha_flash_supports(const LayerDesc& d, std::string* why);
+Expected<std::unique_ptr<Layer>> create_mha_flash(const LayerDesc& d);
+bool mha_unfused_supports(const LayerDesc& d, std::string* why);
+Expected<std::unique_ptr<Layer>> create_mha_unfused(const LayerDesc& d);
 
 namespace {
 
@@ -451,10 +469,17 @@ const TacticDef kGemmTactics[] = {
     {"", "Gemm", "gemm.cublas", kGemmCaps, 0, gemm_supports, create_gemm},
     {"", "MatMul", "matmul.cublas", kGemmCaps, 0, gemm_supports, create_gemm},
     {"kiln", "FusedGemm", "fused_gemm.cublas", kGemmCaps, 0, gemm_supports, create_gemm},
+    {"kiln", "FusedGemm", "fused_gemm.cublaslt", kF32 | kF16 | kF32Out, 0, gemm_lt_supports,
+     create_gemm_lt, gemm_lt_variants},
+    {"", "MatMul", "matmul.cublaslt", kF32 | kF16 | kF32Out, 0, gemm_lt_supports, create_gemm_lt,
+     gemm_lt_variants},
     {"kiln", "FusedGemm", "gemm_int8", kI8 | kF32 | kF16, 0, int8_conv_supports, create_int8_conv},
     {"kiln", "FusedGemm", "gemm_int8.dp4a", kI8 | kF32 | kF16, 0, int8_conv_supports,
      create_int8_conv_dp4a},
     {"kiln", "Attention", "attention.cublas", kGemmCaps, 0, attention_supports, create_attention},
+    {"kiln", "MultiHeadAttention", "mha.flash", kF16, 0, mha_flash_supports, create_mha_flash},
+    {"kiln", "MultiHeadAttention", "mha.unfused", kGemmCaps, 0, mha_unfused_supports,
+     create_mha_unfused},
     {"", "Einsum", "einsum.generic", kF32 | kF16 | kF64, 0, einsum_supports, create_einsum},
     {"", "Attention", "attention_onnx.direct", kGemmCaps, 0, attention_onnx_supports,
      create_attention_onnx},

@@ -10,6 +10,7 @@
 
 #include "kernels/device_util.cuh"
 #include "ops/op.h"
+#include "layers/movement_copy.h"
 #include "tactics.h"
 
 namespace kiln::gpu {
@@ -152,17 +153,9 @@ __global__ void transpose_kernel(const T* __restrict__ x, T* __restrict__ y, int
   }
 }
 
-// One strided copy: dst[dst_off + sum c_k * dst_str_k] = src[src_off + sum c_k * src_str_k]
-// over the iteration space `dims`, prepared for the fastest kernel that fits.
-struct CopyPlan {
-  enum class Kind { kEmpty, kRows, kTiled, kStrided } kind = Kind::kEmpty;
-  size_t esize = 0;
-  int64_t n = 0, src_off = 0, dst_off = 0;
-  int64_t rows = 0, width = 0;  // kRows: contiguous rows (elements); row offsets src_ix/dst_ix
-  int64_t A = 0, B = 0, sa = 0, sb = 0, batches = 0;          // kTiled
-  StridedIndex src_ix, dst_ix, batch_ix;
-  bool dst_dense = false;
-};
+}  // namespace
+
+namespace movement_detail {
 
 Expected<CopyPlan> plan_copy(std::vector<int64_t> dims, std::vector<int64_t> src_str,
                              std::vector<int64_t> dst_str, int64_t src_off, int64_t dst_off,
@@ -295,6 +288,10 @@ Status run_copy(const CopyPlan& p, const void* src, void* dst, cudaStream_t stre
   KILN_CUDA_LAUNCH_CHECK("strided copy kernel");
   return Status::Ok();
 }
+
+}  // namespace movement_detail
+
+namespace {
 
 // A copy from input `in` to output `out` of the node.
 struct CopyStep {

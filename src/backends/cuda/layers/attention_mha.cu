@@ -1,0 +1,535 @@
+// kiln.MultiHeadAttention (ops/fused.h): Q [B, Sq, H*D], K [B, Sk, H*D], V [B, Sk, H*Dv] (or
+// packed: Q, K and V side by side in one [B, S, 3*H*D] tensor), an additive mask broadcast to
+// [B, H, Sq, Sk], Y [B, Sq, H*Dv]. Two tactics:
+//   mha.flash    FP16, head size 64 or 128: FlashAttention-2's forward pass on mma.sync
+//                m16n8k16 with float accumulation. A block takes 64 query rows of one (batch,
+//                head), 16 per warp, and walks the keys in tiles of 64 through a double-buffered
+//                cp.async ring (K and V tiles with 16-byte chunks XOR-swizzled by row, so that
+//                ldmatrix reads them without bank conflicts). Scores stay in registers: a row's
+//                running maximum and sum rescale the output as tiles arrive (the online
+//                softmax), the probabilities are rounded to float16 for P.V, which reuses the
+//                score fragments as its A operand. Q, K, V and Y are read and written in the
+//                projections' own layout through row strides: the head split and merge cost
+//                nothing.
+//   mha.unfused  any float type and head size: the heads are copied out into [B, H, S, D]
+//                tensors (K as [B, H, D, S]), kiln.Attention's batched-GEMM layer runs on them
+//                (layers/gemm_attention.cu), and the result is copied back.
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+
+#include "kernels/device_util.cuh"
+#include "kernels/mma.cuh"
+#include "layers/gemm_common.h"
+#include "layers/movement_copy.h"
+#include "ops/op.h"
+#include "tactics.h"
+
+namespace kiln::gpu {
+
+Expected<std::unique_ptr<Layer>> create_attention(const LayerDesc& d);  // gemm_attention.cu
+
+namespace {
+
+// --- shapes ---------------------------------------------------------------------------------
+
+// The layer's problem: batch, lengths, heads, head sizes and where each head's rows live.
+struct MhaShape {
+  int64_t B = 0, Sq = 0, Sk = 0, H = 0, D = 0, Dv = 0;
+  // Element offsets of head 0's first element and the row strides of Q, K, V in their inputs
+  // (packed: all three in input 0).
+  int64_t q_off = 0, k_off = 0, v_off = 0;
+  int64_t q_row = 0, k_row = 0, v_row = 0;
+  bool packed = false;
+};
+
+Expected<MhaShape> mha_shape(const Node& n, std::span<const DeviceTensor> in,
+                             const DeviceTensor& y) {
+  MhaShape s;
+  s.packed = n.attrs.get_int("packed", 0) != 0;
+  s.H = n.attrs.get_int("num_heads", 0);
+  const DeviceTensor& q = in[0];
+  if (q.rank() != 3 || s.H <= 0)
+    return KILN_ERROR("{}: Q must be 3-D and num_heads positive", n.label());
+  s.B = q.shape[0];
+  s.Sq = q.shape[1];
+  if (s.packed) {
+    if (q.shape[2] % (3 * s.H) != 0)
+      return KILN_ERROR("{}: packed Q's last dim {} is not 3 x {} heads", n.label(), q.shape[2],
+                        s.H);
+    s.D = s.Dv = q.shape[2] / (3 * s.H);
+    s.Sk = s.Sq;
+    s.q_row = s.k_row = s.v_row = q.shape[2];
+    s.k_off = s.H * s.D;
+    s.v_off = 2 * s.H * s.D;
+  } else {
+    const DeviceTensor &k = in[1], &v = in[2];
+    if (k.rank() != 3 || v.rank() != 3 || k.shape[0] != s.B || v.shape[0] != s.B ||
+        k.shape[1] != v.shape[1] || q.shape[2] % s.H || k.shape[2] != q.shape[2] ||
+        v.shape[2] % s.H)
+      return KILN_ERROR("{}: Q {}, K {} and V {} do not fit {} heads", n.label(),
+                        shape_str(q.shape), shape_str(k.shape), shape_str(v.shape), s.H);
+    s.Sk = k.shape[1];
+    s.D = q.shape[2] / s.H;
+    s.Dv = v.shape[2] / s.H;
+    s.q_row = q.shape[2];
+    s.k_row = k.shape[2];
+    s.v_row = v.shape[2];
+  }
+  const std::vector<int64_t> want = {s.B, s.Sq, s.H * s.Dv};
+  if (y.shape != want)
+    return KILN_ERROR("{}: output shape {} differs from {}", n.label(), shape_str(y.shape),
+                      shape_str(want));
+  return s;
+}
+
+// Element strides of the mask over [B, H, Sq, Sk] (0 where it broadcasts).
+Expected<std::array<int64_t, 4>> mask_strides(const Node& n, const DeviceTensor& m,
+                                              const MhaShape& s) {
+  const std::vector<int64_t> full = {s.B, s.H, s.Sq, s.Sk};
+  if (m.rank() > 4) return KILN_ERROR("{}: the mask has rank {} (at most 4)", n.label(), m.rank());
+  std::array<int64_t, 4> st{};
+  const auto rs = row_major_strides(m.shape);
+  const int64_t off = 4 - m.rank();
+  for (int64_t i = 0; i < m.rank(); ++i) {
+    const int64_t d = m.shape[i], want = full[off + i];
+    if (d != 1 && d != want)
+      return KILN_ERROR("{}: mask {} does not broadcast to the scores [{}, {}, {}, {}]", n.label(),
+                        shape_str(m.shape), s.B, s.H, s.Sq, s.Sk);
+    st[off + i] = d == 1 ? 0 : rs[i];
+  }
+  return st;
+}
+
+// --- mha.flash --------------------------------------------------------------------------------
+
+constexpr int kRows = 64;  // query rows per block (16 per warp); also keys per tile
+constexpr int kThreads = 128;
+constexpr float kLog2e = 1.4426950408889634f;
+
+struct FlashArgs {
+  const __half* q;
+  const __half* k;
+  const __half* v;
+  __half* y;
+  int64_t q_b, k_b, v_b, y_b;  // batch strides (elements)
+  int64_t q_s, k_s, v_s, y_s;  // row strides (elements)
+  int sq, sk;
+  float scale_log2;  // scale * log2(e): the softmax runs in base 2
+  const void* mask;  // additive; its element type is the kernel's MaskT
+  int64_t m_b, m_h, m_q, m_k;
+  bool nan_to_zero;
+};
+
+// Element (row, col) of a [64][D] half tile: 16-byte chunks XOR-swizzled by row % 8.
+template <int D>
+__device__ __forceinline__ int swz(int row, int col) {
+  return row * D + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7);
+}
+
+// Rows [0, valid) of a 64-row tile from global rows of `stride` elements; the rest zero.
+template <int D>
+__device__ __forceinline__ void load_tile(__half* s, const __half* g, int64_t stride, int valid,
+                                          int tid) {
+  constexpr int kChunks = kRows * D / 8;
+#pragma unroll
+  for (int i = tid; i < kChunks; i += kThreads) {
+    const int row = i / (D / 8), c = i % (D / 8);
+    const bool ok = row < valid;
+    cp_async16(s + swz<D>(row, c * 8), ok ? g + row * stride + c * 8 : g, ok);
+  }
+}
+
+__device__ __forceinline__ uint32_t pack_half2(float a, float b) {
+  const __half2 h = __floats2half2_rn(a, b);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+template <typename MaskT>
+__device__ __forceinline__ float mask_at(const FlashArgs& a, int64_t base, int row, int key) {
+  if constexpr (std::is_same_v<MaskT, __half>)
+    return __half2float(static_cast<const __half*>(a.mask)[base + row * a.m_q + key * a.m_k]);
+  else
+    return static_cast<const float*>(a.mask)[base + row * a.m_q + key * a.m_k];
+}
+
+// MaskT: void (no mask), __half or float.
+template <int D, typename MaskT>
+__global__ void __launch_bounds__(kThreads) mha_flash_kernel(FlashArgs a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  __half* sq = reinterpret_cast<__half*>(smem);
+  __half* sk = sq + kRows * D;      // two K tiles
+  __half* sv = sk + 2 * kRows * D;  // two V tiles
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int q0 = blockIdx.x * kRows, h = blockIdx.y, b = blockIdx.z;
+  const __half* q = a.q + b * a.q_b + h * D + static_cast<int64_t>(q0) * a.q_s;
+  const __half* k = a.k + b * a.k_b + h * D;
+  const __half* v = a.v + b * a.v_b + h * D;
+  const int tiles = (a.sk + kRows - 1) / kRows;
+  load_tile<D>(sq, q, a.q_s, min(kRows, a.sq - q0), tid);
+  load_tile<D>(sk, k, a.k_s, min(kRows, a.sk), tid);
+  load_tile<D>(sv, v, a.v_s, min(kRows, a.sk), tid);
+  cp_async_commit();
+
+  uint32_t qf[D / 16][4];
+  float o[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  const int row_lo = q0 + warp * 16 + lane / 4;  // this thread's rows: row_lo and row_lo + 8
+  const int64_t mbase = static_cast<int64_t>(b) * a.m_b + static_cast<int64_t>(h) * a.m_h;
+
+  for (int t = 0; t < tiles; ++t) {
+    if (t + 1 < tiles) {
+      const int k1 = (t + 1) * kRows, nb = (t + 1) & 1;
+      load_tile<D>(sk + nb * kRows * D, k + static_cast<int64_t>(k1) * a.k_s, a.k_s,
+                   min(kRows, a.sk - k1), tid);
+      load_tile<D>(sv + nb * kRows * D, v + static_cast<int64_t>(k1) * a.v_s, a.v_s,
+                   min(kRows, a.sk - k1), tid);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    if (t == 0) {
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+        ldmatrix_x4(qf[kk], smem_u32(sq + swz<D>(warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8,
+                                                 kk * 16 + (lane / 16) * 8)));
+    }
+    const __half* kt = sk + (t & 1) * kRows * D;
+    const __half* vt = sv + (t & 1) * kRows * D;
+    // S = Q K^T, this warp's 16 rows x 64 keys: eight n8 blocks.
+    float s[kRows / 8][4];
+#pragma unroll
+    for (int i = 0; i < kRows / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+#pragma unroll
+      for (int nb = 0; nb < kRows / 16; ++nb) {
+        uint32_t bf[4];
+        ldmatrix_x4(bf, smem_u32(kt + swz<D>(nb * 16 + (lane % 8) + (lane / 16) * 8,
+                                             kk * 16 + ((lane / 8) % 2) * 8)));
+        mma_f16(s[2 * nb], qf[kk], bf[0], bf[1]);
+        mma_f16(s[2 * nb + 1], qf[kk], bf[2], bf[3]);
+      }
+    // Scale and mask (in base 2), keys past the end out; the rows' tile maxima.
+    const int kbase = t * kRows;
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nb = 0; nb < kRows / 8; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = row_lo + (e / 2) * 8;
+        const int key = kbase + nb * 8 + (lane % 4) * 2 + (e % 2);
+        float x = s[nb][e] * a.scale_log2;
+        if constexpr (!std::is_void_v<MaskT>) {
+          if (key < a.sk && row < a.sq) x = fmaf(mask_at<MaskT>(a, mbase, row, key), kLog2e, x);
+        }
+        if (key >= a.sk) x = -INFINITY;
+        s[nb][e] = x;
+        mx[e / 2] = fmaxf(mx[e / 2], x);
+      }
+    float alpha[2], base[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      const float mnew = fmaxf(m[r], mx[r]);
+      base[r] = mnew == -INFINITY ? 0.f : mnew;  // a row masked so far stays at 0
+      alpha[r] = exp2f(m[r] - base[r]);
+      m[r] = mnew;
+    }
+    float rs[2] = {0.f, 0.f};
+#pragma unroll
+    for (int nb = 0; nb < kRows / 8; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float p = exp2f(s[nb][e] - base[e / 2]);
+        s[nb][e] = p;
+        rs[e / 2] += p;
+      }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + rs[r];
+#pragma unroll
+    for (int db = 0; db < D / 8; ++db) {
+      o[db][0] *= alpha[0], o[db][1] *= alpha[0];
+      o[db][2] *= alpha[1], o[db][3] *= alpha[1];
+    }
+    // O += P V: the score fragments of keys 16kk..16kk+15 are P's A fragment.
+#pragma unroll
+    for (int kk = 0; kk < kRows / 16; ++kk) {
+      const uint32_t pa[4] = {pack_half2(s[2 * kk][0], s[2 * kk][1]),
+                              pack_half2(s[2 * kk][2], s[2 * kk][3]),
+                              pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                              pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int db = 0; db < D / 16; ++db) {
+        uint32_t bf[4];
+        ldmatrix_x4_trans(bf, smem_u32(vt + swz<D>(kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8,
+                                                   db * 16 + (lane / 16) * 8)));
+        mma_f16(o[2 * db], pa, bf[0], bf[1]);
+        mma_f16(o[2 * db + 1], pa, bf[2], bf[3]);
+      }
+    }
+    __syncthreads();  // every warp is done with this stage before it is loaded again
+  }
+  // Normalize (a row with no key left is NaN, or 0 with nan_to_zero, as the reference), stage
+  // the warp's rows in its part of Q's tile, then store 16-byte vectors.
+  float inv[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    inv[r] = l[r] > 0.f ? 1.f / l[r] : (a.nan_to_zero ? 0.f : NAN);
+  }
+  const int wr = warp * 16 + lane / 4;
+#pragma unroll
+  for (int db = 0; db < D / 8; ++db) {
+    const int col = db * 8 + (lane % 4) * 2;
+    *reinterpret_cast<uint32_t*>(sq + swz<D>(wr, col)) =
+        pack_half2(o[db][0] * inv[0], o[db][1] * inv[0]);
+    *reinterpret_cast<uint32_t*>(sq + swz<D>(wr + 8, col)) =
+        pack_half2(o[db][2] * inv[1], o[db][3] * inv[1]);
+  }
+  __syncthreads();
+  __half* y = a.y + b * a.y_b + h * D;
+  for (int i = tid; i < kRows * D / 8; i += kThreads) {
+    const int row = i / (D / 8), c = i % (D / 8);
+    if (q0 + row < a.sq)
+      *reinterpret_cast<uint4*>(y + static_cast<int64_t>(q0 + row) * a.y_s + c * 8) =
+          *reinterpret_cast<const uint4*>(sq + swz<D>(row, c * 8));
+  }
+}
+
+template <int D>
+constexpr size_t flash_smem() {
+  return static_cast<size_t>(5) * kRows * D * sizeof(__half);  // Q, two K and two V tiles
+}
+
+using FlashKernel = void (*)(FlashArgs);
+
+template <int D>
+FlashKernel flash_kernel(DataType mask) {
+  if (mask == DataType::kFloat16) return mha_flash_kernel<D, __half>;
+  if (mask == DataType::kFloat32) return mha_flash_kernel<D, float>;
+  return mha_flash_kernel<D, void>;
+}
+
+bool flash_supports(const LayerDesc& d, std::string* why) {
+  const Node& n = *d.node;
+  if (d.precision != Precision::kFP16 || d.in.empty() || d.in[0].dtype != DataType::kFloat16)
+    return *why = "float16 only", false;
+  const bool packed = n.attrs.get_int("packed", 0) != 0;
+  for (size_t i = 1; i < 3 && !packed; ++i)
+    if (d.in.size() <= i || d.in[i].dtype != DataType::kFloat16)
+      return *why = "float16 only", false;
+  const TensorType& q = d.in_type(0);
+  const int64_t h = n.attrs.get_int("num_heads", 0);
+  if (q.rank() != 3 || !q.dims->back().is_static() || h <= 0)
+    return *why = "Q's head size is unknown", false;
+  const int64_t dq = q.dims->back().value / (packed ? 3 * h : h);
+  int64_t dv = dq;
+  if (!packed) {
+    const TensorType& v = d.in_type(2);
+    if (v.rank() != 3 || !v.dims->back().is_static())
+      return *why = "V's head size is unknown", false;
+    dv = v.dims->back().value / h;
+  }
+  if ((dq != 64 && dq != 128) || dv != dq) return *why = "head sizes 64 and 128 only", false;
+  if (d.in.size() > 3 && d.in[3].present() && d.in[3].dtype != DataType::kFloat16 &&
+      d.in[3].dtype != DataType::kFloat32)
+    return *why = "a float16 or float32 mask only", false;
+  return true;
+}
+
+class MhaFlashLayer final : public Layer {
+ public:
+  explicit MhaFlashLayer(const LayerDesc& d) : node_(d.node) {
+    scale_ = d.node->attrs.get_float("scale", 1.f);
+    nan_to_zero_ = d.node->attrs.get_int("nan_to_zero", 0) != 0;
+  }
+
+  Expected<size_t> configure(const RunContext&, std::span<const DeviceTensor> in,
+                             std::span<const DeviceTensor> out) override {
+    const Node& n = *node_;
+    KILN_ASSIGN_OR_RETURN(s_, mha_shape(n, in, out[0]));
+    if ((s_.D != 64 && s_.D != 128) || s_.Dv != s_.D)
+      return KILN_ERROR("{}: mha.flash takes head sizes 64 and 128, got {}", n.label(), s_.D);
+    for (int64_t st : {s_.q_row, s_.k_row, s_.v_row})
+      if (st % 8 != 0)
+        return KILN_ERROR("{}: rows of {} elements are not 16-byte aligned", n.label(), st);
+    if (s_.B > 65535 || s_.H > 65535 || s_.Sq > INT32_MAX || s_.Sk > INT32_MAX)
+      return KILN_ERROR("{}: batch {} or heads {} beyond the grid", n.label(), s_.B, s_.H);
+    mask_ = in.size() > 3 && in[3].present() ? in[3].dtype : DataType::kUndefined;
+    if (mask_ != DataType::kUndefined) {
+      KILN_ASSIGN_OR_RETURN(mstride_, mask_strides(n, in[3], s_));
+    }
+    smem_ = s_.D == 64 ? flash_smem<64>() : flash_smem<128>();
+    kernel_ = s_.D == 64 ? flash_kernel<64>(mask_) : flash_kernel<128>(mask_);
+    KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel_, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem_)));
+    return size_t{0};
+  }
+
+  Status run(const RunContext& rc, std::span<const DeviceTensor> in,
+             std::span<const DeviceTensor> out) override {
+    if (s_.B == 0 || s_.Sq == 0) return Status::Ok();
+    FlashArgs a{};
+    const auto* base = static_cast<const __half*>(in[0].data);
+    a.q = base + s_.q_off;
+    a.k = (s_.packed ? base : static_cast<const __half*>(in[1].data)) + s_.k_off;
+    a.v = (s_.packed ? base : static_cast<const __half*>(in[2].data)) + s_.v_off;
+    a.y = static_cast<__half*>(out[0].data);
+    a.q_s = s_.q_row, a.k_s = s_.k_row, a.v_s = s_.v_row, a.y_s = s_.H * s_.Dv;
+    a.q_b = s_.Sq * s_.q_row, a.k_b = s_.Sk * s_.k_row, a.v_b = s_.Sk * s_.v_row;
+    a.y_b = s_.Sq * a.y_s;
+    a.sq = static_cast<int>(s_.Sq);
+    a.sk = static_cast<int>(s_.Sk);
+    a.scale_log2 = scale_ * kLog2e;
+    a.nan_to_zero = nan_to_zero_;
+    if (mask_ != DataType::kUndefined) {
+      a.mask = in[3].data;
+      a.m_b = mstride_[0], a.m_h = mstride_[1], a.m_q = mstride_[2], a.m_k = mstride_[3];
+    }
+    for (const void* p : {static_cast<const void*>(a.q), static_cast<const void*>(a.k),
+                          static_cast<const void*>(a.v), static_cast<const void*>(a.y)})
+      if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
+        return KILN_ERROR("{}: an operand is not 16-byte aligned", node_->label());
+    const dim3 grid(static_cast<unsigned>((s_.Sq + kRows - 1) / kRows), static_cast<unsigned>(s_.H),
+                    static_cast<unsigned>(s_.B));
+    if (s_.Sk == 0) return KILN_ERROR("{}: no keys (sequence length 0)", node_->label());
+    kernel_<<<grid, kThreads, smem_, rc.stream>>>(a);
+    KILN_CUDA_LAUNCH_CHECK("mha.flash kernel");
+    return Status::Ok();
+  }
+
+ private:
+  const Node* node_;
+  float scale_ = 1.f;
+  bool nan_to_zero_ = false;
+  MhaShape s_;
+  DataType mask_ = DataType::kUndefined;
+  std::array<int64_t, 4> mstride_{};
+  size_t smem_ = 0;
+  FlashKernel kernel_ = nullptr;
+};
+
+// --- mha.unfused ----------------------------------------------------------------------------
+
+size_t align256(size_t b) { return (b + 255) / 256 * 256; }
+
+bool unfused_supports(const LayerDesc& d, std::string* why) {
+  const bool packed = d.node->attrs.get_int("packed", 0) != 0;
+  for (size_t i = 0; i < (packed ? 1u : 3u); ++i)
+    if (d.in.size() <= i || !dtype_is_float(d.in[i].dtype) || d.in[i].dtype != d.in[0].dtype)
+      return *why = "float Q, K and V of one type only", false;
+  if (d.in.size() > 3 && d.in[3].present() && d.in[3].dtype != d.in[0].dtype)
+    return *why = "the mask differs in type", false;
+  return true;
+}
+
+// The heads of Q, K and V copied into [B, H, S, D] (K: [B, H, D, S]) workspace tensors, the
+// batched-GEMM attention over them, and its [B, H, Sq, Dv] result merged into Y.
+class MhaUnfusedLayer final : public Layer {
+ public:
+  explicit MhaUnfusedLayer(const LayerDesc& d) : desc_(d) {}
+
+  Expected<size_t> configure(const RunContext& rc, std::span<const DeviceTensor> in,
+                             std::span<const DeviceTensor> out) override {
+    const Node& n = *desc_.node;
+    KILN_ASSIGN_OR_RETURN(s_, mha_shape(n, in, out[0]));
+    dtype_ = in[0].dtype;
+    const size_t es = dtype_size(dtype_);
+    // [B, H, S, D] of rows with stride `row`: dims (b, h, s, d).
+    auto split = [&](int64_t S, int64_t D, int64_t row, int64_t off, bool kt) {
+      const std::vector<int64_t> src = {S * row, D, row, 1};
+      const std::vector<int64_t> dst = kt ? std::vector<int64_t>{s_.H * D * S, D * S, 1, S}
+                                          : std::vector<int64_t>{s_.H * S * D, S * D, D, 1};
+      return movement_detail::plan_copy({s_.B, s_.H, S, D}, src, dst, off, 0, es);
+    };
+    KILN_ASSIGN_OR_RETURN(cq_, split(s_.Sq, s_.D, s_.q_row, s_.q_off, false));
+    KILN_ASSIGN_OR_RETURN(ck_, split(s_.Sk, s_.D, s_.k_row, s_.k_off, true));
+    KILN_ASSIGN_OR_RETURN(cv_, split(s_.Sk, s_.Dv, s_.v_row, s_.v_off, false));
+    KILN_ASSIGN_OR_RETURN(
+        cy_, movement_detail::plan_copy({s_.B, s_.H, s_.Sq, s_.Dv},
+                                        {s_.H * s_.Sq * s_.Dv, s_.Sq * s_.Dv, s_.Dv, 1},
+                                        {s_.Sq * s_.H * s_.Dv, s_.Dv, s_.H * s_.Dv, 1}, 0, 0, es));
+    q4_ = tensor({s_.B, s_.H, s_.Sq, s_.D});
+    kt4_ = tensor({s_.B, s_.H, s_.D, s_.Sk});
+    v4_ = tensor({s_.B, s_.H, s_.Sk, s_.Dv});
+    y4_ = tensor({s_.B, s_.H, s_.Sq, s_.Dv});
+    mask_ = in.size() > 3 && in[3].present() ? in[3] : DeviceTensor{};
+    if (mask_.present()) {  // as [B, H, Sq, Sk] scores see it (rank 4, leading 1s)
+      KILN_RETURN_IF_ERROR(mask_strides(n, mask_, s_).status());
+      while (mask_.rank() < 4) mask_.shape.insert(mask_.shape.begin(), 1);
+    }
+    if (!attention_) {
+      LayerDesc d = desc_;
+      d.in = {desc_.in[0], desc_.in[0], desc_.in[0],
+              mask_.present() ? desc_.in[3] : TensorFormat{}};
+      d.out = {desc_.out[0]};
+      KILN_ASSIGN_OR_RETURN(attention_, create_attention(d));
+    }
+    std::vector<DeviceTensor> ain = {q4_, kt4_, v4_, mask_};
+    KILN_ASSIGN_OR_RETURN(attention_ws_, attention_->configure(rc, ain, std::span(&y4_, 1)));
+    bytes_ = 0;
+    for (const DeviceTensor* t : {&q4_, &kt4_, &v4_, &y4_}) bytes_ += align256(t->nbytes());
+    return bytes_ + attention_ws_;
+  }
+
+  Status run(const RunContext& rc, std::span<const DeviceTensor> in,
+             std::span<const DeviceTensor> out) override {
+    if (out[0].numel() == 0) return Status::Ok();
+    auto* ws = static_cast<uint8_t*>(rc.workspace);
+    for (DeviceTensor* t : {&q4_, &kt4_, &v4_, &y4_}) {
+      t->data = ws;
+      ws += align256(t->nbytes());
+    }
+    const void* base = in[0].data;
+    KILN_RETURN_IF_ERROR(movement_detail::run_copy(cq_, base, q4_.data, rc.stream));
+    KILN_RETURN_IF_ERROR(
+        movement_detail::run_copy(ck_, s_.packed ? base : in[1].data, kt4_.data, rc.stream));
+    KILN_RETURN_IF_ERROR(
+        movement_detail::run_copy(cv_, s_.packed ? base : in[2].data, v4_.data, rc.stream));
+    if (mask_.present()) mask_.data = in[3].data;
+    RunContext arc = rc;
+    arc.workspace = ws;
+    arc.workspace_bytes = attention_ws_;
+    std::vector<DeviceTensor> ain = {q4_, kt4_, v4_, mask_};
+    KILN_RETURN_IF_ERROR(attention_->run(arc, ain, std::span(&y4_, 1)));
+    return movement_detail::run_copy(cy_, y4_.data, out[0].data, rc.stream);
+  }
+
+ private:
+  DeviceTensor tensor(std::vector<int64_t> shape) const {
+    DeviceTensor t;
+    t.dtype = dtype_;
+    t.shape = std::move(shape);
+    return t;
+  }
+
+  LayerDesc desc_;
+  MhaShape s_;
+  DataType dtype_ = DataType::kUndefined;
+  movement_detail::CopyPlan cq_, ck_, cv_, cy_;
+  DeviceTensor q4_, kt4_, v4_, y4_, mask_;
+  std::unique_ptr<Layer> attention_;
+  size_t attention_ws_ = 0, bytes_ = 0;
+};
+
+}  // namespace
+
+bool mha_flash_supports(const LayerDesc& d, std::string* why) { return flash_supports(d, why); }
+Expected<std::unique_ptr<Layer>> create_mha_flash(const LayerDesc& d) {
+  return std::unique_ptr<Layer>(new MhaFlashLayer(d));
+}
+bool mha_unfused_supports(const LayerDesc& d, std::string* why) { return unfused_supports(d, why); }
+Expected<std::unique_ptr<Layer>> create_mha_unfused(const LayerDesc& d) {
+  return std::unique_ptr<Layer>(new MhaUnfusedLayer(d));
+}
+
+}  // namespace kiln::gpu

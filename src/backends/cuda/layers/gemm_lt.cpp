@@ -1,0 +1,224 @@
+// kiln.FusedGemm and MatMul by a constant 2-D weight through cuBLASLt, with the epilogue fused
+// into the GEMM: the bias, ReLU or tanh-GELU (cuBLASLt's BIAS, RELU_BIAS, GELU_BIAS), and the
+// residual as C with beta = 1: Y = act(A W + bias + R). The rows of A (every leading dim) are
+// the GEMM's M, so a transformer's [B, S, K] activations need no reshape.
+//
+// Row-major Y [M, N] = A [M, K] W [K, N] is, in cuBLASLt's column-major terms, D [N, M] =
+// W' [N, K] A' [K, M] with W' and A' the same memory (W [N, K] for Gemm's transB: op T). The
+// bias runs along D's rows (N). Variants are ranks in cuBLASLt's heuristic list ("h0".."h3"),
+// taken at each shape of a profile: the tuner times them at the opt shape. An FP16 product that
+// is a float32 graph output (a language model's logits) can write float32 itself (kF32Out).
+#include <cublasLt.h>
+
+#include <algorithm>
+
+#include "layers/gemm_common.h"
+#include "ops/op.h"
+#include "tactics.h"
+
+namespace kiln::gpu {
+namespace {
+
+constexpr int kRanks = 4;
+constexpr size_t kMaxWorkspace = size_t(32) << 20;
+
+// Which epilogue the layer's activation needs; false when cuBLASLt has none (erf GELU, ...).
+bool lt_epilogue(const Node& n, bool bias, cublasLtEpilogue_t* e) {
+  const std::string act = n.attrs.get_string("activation", "");
+  if (act.empty())
+    *e = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+  else if (act == "Relu")
+    *e = bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU;
+  else if (act == "Gelu" && n.attrs.get_string("act_approximate", "none") == "tanh")
+    *e = bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU;
+  else
+    return false;
+  return true;
+}
+
+bool is_gemm_base(const Node& n) {
+  return n.op_type == "FusedGemm" && n.attrs.get_string("base", "") == "Gemm";
+}
+
+bool lt_supports(const LayerDesc& d, std::string* why) {
+  const Node& n = *d.node;
+  const DataType t = d.in.empty() ? DataType::kUndefined : d.in[0].dtype;
+  const bool f16 = t == DataType::kFloat16 && d.precision == Precision::kFP16;
+  const bool f32 = t == DataType::kFloat32 &&
+                   (d.precision == Precision::kTF32 || d.precision == Precision::kFP32);
+  if (!f16 && !f32) return *why = "float16 (FP16) or float32 (TF32, FP32) only", false;
+  if (n.attrs.get_int("int8", 0) != 0) return *why = "float layers only", false;
+  const Tensor* w = d.in_const(1);
+  if (!w || w->rank() != 2) return *why = "the weight is not a constant 2-D matrix", false;
+  if (d.in_type(0).rank() < 2) return *why = "A must have rank >= 2", false;
+  for (size_t i = 1; i < d.in.size(); ++i)
+    if (d.in[i].present() && d.in[i].dtype != t) return *why = "inputs differ in type", false;
+  // A float32 output of float16 inputs (kF32Out): D in float32, without a bias or residual
+  // (those share D's type in cuBLASLt).
+  if (!d.out.empty() && d.out[0].dtype != t &&
+      (!f16 || d.out[0].dtype != DataType::kFloat32 || n.input(2) || n.input(3)))
+    return *why = "a float32 output only for a float16 product without bias or residual", false;
+  if (n.op_type == "FusedGemm") {
+    const std::string base = n.attrs.get_string("base", "");
+    if (base != "MatMul" && base != "Gemm") return *why = "unknown base", false;
+    if (base == "Gemm" &&
+        (n.attrs.get_int("transA", 0) != 0 || n.attrs.get_float("alpha", 1.f) != 1.f ||
+         (n.input(2) && n.attrs.get_float("beta", 1.f) != 1.f) || d.in_type(0).rank() != 2))
+      return *why = "Gemm with transA, alpha or beta", false;
+    const bool tb = base == "Gemm" && n.attrs.get_int("transB", 0) != 0;
+    const int64_t N = w->dim(tb ? 0 : 1);
+    if (const Tensor* c = d.in_const(2); n.input(2) && (!c || c->numel() != N))
+      return *why = "C is not a constant bias of N values", false;
+    cublasLtEpilogue_t e;
+    if (!lt_epilogue(n, n.input(2) != nullptr, &e))
+      return *why = "no cuBLASLt epilogue for activation " + n.attrs.get_string("activation", ""),
+             false;
+  }
+  return true;
+}
+
+std::vector<std::string> lt_variants(const LayerDesc&) {
+  std::vector<std::string> v;
+  for (int r = 0; r < kRanks; ++r) v.push_back("h" + std::to_string(r));
+  return v;
+}
+
+struct LtHandles {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
+  void reset() {
+    if (desc) cublasLtMatmulDescDestroy(desc);
+    for (auto l : {a, b, c, d})
+      if (l) cublasLtMatrixLayoutDestroy(l);
+    *this = LtHandles{};
+  }
+};
+
+class GemmLtLayer final : public Layer {
+ public:
+  explicit GemmLtLayer(const LayerDesc& d)
+      : node_(d.node),
+        precision_(d.precision),
+        rank_(std::max(0, std::atoi(d.variant.c_str() + (d.variant.empty() ? 0 : 1)))) {}
+  ~GemmLtLayer() override { lt_.reset(); }
+
+  Expected<size_t> configure(const RunContext& rc, std::span<const DeviceTensor> in,
+                             std::span<const DeviceTensor> out) override {
+    const Node& n = *node_;
+    const DeviceTensor &a = in[0], &w = in[1], &y = out[0];
+    const bool tb = is_gemm_base(n) && n.attrs.get_int("transB", 0) != 0;
+    K_ = a.shape.back();
+    N_ = w.shape[tb ? 0 : 1];
+    if (w.shape[tb ? 1 : 0] != K_)
+      return KILN_ERROR("{}: A {} and W {} do not chain", n.label(), shape_str(a.shape),
+                        shape_str(w.shape));
+    M_ = K_ == 0 ? 0 : a.numel() / K_;
+    std::vector<int64_t> want(a.shape.begin(), a.shape.end() - 1);
+    want.push_back(N_);
+    if (y.shape != want)
+      return KILN_ERROR("{}: output shape {} differs from {}", n.label(), shape_str(y.shape),
+                        shape_str(want));
+    bias_ = n.op_type == "FusedGemm" && in.size() > 2 && in[2].present();
+    residual_ = in.size() > 3 && in[3].present();
+    if (residual_ && in[3].shape != y.shape)
+      return KILN_ERROR("{}: the residual {} must have the output's shape {}", n.label(),
+                        shape_str(in[3].shape), shape_str(y.shape));
+    for (int64_t v : {M_, N_, K_})
+      if (v > INT32_MAX)
+        return KILN_ERROR("{}: a dimension of {} is beyond cuBLASLt's sizes", n.label(), v);
+    if (M_ == 0 || N_ == 0 || K_ == 0) return size_t{0};
+    lt_.reset();
+    const bool f16 = a.dtype == DataType::kFloat16;
+    const cudaDataType_t io = f16 ? CUDA_R_16F : CUDA_R_32F;
+    const cudaDataType_t yt = y.dtype == DataType::kFloat32 ? CUDA_R_32F : io;
+    const cublasComputeType_t compute =
+        f16 || precision_ == Precision::kFP32 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32;
+    KILN_RETURN_IF_ERROR(cublas_check(cublasLtMatmulDescCreate(&lt_.desc, compute, CUDA_R_32F),
+                                      "cublasLtMatmulDescCreate"));
+    const cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = CUBLAS_OP_N;
+    auto set = [&](cublasLtMatmulDescAttributes_t attr, const void* v, size_t bytes) {
+      return cublas_check(cublasLtMatmulDescSetAttribute(lt_.desc, attr, v, bytes),
+                          "cublasLtMatmulDescSetAttribute");
+    };
+    KILN_RETURN_IF_ERROR(set(CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
+    KILN_RETURN_IF_ERROR(set(CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
+    cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_DEFAULT;
+    if (n.op_type == "FusedGemm" && !lt_epilogue(n, bias_, &ep))
+      return KILN_ERROR("{}: no cuBLASLt epilogue for its activation", n.label());
+    KILN_RETURN_IF_ERROR(set(CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof(ep)));
+    if (bias_) KILN_RETURN_IF_ERROR(set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &io, sizeof(io)));
+    const int64_t lda = tb ? K_ : N_;
+    KILN_RETURN_IF_ERROR(cublas_check(
+        cublasLtMatrixLayoutCreate(&lt_.a, io, tb ? K_ : N_, tb ? N_ : K_, lda), "layout"));
+    KILN_RETURN_IF_ERROR(
+        cublas_check(cublasLtMatrixLayoutCreate(&lt_.b, io, K_, M_, K_), "layout"));
+    KILN_RETURN_IF_ERROR(
+        cublas_check(cublasLtMatrixLayoutCreate(&lt_.c, yt, N_, M_, N_), "layout"));
+    KILN_RETURN_IF_ERROR(
+        cublas_check(cublasLtMatrixLayoutCreate(&lt_.d, yt, N_, M_, N_), "layout"));
+    cublasLtMatmulPreference_t pref = nullptr;
+    KILN_RETURN_IF_ERROR(
+        cublas_check(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate"));
+    const size_t ws = std::min(kMaxWorkspace, rc.workspace_limit);
+    const uint32_t align = 16;  // the arena aligns to 256; a caller's input pointer to 16 at least
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                         sizeof(ws));
+    for (auto attr :
+         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+      cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align));
+    cublasLtMatmulHeuristicResult_t res[kRanks];
+    int got = 0;
+    const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(rc.cublaslt, lt_.desc, lt_.a, lt_.b,
+                                                             lt_.c, lt_.d, pref, kRanks, res, &got);
+    cublasLtMatmulPreferenceDestroy(pref);
+    KILN_RETURN_IF_ERROR(cublas_check(hs, "cublasLtMatmulAlgoGetHeuristic"));
+    if (got == 0) return KILN_ERROR("{}: cuBLASLt has no algorithm for this GEMM", n.label());
+    // The variant's rank in this shape's list (a shorter list: its last entry).
+    algo_ = res[std::min(rank_, got - 1)];
+    return algo_.workspaceSize;
+  }
+
+  Status run(const RunContext& rc, std::span<const DeviceTensor> in,
+             std::span<const DeviceTensor> out) override {
+    if (M_ == 0 || N_ == 0) return Status::Ok();
+    if (K_ == 0) {  // an empty sum, then the epilogue: not a cuBLASLt problem
+      return KILN_ERROR("{}: the reduction is empty (K = 0)", node_->label());
+    }
+    for (const DeviceTensor* t : {&in[0], &out[0]})
+      if (reinterpret_cast<uintptr_t>(t->data) % 16 != 0)
+        return KILN_ERROR("{}: cuBLASLt needs 16-byte aligned tensors", node_->label());
+    if (bias_) {
+      const void* b = in[2].data;
+      KILN_RETURN_IF_ERROR(
+          cublas_check(cublasLtMatmulDescSetAttribute(lt_.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                      &b, sizeof(b)),
+                       "cublasLtMatmulDescSetAttribute"));
+    }
+    const float alpha = 1.f, beta = residual_ ? 1.f : 0.f;
+    const void* c = residual_ ? in[3].data : out[0].data;
+    return cublas_check(cublasLtMatmul(rc.cublaslt, lt_.desc, &alpha, in[1].data, lt_.a, in[0].data,
+                                       lt_.b, &beta, c, lt_.c, out[0].data, lt_.d, &algo_.algo,
+                                       rc.workspace, rc.workspace_bytes, rc.stream),
+                        "cublasLtMatmul");
+  }
+
+ private:
+  const Node* node_;
+  Precision precision_;
+  int rank_;
+  int64_t M_ = 0, N_ = 0, K_ = 0;
+  bool bias_ = false, residual_ = false;
+  LtHandles lt_;
+  cublasLtMatmulHeuristicResult_t algo_{};
+};
+
+}  // namespace
+
+bool gemm_lt_supports(const LayerDesc& d, std::string* why) { return lt_supports(d, why); }
+std::vector<std::string> gemm_lt_variants(const LayerDesc& d) { return lt_variants(d); }
+Expected<std::unique_ptr<Layer>> create_gemm_lt(const LayerDesc& d) {
+  return std::unique_ptr<Layer>(new GemmLtLayer(d));
+}
+
+}  // namespace kiln::gpu

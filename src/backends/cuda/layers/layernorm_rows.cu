@@ -1,0 +1,231 @@
+// LayerNormalization over the last axis and kiln.SkipLayerNorm (ops/fused.h): a warp per row,
+// the row held in registers as 16-byte vectors (8 float16 or 4 float32 per load), statistics in
+// float32 from the registers (mean, then the centred sum of squares), so an FP16 engine never
+// overflows here whatever the residual stream holds. SkipLayerNorm adds Skip to X first and
+// writes the sum as its second output when the graph reads it (a pre-norm transformer's
+// residual), one pass over the three tensors. norm.layer (layers/norm.cu) takes the other
+// shapes: rows longer than 16 vectors per lane, other axes, the Mean and InvStdDev outputs.
+#include <cuda_fp16.h>
+
+#include "kernels/device_util.cuh"
+#include "ops/op.h"
+#include "tactics.h"
+
+namespace kiln::gpu {
+namespace {
+
+constexpr int kRowsPerBlock = 4;
+constexpr int kMaxChunks = 16;  // 16-byte vectors per lane: rows of up to 4096 float16 values
+
+template <typename T>
+constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+
+template <typename T>
+__device__ __forceinline__ void unpack(const uint4& u, float (&f)[kVec<T>]) {
+  if constexpr (std::is_same_v<T, __half>) {
+    const __half2* h = reinterpret_cast<const __half2*>(&u);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 p = __half22float2(h[i]);
+      f[2 * i] = p.x, f[2 * i + 1] = p.y;
+    }
+  } else {
+    const float* p = reinterpret_cast<const float*>(&u);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) f[i] = p[i];
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ uint4 pack(const float (&f)[kVec<T>]) {
+  uint4 u;
+  if constexpr (std::is_same_v<T, __half>) {
+    __half2* h = reinterpret_cast<__half2*>(&u);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) h[i] = __floats2half2_rn(f[2 * i], f[2 * i + 1]);
+  } else {
+    float* p = reinterpret_cast<float*>(&u);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) p[i] = f[i];
+  }
+  return u;
+}
+
+__device__ __forceinline__ float warp_total(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+struct RowsArgs {
+  const void *x, *skip, *gamma, *beta;
+  void *y, *sum;
+  int64_t rows;
+  int vectors;  // per row
+  float eps;
+};
+
+// Y = LN(X [+ Skip]) per row of `vectors` 16-byte vectors; Sum = X + Skip when `sum` is set.
+template <typename T, int CHUNKS, bool kSkip>
+__global__ void __launch_bounds__(32 * kRowsPerBlock) layernorm_rows(RowsArgs a) {
+  constexpr int E = kVec<T>;
+  const int lane = threadIdx.x;
+  const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.y;
+  if (row >= a.rows) return;
+  const uint4* x = static_cast<const uint4*>(a.x) + row * a.vectors;
+  float v[CHUNKS][E];
+  float s = 0.f;
+#pragma unroll
+  for (int j = 0; j < CHUNKS; ++j) {
+    const int c = lane + 32 * j;
+    if (c >= a.vectors) break;
+    unpack<T>(x[c], v[j]);
+    if constexpr (kSkip) {
+      float w[E];
+      unpack<T>((static_cast<const uint4*>(a.skip) + row * a.vectors)[c], w);
+#pragma unroll
+      for (int e = 0; e < E; ++e) v[j][e] += w[e];
+      if (a.sum) (static_cast<uint4*>(a.sum) + row * a.vectors)[c] = pack<T>(v[j]);
+    }
+#pragma unroll
+    for (int e = 0; e < E; ++e) s += v[j][e];
+  }
+  const float n = static_cast<float>(a.vectors * E);
+  const float mean = warp_total(s) / n;
+  float q = 0.f;
+#pragma unroll
+  for (int j = 0; j < CHUNKS; ++j) {
+    if (lane + 32 * j >= a.vectors) break;
+#pragma unroll
+    for (int e = 0; e < E; ++e) q += (v[j][e] - mean) * (v[j][e] - mean);
+  }
+  const float inv = rsqrtf(warp_total(q) / n + a.eps);
+  uint4* y = static_cast<uint4*>(a.y) + row * a.vectors;
+#pragma unroll
+  for (int j = 0; j < CHUNKS; ++j) {
+    const int c = lane + 32 * j;
+    if (c >= a.vectors) break;
+    float g[E], b[E];
+    unpack<T>(static_cast<const uint4*>(a.gamma)[c], g);
+    if (a.beta) unpack<T>(static_cast<const uint4*>(a.beta)[c], b);
+#pragma unroll
+    for (int e = 0; e < E; ++e) v[j][e] = (v[j][e] - mean) * inv * g[e] + (a.beta ? b[e] : 0.f);
+    y[c] = pack<T>(v[j]);
+  }
+}
+
+using RowsKernel = void (*)(RowsArgs);
+
+template <typename T, bool kSkip>
+RowsKernel pick(int chunks) {
+  if (chunks <= 1) return layernorm_rows<T, 1, kSkip>;
+  if (chunks <= 2) return layernorm_rows<T, 2, kSkip>;
+  if (chunks <= 4) return layernorm_rows<T, 4, kSkip>;
+  if (chunks <= 8) return layernorm_rows<T, 8, kSkip>;
+  return layernorm_rows<T, kMaxChunks, kSkip>;
+}
+
+bool skip_op(const Node& n) { return n.domain == "kiln" && n.op_type == "SkipLayerNorm"; }
+
+bool rows_supports(const LayerDesc& d, std::string* why) {
+  const Node& n = *d.node;
+  const bool skip = skip_op(n);
+  const DataType t = d.in.empty() ? DataType::kUndefined : d.in[0].dtype;
+  if (t != DataType::kFloat16 && t != DataType::kFloat32)
+    return *why = "float16 or float32 only", false;
+  const size_t params = skip ? 2 : 1;  // Scale's slot
+  for (size_t i = 0; i < d.in.size(); ++i)
+    if (d.in[i].present() && d.in[i].dtype != t) return *why = "inputs differ in type", false;
+  const TensorType& x = d.in_type(0);
+  const int64_t axis = n.attrs.get_int("axis", -1);
+  if (!x.has_rank() || (axis != -1 && axis != x.rank() - 1))
+    return *why = "the last axis only", false;
+  const Dim& last = x.dims->back();
+  const int64_t e = 16 / static_cast<int64_t>(dtype_size(t));
+  if (!last.is_static() || last.value % e != 0 || last.value / e > 32 * kMaxChunks)
+    return *why = "rows of a multiple of 16 bytes, at most " + std::to_string(32 * kMaxChunks) +
+                  " vectors",
+           false;
+  for (size_t i = params; i < params + 2 && i < d.in.size(); ++i) {
+    const Tensor* p = d.in_const(i);
+    if (n.input(i) && (!p || p->numel() != last.value))
+      return *why = "Scale and B must be constants of the row's length", false;
+  }
+  if (!d.in_const(params)) return *why = "Scale must be a constant", false;
+  if (!skip)
+    for (size_t o = 1; o < n.num_outputs(); ++o)
+      if (n.output(o)) return *why = "the Mean and InvStdDev outputs are not written", false;
+  return true;
+}
+
+class LayerNormRows final : public Layer {
+ public:
+  explicit LayerNormRows(const LayerDesc& d) : node_(d.node), skip_(skip_op(*d.node)) {
+    eps_ = d.node->attrs.get_float("epsilon", 1e-5f);
+  }
+
+  Expected<size_t> configure(const RunContext&, std::span<const DeviceTensor> in,
+                             std::span<const DeviceTensor> out) override {
+    const DeviceTensor& x = in[0];
+    if (x.rank() < 1) return KILN_ERROR("{}: X must have rank >= 1", node_->label());
+    if (skip_ && in[1].shape != x.shape)
+      return KILN_ERROR("{}: X {} and Skip {} differ in shape", node_->label(), shape_str(x.shape),
+                        shape_str(in[1].shape));
+    const int64_t len = x.shape.back(), e = 16 / static_cast<int64_t>(dtype_size(x.dtype));
+    vectors_ = static_cast<int>(len / e);
+    rows_ = len == 0 ? 0 : x.numel() / len;
+    const int chunks = (vectors_ + 31) / 32;
+    const bool f16 = x.dtype == DataType::kFloat16;
+    kernel_ = skip_ ? (f16 ? pick<__half, true>(chunks) : pick<float, true>(chunks))
+                    : (f16 ? pick<__half, false>(chunks) : pick<float, false>(chunks));
+    return size_t{0};
+  }
+
+  Status run(const RunContext& rc, std::span<const DeviceTensor> in,
+             std::span<const DeviceTensor> out) override {
+    if (rows_ == 0) return Status::Ok();
+    const size_t p = skip_ ? 2 : 1;
+    RowsArgs a{};
+    a.x = in[0].data;
+    a.skip = skip_ ? in[1].data : nullptr;
+    a.gamma = in[p].data;
+    a.beta = in.size() > p + 1 && in[p + 1].present() ? in[p + 1].data : nullptr;
+    a.y = out[0].data;
+    a.sum = skip_ && out.size() > 1 && out[1].present() ? out[1].data : nullptr;
+    a.rows = rows_;
+    a.vectors = vectors_;
+    a.eps = eps_;
+    for (const void* ptr : {a.x, a.skip, a.gamma, a.beta, static_cast<const void*>(a.y),
+                            static_cast<const void*>(a.sum)})
+      if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0)
+        return KILN_ERROR("{}: a tensor is not 16-byte aligned", node_->label());
+    const int64_t blocks = (rows_ + kRowsPerBlock - 1) / kRowsPerBlock;
+    if (blocks > INT32_MAX) return KILN_ERROR("{}: too many rows", node_->label());
+    kernel_<<<static_cast<unsigned>(blocks), dim3(32, kRowsPerBlock), 0, rc.stream>>>(a);
+    KILN_CUDA_LAUNCH_CHECK("layernorm rows kernel");
+    return Status::Ok();
+  }
+
+ private:
+  const Node* node_;
+  bool skip_;
+  float eps_;
+  int vectors_ = 0;
+  int64_t rows_ = 0;
+  RowsKernel kernel_ = nullptr;
+};
+
+Expected<std::unique_ptr<Layer>> create_rows(const LayerDesc& d) {
+  return std::unique_ptr<Layer>(new LayerNormRows(d));
+}
+
+const TacticDef kRowsTactics[] = {
+    {"", "LayerNormalization", "norm.layer.rows", kF32 | kF16, 0, rows_supports, create_rows},
+    {"kiln", "SkipLayerNorm", "skip_layernorm.rows", kF32 | kF16, 0, rows_supports, create_rows},
+};
+
+}  // namespace
+
+std::span<const TacticDef> layernorm_rows_tactics() { return kRowsTactics; }
+
+}  // namespace kiln::gpu

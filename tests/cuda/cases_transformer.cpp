@@ -1,0 +1,169 @@
+// Transformer layers: kiln.MultiHeadAttention (layers/attention_mha.cu: packed and separate Q, K,
+// V; head sizes 64 and 128 for mha.flash, others for mha.unfused; no mask, a padding mask, a
+// full [B, 1, Sq, Sk] mask, causal -inf masks, fully masked rows; sequence tails and several key
+// tiles; cross attention), kiln.SkipLayerNorm and the last-axis LayerNorm
+// (layers/layernorm_rows.cu), and kiln.FusedGemm with a residual and MatMul by a constant weight
+// (layers/gemm_lt.cpp, and the cuBLAS layer with its epilogue).
+#include <limits>
+
+#include "backend_ops.h"
+
+namespace kiln::gpu::test {
+namespace {
+
+using Modes = std::vector<std::string>;
+const Modes kModes = {"fp32", "tf32", "fp16"};
+
+Attribute I(int64_t v) { return Attribute::Int(v); }
+Attribute F(float v) { return Attribute::Float(v); }
+Attribute S(const char* v) { return Attribute::String(v); }
+
+struct Mha {
+  std::string name;
+  int64_t B = 2, Sq = 5, Sk = 5, H = 2, D = 64;
+  bool packed = false;
+  CaseInput mask = absent();
+  int nan_to_zero = 0;
+};
+
+OpCase mha(const Mha& m) {
+  std::vector<CaseInput> ins;
+  if (m.packed) {
+    ins = {in({m.B, m.Sq, 3 * m.H * m.D}), absent(), absent()};
+  } else {
+    ins = {in({m.B, m.Sq, m.H * m.D}), in({m.B, m.Sk, m.H * m.D}), in({m.B, m.Sk, m.H * m.D})};
+  }
+  if (!m.mask.absent) ins.push_back(m.mask);
+  Attributes a = attrs({{"num_heads", I(m.H)},
+                        {"scale", F(1.f / std::sqrt(static_cast<float>(m.D)))},
+                        {"nan_to_zero", I(m.nan_to_zero)}});
+  if (m.packed) a.set("packed", I(1));
+  // Inputs in [-2, 2]: scores wide enough that the softmax is not near uniform.
+  for (CaseInput& c : ins)
+    if (!c.absent && !c.value) c.lo = -2, c.hi = 2;
+  return make_case("mha_" + m.name, "MultiHeadAttention", std::move(a), std::move(ins),
+                   {"fp32", "fp16"}, "kiln");
+}
+
+// A causal mask [1, 1, S, S] (0 on and below the diagonal, -inf above), as GPT-2's export
+// computes it; `full_row` also masks every key of that row.
+CaseInput causal(int64_t s, int64_t full_row = -1) {
+  const float ninf = -std::numeric_limits<float>::infinity();
+  std::vector<double> m(static_cast<size_t>(s * s), 0.0);
+  for (int64_t i = 0; i < s; ++i)
+    for (int64_t j = 0; j < s; ++j)
+      if (j > i || i == full_row) m[static_cast<size_t>(i * s + j)] = ninf;
+  return fixed({1, 1, s, s}, m);
+}
+
+void mha_cases(std::vector<OpCase>& v) {
+  v.push_back(
+      mha({.name = "d64_packed_nomask", .B = 2, .Sq = 77, .Sk = 77, .H = 3, .packed = true}));
+  v.push_back(mha({.name = "d64_padding",
+                   .B = 3,
+                   .Sq = 130,
+                   .Sk = 130,
+                   .H = 2,
+                   .mask = in({3, 1, 1, 130}, DataType::kFloat32, -6, 0)}));
+  v.push_back(mha({.name = "d128_full_mask",
+                   .B = 2,
+                   .Sq = 64,
+                   .Sk = 64,
+                   .H = 2,
+                   .D = 128,
+                   .mask = in({2, 1, 64, 64})}));
+  v.push_back(mha({.name = "d64_causal_long",
+                   .B = 1,
+                   .Sq = 300,
+                   .Sk = 300,
+                   .H = 2,
+                   .packed = true,
+                   .mask = causal(300)}));
+  v.push_back(mha({.name = "d64_one_token", .B = 4, .Sq = 1, .Sk = 1, .H = 4, .packed = true}));
+  v.push_back(
+      mha({.name = "d64_cross", .B = 2, .Sq = 9, .Sk = 70, .H = 2, .mask = in({2, 2, 9, 70})}));
+  v.push_back(mha(
+      {.name = "d128_packed_tail", .B = 1, .Sq = 65, .Sk = 65, .H = 1, .D = 128, .packed = true}));
+  for (int nz : {0, 1})
+    v.push_back(mha({.name = nz ? "masked_row_nan_to_zero" : "masked_row_nan",
+                     .B = 2,
+                     .Sq = 6,
+                     .Sk = 6,
+                     .H = 2,
+                     .packed = true,
+                     .mask = causal(6, 2),
+                     .nan_to_zero = nz}));
+  v.push_back(mha({.name = "d32_unfused",
+                   .B = 2,
+                   .Sq = 7,
+                   .Sk = 7,
+                   .H = 4,
+                   .D = 32,
+                   .mask = in({2, 1, 1, 7})}));
+}
+
+void norm_cases(std::vector<OpCase>& v) {
+  for (auto [name, n] : {std::pair{"768", int64_t{768}}, std::pair{"128", int64_t{128}},
+                         std::pair{"4096", int64_t{4096}}, std::pair{"40", int64_t{40}}}) {
+    v.push_back(make_case(
+        std::string("skip_layernorm_") + name, "SkipLayerNorm", attrs({{"epsilon", F(1e-5f)}}),
+        {in({3, 7, n}, DataType::kFloat32, -3, 3), in({3, 7, n}, DataType::kFloat32, -3, 3),
+         konst_random({n}, 1.0), konst_random({n}, 0.5)},
+        kModes, "kiln"));
+    OpCase sum = v.back();
+    sum.name += "_sum";
+    sum.num_outputs = 2;
+    v.push_back(sum);
+    v.push_back(make_case(
+        std::string("layernorm_rows_") + name, "LayerNormalization",
+        attrs({{"axis", I(-1)}, {"epsilon", F(1e-12f)}}),
+        {in({5, n}, DataType::kFloat32, -3, 3), konst_random({n}, 1.0), konst_random({n}, 0.5)},
+        kModes));
+  }
+  // No bias, large values (a residual stream in FP16: the statistics stay in float32).
+  v.push_back(make_case("skip_layernorm_no_bias_large", "SkipLayerNorm", attrs({}),
+                        {in({2, 3, 256}, DataType::kFloat32, -300, 300),
+                         in({2, 3, 256}, DataType::kFloat32, -300, 300), konst_random({256}, 1.0)},
+                        kModes, "kiln"));
+}
+
+void gemm_cases(std::vector<OpCase>& v) {
+  // Projections with a residual (BERT's output dense, GPT-2's c_proj), with and without bias.
+  for (const char* act : {"", "Relu", "GeluTanh", "Gelu"}) {
+    const std::string a = act;
+    Attributes at = attrs({{"base", S("MatMul")}});
+    if (!a.empty()) at.set("activation", S(a == "GeluTanh" ? "Gelu" : act));
+    if (a == "GeluTanh") at.set("act_approximate", S("tanh"));
+    v.push_back(make_case(
+        "fused_matmul_residual_" + (a.empty() ? std::string("none") : a), "FusedGemm", at,
+        {in({2, 9, 64}), konst_random({64, 48}, 0.2), konst_random({48}, 0.5), in({2, 9, 48})},
+        kModes, "kiln"));
+  }
+  v.push_back(make_case(
+      "fused_matmul_residual_no_bias", "FusedGemm", attrs({{"base", S("MatMul")}}),
+      {in({3, 5, 32}), konst_random({32, 40}, 0.2), absent(), in({3, 5, 40})}, kModes, "kiln"));
+  v.push_back(make_case(
+      "fused_gemm_transb_residual", "FusedGemm", attrs({{"base", S("Gemm")}, {"transB", I(1)}}),
+      {in({17, 24}), konst_random({40, 24}, 0.2), konst_random({40}, 0.5), in({17, 40})}, kModes,
+      "kiln"));
+  // GELU (tanh) with a bias, as GPT-2's MLP; MatMul by a constant weight (GPT-2's LM head, whose
+  // FP16 output can be written in float32).
+  v.push_back(make_case(
+      "fused_matmul_gelu_tanh_bias", "FusedGemm",
+      attrs({{"base", S("MatMul")}, {"activation", S("Gelu")}, {"act_approximate", S("tanh")}}),
+      {in({4, 16, 64}), konst_random({64, 256}, 0.2), konst_random({256}, 0.5)}, kModes, "kiln"));
+  v.push_back(make_case("matmul_const_weight", "MatMul", attrs({}),
+                        {in({2, 33, 64}), konst_random({64, 100}, 0.2)}, kModes));
+}
+
+}  // namespace
+
+std::vector<OpCase> transformer_cases() {
+  std::vector<OpCase> v;
+  mha_cases(v);
+  norm_cases(v);
+  gemm_cases(v);
+  return v;
+}
+
+}  // namespace kiln::gpu::test
