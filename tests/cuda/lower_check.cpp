@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "backends/cuda/layer.h"
 #include "engine/profile.h"
 #include "kiln/engine.h"
 #include "onnx/importer.h"
@@ -64,11 +65,13 @@ kiln::Status lower(const std::string& path, const kiln::BuildConfig& c) {
     for (size_t k = 0; k < nodes.size() && k < plan["layers"].size(); ++k) {
       const auto& l = plan["layers"][k];
       const std::string tactic = l.value("tactic", "");
-      std::printf("  %-24s %-40s %s\n",
-                  (nodes[k]->domain.empty() ? "" : nodes[k]->domain + ".")
-                      .append(nodes[k]->op_type)
-                      .c_str(),
-                  tactic.empty() ? "(host)" : tactic.c_str(), l.value("precision", "").c_str());
+      const kiln::gpu::TacticDef* t = kiln::gpu::find_tactic(tactic);
+      // What the layer costs at run time: a kernel, nothing (an alias of its input), or host work.
+      const char* kind = tactic == "host" ? "host" : t && t->alias_input >= 0 ? "alias" : "kernel";
+      const std::string op =
+          (nodes[k]->domain.empty() ? "" : nodes[k]->domain + ".") + nodes[k]->op_type;
+      std::printf("  %-6s %-28s %-32s %s\n", kind, op.c_str(), tactic.c_str(),
+                  l.value("precision", "").c_str());
     }
   }
   return kiln::Status::Ok();

@@ -1,0 +1,51 @@
+#!/usr/bin/env python3
+"""Export GPT-2 (124M: transformers GPT2LMHeadModel(GPT2Config()), random weights, eval) to ONNX
+with dynamic batch and sequence; inputs input_ids and attention_mask, output logits for every
+position ([batch, sequence, 50257]), no KV cache.
+
+  python3 scripts/export_gpt2.py [models/gpt2.onnx] [--exporter torchscript|dynamo] [--tiny]
+                                 [--skeleton] [--layers N]
+
+See scripts/transformer_export.py for the exporters, --tiny and --skeleton.
+"""
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import transformer_export as tx  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    tx.add_arguments(ap, "models/gpt2.onnx")
+    ap.add_argument("--layers", type=int, default=12)
+    a = ap.parse_args()
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(a.seed)
+    kw = dict(n_layer=2, n_embd=128, n_head=2, vocab_size=1000, n_positions=256) if a.tiny \
+        else dict(n_layer=a.layers)
+    cfg = GPT2Config(**kw)
+    model = GPT2LMHeadModel(cfg).eval()
+
+    class Wrapper(torch.nn.Module):  # logits only, no cache
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, input_ids, attention_mask):
+            return self.m(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
+                          return_dict=False)[0]
+
+    ids = torch.randint(0, cfg.vocab_size, (2, 16))
+    mask = torch.ones(2, 16, dtype=torch.int64)
+    dyn = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"}}
+    with torch.no_grad():
+        how = tx.export(Wrapper(model), (ids, mask), a.path, ["input_ids", "attention_mask"],
+                        ["logits"], dyn, a.exporter)
+    tx.finish(a, f"GPT-2 ({cfg.n_layer} layers, hidden {cfg.n_embd}, vocabulary {cfg.vocab_size})", how)
+
+
+if __name__ == "__main__":
+    tx.main_guard(main)

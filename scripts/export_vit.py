@@ -1,0 +1,50 @@
+#!/usr/bin/env python3
+"""Export ViT-B/16 (transformers ViTModel(ViTConfig()), 224x224, random weights, eval) to ONNX
+with a dynamic batch; input pixel_values [batch, 3, 224, 224], outputs last_hidden_state
+([batch, 197, 768]) and pooler_output.
+
+  python3 scripts/export_vit.py [models/vit_b16.onnx] [--exporter torchscript|dynamo] [--tiny]
+                                [--skeleton]
+
+See scripts/transformer_export.py for the exporters, --tiny and --skeleton.
+"""
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import transformer_export as tx  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    tx.add_arguments(ap, "models/vit_b16.onnx")
+    a = ap.parse_args()
+    import torch
+    from transformers import ViTConfig, ViTModel
+    torch.manual_seed(a.seed)
+    kw = dict(num_hidden_layers=2, hidden_size=128, num_attention_heads=2,
+              intermediate_size=512) if a.tiny else {}
+    cfg = ViTConfig(**kw)
+    model = ViTModel(cfg).eval()
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, pixel_values):
+            out = self.m(pixel_values=pixel_values, return_dict=False)
+            return out[0], out[1]
+
+    x = torch.randn(2, 3, cfg.image_size, cfg.image_size)
+    with torch.no_grad():
+        how = tx.export(Wrapper(model), (x,), a.path, ["pixel_values"],
+                        ["last_hidden_state", "pooler_output"], {"pixel_values": {0: "batch"}},
+                        a.exporter)
+    tx.finish(a, f"ViT ({cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
+                 f"patch {cfg.patch_size}, image {cfg.image_size})", how)
+
+
+if __name__ == "__main__":
+    tx.main_guard(main)

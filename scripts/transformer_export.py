@@ -1,0 +1,113 @@
+"""What the transformer export scripts share (export_bert.py, export_gpt2.py, export_vit.py).
+
+Models are exported the two ways users export them today:
+  torchscript  torch.onnx.export(..., dynamo=False), opset 17, dynamic_axes
+  dynamo       torch.onnx.export(..., dynamo=True), opset 18, dynamic_shapes with named dims,
+               weights as external data (next to the .onnx file)
+Both get dynamic batch ("batch") and sequence ("sequence") dims.
+
+--tiny makes the 2-layer, hidden-128 random version the CPU model tests run
+(tests/models/run_transformer_tests.py); --skeleton writes the graph without its large weights
+(each replaced by the mean and deviation it had), small enough to keep in the repository: the
+tests fill the weights back in with random values of those statistics.
+"""
+import argparse
+import os
+import sys
+
+import numpy as np
+
+SKELETON_TAG = "kiln-random"
+SKELETON_MIN_ELEMENTS = 64  # smaller initializers (shapes, indices, scalars) stay as they are
+
+
+def add_arguments(ap, default_path):
+    ap.add_argument("path", nargs="?", default=default_path)
+    ap.add_argument("--exporter", choices=["torchscript", "dynamo"], default="torchscript")
+    ap.add_argument("--tiny", action="store_true", help="2 layers, hidden 128 (CPU model tests)")
+    ap.add_argument("--skeleton", action="store_true",
+                    help="keep only small initializers (tests/models/transformers)")
+    ap.add_argument("--seed", type=int, default=0)
+
+
+def export(module, args, path, input_names, output_names, dynamic, exporter):
+    """Exports `module` (plain tensors in and out); `dynamic` maps each input name to
+    {axis: "batch" | "sequence"}. Returns a one-line description of the exporter."""
+    import torch
+    os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
+    if exporter == "torchscript":
+        axes = dict(dynamic)
+        for o in output_names:
+            axes[o] = {0: "batch"}
+        torch.onnx.export(module, args, path, opset_version=17, input_names=input_names,
+                          output_names=output_names, dynamic_axes=axes, do_constant_folding=False,
+                          dynamo=False)
+        return "torch.onnx.export(dynamo=False), opset 17"
+    from torch.export import Dim
+    dims = {"batch": Dim("batch", min=1, max=1024), "sequence": Dim("sequence", min=1, max=4096)}
+    shapes = tuple({axis: dims[name] for axis, name in dynamic.get(n, {}).items()} for n in input_names)
+    torch.onnx.export(module, args, path, opset_version=18, input_names=input_names,
+                      output_names=output_names, dynamic_shapes=shapes, dynamo=True,
+                      external_data=True)
+    return "torch.onnx.export(dynamo=True), opset 18, external data"
+
+
+def skeletonize(path):
+    """Rewrites the model at `path` in place without its large float initializers: each keeps
+    its name, type and shape, and its doc_string records the mean and standard deviation."""
+    import onnx
+    from onnx import numpy_helper
+    m = onnx.load(path)  # loads external data too
+    for t in m.graph.initializer:
+        a = numpy_helper.to_array(t)
+        if a.size < SKELETON_MIN_ELEMENTS or a.dtype.kind != "f":
+            continue
+        doc = f"{SKELETON_TAG} mean={float(a.mean()):.6g} std={float(a.std()):.6g}"
+        empty = onnx.TensorProto()
+        empty.name, empty.data_type, empty.doc_string = t.name, t.data_type, doc
+        empty.dims.extend(t.dims)
+        t.CopyFrom(empty)
+    for f in os.listdir(os.path.dirname(os.path.abspath(path))):  # drop its external data
+        if f.startswith(os.path.basename(path)) and f != os.path.basename(path):
+            os.remove(os.path.join(os.path.dirname(os.path.abspath(path)), f))
+    onnx.save(m, path)
+
+
+def materialize(path, out, seed=0):
+    """Writes to `out` the skeleton at `path` with every stripped weight filled with normal
+    values of its recorded mean and deviation (seeded)."""
+    import onnx
+    from onnx import numpy_helper
+    rng = np.random.default_rng(seed)
+    m = onnx.load(path)
+    for t in m.graph.initializer:
+        if not t.doc_string.startswith(SKELETON_TAG):
+            continue
+        stats = dict(kv.split("=") for kv in t.doc_string.split()[1:])
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(t.data_type)
+        a = rng.normal(float(stats["mean"]), float(stats["std"]), tuple(t.dims)).astype(dtype)
+        t.CopyFrom(numpy_helper.from_array(a, t.name))
+    onnx.save(m, out)
+
+
+def report(path, what, how):
+    import onnx
+    m = onnx.load(path, load_external_data=False)
+    ops = {}
+    for n in m.graph.node:
+        ops[n.op_type] = ops.get(n.op_type, 0) + 1
+    print(f"wrote {path}: {what}, exporter {how}, {len(m.graph.node)} nodes "
+          f"{dict(sorted(ops.items()))}")
+
+
+def finish(a, what, how):
+    if a.skeleton:
+        skeletonize(a.path)
+    report(a.path, what, how)
+
+
+def main_guard(fn):
+    try:
+        fn()
+    except ImportError as e:
+        sys.exit(f"error: {e} (install PyTorch and transformers: KILN_WITH_TORCH=1 scripts/setup.sh)")
