@@ -20,23 +20,19 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import transformer_export as tx  # noqa: E402
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    tx.add_arguments(ap, "models/bert_base.onnx")
-    ap.add_argument("--layers", type=int, default=12)
-    ap.add_argument("--attn", default="sdpa", choices=["eager", "sdpa"])
-    ap.add_argument("--opset", type=int, default=17, help="TorchScript: 17 (default) or 16")
-    a = ap.parse_args()
+def build(tiny=False, layers=12, attn="sdpa", seed=0):
+    """The model (random weights from `seed`), wrapped to return plain tensors, with example
+    inputs, input/output names and dynamic axes."""
     import torch
     from transformers import BertConfig, BertModel
-    torch.manual_seed(a.seed)
+    torch.manual_seed(seed)
     kw = dict(num_hidden_layers=2, hidden_size=128, num_attention_heads=2, intermediate_size=512,
-              vocab_size=1000) if a.tiny else dict(num_hidden_layers=a.layers)
+              vocab_size=1000) if tiny else dict(num_hidden_layers=layers)
     cfg = BertConfig(**kw)
     try:
-        model = BertModel(cfg, attn_implementation=a.attn)
+        model = BertModel(cfg, attn_implementation=attn)
     except TypeError:
-        cfg._attn_implementation = a.attn
+        cfg._attn_implementation = attn
         model = BertModel(cfg)
     model.eval()
 
@@ -44,6 +40,7 @@ def main():
         def __init__(self, m):
             super().__init__()
             self.m = m
+            self.config = cfg
 
         def forward(self, input_ids, attention_mask):
             out = self.m(input_ids=input_ids, attention_mask=attention_mask, return_dict=False)
@@ -52,19 +49,29 @@ def main():
     ids = torch.randint(0, cfg.vocab_size, (2, 16))
     mask = torch.ones(2, 16, dtype=torch.int64)
     dyn = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"}}
+    return (Wrapper(model), (ids, mask), ["input_ids", "attention_mask"],
+            ["last_hidden_state", "pooler_output"], dyn)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    tx.add_arguments(ap, "models/bert_base.onnx")
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--attn", default="sdpa", choices=["eager", "sdpa"])
+    ap.add_argument("--opset", type=int, default=17, help="TorchScript: 17 (default) or 16")
+    a = ap.parse_args()
+    import torch
+    model, args, ins, outs, dyn = build(a.tiny, a.layers, a.attn, a.seed)
+    cfg = model.config
     with torch.no_grad():
         if a.exporter == "torchscript" and a.opset != 17:
-            import torch.onnx
             how = f"torch.onnx.export(dynamo=False), opset {a.opset}"
-            torch.onnx.export(Wrapper(model), (ids, mask), a.path, opset_version=a.opset,
-                              input_names=["input_ids", "attention_mask"],
-                              output_names=["last_hidden_state", "pooler_output"],
-                              dynamic_axes={**dyn, "last_hidden_state": {0: "batch"},
-                                            "pooler_output": {0: "batch"}},
+            torch.onnx.export(model, args, a.path, opset_version=a.opset, input_names=ins,
+                              output_names=outs,
+                              dynamic_axes={**dyn, **{o: {0: "batch"} for o in outs}},
                               do_constant_folding=False, dynamo=False)
         else:
-            how = tx.export(Wrapper(model), (ids, mask), a.path, ["input_ids", "attention_mask"],
-                            ["last_hidden_state", "pooler_output"], dyn, a.exporter)
+            how = tx.export(model, args, a.path, ins, outs, dyn, a.exporter)
     tx.finish(a, f"BERT ({cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, {a.attn} attention)",
               how)
 

@@ -16,16 +16,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import transformer_export as tx  # noqa: E402
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    tx.add_arguments(ap, "models/gpt2.onnx")
-    ap.add_argument("--layers", type=int, default=12)
-    a = ap.parse_args()
+def build(tiny=False, layers=12, seed=0):
+    """The model (random weights from `seed`), returning logits only, with example inputs,
+    input/output names and dynamic axes."""
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
-    torch.manual_seed(a.seed)
-    kw = dict(n_layer=2, n_embd=128, n_head=2, vocab_size=1000, n_positions=256) if a.tiny \
-        else dict(n_layer=a.layers)
+    torch.manual_seed(seed)
+    kw = dict(n_layer=2, n_embd=128, n_head=2, vocab_size=1000, n_positions=256) if tiny \
+        else dict(n_layer=layers)
     cfg = GPT2Config(**kw)
     model = GPT2LMHeadModel(cfg).eval()
 
@@ -33,6 +31,7 @@ def main():
         def __init__(self, m):
             super().__init__()
             self.m = m
+            self.config = cfg
 
         def forward(self, input_ids, attention_mask):
             return self.m(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
@@ -41,9 +40,19 @@ def main():
     ids = torch.randint(0, cfg.vocab_size, (2, 16))
     mask = torch.ones(2, 16, dtype=torch.int64)
     dyn = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"}}
+    return Wrapper(model), (ids, mask), ["input_ids", "attention_mask"], ["logits"], dyn
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    tx.add_arguments(ap, "models/gpt2.onnx")
+    ap.add_argument("--layers", type=int, default=12)
+    a = ap.parse_args()
+    import torch
+    model, args, ins, outs, dyn = build(a.tiny, a.layers, a.seed)
+    cfg = model.config
     with torch.no_grad():
-        how = tx.export(Wrapper(model), (ids, mask), a.path, ["input_ids", "attention_mask"],
-                        ["logits"], dyn, a.exporter)
+        how = tx.export(model, args, a.path, ins, outs, dyn, a.exporter)
     tx.finish(a, f"GPT-2 ({cfg.n_layer} layers, hidden {cfg.n_embd}, vocabulary {cfg.vocab_size})", how)
 
 

@@ -16,15 +16,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import transformer_export as tx  # noqa: E402
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    tx.add_arguments(ap, "models/vit_b16.onnx")
-    a = ap.parse_args()
+def build(tiny=False, seed=0):
+    """The model (random weights from `seed`), returning plain tensors, with example inputs,
+    input/output names and dynamic axes."""
     import torch
     from transformers import ViTConfig, ViTModel
-    torch.manual_seed(a.seed)
+    torch.manual_seed(seed)
     kw = dict(num_hidden_layers=2, hidden_size=128, num_attention_heads=2,
-              intermediate_size=512) if a.tiny else {}
+              intermediate_size=512) if tiny else {}
     cfg = ViTConfig(**kw)
     model = ViTModel(cfg).eval()
 
@@ -32,16 +31,26 @@ def main():
         def __init__(self, m):
             super().__init__()
             self.m = m
+            self.config = cfg
 
         def forward(self, pixel_values):
             out = self.m(pixel_values=pixel_values, return_dict=False)
             return out[0], out[1]
 
     x = torch.randn(2, 3, cfg.image_size, cfg.image_size)
+    return (Wrapper(model), (x,), ["pixel_values"], ["last_hidden_state", "pooler_output"],
+            {"pixel_values": {0: "batch"}})
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    tx.add_arguments(ap, "models/vit_b16.onnx")
+    a = ap.parse_args()
+    import torch
+    model, args, ins, outs, dyn = build(a.tiny, a.seed)
+    cfg = model.config
     with torch.no_grad():
-        how = tx.export(Wrapper(model), (x,), a.path, ["pixel_values"],
-                        ["last_hidden_state", "pooler_output"], {"pixel_values": {0: "batch"}},
-                        a.exporter)
+        how = tx.export(model, args, a.path, ins, outs, dyn, a.exporter)
     tx.finish(a, f"ViT ({cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
                  f"patch {cfg.patch_size}, image {cfg.image_size})", how)
 

@@ -1,0 +1,250 @@
+#!/usr/bin/env python3
+"""BERT-base, GPT-2 (124M, logits for every position) and ViT-B/16 on the GPU: kiln's FP16
+engines next to PyTorch eager and torch.compile(mode="reduce-overhead") in FP16, in one run.
+
+  bench/transformers.py --kiln .deps/kiln --out OUT [--models bert,gpt2,vit]
+                        [--parts export,speed,dynamic,accuracy] [--batches 1,32] [--seq 128]
+                        [--iters 300] [--exporters torchscript,dynamo]
+
+Parts:
+  export    models/<model>_<exporter>.onnx from scripts/export_<model>.py (random weights, seed 0)
+  speed     per batch: a static-shape FP16 engine (`kiln build --fp16`, empty timing cache: the
+            build time is reported), `kiln bench --use-cuda-graph --no-data-transfers` (median of
+            at least --iters runs), then PyTorch eager and torch.compile at the same shape
+  dynamic   one engine with a profile of batch 1-64 and sequence 1-512 (ViT: batch 1-64), run
+            at each (batch, --seq) through `kiln bench --shapes`, against the static engines
+  accuracy  per exporter: the FP16 engine's outputs and PyTorch's FP16 outputs, each against
+            ONNX Runtime's CPU float32 reference on the same input (batch 2, the second
+            sequence padded), relative L2
+Results: OUT/transformers.json, the table on stdout. Run on the GPU machine through
+bench/transformers.sh, which unpacks kiln's binaries first.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+
+MODELS = {"bert": "BERT-base", "gpt2": "GPT-2 (124M)", "vit": "ViT-B/16"}
+
+
+def log(msg):
+    print(msg, flush=True)
+
+
+def run(cmd, timeout=1200, log_path=None):
+    t0 = time.time()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if log_path:
+        with open(log_path, "w") as f:
+            f.write(p.stdout + p.stderr)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}: exit {p.returncode}: {(p.stderr or p.stdout).strip()[-2000:]}")
+    return p.stdout, time.time() - t0
+
+
+def onnx_path(model, exporter):
+    return os.path.join(ROOT, "models", f"{model}_{exporter}.onnx")
+
+
+def shapes(model, batch, seq):
+    if model == "vit":
+        return f"pixel_values:{batch}x3x224x224"
+    return f"input_ids:{batch}x{seq},attention_mask:{batch}x{seq}"
+
+
+def inputs(model, batch, seq, vocab, rng, pad=False):
+    if model == "vit":
+        return {"pixel_values": rng.standard_normal((batch, 3, 224, 224)).astype(np.float32)}
+    mask = np.ones((batch, seq), np.int64)
+    if pad and batch > 1:
+        mask[-1, seq - seq // 4:] = 0
+    return {"input_ids": rng.integers(0, vocab, (batch, seq)).astype(np.int64), "attention_mask": mask}
+
+
+def torch_model(model):
+    """The same model the export made (seed 0), FP16 on the GPU."""
+    import importlib
+    mod = importlib.import_module(f"export_{model}")
+    m = mod.build()[0]
+    return m.half().cuda().eval(), m.config
+
+
+def kiln_bench(kiln, engine, shape, iters, out_json):
+    run([kiln, "bench", "--engine", engine, "--shapes", shape, "--use-cuda-graph",
+         "--no-data-transfers", "--iterations", str(iters), "--warmup", "50", "--export-json", out_json])
+    with open(out_json) as f:
+        rec = json.load(f)
+    return rec["latency_ms"]["median"]
+
+
+def torch_times(m, feeds, iters):
+    """Medians (ms) of eager and torch.compile(mode="reduce-overhead") on `feeds` (CUDA events)."""
+    import torch
+    args = tuple(torch.from_numpy(v).cuda() for v in feeds.values())
+    args = tuple(a.half() if a.is_floating_point() else a for a in args)
+    out = {}
+    for kind in ("eager", "compile"):
+        torch._dynamo.reset()
+        fn = m if kind == "eager" else torch.compile(m, mode="reduce-overhead")
+        t0 = time.time()
+        with torch.inference_mode():
+            for _ in range(5):
+                fn(*args)
+            torch.cuda.synchronize()
+            first = time.time() - t0
+            times = []
+            for _ in range(iters):
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                fn(*args)
+                b.record()
+                b.synchronize()
+                times.append(a.elapsed_time(b))
+        out[kind] = statistics.median(times)
+        out[kind + "_first_s"] = first
+    return out
+
+
+def build(kiln, model, exporter, engine, shape_args, log_path=None):
+    """Builds an FP16 engine (with --verbose into `log_path`: the tactics and their times)."""
+    cmd = [kiln, "build", "--onnx", onnx_path(model, exporter), "--save-engine", engine, "--fp16"]
+    out, secs = run(cmd + shape_args + (["--verbose"] if log_path else []), log_path=log_path)
+    return secs
+
+
+def part_speed(a, model, res):
+    import torch
+    m, cfg = torch_model(model)
+    vocab = getattr(cfg, "vocab_size", 0)
+    rng = np.random.default_rng(0)
+    for batch in a.batches:
+        shape = shapes(model, batch, a.seq)
+        engine = os.path.join(a.out, f"{model}_b{batch}.kiln")
+        secs = build(a.kiln, model, a.exporters[0], engine, ["--shapes", shape],
+                     os.path.join(a.out, f"build_{model}_b{batch}.log"))
+        kiln_ms = kiln_bench(a.kiln, engine, shape, a.iters, os.path.join(a.out, f"bench_{model}_b{batch}.json"))
+        t = torch_times(m, inputs(model, batch, a.seq, vocab, rng), a.iters)
+        row = {"model": model, "batch": batch, "seq": a.seq, "kiln_ms": kiln_ms, "build_s": secs,
+               "eager_ms": t["eager"], "compile_ms": t["compile"], "compile_first_s": t["compile_first_s"]}
+        res["speed"].append(row)
+        log(f"{MODELS[model]} b{batch}: kiln {kiln_ms:.3f} ms (built in {secs:.1f} s), eager "
+            f"{t['eager']:.3f} ms, torch.compile {t['compile']:.3f} ms: {t['compile'] / kiln_ms:.2f}x compile")
+    del m
+    torch.cuda.empty_cache()
+
+
+def part_dynamic(a, model, res):
+    engine = os.path.join(a.out, f"{model}_dynamic.kiln")
+    if model == "vit":
+        lo, opt, hi = shapes(model, 1, 0), shapes(model, 32, 0), shapes(model, 64, 0)
+    else:
+        lo, opt, hi = shapes(model, 1, 1), shapes(model, 32, a.seq), shapes(model, 64, 512)
+    secs = build(a.kiln, model, a.exporters[0], engine,
+                 ["--min-shapes", lo, "--opt-shapes", opt, "--max-shapes", hi],
+                 os.path.join(a.out, f"build_{model}_dynamic.log"))
+    for batch in a.batches:
+        shape = shapes(model, batch, a.seq)
+        ms = kiln_bench(a.kiln, engine, shape, a.iters, os.path.join(a.out, f"bench_{model}_dyn_b{batch}.json"))
+        static = next((r["kiln_ms"] for r in res["speed"] if r["model"] == model and r["batch"] == batch), None)
+        res["dynamic"].append({"model": model, "batch": batch, "seq": a.seq, "dynamic_ms": ms,
+                               "static_ms": static, "build_s": secs})
+        log(f"{MODELS[model]} dynamic engine at b{batch}: {ms:.3f} ms" +
+            (f" ({ms / static:.2f}x the static engine's {static:.3f} ms)" if static else ""))
+
+
+def rel_l2(x, ref):
+    x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
+    return float(np.linalg.norm(x - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
+def part_accuracy(a, model, res):
+    import onnxruntime as ort
+    import torch
+    m, cfg = torch_model(model)
+    feeds = inputs(model, 2, a.seq, getattr(cfg, "vocab_size", 0), np.random.default_rng(1), pad=True)
+    with torch.inference_mode():
+        args = tuple(torch.from_numpy(v).cuda() for v in feeds.values())
+        args = tuple(x.half() if x.is_floating_point() else x for x in args)
+        tout = m(*args)
+        tout = [t.float().cpu().numpy() for t in (tout if isinstance(tout, tuple) else (tout,))]
+    for exporter in a.exporters:
+        path = onnx_path(model, exporter)
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = os.cpu_count() or 4
+        sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+        refs = sess.run(None, feeds)
+        engine = os.path.join(a.out, f"{model}_{exporter}_acc.kiln")
+        build(a.kiln, model, exporter, engine, ["--shapes", shapes(model, 2, a.seq)])
+        cmd = [a.kiln, "run", "--engine", engine, "--save-outputs", os.path.join(a.out, "acc_out")]
+        for name, v in feeds.items():
+            p = os.path.join(a.out, f"acc_{name}.npy")
+            np.save(p, v)
+            cmd += ["--input", f"{name}={p}"]
+        run(cmd)
+        for o, ref, t in zip(sess.get_outputs(), refs, tout):
+            got = np.load(os.path.join(a.out, "acc_out", o.name + ".npy"))
+            row = {"model": model, "exporter": exporter, "output": o.name,
+                   "kiln_fp16": rel_l2(got, ref), "torch_fp16": rel_l2(t, ref)}
+            res["accuracy"].append(row)
+            log(f"{MODELS[model]} {exporter} {o.name}: kiln FP16 {row['kiln_fp16']:.2e}, PyTorch "
+                f"FP16 {row['torch_fp16']:.2e} (relative L2 against ONNX Runtime CPU float32)")
+    del m
+    torch.cuda.empty_cache()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kiln", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--models", default="bert,gpt2,vit")
+    ap.add_argument("--parts", default="export,speed,dynamic,accuracy")
+    ap.add_argument("--batches", default="1,32")
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--iters", type=int, default=300)
+    ap.add_argument("--exporters", default="torchscript,dynamo")
+    a = ap.parse_args()
+    a.batches = [int(b) for b in a.batches.split(",")]
+    a.exporters = a.exporters.split(",")
+    parts = a.parts.split(",")
+    os.makedirs(a.out, exist_ok=True)
+    import torch
+    res = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+           "cudnn_torch": torch.backends.cudnn.version(), "speed": [], "dynamic": [], "accuracy": [],
+           "command": " ".join(sys.argv)}
+    for model in a.models.split(","):
+        try:
+            if "export" in parts:
+                for exporter in a.exporters:
+                    if not os.path.exists(onnx_path(model, exporter)):
+                        out, secs = run([sys.executable, os.path.join(ROOT, "scripts", f"export_{model}.py"),
+                                         onnx_path(model, exporter), "--exporter", exporter])
+                        log(out.strip().splitlines()[-1][:160] + f" ({secs:.0f} s)")
+            if "speed" in parts:
+                part_speed(a, model, res)
+            if "dynamic" in parts:
+                part_dynamic(a, model, res)
+            if "accuracy" in parts:
+                part_accuracy(a, model, res)
+        except Exception as e:  # noqa: BLE001 - one model's failure must not hide the others
+            log(f"{MODELS[model]}: FAILED: {e}")
+            res.setdefault("failures", []).append(f"{model}: {e}")
+        with open(os.path.join(a.out, "transformers.json"), "w") as f:
+            json.dump(res, f, indent=1)
+    log("\n| model | batch | kiln | build | eager | torch.compile | kiln / compile |")
+    log("|---|---|---|---|---|---|---|")
+    for r in res["speed"]:
+        log(f"| {MODELS[r['model']]} | {r['batch']} | {r['kiln_ms']:.3f} ms | {r['build_s']:.1f} s | "
+            f"{r['eager_ms']:.3f} ms | {r['compile_ms']:.3f} ms | {r['compile_ms'] / r['kiln_ms']:.2f}x |")
+    return 1 if res.get("failures") else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
