@@ -131,6 +131,8 @@ def part_speed(a, model, res):
         secs = build(a.kiln, model, a.exporters[0], engine, ["--shapes", shape],
                      os.path.join(a.out, f"build_{model}_b{batch}.log"))
         kiln_ms = kiln_bench(a.kiln, engine, shape, a.iters, os.path.join(a.out, f"bench_{model}_b{batch}.json"))
+        run([a.kiln, "bench", "--engine", engine, "--shapes", shape, "--dump-profile", "--iterations", "20",
+             "--no-data-transfers"], log_path=os.path.join(a.out, f"profile_{model}_b{batch}.txt"))
         t = torch_times(m, inputs(model, batch, a.seq, vocab, rng), a.iters)
         row = {"model": model, "batch": batch, "seq": a.seq, "kiln_ms": kiln_ms, "build_s": secs,
                "eager_ms": t["eager"], "compile_ms": t["compile"], "compile_first_s": t["compile_first_s"]}
