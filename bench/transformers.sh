@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Transformers on the GPU in one device call: the transformer layers' test-backend-ops cases
-# (MultiHeadAttention, SkipLayerNorm, LayerNorm rows, GEMM epilogues), then bench/transformers.py
+# (MultiHeadAttention, SkipLayerNorm, LayerNorm rows, GEMM epilogues), then bench/transformer_bench.py
 # (exports, FP16 engines next to PyTorch eager and torch.compile, the dynamic-shape engine,
 # accuracy against ONNX Runtime's CPU float32 reference).
 #   bench/prepare_deps.sh                 # here: pack the binaries into .deps (carry .deps)
 #   bench/transformers.sh                 # on the device; logs and JSON go to $OUT
 # KILN_TX_PARTS (default "tests export speed dynamic accuracy"), KILN_TX_MODELS (bert,gpt2,vit),
-# KILN_TX_ARGS (more bench/transformers.py flags, e.g. "--batches 32 --iters 200").
+# KILN_TX_ARGS (more bench/transformer_bench.py flags, e.g. "--batches 32 --iters 200").
 set -uo pipefail
 . "$(dirname "$0")/device_env.sh" /tmp/kiln-transformers
 PARTS=${KILN_TX_PARTS:-tests export speed dynamic accuracy}
@@ -25,7 +25,7 @@ fi
 py_parts=""
 for p in export speed dynamic accuracy; do [[ " $PARTS " == *" $p "* ]] && py_parts+="${py_parts:+,}$p"; done
 if [ -n "$py_parts" ]; then
-  echo "== bench/transformers.py ($py_parts)"
-  timeout ${KILN_TX_TIMEOUT:-540} python3 bench/transformers.py --kiln "$KILN" --out "$OUT" --parts "$py_parts" \
+  echo "== bench/transformer_bench.py ($py_parts)"
+  timeout ${KILN_TX_TIMEOUT:-540} python3 bench/transformer_bench.py --kiln "$KILN" --out "$OUT" --parts "$py_parts" \
     --models "${KILN_TX_MODELS:-bert,gpt2,vit}" ${KILN_TX_ARGS:-} 2>&1 | tee "$OUT/transformers.log"
 fi

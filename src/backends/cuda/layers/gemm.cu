@@ -455,6 +455,12 @@ Expected<std::unique_ptr<Layer>> create_attention_onnx(const LayerDesc& d);
 bool gemm_lt_supports(const LayerDesc& d, std::string* why);
 std::vector<std::string> gemm_lt_variants(const LayerDesc& d);
 Expected<std::unique_ptr<Layer>> create_gemm_lt(const LayerDesc& d);
+#if KILN_HAVE_CUTLASS
+// gemm_cutlass.cpp
+bool gemm_cutlass_supports(const LayerDesc& d, std::string* why);
+std::vector<std::string> gemm_cutlass_variants(const LayerDesc& d);
+Expected<std::unique_ptr<Layer>> create_gemm_cutlass(const LayerDesc& d);
+#endif
 // attention_mha.cu
 bool mha_flash_supports(const LayerDesc& d, std::string* why);
 Expected<std::unique_ptr<Layer>> create_mha_flash(const LayerDesc& d);
@@ -473,6 +479,10 @@ const TacticDef kGemmTactics[] = {
      create_gemm_lt, gemm_lt_variants},
     {"", "MatMul", "matmul.cublaslt", kF32 | kF16 | kF32Out, 0, gemm_lt_supports, create_gemm_lt,
      gemm_lt_variants},
+#if KILN_HAVE_CUTLASS
+    {"kiln", "FusedGemm", "fused_gemm.cutlass_sm90", kF16, 0, gemm_cutlass_supports,
+     create_gemm_cutlass, gemm_cutlass_variants},
+#endif
     {"kiln", "FusedGemm", "gemm_int8", kI8 | kF32 | kF16, 0, int8_conv_supports, create_int8_conv},
     {"kiln", "FusedGemm", "gemm_int8.dp4a", kI8 | kF32 | kF16, 0, int8_conv_supports,
      create_int8_conv_dp4a},

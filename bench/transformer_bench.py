@@ -2,7 +2,7 @@
 """BERT-base, GPT-2 (124M, logits for every position) and ViT-B/16 on the GPU: kiln's FP16
 engines next to PyTorch eager and torch.compile(mode="reduce-overhead") in FP16, in one run.
 
-  bench/transformers.py --kiln .deps/kiln --out OUT [--models bert,gpt2,vit]
+  bench/transformer_bench.py --kiln .deps/kiln --out OUT [--models bert,gpt2,vit]
                         [--parts export,speed,dynamic,accuracy] [--batches 1,32] [--seq 128]
                         [--iters 300] [--exporters torchscript,dynamo]
 
