@@ -16,7 +16,9 @@ Parts:
   accuracy  per exporter: the FP16 engine's outputs and PyTorch's FP16 outputs, each against
             ONNX Runtime's CPU float32 reference on the same input (batch 2, the second
             sequence padded), relative L2
-Results: OUT/transformers.json, the table on stdout. Run on the GPU machine through
+Results: OUT/transformers.json, OUT/builds.log (every build's --verbose output: tactics and
+their times), OUT/profiles.txt (`kiln bench --dump-profile` of each speed engine) and the table
+on stdout; engines and scratch files go to --work. Run on the GPU machine through
 bench/transformers.sh, which unpacks kiln's binaries first.
 """
 import argparse
@@ -40,11 +42,12 @@ def log(msg):
 
 
 def run(cmd, timeout=1200, log_path=None):
+    """Runs a command; with `log_path`, appends its command line and output there."""
     t0 = time.time()
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if log_path:
-        with open(log_path, "w") as f:
-            f.write(p.stdout + p.stderr)
+        with open(log_path, "a") as f:
+            f.write(f"\n===== {' '.join(cmd)}\n{p.stdout}{p.stderr}")
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)}: exit {p.returncode}: {(p.stderr or p.stdout).strip()[-2000:]}")
     return p.stdout, time.time() - t0
@@ -127,12 +130,12 @@ def part_speed(a, model, res):
     rng = np.random.default_rng(0)
     for batch in a.batches:
         shape = shapes(model, batch, a.seq)
-        engine = os.path.join(a.out, f"{model}_b{batch}.kiln")
+        engine = os.path.join(a.work, f"{model}_b{batch}.kiln")
         secs = build(a.kiln, model, a.exporters[0], engine, ["--shapes", shape],
-                     os.path.join(a.out, f"build_{model}_b{batch}.log"))
-        kiln_ms = kiln_bench(a.kiln, engine, shape, a.iters, os.path.join(a.out, f"bench_{model}_b{batch}.json"))
+                     os.path.join(a.out, "builds.log"))
+        kiln_ms = kiln_bench(a.kiln, engine, shape, a.iters, os.path.join(a.work, f"bench_{model}_b{batch}.json"))
         run([a.kiln, "bench", "--engine", engine, "--shapes", shape, "--dump-profile", "--iterations", "20",
-             "--no-data-transfers"], log_path=os.path.join(a.out, f"profile_{model}_b{batch}.txt"))
+             "--no-data-transfers"], log_path=os.path.join(a.out, "profiles.txt"))
         t = torch_times(m, inputs(model, batch, a.seq, vocab, rng), a.iters)
         row = {"model": model, "batch": batch, "seq": a.seq, "kiln_ms": kiln_ms, "build_s": secs,
                "eager_ms": t["eager"], "compile_ms": t["compile"], "compile_first_s": t["compile_first_s"]}
@@ -144,17 +147,17 @@ def part_speed(a, model, res):
 
 
 def part_dynamic(a, model, res):
-    engine = os.path.join(a.out, f"{model}_dynamic.kiln")
+    engine = os.path.join(a.work, f"{model}_dynamic.kiln")
     if model == "vit":
         lo, opt, hi = shapes(model, 1, 0), shapes(model, 32, 0), shapes(model, 64, 0)
     else:
         lo, opt, hi = shapes(model, 1, 1), shapes(model, 32, a.seq), shapes(model, 64, 512)
     secs = build(a.kiln, model, a.exporters[0], engine,
                  ["--min-shapes", lo, "--opt-shapes", opt, "--max-shapes", hi],
-                 os.path.join(a.out, f"build_{model}_dynamic.log"))
+                 os.path.join(a.out, "builds.log"))
     for batch in a.batches:
         shape = shapes(model, batch, a.seq)
-        ms = kiln_bench(a.kiln, engine, shape, a.iters, os.path.join(a.out, f"bench_{model}_dyn_b{batch}.json"))
+        ms = kiln_bench(a.kiln, engine, shape, a.iters, os.path.join(a.work, f"bench_{model}_dyn_b{batch}.json"))
         static = next((r["kiln_ms"] for r in res["speed"] if r["model"] == model and r["batch"] == batch), None)
         res["dynamic"].append({"model": model, "batch": batch, "seq": a.seq, "dynamic_ms": ms,
                                "static_ms": static, "build_s": secs})
@@ -183,16 +186,16 @@ def part_accuracy(a, model, res):
         so.intra_op_num_threads = os.cpu_count() or 4
         sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
         refs = sess.run(None, feeds)
-        engine = os.path.join(a.out, f"{model}_{exporter}_acc.kiln")
+        engine = os.path.join(a.work, f"{model}_{exporter}_acc.kiln")
         build(a.kiln, model, exporter, engine, ["--shapes", shapes(model, 2, a.seq)])
-        cmd = [a.kiln, "run", "--engine", engine, "--save-outputs", os.path.join(a.out, "acc_out")]
+        cmd = [a.kiln, "run", "--engine", engine, "--save-outputs", os.path.join(a.work, "acc_out")]
         for name, v in feeds.items():
-            p = os.path.join(a.out, f"acc_{name}.npy")
+            p = os.path.join(a.work, f"acc_{name}.npy")
             np.save(p, v)
             cmd += ["--input", f"{name}={p}"]
         run(cmd)
         for o, ref, t in zip(sess.get_outputs(), refs, tout):
-            got = np.load(os.path.join(a.out, "acc_out", o.name + ".npy"))
+            got = np.load(os.path.join(a.work, "acc_out", o.name + ".npy"))
             row = {"model": model, "exporter": exporter, "output": o.name,
                    "kiln_fp16": rel_l2(got, ref), "torch_fp16": rel_l2(t, ref)}
             res["accuracy"].append(row)
@@ -206,6 +209,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--kiln", required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--work", default="/tmp/kiln-transformers-work", help="engines and scratch files")
     ap.add_argument("--models", default="bert,gpt2,vit")
     ap.add_argument("--parts", default="export,speed,dynamic,accuracy")
     ap.add_argument("--batches", default="1,32")
@@ -217,6 +221,7 @@ def main():
     a.exporters = a.exporters.split(",")
     parts = a.parts.split(",")
     os.makedirs(a.out, exist_ok=True)
+    os.makedirs(a.work, exist_ok=True)
     import torch
     res = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
            "cudnn_torch": torch.backends.cudnn.version(), "speed": [], "dynamic": [], "accuracy": [],

@@ -5,7 +5,8 @@
 //                                                  function writes CastLike(-inf, mask))
 // Shape -> Gather -> Concat -> Reshape chains fold in one sweep because nodes are visited in
 // topological order. Random ops never fold; results above kMaxFoldBytes stay computed at run
-// time so that folding cannot blow up the engine's size.
+// time so that folding cannot blow up the engine's size, unless they are no larger than the
+// constants they are made of (a Transpose or Reshape of a weight: GPT-2's tied LM head).
 #include <set>
 
 #include "ops/op.h"
@@ -103,6 +104,9 @@ struct FoldConstant {
     std::vector<TensorType> types(n.num_outputs());
     InferContext ictx(n, types);
     if (!def || !def->infer || !def->infer(ictx).ok()) return std::nullopt;
+    size_t in_bytes = 0, out_bytes = 0;
+    for (const Value* v : n.inputs())
+      if (v && v->is_constant()) in_bytes += v->constant->nbytes();
     for (size_t i = 0; i < types.size(); ++i) {
       if (!n.output(i)) continue;
       auto shape = types[i].static_shape();
@@ -112,11 +116,12 @@ struct FoldConstant {
       }
       int64_t numel = 1;
       for (int64_t d : *shape) numel *= d;
-      if (static_cast<size_t>(numel) * dtype_size(types[i].dtype) > kMaxFoldBytes) {
-        ctx.note(fmt::format("{}: output {} would be larger than {} MiB", n.label(), i,
-                             kMaxFoldBytes >> 20));
-        return std::nullopt;
-      }
+      out_bytes += static_cast<size_t>(numel) * dtype_size(types[i].dtype);
+    }
+    if (out_bytes > kMaxFoldBytes && out_bytes > in_bytes) {
+      ctx.note(fmt::format("{}: its output would be larger than {} MiB and than its inputs",
+                           n.label(), kMaxFoldBytes >> 20));
+      return std::nullopt;
     }
     auto v = evaluate(ctx, n);
     return v ? std::optional<Match>(Match{&n, std::move(*v)}) : std::nullopt;

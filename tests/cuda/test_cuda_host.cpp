@@ -346,7 +346,9 @@ TEST(CudaHost, PlanRecordsRoundTripAndAreValidated) {
   auto g = reshape_by_shape_graph();
   Plan p;
   for (size_t k = 0; k < g->nodes().size(); ++k) p.layers.push_back(LayerChoice{});
-  const nlohmann::json j = plan_to_json(p);
+  const nlohmann::json j = plan_to_json(p, *g);
+  EXPECT_EQ(j.value("kernel_layers", -1), 0);  // host layers launch nothing
+  EXPECT_FALSE(j["layers"][0].value("launches", true));
   auto back = plan_from_json(*g, j);
   ASSERT_TRUE(back.ok()) << back.status().message();
   EXPECT_EQ(back->layers.size(), g->nodes().size());

@@ -83,7 +83,7 @@ TEST(CudaInt8Lowering, Int8LayerGetsInt8FormatsAndScaledReformats) {
   EXPECT_EQ(p->layers[2].in[0].str(), "int8/nhwc");
   EXPECT_EQ(p->layers[2].out[0].str(), "float32/linear");
   // The plan's precision survives the engine's JSON.
-  auto back = plan_from_json(*g, plan_to_json(*p));
+  auto back = plan_from_json(*g, plan_to_json(*p, *g));
   ASSERT_TRUE(back.ok()) << back.status().message();
   EXPECT_EQ(back->layers[1].precision, Precision::kINT8);
   EXPECT_STREQ(precision_name(back->layers[1].precision), "int8");

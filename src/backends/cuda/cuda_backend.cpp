@@ -31,7 +31,7 @@ Expected<nlohmann::json> build_cuda_plan(Graph& g, const BuildConfig& c, const P
     }
   }
   KILN_ASSIGN_OR_RETURN(Plan plan, lower_for_gpu(g, opt, o));
-  return plan_to_json(plan);
+  return plan_to_json(plan, g);
 }
 
 Expected<std::shared_ptr<BackendEngine>> load_cuda_engine(const Graph& g, const nlohmann::json& j,

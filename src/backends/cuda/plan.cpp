@@ -36,13 +36,20 @@ Expected<std::vector<TensorFormat>> parse_formats(const nlohmann::json& j, size_
 
 }  // namespace
 
-nlohmann::json plan_to_json(const Plan& p) {
+nlohmann::json plan_to_json(const Plan& p, const Graph& g) {
   nlohmann::json layers = nlohmann::json::array();
-  for (const LayerChoice& c : p.layers) {
-    if (c.is_host()) {
-      layers.push_back({{"tactic", "host"}});
+  int kernel_layers = 0;
+  for (size_t k = 0; k < p.layers.size(); ++k) {
+    const LayerChoice& c = p.layers[k];
+    if (c.is_host()) {  // shape arithmetic on the host: no kernel
+      layers.push_back({{"tactic", "host"}, {"launches", false}});
       continue;
     }
+    // An alias tactic (the Reshape family) relabels its input's memory: no kernel either, unless
+    // its output is a graph output (copied into the caller's buffer).
+    const Value* y = k < g.nodes().size() ? g.nodes()[k]->output(0) : nullptr;
+    const bool launches = c.tactic->alias_input < 0 || (y && g.is_graph_output(y));
+    kernel_layers += launches;
     nlohmann::json in = nlohmann::json::array(), out = nlohmann::json::array();
     for (const auto& f : c.in) in.push_back(format_str(f));
     for (const auto& f : c.out) out.push_back(format_str(f));
@@ -54,9 +61,11 @@ nlohmann::json plan_to_json(const Plan& p) {
                       {"in", in},
                       {"out", out},
                       {"time_ms", c.time_ms},
-                      {"timed", timed}});
+                      {"timed", timed},
+                      {"launches", launches}});
   }
-  return {{"layers", layers}, {"workspace_limit", p.workspace_limit}};
+  return {
+      {"layers", layers}, {"workspace_limit", p.workspace_limit}, {"kernel_layers", kernel_layers}};
 }
 
 Expected<Plan> plan_from_json(const Graph& g, const nlohmann::json& j) {

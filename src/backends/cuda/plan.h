@@ -27,7 +27,10 @@ struct Plan {
   size_t workspace_limit = size_t(1) << 30;
 };
 
-nlohmann::json plan_to_json(const Plan& p);
+// The plan as the engine stores it; each record also says whether the layer launches a kernel
+// (not for host layers, nor for aliases of their input unless they make a graph output), and
+// "kernel_layers" counts those that do (kiln inspect).
+nlohmann::json plan_to_json(const Plan& p, const Graph& g);
 // Validates every record against the graph (counts, tactic names, formats); errors name the node.
 Expected<Plan> plan_from_json(const Graph& g, const nlohmann::json& j);
 

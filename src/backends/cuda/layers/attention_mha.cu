@@ -3,12 +3,14 @@
 // [B, H, Sq, Sk], Y [B, Sq, H*Dv]. Two tactics:
 //   mha.flash    FP16, head size 64 or 128: FlashAttention-2's forward pass on mma.sync
 //                m16n8k16 with float accumulation. A block takes 64 query rows of one (batch,
-//                head), 16 per warp, and walks the keys in tiles of 64 through a double-buffered
+//                head), 16 per warp (16 rows in one warp where 64-row blocks would leave SMs
+//                idle: batch 1), and walks the keys in tiles of 64 through a double-buffered
 //                cp.async ring (K and V tiles with 16-byte chunks XOR-swizzled by row, so that
-//                ldmatrix reads them without bank conflicts). Scores stay in registers: a row's
-//                running maximum and sum rescale the output as tiles arrive (the online
-//                softmax), the probabilities are rounded to float16 for P.V, which reuses the
-//                score fragments as its A operand. Q, K, V and Y are read and written in the
+//                ldmatrix reads them without bank conflicts), 32 keys per softmax step. Scores
+//                stay in registers (16 per thread, Q's fragments reread from shared memory, so
+//                that five 4-warp blocks fit an SM): a row's running maximum and sum rescale the
+//                output as keys arrive (the online softmax), the probabilities are rounded to
+//                float16 for P.V, which reuses the score fragments as its A operand. Q, K, V and Y are read and written in the
 //                projections' own layout through row strides: the head split and merge cost
 //                nothing.
 //   mha.unfused  any float type and head size: the heads are copied out into [B, H, S, D]
@@ -105,8 +107,8 @@ Expected<std::array<int64_t, 4>> mask_strides(const Node& n, const DeviceTensor&
 
 // --- mha.flash --------------------------------------------------------------------------------
 
-constexpr int kRows = 64;  // query rows per block (16 per warp); also keys per tile
-constexpr int kThreads = 128;
+constexpr int kKeys = 64;   // keys per shared-memory tile (a cp.async stage)
+constexpr int kChunk = 32;  // keys per online-softmax step: 16 score registers per thread
 constexpr float kLog2e = 1.4426950408889634f;
 
 struct FlashArgs {
@@ -119,23 +121,22 @@ struct FlashArgs {
   int sq, sk;
   float scale_log2;  // scale * log2(e): the softmax runs in base 2
   const void* mask;  // additive; its element type is the kernel's MaskT
-  int64_t m_b, m_h, m_q, m_k;
+  int64_t m_b, m_h, m_q;
+  int m_k;
   bool nan_to_zero;
 };
 
-// Element (row, col) of a [64][D] half tile: 16-byte chunks XOR-swizzled by row % 8.
+// Element (row, col) of a [rows][D] half tile: 16-byte chunks XOR-swizzled by row % 8.
 template <int D>
 __device__ __forceinline__ int swz(int row, int col) {
   return row * D + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7);
 }
 
-// Rows [0, valid) of a 64-row tile from global rows of `stride` elements; the rest zero.
-template <int D>
-__device__ __forceinline__ void load_tile(__half* s, const __half* g, int64_t stride, int valid,
-                                          int tid) {
-  constexpr int kChunks = kRows * D / 8;
-#pragma unroll
-  for (int i = tid; i < kChunks; i += kThreads) {
+// Rows [0, valid) of a `rows`-row tile from global rows of `stride` elements; the rest zero.
+template <int D, int kThreads>
+__device__ __forceinline__ void load_tile(__half* s, const __half* g, int64_t stride, int rows,
+                                          int valid, int tid) {
+  for (int i = tid; i < rows * D / 8; i += kThreads) {
     const int row = i / (D / 8), c = i % (D / 8);
     const bool ok = row < valid;
     cp_async16(s + swz<D>(row, c * 8), ok ? g + row * stride + c * 8 : g, ok);
@@ -147,138 +148,147 @@ __device__ __forceinline__ uint32_t pack_half2(float a, float b) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
-template <typename MaskT>
-__device__ __forceinline__ float mask_at(const FlashArgs& a, int64_t base, int row, int key) {
-  if constexpr (std::is_same_v<MaskT, __half>)
-    return __half2float(static_cast<const __half*>(a.mask)[base + row * a.m_q + key * a.m_k]);
-  else
-    return static_cast<const float*>(a.mask)[base + row * a.m_q + key * a.m_k];
+__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_f32(float x) { return x; }
+
+// Occupancy: the registers a thread may use (65536 per SM over kThreads x blocks).
+template <int D, int WARPS>
+constexpr int min_blocks() {
+  return D == 64 ? (WARPS == 4 ? 5 : 16) : (WARPS == 4 ? 2 : 8);
 }
 
-// MaskT: void (no mask), __half or float.
-template <int D, typename MaskT>
-__global__ void __launch_bounds__(kThreads) mha_flash_kernel(FlashArgs a) {
+// WARPS warps per block, 16 query rows each; MaskT: void (no mask), __half or float.
+template <int D, int WARPS, typename MaskT>
+__global__ void __launch_bounds__(32 * WARPS, (min_blocks<D, WARPS>())) mha_flash_kernel(FlashArgs a) {
+  constexpr int kThreads = 32 * WARPS, kRows = 16 * WARPS;
   extern __shared__ __align__(16) unsigned char smem[];
   __half* sq = reinterpret_cast<__half*>(smem);
   __half* sk = sq + kRows * D;      // two K tiles
-  __half* sv = sk + 2 * kRows * D;  // two V tiles
+  __half* sv = sk + 2 * kKeys * D;  // two V tiles
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int q0 = blockIdx.x * kRows, h = blockIdx.y, b = blockIdx.z;
   const __half* q = a.q + b * a.q_b + h * D + static_cast<int64_t>(q0) * a.q_s;
   const __half* k = a.k + b * a.k_b + h * D;
   const __half* v = a.v + b * a.v_b + h * D;
-  const int tiles = (a.sk + kRows - 1) / kRows;
-  load_tile<D>(sq, q, a.q_s, min(kRows, a.sq - q0), tid);
-  load_tile<D>(sk, k, a.k_s, min(kRows, a.sk), tid);
-  load_tile<D>(sv, v, a.v_s, min(kRows, a.sk), tid);
+  const int tiles = (a.sk + kKeys - 1) / kKeys;
+  load_tile<D, kThreads>(sq, q, a.q_s, kRows, min(kRows, a.sq - q0), tid);
+  load_tile<D, kThreads>(sk, k, a.k_s, kKeys, min(kKeys, a.sk), tid);
+  load_tile<D, kThreads>(sv, v, a.v_s, kKeys, min(kKeys, a.sk), tid);
   cp_async_commit();
 
-  uint32_t qf[D / 16][4];
   float o[D / 8][4];
 #pragma unroll
   for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   const int row_lo = q0 + warp * 16 + lane / 4;  // this thread's rows: row_lo and row_lo + 8
-  const int64_t mbase = static_cast<int64_t>(b) * a.m_b + static_cast<int64_t>(h) * a.m_h;
+  // The mask's rows of this thread's two query rows (past the end: row 0, never read).
+  const MaskT* mrow[2] = {};
+  if constexpr (!std::is_void_v<MaskT>) {
+    const MaskT* mb = static_cast<const MaskT*>(a.mask) + static_cast<int64_t>(b) * a.m_b +
+                      static_cast<int64_t>(h) * a.m_h;
+    for (int r = 0; r < 2; ++r) mrow[r] = mb + min(row_lo + 8 * r, a.sq - 1) * a.m_q;
+  }
+  // This lane's ldmatrix row offsets: Q's A fragments, K's and V's B fragments.
+  const int qrow = warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8, qcol = (lane / 16) * 8;
+  const int krow = (lane % 8) + (lane / 16) * 8, kcol = ((lane / 8) % 2) * 8;
+  const int vrow = (lane % 8) + ((lane / 8) % 2) * 8, vcol = (lane / 16) * 8;
 
   for (int t = 0; t < tiles; ++t) {
     if (t + 1 < tiles) {
-      const int k1 = (t + 1) * kRows, nb = (t + 1) & 1;
-      load_tile<D>(sk + nb * kRows * D, k + static_cast<int64_t>(k1) * a.k_s, a.k_s,
-                   min(kRows, a.sk - k1), tid);
-      load_tile<D>(sv + nb * kRows * D, v + static_cast<int64_t>(k1) * a.v_s, a.v_s,
-                   min(kRows, a.sk - k1), tid);
+      const int k1 = (t + 1) * kKeys, nb = (t + 1) & 1;
+      load_tile<D, kThreads>(sk + nb * kKeys * D, k + static_cast<int64_t>(k1) * a.k_s, a.k_s, kKeys,
+                             min(kKeys, a.sk - k1), tid);
+      load_tile<D, kThreads>(sv + nb * kKeys * D, v + static_cast<int64_t>(k1) * a.v_s, a.v_s, kKeys,
+                             min(kKeys, a.sk - k1), tid);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
     }
     __syncthreads();
-    if (t == 0) {
+    const __half* kt = sk + (t & 1) * kKeys * D;
+    const __half* vt = sv + (t & 1) * kKeys * D;
+#pragma unroll 1
+    for (int c = 0; c < kKeys / kChunk; ++c) {
+      // S = Q K^T for this warp's 16 rows and 32 keys: four n8 blocks.
+      float s[kChunk / 8][4];
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk)
-        ldmatrix_x4(qf[kk], smem_u32(sq + swz<D>(warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8,
-                                                 kk * 16 + (lane / 16) * 8)));
-    }
-    const __half* kt = sk + (t & 1) * kRows * D;
-    const __half* vt = sv + (t & 1) * kRows * D;
-    // S = Q K^T, this warp's 16 rows x 64 keys: eight n8 blocks.
-    float s[kRows / 8][4];
+      for (int i = 0; i < kChunk / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
 #pragma unroll
-    for (int i = 0; i < kRows / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t qf[4];
+        ldmatrix_x4(qf, smem_u32(sq + swz<D>(qrow, kk * 16 + qcol)));
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-#pragma unroll
-      for (int nb = 0; nb < kRows / 16; ++nb) {
-        uint32_t bf[4];
-        ldmatrix_x4(bf, smem_u32(kt + swz<D>(nb * 16 + (lane % 8) + (lane / 16) * 8,
-                                             kk * 16 + ((lane / 8) % 2) * 8)));
-        mma_f16(s[2 * nb], qf[kk], bf[0], bf[1]);
-        mma_f16(s[2 * nb + 1], qf[kk], bf[2], bf[3]);
-      }
-    // Scale and mask (in base 2), keys past the end out; the rows' tile maxima.
-    const int kbase = t * kRows;
-    float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int nb = 0; nb < kRows / 8; ++nb)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int row = row_lo + (e / 2) * 8;
-        const int key = kbase + nb * 8 + (lane % 4) * 2 + (e % 2);
-        float x = s[nb][e] * a.scale_log2;
-        if constexpr (!std::is_void_v<MaskT>) {
-          if (key < a.sk && row < a.sq) x = fmaf(mask_at<MaskT>(a, mbase, row, key), kLog2e, x);
+        for (int nb = 0; nb < kChunk / 16; ++nb) {
+          uint32_t bf[4];
+          ldmatrix_x4(bf, smem_u32(kt + swz<D>(c * kChunk + nb * 16 + krow, kk * 16 + kcol)));
+          mma_f16(s[2 * nb], qf, bf[0], bf[1]);
+          mma_f16(s[2 * nb + 1], qf, bf[2], bf[3]);
         }
-        if (key >= a.sk) x = -INFINITY;
-        s[nb][e] = x;
-        mx[e / 2] = fmaxf(mx[e / 2], x);
       }
-    float alpha[2], base[2];
+      // Scale and mask (in base 2), keys past the end out; the rows' chunk maxima.
+      const int kbase = t * kKeys + c * kChunk;
+      float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      const float mnew = fmaxf(m[r], mx[r]);
-      base[r] = mnew == -INFINITY ? 0.f : mnew;  // a row masked so far stays at 0
-      alpha[r] = exp2f(m[r] - base[r]);
-      m[r] = mnew;
-    }
-    float rs[2] = {0.f, 0.f};
+      for (int nb = 0; nb < kChunk / 8; ++nb)
 #pragma unroll
-    for (int nb = 0; nb < kRows / 8; ++nb)
+        for (int e = 0; e < 4; ++e) {
+          const int key = kbase + nb * 8 + (lane % 4) * 2 + (e % 2);
+          float x = s[nb][e] * a.scale_log2;
+          if constexpr (!std::is_void_v<MaskT>) {
+            if (key < a.sk) x = fmaf(to_f32(mrow[e / 2][key * a.m_k]), kLog2e, x);
+          }
+          if (key >= a.sk) x = -INFINITY;
+          s[nb][e] = x;
+          mx[e / 2] = fmaxf(mx[e / 2], x);
+        }
+      float alpha[2], base[2];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float p = exp2f(s[nb][e] - base[e / 2]);
-        s[nb][e] = p;
-        rs[e / 2] += p;
+      for (int r = 0; r < 2; ++r) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        const float mnew = fmaxf(m[r], mx[r]);
+        base[r] = mnew == -INFINITY ? 0.f : mnew;  // a row masked so far stays at 0
+        alpha[r] = exp2f(m[r] - base[r]);
+        m[r] = mnew;
       }
+      float rs[2] = {0.f, 0.f};
 #pragma unroll
-    for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + rs[r];
+      for (int nb = 0; nb < kChunk / 8; ++nb)
 #pragma unroll
-    for (int db = 0; db < D / 8; ++db) {
-      o[db][0] *= alpha[0], o[db][1] *= alpha[0];
-      o[db][2] *= alpha[1], o[db][3] *= alpha[1];
-    }
-    // O += P V: the score fragments of keys 16kk..16kk+15 are P's A fragment.
+        for (int e = 0; e < 4; ++e) {
+          const float p = exp2f(s[nb][e] - base[e / 2]);
+          s[nb][e] = p;
+          rs[e / 2] += p;
+        }
 #pragma unroll
-    for (int kk = 0; kk < kRows / 16; ++kk) {
-      const uint32_t pa[4] = {pack_half2(s[2 * kk][0], s[2 * kk][1]),
-                              pack_half2(s[2 * kk][2], s[2 * kk][3]),
-                              pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                              pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + rs[r];
 #pragma unroll
-      for (int db = 0; db < D / 16; ++db) {
-        uint32_t bf[4];
-        ldmatrix_x4_trans(bf, smem_u32(vt + swz<D>(kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8,
-                                                   db * 16 + (lane / 16) * 8)));
-        mma_f16(o[2 * db], pa, bf[0], bf[1]);
-        mma_f16(o[2 * db + 1], pa, bf[2], bf[3]);
+      for (int db = 0; db < D / 8; ++db) {
+        o[db][0] *= alpha[0], o[db][1] *= alpha[0];
+        o[db][2] *= alpha[1], o[db][3] *= alpha[1];
+      }
+      // O += P V: the score fragments of keys 16kk..16kk+15 are P's A fragment.
+#pragma unroll
+      for (int kk = 0; kk < kChunk / 16; ++kk) {
+        const uint32_t pa[4] = {pack_half2(s[2 * kk][0], s[2 * kk][1]),
+                                pack_half2(s[2 * kk][2], s[2 * kk][3]),
+                                pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+        for (int db = 0; db < D / 16; ++db) {
+          uint32_t bf[4];
+          ldmatrix_x4_trans(bf, smem_u32(vt + swz<D>(c * kChunk + kk * 16 + vrow, db * 16 + vcol)));
+          mma_f16(o[2 * db], pa, bf[0], bf[1]);
+          mma_f16(o[2 * db + 1], pa, bf[2], bf[3]);
+        }
       }
     }
     __syncthreads();  // every warp is done with this stage before it is loaded again
   }
   // Normalize (a row with no key left is NaN, or 0 with nan_to_zero, as the reference), stage
-  // the warp's rows in its part of Q's tile, then store 16-byte vectors.
+  // the warp's rows in its part of Q's tile (only this warp read them), then store 16-byte
+  // vectors.
   float inv[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -290,10 +300,8 @@ __global__ void __launch_bounds__(kThreads) mha_flash_kernel(FlashArgs a) {
 #pragma unroll
   for (int db = 0; db < D / 8; ++db) {
     const int col = db * 8 + (lane % 4) * 2;
-    *reinterpret_cast<uint32_t*>(sq + swz<D>(wr, col)) =
-        pack_half2(o[db][0] * inv[0], o[db][1] * inv[0]);
-    *reinterpret_cast<uint32_t*>(sq + swz<D>(wr + 8, col)) =
-        pack_half2(o[db][2] * inv[1], o[db][3] * inv[1]);
+    *reinterpret_cast<uint32_t*>(sq + swz<D>(wr, col)) = pack_half2(o[db][0] * inv[0], o[db][1] * inv[0]);
+    *reinterpret_cast<uint32_t*>(sq + swz<D>(wr + 8, col)) = pack_half2(o[db][2] * inv[1], o[db][3] * inv[1]);
   }
   __syncthreads();
   __half* y = a.y + b * a.y_b + h * D;
@@ -305,18 +313,23 @@ __global__ void __launch_bounds__(kThreads) mha_flash_kernel(FlashArgs a) {
   }
 }
 
-template <int D>
-constexpr size_t flash_smem() {
-  return static_cast<size_t>(5) * kRows * D * sizeof(__half);  // Q, two K and two V tiles
+// Q's tile, two K and two V tiles.
+constexpr size_t flash_smem(int d, int warps) {
+  return static_cast<size_t>(16 * warps + 4 * kKeys) * d * sizeof(__half);
 }
 
 using FlashKernel = void (*)(FlashArgs);
 
-template <int D>
+template <int D, int WARPS>
 FlashKernel flash_kernel(DataType mask) {
-  if (mask == DataType::kFloat16) return mha_flash_kernel<D, __half>;
-  if (mask == DataType::kFloat32) return mha_flash_kernel<D, float>;
-  return mha_flash_kernel<D, void>;
+  if (mask == DataType::kFloat16) return mha_flash_kernel<D, WARPS, __half>;
+  if (mask == DataType::kFloat32) return mha_flash_kernel<D, WARPS, float>;
+  return mha_flash_kernel<D, WARPS, void>;
+}
+
+FlashKernel pick_flash(int d, int warps, DataType mask) {
+  if (d == 64) return warps == 4 ? flash_kernel<64, 4>(mask) : flash_kernel<64, 1>(mask);
+  return warps == 4 ? flash_kernel<128, 4>(mask) : flash_kernel<128, 1>(mask);
 }
 
 bool flash_supports(const LayerDesc& d, std::string* why) {
@@ -368,8 +381,14 @@ class MhaFlashLayer final : public Layer {
     if (mask_ != DataType::kUndefined) {
       KILN_ASSIGN_OR_RETURN(mstride_, mask_strides(n, in[3], s_));
     }
-    smem_ = s_.D == 64 ? flash_smem<64>() : flash_smem<128>();
-    kernel_ = s_.D == 64 ? flash_kernel<64>(mask_) : flash_kernel<128>(mask_);
+    // 64 query rows a block (4 warps) where that gives the GPU two blocks per SM at least; else
+    // 16 (one warp): short sequences at batch 1 spread over more SMs.
+    int device = 0, sms = 0;
+    KILN_CUDA_CHECK(cudaGetDevice(&device));
+    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    warps_ = s_.B * s_.H * ((s_.Sq + 63) / 64) >= 2 * sms ? 4 : 1;
+    smem_ = flash_smem(static_cast<int>(s_.D), warps_);
+    kernel_ = pick_flash(static_cast<int>(s_.D), warps_, mask_);
     KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel_, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem_)));
     return size_t{0};
@@ -393,16 +412,18 @@ class MhaFlashLayer final : public Layer {
     a.nan_to_zero = nan_to_zero_;
     if (mask_ != DataType::kUndefined) {
       a.mask = in[3].data;
-      a.m_b = mstride_[0], a.m_h = mstride_[1], a.m_q = mstride_[2], a.m_k = mstride_[3];
+      a.m_b = mstride_[0], a.m_h = mstride_[1], a.m_q = mstride_[2];
+      a.m_k = static_cast<int>(mstride_[3]);
     }
     for (const void* p : {static_cast<const void*>(a.q), static_cast<const void*>(a.k),
                           static_cast<const void*>(a.v), static_cast<const void*>(a.y)})
       if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
         return KILN_ERROR("{}: an operand is not 16-byte aligned", node_->label());
-    const dim3 grid(static_cast<unsigned>((s_.Sq + kRows - 1) / kRows), static_cast<unsigned>(s_.H),
+    const int rows = 16 * warps_;
+    const dim3 grid(static_cast<unsigned>((s_.Sq + rows - 1) / rows), static_cast<unsigned>(s_.H),
                     static_cast<unsigned>(s_.B));
     if (s_.Sk == 0) return KILN_ERROR("{}: no keys (sequence length 0)", node_->label());
-    kernel_<<<grid, kThreads, smem_, rc.stream>>>(a);
+    kernel_<<<grid, 32 * warps_, smem_, rc.stream>>>(a);
     KILN_CUDA_LAUNCH_CHECK("mha.flash kernel");
     return Status::Ok();
   }
@@ -414,6 +435,7 @@ class MhaFlashLayer final : public Layer {
   MhaShape s_;
   DataType mask_ = DataType::kUndefined;
   std::array<int64_t, 4> mstride_{};
+  int warps_ = 4;
   size_t smem_ = 0;
   FlashKernel kernel_ = nullptr;
 };

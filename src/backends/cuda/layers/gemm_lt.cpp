@@ -5,7 +5,7 @@
 //
 // Row-major Y [M, N] = A [M, K] W [K, N] is, in cuBLASLt's column-major terms, D [N, M] =
 // W' [N, K] A' [K, M] with W' and A' the same memory (W [N, K] for Gemm's transB: op T). The
-// bias runs along D's rows (N). Variants are ranks in cuBLASLt's heuristic list ("h0".."h3"),
+// bias runs along D's rows (N). Variants are ranks in cuBLASLt's heuristic list ("h0".."h7"),
 // taken at each shape of a profile: the tuner times them at the opt shape. An FP16 product that
 // is a float32 graph output (a language model's logits) can write float32 itself (kF32Out).
 #include <cublasLt.h>
@@ -19,7 +19,8 @@
 namespace kiln::gpu {
 namespace {
 
-constexpr int kRanks = 4;
+constexpr int kRanks =
+    8;  // small-M problems (batch 1) often take a split-K algorithm far down the list
 constexpr size_t kMaxWorkspace = size_t(32) << 20;
 
 // Which epilogue the layer's activation needs; false when cuBLASLt has none (erf GELU, ...).

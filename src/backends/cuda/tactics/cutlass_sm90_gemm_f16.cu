@@ -1,0 +1,157 @@
+// CUTLASS 3 Hopper GEMMs (TMA + wgmma, warp-specialized, persistent) in FP16 with the bias, the
+// residual (as C, beta = 1) and the activation in the epilogue: CUTLASS's
+// LinCombPerColBiasEltAct, D = act(acc + bias[n] + beta * C). A [M, K] row-major (K-major), W
+// [K, N] row-major (N-major: the engine's own copy of the weight, no repacking), C and D [M, N]
+// row-major. Tiles: cooperative 256 x 128 x 64 (both consumer warp groups on one tile, for
+// large M), ping-pong 128 x 128 x 64 and 128 x 64 x 64 (one warp group's epilogue under the
+// other's math; the narrow one for N = 768 at small M). Built only when CUTLASS's headers are
+// found (src/backends/cuda/CMakeLists.txt).
+#include <cstdint>
+
+// clang-format off
+#include "cutlass/cutlass.h"
+#include "cutlass/kernel_hardware_info.hpp"
+#include "cute/tensor.hpp"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/epilogue/fusion/operations.hpp"
+#include "cutlass/epilogue/thread/activation.h"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "cutlass/util/packed_stride.hpp"
+#include "check.h"
+#include "cutlass_gemm_f16.h"
+#include "cutlass_int8_epilogue.h"
+// clang-format on
+
+namespace kiln::cuda {
+namespace {
+
+using namespace cute;
+
+template <class TileShape, class KernelSchedule, class EpiSchedule, template <class> class Act>
+struct Config {
+  using E = cutlass::half_t;
+  static constexpr int kAlign = 8;  // 16-byte rows for TMA: N and K multiples of 8
+  using Row = cutlass::layout::RowMajor;
+  using Cluster = Shape<_1, _1, _1>;
+  using Fusion = cutlass::epilogue::fusion::LinCombPerColBiasEltAct<Act, E, float, E, E, float>;
+  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, Cluster,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, E, Row, kAlign, E, Row, kAlign,
+      EpiSchedule, Fusion>::CollectiveOp;
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, E, Row, kAlign, E, Row, kAlign, float,
+      TileShape, Cluster,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename Epilogue::SharedStorage))>,
+      KernelSchedule>::CollectiveOp;
+  using Kernel =
+      cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+};
+
+using Coop = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+using CoopEpi = cutlass::epilogue::TmaWarpSpecializedCooperative;
+using PingPong = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
+using PingPongEpi = cutlass::epilogue::TmaWarpSpecialized;
+
+template <class Cfg>
+class GemmF16 final : public F16Gemm {
+  using Gemm = typename Cfg::Gemm;
+  using E = typename Cfg::E;
+  using StrideA = typename Gemm::GemmKernel::StrideA;
+  using StrideB = typename Gemm::GemmKernel::StrideB;
+  using StrideC = typename Gemm::GemmKernel::StrideC;
+  using StrideD = typename Gemm::GemmKernel::StrideD;
+
+ public:
+  Status configure(int m, int n, int k, size_t* workspace) override {
+    m_ = m, n_ = n, k_ = k;
+    sa_ = cutlass::make_cute_packed_stride(StrideA{}, make_shape(m, k, 1));
+    sb_ = cutlass::make_cute_packed_stride(StrideB{}, make_shape(n, k, 1));
+    sc_ = cutlass::make_cute_packed_stride(StrideC{}, make_shape(m, n, 1));
+    sd_ = cutlass::make_cute_packed_stride(StrideD{}, make_shape(m, n, 1));
+    int device = 0;
+    KILN_CUDA(cudaGetDevice(&device));
+    hw_.device_id = device;
+    hw_.sm_count = cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
+    auto args = arguments(nullptr, nullptr, nullptr, nullptr, nullptr);
+    KILN_TRY(cutlass_status(Gemm::can_implement(args), "can_implement"));
+    *workspace = Gemm::get_workspace_size(args);
+    a_ = w_ = bias_ = r_ = nullptr;
+    y_ = ws_ = nullptr;
+    return {};
+  }
+
+  Status run(const void* a, const void* w, const void* bias, const void* r, void* y, void* ws,
+             cudaStream_t stream) override {
+    // initialize() builds TMA descriptors on the host: only when a pointer changed.
+    if (a != a_ || w != w_ || bias != bias_ || r != r_ || y != y_ || ws != ws_) {
+      auto args = arguments(a, w, bias, r, y);
+      KILN_TRY(cutlass_status(gemm_.initialize(args, ws, stream), "initialize"));
+      a_ = a, w_ = w, bias_ = bias, r_ = r, y_ = y, ws_ = ws;
+    }
+    KILN_TRY(cutlass_status(gemm_.run(stream), "run"));
+    KILN_CUDA(cudaGetLastError());
+    return {};
+  }
+
+ private:
+  typename Gemm::Arguments arguments(const void* a, const void* w, const void* bias, const void* r,
+                                     void* y) const {
+    typename Gemm::Arguments args{
+        cutlass::gemm::GemmUniversalMode::kGemm,
+        {m_, n_, k_, 1},
+        {static_cast<const E*>(a), sa_, static_cast<const E*>(w), sb_},
+        {{}, static_cast<const E*>(r ? r : y), sc_, static_cast<E*>(y), sd_},
+        hw_};
+    args.epilogue.thread.alpha = 1.f;
+    args.epilogue.thread.beta = r ? 1.f : 0.f;  // beta 0: C is never read
+    args.epilogue.thread.bias_ptr = static_cast<const E*>(bias);
+    return args;
+  }
+
+  int m_ = 0, n_ = 0, k_ = 0;
+  StrideA sa_{};
+  StrideB sb_{};
+  StrideC sc_{};
+  StrideD sd_{};
+  cutlass::KernelHardwareInfo hw_{};
+  Gemm gemm_;
+  const void *a_ = nullptr, *w_ = nullptr, *bias_ = nullptr, *r_ = nullptr;
+  void *y_ = nullptr, *ws_ = nullptr;
+};
+
+template <template <class> class Act>
+std::unique_ptr<F16Gemm> make(const std::string& tile) {
+  if (tile == "coop256x128")
+    return std::make_unique<GemmF16<Config<Shape<_256, _128, _64>, Coop, CoopEpi, Act>>>();
+  if (tile == "pp128x128")
+    return std::make_unique<GemmF16<Config<Shape<_128, _128, _64>, PingPong, PingPongEpi, Act>>>();
+  if (tile == "pp128x64")
+    return std::make_unique<GemmF16<Config<Shape<_128, _64, _64>, PingPong, PingPongEpi, Act>>>();
+  return nullptr;
+}
+
+}  // namespace
+
+const std::vector<std::string>& f16_gemm_tiles() {
+  static const std::vector<std::string> k = {"coop256x128", "pp128x128", "pp128x64"};
+  return k;
+}
+
+std::unique_ptr<F16Gemm> make_f16_gemm(F16GemmAct act, const std::string& tile) {
+  switch (act) {
+    case F16GemmAct::kNone:
+      return make<cutlass::epilogue::thread::Identity>(tile);
+    case F16GemmAct::kGelu:
+      return make<cutlass::epilogue::thread::GELU>(tile);
+    case F16GemmAct::kGeluTanh:
+      return make<cutlass::epilogue::thread::GELU_taylor>(tile);
+  }
+  return nullptr;
+}
+
+}  // namespace kiln::cuda
