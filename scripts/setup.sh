@@ -12,7 +12,7 @@ APT_PACKAGES=(
   libcli11-dev nlohmann-json3-dev libfmt-dev
   libstb-dev                             # image inputs (stb_image, stb_image_resize, stb_image_write)
   zlib1g-dev                             # gzip-compressed IDX datasets (kiln compare --dataset)
-  python3 python3-pip
+  python3 python3-pip python3-dev       # python3-dev: the Python package's extension
   dataset-fashion-mnist                  # INT8 accuracy on labelled data (scripts/train_fashion_mnist.py)
 )
 PIP_PACKAGES=(numpy onnx onnxruntime matplotlib)  # matplotlib: kiln report (brings Pillow)
@@ -41,6 +41,21 @@ if [ ${#need_pip[@]} -gt 0 ]; then
   echo "setup: installing Python packages: ${need_pip[*]}"
   "$PY" -m pip install --quiet --disable-pip-version-check "${need_pip[@]}" 2>/dev/null \
     || "$PY" -m pip install --quiet --disable-pip-version-check --break-system-packages "${need_pip[@]}"
+fi
+
+# The Python package (python/: nanobind, scikit-build-core) and its tests: pytest, KServe and
+# Triton's clients (kiln serve), Ray Serve (kiln.ray_serve), Polygraphy (kiln.polygraphy).
+# import name:pip requirement
+PY_PACKAGES=(nanobind:nanobind scikit_build_core:scikit-build-core pytest:pytest kserve:kserve
+             tritonclient.grpc:"tritonclient[http,grpc]" ray.serve:"ray[serve]" polygraphy:polygraphy)
+need_py=()
+for p in "${PY_PACKAGES[@]}"; do
+  if ! "$PY" -c "import ${p%%:*}" 2>/dev/null; then need_py+=("${p#*:}"); fi
+done
+if [ ${#need_py[@]} -gt 0 ]; then
+  echo "setup: installing Python packages: ${need_py[*]}"
+  "$PY" -m pip install --quiet --disable-pip-version-check "${need_py[@]}" 2>/dev/null \
+    || "$PY" -m pip install --quiet --disable-pip-version-check --break-system-packages "${need_py[@]}"
 fi
 
 # Optional: PyTorch for the model export scripts (scripts/export_resnet50.py, export_bert.py).

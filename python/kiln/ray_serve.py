@@ -10,7 +10,6 @@ the command line): model_repository, num_gpus (per replica, default 1), num_repl
 default: autoscaled between min_replicas=1 and max_replicas=4), max_batch_size (32),
 batch_wait_timeout_s (0.002), contexts (execution contexts per replica, default 2).
 """
-from __future__ import annotations
 
 import asyncio
 import os

@@ -200,11 +200,25 @@ class _TooLarge(Exception):
     pass
 
 
+async def _malformed_request(request, exc):
+    """A body that is not a v2 request (bad JSON, missing fields): 400 and what is wrong, in
+    the protocol's {"error": ...} form."""
+    from fastapi.responses import JSONResponse
+
+    problems = []
+    for e in exc.errors()[:3]:
+        where = ".".join(str(p) for p in e.get("loc", ()) if p != "body")
+        problems.append(f"{e.get('msg', 'invalid')}{' at ' + where if where else ''}")
+    return JSONResponse(status_code=400,
+                        content={"error": "malformed request: " + "; ".join(problems)})
+
+
 def make_server(host: str, http_port: int, grpc_port: int, max_request_bytes: int,
                 enable_grpc: bool = True):
     """KServe's ModelServer listening on `host` (KServe's own listens on every address)."""
     import kserve
     import kserve.model_server as ms
+    from fastapi.exceptions import RequestValidationError
     from kserve.protocol.grpc.server import GRPCServer
     from kserve.protocol.rest.server import RESTServer
 
@@ -251,6 +265,7 @@ def make_server(host: str, http_port: int, grpc_port: int, max_request_bytes: in
             asyncio.run(self._serve())
 
     ms.app.add_middleware(_BodyLimit, limit=max_request_bytes)
+    ms.app.add_exception_handler(RequestValidationError, _malformed_request)
     return _Server(http_port=http_port, grpc_port=grpc_port, enable_grpc=enable_grpc,
                    grace_period=5, enable_docs_url=False)
 
