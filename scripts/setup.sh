@@ -33,30 +33,25 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 PY=${PYTHON:-python3}
-need_pip=()
-for p in "${PIP_PACKAGES[@]}"; do
-  if ! "$PY" -c "import $p" 2>/dev/null; then need_pip+=("$p"); fi
-done
-if [ ${#need_pip[@]} -gt 0 ]; then
-  echo "setup: installing Python packages: ${need_pip[*]}"
-  "$PY" -m pip install --quiet --disable-pip-version-check "${need_pip[@]}" 2>/dev/null \
-    || "$PY" -m pip install --quiet --disable-pip-version-check --break-system-packages "${need_pip[@]}"
-fi
+# Installs the pip requirements of "import_name[:requirement]" items whose import fails.
+pip_install_missing() {
+  local need=() p req
+  for p in "$@"; do
+    req=${p#*:}
+    if ! "$PY" -c "import ${p%%:*}" 2>/dev/null; then need+=("${req:-${p%%:*}}"); fi
+  done
+  [ ${#need[@]} -gt 0 ] || return 0
+  echo "setup: installing Python packages: ${need[*]}"
+  "$PY" -m pip install --quiet --disable-pip-version-check "${need[@]}" 2>/dev/null \
+    || "$PY" -m pip install --quiet --disable-pip-version-check --break-system-packages "${need[@]}"
+}
+pip_install_missing "${PIP_PACKAGES[@]}"
 
 # The Python package (python/: nanobind, scikit-build-core) and its tests: pytest, KServe and
 # Triton's clients (kiln serve), Ray Serve (kiln.ray_serve), Polygraphy (kiln.polygraphy).
 # import name:pip requirement
-PY_PACKAGES=(nanobind:nanobind scikit_build_core:scikit-build-core pytest:pytest kserve:kserve
-             tritonclient.grpc:"tritonclient[http,grpc]" ray.serve:"ray[serve]" polygraphy:polygraphy)
-need_py=()
-for p in "${PY_PACKAGES[@]}"; do
-  if ! "$PY" -c "import ${p%%:*}" 2>/dev/null; then need_py+=("${p#*:}"); fi
-done
-if [ ${#need_py[@]} -gt 0 ]; then
-  echo "setup: installing Python packages: ${need_py[*]}"
-  "$PY" -m pip install --quiet --disable-pip-version-check "${need_py[@]}" 2>/dev/null \
-    || "$PY" -m pip install --quiet --disable-pip-version-check --break-system-packages "${need_py[@]}"
-fi
+pip_install_missing nanobind:nanobind scikit_build_core:scikit-build-core pytest:pytest \
+  kserve:kserve tritonclient.grpc:"tritonclient[http,grpc]" ray.serve:"ray[serve]" polygraphy:polygraphy
 
 # Optional: PyTorch for the model export scripts (scripts/export_resnet50.py, export_bert.py).
 # Large; only on request.

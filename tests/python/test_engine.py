@@ -93,8 +93,8 @@ def test_outputs_own_their_memory(models_dir):
         np.testing.assert_array_equal(third[k], second[k])
 
 
-class _HostDLPack:
-    """A DLPack producer that is not NumPy (as a JAX or CuPy host array would be)."""
+class _DLPack:
+    """A DLPack producer that is neither NumPy nor PyTorch (as a JAX or CuPy array would be)."""
 
     def __init__(self, a):
         self._a = a
@@ -109,7 +109,7 @@ class _HostDLPack:
 def test_dlpack_host_producer(cnn_engine):
     x = np.random.default_rng(2).standard_normal((1, 3, 32, 32)).astype(np.float32)
     ctx = cnn_engine.create_context()
-    got = ctx.run({"input": _HostDLPack(x)})
+    got = ctx.run({"input": _DLPack(x)})
     want = ctx.run({"input": x})
     for k in want:
         np.testing.assert_array_equal(got[k], want[k])
@@ -228,17 +228,7 @@ def test_torch_cuda_tensors_round_trip(models_dir):
     for k in out:
         torch.testing.assert_close(outs[k], out[k])
     # a non-PyTorch DLPack consumer takes kiln's own device outputs
-    y = ctx.run({"input": _DeviceDLPack(x)})
+    y = ctx.run({"input": _DLPack(x)})
     for k in out:
         torch.testing.assert_close(torch.from_dlpack(y[k]), out[k])
 
-
-class _DeviceDLPack:
-    def __init__(self, t):
-        self._t = t
-
-    def __dlpack__(self, **kw):
-        return self._t.__dlpack__(**kw)
-
-    def __dlpack_device__(self):
-        return self._t.__dlpack_device__()
