@@ -17,6 +17,18 @@ for t in $TESTS; do
   for d in tests/cuda bench/kernels; do [ -x "$BUILD/$d/$t" ] && cp "$BUILD/$d/$t" "$STAGE/"; done
 done
 for lib in libprotobuf.so.32 libfmt.so.9 libstb.so.0; do cp -L "/lib/x86_64-linux-gnu/$lib" "$STAGE/"; done
+# KILN_DEPS_PYTHON=1: what bench/python_gpu.sh builds kiln's Python extension against there
+# (kiln as a shared library, and the fmt headers kiln's public headers include).
+if [ "${KILN_DEPS_PYTHON:-0}" = 1 ]; then
+  if ls "$BUILD"/libkiln.so* >/dev/null 2>&1; then
+    cp -P "$BUILD"/libkiln.so* "$STAGE/"
+  else
+    echo "prepare_deps: $BUILD has no libkiln.so (kiln is built static there): the Python" \
+         "extension cannot be built on the GPU machine from this build" >&2
+  fi
+  mkdir -p "$STAGE/include" && cp -r /usr/include/fmt "$STAGE/include/"
+  ln -sf libfmt.so.9 "$STAGE/libfmt.so"
+fi
 strip --strip-unneeded "$STAGE"/kiln "$STAGE"/kiln_*_test "$STAGE"/kiln_timing_check "$STAGE"/kiln_int8_pw_bench 2>/dev/null || true
 rm -rf .deps && mkdir -p .deps
 # The programs share most of their bytes (kiln's GPU code): one xz stream with a dictionary

@@ -12,7 +12,7 @@ APT_PACKAGES=(
   libcli11-dev nlohmann-json3-dev libfmt-dev
   libstb-dev                             # image inputs (stb_image, stb_image_resize, stb_image_write)
   zlib1g-dev                             # gzip-compressed IDX datasets (kiln compare --dataset)
-  python3 python3-pip
+  python3 python3-pip python3-dev       # python3-dev: the Python package's extension
   dataset-fashion-mnist                  # INT8 accuracy on labelled data (scripts/train_fashion_mnist.py)
 )
 PIP_PACKAGES=(numpy onnx onnxruntime matplotlib)  # matplotlib: kiln report (brings Pillow)
@@ -33,15 +33,25 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 PY=${PYTHON:-python3}
-need_pip=()
-for p in "${PIP_PACKAGES[@]}"; do
-  if ! "$PY" -c "import $p" 2>/dev/null; then need_pip+=("$p"); fi
-done
-if [ ${#need_pip[@]} -gt 0 ]; then
-  echo "setup: installing Python packages: ${need_pip[*]}"
-  "$PY" -m pip install --quiet --disable-pip-version-check "${need_pip[@]}" 2>/dev/null \
-    || "$PY" -m pip install --quiet --disable-pip-version-check --break-system-packages "${need_pip[@]}"
-fi
+# Installs the pip requirements of "import_name[:requirement]" items whose import fails.
+pip_install_missing() {
+  local need=() p req
+  for p in "$@"; do
+    req=${p#*:}
+    if ! "$PY" -c "import ${p%%:*}" 2>/dev/null; then need+=("${req:-${p%%:*}}"); fi
+  done
+  [ ${#need[@]} -gt 0 ] || return 0
+  echo "setup: installing Python packages: ${need[*]}"
+  "$PY" -m pip install --quiet --disable-pip-version-check "${need[@]}" 2>/dev/null \
+    || "$PY" -m pip install --quiet --disable-pip-version-check --break-system-packages "${need[@]}"
+}
+pip_install_missing "${PIP_PACKAGES[@]}"
+
+# The Python package (python/: nanobind, scikit-build-core) and its tests: pytest, KServe and
+# Triton's clients (kiln serve), Ray Serve (kiln.ray_serve), Polygraphy (kiln.polygraphy).
+# import name:pip requirement
+pip_install_missing nanobind:nanobind scikit_build_core:scikit-build-core pytest:pytest \
+  kserve:kserve tritonclient.grpc:"tritonclient[http,grpc]" ray.serve:"ray[serve]" polygraphy:polygraphy
 
 # Optional: PyTorch for the model export scripts (scripts/export_resnet50.py, export_bert.py).
 # Large; only on request.

@@ -40,6 +40,9 @@ echo "== CLI tests (bad input gives one line and exit status 1) =="
 python3 tests/cli/run_cli_tests.py --kiln "$BUILD_DIR/kiln"
 python3 tests/cli/run_compare_tests.py --kiln "$BUILD_DIR/kiln"   # images, compare, report
 
+echo "== Python package (pytest; the extension from $BUILD_DIR/python, GPU cases skip without a GPU) =="
+KILN_PYTHON_DIR="$BUILD_DIR/python" python3 -m pytest -q -p no:cacheprovider tests/python
+
 echo "== unit tests =="
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi >/dev/null 2>&1; then
   echo "note: no GPU on this machine: tests labelled 'gpu' skip (they say so below)"

@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""The Python package's numbers (docs/perf.md), on one engine:
+
+1. What ctx.run adds to `kiln bench`'s latency: median wall time of ctx.run (PyTorch CUDA
+   tensors in and out on a cuda engine, waited for with torch.cuda.synchronize; NumPy arrays on a
+   cpu engine) against `kiln bench`'s median latency without data transfers (on the cpu backend
+   there are none), per batch.
+2. With --serve: `kiln serve`'s throughput over gRPC (tritonclient, --clients concurrent clients
+   each sending --requests requests of --serve-batch samples) against `kiln bench`'s throughput at
+   that batch (with its host<->device copies, as the server has them too).
+
+  python3 bench/python_numbers.py --engine E.kiln --batch 1,32 [--serve --serve-batch 32]
+      [--json OUT.json]
+
+The engine needs a dynamic batch profile covering the batches. Everything runs on 127.0.0.1.
+"""
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import numpy as np
+
+import kiln
+
+
+def input_shape(engine, batch):
+    (inp,) = engine.inputs
+    return inp.name, [batch] + [int(d) for d in inp.shape[1:]]
+
+
+def ctx_run_latency(engine, batch, iterations, use_torch):
+    name, shape = input_shape(engine, batch)
+    ctx = engine.create_context()
+    if use_torch:
+        import torch
+
+        x = torch.randn(shape, device="cuda", dtype=getattr(torch, engine.inputs[0].dtype))
+        sync = torch.cuda.synchronize
+    else:
+        x = np.random.default_rng(0).standard_normal(shape).astype(engine.inputs[0].dtype)
+        sync = lambda: None  # noqa: E731 - the cpu backend returns when done
+    for _ in range(20):
+        ctx.run({name: x})
+    sync()
+    times = []
+    for _ in range(iterations):
+        t0 = time.perf_counter()
+        ctx.run({name: x})
+        sync()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve_throughput(engine_path, batch, clients, requests, contexts):
+    import tritonclient.grpc as grpcclient
+
+    repo = os.path.join(os.path.dirname(os.path.abspath(engine_path)), "serve-repo")
+    os.makedirs(repo, exist_ok=True)
+    link = os.path.join(repo, "model.kiln")
+    if not os.path.exists(link):
+        os.symlink(os.path.abspath(engine_path), link)
+    http, grpc = free_port(), free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "kiln.cli", "serve", repo, "--host", "127.0.0.1",
+                             "--http-port", str(http), "--grpc-port", str(grpc), "--contexts",
+                             str(contexts), "--batch-delay-ms", "1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{http}/v2/health/ready", timeout=2):
+                    break
+            except OSError:
+                if time.time() > deadline or proc.poll() is not None:
+                    raise RuntimeError("kiln serve did not start")
+                time.sleep(0.5)
+        engine = kiln.load(engine_path)
+        name, shape = input_shape(engine, batch)
+        x = np.random.default_rng(0).standard_normal(shape).astype(engine.inputs[0].dtype)
+        datatype = {"float32": "FP32", "float16": "FP16"}[engine.inputs[0].dtype]
+
+        def client_loop(n, out):
+            c = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc}")
+            inp = grpcclient.InferInput(name, shape, datatype)
+            inp.set_data_from_numpy(x)
+            for _ in range(n):
+                c.infer("model", [inp])
+            out.append(n)
+
+        client_loop(3, [])  # warm-up
+        done = []
+        threads = [threading.Thread(target=client_loop, args=(requests, done)) for _ in range(clients)]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=600)
+        seconds = time.perf_counter() - t0
+        return sum(done) * batch / seconds
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--engine", required=True)
+    ap.add_argument("--batch", default="1,32")
+    ap.add_argument("--iterations", type=int, default=200)
+    ap.add_argument("--serve", action="store_true")
+    ap.add_argument("--serve-batch", type=int, default=32)
+    ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--requests", type=int, default=50)
+    ap.add_argument("--contexts", type=int, default=2)
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    engine = kiln.load(a.engine)
+    use_torch = engine.backend == "cuda"
+    report = {"engine": a.engine, "backend": engine.backend, "latency": []}
+    for batch in [int(b) for b in a.batch.split(",")]:
+        name, shape = input_shape(engine, batch)
+        b = kiln.bench(engine, shapes={name: shape}, no_data_transfers=use_torch,
+                       iterations=a.iterations, duration=1)
+        bench_ms = b["latency_ms"]["median"]
+        run_ms = ctx_run_latency(engine, batch, a.iterations, use_torch)
+        row = {"batch": batch, "kiln_bench_median_ms": bench_ms, "ctx_run_median_ms": run_ms,
+               "added_percent": 100 * (run_ms - bench_ms) / bench_ms,
+               "inputs": "torch cuda tensors" if use_torch else "numpy arrays"}
+        report["latency"].append(row)
+        print(f"batch {batch:>4}: kiln bench {bench_ms:.4f} ms, ctx.run {run_ms:.4f} ms "
+              f"({row['added_percent']:+.1f}%)", flush=True)
+    if a.serve:
+        name, shape = input_shape(engine, a.serve_batch)
+        b = kiln.bench(engine, shapes={name: shape}, iterations=a.iterations, duration=1)
+        served = serve_throughput(a.engine, a.serve_batch, a.clients, a.requests, a.contexts)
+        report["serving"] = {"batch": a.serve_batch, "clients": a.clients,
+                             "requests_per_client": a.requests, "contexts": a.contexts,
+                             "kiln_bench_samples_per_s": b["throughput_per_s"],
+                             "grpc_samples_per_s": served,
+                             "ratio": served / b["throughput_per_s"]}
+        print(f"serving batch {a.serve_batch}: kiln bench {b['throughput_per_s']:.1f} samples/s, "
+              f"kiln serve over gRPC {served:.1f} samples/s ({100 * served / b['throughput_per_s']:.1f}%)",
+              flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(report, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,335 @@
+"""`kiln serve MODEL_REPOSITORY`: every engine in a folder behind KServe's ModelServer, speaking
+the Open Inference Protocol (v2) over REST and gRPC, so Triton and KServe clients work unchanged.
+
+A model repository holds engine files: NAME.kiln, or NAME/model.kiln (NAME is the model's name).
+Each model keeps several execution contexts and joins concurrent requests into one inference
+(kiln.batching). Counters per model on /metrics (Prometheus), beside KServe's own:
+kiln_requests_total, kiln_inferences_total, kiln_batched_requests_total, kiln_largest_batch.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import logging
+import os
+import sys
+from typing import Optional
+
+import numpy as np
+
+from kiln.batching import V2_DATATYPES, Batcher, RequestError, check_request, default_contexts
+from kiln.engine import Engine, load
+
+log = logging.getLogger("kiln.serve")
+
+
+def find_models(repository: str) -> dict[str, str]:
+    """Model name -> engine file, for NAME.kiln and NAME/model.kiln in `repository`."""
+    if not os.path.isdir(repository):
+        raise FileNotFoundError(f"model repository '{repository}' is not a folder")
+    found = {}
+    for entry in sorted(os.listdir(repository)):
+        path = os.path.join(repository, entry)
+        if entry.endswith(".kiln") and os.path.isfile(path):
+            found[entry[: -len(".kiln")]] = path
+        elif os.path.isfile(os.path.join(path, "model.kiln")):
+            found[entry] = os.path.join(path, "model.kiln")
+    return found
+
+
+def tensor_metadata(infos) -> list[dict]:
+    """Inputs or outputs as v2 model metadata lists them (-1 for a dynamic dimension)."""
+    return [{"name": t.name, "datatype": V2_DATATYPES.get(t.dtype, t.dtype.upper()),
+             "shape": [d if isinstance(d, int) else -1 for d in t.shape]} for t in infos]
+
+
+def decode_request(payload, engine: Engine, batching: bool) -> dict[str, np.ndarray]:
+    """The input arrays of a v2 request (kserve's InferRequest), checked against the engine;
+    RequestError says what does not fit."""
+    from kserve.protocol.infer_type import InferRequest
+
+    if not isinstance(payload, InferRequest):
+        raise RequestError("kiln models take Open Inference Protocol (v2) requests")
+    feeds = {}
+    for inp in payload.inputs:
+        if inp.datatype not in V2_DATATYPES.values() or inp.datatype == "BF16":
+            raise RequestError(f"input '{inp.name}': datatype {inp.datatype} is not one kiln takes")
+        if inp.name in feeds:
+            raise RequestError(f"input '{inp.name}' given twice")
+        try:
+            feeds[inp.name] = inp.as_numpy()
+        except (ValueError, TypeError) as e:  # data that does not fit its shape or datatype
+            raise RequestError(f"input '{inp.name}': {e}") from None
+    check_request(engine, feeds, batching)
+    return feeds
+
+
+def encode_response(payload, out: dict[str, np.ndarray], model_name: str):
+    """A v2 response (kserve's InferResponse) with the outputs the request asked for (all when
+    it names none), binary when the request wants binary outputs."""
+    from kserve.protocol.infer_type import InferOutput, InferResponse
+
+    wanted = [o.name for o in payload.request_outputs] if payload.request_outputs else list(out)
+    outputs = []
+    for name in wanted:
+        if name not in out:
+            raise RequestError(f"unknown output '{name}' (the model's outputs: {', '.join(out)})")
+        arr = np.ascontiguousarray(out[name])
+        o = InferOutput(name=name, shape=list(arr.shape), datatype=V2_DATATYPES[arr.dtype.name])
+        o.set_data_from_numpy(arr, binary_data=payload.use_binary_outputs)
+        outputs.append(o)
+    return InferResponse(response_id=payload.id or "", model_name=model_name,
+                         infer_outputs=outputs, use_binary_outputs=payload.use_binary_outputs)
+
+
+@functools.lru_cache(maxsize=None)
+def _kserve_model_class():
+    import kserve
+    from kserve.errors import InvalidInput
+
+    class KilnModel(kserve.Model):
+        """One engine as a KServe model (v2 protocol)."""
+
+        def __init__(self, name: str, engine_path: str, contexts: int, max_batch: Optional[int],
+                     max_delay_s: float):
+            super().__init__(name)
+            self.engine_path = engine_path
+            self._args = (contexts, max_batch, max_delay_s)
+            self.engine: Optional[Engine] = None
+            self.batcher: Optional[Batcher] = None
+
+        def load(self) -> bool:
+            self.engine = load(self.engine_path)
+            contexts, max_batch, delay = self._args
+            self.batcher = Batcher(self.engine, contexts, max_batch, delay)
+            self.ready = True
+            log.info("model %s: %s, %d contexts, batches up to %d", self.name, self.engine_path,
+                     contexts, self.batcher.max_batch)
+            return self.ready
+
+        def get_input_types(self):
+            return tensor_metadata(self.engine.inputs)
+
+        def get_output_types(self):
+            return tensor_metadata(self.engine.outputs)
+
+        async def predict(self, payload, headers=None, response_headers=None):
+            try:
+                feeds = decode_request(payload, self.engine, self.batcher.max_batch > 1)
+            except RequestError as e:
+                raise InvalidInput(str(e)) from None
+            out = await self.batcher.infer(feeds)
+            try:
+                return encode_response(payload, out, self.name)
+            except RequestError as e:
+                raise InvalidInput(str(e)) from None
+
+        def stop(self):
+            if self.batcher:
+                self.batcher.close()
+
+    return KilnModel
+
+
+class StatsCollector:
+    """The batchers' counters on /metrics (Prometheus), read when scraped."""
+
+    def __init__(self, models):
+        self.models = models
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        families = [
+            (CounterMetricFamily("kiln_requests", "Inference requests taken", labels=["model"]),
+             "requests"),
+            (CounterMetricFamily("kiln_inferences", "Engine inferences run", labels=["model"]),
+             "inferences"),
+            (CounterMetricFamily("kiln_batched_requests",
+                                 "Requests that shared an inference with others", labels=["model"]),
+             "batched_requests"),
+            (GaugeMetricFamily("kiln_largest_batch", "Samples in the largest inference so far",
+                               labels=["model"]), "largest_batch"),
+        ]
+        for family, field in families:
+            for m in self.models:
+                family.add_metric([m.name], getattr(m.batcher.stats, field))
+            yield family
+
+
+class _BodyLimit:
+    """ASGI middleware: a request body over `limit` bytes gets 413 before it is read whole."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            return await self._refuse(send, int(length))
+        seen = 0
+
+        async def limited():
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                raise _TooLarge(seen)
+            return message
+
+        try:
+            return await self.app(scope, limited, send)
+        except _TooLarge as e:
+            return await self._refuse(send, e.args[0])
+
+    async def _refuse(self, send, size: int):
+        import json
+
+        body = json.dumps({"error": f"request body of {size} bytes is over this server's limit "
+                                    f"of {self.limit} bytes (kiln serve --max-request-bytes)"}).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _malformed_request(request, exc):
+    """A body that is not a v2 request (bad JSON, missing fields): 400 and what is wrong, in
+    the protocol's {"error": ...} form."""
+    from fastapi.responses import JSONResponse
+
+    problems = []
+    for e in exc.errors()[:3]:
+        where = ".".join(str(p) for p in e.get("loc", ()) if p != "body")
+        problems.append(f"{e.get('msg', 'invalid')}{' at ' + where if where else ''}")
+    return JSONResponse(status_code=400,
+                        content={"error": "malformed request: " + "; ".join(problems)})
+
+
+def make_server(host: str, http_port: int, grpc_port: int, max_request_bytes: int,
+                enable_grpc: bool = True):
+    """KServe's ModelServer listening on `host` (KServe's own listens on every address)."""
+    import kserve
+    import kserve.model_server as ms
+    from fastapi.exceptions import RequestValidationError
+    from kserve.protocol.grpc.server import GRPCServer
+    from kserve.protocol.rest.server import RESTServer
+
+    class _GRPC(GRPCServer):
+        async def start(self, max_workers):
+            from concurrent import futures
+
+            from grpc import aio
+            from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc
+            from kserve.protocol.grpc.interceptors import (ExceptionToStatusInterceptor,
+                                                           LoggingInterceptor)
+            from kserve.protocol.grpc.servicer import InferenceServicer
+
+            self._server = aio.server(
+                futures.ThreadPoolExecutor(max_workers=max_workers),
+                interceptors=(LoggingInterceptor(), ExceptionToStatusInterceptor()),
+                options=[("grpc.max_send_message_length", max_request_bytes),
+                         ("grpc.max_receive_message_length", max_request_bytes)])
+            grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
+                InferenceServicer(self._data_plane, self._model_repository_extension), self._server)
+            address = f"[{host}]:{self._port}" if ":" in host else f"{host}:{self._port}"
+            self._server.add_insecure_port(address)
+            log.info("gRPC (Open Inference Protocol v2) on %s", address)
+            await self._server.start()
+            await self._server.wait_for_termination()
+
+    class _Server(kserve.ModelServer):
+        def start(self, models) -> None:
+            self._register_and_check_atleast_one_model_is_ready(models)
+            self._rest_server = RESTServer(
+                ms.FASTAPI_APP_IMPORT_STRING, self.dataplane, self.model_repository_extension,
+                self.http_port, grace_period=self.grace_period, event_loop=self.event_loop,
+                timeout_keep_alive=self.timeout_keep_alive)
+            self._rest_server.config.host = host
+            log.info("REST (Open Inference Protocol v2) on %s:%d", host, self.http_port)
+            self.servers.append(self._rest_server.start())
+            if self.enable_grpc:
+                self._grpc_server = _GRPC(self.grpc_port, self.dataplane,
+                                          self.model_repository_extension, kwargs={},
+                                          grace_period=self.grace_period)
+                self.servers.append(self._grpc_server.start(self.max_threads))
+            self.setup_event_loop()
+            self.register_signal_handler()
+            asyncio.run(self._serve())
+
+    ms.app.add_middleware(_BodyLimit, limit=max_request_bytes)
+    ms.app.add_exception_handler(RequestValidationError, _malformed_request)
+    return _Server(http_port=http_port, grpc_port=grpc_port, enable_grpc=enable_grpc,
+                   grace_period=5, enable_docs_url=False)
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(
+        prog="kiln serve",
+        description="Serve every engine in MODEL_REPOSITORY (NAME.kiln or NAME/model.kiln) over "
+                    "the Open Inference Protocol (v2), REST and gRPC, through KServe's ModelServer.")
+    p.add_argument("model_repository")
+    p.add_argument("--http-port", type=int, default=8080)
+    p.add_argument("--grpc-port", type=int, default=8081)
+    p.add_argument("--host", default="0.0.0.0", help="Address to listen on (default: every one)")
+    p.add_argument("--contexts", type=int, default=default_contexts(),
+                   help="Execution contexts per model: requests run concurrently (default 2)")
+    p.add_argument("--max-batch-size", type=int, default=None,
+                   help="Join concurrent requests up to this many samples (default: the engine "
+                        "profile's maximum batch, else 32)")
+    p.add_argument("--batch-delay-ms", type=float, default=2.0,
+                   help="How long a request waits for others to join its batch (default 2)")
+    p.add_argument("--max-request-bytes", type=int, default=64 << 20,
+                   help="Largest request body, REST and gRPC (default 64 MiB)")
+    p.add_argument("--no-grpc", action="store_true", help="REST only")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    a = parse_args(sys.argv[1:] if argv is None else argv)
+    # KServe parses sys.argv when it is imported; it has no options of kiln serve's.
+    sys.argv = sys.argv[:1]
+    try:
+        models = find_models(a.model_repository)
+    except FileNotFoundError as e:
+        print(f"kiln: error: {e}", file=sys.stderr)
+        return 1
+    if not models:
+        print(f"kiln: error: no engines (NAME.kiln or NAME/model.kiln) in '{a.model_repository}'",
+              file=sys.stderr)
+        return 1
+    try:
+        KilnModel = _kserve_model_class()
+    except ImportError as e:
+        print(f"kiln: error: kiln serve needs KServe ({e}; pip install 'kiln[serve]')",
+              file=sys.stderr)
+        return 1
+    server = make_server(a.host, a.http_port, a.grpc_port, a.max_request_bytes, not a.no_grpc)
+    loaded = []
+    for name, path in models.items():
+        m = KilnModel(name, path, a.contexts, a.max_batch_size, a.batch_delay_ms / 1000.0)
+        try:
+            m.load()
+        except Exception as e:  # noqa: BLE001 - one model that fails to load is reported, not fatal
+            print(f"kiln: error: model {name}: {e}", file=sys.stderr)
+            continue
+        loaded.append(m)
+    if not loaded:
+        print("kiln: error: no model could be loaded", file=sys.stderr)
+        return 1
+    from prometheus_client import REGISTRY
+
+    REGISTRY.register(StatsCollector(loaded))
+    server.start(loaded)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,314 @@
+// kiln._kiln.Context: an execution context. The host path (execute: NumPy arrays in and out) and
+// the device path (TensorRT's shape: input shapes and device addresses, then enqueue on a
+// stream) both release the GIL while kiln works; a context runs one call at a time.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/unique_ptr.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstring>
+
+#include "bindings.h"
+
+#ifdef KILN_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace kiln::py {
+namespace {
+
+using Array = nb::ndarray<nb::ro>;
+
+#ifdef KILN_WITH_CUDA
+Status cuda_status(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return Status::Ok();
+  cudaGetLastError();
+  return KILN_ERROR("{}: {}", what, cudaGetErrorString(e));
+}
+#endif
+
+struct PyContext {
+  std::shared_ptr<Engine> engine;
+  std::unique_ptr<ExecutionContext> ctx;
+  std::mutex mu;
+#ifdef KILN_WITH_CUDA
+  cudaStream_t stream = nullptr;  // for runs given no stream, created at the first
+  ~PyContext() {
+    ctx.reset();
+    if (stream) cudaStreamDestroy(stream);
+  }
+  // Enqueues on `s`, or on this context's own stream and waits for it when `s` is null.
+  Status enqueue(cudaStream_t s) {
+    if (s) return ctx->enqueue(s);
+    if (!stream)
+      KILN_RETURN_IF_ERROR(cuda_status(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+                                       "cudaStreamCreate"));
+    KILN_RETURN_IF_ERROR(ctx->enqueue(stream));
+    return cuda_status(cudaStreamSynchronize(stream), "the inference");
+  }
+#else
+  Status enqueue(CUstream_st* s) { return ctx->enqueue(s); }
+#endif
+};
+
+const TensorInfo& input_info(const Engine& e, const std::string& name) {
+  for (const TensorInfo& t : e.inputs())
+    if (t.name == name) return t;
+  std::vector<std::string> names;
+  for (const TensorInfo& t : e.inputs()) names.push_back(t.name);
+  raise(ErrorKind::kValue, fmt::format("the engine has no input named '{}' (its inputs: {})", name,
+                                       fmt::join(names, ", ")));
+}
+
+template <typename A>
+std::vector<int64_t> shape_of(const A& a) {
+  std::vector<int64_t> s(a.ndim());
+  for (size_t i = 0; i < a.ndim(); ++i) s[i] = a.shape(i);
+  return s;
+}
+
+// Copies a strided host array into a new contiguous tensor.
+Tensor gather_strided(const Array& a, DataType t, const std::vector<int64_t>& shape) {
+  Tensor out(t, shape);
+  const size_t es = dtype_size(t), n = static_cast<size_t>(out.numel());
+  const auto* src = static_cast<const uint8_t*>(a.data());
+  auto* dst = static_cast<uint8_t*>(out.raw());
+  std::vector<int64_t> idx(shape.size(), 0);
+  for (size_t k = 0; k < n; ++k) {
+    int64_t off = 0;
+    for (size_t d = 0; d < shape.size(); ++d) off += idx[d] * a.stride(d);
+    std::memcpy(dst + k * es, src + off * static_cast<int64_t>(es), es);
+    for (size_t d = shape.size(); d-- > 0;) {
+      if (++idx[d] < shape[d]) break;
+      idx[d] = 0;
+    }
+  }
+  return out;
+}
+
+// A host array as a kiln tensor of the input's declared type: the array's memory when it is
+// C-contiguous, else a contiguous copy. Another element type is refused, never converted.
+Tensor host_tensor(const TensorInfo& info, const Array& a) {
+  if (a.device_type() != nb::device::cpu::value)
+    raise(ErrorKind::kType,
+          fmt::format("input '{}': execute() takes host arrays; this one is on a device (use "
+                      "run(), which takes device tensors)",
+                      info.name));
+  const std::optional<DataType> got = from_dlpack(a.dtype());
+  if (!got || *got != info.dtype)
+    raise(ErrorKind::kType,
+          fmt::format("input '{}': the engine takes {}, not {} (kiln does not convert arrays; "
+                      "convert it first, e.g. x.astype('{}'))",
+                      info.name, dtype_name(info.dtype), dlpack_name(a.dtype()),
+                      dtype_name(info.dtype)));
+  const std::vector<int64_t> shape = shape_of(a);
+  int64_t expect = 1;
+  bool contiguous = true;
+  for (size_t d = shape.size(); d-- > 0;) {
+    if (shape[d] != 1 && a.stride(d) != expect) contiguous = false;
+    expect *= shape[d];
+  }
+  if (contiguous) return Tensor::view(info.dtype, shape, a.data(), nullptr);
+  return gather_strided(a, info.dtype, shape);
+}
+
+// A kiln output as a NumPy array owning its buffer (no copy).
+nb::object to_numpy(const std::string& name, Tensor t) {
+  const std::optional<nb::dlpack::dtype> dt = to_dlpack(t.dtype());
+  if (!dt || t.dtype() == DataType::kBFloat16)
+    raise(ErrorKind::kType, fmt::format("output '{}' is {}, which NumPy has no type for", name,
+                                        dtype_name(t.dtype())));
+  t.raw();  // a view of memory kiln does not own (an input, the engine file) becomes a copy
+  auto* held = new Tensor(std::move(t));
+  nb::capsule owner(held, [](void* p) noexcept { delete static_cast<Tensor*>(p); });
+  std::vector<size_t> shape(held->shape().begin(), held->shape().end());
+  return nb::cast(
+      nb::ndarray<nb::numpy>(held->raw(), shape.size(), shape.data(), owner, nullptr, *dt));
+}
+
+nb::list execute(PyContext& c, const std::vector<std::pair<std::string, Array>>& feeds) {
+  std::map<std::string, Tensor> inputs;
+  for (const auto& [name, a] : feeds) {
+    const TensorInfo& info = input_info(*c.engine, name);
+    if (inputs.count(name)) raise(ErrorKind::kValue, fmt::format("input '{}' given twice", name));
+    inputs[name] = host_tensor(info, a);
+  }
+  for (const TensorInfo& t : c.engine->inputs())
+    if (!inputs.count(t.name))
+      raise(ErrorKind::kValue, fmt::format("input '{}' was not given", t.name));
+  Expected<std::vector<Tensor>> out = Status::Error("not run");
+  {
+    nb::gil_scoped_release release;
+    std::lock_guard<std::mutex> lock(c.mu);
+    out = c.ctx->execute(inputs);
+  }
+  std::vector<Tensor> tensors = unwrap(std::move(out));
+  nb::list result;
+  for (size_t i = 0; i < tensors.size(); ++i)
+    result.append(to_numpy(c.engine->outputs()[i].name, std::move(tensors[i])));
+  return result;
+}
+
+void* device_pointer(uintptr_t address, const std::string& name) {
+  void* p = reinterpret_cast<void*>(address);
+#ifdef KILN_WITH_CUDA
+  if (!p) return p;
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, p) != cudaSuccess ||
+      (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged)) {
+    cudaGetLastError();
+    raise(ErrorKind::kValue,
+          fmt::format("tensor '{}': address {:#x} is not CUDA device memory", name, address));
+  }
+#endif
+  return p;
+}
+
+// Sets the input shapes and device addresses (pointers from tensors kiln.Context.run checked)
+// and returns the output shapes they give.
+nb::list set_inputs(PyContext& c, const std::vector<std::string>& names,
+                    const std::vector<uintptr_t>& addresses,
+                    const std::vector<std::vector<int64_t>>& shapes) {
+  if (names.size() != addresses.size() || names.size() != shapes.size())
+    raise(ErrorKind::kValue, "names, addresses and shapes differ in length");
+  std::vector<std::vector<int64_t>> out_shapes;
+  {
+    nb::gil_scoped_release release;
+    std::lock_guard<std::mutex> lock(c.mu);
+    for (size_t i = 0; i < names.size(); ++i) {
+      check(c.ctx->set_input_shape(names[i], shapes[i]), ErrorKind::kValue);
+      check(c.ctx->set_tensor_address(names[i], reinterpret_cast<void*>(addresses[i])));
+    }
+    for (const TensorInfo& t : c.engine->outputs())
+      out_shapes.push_back(unwrap(c.ctx->tensor_shape(t.name), ErrorKind::kValue));
+  }
+  nb::list result;
+  for (auto& s : out_shapes) result.append(nb::cast(s));
+  return result;
+}
+
+// Sets the output addresses and enqueues on `stream` (0: the context's own stream, waited for).
+void enqueue_outputs(PyContext& c, const std::vector<uintptr_t>& addresses, uintptr_t stream) {
+  if (addresses.size() != c.engine->outputs().size())
+    raise(ErrorKind::kValue, "one address per output is needed");
+  nb::gil_scoped_release release;
+  std::lock_guard<std::mutex> lock(c.mu);
+  for (size_t i = 0; i < addresses.size(); ++i)
+    check(c.ctx->set_tensor_address(c.engine->outputs()[i].name,
+                                    reinterpret_cast<void*>(addresses[i])));
+  check(c.enqueue(reinterpret_cast<CUstream_st*>(stream)));
+}
+
+// An uninitialised device array for a run's output when the inputs are not PyTorch tensors
+// (which get PyTorch's own): any DLPack consumer takes it without a copy.
+nb::ndarray<> device_empty(const std::vector<int64_t>& shape, const std::string& dtype) {
+  const std::optional<DataType> t = dtype_from_name(dtype);
+  const std::optional<nb::dlpack::dtype> dt = t ? to_dlpack(*t) : std::nullopt;
+  if (!dt) raise(ErrorKind::kType, fmt::format("device_empty: unknown element type '{}'", dtype));
+#ifdef KILN_WITH_CUDA
+  size_t bytes = dtype_size(*t);
+  for (int64_t d : shape) {
+    if (d < 0) raise(ErrorKind::kValue, "device_empty: negative dimension");
+    bytes *= static_cast<size_t>(d);
+  }
+  void* p = nullptr;
+  check(cuda_status(cudaMalloc(&p, std::max<size_t>(bytes, 256)), "cudaMalloc"));
+  int device = 0;
+  cudaGetDevice(&device);
+  nb::capsule owner(p, [](void* q) noexcept { cudaFree(q); });
+  std::vector<size_t> dims(shape.begin(), shape.end());
+  return nb::ndarray<>(p, dims.size(), dims.data(), owner, nullptr, *dt, nb::device::cuda::value,
+                       device);
+#else
+  raise(ErrorKind::kRuntime, "device arrays need kiln built with CUDA");
+#endif
+}
+
+// The address, shape, element type and device of any DLPack tensor (kiln.Context.run checks them
+// before its device path takes the address).
+nb::tuple dlpack_info(nb::ndarray<> a) {
+  bool contiguous = true;
+  int64_t expect = 1;
+  for (size_t d = a.ndim(); d-- > 0;) {
+    if (a.shape(d) != 1 && a.stride(d) != expect) contiguous = false;
+    expect *= a.shape(d);
+  }
+  const std::optional<DataType> t = from_dlpack(a.dtype());
+  return nb::make_tuple(reinterpret_cast<uintptr_t>(a.data()), shape_of(a),
+                        t ? std::string(dtype_name(*t)) : dlpack_name(a.dtype()), a.device_type(),
+                        a.device_id(), contiguous);
+}
+
+}  // namespace
+
+void bind_context(nb::module_& m) {
+  nb::class_<PyContext>(m, "Context")
+      .def("execute", &execute, nb::arg("feeds"),
+           "Runs on host arrays (name, array) and returns the outputs as NumPy arrays.")
+      .def("_set_inputs", &set_inputs, nb::arg("names"), nb::arg("addresses"), nb::arg("shapes"))
+      .def("_enqueue_outputs", &enqueue_outputs, nb::arg("addresses"), nb::arg("stream"))
+      .def(
+          "set_input_shape",
+          [](PyContext& c, const std::string& name, const std::vector<int64_t>& dims) {
+            nb::gil_scoped_release release;
+            std::lock_guard<std::mutex> lock(c.mu);
+            check(c.ctx->set_input_shape(name, dims), ErrorKind::kValue);
+          },
+          nb::arg("name"), nb::arg("shape"))
+      .def(
+          "get_tensor_shape",
+          [](PyContext& c, const std::string& name) {
+            nb::gil_scoped_release release;
+            std::lock_guard<std::mutex> lock(c.mu);
+            return unwrap(c.ctx->tensor_shape(name), ErrorKind::kValue);
+          },
+          nb::arg("name"))
+      .def(
+          "set_tensor_address",
+          [](PyContext& c, const std::string& name, uintptr_t address) {
+            void* p = device_pointer(address, name);
+            nb::gil_scoped_release release;
+            std::lock_guard<std::mutex> lock(c.mu);
+            check(c.ctx->set_tensor_address(name, p), ErrorKind::kValue);
+          },
+          nb::arg("name"), nb::arg("address"))
+      .def(
+          "execute_async",
+          [](PyContext& c, uintptr_t stream) {
+            nb::gil_scoped_release release;
+            std::lock_guard<std::mutex> lock(c.mu);
+            check(c.enqueue(reinterpret_cast<CUstream_st*>(stream)));
+          },
+          nb::arg("stream"))
+      .def(
+          "set_use_cuda_graph",
+          [](PyContext& c, bool on) {
+            std::lock_guard<std::mutex> lock(c.mu);
+            check(c.ctx->set_use_cuda_graph(on));
+          },
+          nb::arg("on"))
+      .def("memory_info", [](PyContext& c) {
+        std::lock_guard<std::mutex> lock(c.mu);
+        const MemoryInfo m = c.ctx->memory_info();
+        return nb::make_tuple(m.weights, m.activations, m.workspace);
+      });
+  m.def(
+      "create_context",
+      [](const PyEngine& e) {
+        auto c = std::make_unique<PyContext>();
+        c->engine = e.engine;
+        {
+          nb::gil_scoped_release release;
+          c->ctx = unwrap(e.engine->create_context());
+        }
+        return c;
+      },
+      nb::arg("engine"));
+  m.def("device_empty", &device_empty, nb::arg("shape"), nb::arg("dtype"));
+  m.def("dlpack_info", &dlpack_info, nb::arg("tensor"));
+}
+
+}  // namespace kiln::py
