@@ -123,6 +123,13 @@ def build(kiln, model, exporter, engine, shape_args, log_path=None):
     return secs
 
 
+def kernel_layers(kiln, engine):
+    """`kiln inspect --json`'s count of the layers that launch a kernel, and all layers."""
+    out, _ = run([kiln, "inspect", engine, "--json"])
+    j = json.loads(out)
+    return j.get("kernel_layers"), len(j["layers"])
+
+
 def part_speed(a, model, res):
     import torch
     m, cfg = torch_model(model)
@@ -137,10 +144,13 @@ def part_speed(a, model, res):
         run([a.kiln, "bench", "--engine", engine, "--shapes", shape, "--dump-profile", "--iterations", "20",
              "--no-data-transfers"], log_path=os.path.join(a.out, "profiles.txt"))
         t = torch_times(m, inputs(model, batch, a.seq, vocab, rng), a.iters)
+        kl, layers = kernel_layers(a.kiln, engine)
         row = {"model": model, "batch": batch, "seq": a.seq, "kiln_ms": kiln_ms, "build_s": secs,
+               "kernel_layers": kl, "layers": layers,
                "eager_ms": t["eager"], "compile_ms": t["compile"], "compile_first_s": t["compile_first_s"]}
         res["speed"].append(row)
-        log(f"{MODELS[model]} b{batch}: kiln {kiln_ms:.3f} ms (built in {secs:.1f} s), eager "
+        log(f"{MODELS[model]} b{batch}: kiln {kiln_ms:.3f} ms (built in {secs:.1f} s, {kl} of {layers} "
+            f"layers launch kernels), eager "
             f"{t['eager']:.3f} ms, torch.compile {t['compile']:.3f} ms: {t['compile'] / kiln_ms:.2f}x compile")
     del m
     torch.cuda.empty_cache()
@@ -194,9 +204,11 @@ def part_accuracy(a, model, res):
             np.save(p, v)
             cmd += ["--input", f"{name}={p}"]
         run(cmd)
+        kl, layers = kernel_layers(a.kiln, engine)
+        log(f"{MODELS[model]} {exporter}: {kl} of {layers} layers launch kernels")
         for o, ref, t in zip(sess.get_outputs(), refs, tout):
             got = np.load(os.path.join(a.work, "acc_out", o.name + ".npy"))
-            row = {"model": model, "exporter": exporter, "output": o.name,
+            row = {"model": model, "exporter": exporter, "output": o.name, "kernel_layers": kl,
                    "kiln_fp16": rel_l2(got, ref), "torch_fp16": rel_l2(t, ref)}
             res["accuracy"].append(row)
             log(f"{MODELS[model]} {exporter} {o.name}: kiln FP16 {row['kiln_fp16']:.2e}, PyTorch "

@@ -25,7 +25,10 @@ void print_text(const nlohmann::json& j) {
   for (const auto& v : j["inputs"]) std::cout << "input  " << v["name"].get<std::string>() << ": " << v["type"].get<std::string>() << "\n";
   for (const auto& v : j["outputs"]) std::cout << "output " << v["name"].get<std::string>() << ": " << v["type"].get<std::string>() << "\n";
   std::cout << fmt::format("weights: {} tensors, {} bytes", j["weights"]["count"].get<size_t>(), j["weights"]["bytes"].get<size_t>()) << "\n";
-  std::cout << "layers (" << j["layers"].size() << "):\n";
+  std::cout << "layers (" << j["layers"].size();
+  if (j.contains("kernel_layers"))
+    std::cout << ", " << j["kernel_layers"].get<int>() << " launch kernels; '(no launch)' marks the others";
+  std::cout << "):\n";
   int i = 0;
   for (const auto& l : j["layers"]) {
     std::vector<std::string> ins, outs;
@@ -41,6 +44,7 @@ void print_text(const nlohmann::json& j) {
       if (l.contains("out") && !l["out"].empty()) std::cout << " format=" << l["out"][0].get<std::string>();
       if (l.contains("time_ms") && l["time_ms"].get<double>() >= 0)
         std::cout << fmt::format(" tuned={:.4f}ms", l["time_ms"].get<double>());
+      if (l.contains("launches") && !l["launches"].get<bool>()) std::cout << " (no launch)";
     }
     if (l.contains("int8_scales")) {
       const auto& q = l["int8_scales"];
