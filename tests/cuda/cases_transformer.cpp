@@ -79,6 +79,16 @@ void mha_cases(std::vector<OpCase>& v) {
                    .H = 2,
                    .packed = true,
                    .mask = causal(300)}));
+  // Enough heads x 128-row blocks to fill an H100 (132 SMs): the "rows128" variant runs 8 warps.
+  v.push_back(mha({.name = "d64_rows128_padding",
+                   .B = 12,
+                   .Sq = 200,
+                   .Sk = 200,
+                   .H = 12,
+                   .packed = true,
+                   .mask = in({12, 1, 1, 200}, DataType::kFloat32, -6, 0)}));
+  v.push_back(mha(
+      {.name = "d128_rows128", .B = 10, .Sq = 129, .Sk = 129, .H = 14, .D = 128, .packed = true}));
   v.push_back(mha({.name = "d64_one_token", .B = 4, .Sq = 1, .Sk = 1, .H = 4, .packed = true}));
   v.push_back(
       mha({.name = "d64_cross", .B = 2, .Sq = 9, .Sk = 70, .H = 2, .mask = in({2, 2, 9, 70})}));
@@ -154,6 +164,10 @@ void gemm_cases(std::vector<OpCase>& v) {
       {in({4, 16, 64}), konst_random({64, 256}, 0.2), konst_random({256}, 0.5)}, kModes, "kiln"));
   v.push_back(make_case("matmul_const_weight", "MatMul", attrs({}),
                         {in({2, 33, 64}), konst_random({64, 100}, 0.2)}, kModes));
+  // Rows of N = 37 are not 16-byte multiples in either type: matmul.cublaslt multiplies by its own
+  // transposed copy of W (GPT-2's vocabulary of 50257).
+  v.push_back(make_case("matmul_const_weight_odd_n", "MatMul", attrs({}),
+                        {in({2, 33, 64}), konst_random({64, 37}, 0.2)}, kModes));
 }
 
 }  // namespace

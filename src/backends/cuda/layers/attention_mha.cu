@@ -154,6 +154,7 @@ __device__ __forceinline__ float to_f32(float x) { return x; }
 // Occupancy: the registers a thread may use (65536 per SM over kThreads x blocks).
 template <int D, int WARPS>
 constexpr int min_blocks() {
+  if (WARPS == 8) return D == 64 ? 2 : 1;
   return D == 64 ? (WARPS == 4 ? 5 : 16) : (WARPS == 4 ? 2 : 8);
 }
 
@@ -328,9 +329,18 @@ FlashKernel flash_kernel(DataType mask) {
 }
 
 FlashKernel pick_flash(int d, int warps, DataType mask) {
-  if (d == 64) return warps == 4 ? flash_kernel<64, 4>(mask) : flash_kernel<64, 1>(mask);
-  return warps == 4 ? flash_kernel<128, 4>(mask) : flash_kernel<128, 1>(mask);
+  if (d == 64)
+    return warps == 8   ? flash_kernel<64, 8>(mask)
+           : warps == 4 ? flash_kernel<64, 4>(mask)
+                        : flash_kernel<64, 1>(mask);
+  return warps == 8   ? flash_kernel<128, 8>(mask)
+         : warps == 4 ? flash_kernel<128, 4>(mask)
+                      : flash_kernel<128, 1>(mask);
 }
+
+// Variants: "" sizes blocks by the grid (below); "rows128": 128 query rows a block (8 warps), so
+// a head's K and V are read once per 128 rows instead of per 64, where that still fills the SMs.
+std::vector<std::string> flash_variants(const LayerDesc&) { return {"", "rows128"}; }
 
 bool flash_supports(const LayerDesc& d, std::string* why) {
   const Node& n = *d.node;
@@ -361,7 +371,7 @@ bool flash_supports(const LayerDesc& d, std::string* why) {
 
 class MhaFlashLayer final : public Layer {
  public:
-  explicit MhaFlashLayer(const LayerDesc& d) : node_(d.node) {
+  explicit MhaFlashLayer(const LayerDesc& d) : node_(d.node), rows128_(d.variant == "rows128") {
     scale_ = d.node->attrs.get_float("scale", 1.f);
     nan_to_zero_ = d.node->attrs.get_int("nan_to_zero", 0) != 0;
   }
@@ -387,6 +397,7 @@ class MhaFlashLayer final : public Layer {
     KILN_CUDA_CHECK(cudaGetDevice(&device));
     KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
     warps_ = s_.B * s_.H * ((s_.Sq + 63) / 64) >= 2 * sms ? 4 : 1;
+    if (rows128_ && s_.Sq > 64 && s_.B * s_.H * ((s_.Sq + 127) / 128) >= sms) warps_ = 8;
     smem_ = flash_smem(static_cast<int>(s_.D), warps_);
     kernel_ = pick_flash(static_cast<int>(s_.D), warps_, mask_);
     KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel_, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -432,6 +443,7 @@ class MhaFlashLayer final : public Layer {
   const Node* node_;
   float scale_ = 1.f;
   bool nan_to_zero_ = false;
+  bool rows128_ = false;
   MhaShape s_;
   DataType mask_ = DataType::kUndefined;
   std::array<int64_t, 4> mstride_{};
@@ -546,6 +558,7 @@ class MhaUnfusedLayer final : public Layer {
 }  // namespace
 
 bool mha_flash_supports(const LayerDesc& d, std::string* why) { return flash_supports(d, why); }
+std::vector<std::string> mha_flash_variants(const LayerDesc& d) { return flash_variants(d); }
 Expected<std::unique_ptr<Layer>> create_mha_flash(const LayerDesc& d) {
   return std::unique_ptr<Layer>(new MhaFlashLayer(d));
 }

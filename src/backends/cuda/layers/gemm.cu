@@ -463,6 +463,7 @@ Expected<std::unique_ptr<Layer>> create_gemm_cutlass(const LayerDesc& d);
 #endif
 // attention_mha.cu
 bool mha_flash_supports(const LayerDesc& d, std::string* why);
+std::vector<std::string> mha_flash_variants(const LayerDesc& d);
 Expected<std::unique_ptr<Layer>> create_mha_flash(const LayerDesc& d);
 bool mha_unfused_supports(const LayerDesc& d, std::string* why);
 Expected<std::unique_ptr<Layer>> create_mha_unfused(const LayerDesc& d);
@@ -487,7 +488,8 @@ const TacticDef kGemmTactics[] = {
     {"kiln", "FusedGemm", "gemm_int8.dp4a", kI8 | kF32 | kF16, 0, int8_conv_supports,
      create_int8_conv_dp4a},
     {"kiln", "Attention", "attention.cublas", kGemmCaps, 0, attention_supports, create_attention},
-    {"kiln", "MultiHeadAttention", "mha.flash", kF16, 0, mha_flash_supports, create_mha_flash},
+    {"kiln", "MultiHeadAttention", "mha.flash", kF16, 0, mha_flash_supports, create_mha_flash,
+     mha_flash_variants},
     {"kiln", "MultiHeadAttention", "mha.unfused", kGemmCaps, 0, mha_unfused_supports,
      create_mha_unfused},
     {"", "Einsum", "einsum.generic", kF32 | kF16 | kF64, 0, einsum_supports, create_einsum},
