@@ -470,6 +470,45 @@ Expected<std::unique_ptr<Layer>> create_mha_unfused(const LayerDesc& d);
 
 namespace {
 
+template <typename S, typename D>
+__global__ void padded_rows_kernel(const S* src, int64_t src_ld, D* dst, int64_t rows,
+                                   int64_t cols) {
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
+    for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < cols;
+         c += int64_t(gridDim.x) * blockDim.x) {
+      if constexpr (std::is_same_v<S, __half> && std::is_same_v<D, float>)
+        dst[r * cols + c] = __half2float(src[r * src_ld + c]);
+      else
+        dst[r * cols + c] = src[r * src_ld + c];
+    }
+}
+
+}  // namespace
+
+Status copy_padded_rows(const void* src, DataType st, int64_t src_ld, void* dst, DataType dt,
+                        int64_t rows, int64_t cols, cudaStream_t stream) {
+  if (rows * cols == 0) return Status::Ok();
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>((cols + 255) / 256, 1024)),
+                  static_cast<unsigned>(std::min<int64_t>(rows, 65535))),
+      block(256);
+  if (st == DataType::kFloat16 && dt == DataType::kFloat32)
+    padded_rows_kernel<<<grid, block, 0, stream>>>(static_cast<const __half*>(src), src_ld,
+                                                   static_cast<float*>(dst), rows, cols);
+  else if (st == DataType::kFloat16 && dt == DataType::kFloat16)
+    padded_rows_kernel<<<grid, block, 0, stream>>>(static_cast<const __half*>(src), src_ld,
+                                                   static_cast<__half*>(dst), rows, cols);
+  else if (st == DataType::kFloat32 && dt == DataType::kFloat32)
+    padded_rows_kernel<<<grid, block, 0, stream>>>(static_cast<const float*>(src), src_ld,
+                                                   static_cast<float*>(dst), rows, cols);
+  else
+    return KILN_ERROR("copy_padded_rows: {} to {} is not a supported copy", dtype_name(st),
+                      dtype_name(dt));
+  KILN_CUDA_LAUNCH_CHECK("padded rows copy");
+  return Status::Ok();
+}
+
+namespace {
+
 constexpr uint32_t kGemmCaps = kF32 | kF16 | kF64;
 
 const TacticDef kGemmTactics[] = {

@@ -35,6 +35,12 @@ BatchedGemm plan_batched_gemm(const std::vector<int64_t>& a_batch,
 // Checks the sizes cuBLAS's 32-bit interface takes.
 Status check_gemm_dims(const BatchedGemm& g, const Node& n);
 
+// dst[r, c] = src[r, c] for `rows` rows of `cols` elements, src rows `src_ld` elements apart and
+// dst rows packed (`cols` apart), converting float16 to float32 or copying same-type elements:
+// a GEMM that wrote aligned padded rows hands its result to an unaligned output (gemm.cu).
+Status copy_padded_rows(const void* src, DataType st, int64_t src_ld, void* dst, DataType dt,
+                        int64_t rows, int64_t cols, cudaStream_t stream);
+
 // Runs the plan with cuBLAS on rc.stream: A and B of storage type `ab`, Y of `yt` (ab, or
 // float32 for 16-bit ab). Math: float64 in double; float32 strict (kFP32) or TF32 (kTF32);
 // 16-bit inputs accumulate in float. Y's old contents are ignored (beta = 0). K == 0 writes

@@ -8,16 +8,15 @@
 // bias runs along D's rows (N). Variants are ranks in cuBLASLt's heuristic list ("h0".."h7"),
 // taken at each shape of a profile: the tuner times them at the opt shape. An FP16 product that
 // is a float32 graph output (a language model's logits) can write float32 itself (kF32Out).
-// A constant W [K, N] whose rows are not a multiple of 16 bytes (GPT-2's tied LM head, N =
-// 50257) would leave cuBLASLt only its slow unaligned kernels: the layer keeps W transposed
-// ([N, K], rows of K) in memory of its own, made once on the GPU, and multiplies by op T.
+// Output rows that are not 16-byte multiples (GPT-2's 50257 logits a row) leave cuBLASLt only
+// slow unaligned kernels: the GEMM then writes rows padded to 16 bytes, in the inputs' type, into
+// the workspace, and a copy packs (and widens to float32) them into the output, where that
+// scratch fits the workspace limit.
 #include <cublasLt.h>
 
 #include <algorithm>
 
-#include "device_util_host.h"
 #include "layers/gemm_common.h"
-#include "layers/movement_copy.h"
 #include "ops/op.h"
 #include "tactics.h"
 
@@ -112,7 +111,7 @@ class GemmLtLayer final : public Layer {
                              std::span<const DeviceTensor> out) override {
     const Node& n = *node_;
     const DeviceTensor &a = in[0], &w = in[1], &y = out[0];
-    bool tb = is_gemm_base(n) && n.attrs.get_int("transB", 0) != 0;
+    const bool tb = is_gemm_base(n) && n.attrs.get_int("transB", 0) != 0;
     K_ = a.shape.back();
     N_ = w.shape[tb ? 0 : 1];
     if (w.shape[tb ? 1 : 0] != K_)
@@ -129,24 +128,24 @@ class GemmLtLayer final : public Layer {
     if (residual_ && in[3].shape != y.shape)
       return KILN_ERROR("{}: the residual {} must have the output's shape {}", n.label(),
                         shape_str(in[3].shape), shape_str(y.shape));
+    const int64_t io_size = a.dtype == DataType::kFloat16 ? 2 : 4;
+    const int64_t y_size = y.dtype == DataType::kFloat16 ? 2 : 4;
+    const int64_t pad_to = 16 / io_size;
+    ld_ = N_;
+    pad_bytes_ = 0;
+    if ((N_ * y_size) % 16 != 0 && !residual_) {
+      const int64_t ld = (N_ + pad_to - 1) / pad_to * pad_to;
+      const size_t bytes = (size_t(M_ * ld * io_size) + 255) / 256 * 256;
+      if (bytes + kMaxWorkspace <= rc.workspace_limit) ld_ = ld, pad_bytes_ = bytes;
+    }
     for (int64_t v : {M_, N_, K_})
       if (v > INT32_MAX)
         return KILN_ERROR("{}: a dimension of {} is beyond cuBLASLt's sizes", n.label(), v);
     if (M_ == 0 || N_ == 0 || K_ == 0) return size_t{0};
     lt_.reset();
     const bool f16 = a.dtype == DataType::kFloat16;
-    const int64_t esize = f16 ? 2 : 4;
-    own_wt_ = !tb && w.host && (N_ * esize) % 16 != 0 && (K_ * esize) % 16 == 0;
-    if (own_wt_) {  // W^T [N, K]: element (n, k) of the copy is W[k, n]
-      void* before = wt_.get();
-      KILN_RETURN_IF_ERROR(wt_.reserve(size_t(N_ * K_ * esize), n.label() + ": W transposed"));
-      if (wt_.get() != before) wt_ready_ = false;
-      KILN_ASSIGN_OR_RETURN(wt_plan_, movement_detail::plan_copy({N_, K_}, {1, N_}, {K_, 1}, 0, 0,
-                                                                  size_t(esize)));
-      tb = true;
-    }
     const cudaDataType_t io = f16 ? CUDA_R_16F : CUDA_R_32F;
-    const cudaDataType_t yt = y.dtype == DataType::kFloat32 ? CUDA_R_32F : io;
+    const cudaDataType_t yt = y.dtype == DataType::kFloat32 && !pad_bytes_ ? CUDA_R_32F : io;
     const cublasComputeType_t compute =
         f16 || precision_ == Precision::kFP32 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32;
     KILN_RETURN_IF_ERROR(cublas_check(cublasLtMatmulDescCreate(&lt_.desc, compute, CUDA_R_32F),
@@ -169,13 +168,13 @@ class GemmLtLayer final : public Layer {
     KILN_RETURN_IF_ERROR(
         cublas_check(cublasLtMatrixLayoutCreate(&lt_.b, io, K_, M_, K_), "layout"));
     KILN_RETURN_IF_ERROR(
-        cublas_check(cublasLtMatrixLayoutCreate(&lt_.c, yt, N_, M_, N_), "layout"));
+        cublas_check(cublasLtMatrixLayoutCreate(&lt_.c, yt, N_, M_, ld_), "layout"));
     KILN_RETURN_IF_ERROR(
-        cublas_check(cublasLtMatrixLayoutCreate(&lt_.d, yt, N_, M_, N_), "layout"));
+        cublas_check(cublasLtMatrixLayoutCreate(&lt_.d, yt, N_, M_, ld_), "layout"));
     cublasLtMatmulPreference_t pref = nullptr;
     KILN_RETURN_IF_ERROR(
         cublas_check(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate"));
-    const size_t ws = std::min(kMaxWorkspace, rc.workspace_limit);
+    const size_t ws = std::min(kMaxWorkspace, rc.workspace_limit - pad_bytes_);
     const uint32_t align = 16;  // the arena aligns to 256; a caller's input pointer to 16 at least
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
                                          sizeof(ws));
@@ -192,7 +191,7 @@ class GemmLtLayer final : public Layer {
     if (got == 0) return KILN_ERROR("{}: cuBLASLt has no algorithm for this GEMM", n.label());
     // The variant's rank in this shape's list (a shorter list: its last entry).
     algo_ = res[std::min(rank_, got - 1)];
-    return algo_.workspaceSize;
+    return pad_bytes_ + algo_.workspaceSize;
   }
 
   Status run(const RunContext& rc, std::span<const DeviceTensor> in,
@@ -211,19 +210,18 @@ class GemmLtLayer final : public Layer {
                                                       &b, sizeof(b)),
                        "cublasLtMatmulDescSetAttribute"));
     }
-    const void* w = in[1].data;
-    if (own_wt_) {  // the first run of this context transposes the constant weight
-      if (!wt_ready_)
-        KILN_RETURN_IF_ERROR(movement_detail::run_copy(wt_plan_, in[1].data, wt_.get(), rc.stream));
-      wt_ready_ = true;
-      w = wt_.get();
-    }
     const float alpha = 1.f, beta = residual_ ? 1.f : 0.f;
-    const void* c = residual_ ? in[3].data : out[0].data;
-    return cublas_check(cublasLtMatmul(rc.cublaslt, lt_.desc, &alpha, w, lt_.a, in[0].data,
-                                       lt_.b, &beta, c, lt_.c, out[0].data, lt_.d, &algo_.algo,
-                                       rc.workspace, rc.workspace_bytes, rc.stream),
-                        "cublasLtMatmul");
+    // With padded rows, D is the start of the workspace and cuBLASLt's scratch follows it.
+    void* d = pad_bytes_ ? rc.workspace : out[0].data;
+    const void* c = residual_ ? in[3].data : d;
+    KILN_RETURN_IF_ERROR(cublas_check(
+        cublasLtMatmul(rc.cublaslt, lt_.desc, &alpha, in[1].data, lt_.a, in[0].data, lt_.b, &beta,
+                       c, lt_.c, d, lt_.d, &algo_.algo,
+                       static_cast<char*>(rc.workspace) + pad_bytes_,
+                       rc.workspace_bytes - pad_bytes_, rc.stream),
+        "cublasLtMatmul"));
+    if (!pad_bytes_) return Status::Ok();
+    return copy_padded_rows(d, in[0].dtype, ld_, out[0].data, out[0].dtype, M_, N_, rc.stream);
   }
 
  private:
@@ -231,10 +229,9 @@ class GemmLtLayer final : public Layer {
   Precision precision_;
   int rank_;
   int64_t M_ = 0, N_ = 0, K_ = 0;
+  int64_t ld_ = 0;         // D's row stride: N, or N padded to 16 bytes in the workspace
+  size_t pad_bytes_ = 0;   // the padded D's share of the workspace (0: D is the output)
   bool bias_ = false, residual_ = false;
-  bool own_wt_ = false, wt_ready_ = false;  // W transposed into wt_ (unaligned rows of N)
-  DeviceMemory wt_;
-  movement_detail::CopyPlan wt_plan_;
   LtHandles lt_;
   cublasLtMatmulHeuristicResult_t algo_{};
 };
