@@ -8,15 +8,19 @@
 // bias runs along D's rows (N). Variants are ranks in cuBLASLt's heuristic list ("h0".."h7"),
 // taken at each shape of a profile: the tuner times them at the opt shape. An FP16 product that
 // is a float32 graph output (a language model's logits) can write float32 itself (kF32Out).
-// Output rows that are not 16-byte multiples (GPT-2's 50257 logits a row) leave cuBLASLt only
-// slow unaligned kernels: the GEMM then writes rows padded to 16 bytes, in the inputs' type, into
-// the workspace, and a copy packs (and widens to float32) them into the output, where that
-// scratch fits the workspace limit.
+// Rows of N that are not 16-byte multiples (GPT-2's tied LM head: 50257 logits a row) leave
+// cuBLASLt only slow unaligned kernels, for the weight's rows and for the output's: a constant
+// W [K, N] is kept transposed ([N, K], rows of K) in memory of the layer's own, made once on the
+// GPU, and multiplied by op T; the output is written in rows padded to 16 bytes, in the inputs'
+// type, into the workspace, and a copy packs (and widens to float32) them into the output, where
+// that scratch fits the workspace limit.
 #include <cublasLt.h>
 
 #include <algorithm>
 
+#include "device_util_host.h"
 #include "layers/gemm_common.h"
+#include "layers/movement_copy.h"
 #include "ops/op.h"
 #include "tactics.h"
 
@@ -111,7 +115,7 @@ class GemmLtLayer final : public Layer {
                              std::span<const DeviceTensor> out) override {
     const Node& n = *node_;
     const DeviceTensor &a = in[0], &w = in[1], &y = out[0];
-    const bool tb = is_gemm_base(n) && n.attrs.get_int("transB", 0) != 0;
+    bool tb = is_gemm_base(n) && n.attrs.get_int("transB", 0) != 0;
     K_ = a.shape.back();
     N_ = w.shape[tb ? 0 : 1];
     if (w.shape[tb ? 1 : 0] != K_)
@@ -144,6 +148,15 @@ class GemmLtLayer final : public Layer {
     if (M_ == 0 || N_ == 0 || K_ == 0) return size_t{0};
     lt_.reset();
     const bool f16 = a.dtype == DataType::kFloat16;
+    own_wt_ = !tb && w.host && (N_ * io_size) % 16 != 0 && (K_ * io_size) % 16 == 0;
+    if (own_wt_) {  // W^T [N, K]: element (n, k) of the copy is W[k, n]
+      void* before = wt_.get();
+      KILN_RETURN_IF_ERROR(wt_.reserve(size_t(N_ * K_ * io_size), n.label() + ": W transposed"));
+      if (wt_.get() != before) wt_ready_ = false;
+      KILN_ASSIGN_OR_RETURN(wt_plan_, movement_detail::plan_copy({N_, K_}, {1, N_}, {K_, 1}, 0, 0,
+                                                                  size_t(io_size)));
+      tb = true;
+    }
     const cudaDataType_t io = f16 ? CUDA_R_16F : CUDA_R_32F;
     const cudaDataType_t yt = y.dtype == DataType::kFloat32 && !pad_bytes_ ? CUDA_R_32F : io;
     const cublasComputeType_t compute =
@@ -210,12 +223,19 @@ class GemmLtLayer final : public Layer {
                                                       &b, sizeof(b)),
                        "cublasLtMatmulDescSetAttribute"));
     }
+    const void* w = in[1].data;
+    if (own_wt_) {  // the first run of this context transposes the constant weight
+      if (!wt_ready_)
+        KILN_RETURN_IF_ERROR(movement_detail::run_copy(wt_plan_, in[1].data, wt_.get(), rc.stream));
+      wt_ready_ = true;
+      w = wt_.get();
+    }
     const float alpha = 1.f, beta = residual_ ? 1.f : 0.f;
     // With padded rows, D is the start of the workspace and cuBLASLt's scratch follows it.
     void* d = pad_bytes_ ? rc.workspace : out[0].data;
     const void* c = residual_ ? in[3].data : d;
     KILN_RETURN_IF_ERROR(cublas_check(
-        cublasLtMatmul(rc.cublaslt, lt_.desc, &alpha, in[1].data, lt_.a, in[0].data, lt_.b, &beta,
+        cublasLtMatmul(rc.cublaslt, lt_.desc, &alpha, w, lt_.a, in[0].data, lt_.b, &beta,
                        c, lt_.c, d, lt_.d, &algo_.algo,
                        static_cast<char*>(rc.workspace) + pad_bytes_,
                        rc.workspace_bytes - pad_bytes_, rc.stream),
@@ -232,6 +252,9 @@ class GemmLtLayer final : public Layer {
   int64_t ld_ = 0;         // D's row stride: N, or N padded to 16 bytes in the workspace
   size_t pad_bytes_ = 0;   // the padded D's share of the workspace (0: D is the output)
   bool bias_ = false, residual_ = false;
+  bool own_wt_ = false, wt_ready_ = false;  // W transposed into wt_ (unaligned rows of N)
+  DeviceMemory wt_;
+  movement_detail::CopyPlan wt_plan_;
   LtHandles lt_;
   cublasLtMatmulHeuristicResult_t algo_{};
 };
