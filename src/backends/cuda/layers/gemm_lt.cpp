@@ -8,12 +8,12 @@
 // bias runs along D's rows (N). Variants are ranks in cuBLASLt's heuristic list ("h0".."h7"),
 // taken at each shape of a profile: the tuner times them at the opt shape. An FP16 product that
 // is a float32 graph output (a language model's logits) can write float32 itself (kF32Out).
-// Rows of N that are not 16-byte multiples (GPT-2's tied LM head: 50257 logits a row) leave
-// cuBLASLt only slow unaligned kernels, for the weight's rows and for the output's: a constant
-// W [K, N] is kept transposed ([N, K], rows of K) in memory of the layer's own, made once on the
-// GPU, and multiplied by op T; the output is written in rows padded to 16 bytes, in the inputs'
-// type, into the workspace, and a copy packs (and widens to float32) them into the output, where
-// that scratch fits the workspace limit.
+// N that is not a multiple of 16 bytes (GPT-2's tied LM head: 50257 logits a row) leaves
+// cuBLASLt's fast kernels out (5x slower on an H100, whatever the strides), so such a GEMM by a
+// constant weight runs at N padded: the layer keeps its own copy of W as [N', K] (op T), rows N..
+// N' zero, made once on the GPU; the product lands in the workspace as [M, N'], and a copy packs
+// its first N columns into the output (widening float16 to float32 for kF32Out). Without a bias
+// or residual (those have N elements), and where the padded product fits the workspace limit.
 #include <cublasLt.h>
 
 #include <algorithm>
@@ -132,33 +132,35 @@ class GemmLtLayer final : public Layer {
     if (residual_ && in[3].shape != y.shape)
       return KILN_ERROR("{}: the residual {} must have the output's shape {}", n.label(),
                         shape_str(in[3].shape), shape_str(y.shape));
-    const int64_t io_size = a.dtype == DataType::kFloat16 ? 2 : 4;
-    const int64_t y_size = y.dtype == DataType::kFloat16 ? 2 : 4;
-    const int64_t pad_to = 16 / io_size;
-    ld_ = N_;
-    pad_bytes_ = 0;
-    if ((N_ * y_size) % 16 != 0 && !residual_) {
-      const int64_t ld = (N_ + pad_to - 1) / pad_to * pad_to;
-      const size_t bytes = (size_t(M_ * ld * io_size) + 255) / 256 * 256;
-      if (bytes + kMaxWorkspace <= rc.workspace_limit) ld_ = ld, pad_bytes_ = bytes;
-    }
     for (int64_t v : {M_, N_, K_})
       if (v > INT32_MAX)
         return KILN_ERROR("{}: a dimension of {} is beyond cuBLASLt's sizes", n.label(), v);
     if (M_ == 0 || N_ == 0 || K_ == 0) return size_t{0};
     lt_.reset();
     const bool f16 = a.dtype == DataType::kFloat16;
-    own_wt_ = !tb && w.host && (N_ * io_size) % 16 != 0 && (K_ * io_size) % 16 == 0;
-    if (own_wt_) {  // W^T [N, K]: element (n, k) of the copy is W[k, n]
-      void* before = wt_.get();
-      KILN_RETURN_IF_ERROR(wt_.reserve(size_t(N_ * K_ * io_size), n.label() + ": W transposed"));
-      if (wt_.get() != before) wt_ready_ = false;
-      KILN_ASSIGN_OR_RETURN(wt_plan_, movement_detail::plan_copy({N_, K_}, {1, N_}, {K_, 1}, 0, 0,
-                                                                  size_t(io_size)));
-      tb = true;
+    const int64_t io_size = f16 ? 2 : 4, pad_to = 16 / io_size;
+    Np_ = N_;
+    pad_bytes_ = 0;
+    if (N_ % pad_to != 0 && K_ % pad_to == 0 && w.host && !bias_ && !residual_) {
+      const int64_t np = (N_ + pad_to - 1) / pad_to * pad_to;
+      const size_t bytes = (size_t(M_ * np * io_size) + 255) / 256 * 256;
+      if (bytes + kMaxWorkspace <= rc.workspace_limit) {
+        Np_ = np, pad_bytes_ = bytes;
+        void* before = wt_.get();
+        KILN_RETURN_IF_ERROR(
+            wt_.reserve(size_t(Np_ * K_ * io_size), n.label() + ": padded weight"));
+        if (wt_.get() != before) wt_ready_ = false;
+        // Element (n, k) of the copy is W[k, n] ([K, N]), or W[n, k] with transB ([N, K]).
+        KILN_ASSIGN_OR_RETURN(wt_plan_,
+                              movement_detail::plan_copy({N_, K_}, tb ? std::vector<int64_t>{K_, 1}
+                                                                      : std::vector<int64_t>{1, N_},
+                                                         {K_, 1}, 0, 0, size_t(io_size)));
+        tb = true;
+      }
     }
     const cudaDataType_t io = f16 ? CUDA_R_16F : CUDA_R_32F;
     const cudaDataType_t yt = y.dtype == DataType::kFloat32 && !pad_bytes_ ? CUDA_R_32F : io;
+    const int64_t N = Np_;  // the GEMM's N
     const cublasComputeType_t compute =
         f16 || precision_ == Precision::kFP32 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32;
     KILN_RETURN_IF_ERROR(cublas_check(cublasLtMatmulDescCreate(&lt_.desc, compute, CUDA_R_32F),
@@ -175,15 +177,15 @@ class GemmLtLayer final : public Layer {
       return KILN_ERROR("{}: no cuBLASLt epilogue for its activation", n.label());
     KILN_RETURN_IF_ERROR(set(CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof(ep)));
     if (bias_) KILN_RETURN_IF_ERROR(set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &io, sizeof(io)));
-    const int64_t lda = tb ? K_ : N_;
+    const int64_t lda = tb ? K_ : N;
     KILN_RETURN_IF_ERROR(cublas_check(
-        cublasLtMatrixLayoutCreate(&lt_.a, io, tb ? K_ : N_, tb ? N_ : K_, lda), "layout"));
+        cublasLtMatrixLayoutCreate(&lt_.a, io, tb ? K_ : N, tb ? N : K_, lda), "layout"));
     KILN_RETURN_IF_ERROR(
         cublas_check(cublasLtMatrixLayoutCreate(&lt_.b, io, K_, M_, K_), "layout"));
     KILN_RETURN_IF_ERROR(
-        cublas_check(cublasLtMatrixLayoutCreate(&lt_.c, yt, N_, M_, ld_), "layout"));
+        cublas_check(cublasLtMatrixLayoutCreate(&lt_.c, yt, N, M_, N), "layout"));
     KILN_RETURN_IF_ERROR(
-        cublas_check(cublasLtMatrixLayoutCreate(&lt_.d, yt, N_, M_, ld_), "layout"));
+        cublas_check(cublasLtMatrixLayoutCreate(&lt_.d, yt, N, M_, N), "layout"));
     cublasLtMatmulPreference_t pref = nullptr;
     KILN_RETURN_IF_ERROR(
         cublas_check(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate"));
@@ -224,9 +226,12 @@ class GemmLtLayer final : public Layer {
                        "cublasLtMatmulDescSetAttribute"));
     }
     const void* w = in[1].data;
-    if (own_wt_) {  // the first run of this context transposes the constant weight
-      if (!wt_ready_)
+    if (pad_bytes_) {  // the first run of this context makes the padded copy of the weight
+      const size_t esize = in[1].dtype == DataType::kFloat16 ? 2 : 4;
+      if (!wt_ready_) {
+        KILN_CUDA_CHECK(cudaMemsetAsync(wt_.get(), 0, size_t(Np_ * K_) * esize, rc.stream));
         KILN_RETURN_IF_ERROR(movement_detail::run_copy(wt_plan_, in[1].data, wt_.get(), rc.stream));
+      }
       wt_ready_ = true;
       w = wt_.get();
     }
@@ -241,7 +246,7 @@ class GemmLtLayer final : public Layer {
                        rc.workspace_bytes - pad_bytes_, rc.stream),
         "cublasLtMatmul"));
     if (!pad_bytes_) return Status::Ok();
-    return copy_padded_rows(d, in[0].dtype, ld_, out[0].data, out[0].dtype, M_, N_, rc.stream);
+    return copy_padded_rows(d, in[0].dtype, Np_, out[0].data, out[0].dtype, M_, N_, rc.stream);
   }
 
  private:
@@ -249,10 +254,10 @@ class GemmLtLayer final : public Layer {
   Precision precision_;
   int rank_;
   int64_t M_ = 0, N_ = 0, K_ = 0;
-  int64_t ld_ = 0;         // D's row stride: N, or N padded to 16 bytes in the workspace
-  size_t pad_bytes_ = 0;   // the padded D's share of the workspace (0: D is the output)
+  int64_t Np_ = 0;        // the GEMM's N: N, or N padded to 16 bytes
+  size_t pad_bytes_ = 0;  // the padded product's share of the workspace (0: no padding)
   bool bias_ = false, residual_ = false;
-  bool own_wt_ = false, wt_ready_ = false;  // W transposed into wt_ (unaligned rows of N)
+  bool wt_ready_ = false;  // wt_ holds the padded weight
   DeviceMemory wt_;
   movement_detail::CopyPlan wt_plan_;
   LtHandles lt_;
