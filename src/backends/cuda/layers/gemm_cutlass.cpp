@@ -2,10 +2,14 @@
 // the residual and an erf or tanh GELU in the GEMM's epilogue, so a BERT or ViT FFN's first GEMM
 // writes its GELU output directly (cuBLASLt's epilogues have only the tanh form). Base MatMul
 // with a constant [K, N] weight (GPT-2's Conv1D folded by fold_gemm_reshape, every projection);
-// A's leading dims are the GEMM's M. Variants are the compiled tiles. Built only with CUTLASS.
+// A's leading dims are the GEMM's M. Variants are the compiled tiles, timed at the profile's opt
+// shape; at a shape where the 256x128 tile would not give every SM a tile (a dynamic engine at
+// batch 1), the layer takes the 128x64 tile, four times as many. Built only with CUTLASS.
 #if KILN_HAVE_CUTLASS
+#include <map>
 #include <memory>
 
+#include "device_util_host.h"
 #include "layers/gemm_common.h"
 #include "ops/op.h"
 #include "tactics.h"
@@ -77,8 +81,13 @@ class GemmCutlassLayer final : public Layer {
       return KILN_ERROR("{}: the residual {} must have the output's shape {}", n.label(),
                         shape_str(in[3].shape), shape_str(y.shape));
     if (M_ > INT32_MAX || M_ == 0) return size_t{0};
-    if (!gemm_) gemm_ = cuda::make_f16_gemm(act_, tile_);
-    if (!gemm_) return KILN_ERROR("{}: no CUTLASS tile '{}'", n.label(), tile_);
+    const int64_t big_tiles = (M_ + 255) / 256 * ((N_ + 127) / 128);
+    const std::string tile =
+        tile_ == "coop256x128" && big_tiles < sm_count() ? "pp128x64" : tile_;
+    auto& g = gemms_[tile];
+    if (!g) g = cuda::make_f16_gemm(act_, tile);
+    if (!g) return KILN_ERROR("{}: no CUTLASS tile '{}'", n.label(), tile);
+    gemm_ = g.get();
     size_t ws = 0;
     KILN_RETURN_IF_ERROR(
         gemm_->configure(static_cast<int>(M_), static_cast<int>(N_), static_cast<int>(K_), &ws)
@@ -107,7 +116,8 @@ class GemmCutlassLayer final : public Layer {
   cuda::F16GemmAct act_ = cuda::F16GemmAct::kNone;
   int64_t M_ = 0, N_ = 0, K_ = 0;
   bool residual_ = false;
-  std::unique_ptr<cuda::F16Gemm> gemm_;
+  std::map<std::string, std::unique_ptr<cuda::F16Gemm>> gemms_;  // by tile
+  cuda::F16Gemm* gemm_ = nullptr;                                 // this shape's
 };
 
 }  // namespace
