@@ -164,8 +164,8 @@ void gemm_cases(std::vector<OpCase>& v) {
       {in({4, 16, 64}), konst_random({64, 256}, 0.2), konst_random({256}, 0.5)}, kModes, "kiln"));
   v.push_back(make_case("matmul_const_weight", "MatMul", attrs({}),
                         {in({2, 33, 64}), konst_random({64, 100}, 0.2)}, kModes));
-  // Rows of N = 37 are not 16-byte multiples in either type: matmul.cublaslt multiplies by its own
-  // transposed copy of W (GPT-2's vocabulary of 50257).
+  // N = 37 is not a 16-byte multiple in either type: matmul.cublaslt runs the GEMM at N padded
+  // (its own zero-padded [N', K] copy of W) and packs the product (GPT-2's vocabulary of 50257).
   v.push_back(make_case("matmul_const_weight_odd_n", "MatMul", attrs({}),
                         {in({2, 33, 64}), konst_random({64, 37}, 0.2)}, kModes));
 }
