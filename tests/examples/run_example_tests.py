@@ -205,6 +205,8 @@ def batch_csv_tests(args, p, cnn_probs):
     expect_error("batch_csv: an engine without a dynamic batch", "dynamic batch",
                  [batch_csv, p("mlp_fixed.kiln"), p("ok.csv"), p("o.csv")])
     expect_error("batch_csv: an image engine for a 64-column CSV", "3072", [batch_csv, p("small_cnn_dyn.kiln"), p("ok.csv"), p("o.csv")])
+    classify = os.path.join(args.examples, "classify", "classify")
+    expect_error("classify: an engine that takes no image", "not an NCHW float image", [classify, e, p("pic.png")])
 
 
 def main():
