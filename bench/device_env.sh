@@ -1,7 +1,7 @@
 # Sourced by the GPU-machine scripts (device_check.sh, run_suite.sh, gpu_int8.sh,
 # int8_tactics.sh, gpu_attention.sh): from the repository root, unpacks the binaries
-# bench/prepare_deps.sh packed into .deps, puts .deps and PyTorch's cuDNN first on
-# LD_LIBRARY_PATH (9.19 on the H100 machine, the system has 9.14: both sides of a comparison then
+# bench/prepare_deps.sh packed into .deps, puts .deps (libkiln.so, which the programs load, and
+# the libraries the GPU machine lacks) and PyTorch's cuDNN first on LD_LIBRARY_PATH (9.19 on the H100 machine, the system has 9.14: both sides of a comparison then
 # run the same cuDNN; KILN_CUDNN_LIB_DIR=none keeps the system's), and sets OUT (default: the
 # first argument) and KILN.
 #   . "$(dirname "$0")/device_env.sh" /tmp/kiln-something

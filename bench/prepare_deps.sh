@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Gathers what a device call needs into .deps/ (git-ignored; carry it): the CLI and the GPU test
-# programs built here for sm_90a, and the shared libraries they use that the GPU machine lacks,
-# packed as .deps/bundle.tar.xz (the binaries are ~300 MB, over the 64 MiB a call may carry);
-# bench/device_check.sh unpacks it on the device.
+# programs built here for sm_90a, libkiln.so (shared by default: the programs are small and the
+# library holds kiln's GPU code once), and the shared libraries they use that the GPU machine
+# lacks, packed as .deps/bundle.tar.xz (over the 64 MiB a call may carry unpacked);
+# bench/device_env.sh unpacks it on the device and puts .deps on LD_LIBRARY_PATH.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${KILN_BUILD_DIR:-build}
@@ -17,22 +18,26 @@ for t in $TESTS; do
   for d in tests/cuda bench/kernels; do [ -x "$BUILD/$d/$t" ] && cp "$BUILD/$d/$t" "$STAGE/"; done
 done
 for lib in libprotobuf.so.32 libfmt.so.9 libstb.so.0; do cp -L "/lib/x86_64-linux-gnu/$lib" "$STAGE/"; done
+# libkiln.so.X.Y (the SONAME the programs load) and its links; none when kiln is built static
+# (KILN_SHARED=OFF), as each program then holds it.
+if ls "$BUILD"/libkiln.so* >/dev/null 2>&1; then
+  cp -P "$BUILD"/libkiln.so* "$STAGE/"
+elif [ "${KILN_DEPS_PYTHON:-0}" = 1 ]; then
+  echo "prepare_deps: $BUILD has no libkiln.so (built with KILN_SHARED=OFF): the Python" \
+       "extension cannot be built on the GPU machine from this build" >&2
+fi
 # KILN_DEPS_PYTHON=1: what bench/python_gpu.sh builds kiln's Python extension against there
-# (kiln as a shared library, and the fmt headers kiln's public headers include).
+# (libkiln.so above, and the fmt headers kiln's public headers include).
 if [ "${KILN_DEPS_PYTHON:-0}" = 1 ]; then
-  if ls "$BUILD"/libkiln.so* >/dev/null 2>&1; then
-    cp -P "$BUILD"/libkiln.so* "$STAGE/"
-  else
-    echo "prepare_deps: $BUILD has no libkiln.so (kiln is built static there): the Python" \
-         "extension cannot be built on the GPU machine from this build" >&2
-  fi
   mkdir -p "$STAGE/include" && cp -r /usr/include/fmt "$STAGE/include/"
   ln -sf libfmt.so.9 "$STAGE/libfmt.so"
 fi
-strip --strip-unneeded "$STAGE"/kiln "$STAGE"/kiln_*_test "$STAGE"/kiln_timing_check "$STAGE"/kiln_int8_pw_bench 2>/dev/null || true
+strip --strip-unneeded "$STAGE"/kiln "$STAGE"/kiln_*_test "$STAGE"/kiln_timing_check "$STAGE"/kiln_int8_pw_bench \
+  "$STAGE"/libkiln.so.*.*.* 2>/dev/null || true
 rm -rf .deps && mkdir -p .deps
-# The programs share most of their bytes (kiln's GPU code): one xz stream with a dictionary
-# larger than a program finds each repeat (multi-threaded xz would cut it into blocks).
+# One xz stream with a large dictionary: with a static kiln (KILN_SHARED=OFF) the programs
+# share most of their bytes (kiln's GPU code), and it finds each repeat (multi-threaded xz
+# would cut it into blocks).
 tar -C "$STAGE" -cf - . | xz -T1 --lzma2=preset=6,dict=192MiB > .deps/bundle.tar.xz
 # KILN_DEPS_FMNIST=1: Debian's Fashion-MNIST beside the bundle (30 MB, for the int8 stage of
 # bench/device_check.sh; the GPU machine has no such package).

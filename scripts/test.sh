@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is needed, builds, and runs every test: unit tests (ctest; GPU tests skip
-# without a GPU), model-level tests, and the ONNX conformance suite (fails on any regression).
+# without a GPU), model-level tests, the C++ examples built against the installed SDK, and the
+# ONNX conformance suite (fails on any regression).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -39,6 +40,17 @@ python3 tests/models/run_transformer_tests.py --kiln "$BUILD_DIR/kiln"
 echo "== CLI tests (bad input gives one line and exit status 1) =="
 python3 tests/cli/run_cli_tests.py --kiln "$BUILD_DIR/kiln"
 python3 tests/cli/run_compare_tests.py --kiln "$BUILD_DIR/kiln"   # images, compare, report
+
+echo "== C++ SDK: cmake --install into $BUILD_DIR/install, examples/ built against it, example tests =="
+if grep -q '^KILN_SHARED:BOOL=OFF' "$BUILD_DIR/CMakeCache.txt"; then
+  echo "note: $BUILD_DIR is built with KILN_SHARED=OFF, which installs no kiln CMake package: examples not tested"
+else
+  PREFIX=$(cd "$BUILD_DIR" && pwd)/install
+  cmake --install "$BUILD_DIR" --prefix "$PREFIX" >/dev/null
+  cmake -S examples -B "$BUILD_DIR/examples" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$PREFIX" >/dev/null
+  cmake --build "$BUILD_DIR/examples"
+  python3 tests/examples/run_example_tests.py --kiln "$PREFIX/bin/kiln" --examples "$BUILD_DIR/examples"
+fi
 
 echo "== Python package (pytest; the extension from $BUILD_DIR/python, GPU cases skip without a GPU) =="
 KILN_PYTHON_DIR="$BUILD_DIR/python" python3 -m pytest -q -p no:cacheprovider tests/python
