@@ -32,6 +32,13 @@ if [ "${KILN_DEPS_PYTHON:-0}" = 1 ]; then
   mkdir -p "$STAGE/include" && cp -r /usr/include/fmt "$STAGE/include/"
   ln -sf libfmt.so.9 "$STAGE/libfmt.so"
 fi
+# The C++ examples built against the installed SDK (scripts/test.sh builds them into
+# $BUILD/examples), for bench/examples_gpu.sh: .deps/examples/<name>/<name>.
+for ex in classify batch_csv; do
+  if [ -x "$BUILD/examples/$ex/$ex" ]; then
+    mkdir -p "$STAGE/examples/$ex" && cp "$BUILD/examples/$ex/$ex" "$STAGE/examples/$ex/"
+  fi
+done
 strip --strip-unneeded "$STAGE"/kiln "$STAGE"/kiln_*_test "$STAGE"/kiln_timing_check "$STAGE"/kiln_int8_pw_bench \
   "$STAGE"/libkiln.so.*.*.* 2>/dev/null || true
 rm -rf .deps && mkdir -p .deps
