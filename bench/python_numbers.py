@@ -36,9 +36,13 @@ def input_shape(engine, batch):
     return inp.name, [batch] + [int(d) for d in inp.shape[1:]]
 
 
-def ctx_run_latency(engine, batch, iterations, use_torch):
+def ctx_run_latency(engine, batch, iterations, use_torch, graph=False):
+    """Median wall time of ctx.run; `graph`: with CUDA graphs and the outputs given (the same
+    addresses every call, so the captured graph is replayed)."""
     name, shape = input_shape(engine, batch)
     ctx = engine.create_context()
+    if graph:
+        ctx.set_use_cuda_graph(True)
     if use_torch:
         import torch
 
@@ -47,13 +51,14 @@ def ctx_run_latency(engine, batch, iterations, use_torch):
     else:
         x = np.random.default_rng(0).standard_normal(shape).astype(engine.inputs[0].dtype)
         sync = lambda: None  # noqa: E731 - the cpu backend returns when done
+    outs = ctx.run({name: x}) if graph else None
     for _ in range(20):
-        ctx.run({name: x})
+        ctx.run({name: x}, outputs=outs)
     sync()
     times = []
     for _ in range(iterations):
         t0 = time.perf_counter()
-        ctx.run({name: x})
+        ctx.run({name: x}, outputs=outs)
         sync()
         times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
@@ -146,6 +151,14 @@ def main():
         report["latency"].append(row)
         print(f"batch {batch:>4}: kiln bench {bench_ms:.4f} ms, ctx.run {run_ms:.4f} ms "
               f"({row['added_percent']:+.1f}%)", flush=True)
+        if use_torch:  # both with CUDA graphs: kiln bench --use-cuda-graph, ctx.run replaying
+            g = kiln.bench(engine, shapes={name: shape}, no_data_transfers=True, use_cuda_graph=True,
+                           iterations=a.iterations, duration=1)["latency_ms"]["median"]
+            gr = ctx_run_latency(engine, batch, a.iterations, use_torch, graph=True)
+            row.update({"kiln_bench_graph_median_ms": g, "ctx_run_graph_median_ms": gr,
+                        "graph_added_percent": 100 * (gr - g) / g})
+            print(f"batch {batch:>4}, CUDA graphs: kiln bench {g:.4f} ms, ctx.run {gr:.4f} ms "
+                  f"({row['graph_added_percent']:+.1f}%)", flush=True)
     if a.serve:
         name, shape = input_shape(engine, a.serve_batch)
         b = kiln.bench(engine, shapes={name: shape}, iterations=a.iterations, duration=1)

@@ -133,6 +133,8 @@ class Context:
 
                 device = next(v.device for v in feeds.values() if _is_torch(v))
                 stream = torch.cuda.current_stream(device).cuda_stream
+            else:
+                stream = 0  # the context's own stream, waited for before returning
             synchronize = not torch_in
         else:
             synchronize = False
