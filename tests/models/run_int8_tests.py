@@ -83,7 +83,12 @@ def main():
         quantize_static(p("pre.onnx"), p("qdq.onnx"), Reader(batches), quant_format=QuantFormat.QDQ,
                         activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, per_channel=True,
                         extra_options={"ActivationSymmetric": True, "WeightSymmetric": True})
-        ref = ort.InferenceSession(p("qdq.onnx"), providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+        # The QDQ graph as written (ORT_ENABLE_BASIC): onnxruntime 1.32's extended optimizations
+        # fuse it into QLinear kernels whose output here is 14% (relative L2) from FP32, against
+        # 1.4% for the graph as written, which is what the Q/DQ semantics define.
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        ref = ort.InferenceSession(p("qdq.onnx"), so, providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
         fp = ort.InferenceSession(p("logits.onnx"), providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
         kiln(args, "build", "--onnx", p("qdq.onnx"), "--save-engine", p("qdq.kiln"), "--backend", "cpu", "--int8",
              "--shapes", "input:4x3x32x32")
