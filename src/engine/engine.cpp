@@ -162,6 +162,11 @@ Expected<std::unique_ptr<Engine>> Engine::build_from_graph(std::unique_ptr<Graph
                       "FP64 for checking); use --backend cuda on a machine with a GPU");
   KILN_ASSIGN_OR_RETURN(Profile profile, Profile::from_config(*g, config));
   KILN_RETURN_IF_ERROR(profile.apply_static_shapes(*g));
+  // Q/DQ nodes in a build without --int8 run as float ops; the build summary says so.
+  size_t qdq_nodes = 0;
+  for (const Node* n : g->nodes())
+    if (n->domain.empty() && (n->op_type == "QuantizeLinear" || n->op_type == "DequantizeLinear"))
+      ++qdq_nodes;
   bool explicit_int8 = false;  // Q/DQ nodes carry the scales; mapped before they fold away
   if (config.int8) {
     KILN_ASSIGN_OR_RETURN(explicit_int8, quant::map_qdq(*g));
@@ -173,6 +178,17 @@ Expected<std::unique_ptr<Engine>> Engine::build_from_graph(std::unique_ptr<Graph
   opt.backend = backend;
   // Fusion is decided at the float precision; INT8 layers are marked on the fused graph.
   opt.precision = config.fp16 ? "fp16" : "fp32";
+  // Calibrated scales are those of the model optimized at FP32 (quant/int8_build.h): an FP16
+  // build fuses at FP16, so it calibrates on a copy optimized at FP32.
+  std::unique_ptr<Graph> fp32_graph;
+  if (config.int8 && !explicit_int8 && opt.precision != "fp32") {
+    fp32_graph = g->clone();
+    OptimizeOptions fp32_opt = opt;
+    fp32_opt.precision = "fp32";
+    fp32_opt.dump_dir.clear();
+    fp32_opt.verbose = false;
+    KILN_RETURN_IF_ERROR(optimize_graph(*fp32_graph, fp32_opt));
+  }
   KILN_RETURN_IF_ERROR(optimize_graph(*g, opt));
   // Pins name layers of the optimized graph (fused layers keep their first node's name), on
   // every backend: a misspelt name is an error, not a pin that silently does nothing.
@@ -189,7 +205,8 @@ Expected<std::unique_ptr<Engine>> Engine::build_from_graph(std::unique_ptr<Graph
     report_fp16_range(*g, profile, backend, std::cerr);
   nlohmann::json int8_info;
   if (config.int8) {
-    KILN_ASSIGN_OR_RETURN(int8_info, quant::quantize_for_build(*g, config, explicit_int8));
+    KILN_ASSIGN_OR_RETURN(int8_info,
+                          quant::quantize_for_build(*g, config, explicit_int8, fp32_graph.get()));
     // Fusions of INT8 layers (fuse_conv_pair), now that they are marked; the capability query
     // at precision int8 says where the backend has a kernel. The pins above named the layers
     // before pairing: a pinned layer is not INT8 and stays unpaired.
@@ -204,6 +221,7 @@ Expected<std::unique_ptr<Engine>> Engine::build_from_graph(std::unique_ptr<Graph
   }
   nlohmann::json options = {
       {"precision", config.int8 ? "int8" : opt.precision},
+      {"fp16", config.fp16},
       {"tf32", config.tf32},
       {"opt_level", config.opt_level},
       {"source", source},
@@ -211,6 +229,7 @@ Expected<std::unique_ptr<Engine>> Engine::build_from_graph(std::unique_ptr<Graph
   };
   if (!config.layer_precisions.empty()) options["layer_precisions"] = config.layer_precisions;
   if (config.int8) options["int8"] = std::move(int8_info);
+  if (!config.int8 && qdq_nodes) options["qdq_nodes_as_float"] = qdq_nodes;
   return from_graph(std::move(g), backend, current_target(backend), options.dump(),
                     KILN_VERSION_STRING, std::move(plan_json));
 }

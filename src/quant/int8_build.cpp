@@ -74,7 +74,8 @@ Expected<std::map<std::string, float>> activation_scales(const Graph& g, const B
 
 }  // namespace
 
-Expected<nlohmann::json> quantize_for_build(Graph& g, const BuildConfig& c, bool explicit_scales) {
+Expected<nlohmann::json> quantize_for_build(Graph& g, const BuildConfig& c, bool explicit_scales,
+                                            const Graph* fp32_graph) {
   nlohmann::json info = nlohmann::json::object();
   if (explicit_scales) {
     if (!c.calib_data.empty() || !c.calib_cache.empty())
@@ -83,7 +84,7 @@ Expected<nlohmann::json> quantize_for_build(Graph& g, const BuildConfig& c, bool
           "--calib-cache do not apply to it");
     info["scales"] = "explicit (Q/DQ nodes)";
   } else {
-    KILN_ASSIGN_OR_RETURN(auto scales, activation_scales(g, c, info));
+    KILN_ASSIGN_OR_RETURN(auto scales, activation_scales(fp32_graph ? *fp32_graph : g, c, info));
     apply_activation_scales(g, scales);
   }
   KILN_ASSIGN_OR_RETURN(Int8Summary s, mark_int8_layers(g, c.layer_precisions, explicit_scales));

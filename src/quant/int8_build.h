@@ -22,9 +22,13 @@ Expected<bool> map_qdq(Graph& g);
 // Held-out batches for --accuracy-budget out of n: a fifth, at least 1 (0 when n < 2).
 size_t heldout_batches(size_t n);
 
-// After the optimizer, on the FP32 graph. Returns a summary for the build options: where the
-// scales came from, the INT8 layers, and the conv/gemm layers left in float with the reason.
-Expected<nlohmann::json> quantize_for_build(Graph& g, const BuildConfig& c, bool explicit_scales);
+// After the optimizer. Returns a summary for the build options: where the scales came from,
+// the INT8 layers, and the conv/gemm layers left in float with the reason. The scales are those
+// of `fp32_graph`, the model optimized at FP32 (nullptr: g is that graph): calibration runs it,
+// and a calibration cache is keyed by its fingerprint, so one cache serves a model's builds
+// whatever float precision (--fp16, --best, --layer-precisions) surrounds their INT8 layers.
+Expected<nlohmann::json> quantize_for_build(Graph& g, const BuildConfig& c, bool explicit_scales,
+                                            const Graph* fp32_graph = nullptr);
 
 // --accuracy-budget (accuracy_budget.cpp): builds INT8 engines from `onnx_path` through the
 // Engine API, measures each one's outputs against the FP32 engine's on held-out calibration

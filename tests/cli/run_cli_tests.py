@@ -175,6 +175,26 @@ def int8_cases(args, p):
     out = expect_ok(args, "int8 build with calibration", *build, "--calib", p("calib"), "--calib-cache", p("c.cache"))
     if "layers in INT8" not in out.stdout:
         FAILURES.append("int8 build summary")
+    # --int8 alone says what runs outside INT8 (FP32 on the cpu backend), in --help too.
+    if "precision INT8 where a layer has an INT8 kernel, FP32 elsewhere" not in out.stdout:
+        FAILURES.append("int8 build summary names the precision elsewhere")
+        print("     stdout:", out.stdout.strip())
+    help_text = expect_ok(args, "build --help", "build", "--help").stdout
+    for needle in ("--best", "Layers without an INT8 kernel stay FP32/TF32"):
+        if needle not in help_text:
+            FAILURES.append(f"build --help mentions '{needle}'")
+    # A cache is keyed by the model optimized at FP32: builds that differ in float precisions
+    # (--layer-precisions here; --fp16/--best on a GPU) reuse it.
+    pinned = [a if a != p("q.kiln") else p("pinned.kiln") for a in build]
+    out = expect_ok(args, "int8 cache reused with --layer-precisions", *pinned, "--calib-cache", p("c.cache"),
+                    "--layer-precisions", "*:fp32")
+    if " 0 layers in INT8" not in out.stdout or "scales: cache" not in out.stdout:
+        FAILURES.append("int8 cache with every layer pinned to fp32")
+    # --best on the cpu backend: INT8 and FP32 (it has no FP16), from the same cache.
+    out = expect_ok(args, "best on the cpu backend", "build", "--onnx", p("cnn.onnx"), "--save-engine", p("best.kiln"),
+                    "--backend", "cpu", "--best", "--calib-cache", p("c.cache"))
+    if "layers in INT8" not in out.stdout or "scales: cache" not in out.stdout:
+        FAILURES.append("best on the cpu backend builds INT8 layers from the cache")
     out = expect_ok(args, "inspect int8 engine", "inspect", p("q.kiln"))
     if " int8 " not in out.stdout or "scales: in=" not in out.stdout:
         FAILURES.append("inspect shows int8 layers and scales")
@@ -222,6 +242,17 @@ def int8_cases(args, p):
     m = helper.make_model(helper.make_graph(nodes, "qdq", [x], [y], inits), opset_imports=[helper.make_opsetid("", 17)])
     onnx.save(m, p("qdq_u8.onnx"))
     expect_error(args, "int8 unmappable Q/DQ", "q_uint8", "build", "--onnx", p("qdq_u8.onnx"), "--save-engine", p("q.kiln"), "--backend", "cpu", "--int8")
+    # A symmetric int8 Q/DQ model built without --int8 runs its Q/DQ nodes as float ops; the
+    # build summary says so and names the flag.
+    inits = [helper.make_tensor("s", TensorProto.FLOAT, [], [0.1]), helper.make_tensor("z", TensorProto.INT8, [], [0])]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"], name="q"),
+             helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["y"], name="dq")]
+    m = helper.make_model(helper.make_graph(nodes, "qdq", [x], [y], inits), opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(m, p("qdq_s8.onnx"))
+    out = expect_ok(args, "Q/DQ model without --int8", "build", "--onnx", p("qdq_s8.onnx"), "--save-engine", p("qf.kiln"), "--backend", "cpu")
+    if "2 QuantizeLinear/DequantizeLinear nodes run as float ops: build with --int8" not in out.stdout:
+        FAILURES.append("Q/DQ model without --int8: the summary names --int8")
+        print("     stdout:", out.stdout.strip())
 
 
 if __name__ == "__main__":

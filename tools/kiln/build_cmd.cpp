@@ -45,6 +45,32 @@ void print_int8_summary(const std::string& options_json, const std::string& back
   }
 }
 
+// What the engine's layers may run in, and (trtexec users expect --int8 to mean INT8 with FP16
+// elsewhere) what --int8 alone leaves in FP32. A model's Q/DQ nodes built without --int8 are
+// float ops: the flag that makes them INT8 layers is named.
+void print_precision_summary(const std::string& options_json, const std::string& backend) {
+  const auto o = nlohmann::json::parse(options_json, nullptr, false);
+  if (!o.is_object()) return;
+  const bool int8 = o.value("precision", "") == "int8", fp16 = o.value("fp16", false);
+  const bool tf32 = o.value("tf32", true) && backend == "cuda";
+  const std::string fp32 = tf32 ? "FP32 (TF32 tensor cores)" : "FP32";
+  std::string line;
+  if (int8 && fp16)
+    line = "INT8, FP16 and FP32 allowed (--best): the tuner picks per layer";
+  else if (int8)
+    line = fmt::format("INT8 where a layer has an INT8 kernel, {} elsewhere{}", fp32,
+                       backend == "cuda" ? " (--fp16 or --best would allow FP16 there)" : "");
+  else if (fp16)
+    line = fmt::format("FP16 with float32 accumulation, {} where no FP16 kernel takes a layer", fp32);
+  else
+    line = fp32;
+  std::cout << "  precision " << line << "\n";
+  if (const size_t q = o.value("qdq_nodes_as_float", size_t(0)))
+    std::cout << fmt::format("  note   the model's {} QuantizeLinear/DequantizeLinear nodes run as "
+                             "float ops: build with --int8 (or --best) to make them INT8 layers\n",
+                             q);
+}
+
 }  // namespace
 
 Runner add_build_command(CLI::App& app) {
@@ -68,6 +94,7 @@ Runner add_build_command(CLI::App& app) {
               << "\n";
     for (const auto& i : e->inputs()) std::cout << "  input  " << i.str() << "\n";
     for (const auto& i : e->outputs()) std::cout << "  output " << i.str() << "\n";
+    print_precision_summary(e->build_options_json(), e->backend());
     print_int8_summary(e->build_options_json(), e->backend(), e->backend_plan_json());
     return Status::Ok();
   };

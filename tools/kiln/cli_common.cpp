@@ -49,7 +49,13 @@ Expected<ShapeMap> parse_shapes(const std::string& spec, const std::string& flag
 void add_build_flags(CLI::App* cmd, BuildFlags& f, bool with_dump, bool with_images) {
   cmd->add_option("--backend", f.backend, "cpu or cuda (default: cuda if a GPU is usable, else cpu)");
   cmd->add_flag("--fp16", f.fp16, "Allow FP16 storage and tensor cores (float32 accumulation)");
-  cmd->add_flag("--int8", f.int8, "Allow INT8 kernels");
+  cmd->add_flag("--int8", f.int8,
+                "Allow INT8 kernels (calibrated: --calib or --calib-cache; or the model's Q/DQ "
+                "nodes). Layers without an INT8 kernel stay FP32/TF32: add --fp16, or use "
+                "--best, to let them run FP16");
+  cmd->add_flag("--best", f.best,
+                "Allow every precision (--fp16 --int8, trtexec's --best): the tuner picks the "
+                "fastest per layer");
   cmd->add_flag("--no-tf32", f.no_tf32, "Strict FP32: no TF32 tensor cores for FP32 layers");
   cmd->add_option("--layer-precisions", f.layer_precisions,
                   "Pin layers: NAME:fp32,NAME:fp16,NAME:int8 (layer names as `kiln inspect` shows "
@@ -142,8 +148,10 @@ Expected<std::map<std::string, std::string>> parse_calib(const std::vector<std::
 Expected<BuildConfig> to_build_config(const BuildFlags& f) {
   BuildConfig c;
   c.backend = f.backend;
-  c.fp16 = f.fp16;
-  c.int8 = f.int8;
+  // --best: every precision the backend has (the cpu backend has no FP16).
+  const std::string backend = f.backend.empty() ? default_backend() : f.backend;
+  c.fp16 = f.fp16 || (f.best && backend != "cpu");
+  c.int8 = f.int8 || f.best;
   c.tf32 = !f.no_tf32;
   c.opt_level = f.opt_level;
   c.dump_graph_dir = f.dump;
@@ -163,10 +171,10 @@ Expected<BuildConfig> to_build_config(const BuildFlags& f) {
   c.calib_batches = f.calib_batches;
   c.calib_cache = f.calib_cache;
   c.accuracy_budget = f.accuracy_budget;
-  if (!f.int8 && (!f.calib.empty() || !f.calib_cache.empty() || !f.calib_algo.empty() ||
+  if (!c.int8 && (!f.calib.empty() || !f.calib_cache.empty() || !f.calib_algo.empty() ||
                   f.calib_batches || f.accuracy_budget))
     return Status::Error("--calib, --calib-algo, --calib-batches, --calib-cache and "
-                         "--accuracy-budget apply to --int8 builds");
+                         "--accuracy-budget apply to --int8 (or --best) builds");
   c.progress = print_progress;
   KILN_ASSIGN_OR_RETURN(c.shapes, parse_shapes(f.shapes, "--shapes"));
   KILN_ASSIGN_OR_RETURN(c.min_shapes, parse_shapes(f.min_shapes, "--min-shapes"));
@@ -182,8 +190,8 @@ Expected<BuildConfig> to_build_config(const BuildFlags& f) {
     const std::string prec = item.substr(colon + 1);
     if (prec != "fp32" && prec != "fp16" && prec != "int8")
       return KILN_ERROR("--layer-precisions: '{}': precision must be fp32, fp16 or int8", item);
-    if (prec == "int8" && !f.int8)
-      return KILN_ERROR("--layer-precisions: '{}': int8 needs --int8", item);
+    if (prec == "int8" && !c.int8)
+      return KILN_ERROR("--layer-precisions: '{}': int8 needs --int8 or --best", item);
     c.layer_precisions[item.substr(0, colon)] = prec;
   }
   return c;
@@ -200,11 +208,12 @@ Expected<std::unique_ptr<Engine>> engine_from_flags(const std::string& onnx,
     return Status::Error("--backend applies to --onnx; an engine runs on the backend it was built for");
   if (f.opt_level_flag && f.opt_level_flag->count() > 0)
     return Status::Error("--opt-level applies to --onnx; an engine keeps the level it was built with");
-  if (f.fp16 || f.int8 || f.no_tf32 || !f.layer_precisions.empty() || !f.timing_cache.empty() ||
+  if (f.fp16 || f.int8 || f.best || f.no_tf32 || !f.layer_precisions.empty() || !f.timing_cache.empty() ||
       !f.calib.empty() || !f.calib_cache.empty() || f.accuracy_budget ||
       !f.mem_pool.empty() || !f.min_shapes.empty() || !f.max_shapes.empty() || !f.opt_shapes.empty())
-    return Status::Error("build options (--fp16, --no-tf32, --timing-cache, profiles, ...) apply "
-                         "to --onnx; an engine keeps the options it was built with");
+    return Status::Error("build options (--fp16, --int8, --best, --no-tf32, --timing-cache, "
+                         "profiles, ...) apply to --onnx; an engine keeps the options it was "
+                         "built with");
   return Engine::load(engine);
 }
 
