@@ -57,6 +57,8 @@ struct BuildConfig {
   std::string layout = "auto"; // "auto" (NHWC for FP16/TF32 CNN layers), "linear", "nhwc"
   bool tune = true;            // time tactic candidates (false: first supported; for tests)
   std::string force_tactic;    // tests: only this tactic (by name) for the layers it implements
+  // tests: the GPU's free and total memory the build is checked against (0: ask the GPU)
+  size_t gpu_memory_free = 0, gpu_memory_total = 0;
   // INT8 (docs/quantization.md). A model with Q/DQ nodes carries its own scales; any other
   // model is calibrated on `calib_data` or takes the scales of a matching `calib_cache`.
   // input name ("" = the only input) -> folder of .npy files, or of images (also in class

@@ -8,9 +8,11 @@
 // about the numbers a GPU computes: that is the GPU conformance run's job.
 //
 //   kiln_lower_check [--no-tf32] [--fp16] [--opt-level N] [--shapes S | --min-shapes S
-//                    --opt-shapes S --max-shapes S] [--print] MODEL.onnx...
+//                    --opt-shapes S --max-shapes S] [--gpu-memory FREE,TOTAL] [--print] MODEL.onnx...
 // S as kiln build takes it (input_ids:1x128,attention_mask:1x128); --print lists each layer's
 // op, tactic and precision (untuned: the first candidate), and the count of kernel layers.
+// --gpu-memory (MiB) checks the build's memory against a GPU with that much free and in all
+// (without it, against the GPU here, if any).
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -91,6 +93,15 @@ int main(int argc, char** argv) {
       c.fp16 = true;
     } else if (!std::strcmp(argv[i], "--opt-level") && i + 1 < argc) {
       c.opt_level = std::atoi(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--gpu-memory") && i + 1 < argc) {
+      // FREE,TOTAL in MiB: the build's memory check against a GPU that has this much.
+      unsigned long long free_mib = 0, total_mib = 0;
+      if (std::sscanf(argv[++i], "%llu,%llu", &free_mib, &total_mib) != 2 || total_mib == 0) {
+        std::fprintf(stderr, "kiln_lower_check: --gpu-memory takes FREE,TOTAL in MiB\n");
+        return 1;
+      }
+      c.gpu_memory_free = static_cast<size_t>(free_mib) << 20;
+      c.gpu_memory_total = static_cast<size_t>(total_mib) << 20;
     } else if (!std::strcmp(argv[i], "--print")) {
       print_plan = true;
     } else if ((!std::strcmp(argv[i], "--shapes") || !std::strcmp(argv[i], "--min-shapes") ||

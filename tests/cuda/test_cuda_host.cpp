@@ -10,16 +10,19 @@
 #include <fstream>
 #include <random>
 
+#include "backends/backend.h"
 #include "backends/cuda/device_util_host.h"
 #include "backends/cuda/kernels/fast_div.cuh"
 #include "backends/cuda/kernels/int8.cuh"
 #include "backends/cuda/format_choice.h"
 #include "backends/cuda/layer.h"
 #include "backends/cuda/lower.h"
+#include "backends/cuda/memory_check.h"
 #include "backends/cuda/plan.h"
 #include "backends/cuda/shape_eval.h"
 #include "backends/cuda/timing_cache.h"
 #include "backends/cuda/tuner.h"
+#include "engine/profile.h"
 #include "ops/op.h"
 #include "passes/pipeline.h"
 #include "quant/int8.h"
@@ -609,6 +612,94 @@ TEST(CudaHost, GlobalAveragePoolReadsInt8Codes) {
     std::string why;
     EXPECT_EQ(t->supports(c.desc(n), &why), C % 16 == 0) << C << ": " << why;
   }
+}
+
+}  // namespace
+}  // namespace kiln::gpu
+
+namespace kiln::gpu {
+namespace {
+
+// x [N,64] -> MatMul(W [64,256]) -> Relu: the estimate counts W once and the larger layer's
+// inputs and outputs at the build's smallest float size; graph inputs and outputs keep theirs.
+TEST(BuildMemory, EstimateCountsWeightsOnceAndTheLargestLayer) {
+  auto g = std::make_unique<Graph>();
+  Value* x = g->add_value("x", TensorType(DataType::kFloat32, {Dim::sym("N"), 64}));
+  g->add_input(x);
+  Value* w = g->add_constant("w", Tensor::from<float>({64, 256}, std::vector<float>(64 * 256, 0.5f)));
+  Node* mm = g->add_node("MatMul", "mm", {x, w}, {"h"});
+  Node* relu = g->add_node("Relu", "relu", {mm->output(0)}, {"y"});
+  g->add_output(relu->output(0));
+  ASSERT_TRUE(infer_shapes(*g).ok());
+  const std::vector<bool> host = host_nodes(*g);
+  auto shapes = evaluate_shapes(*g, host, {{1000, 64}});
+  ASSERT_TRUE(shapes.ok()) << shapes.status().message();
+  const BuildMemoryEstimate fp32 = estimate_build_memory(*g, host, *shapes, 4);
+  EXPECT_EQ(fp32.weight_bytes, 64u * 256 * 4);
+  EXPECT_EQ(fp32.layer_bytes, 1000u * 256 * 4 * 2);  // relu: h in, y out
+  EXPECT_NE(fp32.layer.find("relu"), std::string::npos) << fp32.layer;
+  const BuildMemoryEstimate fp16 = estimate_build_memory(*g, host, *shapes, 2);
+  EXPECT_EQ(fp16.weight_bytes, 64u * 256 * 2);
+  EXPECT_EQ(fp16.layer_bytes, 1000u * 256 * (2 + 4));  // h in FP16, the graph output y in FP32
+
+  EXPECT_TRUE(check_build_memory(fp32, {fp32.total(), fp32.total() * 2}, "x:1000x64").ok());
+  const Status s = check_build_memory(fp32, {fp32.total() - 1, fp32.total() + 100}, "x:1000x64");
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("out of GPU memory: building at x:1000x64 needs at least"),
+            std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("smaller --shapes"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("2.0 MiB of inputs and outputs for node 'relu'"), std::string::npos)
+      << s.message();
+  EXPECT_EQ(s.message().find('\n'), std::string::npos);
+  // A GPU another process has nearly filled: the message says so.
+  const Status crowded = check_build_memory(fp32, {1024, size_t(80) << 30}, "x:1000x64");
+  EXPECT_NE(crowded.message().find("other processes hold the rest"), std::string::npos)
+      << crowded.message();
+}
+
+TEST(BuildMemory, OutOfMemoryMessagesAreRecognised) {
+  EXPECT_TRUE(is_out_of_memory("cudaMalloc(&p, n): out of memory"));
+  EXPECT_TRUE(is_out_of_memory("out of GPU memory: tuning buffers needs 12.0 MiB"));
+  EXPECT_TRUE(is_out_of_memory("cublasLtMatmul: CUBLAS_STATUS_ALLOC_FAILED"));
+  EXPECT_TRUE(is_out_of_memory("cudnn: CUDNN_STATUS_ALLOC_FAILED"));
+  EXPECT_FALSE(is_out_of_memory("needs 2048 MiB of workspace, over the limit of 1024 MiB"));
+  EXPECT_FALSE(is_out_of_memory("CUDNN_STATUS_NOT_SUPPORTED"));
+}
+
+// The whole GPU build step refuses, before any timing, activations that cannot fit: the check
+// runs with the memory a test says the GPU has (BuildConfig::gpu_memory_*), so no GPU is needed.
+TEST(BuildMemory, BuildRefusesShapesThatCannotFit) {
+  auto g = std::make_unique<Graph>();
+  Value* x = g->add_value("x", TensorType(DataType::kFloat32, {Dim::sym("N"), 64}));
+  g->add_input(x);
+  Node* relu = g->add_node("Relu", "relu", {x}, {"y"});
+  g->add_output(relu->output(0));
+  ASSERT_TRUE(infer_shapes(*g).ok());
+  BuildConfig c;
+  c.backend = "cuda";
+  c.tune = false;
+  c.gpu_memory_free = size_t(1) << 20;
+  c.gpu_memory_total = size_t(2) << 20;
+  c.shapes["x"] = {100000, 64};  // 2 x 24.4 MiB
+  auto profile = Profile::from_config(*g, c);
+  ASSERT_TRUE(profile.ok()) << profile.status().message();
+  ASSERT_TRUE(profile->apply_static_shapes(*g).ok());
+  auto plan = build_cuda_plan(*g, c, *profile);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_NE(plan.status().message().find("out of GPU memory: building at x:100000x64"),
+            std::string::npos) << plan.status().message();
+  c.shapes["x"] = {1000, 64};  // 0.5 MiB fits in 1 MiB
+  auto g2 = std::make_unique<Graph>();
+  Value* x2 = g2->add_value("x", TensorType(DataType::kFloat32, {1000, 64}));
+  g2->add_input(x2);
+  Node* relu2 = g2->add_node("Relu", "relu", {x2}, {"y"});
+  g2->add_output(relu2->output(0));
+  ASSERT_TRUE(infer_shapes(*g2).ok());
+  BuildConfig c2 = c;
+  c2.shapes.clear();
+  auto profile2 = Profile::from_config(*g2, c2);
+  ASSERT_TRUE(profile2.ok()) << profile2.status().message();
+  EXPECT_TRUE(build_cuda_plan(*g2, c2, *profile2).ok());
 }
 
 }  // namespace

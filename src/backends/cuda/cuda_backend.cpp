@@ -17,6 +17,7 @@ Expected<nlohmann::json> build_cuda_plan(Graph& g, const BuildConfig& c, const P
   if (c.workspace_limit) o.workspace_limit = c.workspace_limit;
   o.tune = c.tune;
   o.force_tactic = c.force_tactic;
+  if (c.gpu_memory_total) o.gpu_memory = GpuMemory{c.gpu_memory_free, c.gpu_memory_total};
   o.log = c.verbose ? &std::cerr : nullptr;
   std::vector<std::vector<int64_t>> opt;
   for (const Value* v : g.inputs()) {

@@ -461,6 +461,18 @@ Expected<Plan> lower_for_gpu(Graph& g, const std::vector<std::vector<int64_t>>& 
   } else {
     return evaluated.status();
   }
+  // Refuse a build that cannot fit before timing anything (memory_check.h).
+  if (evaluated.ok()) {
+    const std::optional<GpuMemory> mem = o.gpu_memory ? o.gpu_memory : query_gpu_memory();
+    if (mem) {
+      std::string at;
+      for (size_t i = 0; i < g.inputs().size() && i < opt_shapes.size(); ++i)
+        at += (at.empty() ? "" : ",") + fmt::format("{}:{}", g.inputs()[i]->name, fmt::join(opt_shapes[i], "x"));
+      const BuildMemoryEstimate need =
+          estimate_build_memory(g, L.host, shapes, o.fp16 ? 2 : 4);
+      KILN_RETURN_IF_ERROR(check_build_memory(need, *mem, at.empty() ? "these shapes" : at));
+    }
+  }
   KILN_ASSIGN_OR_RETURN(TimingCache cache, TimingCache::open(o.timing_cache, device_signature()));
   if (cache.device_mismatch() && o.log)
     *o.log << "timing cache " << o.timing_cache << " is from another GPU or library version: "

@@ -5,11 +5,13 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
 
 #include "ir/graph.h"
+#include "memory_check.h"
 #include "plan.h"
 
 namespace kiln::gpu {
@@ -25,6 +27,9 @@ struct GpuBuildOptions {
   std::string force_tactic;     // tests: keep only this tactic (NAME or NAME/VARIANT) where it
                                 // implements the op
   std::ostream* log = nullptr;  // --verbose: per-layer candidates and times
+  // Tests: the free and total device memory the build is checked against (memory_check.h);
+  // unset: what the GPU says (no check where none answers).
+  std::optional<GpuMemory> gpu_memory;
 };
 
 // `opt_shapes` follow g.inputs() (the profile's opt shapes). Rewrites `g` (reformat layers) and

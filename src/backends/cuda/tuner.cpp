@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "layer.h"
+#include "memory_check.h"
 
 namespace kiln::gpu {
 
@@ -164,6 +165,7 @@ Expected<double> Tuner::reformat_ms(const Value& v, const TensorFormat& from,
 Expected<size_t> Tuner::choose(const Node& n, std::vector<LayerChoice>& candidates,
                                const ShapeResult& shapes, std::vector<std::string>* why) {
   size_t best = candidates.size();
+  std::string out_of_memory;  // the first candidate that failed for want of memory
   for (size_t i = 0; i < candidates.size(); ++i) {
     LayerChoice& c = candidates[i];
     const std::string key = signature(n, c, shapes);
@@ -174,14 +176,23 @@ Expected<size_t> Tuner::choose(const Node& n, std::vector<LayerChoice>& candidat
         ms = *t;
         if (cache_) cache_->put(key, *ms);
       } else {
+        if (out_of_memory.empty() && is_out_of_memory(t.status().message()))
+          out_of_memory = fmt::format("{}/{}: {}", c.tactic->name, c.variant, t.status().message());
         if (why) why->push_back(fmt::format("{}/{}: {}", c.tactic->name, c.variant, t.status().message()));
-        if (cache_) cache_->put(key, -1.0);  // remembered as failing
+        // Remembered as failing, unless memory was short: another build may have it.
+        if (cache_ && !is_out_of_memory(t.status().message())) cache_->put(key, -1.0);
         c.time_ms = -1;
         continue;
       }
     }
     c.time_ms = *ms;
     if (*ms >= 0 && (best == candidates.size() || *ms < candidates[best].time_ms)) best = i;
+  }
+  if (best == candidates.size() && !out_of_memory.empty()) {
+    const std::optional<GpuMemory> m = query_gpu_memory();
+    return KILN_ERROR("{}: out of GPU memory: no tactic could run ({:.0f} MiB free of {:.0f} MiB; "
+                      "first: {})", n.label(), m ? m->free / 1048576.0 : 0.0,
+                      m ? m->total / 1048576.0 : 0.0, out_of_memory);
   }
   if (best == candidates.size())
     return KILN_ERROR("{}: every candidate tactic failed", n.label());
