@@ -36,9 +36,12 @@ def input_shape(engine, batch):
     return inp.name, [batch] + [int(d) for d in inp.shape[1:]]
 
 
-def ctx_run_latency(engine, batch, iterations, use_torch, graph=False):
+def ctx_run_latency(engine, batch, iterations, use_torch, graph=False, pipelined=False):
     """Median wall time of ctx.run; `graph`: with CUDA graphs and the outputs given (the same
-    addresses every call, so the captured graph is replayed)."""
+    addresses every call, so the captured graph is replayed). `pipelined`: the time per call of
+    `iterations` calls queued back to back with one synchronize at the end (as kiln bench's
+    throughput run queues inferences), in ms, and the median host time of one call (until
+    ctx.run returns, the GPU still working), as a pair."""
     name, shape = input_shape(engine, batch)
     ctx = engine.create_context()
     if graph:
@@ -55,6 +58,15 @@ def ctx_run_latency(engine, batch, iterations, use_torch, graph=False):
     for _ in range(20):
         ctx.run({name: x}, outputs=outs)
     sync()
+    if pipelined:
+        host = []
+        t0 = time.perf_counter()
+        for _ in range(iterations):
+            a = time.perf_counter()
+            ctx.run({name: x}, outputs=outs)
+            host.append((time.perf_counter() - a) * 1e3)
+        sync()
+        return (time.perf_counter() - t0) * 1e3 / iterations, statistics.median(host)
     times = []
     for _ in range(iterations):
         t0 = time.perf_counter()
@@ -151,6 +163,14 @@ def main():
         report["latency"].append(row)
         print(f"batch {batch:>4}: kiln bench {bench_ms:.4f} ms, ctx.run {run_ms:.4f} ms "
               f"({row['added_percent']:+.1f}%)", flush=True)
+        if use_torch:  # back to back: kiln bench's throughput run against ctx.run's
+            per = 1000.0 * batch / b["throughput_per_s"]
+            pr, host = ctx_run_latency(engine, batch, a.iterations, use_torch, pipelined=True)
+            row.update({"kiln_bench_back_to_back_ms": per, "ctx_run_back_to_back_ms": pr,
+                        "ctx_run_host_ms": host, "back_to_back_added_percent": 100 * (pr - per) / per})
+            print(f"batch {batch:>4}, back to back: kiln bench {per:.4f} ms, ctx.run {pr:.4f} ms "
+                  f"({row['back_to_back_added_percent']:+.1f}%; ctx.run returns after {host:.4f} ms "
+                  f"of host time)", flush=True)
         if use_torch:  # both with CUDA graphs: kiln bench --use-cuda-graph, ctx.run replaying
             g = kiln.bench(engine, shapes={name: shape}, no_data_transfers=True, use_cuda_graph=True,
                            iterations=a.iterations, duration=1)["latency_ms"]["median"]
