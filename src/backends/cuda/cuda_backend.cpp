@@ -4,6 +4,7 @@
 #include "backends/backend.h"
 #include "executor.h"
 #include "lower.h"
+#include "memory_check.h"
 
 namespace kiln::gpu {
 
@@ -31,8 +32,21 @@ Expected<nlohmann::json> build_cuda_plan(Graph& g, const BuildConfig& c, const P
                         "--min/--opt/--max-shapes for the cuda backend", v->name, v->type.str());
     }
   }
-  KILN_ASSIGN_OR_RETURN(Plan plan, lower_for_gpu(g, opt, o));
-  return plan_to_json(plan, g);
+  Expected<Plan> plan = lower_for_gpu(g, opt, o);
+  // Whatever ran out of memory (the CUDA context, a stream, a library handle, a tactic), the
+  // error says out of GPU memory first, with what the GPU has.
+  if (!plan.ok() && is_out_of_memory(plan.status().message()) &&
+      plan.status().message().rfind("out of GPU memory", 0) != 0 &&
+      plan.status().message().find(": out of GPU memory") == std::string::npos) {
+    const std::optional<GpuMemory> m = query_gpu_memory();
+    return KILN_ERROR("out of GPU memory{}: {}",
+                      m ? fmt::format(" ({:.0f} MiB free of {:.0f} MiB; other processes may hold "
+                                      "the rest)", m->free / 1048576.0, m->total / 1048576.0)
+                        : "",
+                      plan.status().message());
+  }
+  if (!plan.ok()) return plan.status();
+  return plan_to_json(*plan, g);
 }
 
 Expected<std::shared_ptr<BackendEngine>> load_cuda_engine(const Graph& g, const nlohmann::json& j,

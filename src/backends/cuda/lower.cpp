@@ -463,7 +463,11 @@ Expected<Plan> lower_for_gpu(Graph& g, const std::vector<std::vector<int64_t>>& 
   }
   // Refuse a build that cannot fit before timing anything (memory_check.h).
   if (evaluated.ok()) {
-    const std::optional<GpuMemory> mem = o.gpu_memory ? o.gpu_memory : query_gpu_memory();
+    bool no_room = false;
+    const std::optional<GpuMemory> mem = o.gpu_memory ? o.gpu_memory : query_gpu_memory(&no_room);
+    if (no_room)
+      return Status::Error("out of GPU memory: the GPU has no room for kiln's CUDA context "
+                           "(other processes hold its memory; nvidia-smi lists them)");
     if (mem) {
       std::string at;
       for (size_t i = 0; i < g.inputs().size() && i < opt_shapes.size(); ++i)

@@ -8,9 +8,11 @@
 
 namespace kiln::gpu {
 
-std::optional<GpuMemory> query_gpu_memory() {
+std::optional<GpuMemory> query_gpu_memory(bool* no_room) {
   GpuMemory m;
-  if (cudaMemGetInfo(&m.free, &m.total) != cudaSuccess) {
+  const cudaError_t e = cudaMemGetInfo(&m.free, &m.total);
+  if (no_room) *no_room = e == cudaErrorMemoryAllocation;
+  if (e != cudaSuccess) {
     cudaGetLastError();
     return std::nullopt;
   }

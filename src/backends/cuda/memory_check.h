@@ -17,8 +17,9 @@ struct GpuMemory {
   size_t free = 0, total = 0;
 };
 
-// What cudaMemGetInfo says; nullopt where no GPU answers (a machine without one).
-std::optional<GpuMemory> query_gpu_memory();
+// What cudaMemGetInfo says; nullopt where no GPU answers (a machine without one), or where the
+// CUDA context cannot be made for want of memory (`*no_room` set).
+std::optional<GpuMemory> query_gpu_memory(bool* no_room = nullptr);
 
 // A lower bound on the device memory building (and then running) the graph at these shapes
 // takes: every weight the GPU layers read, plus the inputs and outputs of the layer with the
