@@ -33,7 +33,7 @@ export PYTHONPATH=/tmp/kiln-py${PYTHONPATH:+:$PYTHONPATH} KILN_CLI=$KILN
 
 echo "== GPU cases of tests/python"
 python3 -m pytest -q -rs -p no:cacheprovider tests/python/test_engine.py tests/python/test_errors.py \
-  tests/python/test_tools.py 2>&1 | tail -15
+  tests/python/test_tools.py --tb=short 2>&1 | tail -40
 
 echo "== ResNet-50 FP16, dynamic batch 1..32"
 [ -f models/resnet50.onnx ] || python3 scripts/export_resnet50.py models/resnet50.onnx

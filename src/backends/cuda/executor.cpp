@@ -623,11 +623,20 @@ Status CudaContext::enqueue_read(CUstream_st* stream, std::vector<LayerTiming>* 
   }
   if (inst->graph) cudaGraphExecDestroy(inst->graph);
   inst->graph = nullptr;
-  KILN_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  // The default streams cannot be captured: the graph is captured on the context's own stream
+  // and launched on the caller's (PyTorch's default stream is the legacy one).
+  const cudaStream_t cap = s == cudaStreamLegacy || s == cudaStreamPerThread ? stream_ : s;
+  if (cap != bound_stream_) {
+    cudnnSetStream(rc_.cudnn, cap);
+    cublasSetStream(rc_.cublas, cap);
+    bound_stream_ = cap;
+  }
+  rc_.stream = cap;
+  KILN_CUDA_CHECK(cudaStreamBeginCapture(cap, cudaStreamCaptureModeThreadLocal));
   Status st = run_layers(*inst, nullptr);
-  if (st.ok()) st = copy_outputs(*inst, s);
+  if (st.ok()) st = copy_outputs(*inst, cap);
   cudaGraph_t graph = nullptr;
-  const cudaError_t end = cudaStreamEndCapture(s, &graph);
+  const cudaError_t end = cudaStreamEndCapture(cap, &graph);
   if (!st.ok()) {
     if (graph) cudaGraphDestroy(graph);
     return st;
