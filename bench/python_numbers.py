@@ -4,7 +4,8 @@
 1. What ctx.run adds to `kiln bench`'s latency: median wall time of ctx.run (PyTorch CUDA
    tensors in and out on a cuda engine, waited for with torch.cuda.synchronize; NumPy arrays on a
    cpu engine) against `kiln bench`'s median latency without data transfers (on the cpu backend
-   there are none), per batch.
+   there are none), per batch; on a cuda engine also timed as kiln bench times (CUDA events
+   around the call), back to back (against kiln bench's throughput run), and with CUDA graphs.
 2. With --serve: `kiln serve`'s throughput over gRPC (tritonclient, --clients concurrent clients
    each sending --requests requests of --serve-batch samples) against `kiln bench`'s throughput at
    that batch (with its host<->device copies, as the server has them too).
@@ -36,12 +37,15 @@ def input_shape(engine, batch):
     return inp.name, [batch] + [int(d) for d in inp.shape[1:]]
 
 
-def ctx_run_latency(engine, batch, iterations, use_torch, graph=False, pipelined=False):
+def ctx_run_latency(engine, batch, iterations, use_torch, graph=False, pipelined=False,
+                    events=False):
     """Median wall time of ctx.run; `graph`: with CUDA graphs and the outputs given (the same
     addresses every call, so the captured graph is replayed). `pipelined`: the time per call of
     `iterations` calls queued back to back with one synchronize at the end (as kiln bench's
     throughput run queues inferences), in ms, and the median host time of one call (until
-    ctx.run returns, the GPU still working), as a pair."""
+    ctx.run returns, the GPU still working), as a pair. `events`: the median time between CUDA
+    events recorded on the idle stream before and after ctx.run, as kiln bench times enqueue
+    (everything from the call to the last kernel's end, Python included)."""
     name, shape = input_shape(engine, batch)
     ctx = engine.create_context()
     if graph:
@@ -58,6 +62,18 @@ def ctx_run_latency(engine, batch, iterations, use_torch, graph=False, pipelined
     for _ in range(20):
         ctx.run({name: x}, outputs=outs)
     sync()
+    if events:
+        import torch
+
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        times = []
+        for _ in range(iterations):
+            start.record()
+            ctx.run({name: x}, outputs=outs)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return statistics.median(times)
     if pipelined:
         host = []
         t0 = time.perf_counter()
@@ -163,7 +179,13 @@ def main():
         report["latency"].append(row)
         print(f"batch {batch:>4}: kiln bench {bench_ms:.4f} ms, ctx.run {run_ms:.4f} ms "
               f"({row['added_percent']:+.1f}%)", flush=True)
-        if use_torch:  # back to back: kiln bench's throughput run against ctx.run's
+        if use_torch:  # timed as kiln bench times: CUDA events around the call on an idle stream
+            ev = ctx_run_latency(engine, batch, a.iterations, use_torch, events=True)
+            row.update({"ctx_run_events_median_ms": ev,
+                        "events_added_percent": 100 * (ev - bench_ms) / bench_ms})
+            print(f"batch {batch:>4}, CUDA events around the call: kiln bench {bench_ms:.4f} ms, "
+                  f"ctx.run {ev:.4f} ms ({row['events_added_percent']:+.1f}%)", flush=True)
+            # back to back: kiln bench's throughput run against ctx.run's
             per = 1000.0 * batch / b["throughput_per_s"]
             pr, host = ctx_run_latency(engine, batch, a.iterations, use_torch, pipelined=True)
             row.update({"kiln_bench_back_to_back_ms": per, "ctx_run_back_to_back_ms": pr,
@@ -171,10 +193,15 @@ def main():
             print(f"batch {batch:>4}, back to back: kiln bench {per:.4f} ms, ctx.run {pr:.4f} ms "
                   f"({row['back_to_back_added_percent']:+.1f}%; ctx.run returns after {host:.4f} ms "
                   f"of host time)", flush=True)
-        if use_torch:  # both with CUDA graphs: kiln bench --use-cuda-graph, ctx.run replaying
+            # both with CUDA graphs: kiln bench --use-cuda-graph, ctx.run replaying
             g = kiln.bench(engine, shapes={name: shape}, no_data_transfers=True, use_cuda_graph=True,
                            iterations=a.iterations, duration=1)["latency_ms"]["median"]
             gr = ctx_run_latency(engine, batch, a.iterations, use_torch, graph=True)
+            gev = ctx_run_latency(engine, batch, a.iterations, use_torch, graph=True, events=True)
+            row.update({"ctx_run_graph_events_median_ms": gev,
+                        "graph_events_added_percent": 100 * (gev - g) / g})
+            print(f"batch {batch:>4}, CUDA graphs, CUDA events around the call: kiln bench {g:.4f} ms, "
+                  f"ctx.run {gev:.4f} ms ({row['graph_events_added_percent']:+.1f}%)", flush=True)
             row.update({"kiln_bench_graph_median_ms": g, "ctx_run_graph_median_ms": gr,
                         "graph_added_percent": 100 * (gr - g) / g})
             print(f"batch {batch:>4}, CUDA graphs: kiln bench {g:.4f} ms, ctx.run {gr:.4f} ms "

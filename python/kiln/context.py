@@ -172,8 +172,7 @@ class Context:
                 t = torch.empty(shape, dtype=_torch_dtype(dtype), device=device)
                 result[name] = (t, t.data_ptr())
             else:
-                t = _kiln.device_empty(shape, dtype)
-                result[name] = (t, _kiln.dlpack_info(t)[0])
+                result[name] = _kiln.device_empty(shape, dtype)  # (array, address)
         if given is not None:
             for name in given:
                 if name not in result:

@@ -203,8 +203,10 @@ void enqueue_outputs(PyContext& c, const std::vector<uintptr_t>& addresses, uint
 }
 
 // An uninitialised device array for a run's output when the inputs are not PyTorch tensors
-// (which get PyTorch's own): any DLPack consumer takes it without a copy.
-nb::ndarray<> device_empty(const std::vector<int64_t>& shape, const std::string& dtype) {
+// (which get PyTorch's own): any DLPack consumer takes it without a copy. Returned with its
+// address, as (array, address): reading the address back through DLPack would hand out the
+// array's capsule, which a consumer can take only once.
+nb::tuple device_empty(const std::vector<int64_t>& shape, const std::string& dtype) {
   const std::optional<DataType> t = dtype_from_name(dtype);
   const std::optional<nb::dlpack::dtype> dt = t ? to_dlpack(*t) : std::nullopt;
   if (!dt) raise(ErrorKind::kType, fmt::format("device_empty: unknown element type '{}'", dtype));
@@ -220,8 +222,9 @@ nb::ndarray<> device_empty(const std::vector<int64_t>& shape, const std::string&
   cudaGetDevice(&device);
   nb::capsule owner(p, [](void* q) noexcept { cudaFree(q); });
   std::vector<size_t> dims(shape.begin(), shape.end());
-  return nb::ndarray<>(p, dims.size(), dims.data(), owner, nullptr, *dt, nb::device::cuda::value,
-                       device);
+  return nb::make_tuple(nb::ndarray<>(p, dims.size(), dims.data(), owner, nullptr, *dt,
+                                      nb::device::cuda::value, device),
+                        reinterpret_cast<uintptr_t>(p));
 #else
   raise(ErrorKind::kRuntime, "device arrays need kiln built with CUDA");
 #endif
