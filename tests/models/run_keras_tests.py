@@ -7,7 +7,8 @@ unchanged:
   - `kiln compare M.onnx --tolerance 1e-5` (FP32) and `--precisions int8` calibrated on random
     .npy batches (relative L2 < 0.1);
   - keras_fmnist_tiny: `kiln compare --dataset` on 16 IDX images with --image-layout NHWC gives
-    the top-1 ONNX Runtime gives on the same pixels.
+    the top-1 ONNX Runtime gives on the same pixels; INT8 calibration on image-like data takes
+    the first convolution's input (the image the model normalized itself) at its full range.
 Exit status 1 on any failure.
 """
 import argparse
@@ -104,6 +105,32 @@ def model_tests(args, path, tmp, rng):
               ", ".join(f"{k} rel L2 {v:.2e}" for k, v in errs.items()))
     if dims[1:] == [28, 28, 1]:
         dataset_test(args, path, sess, inp.name, tmp, rng)
+        input_scale_test(args, path, inp.name, tmp, rng)
+
+
+def input_scale_test(args, path, iname, tmp, rng):
+    """Fashion-MNIST-like calibration images (60% background, one white pixel a batch): the first
+    convolution reads the image as the model normalized it (Rescaling, then tf2onnx's NCHW
+    Reshape), and its INT8 input scale is that value's full range, not entropy's clip at the
+    background (docs/quantization.md)."""
+    calib = os.path.join(tmp, "calib_bimodal")
+    os.makedirs(calib, exist_ok=True)
+    for i in range(4):
+        x = np.where(rng.random((8, 28, 28, 1)) < 0.6, 0.0, rng.random((8, 28, 28, 1))).astype(np.float32)
+        x[0, 0, 0, 0] = 1.0
+        np.save(os.path.join(calib, f"{i:03d}.npy"), x)
+    engine = os.path.join(tmp, "bimodal_int8.kiln")
+    rc, _, err = kiln(args, "build", "--onnx", path, "--save-engine", engine, "--backend", "cpu", "--int8",
+                      "--calib", calib, "--shapes", f"{iname}:8x28x28x1")
+    if rc != 0:
+        check("int8 build with image-like calibration data", False, err)
+        return
+    rc, out, err = kiln(args, "inspect", engine, "--json")
+    convs = [layer for layer in json.loads(out)["layers"] if layer["type"] == "kiln.FusedConv"] if rc == 0 else []
+    got = convs[0]["int8_scales"]["input"] if convs else float("nan")
+    want = (1.0 - 0.286) / 0.353 / 127  # the model's Rescaling of a white pixel
+    check("int8: the first convolution's input (the normalized image) at full range", abs(got / want - 1) < 1e-3,
+          f"scale {got:.6g}, full range {want:.6g}")
 
 
 def dataset_test(args, path, sess, iname, tmp, rng):
