@@ -52,4 +52,13 @@ if [ "${KILN_DEPS_FMNIST:-0}" = 1 ]; then
   mkdir -p .deps/fashion-mnist
   cp $(dpkg -L dataset-fashion-mnist | grep -E 'idx[13]-ubyte(\.gz)?$') .deps/fashion-mnist/
 fi
+# KILN_DEPS_KERAS=DIR: the converted Keras model and the rows measured here
+# (scripts/keras_fashion_mnist.py --out DIR), for bench/keras_gpu.sh.
+if [ -n "${KILN_DEPS_KERAS:-}" ]; then
+  mkdir -p .deps/keras
+  cp "$KILN_DEPS_KERAS/model.onnx" .deps/keras/
+  for f in keras.json kiln_cpu.json; do
+    if [ -f "$KILN_DEPS_KERAS/$f" ]; then cp "$KILN_DEPS_KERAS/$f" .deps/keras/; fi
+  done
+fi
 du -sh .deps
