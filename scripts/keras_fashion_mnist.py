@@ -3,8 +3,8 @@
 (Debian's dataset-fashion-mnist) on the CPU, saved as a SavedModel, converted to ONNX with
 tf2onnx and built by kiln as FP32, FP16 and INT8 engines (INT8 calibrated on training images).
 Writes one table: top-1 on the 10,000 test images, file sizes, and throughput at batch 1 and 32
-of Keras (`model.predict`, `predict_on_batch`, the SavedModel's serving function), ONNX Runtime on the converted
-model, and each kiln engine (docs/keras.md).
+of Keras (`model.predict`, `predict_on_batch`, the SavedModel's serving function), ONNX Runtime
+on the converted model, and each kiln engine (docs/keras.md).
 
   scripts/keras_fashion_mnist.py [--out out/keras] [--kiln build/kiln] [--backend cpu|cuda|cpu,cuda]
 
