@@ -14,10 +14,14 @@
 #          python3 scripts/keras_fashion_mnist.py --mode table --out out/keras
 # A few minutes: three builds (INT8 calibrates on 512 training images), top-1 of each engine on
 # 10,000 images, two kiln bench batch sizes each.
-set -euo pipefail
-. "$(dirname "$0")/device_env.sh" "${OUT:-/tmp/kiln-keras-gpu}"
+set -uo pipefail
+. "$(dirname "$0")/device_env.sh" "${OUT:-/tmp/kiln-keras-gpu}"  # (it probes for PyTorch's cuDNN: not under -e)
+set -e
 export FMNIST_DIR=${FMNIST_DIR:-$PWD/.deps/fashion-mnist}
-for f in .deps/keras/model.onnx "$FMNIST_DIR/t10k-images-idx3-ubyte.gz"; do
+NEED=(.deps/keras/model.onnx "$FMNIST_DIR/t10k-images-idx3-ubyte.gz")
+# Calibration: the batches carried in .deps/keras/calib, else made from the training images.
+[ -d .deps/keras/calib ] || NEED+=("$FMNIST_DIR/train-images-idx3-ubyte.gz")
+for f in "${NEED[@]}"; do
   if [ ! -f "$f" ]; then
     echo "keras_gpu: $f is missing: run bench/prepare_deps.sh with KILN_DEPS_KERAS=out/keras KILN_DEPS_FMNIST=1"
     exit 1

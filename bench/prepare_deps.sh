@@ -60,5 +60,7 @@ if [ -n "${KILN_DEPS_KERAS:-}" ]; then
   for f in keras.json kiln_cpu.json; do
     if [ -f "$KILN_DEPS_KERAS/$f" ]; then cp "$KILN_DEPS_KERAS/$f" .deps/keras/; fi
   done
+  # Its calibration batches (1.6 MB), when it has them: the same INT8 scales as here.
+  if [ -d "$KILN_DEPS_KERAS/calib" ]; then cp -r "$KILN_DEPS_KERAS/calib" .deps/keras/; fi
 fi
 du -sh .deps

@@ -272,7 +272,10 @@ def kiln_stage(a, backend, model_dir, d):
     if len(inputs) != 1:
         sys.exit(f"keras_fashion_mnist: {onnx_path} has {len(inputs)} inputs, expected 1 (the image)")
     name = inputs[0]["name"]
-    calib = write_calib(d, a.seed)
+    # The calibration batches of --model-dir when it has them (the GPU machine then needs only
+    # the test set), else made here from the training images.
+    given = os.path.join(model_dir, "calib")
+    calib = given if glob.glob(os.path.join(given, "*.npy")) else write_calib(d, a.seed)
     edir = os.path.join(d, "engines")
     os.makedirs(edir, exist_ok=True)
     shapes = ["--min-shapes", f"{name}:1x28x28x1", "--opt-shapes", f"{name}:32x28x28x1",
