@@ -52,4 +52,15 @@ if [ "${KILN_DEPS_FMNIST:-0}" = 1 ]; then
   mkdir -p .deps/fashion-mnist
   cp $(dpkg -L dataset-fashion-mnist | grep -E 'idx[13]-ubyte(\.gz)?$') .deps/fashion-mnist/
 fi
+# KILN_DEPS_KERAS=DIR: the converted Keras model and the rows measured here
+# (scripts/keras_fashion_mnist.py --out DIR), for bench/keras_gpu.sh.
+if [ -n "${KILN_DEPS_KERAS:-}" ]; then
+  mkdir -p .deps/keras
+  cp "$KILN_DEPS_KERAS/model.onnx" .deps/keras/
+  for f in keras.json kiln_cpu.json; do
+    if [ -f "$KILN_DEPS_KERAS/$f" ]; then cp "$KILN_DEPS_KERAS/$f" .deps/keras/; fi
+  done
+  # Its calibration batches (1.6 MB), when it has them: the same INT8 scales as here.
+  if [ -d "$KILN_DEPS_KERAS/calib" ]; then cp -r "$KILN_DEPS_KERAS/calib" .deps/keras/; fi
+fi
 du -sh .deps

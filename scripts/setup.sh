@@ -59,6 +59,20 @@ if [ "${KILN_WITH_TORCH:-0}" = "1" ] && ! "$PY" -c "import torch, torchvision, t
   echo "setup: installing torch, torchvision and transformers (KILN_WITH_TORCH=1)"
   "$PY" -m pip install --quiet --disable-pip-version-check torch torchvision transformers onnxscript
 fi
+# Optional: TensorFlow and tf2onnx for the Keras path (scripts/keras_fashion_mnist.py,
+# scripts/models/keras_models.py; docs/keras.md). Large; only on request. tensorflow-cpu: the
+# Keras path trains on the CPU (the GPU machine runs only the kiln half, without TensorFlow).
+# These versions sit beside the onnx/onnxruntime/numpy above without pinning them back:
+# tf2onnx 1.17 asks only protobuf>=3.20 and onnx>=1.14 (1.16 pinned protobuf~=3.20, which onnx
+# 1.23 refuses), TensorFlow 2.21 protobuf>=6.31.1,<8 and numpy>=1.26 (numpy 2 works). Installing
+# them may move protobuf from 7.x to the newest 6.x (6.33 here), which onnx, onnxruntime and the
+# gRPC packages above (KServe, Triton's client: protobuf<7) all accept.
+if [ "${KILN_WITH_TF:-0}" = "1" ] && ! "$PY" -c "import tensorflow, tf2onnx" 2>/dev/null; then
+  echo "setup: installing tensorflow-cpu 2.21 and tf2onnx 1.17 (KILN_WITH_TF=1)"
+  "$PY" -m pip install --quiet --disable-pip-version-check "tensorflow-cpu==2.21.*" "tf2onnx==1.17.*" 2>/dev/null \
+    || "$PY" -m pip install --quiet --disable-pip-version-check --break-system-packages \
+      "tensorflow-cpu==2.21.*" "tf2onnx==1.17.*"
+fi
 # Optional: CUTLASS headers for the CUDA INT8 tactic (KILN_WITH_CUTLASS=1).
 if [ "${KILN_WITH_CUTLASS:-0}" = "1" ]; then
   "$(dirname "$0")/setup-cuda-deps.sh"

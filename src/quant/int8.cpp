@@ -178,4 +178,64 @@ std::vector<const Value*> calibration_tensors(const Graph& g) {
   return out;
 }
 
+namespace {
+
+bool is_affine_op(const std::string& op) {
+  return op == "Add" || op == "Sub" || op == "Mul" || op == "Div";
+}
+
+// The one non-constant input of n, or nullptr.
+const Value* sole_variable_input(const Node& n) {
+  const Value* x = nullptr;
+  for (const Value* v : n.inputs()) {
+    if (!v || v->is_constant()) continue;
+    if (x) return nullptr;
+    x = v;
+  }
+  return x;
+}
+
+// Is n's output an affine map, by constants, of its one non-constant input x: Add, Sub, Mul,
+// x / c, or a kiln.ElementwiseChain of such steps, each reading the running value once?
+bool affine_of(const Node& n, const Value* x) {
+  if (n.domain.empty() && is_affine_op(n.op_type))
+    return n.num_inputs() == 2 && (n.op_type != "Div" || n.input(0) == x);  // c / x is not
+  if (n.domain != "kiln" || n.op_type != "ElementwiseChain") return false;
+  const std::vector<std::string> ops = n.attrs.get_strings("ops");
+  const std::vector<int64_t> arity = n.attrs.get_ints("arity");
+  const std::vector<int64_t> operands = n.attrs.get_ints("operands");  // -1: the previous step's
+  int64_t xi = -1;
+  for (size_t i = 0; i < n.num_inputs(); ++i)
+    if (n.input(i) == x) xi = static_cast<int64_t>(i);
+  auto is_const = [&](int64_t i) {
+    return i >= 0 && i != xi && n.input(static_cast<size_t>(i)) &&
+           n.input(static_cast<size_t>(i))->is_constant();
+  };
+  if (arity.size() != ops.size() || operands.size() != 2 * ops.size()) return false;
+  for (size_t s = 0; s < ops.size(); ++s) {
+    const int64_t running = s == 0 ? xi : -1, a = operands[2 * s], b = operands[2 * s + 1];
+    if (arity[s] != 2 || !is_affine_op(ops[s])) return false;
+    if (!(a == running && is_const(b)) && !(b == running && is_const(a) && ops[s] != "Div"))
+      return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+std::set<std::string> input_like_values(const Graph& g) {
+  std::set<std::string> out;
+  for (const Value* v : g.inputs()) out.insert(v->name);
+  for (const Node* n : g.nodes()) {  // topological order
+    if (n->num_outputs() != 1 || !n->output(0)) continue;
+    const std::string& op = n->op_type;
+    const bool moves =
+        n->domain.empty() && (op == "Reshape" || op == "Flatten" || op == "Squeeze" ||
+                              op == "Unsqueeze" || op == "Transpose" || op == "Identity");
+    const Value* x = moves ? n->input(0) : sole_variable_input(*n);
+    if (x && out.count(x->name) && (moves || affine_of(*n, x))) out.insert(n->output(0)->name);
+  }
+  return out;
+}
+
 }  // namespace kiln::quant

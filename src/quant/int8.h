@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -82,5 +83,13 @@ void apply_activation_scales(Graph& g, const std::map<std::string, float>& scale
 
 // The activations calibration measures: non-constant float32 values, graph outputs excluded.
 std::vector<const Value*> calibration_tensors(const Graph& g);
+
+// The network's inputs and the values that are one of them moved or scaled: through Reshape,
+// Flatten, Squeeze, Unsqueeze, Transpose and Identity, and Add, Sub, Mul and Div by constants
+// (also as a kiln.ElementwiseChain of them). Calibration takes these at their full range
+// (CalibOptions::full_range). A Keras model normalizes its image inside the network (a
+// Rescaling layer: Mul, Add) and tf2onnx turns its NHWC input to NCHW (Transpose, or Reshape
+// for one channel), so its first convolution reads such a value, not the input itself.
+std::set<std::string> input_like_values(const Graph& g);
 
 }  // namespace kiln::quant

@@ -58,7 +58,7 @@ Expected<std::map<std::string, float>> activation_scales(const Graph& g, const B
     KILN_ASSIGN_OR_RETURN(src, cpu_activation_source(g));
   }
   CalibOptions o{algo, c.calib_percentile, c.progress, {}};
-  for (const Value* v : g.inputs()) o.full_range.insert(v->name);  // never clipped
+  o.full_range = input_like_values(g);  // the inputs, also moved or scaled: never clipped
   KILN_ASSIGN_OR_RETURN(auto scales, calibrate(*src, needed, *data, 0, used, o));
   info["scales"] = fmt::format("calibrated on {} batches ({})", used, gpu ? "GPU, FP32" : "CPU");
   info["algorithm"] = calib_algo_name(algo);

@@ -151,6 +151,20 @@ def compare_tests(args, p):
     check("dataset top-1/top-5 match NumPy's", abs(ds["top1"] - (rank < 1).mean()) < 1e-9 and
           abs(ds["top5"] - (rank < 5).mean()) < 1e-9, f"{ds['top1']} {ds['top5']}")
     expect_error(args, "compare --dataset missing", "no such file", "compare", p("lin.onnx"), "--dataset", p("nope"))
+    # The image flags apply to the dataset's images: an NHWC input (a Keras model's, through
+    # tf2onnx) with --mean/--std, no --input image needed.
+    mm.graph.input[0].CopyFrom(helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 28, 28, 1]))
+    onnx.save(mm, p("lin_nhwc.onnx"))
+    expect_ok(args, "compare --dataset --image-layout NHWC --mean --std", "compare", p("lin_nhwc.onnx"), "--dataset",
+              p("fm"), "--batch", "8", "--image-layout", "NHWC", "--mean", "0.5", "--std", "0.25",
+              "--export-json", p("ds_nhwc.json"))
+    logits = ((imgs.reshape(40, -1).astype(np.float32) / 255.0 - 0.5) / 0.25) @ W
+    rank = (logits > logits[np.arange(40), labels][:, None]).sum(1)
+    ds = json.load(open(p("ds_nhwc.json")))["engines"][0]["dataset"] if os.path.exists(p("ds_nhwc.json")) else {}
+    check("dataset NHWC with mean/std: top-1/top-5 match NumPy's", abs(ds.get("top1", -1) - (rank < 1).mean()) < 1e-9
+          and abs(ds.get("top5", -1) - (rank < 5).mean()) < 1e-9, str(ds))
+    expect_error(args, "compare --image-layout without an image or a dataset", "apply to image inputs", "compare",
+                 p("lin_nhwc.onnx"), "--image-layout", "NHWC")
 
 
 def bench_tests(args, p):

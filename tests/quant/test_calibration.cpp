@@ -99,6 +99,47 @@ TEST(Calibration, TheNetworksInputIsNeverClipped) {
   EXPECT_LT(clipped->at("x"), scales->at("x"));
 }
 
+// A Keras model as tf2onnx converts it normalizes its NHWC image inside the network (Rescaling:
+// Mul, Add) and moves it to NCHW (a Reshape for one channel, else a Transpose) before the first
+// convolution: those values are the input too and get its full range; anything that mixes in
+// another value or is not affine does not.
+TEST(Calibration, InputLikeValuesFollowMovesAndAffineMaps) {
+  G b;
+  Value* x = b.in("x", {4, 28, 28, 1});
+  Value* scaled = b.op("Mul", {x, b.cf(2.8f)});
+  Value* shifted = b.op("Add", {b.cf(-0.8f), scaled});  // the constant first: still affine
+  Value* nchw = b.op("Reshape", {shifted, b.c(test::ints({4, 1, 28, 28}))});
+  Value* halved = b.op("Div", {nchw, b.cf(2.f)});
+  Value* moved =
+      b.op("Transpose", {halved}, test::attrs({{"perm", Attribute::Ints({0, 1, 3, 2})}}));
+  Value* relu = b.op("Relu", {nchw});
+  Value* inverse = b.op("Div", {b.cf(1.f), nchw});
+  Value* square = b.op("Mul", {nchw, nchw});
+  Value* sum = b.op("Add", {nchw, relu});
+  for (Value* v : {moved, inverse, square, sum}) b.out(v);
+  const std::set<std::string> like = quant::input_like_values(b.g);
+  for (const Value* v : {x, scaled, shifted, nchw, halved, moved})
+    EXPECT_TRUE(like.count(v->name)) << v->name;
+  for (const Value* v : {relu, inverse, square, sum}) EXPECT_FALSE(like.count(v->name)) << v->name;
+
+  // After the optimizer the Mul and Add are one kiln.ElementwiseChain: still the input.
+  auto opt = test::optimize_checked(b.g, {"fuse_elementwise"});
+  const Value* fused = opt->find_value(shifted->name);
+  ASSERT_TRUE(fused && fused->producer);
+  EXPECT_EQ(fused->producer->op_type, "ElementwiseChain");
+  const std::set<std::string> like_opt = quant::input_like_values(*opt);
+  EXPECT_TRUE(like_opt.count(shifted->name));
+  EXPECT_TRUE(like_opt.count(moved->name));
+  EXPECT_FALSE(like_opt.count(sum->name));  // Relu -> Add(nchw, .): a chain too, not affine
+  // A chain that multiplies the input by itself is not.
+  G c;
+  Value* y = c.in("y", {4, 8});
+  c.out(c.op("Add", {c.op("Mul", {y, y}), c.cf(1.f)}));
+  auto opt2 = test::optimize_checked(c.g, {"fuse_elementwise"});
+  ASSERT_EQ(test::count(*opt2, "ElementwiseChain"), 1);
+  EXPECT_EQ(quant::input_like_values(*opt2), std::set<std::string>{"y"});
+}
+
 TEST(Calibration, PercentileFindsTheBin) {
   std::vector<double> h(100, 0.0);
   h[9] = 9999;  // 99.99% of the mass in bin 9

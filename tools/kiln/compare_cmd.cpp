@@ -144,8 +144,10 @@ Status run_compare(const Opts& o) {
   KILN_ASSIGN_OR_RETURN(std::vector<CompareEngine> engines, engines_to_compare(o));
   KILN_ASSIGN_OR_RETURN(ShapeMap shapes, parse_shapes(o.shapes, "--shapes"));
   std::mt19937 rng(o.seed);
-  KILN_ASSIGN_OR_RETURN(auto inputs, load_inputs(engines[0].engine->inputs(), o.in, shapes, rng,
-                                                 /*images_elsewhere=*/!o.calib.empty()));
+  // The image options also serve --dataset's images and int8 calibration images.
+  KILN_ASSIGN_OR_RETURN(auto inputs,
+                        load_inputs(engines[0].engine->inputs(), o.in, shapes, rng,
+                                    /*images_elsewhere=*/!o.calib.empty() || !o.dataset.empty()));
   std::vector<std::string> keep;
   if (o.per_layer) {
     std::set<std::string> all;

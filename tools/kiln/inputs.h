@@ -30,8 +30,8 @@ Expected<ImagePreprocess> image_options(const InputFlags& f, const TensorInfo& i
 
 // One tensor per --input (checked against the model's input names), then seeded random data
 // for the inputs not given (shape from `shapes`, else the declared one with dynamic dims 1).
-// `images_elsewhere`: the image options also serve calibration images (kiln run --int8 --calib),
-// so they are no error without an image input.
+// `images_elsewhere`: the image options also serve calibration images (kiln run --int8 --calib)
+// or a dataset's (kiln compare --dataset), so they are no error without an image input.
 Expected<std::map<std::string, Tensor>> load_inputs(const std::vector<TensorInfo>& model_inputs,
                                                     const InputFlags& f, const ShapeMap& shapes,
                                                     std::mt19937& rng, bool images_elsewhere = false);

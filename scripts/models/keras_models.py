@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""Small Keras models (channels-last) with seeded random weights, saved as SavedModels and
+converted with tf2onnx as the Keras path does (scripts/keras_fashion_mnist.py):
+
+  python3 scripts/models/keras_models.py tests/models/keras     # needs KILN_WITH_TF=1 scripts/setup.sh
+
+writes keras_fmnist_tiny.onnx (the layer types of the Fashion-MNIST model at a few channels:
+Rescaling, Conv2D + BatchNormalization + ReLU, MaxPooling2D, Flatten, Dropout, Dense) and
+keras_rgb_tiny.onnx (an RGB input, so tf2onnx keeps a Transpose at the input; strided "same"
+convolutions with asymmetric padding, a residual Add, DepthwiseConv2D, Concatenate,
+AveragePooling2D, GlobalAveragePooling2D). Both are committed (< 100 KB each) and checked by
+tests/models/run_keras_tests.py, which needs no TensorFlow.
+"""
+import contextlib
+import io
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+
+def randomize(model, seed):
+    """Every weight random (biases too: tf2onnx drops an Add of zeros), BatchNorm statistics
+    away from 0/1, so the converted graph has the patterns a trained model has."""
+    rng = np.random.default_rng(seed)
+    for v in model.weights:
+        shape = tuple(v.shape)
+        if "moving_variance" in v.path or "gamma" in v.path:
+            v.assign(rng.uniform(0.5, 2.0, shape).astype("float32"))
+        elif len(shape) <= 1:
+            v.assign((rng.standard_normal(shape) * 0.2).astype("float32"))
+        else:
+            fan_in = int(np.prod(shape[:-1]))
+            v.assign((rng.standard_normal(shape) * (2.0 / fan_in) ** 0.5).astype("float32"))
+
+
+def fmnist_tiny(keras):
+    layers = keras.layers
+    inp = keras.Input((28, 28, 1), name="image")
+    x = layers.Rescaling(1 / 0.353, offset=-0.286 / 0.353)(inp)
+    for ch in (4, 8):
+        for _ in range(2):
+            x = layers.Conv2D(ch, 3, padding="same", use_bias=False)(x)
+            x = layers.BatchNormalization()(x)
+            x = layers.ReLU()(x)
+        x = layers.MaxPooling2D()(x)
+    x = layers.Flatten()(x)
+    x = layers.Dropout(0.3)(x)
+    x = layers.Dense(16, activation="relu")(x)
+    x = layers.Dropout(0.3)(x)
+    return keras.Model(inp, layers.Dense(10, activation="softmax")(x), name="keras_fmnist_tiny")
+
+
+def rgb_tiny(keras):
+    layers = keras.layers
+    inp = keras.Input((16, 16, 3), name="pixels")
+    x = layers.Conv2D(8, 3, padding="same", use_bias=False)(inp)
+    x = layers.BatchNormalization()(x)
+    x = layers.ReLU()(x)
+    y = layers.Conv2D(8, 3, strides=2, padding="same", activation="relu")(x)  # pads 0,0,1,1
+    x = layers.Add()([layers.MaxPooling2D()(x), y])
+    x = layers.DepthwiseConv2D(3, padding="same")(x)
+    x = layers.Concatenate()([x, layers.AveragePooling2D(3, strides=1, padding="same")(x)])
+    x = layers.Conv2D(16, 3, strides=2, padding="valid", activation="relu")(x)
+    x = layers.GlobalAveragePooling2D()(x)
+    return keras.Model(inp, layers.Dense(5)(x), name="keras_rgb_tiny")
+
+
+MODELS = {"keras_fmnist_tiny": (fmnist_tiny, 0), "keras_rgb_tiny": (rgb_tiny, 1)}
+
+
+def main():
+    out = sys.argv[1] if len(sys.argv) > 1 else "tests/models/keras"
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import keras  # noqa: PLC0415 (optional dependency)
+
+    os.makedirs(out, exist_ok=True)
+    for name, (fn, seed) in MODELS.items():
+        keras.utils.set_random_seed(seed)
+        model = fn(keras)
+        randomize(model, seed)
+        with tempfile.TemporaryDirectory() as tmp:
+            with contextlib.redirect_stdout(io.StringIO()):  # it prints every captured variable
+                model.export(os.path.join(tmp, "sm"))
+            path = os.path.join(out, name + ".onnx")
+            subprocess.run([sys.executable, "-m", "tf2onnx.convert", "--saved-model", os.path.join(tmp, "sm"),
+                            "--opset", "17", "--output", path], check=True, capture_output=True)
+        print(f"wrote {path} ({os.path.getsize(path)} bytes)")
+
+
+if __name__ == "__main__":
+    main()
