@@ -32,6 +32,7 @@ cmake -S python -B /tmp/kiln-py -G Ninja -DCMAKE_BUILD_TYPE=Release \
 export PYTHONPATH=/tmp/kiln-py${PYTHONPATH:+:$PYTHONPATH} KILN_CLI=$KILN
 
 echo "== GPU cases of tests/python"
+[ "${KILN_PY_SKIP_TESTS:-0}" = 1 ] ||
 python3 -m pytest -q -rs -p no:cacheprovider tests/python/test_engine.py tests/python/test_errors.py \
   tests/python/test_tools.py --tb=short 2>&1 | tail -40
 
@@ -40,5 +41,6 @@ echo "== ResNet-50 FP16, dynamic batch 1..32"
 "$KILN" build --onnx models/resnet50.onnx --fp16 --save-engine models/resnet50_fp16_py.kiln \
   --min-shapes input:1x3x224x224 --opt-shapes input:32x3x224x224 --max-shapes input:32x3x224x224 \
   --timing-cache models/timing.cache | tail -3
+# KILN_PY_NUMBERS_ARGS: more python_numbers.py flags (--breakdown); KILN_PY_SKIP_TESTS=1 skips pytest above.
 python3 bench/python_numbers.py --engine models/resnet50_fp16_py.kiln --batch 1,32 \
-  --json "$OUT/python_numbers.json"
+  --json "$OUT/python_numbers.json" ${KILN_PY_NUMBERS_ARGS:-}

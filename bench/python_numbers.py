@@ -92,6 +92,52 @@ def ctx_run_latency(engine, batch, iterations, use_torch, graph=False, pipelined
     return statistics.median(times)
 
 
+def breakdown(engine, batch, iterations):
+    """Where a synchronized ctx.run call's time goes beyond the engine's, with CUDA graphs (one
+    launch an inference) and without: ctx.run on PyTorch's default stream and on a side stream,
+    and TensorRT's execute_async (addresses set once) on both; medians of wall time per call,
+    synchronizing the stream used."""
+    import torch
+
+    name, shape = input_shape(engine, batch)
+    x = torch.randn(shape, device="cuda", dtype=getattr(torch, engine.inputs[0].dtype))
+    side = torch.cuda.Stream()
+    rows = {}
+    for graph in (False, True):
+        ctx = engine.create_context()
+        ctx.set_use_cuda_graph(graph)
+        outs = ctx.run({name: x})
+        torch.cuda.synchronize()
+
+        def timed(call, stream):
+            for _ in range(20):
+                call()
+            stream.synchronize()
+            t = []
+            for _ in range(iterations):
+                a = time.perf_counter()
+                call()
+                stream.synchronize()
+                t.append((time.perf_counter() - a) * 1e3)
+            return statistics.median(t)
+
+        default = torch.cuda.current_stream()
+        g = "graph" if graph else "direct"
+        rows[f"{g}: ctx.run, default stream"] = timed(lambda: ctx.run({name: x}, outputs=outs), default)
+        rows[f"{g}: ctx.run, side stream"] = timed(
+            lambda: ctx.run({name: x}, outputs=outs, stream=side.cuda_stream), side)
+        ctx.set_input_shape(name, shape)
+        ctx.set_tensor_address(name, x.data_ptr())
+        for k, t in outs.items():
+            ctx.set_tensor_address(k, t.data_ptr())
+        rows[f"{g}: execute_async, default stream"] = timed(
+            lambda: ctx.execute_async(default.cuda_stream), default)
+        rows[f"{g}: execute_async, side stream"] = timed(lambda: ctx.execute_async(side.cuda_stream), side)
+    for k, v in rows.items():
+        print(f"batch {batch:>4}, {k}: {v:.4f} ms", flush=True)
+    return rows
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -162,6 +208,8 @@ def main():
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--requests", type=int, default=50)
     ap.add_argument("--contexts", type=int, default=2)
+    ap.add_argument("--breakdown", action="store_true",
+                    help="also time ctx.run and execute_async on the default and a side stream")
     ap.add_argument("--json")
     a = ap.parse_args()
     engine = kiln.load(a.engine)
@@ -206,6 +254,8 @@ def main():
                         "graph_added_percent": 100 * (gr - g) / g})
             print(f"batch {batch:>4}, CUDA graphs: kiln bench {g:.4f} ms, ctx.run {gr:.4f} ms "
                   f"({row['graph_added_percent']:+.1f}%)", flush=True)
+    if a.breakdown and use_torch:
+        report["breakdown"] = {b: breakdown(engine, int(b), a.iterations) for b in a.batch.split(",")}
     if a.serve:
         name, shape = input_shape(engine, a.serve_batch)
         b = kiln.bench(engine, shapes={name: shape}, iterations=a.iterations, duration=1)
