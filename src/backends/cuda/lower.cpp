@@ -471,9 +471,9 @@ Expected<Plan> lower_for_gpu(Graph& g, const std::vector<std::vector<int64_t>>& 
     if (mem) {
       std::string at;
       for (size_t i = 0; i < g.inputs().size() && i < opt_shapes.size(); ++i)
-        at += (at.empty() ? "" : ",") + fmt::format("{}:{}", g.inputs()[i]->name, fmt::join(opt_shapes[i], "x"));
-      const BuildMemoryEstimate need =
-          estimate_build_memory(g, L.host, shapes, o.fp16 ? 2 : 4);
+        at += fmt::format("{}{}:{}", at.empty() ? "" : ",", g.inputs()[i]->name,
+                          fmt::join(opt_shapes[i], "x"));
+      const BuildMemoryEstimate need = estimate_build_memory(g, L.host, shapes, o.fp16 ? 2 : 4);
       KILN_RETURN_IF_ERROR(check_build_memory(need, *mem, at.empty() ? "these shapes" : at));
     }
   }
