@@ -116,11 +116,14 @@ def write_calib(d, seed, n=512, batch=64):
 # TensorFlow side (mode all)
 
 
-def make_model(keras):
+def make_model(keras, channels=(16, 32), dense=64, name="fmnist_keras_cnn",
+               out_name="probabilities", norm_name="normalize"):
+    """The Keras NHWC CNN (also, at a few channels, scripts/models/keras_models.py's test model;
+    None names take Keras's defaults)."""
     layers = keras.layers
     inp = keras.Input((28, 28, 1), name="image")
-    x = layers.Rescaling(1.0 / STD, offset=-MEAN / STD, name="normalize")(inp)
-    for ch in (16, 32):
+    x = layers.Rescaling(1.0 / STD, offset=-MEAN / STD, name=norm_name)(inp)
+    for ch in channels:
         for _ in range(2):
             x = layers.Conv2D(ch, 3, padding="same", use_bias=False)(x)
             x = layers.BatchNormalization()(x)
@@ -128,10 +131,10 @@ def make_model(keras):
         x = layers.MaxPooling2D()(x)
     x = layers.Flatten()(x)
     x = layers.Dropout(0.3)(x)
-    x = layers.Dense(64, activation="relu")(x)
+    x = layers.Dense(dense, activation="relu")(x)
     x = layers.Dropout(0.3)(x)
-    out = layers.Dense(10, activation="softmax", name="probabilities")(x)
-    return keras.Model(inp, out, name="fmnist_keras_cnn")
+    out = layers.Dense(10, activation="softmax", name=out_name)(x)
+    return keras.Model(inp, out, name=name)
 
 
 def train_and_convert(a, d):

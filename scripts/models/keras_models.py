@@ -37,20 +37,12 @@ def randomize(model, seed):
 
 
 def fmnist_tiny(keras):
-    layers = keras.layers
-    inp = keras.Input((28, 28, 1), name="image")
-    x = layers.Rescaling(1 / 0.353, offset=-0.286 / 0.353)(inp)
-    for ch in (4, 8):
-        for _ in range(2):
-            x = layers.Conv2D(ch, 3, padding="same", use_bias=False)(x)
-            x = layers.BatchNormalization()(x)
-            x = layers.ReLU()(x)
-        x = layers.MaxPooling2D()(x)
-    x = layers.Flatten()(x)
-    x = layers.Dropout(0.3)(x)
-    x = layers.Dense(16, activation="relu")(x)
-    x = layers.Dropout(0.3)(x)
-    return keras.Model(inp, layers.Dense(10, activation="softmax")(x), name="keras_fmnist_tiny")
+    # The Fashion-MNIST model's layers at a few channels (scripts/keras_fashion_mnist.py).
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    from keras_fashion_mnist import make_model
+
+    return make_model(keras, channels=(4, 8), dense=16, name="keras_fmnist_tiny", out_name=None,
+                      norm_name=None)
 
 
 def rgb_tiny(keras):
