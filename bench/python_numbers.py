@@ -37,15 +37,10 @@ def input_shape(engine, batch):
     return inp.name, [batch] + [int(d) for d in inp.shape[1:]]
 
 
-def ctx_run_latency(engine, batch, iterations, use_torch, graph=False, pipelined=False,
-                    events=False):
-    """Median wall time of ctx.run; `graph`: with CUDA graphs and the outputs given (the same
-    addresses every call, so the captured graph is replayed). `pipelined`: the time per call of
-    `iterations` calls queued back to back with one synchronize at the end (as kiln bench's
-    throughput run queues inferences), in ms, and the median host time of one call (until
-    ctx.run returns, the GPU still working), as a pair. `events`: the median time between CUDA
-    events recorded on the idle stream before and after ctx.run, as kiln bench times enqueue
-    (everything from the call to the last kernel's end, Python included)."""
+def ctx_run_call(engine, batch, use_torch, graph=False):
+    """A warmed-up ctx.run on one input as a function of no arguments, and how to wait for it.
+    `graph`: with CUDA graphs and the outputs given (the same addresses every call, so the
+    captured graph is replayed)."""
     name, shape = input_shape(engine, batch)
     ctx = engine.create_context()
     if graph:
@@ -59,37 +54,56 @@ def ctx_run_latency(engine, batch, iterations, use_torch, graph=False, pipelined
         x = np.random.default_rng(0).standard_normal(shape).astype(engine.inputs[0].dtype)
         sync = lambda: None  # noqa: E731 - the cpu backend returns when done
     outs = ctx.run({name: x}) if graph else None
-    for _ in range(20):
-        ctx.run({name: x}, outputs=outs)
-    sync()
-    if events:
-        import torch
 
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        times = []
-        for _ in range(iterations):
-            start.record()
-            ctx.run({name: x}, outputs=outs)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        return statistics.median(times)
-    if pipelined:
-        host = []
-        t0 = time.perf_counter()
-        for _ in range(iterations):
-            a = time.perf_counter()
-            ctx.run({name: x}, outputs=outs)
-            host.append((time.perf_counter() - a) * 1e3)
-        sync()
-        return (time.perf_counter() - t0) * 1e3 / iterations, statistics.median(host)
+    def call():
+        ctx.run({name: x}, outputs=outs)
+
+    for _ in range(20):
+        call()
+    sync()
+    return call, sync
+
+
+def median_synced(call, sync, iterations):
+    """Median wall time (ms) of a call and the wait for it."""
     times = []
     for _ in range(iterations):
         t0 = time.perf_counter()
-        ctx.run({name: x}, outputs=outs)
+        call()
         sync()
         times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
+
+
+def median_events(call, iterations):
+    """Median time (ms) between CUDA events recorded on the idle stream before and after the
+    call, as kiln bench times enqueue (everything from the call to the last kernel's end, Python
+    included)."""
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(iterations):
+        start.record()
+        call()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def back_to_back(call, sync, iterations):
+    """Time per call (ms) of `iterations` calls queued back to back with one wait at the end (as
+    kiln bench's throughput run queues inferences), and the median host time of one call (until
+    it returns, the GPU still working)."""
+    host = []
+    t0 = time.perf_counter()
+    for _ in range(iterations):
+        a = time.perf_counter()
+        call()
+        host.append((time.perf_counter() - a) * 1e3)
+    sync()
+    return (time.perf_counter() - t0) * 1e3 / iterations, statistics.median(host)
 
 
 def breakdown(engine, batch, iterations):
@@ -113,13 +127,7 @@ def breakdown(engine, batch, iterations):
             for _ in range(20):
                 call()
             stream.synchronize()
-            t = []
-            for _ in range(iterations):
-                a = time.perf_counter()
-                call()
-                stream.synchronize()
-                t.append((time.perf_counter() - a) * 1e3)
-            return statistics.median(t)
+            return median_synced(call, stream.synchronize, iterations)
 
         default = torch.cuda.current_stream()
         g = "graph" if graph else "direct"
@@ -220,7 +228,8 @@ def main():
         b = kiln.bench(engine, shapes={name: shape}, no_data_transfers=use_torch,
                        iterations=a.iterations, duration=1)
         bench_ms = b["latency_ms"]["median"]
-        run_ms = ctx_run_latency(engine, batch, a.iterations, use_torch)
+        call, sync = ctx_run_call(engine, batch, use_torch)
+        run_ms = median_synced(call, sync, a.iterations)
         row = {"batch": batch, "kiln_bench_median_ms": bench_ms, "ctx_run_median_ms": run_ms,
                "added_percent": 100 * (run_ms - bench_ms) / bench_ms,
                "inputs": "torch cuda tensors" if use_torch else "numpy arrays"}
@@ -228,14 +237,14 @@ def main():
         print(f"batch {batch:>4}: kiln bench {bench_ms:.4f} ms, ctx.run {run_ms:.4f} ms "
               f"({row['added_percent']:+.1f}%)", flush=True)
         if use_torch:  # timed as kiln bench times: CUDA events around the call on an idle stream
-            ev = ctx_run_latency(engine, batch, a.iterations, use_torch, events=True)
+            ev = median_events(call, a.iterations)
             row.update({"ctx_run_events_median_ms": ev,
                         "events_added_percent": 100 * (ev - bench_ms) / bench_ms})
             print(f"batch {batch:>4}, CUDA events around the call: kiln bench {bench_ms:.4f} ms, "
                   f"ctx.run {ev:.4f} ms ({row['events_added_percent']:+.1f}%)", flush=True)
             # back to back: kiln bench's throughput run against ctx.run's
             per = 1000.0 * batch / b["throughput_per_s"]
-            pr, host = ctx_run_latency(engine, batch, a.iterations, use_torch, pipelined=True)
+            pr, host = back_to_back(call, sync, a.iterations)
             row.update({"kiln_bench_back_to_back_ms": per, "ctx_run_back_to_back_ms": pr,
                         "ctx_run_host_ms": host, "back_to_back_added_percent": 100 * (pr - per) / per})
             print(f"batch {batch:>4}, back to back: kiln bench {per:.4f} ms, ctx.run {pr:.4f} ms "
@@ -244,8 +253,9 @@ def main():
             # both with CUDA graphs: kiln bench --use-cuda-graph, ctx.run replaying
             g = kiln.bench(engine, shapes={name: shape}, no_data_transfers=True, use_cuda_graph=True,
                            iterations=a.iterations, duration=1)["latency_ms"]["median"]
-            gr = ctx_run_latency(engine, batch, a.iterations, use_torch, graph=True)
-            gev = ctx_run_latency(engine, batch, a.iterations, use_torch, graph=True, events=True)
+            gcall, gsync = ctx_run_call(engine, batch, use_torch, graph=True)
+            gr = median_synced(gcall, gsync, a.iterations)
+            gev = median_events(gcall, a.iterations)
             row.update({"ctx_run_graph_events_median_ms": gev,
                         "graph_events_added_percent": 100 * (gev - g) / g})
             print(f"batch {batch:>4}, CUDA graphs, CUDA events around the call: kiln bench {g:.4f} ms, "
