@@ -12,7 +12,7 @@ trap 'rm -rf "$STAGE"' EXIT
 cp "$BUILD/kiln" "$STAGE/"
 # KILN_DEPS_LEAN=1: the CLI alone (room in the 64 MiB for data a call carries beside it).
 TESTS="kiln_backend_ops_test kiln_cuda_tactics_test kiln_cuda_engine_test kiln_cuda_compare_test kiln_cuda_calib_test kiln_timing_check"
-TESTS="$TESTS kiln_cuda_int8_test kiln_int8_pw_bench kiln_cuda_memory_test"  # kiln_cuda_host_test needs no GPU: it runs here (ctest)
+TESTS="$TESTS kiln_cuda_int8_test kiln_int8_pw_bench kiln_gemm_f16_bench kiln_cuda_memory_test"  # kiln_cuda_host_test needs no GPU: it runs here (ctest)
 [ "${KILN_DEPS_LEAN:-0}" = 1 ] && TESTS=""
 for t in $TESTS; do
   for d in tests/cuda bench/kernels; do [ -x "$BUILD/$d/$t" ] && cp "$BUILD/$d/$t" "$STAGE/"; done

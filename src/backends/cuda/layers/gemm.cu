@@ -509,6 +509,55 @@ Status copy_padded_rows(const void* src, DataType st, int64_t src_ld, void* dst,
 
 namespace {
 
+// A warp per row: each edge column's dot product, K split over the lanes in float16 pairs.
+template <typename D>
+__global__ void edge_columns_kernel(const __half* a, const __half* wt, int64_t K, D* y,
+                                    int64_t M, int64_t N, EdgeColumns e) {
+  const int64_t r = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (r >= M) return;
+  const int lane = threadIdx.x % 32, j = static_cast<int>(r % e.groups);
+  const __half* ar = a + r * K;
+  auto dot = [&](int64_t col) {
+    const __half* wr = wt + col * K;
+    float s = 0.f;
+    for (int64_t k = 2 * lane; k < K; k += 64) {
+      const float2 av = __half22float2(*reinterpret_cast<const __half2*>(ar + k));
+      const float2 wv = __half22float2(*reinterpret_cast<const __half2*>(wr + k));
+      s = fmaf(av.x, wv.x, fmaf(av.y, wv.y, s));
+    }
+    for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (lane == 0) {
+      if constexpr (std::is_same_v<D, float>)
+        y[r * N + col] = s;
+      else
+        y[r * N + col] = __float2half(s);
+    }
+  };
+  for (int64_t c = 0; c < e.first[j]; ++c) dot(c);
+  for (int64_t c = e.end[j]; c < N; ++c) dot(c);
+}
+
+}  // namespace
+
+Status gemm_edge_columns(const void* a, const void* wt, int64_t K, void* y, DataType yt,
+                         int64_t M, int64_t N, const EdgeColumns& e, cudaStream_t stream) {
+  if (M == 0 || e.groups <= 0) return Status::Ok();
+  if (K % 2 != 0) return KILN_ERROR("gemm_edge_columns: K = {} is odd", K);
+  const unsigned blocks = static_cast<unsigned>((M + 7) / 8);
+  const auto* ah = static_cast<const __half*>(a);
+  const auto* wh = static_cast<const __half*>(wt);
+  if (yt == DataType::kFloat32)
+    edge_columns_kernel<<<blocks, 256, 0, stream>>>(ah, wh, K, static_cast<float*>(y), M, N, e);
+  else if (yt == DataType::kFloat16)
+    edge_columns_kernel<<<blocks, 256, 0, stream>>>(ah, wh, K, static_cast<__half*>(y), M, N, e);
+  else
+    return KILN_ERROR("gemm_edge_columns: output type {}", dtype_name(yt));
+  KILN_CUDA_LAUNCH_CHECK("edge columns");
+  return Status::Ok();
+}
+
+namespace {
+
 constexpr uint32_t kGemmCaps = kF32 | kF16 | kF64;
 
 const TacticDef kGemmTactics[] = {

@@ -41,6 +41,18 @@ Status check_gemm_dims(const BatchedGemm& g, const Node& n);
 Status copy_padded_rows(const void* src, DataType st, int64_t src_ld, void* dst, DataType dt,
                         int64_t rows, int64_t cols, cudaStream_t stream);
 
+// The columns a row-grouped product leaves to gemm_edge_columns: row r (group r % groups) has
+// its columns [first, end) from the product, the others from here.
+struct EdgeColumns {
+  int groups = 0;
+  int64_t first[16] = {}, end[16] = {};
+};
+
+// y[r, c] = A[r, :] . Wt[c, :] in float for the columns of each row outside its group's
+// [first, end): A [M, K] and Wt [N', K] float16 (K even), y [M, N] float32 or float16 (gemm.cu).
+Status gemm_edge_columns(const void* a, const void* wt, int64_t K, void* y, DataType yt,
+                         int64_t M, int64_t N, const EdgeColumns& e, cudaStream_t stream);
+
 // Runs the plan with cuBLAS on rc.stream: A and B of storage type `ab`, Y of `yt` (ab, or
 // float32 for 16-bit ab). Math: float64 in double; float32 strict (kFP32) or TF32 (kTF32);
 // 16-bit inputs accumulate in float. Y's old contents are ignored (beta = 0). K == 0 writes

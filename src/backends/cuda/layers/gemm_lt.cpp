@@ -14,6 +14,12 @@
 // N' zero, made once on the GPU; the product lands in the workspace as [M, N'], and a copy packs
 // its first N columns into the output (widening float16 to float32 for kF32Out). Without a bias
 // or residual (those have N elements), and where the padded product fits the workspace limit.
+// From 1024 rows (batch 32 of GPT-2 at sequence 128: 823 MB of float32 logits) an FP16 product
+// runs as row groups instead: rows r = j, j + G, ... (G = 4 for float32 rows of odd N, 8 for
+// float16) start at the same offset modulo 16 bytes, so each group is one cuBLASLt product with
+// 16-byte rows (ld G N) written in place from its row's first 16-byte boundary over a multiple
+// of 8 columns, and gemm_edge_columns (gemm.cu) computes the few columns left at each end. W (the
+// same [N', K] copy) is read G times; the padded product's write, read and copy are saved.
 #include <cublasLt.h>
 
 #include <algorithm>
@@ -103,13 +109,21 @@ struct LtHandles {
   }
 };
 
+// One cuBLASLt product of the layer: Y rows (or, with row groups, every G-th row from a_row) of
+// `n` columns from `d_col`, W's columns from d_col too.
+struct LtPart {
+  LtHandles lt;
+  cublasLtMatmulHeuristicResult_t algo{};
+  int64_t a_row = 0, d_col = 0;
+};
+
 class GemmLtLayer final : public Layer {
  public:
   explicit GemmLtLayer(const LayerDesc& d)
       : node_(d.node),
         precision_(d.precision),
         rank_(std::max(0, std::atoi(d.variant.c_str() + (d.variant.empty() ? 0 : 1)))) {}
-  ~GemmLtLayer() override { lt_.reset(); }
+  ~GemmLtLayer() override { reset(); }
 
   Expected<size_t> configure(const RunContext& rc, std::span<const DeviceTensor> in,
                              std::span<const DeviceTensor> out) override {
@@ -135,21 +149,33 @@ class GemmLtLayer final : public Layer {
     for (int64_t v : {M_, N_, K_})
       if (v > INT32_MAX)
         return KILN_ERROR("{}: a dimension of {} is beyond cuBLASLt's sizes", n.label(), v);
+    reset();
     if (M_ == 0 || N_ == 0 || K_ == 0) return size_t{0};
-    lt_.reset();
     const bool f16 = a.dtype == DataType::kFloat16;
     const int64_t io_size = f16 ? 2 : 4, pad_to = 16 / io_size;
+    const int64_t y_size = y.dtype == DataType::kFloat32 ? 4 : io_size;
     Np_ = N_;
     pad_bytes_ = 0;
+    groups_ = 0;
     if (N_ % pad_to != 0 && K_ % pad_to == 0 && w.host && !bias_ && !residual_) {
       const int64_t np = (N_ + pad_to - 1) / pad_to * pad_to;
       const size_t bytes = (size_t(M_ * np * io_size) + 255) / 256 * 256;
-      if (bytes + kMaxWorkspace <= rc.workspace_limit) {
+      // Row groups (f16, many rows): G = 16 / gcd(16, N * y_size) interleaved products whose
+      // rows all start 16-byte aligned, each from its own first column; W is read G times, the
+      // padded product's write, read and copy are saved.
+      if (f16 && M_ >= kRowGroupMinRows) {
+        int64_t g = 1;
+        while ((g * N_ * y_size) % 16 != 0) g *= 2;
+        groups_ = edges_.groups = static_cast<int>(g);
+      } else if (bytes + kMaxWorkspace <= rc.workspace_limit) {
         Np_ = np, pad_bytes_ = bytes;
+      }
+      if (groups_ || pad_bytes_) {
         void* before = wt_.get();
         KILN_RETURN_IF_ERROR(
-            wt_.reserve(size_t(Np_ * K_ * io_size), n.label() + ": padded weight"));
+            wt_.reserve(size_t(np * K_ * io_size), n.label() + ": transposed weight"));
         if (wt_.get() != before) wt_ready_ = false;
+        wt_rows_ = np;
         // Element (n, k) of the copy is W[k, n] ([K, N]), or W[n, k] with transB ([N, K]).
         KILN_ASSIGN_OR_RETURN(wt_plan_,
                               movement_detail::plan_copy({N_, K_}, tb ? std::vector<int64_t>{K_, 1}
@@ -158,55 +184,31 @@ class GemmLtLayer final : public Layer {
         tb = true;
       }
     }
-    const cudaDataType_t io = f16 ? CUDA_R_16F : CUDA_R_32F;
-    const cudaDataType_t yt = y.dtype == DataType::kFloat32 && !pad_bytes_ ? CUDA_R_32F : io;
-    const int64_t N = Np_;  // the GEMM's N
-    const cublasComputeType_t compute =
-        f16 || precision_ == Precision::kFP32 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32;
-    KILN_RETURN_IF_ERROR(cublas_check(cublasLtMatmulDescCreate(&lt_.desc, compute, CUDA_R_32F),
-                                      "cublasLtMatmulDescCreate"));
-    const cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = CUBLAS_OP_N;
-    auto set = [&](cublasLtMatmulDescAttributes_t attr, const void* v, size_t bytes) {
-      return cublas_check(cublasLtMatmulDescSetAttribute(lt_.desc, attr, v, bytes),
-                          "cublasLtMatmulDescSetAttribute");
-    };
-    KILN_RETURN_IF_ERROR(set(CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
-    KILN_RETURN_IF_ERROR(set(CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
-    cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_DEFAULT;
-    if (n.op_type == "FusedGemm" && !lt_epilogue(n, bias_, &ep))
-      return KILN_ERROR("{}: no cuBLASLt epilogue for its activation", n.label());
-    KILN_RETURN_IF_ERROR(set(CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof(ep)));
-    if (bias_) KILN_RETURN_IF_ERROR(set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &io, sizeof(io)));
-    const int64_t lda = tb ? K_ : N;
-    KILN_RETURN_IF_ERROR(cublas_check(
-        cublasLtMatrixLayoutCreate(&lt_.a, io, tb ? K_ : N, tb ? N : K_, lda), "layout"));
-    KILN_RETURN_IF_ERROR(
-        cublas_check(cublasLtMatrixLayoutCreate(&lt_.b, io, K_, M_, K_), "layout"));
-    KILN_RETURN_IF_ERROR(
-        cublas_check(cublasLtMatrixLayoutCreate(&lt_.c, yt, N, M_, N), "layout"));
-    KILN_RETURN_IF_ERROR(
-        cublas_check(cublasLtMatrixLayoutCreate(&lt_.d, yt, N, M_, N), "layout"));
-    cublasLtMatmulPreference_t pref = nullptr;
-    KILN_RETURN_IF_ERROR(
-        cublas_check(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate"));
-    const size_t ws = std::min(kMaxWorkspace, rc.workspace_limit - pad_bytes_);
-    const uint32_t align = 16;  // the arena aligns to 256; a caller's input pointer to 16 at least
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                         sizeof(ws));
-    for (auto attr :
-         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
-      cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align));
-    cublasLtMatmulHeuristicResult_t res[kRanks];
-    int got = 0;
-    const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(rc.cublaslt, lt_.desc, lt_.a, lt_.b,
-                                                             lt_.c, lt_.d, pref, kRanks, res, &got);
-    cublasLtMatmulPreferenceDestroy(pref);
-    KILN_RETURN_IF_ERROR(cublas_check(hs, "cublasLtMatmulAlgoGetHeuristic"));
-    if (got == 0) return KILN_ERROR("{}: cuBLASLt has no algorithm for this GEMM", n.label());
-    // The variant's rank in this shape's list (a shorter list: its last entry).
-    algo_ = res[std::min(rank_, got - 1)];
-    return pad_bytes_ + algo_.workspaceSize;
+    const size_t ws_limit = std::min(kMaxWorkspace, rc.workspace_limit - pad_bytes_);
+    size_t ws = 0;
+    if (groups_) {
+      const int64_t y_pad = 16 / y_size;
+      for (int64_t j = 0; j < groups_ && j < M_; ++j) {
+        // Row j starts at element j N: its first 16-byte boundary is column c; the product
+        // takes a multiple of 8 columns from there, edge_columns the rest of the row.
+        const int64_t c = (y_pad - (j * N_) % y_pad) % y_pad, cols = (N_ - c) / 8 * 8;
+        edges_.first[j] = c, edges_.end[j] = c + cols;
+        const int64_t rows = (M_ - j + groups_ - 1) / groups_;
+        if (cols == 0) continue;
+        LtPart& p = parts_.emplace_back();
+        p.a_row = j, p.d_col = c;
+        KILN_RETURN_IF_ERROR(make_part(rc, n, &p, f16, y.dtype, true, rows, cols,
+                                       groups_ * K_, groups_ * N_, ws_limit));
+        ws = std::max(ws, p.algo.workspaceSize);
+      }
+    } else {
+      const bool wide = y.dtype == DataType::kFloat32 && !pad_bytes_;
+      LtPart& p = parts_.emplace_back();
+      KILN_RETURN_IF_ERROR(make_part(rc, n, &p, f16, wide ? DataType::kFloat32 : a.dtype, tb, M_,
+                                     Np_, K_, Np_, ws_limit));
+      ws = p.algo.workspaceSize;
+    }
+    return pad_bytes_ + ws;
   }
 
   Status run(const RunContext& rc, std::span<const DeviceTensor> in,
@@ -220,16 +222,17 @@ class GemmLtLayer final : public Layer {
         return KILN_ERROR("{}: cuBLASLt needs 16-byte aligned tensors", node_->label());
     if (bias_) {
       const void* b = in[2].data;
-      KILN_RETURN_IF_ERROR(
-          cublas_check(cublasLtMatmulDescSetAttribute(lt_.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                      &b, sizeof(b)),
-                       "cublasLtMatmulDescSetAttribute"));
+      KILN_RETURN_IF_ERROR(cublas_check(
+          cublasLtMatmulDescSetAttribute(parts_[0].lt.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &b,
+                                         sizeof(b)),
+          "cublasLtMatmulDescSetAttribute"));
     }
+    const size_t esize = in[1].dtype == DataType::kFloat16 ? 2 : 4;
+    const size_t ysize = out[0].dtype == DataType::kFloat32 ? 4 : esize;
     const void* w = in[1].data;
-    if (pad_bytes_) {  // the first run of this context makes the padded copy of the weight
-      const size_t esize = in[1].dtype == DataType::kFloat16 ? 2 : 4;
+    if (pad_bytes_ || groups_) {  // the first run of this context makes the copy of the weight
       if (!wt_ready_) {
-        KILN_CUDA_CHECK(cudaMemsetAsync(wt_.get(), 0, size_t(Np_ * K_) * esize, rc.stream));
+        KILN_CUDA_CHECK(cudaMemsetAsync(wt_.get(), 0, size_t(wt_rows_ * K_) * esize, rc.stream));
         KILN_RETURN_IF_ERROR(movement_detail::run_copy(wt_plan_, in[1].data, wt_.get(), rc.stream));
       }
       wt_ready_ = true;
@@ -237,31 +240,106 @@ class GemmLtLayer final : public Layer {
     }
     const float alpha = 1.f, beta = residual_ ? 1.f : 0.f;
     // With padded rows, D is the start of the workspace and cuBLASLt's scratch follows it.
-    void* d = pad_bytes_ ? rc.workspace : out[0].data;
-    const void* c = residual_ ? in[3].data : d;
-    KILN_RETURN_IF_ERROR(cublas_check(
-        cublasLtMatmul(rc.cublaslt, lt_.desc, &alpha, w, lt_.a, in[0].data, lt_.b, &beta,
-                       c, lt_.c, d, lt_.d, &algo_.algo,
-                       static_cast<char*>(rc.workspace) + pad_bytes_,
-                       rc.workspace_bytes - pad_bytes_, rc.stream),
-        "cublasLtMatmul"));
+    void* y = pad_bytes_ ? rc.workspace : out[0].data;
+    void* scratch = static_cast<char*>(rc.workspace) + pad_bytes_;
+    const size_t scratch_bytes = rc.workspace_bytes - pad_bytes_;
+    for (const LtPart& p : parts_) {
+      const void* wp = static_cast<const char*>(w) + size_t(p.d_col * K_) * esize;
+      const void* ap = static_cast<const char*>(in[0].data) + size_t(p.a_row * K_) * esize;
+      void* d = static_cast<char*>(y) + size_t(p.a_row * N_ + p.d_col) * ysize;
+      const void* c = residual_ ? in[3].data : d;
+      KILN_RETURN_IF_ERROR(cublas_check(
+          cublasLtMatmul(rc.cublaslt, p.lt.desc, &alpha, wp, p.lt.a, ap, p.lt.b, &beta, c,
+                         p.lt.c, d, p.lt.d, &p.algo.algo, scratch, scratch_bytes, rc.stream),
+          "cublasLtMatmul"));
+    }
+    if (groups_)
+      return gemm_edge_columns(in[0].data, w, K_, out[0].data, out[0].dtype, M_, N_, edges_,
+                               rc.stream);
     if (!pad_bytes_) return Status::Ok();
-    return copy_padded_rows(d, in[0].dtype, Np_, out[0].data, out[0].dtype, M_, N_, rc.stream);
+    return copy_padded_rows(y, in[0].dtype, Np_, out[0].data, out[0].dtype, M_, N_, rc.stream);
   }
 
  private:
+  // Rows of 4096 tokens and more (batch 32 at sequence 128) take the row groups.
+  static constexpr int64_t kRowGroupMinRows = 1024;
+
+  void reset() {
+    for (LtPart& p : parts_) p.lt.reset();
+    parts_.clear();
+    edges_ = EdgeColumns{};
+  }
+
+  // The descriptor, layouts and algorithm of one product: D [rows, cols] (row-major, rows ldd
+  // apart) = A [rows, K] (rows lda apart) W [K, cols] (or W^T with tb: W as [cols, K]).
+  Status make_part(const RunContext& rc, const Node& n, LtPart* p, bool f16, DataType y_type,
+                   bool tb, int64_t rows, int64_t cols, int64_t lda, int64_t ldd,
+                   size_t ws_limit) {
+    LtHandles& lt = p->lt;
+    const cudaDataType_t io = f16 ? CUDA_R_16F : CUDA_R_32F;
+    const cudaDataType_t yt = y_type == DataType::kFloat32 ? CUDA_R_32F : io;
+    const cublasComputeType_t compute =
+        f16 || precision_ == Precision::kFP32 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32;
+    KILN_RETURN_IF_ERROR(cublas_check(cublasLtMatmulDescCreate(&lt.desc, compute, CUDA_R_32F),
+                                      "cublasLtMatmulDescCreate"));
+    const cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = CUBLAS_OP_N;
+    auto set = [&](cublasLtMatmulDescAttributes_t attr, const void* v, size_t bytes) {
+      return cublas_check(cublasLtMatmulDescSetAttribute(lt.desc, attr, v, bytes),
+                          "cublasLtMatmulDescSetAttribute");
+    };
+    KILN_RETURN_IF_ERROR(set(CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
+    KILN_RETURN_IF_ERROR(set(CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
+    cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_DEFAULT;
+    if (n.op_type == "FusedGemm" && !lt_epilogue(n, bias_, &ep))
+      return KILN_ERROR("{}: no cuBLASLt epilogue for its activation", n.label());
+    KILN_RETURN_IF_ERROR(set(CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof(ep)));
+    if (bias_) KILN_RETURN_IF_ERROR(set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &io, sizeof(io)));
+    // Column-major terms: D [cols, rows] = W' [cols, K] A' [K, rows].
+    KILN_RETURN_IF_ERROR(cublas_check(
+        cublasLtMatrixLayoutCreate(&lt.a, io, tb ? K_ : cols, tb ? cols : K_, tb ? K_ : Np_),
+        "layout"));
+    KILN_RETURN_IF_ERROR(
+        cublas_check(cublasLtMatrixLayoutCreate(&lt.b, io, K_, rows, lda), "layout"));
+    KILN_RETURN_IF_ERROR(
+        cublas_check(cublasLtMatrixLayoutCreate(&lt.c, yt, cols, rows, ldd), "layout"));
+    KILN_RETURN_IF_ERROR(
+        cublas_check(cublasLtMatrixLayoutCreate(&lt.d, yt, cols, rows, ldd), "layout"));
+    cublasLtMatmulPreference_t pref = nullptr;
+    KILN_RETURN_IF_ERROR(
+        cublas_check(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate"));
+    const uint32_t align = 16;  // the arena aligns to 256; a caller's input pointer to 16 at least
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_limit,
+                                         sizeof(ws_limit));
+    for (auto attr :
+         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+      cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align));
+    cublasLtMatmulHeuristicResult_t res[kRanks];
+    int got = 0;
+    const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(rc.cublaslt, lt.desc, lt.a, lt.b,
+                                                             lt.c, lt.d, pref, kRanks, res, &got);
+    cublasLtMatmulPreferenceDestroy(pref);
+    KILN_RETURN_IF_ERROR(cublas_check(hs, "cublasLtMatmulAlgoGetHeuristic"));
+    if (got == 0) return KILN_ERROR("{}: cuBLASLt has no algorithm for this GEMM", n.label());
+    // The variant's rank in this shape's list (a shorter list: its last entry).
+    p->algo = res[std::min(rank_, got - 1)];
+    return Status::Ok();
+  }
+
   const Node* node_;
   Precision precision_;
   int rank_;
   int64_t M_ = 0, N_ = 0, K_ = 0;
   int64_t Np_ = 0;        // the GEMM's N: N, or N padded to 16 bytes
   size_t pad_bytes_ = 0;  // the padded product's share of the workspace (0: no padding)
+  int groups_ = 0;        // row groups (0: none)
+  EdgeColumns edges_;     // with row groups: the columns each group's product leaves out
   bool bias_ = false, residual_ = false;
-  bool wt_ready_ = false;  // wt_ holds the padded weight
+  bool wt_ready_ = false;  // wt_ holds the weight as [N', K]
+  int64_t wt_rows_ = 0;
   DeviceMemory wt_;
   movement_detail::CopyPlan wt_plan_;
-  LtHandles lt_;
-  cublasLtMatmulHeuristicResult_t algo_{};
+  std::vector<LtPart> parts_;
 };
 
 }  // namespace
