@@ -3,7 +3,8 @@
 // full [B, 1, Sq, Sk] mask, causal -inf masks, fully masked rows; sequence tails and several key
 // tiles; cross attention), kiln.SkipLayerNorm and the last-axis LayerNorm
 // (layers/layernorm_rows.cu), and kiln.FusedGemm with a residual and MatMul by a constant weight
-// (layers/gemm_lt.cpp, and the cuBLAS layer with its epilogue).
+// (layers/gemm_lt.cpp, and the cuBLAS layer with its epilogue; CUTLASS's layers/gemm_cutlass.cpp
+// with the erf GELU).
 #include <limits>
 
 #include "backend_ops.h"
@@ -162,12 +163,24 @@ void gemm_cases(std::vector<OpCase>& v) {
       "fused_matmul_gelu_tanh_bias", "FusedGemm",
       attrs({{"base", S("MatMul")}, {"activation", S("Gelu")}, {"act_approximate", S("tanh")}}),
       {in({4, 16, 64}), konst_random({64, 256}, 0.2), konst_random({256}, 0.5)}, kModes, "kiln"));
+  // GELU (erf) with a bias, as BERT's and ViT's MLP (fused_gemm.cutlass_sm90's erf epilogue),
+  // over inputs wide enough for both tails.
+  v.push_back(make_case(
+      "fused_matmul_gelu_erf_bias", "FusedGemm",
+      attrs({{"base", S("MatMul")}, {"activation", S("Gelu")}}),
+      {in({4, 16, 64}, DataType::kFloat32, -3, 3), konst_random({64, 256}, 0.3),
+       konst_random({256}, 1.0)},
+      kModes, "kiln"));
   v.push_back(make_case("matmul_const_weight", "MatMul", attrs({}),
                         {in({2, 33, 64}), konst_random({64, 100}, 0.2)}, kModes));
   // N = 37 is not a 16-byte multiple in either type: matmul.cublaslt runs the GEMM at N padded
   // (its own zero-padded [N', K] copy of W) and packs the product (GPT-2's vocabulary of 50257).
   v.push_back(make_case("matmul_const_weight_odd_n", "MatMul", attrs({}),
                         {in({2, 33, 64}), konst_random({64, 37}, 0.2)}, kModes));
+  // From 1024 rows an FP16 product of such rows runs as row groups (every 4th row for float32
+  // output), each written in place from its first 16-byte boundary, the edge columns apart.
+  v.push_back(make_case("matmul_const_weight_odd_n_row_groups", "MatMul", attrs({}),
+                        {in({4, 300, 520}), konst_random({520, 301}, 0.1)}, kModes));
 }
 
 }  // namespace
