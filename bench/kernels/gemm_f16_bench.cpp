@@ -17,6 +17,7 @@
 #include <vector>
 
 #if KILN_HAVE_CUTLASS
+#include "event_median.h"
 #include "tactics/cutlass_gemm_f16.h"
 
 namespace {
@@ -42,24 +43,7 @@ void* random_half(size_t n, float scale, unsigned seed) {
 }
 
 float median_ms(const std::function<void()>& f, int runs) {
-  cudaEvent_t a, b;
-  GB_CHECK(cudaEventCreate(&a));
-  GB_CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < 5; ++i) f();
-  std::vector<float> t;
-  for (int i = 0; i < runs; ++i) {
-    GB_CHECK(cudaEventRecord(a));
-    f();
-    GB_CHECK(cudaEventRecord(b));
-    GB_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    GB_CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms);
-  }
-  std::sort(t.begin(), t.end());
-  GB_CHECK(cudaEventDestroy(a));
-  GB_CHECK(cudaEventDestroy(b));
-  return t[t.size() / 2];
+  return kiln::bench::event_median_ms(f, runs);
 }
 
 void report(const char* what, int m, int n, int k, float ms) {

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "event_median.h"
 #include "layers/conv_int8.cuh"
 #include "layers/conv_int8_pair.cuh"
 
@@ -51,24 +52,7 @@ T* upload(const std::vector<T>& v) {
 
 template <typename F>
 float median_ms(F&& f, int runs) {
-  cudaEvent_t a, b;
-  PW_CHECK(cudaEventCreate(&a));
-  PW_CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < 3; ++i) f();
-  std::vector<float> t;
-  for (int i = 0; i < runs; ++i) {
-    PW_CHECK(cudaEventRecord(a));
-    f();
-    PW_CHECK(cudaEventRecord(b));
-    PW_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    PW_CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms);
-  }
-  std::sort(t.begin(), t.end());
-  PW_CHECK(cudaEventDestroy(a));
-  PW_CHECK(cudaEventDestroy(b));
-  return t[t.size() / 2];
+  return kiln::bench::event_median_ms(f, runs);
 }
 
 // The first block of ResNet-50's stages 2-4 at batch 256: the wgmma pair kernel (expand and
