@@ -477,10 +477,13 @@ Expected<Plan> lower_for_gpu(Graph& g, const std::vector<std::vector<int64_t>>& 
       KILN_RETURN_IF_ERROR(check_build_memory(need, *mem, at.empty() ? "these shapes" : at));
     }
   }
-  KILN_ASSIGN_OR_RETURN(TimingCache cache, TimingCache::open(o.timing_cache, device_signature()));
+  // The cache's times hold for this GPU, these libraries and the tuner's way of timing (a
+  // round replayed as a CUDA graph: tuner.h).
+  KILN_ASSIGN_OR_RETURN(TimingCache cache, TimingCache::open(o.timing_cache,
+                                                             device_signature() + " graph-timed"));
   if (cache.device_mismatch() && o.log)
-    *o.log << "timing cache " << o.timing_cache << " is from another GPU or library version: "
-           << "its times are not used\n";
+    *o.log << "timing cache " << o.timing_cache
+           << " is from another GPU, library version or kiln tuner: its times are not used\n";
   std::unique_ptr<Tuner> tuner;
   std::unordered_set<const Value*> host_vals;
   for (size_t i = 0; i < g.inputs().size(); ++i) {

@@ -1,5 +1,7 @@
 #include "tuner.h"
 
+#include <cublas_v2.h>
+
 #include <algorithm>
 
 #include "layer.h"
@@ -15,7 +17,29 @@ Expected<std::unique_ptr<Tuner>> Tuner::create(TimingCache* cache, size_t worksp
   KILN_CUDA_CHECK(cudaEventCreate(&t->start_));
   KILN_CUDA_CHECK(cudaEventCreate(&t->stop_));
   KILN_ASSIGN_OR_RETURN(t->handles_, LibraryHandles::create(t->stream_));
+  RunContext rc;
+  t->handles_->bind(rc);
+  KILN_RETURN_IF_ERROR(t->cublas_ws_.reserve(size_t(32) << 20, "cuBLAS workspace"));
+  if (cublasSetWorkspace(rc.cublas, t->cublas_ws_.get(), t->cublas_ws_.bytes()) !=
+      CUBLAS_STATUS_SUCCESS)
+    return KILN_ERROR("cublasSetWorkspace failed");
   return t;
+}
+
+cudaGraphExec_t Tuner::capture_runs(const std::function<Status()>& run, int runs) {
+  if (cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  bool ok = true;
+  for (int i = 0; i < runs && ok; ++i) ok = run().ok();
+  cudaGraph_t graph = nullptr;
+  ok = cudaStreamEndCapture(stream_, &graph) == cudaSuccess && ok && graph;
+  cudaGraphExec_t exec = nullptr;
+  if (ok && cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) exec = nullptr;
+  if (graph) cudaGraphDestroy(graph);
+  cudaGetLastError();  // a refused capture leaves its error behind; it is not the layer's
+  return exec;
 }
 
 Tuner::~Tuner() {
@@ -118,10 +142,21 @@ Expected<double> Tuner::time_candidate(const Node& n, const LayerChoice& c,
   // (cuDNN's fallback engines take up to 120 ms per run).
   if (best_so_far > 0 && once > 3.0 * best_so_far) return static_cast<double>(once);
   const int per_round = std::clamp(static_cast<int>(1.0f / std::max(once, 1e-4f)), 1, 50);
+  cudaGraphExec_t graph = capture_runs([&] { return layer->run(rc, in, out); }, per_round);
+  struct GraphGuard {
+    cudaGraphExec_t g;
+    ~GraphGuard() {
+      if (g) cudaGraphExecDestroy(g);
+    }
+  } guard{graph};
+  if (graph) KILN_CUDA_CHECK(cudaGraphLaunch(graph, stream_));  // the first launch uploads it
   std::vector<double> rounds;
   for (int r = 0; r < 5; ++r) {
     KILN_CUDA_CHECK(cudaEventRecord(start_, stream_));
-    for (int i = 0; i < per_round; ++i) KILN_RETURN_IF_ERROR(layer->run(rc, in, out));
+    if (graph)
+      KILN_CUDA_CHECK(cudaGraphLaunch(graph, stream_));
+    else
+      for (int i = 0; i < per_round; ++i) KILN_RETURN_IF_ERROR(layer->run(rc, in, out));
     KILN_CUDA_CHECK(cudaEventRecord(stop_, stream_));
     KILN_CUDA_CHECK(cudaEventSynchronize(stop_));
     float ms = 0;

@@ -1,9 +1,13 @@
 // The tuner: times a layer's candidate tactics on the GPU at the profile's opt shapes and keeps
 // the fastest. Inputs are random (fresh per layer), weights are the layer's real constants in
-// the candidate's formats, the median of several timed rounds counts. Times come from and go to
+// the candidate's formats, the median of several timed rounds counts. A round is captured once
+// as a CUDA graph and replayed, so a small layer's time is the GPU's, as in an engine run with
+// CUDA graphs, not the host's launch cost (5 to 10 us a launch, more than a batch-1 transformer
+// layer's kernel); a layer that cannot be captured is timed on the stream. Times come from and go to
 // the timing cache, so a rebuild with the same cache makes the same choices without timing.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <ostream>
 #include <vector>
@@ -36,12 +40,16 @@ class Tuner {
   // `best_so_far` (ms, or <= 0): a candidate over 3x that is timed once only.
   Expected<double> time_candidate(const Node& n, const LayerChoice& c, const ShapeResult& shapes,
                                   double best_so_far);
+  // `runs` back-to-back calls of `run` as one instantiated CUDA graph; null when the calls
+  // cannot be captured (the stream is left out of capture either way).
+  cudaGraphExec_t capture_runs(const std::function<Status()>& run, int runs);
   TimingCache* cache_ = nullptr;
   size_t workspace_limit_ = 0;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t start_ = nullptr, stop_ = nullptr;
   std::unique_ptr<LibraryHandles> handles_;
   DeviceMemory workspace_;
+  DeviceMemory cublas_ws_;  // cuBLAS's own, so that it never allocates inside a capture
   std::vector<std::unique_ptr<DeviceMemory>> buffers_;
   uint64_t seed_ = 1;
 };
