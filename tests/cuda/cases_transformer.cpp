@@ -181,6 +181,9 @@ void gemm_cases(std::vector<OpCase>& v) {
   // output), each written in place from its first 16-byte boundary, the edge columns apart.
   v.push_back(make_case("matmul_const_weight_odd_n_row_groups", "MatMul", attrs({}),
                         {in({4, 300, 520}), konst_random({520, 301}, 0.1)}, kModes));
+  // Rows shorter than a 16-byte step: no product, the edge columns are the whole row.
+  v.push_back(make_case("matmul_const_weight_n3_row_groups", "MatMul", attrs({}),
+                        {in({2, 600, 64}), konst_random({64, 3}, 0.2)}, kModes));
 }
 
 }  // namespace

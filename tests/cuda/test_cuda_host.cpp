@@ -16,6 +16,7 @@
 #include "backends/cuda/kernels/int8.cuh"
 #include "backends/cuda/format_choice.h"
 #include "backends/cuda/layer.h"
+#include "backends/cuda/layers/gemm_common.h"
 #include "backends/cuda/lower.h"
 #include "backends/cuda/memory_check.h"
 #include "backends/cuda/plan.h"
@@ -704,3 +705,26 @@ TEST(BuildMemory, BuildRefusesShapesThatCannotFit) {
 
 }  // namespace
 }  // namespace kiln::gpu
+
+// matmul.cublaslt's row groups (layers/gemm_lt.cpp): every group's rows start 16-byte aligned at
+// its first column, its product covers a multiple of 8 columns inside the row, and the edge
+// columns are fewer than a 16-byte step plus 8 (or the whole row when it is that short).
+TEST(CudaHost, RowGroupsAlignEachGroupsProduct) {
+  for (int64_t y_size : {2, 4})
+    for (int64_t n : {1, 2, 3, 7, 9, 12, 13, 37, 301, 50257}) {
+      const kiln::gpu::EdgeColumns e = kiln::gpu::plan_row_groups(n, y_size);
+      SCOPED_TRACE(fmt::format("N {} of {} bytes", n, y_size));
+      ASSERT_GE(e.groups, 1);
+      ASSERT_LE(e.groups, 16);
+      EXPECT_EQ(e.groups * n * y_size % 16, 0);
+      if (e.groups > 1) EXPECT_NE(e.groups / 2 * n * y_size % 16, 0) << "not the fewest groups";
+      for (int j = 0; j < e.groups; ++j) {
+        EXPECT_LE(0, e.first[j]);
+        EXPECT_LE(e.first[j], e.end[j]);
+        EXPECT_LE(e.end[j], n);
+        EXPECT_EQ((e.end[j] - e.first[j]) % 8, 0);
+        if (e.end[j] > e.first[j]) EXPECT_EQ((j * n + e.first[j]) * y_size % 16, 0);
+        EXPECT_LT(e.first[j] + (n - e.end[j]), 16 / y_size + 8);
+      }
+    }
+}

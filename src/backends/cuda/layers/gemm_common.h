@@ -48,6 +48,12 @@ struct EdgeColumns {
   int64_t first[16] = {}, end[16] = {};
 };
 
+// The row groups of a product whose Y rows (N elements of y_size bytes) are not 16-byte
+// aligned (gemm_lt.cpp): `groups` G is the least power of two with G N y_size a multiple of 16,
+// so rows j, j + G, ... start at the same offset modulo 16 bytes; row j's product writes columns
+// [first[j], end[j]): from the row's first 16-byte boundary, a multiple of 8 columns.
+EdgeColumns plan_row_groups(int64_t N, int64_t y_size);
+
 // y[r, c] = A[r, :] . Wt[c, :] in float for the columns of each row outside its group's
 // [first, end): A [M, K] and Wt [N', K] float16 (K even), y [M, N] float32 or float16 (gemm.cu).
 Status gemm_edge_columns(const void* a, const void* wt, int64_t K, void* y, DataType yt,

@@ -164,9 +164,8 @@ class GemmLtLayer final : public Layer {
       // rows all start 16-byte aligned, each from its own first column; W is read G times, the
       // padded product's write, read and copy are saved.
       if (f16 && M_ >= kRowGroupMinRows) {
-        int64_t g = 1;
-        while ((g * N_ * y_size) % 16 != 0) g *= 2;
-        groups_ = edges_.groups = static_cast<int>(g);
+        edges_ = plan_row_groups(N_, y_size);
+        groups_ = edges_.groups;
       } else if (bytes + kMaxWorkspace <= rc.workspace_limit) {
         Np_ = np, pad_bytes_ = bytes;
       }
@@ -187,12 +186,9 @@ class GemmLtLayer final : public Layer {
     const size_t ws_limit = std::min(kMaxWorkspace, rc.workspace_limit - pad_bytes_);
     size_t ws = 0;
     if (groups_) {
-      const int64_t y_pad = 16 / y_size;
       for (int64_t j = 0; j < groups_ && j < M_; ++j) {
-        // Row j starts at element j N: its first 16-byte boundary is column c; the product
-        // takes a multiple of 8 columns from there, edge_columns the rest of the row.
-        const int64_t c = (y_pad - (j * N_) % y_pad) % y_pad, cols = (N_ - c) / 8 * 8;
-        edges_.first[j] = c, edges_.end[j] = c + cols;
+        // The product takes row j's columns [c, c + cols), gemm_edge_columns the rest.
+        const int64_t c = edges_.first[j], cols = edges_.end[j] - c;
         const int64_t rows = (M_ - j + groups_ - 1) / groups_;
         if (cols == 0) continue;
         LtPart& p = parts_.emplace_back();
@@ -343,6 +339,21 @@ class GemmLtLayer final : public Layer {
 };
 
 }  // namespace
+
+EdgeColumns plan_row_groups(int64_t N, int64_t y_size) {
+  EdgeColumns e;
+  int64_t g = 1;
+  while ((g * N * y_size) % 16 != 0) g *= 2;
+  e.groups = static_cast<int>(g);
+  const int64_t y_pad = 16 / y_size;
+  for (int64_t j = 0; j < g; ++j) {
+    // Row j starts at element j N: its first 16-byte boundary is column c.
+    const int64_t c = (y_pad - (j * N) % y_pad) % y_pad;
+    e.first[j] = std::min(c, N);
+    e.end[j] = e.first[j] + std::max<int64_t>(N - c, 0) / 8 * 8;
+  }
+  return e;
+}
 
 bool gemm_lt_supports(const LayerDesc& d, std::string* why) { return lt_supports(d, why); }
 std::vector<std::string> gemm_lt_variants(const LayerDesc& d) { return lt_variants(d); }
