@@ -24,6 +24,7 @@
 
 #include "kernels/device_util.cuh"
 #include "kernels/mma.cuh"
+#include "layers/attention_mha.h"
 #include "layers/gemm_common.h"
 #include "layers/movement_copy.h"
 #include "ops/op.h"
@@ -32,20 +33,6 @@
 namespace kiln::gpu {
 
 Expected<std::unique_ptr<Layer>> create_attention(const LayerDesc& d);  // gemm_attention.cu
-
-namespace {
-
-// --- shapes ---------------------------------------------------------------------------------
-
-// The layer's problem: batch, lengths, heads, head sizes and where each head's rows live.
-struct MhaShape {
-  int64_t B = 0, Sq = 0, Sk = 0, H = 0, D = 0, Dv = 0;
-  // Element offsets of head 0's first element and the row strides of Q, K, V in their inputs
-  // (packed: all three in input 0).
-  int64_t q_off = 0, k_off = 0, v_off = 0;
-  int64_t q_row = 0, k_row = 0, v_row = 0;
-  bool packed = false;
-};
 
 Expected<MhaShape> mha_shape(const Node& n, std::span<const DeviceTensor> in,
                              const DeviceTensor& y) {
@@ -87,7 +74,6 @@ Expected<MhaShape> mha_shape(const Node& n, std::span<const DeviceTensor> in,
   return s;
 }
 
-// Element strides of the mask over [B, H, Sq, Sk] (0 where it broadcasts).
 Expected<std::array<int64_t, 4>> mask_strides(const Node& n, const DeviceTensor& m,
                                               const MhaShape& s) {
   const std::vector<int64_t> full = {s.B, s.H, s.Sq, s.Sk};
@@ -104,6 +90,8 @@ Expected<std::array<int64_t, 4>> mask_strides(const Node& n, const DeviceTensor&
   }
   return st;
 }
+
+namespace {
 
 // --- mha.flash --------------------------------------------------------------------------------
 

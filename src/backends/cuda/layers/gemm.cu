@@ -467,6 +467,11 @@ std::vector<std::string> mha_flash_variants(const LayerDesc& d);
 Expected<std::unique_ptr<Layer>> create_mha_flash(const LayerDesc& d);
 bool mha_unfused_supports(const LayerDesc& d, std::string* why);
 Expected<std::unique_ptr<Layer>> create_mha_unfused(const LayerDesc& d);
+#if KILN_HAVE_CUDNN_FRONTEND
+// attention_cudnn.cpp
+bool mha_cudnn_supports(const LayerDesc& d, std::string* why);
+Expected<std::unique_ptr<Layer>> create_mha_cudnn(const LayerDesc& d);
+#endif
 
 namespace {
 
@@ -578,6 +583,9 @@ const TacticDef kGemmTactics[] = {
     {"kiln", "Attention", "attention.cublas", kGemmCaps, 0, attention_supports, create_attention},
     {"kiln", "MultiHeadAttention", "mha.flash", kF16, 0, mha_flash_supports, create_mha_flash,
      mha_flash_variants},
+#if KILN_HAVE_CUDNN_FRONTEND
+    {"kiln", "MultiHeadAttention", "mha.cudnn", kF16, 0, mha_cudnn_supports, create_mha_cudnn},
+#endif
     {"kiln", "MultiHeadAttention", "mha.unfused", kGemmCaps, 0, mha_unfused_supports,
      create_mha_unfused},
     {"", "Einsum", "einsum.generic", kF32 | kF16 | kF64, 0, einsum_supports, create_einsum},

@@ -1,0 +1,191 @@
+// kiln.MultiHeadAttention on cuDNN's fused attention (`mha.cudnn`): the SDPA node of cuDNN's
+// frontend graph API (header-only C++, PyPI's nvidia-cudnn-frontend), FP16 with float
+// statistics, inference only (no softmax statistics written). Q, K and V are described to cuDNN
+// as [B, H, S, D] through the projections' own strides (packed QKV: one tensor, three offsets),
+// and Y as [B, H, Sq, Dv] over the merged [B, Sq, H*Dv] layout, so the head split and merge cost
+// nothing, as in mha.flash; the additive mask is cuDNN's bias, broadcast over batch and heads
+// where it has one of them. One graph per shape, built at configure and kept; the tuner times it
+// against mha.flash. Built only with the frontend's headers (src/backends/cuda/CMakeLists.txt);
+// gated until test-backend-ops has passed it on a GPU (unverified_tactics_enabled).
+#if KILN_HAVE_CUDNN_FRONTEND
+#include <cudnn_frontend.h>
+#include <dlfcn.h>
+
+#include <map>
+#include <memory>
+#include <tuple>
+#include <unordered_map>
+
+#include "layers/attention_mha.h"
+#include "ops/op.h"
+#include "tactics.h"
+
+// The frontend reaches cuDNN through this handle (NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING): the
+// libcudnn.so.9 kiln already links, opened by cudnn_handle().
+namespace cudnn_frontend {
+void* cudnn_dlhandle = nullptr;
+}  // namespace cudnn_frontend
+
+namespace kiln::gpu {
+namespace {
+
+namespace fe = cudnn_frontend;
+
+bool cudnn_handle() {
+  static const bool ok = [] {
+    cudnn_frontend::cudnn_dlhandle = dlopen("libcudnn.so.9", RTLD_NOW | RTLD_NOLOAD);
+    if (!cudnn_frontend::cudnn_dlhandle)
+      cudnn_frontend::cudnn_dlhandle = dlopen("libcudnn.so.9", RTLD_NOW);
+    return cudnn_frontend::cudnn_dlhandle != nullptr;
+  }();
+  return ok;
+}
+
+enum Uid : int64_t { kQ = 1, kK, kV, kBias, kY };
+
+bool cudnn_mha_supports(const LayerDesc& d, std::string* why) {
+  if (!unverified_tactics_enabled(why)) return false;
+  const Node& n = *d.node;
+  if (d.precision != Precision::kFP16 || d.in.empty() || d.in[0].dtype != DataType::kFloat16)
+    return *why = "float16 only", false;
+  const bool packed = n.attrs.get_int("packed", 0) != 0;
+  for (size_t i = 1; i < 3 && !packed; ++i)
+    if (d.in.size() <= i || d.in[i].dtype != DataType::kFloat16)
+      return *why = "float16 only", false;
+  if (n.attrs.get_int("nan_to_zero", 0) != 0)
+    return *why = "a fully masked row is NaN here (nan_to_zero is kiln's own)", false;
+  const TensorType& q = d.in_type(0);
+  const int64_t h = n.attrs.get_int("num_heads", 0);
+  if (q.rank() != 3 || !q.dims->back().is_static() || h <= 0)
+    return *why = "Q's head size is unknown", false;
+  const int64_t dq = q.dims->back().value / (packed ? 3 * h : h);
+  if (dq % 8 != 0 || dq > 128) return *why = "head sizes up to 128, multiples of 8", false;
+  if (d.in.size() > 3 && d.in[3].present() && d.in[3].dtype != DataType::kFloat16 &&
+      d.in[3].dtype != DataType::kFloat32)
+    return *why = "a float16 or float32 mask only", false;
+  return true;
+}
+
+Status fe_check(fe::error_t e, const Node& n, const char* step) {
+  if (e.is_good()) return Status::Ok();
+  return KILN_ERROR("{}: cuDNN's fused attention: {}: {}", n.label(), step, e.get_message());
+}
+
+class CudnnMhaLayer final : public Layer {
+ public:
+  explicit CudnnMhaLayer(const LayerDesc& d) : node_(d.node) {
+    scale_ = d.node->attrs.get_float("scale", 1.f);
+  }
+
+  Expected<size_t> configure(const RunContext& rc, std::span<const DeviceTensor> in,
+                             std::span<const DeviceTensor> out) override {
+    const Node& n = *node_;
+    KILN_ASSIGN_OR_RETURN(s_, mha_shape(n, in, out[0]));
+    if (s_.Dv != s_.D) return KILN_ERROR("{}: mha.cudnn takes V's head size as Q's", n.label());
+    mask_ = in.size() > 3 && in[3].present() ? in[3].dtype : DataType::kUndefined;
+    std::array<int64_t, 4> ms{};
+    if (mask_ != DataType::kUndefined) {
+      KILN_ASSIGN_OR_RETURN(ms, mask_strides(n, in[3], s_));
+    }
+    if (s_.B == 0 || s_.Sq == 0 || s_.Sk == 0) return size_t{0};
+    const auto key = std::make_tuple(s_.B, s_.Sq, s_.Sk, ms[0], ms[1], ms[2], ms[3]);
+    auto& g = graphs_[key];
+    if (!g) {
+      KILN_ASSIGN_OR_RETURN(g, build(rc, ms));
+    }
+    graph_ = g.get();
+    int64_t ws = 0;
+    KILN_RETURN_IF_ERROR(fe_check(graph_->get_workspace_size(ws), n, "workspace size"));
+    return static_cast<size_t>(ws);
+  }
+
+  Status run(const RunContext& rc, std::span<const DeviceTensor> in,
+             std::span<const DeviceTensor> out) override {
+    if (s_.B == 0 || s_.Sq == 0) return Status::Ok();
+    if (s_.Sk == 0) return KILN_ERROR("{}: no keys (sequence length 0)", node_->label());
+    auto bytes = [](const DeviceTensor& t) { return static_cast<char*>(const_cast<void*>(t.data)); };
+    char* q = bytes(in[0]);
+    char* k = s_.packed ? q : bytes(in[1]);
+    char* v = s_.packed ? q : bytes(in[2]);
+    constexpr int64_t kHalf = 2;  // bytes of a float16
+    std::unordered_map<int64_t, void*> ptrs = {{kQ, q + s_.q_off * kHalf},
+                                               {kK, k + s_.k_off * kHalf},
+                                               {kV, v + s_.v_off * kHalf},
+                                               {kY, out[0].data}};
+    if (mask_ != DataType::kUndefined) ptrs[kBias] = const_cast<void*>(in[3].data);
+    return fe_check(graph_->execute(rc.cudnn, ptrs, rc.workspace), *node_, "execute");
+  }
+
+ private:
+  Expected<std::unique_ptr<fe::graph::Graph>> build(const RunContext& rc,
+                                                    const std::array<int64_t, 4>& ms) {
+    const Node& n = *node_;
+    if (!cudnn_handle()) return KILN_ERROR("{}: mha.cudnn: cannot open libcudnn.so.9", n.label());
+    auto g = std::make_unique<fe::graph::Graph>();
+    g->set_io_data_type(fe::DataType_t::HALF)
+        .set_intermediate_data_type(fe::DataType_t::FLOAT)
+        .set_compute_data_type(fe::DataType_t::FLOAT);
+    auto tensor = [&](const char* name, int64_t uid, int64_t s, int64_t row) {
+      // [B, H, S, D]: batch, head, row and element strides in the projection's layout.
+      return g->tensor(fe::graph::Tensor_attributes()
+                           .set_name(name)
+                           .set_uid(uid)
+                           .set_dim({s_.B, s_.H, s, s_.D})
+                           .set_stride({s * row, s_.D, row, 1}));
+    };
+    auto q = tensor("Q", kQ, s_.Sq, s_.q_row);
+    auto k = tensor("K", kK, s_.Sk, s_.k_row);
+    auto v = tensor("V", kV, s_.Sk, s_.v_row);
+    auto options = fe::graph::SDPA_attributes()
+                       .set_name("mha")
+                       .set_generate_stats(false)
+                       .set_attn_scale(scale_);
+    if (mask_ != DataType::kUndefined) {
+      // cuDNN's bias is [B or 1, H or 1, Sq, Sk]; a mask broadcast over Sq or Sk keeps the
+      // full extent with stride 0 (cuDNN may refuse it: the build then fails and the tuner
+      // keeps mha.flash).
+      auto bias = g->tensor(
+          fe::graph::Tensor_attributes()
+              .set_name("bias")
+              .set_uid(kBias)
+              .set_dim({ms[0] ? s_.B : 1, ms[1] ? s_.H : 1, s_.Sq, s_.Sk})
+              .set_stride({ms[0] ? ms[0] : 1, ms[1] ? ms[1] : 1, ms[2], ms[3]})
+              .set_data_type(mask_ == DataType::kFloat16 ? fe::DataType_t::HALF
+                                                         : fe::DataType_t::FLOAT));
+      options.set_bias(bias);
+    }
+    auto [y, stats] = g->sdpa(q, k, v, options);
+    (void)stats;
+    y->set_output(true)
+        .set_uid(kY)
+        .set_dim({s_.B, s_.H, s_.Sq, s_.D})
+        .set_stride({s_.Sq * s_.H * s_.D, s_.D, s_.H * s_.D, 1});
+    KILN_RETURN_IF_ERROR(fe_check(g->validate(), n, "validate"));
+    KILN_RETURN_IF_ERROR(fe_check(g->build_operation_graph(rc.cudnn), n, "operation graph"));
+    KILN_RETURN_IF_ERROR(
+        fe_check(g->create_execution_plans({fe::HeurMode_t::A}), n, "execution plans"));
+    KILN_RETURN_IF_ERROR(fe_check(g->check_support(rc.cudnn), n, "support"));
+    KILN_RETURN_IF_ERROR(fe_check(g->build_plans(), n, "plans"));
+    return g;
+  }
+
+  const Node* node_;
+  float scale_ = 1.f;
+  MhaShape s_;
+  DataType mask_ = DataType::kUndefined;
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
+  std::map<Key, std::unique_ptr<fe::graph::Graph>> graphs_;  // by shape and mask strides
+  fe::graph::Graph* graph_ = nullptr;                         // this shape's
+};
+
+}  // namespace
+
+bool mha_cudnn_supports(const LayerDesc& d, std::string* why) {
+  return cudnn_mha_supports(d, why);
+}
+Expected<std::unique_ptr<Layer>> create_mha_cudnn(const LayerDesc& d) {
+  return std::unique_ptr<Layer>(new CudnnMhaLayer(d));
+}
+
+}  // namespace kiln::gpu
+#endif  // KILN_HAVE_CUDNN_FRONTEND

@@ -1,0 +1,32 @@
+// kiln.MultiHeadAttention's problem as the GPU tactics see it (layers/attention_mha.cu, and
+// layers/attention_cudnn.cpp): batch, lengths, heads, head sizes, where each head's rows live in
+// Q, K and V (separate or packed), and how the additive mask broadcasts over the scores.
+#pragma once
+
+#include <array>
+#include <span>
+
+#include "layer.h"
+
+namespace kiln::gpu {
+
+// The layer's problem: batch, lengths, heads, head sizes and where each head's rows live.
+struct MhaShape {
+  int64_t B = 0, Sq = 0, Sk = 0, H = 0, D = 0, Dv = 0;
+  // Element offsets of head 0's first element and the row strides of Q, K, V in their inputs
+  // (packed: all three in input 0).
+  int64_t q_off = 0, k_off = 0, v_off = 0;
+  int64_t q_row = 0, k_row = 0, v_row = 0;
+  bool packed = false;
+};
+
+// Reads the layer's shapes (Q, K, V or packed QKV, and Y) into an MhaShape; an error names the
+// node and what does not fit.
+Expected<MhaShape> mha_shape(const Node& n, std::span<const DeviceTensor> in,
+                             const DeviceTensor& y);
+
+// Element strides of the mask over [B, H, Sq, Sk] (0 where it broadcasts).
+Expected<std::array<int64_t, 4>> mask_strides(const Node& n, const DeviceTensor& m,
+                                              const MhaShape& s);
+
+}  // namespace kiln::gpu
