@@ -45,24 +45,12 @@ enum Uid : int64_t { kQ = 1, kK, kV, kBias, kY };
 
 bool cudnn_mha_supports(const LayerDesc& d, std::string* why) {
   if (!unverified_tactics_enabled(why)) return false;
-  const Node& n = *d.node;
-  if (d.precision != Precision::kFP16 || d.in.empty() || d.in[0].dtype != DataType::kFloat16)
-    return *why = "float16 only", false;
-  const bool packed = n.attrs.get_int("packed", 0) != 0;
-  for (size_t i = 1; i < 3 && !packed; ++i)
-    if (d.in.size() <= i || d.in[i].dtype != DataType::kFloat16)
-      return *why = "float16 only", false;
-  if (n.attrs.get_int("nan_to_zero", 0) != 0)
+  int64_t dq = 0, dv = 0;
+  if (!mha_f16_head_sizes(d, &dq, &dv, why)) return false;
+  if (dq % 8 != 0 || dq > 128 || dv != dq)
+    return *why = "head sizes up to 128, multiples of 8, V's as Q's", false;
+  if (d.node->attrs.get_int("nan_to_zero", 0) != 0)
     return *why = "a fully masked row is NaN here (nan_to_zero is kiln's own)", false;
-  const TensorType& q = d.in_type(0);
-  const int64_t h = n.attrs.get_int("num_heads", 0);
-  if (q.rank() != 3 || !q.dims->back().is_static() || h <= 0)
-    return *why = "Q's head size is unknown", false;
-  const int64_t dq = q.dims->back().value / (packed ? 3 * h : h);
-  if (dq % 8 != 0 || dq > 128) return *why = "head sizes up to 128, multiples of 8", false;
-  if (d.in.size() > 3 && d.in[3].present() && d.in[3].dtype != DataType::kFloat16 &&
-      d.in[3].dtype != DataType::kFloat32)
-    return *why = "a float16 or float32 mask only", false;
   return true;
 }
 

@@ -91,6 +91,31 @@ Expected<std::array<int64_t, 4>> mask_strides(const Node& n, const DeviceTensor&
   return st;
 }
 
+bool mha_f16_head_sizes(const LayerDesc& d, int64_t* dq, int64_t* dv, std::string* why) {
+  const Node& n = *d.node;
+  if (d.precision != Precision::kFP16 || d.in.empty() || d.in[0].dtype != DataType::kFloat16)
+    return *why = "float16 only", false;
+  const bool packed = n.attrs.get_int("packed", 0) != 0;
+  for (size_t i = 1; i < 3 && !packed; ++i)
+    if (d.in.size() <= i || d.in[i].dtype != DataType::kFloat16)
+      return *why = "float16 only", false;
+  const TensorType& q = d.in_type(0);
+  const int64_t h = n.attrs.get_int("num_heads", 0);
+  if (q.rank() != 3 || !q.dims->back().is_static() || h <= 0)
+    return *why = "Q's head size is unknown", false;
+  *dq = *dv = q.dims->back().value / (packed ? 3 * h : h);
+  if (!packed) {
+    const TensorType& v = d.in_type(2);
+    if (v.rank() != 3 || !v.dims->back().is_static())
+      return *why = "V's head size is unknown", false;
+    *dv = v.dims->back().value / h;
+  }
+  if (d.in.size() > 3 && d.in[3].present() && d.in[3].dtype != DataType::kFloat16 &&
+      d.in[3].dtype != DataType::kFloat32)
+    return *why = "a float16 or float32 mask only", false;
+  return true;
+}
+
 namespace {
 
 // --- mha.flash --------------------------------------------------------------------------------
@@ -331,29 +356,9 @@ FlashKernel pick_flash(int d, int warps, DataType mask) {
 std::vector<std::string> flash_variants(const LayerDesc&) { return {"", "rows128"}; }
 
 bool flash_supports(const LayerDesc& d, std::string* why) {
-  const Node& n = *d.node;
-  if (d.precision != Precision::kFP16 || d.in.empty() || d.in[0].dtype != DataType::kFloat16)
-    return *why = "float16 only", false;
-  const bool packed = n.attrs.get_int("packed", 0) != 0;
-  for (size_t i = 1; i < 3 && !packed; ++i)
-    if (d.in.size() <= i || d.in[i].dtype != DataType::kFloat16)
-      return *why = "float16 only", false;
-  const TensorType& q = d.in_type(0);
-  const int64_t h = n.attrs.get_int("num_heads", 0);
-  if (q.rank() != 3 || !q.dims->back().is_static() || h <= 0)
-    return *why = "Q's head size is unknown", false;
-  const int64_t dq = q.dims->back().value / (packed ? 3 * h : h);
-  int64_t dv = dq;
-  if (!packed) {
-    const TensorType& v = d.in_type(2);
-    if (v.rank() != 3 || !v.dims->back().is_static())
-      return *why = "V's head size is unknown", false;
-    dv = v.dims->back().value / h;
-  }
+  int64_t dq = 0, dv = 0;
+  if (!mha_f16_head_sizes(d, &dq, &dv, why)) return false;
   if ((dq != 64 && dq != 128) || dv != dq) return *why = "head sizes 64 and 128 only", false;
-  if (d.in.size() > 3 && d.in[3].present() && d.in[3].dtype != DataType::kFloat16 &&
-      d.in[3].dtype != DataType::kFloat32)
-    return *why = "a float16 or float32 mask only", false;
   return true;
 }
 

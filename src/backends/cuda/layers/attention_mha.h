@@ -29,4 +29,8 @@ Expected<MhaShape> mha_shape(const Node& n, std::span<const DeviceTensor> in,
 Expected<std::array<int64_t, 4>> mask_strides(const Node& n, const DeviceTensor& m,
                                               const MhaShape& s);
 
+// The checks mha.flash and mha.cudnn share: FP16 Q, K, V (or packed QKV), a float16 or float32
+// mask, head sizes known at build time (*dq for Q and K, *dv for V); false with `why` otherwise.
+bool mha_f16_head_sizes(const LayerDesc& d, int64_t* dq, int64_t* dv, std::string* why);
+
 }  // namespace kiln::gpu
