@@ -73,7 +73,8 @@ if [ "${KILN_WITH_TF:-0}" = "1" ] && ! "$PY" -c "import tensorflow, tf2onnx" 2>/
     || "$PY" -m pip install --quiet --disable-pip-version-check --break-system-packages \
       "tensorflow-cpu==2.21.*" "tf2onnx==1.17.*"
 fi
-# Optional: CUTLASS headers for the CUDA INT8 tactic (KILN_WITH_CUTLASS=1).
+# Optional: the CUTLASS headers (CUTLASS tactics) and cuDNN's frontend headers (mha.cudnn)
+# (KILN_WITH_CUTLASS=1).
 if [ "${KILN_WITH_CUTLASS:-0}" = "1" ]; then
   "$(dirname "$0")/setup-cuda-deps.sh"
 fi
