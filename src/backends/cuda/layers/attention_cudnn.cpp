@@ -43,17 +43,6 @@ bool cudnn_handle() {
 
 enum Uid : int64_t { kQ = 1, kK, kV, kBias, kY };
 
-bool cudnn_mha_supports(const LayerDesc& d, std::string* why) {
-  if (!unverified_tactics_enabled(why)) return false;
-  int64_t dq = 0, dv = 0;
-  if (!mha_f16_head_sizes(d, &dq, &dv, why)) return false;
-  if (dq % 8 != 0 || dq > 128 || dv != dq)
-    return *why = "head sizes up to 128, multiples of 8, V's as Q's", false;
-  if (d.node->attrs.get_int("nan_to_zero", 0) != 0)
-    return *why = "a fully masked row is NaN here (nan_to_zero is kiln's own)", false;
-  return true;
-}
-
 Status fe_check(fe::error_t e, const Node& n, const char* step) {
   if (e.is_good()) return Status::Ok();
   return KILN_ERROR("{}: cuDNN's fused attention: {}: {}", n.label(), step, e.get_message());
@@ -71,6 +60,8 @@ class CudnnMhaLayer final : public Layer {
     KILN_ASSIGN_OR_RETURN(s_, mha_shape(n, in, out[0]));
     if (s_.Dv != s_.D) return KILN_ERROR("{}: mha.cudnn takes V's head size as Q's", n.label());
     mask_ = in.size() > 3 && in[3].present() ? in[3].dtype : DataType::kUndefined;
+    ptrs_ = {{kQ, nullptr}, {kK, nullptr}, {kV, nullptr}, {kY, nullptr}};
+    if (mask_ != DataType::kUndefined) ptrs_[kBias] = nullptr;
     std::array<int64_t, 4> ms{};
     if (mask_ != DataType::kUndefined) {
       KILN_ASSIGN_OR_RETURN(ms, mask_strides(n, in[3], s_));
@@ -96,12 +87,12 @@ class CudnnMhaLayer final : public Layer {
     char* k = s_.packed ? q : bytes(in[1]);
     char* v = s_.packed ? q : bytes(in[2]);
     constexpr int64_t kHalf = 2;  // bytes of a float16
-    std::unordered_map<int64_t, void*> ptrs = {{kQ, q + s_.q_off * kHalf},
-                                               {kK, k + s_.k_off * kHalf},
-                                               {kV, v + s_.v_off * kHalf},
-                                               {kY, out[0].data}};
-    if (mask_ != DataType::kUndefined) ptrs[kBias] = const_cast<void*>(in[3].data);
-    return fe_check(graph_->execute(rc.cudnn, ptrs, rc.workspace), *node_, "execute");
+    ptrs_[kQ] = q + s_.q_off * kHalf;  // the keys exist: no allocation per inference
+    ptrs_[kK] = k + s_.k_off * kHalf;
+    ptrs_[kV] = v + s_.v_off * kHalf;
+    ptrs_[kY] = out[0].data;
+    if (mask_ != DataType::kUndefined) ptrs_[kBias] = const_cast<void*>(in[3].data);
+    return fe_check(graph_->execute(rc.cudnn, ptrs_, rc.workspace), *node_, "execute");
   }
 
  private:
@@ -164,13 +155,22 @@ class CudnnMhaLayer final : public Layer {
   using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
   std::map<Key, std::unique_ptr<fe::graph::Graph>> graphs_;  // by shape and mask strides
   fe::graph::Graph* graph_ = nullptr;                         // this shape's
+  std::unordered_map<int64_t, void*> ptrs_;                   // the variant pack, by uid
 };
 
 }  // namespace
 
 bool mha_cudnn_supports(const LayerDesc& d, std::string* why) {
-  return cudnn_mha_supports(d, why);
+  if (!unverified_tactics_enabled(why)) return false;
+  int64_t dq = 0, dv = 0;
+  if (!mha_f16_head_sizes(d, &dq, &dv, why)) return false;
+  if (dq % 8 != 0 || dq > 128 || dv != dq)
+    return *why = "head sizes up to 128, multiples of 8, V's as Q's", false;
+  if (d.node->attrs.get_int("nan_to_zero", 0) != 0)
+    return *why = "a fully masked row is NaN here (nan_to_zero is kiln's own)", false;
+  return true;
 }
+
 Expected<std::unique_ptr<Layer>> create_mha_cudnn(const LayerDesc& d) {
   return std::unique_ptr<Layer>(new CudnnMhaLayer(d));
 }

@@ -156,25 +156,21 @@ class GemmLtLayer final : public Layer {
     const int64_t y_size = y.dtype == DataType::kFloat32 ? 4 : io_size;
     Np_ = N_;
     pad_bytes_ = 0;
-    groups_ = 0;
     if (N_ % pad_to != 0 && K_ % pad_to == 0 && w.host && !bias_ && !residual_) {
       const int64_t np = (N_ + pad_to - 1) / pad_to * pad_to;
       const size_t bytes = (size_t(M_ * np * io_size) + 255) / 256 * 256;
       // Row groups (f16, many rows): G = 16 / gcd(16, N * y_size) interleaved products whose
       // rows all start 16-byte aligned, each from its own first column; W is read G times, the
       // padded product's write, read and copy are saved.
-      if (f16 && M_ >= kRowGroupMinRows) {
+      if (f16 && M_ >= kRowGroupMinRows)
         edges_ = plan_row_groups(N_, y_size);
-        groups_ = edges_.groups;
-      } else if (bytes + kMaxWorkspace <= rc.workspace_limit) {
+      else if (bytes + kMaxWorkspace <= rc.workspace_limit)
         Np_ = np, pad_bytes_ = bytes;
-      }
-      if (groups_ || pad_bytes_) {
+      if (edges_.groups || pad_bytes_) {
         void* before = wt_.get();
         KILN_RETURN_IF_ERROR(
             wt_.reserve(size_t(np * K_ * io_size), n.label() + ": transposed weight"));
         if (wt_.get() != before) wt_ready_ = false;
-        wt_rows_ = np;
         // Element (n, k) of the copy is W[k, n] ([K, N]), or W[n, k] with transB ([N, K]).
         KILN_ASSIGN_OR_RETURN(wt_plan_,
                               movement_detail::plan_copy({N_, K_}, tb ? std::vector<int64_t>{K_, 1}
@@ -185,16 +181,16 @@ class GemmLtLayer final : public Layer {
     }
     const size_t ws_limit = std::min(kMaxWorkspace, rc.workspace_limit - pad_bytes_);
     size_t ws = 0;
-    if (groups_) {
-      for (int64_t j = 0; j < groups_ && j < M_; ++j) {
+    if (const int64_t groups = edges_.groups) {
+      for (int64_t j = 0; j < groups && j < M_; ++j) {
         // The product takes row j's columns [c, c + cols), gemm_edge_columns the rest.
         const int64_t c = edges_.first[j], cols = edges_.end[j] - c;
-        const int64_t rows = (M_ - j + groups_ - 1) / groups_;
+        const int64_t rows = (M_ - j + groups - 1) / groups;
         if (cols == 0) continue;
         LtPart& p = parts_.emplace_back();
         p.a_row = j, p.d_col = c;
         KILN_RETURN_IF_ERROR(make_part(rc, n, &p, f16, y.dtype, true, rows, cols,
-                                       groups_ * K_, groups_ * N_, ws_limit));
+                                       groups * K_, groups * N_, ws_limit));
         ws = std::max(ws, p.algo.workspaceSize);
       }
     } else {
@@ -226,9 +222,9 @@ class GemmLtLayer final : public Layer {
     const size_t esize = in[1].dtype == DataType::kFloat16 ? 2 : 4;
     const size_t ysize = out[0].dtype == DataType::kFloat32 ? 4 : esize;
     const void* w = in[1].data;
-    if (pad_bytes_ || groups_) {  // the first run of this context makes the copy of the weight
-      if (!wt_ready_) {
-        KILN_CUDA_CHECK(cudaMemsetAsync(wt_.get(), 0, size_t(wt_rows_ * K_) * esize, rc.stream));
+    if (pad_bytes_ || edges_.groups) {  // the first run of this context makes W's copy
+      if (!wt_ready_) {  // rows past N stay zero
+        KILN_CUDA_CHECK(cudaMemsetAsync(wt_.get(), 0, wt_.bytes(), rc.stream));
         KILN_RETURN_IF_ERROR(movement_detail::run_copy(wt_plan_, in[1].data, wt_.get(), rc.stream));
       }
       wt_ready_ = true;
@@ -249,7 +245,7 @@ class GemmLtLayer final : public Layer {
                          p.lt.c, d, p.lt.d, &p.algo.algo, scratch, scratch_bytes, rc.stream),
           "cublasLtMatmul"));
     }
-    if (groups_)
+    if (edges_.groups)
       return gemm_edge_columns(in[0].data, w, K_, out[0].data, out[0].dtype, M_, N_, edges_,
                                rc.stream);
     if (!pad_bytes_) return Status::Ok();
@@ -328,11 +324,9 @@ class GemmLtLayer final : public Layer {
   int64_t M_ = 0, N_ = 0, K_ = 0;
   int64_t Np_ = 0;        // the GEMM's N: N, or N padded to 16 bytes
   size_t pad_bytes_ = 0;  // the padded product's share of the workspace (0: no padding)
-  int groups_ = 0;        // row groups (0: none)
-  EdgeColumns edges_;     // with row groups: the columns each group's product leaves out
+  EdgeColumns edges_;     // row groups (groups 0: none) and the columns each product leaves out
   bool bias_ = false, residual_ = false;
   bool wt_ready_ = false;  // wt_ holds the weight as [N', K]
-  int64_t wt_rows_ = 0;
   DeviceMemory wt_;
   movement_detail::CopyPlan wt_plan_;
   std::vector<LtPart> parts_;
