@@ -202,6 +202,22 @@ void enqueue_outputs(PyContext& c, const std::vector<uintptr_t>& addresses, uint
   check(c.enqueue(reinterpret_cast<CUstream_st*>(stream)));
 }
 
+// kiln.Context.run's repeat call: the input shapes are those the context already holds (the
+// previous call's, checked then), so only the addresses are set before enqueueing on `stream`.
+void run_addresses(PyContext& c, const std::vector<std::string>& names,
+                   const std::vector<uintptr_t>& in, const std::vector<uintptr_t>& out,
+                   uintptr_t stream) {
+  if (names.size() != in.size() || out.size() != c.engine->outputs().size())
+    raise(ErrorKind::kValue, "one address per input name and per output is needed");
+  nb::gil_scoped_release release;
+  std::lock_guard<std::mutex> lock(c.mu);
+  for (size_t i = 0; i < in.size(); ++i)
+    check(c.ctx->set_tensor_address(names[i], reinterpret_cast<void*>(in[i])));
+  for (size_t i = 0; i < out.size(); ++i)
+    check(c.ctx->set_tensor_address(c.engine->outputs()[i].name, reinterpret_cast<void*>(out[i])));
+  check(c.enqueue(reinterpret_cast<CUstream_st*>(stream)));
+}
+
 // An uninitialised device array for a run's output when the inputs are not PyTorch tensors
 // (which get PyTorch's own): any DLPack consumer takes it without a copy. Returned with its
 // address, as (array, address): reading the address back through DLPack would hand out the
@@ -253,6 +269,8 @@ void bind_context(nb::module_& m) {
            "Runs on host arrays (name, array) and returns the outputs as NumPy arrays.")
       .def("_set_inputs", &set_inputs, nb::arg("names"), nb::arg("addresses"), nb::arg("shapes"))
       .def("_enqueue_outputs", &enqueue_outputs, nb::arg("addresses"), nb::arg("stream"))
+      .def("_run_addresses", &run_addresses, nb::arg("names"), nb::arg("inputs"),
+           nb::arg("outputs"), nb::arg("stream"))
       .def(
           "set_input_shape",
           [](PyContext& c, const std::string& name, const std::vector<int64_t>& dims) {

@@ -138,6 +138,48 @@ TEST(CudaEngine, DevicePathAndCudaGraphAgreeWithExecute) {
   }
 }
 
+// With CUDA graphs, a context keeps a graph per set of addresses (as a caller that allocates its
+// outputs afresh each call alternates between a few) and per shape; each replay writes where
+// that call asked, for that call's input.
+TEST(CudaEngine, CudaGraphsFollowAddressesAndShapes) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU here: GPU test skipped";
+  auto e = build(true);
+  ASSERT_TRUE(e);
+  auto ctx = e->create_context();
+  ASSERT_TRUE(ctx.ok()) << ctx.status().message();
+  const Tensor xa = random({3, 8, 10, 10}, 11), xb = random({5, 8, 10, 10}, 12);
+  auto ra = (*ctx)->execute({{"x", xa}});
+  auto rb = (*ctx)->execute({{"x", xb}});
+  ASSERT_TRUE(ra.ok() && rb.ok());
+  const size_t out_bytes = (*rb)[0].nbytes();
+  std::vector<void*> in(2), out(6);
+  for (void*& p : in) ASSERT_EQ(cudaMalloc(&p, xb.nbytes()), cudaSuccess);
+  for (void*& p : out) ASSERT_EQ(cudaMalloc(&p, out_bytes), cudaSuccess);
+  cudaMemcpy(in[0], xa.raw(), xa.nbytes(), cudaMemcpyHostToDevice);
+  cudaMemcpy(in[1], xb.raw(), xb.nbytes(), cudaMemcpyHostToDevice);
+  ASSERT_TRUE((*ctx)->set_use_cuda_graph(true).ok());
+  // (input, output): outputs alternating, more of them than graphs kept, and a second shape
+  const std::pair<int, int> calls[] = {{0, 0}, {0, 1}, {0, 0}, {0, 1}, {0, 2}, {0, 3}, {0, 4},
+                                       {0, 5}, {0, 0}, {1, 1}, {0, 2}, {1, 1}, {0, 2}, {0, 0}};
+  int step = 0;
+  for (auto [i, o] : calls) {
+    const Tensor& ref = (*(i == 0 ? ra : rb))[0];
+    ASSERT_TRUE((*ctx)->set_input_shape("x", ref.shape()).ok());
+    ASSERT_TRUE((*ctx)->set_tensor_address("x", in[i]).ok());
+    ASSERT_TRUE((*ctx)->set_tensor_address("y", out[o]).ok());
+    cudaMemset(out[o], 0xff, out_bytes);  // poison: NaN where nothing writes
+    Status st = (*ctx)->enqueue(nullptr);
+    ASSERT_TRUE(st.ok()) << st.message();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    Tensor y(DataType::kFloat32, ref.shape());
+    cudaMemcpy(y.raw(), out[o], y.nbytes(), cudaMemcpyDeviceToHost);
+    EXPECT_LT(rel_l2(y, ref), 1e-6) << "call " << step << ": input " << i << ", output " << o;
+    ++step;
+  }
+  for (void* p : in) cudaFree(p);
+  for (void* p : out) cudaFree(p);
+}
+
 TEST(CudaEngine, SaveLoadAndBadShapes) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU here: GPU test skipped";
   auto e = build(true);

@@ -232,3 +232,31 @@ def test_torch_cuda_tensors_round_trip(models_dir):
     for k in out:
         torch.testing.assert_close(torch.from_dlpack(y[k]), out[k])
 
+
+@pytest.mark.skipif(bool(gpu_reason()), reason=f"no usable GPU: {gpu_reason()}")
+@pytest.mark.parametrize("graphs", [False, True])
+def test_repeated_torch_calls(models_dir, graphs):
+    """Repeats of a call take run()'s short path; each still reads its own input, writes new
+    outputs, and a change of shape, dtype or the low-level setters goes back to the full path."""
+    torch = pytest.importorskip("torch")
+    model = models_dir / "small_cnn.onnx"
+    engine = kiln.build(str(model), backend="cuda", min_shapes={"input": [1, 3, 32, 32]},
+                        opt_shapes={"input": [4, 3, 32, 32]}, max_shapes={"input": [8, 3, 32, 32]})
+    ctx = engine.create_context()
+    ctx.set_use_cuda_graph(graphs)
+    kept = []
+    for step, batch in enumerate([4, 4, 4, 4, 2, 4, 4, 2, 2]):
+        x = torch.randn(batch, 3, 32, 32, device="cuda")
+        out = ctx.run({"input": x})
+        want = ort_outputs(model, {"input": x.cpu().numpy()})
+        for k, v in out.items():
+            assert rel_l2(v.cpu().numpy(), want[k]) < 1e-3, (step, k)
+            assert all(v.data_ptr() != o[k].data_ptr() for o in kept), "outputs are new tensors"
+        kept.append(out)
+        if step == 5:  # the low-level path sets another shape in between
+            ctx.set_input_shape("input", [3, 3, 32, 32])
+    with pytest.raises(kiln.KilnTypeError):
+        ctx.run({"input": torch.zeros(4, 3, 32, 32, device="cuda", dtype=torch.float16)})
+    with pytest.raises(kiln.KilnValueError):
+        ctx.run({"input": torch.zeros(4, 3, 32, 32, device="cuda"), "extra": torch.zeros(1, device="cuda")})
+

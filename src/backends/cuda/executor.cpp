@@ -42,13 +42,23 @@ struct Instance {
   std::vector<OutputCopy> output_copies;
   std::vector<std::vector<int64_t>> output_shapes;
   std::vector<size_t> output_bytes;
-  cudaGraphExec_t graph = nullptr;
+  // CUDA graphs of this shape, one per set of input and output addresses (a caller that
+  // allocates its outputs afresh each call, as PyTorch's allocator does, alternates between a few
+  // addresses), at most kGraphsPerShape, the least recently used replaced.
+  struct Graph {
+    std::vector<void*> io;
+    cudaGraphExec_t exec = nullptr;
+    uint64_t config = 0;  // the context's config_generation_ at capture
+    uint64_t used = 0;
+  };
+  static constexpr size_t kGraphsPerShape = 4;
+  std::vector<Graph> graphs;
   bool ran_direct = false;  // once run without capture (layers' first-run work is not captured)
-  std::vector<void*> graph_io;
-  uint64_t graph_generation = 0;
-  ~Instance() {
-    if (graph) cudaGraphExecDestroy(graph);
+  void drop_graphs() {
+    for (Graph& g : graphs) cudaGraphExecDestroy(g.exec);
+    graphs.clear();
   }
+  ~Instance() { drop_graphs(); }
 };
 
 class CudaContext final : public ExecutionContext {
@@ -193,6 +203,8 @@ class CudaContext final : public ExecutionContext {
   std::vector<void*> in_addr_, out_addr_;
   uint64_t generation_ = 1;         // bumps when an address or the arena changes
   uint64_t bound_generation_ = 0;
+  uint64_t config_generation_ = 1;  // bumps when the layers are configured for another shape
+  uint64_t graph_clock_ = 0;        // orders graph launches (least recently used)
   bool use_graph_ = false;
   std::vector<cudaEvent_t> events_;
   // Host path staging (execute()).
@@ -463,16 +475,15 @@ Status CudaContext::configure(Instance& inst) {
     KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
     KILN_RETURN_IF_ERROR(arena_.reserve(inst.arena_bytes, "the activation arena"));
     KILN_RETURN_IF_ERROR(workspace_.reserve(std::max<size_t>(ws, 256), "layer workspace"));
-    for (auto& [k, other] : instances_) {  // captured graphs hold the old addresses
-      if (other->graph) cudaGraphExecDestroy(other->graph);
-      other->graph = nullptr;
-    }
+    for (auto& [k, other] : instances_) other->drop_graphs();  // they hold the old addresses
     ++generation_;
   }
   rc_.workspace = workspace_.get();
   rc_.workspace_bytes = workspace_.bytes();
   current_ = &inst;
   ++generation_;
+  // Layers configured for another shape: other shapes' graphs are captured again before use.
+  ++config_generation_;
   return Status::Ok();
 }
 
@@ -609,10 +620,13 @@ Status CudaContext::enqueue_read(CUstream_st* stream, std::vector<LayerTiming>* 
   // the first run of an instance, so that what layers do once at their first run (a tactic's
   // constants, library plans) happens outside a capture, where allocations are not allowed.
   const bool direct = !use_graph_ || layer_times || !debug_.empty() || !inst->ran_direct;
-  if (!direct && inst->graph && inst->graph_io == io &&
-      inst->graph_generation == generation_) {
-    KILN_CUDA_CHECK(cudaGraphLaunch(inst->graph, s));
-    return Status::Ok();
+  if (!direct) {
+    for (Instance::Graph& g : inst->graphs)
+      if (g.io == io && g.config == config_generation_) {
+        g.used = ++graph_clock_;
+        KILN_CUDA_CHECK(cudaGraphLaunch(g.exec, s));
+        return Status::Ok();
+      }
   }
   KILN_RETURN_IF_ERROR(configure(*inst));
   bind(*inst);
@@ -621,8 +635,18 @@ Status CudaContext::enqueue_read(CUstream_st* stream, std::vector<LayerTiming>* 
     inst->ran_direct = true;
     return copy_outputs(*inst, s);
   }
-  if (inst->graph) cudaGraphExecDestroy(inst->graph);
-  inst->graph = nullptr;
+  // Graphs from before a reconfiguration go; past kGraphsPerShape, the least recently used.
+  std::erase_if(inst->graphs, [&](const Instance::Graph& g) {
+    if (g.config == config_generation_) return false;
+    cudaGraphExecDestroy(g.exec);
+    return true;
+  });
+  if (inst->graphs.size() >= Instance::kGraphsPerShape) {
+    auto lru = std::min_element(inst->graphs.begin(), inst->graphs.end(),
+                                [](const auto& a, const auto& b) { return a.used < b.used; });
+    cudaGraphExecDestroy(lru->exec);
+    inst->graphs.erase(lru);
+  }
   // The default streams cannot be captured: the graph is captured on the context's own stream
   // and launched on the caller's (PyTorch's default stream is the legacy one).
   const cudaStream_t cap = s == cudaStreamLegacy || s == cudaStreamPerThread ? stream_ : s;
@@ -642,12 +666,12 @@ Status CudaContext::enqueue_read(CUstream_st* stream, std::vector<LayerTiming>* 
     return st;
   }
   KILN_RETURN_IF_ERROR(cuda_check(end, "cudaStreamEndCapture (a layer is not capturable)"));
-  const cudaError_t inst_err = cudaGraphInstantiate(&inst->graph, graph, 0);
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t inst_err = cudaGraphInstantiate(&exec, graph, 0);
   cudaGraphDestroy(graph);
   KILN_RETURN_IF_ERROR(cuda_check(inst_err, "cudaGraphInstantiate"));
-  inst->graph_io = io;
-  inst->graph_generation = generation_;
-  KILN_CUDA_CHECK(cudaGraphLaunch(inst->graph, s));
+  inst->graphs.push_back({std::move(io), exec, config_generation_, ++graph_clock_});
+  KILN_CUDA_CHECK(cudaGraphLaunch(exec, s));
   return Status::Ok();
 }
 

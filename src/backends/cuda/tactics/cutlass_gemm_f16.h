@@ -15,7 +15,7 @@
 
 namespace kiln::cuda {
 
-enum class F16GemmAct { kNone, kGelu, kGeluTanh };
+enum class F16GemmAct { kNone, kGelu, kGeluTanh, kGeluErff, kGeluErfTanh };
 
 class F16Gemm {
  public:
