@@ -13,6 +13,7 @@
 #include "backends/backend.h"
 #include "backends/cuda/device_util_host.h"
 #include "backends/cuda/kernels/fast_div.cuh"
+#include "backends/cuda/kernels/gelu_erf.cuh"
 #include "backends/cuda/kernels/int8.cuh"
 #include "backends/cuda/format_choice.h"
 #include "backends/cuda/layer.h"
@@ -727,4 +728,21 @@ TEST(CudaHost, RowGroupsAlignEachGroupsProduct) {
         EXPECT_LT(e.first[j] + (n - e.end[j]), 16 / y_size + 8);
       }
     }
+}
+
+// The erf GELU of CUTLASS's FFN1 epilogue (kernels/gelu_erf.cuh) against x * Phi(x) in double:
+// within 3e-5 everywhere, exact far out (x past 6 keeps x, far below -6 gives 0).
+TEST(CudaHost, GeluErfFormIsWithinItsBound) {
+  double worst = 0, at = 0;
+  for (int i = -120000; i <= 120000; ++i) {
+    const double x = i * 1e-4;
+    const double want = 0.5 * x * std::erfc(-x / std::sqrt(2.0));
+    const double err = std::abs(kiln::gpu::gelu_erf_sigmoid(static_cast<float>(x)) - want);
+    if (err > worst) worst = err, at = x;
+  }
+  EXPECT_LT(worst, 3.2e-5) << "at x = " << at;
+  EXPECT_FLOAT_EQ(kiln::gpu::gelu_erf_sigmoid(100.f), 100.f);
+  EXPECT_NEAR(kiln::gpu::gelu_erf_sigmoid(-100.f), 0.f, 2e-8);  // 0 in FP16
+  EXPECT_NEAR(kiln::gpu::gelu_erf_sigmoid(-65504.f), 0.f, 2e-8);
+  EXPECT_FLOAT_EQ(kiln::gpu::gelu_erf_sigmoid(0.f), 0.f);
 }

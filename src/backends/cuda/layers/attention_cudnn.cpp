@@ -5,8 +5,9 @@
 // and Y as [B, H, Sq, Dv] over the merged [B, Sq, H*Dv] layout, so the head split and merge cost
 // nothing, as in mha.flash; the additive mask is cuDNN's bias, broadcast over batch and heads
 // where it has one of them. One graph per shape, built at configure and kept; the tuner times it
-// against mha.flash. Built only with the frontend's headers (src/backends/cuda/CMakeLists.txt);
-// gated until test-backend-ops has passed it on a GPU (unverified_tactics_enabled).
+// against mha.flash. Built only with the frontend's headers (src/backends/cuda/CMakeLists.txt).
+// cuDNN writes 0 for a row the mask removes entirely: it takes masked attention only where kiln's
+// nan_to_zero asks for that (SDPA's exports); unmasked attention (ViT) always.
 #if KILN_HAVE_CUDNN_FRONTEND
 #include <cudnn_frontend.h>
 #include <dlfcn.h>
@@ -161,7 +162,6 @@ class CudnnMhaLayer final : public Layer {
 }  // namespace
 
 bool mha_cudnn_supports(const LayerDesc& d, std::string* why) {
-  if (!unverified_tactics_enabled(why)) return false;
   int64_t dq = 0, dv = 0;
   if (!mha_f16_head_sizes(d, &dq, &dv, why)) return false;
   if (dq % 8 != 0 || dq > 128 || dv != dq)

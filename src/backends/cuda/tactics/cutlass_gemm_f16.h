@@ -15,7 +15,7 @@
 
 namespace kiln::cuda {
 
-enum class F16GemmAct { kNone, kGelu, kGeluTanh, kGeluErff, kGeluErfTanh };
+enum class F16GemmAct { kNone, kGelu, kGeluTanh };
 
 class F16Gemm {
  public:

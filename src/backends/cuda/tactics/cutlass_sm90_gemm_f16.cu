@@ -6,7 +6,6 @@
 // large M), ping-pong 128 x 128 x 64 and 128 x 64 x 64 (one warp group's epilogue under the
 // other's math; the narrow one for N = 768 at small M). Built only when CUTLASS's headers are
 // found (src/backends/cuda/CMakeLists.txt).
-#include <cmath>
 #include <cstdint>
 
 // clang-format off
@@ -24,6 +23,7 @@
 #include "check.h"
 #include "cutlass_gemm_f16.h"
 #include "cutlass_int8_epilogue.h"
+#include "kernels/gelu_erf.cuh"
 // clang-format on
 
 namespace kiln::cuda {
@@ -31,44 +31,13 @@ namespace {
 
 using namespace cute;
 
-// erf GELU, x * Phi(x), written as x * sigmoid(2 u(x)) with u(x) = atanh(erf(x / sqrt 2)) fitted
-// by an odd quintic on |x| <= 6 (x clamped there; past it Phi is 0 or 1 in float): one ex2 and one
-// rcp (SFU) and seven FMA-pipe operations, where erff takes two dozen. |error| <= 3e-5 against
-// x * Phi(x), far below FP16's rounding of the output. An epilogue that computes erff holds the
-// tensor cores idle for 14 us of BERT's 54 us FFN1 at batch 32 (kiln_gemm_f16_bench).
-CUTLASS_HOST_DEVICE float gelu_erf_sigmoid(float x) {
-  const float c = fminf(fmaxf(x, -6.f), 6.f), c2 = c * c;
-  // -2 log2(e) * u(c), so that exp2 of it is exp(-2 u).
-  const float v = c * fmaf(fmaf(1.035474736e-03f, c2, -1.069067002e-01f), c2, -2.300976870e+00f);
-#if defined(__CUDA_ARCH__)
-  float e, r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(v));
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(1.f + e));
-  return x * r;
-#else
-  return x / (1.f + std::exp2(v));
-#endif
-}
-
-// The same u(x) through tanh.approx (one SFU operation; its relative error is 2^-11, so the
-// result is within about 2.5e-4 |x|).
-CUTLASS_HOST_DEVICE float gelu_erf_tanh(float x) {
-  const float c = fminf(fmaxf(x, -6.f), 6.f), c2 = c * c;
-  const float u = c * fmaf(fmaf(-3.588681970e-04f, c2, 3.705103890e-02f), c2, 7.974578150e-01f);
-#if defined(__CUDA_ARCH__)
-  float t;
-  asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(u));
-#else
-  const float t = std::tanh(u);
-#endif
-  const float h = 0.5f * x;
-  return fmaf(h, t, h);
-}
-
+// erf GELU in a form cheaper than erff (kernels/gelu_erf.cuh).
 template <class T>
 struct GeluErfSigmoid {
   static const bool kIsHeavy = true;
-  CUTLASS_HOST_DEVICE T operator()(T const& x) const { return T(gelu_erf_sigmoid(float(x))); }
+  CUTLASS_HOST_DEVICE T operator()(T const& x) const {
+    return T(kiln::gpu::gelu_erf_sigmoid(float(x)));
+  }
 };
 template <int N>
 struct GeluErfSigmoid<cutlass::Array<float, N>> {
@@ -76,26 +45,10 @@ struct GeluErfSigmoid<cutlass::Array<float, N>> {
   CUTLASS_HOST_DEVICE cutlass::Array<float, N> operator()(cutlass::Array<float, N> const& x) const {
     cutlass::Array<float, N> y;
     CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < N; ++i) y[i] = gelu_erf_sigmoid(x[i]);
+    for (int i = 0; i < N; ++i) y[i] = kiln::gpu::gelu_erf_sigmoid(x[i]);
     return y;
   }
 };
-template <class T>
-struct GeluErfTanh {
-  static const bool kIsHeavy = true;
-  CUTLASS_HOST_DEVICE T operator()(T const& x) const { return T(gelu_erf_tanh(float(x))); }
-};
-template <int N>
-struct GeluErfTanh<cutlass::Array<float, N>> {
-  static const bool kIsHeavy = true;
-  CUTLASS_HOST_DEVICE cutlass::Array<float, N> operator()(cutlass::Array<float, N> const& x) const {
-    cutlass::Array<float, N> y;
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < N; ++i) y[i] = gelu_erf_tanh(x[i]);
-    return y;
-  }
-};
-
 template <class TileShape, class KernelSchedule, class EpiSchedule, template <class> class Act>
 struct Config {
   using E = cutlass::half_t;
@@ -216,10 +169,6 @@ std::unique_ptr<F16Gemm> make_f16_gemm(F16GemmAct act, const std::string& tile) 
       return make<GeluErfSigmoid>(tile);
     case F16GemmAct::kGeluTanh:
       return make<cutlass::epilogue::thread::GELU_taylor>(tile);
-    case F16GemmAct::kGeluErff:
-      return tile == "pp128x64" ? nullptr : make<cutlass::epilogue::thread::GELU>(tile);
-    case F16GemmAct::kGeluErfTanh:
-      return tile == "pp128x64" ? nullptr : make<GeluErfTanh>(tile);
   }
   return nullptr;
 }
