@@ -39,8 +39,9 @@ def input_shape(engine, batch):
 
 def ctx_run_call(engine, batch, use_torch, graph=False):
     """A warmed-up ctx.run on one input as a function of no arguments, and how to wait for it.
-    `graph`: with CUDA graphs and the outputs given (the same addresses every call, so the
-    captured graph is replayed)."""
+    Each call's outputs are new tensors and the last call's are held while the next one runs, as
+    a caller that keeps its result does (PyTorch's allocator then alternates between addresses).
+    `graph`: with CUDA graphs (a graph per address set, replayed)."""
     name, shape = input_shape(engine, batch)
     ctx = engine.create_context()
     if graph:
@@ -53,10 +54,10 @@ def ctx_run_call(engine, batch, use_torch, graph=False):
     else:
         x = np.random.default_rng(0).standard_normal(shape).astype(engine.inputs[0].dtype)
         sync = lambda: None  # noqa: E731 - the cpu backend returns when done
-    outs = ctx.run({name: x}) if graph else None
+    held = {}
 
     def call():
-        ctx.run({name: x}, outputs=outs)
+        held["out"] = ctx.run({name: x})
 
     for _ in range(20):
         call()

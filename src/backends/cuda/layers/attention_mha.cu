@@ -164,6 +164,92 @@ __device__ __forceinline__ uint32_t pack_half2(float a, float b) {
 __device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
 __device__ __forceinline__ float to_f32(float x) { return x; }
 
+// One online-softmax step of a warp: its 16 query rows (rows q16.. of the Q tile `sq`) against
+// the 32 keys of the K and V tiles' rows at `kt` and `vt` (keys kbase..kbase+31), updating the
+// rows' running maximum m (in base 2), sums l (this lane's part) and output fragments o.
+template <int D, typename MaskT>
+__device__ __forceinline__ void flash_step(const FlashArgs& a, const __half* sq, const __half* kt,
+                                           const __half* vt, int kbase, int q16,
+                                           const MaskT* const (&mrow)[2], int lane,
+                                           float (&o)[D / 8][4], float (&m)[2], float (&l)[2]) {
+  // This lane's ldmatrix row offsets: Q's A fragments, K's and V's B fragments.
+  const int qrow = q16 + (lane % 8) + ((lane / 8) % 2) * 8, qcol = (lane / 16) * 8;
+  const int krow = (lane % 8) + (lane / 16) * 8, kcol = ((lane / 8) % 2) * 8;
+  const int vrow = (lane % 8) + ((lane / 8) % 2) * 8, vcol = (lane / 16) * 8;
+  // S = Q K^T for this warp's 16 rows and 32 keys: four n8 blocks.
+  float s[kChunk / 8][4];
+#pragma unroll
+  for (int i = 0; i < kChunk / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t qf[4];
+    ldmatrix_x4(qf, smem_u32(sq + swz<D>(qrow, kk * 16 + qcol)));
+#pragma unroll
+    for (int nb = 0; nb < kChunk / 16; ++nb) {
+      uint32_t bf[4];
+      ldmatrix_x4(bf, smem_u32(kt + swz<D>(nb * 16 + krow, kk * 16 + kcol)));
+      mma_f16(s[2 * nb], qf, bf[0], bf[1]);
+      mma_f16(s[2 * nb + 1], qf, bf[2], bf[3]);
+    }
+  }
+  // Scale and mask (in base 2), keys past the end out; the rows' chunk maxima.
+  float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int nb = 0; nb < kChunk / 8; ++nb)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int key = kbase + nb * 8 + (lane % 4) * 2 + (e % 2);
+      float x = s[nb][e] * a.scale_log2;
+      if constexpr (!std::is_void_v<MaskT>) {
+        if (key < a.sk) x = fmaf(to_f32(mrow[e / 2][key * a.m_k]), kLog2e, x);
+      }
+      if (key >= a.sk) x = -INFINITY;
+      s[nb][e] = x;
+      mx[e / 2] = fmaxf(mx[e / 2], x);
+    }
+  float alpha[2], base[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+    const float mnew = fmaxf(m[r], mx[r]);
+    base[r] = mnew == -INFINITY ? 0.f : mnew;  // a row masked so far stays at 0
+    alpha[r] = exp2f(m[r] - base[r]);
+    m[r] = mnew;
+  }
+  float rs[2] = {0.f, 0.f};
+#pragma unroll
+  for (int nb = 0; nb < kChunk / 8; ++nb)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float p = exp2f(s[nb][e] - base[e / 2]);
+      s[nb][e] = p;
+      rs[e / 2] += p;
+    }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + rs[r];
+#pragma unroll
+  for (int db = 0; db < D / 8; ++db) {
+    o[db][0] *= alpha[0], o[db][1] *= alpha[0];
+    o[db][2] *= alpha[1], o[db][3] *= alpha[1];
+  }
+  // O += P V: the score fragments of keys 16kk..16kk+15 are P's A fragment.
+#pragma unroll
+  for (int kk = 0; kk < kChunk / 16; ++kk) {
+    const uint32_t pa[4] = {pack_half2(s[2 * kk][0], s[2 * kk][1]),
+                            pack_half2(s[2 * kk][2], s[2 * kk][3]),
+                            pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                            pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+    for (int db = 0; db < D / 16; ++db) {
+      uint32_t bf[4];
+      ldmatrix_x4_trans(bf, smem_u32(vt + swz<D>(kk * 16 + vrow, db * 16 + vcol)));
+      mma_f16(o[2 * db], pa, bf[0], bf[1]);
+      mma_f16(o[2 * db + 1], pa, bf[2], bf[3]);
+    }
+  }
+}
+
 // Occupancy: the registers a thread may use (65536 per SM over kThreads x blocks).
 template <int D, int WARPS>
 constexpr int min_blocks() {
@@ -202,11 +288,6 @@ __global__ void __launch_bounds__(32 * WARPS, (min_blocks<D, WARPS>())) mha_flas
                       static_cast<int64_t>(h) * a.m_h;
     for (int r = 0; r < 2; ++r) mrow[r] = mb + min(row_lo + 8 * r, a.sq - 1) * a.m_q;
   }
-  // This lane's ldmatrix row offsets: Q's A fragments, K's and V's B fragments.
-  const int qrow = warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8, qcol = (lane / 16) * 8;
-  const int krow = (lane % 8) + (lane / 16) * 8, kcol = ((lane / 8) % 2) * 8;
-  const int vrow = (lane % 8) + ((lane / 8) % 2) * 8, vcol = (lane / 16) * 8;
-
   for (int t = 0; t < tiles; ++t) {
     if (t + 1 < tiles) {
       const int k1 = (t + 1) * kKeys, nb = (t + 1) & 1;
@@ -223,81 +304,9 @@ __global__ void __launch_bounds__(32 * WARPS, (min_blocks<D, WARPS>())) mha_flas
     const __half* kt = sk + (t & 1) * kKeys * D;
     const __half* vt = sv + (t & 1) * kKeys * D;
 #pragma unroll 1
-    for (int c = 0; c < kKeys / kChunk; ++c) {
-      // S = Q K^T for this warp's 16 rows and 32 keys: four n8 blocks.
-      float s[kChunk / 8][4];
-#pragma unroll
-      for (int i = 0; i < kChunk / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t qf[4];
-        ldmatrix_x4(qf, smem_u32(sq + swz<D>(qrow, kk * 16 + qcol)));
-#pragma unroll
-        for (int nb = 0; nb < kChunk / 16; ++nb) {
-          uint32_t bf[4];
-          ldmatrix_x4(bf, smem_u32(kt + swz<D>(c * kChunk + nb * 16 + krow, kk * 16 + kcol)));
-          mma_f16(s[2 * nb], qf, bf[0], bf[1]);
-          mma_f16(s[2 * nb + 1], qf, bf[2], bf[3]);
-        }
-      }
-      // Scale and mask (in base 2), keys past the end out; the rows' chunk maxima.
-      const int kbase = t * kKeys + c * kChunk;
-      float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-      for (int nb = 0; nb < kChunk / 8; ++nb)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = kbase + nb * 8 + (lane % 4) * 2 + (e % 2);
-          float x = s[nb][e] * a.scale_log2;
-          if constexpr (!std::is_void_v<MaskT>) {
-            if (key < a.sk) x = fmaf(to_f32(mrow[e / 2][key * a.m_k]), kLog2e, x);
-          }
-          if (key >= a.sk) x = -INFINITY;
-          s[nb][e] = x;
-          mx[e / 2] = fmaxf(mx[e / 2], x);
-        }
-      float alpha[2], base[2];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-        const float mnew = fmaxf(m[r], mx[r]);
-        base[r] = mnew == -INFINITY ? 0.f : mnew;  // a row masked so far stays at 0
-        alpha[r] = exp2f(m[r] - base[r]);
-        m[r] = mnew;
-      }
-      float rs[2] = {0.f, 0.f};
-#pragma unroll
-      for (int nb = 0; nb < kChunk / 8; ++nb)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float p = exp2f(s[nb][e] - base[e / 2]);
-          s[nb][e] = p;
-          rs[e / 2] += p;
-        }
-#pragma unroll
-      for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + rs[r];
-#pragma unroll
-      for (int db = 0; db < D / 8; ++db) {
-        o[db][0] *= alpha[0], o[db][1] *= alpha[0];
-        o[db][2] *= alpha[1], o[db][3] *= alpha[1];
-      }
-      // O += P V: the score fragments of keys 16kk..16kk+15 are P's A fragment.
-#pragma unroll
-      for (int kk = 0; kk < kChunk / 16; ++kk) {
-        const uint32_t pa[4] = {pack_half2(s[2 * kk][0], s[2 * kk][1]),
-                                pack_half2(s[2 * kk][2], s[2 * kk][3]),
-                                pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-        for (int db = 0; db < D / 16; ++db) {
-          uint32_t bf[4];
-          ldmatrix_x4_trans(bf, smem_u32(vt + swz<D>(c * kChunk + kk * 16 + vrow, db * 16 + vcol)));
-          mma_f16(o[2 * db], pa, bf[0], bf[1]);
-          mma_f16(o[2 * db + 1], pa, bf[2], bf[3]);
-        }
-      }
-    }
+    for (int c = 0; c < kKeys / kChunk; ++c)
+      flash_step<D, MaskT>(a, sq, kt + c * kChunk * D, vt + c * kChunk * D,
+                           t * kKeys + c * kChunk, warp * 16, mrow, lane, o, m, l);
     __syncthreads();  // every warp is done with this stage before it is loaded again
   }
   // Normalize (a row with no key left is NaN, or 0 with nan_to_zero, as the reference), stage
@@ -327,6 +336,114 @@ __global__ void __launch_bounds__(32 * WARPS, (min_blocks<D, WARPS>())) mha_flas
   }
 }
 
+// Keys split over a block's warps, for grids too small to fill the GPU by query rows (batch 1,
+// short sequences): a block takes 16 query rows, its WARPS warps each one 32-key chunk of every
+// tile of 32 WARPS keys, and the warps' partial results (maximum, sum, output) are combined
+// through shared memory at the end. The dependent chain of a warp is WARPS times shorter.
+template <int D, int WARPS, typename MaskT>
+__global__ void __launch_bounds__(32 * WARPS) mha_flash_split_kernel(FlashArgs a) {
+  constexpr int kThreads = 32 * WARPS, kTile = kChunk * WARPS;
+  extern __shared__ __align__(16) unsigned char smem[];
+  __half* sq = reinterpret_cast<__half*>(smem);
+  __half* sk = sq + 16 * D;         // two K tiles
+  __half* sv = sk + 2 * kTile * D;  // two V tiles
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int q0 = blockIdx.x * 16, h = blockIdx.y, b = blockIdx.z;
+  const __half* q = a.q + b * a.q_b + h * D + static_cast<int64_t>(q0) * a.q_s;
+  const __half* k = a.k + b * a.k_b + h * D;
+  const __half* v = a.v + b * a.v_b + h * D;
+  const int tiles = (a.sk + kTile - 1) / kTile;
+  load_tile<D, kThreads>(sq, q, a.q_s, 16, min(16, a.sq - q0), tid);
+  load_tile<D, kThreads>(sk, k, a.k_s, kTile, min(kTile, a.sk), tid);
+  load_tile<D, kThreads>(sv, v, a.v_s, kTile, min(kTile, a.sk), tid);
+  cp_async_commit();
+
+  float o[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  const int row_lo = q0 + lane / 4;
+  const MaskT* mrow[2] = {};
+  if constexpr (!std::is_void_v<MaskT>) {
+    const MaskT* mb = static_cast<const MaskT*>(a.mask) + static_cast<int64_t>(b) * a.m_b +
+                      static_cast<int64_t>(h) * a.m_h;
+    for (int r = 0; r < 2; ++r) mrow[r] = mb + min(row_lo + 8 * r, a.sq - 1) * a.m_q;
+  }
+  for (int t = 0; t < tiles; ++t) {
+    if (t + 1 < tiles) {
+      const int k1 = (t + 1) * kTile, nb = (t + 1) & 1;
+      load_tile<D, kThreads>(sk + nb * kTile * D, k + static_cast<int64_t>(k1) * a.k_s, a.k_s, kTile,
+                             min(kTile, a.sk - k1), tid);
+      load_tile<D, kThreads>(sv + nb * kTile * D, v + static_cast<int64_t>(k1) * a.v_s, a.v_s, kTile,
+                             min(kTile, a.sk - k1), tid);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const int kbase = t * kTile + warp * kChunk;
+    if (kbase < a.sk)
+      flash_step<D, MaskT>(a, sq, sk + ((t & 1) * kTile + warp * kChunk) * D,
+                           sv + ((t & 1) * kTile + warp * kChunk) * D, kbase, 0, mrow, lane, o, m,
+                           l);
+    __syncthreads();
+  }
+  // Each warp's rows: maximum (base 2; -inf where it saw no key, its o and l then 0), sum and
+  // output relative to it, into the K and V tiles' space (every warp is past them).
+  float* po = reinterpret_cast<float*>(sk);  // [WARPS][16][D]
+  float* pm = po + WARPS * 16 * D;           // [WARPS][16]
+  float* pl = pm + WARPS * 16;               // [WARPS][16]
+  const int r0 = lane / 4;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    if (lane % 4 == 0) pm[warp * 16 + r0 + 8 * r] = m[r], pl[warp * 16 + r0 + 8 * r] = l[r];
+  }
+#pragma unroll
+  for (int db = 0; db < D / 8; ++db) {
+    const int col = db * 8 + (lane % 4) * 2;
+    float* p0 = po + (warp * 16 + r0) * D + col;
+    p0[0] = o[db][0], p0[1] = o[db][1];
+    p0[8 * D] = o[db][2], p0[8 * D + 1] = o[db][3];
+  }
+  __syncthreads();
+  __half* y = a.y + b * a.y_b + h * D;
+  for (int i = tid; i < 16 * D / 8; i += kThreads) {
+    const int row = i / (D / 8), c8 = (i % (D / 8)) * 8;
+    if (q0 + row >= a.sq) continue;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) mx = fmaxf(mx, pm[w * 16 + row]);
+    const float base = mx == -INFINITY ? 0.f : mx;
+    float sum = 0.f, acc[8] = {};
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) {
+      const float f = exp2f(pm[w * 16 + row] - base);
+      sum += pl[w * 16 + row] * f;
+      const float* pw = po + (w * 16 + row) * D + c8;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[j] += pw[j] * f;
+    }
+    const float inv = sum > 0.f ? 1.f / sum : (a.nan_to_zero ? 0.f : NAN);
+    uint4 out;
+    uint32_t* ow = reinterpret_cast<uint32_t*>(&out);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) ow[j] = pack_half2(acc[2 * j] * inv, acc[2 * j + 1] * inv);
+    *reinterpret_cast<uint4*>(y + static_cast<int64_t>(q0 + row) * a.y_s + c8) = out;
+  }
+}
+
+// The split kernel's warps; its shared memory: Q's 16 rows, two K and two V tiles (the partial
+// results reuse them).
+constexpr int kSplitWarps = 4;
+constexpr size_t flash_split_smem(int d) {
+  return static_cast<size_t>(16 + 4 * kChunk * kSplitWarps) * d * sizeof(__half);
+}
+static_assert(kSplitWarps * 16 * (64 + 2) * sizeof(float) <=
+              4 * kChunk * kSplitWarps * 64 * sizeof(__half), "partials fit the K and V tiles");
+
 // Q's tile, two K and two V tiles.
 constexpr size_t flash_smem(int d, int warps) {
   return static_cast<size_t>(16 * warps + 4 * kKeys) * d * sizeof(__half);
@@ -341,6 +458,13 @@ FlashKernel flash_kernel(DataType mask) {
   return mha_flash_kernel<D, WARPS, void>;
 }
 
+template <int D>
+FlashKernel flash_split_kernel(DataType mask) {
+  if (mask == DataType::kFloat16) return mha_flash_split_kernel<D, kSplitWarps, __half>;
+  if (mask == DataType::kFloat32) return mha_flash_split_kernel<D, kSplitWarps, float>;
+  return mha_flash_split_kernel<D, kSplitWarps, void>;
+}
+
 FlashKernel pick_flash(int d, int warps, DataType mask) {
   if (d == 64)
     return warps == 8   ? flash_kernel<64, 8>(mask)
@@ -352,8 +476,10 @@ FlashKernel pick_flash(int d, int warps, DataType mask) {
 }
 
 // Variants: "" sizes blocks by the grid (below); "rows128": 128 query rows a block (8 warps), so
-// a head's K and V are read once per 128 rows instead of per 64, where that still fills the SMs.
-std::vector<std::string> flash_variants(const LayerDesc&) { return {"", "rows128"}; }
+// a head's K and V are read once per 128 rows instead of per 64, where that still fills the SMs;
+// "split": 16 query rows a block, the keys split over its 4 warps (mha_flash_split_kernel), for
+// grids that do not fill the SMs.
+std::vector<std::string> flash_variants(const LayerDesc&) { return {"", "rows128", "split"}; }
 
 bool flash_supports(const LayerDesc& d, std::string* why) {
   int64_t dq = 0, dv = 0;
@@ -364,7 +490,8 @@ bool flash_supports(const LayerDesc& d, std::string* why) {
 
 class MhaFlashLayer final : public Layer {
  public:
-  explicit MhaFlashLayer(const LayerDesc& d) : node_(d.node), rows128_(d.variant == "rows128") {
+  explicit MhaFlashLayer(const LayerDesc& d)
+      : node_(d.node), rows128_(d.variant == "rows128"), split_(d.variant == "split") {
     scale_ = d.node->attrs.get_float("scale", 1.f);
     nan_to_zero_ = d.node->attrs.get_int("nan_to_zero", 0) != 0;
   }
@@ -393,6 +520,11 @@ class MhaFlashLayer final : public Layer {
     if (rows128_ && s_.Sq > 64 && s_.B * s_.H * ((s_.Sq + 127) / 128) >= sms) warps_ = 8;
     smem_ = flash_smem(static_cast<int>(s_.D), warps_);
     kernel_ = pick_flash(static_cast<int>(s_.D), warps_, mask_);
+    if (split_) {
+      warps_ = kSplitWarps;
+      smem_ = flash_split_smem(static_cast<int>(s_.D));
+      kernel_ = s_.D == 64 ? flash_split_kernel<64>(mask_) : flash_split_kernel<128>(mask_);
+    }
     KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel_, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem_)));
     return size_t{0};
@@ -423,7 +555,7 @@ class MhaFlashLayer final : public Layer {
                           static_cast<const void*>(a.v), static_cast<const void*>(a.y)})
       if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
         return KILN_ERROR("{}: an operand is not 16-byte aligned", node_->label());
-    const int rows = 16 * warps_;
+    const int rows = split_ ? 16 : 16 * warps_;
     const dim3 grid(static_cast<unsigned>((s_.Sq + rows - 1) / rows), static_cast<unsigned>(s_.H),
                     static_cast<unsigned>(s_.B));
     if (s_.Sk == 0) return KILN_ERROR("{}: no keys (sequence length 0)", node_->label());
@@ -436,7 +568,7 @@ class MhaFlashLayer final : public Layer {
   const Node* node_;
   float scale_ = 1.f;
   bool nan_to_zero_ = false;
-  bool rows128_ = false;
+  bool rows128_ = false, split_ = false;
   MhaShape s_;
   DataType mask_ = DataType::kUndefined;
   std::array<int64_t, 4> mstride_{};
