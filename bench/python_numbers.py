@@ -147,6 +147,53 @@ def breakdown(engine, batch, iterations):
     return rows
 
 
+def host_cost(engine, batch, iterations):
+    """What a call costs the host with CUDA graphs (microseconds, median wall time of the call
+    alone, the GPU waited for after each): ctx.run holding the previous call's outputs, TensorRT's
+    execute_async with the addresses set once, and two of ctx.run's parts, torch.empty for the
+    output and PyTorch's stream lookup."""
+    import torch
+
+    name, shape = input_shape(engine, batch)
+    x = torch.randn(shape, device="cuda", dtype=getattr(torch, engine.inputs[0].dtype))
+    ctx = engine.create_context()
+    ctx.set_use_cuda_graph(True)
+    held = {}
+
+    def run():
+        held["out"] = ctx.run({name: x})
+
+    low = engine.create_context()
+    low.set_use_cuda_graph(True)
+    low.set_input_shape(name, shape)
+    low.set_tensor_address(name, x.data_ptr())
+    outs = {o.name: torch.empty(low.get_tensor_shape(o.name), device="cuda",
+                                dtype=getattr(torch, o.dtype)) for o in engine.outputs}
+    for k, t in outs.items():
+        low.set_tensor_address(k, t.data_ptr())
+    stream = torch.cuda.current_stream().cuda_stream
+    first = outs[engine.outputs[0].name]
+    out_shape, out_dtype = list(first.shape), first.dtype
+    calls = {"ctx.run": run, "execute_async": lambda: low.execute_async(stream),
+             "torch.empty (one output)": lambda: torch.empty(out_shape, dtype=out_dtype, device="cuda"),
+             "stream lookup": lambda: torch._C._cuda_getCurrentRawStream(x.device.index)}
+    rows = {}
+    for label, call in calls.items():
+        for _ in range(30):
+            call()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(iterations):
+            t0 = time.perf_counter()
+            call()
+            times.append((time.perf_counter() - t0) * 1e6)
+            torch.cuda.synchronize()
+        rows[label] = statistics.median(times)
+        print(f"batch {batch:>4}, host time of a call with CUDA graphs, {label}: {rows[label]:.1f} us",
+              flush=True)
+    return rows
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -219,6 +266,8 @@ def main():
     ap.add_argument("--contexts", type=int, default=2)
     ap.add_argument("--breakdown", action="store_true",
                     help="also time ctx.run and execute_async on the default and a side stream")
+    ap.add_argument("--host-cost", action="store_true",
+                    help="also time what a call costs the host with CUDA graphs (ctx.run, execute_async)")
     ap.add_argument("--json")
     a = ap.parse_args()
     engine = kiln.load(a.engine)
@@ -267,6 +316,8 @@ def main():
                   f"({row['graph_added_percent']:+.1f}%)", flush=True)
     if a.breakdown and use_torch:
         report["breakdown"] = {b: breakdown(engine, int(b), a.iterations) for b in a.batch.split(",")}
+    if a.host_cost and use_torch:
+        report["host_cost_us"] = {b: host_cost(engine, int(b), a.iterations) for b in a.batch.split(",")}
     if a.serve:
         name, shape = input_shape(engine, a.serve_batch)
         b = kiln.bench(engine, shapes={name: shape}, iterations=a.iterations, duration=1)
