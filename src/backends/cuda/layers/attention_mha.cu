@@ -164,6 +164,38 @@ __device__ __forceinline__ uint32_t pack_half2(float a, float b) {
 __device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
 __device__ __forceinline__ float to_f32(float x) { return x; }
 
+// This thread's two query rows' mask rows (row_lo and row_lo + 8; past the end: row 0, never
+// read).
+template <typename MaskT>
+__device__ __forceinline__ void mask_rows(const FlashArgs& a, int b, int h, int row_lo,
+                                          const MaskT* (&mrow)[2]) {
+  if constexpr (!std::is_void_v<MaskT>) {
+    const MaskT* mb = static_cast<const MaskT*>(a.mask) + static_cast<int64_t>(b) * a.m_b +
+                      static_cast<int64_t>(h) * a.m_h;
+    for (int r = 0; r < 2; ++r) mrow[r] = mb + min(row_lo + 8 * r, a.sq - 1) * a.m_q;
+  }
+}
+
+// Stage t of the double-buffered K and V tiles (`keys` rows each) in shared memory: stage t + 1's
+// loads are issued first, then stage t is waited for.
+template <int D, int kThreads>
+__device__ __forceinline__ void kv_stage(const FlashArgs& a, __half* sk, __half* sv,
+                                         const __half* k, const __half* v, int t, int tiles,
+                                         int keys, int tid) {
+  if (t + 1 < tiles) {
+    const int k1 = (t + 1) * keys, nb = (t + 1) & 1;
+    load_tile<D, kThreads>(sk + nb * keys * D, k + static_cast<int64_t>(k1) * a.k_s, a.k_s, keys,
+                           min(keys, a.sk - k1), tid);
+    load_tile<D, kThreads>(sv + nb * keys * D, v + static_cast<int64_t>(k1) * a.v_s, a.v_s, keys,
+                           min(keys, a.sk - k1), tid);
+    cp_async_commit();
+    cp_async_wait<1>();
+  } else {
+    cp_async_wait<0>();
+  }
+  __syncthreads();
+}
+
 // One online-softmax step of a warp: its 16 query rows (rows q16.. of the Q tile `sq`) against
 // the 32 keys of the K and V tiles' rows at `kt` and `vt` (keys kbase..kbase+31), updating the
 // rows' running maximum m (in base 2), sums l (this lane's part) and output fragments o.
@@ -280,27 +312,10 @@ __global__ void __launch_bounds__(32 * WARPS, (min_blocks<D, WARPS>())) mha_flas
 #pragma unroll
   for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  const int row_lo = q0 + warp * 16 + lane / 4;  // this thread's rows: row_lo and row_lo + 8
-  // The mask's rows of this thread's two query rows (past the end: row 0, never read).
   const MaskT* mrow[2] = {};
-  if constexpr (!std::is_void_v<MaskT>) {
-    const MaskT* mb = static_cast<const MaskT*>(a.mask) + static_cast<int64_t>(b) * a.m_b +
-                      static_cast<int64_t>(h) * a.m_h;
-    for (int r = 0; r < 2; ++r) mrow[r] = mb + min(row_lo + 8 * r, a.sq - 1) * a.m_q;
-  }
+  mask_rows<MaskT>(a, b, h, q0 + warp * 16 + lane / 4, mrow);
   for (int t = 0; t < tiles; ++t) {
-    if (t + 1 < tiles) {
-      const int k1 = (t + 1) * kKeys, nb = (t + 1) & 1;
-      load_tile<D, kThreads>(sk + nb * kKeys * D, k + static_cast<int64_t>(k1) * a.k_s, a.k_s, kKeys,
-                             min(kKeys, a.sk - k1), tid);
-      load_tile<D, kThreads>(sv + nb * kKeys * D, v + static_cast<int64_t>(k1) * a.v_s, a.v_s, kKeys,
-                             min(kKeys, a.sk - k1), tid);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+    kv_stage<D, kThreads>(a, sk, sv, k, v, t, tiles, kKeys, tid);
     const __half* kt = sk + (t & 1) * kKeys * D;
     const __half* vt = sv + (t & 1) * kKeys * D;
 #pragma unroll 1
@@ -362,26 +377,10 @@ __global__ void __launch_bounds__(32 * WARPS) mha_flash_split_kernel(FlashArgs a
 #pragma unroll
   for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  const int row_lo = q0 + lane / 4;
   const MaskT* mrow[2] = {};
-  if constexpr (!std::is_void_v<MaskT>) {
-    const MaskT* mb = static_cast<const MaskT*>(a.mask) + static_cast<int64_t>(b) * a.m_b +
-                      static_cast<int64_t>(h) * a.m_h;
-    for (int r = 0; r < 2; ++r) mrow[r] = mb + min(row_lo + 8 * r, a.sq - 1) * a.m_q;
-  }
+  mask_rows<MaskT>(a, b, h, q0 + lane / 4, mrow);
   for (int t = 0; t < tiles; ++t) {
-    if (t + 1 < tiles) {
-      const int k1 = (t + 1) * kTile, nb = (t + 1) & 1;
-      load_tile<D, kThreads>(sk + nb * kTile * D, k + static_cast<int64_t>(k1) * a.k_s, a.k_s, kTile,
-                             min(kTile, a.sk - k1), tid);
-      load_tile<D, kThreads>(sv + nb * kTile * D, v + static_cast<int64_t>(k1) * a.v_s, a.v_s, kTile,
-                             min(kTile, a.sk - k1), tid);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+    kv_stage<D, kThreads>(a, sk, sv, k, v, t, tiles, kTile, tid);
     const int kbase = t * kTile + warp * kChunk;
     if (kbase < a.sk)
       flash_step<D, MaskT>(a, sq, sk + ((t & 1) * kTile + warp * kChunk) * D,
