@@ -112,7 +112,7 @@ def main():
         print("transformer tests: no kiln_lower_check (a build without CUDA): GPU layer counts skipped")
         lower_check = None
     failures = 0
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as tmp:
         for skeleton in sorted(glob.glob(os.path.join(HERE, "transformers", "*.onnx"))):
             model = os.path.splitext(os.path.basename(skeleton))[0]
