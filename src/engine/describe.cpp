@@ -86,13 +86,15 @@ nlohmann::json describe_graph(const Graph& g, const std::string& kind, const nlo
       // cuda: what the layer runs in (int8 for an INT8 tactic; an INT8-marked layer that fell
       // back to a float tactic shows fp16/tf32 next to its scales).
       if (r.contains("precision")) l["precision"] = r["precision"];
-      for (const char* key : {"variant", "in", "out", "time_ms", "timed", "launches"})
+      for (const char* key : {"variant", "in", "out", "time_ms", "timed", "launches", "alternates"})
         if (r.contains(key)) l[key] = r[key];
     }
     j["layers"].push_back(l);
   }
   // How many layers launch a kernel (the rest relabel memory or run on the host).
   if (has_plan && plan.contains("kernel_layers")) j["kernel_layers"] = plan["kernel_layers"];
+  // The input shapes the layers were tuned at (cuda, dynamic profiles): the opt shapes first.
+  if (has_plan && plan.contains("points")) j["tuning_points"] = plan["points"];
   size_t weight_bytes = 0, weight_count = 0;
   for (const Value* v : g.values())
     if (v->is_constant()) {

@@ -5,11 +5,16 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <random>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
+#include "backends/backend.h"
 #include "backends/backend_info.h"
+#include "engine/profile.h"
 #include "kiln/engine.h"
 #include "ops/op.h"
 
@@ -180,6 +185,63 @@ TEST(CudaEngine, CudaGraphsFollowAddressesAndShapes) {
   }
   for (void* p : in) cudaFree(p);
   for (void* p : out) cudaFree(p);
+}
+
+// A dynamic engine is tuned at its opt shapes and at its minimum batch (plan "points"); a layer
+// whose tactic differs at the second point runs it for shapes nearer that point, as a Layer of
+// its own. Here every layer gets an alternate (its own tactic again: a tactic timed at other
+// formats could not stand in) so that both sets of layers run, shapes alternating, with and
+// without CUDA graphs, and each inference agrees with the CPU.
+TEST(CudaEngine, TuningPointAlternatesRunAndAgree) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU here: GPU test skipped";
+  // The second tuning point is gated until it has run on a GPU: enabled for this build only.
+  const char* was = std::getenv("KILN_UNVERIFIED_TACTICS");
+  const std::string saved = was ? was : "";
+  setenv("KILN_UNVERIFIED_TACTICS", "1", 1);
+  auto e = build(true);
+  if (was) setenv("KILN_UNVERIFIED_TACTICS", saved.c_str(), 1);
+  else unsetenv("KILN_UNVERIFIED_TACTICS");
+  ASSERT_TRUE(e);
+  nlohmann::json plan = nlohmann::json::parse(e->backend_plan_json());
+  ASSERT_TRUE(plan.contains("points"));
+  EXPECT_EQ(plan["points"], nlohmann::json::parse("[[[4,8,10,10]],[[1,8,10,10]]]"));
+  int given = 0;
+  for (auto& r : plan["layers"]) {
+    if (r["tactic"] == "host") continue;
+    r["alternates"] = {{{"point", 1}, {"tactic", r["tactic"]}, {"variant", r["variant"]},
+                        {"time_ms", -1}}};
+    ++given;
+  }
+  ASSERT_GT(given, 0);
+  BuildConfig pc;
+  pc.min_shapes = {{"x", {1, 8, 10, 10}}};
+  pc.opt_shapes = {{"x", {4, 8, 10, 10}}};
+  pc.max_shapes = {{"x", {8, 8, 10, 10}}};
+  auto profile = Profile::from_config(e->graph(), pc);
+  ASSERT_TRUE(profile.ok()) << profile.status().message();
+  auto state = gpu::load_cuda_engine(e->graph(), plan, *profile);
+  ASSERT_TRUE(state.ok()) << state.status().message();
+  auto ctx = (*state)->create_context();
+  ASSERT_TRUE(ctx.ok()) << ctx.status().message();
+  BuildConfig cc;
+  cc.backend = "cpu";
+  auto cpu = Engine::build_from_graph(small_net(), cc, "small_net");
+  ASSERT_TRUE(cpu.ok());
+  auto cctx = (*cpu)->create_context();
+  ASSERT_TRUE(cctx.ok());
+  int step = 0;
+  for (bool graphs : {false, true}) {
+    ASSERT_TRUE((*ctx)->set_use_cuda_graph(graphs).ok());
+    for (int64_t n : {1, 4, 1, 2, 8, 1}) {
+      const Tensor x = random({n, 8, 10, 10}, 40 + step);
+      auto got = (*ctx)->execute({{"x", x}});
+      auto ref = (*cctx)->execute({{"x", x}});
+      ASSERT_TRUE(got.ok()) << got.status().message();
+      ASSERT_TRUE(ref.ok());
+      EXPECT_LT(rel_l2((*got)[0], (*ref)[0]), 1e-2) << "batch " << n << ", graphs " << graphs;
+      ++step;
+    }
+  }
 }
 
 TEST(CudaEngine, SaveLoadAndBadShapes) {

@@ -33,6 +33,12 @@ namespace kiln::gpu {
 namespace {
 
 // x [N,4,3] -> Reshape(x, Concat(Shape(x)[0], [12])) -> Relu: the Reshape target comes from shapes.
+// The name of a tactic for `op` (ai.onnx).
+std::string_view find_tactic_for_op(std::string_view op) {
+  const auto t = tactics_for("", op);
+  return t.empty() ? std::string_view("none") : t[0]->name;
+}
+
 std::unique_ptr<Graph> reshape_by_shape_graph() {
   auto g = std::make_unique<Graph>();
   Value* x = g->add_value("x", TensorType(DataType::kFloat32, {Dim::sym("N"), 4, 3}));
@@ -367,6 +373,55 @@ TEST(CudaHost, PlanRecordsRoundTripAndAreValidated) {
   EXPECT_NE(m.find("unknown tactic 'no.such.tactic'"), std::string::npos) << m;
   EXPECT_NE(m.find("relu"), std::string::npos) << m;
   EXPECT_FALSE(plan_from_json(*g, nlohmann::json::array()).ok());
+}
+
+// A dynamic profile's further tuning points and the layers' alternates survive the engine's
+// plan record; an alternate for a point the plan lacks, or of another op, is refused.
+TEST(CudaHost, PlanAlternatesRoundTripAndAreValidated) {
+  auto g = reshape_by_shape_graph();
+  Plan p;
+  for (size_t k = 0; k < g->nodes().size(); ++k) p.layers.push_back(LayerChoice{});
+  const auto relu_tactics = tactics_for("", "Relu");
+  ASSERT_FALSE(relu_tactics.empty());
+  Node* relu = g->nodes()[4];
+  p.layers[4] = float_choice(*relu, *relu_tactics[0], Precision::kFP32, false);
+  p.layers[4].alternates.push_back({1, relu_tactics[0], "other", 0.25});
+  p.points = {{{32, 4, 3}}, {{1, 4, 3}}};
+  const nlohmann::json j = plan_to_json(p, *g);
+  auto back = plan_from_json(*g, j);
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->points, p.points);
+  ASSERT_EQ(back->layers[4].alternates.size(), 1u);
+  EXPECT_EQ(back->layers[4].alternates[0].point, 1u);
+  EXPECT_EQ(back->layers[4].alternates[0].tactic, relu_tactics[0]);
+  EXPECT_EQ(back->layers[4].alternates[0].variant, "other");
+  EXPECT_DOUBLE_EQ(back->layers[4].alternates[0].time_ms, 0.25);
+  nlohmann::json bad_point = j;
+  bad_point["layers"][4]["alternates"][0]["point"] = 2;
+  std::string m = plan_from_json(*g, bad_point).status().message();
+  EXPECT_NE(m.find("alternate for tuning point 2 of 2"), std::string::npos) << m;
+  nlohmann::json other_op = j;
+  other_op["layers"][4]["alternates"][0]["tactic"] = std::string(find_tactic_for_op("Sigmoid"));
+  m = plan_from_json(*g, other_op).status().message();
+  EXPECT_NE(m.find("cannot stand in for"), std::string::npos) << m;
+  nlohmann::json bad_shapes = j;
+  bad_shapes["points"][1] = {{1, -4, 3}};
+  EXPECT_FALSE(plan_from_json(*g, bad_shapes).ok());
+}
+
+// The executor runs each layer's tactic of the tuning point nearest the input shapes (log
+// distance per dimension); a static engine has no points and runs its one choice.
+TEST(CudaHost, NearestTuningPoint) {
+  const std::vector<InputShapes> points = {{{32, 128}, {32, 128}}, {{1, 128}, {1, 128}}};
+  EXPECT_EQ(nearest_point(points, {{32, 128}, {32, 128}}), 0u);
+  EXPECT_EQ(nearest_point(points, {{1, 128}, {1, 128}}), 1u);
+  EXPECT_EQ(nearest_point(points, {{2, 128}, {2, 128}}), 1u);
+  EXPECT_EQ(nearest_point(points, {{8, 128}, {8, 128}}), 0u);   // log 8 > log 4
+  EXPECT_EQ(nearest_point(points, {{1, 512}, {1, 512}}), 1u);
+  EXPECT_EQ(nearest_point({}, {{4, 16}}), 0u);
+  EXPECT_EQ(tuning_points({{1, 1}, {1, 1}}, {{32, 128}, {32, 128}}),
+            (std::vector<InputShapes>{{{1, 128}, {1, 128}}}));
+  EXPECT_TRUE(tuning_points({{32, 1}}, {{32, 128}}).empty());  // batch fixed: one point
 }
 
 TEST(CudaHost, NhwcConversionRoundTrips) {

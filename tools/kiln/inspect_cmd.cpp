@@ -25,6 +25,21 @@ void print_text(const nlohmann::json& j) {
   for (const auto& v : j["inputs"]) std::cout << "input  " << v["name"].get<std::string>() << ": " << v["type"].get<std::string>() << "\n";
   for (const auto& v : j["outputs"]) std::cout << "output " << v["name"].get<std::string>() << ": " << v["type"].get<std::string>() << "\n";
   std::cout << fmt::format("weights: {} tensors, {} bytes", j["weights"]["count"].get<size_t>(), j["weights"]["bytes"].get<size_t>()) << "\n";
+  if (j.contains("tuning_points")) {
+    // "point0 input_ids:32x128,attention_mask:32x128; point1 ..." in input order.
+    std::vector<std::string> pts;
+    for (size_t p = 0; p < j["tuning_points"].size(); ++p) {
+      std::vector<std::string> s;
+      for (size_t i = 0; i < j["tuning_points"][p].size() && i < j["inputs"].size(); ++i)
+        s.push_back(
+            j["inputs"][i]["name"].get<std::string>() + ":" +
+            fmt::format("{}",
+                        fmt::join(j["tuning_points"][p][i].get<std::vector<int64_t>>(), "x")));
+      pts.push_back(fmt::format("point{} {}", p, fmt::join(s, ",")));
+    }
+    std::cout << "tuned at: " << fmt::format("{}", fmt::join(pts, "; "))
+              << " (a layer's 'pointN=' tactic runs at shapes nearer point N)\n";
+  }
   std::cout << "layers (" << j["layers"].size();
   if (j.contains("kernel_layers"))
     std::cout << ", " << j["kernel_layers"].get<int>() << " launch kernels; '(no launch)' marks the others";
@@ -45,6 +60,15 @@ void print_text(const nlohmann::json& j) {
       if (l.contains("time_ms") && l["time_ms"].get<double>() >= 0)
         std::cout << fmt::format(" tuned={:.4f}ms", l["time_ms"].get<double>());
       if (l.contains("launches") && !l["launches"].get<bool>()) std::cout << " (no launch)";
+      if (l.contains("alternates"))
+        for (const auto& a : l["alternates"]) {
+          std::cout << fmt::format(" point{}={}", a["point"].get<size_t>(),
+                                   a["tactic"].get<std::string>());
+          if (!a["variant"].get<std::string>().empty())
+            std::cout << "/" << a["variant"].get<std::string>();
+          if (a["time_ms"].get<double>() >= 0)
+            std::cout << fmt::format(" ({:.4f}ms)", a["time_ms"].get<double>());
+        }
     }
     if (l.contains("int8_scales")) {
       const auto& q = l["int8_scales"];

@@ -20,18 +20,27 @@ Expected<nlohmann::json> build_cuda_plan(Graph& g, const BuildConfig& c, const P
   o.force_tactic = c.force_tactic;
   if (c.gpu_memory_total) o.gpu_memory = GpuMemory{c.gpu_memory_free, c.gpu_memory_total};
   o.log = c.verbose ? &std::cerr : nullptr;
-  std::vector<std::vector<int64_t>> opt;
+  std::vector<std::vector<int64_t>> opt, min;
   for (const Value* v : g.inputs()) {
     auto r = profile.ranges().find(v->name);
     if (r != profile.ranges().end()) {
       opt.push_back(r->second.opt);
+      min.push_back(r->second.min);
     } else if (auto s = v->type.static_shape()) {
       opt.push_back(*s);
+      min.push_back(*s);
     } else {
       return KILN_ERROR("input '{}' ({}) has dynamic dimensions: give --shapes or "
                         "--min/--opt/--max-shapes for the cuda backend", v->name, v->type.str());
     }
   }
+  // The second tuning point (lower.h) is written but has not run on a GPU yet: gated.
+  std::string gated;
+  if (unverified_tactics_enabled(&gated, "tuning a dynamic profile at its minimum batch too: "
+                                         "not yet run on a GPU"))
+    o.extra_points = tuning_points(min, opt);
+  else if (o.log && !tuning_points(min, opt).empty())
+    *o.log << "tuned at the opt shapes only: " << gated << "\n";
   Expected<Plan> plan = lower_for_gpu(g, opt, o);
   // Whatever ran out of memory (the CUDA context, a stream, a library handle, a tactic), the
   // error says out of GPU memory first, with what the GPU has.

@@ -440,7 +440,71 @@ void choose_formats(const Graph& g, const std::vector<Node*>& nodes, const std::
                         choice.total_ms(lpick));
   }
 }
+// An alternate must be at least 3% faster than the opt shapes' choice at its point.
+constexpr double kAlternateGain = 0.97;
+
+// Step 2b of lower_for_gpu: at a further tuning point, each tuned layer's candidates of the
+// chosen formats and precision are timed again, and the fastest, where it is not the choice
+// made at the opt shapes, becomes that point's Alternate. Only the tactic and variant differ,
+// so the weights, the reformats and the neighbours stay as chosen.
+Status tune_alternates(const Graph& g, const std::vector<Node*>& nodes,
+                       const std::vector<bool>& host, const InputShapes& point, size_t index,
+                       Tuner& tuner, const std::vector<std::vector<LayerChoice>>& cands,
+                       const std::vector<size_t>& pick,
+                       std::vector<std::vector<Alternate>>& alternates, std::ostream* log) {
+  auto evaluated = evaluate_shapes(g, host, point);
+  if (!evaluated.ok()) {
+    if (log) *log << "tuning point " << index << ": " << evaluated.status().message() << "\n";
+    return Status::Ok();  // tuned at the opt shapes alone
+  }
+  const ShapeResult& shapes = *evaluated;
+  size_t moved = 0;
+  for (size_t k = 0; k < nodes.size(); ++k) {
+    if (host[k] || cands[k].size() < 2 || cands[k][pick[k]].time_ms < 0) continue;
+    const LayerChoice& chosen = cands[k][pick[k]];
+    std::vector<LayerChoice> same;
+    for (const LayerChoice& c : cands[k])
+      if (c.in == chosen.in && c.out == chosen.out && c.precision == chosen.precision &&
+          c.tactic->alias_input == chosen.tactic->alias_input)
+        same.push_back(c);
+    if (same.size() < 2) continue;
+    std::vector<std::string> failed;
+    auto best = tuner.choose(*nodes[k], same, shapes, &failed);
+    if (!best.ok()) continue;  // none runs there: the opt shapes' choice stays
+    const LayerChoice& b = same[*best];
+    if (b.tactic == chosen.tactic && b.variant == chosen.variant) continue;
+    double chosen_ms = -1;
+    for (const LayerChoice& c : same)
+      if (c.tactic == chosen.tactic && c.variant == chosen.variant) chosen_ms = c.time_ms;
+    // Within the timing's noise the opt shapes' choice stays: an alternate is another Layer
+    // (and its own buffers) in every context.
+    if (chosen_ms >= 0 && b.time_ms > kAlternateGain * chosen_ms) continue;
+    alternates[k].push_back({index, b.tactic, b.variant, b.time_ms});
+    ++moved;
+    if (log)
+      *log << fmt::format("{}: at tuning point {} {}/{} ({:.4f} ms) instead of {}/{} ({:.4f} ms)\n",
+                          nodes[k]->label(), index, b.tactic->name, b.variant, b.time_ms,
+                          chosen.tactic->name, chosen.variant, chosen_ms);
+  }
+  if (log)
+    *log << fmt::format("tuning point {}: {} layers take another tactic there\n", index, moved);
+  return Status::Ok();
+}
 }  // namespace
+
+std::vector<InputShapes> tuning_points(const std::vector<std::vector<int64_t>>& min_shapes,
+                                       const std::vector<std::vector<int64_t>>& opt_shapes) {
+  InputShapes small = opt_shapes;
+  bool differs = false;
+  for (size_t i = 0; i < small.size() && i < min_shapes.size(); ++i)
+    if (!small[i].empty() && !min_shapes[i].empty() && min_shapes[i][0] > 0 &&
+        min_shapes[i][0] < small[i][0]) {
+      small[i][0] = min_shapes[i][0];
+      differs = true;
+    }
+  if (!differs) return {};
+  return {small};
+}
 
 Expected<Plan> lower_for_gpu(Graph& g, const std::vector<std::vector<int64_t>>& opt_shapes,
                              const GpuBuildOptions& o) {
@@ -540,6 +604,16 @@ Expected<Plan> lower_for_gpu(Graph& g, const std::vector<std::vector<int64_t>>& 
       if (const Value* v = n->output(out)) L.produced[v] = cands[k][pick[k]].out[out];
   }
   if (tuner) choose_formats(g, nodes, L.host, shapes, *tuner, cands, pick, o.log);
+  std::vector<InputShapes> points;
+  std::vector<std::vector<Alternate>> alternates(nodes.size());
+  if (tuner && !o.extra_points.empty()) {
+    points.push_back(opt_shapes);
+    for (const InputShapes& pt : o.extra_points) {
+      points.push_back(pt);
+      KILN_RETURN_IF_ERROR(tune_alternates(g, nodes, L.host, pt, points.size() - 1, *tuner, cands,
+                                           pick, alternates, o.log));
+    }
+  }
   // Step 3, in node order: producers' formats are known before their consumers are placed.
   for (size_t k = 0; k < nodes.size(); ++k) {
     Node* n = nodes[k];
@@ -553,6 +627,7 @@ Expected<Plan> lower_for_gpu(Graph& g, const std::vector<std::vector<int64_t>>& 
         timed.emplace_back(std::string(other.tactic->name) + "/" + other.variant, other.time_ms);
     LayerChoice c = std::move(cands[k][pick[k]]);
     if (c.time_ms >= 0) c.timed = std::move(timed);
+    c.alternates = std::move(alternates[k]);
     for (size_t i = 0; i < n->num_inputs(); ++i) {
       Value* v = n->input(i);
       if (!v || c.in[i].dtype == DataType::kUndefined) continue;
@@ -582,6 +657,7 @@ Expected<Plan> lower_for_gpu(Graph& g, const std::vector<std::vector<int64_t>>& 
     *o.log << fmt::format("timing cache: {} entries, {} hits\n", cache.size(), cache.hits());
   Plan plan;
   plan.workspace_limit = o.workspace_limit;
+  plan.points = std::move(points);
   for (const Node* n : g.nodes()) plan.layers.push_back(L.choice.at(n));
   return plan;
 }

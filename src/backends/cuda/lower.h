@@ -26,11 +26,23 @@ struct GpuBuildOptions {
   bool tune = true;             // time candidates (false: the first supported one, for tests)
   std::string force_tactic;     // tests: keep only this tactic (NAME or NAME/VARIANT) where it
                                 // implements the op
+  // More input shapes to tune at besides the opt shapes (a dynamic profile's small batch:
+  // tuning_points). A layer whose fastest candidate of the chosen formats differs there keeps it
+  // as an Alternate (plan.h), which the executor runs at shapes nearer that point.
+  std::vector<InputShapes> extra_points;
   std::ostream* log = nullptr;  // --verbose: per-layer candidates and times
   // Tests: the free and total device memory the build is checked against (memory_check.h);
   // unset: what the GPU says (no check where none answers).
   std::optional<GpuMemory> gpu_memory;
 };
+
+// The further tuning points of a profile (per graph input, in order, its min/opt/max): the opt
+// shapes with every dimension 0 (the batch, by the convention of TensorRT and the exporters) at
+// its minimum, where that minimum is below the opt value. An engine with a batch range is then
+// as fast at batch 1 as one built for it (a GEMM or attention tactic tuned for 4096 rows is
+// seldom the best for 128). Empty for a static profile.
+std::vector<InputShapes> tuning_points(const std::vector<std::vector<int64_t>>& min_shapes,
+                                       const std::vector<std::vector<int64_t>>& opt_shapes);
 
 // `opt_shapes` follow g.inputs() (the profile's opt shapes). Rewrites `g` (reformat layers) and
 // returns the plan whose records follow the rewritten graph's node order.

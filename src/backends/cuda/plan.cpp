@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+#include <limits>
+
 namespace kiln::gpu {
 namespace {
 
@@ -55,17 +58,43 @@ nlohmann::json plan_to_json(const Plan& p, const Graph& g) {
     for (const auto& f : c.out) out.push_back(format_str(f));
     nlohmann::json timed = nlohmann::json::array();
     for (const auto& [name, ms] : c.timed) timed.push_back({name, ms});
-    layers.push_back({{"tactic", std::string(c.tactic->name)},
-                      {"variant", c.variant},
-                      {"precision", precision_name(c.precision)},
-                      {"in", in},
-                      {"out", out},
-                      {"time_ms", c.time_ms},
-                      {"timed", timed},
-                      {"launches", launches}});
+    nlohmann::json r = {{"tactic", std::string(c.tactic->name)},
+                        {"variant", c.variant},
+                        {"precision", precision_name(c.precision)},
+                        {"in", in},
+                        {"out", out},
+                        {"time_ms", c.time_ms},
+                        {"timed", timed},
+                        {"launches", launches}};
+    if (!c.alternates.empty()) {
+      nlohmann::json alts = nlohmann::json::array();
+      for (const Alternate& a : c.alternates)
+        alts.push_back({{"point", a.point},
+                        {"tactic", std::string(a.tactic->name)},
+                        {"variant", a.variant},
+                        {"time_ms", a.time_ms}});
+      r["alternates"] = std::move(alts);
+    }
+    layers.push_back(std::move(r));
   }
-  return {
+  nlohmann::json j = {
       {"layers", layers}, {"workspace_limit", p.workspace_limit}, {"kernel_layers", kernel_layers}};
+  if (!p.points.empty()) j["points"] = p.points;
+  return j;
+}
+
+size_t nearest_point(const std::vector<InputShapes>& points, const InputShapes& shapes) {
+  size_t best = 0;
+  double best_d = std::numeric_limits<double>::infinity();
+  for (size_t p = 0; p < points.size(); ++p) {
+    double d = 0;
+    for (size_t i = 0; i < shapes.size() && i < points[p].size(); ++i)
+      for (size_t k = 0; k < shapes[i].size() && k < points[p][i].size(); ++k)
+        if (shapes[i][k] > 0 && points[p][i][k] > 0)
+          d += std::abs(std::log(double(shapes[i][k]) / double(points[p][i][k])));
+    if (d < best_d) best_d = d, best = p;  // ties: the earlier point (the opt shapes first)
+  }
+  return best;
 }
 
 Expected<Plan> plan_from_json(const Graph& g, const nlohmann::json& j) {
@@ -78,6 +107,25 @@ Expected<Plan> plan_from_json(const Graph& g, const nlohmann::json& j) {
                       g.nodes().size());
   if (j.contains("workspace_limit") && j["workspace_limit"].is_number_unsigned())
     p.workspace_limit = j["workspace_limit"].get<size_t>();
+  if (j.contains("points")) {
+    const auto& pts = j["points"];
+    auto bad = [] { return KILN_ERROR("backend plan: 'points' must list input shapes per point"); };
+    if (!pts.is_array()) return bad();
+    for (const auto& pt : pts) {
+      if (!pt.is_array() || pt.size() != g.inputs().size()) return bad();
+      InputShapes shapes;
+      for (const auto& s : pt) {
+        if (!s.is_array()) return bad();
+        std::vector<int64_t> dims;
+        for (const auto& d : s) {
+          if (!d.is_number_integer() || d.get<int64_t>() < 0) return bad();
+          dims.push_back(d.get<int64_t>());
+        }
+        shapes.push_back(std::move(dims));
+      }
+      p.points.push_back(std::move(shapes));
+    }
+  }
   for (size_t i = 0; i < layers.size(); ++i) {
     const Node* n = g.nodes()[i];
     const auto& r = layers[i];
@@ -110,6 +158,29 @@ Expected<Plan> plan_from_json(const Graph& g, const nlohmann::json& j) {
         for (const auto& t : r["timed"])
           if (t.is_array() && t.size() == 2 && t[0].is_string() && t[1].is_number())
             c.timed.emplace_back(t[0].get<std::string>(), t[1].get<double>());
+      if (r.contains("alternates")) {
+        if (!r["alternates"].is_array()) return fail(KILN_ERROR("'alternates' is not a list"));
+        for (const auto& a : r["alternates"]) {
+          if (!a.is_object() || !a.contains("point") || !a["point"].is_number_integer() ||
+              a["point"].get<int64_t>() < 0 || !a.contains("tactic") || !a["tactic"].is_string())
+            return fail(KILN_ERROR("an alternate needs a point and a tactic"));
+          Alternate alt;
+          alt.point = a["point"].get<size_t>();
+          if (alt.point == 0 || alt.point >= p.points.size())
+            return fail(
+                KILN_ERROR("alternate for tuning point {} of {}", alt.point, p.points.size()));
+          const std::string name = a["tactic"].get<std::string>();
+          alt.tactic = find_tactic(name);
+          if (!alt.tactic)
+            return fail(
+                KILN_ERROR("unknown tactic '{}' (engine from another kiln version?)", name));
+          if (alt.tactic->op_type != n->op_type || alt.tactic->alias_input != c.tactic->alias_input)
+            return fail(KILN_ERROR("alternate tactic '{}' cannot stand in for '{}'", name, tactic));
+          if (a.contains("variant") && a["variant"].is_string()) alt.variant = a["variant"];
+          if (a.contains("time_ms") && a["time_ms"].is_number()) alt.time_ms = a["time_ms"];
+          c.alternates.push_back(std::move(alt));
+        }
+      }
     }
     p.layers.push_back(std::move(c));
   }

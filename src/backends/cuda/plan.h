@@ -11,6 +11,16 @@
 
 namespace kiln::gpu {
 
+// A layer's tactic at another tuning point of a dynamic profile (Plan::points), where it was
+// faster than the opt shape's choice: same op, precision and formats, so the same weights and
+// neighbours; the executor runs it for input shapes nearer that point.
+struct Alternate {
+  size_t point = 1;  // index into Plan::points (never 0, the opt shapes)
+  const TacticDef* tactic = nullptr;
+  std::string variant;
+  double time_ms = -1;  // its tuned time at that point
+};
+
 struct LayerChoice {
   const TacticDef* tactic = nullptr;  // nullptr: a host node (evaluated when shapes are set)
   std::string variant;
@@ -18,14 +28,28 @@ struct LayerChoice {
   std::vector<TensorFormat> in, out;  // dtype kUndefined: absent, or read on the host
   double time_ms = -1;                // tuned time at the opt shape (-1: not timed)
   std::vector<std::pair<std::string, double>> timed;  // every candidate timed, "name/variant"
+  std::vector<Alternate> alternates;  // at most one per tuning point other than the opt shapes
   bool is_host() const { return tactic == nullptr; }
   LayerDesc desc(const Node* n) const { return {n, in, out, precision, variant}; }
+  LayerDesc desc(const Node* n, const Alternate& a) const {
+    return {n, in, out, precision, a.variant};
+  }
 };
+
+using InputShapes = std::vector<std::vector<int64_t>>;  // per graph input, in order
 
 struct Plan {
   std::vector<LayerChoice> layers;  // per graph node, node order
   size_t workspace_limit = size_t(1) << 30;
+  // The input shapes the layers were tuned at: points[0] the profile's opt shapes, then any
+  // further points of a dynamic profile (lower.h: tuning_points). Empty in an engine tuned at
+  // one point only.
+  std::vector<InputShapes> points;
 };
+
+// The tuning point nearest to `shapes` (index into `points`; 0 when there are none): the least
+// sum over every dimension of |log(shape / point)|, so batch 8 is nearer 32 than 1.
+size_t nearest_point(const std::vector<InputShapes>& points, const InputShapes& shapes);
 
 // The plan as the engine stores it; each record also says whether the layer launches a kernel
 // (not for host layers, nor for aliases of their input unless they make a graph output), and
