@@ -21,6 +21,7 @@ struct LayerRun {
   const Node* node = nullptr;
   const LayerChoice* choice = nullptr;
   std::unique_ptr<Layer> layer;
+  std::vector<std::unique_ptr<Layer>> alternates;  // per choice->alternates
 };
 
 // Everything that depends on the input shapes.
@@ -30,6 +31,8 @@ struct Instance {
   std::vector<std::vector<DeviceTensor>> ins, outs;  // per layer run
   std::vector<std::vector<TensorRef>> in_refs, out_refs;
   std::vector<bool> skip;                            // aliased Reshape-like layers: no work
+  std::vector<int> alternate;                        // per layer run: -1, or the Alternate (plan.h)
+                                                     // of the tuning point nearest these shapes
   size_t arena_bytes = 0;
   size_t workspace_bytes = 0;
   std::vector<uint8_t> upload_host;                  // host values, converted and packed
@@ -96,6 +99,11 @@ class CudaContext final : public ExecutionContext {
       auto layer = c.tactic->create(c.desc(nodes[k]));
       if (!layer.ok()) return layer.status().with_context(nodes[k]->label());
       r.layer = std::move(layer).value();
+      for (const Alternate& a : c.alternates) {
+        auto alt = a.tactic->create(c.desc(nodes[k], a));
+        if (!alt.ok()) return alt.status().with_context(nodes[k]->label());
+        r.alternates.push_back(std::move(alt).value());
+      }
       runs_.push_back(std::move(r));
     }
     host_in_ = plan_host_inputs();
@@ -179,6 +187,10 @@ class CudaContext final : public ExecutionContext {
   Status read_host_inputs(const std::vector<const void*>* host_src = nullptr);
   Expected<std::unique_ptr<Instance>> make_instance(const std::vector<std::vector<int64_t>>& s);
   Status configure(Instance& inst);
+  Layer& layer_of(const Instance& inst, size_t s) const {
+    const int a = inst.alternate[s];
+    return a < 0 ? *runs_[s].layer : *runs_[s].alternates[a];
+  }
   void* resolve(const Instance& inst, const TensorRef& r) const;
   void bind(Instance& inst);
   Status run_layers(Instance& inst, std::vector<LayerTiming>* times);
@@ -346,6 +358,11 @@ Expected<std::unique_ptr<Instance>> CudaContext::make_instance(
   inst->in_refs.resize(n_runs);
   inst->out_refs.resize(n_runs);
   inst->skip.assign(n_runs, false);
+  inst->alternate.assign(n_runs, -1);
+  if (const size_t point = nearest_point(e_->plan().points, input_shapes); point != 0)
+    for (size_t s = 0; s < n_runs; ++s)
+      for (size_t a = 0; a < runs_[s].choice->alternates.size(); ++a)
+        if (runs_[s].choice->alternates[a].point == point) inst->alternate[s] = static_cast<int>(a);
   auto root_of = [&](const Value* v) {
     auto it = alias_root.find(v);
     return it == alias_root.end() ? v : it->second;
@@ -467,7 +484,7 @@ Status CudaContext::configure(Instance& inst) {
   size_t ws = 0;
   for (size_t s = 0; s < runs_.size(); ++s) {
     if (inst.skip[s]) continue;
-    auto need = runs_[s].layer->configure(rc_, inst.ins[s], inst.outs[s]);
+    auto need = layer_of(inst, s).configure(rc_, inst.ins[s], inst.outs[s]);
     if (!need.ok()) return need.status().with_context(runs_[s].node->label());
     if (*need > rc_.workspace_limit)
       return KILN_ERROR("{}: needs {} MiB of workspace, over the engine's limit of {} MiB",
@@ -527,7 +544,7 @@ Status CudaContext::run_layers(Instance& inst, std::vector<LayerTiming>* times) 
   if (!debug_.empty()) KILN_RETURN_IF_ERROR(keep_debug(inst, runs_.size()));
   for (size_t s = 0; s < runs_.size(); ++s) {
     if (!inst.skip[s]) {
-      Status st = runs_[s].layer->run(rc_, inst.ins[s], inst.outs[s]);
+      Status st = layer_of(inst, s).run(rc_, inst.ins[s], inst.outs[s]);
       if (!st.ok()) return st.with_context(runs_[s].node->label());
     }
     if (!debug_.empty()) KILN_RETURN_IF_ERROR(keep_debug(inst, s));
