@@ -91,6 +91,21 @@ void mha_cases(std::vector<OpCase>& v) {
   v.push_back(mha(
       {.name = "d128_rows128", .B = 10, .Sq = 129, .Sk = 129, .H = 14, .D = 128, .packed = true}));
   v.push_back(mha({.name = "d64_one_token", .B = 4, .Sq = 1, .Sk = 1, .H = 4, .packed = true}));
+  // BERT's shape at a small batch (mha.flash's "short" variant: every key at once), and a key
+  // count that is no multiple of 16 with a padding mask.
+  v.push_back(mha({.name = "d64_bert_s128",
+                   .B = 4,
+                   .Sq = 128,
+                   .Sk = 128,
+                   .H = 12,
+                   .packed = true,
+                   .mask = in({4, 1, 1, 128}, DataType::kFloat32, -6, 0)}));
+  v.push_back(mha({.name = "d64_short_tail",
+                   .B = 3,
+                   .Sq = 100,
+                   .Sk = 100,
+                   .H = 2,
+                   .mask = in({3, 1, 1, 100}, DataType::kFloat32, -6, 0)}));
   v.push_back(
       mha({.name = "d64_cross", .B = 2, .Sq = 9, .Sk = 70, .H = 2, .mask = in({2, 2, 9, 70})}));
   v.push_back(mha(

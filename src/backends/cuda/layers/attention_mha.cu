@@ -434,6 +434,155 @@ __global__ void __launch_bounds__(32 * WARPS) mha_flash_split_kernel(FlashArgs a
   }
 }
 
+// Short key sequences (at most kShortKeys: BERT's and ViT's 128 and 197 do not both fit; 128
+// does): a block of four warps takes 64 query rows and loads every key and value of its
+// (batch, head) at once, each warp keeps its Q fragments in registers and computes all of its
+// 16 rows' scores in one pass, so the softmax is exact (one maximum, one sum; no rescaling as
+// keys arrive). A mask that does not vary with the query row (a padding mask [B, 1, 1, Sk]) is
+// staged in shared memory once per block, scaled to base 2; other masks are read per row.
+constexpr int kShortKeys = 128;
+
+template <int D, typename MaskT>
+__global__ void __launch_bounds__(128, (D == 64 ? 3 : 2)) mha_flash_short_kernel(FlashArgs a) {
+  constexpr int kThreads = 128, kRows = 64, kBlocks = kShortKeys / 8;
+  extern __shared__ __align__(16) unsigned char smem[];
+  __half* sq = reinterpret_cast<__half*>(smem);
+  __half* sk = sq + kRows * D;
+  __half* sv = sk + kShortKeys * D;
+  float* smask = reinterpret_cast<float*>(sv + kShortKeys * D);  // [kShortKeys], base 2
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int q0 = blockIdx.x * kRows, h = blockIdx.y, b = blockIdx.z;
+  const __half* q = a.q + b * a.q_b + h * D + static_cast<int64_t>(q0) * a.q_s;
+  const __half* k = a.k + b * a.k_b + h * D;
+  const __half* v = a.v + b * a.v_b + h * D;
+  load_tile<D, kThreads>(sq, q, a.q_s, kRows, min(kRows, a.sq - q0), tid);
+  load_tile<D, kThreads>(sk, k, a.k_s, kShortKeys, a.sk, tid);
+  load_tile<D, kThreads>(sv, v, a.v_s, kShortKeys, a.sk, tid);
+  cp_async_commit();
+  const MaskT* mrow[2] = {};
+  mask_rows<MaskT>(a, b, h, q0 + warp * 16 + lane / 4, mrow);
+  const bool row_invariant = a.m_q == 0;
+  if constexpr (!std::is_void_v<MaskT>) {
+    if (row_invariant)
+      for (int j = tid; j < kShortKeys; j += kThreads)
+        smask[j] = j < a.sk ? to_f32(mrow[0][j * a.m_k]) * kLog2e : -INFINITY;
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+
+  const int qrow = warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8, qcol = (lane / 16) * 8;
+  const int krow = (lane % 8) + (lane / 16) * 8, kcol = ((lane / 8) % 2) * 8;
+  const int vrow = (lane % 8) + ((lane / 8) % 2) * 8, vcol = (lane / 16) * 8;
+  uint32_t qf[D / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+    ldmatrix_x4(qf[kk], smem_u32(sq + swz<D>(qrow, kk * 16 + qcol)));
+  // S = Q K^T over every key: 16 n8 blocks, those past the last 16-key group skipped.
+  float s[kBlocks][4];
+#pragma unroll
+  for (int nb = 0; nb < kBlocks / 2; ++nb) {
+    s[2 * nb][0] = s[2 * nb][1] = s[2 * nb][2] = s[2 * nb][3] = 0.f;
+    s[2 * nb + 1][0] = s[2 * nb + 1][1] = s[2 * nb + 1][2] = s[2 * nb + 1][3] = 0.f;
+    if (nb * 16 >= a.sk) continue;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t bf[4];
+      ldmatrix_x4(bf, smem_u32(sk + swz<D>(nb * 16 + krow, kk * 16 + kcol)));
+      mma_f16(s[2 * nb], qf[kk], bf[0], bf[1]);
+      mma_f16(s[2 * nb + 1], qf[kk], bf[2], bf[3]);
+    }
+  }
+  // Scale and mask in base 2, keys past the end out; each row's maximum, sum and probabilities.
+  float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int nb = 0; nb < kBlocks; ++nb)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int key = nb * 8 + (lane % 4) * 2 + (e % 2);
+      float x = s[nb][e] * a.scale_log2;
+      if constexpr (!std::is_void_v<MaskT>) {
+        if (row_invariant)
+          x += smask[key];
+        else if (key < a.sk)
+          x = fmaf(to_f32(mrow[e / 2][key * a.m_k]), kLog2e, x);
+      }
+      if (key >= a.sk) x = -INFINITY;
+      s[nb][e] = x;
+      mx[e / 2] = fmaxf(mx[e / 2], x);
+    }
+  float base[2], l[2] = {0.f, 0.f};
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+    base[r] = mx[r] == -INFINITY ? 0.f : mx[r];  // a fully masked row: every p is 0
+  }
+#pragma unroll
+  for (int nb = 0; nb < kBlocks; ++nb)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float p = exp2f(s[nb][e] - base[e / 2]);
+      s[nb][e] = p;
+      l[e / 2] += p;
+    }
+  // O = P V, the score fragments of keys 16kk..16kk+15 as P's A fragment.
+  float o[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < kBlocks / 2; ++kk) {
+    if (kk * 16 >= a.sk) continue;
+    const uint32_t pa[4] = {pack_half2(s[2 * kk][0], s[2 * kk][1]),
+                            pack_half2(s[2 * kk][2], s[2 * kk][3]),
+                            pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                            pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+    for (int db = 0; db < D / 16; ++db) {
+      uint32_t bf[4];
+      ldmatrix_x4_trans(bf, smem_u32(sv + swz<D>(kk * 16 + vrow, db * 16 + vcol)));
+      mma_f16(o[2 * db], pa, bf[0], bf[1]);
+      mma_f16(o[2 * db + 1], pa, bf[2], bf[3]);
+    }
+  }
+  // Normalize (a row with no key left is NaN, or 0 with nan_to_zero), stage the warp's rows in
+  // its part of Q's tile (only this warp read them), then store 16-byte vectors.
+  float inv[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    inv[r] = l[r] > 0.f ? 1.f / l[r] : (a.nan_to_zero ? 0.f : NAN);
+  }
+  const int wr = warp * 16 + lane / 4;
+#pragma unroll
+  for (int db = 0; db < D / 8; ++db) {
+    const int col = db * 8 + (lane % 4) * 2;
+    *reinterpret_cast<uint32_t*>(sq + swz<D>(wr, col)) =
+        pack_half2(o[db][0] * inv[0], o[db][1] * inv[0]);
+    *reinterpret_cast<uint32_t*>(sq + swz<D>(wr + 8, col)) =
+        pack_half2(o[db][2] * inv[1], o[db][3] * inv[1]);
+  }
+  __syncthreads();
+  __half* y = a.y + b * a.y_b + h * D;
+  for (int i = tid; i < kRows * D / 8; i += kThreads) {
+    const int row = i / (D / 8), c = i % (D / 8);
+    if (q0 + row < a.sq)
+      *reinterpret_cast<uint4*>(y + static_cast<int64_t>(q0 + row) * a.y_s + c * 8) =
+          *reinterpret_cast<const uint4*>(sq + swz<D>(row, c * 8));
+  }
+}
+
+constexpr size_t flash_short_smem(int d) {
+  return static_cast<size_t>(64 + 2 * kShortKeys) * d * sizeof(__half) + kShortKeys * sizeof(float);
+}
+
+template <int D>
+void (*flash_short_kernel(DataType mask))(FlashArgs) {
+  if (mask == DataType::kFloat16) return mha_flash_short_kernel<D, __half>;
+  if (mask == DataType::kFloat32) return mha_flash_short_kernel<D, float>;
+  return mha_flash_short_kernel<D, void>;
+}
+
 // The split kernel's warps; its shared memory: Q's 16 rows, two K and two V tiles (the partial
 // results reuse them).
 constexpr int kSplitWarps = 4;
@@ -477,8 +626,17 @@ FlashKernel pick_flash(int d, int warps, DataType mask) {
 // Variants: "" sizes blocks by the grid (below); "rows128": 128 query rows a block (8 warps), so
 // a head's K and V are read once per 128 rows instead of per 64, where that still fills the SMs;
 // "split": 16 query rows a block, the keys split over its 4 warps (mha_flash_split_kernel), for
-// grids that do not fill the SMs.
-std::vector<std::string> flash_variants(const LayerDesc&) { return {"", "rows128", "split"}; }
+// grids that do not fill the SMs; "short": every key of a (batch, head) in shared memory at once
+// and an exact softmax (mha_flash_short_kernel), where there are at most 128 keys, else the
+// default's blocks.
+std::vector<std::string> flash_variants(const LayerDesc&) {
+  std::vector<std::string> v = {"", "rows128", "split"};
+  // "short" is written but has not run on a GPU yet: gated until test-backend-ops passes it.
+  std::string why;
+  if (unverified_tactics_enabled(&why, "mha.flash/short: not yet run on a GPU"))
+    v.push_back("short");
+  return v;
+}
 
 bool flash_supports(const LayerDesc& d, std::string* why) {
   int64_t dq = 0, dv = 0;
@@ -490,7 +648,10 @@ bool flash_supports(const LayerDesc& d, std::string* why) {
 class MhaFlashLayer final : public Layer {
  public:
   explicit MhaFlashLayer(const LayerDesc& d)
-      : node_(d.node), rows128_(d.variant == "rows128"), split_(d.variant == "split") {
+      : node_(d.node),
+        rows128_(d.variant == "rows128"),
+        split_(d.variant == "split"),
+        short_(d.variant == "short") {
     scale_ = d.node->attrs.get_float("scale", 1.f);
     nan_to_zero_ = d.node->attrs.get_int("nan_to_zero", 0) != 0;
   }
@@ -519,10 +680,18 @@ class MhaFlashLayer final : public Layer {
     if (rows128_ && s_.Sq > 64 && s_.B * s_.H * ((s_.Sq + 127) / 128) >= sms) warps_ = 8;
     smem_ = flash_smem(static_cast<int>(s_.D), warps_);
     kernel_ = pick_flash(static_cast<int>(s_.D), warps_, mask_);
+    rows_ = 16 * warps_;
     if (split_) {
       warps_ = kSplitWarps;
+      rows_ = 16;
       smem_ = flash_split_smem(static_cast<int>(s_.D));
       kernel_ = s_.D == 64 ? flash_split_kernel<64>(mask_) : flash_split_kernel<128>(mask_);
+    }
+    if (short_ && s_.Sk <= kShortKeys) {
+      warps_ = 4;
+      rows_ = 64;
+      smem_ = flash_short_smem(static_cast<int>(s_.D));
+      kernel_ = s_.D == 64 ? flash_short_kernel<64>(mask_) : flash_short_kernel<128>(mask_);
     }
     KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel_, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem_)));
@@ -554,7 +723,7 @@ class MhaFlashLayer final : public Layer {
                           static_cast<const void*>(a.v), static_cast<const void*>(a.y)})
       if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
         return KILN_ERROR("{}: an operand is not 16-byte aligned", node_->label());
-    const int rows = split_ ? 16 : 16 * warps_;
+    const int rows = rows_;
     const dim3 grid(static_cast<unsigned>((s_.Sq + rows - 1) / rows), static_cast<unsigned>(s_.H),
                     static_cast<unsigned>(s_.B));
     if (s_.Sk == 0) return KILN_ERROR("{}: no keys (sequence length 0)", node_->label());
@@ -567,11 +736,12 @@ class MhaFlashLayer final : public Layer {
   const Node* node_;
   float scale_ = 1.f;
   bool nan_to_zero_ = false;
-  bool rows128_ = false, split_ = false;
+  bool rows128_ = false, split_ = false, short_ = false;
   MhaShape s_;
   DataType mask_ = DataType::kUndefined;
   std::array<int64_t, 4> mstride_{};
   int warps_ = 4;
+  int rows_ = 64;  // query rows a block
   size_t smem_ = 0;
   FlashKernel kernel_ = nullptr;
 };
