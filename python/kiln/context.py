@@ -227,7 +227,9 @@ class _Repeat:
         import torch
 
         self.names = list(feeds)
-        self.specs = [(type(v), v.shape, v.dtype, v.device) for v in feeds.values()]
+        # (type, shape, dtype, device index): get_device() is an int, cheaper than a
+        # torch.device to make and compare on every call
+        self.specs = [(type(v), v.shape, v.dtype, v.get_device()) for v in feeds.values()]
         self.device = next(iter(feeds.values())).device
         self.outs = [(tuple(s), d) for s, d in zip(out_shapes, out_dtypes)]
         raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -243,8 +245,8 @@ class _Repeat:
         values = []
         for name, (kind, shape, dtype, device) in zip(self.names, self.specs):
             v = feeds.get(name)
-            if (type(v) is not kind or v.shape != shape or v.dtype != dtype or v.device != device
-                    or not v.is_contiguous()):
+            if (type(v) is not kind or v.shape != shape or v.dtype != dtype
+                    or v.get_device() != device or not v.is_contiguous()):
                 return None
             values.append(v)
         if stream is None:

@@ -629,11 +629,13 @@ Status CudaContext::enqueue_read(CUstream_st* stream, std::vector<LayerTiming>* 
     if (!out_addr_[j] && inst->output_bytes[j])
       return KILN_ERROR("output '{}': no device address set", g_.outputs()[j]->name);
   cudaStream_t s = stream ? stream : stream_;
-  if (s != cudaStreamLegacy) return launch(*inst, s, layer_times);
+  // A replay of a captured graph is one launch wherever it goes: on the legacy stream too.
+  const bool replay = use_graph_ && inst->ran_direct && !layer_times && debug_.empty();
+  if (s != cudaStreamLegacy || replay) return launch(*inst, s, layer_times);
   // The legacy default stream (PyTorch's default stream): a launch there costs more than on a
   // non-blocking stream (it is ordered against the device's other blocking streams), about
-  // 2.5 us a kernel on the H100. The inference runs on the context's own stream, fenced by an
-  // event each way, which keeps the legacy stream's order.
+  // 2.5 us a kernel on the H100. Layer by layer, the inference runs on the context's own stream,
+  // fenced by an event each way, which keeps the legacy stream's order.
   for (cudaEvent_t& ev : fence_)
     if (!ev) KILN_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
   KILN_CUDA_CHECK(cudaEventRecord(fence_[0], cudaStreamLegacy));
