@@ -132,7 +132,7 @@ def kernel_layers(kiln, engine):
 
 def part_speed(a, model, res):
     import torch
-    m, cfg = torch_model(model)
+    m, cfg = torch_model(model) if not a.no_torch else (None, None)
     vocab = getattr(cfg, "vocab_size", 0)
     rng = np.random.default_rng(0)
     for batch in a.batches:
@@ -143,15 +143,17 @@ def part_speed(a, model, res):
         kiln_ms = kiln_bench(a.kiln, engine, shape, a.iters, os.path.join(a.work, f"bench_{model}_b{batch}.json"))
         run([a.kiln, "bench", "--engine", engine, "--shapes", shape, "--dump-profile", "--iterations", "20",
              "--no-data-transfers"], log_path=os.path.join(a.out, "profiles.txt"))
-        t = torch_times(m, inputs(model, batch, a.seq, vocab, rng), a.iters)
+        t = (torch_times(m, inputs(model, batch, a.seq, vocab, rng), a.iters) if not a.no_torch
+             else {"eager": None, "compile": None, "compile_first_s": None})
         kl, layers = kernel_layers(a.kiln, engine)
         row = {"model": model, "batch": batch, "seq": a.seq, "kiln_ms": kiln_ms, "build_s": secs,
                "kernel_layers": kl, "layers": layers,
                "eager_ms": t["eager"], "compile_ms": t["compile"], "compile_first_s": t["compile_first_s"]}
         res["speed"].append(row)
         log(f"{MODELS[model]} b{batch}: kiln {kiln_ms:.3f} ms (built in {secs:.1f} s, {kl} of {layers} "
-            f"layers launch kernels), eager "
-            f"{t['eager']:.3f} ms, torch.compile {t['compile']:.3f} ms: {t['compile'] / kiln_ms:.2f}x compile")
+            f"layers launch kernels)" + ("" if a.no_torch else
+            f", eager {t['eager']:.3f} ms, torch.compile {t['compile']:.3f} ms: "
+            f"{t['compile'] / kiln_ms:.2f}x compile"))
     del m
     torch.cuda.empty_cache()
 
@@ -228,6 +230,8 @@ def main():
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--iters", type=int, default=300)
     ap.add_argument("--exporters", default="torchscript,dynamo")
+    ap.add_argument("--no-torch", action="store_true",
+                    help="speed: kiln's engines alone, without PyTorch eager and torch.compile")
     a = ap.parse_args()
     a.batches = [int(b) for b in a.batches.split(",")]
     a.exporters = a.exporters.split(",")
@@ -260,8 +264,10 @@ def main():
     log("\n| model | batch | kiln | build | eager | torch.compile | kiln / compile |")
     log("|---|---|---|---|---|---|---|")
     for r in res["speed"]:
+        torch_cols = ("- | - | - |" if r["compile_ms"] is None else
+                      f"{r['eager_ms']:.3f} ms | {r['compile_ms']:.3f} ms | {r['compile_ms'] / r['kiln_ms']:.2f}x |")
         log(f"| {MODELS[r['model']]} | {r['batch']} | {r['kiln_ms']:.3f} ms | {r['build_s']:.1f} s | "
-            f"{r['eager_ms']:.3f} ms | {r['compile_ms']:.3f} ms | {r['compile_ms'] / r['kiln_ms']:.2f}x |")
+            + torch_cols)
     return 1 if res.get("failures") else 0
 
 
