@@ -282,6 +282,41 @@ __device__ __forceinline__ void flash_step(const FlashArgs& a, const __half* sq,
   }
 }
 
+// The end of a kernel whose warps each hold 16 query rows (the block's kRows rows from q0): the
+// rows normalized by their sums (a row with no key left is NaN, or 0 with nan_to_zero, as the
+// reference), staged in the warp's part of Q's tile (only this warp read it), then stored as
+// 16-byte vectors.
+template <int D, int kThreads, int kRows>
+__device__ __forceinline__ void store_rows(const FlashArgs& a, __half* sq,
+                                           const float (&o)[D / 8][4], float (&l)[2], int q0, int b,
+                                           int h, int tid) {
+  const int warp = tid / 32, lane = tid % 32;
+  float inv[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    inv[r] = l[r] > 0.f ? 1.f / l[r] : (a.nan_to_zero ? 0.f : NAN);
+  }
+  const int wr = warp * 16 + lane / 4;
+#pragma unroll
+  for (int db = 0; db < D / 8; ++db) {
+    const int col = db * 8 + (lane % 4) * 2;
+    *reinterpret_cast<uint32_t*>(sq + swz<D>(wr, col)) =
+        pack_half2(o[db][0] * inv[0], o[db][1] * inv[0]);
+    *reinterpret_cast<uint32_t*>(sq + swz<D>(wr + 8, col)) =
+        pack_half2(o[db][2] * inv[1], o[db][3] * inv[1]);
+  }
+  __syncthreads();
+  __half* y = a.y + b * a.y_b + h * D;
+  for (int i = tid; i < kRows * D / 8; i += kThreads) {
+    const int row = i / (D / 8), c = i % (D / 8);
+    if (q0 + row < a.sq)
+      *reinterpret_cast<uint4*>(y + static_cast<int64_t>(q0 + row) * a.y_s + c * 8) =
+          *reinterpret_cast<const uint4*>(sq + swz<D>(row, c * 8));
+  }
+}
+
 // Occupancy: the registers a thread may use (65536 per SM over kThreads x blocks).
 template <int D, int WARPS>
 constexpr int min_blocks() {
@@ -324,31 +359,7 @@ __global__ void __launch_bounds__(32 * WARPS, (min_blocks<D, WARPS>())) mha_flas
                            t * kKeys + c * kChunk, warp * 16, mrow, lane, o, m, l);
     __syncthreads();  // every warp is done with this stage before it is loaded again
   }
-  // Normalize (a row with no key left is NaN, or 0 with nan_to_zero, as the reference), stage
-  // the warp's rows in its part of Q's tile (only this warp read them), then store 16-byte
-  // vectors.
-  float inv[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-    inv[r] = l[r] > 0.f ? 1.f / l[r] : (a.nan_to_zero ? 0.f : NAN);
-  }
-  const int wr = warp * 16 + lane / 4;
-#pragma unroll
-  for (int db = 0; db < D / 8; ++db) {
-    const int col = db * 8 + (lane % 4) * 2;
-    *reinterpret_cast<uint32_t*>(sq + swz<D>(wr, col)) = pack_half2(o[db][0] * inv[0], o[db][1] * inv[0]);
-    *reinterpret_cast<uint32_t*>(sq + swz<D>(wr + 8, col)) = pack_half2(o[db][2] * inv[1], o[db][3] * inv[1]);
-  }
-  __syncthreads();
-  __half* y = a.y + b * a.y_b + h * D;
-  for (int i = tid; i < kRows * D / 8; i += kThreads) {
-    const int row = i / (D / 8), c = i % (D / 8);
-    if (q0 + row < a.sq)
-      *reinterpret_cast<uint4*>(y + static_cast<int64_t>(q0 + row) * a.y_s + c * 8) =
-          *reinterpret_cast<const uint4*>(sq + swz<D>(row, c * 8));
-  }
+  store_rows<D, kThreads, kRows>(a, sq, o, l, q0, b, h, tid);
 }
 
 // Keys split over a block's warps, for grids too small to fill the GPU by query rows (batch 1,
@@ -544,32 +555,7 @@ __global__ void __launch_bounds__(128, (D == 64 ? 3 : 2)) mha_flash_short_kernel
       mma_f16(o[2 * db + 1], pa, bf[2], bf[3]);
     }
   }
-  // Normalize (a row with no key left is NaN, or 0 with nan_to_zero), stage the warp's rows in
-  // its part of Q's tile (only this warp read them), then store 16-byte vectors.
-  float inv[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-    inv[r] = l[r] > 0.f ? 1.f / l[r] : (a.nan_to_zero ? 0.f : NAN);
-  }
-  const int wr = warp * 16 + lane / 4;
-#pragma unroll
-  for (int db = 0; db < D / 8; ++db) {
-    const int col = db * 8 + (lane % 4) * 2;
-    *reinterpret_cast<uint32_t*>(sq + swz<D>(wr, col)) =
-        pack_half2(o[db][0] * inv[0], o[db][1] * inv[0]);
-    *reinterpret_cast<uint32_t*>(sq + swz<D>(wr + 8, col)) =
-        pack_half2(o[db][2] * inv[1], o[db][3] * inv[1]);
-  }
-  __syncthreads();
-  __half* y = a.y + b * a.y_b + h * D;
-  for (int i = tid; i < kRows * D / 8; i += kThreads) {
-    const int row = i / (D / 8), c = i % (D / 8);
-    if (q0 + row < a.sq)
-      *reinterpret_cast<uint4*>(y + static_cast<int64_t>(q0 + row) * a.y_s + c * 8) =
-          *reinterpret_cast<const uint4*>(sq + swz<D>(row, c * 8));
-  }
+  store_rows<D, kThreads, kRows>(a, sq, o, l, q0, b, h, tid);
 }
 
 constexpr size_t flash_short_smem(int d) {
