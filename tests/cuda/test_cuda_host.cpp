@@ -24,6 +24,7 @@
 #include "backends/cuda/shape_eval.h"
 #include "backends/cuda/timing_cache.h"
 #include "backends/cuda/tuner.h"
+#include "engine/describe.h"
 #include "engine/profile.h"
 #include "ops/op.h"
 #include "passes/pipeline.h"
@@ -407,6 +408,12 @@ TEST(CudaHost, PlanAlternatesRoundTripAndAreValidated) {
   nlohmann::json bad_shapes = j;
   bad_shapes["points"][1] = {{1, -4, 3}};
   EXPECT_FALSE(plan_from_json(*g, bad_shapes).ok());
+  // kiln inspect --json: the points, and each layer's alternates
+  const nlohmann::json d = describe_graph(*g, "engine", nlohmann::json::object(), j);
+  EXPECT_EQ(d["tuning_points"], j["points"]);
+  ASSERT_TRUE(d["layers"][4].contains("alternates"));
+  EXPECT_EQ(d["layers"][4]["alternates"][0]["variant"], "other");
+  EXPECT_FALSE(d["layers"][3].contains("alternates"));
 }
 
 // The executor runs each layer's tactic of the tuning point nearest the input shapes (log
