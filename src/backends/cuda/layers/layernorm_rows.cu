@@ -16,6 +16,7 @@ namespace {
 
 constexpr int kRowsPerBlock = 4;
 constexpr int kMaxChunks = 16;  // 16-byte vectors per lane: rows of up to 4096 float16 values
+constexpr int kPrefetchChunks = 4;  // "prefetch": rows of up to 1024 float16 values
 
 template <typename T>
 constexpr int kVec = 16 / static_cast<int>(sizeof(T));
@@ -66,23 +67,42 @@ struct RowsArgs {
 };
 
 // Y = LN(X [+ Skip]) per row of `vectors` 16-byte vectors; Sum = X + Skip when `sum` is set.
-template <typename T, int CHUNKS, bool kSkip>
+// kPrefetch (the "prefetch" variant, rows of up to 4 vectors a lane): every load of the row (X,
+// Skip, Scale, B) is issued before the first is used, so that the loads of Scale and B do not
+// wait behind the two reductions.
+template <typename T, int CHUNKS, bool kSkip, bool kPrefetch = false>
 __global__ void __launch_bounds__(32 * kRowsPerBlock) layernorm_rows(RowsArgs a) {
   constexpr int E = kVec<T>;
   const int lane = threadIdx.x;
   const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.y;
   if (row >= a.rows) return;
   const uint4* x = static_cast<const uint4*>(a.x) + row * a.vectors;
+  const uint4* skip = kSkip ? static_cast<const uint4*>(a.skip) + row * a.vectors : nullptr;
+  const uint4* gamma = static_cast<const uint4*>(a.gamma);
+  const uint4* beta = static_cast<const uint4*>(a.beta);
+  uint4 px[CHUNKS], ps[CHUNKS], pg[CHUNKS], pb[CHUNKS];  // kPrefetch's loads
+  if constexpr (kPrefetch) {
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int j = 0; j < CHUNKS; ++j) {
+      const int c = lane + 32 * j;
+      const bool in = c < a.vectors;
+      px[j] = in ? x[c] : zero;
+      if constexpr (kSkip) ps[j] = in ? skip[c] : zero;
+      pg[j] = in ? gamma[c] : zero;
+      pb[j] = in && beta ? beta[c] : zero;
+    }
+  }
   float v[CHUNKS][E];
   float s = 0.f;
 #pragma unroll
   for (int j = 0; j < CHUNKS; ++j) {
     const int c = lane + 32 * j;
     if (c >= a.vectors) break;
-    unpack<T>(x[c], v[j]);
+    unpack<T>(kPrefetch ? px[j] : x[c], v[j]);
     if constexpr (kSkip) {
       float w[E];
-      unpack<T>((static_cast<const uint4*>(a.skip) + row * a.vectors)[c], w);
+      unpack<T>(kPrefetch ? ps[j] : skip[c], w);
 #pragma unroll
       for (int e = 0; e < E; ++e) v[j][e] += w[e];
       if (a.sum) (static_cast<uint4*>(a.sum) + row * a.vectors)[c] = pack<T>(v[j]);
@@ -106,8 +126,8 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock) layernorm_rows(RowsArgs a)
     const int c = lane + 32 * j;
     if (c >= a.vectors) break;
     float g[E], b[E];
-    unpack<T>(static_cast<const uint4*>(a.gamma)[c], g);
-    if (a.beta) unpack<T>(static_cast<const uint4*>(a.beta)[c], b);
+    unpack<T>(kPrefetch ? pg[j] : gamma[c], g);
+    if (a.beta) unpack<T>(kPrefetch ? pb[j] : beta[c], b);
 #pragma unroll
     for (int e = 0; e < E; ++e) v[j][e] = (v[j][e] - mean) * inv * g[e] + (a.beta ? b[e] : 0.f);
     y[c] = pack<T>(v[j]);
@@ -117,7 +137,13 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock) layernorm_rows(RowsArgs a)
 using RowsKernel = void (*)(RowsArgs);
 
 template <typename T, bool kSkip>
-RowsKernel pick(int chunks) {
+RowsKernel pick(int chunks, bool prefetch) {
+  if (prefetch && chunks <= kPrefetchChunks) {  // the fewest chunks that hold the row
+    if (chunks <= 1) return layernorm_rows<T, 1, kSkip, true>;
+    if (chunks <= 2) return layernorm_rows<T, 2, kSkip, true>;
+    if (chunks <= 3) return layernorm_rows<T, 3, kSkip, true>;
+    return layernorm_rows<T, 4, kSkip, true>;
+  }
   if (chunks <= 1) return layernorm_rows<T, 1, kSkip>;
   if (chunks <= 2) return layernorm_rows<T, 2, kSkip>;
   if (chunks <= 4) return layernorm_rows<T, 4, kSkip>;
@@ -160,7 +186,8 @@ bool rows_supports(const LayerDesc& d, std::string* why) {
 
 class LayerNormRows final : public Layer {
  public:
-  explicit LayerNormRows(const LayerDesc& d) : node_(d.node), skip_(skip_op(*d.node)) {
+  explicit LayerNormRows(const LayerDesc& d)
+      : node_(d.node), skip_(skip_op(*d.node)), prefetch_(d.variant == "prefetch") {
     eps_ = d.node->attrs.get_float("epsilon", 1e-5f);
   }
 
@@ -176,8 +203,9 @@ class LayerNormRows final : public Layer {
     rows_ = len == 0 ? 0 : x.numel() / len;
     const int chunks = (vectors_ + 31) / 32;
     const bool f16 = x.dtype == DataType::kFloat16;
-    kernel_ = skip_ ? (f16 ? pick<__half, true>(chunks) : pick<float, true>(chunks))
-                    : (f16 ? pick<__half, false>(chunks) : pick<float, false>(chunks));
+    const bool p = prefetch_;
+    kernel_ = skip_ ? (f16 ? pick<__half, true>(chunks, p) : pick<float, true>(chunks, p))
+                    : (f16 ? pick<__half, false>(chunks, p) : pick<float, false>(chunks, p));
     return size_t{0};
   }
 
@@ -209,6 +237,7 @@ class LayerNormRows final : public Layer {
  private:
   const Node* node_;
   bool skip_;
+  bool prefetch_;
   float eps_;
   int vectors_ = 0;
   int64_t rows_ = 0;
@@ -219,9 +248,20 @@ Expected<std::unique_ptr<Layer>> create_rows(const LayerDesc& d) {
   return std::unique_ptr<Layer>(new LayerNormRows(d));
 }
 
+// "" and, gated until test-backend-ops runs it on a GPU, "prefetch" (rows of up to 4 vectors a
+// lane; longer rows run the default kernel under that name).
+std::vector<std::string> rows_variants(const LayerDesc&) {
+  std::string why;
+  if (unverified_tactics_enabled(&why, "layernorm rows/prefetch: not yet run on a GPU"))
+    return {"", "prefetch"};
+  return {""};
+}
+
 const TacticDef kRowsTactics[] = {
-    {"", "LayerNormalization", "norm.layer.rows", kF32 | kF16, 0, rows_supports, create_rows},
-    {"kiln", "SkipLayerNorm", "skip_layernorm.rows", kF32 | kF16, 0, rows_supports, create_rows},
+    {"", "LayerNormalization", "norm.layer.rows", kF32 | kF16, 0, rows_supports, create_rows,
+     rows_variants},
+    {"kiln", "SkipLayerNorm", "skip_layernorm.rows", kF32 | kF16, 0, rows_supports, create_rows,
+     rows_variants},
 };
 
 }  // namespace
