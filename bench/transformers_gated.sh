@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The transformer work that is written but gated (KILN_UNVERIFIED_TACTICS=1) until a GPU has run
-# it, checked and measured in one device call, each side of the gate in the same run:
+# it, checked and measured on the GPU machine with the gate open and closed:
 #   tests   the CUDA engine tests (tuning-point alternates, CUDA graphs replayed on the legacy
-#           stream) and test-backend-ops' transformer cases with the gate open (mha.flash/short)
+#           stream) and test-backend-ops' transformer cases with the gate open (mha.flash/short,
+#           layernorm rows/prefetch)
 #   on      kiln's FP16 engines with the gate open: static at batch 1 and 32, the dynamic engine
 #           (batch 1-64 x sequence 1-512, tuned at batch 32 and batch 1) at both
 #   off     the same with the gate closed (what a build does today)
