@@ -445,16 +445,18 @@ __global__ void __launch_bounds__(32 * WARPS) mha_flash_split_kernel(FlashArgs a
   }
 }
 
-// Short key sequences (at most kShortKeys: BERT's and ViT's 128 and 197 do not both fit; 128
-// does): a block of four warps takes 64 query rows and loads every key and value of its
-// (batch, head) at once, each warp keeps its Q fragments in registers and computes all of its
-// 16 rows' scores in one pass, so the softmax is exact (one maximum, one sum; no rescaling as
-// keys arrive). A mask that does not vary with the query row (a padding mask [B, 1, 1, Sk]) is
-// staged in shared memory once per block, scaled to base 2; other masks are read per row.
+// Short key sequences (at most kShortKeys = 128 keys: BERT's and GPT-2's sequence 128; ViT's
+// 197 takes the other kernels): a block of four warps takes 64 query rows and loads every key
+// and value of its (batch, head) at once, each warp keeps its Q fragments in registers and
+// computes all of its 16 rows' scores in one pass, so the softmax is exact (one maximum, one
+// sum; no rescaling as keys arrive). A mask that does not vary with the query row (a padding
+// mask [B, 1, 1, Sk]) is staged in shared memory once per block, scaled to base 2; other masks
+// are read per row. A 16-key group that the mask removes for all of a warp's rows (-inf: a
+// causal mask's upper triangle) is skipped in both products.
 constexpr int kShortKeys = 128;
 
 template <int D, typename MaskT>
-__global__ void __launch_bounds__(128, (D == 64 ? 3 : 2)) mha_flash_short_kernel(FlashArgs a) {
+__global__ void __launch_bounds__(128, (D == 64 ? 4 : 2)) mha_flash_short_kernel(FlashArgs a) {
   constexpr int kThreads = 128, kRows = 64, kBlocks = kShortKeys / 8;
   extern __shared__ __align__(16) unsigned char smem[];
   __half* sq = reinterpret_cast<__half*>(smem);
@@ -488,39 +490,53 @@ __global__ void __launch_bounds__(128, (D == 64 ? 3 : 2)) mha_flash_short_kernel
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk)
     ldmatrix_x4(qf[kk], smem_u32(sq + swz<D>(qrow, kk * 16 + qcol)));
-  // S = Q K^T over every key: 16 n8 blocks, those past the last 16-key group skipped.
+  // S = Q K^T scaled, plus the mask, in base 2, per 16-key group: this thread's mask values come
+  // first, and a group whose every value for the warp's 16 rows is -inf (a causal mask's upper
+  // triangle, keys past the end) is neither multiplied nor, below, multiplied by V: its
+  // probabilities are exactly 0 whatever the row's maximum. `live` marks the other groups.
   float s[kBlocks][4];
+  uint32_t live = 0;
 #pragma unroll
   for (int nb = 0; nb < kBlocks / 2; ++nb) {
-    s[2 * nb][0] = s[2 * nb][1] = s[2 * nb][2] = s[2 * nb][3] = 0.f;
-    s[2 * nb + 1][0] = s[2 * nb + 1][1] = s[2 * nb + 1][2] = s[2 * nb + 1][3] = 0.f;
-    if (nb * 16 >= a.sk) continue;
+    float m[2][4];
+    bool dead = true;
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t bf[4];
-      ldmatrix_x4(bf, smem_u32(sk + swz<D>(nb * 16 + krow, kk * 16 + kcol)));
-      mma_f16(s[2 * nb], qf[kk], bf[0], bf[1]);
-      mma_f16(s[2 * nb + 1], qf[kk], bf[2], bf[3]);
+    for (int half = 0; half < 2; ++half)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = (2 * nb + half) * 8 + (lane % 4) * 2 + (e % 2);
+        float mv = key < a.sk ? 0.f : -INFINITY;
+        if constexpr (!std::is_void_v<MaskT>) {
+          if (key < a.sk)
+            mv = row_invariant ? smask[key] : to_f32(mrow[e / 2][key * a.m_k]) * kLog2e;
+        }
+        m[half][e] = mv;
+        dead = dead && mv == -INFINITY;
+      }
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+      s[2 * nb + half][0] = s[2 * nb + half][1] = s[2 * nb + half][2] = s[2 * nb + half][3] = 0.f;
+    if (!__all_sync(0xffffffffu, dead)) {
+      live |= 1u << nb;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t bf[4];
+        ldmatrix_x4(bf, smem_u32(sk + swz<D>(nb * 16 + krow, kk * 16 + kcol)));
+        mma_f16(s[2 * nb], qf[kk], bf[0], bf[1]);
+        mma_f16(s[2 * nb + 1], qf[kk], bf[2], bf[3]);
+      }
     }
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[2 * nb + half][e] = s[2 * nb + half][e] * a.scale_log2 + m[half][e];
   }
-  // Scale and mask in base 2, keys past the end out; each row's maximum, sum and probabilities.
+  // Each row's maximum, sum and probabilities.
   float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
   for (int nb = 0; nb < kBlocks; ++nb)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int key = nb * 8 + (lane % 4) * 2 + (e % 2);
-      float x = s[nb][e] * a.scale_log2;
-      if constexpr (!std::is_void_v<MaskT>) {
-        if (row_invariant)
-          x += smask[key];
-        else if (key < a.sk)
-          x = fmaf(to_f32(mrow[e / 2][key * a.m_k]), kLog2e, x);
-      }
-      if (key >= a.sk) x = -INFINITY;
-      s[nb][e] = x;
-      mx[e / 2] = fmaxf(mx[e / 2], x);
-    }
+    for (int e = 0; e < 4; ++e) mx[e / 2] = fmaxf(mx[e / 2], s[nb][e]);
   float base[2], l[2] = {0.f, 0.f};
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -542,7 +558,7 @@ __global__ void __launch_bounds__(128, (D == 64 ? 3 : 2)) mha_flash_short_kernel
   for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
 #pragma unroll
   for (int kk = 0; kk < kBlocks / 2; ++kk) {
-    if (kk * 16 >= a.sk) continue;
+    if (!((live >> kk) & 1u)) continue;
     const uint32_t pa[4] = {pack_half2(s[2 * kk][0], s[2 * kk][1]),
                             pack_half2(s[2 * kk][2], s[2 * kk][3]),
                             pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
