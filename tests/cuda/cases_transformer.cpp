@@ -100,6 +100,13 @@ void mha_cases(std::vector<OpCase>& v) {
                    .H = 12,
                    .packed = true,
                    .mask = in({4, 1, 1, 128}, DataType::kFloat32, -6, 0)}));
+  v.push_back(mha({.name = "d64_causal_s128",  // GPT-2's shape: whole key groups masked
+                   .B = 2,
+                   .Sq = 128,
+                   .Sk = 128,
+                   .H = 4,
+                   .packed = true,
+                   .mask = causal(128)}));
   v.push_back(mha({.name = "d64_short_tail",
                    .B = 3,
                    .Sq = 100,
