@@ -20,6 +20,7 @@ Expected<bool> fuse_gelu(PassContext& ctx);
 Expected<bool> fuse_attention(PassContext& ctx);
 Expected<bool> map_onnx_attention(PassContext& ctx);
 Expected<bool> fold_gemm_reshape(PassContext& ctx);
+Expected<bool> fold_patch_conv(PassContext& ctx);
 Expected<bool> fuse_matmul_add(PassContext& ctx);
 Expected<bool> fold_attention_heads(PassContext& ctx);
 Expected<bool> pack_qkv(PassContext& ctx);

@@ -51,6 +51,8 @@ struct PassEntry {
 //   projection (GPT-2).
 // - fold_gemm_reshape before fuse_matmul_add: a product over flattened rows (GPT-2's Conv1D)
 //   becomes the [B, S, N] FusedGemm the later patterns expect.
+// - fold_patch_conv before fuse_conv_act: a ViT's patch embedding must still be a plain Conv
+//   (its bias not yet fused) to become the GEMM it is.
 // - fuse_matmul_add and fuse_residual_add before fuse_conv_act: the layer computes
 //   act(conv(x) + bias + residual), so bias and residual must join before the activation does.
 // - pack_qkv after fuse_matmul_add (the projections carry their biases) and before
@@ -79,6 +81,7 @@ constexpr PassEntry kPipeline[] = {
     {"map_onnx_attention", 2, passes::map_onnx_attention},
     {"fold_attention_heads", 2, passes::fold_attention_heads},
     {"fold_gemm_reshape", 2, passes::fold_gemm_reshape},
+    {"fold_patch_conv", 2, passes::fold_patch_conv},
     {"fuse_matmul_add", 2, passes::fuse_matmul_add},
     {"pack_qkv", 2, passes::pack_qkv},
     {"drop_zero_mask", 2, passes::drop_zero_mask},
