@@ -62,12 +62,12 @@ void print_text(const nlohmann::json& j) {
       if (l.contains("launches") && !l["launches"].get<bool>()) std::cout << " (no launch)";
       if (l.contains("alternates"))
         for (const auto& a : l["alternates"]) {
-          std::cout << fmt::format(" point{}={}", a["point"].get<size_t>(),
-                                   a["tactic"].get<std::string>());
-          if (!a["variant"].get<std::string>().empty())
-            std::cout << "/" << a["variant"].get<std::string>();
-          if (a["time_ms"].get<double>() >= 0)
-            std::cout << fmt::format(" ({:.4f}ms)", a["time_ms"].get<double>());
+          std::cout << fmt::format(" point{}={}", a.value("point", size_t{0}),
+                                   a.value("tactic", std::string()));
+          if (const std::string v = a.value("variant", std::string()); !v.empty())
+            std::cout << "/" << v;
+          if (const double ms = a.value("time_ms", -1.0); ms >= 0)
+            std::cout << fmt::format(" ({:.4f}ms)", ms);
         }
     }
     if (l.contains("int8_scales")) {

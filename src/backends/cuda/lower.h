@@ -38,9 +38,9 @@ struct GpuBuildOptions {
 
 // The further tuning points of a profile (per graph input, in order, its min/opt/max): the opt
 // shapes with every dimension 0 (the batch, by the convention of TensorRT and the exporters) at
-// its minimum, where that minimum is below the opt value. An engine with a batch range is then
-// as fast at batch 1 as one built for it (a GEMM or attention tactic tuned for 4096 rows is
-// seldom the best for 128). Empty for a static profile.
+// its minimum, where that minimum is below the opt value, so that an engine with a batch range
+// can run at batch 1 the tactics a batch-1 engine would (a GEMM or attention tactic tuned for
+// 4096 rows is seldom the best for 128). Empty for a static profile.
 std::vector<InputShapes> tuning_points(const std::vector<std::vector<int64_t>>& min_shapes,
                                        const std::vector<std::vector<int64_t>>& opt_shapes);
 
