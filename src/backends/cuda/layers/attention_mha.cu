@@ -196,6 +196,23 @@ __device__ __forceinline__ void kv_stage(const FlashArgs& a, __half* sk, __half*
   __syncthreads();
 }
 
+// O += P V for keys 16kk..16kk+15 of the V tile `vt`: the probabilities of the two score
+// fragments p0 and p1 (n8 blocks 2kk and 2kk + 1), rounded to float16, are P's A fragment.
+template <int D>
+__device__ __forceinline__ void pv_group(const float (&p0)[4], const float (&p1)[4],
+                                         const __half* vt, int kk, int lane, float (&o)[D / 8][4]) {
+  const int vrow = (lane % 8) + ((lane / 8) % 2) * 8, vcol = (lane / 16) * 8;
+  const uint32_t pa[4] = {pack_half2(p0[0], p0[1]), pack_half2(p0[2], p0[3]),
+                          pack_half2(p1[0], p1[1]), pack_half2(p1[2], p1[3])};
+#pragma unroll
+  for (int db = 0; db < D / 16; ++db) {
+    uint32_t bf[4];
+    ldmatrix_x4_trans(bf, smem_u32(vt + swz<D>(kk * 16 + vrow, db * 16 + vcol)));
+    mma_f16(o[2 * db], pa, bf[0], bf[1]);
+    mma_f16(o[2 * db + 1], pa, bf[2], bf[3]);
+  }
+}
+
 // One online-softmax step of a warp: its 16 query rows (rows q16.. of the Q tile `sq`) against
 // the 32 keys of the K and V tiles' rows at `kt` and `vt` (keys kbase..kbase+31), updating the
 // rows' running maximum m (in base 2), sums l (this lane's part) and output fragments o.
@@ -204,10 +221,9 @@ __device__ __forceinline__ void flash_step(const FlashArgs& a, const __half* sq,
                                            const __half* vt, int kbase, int q16,
                                            const MaskT* const (&mrow)[2], int lane,
                                            float (&o)[D / 8][4], float (&m)[2], float (&l)[2]) {
-  // This lane's ldmatrix row offsets: Q's A fragments, K's and V's B fragments.
+  // This lane's ldmatrix row offsets: Q's A fragments, K's B fragments (V's: pv_group).
   const int qrow = q16 + (lane % 8) + ((lane / 8) % 2) * 8, qcol = (lane / 16) * 8;
   const int krow = (lane % 8) + (lane / 16) * 8, kcol = ((lane / 8) % 2) * 8;
-  const int vrow = (lane % 8) + ((lane / 8) % 2) * 8, vcol = (lane / 16) * 8;
   // S = Q K^T for this warp's 16 rows and 32 keys: four n8 blocks.
   float s[kChunk / 8][4];
 #pragma unroll
@@ -265,21 +281,9 @@ __device__ __forceinline__ void flash_step(const FlashArgs& a, const __half* sq,
     o[db][0] *= alpha[0], o[db][1] *= alpha[0];
     o[db][2] *= alpha[1], o[db][3] *= alpha[1];
   }
-  // O += P V: the score fragments of keys 16kk..16kk+15 are P's A fragment.
+  // O += P V, a 16-key group at a time.
 #pragma unroll
-  for (int kk = 0; kk < kChunk / 16; ++kk) {
-    const uint32_t pa[4] = {pack_half2(s[2 * kk][0], s[2 * kk][1]),
-                            pack_half2(s[2 * kk][2], s[2 * kk][3]),
-                            pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                            pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-    for (int db = 0; db < D / 16; ++db) {
-      uint32_t bf[4];
-      ldmatrix_x4_trans(bf, smem_u32(vt + swz<D>(kk * 16 + vrow, db * 16 + vcol)));
-      mma_f16(o[2 * db], pa, bf[0], bf[1]);
-      mma_f16(o[2 * db + 1], pa, bf[2], bf[3]);
-    }
-  }
+  for (int kk = 0; kk < kChunk / 16; ++kk) pv_group<D>(s[2 * kk], s[2 * kk + 1], vt, kk, lane, o);
 }
 
 // The end of a kernel whose warps each hold 16 query rows (the block's kRows rows from q0): the
@@ -485,7 +489,6 @@ __global__ void __launch_bounds__(128, (D == 64 ? 4 : 2)) mha_flash_short_kernel
 
   const int qrow = warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8, qcol = (lane / 16) * 8;
   const int krow = (lane % 8) + (lane / 16) * 8, kcol = ((lane / 8) % 2) * 8;
-  const int vrow = (lane % 8) + ((lane / 8) % 2) * 8, vcol = (lane / 16) * 8;
   uint32_t qf[D / 16][4];
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk)
@@ -557,20 +560,8 @@ __global__ void __launch_bounds__(128, (D == 64 ? 4 : 2)) mha_flash_short_kernel
 #pragma unroll
   for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
 #pragma unroll
-  for (int kk = 0; kk < kBlocks / 2; ++kk) {
-    if (!((live >> kk) & 1u)) continue;
-    const uint32_t pa[4] = {pack_half2(s[2 * kk][0], s[2 * kk][1]),
-                            pack_half2(s[2 * kk][2], s[2 * kk][3]),
-                            pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                            pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-    for (int db = 0; db < D / 16; ++db) {
-      uint32_t bf[4];
-      ldmatrix_x4_trans(bf, smem_u32(sv + swz<D>(kk * 16 + vrow, db * 16 + vcol)));
-      mma_f16(o[2 * db], pa, bf[0], bf[1]);
-      mma_f16(o[2 * db + 1], pa, bf[2], bf[3]);
-    }
-  }
+  for (int kk = 0; kk < kBlocks / 2; ++kk)
+    if ((live >> kk) & 1u) pv_group<D>(s[2 * kk], s[2 * kk + 1], sv, kk, lane, o);
   store_rows<D, kThreads, kRows>(a, sq, o, l, q0, b, h, tid);
 }
 
