@@ -195,13 +195,18 @@ def test_tensorrt_device_path_needs_cuda(cnn_engine):
         ctx.execute_async(0)
 
 
+def _cuda_small_cnn(model):
+    """The small CNN as a cuda engine with a dynamic batch 1-8 (opt 4)."""
+    return kiln.build(str(model), backend="cuda", min_shapes={"input": [1, 3, 32, 32]},
+                      opt_shapes={"input": [4, 3, 32, 32]}, max_shapes={"input": [8, 3, 32, 32]})
+
+
 @pytest.mark.skipif(bool(gpu_reason()), reason=f"no usable GPU: {gpu_reason()}")
 def test_torch_cuda_tensors_round_trip(models_dir):
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)
     model = models_dir / "small_cnn.onnx"
-    engine = kiln.build(str(model), backend="cuda", min_shapes={"input": [1, 3, 32, 32]},
-                        opt_shapes={"input": [4, 3, 32, 32]}, max_shapes={"input": [8, 3, 32, 32]})
+    engine = _cuda_small_cnn(model)
     ctx = engine.create_context()
     x = torch.randn(4, 3, 32, 32, device="cuda")
     out = ctx.run({"input": x})
@@ -242,8 +247,7 @@ def test_repeated_torch_calls(models_dir, graphs):
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)
     model = models_dir / "small_cnn.onnx"
-    engine = kiln.build(str(model), backend="cuda", min_shapes={"input": [1, 3, 32, 32]},
-                        opt_shapes={"input": [4, 3, 32, 32]}, max_shapes={"input": [8, 3, 32, 32]})
+    engine = _cuda_small_cnn(model)
     ctx = engine.create_context()
     ctx.set_use_cuda_graph(graphs)
     kept = []
