@@ -194,13 +194,7 @@ TEST(CudaEngine, CudaGraphsFollowAddressesAndShapes) {
 // without CUDA graphs, and each inference agrees with the CPU.
 TEST(CudaEngine, TuningPointAlternatesRunAndAgree) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU here: GPU test skipped";
-  // The second tuning point is gated until it has run on a GPU: enabled for this build only.
-  const char* was = std::getenv("KILN_UNVERIFIED_TACTICS");
-  const std::string saved = was ? was : "";
-  setenv("KILN_UNVERIFIED_TACTICS", "1", 1);
   auto e = build(true);
-  if (was) setenv("KILN_UNVERIFIED_TACTICS", saved.c_str(), 1);
-  else unsetenv("KILN_UNVERIFIED_TACTICS");
   ASSERT_TRUE(e);
   nlohmann::json plan = nlohmann::json::parse(e->backend_plan_json());
   ASSERT_TRUE(plan.contains("points"));

@@ -34,13 +34,8 @@ Expected<nlohmann::json> build_cuda_plan(Graph& g, const BuildConfig& c, const P
                         "--min/--opt/--max-shapes for the cuda backend", v->name, v->type.str());
     }
   }
-  // The second tuning point (lower.h) is written but has not run on a GPU yet: gated.
-  std::string gated;
-  if (unverified_tactics_enabled(&gated, "tuning a dynamic profile at its minimum batch too: "
-                                         "not yet run on a GPU"))
-    o.extra_points = tuning_points(min, opt);
-  else if (o.log && !tuning_points(min, opt).empty())
-    *o.log << "tuned at the opt shapes only: " << gated << "\n";
+  // A profile reaching below its opt batch is tuned at its minimum batch too (lower.h).
+  o.extra_points = tuning_points(min, opt);
   Expected<Plan> plan = lower_for_gpu(g, opt, o);
   // Whatever ran out of memory (the CUDA context, a stream, a library handle, a tactic), the
   // error says out of GPU memory first, with what the GPU has.

@@ -449,133 +449,6 @@ __global__ void __launch_bounds__(32 * WARPS) mha_flash_split_kernel(FlashArgs a
   }
 }
 
-// Short key sequences (at most kShortKeys = 128 keys: BERT's and GPT-2's sequence 128; ViT's
-// 197 takes the other kernels): a block of four warps takes 64 query rows and loads every key
-// and value of its (batch, head) at once, each warp keeps its Q fragments in registers and
-// computes all of its 16 rows' scores in one pass, so the softmax is exact (one maximum, one
-// sum; no rescaling as keys arrive). A mask that does not vary with the query row (a padding
-// mask [B, 1, 1, Sk]) is staged in shared memory once per block, scaled to base 2; other masks
-// are read per row. A 16-key group that the mask removes for all of a warp's rows (-inf: a
-// causal mask's upper triangle) is skipped in both products.
-constexpr int kShortKeys = 128;
-
-template <int D, typename MaskT>
-__global__ void __launch_bounds__(128, (D == 64 ? 4 : 2)) mha_flash_short_kernel(FlashArgs a) {
-  constexpr int kThreads = 128, kRows = 64, kBlocks = kShortKeys / 8;
-  extern __shared__ __align__(16) unsigned char smem[];
-  __half* sq = reinterpret_cast<__half*>(smem);
-  __half* sk = sq + kRows * D;
-  __half* sv = sk + kShortKeys * D;
-  float* smask = reinterpret_cast<float*>(sv + kShortKeys * D);  // [kShortKeys], base 2
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int q0 = blockIdx.x * kRows, h = blockIdx.y, b = blockIdx.z;
-  const __half* q = a.q + b * a.q_b + h * D + static_cast<int64_t>(q0) * a.q_s;
-  const __half* k = a.k + b * a.k_b + h * D;
-  const __half* v = a.v + b * a.v_b + h * D;
-  load_tile<D, kThreads>(sq, q, a.q_s, kRows, min(kRows, a.sq - q0), tid);
-  load_tile<D, kThreads>(sk, k, a.k_s, kShortKeys, a.sk, tid);
-  load_tile<D, kThreads>(sv, v, a.v_s, kShortKeys, a.sk, tid);
-  cp_async_commit();
-  const MaskT* mrow[2] = {};
-  mask_rows<MaskT>(a, b, h, q0 + warp * 16 + lane / 4, mrow);
-  const bool row_invariant = a.m_q == 0;
-  if constexpr (!std::is_void_v<MaskT>) {
-    if (row_invariant)
-      for (int j = tid; j < kShortKeys; j += kThreads)
-        smask[j] = j < a.sk ? to_f32(mrow[0][j * a.m_k]) * kLog2e : -INFINITY;
-  }
-  cp_async_wait<0>();
-  __syncthreads();
-
-  const int qrow = warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8, qcol = (lane / 16) * 8;
-  const int krow = (lane % 8) + (lane / 16) * 8, kcol = ((lane / 8) % 2) * 8;
-  uint32_t qf[D / 16][4];
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk)
-    ldmatrix_x4(qf[kk], smem_u32(sq + swz<D>(qrow, kk * 16 + qcol)));
-  // S = Q K^T scaled, plus the mask, in base 2, per 16-key group: this thread's mask values come
-  // first, and a group whose every value for the warp's 16 rows is -inf (a causal mask's upper
-  // triangle, keys past the end) is neither multiplied nor, below, multiplied by V: its
-  // probabilities are exactly 0 whatever the row's maximum. `live` marks the other groups.
-  float s[kBlocks][4];
-  uint32_t live = 0;
-#pragma unroll
-  for (int nb = 0; nb < kBlocks / 2; ++nb) {
-    float m[2][4];
-    bool dead = true;
-#pragma unroll
-    for (int half = 0; half < 2; ++half)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = (2 * nb + half) * 8 + (lane % 4) * 2 + (e % 2);
-        float mv = key < a.sk ? 0.f : -INFINITY;
-        if constexpr (!std::is_void_v<MaskT>) {
-          if (key < a.sk)
-            mv = row_invariant ? smask[key] : to_f32(mrow[e / 2][key * a.m_k]) * kLog2e;
-        }
-        m[half][e] = mv;
-        dead = dead && mv == -INFINITY;
-      }
-#pragma unroll
-    for (int half = 0; half < 2; ++half)
-      s[2 * nb + half][0] = s[2 * nb + half][1] = s[2 * nb + half][2] = s[2 * nb + half][3] = 0.f;
-    if (!__all_sync(0xffffffffu, dead)) {
-      live |= 1u << nb;
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t bf[4];
-        ldmatrix_x4(bf, smem_u32(sk + swz<D>(nb * 16 + krow, kk * 16 + kcol)));
-        mma_f16(s[2 * nb], qf[kk], bf[0], bf[1]);
-        mma_f16(s[2 * nb + 1], qf[kk], bf[2], bf[3]);
-      }
-    }
-#pragma unroll
-    for (int half = 0; half < 2; ++half)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[2 * nb + half][e] = s[2 * nb + half][e] * a.scale_log2 + m[half][e];
-  }
-  // Each row's maximum, sum and probabilities.
-  float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-  for (int nb = 0; nb < kBlocks; ++nb)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) mx[e / 2] = fmaxf(mx[e / 2], s[nb][e]);
-  float base[2], l[2] = {0.f, 0.f};
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-    base[r] = mx[r] == -INFINITY ? 0.f : mx[r];  // a fully masked row: every p is 0
-  }
-#pragma unroll
-  for (int nb = 0; nb < kBlocks; ++nb)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float p = exp2f(s[nb][e] - base[e / 2]);
-      s[nb][e] = p;
-      l[e / 2] += p;
-    }
-  // O = P V, the score fragments of keys 16kk..16kk+15 as P's A fragment.
-  float o[D / 8][4];
-#pragma unroll
-  for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-#pragma unroll
-  for (int kk = 0; kk < kBlocks / 2; ++kk)
-    if ((live >> kk) & 1u) pv_group<D>(s[2 * kk], s[2 * kk + 1], sv, kk, lane, o);
-  store_rows<D, kThreads, kRows>(a, sq, o, l, q0, b, h, tid);
-}
-
-constexpr size_t flash_short_smem(int d) {
-  return static_cast<size_t>(64 + 2 * kShortKeys) * d * sizeof(__half) + kShortKeys * sizeof(float);
-}
-
-template <int D>
-void (*flash_short_kernel(DataType mask))(FlashArgs) {
-  if (mask == DataType::kFloat16) return mha_flash_short_kernel<D, __half>;
-  if (mask == DataType::kFloat32) return mha_flash_short_kernel<D, float>;
-  return mha_flash_short_kernel<D, void>;
-}
-
 // The split kernel's warps; its shared memory: Q's 16 rows, two K and two V tiles (the partial
 // results reuse them).
 constexpr int kSplitWarps = 4;
@@ -619,17 +492,8 @@ FlashKernel pick_flash(int d, int warps, DataType mask) {
 // Variants: "" sizes blocks by the grid (below); "rows128": 128 query rows a block (8 warps), so
 // a head's K and V are read once per 128 rows instead of per 64, where that still fills the SMs;
 // "split": 16 query rows a block, the keys split over its 4 warps (mha_flash_split_kernel), for
-// grids that do not fill the SMs; "short": every key of a (batch, head) in shared memory at once
-// and an exact softmax (mha_flash_short_kernel), where there are at most 128 keys, else the
-// default's blocks.
-std::vector<std::string> flash_variants(const LayerDesc&) {
-  std::vector<std::string> v = {"", "rows128", "split"};
-  // "short" is written but has not run on a GPU yet: gated until test-backend-ops passes it.
-  std::string why;
-  if (unverified_tactics_enabled(&why, "mha.flash/short: not yet run on a GPU"))
-    v.push_back("short");
-  return v;
-}
+// grids that do not fill the SMs.
+std::vector<std::string> flash_variants(const LayerDesc&) { return {"", "rows128", "split"}; }
 
 bool flash_supports(const LayerDesc& d, std::string* why) {
   int64_t dq = 0, dv = 0;
@@ -643,8 +507,7 @@ class MhaFlashLayer final : public Layer {
   explicit MhaFlashLayer(const LayerDesc& d)
       : node_(d.node),
         rows128_(d.variant == "rows128"),
-        split_(d.variant == "split"),
-        short_(d.variant == "short") {
+        split_(d.variant == "split") {
     scale_ = d.node->attrs.get_float("scale", 1.f);
     nan_to_zero_ = d.node->attrs.get_int("nan_to_zero", 0) != 0;
   }
@@ -679,12 +542,6 @@ class MhaFlashLayer final : public Layer {
       rows_ = 16;
       smem_ = flash_split_smem(static_cast<int>(s_.D));
       kernel_ = s_.D == 64 ? flash_split_kernel<64>(mask_) : flash_split_kernel<128>(mask_);
-    }
-    if (short_ && s_.Sk <= kShortKeys) {
-      warps_ = 4;
-      rows_ = 64;
-      smem_ = flash_short_smem(static_cast<int>(s_.D));
-      kernel_ = s_.D == 64 ? flash_short_kernel<64>(mask_) : flash_short_kernel<128>(mask_);
     }
     KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel_, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem_)));
@@ -729,7 +586,7 @@ class MhaFlashLayer final : public Layer {
   const Node* node_;
   float scale_ = 1.f;
   bool nan_to_zero_ = false;
-  bool rows128_ = false, split_ = false, short_ = false;
+  bool rows128_ = false, split_ = false;
   MhaShape s_;
   DataType mask_ = DataType::kUndefined;
   std::array<int64_t, 4> mstride_{};

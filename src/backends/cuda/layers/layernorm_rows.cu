@@ -248,14 +248,9 @@ Expected<std::unique_ptr<Layer>> create_rows(const LayerDesc& d) {
   return std::unique_ptr<Layer>(new LayerNormRows(d));
 }
 
-// "" and, gated until test-backend-ops runs it on a GPU, "prefetch" (rows of up to 4 vectors a
-// lane; longer rows run the default kernel under that name).
-std::vector<std::string> rows_variants(const LayerDesc&) {
-  std::string why;
-  if (unverified_tactics_enabled(&why, "layernorm rows/prefetch: not yet run on a GPU"))
-    return {"", "prefetch"};
-  return {""};
-}
+// "" and "prefetch" (rows of up to 4 vectors a lane; longer rows run the default kernel under
+// that name).
+std::vector<std::string> rows_variants(const LayerDesc&) { return {"", "prefetch"}; }
 
 const TacticDef kRowsTactics[] = {
     {"", "LayerNormalization", "norm.layer.rows", kF32 | kF16, 0, rows_supports, create_rows,
