@@ -266,3 +266,26 @@ def test_repeated_torch_calls(models_dir, graphs):
     with pytest.raises(kiln.KilnValueError):
         ctx.run({"input": torch.zeros(4, 3, 32, 32, device="cuda"), "extra": torch.zeros(1, device="cuda")})
 
+
+
+@pytest.mark.skipif(bool(gpu_reason()), reason=f"no usable GPU: {gpu_reason()}")
+def test_repeated_calls_across_streams(models_dir):
+    """A repeat's outputs are allocated a call ahead for the stream that call ran on: calls that
+    move between PyTorch's stream and a side stream each get outputs of their own, written on the
+    stream they asked for, and all agree with ONNX Runtime."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(1)
+    model = models_dir / "small_cnn.onnx"
+    engine = _cuda_small_cnn(model)
+    ctx = engine.create_context()
+    side = torch.cuda.Stream()
+    x = torch.randn(4, 3, 32, 32, device="cuda")
+    want = ort_outputs(model, {"input": x.cpu().numpy()})
+    kept = []
+    for step, on_side in enumerate([False, False, True, True, False, True, False, False]):
+        out = ctx.run({"input": x}, stream=side.cuda_stream if on_side else None)
+        (side if on_side else torch.cuda.current_stream()).synchronize()
+        for k, v in out.items():
+            assert rel_l2(v.cpu().numpy(), want[k]) < 1e-3, (step, k)
+            assert all(v.data_ptr() != o[k].data_ptr() for o in kept), "outputs are new tensors"
+        kept.append(out)
