@@ -1,8 +1,13 @@
 // An attention mask that is provably zero everywhere is dropped:
-//   Where(c, x, y) with c (or Expand(c, s)) a constant of one value  =>  Expand(x or y, s)
-//   kiln.MultiHeadAttention(q, k, v, Expand(0, s))                     =>  (q, k, v)
-// Dynamo exports of models without padding (ViT) still build a mask from an all-true boolean:
-// Where(True, 0, -inf) broadcast to [B, 1, S, S]. Folded, the attention runs without one.
+//   Where(Expand(c, s), x, y), c, x, y constants, x and y one value each
+//                                                     =>  Expand(Where(c, x, y) folded, s)
+//   kiln.MultiHeadAttention(q, k, v, Expand(0, s))   =>  (q, k, v)
+// Exports of models without padding (ViT) still build a mask from an all-true boolean and
+// broadcast it to the batch: the dynamo exporter Where(True, 0, -inf) expanded to [B, 1, S, S],
+// the TorchScript exporter Where(Expand(Range(S) >= 0, [B, 1, 1, 1]), 0, -inf). With a dynamic
+// batch the Expand's shape is not a constant, so fold_constants cannot fold the Where; moved
+// inside the Expand it folds (Expand and Where broadcast alike, so the shape is the same), and
+// the attention runs without the mask.
 #include <cstring>
 
 #include "ops/shape_values.h"
@@ -21,26 +26,42 @@ std::optional<double> uniform_const(const Value* v) {
   return first;
 }
 
-struct FoldUniformWhere {
+struct FoldConstantWhere {
   struct Match {
     Node* where;
-    Value* pick;
+    const Tensor* cond;
+    double x, y;
     Value* shape;
   };
 
   static std::optional<Match> match(PassContext& ctx, Node& w) {
     if (!is_op(&w, "Where") || w.num_inputs() != 3) return std::nullopt;
     Node* e = producer_if(w.input(0), "Expand");
-    const Value* c = e ? e->input(0) : w.input(0);
-    const auto cv = uniform_const(c);
-    Value* pick = cv ? (*cv != 0 ? w.input(1) : w.input(2)) : nullptr;
-    if (!pick || !e || pick->type.rank() != 0 || !pick->is_constant()) return std::nullopt;
-    (void)ctx;
-    return Match{&w, pick, e->input(1)};
+    if (!e || !e->input(0) || !e->input(0)->is_constant()) return std::nullopt;
+    const auto x = scalar_const(w.input(1)), y = scalar_const(w.input(2));
+    if (!x || !y || w.input(1)->type.dtype != w.input(2)->type.dtype) return std::nullopt;
+    // Folded as fold_constants would fold it: not into a constant of more than 64 MiB.
+    const size_t bytes = static_cast<size_t>(e->input(0)->constant->numel()) *
+                         dtype_size(w.input(1)->type.dtype);
+    if (bytes > (size_t{64} << 20)) {
+      ctx.note(fmt::format("{}: its condition folded would be {} MiB", w.label(), bytes >> 20));
+      return std::nullopt;
+    }
+    return Match{&w, e->input(0)->constant.get(), *x, *y, e->input(1)};
   }
 
   static Status rewrite(PassContext& ctx, const Match& m) {
-    return replace_with_layer(ctx, {m.where}, "", "Expand", {m.pick, m.shape}, {},
+    // Where(c, x, y) at the broadcast of c's shape and x's and y's (one value each).
+    std::vector<int64_t> shape = m.cond->shape();
+    for (const Value* v : {m.where->input(1), m.where->input(2)})
+      if (v->type.rank() > static_cast<int64_t>(shape.size()))
+        shape.insert(shape.begin(), v->type.rank() - shape.size(), 1);
+    Tensor sel(DataType::kFloat64, shape);
+    for (int64_t i = 0; i < sel.numel(); ++i)
+      sel.data<double>()[i] = m.cond->at_double(i) != 0 ? m.x : m.y;
+    Value* folded = ctx.g.add_constant(m.where->output(0)->name + "_where_values",
+                                       sel.cast(m.where->input(1)->type.dtype));
+    return replace_with_layer(ctx, {m.where}, "", "Expand", {folded, m.shape}, {},
                               m.where->output(0))
         .status();
   }
@@ -89,7 +110,7 @@ struct DropZeroMask {
 }  // namespace
 
 Expected<bool> drop_zero_mask(PassContext& ctx) {
-  KILN_ASSIGN_OR_RETURN(bool where, apply_pattern<FoldUniformWhere>(ctx));
+  KILN_ASSIGN_OR_RETURN(bool where, apply_pattern<FoldConstantWhere>(ctx));
   KILN_ASSIGN_OR_RETURN(bool mask, apply_pattern<DropZeroMask>(ctx));
   return where || mask;
 }

@@ -1,6 +1,9 @@
 // Constant folding: a node whose inputs are all constants (or a Shape/Size whose input shape is
-// fully known) is replaced by its value, computed with the CPU reference kernel.
+// fully known, or any node computing a small integer tensor from shapes whose every element is
+// known, as shape inference records it) is replaced by its value, computed with the CPU
+// reference kernel.
 //   Op(const...)  =>  const          Shape(x: static [a,b,c])  =>  const [a,b,c]
+//   Gather(Shape(x: [N, 197, 768]), 1)  =>  const 197   (N a symbol: Shape itself stays)
 //   CastLike(const, x: known type)  =>  const     (x gives only its type, as ONNX's Attention
 //                                                  function writes CastLike(-inf, mask))
 // Shape -> Gather -> Concat -> Reshape chains fold in one sweep because nodes are visited in
@@ -22,6 +25,27 @@ bool is_random_op(const Node& n) {
                                                 "RandomNormalLike", "RandomUniformLike",
                                                 "Multinomial",      "Bernoulli"};
   return kRandom.count(n.op_type) != 0;
+}
+
+// The value of a node's only output when shape inference knows every element of it (a shape
+// computation's result that does not depend on the symbolic dims).
+std::optional<Tensor> known_shape_value(const Node& n) {
+  if (n.num_outputs() != 1 || !n.output(0)) return std::nullopt;
+  const Value* o = n.output(0);
+  const DataType t = o->type.dtype;
+  if (!o->shape_value || o->is_constant() || (t != DataType::kInt64 && t != DataType::kInt32))
+    return std::nullopt;
+  const auto shape = o->type.static_shape();
+  if (!shape || shape->size() > 1) return std::nullopt;
+  std::vector<int64_t> v;
+  for (const SymInt& e : *o->shape_value) {
+    if (!e.value) return std::nullopt;
+    v.push_back(*e.value);
+  }
+  if (static_cast<int64_t>(v.size()) != (shape->empty() ? 1 : (*shape)[0])) return std::nullopt;
+  Tensor r = shape->empty() ? Tensor::scalar<int64_t>(v[0])
+                            : Tensor::from<int64_t>({static_cast<int64_t>(v.size())}, v);
+  return t == DataType::kInt64 ? r : r.cast(t);
 }
 
 // Shape/Size of a value whose dims are all known, without touching its data.
@@ -89,6 +113,11 @@ struct FoldConstant {
       if (!fold_shape_query(n)) return std::nullopt;
       auto v = evaluate(ctx, n);
       return v ? std::optional<Match>(Match{&n, std::move(*v)}) : std::nullopt;
+    }
+    if (auto t = known_shape_value(n)) {
+      std::vector<Tensor> outs;
+      outs.push_back(std::move(*t));
+      return Match{&n, std::move(outs)};
     }
     bool any = false;
     for (size_t i = 0; i < n.num_inputs(); ++i) {
