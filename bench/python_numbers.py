@@ -6,6 +6,8 @@
    cpu engine) against `kiln bench`'s median latency without data transfers (on the cpu backend
    there are none), per batch; on a cuda engine also timed as kiln bench times (CUDA events
    around the call), back to back (against kiln bench's throughput run), and with CUDA graphs.
+   Measured in --rounds interleaved rounds (kiln bench, then ctx.run): the medians of each time
+   and of the rounds' ratios, as a host-bound time drifts on a shared machine.
 2. With --serve: `kiln serve`'s throughput over gRPC (tritonclient, --clients concurrent clients
    each sending --requests requests of --serve-batch samples) against `kiln bench`'s throughput at
    that batch (with its host<->device copies, as the server has them too).
@@ -275,11 +277,63 @@ def serve_throughput(engine_path, batch, clients, requests, contexts):
             proc.kill()
 
 
+def latency_row(engine, batch, use_torch, iterations, rounds):
+    """ctx.run against `kiln bench` at one batch, in `rounds` interleaved rounds (each side's
+    median per round): host-bound timings drift over seconds on a shared machine, so each round
+    compares the two sides measured back to back, and the row gives the median of each time and
+    of the rounds' ratios (as percent added)."""
+    name, shape = input_shape(engine, batch)
+    call, sync = ctx_run_call(engine, batch, use_torch)
+    if use_torch:
+        gcall, gsync = ctx_run_call(engine, batch, use_torch, graph=True)
+    samples = []
+    for _ in range(rounds):
+        r = {}
+        b = kiln.bench(engine, shapes={name: shape}, no_data_transfers=use_torch,
+                       iterations=iterations, duration=1)
+        r["kiln_bench_median_ms"] = b["latency_ms"]["median"]
+        r["ctx_run_median_ms"] = median_synced(call, sync, iterations)
+        if use_torch:
+            # timed as kiln bench times: CUDA events around the call on an idle stream
+            r["ctx_run_events_median_ms"] = median_events(call, iterations)
+            # back to back: kiln bench's throughput run against ctx.run's
+            r["kiln_bench_back_to_back_ms"] = 1000.0 * batch / b["throughput_per_s"]
+            r["ctx_run_back_to_back_ms"], r["ctx_run_host_ms"] = back_to_back(call, sync, iterations)
+            # both with CUDA graphs: kiln bench --use-cuda-graph, ctx.run replaying
+            r["kiln_bench_graph_median_ms"] = kiln.bench(
+                engine, shapes={name: shape}, no_data_transfers=True, use_cuda_graph=True,
+                iterations=iterations, duration=1)["latency_ms"]["median"]
+            r["ctx_run_graph_median_ms"] = median_synced(gcall, gsync, iterations)
+            r["ctx_run_graph_events_median_ms"] = median_events(gcall, iterations)
+        samples.append(r)
+    row = {"batch": batch, "rounds": rounds,
+           "inputs": "torch cuda tensors" if use_torch else "numpy arrays"}
+    for k in samples[0]:
+        row[k] = statistics.median(r[k] for r in samples)
+
+    def added(run, base):  # the median over rounds of what ctx.run adds, in percent
+        return statistics.median(100 * (r[run] - r[base]) / r[base] for r in samples)
+
+    row["added_percent"] = added("ctx_run_median_ms", "kiln_bench_median_ms")
+    if use_torch:
+        row["events_added_percent"] = added("ctx_run_events_median_ms", "kiln_bench_median_ms")
+        row["back_to_back_added_percent"] = added("ctx_run_back_to_back_ms",
+                                                  "kiln_bench_back_to_back_ms")
+        row["graph_events_added_percent"] = added("ctx_run_graph_events_median_ms",
+                                                  "kiln_bench_graph_median_ms")
+        row["graph_added_percent"] = added("ctx_run_graph_median_ms", "kiln_bench_graph_median_ms")
+    row["added_percent_rounds"] = [100 * (r["ctx_run_median_ms"] - r["kiln_bench_median_ms"]) /
+                                   r["kiln_bench_median_ms"] for r in samples]
+    return row
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--engine", required=True)
     ap.add_argument("--batch", default="1,32")
     ap.add_argument("--iterations", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="interleaved rounds of kiln bench and ctx.run (medians over rounds)")
     ap.add_argument("--serve", action="store_true")
     ap.add_argument("--serve-batch", type=int, default=32)
     ap.add_argument("--clients", type=int, default=4)
@@ -295,46 +349,24 @@ def main():
     use_torch = engine.backend == "cuda"
     report = {"engine": a.engine, "backend": engine.backend, "latency": []}
     for batch in [int(b) for b in a.batch.split(",")]:
-        name, shape = input_shape(engine, batch)
-        b = kiln.bench(engine, shapes={name: shape}, no_data_transfers=use_torch,
-                       iterations=a.iterations, duration=1)
-        bench_ms = b["latency_ms"]["median"]
-        call, sync = ctx_run_call(engine, batch, use_torch)
-        run_ms = median_synced(call, sync, a.iterations)
-        row = {"batch": batch, "kiln_bench_median_ms": bench_ms, "ctx_run_median_ms": run_ms,
-               "added_percent": 100 * (run_ms - bench_ms) / bench_ms,
-               "inputs": "torch cuda tensors" if use_torch else "numpy arrays"}
+        row = latency_row(engine, batch, use_torch, a.iterations, a.rounds)
         report["latency"].append(row)
-        print(f"batch {batch:>4}: kiln bench {bench_ms:.4f} ms, ctx.run {run_ms:.4f} ms "
-              f"({row['added_percent']:+.1f}%)", flush=True)
-        if use_torch:  # timed as kiln bench times: CUDA events around the call on an idle stream
-            ev = median_events(call, a.iterations)
-            row.update({"ctx_run_events_median_ms": ev,
-                        "events_added_percent": 100 * (ev - bench_ms) / bench_ms})
-            print(f"batch {batch:>4}, CUDA events around the call: kiln bench {bench_ms:.4f} ms, "
-                  f"ctx.run {ev:.4f} ms ({row['events_added_percent']:+.1f}%)", flush=True)
-            # back to back: kiln bench's throughput run against ctx.run's
-            per = 1000.0 * batch / b["throughput_per_s"]
-            pr, host = back_to_back(call, sync, a.iterations)
-            row.update({"kiln_bench_back_to_back_ms": per, "ctx_run_back_to_back_ms": pr,
-                        "ctx_run_host_ms": host, "back_to_back_added_percent": 100 * (pr - per) / per})
-            print(f"batch {batch:>4}, back to back: kiln bench {per:.4f} ms, ctx.run {pr:.4f} ms "
-                  f"({row['back_to_back_added_percent']:+.1f}%; ctx.run returns after {host:.4f} ms "
-                  f"of host time)", flush=True)
-            # both with CUDA graphs: kiln bench --use-cuda-graph, ctx.run replaying
-            g = kiln.bench(engine, shapes={name: shape}, no_data_transfers=True, use_cuda_graph=True,
-                           iterations=a.iterations, duration=1)["latency_ms"]["median"]
-            gcall, gsync = ctx_run_call(engine, batch, use_torch, graph=True)
-            gr = median_synced(gcall, gsync, a.iterations)
-            gev = median_events(gcall, a.iterations)
-            row.update({"ctx_run_graph_events_median_ms": gev,
-                        "graph_events_added_percent": 100 * (gev - g) / g})
-            print(f"batch {batch:>4}, CUDA graphs, CUDA events around the call: kiln bench {g:.4f} ms, "
-                  f"ctx.run {gev:.4f} ms ({row['graph_events_added_percent']:+.1f}%)", flush=True)
-            row.update({"kiln_bench_graph_median_ms": g, "ctx_run_graph_median_ms": gr,
-                        "graph_added_percent": 100 * (gr - g) / g})
-            print(f"batch {batch:>4}, CUDA graphs: kiln bench {g:.4f} ms, ctx.run {gr:.4f} ms "
-                  f"({row['graph_added_percent']:+.1f}%)", flush=True)
+        print(f"batch {batch:>4}: kiln bench {row['kiln_bench_median_ms']:.4f} ms, ctx.run "
+              f"{row['ctx_run_median_ms']:.4f} ms ({row['added_percent']:+.1f}%)", flush=True)
+        if not use_torch:
+            continue
+        print(f"batch {batch:>4}, CUDA events around the call: kiln bench "
+              f"{row['kiln_bench_median_ms']:.4f} ms, ctx.run {row['ctx_run_events_median_ms']:.4f} ms "
+              f"({row['events_added_percent']:+.1f}%)", flush=True)
+        print(f"batch {batch:>4}, back to back: kiln bench {row['kiln_bench_back_to_back_ms']:.4f} ms, "
+              f"ctx.run {row['ctx_run_back_to_back_ms']:.4f} ms ({row['back_to_back_added_percent']:+.1f}%; "
+              f"ctx.run returns after {row['ctx_run_host_ms']:.4f} ms of host time)", flush=True)
+        print(f"batch {batch:>4}, CUDA graphs, CUDA events around the call: kiln bench "
+              f"{row['kiln_bench_graph_median_ms']:.4f} ms, ctx.run {row['ctx_run_graph_events_median_ms']:.4f} ms "
+              f"({row['graph_events_added_percent']:+.1f}%)", flush=True)
+        print(f"batch {batch:>4}, CUDA graphs: kiln bench {row['kiln_bench_graph_median_ms']:.4f} ms, "
+              f"ctx.run {row['ctx_run_graph_median_ms']:.4f} ms ({row['graph_added_percent']:+.1f}%)",
+              flush=True)
     if a.breakdown and use_torch:
         report["breakdown"] = {b: breakdown(engine, int(b), a.iterations) for b in a.batch.split(",")}
     if a.host_cost and use_torch:
