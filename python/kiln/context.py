@@ -273,7 +273,8 @@ class _Repeat:
             ctx._core._run_addresses(self.names, [v.data_ptr() for v in values],
                                      [o.data_ptr() for o in outs], stream or _CUDA_STREAM_LEGACY)
         if self.prepare:
-            self.ready = (stream, [self.empty(s, dtype=d, device=self.device) for s, d in self.outs])
+            self.ready = (stream, [self.empty(s, dtype=d, device=self.device)
+                                   for s, d in self.outs])
         return dict(zip(ctx._out_names, outs))
 
 

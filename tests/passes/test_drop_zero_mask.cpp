@@ -57,8 +57,8 @@ const Node* find_mha(const Graph& g) {
   return nullptr;
 }
 
-// Optimizes a copy with detach_shapes, fold_constants and drop_zero_mask (their pipeline order) and checks it against the original
-// at batch 3; returns the copy.
+// Optimizes a copy with detach_shapes, fold_constants and drop_zero_mask (in their pipeline
+// order) and checks it against the original at batch 3; returns the copy.
 std::unique_ptr<Graph> optimize_and_compare(const Graph& g) {
   auto opt = g.clone();
   Status st = optimize_graph(*opt, only({"detach_shapes", "fold_constants", "drop_zero_mask"}));
@@ -87,9 +87,10 @@ TEST(DropZeroMask, AllTrueRangeMaskOfADynamicBatchIsDropped) {
 
 TEST(DropZeroMask, DynamoAllTrueMaskIsDropped) {
   Attn a;
-  Value* shape = a.b.op("Concat", {a.unsqueeze(a.b.op("Gather", {a.b.op("Shape", {a.q}), a.b.c(i64(0))}), 0),
-                                   a.b.c(ints({1, kS, kS}))},
-                        attrs({{"axis", Attribute::Int(0)}}));
+  // Where(True, 0, -inf) expanded to [N, 1, S, S]
+  Value* n = a.unsqueeze(a.b.op("Gather", {a.b.op("Shape", {a.q}), a.b.c(i64(0))}), 0);
+  Value* shape =
+      a.b.op("Concat", {n, a.b.c(ints({1, kS, kS}))}, attrs({{"axis", Attribute::Int(0)}}));
   a.mha(a.where(a.b.op("Expand", {a.b.c(Tensor::scalar<bool>(true)), shape})));
   auto opt = optimize_and_compare(a.b.g);
   const Node* m = find_mha(*opt);
