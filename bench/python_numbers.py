@@ -109,43 +109,64 @@ def back_to_back(call, sync, iterations):
     return (time.perf_counter() - t0) * 1e3 / iterations, statistics.median(host)
 
 
-def breakdown(engine, batch, iterations):
+def breakdown(engine, batch, iterations, rounds):
     """Where a synchronized ctx.run call's time goes beyond the engine's, with CUDA graphs (one
     launch an inference) and without: ctx.run on PyTorch's default stream and on a side stream,
-    and TensorRT's execute_async (addresses set once) on both; medians of wall time per call,
-    synchronizing the stream used."""
+    and TensorRT's execute_async (addresses set once) on both, against kiln bench in the same
+    mode; medians of wall time per call, synchronizing the stream used, in `rounds` interleaved
+    rounds. Each row: the median time over rounds and the median of the rounds' percent over
+    kiln bench."""
     import torch
 
     name, shape = input_shape(engine, batch)
     x = torch.randn(shape, device="cuda", dtype=getattr(torch, engine.inputs[0].dtype))
     side = torch.cuda.Stream()
-    rows = {}
+    default = torch.cuda.current_stream()
+
+    def timed(call, stream):
+        for _ in range(20):
+            call()
+        stream.synchronize()
+        return median_synced(call, stream.synchronize, iterations)
+
+    calls = {}
     for graph in (False, True):
         ctx = engine.create_context()
         ctx.set_use_cuda_graph(graph)
         outs = ctx.run({name: x})
         torch.cuda.synchronize()
-
-        def timed(call, stream):
-            for _ in range(20):
-                call()
-            stream.synchronize()
-            return median_synced(call, stream.synchronize, iterations)
-
-        default = torch.cuda.current_stream()
-        g = "graph" if graph else "direct"
-        rows[f"{g}: ctx.run, default stream"] = timed(lambda: ctx.run({name: x}, outputs=outs), default)
-        rows[f"{g}: ctx.run, side stream"] = timed(
-            lambda: ctx.run({name: x}, outputs=outs, stream=side.cuda_stream), side)
-        ctx.set_input_shape(name, shape)
-        ctx.set_tensor_address(name, x.data_ptr())
+        low = engine.create_context()
+        low.set_use_cuda_graph(graph)
+        low.set_input_shape(name, shape)
+        low.set_tensor_address(name, x.data_ptr())
         for k, t in outs.items():
-            ctx.set_tensor_address(k, t.data_ptr())
-        rows[f"{g}: execute_async, default stream"] = timed(
-            lambda: ctx.execute_async(default.cuda_stream), default)
-        rows[f"{g}: execute_async, side stream"] = timed(lambda: ctx.execute_async(side.cuda_stream), side)
-    for k, v in rows.items():
-        print(f"batch {batch:>4}, {k}: {v:.4f} ms", flush=True)
+            low.set_tensor_address(k, t.data_ptr())
+        g = "graph" if graph else "direct"
+        calls[g] = {
+            "ctx.run, default stream": (lambda c=ctx, o=outs: c.run({name: x}, outputs=o), default),
+            "ctx.run, side stream": (lambda c=ctx, o=outs: c.run({name: x}, outputs=o,
+                                                             stream=side.cuda_stream), side),
+            "execute_async, default stream": (lambda c=low: c.execute_async(default.cuda_stream),
+                                              default),
+            "execute_async, side stream": (lambda c=low: c.execute_async(side.cuda_stream), side),
+        }
+    samples = []
+    for _ in range(rounds):
+        r = {}
+        for g, graph in (("direct", False), ("graph", True)):
+            r[f"{g}: kiln bench"] = kiln.bench(engine, shapes={name: shape}, no_data_transfers=True,
+                                               use_cuda_graph=graph, iterations=iterations,
+                                               duration=1)["latency_ms"]["median"]
+            for k, (call, stream) in calls[g].items():
+                r[f"{g}: {k}"] = timed(call, stream)
+        samples.append(r)
+    rows = {}
+    for k in samples[0]:
+        base = k.split(":")[0] + ": kiln bench"
+        ms = statistics.median(r[k] for r in samples)
+        pct = statistics.median(100 * (r[k] - r[base]) / r[base] for r in samples)
+        rows[k] = {"median_ms": ms, "over_kiln_bench_percent": pct}
+        print(f"batch {batch:>4}, {k}: {ms:.4f} ms ({pct:+.1f}% over kiln bench)", flush=True)
     return rows
 
 
@@ -368,7 +389,8 @@ def main():
               f"ctx.run {row['ctx_run_graph_median_ms']:.4f} ms ({row['graph_added_percent']:+.1f}%)",
               flush=True)
     if a.breakdown and use_torch:
-        report["breakdown"] = {b: breakdown(engine, int(b), a.iterations) for b in a.batch.split(",")}
+        report["breakdown"] = {b: breakdown(engine, int(b), a.iterations, a.rounds)
+                               for b in a.batch.split(",")}
     if a.host_cost and use_torch:
         report["host_cost_us"] = {b: host_cost(engine, int(b), a.iterations) for b in a.batch.split(",")}
     if a.serve:
