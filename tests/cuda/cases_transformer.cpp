@@ -46,6 +46,9 @@ OpCase mha(const Mha& m) {
                    {"fp32", "fp16"}, "kiln");
 }
 
+// A key-padding mask [B, 1, 1, S] as BERT's export adds it, random in [-6, 0].
+CaseInput padding(int64_t b, int64_t s) { return in({b, 1, 1, s}, DataType::kFloat32, -6, 0); }
+
 // A causal mask [1, 1, S, S] (0 on and below the diagonal, -inf above), as GPT-2's export
 // computes it; `full_row` also masks every key of that row.
 CaseInput causal(int64_t s, int64_t full_row = -1) {
@@ -65,7 +68,7 @@ void mha_cases(std::vector<OpCase>& v) {
                    .Sq = 130,
                    .Sk = 130,
                    .H = 2,
-                   .mask = in({3, 1, 1, 130}, DataType::kFloat32, -6, 0)}));
+                   .mask = padding(3, 130)}));
   v.push_back(mha({.name = "d128_full_mask",
                    .B = 2,
                    .Sq = 64,
@@ -87,19 +90,19 @@ void mha_cases(std::vector<OpCase>& v) {
                    .Sk = 200,
                    .H = 12,
                    .packed = true,
-                   .mask = in({12, 1, 1, 200}, DataType::kFloat32, -6, 0)}));
+                   .mask = padding(12, 200)}));
   v.push_back(mha(
       {.name = "d128_rows128", .B = 10, .Sq = 129, .Sk = 129, .H = 14, .D = 128, .packed = true}));
   v.push_back(mha({.name = "d64_one_token", .B = 4, .Sq = 1, .Sk = 1, .H = 4, .packed = true}));
-  // BERT's shape at a small batch (mha.flash's "short" variant: every key at once), and a key
-  // count that is no multiple of 16 with a padding mask.
+  // BERT's and GPT-2's shapes at a small batch, and a key count that is no multiple of 16 with
+  // a padding mask.
   v.push_back(mha({.name = "d64_bert_s128",
                    .B = 4,
                    .Sq = 128,
                    .Sk = 128,
                    .H = 12,
                    .packed = true,
-                   .mask = in({4, 1, 1, 128}, DataType::kFloat32, -6, 0)}));
+                   .mask = padding(4, 128)}));
   v.push_back(mha({.name = "d64_causal_s128",  // GPT-2's shape: whole key groups masked
                    .B = 2,
                    .Sq = 128,
@@ -112,7 +115,7 @@ void mha_cases(std::vector<OpCase>& v) {
                    .Sq = 100,
                    .Sk = 100,
                    .H = 2,
-                   .mask = in({3, 1, 1, 100}, DataType::kFloat32, -6, 0)}));
+                   .mask = padding(3, 100)}));
   v.push_back(
       mha({.name = "d64_cross", .B = 2, .Sq = 9, .Sk = 70, .H = 2, .mask = in({2, 2, 9, 70})}));
   v.push_back(mha(

@@ -187,6 +187,13 @@ class CudaContext final : public ExecutionContext {
   Status read_host_inputs(const std::vector<const void*>* host_src = nullptr);
   Expected<std::unique_ptr<Instance>> make_instance(const std::vector<std::vector<int64_t>>& s);
   Status configure(Instance& inst);
+  // Layer by layer rather than as a CUDA graph: without CUDA graphs, when timing layers, with
+  // debug copies (they synchronize), and the first run of an instance, so that what layers do
+  // once at their first run (a tactic's constants, library plans) happens outside a capture,
+  // where allocations are not allowed.
+  bool runs_direct(const Instance& inst, const std::vector<LayerTiming>* layer_times) const {
+    return !use_graph_ || layer_times || !debug_.empty() || !inst.ran_direct;
+  }
   Layer& layer_of(const Instance& inst, size_t s) const {
     const int a = inst.alternate[s];
     return a < 0 ? *runs_[s].layer : *runs_[s].alternates[a];
@@ -635,9 +642,9 @@ Status CudaContext::enqueue_read(CUstream_st* stream, std::vector<LayerTiming>* 
     if (!out_addr_[j] && inst->output_bytes[j])
       return KILN_ERROR("output '{}': no device address set", g_.outputs()[j]->name);
   cudaStream_t s = stream ? stream : stream_;
-  // A replay of a captured graph is one launch wherever it goes: on the legacy stream too.
-  const bool replay = use_graph_ && inst->ran_direct && !layer_times && debug_.empty();
-  if (s != cudaStreamLegacy || replay) return launch(*inst, s, layer_times);
+  // A graph (replayed or captured) is one launch wherever it goes: on the legacy stream too.
+  if (s != cudaStreamLegacy || !runs_direct(*inst, layer_times))
+    return launch(*inst, s, layer_times);
   // The legacy default stream (PyTorch's default stream): a launch there costs more than on a
   // non-blocking stream (it is ordered against the device's other blocking streams), about
   // 2.5 us a kernel on the H100. Layer by layer, the inference runs on the context's own stream,
@@ -666,10 +673,7 @@ Status CudaContext::launch(Instance& instance, cudaStream_t s,
   std::vector<void*>& io = io_;
   io.assign(in_addr_.begin(), in_addr_.end());
   io.insert(io.end(), out_addr_.begin(), out_addr_.end());
-  // Direct: without CUDA graphs, when timing layers, with debug copies (they synchronize), and
-  // the first run of an instance, so that what layers do once at their first run (a tactic's
-  // constants, library plans) happens outside a capture, where allocations are not allowed.
-  const bool direct = !use_graph_ || layer_times || !debug_.empty() || !inst->ran_direct;
+  const bool direct = runs_direct(*inst, layer_times);
   if (!direct) {
     for (Instance::Graph& g : inst->graphs)
       if (g.io == io && g.config == config_generation_) {
@@ -697,8 +701,8 @@ Status CudaContext::launch(Instance& instance, cudaStream_t s,
     cudaGraphExecDestroy(lru->exec);
     inst->graphs.erase(lru);
   }
-  // The per-thread default stream cannot be captured: the graph is captured on the context's own
-  // stream and launched on the caller's. (Legacy-stream callers run on the context's stream.)
+  // The default streams cannot be captured: the graph is captured on the context's own stream
+  // and launched on the caller's.
   const cudaStream_t cap = s == cudaStreamLegacy || s == cudaStreamPerThread ? stream_ : s;
   if (cap != bound_stream_) {
     cudnnSetStream(rc_.cudnn, cap);
