@@ -447,15 +447,15 @@ constexpr double kAlternateGain = 0.97;
 // chosen formats and precision are timed again, and the fastest, where it is not the choice
 // made at the opt shapes, becomes that point's Alternate. Only the tactic and variant differ,
 // so the weights, the reformats and the neighbours stay as chosen.
-Status tune_alternates(const Graph& g, const std::vector<Node*>& nodes,
-                       const std::vector<bool>& host, const InputShapes& point, size_t index,
-                       Tuner& tuner, const std::vector<std::vector<LayerChoice>>& cands,
-                       const std::vector<size_t>& pick,
-                       std::vector<std::vector<Alternate>>& alternates, std::ostream* log) {
+void tune_alternates(const Graph& g, const std::vector<Node*>& nodes,
+                     const std::vector<bool>& host, const InputShapes& point, size_t index,
+                     Tuner& tuner, const std::vector<std::vector<LayerChoice>>& cands,
+                     const std::vector<size_t>& pick,
+                     std::vector<std::vector<Alternate>>& alternates, std::ostream* log) {
   auto evaluated = evaluate_shapes(g, host, point);
   if (!evaluated.ok()) {
     if (log) *log << "tuning point " << index << ": " << evaluated.status().message() << "\n";
-    return Status::Ok();  // tuned at the opt shapes alone
+    return;  // tuned at the opt shapes alone
   }
   const ShapeResult& shapes = *evaluated;
   size_t moved = 0;
@@ -488,7 +488,6 @@ Status tune_alternates(const Graph& g, const std::vector<Node*>& nodes,
   }
   if (log)
     *log << fmt::format("tuning point {}: {} layers take another tactic there\n", index, moved);
-  return Status::Ok();
 }
 }  // namespace
 
@@ -610,8 +609,8 @@ Expected<Plan> lower_for_gpu(Graph& g, const std::vector<std::vector<int64_t>>& 
     points.push_back(opt_shapes);
     for (const InputShapes& pt : o.extra_points) {
       points.push_back(pt);
-      KILN_RETURN_IF_ERROR(tune_alternates(g, nodes, L.host, pt, points.size() - 1, *tuner, cands,
-                                           pick, alternates, o.log));
+      tune_alternates(g, nodes, L.host, pt, points.size() - 1, *tuner, cands, pick, alternates,
+                      o.log);
     }
   }
   // Step 3, in node order: producers' formats are known before their consumers are placed.
