@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """The Python package's numbers (docs/perf.md), on one engine:
 
-1. What ctx.run adds to `kiln bench`'s latency: median wall time of ctx.run (PyTorch CUDA
-   tensors in and out on a cuda engine, waited for with torch.cuda.synchronize; NumPy arrays on a
-   cpu engine) against `kiln bench`'s median latency without data transfers (on the cpu backend
-   there are none), per batch; on a cuda engine also timed as kiln bench times (CUDA events
-   around the call), back to back (against kiln bench's throughput run), and with CUDA graphs.
+1. What ctx.run adds to `kiln bench`'s latency, both as they run by default (CUDA graphs on a
+   cuda engine): median wall time of ctx.run (PyTorch CUDA tensors in and out on a cuda engine,
+   waited for with torch.cuda.synchronize; NumPy arrays on a cpu engine) against `kiln bench`'s
+   median latency without data transfers (on the cpu backend there are none), per batch; on a
+   cuda engine also timed as kiln bench times (CUDA events around the call), back to back
+   (against kiln bench's throughput run), and both without CUDA graphs (`--no-cuda-graph`,
+   set_use_cuda_graph(False): every layer launched at every call).
    Measured in --rounds interleaved rounds (kiln bench, then ctx.run): the medians of each time
    and of the rounds' ratios, as a host-bound time drifts on a shared machine.
 2. With --serve: `kiln serve`'s throughput over gRPC (tritonclient, --clients concurrent clients
@@ -39,15 +41,16 @@ def input_shape(engine, batch):
     return inp.name, [batch] + [int(d) for d in inp.shape[1:]]
 
 
-def ctx_run_call(engine, batch, use_torch, graph=False):
+def ctx_run_call(engine, batch, use_torch, graph=None):
     """A warmed-up ctx.run on one input as a function of no arguments, and how to wait for it.
     Each call's outputs are new tensors and the last call's are held while the next one runs, as
     a caller that keeps its result does (PyTorch's allocator then alternates between addresses).
-    `graph`: with CUDA graphs (a graph per address set, replayed)."""
+    `graph`: None, the context's default (CUDA graphs on the GPU, a graph per repeated address
+    set); False, every layer launched at every call."""
     name, shape = input_shape(engine, batch)
     ctx = engine.create_context()
-    if graph:
-        ctx.set_use_cuda_graph(True)
+    if graph is not None:
+        ctx.set_use_cuda_graph(graph)
     if use_torch:
         import torch
 
@@ -306,7 +309,7 @@ def latency_row(engine, batch, use_torch, iterations, rounds):
     name, shape = input_shape(engine, batch)
     call, sync = ctx_run_call(engine, batch, use_torch)
     if use_torch:
-        gcall, gsync = ctx_run_call(engine, batch, use_torch, graph=True)
+        dcall, dsync = ctx_run_call(engine, batch, use_torch, graph=False)
     samples = []
     for _ in range(rounds):
         r = {}
@@ -320,12 +323,12 @@ def latency_row(engine, batch, use_torch, iterations, rounds):
             # back to back: kiln bench's throughput run against ctx.run's
             r["kiln_bench_back_to_back_ms"] = 1000.0 * batch / b["throughput_per_s"]
             r["ctx_run_back_to_back_ms"], r["ctx_run_host_ms"] = back_to_back(call, sync, iterations)
-            # both with CUDA graphs: kiln bench --use-cuda-graph, ctx.run replaying
-            r["kiln_bench_graph_median_ms"] = kiln.bench(
-                engine, shapes={name: shape}, no_data_transfers=True, use_cuda_graph=True,
+            # both without CUDA graphs: kiln bench --no-cuda-graph, ctx.run launching each layer
+            r["kiln_bench_direct_median_ms"] = kiln.bench(
+                engine, shapes={name: shape}, no_data_transfers=True, use_cuda_graph=False,
                 iterations=iterations, duration=1)["latency_ms"]["median"]
-            r["ctx_run_graph_median_ms"] = median_synced(gcall, gsync, iterations)
-            r["ctx_run_graph_events_median_ms"] = median_events(gcall, iterations)
+            r["ctx_run_direct_median_ms"] = median_synced(dcall, dsync, iterations)
+            r["ctx_run_direct_events_median_ms"] = median_events(dcall, iterations)
         samples.append(r)
     row = {"batch": batch, "rounds": rounds,
            "inputs": "torch cuda tensors" if use_torch else "numpy arrays"}
@@ -340,9 +343,9 @@ def latency_row(engine, batch, use_torch, iterations, rounds):
         row["events_added_percent"] = added("ctx_run_events_median_ms", "kiln_bench_median_ms")
         row["back_to_back_added_percent"] = added("ctx_run_back_to_back_ms",
                                                   "kiln_bench_back_to_back_ms")
-        row["graph_events_added_percent"] = added("ctx_run_graph_events_median_ms",
-                                                  "kiln_bench_graph_median_ms")
-        row["graph_added_percent"] = added("ctx_run_graph_median_ms", "kiln_bench_graph_median_ms")
+        row["direct_events_added_percent"] = added("ctx_run_direct_events_median_ms",
+                                                   "kiln_bench_direct_median_ms")
+        row["direct_added_percent"] = added("ctx_run_direct_median_ms", "kiln_bench_direct_median_ms")
     row["added_percent_rounds"] = [100 * (r["ctx_run_median_ms"] - r["kiln_bench_median_ms"]) /
                                    r["kiln_bench_median_ms"] for r in samples]
     return row
@@ -382,11 +385,11 @@ def main():
         print(f"batch {batch:>4}, back to back: kiln bench {row['kiln_bench_back_to_back_ms']:.4f} ms, "
               f"ctx.run {row['ctx_run_back_to_back_ms']:.4f} ms ({row['back_to_back_added_percent']:+.1f}%; "
               f"ctx.run returns after {row['ctx_run_host_ms']:.4f} ms of host time)", flush=True)
-        print(f"batch {batch:>4}, CUDA graphs, CUDA events around the call: kiln bench "
-              f"{row['kiln_bench_graph_median_ms']:.4f} ms, ctx.run {row['ctx_run_graph_events_median_ms']:.4f} ms "
-              f"({row['graph_events_added_percent']:+.1f}%)", flush=True)
-        print(f"batch {batch:>4}, CUDA graphs: kiln bench {row['kiln_bench_graph_median_ms']:.4f} ms, "
-              f"ctx.run {row['ctx_run_graph_median_ms']:.4f} ms ({row['graph_added_percent']:+.1f}%)",
+        print(f"batch {batch:>4}, no CUDA graphs, CUDA events around the call: kiln bench "
+              f"{row['kiln_bench_direct_median_ms']:.4f} ms, ctx.run {row['ctx_run_direct_events_median_ms']:.4f} ms "
+              f"({row['direct_events_added_percent']:+.1f}%)", flush=True)
+        print(f"batch {batch:>4}, no CUDA graphs: kiln bench {row['kiln_bench_direct_median_ms']:.4f} ms, "
+              f"ctx.run {row['ctx_run_direct_median_ms']:.4f} ms ({row['direct_added_percent']:+.1f}%)",
               flush=True)
     if a.breakdown and use_torch:
         report["breakdown"] = {b: breakdown(engine, int(b), a.iterations, a.rounds)

@@ -111,8 +111,13 @@ class ExecutionContext {
   virtual Status set_tensor_address(const std::string& name, void* device_ptr);
   // `layer_times`, when given, makes the run synchronous and times each layer with events.
   virtual Status enqueue(CUstream_st* stream, std::vector<LayerTiming>* layer_times = nullptr);
-  // Captures each inference as one CUDA graph (per input shapes and addresses) and replays it.
+  // CUDA graphs (cuda backend; on by default): an inference whose input shapes and input and
+  // output addresses repeat one of the last few calls' is captured once as a CUDA graph and
+  // replayed from then on, one launch instead of one per layer (results are the same). Off: every
+  // layer is launched at every inference.
   virtual Status set_use_cuda_graph(bool on);
+  // How many CUDA graphs the context holds (captured, replayed when their call repeats).
+  virtual size_t cuda_graph_count() const { return 0; }
   virtual MemoryInfo memory_info() const { return {}; }
   // Plans memory and configures the layers for the input shapes set (what the first enqueue
   // after a shape change does, allocating the arena and workspace) and reports the memory.

@@ -209,7 +209,9 @@ class Context:
         self._core.execute_async(int(stream) or _CUDA_STREAM_LEGACY)
 
     def set_use_cuda_graph(self, on: bool) -> None:
-        """Captures each inference as one CUDA graph (per shapes and addresses) and replays it."""
+        """CUDA graphs, on by default (cuda engines): an inference whose shapes and addresses
+        repeat one of the last few calls' is captured once and replayed, one launch instead of
+        one per layer. Off: every layer is launched at every call."""
         self._core.set_use_cuda_graph(bool(on))
 
     @property

@@ -69,10 +69,14 @@ def _engine_file(engine: Union[Engine, PathLike], tmp: str, i: int = 0) -> str:
 
 def bench(engine: Union[Engine, PathLike], *, shapes: Optional[Mapping[str, Sequence[int]]] = None,
           batch: Optional[Sequence[int]] = None, warmup: int = 20, iterations: int = 200,
-          duration: float = 2.0, use_cuda_graph: bool = False, no_data_transfers: bool = False,
+          duration: float = 2.0, use_cuda_graph: Optional[bool] = None,
+          no_data_transfers: bool = False,
           dump_profile: bool = False, timeout: Optional[float] = None) -> dict:
     """Latency and throughput of an engine, as `kiln bench` measures them (CUDA events on the
     GPU: host-to-device copies, compute, device-to-host copies; wall clock on the CPU).
+
+    `use_cuda_graph`: None, kiln's default (on the GPU, CUDA graphs replayed once an inference
+    repeats); False, every layer launched at every inference (`--no-cuda-graph`).
 
     Returns what `kiln bench --export-json` writes (schema kiln.bench/1, docs/report.md): one
     record, or {"schema", "records": [...]} for a `batch` sweep."""
@@ -82,7 +86,8 @@ def bench(engine: Union[Engine, PathLike], *, shapes: Optional[Mapping[str, Sequ
                 "--duration", str(float(duration))]
         if batch:
             args += ["--batch", ",".join(str(int(b)) for b in batch)]
-        args += ["--use-cuda-graph"] * bool(use_cuda_graph)
+        if use_cuda_graph is not None:
+            args.append("--use-cuda-graph" if use_cuda_graph else "--no-cuda-graph")
         args += ["--no-data-transfers"] * bool(no_data_transfers)
         args += ["--dump-profile"] * bool(dump_profile)
         return _run_cli(args, os.path.join(tmp, "bench.json"), timeout)

@@ -187,6 +187,53 @@ TEST(CudaEngine, CudaGraphsFollowAddressesAndShapes) {
   for (void* p : out) cudaFree(p);
 }
 
+// CUDA graphs are on by default and captured only for addresses that repeat a recent call's: a
+// caller whose outputs are new at every call runs layer by layer (no capture per call), one that
+// comes back to an address set gets a graph, and set_use_cuda_graph(false) never captures. Every
+// call writes where it was asked, for its own input.
+TEST(CudaEngine, DefaultGraphsCaptureRepeatedAddressesOnly) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU here: GPU test skipped";
+  auto e = build(true);
+  ASSERT_TRUE(e);
+  auto ctx = e->create_context();
+  ASSERT_TRUE(ctx.ok()) << ctx.status().message();
+  const Tensor xa = random({3, 8, 10, 10}, 21), xb = random({3, 8, 10, 10}, 22);
+  auto ra = (*ctx)->execute({{"x", xa}});
+  auto rb = (*ctx)->execute({{"x", xb}});
+  ASSERT_TRUE(ra.ok() && rb.ok());
+  // execute() stages through the context's own buffers: the second call repeated the first's
+  EXPECT_EQ((*ctx)->cuda_graph_count(), 1u);
+  const size_t out_bytes = (*ra)[0].nbytes();
+  std::vector<void*> in(2), out(8);
+  for (void*& p : in) ASSERT_EQ(cudaMalloc(&p, xa.nbytes()), cudaSuccess);
+  for (void*& p : out) ASSERT_EQ(cudaMalloc(&p, out_bytes), cudaSuccess);
+  cudaMemcpy(in[0], xa.raw(), xa.nbytes(), cudaMemcpyHostToDevice);
+  cudaMemcpy(in[1], xb.raw(), xb.nbytes(), cudaMemcpyHostToDevice);
+  ASSERT_TRUE((*ctx)->set_input_shape("x", xa.shape()).ok());
+  auto call = [&](int i, int o) {
+    ASSERT_TRUE((*ctx)->set_tensor_address("x", in[i]).ok());
+    ASSERT_TRUE((*ctx)->set_tensor_address("y", out[o]).ok());
+    cudaMemset(out[o], 0xff, out_bytes);  // poison: NaN where nothing writes
+    Status st = (*ctx)->enqueue(nullptr);
+    ASSERT_TRUE(st.ok()) << st.message();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    Tensor y(DataType::kFloat32, xa.shape());
+    cudaMemcpy(y.raw(), out[o], y.nbytes(), cudaMemcpyDeviceToHost);
+    EXPECT_LT(rel_l2(y, (*(i == 0 ? ra : rb))[0]), 1e-6) << "input " << i << ", output " << o;
+  };
+  for (int o = 0; o < 6; ++o) call(o % 2, o);  // new outputs every call: no capture
+  EXPECT_EQ((*ctx)->cuda_graph_count(), 1u);
+  call(0, 6), call(1, 7), call(0, 6), call(1, 7), call(1, 6);  // two repeat, one more is new
+  EXPECT_EQ((*ctx)->cuda_graph_count(), 3u);
+  call(0, 6), call(1, 7), call(1, 6);  // two replays; the third repeats now and is captured
+  EXPECT_EQ((*ctx)->cuda_graph_count(), 4u);
+  ASSERT_TRUE((*ctx)->set_use_cuda_graph(false).ok());
+  for (int k = 0; k < 3; ++k) call(0, 0), call(1, 1);
+  EXPECT_EQ((*ctx)->cuda_graph_count(), 4u);
+  for (void* p : in) cudaFree(p);
+  for (void* p : out) cudaFree(p);
+}
+
 // A dynamic engine is tuned at its opt shapes and at its minimum batch (plan "points"); a layer
 // whose tactic differs at the second point runs it for shapes nearer that point, as a Layer of
 // its own. Here every layer gets an alternate (its own tactic again: a tactic timed at other

@@ -104,7 +104,9 @@ struct BenchOpts {
   BuildFlags flags;
   int warmup = 20, iterations = 200;
   double duration = 2.0;
-  bool graph = false, no_transfers = false, profile = false;
+  // CUDA graphs: on unless --no-cuda-graph (the context's default; --use-cuda-graph says so).
+  bool graph_flag = false, no_graph = false, no_transfers = false, profile = false;
+  bool graph(const Engine& e) const { return !no_graph && e.backend() == "cuda"; }
   std::string batches;  // --batch 1,8,32: a sweep over the first dimension
 };
 
@@ -194,7 +196,7 @@ Status bench_shapes(const BenchOpts& o, Engine& e, ExecutionContext& ctx,
             {"backend", e.backend()},
             {"build_options", nlohmann::json::parse(e.build_options_json())},
             {"batch", batch},
-            {"cuda_graph", o.graph},
+            {"cuda_graph", o.graph(e)},
             {"data_transfers", !o.no_transfers}};
   nlohmann::json shp = nlohmann::json::object();
   for (size_t i = 0; i < shapes.size(); ++i) shp[e.inputs()[i].name] = shapes[i];
@@ -203,7 +205,8 @@ Status bench_shapes(const BenchOpts& o, Engine& e, ExecutionContext& ctx,
   double throughput = 0;
   std::vector<LayerTiming> profile;
   if (e.backend() != "cuda") {
-    if (o.graph) return Status::Error("--use-cuda-graph needs an engine for the cuda backend");
+    if (o.graph_flag)
+      return Status::Error("--use-cuda-graph needs an engine for the cuda backend");
     std::map<std::string, Tensor> inputs;
     for (size_t i = 0; i < shapes.size(); ++i) inputs[e.inputs()[i].name] = host_in[i];
     for (int i = 0; i < o.warmup; ++i) KILN_RETURN_IF_ERROR(ctx.execute(inputs).status());
@@ -271,7 +274,7 @@ Status bench_shapes(const BenchOpts& o, Engine& e, ExecutionContext& ctx,
       KILN_RETURN_IF_ERROR(ctx.set_tensor_address(info.name, io.dev));
       outs.push_back(io);
     }
-    KILN_RETURN_IF_ERROR(ctx.set_use_cuda_graph(o.graph));
+    KILN_RETURN_IF_ERROR(ctx.set_use_cuda_graph(o.graph(e)));
     cudaEvent_t ev[4];
     for (auto& e : ev) KILN_RETURN_IF_ERROR(check(cudaEventCreate(&e), "cudaEventCreate"));
     std::shared_ptr<void> ev_guard(nullptr, [&ev](void*) {
@@ -363,7 +366,7 @@ Status bench_shapes(const BenchOpts& o, Engine& e, ExecutionContext& ctx,
   else {
     std::cout << fmt::format("kiln bench: {} ({} backend), batch {}, {} timed inferences{}{}",
                              report["engine"].get<std::string>(), e.backend(), batch, lat.size(),
-                             o.graph ? ", CUDA graph" : "",
+                             o.graph(e) ? ", CUDA graphs" : e.backend() == "cuda" ? ", no CUDA graph" : "",
                              o.no_transfers ? ", no data transfers" : "")
               << "\n";
     if (report.contains("gpu"))
@@ -420,8 +423,13 @@ Runner add_bench_command(CLI::App& app) {
       ->check(CLI::Range(1, 10000000));
   cmd->add_option("--duration", o->duration, "And at least this many seconds (default 2)")
       ->check(CLI::Range(0.0, 3600.0));
-  cmd->add_flag("--use-cuda-graph", o->graph,
-                "Capture each inference as one CUDA graph and replay it");
+  auto* on = cmd->add_flag("--use-cuda-graph", o->graph_flag,
+                           "Replay each inference as a CUDA graph, captured once per shape and "
+                           "addresses (the default on the cuda backend)");
+  cmd->add_flag("--no-cuda-graph", o->no_graph,
+                "Launch every layer at every inference, without CUDA graphs (host-bound at "
+                "small batches)")
+      ->excludes(on);
   cmd->add_flag("--no-data-transfers", o->no_transfers, "Leave out the host<->device copies");
   cmd->add_option("--export-json", o->json,
                   "Write every number to this JSON file (schema kiln.bench/1, docs/report.md)");

@@ -47,7 +47,9 @@ struct Instance {
   std::vector<size_t> output_bytes;
   // CUDA graphs of this shape, one per set of input and output addresses (a caller that
   // allocates its outputs afresh each call, as PyTorch's allocator does, alternates between a few
-  // addresses), at most kGraphsPerShape, the least recently used replaced.
+  // addresses), at most kGraphsPerShape, the least recently used replaced. A set of addresses is
+  // captured once it repeats one of the last kGraphsPerShape calls' (`recent`): a caller whose
+  // addresses are new at every call keeps running layer by layer rather than capturing each time.
   struct Graph {
     std::vector<void*> io;
     cudaGraphExec_t exec = nullptr;
@@ -56,7 +58,9 @@ struct Instance {
   };
   static constexpr size_t kGraphsPerShape = 4;
   std::vector<Graph> graphs;
+  std::vector<std::vector<void*>> recent;  // the last calls' addresses run layer by layer
   bool ran_direct = false;  // once run without capture (layers' first-run work is not captured)
+  bool no_capture = false;  // a capture of this shape failed: it runs layer by layer from then on
   void drop_graphs() {
     for (Graph& g : graphs) cudaGraphExecDestroy(g.exec);
     graphs.clear();
@@ -167,6 +171,11 @@ class CudaContext final : public ExecutionContext {
     use_graph_ = on;
     return Status::Ok();
   }
+  size_t cuda_graph_count() const override {
+    size_t n = 0;
+    for (const auto& [k, inst] : instances_) n += inst->graphs.size();
+    return n;
+  }
   MemoryInfo memory_info() const override {
     MemoryInfo m;
     m.weights = e_->weight_bytes();
@@ -187,12 +196,22 @@ class CudaContext final : public ExecutionContext {
   Status read_host_inputs(const std::vector<const void*>* host_src = nullptr);
   Expected<std::unique_ptr<Instance>> make_instance(const std::vector<std::vector<int64_t>>& s);
   Status configure(Instance& inst);
-  // Layer by layer rather than as a CUDA graph: without CUDA graphs, when timing layers, with
-  // debug copies (they synchronize), and the first run of an instance, so that what layers do
-  // once at their first run (a tactic's constants, library plans) happens outside a capture,
-  // where allocations are not allowed.
+  // Layer by layer rather than as a CUDA graph (for this call's addresses, io_): without CUDA
+  // graphs, when timing layers, with debug copies (they synchronize), at the first run of an
+  // instance (what layers do once at their first run, a tactic's constants, library plans,
+  // happens outside a capture, where allocations are not allowed), after a failed capture, and
+  // for addresses that neither have a graph nor repeat a recent call's.
   bool runs_direct(const Instance& inst, const std::vector<LayerTiming>* layer_times) const {
-    return !use_graph_ || layer_times || !debug_.empty() || !inst.ran_direct;
+    if (!use_graph_ || layer_times || !debug_.empty() || !inst.ran_direct || inst.no_capture)
+      return true;
+    for (const Instance::Graph& g : inst.graphs)
+      if (g.io == io_ && g.config == config_generation_) return false;
+    return std::find(inst.recent.begin(), inst.recent.end(), io_) == inst.recent.end();
+  }
+  // This call's input and output addresses into io_ (a buffer kept across calls: no allocation).
+  void gather_io() {
+    io_.assign(in_addr_.begin(), in_addr_.end());
+    io_.insert(io_.end(), out_addr_.begin(), out_addr_.end());
   }
   Layer& layer_of(const Instance& inst, size_t s) const {
     const int a = inst.alternate[s];
@@ -223,12 +242,12 @@ class CudaContext final : public ExecutionContext {
   std::vector<std::vector<int64_t>> input_shapes_;
   std::vector<bool> input_set_;
   std::vector<void*> in_addr_, out_addr_;
-  std::vector<void*> io_;           // launch(): this call's addresses, inputs then outputs
+  std::vector<void*> io_;           // this call's addresses, inputs then outputs (enqueue_read)
   uint64_t generation_ = 1;         // bumps when an address or the arena changes
   uint64_t bound_generation_ = 0;
   uint64_t config_generation_ = 1;  // bumps when the layers are configured for another shape
   uint64_t graph_clock_ = 0;        // orders graph launches (least recently used)
-  bool use_graph_ = false;
+  bool use_graph_ = true;
   std::vector<cudaEvent_t> events_;
   cudaEvent_t fence_[2] = {};  // into and out of the context's stream (legacy-stream callers)
   // Host path staging (execute()).
@@ -642,6 +661,7 @@ Status CudaContext::enqueue_read(CUstream_st* stream, std::vector<LayerTiming>* 
     if (!out_addr_[j] && inst->output_bytes[j])
       return KILN_ERROR("output '{}': no device address set", g_.outputs()[j]->name);
   cudaStream_t s = stream ? stream : stream_;
+  gather_io();
   // A graph (replayed or captured) is one launch wherever it goes: on the legacy stream too.
   if (s != cudaStreamLegacy || !runs_direct(*inst, layer_times))
     return launch(*inst, s, layer_times);
@@ -669,10 +689,7 @@ Status CudaContext::launch(Instance& instance, cudaStream_t s,
     bound_stream_ = s;
   }
   rc_.stream = s;
-  // This call's input and output addresses, in a buffer kept across calls (no allocation).
-  std::vector<void*>& io = io_;
-  io.assign(in_addr_.begin(), in_addr_.end());
-  io.insert(io.end(), out_addr_.begin(), out_addr_.end());
+  const std::vector<void*>& io = io_;  // gathered by enqueue_read
   const bool direct = runs_direct(*inst, layer_times);
   if (!direct) {
     for (Instance::Graph& g : inst->graphs)
@@ -687,6 +704,10 @@ Status CudaContext::launch(Instance& instance, cudaStream_t s,
   if (direct) {
     KILN_RETURN_IF_ERROR(run_layers(*inst, layer_times));
     inst->ran_direct = true;
+    if (use_graph_ && !layer_times && debug_.empty()) {
+      if (inst->recent.size() >= Instance::kGraphsPerShape) inst->recent.erase(inst->recent.begin());
+      inst->recent.push_back(io);
+    }
     return copy_outputs(*inst, s);
   }
   // Graphs from before a reconfiguration go; past kGraphsPerShape, the least recently used.
@@ -715,15 +736,18 @@ Status CudaContext::launch(Instance& instance, cudaStream_t s,
   if (st.ok()) st = copy_outputs(*inst, cap);
   cudaGraph_t graph = nullptr;
   const cudaError_t end = cudaStreamEndCapture(cap, &graph);
-  if (!st.ok()) {
-    if (graph) cudaGraphDestroy(graph);
-    return st;
-  }
-  KILN_RETURN_IF_ERROR(cuda_check(end, "cudaStreamEndCapture (a layer is not capturable)"));
   cudaGraphExec_t exec = nullptr;
-  const cudaError_t inst_err = cudaGraphInstantiate(&exec, graph, 0);
-  cudaGraphDestroy(graph);
-  KILN_RETURN_IF_ERROR(cuda_check(inst_err, "cudaGraphInstantiate"));
+  if (st.ok() && end == cudaSuccess && cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess)
+    exec = nullptr;
+  if (graph) cudaGraphDestroy(graph);
+  if (!exec) {
+    // Not capturable (a layer synchronizes or allocates, or another thread's work on the legacy
+    // stream broke the capture): nothing ran; this shape runs layer by layer from now on.
+    cudaGetLastError();
+    inst->no_capture = true;
+    KILN_RETURN_IF_ERROR(launch(*inst, s, layer_times));
+    return Status::Ok();
+  }
   inst->graphs.push_back({io, exec, config_generation_, ++graph_clock_});
   KILN_CUDA_CHECK(cudaGraphLaunch(exec, s));
   return Status::Ok();
