@@ -189,8 +189,9 @@ TEST(CudaEngine, CudaGraphsFollowAddressesAndShapes) {
 
 // CUDA graphs are on by default and captured only for addresses that repeat a recent call's: a
 // caller whose outputs are new at every call runs layer by layer (no capture per call), one that
-// comes back to an address set gets a graph, and set_use_cuda_graph(false) never captures. Every
-// call writes where it was asked, for its own input.
+// comes back to an address set gets a graph, shapes that alternate call by call capture nothing,
+// and set_use_cuda_graph(false) never captures. Every call writes where it was asked, for its own
+// input.
 TEST(CudaEngine, DefaultGraphsCaptureRepeatedAddressesOnly) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU here: GPU test skipped";
   auto e = build(true);
@@ -209,8 +210,8 @@ TEST(CudaEngine, DefaultGraphsCaptureRepeatedAddressesOnly) {
   for (void*& p : out) ASSERT_EQ(cudaMalloc(&p, out_bytes), cudaSuccess);
   cudaMemcpy(in[0], xa.raw(), xa.nbytes(), cudaMemcpyHostToDevice);
   cudaMemcpy(in[1], xb.raw(), xb.nbytes(), cudaMemcpyHostToDevice);
-  ASSERT_TRUE((*ctx)->set_input_shape("x", xa.shape()).ok());
   auto call = [&](int i, int o) {
+    ASSERT_TRUE((*ctx)->set_input_shape("x", xa.shape()).ok());
     ASSERT_TRUE((*ctx)->set_tensor_address("x", in[i]).ok());
     ASSERT_TRUE((*ctx)->set_tensor_address("y", out[o]).ok());
     cudaMemset(out[o], 0xff, out_bytes);  // poison: NaN where nothing writes
@@ -227,9 +228,22 @@ TEST(CudaEngine, DefaultGraphsCaptureRepeatedAddressesOnly) {
   EXPECT_EQ((*ctx)->cuda_graph_count(), 3u);
   call(0, 6), call(1, 7), call(1, 6);  // two replays; the third repeats now and is captured
   EXPECT_EQ((*ctx)->cuda_graph_count(), 4u);
+  // shapes that alternate call by call: the layers are configured again for each, so the graphs
+  // are stale and each call runs layer by layer (no capture per call)
+  const Tensor xc = random({5, 8, 10, 10}, 23);
+  auto rc = (*ctx)->execute({{"x", xc}});
+  ASSERT_TRUE(rc.ok());
+  const size_t held = (*ctx)->cuda_graph_count();  // 0 if the arena grew for batch 5: graphs go
+  for (int k = 0; k < 3; ++k) {
+    call(0, 6);
+    auto again = (*ctx)->execute({{"x", xc}});
+    ASSERT_TRUE(again.ok()) << again.status().message();
+    EXPECT_EQ(rel_l2((*again)[0], (*rc)[0]), 0.0);
+  }
+  EXPECT_EQ((*ctx)->cuda_graph_count(), held);
   ASSERT_TRUE((*ctx)->set_use_cuda_graph(false).ok());
   for (int k = 0; k < 3; ++k) call(0, 0), call(1, 1);
-  EXPECT_EQ((*ctx)->cuda_graph_count(), 4u);
+  EXPECT_EQ((*ctx)->cuda_graph_count(), held);
   for (void* p : in) cudaFree(p);
   for (void* p : out) cudaFree(p);
 }

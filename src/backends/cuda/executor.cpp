@@ -199,10 +199,13 @@ class CudaContext final : public ExecutionContext {
   // Layer by layer rather than as a CUDA graph (for this call's addresses, io_): without CUDA
   // graphs, when timing layers, with debug copies (they synchronize), at the first run of an
   // instance (what layers do once at their first run, a tactic's constants, library plans,
-  // happens outside a capture, where allocations are not allowed), after a failed capture, and
-  // for addresses that neither have a graph nor repeat a recent call's.
+  // happens outside a capture, where allocations are not allowed), when the layers are
+  // configured for other shapes (the instance's graphs are then stale: traffic whose shapes
+  // alternate runs layer by layer rather than capturing at every call), after a failed capture,
+  // and for addresses that neither have a graph nor repeat a recent call's.
   bool runs_direct(const Instance& inst, const std::vector<LayerTiming>* layer_times) const {
-    if (!use_graph_ || layer_times || !debug_.empty() || !inst.ran_direct || inst.no_capture)
+    if (!use_graph_ || layer_times || !debug_.empty() || !inst.ran_direct || inst.no_capture ||
+        current_ != &inst)
       return true;
     for (const Instance::Graph& g : inst.graphs)
       if (g.io == io_ && g.config == config_generation_) return false;
@@ -745,8 +748,7 @@ Status CudaContext::launch(Instance& instance, cudaStream_t s,
     // stream broke the capture): nothing ran; this shape runs layer by layer from now on.
     cudaGetLastError();
     inst->no_capture = true;
-    KILN_RETURN_IF_ERROR(launch(*inst, s, layer_times));
-    return Status::Ok();
+    return enqueue_read(s, layer_times);
   }
   inst->graphs.push_back({io, exec, config_generation_, ++graph_clock_});
   KILN_CUDA_CHECK(cudaGraphLaunch(exec, s));
