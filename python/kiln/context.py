@@ -36,6 +36,9 @@ class Context:
       tensors out, without host copies (cuda engines).
     * the TensorRT-shaped device path: :meth:`set_input_shape`, :meth:`set_tensor_address` for
       every input and output, then :meth:`execute_async` on a CUDA stream.
+
+    On the GPU an inference that repeats a recent call's shapes and addresses is replayed as a
+    CUDA graph (see :meth:`set_use_cuda_graph`).
     """
 
     def __init__(self, engine):
