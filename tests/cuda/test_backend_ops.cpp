@@ -308,7 +308,7 @@ void register_all() {
       {"cutlass_sm90_pconv.int8", {"0", "1", "2"}},
       {"fused_gemm.cublaslt", {"h0", "h1"}},
       {"matmul.cublaslt", {"h0", "h1"}},
-      {"fused_gemm.cutlass_sm90", {"coop256x128", "pp128x128", "pp128x64"}},
+      {"fused_gemm.cutlass_sm90", {"coop256x128", "pp128x128", "pp128x64", "coop128x192"}},
       {"mha.flash", {"", "rows128", "split"}},
   };
   for (const auto& [family, fn] : families) {

@@ -3,7 +3,9 @@
 // LinCombPerColBiasEltAct, D = act(acc + bias[n] + beta * C). A [M, K] row-major (K-major), W
 // [K, N] row-major (N-major: the engine's own copy of the weight, no repacking), C and D [M, N]
 // row-major. Tiles: cooperative 256 x 128 x 64 (both consumer warp groups on one tile, for
-// large M), ping-pong 128 x 128 x 64 and 128 x 64 x 64 (one warp group's epilogue under the
+// large M) and 128 x 192 x 64 (N = 768, a transformer's hidden size, in four columns of tiles:
+// at M = 4096 its 128 tiles are one wave on the H100's 132 SMs, where 128 x 128 tiles make 1.45
+// waves), ping-pong 128 x 128 x 64 and 128 x 64 x 64 (one warp group's epilogue under the
 // other's math; the narrow one for N = 768 at small M). Built only when CUTLASS's headers are
 // found (src/backends/cuda/CMakeLists.txt).
 #include <cstdint>
@@ -147,6 +149,8 @@ template <template <class> class Act>
 std::unique_ptr<F16Gemm> make(const std::string& tile) {
   if (tile == "coop256x128")
     return std::make_unique<GemmF16<Config<Shape<_256, _128, _64>, Coop, CoopEpi, Act>>>();
+  if (tile == "coop128x192")
+    return std::make_unique<GemmF16<Config<Shape<_128, _192, _64>, Coop, CoopEpi, Act>>>();
   if (tile == "pp128x128")
     return std::make_unique<GemmF16<Config<Shape<_128, _128, _64>, PingPong, PingPongEpi, Act>>>();
   if (tile == "pp128x64")
@@ -157,7 +161,8 @@ std::unique_ptr<F16Gemm> make(const std::string& tile) {
 }  // namespace
 
 const std::vector<std::string>& f16_gemm_tiles() {
-  static const std::vector<std::string> k = {"coop256x128", "pp128x128", "pp128x64"};
+  static const std::vector<std::string> k = {"coop256x128", "pp128x128", "pp128x64",
+                                             "coop128x192"};
   return k;
 }
 
