@@ -180,6 +180,15 @@ def bench_tests(args, p):
     expect_error(args, "bench --batch on a static engine", "dynamic first dimension", "bench", "--engine", p("static.kiln"), "--batch", "1,2")
     expect_error(args, "bench --batch outside the profile", "outside the engine's profile", "bench", "--engine", p("dyn.kiln"),
                  "--batch", "8", "--iterations", "1", "--duration", "0")
+    # CUDA graphs: on by default on the cuda backend; --use-cuda-graph asks for them (a cpu engine
+    # has none), --no-cuda-graph turns them off (nothing to turn off on the cpu), not both
+    expect_error(args, "bench --use-cuda-graph on a cpu engine", "needs an engine for the cuda backend", "bench",
+                 "--engine", p("static.kiln"), "--use-cuda-graph", "--iterations", "1", "--duration", "0")
+    expect_ok(args, "bench --no-cuda-graph on a cpu engine", "bench", "--engine", p("static.kiln"), "--no-cuda-graph",
+              "--iterations", "2", "--duration", "0", "--export-json", p("nograph.json"))
+    check("bench on a cpu engine reports no CUDA graph", json.load(open(p("nograph.json")))["cuda_graph"] is False)
+    expect_error(args, "bench --use-cuda-graph --no-cuda-graph", "excludes", "bench", "--engine", p("static.kiln"),
+                 "--use-cuda-graph", "--no-cuda-graph")
 
 
 def report_tests(args, p):
