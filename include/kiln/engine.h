@@ -116,8 +116,6 @@ class ExecutionContext {
   // replayed from then on, one launch instead of one per layer (results are the same). Off: every
   // layer is launched at every inference.
   virtual Status set_use_cuda_graph(bool on);
-  // How many CUDA graphs the context holds (captured, replayed when their call repeats).
-  virtual size_t cuda_graph_count() const { return 0; }
   virtual MemoryInfo memory_info() const { return {}; }
   // Plans memory and configures the layers for the input shapes set (what the first enqueue
   // after a shape change does, allocating the arena and workspace) and reports the memory.
@@ -133,6 +131,11 @@ class ExecutionContext {
   virtual Status set_debug_tensors(const std::vector<std::string>& names);
   // The tensors the last execute() kept, by name.
   virtual std::map<std::string, Tensor> debug_tensors() const { return {}; }
+
+  // How many CUDA graphs the context holds (captured, replayed when their call repeats; see
+  // set_use_cuda_graph). Last in the class: added within 0.2, it leaves the other functions'
+  // places in the virtual table as they were.
+  virtual size_t cuda_graph_count() const { return 0; }
 };
 
 class BackendEngine;
