@@ -58,7 +58,18 @@ struct Instance {
   };
   static constexpr size_t kGraphsPerShape = 4;
   std::vector<Graph> graphs;
-  std::vector<std::vector<void*>> recent;  // the last calls' addresses run layer by layer
+  // The addresses of the last calls run layer by layer: a ring of kGraphsPerShape, its vectors
+  // reused (remember_direct), so a run layer by layer allocates nothing once it is full.
+  std::vector<std::vector<void*>> recent;
+  size_t recent_next = 0;
+  void remember_direct(const std::vector<void*>& io) {
+    if (recent.size() < kGraphsPerShape) {
+      recent.push_back(io);
+    } else {
+      recent[recent_next].assign(io.begin(), io.end());
+      recent_next = (recent_next + 1) % kGraphsPerShape;
+    }
+  }
   bool ran_direct = false;  // once run without capture (layers' first-run work is not captured)
   bool no_capture = false;  // a capture of this shape failed: it runs layer by layer from then on
   void drop_graphs() {
@@ -707,10 +718,7 @@ Status CudaContext::launch(Instance& instance, cudaStream_t s,
   if (direct) {
     KILN_RETURN_IF_ERROR(run_layers(*inst, layer_times));
     inst->ran_direct = true;
-    if (use_graph_ && !layer_times && debug_.empty()) {
-      if (inst->recent.size() >= Instance::kGraphsPerShape) inst->recent.erase(inst->recent.begin());
-      inst->recent.push_back(io);
-    }
+    if (use_graph_ && !layer_times && debug_.empty()) inst->remember_direct(io);
     return copy_outputs(*inst, s);
   }
   // Graphs from before a reconfiguration go; past kGraphsPerShape, the least recently used.
