@@ -25,6 +25,7 @@ Expected<bool> fuse_matmul_add(PassContext& ctx);
 Expected<bool> fold_attention_heads(PassContext& ctx);
 Expected<bool> pack_qkv(PassContext& ctx);
 Expected<bool> drop_zero_mask(PassContext& ctx);
+Expected<bool> narrow_attention_mask(PassContext& ctx);
 Expected<bool> fuse_residual_add(PassContext& ctx);
 Expected<bool> fuse_skip_layernorm(PassContext& ctx);
 Expected<bool> fuse_conv_act(PassContext& ctx);

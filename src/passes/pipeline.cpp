@@ -58,6 +58,7 @@ struct PassEntry {
 // - pack_qkv after fuse_matmul_add (the projections carry their biases) and before
 //   fuse_residual_add and fuse_conv_act (it takes only bias-only projections).
 // - drop_zero_mask after fold_attention_heads: the layer it edits must exist.
+//   narrow_attention_mask after it: a zero mask goes altogether before a narrower one is sought.
 // - fuse_skip_layernorm after fuse_residual_add, all in one round: a residual Add that a
 //   projection can take goes into the GEMM's epilogue; the Adds left in front of a LayerNorm
 //   (embeddings) join the norm.
@@ -85,6 +86,7 @@ constexpr PassEntry kPipeline[] = {
     {"fuse_matmul_add", 2, passes::fuse_matmul_add},
     {"pack_qkv", 2, passes::pack_qkv},
     {"drop_zero_mask", 2, passes::drop_zero_mask},
+    {"narrow_attention_mask", 2, passes::narrow_attention_mask},
     {"fuse_residual_add", 2, passes::fuse_residual_add},
     {"fuse_skip_layernorm", 2, passes::fuse_skip_layernorm},
     {"fuse_conv_act", 2, passes::fuse_conv_act},
