@@ -309,7 +309,7 @@ void register_all() {
       {"fused_gemm.cublaslt", {"h0", "h1"}},
       {"matmul.cublaslt", {"h0", "h1"}},
       {"fused_gemm.cutlass_sm90", {"coop256x128", "pp128x128", "pp128x64", "coop128x192"}},
-      {"mha.flash", {"", "rows128", "split"}},
+      {"mha.flash", {"", "rows128", "split", "w32"}},
   };
   for (const auto& [family, fn] : families) {
     for (const OpCase& c : fn()) {

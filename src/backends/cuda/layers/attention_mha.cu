@@ -164,15 +164,31 @@ __device__ __forceinline__ uint32_t pack_half2(float a, float b) {
 __device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
 __device__ __forceinline__ float to_f32(float x) { return x; }
 
-// This thread's two query rows' mask rows (row_lo and row_lo + 8; past the end: row 0, never
-// read).
+// The block's mask (batch b, head h) and this thread's two query rows' offsets into it (rows
+// row_lo and row_lo + 8; past the end: row 0, never read). Offsets are 32-bit (configure checks
+// the mask's size), to spare registers.
 template <typename MaskT>
-__device__ __forceinline__ void mask_rows(const FlashArgs& a, int b, int h, int row_lo,
-                                          const MaskT* (&mrow)[2]) {
+__device__ __forceinline__ const MaskT* mask_rows(const FlashArgs& a, int b, int h, int row_lo,
+                                                  int (&mrow)[2]) {
+  if constexpr (!std::is_void_v<MaskT>) {
+    for (int r = 0; r < 2; ++r) mrow[r] = min(row_lo + 8 * r, a.sq - 1) * static_cast<int>(a.m_q);
+    return static_cast<const MaskT*>(a.mask) + static_cast<int64_t>(b) * a.m_b +
+           static_cast<int64_t>(h) * a.m_h;
+  }
+  return nullptr;
+}
+
+// A mask that is the same for every query row (a key-padding mask, [B, 1, 1, Sk]): keys
+// k0..k0+keys-1 of this block's row, times log2(e), into shared memory (0 past the end), so that
+// the softmax steps read it there instead of from global memory at every score.
+template <typename MaskT, int kThreads>
+__device__ __forceinline__ void stage_mask(const FlashArgs& a, int b, int h, float* sm, int k0,
+                                           int keys, int tid) {
   if constexpr (!std::is_void_v<MaskT>) {
     const MaskT* mb = static_cast<const MaskT*>(a.mask) + static_cast<int64_t>(b) * a.m_b +
                       static_cast<int64_t>(h) * a.m_h;
-    for (int r = 0; r < 2; ++r) mrow[r] = mb + min(row_lo + 8 * r, a.sq - 1) * a.m_q;
+    for (int i = tid; i < keys; i += kThreads)
+      sm[i] = k0 + i < a.sk ? to_f32(mb[static_cast<int64_t>(k0 + i) * a.m_k]) * kLog2e : 0.f;
   }
 }
 
@@ -196,120 +212,150 @@ __device__ __forceinline__ void kv_stage(const FlashArgs& a, __half* sk, __half*
   __syncthreads();
 }
 
-// O += P V for keys 16kk..16kk+15 of the V tile `vt`: the probabilities of the two score
-// fragments p0 and p1 (n8 blocks 2kk and 2kk + 1), rounded to float16, are P's A fragment.
-template <int D>
-__device__ __forceinline__ void pv_group(const float (&p0)[4], const float (&p1)[4],
-                                         const __half* vt, int kk, int lane, float (&o)[D / 8][4]) {
+// O += P V for keys 16kk..16kk+15 of the V tile `vt`, for each of the warp's MT 16-row tiles:
+// the probabilities of its score fragments p[t][2kk] and p[t][2kk + 1] (n8 blocks), rounded to
+// float16, are P's A fragment; V's fragments are read once for all MT tiles.
+template <int D, int MT>
+__device__ __forceinline__ void pv_group(const float (&p)[MT][kChunk / 8][4], const __half* vt,
+                                         int kk, int lane, float (&o)[MT][D / 8][4]) {
   const int vrow = (lane % 8) + ((lane / 8) % 2) * 8, vcol = (lane / 16) * 8;
-  const uint32_t pa[4] = {pack_half2(p0[0], p0[1]), pack_half2(p0[2], p0[3]),
-                          pack_half2(p1[0], p1[1]), pack_half2(p1[2], p1[3])};
+  uint32_t pa[MT][4];
+#pragma unroll
+  for (int t = 0; t < MT; ++t) {
+    const float(&p0)[4] = p[t][2 * kk];
+    const float(&p1)[4] = p[t][2 * kk + 1];
+    pa[t][0] = pack_half2(p0[0], p0[1]), pa[t][1] = pack_half2(p0[2], p0[3]);
+    pa[t][2] = pack_half2(p1[0], p1[1]), pa[t][3] = pack_half2(p1[2], p1[3]);
+  }
 #pragma unroll
   for (int db = 0; db < D / 16; ++db) {
     uint32_t bf[4];
     ldmatrix_x4_trans(bf, smem_u32(vt + swz<D>(kk * 16 + vrow, db * 16 + vcol)));
-    mma_f16(o[2 * db], pa, bf[0], bf[1]);
-    mma_f16(o[2 * db + 1], pa, bf[2], bf[3]);
+#pragma unroll
+    for (int t = 0; t < MT; ++t) {
+      mma_f16(o[t][2 * db], pa[t], bf[0], bf[1]);
+      mma_f16(o[t][2 * db + 1], pa[t], bf[2], bf[3]);
+    }
   }
 }
 
-// One online-softmax step of a warp: its 16 query rows (rows q16.. of the Q tile `sq`) against
-// the 32 keys of the K and V tiles' rows at `kt` and `vt` (keys kbase..kbase+31), updating the
-// rows' running maximum m (in base 2), sums l (this lane's part) and output fragments o.
-template <int D, typename MaskT>
+// One online-softmax step of a warp: its MT tiles of 16 query rows (rows q16 + 16t.. of the Q
+// tile `sq`) against the 32 keys of the K and V tiles' rows at `kt` and `vt` (keys
+// kbase..kbase+31), updating each row's running maximum m (in base 2), sum l (this lane's part)
+// and output fragments o. K's and V's fragments are read from shared memory once for the MT
+// tiles, whose independent chains of MMAs interleave.
+// kStaged: the chunk's mask values are at `sm` (stage_mask); else the mask rows mrow are read.
+// A compile-time choice, so that the global reads keep their place in the schedule.
+template <int D, int MT, typename MaskT, bool kStaged>
 __device__ __forceinline__ void flash_step(const FlashArgs& a, const __half* sq, const __half* kt,
                                            const __half* vt, int kbase, int q16,
-                                           const MaskT* const (&mrow)[2], int lane,
-                                           float (&o)[D / 8][4], float (&m)[2], float (&l)[2]) {
+                                           const MaskT* mb, const int (&mrow)[MT][2],
+                                           const float* sm, int lane,
+                                           float (&o)[MT][D / 8][4], float (&m)[MT][2],
+                                           float (&l)[MT][2]) {
   // This lane's ldmatrix row offsets: Q's A fragments, K's B fragments (V's: pv_group).
   const int qrow = q16 + (lane % 8) + ((lane / 8) % 2) * 8, qcol = (lane / 16) * 8;
   const int krow = (lane % 8) + (lane / 16) * 8, kcol = ((lane / 8) % 2) * 8;
-  // S = Q K^T for this warp's 16 rows and 32 keys: four n8 blocks.
-  float s[kChunk / 8][4];
+  // S = Q K^T for this warp's rows and 32 keys: four n8 blocks per 16-row tile.
+  float s[MT][kChunk / 8][4];
 #pragma unroll
-  for (int i = 0; i < kChunk / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+  for (int t = 0; t < MT; ++t)
+#pragma unroll
+    for (int i = 0; i < kChunk / 8; ++i) s[t][i][0] = s[t][i][1] = s[t][i][2] = s[t][i][3] = 0.f;
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
-    uint32_t qf[4];
-    ldmatrix_x4(qf, smem_u32(sq + swz<D>(qrow, kk * 16 + qcol)));
+    uint32_t qf[MT][4];
+#pragma unroll
+    for (int t = 0; t < MT; ++t)
+      ldmatrix_x4(qf[t], smem_u32(sq + swz<D>(qrow + 16 * t, kk * 16 + qcol)));
 #pragma unroll
     for (int nb = 0; nb < kChunk / 16; ++nb) {
       uint32_t bf[4];
       ldmatrix_x4(bf, smem_u32(kt + swz<D>(nb * 16 + krow, kk * 16 + kcol)));
-      mma_f16(s[2 * nb], qf, bf[0], bf[1]);
-      mma_f16(s[2 * nb + 1], qf, bf[2], bf[3]);
-    }
-  }
-  // Scale and mask (in base 2), keys past the end out; the rows' chunk maxima.
-  float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-  for (int nb = 0; nb < kChunk / 8; ++nb)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int key = kbase + nb * 8 + (lane % 4) * 2 + (e % 2);
-      float x = s[nb][e] * a.scale_log2;
-      if constexpr (!std::is_void_v<MaskT>) {
-        if (key < a.sk) x = fmaf(to_f32(mrow[e / 2][key * a.m_k]), kLog2e, x);
+      for (int t = 0; t < MT; ++t) {
+        mma_f16(s[t][2 * nb], qf[t], bf[0], bf[1]);
+        mma_f16(s[t][2 * nb + 1], qf[t], bf[2], bf[3]);
       }
-      if (key >= a.sk) x = -INFINITY;
-      s[nb][e] = x;
-      mx[e / 2] = fmaxf(mx[e / 2], x);
     }
-  float alpha[2], base[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-    const float mnew = fmaxf(m[r], mx[r]);
-    base[r] = mnew == -INFINITY ? 0.f : mnew;  // a row masked so far stays at 0
-    alpha[r] = exp2f(m[r] - base[r]);
-    m[r] = mnew;
   }
-  float rs[2] = {0.f, 0.f};
 #pragma unroll
-  for (int nb = 0; nb < kChunk / 8; ++nb)
+  for (int t = 0; t < MT; ++t) {
+    // Scale and mask (in base 2), keys past the end out; the rows' chunk maxima.
+    float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float p = exp2f(s[nb][e] - base[e / 2]);
-      s[nb][e] = p;
-      rs[e / 2] += p;
+    for (int nb = 0; nb < kChunk / 8; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = kbase + nb * 8 + (lane % 4) * 2 + (e % 2);
+        float x = s[t][nb][e] * a.scale_log2;
+        if constexpr (!std::is_void_v<MaskT>) {
+          if constexpr (kStaged) x += sm[nb * 8 + (lane % 4) * 2 + (e % 2)];
+          else if (key < a.sk) x = fmaf(to_f32(mb[mrow[t][e / 2] + key * a.m_k]), kLog2e, x);
+        }
+        if (key >= a.sk) x = -INFINITY;
+        s[t][nb][e] = x;
+        mx[e / 2] = fmaxf(mx[e / 2], x);
+      }
+    float alpha[2], base[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      const float mnew = fmaxf(m[t][r], mx[r]);
+      base[r] = mnew == -INFINITY ? 0.f : mnew;  // a row masked so far stays at 0
+      alpha[r] = exp2f(m[t][r] - base[r]);
+      m[t][r] = mnew;
     }
+    float rs[2] = {0.f, 0.f};
 #pragma unroll
-  for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + rs[r];
+    for (int nb = 0; nb < kChunk / 8; ++nb)
 #pragma unroll
-  for (int db = 0; db < D / 8; ++db) {
-    o[db][0] *= alpha[0], o[db][1] *= alpha[0];
-    o[db][2] *= alpha[1], o[db][3] *= alpha[1];
+      for (int e = 0; e < 4; ++e) {
+        const float p = exp2f(s[t][nb][e] - base[e / 2]);
+        s[t][nb][e] = p;
+        rs[e / 2] += p;
+      }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) l[t][r] = l[t][r] * alpha[r] + rs[r];
+#pragma unroll
+    for (int db = 0; db < D / 8; ++db) {
+      o[t][db][0] *= alpha[0], o[t][db][1] *= alpha[0];
+      o[t][db][2] *= alpha[1], o[t][db][3] *= alpha[1];
+    }
   }
   // O += P V, a 16-key group at a time.
 #pragma unroll
-  for (int kk = 0; kk < kChunk / 16; ++kk) pv_group<D>(s[2 * kk], s[2 * kk + 1], vt, kk, lane, o);
+  for (int kk = 0; kk < kChunk / 16; ++kk) pv_group<D, MT>(s, vt, kk, lane, o);
 }
 
-// The end of a kernel whose warps each hold 16 query rows (the block's kRows rows from q0): the
-// rows normalized by their sums (a row with no key left is NaN, or 0 with nan_to_zero, as the
-// reference), staged in the warp's part of Q's tile (only this warp read it), then stored as
-// 16-byte vectors.
-template <int D, int kThreads, int kRows>
+// The end of a kernel whose warps each hold MT tiles of 16 query rows (the block's kRows rows
+// from q0): the rows normalized by their sums (a row with no key left is NaN, or 0 with
+// nan_to_zero, as the reference), staged in the warp's part of Q's tile (only this warp read
+// it), then stored as 16-byte vectors.
+template <int D, int MT, int kThreads, int kRows>
 __device__ __forceinline__ void store_rows(const FlashArgs& a, __half* sq,
-                                           const float (&o)[D / 8][4], float (&l)[2], int q0, int b,
-                                           int h, int tid) {
+                                           const float (&o)[MT][D / 8][4], float (&l)[MT][2],
+                                           int q0, int b, int h, int tid) {
   const int warp = tid / 32, lane = tid % 32;
-  float inv[2];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-    inv[r] = l[r] > 0.f ? 1.f / l[r] : (a.nan_to_zero ? 0.f : NAN);
-  }
-  const int wr = warp * 16 + lane / 4;
+  for (int t = 0; t < MT; ++t) {
+    float inv[2];
 #pragma unroll
-  for (int db = 0; db < D / 8; ++db) {
-    const int col = db * 8 + (lane % 4) * 2;
-    *reinterpret_cast<uint32_t*>(sq + swz<D>(wr, col)) =
-        pack_half2(o[db][0] * inv[0], o[db][1] * inv[0]);
-    *reinterpret_cast<uint32_t*>(sq + swz<D>(wr + 8, col)) =
-        pack_half2(o[db][2] * inv[1], o[db][3] * inv[1]);
+    for (int r = 0; r < 2; ++r) {
+      l[t][r] += __shfl_xor_sync(0xffffffffu, l[t][r], 1);
+      l[t][r] += __shfl_xor_sync(0xffffffffu, l[t][r], 2);
+      inv[r] = l[t][r] > 0.f ? 1.f / l[t][r] : (a.nan_to_zero ? 0.f : NAN);
+    }
+    const int wr = (warp * MT + t) * 16 + lane / 4;
+#pragma unroll
+    for (int db = 0; db < D / 8; ++db) {
+      const int col = db * 8 + (lane % 4) * 2;
+      *reinterpret_cast<uint32_t*>(sq + swz<D>(wr, col)) =
+          pack_half2(o[t][db][0] * inv[0], o[t][db][1] * inv[0]);
+      *reinterpret_cast<uint32_t*>(sq + swz<D>(wr + 8, col)) =
+          pack_half2(o[t][db][2] * inv[1], o[t][db][3] * inv[1]);
+    }
   }
   __syncthreads();
   __half* y = a.y + b * a.y_b + h * D;
@@ -322,22 +368,29 @@ __device__ __forceinline__ void store_rows(const FlashArgs& a, __half* sq,
 }
 
 // Occupancy: the registers a thread may use (65536 per SM over kThreads x blocks).
-template <int D, int WARPS>
+template <int D, int WARPS, int MT>
 constexpr int min_blocks() {
+  if (MT == 2) return 3;  // 32 rows a warp (head size 64 only): 170 registers
   if (WARPS == 8) return D == 64 ? 2 : 1;
   return D == 64 ? (WARPS == 4 ? 5 : 16) : (WARPS == 4 ? 2 : 8);
 }
 
-// WARPS warps per block, 16 query rows each; MaskT: void (no mask), __half or float.
-template <int D, int WARPS, typename MaskT>
-__global__ void __launch_bounds__(32 * WARPS, (min_blocks<D, WARPS>())) mha_flash_kernel(FlashArgs a) {
-  constexpr int kThreads = 32 * WARPS, kRows = 16 * WARPS;
+// WARPS warps per block, 16 MT query rows each; MaskT: void (no mask), __half or float.
+// kStaged: the mask is the same for every query row (m_q = 0) and is staged in shared memory.
+template <int D, int WARPS, int MT, typename MaskT, bool kStaged>
+__global__ void __launch_bounds__(32 * WARPS, (min_blocks<D, WARPS, MT>()))
+    mha_flash_kernel(FlashArgs a) {
+  constexpr int kThreads = 32 * WARPS, kRows = 16 * MT * WARPS;
   extern __shared__ __align__(16) unsigned char smem[];
   __half* sq = reinterpret_cast<__half*>(smem);
   __half* sk = sq + kRows * D;      // two K tiles
   __half* sv = sk + 2 * kKeys * D;  // two V tiles
+  float* smask = reinterpret_cast<float*>(sv + 2 * kKeys * D);  // two tiles' mask values
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int q0 = blockIdx.x * kRows, h = blockIdx.y, b = blockIdx.z;
+  // The same mask for every query row: staged with K and V.
+  constexpr bool staged = !std::is_void_v<MaskT> && kStaged;
+  if (staged) stage_mask<MaskT, kThreads>(a, b, h, smask, 0, kKeys, tid);
   const __half* q = a.q + b * a.q_b + h * D + static_cast<int64_t>(q0) * a.q_s;
   const __half* k = a.k + b * a.k_b + h * D;
   const __half* v = a.v + b * a.v_b + h * D;
@@ -347,23 +400,34 @@ __global__ void __launch_bounds__(32 * WARPS, (min_blocks<D, WARPS>())) mha_flas
   load_tile<D, kThreads>(sv, v, a.v_s, kKeys, min(kKeys, a.sk), tid);
   cp_async_commit();
 
-  float o[D / 8][4];
+  float o[MT][D / 8][4];
+  float m[MT][2], l[MT][2];
+  int mrow[MT][2] = {};
+  const MaskT* mb = nullptr;
 #pragma unroll
-  for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  const MaskT* mrow[2] = {};
-  mask_rows<MaskT>(a, b, h, q0 + warp * 16 + lane / 4, mrow);
+  for (int t = 0; t < MT; ++t) {
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) o[t][i][0] = o[t][i][1] = o[t][i][2] = o[t][i][3] = 0.f;
+    m[t][0] = m[t][1] = -INFINITY;
+    l[t][0] = l[t][1] = 0.f;
+    mb = mask_rows<MaskT>(a, b, h, q0 + (warp * MT + t) * 16 + lane / 4, mrow[t]);
+  }
   for (int t = 0; t < tiles; ++t) {
+    if (staged && t + 1 < tiles)
+      stage_mask<MaskT, kThreads>(a, b, h, smask + ((t + 1) & 1) * kKeys, (t + 1) * kKeys, kKeys,
+                                  tid);
     kv_stage<D, kThreads>(a, sk, sv, k, v, t, tiles, kKeys, tid);
     const __half* kt = sk + (t & 1) * kKeys * D;
     const __half* vt = sv + (t & 1) * kKeys * D;
 #pragma unroll 1
     for (int c = 0; c < kKeys / kChunk; ++c)
-      flash_step<D, MaskT>(a, sq, kt + c * kChunk * D, vt + c * kChunk * D,
-                           t * kKeys + c * kChunk, warp * 16, mrow, lane, o, m, l);
+      flash_step<D, MT, MaskT, staged>(a, sq, kt + c * kChunk * D, vt + c * kChunk * D,
+                               t * kKeys + c * kChunk, warp * MT * 16, mb, mrow,
+                               staged ? smask + (t & 1) * kKeys + c * kChunk : nullptr, lane, o,
+                               m, l);
     __syncthreads();  // every warp is done with this stage before it is loaded again
   }
-  store_rows<D, kThreads, kRows>(a, sq, o, l, q0, b, h, tid);
+  store_rows<D, MT, kThreads, kRows>(a, sq, o, l, q0, b, h, tid);
 }
 
 // Keys split over a block's warps, for grids too small to fill the GPU by query rows (batch 1,
@@ -388,19 +452,19 @@ __global__ void __launch_bounds__(32 * WARPS) mha_flash_split_kernel(FlashArgs a
   load_tile<D, kThreads>(sv, v, a.v_s, kTile, min(kTile, a.sk), tid);
   cp_async_commit();
 
-  float o[D / 8][4];
+  float o[1][D / 8][4];
 #pragma unroll
-  for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  const MaskT* mrow[2] = {};
-  mask_rows<MaskT>(a, b, h, q0 + lane / 4, mrow);
+  for (int i = 0; i < D / 8; ++i) o[0][i][0] = o[0][i][1] = o[0][i][2] = o[0][i][3] = 0.f;
+  float m[1][2] = {{-INFINITY, -INFINITY}}, l[1][2] = {{0.f, 0.f}};
+  int mrow[1][2] = {};
+  const MaskT* mb = mask_rows<MaskT>(a, b, h, q0 + lane / 4, mrow[0]);
   for (int t = 0; t < tiles; ++t) {
     kv_stage<D, kThreads>(a, sk, sv, k, v, t, tiles, kTile, tid);
     const int kbase = t * kTile + warp * kChunk;
     if (kbase < a.sk)
-      flash_step<D, MaskT>(a, sq, sk + ((t & 1) * kTile + warp * kChunk) * D,
-                           sv + ((t & 1) * kTile + warp * kChunk) * D, kbase, 0, mrow, lane, o, m,
-                           l);
+      flash_step<D, 1, MaskT, false>(a, sq, sk + ((t & 1) * kTile + warp * kChunk) * D,
+                              sv + ((t & 1) * kTile + warp * kChunk) * D, kbase, 0, mb, mrow, nullptr,
+                              lane, o, m, l);
     __syncthreads();
   }
   // Each warp's rows: maximum (base 2; -inf where it saw no key, its o and l then 0), sum and
@@ -411,16 +475,17 @@ __global__ void __launch_bounds__(32 * WARPS) mha_flash_split_kernel(FlashArgs a
   const int r0 = lane / 4;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-    if (lane % 4 == 0) pm[warp * 16 + r0 + 8 * r] = m[r], pl[warp * 16 + r0 + 8 * r] = l[r];
+    l[0][r] += __shfl_xor_sync(0xffffffffu, l[0][r], 1);
+    l[0][r] += __shfl_xor_sync(0xffffffffu, l[0][r], 2);
+    if (lane % 4 == 0)
+      pm[warp * 16 + r0 + 8 * r] = m[0][r], pl[warp * 16 + r0 + 8 * r] = l[0][r];
   }
 #pragma unroll
   for (int db = 0; db < D / 8; ++db) {
     const int col = db * 8 + (lane % 4) * 2;
     float* p0 = po + (warp * 16 + r0) * D + col;
-    p0[0] = o[db][0], p0[1] = o[db][1];
-    p0[8 * D] = o[db][2], p0[8 * D + 1] = o[db][3];
+    p0[0] = o[0][db][0], p0[1] = o[0][db][1];
+    p0[8 * D] = o[0][db][2], p0[8 * D + 1] = o[0][db][3];
   }
   __syncthreads();
   __half* y = a.y + b * a.y_b + h * D;
@@ -458,18 +523,22 @@ constexpr size_t flash_split_smem(int d) {
 static_assert(kSplitWarps * 16 * (64 + 2) * sizeof(float) <=
               4 * kChunk * kSplitWarps * 64 * sizeof(__half), "partials fit the K and V tiles");
 
-// Q's tile, two K and two V tiles.
-constexpr size_t flash_smem(int d, int warps) {
-  return static_cast<size_t>(16 * warps + 4 * kKeys) * d * sizeof(__half);
+// Q's tile of `rows` rows, two K and two V tiles, two tiles' mask values.
+constexpr size_t flash_smem(int d, int rows) {
+  return static_cast<size_t>(rows + 4 * kKeys) * d * sizeof(__half) + 2 * kKeys * sizeof(float);
 }
 
 using FlashKernel = void (*)(FlashArgs);
 
-template <int D, int WARPS>
-FlashKernel flash_kernel(DataType mask) {
-  if (mask == DataType::kFloat16) return mha_flash_kernel<D, WARPS, __half>;
-  if (mask == DataType::kFloat32) return mha_flash_kernel<D, WARPS, float>;
-  return mha_flash_kernel<D, WARPS, void>;
+template <int D, int WARPS, int MT = 1>
+FlashKernel flash_kernel(DataType mask, bool staged) {
+  if (mask == DataType::kFloat16)
+    return staged ? mha_flash_kernel<D, WARPS, MT, __half, true>
+                  : mha_flash_kernel<D, WARPS, MT, __half, false>;
+  if (mask == DataType::kFloat32)
+    return staged ? mha_flash_kernel<D, WARPS, MT, float, true>
+                  : mha_flash_kernel<D, WARPS, MT, float, false>;
+  return mha_flash_kernel<D, WARPS, MT, void, false>;
 }
 
 template <int D>
@@ -479,21 +548,30 @@ FlashKernel flash_split_kernel(DataType mask) {
   return mha_flash_split_kernel<D, kSplitWarps, void>;
 }
 
-FlashKernel pick_flash(int d, int warps, DataType mask) {
+FlashKernel pick_flash(int d, int warps, DataType mask, bool staged) {
   if (d == 64)
-    return warps == 8   ? flash_kernel<64, 8>(mask)
-           : warps == 4 ? flash_kernel<64, 4>(mask)
-                        : flash_kernel<64, 1>(mask);
-  return warps == 8   ? flash_kernel<128, 8>(mask)
-         : warps == 4 ? flash_kernel<128, 4>(mask)
-                      : flash_kernel<128, 1>(mask);
+    return warps == 8   ? flash_kernel<64, 8>(mask, staged)
+           : warps == 4 ? flash_kernel<64, 4>(mask, staged)
+                        : flash_kernel<64, 1>(mask, staged);
+  return warps == 8   ? flash_kernel<128, 8>(mask, staged)
+         : warps == 4 ? flash_kernel<128, 4>(mask, staged)
+                      : flash_kernel<128, 1>(mask, staged);
 }
 
 // Variants: "" sizes blocks by the grid (below); "rows128": 128 query rows a block (8 warps), so
 // a head's K and V are read once per 128 rows instead of per 64, where that still fills the SMs;
 // "split": 16 query rows a block, the keys split over its 4 warps (mha_flash_split_kernel), for
-// grids that do not fill the SMs.
-std::vector<std::string> flash_variants(const LayerDesc&) { return {"", "rows128", "split"}; }
+// grids that do not fill the SMs; "w32" (head size 64): 128 query rows a block as four warps of
+// 32 rows, two 16-row tiles that share each K and V fragment read from shared memory. Where
+// every warp takes 16 rows, BERT's batch 32 (384 heads of 128 rows) needs 3072 warps, more than
+// the 20 a multiprocessor's registers hold (2640): 1.16 waves; at 32 rows a warp, three blocks
+// an SM hold them all.
+std::vector<std::string> flash_variants(const LayerDesc& d) {
+  int64_t dq = 0, dv = 0;
+  std::string why;
+  if (mha_f16_head_sizes(d, &dq, &dv, &why) && dq == 64) return {"", "rows128", "split", "w32"};
+  return {"", "rows128", "split"};
+}
 
 bool flash_supports(const LayerDesc& d, std::string* why) {
   int64_t dq = 0, dv = 0;
@@ -507,7 +585,8 @@ class MhaFlashLayer final : public Layer {
   explicit MhaFlashLayer(const LayerDesc& d)
       : node_(d.node),
         rows128_(d.variant == "rows128"),
-        split_(d.variant == "split") {
+        split_(d.variant == "split"),
+        w32_(d.variant == "w32") {
     scale_ = d.node->attrs.get_float("scale", 1.f);
     nan_to_zero_ = d.node->attrs.get_int("nan_to_zero", 0) != 0;
   }
@@ -526,6 +605,8 @@ class MhaFlashLayer final : public Layer {
     mask_ = in.size() > 3 && in[3].present() ? in[3].dtype : DataType::kUndefined;
     if (mask_ != DataType::kUndefined) {
       KILN_ASSIGN_OR_RETURN(mstride_, mask_strides(n, in[3], s_));
+      if ((s_.Sq - 1) * mstride_[2] + (s_.Sk - 1) * mstride_[3] > INT32_MAX)
+        return KILN_ERROR("{}: the mask's rows span more than 2^31 elements", n.label());
     }
     // 64 query rows a block (4 warps) where that gives the GPU two blocks per SM at least; else
     // 16 (one warp): short sequences at batch 1 spread over more SMs.
@@ -534,9 +615,19 @@ class MhaFlashLayer final : public Layer {
     KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
     warps_ = s_.B * s_.H * ((s_.Sq + 63) / 64) >= 2 * sms ? 4 : 1;
     if (rows128_ && s_.Sq > 64 && s_.B * s_.H * ((s_.Sq + 127) / 128) >= sms) warps_ = 8;
-    smem_ = flash_smem(static_cast<int>(s_.D), warps_);
-    kernel_ = pick_flash(static_cast<int>(s_.D), warps_, mask_);
     rows_ = 16 * warps_;
+    smem_ = flash_smem(static_cast<int>(s_.D), rows_);
+    // A mask the same for every query row (a key-padding mask) is staged in shared memory.
+    const bool staged = mask_ != DataType::kUndefined && mstride_[2] == 0;
+    kernel_ = pick_flash(static_cast<int>(s_.D), warps_, mask_, staged);
+    if (w32_) {
+      if (s_.D != 64)
+        return KILN_ERROR("{}: mha.flash/w32 takes head size 64, got {}", n.label(), s_.D);
+      warps_ = 4;
+      rows_ = 128;
+      smem_ = flash_smem(64, rows_);
+      kernel_ = flash_kernel<64, 4, 2>(mask_, staged);
+    }
     if (split_) {
       warps_ = kSplitWarps;
       rows_ = 16;
@@ -586,7 +677,7 @@ class MhaFlashLayer final : public Layer {
   const Node* node_;
   float scale_ = 1.f;
   bool nan_to_zero_ = false;
-  bool rows128_ = false, split_ = false;
+  bool rows128_ = false, split_ = false, w32_ = false;
   MhaShape s_;
   DataType mask_ = DataType::kUndefined;
   std::array<int64_t, 4> mstride_{};
