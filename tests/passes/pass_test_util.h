@@ -61,6 +61,24 @@ inline Attributes attrs(std::initializer_list<std::pair<const char*, Attribute>>
   return a;
 }
 
+// A kiln.MultiHeadAttention node (scale 0.5) on q, k, v and an optional additive mask, its
+// output a graph output.
+inline Node* add_mha(G& b, Value* q, Value* k, Value* v, Value* mask, int64_t heads) {
+  Node* n = b.g.add_node("MultiHeadAttention", "mha", {q, k, v, mask}, {"y"}, "kiln");
+  n->attrs.set("num_heads", Attribute::Int(heads));
+  n->attrs.set("scale", Attribute::Float(0.5f));
+  n->onnx_nodes = {n->name};
+  b.out(n->output(0));
+  return n;
+}
+
+// The first node of this type, or nullptr.
+inline const Node* find_op(const Graph& g, const std::string& op_type) {
+  for (const Node* n : g.nodes())
+    if (n->op_type == op_type) return n;
+  return nullptr;
+}
+
 inline int count(const Graph& g, const std::string& op_type) {
   int n = 0;
   for (const Node* x : g.nodes()) n += x->op_type == op_type;

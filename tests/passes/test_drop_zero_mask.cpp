@@ -41,21 +41,10 @@ struct Attn {
     return b.op("Where", {cond, b.c(Tensor::from<float>({1}, {0.f})),
                           b.c(Tensor::from<float>({1}, {-INFINITY}))});
   }
-  Node* mha(Value* mask) {
-    Node* n = b.g.add_node("MultiHeadAttention", "mha", {q, k, v, mask}, {"y"}, "kiln");
-    n->attrs.set("num_heads", Attribute::Int(kHeads));
-    n->attrs.set("scale", Attribute::Float(0.5f));
-    n->onnx_nodes = {n->name};
-    b.out(n->output(0));
-    return n;
-  }
+  Node* mha(Value* mask) { return add_mha(b, q, k, v, mask, kHeads); }
 };
 
-const Node* find_mha(const Graph& g) {
-  for (const Node* n : g.nodes())
-    if (n->op_type == "MultiHeadAttention") return n;
-  return nullptr;
-}
+const Node* find_mha(const Graph& g) { return find_op(g, "MultiHeadAttention"); }
 
 // Optimizes a copy with detach_shapes, fold_constants and drop_zero_mask (in their pipeline
 // order) and checks it against the original at batch 3; returns the copy.

@@ -26,19 +26,21 @@ struct Attn {
   }
   Value* and_const(Value* x, Tensor c) { return b.op("And", {b.c(std::move(c)), x}); }
   Value* expand(Value* x) { return b.op("Expand", {x, b.c(ints({kB, 1, kS, kS}))}); }
+  // Range(start, S + extra) unsqueezed to [1, 1, S, 1], >= lo: all true for start >= lo.
+  Value* range_at_least(int64_t start, int64_t extra, int64_t lo) {
+    Value* s = b.op("Gather", {b.op("Shape", {q}), b.c(Tensor::scalar<int64_t>(1))});
+    if (extra) s = b.op("Add", {s, b.c(Tensor::scalar<int64_t>(extra))});
+    Value* r = b.op("Range", {b.c(Tensor::scalar<int64_t>(start)), s,
+                              b.c(Tensor::scalar<int64_t>(1))});
+    Value* u = b.op("Unsqueeze", {r, b.c(ints({0, 1, 3}))});
+    return b.op("GreaterOrEqual", {u, b.c(Tensor::scalar<int64_t>(lo))});
+  }
   Value* where(Value* cond) {
     // -10000 rather than -inf: a row of random keys all masked stays finite to compare.
     return b.op("Where", {cond, b.c(Tensor::from<float>({1}, {0.f})),
                           b.c(Tensor::from<float>({1}, {-10000.f}))});
   }
-  Node* mha(Value* mask) {
-    Node* n = b.g.add_node("MultiHeadAttention", "mha", {q, k, v, mask}, {"y"}, "kiln");
-    n->attrs.set("num_heads", Attribute::Int(kHeads));
-    n->attrs.set("scale", Attribute::Float(0.5f));
-    n->onnx_nodes = {n->name};
-    b.out(n->output(0));
-    return n;
-  }
+  Node* mha(Value* mask) { return add_mha(b, q, k, v, mask, kHeads); }
 };
 
 Tensor bools(std::vector<int64_t> shape, bool (*f)(int64_t row, int64_t col)) {
@@ -48,11 +50,7 @@ Tensor bools(std::vector<int64_t> shape, bool (*f)(int64_t row, int64_t col)) {
   return t;
 }
 
-const Node* find_mha(const Graph& g) {
-  for (const Node* n : g.nodes())
-    if (n->op_type == "MultiHeadAttention") return n;
-  return nullptr;
-}
+const Node* find_mha(const Graph& g) { return find_op(g, "MultiHeadAttention"); }
 
 TEST(NarrowAttentionMask, BertPaddingMaskReachesTheAttentionAsOneRow) {
   Attn a;
@@ -72,12 +70,7 @@ TEST(NarrowAttentionMask, BertPaddingMaskReachesTheAttentionAsOneRow) {
 TEST(NarrowAttentionMask, RangeFromZeroAtLeastZeroIsAllTrue) {
   Attn a;
   // As a dynamic sequence length leaves it: Range(0, S) unsqueezed to [1, 1, S, 1], >= 0.
-  Value* s = a.b.op("Gather", {a.b.op("Shape", {a.q}), a.b.c(Tensor::scalar<int64_t>(1))});
-  Value* r = a.b.op("Range", {a.b.c(Tensor::scalar<int64_t>(0)), s,
-                              a.b.c(Tensor::scalar<int64_t>(1))});
-  Value* u = a.b.op("Unsqueeze", {r, a.b.c(ints({0, 1, 3}))});
-  Value* ge = a.b.op("GreaterOrEqual", {u, a.b.c(Tensor::scalar<int64_t>(0))});
-  a.mha(a.where(a.expand(a.b.op("And", {ge, a.keys()}))));
+  a.mha(a.where(a.expand(a.b.op("And", {a.range_at_least(0, 0, 0), a.keys()}))));
   auto opt = optimize_checked(a.b.g, {"narrow_attention_mask", "eliminate_dead_code"});
   const Node* m = find_mha(*opt);
   ASSERT_TRUE(m && m->input(3));
@@ -89,13 +82,7 @@ TEST(NarrowAttentionMask, RangeFromZeroAtLeastZeroIsAllTrue) {
 TEST(NarrowAttentionMask, RangeFromOneAtLeastTwoStays) {
   Attn a;
   // Range(1, S + 1) >= 2 is false at its first element: the And carries information.
-  Value* s = a.b.op("Gather", {a.b.op("Shape", {a.q}), a.b.c(Tensor::scalar<int64_t>(1))});
-  Value* r = a.b.op("Range", {a.b.c(Tensor::scalar<int64_t>(1)),
-                              a.b.op("Add", {s, a.b.c(Tensor::scalar<int64_t>(1))}),
-                              a.b.c(Tensor::scalar<int64_t>(1))});
-  Value* u = a.b.op("Unsqueeze", {r, a.b.c(ints({0, 1, 3}))});
-  Value* ge = a.b.op("GreaterOrEqual", {u, a.b.c(Tensor::scalar<int64_t>(2))});
-  a.mha(a.where(a.expand(a.b.op("And", {ge, a.keys()}))));
+  a.mha(a.where(a.expand(a.b.op("And", {a.range_at_least(1, 1, 2), a.keys()}))));
   auto opt = optimize_checked(a.b.g, {"narrow_attention_mask", "eliminate_dead_code"});
   const Node* m = find_mha(*opt);
   ASSERT_TRUE(m && m->input(3));
