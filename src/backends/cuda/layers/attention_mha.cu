@@ -4,15 +4,16 @@
 //   mha.flash    FP16, head size 64 or 128: FlashAttention-2's forward pass on mma.sync
 //                m16n8k16 with float accumulation. A block takes 64 query rows of one (batch,
 //                head), 16 per warp (16 rows in one warp where 64-row blocks would leave SMs
-//                idle: batch 1), and walks the keys in tiles of 64 through a double-buffered
-//                cp.async ring (K and V tiles with 16-byte chunks XOR-swizzled by row, so that
-//                ldmatrix reads them without bank conflicts), 32 keys per softmax step. Scores
-//                stay in registers (16 per thread, Q's fragments reread from shared memory, so
-//                that five 4-warp blocks fit an SM): a row's running maximum and sum rescale the
-//                output as keys arrive (the online softmax), the probabilities are rounded to
-//                float16 for P.V, which reuses the score fragments as its A operand. Q, K, V and Y are read and written in the
+//                idle: batch 1; 32 per warp in the w32 variant), and walks the keys in tiles of
+//                64 through a double-buffered cp.async ring (K and V tiles with 16-byte chunks
+//                XOR-swizzled by row, so that ldmatrix reads them without bank conflicts), 32
+//                keys per softmax step. Scores stay in registers (16 per thread and 16-row tile,
+//                Q's fragments reread from shared memory, so that five 4-warp blocks fit an SM):
+//                a row's running maximum and sum rescale the output as keys arrive (the online
+//                softmax), the probabilities are rounded to float16 for P.V, which reuses the
+//                score fragments as its A operand. Q, K, V and Y are read and written in the
 //                projections' own layout through row strides: the head split and merge cost
-//                nothing.
+//                nothing. The mask is read as MaskRead says (below).
 //   mha.unfused  any float type and head size: the heads are copied out into [B, H, S, D]
 //                tensors (K as [B, H, D, S]), kiln.Attention's batched-GEMM layer runs on them
 //                (layers/gemm_attention.cu), and the result is copied back.
@@ -449,9 +450,9 @@ __global__ void __launch_bounds__(32 * WARPS, (min_blocks<D, WARPS, MT>()))
 #pragma unroll 1
     for (int c = 0; c < kKeys / kChunk; ++c)
       flash_step<D, MT, MaskT, kRead>(a, sq, kt + c * kChunk * D, vt + c * kChunk * D,
-                               t * kKeys + c * kChunk, warp * MT * 16, mb, mrow,
-                               staged ? smask + (t & 1) * kKeys + c * kChunk : nullptr, lane, o,
-                               m, l);
+                                      t * kKeys + c * kChunk, warp * MT * 16, mb, mrow,
+                                      staged ? smask + (t & 1) * kKeys + c * kChunk : nullptr,
+                                      lane, o, m, l);
     __syncthreads();  // every warp is done with this stage before it is loaded again
   }
   store_rows<D, MT, kThreads, kRows>(a, sq, o, l, q0, b, h, tid);
@@ -490,8 +491,8 @@ __global__ void __launch_bounds__(32 * WARPS) mha_flash_split_kernel(FlashArgs a
     const int kbase = t * kTile + warp * kChunk;
     if (kbase < a.sk)
       flash_step<D, 1, MaskT, kMaskElems>(a, sq, sk + ((t & 1) * kTile + warp * kChunk) * D,
-                              sv + ((t & 1) * kTile + warp * kChunk) * D, kbase, 0, mb, mrow, nullptr,
-                              lane, o, m, l);
+                                          sv + ((t & 1) * kTile + warp * kChunk) * D, kbase, 0,
+                                          mb, mrow, nullptr, lane, o, m, l);
     __syncthreads();
   }
   // Each warp's rows: maximum (base 2; -inf where it saw no key, its o and l then 0), sum and
