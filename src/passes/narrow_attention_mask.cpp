@@ -3,14 +3,15 @@
 //   kiln.MultiHeadAttention(q, k, v, B(m))               =>  (q, k, v, m)
 // where B is a chain of Expand(t, shape) and And(t, all-true), which copy t's values into a
 // larger shape and change none (all-true: a constant, or provably so, as Range(0, S) >= 0 is for
-// a dynamic S), x and y are one value each, and c (or m) broadcasts to
-// the scores [B, H, Sq, Sk] itself. Hugging Face's BERT as the TorchScript exporter writes it
+// a dynamic S), x and y are one value each, and c (or m) broadcasts to the scores
+// [B, H, Sq, Sk] itself. Hugging Face's BERT as the TorchScript exporter writes it
 // turns the key-padding mask [B, S] into [B, 1, 1, S], then And(all-true [1, 1, S, 1]) and
 // Expand to [B, 1, S, S], then Where(., 0, -inf): two kernel layers that write a mask S times
 // larger than its content, which the attention then reads for every query row. Narrowed, the
 // attention gets the [B, 1, 1, S] mask, the same for every query row (the kernels keep one such
 // row per key tile in shared memory), and the And and Expand are left without consumers.
 #include <algorithm>
+#include <cmath>
 
 #include "ops/shape_values.h"
 #include "passes/passes.h"
@@ -35,7 +36,11 @@ std::optional<double> lower_bound(const Value* v, int depth = 0) {
     const Tensor& t = *v->constant;
     if (t.numel() == 0) return std::nullopt;
     double lo = t.at_double(0);
-    for (int64_t i = 1; i < t.numel(); ++i) lo = std::min(lo, t.at_double(i));
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      const double x = t.at_double(i);
+      if (std::isnan(x)) return std::nullopt;  // compares false with everything
+      lo = std::min(lo, x);
+    }
     return lo;
   }
   const Node* p = v->producer;
@@ -72,8 +77,8 @@ bool all_true(const Value* v, int depth = 0) {
   return false;
 }
 
-// `v` with the broadcast-only producers (Expand; And with an all-true constant) stripped: the
-// smallest tensor whose broadcast v is. `v` itself when it has none.
+// `v` with the broadcast-only producers (Expand; And with a provably all-true operand) stripped:
+// the smallest tensor whose broadcast v is. `v` itself when it has none.
 Value* strip_broadcasts(Value* v) {
   for (;;) {
     if (Node* e = producer_if(v, "Expand"); e && e->input(0)) {
