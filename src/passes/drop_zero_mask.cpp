@@ -10,7 +10,6 @@
 // the attention runs without the mask.
 #include <cstring>
 
-#include "ops/shape_values.h"
 #include "passes/passes.h"
 
 namespace kiln::passes {
@@ -79,23 +78,9 @@ struct DropZeroMask {
     const auto z = uniform_const(e ? e->input(0) : m);
     if (!z || *z != 0) return std::nullopt;
     // The mask must not widen the scores [B, H, Sq, Sk]: batch and lengths as Q's and K's.
-    const TensorType& q = n.input(0)->type;
-    const TensorType& mt = m->type;
-    if (mt.rank() > 4 || !q.has_rank() || !mt.has_rank()) return std::nullopt;
-    const std::vector<Dim>& md = *mt.dims;
-    const size_t off = 4 - md.size();
-    for (size_t i = 0; i < md.size(); ++i) {
-      const size_t axis = off + i;
-      const Dim& d = md[i];
-      if (d.is_static() && d.value == 1) continue;
-      const bool ok = (axis == 0 && same_dim(d, (*q.dims)[0])) ||
-                      (axis == 2 && same_dim(d, (*q.dims)[1])) ||
-                      (axis == 3 && n.attrs.get_int("packed", 0) && same_dim(d, (*q.dims)[1])) ||
-                      (axis == 3 && n.input(1) && same_dim(d, (*n.input(1)->type.dims)[1]));
-      if (!ok) {
-        ctx.note(fmt::format("{}: its zero mask may widen the scores", n.label()));
-        return std::nullopt;
-      }
+    if (!mask_fits_scores(n, m->type)) {
+      ctx.note(fmt::format("{}: its zero mask may widen the scores", n.label()));
+      return std::nullopt;
     }
     return Match{&n};
   }

@@ -13,7 +13,6 @@
 #include <algorithm>
 #include <cmath>
 
-#include "ops/shape_values.h"
 #include "passes/passes.h"
 
 namespace kiln::passes {
@@ -99,28 +98,6 @@ Value* strip_broadcasts(Value* v) {
   }
 }
 
-// True when mask type `mt` broadcasts to the scores [B, H, Sq, Sk] of attention `n` without
-// widening them: rank at most 4, every dim 1 or provably the scores' dim.
-bool fits_scores(const Node& n, const TensorType& mt) {
-  const TensorType& q = n.input(0)->type;
-  if (!mt.has_rank() || mt.rank() > 4 || !q.has_rank() || q.rank() != 3) return false;
-  const bool packed = n.attrs.get_int("packed", 0) != 0;
-  const Value* k = packed ? n.input(0) : n.input(1);
-  if (!k || !k->type.has_rank() || k->type.rank() != 3) return false;
-  const std::vector<Dim>& md = *mt.dims;
-  const size_t off = 4 - md.size();
-  for (size_t i = 0; i < md.size(); ++i) {
-    const Dim& d = md[i];
-    if (d.is_static() && d.value == 1) continue;
-    const size_t axis = off + i;
-    const bool ok = (axis == 0 && same_dim(d, (*q.dims)[0])) ||
-                    (axis == 2 && same_dim(d, (*q.dims)[1])) ||
-                    (axis == 3 && same_dim(d, (*k->type.dims)[1]));
-    if (!ok) return false;
-  }
-  return true;
-}
-
 struct NarrowMask {
   struct Match {
     Node* mha;
@@ -140,7 +117,7 @@ struct NarrowMask {
       TensorType t = c->type;
       for (const Value* s : {w->input(1), w->input(2)})
         if (!t.has_rank() || !s->type.has_rank() || s->type.rank() > t.rank()) return std::nullopt;
-      if (!fits_scores(n, t)) {
+      if (!mask_fits_scores(n, t)) {
         ctx.note(fmt::format("{}: its mask's condition {} does not broadcast to the scores",
                              n.label(), c->name));
         return std::nullopt;
@@ -149,7 +126,7 @@ struct NarrowMask {
     }
     Value* s = strip_broadcasts(m);
     if (s == m) return std::nullopt;
-    if (!fits_scores(n, s->type)) {
+    if (!mask_fits_scores(n, s->type)) {
       ctx.note(fmt::format("{}: its mask's source {} does not broadcast to the scores", n.label(),
                            s->name));
       return std::nullopt;

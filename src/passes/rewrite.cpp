@@ -143,6 +143,14 @@ bool broadcasts_into(const TensorType& other, const TensorType& target) {
   return true;
 }
 
+bool mask_fits_scores(const Node& mha, const TensorType& mask) {
+  const Value* q = mha.input(0);
+  const Value* k = mha.attrs.get_int("packed", 0) != 0 ? q : mha.input(1);
+  if (!q || !k || q->type.rank() != 3 || k->type.rank() != 3 || mask.rank() > 4) return false;
+  const std::vector<Dim>& qd = *q->type.dims;
+  return broadcasts_into(mask, TensorType(mask.dtype, {qd[0], Dim(1), qd[1], (*k->type.dims)[1]}));
+}
+
 void copy_attrs_prefixed(const Attributes& from, Attributes& to, const std::string& prefix) {
   for (const auto& [k, a] : from.all()) to.set(prefix + k, a);
 }

@@ -82,6 +82,9 @@ std::optional<std::pair<int64_t, int64_t>> splits_last_axis(const Node* r);
 // rank is not larger and each of its dims (aligned right) is 1, or equals target's dim (same
 // static value or same symbol). Unknown dims prove nothing.
 bool broadcasts_into(const TensorType& other, const TensorType& target);
+// True when `mask` broadcasts into the scores [B, 1, Sq, Sk] of kiln.MultiHeadAttention `mha`
+// (B and Sq Q's, Sk K's, or Q's when packed) without widening them (broadcasts_into).
+bool mask_fits_scores(const Node& mha, const TensorType& mask);
 
 // Every value the group makes, other than `out`, is read only inside the group and is not a
 // graph output (so the group can become one layer).
