@@ -6,7 +6,9 @@
 
 #include <array>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 
 #include "core/dispatch.h"
 
@@ -93,6 +95,18 @@ std::string device_signature() {
   cudaRuntimeGetVersion(&rt);
   return fmt::format("{} sm_{}{} cudart {} cudnn {} cublasLt {}", p.name, p.major, p.minor, rt,
                      cudnnGetVersion(), cublasLtGetVersion());
+}
+
+bool pdl_available() {
+  const char* env = std::getenv("KILN_PDL");
+  if (env && std::string_view(env) == "0") return false;
+  int dev = 0, major = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return major >= 9;
 }
 
 DeviceMemory::~DeviceMemory() {

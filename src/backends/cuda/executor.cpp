@@ -99,6 +99,7 @@ class CudaContext final : public ExecutionContext {
     handles_->bind(rc_);
     rc_.stream = stream_;
     rc_.workspace_limit = e_->plan().workspace_limit;
+    pdl_ = pdl_available();
     // cuBLAS gets its own workspace, so it never allocates (nor can, inside graph capture).
     KILN_RETURN_IF_ERROR(cublas_ws_.reserve(size_t(32) << 20, "cuBLAS workspace"));
     if (cublasSetWorkspace(rc_.cublas, cublas_ws_.get(), cublas_ws_.bytes()) != CUBLAS_STATUS_SUCCESS)
@@ -243,6 +244,7 @@ class CudaContext final : public ExecutionContext {
   cudaStream_t bound_stream_ = nullptr;
   std::unique_ptr<LibraryHandles> handles_;
   RunContext rc_;
+  bool pdl_ = false;  // programmatic dependent launch available (pdl_available())
   std::vector<LayerRun> runs_;
   // Per input shapes and the values of the inputs read on the host.
   std::map<std::pair<std::vector<std::vector<int64_t>>, std::string>, std::unique_ptr<Instance>> instances_;
@@ -588,10 +590,14 @@ Status CudaContext::run_layers(Instance& inst, std::vector<LayerTiming>* times) 
   }
   if (times) KILN_CUDA_CHECK(cudaEventRecord(events_[0], rc_.stream));
   if (!debug_.empty()) KILN_RETURN_IF_ERROR(keep_debug(inst, runs_.size()));
+  bool after_trigger = false;  // the last layer's kernels let their dependents start early
   for (size_t s = 0; s < runs_.size(); ++s) {
     if (!inst.skip[s]) {
-      Status st = layer_of(inst, s).run(rc_, inst.ins[s], inst.outs[s]);
+      Layer& layer = layer_of(inst, s);
+      rc_.pdl = pdl_ && after_trigger;
+      Status st = layer.run(rc_, inst.ins[s], inst.outs[s]);
       if (!st.ok()) return st.with_context(runs_[s].node->label());
+      after_trigger = layer.programmatic();
     }
     if (!debug_.empty()) KILN_RETURN_IF_ERROR(keep_debug(inst, s));
     if (times) KILN_CUDA_CHECK(cudaEventRecord(events_[s + 1], rc_.stream));

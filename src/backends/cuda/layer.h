@@ -70,7 +70,15 @@ struct RunContext {
   void* workspace = nullptr;      // scratch for the running layer: at least what configure() asked
   size_t workspace_bytes = 0;
   size_t workspace_limit = size_t(1) << 30;  // --mem-pool-size workspace:N (configure must fit)
+  // Programmatic dependent launch (kernels/pdl.cuh): launch this layer's kernels so that they
+  // may start while the kernel before them finishes. The executor and the tuner set it for a
+  // layer that follows a Layer::programmatic() one, where the GPU has it (sm_90+) and KILN_PDL
+  // is not 0; only kernels that keep pdl.cuh's rule read it.
+  bool pdl = false;
 };
+
+// Whether the current device runs programmatic dependent launch and KILN_PDL is not "0".
+bool pdl_available();
 
 // Math precision of a layer: the type float tensors are stored in, and for matrix products
 // whether tensor cores may round float32 inputs to TF32. kINT8: a layer marked int8 = 1
@@ -104,6 +112,11 @@ class Layer {
   }
   virtual Status run(const RunContext& rc, std::span<const DeviceTensor> in,
                      std::span<const DeviceTensor> out) = 0;
+  // True when run() launches its kernels through launch_kernel() (kernels/pdl.cuh), each keeping
+  // its rule and calling pdl_launch_dependents(): the next layer's kernels then get rc.pdl. After
+  // a kernel that does not trigger (a library's), a programmatic launch gains nothing and costs
+  // a little, so the executor launches those plainly.
+  virtual bool programmatic() const { return false; }
 };
 
 // Format capabilities of a tactic (bit flags).

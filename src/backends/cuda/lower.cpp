@@ -541,9 +541,11 @@ Expected<Plan> lower_for_gpu(Graph& g, const std::vector<std::vector<int64_t>>& 
     }
   }
   // The cache's times hold for this GPU, these libraries and the tuner's way of timing (a
-  // round replayed as a CUDA graph: tuner.h).
-  KILN_ASSIGN_OR_RETURN(TimingCache cache, TimingCache::open(o.timing_cache,
-                                                             device_signature() + " graph-timed"));
+  // round replayed as a CUDA graph: tuner.h; with programmatic dependent launch or without).
+  KILN_ASSIGN_OR_RETURN(
+      TimingCache cache,
+      TimingCache::open(o.timing_cache,
+                        device_signature() + " graph-timed" + (pdl_available() ? " pdl" : "")));
   if (cache.device_mismatch() && o.log)
     *o.log << "timing cache " << o.timing_cache
            << " is from another GPU, library version or kiln tuner: its times are not used\n";

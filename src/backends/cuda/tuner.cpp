@@ -121,6 +121,9 @@ Expected<double> Tuner::time_candidate(const Node& n, const LayerChoice& c,
   }
   RunContext rc;
   rc.stream = stream_;
+  // Back to back as the engine would run this layer after another of its kind: a layer whose
+  // kernels trigger their dependents overlaps its next run's start.
+  rc.pdl = pdl_available() && layer->programmatic();
   handles_->bind(rc);
   rc.workspace_limit = workspace_limit_;
   KILN_ASSIGN_OR_RETURN(size_t ws, layer->configure(rc, in, out));

@@ -25,6 +25,7 @@
 
 #include "kernels/device_util.cuh"
 #include "kernels/mma.cuh"
+#include "kernels/pdl.cuh"
 #include "layers/attention_mha.h"
 #include "layers/gemm_common.h"
 #include "layers/movement_copy.h"
@@ -409,6 +410,8 @@ template <int D, int WARPS, int MT, typename MaskT, int kRead>
 __global__ void __launch_bounds__(32 * WARPS, (min_blocks<D, WARPS, MT>()))
     mha_flash_kernel(FlashArgs a) {
   constexpr int kThreads = 32 * WARPS, kRows = 16 * MT * WARPS;
+  pdl_wait();  // kernels/pdl.cuh
+  pdl_launch_dependents();
   extern __shared__ __align__(16) unsigned char smem[];
   __half* sq = reinterpret_cast<__half*>(smem);
   __half* sk = sq + kRows * D;      // two K tiles
@@ -465,6 +468,8 @@ __global__ void __launch_bounds__(32 * WARPS, (min_blocks<D, WARPS, MT>()))
 template <int D, int WARPS, typename MaskT>
 __global__ void __launch_bounds__(32 * WARPS) mha_flash_split_kernel(FlashArgs a) {
   constexpr int kThreads = 32 * WARPS, kTile = kChunk * WARPS;
+  pdl_wait();  // kernels/pdl.cuh
+  pdl_launch_dependents();
   extern __shared__ __align__(16) unsigned char smem[];
   __half* sq = reinterpret_cast<__half*>(smem);
   __half* sk = sq + 16 * D;         // two K tiles
@@ -679,6 +684,8 @@ class MhaFlashLayer final : public Layer {
     return size_t{0};
   }
 
+  bool programmatic() const override { return true; }  // kernels/pdl.cuh
+
   Status run(const RunContext& rc, std::span<const DeviceTensor> in,
              std::span<const DeviceTensor> out) override {
     if (s_.B == 0 || s_.Sq == 0) return Status::Ok();
@@ -708,8 +715,7 @@ class MhaFlashLayer final : public Layer {
     const dim3 grid(static_cast<unsigned>((s_.Sq + rows - 1) / rows), static_cast<unsigned>(s_.H),
                     static_cast<unsigned>(s_.B));
     if (s_.Sk == 0) return KILN_ERROR("{}: no keys (sequence length 0)", node_->label());
-    kernel_<<<grid, 32 * warps_, smem_, rc.stream>>>(a);
-    KILN_CUDA_LAUNCH_CHECK("mha.flash kernel");
+    KILN_CUDA_CHECK(launch_kernel(rc, kernel_, grid, dim3(32 * warps_), smem_, a));
     return Status::Ok();
   }
 
@@ -806,6 +812,7 @@ class MhaUnfusedLayer final : public Layer {
         movement_detail::run_copy(cv_, s_.packed ? base : in[2].data, v4_.data, rc.stream));
     if (mask_.present()) mask_.data = in[3].data;
     RunContext arc = rc;
+    arc.pdl = false;  // after the copies above, which do not trigger
     arc.workspace = ws;
     arc.workspace_bytes = attention_ws_;
     std::vector<DeviceTensor> ain = {q4_, kt4_, v4_, mask_};

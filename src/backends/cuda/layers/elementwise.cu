@@ -14,6 +14,7 @@
 #include <string>
 
 #include "kernels/device_util.cuh"
+#include "kernels/pdl.cuh"
 #include "tactics.h"
 
 namespace kiln::gpu {
@@ -328,6 +329,8 @@ __device__ __forceinline__ Compute<T> load_in(const Program& p, int k, int64_t o
 template <typename T, int NIN>
 __global__ void program_kernel(const __grid_constant__ Program p, T* y, int64_t n) {
   using C = Compute<T>;
+  pdl_wait();  // kernels/pdl.cuh
+  pdl_launch_dependents();
   KILN_GRID_STRIDE(i, n) {
     int64_t off[NIN];
     offsets(p, i, off);
@@ -347,6 +350,8 @@ __global__ void __launch_bounds__(kBlock, 4) program_vec_kernel(const __grid_con
   using C = Compute<T>;
   using P = Pack<T, V>;
   const int64_t nv = n / V;
+  pdl_wait();  // kernels/pdl.cuh
+  pdl_launch_dependents();
   KILN_GRID_STRIDE(j, nv) {
     int64_t off[NIN];
     offsets(p, j * V, off);
@@ -524,6 +529,8 @@ class ProgramLayer final : public Layer {
     return size_t{0};
   }
 
+  bool programmatic() const override { return true; }  // kernels/pdl.cuh
+
   Status run(const RunContext& rc, std::span<const DeviceTensor> in,
              std::span<const DeviceTensor> out) override {
     if (n_ == 0) return Status::Ok();
@@ -571,11 +578,12 @@ class ProgramLayer final : public Layer {
       for (int k = 0; k < p.nin; ++k)
         aligned &= p.strides[k][p.rank - 1] == 0 || reinterpret_cast<uintptr_t>(p.in[k]) % 16 == 0;
       if (vec_ok_ && aligned) {
-        program_vec_kernel<T, NIN, V><<<grid_for(n_ / V), kBlock, 0, rc.stream>>>(p, y, n_);
+        (void)launch_kernel(rc, program_vec_kernel<T, NIN, V>, dim3(grid_for(n_ / V)),
+                            dim3(kBlock), 0, p, y, n_);  // an error stays for the caller's check
         return;
       }
     }
-    program_kernel<T, NIN><<<grid_for(n_), kBlock, 0, rc.stream>>>(p, y, n_);
+    (void)launch_kernel(rc, program_kernel<T, NIN>, dim3(grid_for(n_)), dim3(kBlock), 0, p, y, n_);
   }
 
   const Node* node_;

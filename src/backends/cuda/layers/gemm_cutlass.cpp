@@ -95,6 +95,8 @@ class GemmCutlassLayer final : public Layer {
     return ws;
   }
 
+  bool programmatic() const override { return true; }  // kernels/pdl.cuh
+
   Status run(const RunContext& rc, std::span<const DeviceTensor> in,
              std::span<const DeviceTensor> out) override {
     if (M_ == 0) return Status::Ok();
@@ -106,7 +108,8 @@ class GemmCutlassLayer final : public Layer {
           static_cast<const void*>(out[0].data)})
       if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
         return KILN_ERROR("{}: CUTLASS needs 16-byte aligned tensors", node_->label());
-    return gemm_->run(in[0].data, in[1].data, bias, r, out[0].data, rc.workspace, rc.stream)
+    return gemm_->run(in[0].data, in[1].data, bias, r, out[0].data, rc.workspace, rc.stream,
+                      rc.pdl)
         .with_context(node_->label());
   }
 

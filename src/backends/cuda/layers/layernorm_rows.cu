@@ -8,6 +8,7 @@
 #include <cuda_fp16.h>
 
 #include "kernels/device_util.cuh"
+#include "kernels/pdl.cuh"
 #include "ops/op.h"
 #include "tactics.h"
 
@@ -73,6 +74,8 @@ struct RowsArgs {
 template <typename T, int CHUNKS, bool kSkip, bool kPrefetch = false>
 __global__ void __launch_bounds__(32 * kRowsPerBlock) layernorm_rows(RowsArgs a) {
   constexpr int E = kVec<T>;
+  pdl_wait();  // kernels/pdl.cuh: launched with programmatic dependent launch
+  pdl_launch_dependents();
   const int lane = threadIdx.x;
   const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.y;
   if (row >= a.rows) return;
@@ -209,6 +212,8 @@ class LayerNormRows final : public Layer {
     return size_t{0};
   }
 
+  bool programmatic() const override { return true; }  // kernels/pdl.cuh
+
   Status run(const RunContext& rc, std::span<const DeviceTensor> in,
              std::span<const DeviceTensor> out) override {
     if (rows_ == 0) return Status::Ok();
@@ -229,8 +234,8 @@ class LayerNormRows final : public Layer {
         return KILN_ERROR("{}: a tensor is not 16-byte aligned", node_->label());
     const int64_t blocks = (rows_ + kRowsPerBlock - 1) / kRowsPerBlock;
     if (blocks > INT32_MAX) return KILN_ERROR("{}: too many rows", node_->label());
-    kernel_<<<static_cast<unsigned>(blocks), dim3(32, kRowsPerBlock), 0, rc.stream>>>(a);
-    KILN_CUDA_LAUNCH_CHECK("layernorm rows kernel");
+    const dim3 grid(static_cast<unsigned>(blocks)), block(32, kRowsPerBlock);
+    KILN_CUDA_CHECK(launch_kernel(rc, kernel_, grid, block, 0, a));
     return Status::Ok();
   }
 

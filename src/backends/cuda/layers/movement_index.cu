@@ -15,6 +15,7 @@
 
 #include "kernels/device_util.cuh"
 #include "kernels/fast_div.cuh"
+#include "kernels/pdl.cuh"
 #include "ops/op.h"
 #include "tactics.h"
 
@@ -61,6 +62,8 @@ template <typename U, typename I, typename Idx>
 __global__ void gather_kernel(const U* __restrict__ x, U* __restrict__ y,
                               const I* __restrict__ ind, int64_t n, Idx nidx, Idx inner,
                               int64_t dim) {
+  pdl_wait();  // kernels/pdl.cuh
+  pdl_launch_dependents();
   KILN_GRID_STRIDE(i, n) {
     const Idx t = static_cast<Idx>(i) / inner, r = static_cast<Idx>(i) - t * inner;
     const Idx o = t / nidx, j = t - o * nidx;
@@ -92,6 +95,8 @@ class GatherLayer final : public Layer {
                         shape_str(out[0].shape), shape_str(want));
     return size_t{0};
   }
+  bool programmatic() const override { return true; }  // kernels/pdl.cuh
+
   Status run(const RunContext& rc, std::span<const DeviceTensor> in,
              std::span<const DeviceTensor> out) override {
     const int64_t es = static_cast<int64_t>(dtype_size(in[0].dtype));
@@ -107,12 +112,13 @@ class GatherLayer final : public Layer {
         const U* x = static_cast<const U*>(in[0].data);
         U* y = static_cast<U*>(out[0].data);
         const I* ind = static_cast<const I*>(in[1].data);
+        const dim3 grid(grid_for(n)), block(kBlock);  // errors stay for the check below
         if (n <= INT32_MAX)
-          gather_kernel<U, I, uint32_t><<<grid_for(n), kBlock, 0, rc.stream>>>(
-              x, y, ind, n, static_cast<uint32_t>(nidx_), static_cast<uint32_t>(inner), dim_);
+          (void)launch_kernel(rc, gather_kernel<U, I, uint32_t>, grid, block, 0, x, y, ind, n,
+                              static_cast<uint32_t>(nidx_), static_cast<uint32_t>(inner), dim_);
         else
-          gather_kernel<U, I, int64_t><<<grid_for(n), kBlock, 0, rc.stream>>>(x, y, ind, n, nidx_,
-                                                                             inner, dim_);
+          (void)launch_kernel(rc, gather_kernel<U, I, int64_t>, grid, block, 0, x, y, ind, n,
+                              nidx_, inner, dim_);
       });
     });
     if (!ok) return KILN_ERROR("{}: indices must be int32 or int64", node_->label());

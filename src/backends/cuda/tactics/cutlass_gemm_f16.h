@@ -22,9 +22,11 @@ class F16Gemm {
   virtual ~F16Gemm() = default;
   // The extents; the workspace it needs, or an error when the kernel cannot take them.
   virtual Status configure(int m, int n, int k, size_t* workspace) = 0;
-  // bias and r may be null. Pointers 16-byte aligned.
+  // bias and r may be null. Pointers 16-byte aligned. pdl: launch with programmatic dependent
+  // launch (kernels/pdl.cuh); the kernels are built with CUTLASS's grid dependency control, so
+  // they wait for the kernel before them before reading or writing global memory.
   virtual Status run(const void* a, const void* w, const void* bias, const void* r, void* y,
-                     void* workspace, cudaStream_t stream) = 0;
+                     void* workspace, cudaStream_t stream, bool pdl = false) = 0;
 };
 
 // The compiled tile configurations (the tactic's variants), fastest-for-large-M first.

@@ -10,6 +10,13 @@
 // found (src/backends/cuda/CMakeLists.txt).
 #include <cstdint>
 
+// Grid dependency control compiled into these kernels (they may be launched with programmatic
+// dependent launch, kernels/pdl.cuh): in every block the producer warps wait for the kernel
+// before them ahead of their first load of A, W or the residual, and the output is written only
+// from what those loads brought. Only this file's kernels: kiln's other CUTLASS kernels are
+// launched without it.
+#define CUTLASS_ENABLE_GDC_FOR_SM90 1
+
 // clang-format off
 #include "cutlass/cutlass.h"
 #include "cutlass/kernel_hardware_info.hpp"
@@ -107,14 +114,14 @@ class GemmF16 final : public F16Gemm {
   }
 
   Status run(const void* a, const void* w, const void* bias, const void* r, void* y, void* ws,
-             cudaStream_t stream) override {
+             cudaStream_t stream, bool pdl) override {
     // initialize() builds TMA descriptors on the host: only when a pointer changed.
     if (a != a_ || w != w_ || bias != bias_ || r != r_ || y != y_ || ws != ws_) {
       auto args = arguments(a, w, bias, r, y);
       KILN_TRY(cutlass_status(gemm_.initialize(args, ws, stream), "initialize"));
       a_ = a, w_ = w, bias_ = bias, r_ = r, y_ = y, ws_ = ws;
     }
-    KILN_TRY(cutlass_status(gemm_.run(stream), "run"));
+    KILN_TRY(cutlass_status(gemm_.run(stream, nullptr, pdl), "run"));
     KILN_CUDA(cudaGetLastError());
     return {};
   }
