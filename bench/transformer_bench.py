@@ -41,10 +41,12 @@ def log(msg):
     print(msg, flush=True)
 
 
-def run(cmd, timeout=1200, log_path=None):
-    """Runs a command; with `log_path`, appends its command line and output there."""
+def run(cmd, timeout=1200, log_path=None, env=None):
+    """Runs a command (`env`: variables added to this process's); with `log_path`, appends its
+    command line and output there."""
     t0 = time.time()
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                       env={**os.environ, **env} if env else None)
     if log_path:
         with open(log_path, "a") as f:
             f.write(f"\n===== {' '.join(cmd)}\n{p.stdout}{p.stderr}")
@@ -80,16 +82,35 @@ def torch_model(model):
     return m.half().cuda().eval(), m.config
 
 
-def kiln_bench(kiln, engine, shape, iters, out_json):
+def kiln_bench(kiln, engine, shape, iters, out_json, env=None, duration=None):
     run([kiln, "bench", "--engine", engine, "--shapes", shape, "--use-cuda-graph",
-         "--no-data-transfers", "--iterations", str(iters), "--warmup", "50", "--export-json", out_json])
+         "--no-data-transfers", "--iterations", str(iters), "--warmup", "50", "--export-json", out_json]
+        + (["--duration", str(duration)] if duration is not None else []), env=env)
     with open(out_json) as f:
         rec = json.load(f)
     return rec["latency_ms"]["median"]
 
 
-def torch_times(m, feeds, iters):
-    """Medians (ms) of eager and torch.compile(mode="reduce-overhead") on `feeds` (CUDA events)."""
+def time_torch(fn, args, iters, duration=0.0):
+    """Median (ms, CUDA events) of at least `iters` calls of fn(*args) and at least `duration`
+    seconds of them, each call waited for, as `kiln bench` times an engine."""
+    import torch
+    times = []
+    t0 = time.time()
+    with torch.inference_mode():
+        while len(times) < iters or time.time() - t0 < duration:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn(*args)
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def torch_times(m, feeds, iters, duration=0.0, keep_compiled=False):
+    """Medians (ms) of eager and torch.compile(mode="reduce-overhead") on `feeds` (CUDA events).
+    With keep_compiled, also the compiled function and its arguments (for later rounds)."""
     import torch
     args = tuple(torch.from_numpy(v).cuda() for v in feeds.values())
     args = tuple(a.half() if a.is_floating_point() else a for a in args)
@@ -102,17 +123,10 @@ def torch_times(m, feeds, iters):
             for _ in range(5):
                 fn(*args)
             torch.cuda.synchronize()
-            first = time.time() - t0
-            times = []
-            for _ in range(iters):
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                fn(*args)
-                b.record()
-                b.synchronize()
-                times.append(a.elapsed_time(b))
-        out[kind] = statistics.median(times)
-        out[kind + "_first_s"] = first
+        out[kind + "_first_s"] = time.time() - t0
+        out[kind] = time_torch(fn, args, iters, duration)
+        if kind == "compile" and keep_compiled:
+            out["compiled"] = (fn, args)
     return out
 
 
@@ -140,17 +154,44 @@ def part_speed(a, model, res):
         engine = os.path.join(a.work, f"{model}_b{batch}.kiln")
         secs = build(a.kiln, model, a.exporters[0], engine, ["--shapes", shape],
                      os.path.join(a.out, "builds.log"))
-        kiln_ms = kiln_bench(a.kiln, engine, shape, a.iters, os.path.join(a.work, f"bench_{model}_b{batch}.json"))
+        kjson = os.path.join(a.work, f"bench_{model}_b{batch}.json")
+        kiln_ms = kiln_bench(a.kiln, engine, shape, a.iters, kjson, duration=a.duration)
+        # The same engine without programmatic dependent launch (each kernel starts after the
+        # last one ends), for the difference it makes.
+        plain_ms = kiln_bench(a.kiln, engine, shape, a.iters, kjson, env={"KILN_PDL": "0"},
+                              duration=a.duration)
         run([a.kiln, "bench", "--engine", engine, "--shapes", shape, "--dump-profile", "--iterations", "20",
              "--no-data-transfers"], log_path=os.path.join(a.out, "profiles.txt"))
-        t = (torch_times(m, inputs(model, batch, a.seq, vocab, rng), a.iters) if not a.no_torch
+        t = (torch_times(m, inputs(model, batch, a.seq, vocab, rng), a.iters, a.duration or 0.0,
+                         keep_compiled=a.rounds > 1) if not a.no_torch
              else {"eager": None, "compile": None, "compile_first_s": None})
+        rounds = []
+        for r in range(1, a.rounds):
+            # Further rounds, each kiln (PDL on, off) then torch.compile, so that the GPU's clock
+            # and temperature drift alike over all three; medians of all rounds are reported.
+            k = kiln_bench(a.kiln, engine, shape, a.iters, kjson, duration=a.duration)
+            p = kiln_bench(a.kiln, engine, shape, a.iters, kjson, env={"KILN_PDL": "0"},
+                           duration=a.duration)
+            c = time_torch(*t["compiled"], a.iters, a.duration or 0.0) if not a.no_torch else None
+            rounds.append({"kiln_ms": k, "kiln_no_pdl_ms": p, "compile_ms": c})
+        if rounds:
+            rounds.insert(0, {"kiln_ms": kiln_ms, "kiln_no_pdl_ms": plain_ms, "compile_ms": t["compile"]})
+            kiln_ms = statistics.median(r["kiln_ms"] for r in rounds)
+            plain_ms = statistics.median(r["kiln_no_pdl_ms"] for r in rounds)
+            if not a.no_torch:
+                t["compile"] = statistics.median(r["compile_ms"] for r in rounds)
+            log(f"  rounds: " + "; ".join(f"kiln {r['kiln_ms']:.3f} / no PDL {r['kiln_no_pdl_ms']:.3f}"
+                                        + (f" / compile {r['compile_ms']:.3f}" if r["compile_ms"] else "")
+                                        for r in rounds))
+        t.pop("compiled", None)
         kl, layers = kernel_layers(a.kiln, engine)
-        row = {"model": model, "batch": batch, "seq": a.seq, "kiln_ms": kiln_ms, "build_s": secs,
+        row = {"model": model, "batch": batch, "seq": a.seq, "kiln_ms": kiln_ms, "kiln_no_pdl_ms": plain_ms,
+               "rounds": rounds, "duration_s": a.duration, "build_s": secs,
                "kernel_layers": kl, "layers": layers,
                "eager_ms": t["eager"], "compile_ms": t["compile"], "compile_first_s": t["compile_first_s"]}
         res["speed"].append(row)
-        log(f"{MODELS[model]} b{batch}: kiln {kiln_ms:.3f} ms (built in {secs:.1f} s, {kl} of {layers} "
+        log(f"{MODELS[model]} b{batch}: kiln {kiln_ms:.3f} ms ({plain_ms:.3f} with KILN_PDL=0; "
+            f"built in {secs:.1f} s, {kl} of {layers} "
             f"layers launch kernels)" + ("" if a.no_torch else
             f", eager {t['eager']:.3f} ms, torch.compile {t['compile']:.3f} ms: "
             f"{t['compile'] / kiln_ms:.2f}x compile"))
@@ -230,6 +271,11 @@ def main():
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--iters", type=int, default=300)
     ap.add_argument("--exporters", default="torchscript,dynamo")
+    ap.add_argument("--duration", type=float, default=None,
+                    help="speed: time kiln and PyTorch alike for at least this many seconds each "
+                         "(and at least --iters runs); default: kiln bench's own 2 s, PyTorch --iters runs")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="speed: interleaved rounds of kiln (PDL on, off) and torch.compile; medians of all")
     ap.add_argument("--no-torch", action="store_true",
                     help="speed: kiln's engines alone, without PyTorch eager and torch.compile")
     a = ap.parse_args()
