@@ -4,13 +4,15 @@ engines next to PyTorch eager and torch.compile(mode="reduce-overhead") in FP16,
 
   bench/transformer_bench.py --kiln .deps/kiln --out OUT [--models bert,gpt2,vit]
                         [--parts export,speed,dynamic,accuracy] [--batches 1,32] [--seq 128]
-                        [--iters 300] [--exporters torchscript,dynamo]
+                        [--iters 300] [--exporters torchscript,dynamo] [--rounds N] [--duration S]
 
 Parts:
   export    models/<model>_<exporter>.onnx from scripts/export_<model>.py (random weights, seed 0)
   speed     per batch: a static-shape FP16 engine (`kiln build --fp16`, empty timing cache: the
             build time is reported), `kiln bench --use-cuda-graph --no-data-transfers` (median of
-            at least --iters runs), then PyTorch eager and torch.compile at the same shape
+            at least --iters runs), the same with KILN_PDL=0 (no programmatic dependent launch),
+            then PyTorch eager and torch.compile at the same shape; --rounds N repeats kiln (both
+            ways) and torch.compile N times interleaved and reports the medians
   dynamic   one engine with a profile of batch 1-64 and sequence 1-512 (ViT: batch 1-64), run
             at each (batch, --seq) through `kiln bench --shapes`, against the static engines
   accuracy  per exporter: the FP16 engine's outputs and PyTorch's FP16 outputs, each against
