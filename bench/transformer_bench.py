@@ -157,31 +157,32 @@ def part_speed(a, model, res):
         secs = build(a.kiln, model, a.exporters[0], engine, ["--shapes", shape],
                      os.path.join(a.out, "builds.log"))
         kjson = os.path.join(a.work, f"bench_{model}_b{batch}.json")
-        kiln_ms = kiln_bench(a.kiln, engine, shape, a.iters, kjson, duration=a.duration)
-        # The same engine without programmatic dependent launch (each kernel starts after the
-        # last one ends), for the difference it makes.
-        plain_ms = kiln_bench(a.kiln, engine, shape, a.iters, kjson, env={"KILN_PDL": "0"},
-                              duration=a.duration)
+
+        def kiln_round():
+            # The engine as built, then without programmatic dependent launch (each kernel starts
+            # after the last one ends), for the difference it makes.
+            return {"kiln_ms": kiln_bench(a.kiln, engine, shape, a.iters, kjson, duration=a.duration),
+                    "kiln_no_pdl_ms": kiln_bench(a.kiln, engine, shape, a.iters, kjson,
+                                                 env={"KILN_PDL": "0"}, duration=a.duration)}
+
+        rounds = [kiln_round()]
         run([a.kiln, "bench", "--engine", engine, "--shapes", shape, "--dump-profile", "--iterations", "20",
              "--no-data-transfers"], log_path=os.path.join(a.out, "profiles.txt"))
         t = (torch_times(m, inputs(model, batch, a.seq, vocab, rng), a.iters, a.duration or 0.0,
                          keep_compiled=a.rounds > 1) if not a.no_torch
              else {"eager": None, "compile": None, "compile_first_s": None})
-        rounds = []
-        for r in range(1, a.rounds):
+        rounds[0]["compile_ms"] = t["compile"]
+        for _ in range(1, a.rounds):
             # Further rounds, each kiln (PDL on, off) then torch.compile, so that the GPU's clock
             # and temperature drift alike over all three; medians of all rounds are reported.
-            k = kiln_bench(a.kiln, engine, shape, a.iters, kjson, duration=a.duration)
-            p = kiln_bench(a.kiln, engine, shape, a.iters, kjson, env={"KILN_PDL": "0"},
-                           duration=a.duration)
-            c = time_torch(*t["compiled"], a.iters, a.duration or 0.0) if not a.no_torch else None
-            rounds.append({"kiln_ms": k, "kiln_no_pdl_ms": p, "compile_ms": c})
-        if rounds:
-            rounds.insert(0, {"kiln_ms": kiln_ms, "kiln_no_pdl_ms": plain_ms, "compile_ms": t["compile"]})
-            kiln_ms = statistics.median(r["kiln_ms"] for r in rounds)
-            plain_ms = statistics.median(r["kiln_no_pdl_ms"] for r in rounds)
-            if not a.no_torch:
-                t["compile"] = statistics.median(r["compile_ms"] for r in rounds)
+            r = kiln_round()
+            r["compile_ms"] = time_torch(*t["compiled"], a.iters, a.duration or 0.0) if not a.no_torch else None
+            rounds.append(r)
+        kiln_ms = statistics.median(r["kiln_ms"] for r in rounds)
+        plain_ms = statistics.median(r["kiln_no_pdl_ms"] for r in rounds)
+        if not a.no_torch:
+            t["compile"] = statistics.median(r["compile_ms"] for r in rounds)
+        if len(rounds) > 1:
             log(f"  rounds: " + "; ".join(f"kiln {r['kiln_ms']:.3f} / no PDL {r['kiln_no_pdl_ms']:.3f}"
                                         + (f" / compile {r['compile_ms']:.3f}" if r["compile_ms"] else "")
                                         for r in rounds))
