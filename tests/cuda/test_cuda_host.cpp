@@ -799,12 +799,12 @@ TEST(CudaHost, GeluErfFormIsWithinItsBound) {
   for (int i = -120000; i <= 120000; ++i) {
     const double x = i * 1e-4;
     const double want = 0.5 * x * std::erfc(-x / std::sqrt(2.0));
-    const double err = std::abs(kiln::gpu::gelu_erf_sigmoid(static_cast<float>(x)) - want);
+    const double err = std::abs(kiln::gpu::gelu_erf_tanh(static_cast<float>(x)) - want);
     if (err > worst) worst = err, at = x;
   }
   EXPECT_LT(worst, 3.2e-5) << "at x = " << at;
-  EXPECT_FLOAT_EQ(kiln::gpu::gelu_erf_sigmoid(100.f), 100.f);
-  EXPECT_NEAR(kiln::gpu::gelu_erf_sigmoid(-100.f), 0.f, 2e-8);  // 0 in FP16
-  EXPECT_NEAR(kiln::gpu::gelu_erf_sigmoid(-65504.f), 0.f, 2e-8);
-  EXPECT_FLOAT_EQ(kiln::gpu::gelu_erf_sigmoid(0.f), 0.f);
+  EXPECT_FLOAT_EQ(kiln::gpu::gelu_erf_tanh(100.f), 100.f);
+  EXPECT_NEAR(kiln::gpu::gelu_erf_tanh(-100.f), 0.f, 2e-8);  // 0 in FP16
+  EXPECT_NEAR(kiln::gpu::gelu_erf_tanh(-65504.f), 0.f, 2e-8);
+  EXPECT_FLOAT_EQ(kiln::gpu::gelu_erf_tanh(0.f), 0.f);
 }

@@ -42,19 +42,19 @@ using namespace cute;
 
 // erf GELU in a form cheaper than erff (kernels/gelu_erf.cuh).
 template <class T>
-struct GeluErfSigmoid {
+struct GeluErfTanh {
   static const bool kIsHeavy = true;
   CUTLASS_HOST_DEVICE T operator()(T const& x) const {
-    return T(kiln::gpu::gelu_erf_sigmoid(float(x)));
+    return T(kiln::gpu::gelu_erf_tanh(float(x)));
   }
 };
 template <int N>
-struct GeluErfSigmoid<cutlass::Array<float, N>> {
+struct GeluErfTanh<cutlass::Array<float, N>> {
   static const bool kIsHeavy = true;
   CUTLASS_HOST_DEVICE cutlass::Array<float, N> operator()(cutlass::Array<float, N> const& x) const {
     cutlass::Array<float, N> y;
     CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < N; ++i) y[i] = kiln::gpu::gelu_erf_sigmoid(x[i]);
+    for (int i = 0; i < N; ++i) y[i] = kiln::gpu::gelu_erf_tanh(x[i]);
     return y;
   }
 };
@@ -178,7 +178,7 @@ std::unique_ptr<F16Gemm> make_f16_gemm(F16GemmAct act, const std::string& tile) 
     case F16GemmAct::kNone:
       return make<cutlass::epilogue::thread::Identity>(tile);
     case F16GemmAct::kGelu:
-      return make<GeluErfSigmoid>(tile);
+      return make<GeluErfTanh>(tile);
     case F16GemmAct::kGeluTanh:
       return make<cutlass::epilogue::thread::GELU_taylor>(tile);
   }
