@@ -55,6 +55,11 @@ struct BuildConfig {
   std::string timing_cache;    // --timing-cache FILE: reuse and record tactic timings
   size_t workspace_limit = 0;  // --mem-pool-size workspace:N bytes (0: 1 GiB)
   std::string layout = "auto"; // "auto" (NHWC for FP16/TF32 CNN layers), "linear", "nhwc"
+  // The engine's input and output types (trtexec's --inputIOFormats / --outputIOFormats): empty
+  // keeps the model's; one spec ("fp16", "fp32", optionally ":chw") for every float tensor, or
+  // one per tensor in order (a non-float tensor's own type, e.g. "int64"). An FP16 engine with
+  // fp16 outputs writes its last layers' results as they are, with no float32 conversion.
+  std::vector<std::string> input_io_formats, output_io_formats;
   bool tune = true;            // time tactic candidates (false: first supported; for tests)
   std::string force_tactic;    // tests: only this tactic (by name) for the layers it implements
   // tests: the GPU's free and total memory the build is checked against (0: ask the GPU)

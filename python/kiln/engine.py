@@ -6,7 +6,7 @@ import os
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
@@ -15,6 +15,7 @@ from kiln._kiln import KilnTypeError, KilnValueError, TensorInfo
 
 ShapeArg = Optional[Mapping[str, Sequence[int]]]
 Progress = Union[None, bool, Callable[[str], Any]]
+IoFormats = Union[None, str, Sequence[str]]
 
 
 class Engine:
@@ -171,6 +172,17 @@ def _progress_printer() -> Callable[[str], None]:
     return show
 
 
+def _io_formats(value: IoFormats, what: str) -> List[str]:
+    """One spec for every float tensor ("fp16") or a list of one per tensor."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return list(value)
+    raise KilnTypeError(f"{what} must be a string such as 'fp16' or a list of them, not {value!r}")
+
+
 def build(onnx_path_or_bytes: Union[str, os.PathLike, bytes, Any], *, fp16: bool = False,
           int8: bool = False, best: bool = False, shapes: ShapeArg = None,
           min_shapes: ShapeArg = None, opt_shapes: ShapeArg = None, max_shapes: ShapeArg = None,
@@ -178,6 +190,7 @@ def build(onnx_path_or_bytes: Union[str, os.PathLike, bytes, Any], *, fp16: bool
           timing_cache: Optional[str] = None, opt_level: int = 2, backend: Optional[str] = None,
           tf32: bool = True, calib_algo: Optional[str] = None, calib_batches: int = 0,
           accuracy_budget: float = 0.0, layer_precisions: Optional[Mapping[str, str]] = None,
+          input_io_formats: IoFormats = None, output_io_formats: IoFormats = None,
           progress: Progress = None) -> Engine:
     """Builds an engine from an ONNX model, as `kiln build` does (trtexec's option names).
 
@@ -192,6 +205,11 @@ def build(onnx_path_or_bytes: Union[str, os.PathLike, bytes, Any], *, fp16: bool
       timing_cache: read and update tactic timings in this file.
       opt_level: 0 = import as is, 1 = fold and clean up, 2 = also fuse.
       backend: 'cpu' or 'cuda' (default: cuda when a GPU is usable).
+      input_io_formats, output_io_formats: the engine's input / output types (trtexec's
+        ``--inputIOFormats`` / ``--outputIOFormats``): ``"fp16"`` or ``"fp32"`` for every float
+        tensor, or a list with one per tensor in order (``["fp16", "int64"]``); default: the
+        model's. An FP16 engine with ``output_io_formats="fp16"`` returns its last layers'
+        float16 results without converting them to float32.
       progress: a callable taking each progress line, or True for lines on stderr.
 
     Raises KilnError (KilnValueError, KilnTypeError for bad arguments) with kiln's message.
@@ -233,7 +251,9 @@ def build(onnx_path_or_bytes: Union[str, os.PathLike, bytes, Any], *, fp16: bool
             calib_cache=os.fspath(calib_cache) if calib_cache else "", calib_batches=int(calib_batches),
             accuracy_budget=float(accuracy_budget),
             timing_cache=os.fspath(timing_cache) if timing_cache else "",
-            layer_precisions=dict(layer_precisions or {}), progress=say)
+            layer_precisions=dict(layer_precisions or {}),
+            input_io_formats=_io_formats(input_io_formats, "input_io_formats"),
+            output_io_formats=_io_formats(output_io_formats, "output_io_formats"), progress=say)
         if say:
             say(f"built in {time.perf_counter() - start:.2f} s")
     return Engine(core)

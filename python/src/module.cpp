@@ -54,6 +54,7 @@ struct BuildArgs {
   int opt_level = 2;
   ShapeMap shapes, min_shapes, opt_shapes, max_shapes;
   std::map<std::string, std::string> calib, layer_precisions;
+  std::vector<std::string> input_io_formats, output_io_formats;
   size_t calib_batches = 0;
   double accuracy_budget = 0;
 };
@@ -78,6 +79,8 @@ PyEngine build(const BuildArgs& a, nb::handle progress) {
   c.accuracy_budget = a.accuracy_budget;
   c.timing_cache = a.timing_cache;
   c.layer_precisions = a.layer_precisions;
+  c.input_io_formats = a.input_io_formats;
+  c.output_io_formats = a.output_io_formats;
   // The callback runs on this thread while the build holds no GIL; the first exception it
   // raises is raised again once the build is done.
   std::exception_ptr callback_error;
@@ -240,7 +243,9 @@ NB_MODULE(_kiln, m) {
          const std::map<std::string, std::string>& calib, const std::string& calib_algo,
          const std::string& calib_cache, size_t calib_batches, double accuracy_budget,
          const std::string& timing_cache,
-         const std::map<std::string, std::string>& layer_precisions, nb::handle progress) {
+         const std::map<std::string, std::string>& layer_precisions,
+         const std::vector<std::string>& input_io_formats,
+         const std::vector<std::string>& output_io_formats, nb::handle progress) {
         BuildArgs a;
         a.path = path;
         a.fp16 = fp16;
@@ -259,13 +264,16 @@ NB_MODULE(_kiln, m) {
         a.accuracy_budget = accuracy_budget;
         a.timing_cache = timing_cache;
         a.layer_precisions = layer_precisions;
+        a.input_io_formats = input_io_formats;
+        a.output_io_formats = output_io_formats;
         return build(a, progress);
       },
       nb::arg("path"), nb::kw_only(), nb::arg("fp16"), nb::arg("int8"), nb::arg("tf32"),
       nb::arg("opt_level"), nb::arg("backend"), nb::arg("shapes"), nb::arg("min_shapes"),
       nb::arg("opt_shapes"), nb::arg("max_shapes"), nb::arg("calib"), nb::arg("calib_algo"),
       nb::arg("calib_cache"), nb::arg("calib_batches"), nb::arg("accuracy_budget"),
-      nb::arg("timing_cache"), nb::arg("layer_precisions"), nb::arg("progress").none());
+      nb::arg("timing_cache"), nb::arg("layer_precisions"), nb::arg("input_io_formats"),
+      nb::arg("output_io_formats"), nb::arg("progress").none());
   m.def("default_backend", &default_backend,
         "'cuda' when the CUDA backend is built and a GPU is usable, else 'cpu'.");
   m.def("backend_unavailable_reason", &backend_unavailable_reason, nb::arg("backend"),

@@ -8,6 +8,7 @@
 #include "backends/backend_info.h"
 #include "backends/cpu/cpu_executor.h"
 #include "engine/fp16_range.h"
+#include "engine/io_formats.h"
 #include "engine/plan_format.h"
 #include "engine/profile.h"
 #include "ir/verifier.h"
@@ -162,6 +163,7 @@ Expected<std::unique_ptr<Engine>> Engine::build_from_graph(std::unique_ptr<Graph
                       "FP64 for checking); use --backend cuda on a machine with a GPU");
   KILN_ASSIGN_OR_RETURN(Profile profile, Profile::from_config(*g, config));
   KILN_RETURN_IF_ERROR(profile.apply_static_shapes(*g));
+  KILN_RETURN_IF_ERROR(apply_io_formats(*g, {config.input_io_formats, config.output_io_formats}));
   // Q/DQ nodes in a build without --int8 run as float ops; the build summary says so.
   size_t qdq_nodes = 0;
   for (const Node* n : g->nodes())
@@ -228,6 +230,8 @@ Expected<std::unique_ptr<Engine>> Engine::build_from_graph(std::unique_ptr<Graph
       {"profile", profile.to_json()},
   };
   if (!config.layer_precisions.empty()) options["layer_precisions"] = config.layer_precisions;
+  if (!config.input_io_formats.empty()) options["input_io_formats"] = config.input_io_formats;
+  if (!config.output_io_formats.empty()) options["output_io_formats"] = config.output_io_formats;
   if (config.int8) options["int8"] = std::move(int8_info);
   if (!config.int8 && qdq_nodes) options["qdq_nodes_as_float"] = qdq_nodes;
   return from_graph(std::move(g), backend, current_target(backend), options.dump(),

@@ -69,6 +69,16 @@ def main():
         expect_ok(args, "build with profile", "build", "--onnx", p("cnn.onnx"), "--save-engine", p("prof.kiln"),
                   "--min-shapes", "input:1x3x32x32", "--opt-shapes", "input:4x3x32x32", "--max-shapes", "input:8x3x32x32")
         expect_ok(args, "run within profile", "run", "--engine", p("prof.kiln"), "--shapes", "input:8x3x32x32")
+        # trtexec's --inputIOFormats / --outputIOFormats: float16 in and out, the same names.
+        out = expect_ok(args, "build with fp16 I/O", "build", "--onnx", p("cnn.onnx"), "--save-engine", p("io.kiln"),
+                        "--input-io-formats", "fp16:chw", "--output-io-formats", "fp16").stdout
+        if "input  input: float16" not in out or "output probabilities: float16" not in out:
+            FAILURES.append(f"fp16 I/O build did not declare float16 input and output:\n{out}")
+        expect_ok(args, "run fp16 I/O engine", "run", "--engine", p("io.kiln"))
+        expect_error(args, "bad I/O format", "--output-io-formats: 'int4' is not a type", "build", "--onnx",
+                     p("cnn.onnx"), "--save-engine", p("x.kiln"), "--output-io-formats", "int4")
+        expect_error(args, "I/O formats with --engine", "apply to --onnx", "run", "--engine", p("cnn.kiln"),
+                     "--output-io-formats", "fp16")
 
         # usage errors
         expect_error(args, "no subcommand", "subcommand")

@@ -351,6 +351,68 @@ TEST(CudaEngine, ProgrammaticLaunchChainMatchesPlainLaunch) {
   }
 }
 
+// x [N, 8, 16] -> MatMul by a constant [16, 37] -> Flatten -> y [N, 296]. With FP16 inputs and
+// outputs (--input-io-formats / --output-io-formats fp16) an FP16 engine launches one kernel, the
+// GEMM: the build's Casts are stored alike on both sides and the GEMM writes straight into the
+// caller's output buffer through the Flatten and the Cast (plan.h, written_through_outputs). Its
+// output agrees with the float32-output engine's, layer by layer and as graph replays. N = 37
+// makes rows that are not 16-byte multiples: matmul.cublaslt multiplies at N padded and packs the
+// rows into the output (copy_padded_rows, float16 to float16 here, float16 to float32 there).
+TEST(CudaEngine, Fp16OutputsAreWrittenByTheLastKernel) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU here: GPU test skipped";
+  auto net = [] {
+    auto g = std::make_unique<Graph>();
+    Value* x = g->add_value("x", TensorType(DataType::kFloat32, {Dim::sym("N"), 8, 16}));
+    g->add_input(x);
+    Value* w = g->add_constant("w", random({16, 37}, 21, 0.5f));
+    Node* mm = g->add_node("MatMul", "mm", {x, w}, {"p"});
+    Node* fl = g->add_node("Flatten", "flat", {mm->output(0)}, {"y"});
+    fl->attrs.set("axis", Attribute::Int(1));
+    g->add_output(fl->output(0));
+    EXPECT_TRUE(infer_shapes(*g).ok());
+    return g;
+  };
+  auto build_net = [&](bool fp16_io) {
+    BuildConfig c;
+    c.backend = "cuda";
+    c.fp16 = true;
+    c.shapes = {{"x", {4, 8, 16}}};
+    if (fp16_io) c.input_io_formats = c.output_io_formats = {"fp16"};
+    return Engine::build_from_graph(net(), c, "mm_flatten");
+  };
+  auto half_io = build_net(true);
+  auto float_io = build_net(false);
+  ASSERT_TRUE(half_io.ok()) << half_io.status().message();
+  ASSERT_TRUE(float_io.ok()) << float_io.status().message();
+  EXPECT_EQ((*half_io)->outputs()[0].name, "y");
+  EXPECT_EQ((*half_io)->outputs()[0].dtype, DataType::kFloat16);
+  const auto plan = nlohmann::json::parse((*half_io)->backend_plan_json());
+  EXPECT_EQ(plan["kernel_layers"].get<int>(), 1) << plan.dump(1);
+
+  Tensor x32 = random({4, 8, 16}, 22);  // float16 values, as float32 for the reference
+  Tensor x16(DataType::kFloat16, {4, 8, 16});
+  for (int64_t i = 0; i < x32.numel(); ++i) {
+    x16.data<uint16_t>()[i] = float_to_half(x32.data<float>()[i]);
+    x32.data<float>()[i] = half_to_float(x16.data<uint16_t>()[i]);
+  }
+  auto ref_ctx = (*float_io)->create_context();
+  ASSERT_TRUE(ref_ctx.ok()) << ref_ctx.status().message();
+  auto ref = (*ref_ctx)->execute({{"x", x32}});
+  ASSERT_TRUE(ref.ok()) << ref.status().message();
+  auto ctx = (*half_io)->create_context();
+  ASSERT_TRUE(ctx.ok()) << ctx.status().message();
+  for (int rep = 0; rep < 3; ++rep) {  // the first run layer by layer, then graph replays
+    auto r = (*ctx)->execute({{"x", x16}});
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    ASSERT_EQ((*r)[0].dtype(), DataType::kFloat16);
+    ASSERT_EQ((*r)[0].numel(), (*ref)[0].numel());
+    Tensor wide(DataType::kFloat32, {4, 296});
+    for (int64_t i = 0; i < wide.numel(); ++i)
+      wide.data<float>()[i] = half_to_float((*r)[0].data<uint16_t>()[i]);
+    EXPECT_LT(rel_l2(wide, (*ref)[0]), 1e-3) << "run " << rep;
+  }
+}
+
 TEST(CudaEngine, SaveLoadAndBadShapes) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU here: GPU test skipped";
   auto e = build(true);

@@ -61,6 +61,27 @@ def test_build_from_bytes_and_model_proto_with_progress(models_dir):
         np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-6)
 
 
+def test_fp16_io_formats(models_dir):
+    """trtexec's --inputIOFormats / --outputIOFormats: float16 in and out, the same names, the
+    model's float32 arithmetic in between (rounded to float16 once, at the end)."""
+    path = str(models_dir / "mlp.onnx")
+    half = kiln.build(path, backend="cpu", input_io_formats="fp16", output_io_formats=["fp16"])
+    full = kiln.build(path, backend="cpu")
+    assert [t.dtype for t in half.inputs] == ["float16"]
+    assert [t.dtype for t in half.outputs] == ["float16"] * len(full.outputs)
+    assert [t.name for t in half.outputs] == [t.name for t in full.outputs]
+    x = np.random.default_rng(0).standard_normal((2, 64)).astype(np.float16)
+    a = half.create_context().run({"x": x})
+    b = full.create_context().run({"x": x.astype(np.float32)})
+    for k in b:
+        assert a[k].dtype == np.float16
+        np.testing.assert_array_equal(a[k], b[k].astype(np.float16))
+    with pytest.raises(kiln.KilnError, match="'fp8' is not a type"):
+        kiln.build(path, backend="cpu", output_io_formats="fp8")
+    with pytest.raises(kiln.KilnTypeError, match="output_io_formats must be"):
+        kiln.build(path, backend="cpu", output_io_formats=16)
+
+
 def test_non_contiguous_numpy_inputs(cnn_engine):
     rng = np.random.default_rng(1)
     base = rng.standard_normal((2, 32, 32, 3)).astype(np.float32)

@@ -23,6 +23,7 @@ Expected<ShapeMap> parse_shapes(const std::string& spec, const std::string& flag
 struct BuildFlags {
   std::string backend, shapes, min_shapes, opt_shapes, max_shapes, dump, layer_precisions;
   std::string timing_cache, mem_pool, layout = "auto";
+  std::string input_io_formats, output_io_formats;
   bool fp16 = false, int8 = false, best = false, no_tf32 = false, verbose = false;
   int opt_level = 2;
   // INT8 (docs/quantization.md)

@@ -4,6 +4,8 @@
 
 #include <iostream>
 
+#include "engine/io_formats.h"
+
 namespace kiln::cli {
 
 std::vector<std::string> split_list(const std::string& s) {
@@ -65,6 +67,13 @@ void add_build_flags(CLI::App* cmd, BuildFlags& f, bool with_dump, bool with_ima
                   "Read and update tactic timings in this file (rebuilds skip timing)");
   cmd->add_option("--mem-pool-size", f.mem_pool,
                   "workspace:N (MiB; or with a K/M/G suffix): scratch any one layer may use");
+  cmd->add_option("--input-io-formats", f.input_io_formats,
+                  "Input types (trtexec's --inputIOFormats): fp16 or fp32 for every float input, "
+                  "or one per input in order (fp16:chw,int64,...); default: the model's");
+  cmd->add_option("--output-io-formats", f.output_io_formats,
+                  "Output types (trtexec's --outputIOFormats): fp16 or fp32 for every float "
+                  "output, or one per output in order; fp16 with --fp16 saves the float32 "
+                  "conversion of the last layers' results");
   cmd->add_option("--layout", f.layout, "auto (NHWC for FP16/TF32 CNN layers), linear or nhwc")
       ->check(CLI::IsMember({"auto", "linear", "nhwc"}));
   f.opt_level_flag = cmd->add_option("--opt-level", f.opt_level,
@@ -158,6 +167,9 @@ Expected<BuildConfig> to_build_config(const BuildFlags& f) {
   c.verbose = f.verbose;
   c.timing_cache = f.timing_cache;
   c.layout = f.layout;
+  KILN_ASSIGN_OR_RETURN(c.input_io_formats, parse_io_formats(f.input_io_formats, "--input-io-formats"));
+  KILN_ASSIGN_OR_RETURN(c.output_io_formats,
+                        parse_io_formats(f.output_io_formats, "--output-io-formats"));
   KILN_ASSIGN_OR_RETURN(c.calib_data, parse_calib(f.calib));
   if (f.images) {
     KILN_ASSIGN_OR_RETURN(c.calib_images, calib_image_options(*f.images));
@@ -209,6 +221,7 @@ Expected<std::unique_ptr<Engine>> engine_from_flags(const std::string& onnx,
   if (f.opt_level_flag && f.opt_level_flag->count() > 0)
     return Status::Error("--opt-level applies to --onnx; an engine keeps the level it was built with");
   if (f.fp16 || f.int8 || f.best || f.no_tf32 || !f.layer_precisions.empty() || !f.timing_cache.empty() ||
+      !f.input_io_formats.empty() || !f.output_io_formats.empty() ||
       !f.calib.empty() || !f.calib_cache.empty() || f.accuracy_budget ||
       !f.mem_pool.empty() || !f.min_shapes.empty() || !f.max_shapes.empty() || !f.opt_shapes.empty())
     return Status::Error("build options (--fp16, --int8, --best, --no-tf32, --timing-cache, "

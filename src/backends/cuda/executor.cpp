@@ -399,6 +399,9 @@ Expected<std::unique_ptr<Instance>> CudaContext::make_instance(
   for (size_t i = 0; i < g_.inputs().size(); ++i) ref[g_.inputs()[i]] = {TensorRef::kInput, i};
   std::unordered_map<const Value*, size_t> first_output;
   for (size_t j = 0; j < g_.outputs().size(); ++j) first_output.emplace(g_.outputs()[j], j);
+  // Values a kernel writes straight into a graph output's buffer (plan.h), where only layers
+  // that relabel memory come between them and the output.
+  const auto through = written_through_outputs(e_->plan(), g_);
 
   const size_t n_runs = runs_.size();
   inst->ins.resize(n_runs);
@@ -469,13 +472,21 @@ Expected<std::unique_ptr<Instance>> CudaContext::make_instance(
         t.dtype = c.out[o].dtype;
         t.layout = c.out[o].layout;
         auto go = first_output.find(v);
+        auto wt = through.find(v);
         const Value* src = n->input(0);
-        const bool can_alias = o == 0 && c.tactic->alias_input == 0 && src &&
-                               go == first_output.end() && inst->in_refs[s][0].kind != TensorRef::kNone &&
-                               inst->ins[s][0].dtype == t.dtype &&
-                               inst->ins[s][0].layout == t.layout;
+        const bool same_storage = o == 0 && c.tactic->alias_input == 0 && src &&
+                                  inst->in_refs[s][0].kind != TensorRef::kNone &&
+                                  inst->ins[s][0].dtype == t.dtype &&
+                                  inst->ins[s][0].layout == t.layout;
+        const bool can_alias = same_storage && go == first_output.end();
         if (go != first_output.end()) {
           tr = {TensorRef::kOutput, go->second};
+          // The end of a written-through chain: its input is this output's buffer already.
+          if (same_storage && inst->in_refs[s][0].kind == TensorRef::kOutput &&
+              inst->in_refs[s][0].offset == go->second)
+            inst->skip[s] = true;
+        } else if (wt != through.end()) {
+          tr = {TensorRef::kOutput, wt->second};
         } else if (can_alias) {
           tr = inst->in_refs[s][0];
           alias_root[v] = root_of(src);

@@ -572,6 +572,11 @@ Expected<Plan> lower_for_gpu(Graph& g, const std::vector<std::vector<int64_t>>& 
     KILN_ASSIGN_OR_RETURN(cands[k], L.candidates(*n, &why));
     if (cands[k].empty())
       return KILN_ERROR("{}: cannot run on the GPU: {}", n->label(), why);
+    // A candidate that relabels its input's memory launches nothing: no kernel beats it (a Cast
+    // between types an FP16 layer stores alike: movement.cast_same_storage).
+    if (std::any_of(cands[k].begin(), cands[k].end(),
+                    [](const LayerChoice& c) { return c.tactic->alias_input >= 0; }))
+      std::erase_if(cands[k], [](const LayerChoice& c) { return c.tactic->alias_input < 0; });
     for (size_t i = 0; i < n->num_inputs(); ++i) {
       const Value* v = n->input(i);
       if (v && (cands[k][0].tactic->host_inputs >> i) & 1u && !v->is_constant() && !host_vals.count(v))

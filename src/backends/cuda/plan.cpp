@@ -2,7 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
+#include <unordered_set>
 #include <limits>
 
 namespace kiln::gpu {
@@ -39,9 +41,44 @@ Expected<std::vector<TensorFormat>> parse_formats(const nlohmann::json& j, size_
 
 }  // namespace
 
+std::unordered_map<const Value*, size_t> written_through_outputs(const Plan& p, const Graph& g) {
+  std::unordered_map<const Value*, size_t> out;
+  auto relabels = [&](const Node* n) -> const LayerChoice* {
+    if (!n || n->index < 0 || static_cast<size_t>(n->index) >= p.layers.size()) return nullptr;
+    const LayerChoice& c = p.layers[n->index];
+    const bool yes = !c.is_host() && c.tactic->alias_input == 0 && !c.in.empty() &&
+                     !c.out.empty() && c.in[0] == c.out[0] && n->input(0);
+    return yes ? &c : nullptr;
+  };
+  for (size_t j = 0; j < g.outputs().size(); ++j) {
+    const Value* v = g.outputs()[j];
+    if (std::find(g.outputs().begin(), g.outputs().end(), v) - g.outputs().begin() !=
+        static_cast<std::ptrdiff_t>(j))
+      continue;  // the same value as an earlier output
+    while (relabels(v->producer)) {
+      const Value* src = v->producer->input(0);
+      if (src->is_constant() || g.is_graph_input(src) || g.is_graph_output(src) || out.count(src))
+        break;
+      const Node* q = src->producer;
+      if (!q || q->index < 0 || static_cast<size_t>(q->index) >= p.layers.size() ||
+          p.layers[q->index].is_host())
+        break;
+      if (!relabels(q)) {
+        out[src] = j;
+        break;
+      }
+      v = src;
+    }
+  }
+  return out;
+}
+
 nlohmann::json plan_to_json(const Plan& p, const Graph& g) {
   nlohmann::json layers = nlohmann::json::array();
   int kernel_layers = 0;
+  // A relabelling layer at a graph output launches nothing where its source is written through.
+  std::unordered_set<const Value*> through_outputs;
+  for (const auto& [v, j] : written_through_outputs(p, g)) through_outputs.insert(g.outputs()[j]);
   for (size_t k = 0; k < p.layers.size(); ++k) {
     const LayerChoice& c = p.layers[k];
     if (c.is_host()) {  // shape arithmetic on the host: no kernel
@@ -51,7 +88,8 @@ nlohmann::json plan_to_json(const Plan& p, const Graph& g) {
     // An alias tactic (the Reshape family) relabels its input's memory: no kernel either, unless
     // its output is a graph output (copied into the caller's buffer).
     const Value* y = k < g.nodes().size() ? g.nodes()[k]->output(0) : nullptr;
-    const bool launches = c.tactic->alias_input < 0 || (y && g.is_graph_output(y));
+    const bool launches = c.tactic->alias_input < 0 ||
+                          (y && g.is_graph_output(y) && !through_outputs.count(y));
     kernel_layers += launches;
     nlohmann::json in = nlohmann::json::array(), out = nlohmann::json::array();
     for (const auto& f : c.in) in.push_back(format_str(f));

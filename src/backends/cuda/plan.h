@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -51,9 +52,17 @@ struct Plan {
 // sum over every dimension of |log(shape / point)|, so batch 8 is nearer 32 than 1.
 size_t nearest_point(const std::vector<InputShapes>& points, const InputShapes& shapes);
 
+// Graph outputs written through: where graph output j is made by a chain of layers that relabel
+// memory (alias_input = 0, the same format in and out: the Reshape family, a Cast between types
+// stored alike) from a value a kernel layer writes, that value -> j. The kernel then writes
+// straight into the output's buffer and the chain launches nothing. A value that is a graph input
+// or output, a constant, or computed on the host is never such a value, nor one given to an
+// earlier output.
+std::unordered_map<const Value*, size_t> written_through_outputs(const Plan& p, const Graph& g);
+
 // The plan as the engine stores it; each record also says whether the layer launches a kernel
-// (not for host layers, nor for aliases of their input unless they make a graph output), and
-// "kernel_layers" counts those that do (kiln inspect).
+// (not for host layers, nor for aliases of their input unless they copy into a graph output),
+// and "kernel_layers" counts those that do (kiln inspect).
 nlohmann::json plan_to_json(const Plan& p, const Graph& g);
 // Validates every record against the graph (counts, tactic names, formats); errors name the node.
 Expected<Plan> plan_from_json(const Graph& g, const nlohmann::json& j);

@@ -623,6 +623,13 @@ bool supports_data(const LayerDesc& d, std::string* why) {
       return *why = "unsupported type " + std::string(dtype_name(d.in[i].dtype)), false;
   return true;
 }
+// A Cast whose input and output are stored alike (an FP16 layer's Cast between float32 and
+// float16: both held as float16) changes nothing in memory.
+bool supports_same_storage(const LayerDesc& d, std::string* why) {
+  if (d.in.empty() || d.out.empty() || !(d.in[0] == d.out[0]))
+    return *why = "input and output are stored differently", false;
+  return supports_data(d, why);
+}
 bool supports_dropout(const LayerDesc& d, std::string* why) {
   if (has_mask(d)) return *why = "the mask output needs movement.dropout_mask", false;
   return supports_data(d, why) && dropout_inference(d, why, false);
@@ -812,6 +819,8 @@ const TacticDef kTactics[] = {
     {"", "Unsqueeze", "movement.unsqueeze", kMove, 0b10, supports_data, create_alias<false>,
      nullptr, 0},
     {"", "Identity", "movement.identity", kMove, 0, supports_data, create_alias<false>, nullptr, 0},
+    {"", "Cast", "movement.cast_same_storage", kMove, 0, supports_same_storage, create_alias<false>,
+     nullptr, 0},
     {"", "Dropout", "movement.dropout", kMove, 0b110, supports_dropout, create_alias<false>,
      nullptr, 0},
     {"", "Dropout", "movement.dropout_mask", kMove, 0b110, supports_dropout_mask,
