@@ -3,8 +3,9 @@
 engines next to PyTorch eager and torch.compile(mode="reduce-overhead") in FP16, in one run.
 
   bench/transformer_bench.py --kiln .deps/kiln --out OUT [--models bert,gpt2,vit]
-                        [--parts export,speed,dynamic,accuracy] [--batches 1,32] [--seq 128]
+                        [--parts export,speed,dynamic,floor,accuracy] [--batches 1,32] [--seq 128]
                         [--iters 300] [--exporters torchscript,dynamo] [--rounds N] [--duration S]
+                        [--fp16-io]
 
 Parts:
   export    models/<model>_<exporter>.onnx from scripts/export_<model>.py (random weights, seed 0)
@@ -12,9 +13,14 @@ Parts:
             build time is reported), `kiln bench --use-cuda-graph --no-data-transfers` (median of
             at least --iters runs), the same with KILN_PDL=0 (no programmatic dependent launch),
             then PyTorch eager and torch.compile at the same shape; --rounds N repeats kiln (both
-            ways) and torch.compile N times interleaved and reports the medians
+            ways) and torch.compile N times interleaved and reports the medians; --fp16-io also
+            times an engine with float16 inputs and outputs, as PyTorch's FP16 model has them
   dynamic   one engine with a profile of batch 1-64 and sequence 1-512 (ViT: batch 1-64), run
             at each (batch, --seq) through `kiln bench --shapes`, against the static engines
+  floor     per --floor-batches (32): the model's GEMM layers alone (bench/gemm_floor.py: the block's four
+            GEMMs with their epilogues, twelve blocks, GPT-2's LM head; FP16 in and out), kiln's
+            engine of it and torch.compile of it; after `speed`, the full model's torch.compile
+            time over kiln's GEMM layers alone: the ratio kiln would reach if nothing else took time
   accuracy  per exporter: the FP16 engine's outputs and PyTorch's FP16 outputs, each against
             ONNX Runtime's CPU float32 reference on the same input (batch 2, the second
             sequence padded), relative L2
@@ -158,12 +164,24 @@ def part_speed(a, model, res):
                      os.path.join(a.out, "builds.log"))
         kjson = os.path.join(a.work, f"bench_{model}_b{batch}.json")
 
+        engine16 = None
+        if a.fp16_io:
+            # The same model with float16 inputs and outputs (--input-io-formats and
+            # --output-io-formats fp16), as PyTorch's FP16 model takes and returns them.
+            engine16 = os.path.join(a.work, f"{model}_b{batch}_fp16io.kiln")
+            build(a.kiln, model, a.exporters[0], engine16,
+                  ["--shapes", shape, "--input-io-formats", "fp16", "--output-io-formats", "fp16"],
+                  os.path.join(a.out, "builds.log"))
+
         def kiln_round():
             # The engine as built, then without programmatic dependent launch (each kernel starts
             # after the last one ends), for the difference it makes.
-            return {"kiln_ms": kiln_bench(a.kiln, engine, shape, a.iters, kjson, duration=a.duration),
-                    "kiln_no_pdl_ms": kiln_bench(a.kiln, engine, shape, a.iters, kjson,
-                                                 env={"KILN_PDL": "0"}, duration=a.duration)}
+            r = {"kiln_ms": kiln_bench(a.kiln, engine, shape, a.iters, kjson, duration=a.duration),
+                 "kiln_no_pdl_ms": kiln_bench(a.kiln, engine, shape, a.iters, kjson,
+                                              env={"KILN_PDL": "0"}, duration=a.duration)}
+            if engine16:
+                r["kiln_fp16io_ms"] = kiln_bench(a.kiln, engine16, shape, a.iters, kjson, duration=a.duration)
+            return r
 
         rounds = [kiln_round()]
         run([a.kiln, "bench", "--engine", engine, "--shapes", shape, "--dump-profile", "--iterations", "20",
@@ -180,6 +198,7 @@ def part_speed(a, model, res):
             rounds.append(r)
         kiln_ms = statistics.median(r["kiln_ms"] for r in rounds)
         plain_ms = statistics.median(r["kiln_no_pdl_ms"] for r in rounds)
+        io16_ms = statistics.median(r["kiln_fp16io_ms"] for r in rounds) if engine16 else None
         if not a.no_torch:
             t["compile"] = statistics.median(r["compile_ms"] for r in rounds)
         if len(rounds) > 1:
@@ -189,15 +208,18 @@ def part_speed(a, model, res):
         t.pop("compiled", None)
         kl, layers = kernel_layers(a.kiln, engine)
         row = {"model": model, "batch": batch, "seq": a.seq, "kiln_ms": kiln_ms, "kiln_no_pdl_ms": plain_ms,
+               "kiln_fp16io_ms": io16_ms,
                "rounds": rounds, "duration_s": a.duration, "build_s": secs,
                "kernel_layers": kl, "layers": layers,
                "eager_ms": t["eager"], "compile_ms": t["compile"], "compile_first_s": t["compile_first_s"]}
         res["speed"].append(row)
         log(f"{MODELS[model]} b{batch}: kiln {kiln_ms:.3f} ms ({plain_ms:.3f} with KILN_PDL=0; "
+            + (f"{io16_ms:.3f} with float16 inputs and outputs; " if io16_ms else "") +
             f"built in {secs:.1f} s, {kl} of {layers} "
             f"layers launch kernels)" + ("" if a.no_torch else
             f", eager {t['eager']:.3f} ms, torch.compile {t['compile']:.3f} ms: "
-            f"{t['compile'] / kiln_ms:.2f}x compile"))
+            f"{t['compile'] / kiln_ms:.2f}x compile"
+            + (f", {t['compile'] / io16_ms:.2f}x with float16 inputs and outputs" if io16_ms else "")))
     del m
     torch.cuda.empty_cache()
 
@@ -219,6 +241,37 @@ def part_dynamic(a, model, res):
                                "static_ms": static, "build_s": secs})
         log(f"{MODELS[model]} dynamic engine at b{batch}: {ms:.3f} ms" +
             (f" ({ms / static:.2f}x the static engine's {static:.3f} ms)" if static else ""))
+
+
+def part_floor(a, model, res):
+    """The model's GEMM layers alone (bench/gemm_floor.py), kiln and torch.compile, per batch."""
+    import torch
+    import gemm_floor
+    for batch in a.floor_batches:
+        path = os.path.join(a.work, f"floor_{model}_b{batch}.onnx")
+        gemm_floor.export(model, batch, a.seq, path)
+        engine = os.path.join(a.work, f"floor_{model}_b{batch}.kiln")
+        shape = gemm_floor.shape_arg(model, batch, a.seq)
+        _, secs = run([a.kiln, "build", "--onnx", path, "--save-engine", engine, "--verbose"]
+                      + gemm_floor.BUILD_ARGS, log_path=os.path.join(a.out, "builds.log"))
+        kiln_ms = kiln_bench(a.kiln, engine, shape, a.iters,
+                             os.path.join(a.work, f"bench_floor_{model}_b{batch}.json"), duration=a.duration)
+        m = gemm_floor.module(model)
+        t = torch_times(m, gemm_floor.inputs(model, batch, a.seq), a.iters, a.duration or 0.0)
+        del m
+        torch.cuda.empty_cache()
+        full = next((r for r in res["speed"] if r["model"] == model and r["batch"] == batch), None)
+        gf = gemm_floor.gflop(model, batch, a.seq)
+        row = {"model": model, "batch": batch, "seq": a.seq, "gflop": gf, "kiln_ms": kiln_ms,
+               "compile_ms": t["compile"], "eager_ms": t["eager"], "build_s": secs,
+               "model_kiln_ms": full and full["kiln_ms"], "model_compile_ms": full and full["compile_ms"]}
+        res["floor"].append(row)
+        log(f"{MODELS[model]} b{batch}, GEMM layers alone ({gf:.0f} GFLOP): kiln {kiln_ms:.3f} ms "
+            f"({gf / kiln_ms:.0f} TFLOP/s), torch.compile {t['compile']:.3f} ms, eager {t['eager']:.3f} ms"
+            + (f"; the full model: kiln {full['kiln_ms']:.3f} ms ({kiln_ms / full['kiln_ms']:.0%} of it "
+               f"in the GEMM layers' time), torch.compile {full['compile_ms']:.3f} ms, which is "
+               f"{full['compile_ms'] / kiln_ms:.2f}x kiln's GEMM layers alone"
+               if full and full["compile_ms"] else ""))
 
 
 def rel_l2(x, ref):
@@ -279,17 +332,22 @@ def main():
                          "(and at least --iters runs); default: kiln bench's own 2 s, PyTorch --iters runs")
     ap.add_argument("--rounds", type=int, default=1,
                     help="speed: interleaved rounds of kiln (PDL on, off) and torch.compile; medians of all")
+    ap.add_argument("--floor-batches", default="32", help="floor: at these batches")
+    ap.add_argument("--fp16-io", action="store_true",
+                    help="speed: also an engine with float16 inputs and outputs (--input-io-formats "
+                         "and --output-io-formats fp16), as PyTorch's FP16 model has them")
     ap.add_argument("--no-torch", action="store_true",
                     help="speed: kiln's engines alone, without PyTorch eager and torch.compile")
     a = ap.parse_args()
     a.batches = [int(b) for b in a.batches.split(",")]
+    a.floor_batches = [int(b) for b in a.floor_batches.split(",")]
     a.exporters = a.exporters.split(",")
     parts = a.parts.split(",")
     os.makedirs(a.out, exist_ok=True)
     os.makedirs(a.work, exist_ok=True)
     import torch
     res = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
-           "cudnn_torch": torch.backends.cudnn.version(), "speed": [], "dynamic": [], "accuracy": [],
+           "cudnn_torch": torch.backends.cudnn.version(), "speed": [], "dynamic": [], "accuracy": [], "floor": [],
            "command": " ".join(sys.argv)}
     for model in a.models.split(","):
         try:
@@ -303,6 +361,8 @@ def main():
                 part_speed(a, model, res)
             if "dynamic" in parts:
                 part_dynamic(a, model, res)
+            if "floor" in parts:
+                part_floor(a, model, res)
             if "accuracy" in parts:
                 part_accuracy(a, model, res)
         except Exception as e:  # noqa: BLE001 - one model's failure must not hide the others
@@ -310,12 +370,15 @@ def main():
             res.setdefault("failures", []).append(f"{model}: {e}")
         with open(os.path.join(a.out, "transformers.json"), "w") as f:
             json.dump(res, f, indent=1)
-    log("\n| model | batch | kiln | build | eager | torch.compile | kiln / compile |")
-    log("|---|---|---|---|---|---|---|")
+    io16 = any(r.get("kiln_fp16io_ms") for r in res["speed"])
+    log("\n| model | batch | kiln |" + (" kiln, FP16 I/O |" if io16 else "") +
+        " build | eager | torch.compile | kiln / compile |")
+    log("|---|---|---|" + ("---|" if io16 else "") + "---|---|---|---|")
     for r in res["speed"]:
         torch_cols = ("- | - | - |" if r["compile_ms"] is None else
                       f"{r['eager_ms']:.3f} ms | {r['compile_ms']:.3f} ms | {r['compile_ms'] / r['kiln_ms']:.2f}x |")
-        log(f"| {MODELS[r['model']]} | {r['batch']} | {r['kiln_ms']:.3f} ms | {r['build_s']:.1f} s | "
+        io_col = (f" {r['kiln_fp16io_ms']:.3f} ms |" if r.get("kiln_fp16io_ms") else " - |") if io16 else ""
+        log(f"| {MODELS[r['model']]} | {r['batch']} | {r['kiln_ms']:.3f} ms |{io_col} {r['build_s']:.1f} s | "
             + torch_cols)
     return 1 if res.get("failures") else 0
 

@@ -5,7 +5,7 @@
 # accuracy against ONNX Runtime's CPU float32 reference).
 #   bench/prepare_deps.sh                 # here: pack the binaries into .deps (carry .deps)
 #   bench/transformers.sh                 # on the device; logs and JSON go to $OUT
-# KILN_TX_PARTS (default "tests export speed dynamic accuracy"), KILN_TX_MODELS (bert,gpt2,vit),
+# KILN_TX_PARTS (default "tests export speed dynamic accuracy"; also "floor"), KILN_TX_MODELS (bert,gpt2,vit),
 # KILN_TX_ARGS (more bench/transformer_bench.py flags, e.g. "--batches 32 --iters 200").
 set -uo pipefail
 . "$(dirname "$0")/device_env.sh" /tmp/kiln-transformers
@@ -23,7 +23,7 @@ if [[ " $PARTS " == *" tests "* ]]; then
 fi
 
 py_parts=""
-for p in export speed dynamic accuracy; do [[ " $PARTS " == *" $p "* ]] && py_parts+="${py_parts:+,}$p"; done
+for p in export speed dynamic floor accuracy; do [[ " $PARTS " == *" $p "* ]] && py_parts+="${py_parts:+,}$p"; done
 if [ -n "$py_parts" ]; then
   echo "== bench/transformer_bench.py ($py_parts)"
   timeout ${KILN_TX_TIMEOUT:-540} python3 bench/transformer_bench.py --kiln "$KILN" --out "$OUT" --parts "$py_parts" \
