@@ -86,7 +86,8 @@ nlohmann::json plan_to_json(const Plan& p, const Graph& g) {
       continue;
     }
     // An alias tactic (the Reshape family) relabels its input's memory: no kernel either, unless
-    // its output is a graph output (copied into the caller's buffer).
+    // its output is a graph output that it copies into the caller's buffer (not where its
+    // source is written through).
     const Value* y = k < g.nodes().size() ? g.nodes()[k]->output(0) : nullptr;
     const bool launches = c.tactic->alias_input < 0 ||
                           (y && g.is_graph_output(y) && !through_outputs.count(y));
