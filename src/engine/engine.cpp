@@ -164,11 +164,17 @@ Expected<std::unique_ptr<Engine>> Engine::build_from_graph(std::unique_ptr<Graph
   KILN_ASSIGN_OR_RETURN(Profile profile, Profile::from_config(*g, config));
   KILN_RETURN_IF_ERROR(profile.apply_static_shapes(*g));
   KILN_RETURN_IF_ERROR(apply_io_formats(*g, {config.input_io_formats, config.output_io_formats}));
-  // Q/DQ nodes in a build without --int8 run as float ops; the build summary says so.
-  size_t qdq_nodes = 0;
-  for (const Node* n : g->nodes())
+  // Q/DQ nodes in a build without --int8 run as float ops; the build summary says so. So do
+  // products exported in float16 (a `model.half()` export), which the fusion passes leave alone.
+  size_t qdq_nodes = 0, float16_products = 0;
+  for (const Node* n : g->nodes()) {
     if (n->domain.empty() && (n->op_type == "QuantizeLinear" || n->op_type == "DequantizeLinear"))
       ++qdq_nodes;
+    if (n->domain.empty() &&
+        (n->op_type == "MatMul" || n->op_type == "Gemm" || n->op_type == "Conv") &&
+        n->output(0) && n->output(0)->type.dtype == DataType::kFloat16)
+      ++float16_products;
+  }
   bool explicit_int8 = false;  // Q/DQ nodes carry the scales; mapped before they fold away
   if (config.int8) {
     KILN_ASSIGN_OR_RETURN(explicit_int8, quant::map_qdq(*g));
@@ -234,6 +240,7 @@ Expected<std::unique_ptr<Engine>> Engine::build_from_graph(std::unique_ptr<Graph
   if (!config.output_io_formats.empty()) options["output_io_formats"] = config.output_io_formats;
   if (config.int8) options["int8"] = std::move(int8_info);
   if (!config.int8 && qdq_nodes) options["qdq_nodes_as_float"] = qdq_nodes;
+  if (float16_products) options["float16_products"] = float16_products;
   return from_graph(std::move(g), backend, current_target(backend), options.dump(),
                     KILN_VERSION_STRING, std::move(plan_json));
 }

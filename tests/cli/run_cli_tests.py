@@ -75,6 +75,17 @@ def main():
         if "input  input: float16" not in out or "output probabilities: float16" not in out:
             FAILURES.append(f"fp16 I/O build did not declare float16 input and output:\n{out}")
         expect_ok(args, "run fp16 I/O engine", "run", "--engine", p("io.kiln"))
+        # A model exported in float16 builds, and the summary says why it is not fused.
+        w16 = helper.make_tensor("w", TensorProto.FLOAT16, [4, 3], np.linspace(-1, 1, 12).astype(np.float16).tobytes(),
+                                 raw=True)
+        g16 = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "half",
+                                [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [2, 4])],
+                                [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [2, 3])], [w16])
+        onnx.save(helper.make_model(g16, opset_imports=[helper.make_opsetid("", 17)]), p("half.onnx"))
+        out = expect_ok(args, "build a float16 model", "build", "--onnx", p("half.onnx"), "--save-engine",
+                        p("half.kiln")).stdout
+        if "1 of the model's matrix products and convolutions compute in float16" not in out:
+            FAILURES.append(f"float16 model build did not note the float16 products:\n{out}")
         expect_error(args, "bad I/O format", "--output-io-formats: 'int4' is not a type", "build", "--onnx",
                      p("cnn.onnx"), "--save-engine", p("x.kiln"), "--output-io-formats", "int4")
         expect_error(args, "I/O formats with --engine", "apply to --onnx", "run", "--engine", p("cnn.kiln"),

@@ -69,6 +69,13 @@ void print_precision_summary(const std::string& options_json, const std::string&
     std::cout << fmt::format("  note   the model's {} QuantizeLinear/DequantizeLinear nodes run as "
                              "float ops: build with --int8 (or --best) to make them INT8 layers\n",
                              q);
+  if (const size_t h = o.value("float16_products", size_t(0)))
+    std::cout << fmt::format("  note   {} of the model's matrix products and convolutions compute in "
+                             "float16 as exported, and kiln fuses float32 models only (epilogues, "
+                             "attention, LayerNorm): export in float32 and build with --fp16 "
+                             "(--input-io-formats/--output-io-formats fp16 for float16 tensors at "
+                             "the edges)\n",
+                             h);
 }
 
 }  // namespace
