@@ -50,9 +50,10 @@ Expected<std::vector<DataType>> wanted(const std::vector<Value*>& vals,
     if (float_io(v->type.dtype) && float_io(t)) {
       out[i] = t;
     } else if (t != v->type.dtype && !(specs.size() == 1 && !float_io(v->type.dtype))) {
-      return KILN_ERROR("{}: {} '{}' is {}: it can only be {} (fp32 and fp16 apply to float "
-                        "{}s)", what, kind, v->name, dtype_name(v->type.dtype),
-                        dtype_name(v->type.dtype), kind);
+      const std::string can = float_io(v->type.dtype) ? std::string("fp32 or fp16")
+                                                      : std::string(dtype_name(v->type.dtype));
+      return KILN_ERROR("{}: {} '{}' is {}: its spec can only be {} (fp32 and fp16 apply to float "
+                        "{}s)", what, kind, v->name, dtype_name(v->type.dtype), can, kind);
     }
   }
   return out;
@@ -80,6 +81,8 @@ Expected<std::vector<std::string>> parse_io_formats(const std::string& list,
   while (start <= list.size() && !list.empty()) {
     const size_t comma = list.find(',', start);
     std::string item = list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    item.erase(0, item.find_first_not_of(" \t"));
+    item.erase(item.find_last_not_of(" \t") + 1);
     if (item.empty()) return KILN_ERROR("{}: empty spec in '{}'", what, list);
     KILN_RETURN_IF_ERROR(spec_type(item, what).status());
     out.push_back(std::move(item));

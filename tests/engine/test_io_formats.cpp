@@ -97,7 +97,8 @@ TEST(IoFormats, BadSpecsAreRefusedByName) {
       {{}, {"fp16", "fp32", "fp16"}, "3 specs for 2 outputs"},
       {{}, {"fp16:hwc"}, "row-major"},
       {{}, {"fp8"}, "'fp8' is not a type"},
-      {{}, {"fp16", "fp32"}, "output 'n' is int64"},
+      {{}, {"fp16", "fp32"}, "output 'n' is int64: its spec can only be int64"},
+      {{"int64", "int64"}, {}, "input 'x' is float32: its spec can only be fp32 or fp16"},
   };
   for (const Case& c : cases) {
     auto e = build(c.in, c.out);
@@ -108,9 +109,10 @@ TEST(IoFormats, BadSpecsAreRefusedByName) {
 }
 
 TEST(IoFormats, ListsParseAndCheckEachSpec) {
-  auto ok = parse_io_formats("fp16:chw,int64,fp32", "--output-io-formats");
+  auto ok = parse_io_formats("fp16:chw, int64 ,fp32", "--output-io-formats");
   ASSERT_TRUE(ok.ok()) << ok.status().message();
-  EXPECT_EQ(ok->size(), 3u);
+  ASSERT_EQ(ok->size(), 3u);
+  EXPECT_EQ((*ok)[1], "int64");
   EXPECT_TRUE(parse_io_formats("", "--output-io-formats")->empty());
   auto bad = parse_io_formats("fp16,,fp32", "--output-io-formats");
   ASSERT_FALSE(bad.ok());
