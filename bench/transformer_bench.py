@@ -17,10 +17,11 @@ Parts:
             times an engine with float16 inputs and outputs, as PyTorch's FP16 model has them
   dynamic   one engine with a profile of batch 1-64 and sequence 1-512 (ViT: batch 1-64), run
             at each (batch, --seq) through `kiln bench --shapes`, against the static engines
-  floor     per --floor-batches (32): the model's GEMM layers alone (bench/gemm_floor.py: the block's four
-            GEMMs with their epilogues, twelve blocks, GPT-2's LM head; FP16 in and out), kiln's
-            engine of it and torch.compile of it; after `speed`, the full model's torch.compile
-            time over kiln's GEMM layers alone: the ratio kiln would reach if nothing else took time
+  floor     per --floor-batches (32): the model's GEMM layers alone (bench/gemm_floor.py: the
+            block's four GEMMs with their epilogues, twelve blocks, GPT-2's LM head; FP16 in and
+            out), kiln's engine of it and torch.compile of it; after `speed`, the full model's
+            torch.compile time over kiln's GEMM layers alone: the ratio kiln would reach if
+            nothing else took time
   accuracy  per exporter: the FP16 engine's outputs and PyTorch's FP16 outputs, each against
             ONNX Runtime's CPU float32 reference on the same input (batch 2, the second
             sequence padded), relative L2
@@ -256,10 +257,12 @@ def part_floor(a, model, res):
                       + gemm_floor.BUILD_ARGS, log_path=os.path.join(a.out, "builds.log"))
         kiln_ms = kiln_bench(a.kiln, engine, shape, a.iters,
                              os.path.join(a.work, f"bench_floor_{model}_b{batch}.json"), duration=a.duration)
-        m = gemm_floor.module(model)
-        t = torch_times(m, gemm_floor.inputs(model, batch, a.seq), a.iters, a.duration or 0.0)
-        del m
-        torch.cuda.empty_cache()
+        t = {"compile": None, "eager": None}
+        if not a.no_torch:
+            m = gemm_floor.module(model)
+            t = torch_times(m, gemm_floor.inputs(model, batch, a.seq), a.iters, a.duration or 0.0)
+            del m
+            torch.cuda.empty_cache()
         full = next((r for r in res["speed"] if r["model"] == model and r["batch"] == batch), None)
         gf = gemm_floor.gflop(model, batch, a.seq)
         row = {"model": model, "batch": batch, "seq": a.seq, "gflop": gf, "kiln_ms": kiln_ms,
@@ -267,7 +270,8 @@ def part_floor(a, model, res):
                "model_kiln_ms": full and full["kiln_ms"], "model_compile_ms": full and full["compile_ms"]}
         res["floor"].append(row)
         log(f"{MODELS[model]} b{batch}, GEMM layers alone ({gf:.0f} GFLOP): kiln {kiln_ms:.3f} ms "
-            f"({gf / kiln_ms:.0f} TFLOP/s), torch.compile {t['compile']:.3f} ms, eager {t['eager']:.3f} ms"
+            f"({gf / kiln_ms:.0f} TFLOP/s)"
+            + (f", torch.compile {t['compile']:.3f} ms, eager {t['eager']:.3f} ms" if t["compile"] else "")
             + (f"; the full model: kiln {full['kiln_ms']:.3f} ms ({kiln_ms / full['kiln_ms']:.0%} of it "
                f"in the GEMM layers' time), torch.compile {full['compile_ms']:.3f} ms, which is "
                f"{full['compile_ms'] / kiln_ms:.2f}x kiln's GEMM layers alone"
