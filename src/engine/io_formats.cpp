@@ -13,8 +13,10 @@ std::string lower(std::string s) {
   return s;
 }
 
-// A spec's type, or an error naming the option and the spec.
-Expected<DataType> spec_type(const std::string& spec, const std::string& what) {
+// A spec's type, or an error naming the option and the spec (spaces around it are ignored).
+Expected<DataType> spec_type(std::string spec, const std::string& what) {
+  spec.erase(0, spec.find_first_not_of(" \t"));
+  spec.erase(spec.find_last_not_of(" \t") + 1);
   const size_t colon = spec.find(':');
   const std::string type = lower(spec.substr(0, colon));
   if (colon != std::string::npos) {
@@ -73,24 +75,6 @@ Node* cast_node(Graph& g, Node* before, const std::string& out, Value* in, DataT
 }
 
 }  // namespace
-
-Expected<std::vector<std::string>> parse_io_formats(const std::string& list,
-                                                    const std::string& what) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (start <= list.size() && !list.empty()) {
-    const size_t comma = list.find(',', start);
-    std::string item = list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    item.erase(0, item.find_first_not_of(" \t"));
-    item.erase(item.find_last_not_of(" \t") + 1);
-    if (item.empty()) return KILN_ERROR("{}: empty spec in '{}'", what, list);
-    KILN_RETURN_IF_ERROR(spec_type(item, what).status());
-    out.push_back(std::move(item));
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  return out;
-}
 
 Status apply_io_formats(Graph& g, const IoFormats& f) {
   KILN_ASSIGN_OR_RETURN(std::vector<DataType> in_types,

@@ -30,7 +30,4 @@ struct IoFormats {
 // straight into the caller's output buffer).
 Status apply_io_formats(Graph& g, const IoFormats& f);
 
-// Splits a comma-separated list of specs (the CLI's form) and checks each one's syntax.
-Expected<std::vector<std::string>> parse_io_formats(const std::string& list, const std::string& what);
-
 }  // namespace kiln

@@ -6,7 +6,6 @@
 
 #include <cmath>
 
-#include "engine/io_formats.h"
 #include "kiln/engine.h"
 #include "ops/op.h"
 
@@ -108,15 +107,12 @@ TEST(IoFormats, BadSpecsAreRefusedByName) {
   }
 }
 
-TEST(IoFormats, ListsParseAndCheckEachSpec) {
-  auto ok = parse_io_formats("fp16:chw, int64 ,fp32", "--output-io-formats");
-  ASSERT_TRUE(ok.ok()) << ok.status().message();
-  ASSERT_EQ(ok->size(), 3u);
-  EXPECT_EQ((*ok)[1], "int64");
-  EXPECT_TRUE(parse_io_formats("", "--output-io-formats")->empty());
-  auto bad = parse_io_formats("fp16,,fp32", "--output-io-formats");
-  ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().message().find("--output-io-formats: empty spec"), std::string::npos);
+TEST(IoFormats, SpecsTakeSpacesAndTrtexecsFormats) {
+  auto e = build({" fp16:CHW "}, {"fp16:linear ", " int64"});
+  ASSERT_TRUE(e.ok()) << e.status().message();
+  EXPECT_EQ((*e)->inputs()[0].dtype, DataType::kFloat16);
+  EXPECT_EQ((*e)->outputs()[0].dtype, DataType::kFloat16);
+  EXPECT_EQ((*e)->outputs()[1].dtype, DataType::kInt64);
 }
 
 }  // namespace

@@ -4,8 +4,6 @@
 
 #include <iostream>
 
-#include "engine/io_formats.h"
-
 namespace kiln::cli {
 
 std::vector<std::string> split_list(const std::string& s) {
@@ -167,9 +165,8 @@ Expected<BuildConfig> to_build_config(const BuildFlags& f) {
   c.verbose = f.verbose;
   c.timing_cache = f.timing_cache;
   c.layout = f.layout;
-  KILN_ASSIGN_OR_RETURN(c.input_io_formats, parse_io_formats(f.input_io_formats, "--input-io-formats"));
-  KILN_ASSIGN_OR_RETURN(c.output_io_formats,
-                        parse_io_formats(f.output_io_formats, "--output-io-formats"));
+  c.input_io_formats = split_list(f.input_io_formats);  // checked by the build
+  c.output_io_formats = split_list(f.output_io_formats);
   KILN_ASSIGN_OR_RETURN(c.calib_data, parse_calib(f.calib));
   if (f.images) {
     KILN_ASSIGN_OR_RETURN(c.calib_images, calib_image_options(*f.images));
