@@ -17,17 +17,16 @@ namespace kiln {
 // (the others keep their types); more must give one per tensor, in the model's order. A spec is
 // a type, "fp32" or "fp16" (also "float32", "float16") for a float tensor and the tensor's own
 // type for any other ("int64", "bool", ...), optionally with trtexec's format, ":chw" or
-// ":linear" (kiln's inputs and outputs are row-major). `what` names the option in errors.
+// ":linear" (kiln's inputs and outputs are row-major); spaces around a spec are ignored.
 struct IoFormats {
   std::vector<std::string> inputs, outputs;
-  bool empty() const { return inputs.empty() && outputs.empty(); }
 };
 
 // Changes `g`'s declared input and output types to `f`'s, with a Cast after each retyped input
 // (to the type the model computes in) and before each retyped output (from it), named after the
 // tensor; a retyped tensor keeps its name. An FP16 engine stores the cast's input and output
-// alike, so the cast costs nothing there (the CUDA backend's "cast.same_storage" layer, written
-// straight into the caller's output buffer).
+// alike, so the cast costs nothing there (the CUDA backend's movement.cast_same_storage layer; the
+// layer before an output writes the caller's buffer itself). Errors name the option and tensor.
 Status apply_io_formats(Graph& g, const IoFormats& f);
 
 }  // namespace kiln
