@@ -53,13 +53,15 @@ def decode_request(payload, engine: Engine, batching: bool) -> dict[str, np.ndar
         raise RequestError("kiln models take Open Inference Protocol (v2) requests")
     feeds = {}
     for inp in payload.inputs:
+        if not isinstance(inp.name, str) or not isinstance(inp.datatype, str):
+            raise RequestError(f"input {inp.name!r}: the name and datatype must be strings")
         if inp.datatype not in V2_DATATYPES.values() or inp.datatype == "BF16":
             raise RequestError(f"input '{inp.name}': datatype {inp.datatype} is not one kiln takes")
         if inp.name in feeds:
             raise RequestError(f"input '{inp.name}' given twice")
         try:
             feeds[inp.name] = inp.as_numpy()
-        except (ValueError, TypeError) as e:  # data that does not fit its shape or datatype
+        except (ValueError, TypeError, ArithmeticError) as e:  # data unlike its shape or datatype
             raise RequestError(f"input '{inp.name}': {e}") from None
     check_request(engine, feeds, batching)
     return feeds
@@ -200,6 +202,24 @@ class _TooLarge(Exception):
     pass
 
 
+def _refuse_malformed(decode):
+    """KServe's decoding of a body with binary data (InferRequest.from_bytes) indexes its JSON
+    header unchecked, so a malformed body raises KeyError, TypeError, ValueError... and gets a
+    500. Any exception while decoding a body is the body's fault: InvalidInput, a 400 saying
+    what is wrong (tests/fuzz/fuzz_serving.py found these)."""
+    from kserve.errors import InvalidInput
+
+    @functools.wraps(decode)
+    def checked(*args, **kwargs):
+        try:
+            return decode(*args, **kwargs)
+        except InvalidInput:
+            raise
+        except Exception as e:  # noqa: BLE001 - see above
+            raise InvalidInput(f"malformed request: {type(e).__name__}: {e}") from None
+    return checked
+
+
 async def _malformed_request(request, exc):
     """A body that is not a v2 request (bad JSON, missing fields): 400 and what is wrong, in
     the protocol's {"error": ...} form."""
@@ -266,8 +286,11 @@ def make_server(host: str, http_port: int, grpc_port: int, max_request_bytes: in
 
     ms.app.add_middleware(_BodyLimit, limit=max_request_bytes)
     ms.app.add_exception_handler(RequestValidationError, _malformed_request)
-    return _Server(http_port=http_port, grpc_port=grpc_port, enable_grpc=enable_grpc,
-                   grace_period=5, enable_docs_url=False)
+    server = _Server(http_port=http_port, grpc_port=grpc_port, enable_grpc=enable_grpc,
+                     grace_period=5, enable_docs_url=False)
+    dp = server.dataplane
+    dp.decode_inference_request = _refuse_malformed(dp.decode_inference_request)
+    return server
 
 
 def parse_args(argv):
