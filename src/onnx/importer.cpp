@@ -51,7 +51,7 @@ struct Importer {
       if (n.op_type() == "Constant" && (n.domain().empty() || n.domain() == "ai.onnx")) continue;
       if (!find_op(n.domain(), n.op_type())) {
         std::string op = n.domain().empty() ? n.op_type() : n.domain() + "." + n.op_type();
-        unsupported[op].push_back(n.name().empty() ? "#" + std::to_string(i) : n.name());
+        unsupported[op].push_back(n.name().empty() ? fmt::format("#{}", i) : n.name());
       }
     }
     if (unsupported.empty()) return Status::Ok();

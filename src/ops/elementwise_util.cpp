@@ -73,24 +73,24 @@ Status upgrade_legacy_broadcast(ImportContext& ctx) {
   if (ctx.opset() >= 7) return Status::Ok();
   const bool broadcast = n.attrs.get_int("broadcast", 0) != 0;
   const Attribute* axis_attr = n.attrs.find("axis");
-  const std::optional<int64_t> axis =
-      axis_attr ? std::optional<int64_t>(axis_attr->i) : std::nullopt;
+  const bool has_axis = axis_attr != nullptr;  // read before the erase below frees it
+  const int64_t axis = has_axis ? axis_attr->i : 0;
   n.attrs.erase("broadcast");
   n.attrs.erase("axis");
   // Without an axis, legacy broadcasting is suffix matching: the same as numpy's.
-  if (!broadcast || !axis) return Status::Ok();
+  if (!broadcast || !has_axis) return Status::Ok();
   Value* a = n.input(0);
   Value* b = n.input(1);
   if (a && b && b->is_constant() && a->type.has_rank()) {
     // Fold the alignment into the constant right away.
     Tensor bt = *b->constant;
     KILN_ASSIGN_OR_RETURN(std::vector<int64_t> shape,
-                          align_at_axis(n, *axis, a->type.rank(), bt.shape()));
+                          align_at_axis(n, axis, a->type.rank(), bt.shape()));
     KILN_ASSIGN_OR_RETURN(Tensor r, bt.reshaped(shape));
     ctx.graph().set_input(&n, 1, ctx.add_constant("aligned", std::move(r)));
     return Status::Ok();
   }
-  n.attrs.set(kLegacyAxisAttr, Attribute::Int(*axis));
+  n.attrs.set(kLegacyAxisAttr, Attribute::Int(axis));
   return Status::Ok();
 }
 

@@ -73,7 +73,7 @@ Status cpu_elementwise_chain(KernelContext& ctx) {
       if (o >= 0 && !ctx.input(static_cast<size_t>(o)))
         return KILN_ERROR("{}: input {} is missing", n.label(), o);
     }
-    Attributes a = fused::strip_prefix(n.attrs, "s" + std::to_string(s) + "_");
+    Attributes a = fused::strip_prefix(n.attrs, fmt::format("s{}_", s));
     KILN_ASSIGN_OR_RETURN(Tensor next, fused::run_op(n, p.ops[s], a, ins));
     cur = std::move(next);
   }

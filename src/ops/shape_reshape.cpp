@@ -23,7 +23,7 @@ Expected<std::vector<Dim>> reshape_dims(const std::vector<Dim>& in, const std::v
   auto req_str = [&] {
     std::vector<std::string> parts;
     for (const SymInt& r : req) parts.push_back(r.value ? std::to_string(*r.value) : r.dim().str());
-    return "[" + fmt::format("{}", fmt::join(parts, ",")) + "]";
+    return fmt::format("[{}]", fmt::join(parts, ","));
   };
   for (size_t i = 0; i < req.size(); ++i) {
     if (!req[i].value) {  // a symbolic size (or an unknown one)

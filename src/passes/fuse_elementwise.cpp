@@ -79,7 +79,7 @@ struct FuseElementwise {
         if (fresh) inputs.push_back(v);
         operands.push_back(it->second);
       }
-      copy_attrs_prefixed(n->attrs, a, "s" + std::to_string(s) + "_");
+      copy_attrs_prefixed(n->attrs, a, fmt::format("s{}_", s));
     }
     a.set("ops", Attribute::Strings(ops));
     a.set("arity", Attribute::Ints(arity));

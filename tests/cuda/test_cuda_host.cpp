@@ -780,13 +780,17 @@ TEST(CudaHost, RowGroupsAlignEachGroupsProduct) {
       ASSERT_GE(e.groups, 1);
       ASSERT_LE(e.groups, 16);
       EXPECT_EQ(e.groups * n * y_size % 16, 0);
-      if (e.groups > 1) EXPECT_NE(e.groups / 2 * n * y_size % 16, 0) << "not the fewest groups";
+      if (e.groups > 1) {
+        EXPECT_NE(e.groups / 2 * n * y_size % 16, 0) << "not the fewest groups";
+      }
       for (int j = 0; j < e.groups; ++j) {
         EXPECT_LE(0, e.first[j]);
         EXPECT_LE(e.first[j], e.end[j]);
         EXPECT_LE(e.end[j], n);
         EXPECT_EQ((e.end[j] - e.first[j]) % 8, 0);
-        if (e.end[j] > e.first[j]) EXPECT_EQ((j * n + e.first[j]) * y_size % 16, 0);
+        if (e.end[j] > e.first[j]) {
+          EXPECT_EQ((j * n + e.first[j]) * y_size % 16, 0);
+        }
         EXPECT_LT(e.first[j] + (n - e.end[j]), 16 / y_size + 8);
       }
     }

@@ -251,8 +251,11 @@ TEST(Importer, OpVersionsComeFromTheHistory) {
   EXPECT_EQ(onnx_op_version("TopK", 40), 24);  // past the newest known: the newest known
   EXPECT_EQ(onnx_op_version("Gelu", 19), 0);
   // Every ai.onnx op kiln runs has a history (scripts/gen_op_versions.py writes it).
-  for (const OpDef* d : all_ops())
-    if (d->domain.empty()) EXPECT_FALSE(onnx_op_history(d->op_type).empty()) << d->op_type;
+  for (const OpDef* d : all_ops()) {
+    if (d->domain.empty()) {
+      EXPECT_FALSE(onnx_op_history(d->op_type).empty()) << d->op_type;
+    }
+  }
 }
 
 }  // namespace

@@ -123,9 +123,13 @@ TEST(Attention, BooleanMaskFullyMaskedRowSoftcapAndQkOutput) {
       return 0.5 * std::tanh(acc * 0.5 / 0.5);
     }();
     const double got = r.outputs[3].at_double(3);
-    if (mode == 0) EXPECT_NEAR(got, s01, 1e-5);
-    if (mode == 2) EXPECT_EQ(got, -kInf);  // (1, 0) is masked
-    if (mode == 3) EXPECT_EQ(got, 0.0);
+    if (mode == 0) {
+      EXPECT_NEAR(got, s01, 1e-5);
+    } else if (mode == 2) {
+      EXPECT_EQ(got, -kInf);  // (1, 0) is masked
+    } else if (mode == 3) {
+      EXPECT_EQ(got, 0.0);
+    }
   }
 }
 

@@ -26,8 +26,11 @@ TEST(MapOnnxAttention, AdditiveMaskAndScale) {
   auto opt = optimize_checked(b.g, {"map_onnx_attention"});
   EXPECT_EQ(count_kiln_attention(*opt), 2);
   EXPECT_EQ(count(*opt, "Transpose"), 2);
-  for (const Node* n : opt->nodes())
-    if (n->domain == "kiln") EXPECT_EQ(n->attrs.get_int("nan_to_zero", 0), 1);
+  for (const Node* n : opt->nodes()) {
+    if (n->domain == "kiln") {
+      EXPECT_EQ(n->attrs.get_int("nan_to_zero", 0), 1);
+    }
+  }
 }
 
 TEST(MapOnnxAttention, CausalAndBooleanMask) {
