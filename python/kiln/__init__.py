@@ -19,12 +19,12 @@ from kiln._kiln import (
     default_backend,
 )
 from kiln.context import Context
-from kiln.engine import Engine, build, load
+from kiln.engine import Engine, build, device_count, load
 from kiln.session import InferenceSession, NodeArg
 from kiln.tools import bench, compare
 
 __all__ = [
     "Context", "Engine", "InferenceSession", "KilnError", "KilnTypeError", "KilnValueError",
     "NodeArg", "TensorInfo", "__version__", "backend_unavailable_reason", "bench", "build",
-    "compare", "default_backend", "load",
+    "compare", "default_backend", "device_count", "load",
 ]

@@ -56,6 +56,13 @@ class Engine:
     def kiln_version(self) -> str:
         return self._core.kiln_version
 
+    @property
+    def device(self) -> Optional[int]:
+        """The CUDA device the engine was loaded onto (:func:`load`'s `device`), None when it
+        was not given (the current device) or for a cpu engine."""
+        d = self._core.device
+        return None if d < 0 else d
+
     def inspect(self) -> dict:
         """What `kiln inspect --json` prints for this engine, as Python objects."""
         if self._inspect is None:
@@ -98,12 +105,25 @@ class Engine:
         return f"<kiln.Engine {self.backend} ({ins}) -> ({outs})>"
 
 
-def load(path: Union[str, os.PathLike]) -> Engine:
+def load(path: Union[str, os.PathLike], device: Optional[int] = None) -> Engine:
     """Loads an engine file written by `kiln build` or :meth:`Engine.save`.
+
+    `device`: the CUDA device (an index) whose memory holds the engine's weights and whose
+    streams its contexts run on; default: the current device (device 0 unless the caller set
+    another). Each load is an engine of its own: load a file once per device to serve from
+    several GPUs. A cpu engine ignores it; a device that does not exist raises KilnValueError.
 
     A file from another kiln version or machine, or a damaged one, raises :class:`KilnError`
     saying what to rebuild."""
-    return Engine(_kiln.load(os.fspath(path)))
+    if device is not None and (not isinstance(device, int) or isinstance(device, bool)
+                               or device < 0):
+        raise KilnValueError(f"device must be a CUDA device index (an int >= 0), not {device!r}")
+    return Engine(_kiln.load(os.fspath(path), -1 if device is None else device))
+
+
+def device_count() -> int:
+    """CUDA devices this process sees (0 without CUDA, a driver or a GPU)."""
+    return int(_kiln.cuda_device_count())
 
 
 def _shapes(arg: ShapeArg, what: str) -> dict[str, list[int]]:

@@ -55,10 +55,32 @@ std::optional<DataType> from_dlpack(nb::dlpack::dtype d);
 // NumPy's name of a DLPack type ("float32", "bool", "uint8"), for messages.
 std::string dlpack_name(nb::dlpack::dtype d);
 
-// An engine shared by the Python objects that use it (contexts keep it alive).
+// An engine shared by the Python objects that use it (contexts keep it alive). `device`: the
+// CUDA device its weights and contexts live on (kiln.load(path, device=N)); -1 for whichever
+// device is current when its first context is made (the CUDA runtime's default, device 0).
 struct PyEngine {
   std::shared_ptr<Engine> engine;
+  int device = -1;
 };
+
+// Makes CUDA device `device` current on this thread for a scope and restores the one before; a
+// no-op for -1 and in builds without CUDA. The C++ API works on the current device (as the CUDA
+// runtime and TensorRT do): an engine's weights go to the device current at its first context,
+// a context's stream and memory to the one current at its creation, so the extension sets the
+// engine's device around every call that reaches the GPU.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+// CUDA devices this process sees (0 without CUDA or a driver).
+int cuda_device_count();
 
 void bind_context(nb::module_& m);
 

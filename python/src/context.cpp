@@ -34,9 +34,11 @@ struct PyContext {
   std::shared_ptr<Engine> engine;
   std::unique_ptr<ExecutionContext> ctx;
   std::mutex mu;
+  int device = -1;  // the engine's (PyEngine::device): made current around every call
 #ifdef KILN_WITH_CUDA
   cudaStream_t stream = nullptr;  // for runs given no stream, created at the first
   ~PyContext() {
+    DeviceGuard on(device);
     ctx.reset();
     if (stream) cudaStreamDestroy(stream);
   }
@@ -143,6 +145,7 @@ nb::list execute(PyContext& c, const std::vector<std::pair<std::string, Array>>&
   {
     nb::gil_scoped_release release;
     std::lock_guard<std::mutex> lock(c.mu);
+    DeviceGuard on(c.device);
     out = c.ctx->execute(inputs);
   }
   std::vector<Tensor> tensors = unwrap(std::move(out));
@@ -178,6 +181,7 @@ nb::list set_inputs(PyContext& c, const std::vector<std::string>& names,
   {
     nb::gil_scoped_release release;
     std::lock_guard<std::mutex> lock(c.mu);
+    DeviceGuard on(c.device);
     for (size_t i = 0; i < names.size(); ++i) {
       check(c.ctx->set_input_shape(names[i], shapes[i]), ErrorKind::kValue);
       check(c.ctx->set_tensor_address(names[i], reinterpret_cast<void*>(addresses[i])));
@@ -196,6 +200,7 @@ void enqueue_outputs(PyContext& c, const std::vector<uintptr_t>& addresses, uint
     raise(ErrorKind::kValue, "one address per output is needed");
   nb::gil_scoped_release release;
   std::lock_guard<std::mutex> lock(c.mu);
+  DeviceGuard on(c.device);
   for (size_t i = 0; i < addresses.size(); ++i)
     check(c.ctx->set_tensor_address(c.engine->outputs()[i].name,
                                     reinterpret_cast<void*>(addresses[i])));
@@ -211,6 +216,7 @@ void run_addresses(PyContext& c, const std::vector<std::string>& names,
     raise(ErrorKind::kValue, "one address per input name and per output is needed");
   nb::gil_scoped_release release;
   std::lock_guard<std::mutex> lock(c.mu);
+  DeviceGuard on(c.device);
   for (size_t i = 0; i < in.size(); ++i)
     check(c.ctx->set_tensor_address(names[i], reinterpret_cast<void*>(in[i])));
   for (size_t i = 0; i < out.size(); ++i)
@@ -263,6 +269,38 @@ nb::tuple dlpack_info(nb::ndarray<> a) {
 
 }  // namespace
 
+#ifdef KILN_WITH_CUDA
+DeviceGuard::DeviceGuard(int device) {
+  if (device < 0) return;
+  int current = 0;
+  if (cudaGetDevice(&current) != cudaSuccess) {
+    cudaGetLastError();
+    return;
+  }
+  if (current == device) return;
+  if (cudaSetDevice(device) != cudaSuccess) {
+    cudaGetLastError();
+    return;  // the call that follows reports the failure in its own words
+  }
+  previous_ = current;
+}
+DeviceGuard::~DeviceGuard() {
+  if (previous_ >= 0) cudaSetDevice(previous_);
+}
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+#else
+DeviceGuard::DeviceGuard(int) {}
+DeviceGuard::~DeviceGuard() {}
+int cuda_device_count() { return 0; }
+#endif
+
 void bind_context(nb::module_& m) {
   nb::class_<PyContext>(m, "Context")
       .def("execute", &execute, nb::arg("feeds"),
@@ -276,6 +314,7 @@ void bind_context(nb::module_& m) {
           [](PyContext& c, const std::string& name, const std::vector<int64_t>& dims) {
             nb::gil_scoped_release release;
             std::lock_guard<std::mutex> lock(c.mu);
+            DeviceGuard on(c.device);
             check(c.ctx->set_input_shape(name, dims), ErrorKind::kValue);
           },
           nb::arg("name"), nb::arg("shape"))
@@ -284,6 +323,7 @@ void bind_context(nb::module_& m) {
           [](PyContext& c, const std::string& name) {
             nb::gil_scoped_release release;
             std::lock_guard<std::mutex> lock(c.mu);
+            DeviceGuard on(c.device);
             return unwrap(c.ctx->tensor_shape(name), ErrorKind::kValue);
           },
           nb::arg("name"))
@@ -301,6 +341,7 @@ void bind_context(nb::module_& m) {
           [](PyContext& c, uintptr_t stream) {
             nb::gil_scoped_release release;
             std::lock_guard<std::mutex> lock(c.mu);
+            DeviceGuard on(c.device);
             check(c.enqueue(reinterpret_cast<CUstream_st*>(stream)));
           },
           nb::arg("stream"))
@@ -321,14 +362,18 @@ void bind_context(nb::module_& m) {
       [](const PyEngine& e) {
         auto c = std::make_unique<PyContext>();
         c->engine = e.engine;
+        c->device = e.device;
         {
           nb::gil_scoped_release release;
+          DeviceGuard on(e.device);
           c->ctx = unwrap(e.engine->create_context());
         }
         return c;
       },
       nb::arg("engine"));
   m.def("device_empty", &device_empty, nb::arg("shape"), nb::arg("dtype"));
+  m.def("cuda_device_count", &cuda_device_count,
+        "CUDA devices this process sees (0 without CUDA or a driver).");
   m.def("dlpack_info", &dlpack_info, nb::arg("tensor"));
 }
 

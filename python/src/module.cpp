@@ -43,9 +43,22 @@ nb::list declared_shape(const TensorInfo& t) {
   return out;
 }
 
-PyEngine load(const std::string& path) {
-  nb::gil_scoped_release release;
-  return PyEngine{unwrap(Engine::load(path))};
+// `device` >= 0: the CUDA device the engine's weights and contexts go to (a cuda engine; a cpu
+// engine ignores it). Each load is an engine of its own, so one file loaded once per device
+// serves from each.
+PyEngine load(const std::string& path, int device) {
+  PyEngine e;
+  {
+    nb::gil_scoped_release release;
+    e.engine = unwrap(Engine::load(path));  // the weights go to a device at the first context
+  }
+  if (device >= 0 && e.engine->backend() == "cuda") {
+    if (device >= cuda_device_count())
+      raise(ErrorKind::kValue, fmt::format("CUDA device {} does not exist (this process sees {})",
+                                           device, cuda_device_count()));
+    e.device = device;
+  }
+  return e;
 }
 
 struct BuildArgs {
@@ -217,6 +230,7 @@ NB_MODULE(_kiln, m) {
       .def_prop_ro("backend", [](const PyEngine& e) { return e.engine->backend(); })
       .def_prop_ro("target", [](const PyEngine& e) { return e.engine->target(); })
       .def_prop_ro("kiln_version", [](const PyEngine& e) { return e.engine->kiln_version(); })
+      .def_prop_ro("device", [](const PyEngine& e) { return e.device; })
       .def_prop_ro("build_options_json",
                    [](const PyEngine& e) { return e.engine->build_options_json(); })
       .def(
@@ -234,7 +248,7 @@ NB_MODULE(_kiln, m) {
           },
           nb::arg("path"));
 
-  m.def("load", &load, nb::arg("path"));
+  m.def("load", &load, nb::arg("path"), nb::arg("device") = -1);
   m.def(
       "build",
       [](const std::string& path, bool fp16, bool int8, bool tf32, int opt_level,
