@@ -189,15 +189,23 @@ TEST(CudaEngine, CudaGraphsFollowAddressesAndShapes) {
   for (void* p : out) cudaFree(p);
 }
 
+// Sets an environment variable for a scope (a context reads KILN_GRAPH_SHAPES when it is made).
+struct ScopedEnv {
+  ScopedEnv(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
+  ~ScopedEnv() { unsetenv(name_); }
+  const char* name_;
+};
+
 // CUDA graphs are on by default and captured only for addresses that repeat a recent call's: a
 // caller whose outputs are new at every call runs layer by layer (no capture per call), one that
-// comes back to an address set gets a graph, shapes that alternate call by call capture nothing,
-// and set_use_cuda_graph(false) never captures. Every call writes where it was asked, for its own
-// input.
+// comes back to an address set gets a graph, and set_use_cuda_graph(false) never captures. With
+// KILN_GRAPH_SHAPES=1 (kiln 0.2's rule) shapes that alternate call by call capture nothing. Every
+// call writes where it was asked, for its own input.
 TEST(CudaEngine, DefaultGraphsCaptureRepeatedAddressesOnly) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU here: GPU test skipped";
   auto e = build(true);
   ASSERT_TRUE(e);
+  ScopedEnv one_shape("KILN_GRAPH_SHAPES", "1");
   auto ctx = e->create_context();
   ASSERT_TRUE(ctx.ok()) << ctx.status().message();
   const Tensor xa = random({3, 8, 10, 10}, 21), xb = random({3, 8, 10, 10}, 22);
@@ -248,6 +256,78 @@ TEST(CudaEngine, DefaultGraphsCaptureRepeatedAddressesOnly) {
   EXPECT_EQ((*ctx)->cuda_graph_count(), held);
   for (void* p : in) cudaFree(p);
   for (void* p : out) cudaFree(p);
+}
+
+// By default a context keeps the graphs of several shapes (KILN_GRAPH_SHAPES, 8): calls whose
+// batch alternates between sizes, as a server's batches do, replay each size's graph once its
+// addresses repeat, and every replay computes its own input's answer. Past the limit the least
+// recently replayed shape's graphs go, and the answers stay right.
+TEST(CudaEngine, GraphsOfSeveralShapesAreKept) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU here: GPU test skipped";
+  auto e = build(true);
+  ASSERT_TRUE(e);
+  for (const char* limit : {"", "2"}) {
+    ScopedEnv env("KILN_GRAPH_SHAPES", limit);
+    auto ctx = e->create_context();
+    ASSERT_TRUE(ctx.ok()) << ctx.status().message();
+    const int64_t batches[] = {8, 3, 5, 1};
+    std::vector<Tensor> xs, refs;
+    for (int64_t b : batches) {
+      xs.push_back(random({b, 8, 10, 10}, 40 + b));
+      ASSERT_TRUE((*ctx)->set_use_cuda_graph(false).ok());
+      auto r = (*ctx)->execute({{"x", xs.back()}});
+      ASSERT_TRUE(r.ok()) << r.status().message();
+      refs.push_back((*r)[0]);
+    }
+    ASSERT_TRUE((*ctx)->set_use_cuda_graph(true).ok());
+    // one input and one output buffer per shape, as a server's staging buffers are
+    std::vector<void*> in(4), out(4);
+    for (size_t k = 0; k < 4; ++k) {
+      ASSERT_EQ(cudaMalloc(&in[k], xs[k].nbytes()), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(&out[k], refs[k].nbytes()), cudaSuccess);
+      cudaMemcpy(in[k], xs[k].raw(), xs[k].nbytes(), cudaMemcpyHostToDevice);
+    }
+    const size_t shapes = limit[0] ? 2 : 4;  // how many of the four may hold graphs
+    for (int round = 0; round < 5; ++round) {
+      for (size_t k = 0; k < shapes; ++k) {
+        ASSERT_TRUE((*ctx)->set_input_shape("x", xs[k].shape()).ok());
+        ASSERT_TRUE((*ctx)->set_tensor_address("x", in[k]).ok());
+        ASSERT_TRUE((*ctx)->set_tensor_address("y", out[k]).ok());
+        cudaMemset(out[k], 0xff, refs[k].nbytes());  // poison: NaN where nothing writes
+        Status st = (*ctx)->enqueue(round % 2 ? cudaStreamLegacy : nullptr);
+        ASSERT_TRUE(st.ok()) << st.message();
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        Tensor y(DataType::kFloat32, refs[k].shape());
+        cudaMemcpy(y.raw(), out[k], y.nbytes(), cudaMemcpyDeviceToHost);
+        EXPECT_LT(rel_l2(y, refs[k]), 1e-6) << "limit '" << limit << "', round " << round
+                                            << ", batch " << batches[k];
+      }
+      // rounds 0 and 1 run each shape layer by layer and then capture it; later rounds replay
+      if (round >= 1) {
+        EXPECT_EQ((*ctx)->cuda_graph_count(), shapes) << "limit '" << limit << "'";
+      }
+    }
+    if (limit[0]) {
+      // a third shape: its capture drops the least recently replayed shape's graphs, and every
+      // answer stays right (the limit-2 context alternates three shapes)
+      for (int round = 0; round < 4; ++round)
+        for (size_t k = 0; k < 3; ++k) {
+          ASSERT_TRUE((*ctx)->set_input_shape("x", xs[k].shape()).ok());
+          ASSERT_TRUE((*ctx)->set_tensor_address("x", in[k]).ok());
+          ASSERT_TRUE((*ctx)->set_tensor_address("y", out[k]).ok());
+          cudaMemset(out[k], 0xff, refs[k].nbytes());
+          ASSERT_TRUE((*ctx)->enqueue(nullptr).ok());
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          Tensor y(DataType::kFloat32, refs[k].shape());
+          cudaMemcpy(y.raw(), out[k], y.nbytes(), cudaMemcpyDeviceToHost);
+          EXPECT_LT(rel_l2(y, refs[k]), 1e-6) << "three shapes, round " << round << ", batch "
+                                              << batches[k];
+          EXPECT_LE((*ctx)->cuda_graph_count(), 2u);
+        }
+    }
+    for (void* p : in) cudaFree(p);
+    for (void* p : out) cudaFree(p);
+  }
 }
 
 // A dynamic engine is tuned at its opt shapes and at its minimum batch (plan "points"); a layer

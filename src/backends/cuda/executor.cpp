@@ -4,6 +4,7 @@
 #include <cudnn.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <unordered_map>
 
@@ -100,6 +101,7 @@ class CudaContext final : public ExecutionContext {
     rc_.stream = stream_;
     rc_.workspace_limit = e_->plan().workspace_limit;
     pdl_ = pdl_available();
+    graph_shapes_ = graph_shapes_setting();
     // cuBLAS gets its own workspace, so it never allocates (nor can, inside graph capture).
     KILN_RETURN_IF_ERROR(cublas_ws_.reserve(size_t(32) << 20, "cuBLAS workspace"));
     if (cublasSetWorkspace(rc_.cublas, cublas_ws_.get(), cublas_ws_.bytes()) != CUBLAS_STATUS_SUCCESS)
@@ -211,18 +213,66 @@ class CudaContext final : public ExecutionContext {
   // Layer by layer rather than as a CUDA graph (for this call's addresses, io_): without CUDA
   // graphs, when timing layers, with debug copies (they synchronize), at the first run of an
   // instance (what layers do once at their first run, a tactic's constants, library plans,
-  // happens outside a capture, where allocations are not allowed), when the layers are
-  // configured for other shapes (the instance's graphs are then stale: traffic whose shapes
-  // alternate runs layer by layer rather than capturing at every call), after a failed capture,
-  // and for addresses that neither have a graph nor repeat a recent call's.
+  // happens outside a capture, where allocations are not allowed), with KILN_GRAPH_SHAPES=1
+  // when the layers are configured for other shapes (the instance's graphs are then taken as
+  // stale), after a failed capture, and for addresses that neither have a graph nor repeat a
+  // recent call's.
+  // With graph_shapes_ > 1 an instance's graphs outlive the layers' configuration for other
+  // shapes (graph_valid), so the configured shape no longer decides.
   bool runs_direct(const Instance& inst, const std::vector<LayerTiming>* layer_times) const {
     if (!use_graph_ || layer_times || !debug_.empty() || !inst.ran_direct || inst.no_capture ||
-        current_ != &inst)
+        (graph_shapes_ <= 1 && current_ != &inst))
       return true;
     for (const Instance::Graph& g : inst.graphs)
-      if (g.io == io_ && g.config == config_generation_) return false;
+      if (g.io == io_ && graph_valid(g)) return false;
     return std::find(inst.recent.begin(), inst.recent.end(), io_) == inst.recent.end();
   }
+  // Whether a captured graph may be replayed now. A graph holds its kernels' arguments by value
+  // and reads the arena, the workspace, the weights, the instance's uploads and the caller's
+  // addresses (io); configuring the layers for another shape changes none of those (layers keep
+  // their per-shape library plans; the arena and workspace only grow, and when they do every
+  // graph is dropped, configure()). So with graph_shapes_ > 1 a graph stays valid across
+  // reconfigurations; with 1 (KILN_GRAPH_SHAPES=1) only the configured shape's graphs are.
+  bool graph_valid(const Instance::Graph& g) const {
+    return graph_shapes_ > 1 || g.config == config_generation_;
+  }
+  // Past graph_shapes_ shapes holding graphs, the graphs of the least recently replayed shape go
+  // (not `keep`'s): a server whose batches take a few sizes keeps each size's graphs, and one
+  // whose batches take every size does not hold a graph for each.
+  void limit_graph_shapes(const Instance* keep) {
+    for (;;) {
+      size_t holding = 0;
+      Instance* lru = nullptr;
+      uint64_t lru_used = UINT64_MAX;
+      for (auto& [k, other] : instances_) {
+        if (other->graphs.empty()) continue;
+        ++holding;
+        uint64_t used = 0;
+        for (const Instance::Graph& g : other->graphs) used = std::max(used, g.used);
+        if (other.get() != keep && used < lru_used) {
+          lru_used = used;
+          lru = other.get();
+        }
+      }
+      if (holding <= graph_shapes_ || !lru) return;
+      lru->drop_graphs();
+      // Its addresses must repeat again before it captures again: where more shapes are live
+      // than keep graphs, a shape is not captured anew at each of its calls.
+      lru->recent.clear();
+      lru->recent_next = 0;
+    }
+  }
+  // KILN_GRAPH_SHAPES: how many input shapes keep their captured graphs (default 8); 1 keeps only
+  // the shape the layers are configured for, so a call whose shape differs from the last call's
+  // runs layer by layer (kiln 0.2's behaviour).
+  static size_t graph_shapes_setting() {
+    const char* v = std::getenv("KILN_GRAPH_SHAPES");
+    if (!v || !*v) return kDefaultGraphShapes;
+    char* end = nullptr;
+    const long n = std::strtol(v, &end, 10);
+    return end && *end == '\0' && n >= 1 ? static_cast<size_t>(n) : kDefaultGraphShapes;
+  }
+  static constexpr size_t kDefaultGraphShapes = 8;
   // This call's input and output addresses into io_ (a buffer kept across calls: no allocation).
   void gather_io() {
     io_.assign(in_addr_.begin(), in_addr_.end());
@@ -263,6 +313,7 @@ class CudaContext final : public ExecutionContext {
   uint64_t bound_generation_ = 0;
   uint64_t config_generation_ = 1;  // bumps when the layers are configured for another shape
   uint64_t graph_clock_ = 0;        // orders graph launches (least recently used)
+  size_t graph_shapes_ = kDefaultGraphShapes;  // shapes that keep their graphs (KILN_GRAPH_SHAPES)
   bool use_graph_ = true;
   std::vector<cudaEvent_t> events_;
   cudaEvent_t fence_[2] = {};  // into and out of the context's stream (legacy-stream callers)
@@ -724,7 +775,7 @@ Status CudaContext::launch(Instance& instance, cudaStream_t s,
   const bool direct = runs_direct(*inst, layer_times);
   if (!direct) {
     for (Instance::Graph& g : inst->graphs)
-      if (g.io == io && g.config == config_generation_) {
+      if (g.io == io && graph_valid(g)) {
         g.used = ++graph_clock_;
         KILN_CUDA_CHECK(cudaGraphLaunch(g.exec, s));
         return Status::Ok();
@@ -738,9 +789,10 @@ Status CudaContext::launch(Instance& instance, cudaStream_t s,
     if (use_graph_ && !layer_times && debug_.empty()) inst->remember_direct(io);
     return copy_outputs(*inst, s);
   }
-  // Graphs from before a reconfiguration go; past kGraphsPerShape, the least recently used.
+  // Graphs from before a reconfiguration go (KILN_GRAPH_SHAPES=1); past kGraphsPerShape, the
+  // least recently used.
   std::erase_if(inst->graphs, [&](const Instance::Graph& g) {
-    if (g.config == config_generation_) return false;
+    if (graph_valid(g)) return false;
     cudaGraphExecDestroy(g.exec);
     return true;
   });
@@ -778,6 +830,7 @@ Status CudaContext::launch(Instance& instance, cudaStream_t s,
   inst->graphs.push_back({io, exec, config_generation_, ++graph_clock_});
   KILN_CUDA_CHECK(cudaGraphLaunch(exec, s));
   return Status::Ok();
+  limit_graph_shapes(inst);
 }
 
 Expected<std::vector<Tensor>> CudaContext::execute(const std::map<std::string, Tensor>& inputs,
