@@ -1,5 +1,5 @@
-"""Dynamic batching over a pool of execution contexts, for the servers (kiln.serving,
-kiln.ray_serve), and the Open Inference Protocol's element types."""
+"""Dynamic batching over a pool of execution contexts, on one or several GPUs, for the servers
+(kiln.serving, kiln.ray_serve), and the Open Inference Protocol's element types."""
 from __future__ import annotations
 
 import asyncio
@@ -7,7 +7,7 @@ import concurrent.futures
 import os
 import queue
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Sequence, Union
 
 import numpy as np
 
@@ -76,22 +76,100 @@ class Stats:
     inferences: int = 0
     batched_requests: int = 0  # requests that shared an inference with others
     largest_batch: int = 0     # samples in the largest inference
+    samples: int = 0           # samples the requests brought (padding not counted)
+    padded_samples: int = 0    # samples added by padding (--pad-batches)
     per_inference: dict = field(default_factory=dict)  # requests per inference -> count
+    per_batch: dict = field(default_factory=dict)      # samples per inference (padded) -> count
+    per_device: dict = field(default_factory=dict)     # device label -> inferences
 
-    def count(self, batches: list[int]) -> None:
-        """One inference of len(batches) requests with these batch sizes."""
+    def count(self, batches: list[int], run_batch: Optional[int] = None,
+              device: str = "0") -> None:
+        """One inference of len(batches) requests with these batch sizes, run at `run_batch`
+        samples (their sum unless padded) on `device`."""
+        total = sum(batches)
+        run = run_batch or total
         self.inferences += 1
-        self.largest_batch = max(self.largest_batch, sum(batches))
+        self.samples += total
+        self.padded_samples += run - total
+        self.largest_batch = max(self.largest_batch, total)
         self.per_inference[len(batches)] = self.per_inference.get(len(batches), 0) + 1
+        self.per_batch[run] = self.per_batch.get(run, 0) + 1
+        self.per_device[device] = self.per_device.get(device, 0) + 1
         if len(batches) > 1:
             self.batched_requests += len(batches)
 
 
-def join(requests: list[dict]) -> dict:
-    """Requests' inputs joined along the first dimension (one request: as it is)."""
-    if len(requests) == 1:
+def join(requests: list[dict], pad_to: int = 0) -> dict:
+    """Requests' inputs joined along the first dimension (one request: as it is), in one copy;
+    with `pad_to` above their total the rows after it repeat the first row (padding whose
+    outputs are dropped: a real sample, so it computes what any sample does)."""
+    total = sum(next(iter(r.values())).shape[0] for r in requests) if requests else 0
+    if len(requests) == 1 and pad_to <= total:
         return requests[0]
-    return {n: np.concatenate([r[n] for r in requests]) for n in requests[0]}
+    rows = max(pad_to, total)
+    out = {}
+    for n, first in requests[0].items():
+        a = np.empty((rows,) + first.shape[1:], dtype=first.dtype)
+        at = 0
+        for r in requests:
+            b = r[n].shape[0]
+            a[at:at + b] = r[n]
+            at += b
+        if rows > at:
+            a[at:] = first[:1]
+        out[n] = a
+    return out
+
+
+def parse_pad_sizes(text: Optional[str], max_batch: int) -> list[int]:
+    """`--pad-batches`' batch sizes: 'pow2' (or '' / None) for 1, 2, 4, ... up to max_batch, or
+    a comma-separated list; sizes over max_batch are dropped and max_batch is always one, so
+    every batch pads to some size. ValueError for anything else."""
+    if text is None or text.strip().lower() in ("", "pow2"):
+        sizes = []
+        b = 1
+        while b < max_batch:
+            sizes.append(b)
+            b *= 2
+    else:
+        try:
+            sizes = [int(t) for t in text.split(",") if t.strip()]
+        except ValueError:
+            raise ValueError(f"--pad-batches takes batch sizes such as 1,2,4,8 or 'pow2', "
+                             f"not '{text}'") from None
+        if not sizes or any(b < 1 for b in sizes):
+            raise ValueError(f"--pad-batches: batch sizes are whole numbers >= 1, not '{text}'")
+    return sorted({b for b in sizes if b < max_batch} | {max_batch})
+
+
+def pad_target(total: int, sizes: Sequence[int]) -> int:
+    """The smallest of `sizes` (sorted) that holds `total` samples; `total` itself when none
+    does or no sizes are given."""
+    for b in sizes:
+        if b >= total:
+            return b
+    return total
+
+
+def parse_devices(text: Optional[str], visible: int) -> list[int]:
+    """`--devices`: 'all' or None for every visible GPU (none: [] and the engines run where
+    they were built for, the CPU backend included), else a comma-separated list of distinct
+    device indices below `visible`. ValueError says what is wrong."""
+    if text is None or text.strip().lower() == "all":
+        return list(range(visible))
+    try:
+        devices = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise ValueError(f"--devices takes GPU indices such as 0,1 or 'all', not '{text}'") from None
+    if not devices:
+        raise ValueError("--devices: no device given")
+    if len(set(devices)) != len(devices):
+        raise ValueError(f"--devices: a device is named twice in '{text}'")
+    for d in devices:
+        if d < 0 or d >= visible:
+            raise ValueError(f"--devices: GPU {d} does not exist (this machine shows {visible}"
+                             f"{': 0..' + str(visible - 1) if visible else ''})")
+    return devices
 
 
 def split(out: dict, batches: list[int]) -> list[dict]:
@@ -103,32 +181,78 @@ def split(out: dict, batches: list[int]) -> list[dict]:
 
 
 class Batcher:
-    """Runs requests on `contexts` execution contexts of one engine, off the event loop (in
+    """Runs requests on `contexts` execution contexts of each engine, off the event loop (in
     threads; kiln releases the GIL while it works). Requests that arrive within `max_delay_s`
     of each other, with equal shapes past the first dimension, are joined along it into one
-    inference of up to `max_batch` samples, and the outputs are split back."""
+    inference of up to `max_batch` samples, and the outputs are split back.
 
-    def __init__(self, engine: Engine, contexts: int = 2, max_batch: Optional[int] = None,
-                 max_delay_s: float = 0.002):
-        self.engine = engine
-        self.max_batch = batch_limit(engine, max_batch)
+    `engine` may be a list: the same engine file loaded once per GPU (kiln.load(path,
+    device=d)). Their contexts form one pool, interleaved by device, and each inference takes
+    whichever context is free first, so a GPU that finishes sooner gets the next batch.
+
+    `pad_sizes` (sorted batch sizes, the largest max_batch): a joined batch runs at the smallest
+    of them that holds it, the rows past it repeating its first; the engine then sees a few
+    shapes, each replayed as a CUDA graph (the executor keeps the graphs of several shapes,
+    KILN_GRAPH_SHAPES), where unpadded batches take every size from 1 to max_batch."""
+
+    def __init__(self, engine: Union[Engine, Sequence[Engine]], contexts: int = 2,
+                 max_batch: Optional[int] = None, max_delay_s: float = 0.002,
+                 pad_sizes: Optional[Sequence[int]] = None):
+        engines = list(engine) if isinstance(engine, (list, tuple)) else [engine]
+        self.engine = engines[0]
+        self.engines = engines
+        self.max_batch = batch_limit(self.engine, max_batch)
         self.max_delay_s = max_delay_s
+        self.pad_sizes = sorted({min(b, self.max_batch) for b in pad_sizes}) if (
+            pad_sizes and self.max_batch > 1) else []
         self.stats = Stats()
+        self.devices = [device_label(e, i) for i, e in enumerate(engines)]
         self._pool: queue.SimpleQueue = queue.SimpleQueue()
-        for _ in range(max(contexts, 1)):
-            self._pool.put(engine.create_context())
+        self._contexts = []
+        per = max(contexts, 1)
+        for _ in range(per):
+            for label, e in zip(self.devices, engines):
+                ctx = e.create_context()
+                self._contexts.append((label, ctx))
+                self._pool.put((label, ctx))
+        total = per * len(engines)
         self._threads = concurrent.futures.ThreadPoolExecutor(
-            max_workers=max(contexts, 1), thread_name_prefix="kiln-infer")
-        self._slots = asyncio.Semaphore(max(contexts, 1))
+            max_workers=total, thread_name_prefix="kiln-infer")
+        self._slots = asyncio.Semaphore(total)
         self._pending: dict[tuple, list] = {}
-        self._out_names = [t.name for t in engine.outputs]
+        self._out_names = [t.name for t in self.engine.outputs]
 
-    def _run(self, feeds: dict) -> dict:
-        ctx = self._pool.get()
+    def _run(self, feeds: dict) -> tuple[dict, str]:
+        label, ctx = self._pool.get()
         try:
-            return ctx.run(feeds)
+            return ctx.run(feeds), label
         finally:
-            self._pool.put(ctx)
+            self._pool.put((label, ctx))
+
+    def warm(self, sample: Optional[dict] = None) -> int:
+        """Runs every context at the batch sizes the server will form before it takes requests:
+        max_batch first (the largest staging buffers and activation arena are then allocated
+        once, so later batches keep their addresses and graphs), then with padding each padded
+        size, largest first, three times (the first run is layer by layer, the second captures
+        a CUDA graph, the third replays it). `sample`: one request's inputs (batch 1), default
+        zeros at the profile's opt shape past the first dimension. Returns the runs made."""
+        if sample is None:
+            sample = zero_sample(self.engine)
+        if sample is None:
+            return 0
+        sizes = [self.max_batch] if self.max_batch > 1 else [1]
+        repeat = 1
+        if self.pad_sizes:
+            sizes = sorted(set(self.pad_sizes) | set(sizes), reverse=True)
+            repeat = 3
+        runs = 0
+        for _, ctx in self._contexts:
+            for b in sizes:
+                feeds = join([sample], pad_to=b) if b > 1 else sample
+                for _ in range(repeat):
+                    ctx.run(feeds)
+                    runs += 1
+        return runs
 
     async def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Runs one request (checked by check_request), batched with others where it can be."""
@@ -174,15 +298,52 @@ class Batcher:
                 fut.set_result(out)
 
     async def _execute(self, requests: list[dict], batches: list[int]) -> list[dict]:
-        """One inference for `requests`, joined along the first dimension; their outputs."""
+        """One inference for `requests`, joined along the first dimension (and padded to a
+        pad size); their outputs."""
+        total = sum(batches)
+        run = pad_target(total, self.pad_sizes) if self.pad_sizes else total
         async with self._slots:
-            out = await asyncio.get_running_loop().run_in_executor(
-                self._threads, self._run, join(requests))
-        self.stats.count(batches)
+            out, device = await asyncio.get_running_loop().run_in_executor(
+                self._threads, self._run, join(requests, pad_to=run))
+        self.stats.count(batches, run, device)
+        if run > total:
+            out = {n: v[:total] for n, v in out.items()}
         return split(out, batches)
 
     def close(self) -> None:
         self._threads.shutdown(wait=True)
+
+
+def device_label(engine: Engine, index: int) -> str:
+    """How /metrics names the device of the index-th engine: 'cuda:N' for an engine loaded
+    onto GPU N, 'cpu' for a cpu engine, else 'cuda' (the current device)."""
+    if getattr(engine, "backend", "cpu") != "cuda":
+        return "cpu" if index == 0 else f"cpu{index}"
+    d = getattr(engine, "device", None)
+    return f"cuda:{d}" if d is not None else "cuda"
+
+
+def zero_sample(engine: Engine) -> Optional[dict]:
+    """A batch-1 request of zeros at the profile's opt shape (fixed dims as declared), or None
+    when a dynamic dimension has no profile to take it from."""
+    feeds = {}
+    for t in engine.inputs:
+        prof = engine.profile.get(t.name)
+        shape = []
+        for i, d in enumerate(t.shape):
+            if isinstance(d, int):
+                shape.append(d)
+            elif prof:
+                shape.append(int(prof["opt"][i]))
+            else:
+                return None
+        if shape and not isinstance(t.shape[0], int):
+            shape[0] = 1
+        try:
+            feeds[t.name] = np.zeros(shape, dtype=np.dtype(t.dtype))
+        except TypeError:  # an element type NumPy has no name for (bfloat16)
+            return None
+    return feeds
 
 
 def default_contexts() -> int:

@@ -2,9 +2,12 @@
 the Open Inference Protocol (v2) over REST and gRPC, so Triton and KServe clients work unchanged.
 
 A model repository holds engine files: NAME.kiln, or NAME/model.kiln (NAME is the model's name).
-Each model keeps several execution contexts and joins concurrent requests into one inference
-(kiln.batching). Counters per model on /metrics (Prometheus), beside KServe's own:
-kiln_requests_total, kiln_inferences_total, kiln_batched_requests_total, kiln_largest_batch.
+Each model keeps several execution contexts on each GPU (--devices: the engine is loaded once
+per device) and joins concurrent requests into one inference (kiln.batching), padded to a few
+batch sizes with --pad-batches. Counters per model on /metrics (Prometheus), beside KServe's
+own: kiln_requests_total, kiln_inferences_total, kiln_batched_requests_total,
+kiln_largest_batch, kiln_samples_total, kiln_padded_samples_total, and per batch size run and
+per device kiln_batch_inferences_total{batch} and kiln_device_inferences_total{device}.
 """
 from __future__ import annotations
 
@@ -18,8 +21,9 @@ from typing import Optional
 
 import numpy as np
 
-from kiln.batching import V2_DATATYPES, Batcher, RequestError, check_request, default_contexts
-from kiln.engine import Engine, load
+from kiln.batching import (V2_DATATYPES, Batcher, RequestError, batch_limit, check_request,
+                           default_contexts, parse_devices, parse_pad_sizes)
+from kiln.engine import Engine, device_count, load
 
 log = logging.getLogger("kiln.serve")
 
@@ -94,20 +98,38 @@ def _kserve_model_class():
         """One engine as a KServe model (v2 protocol)."""
 
         def __init__(self, name: str, engine_path: str, contexts: int, max_batch: Optional[int],
-                     max_delay_s: float):
+                     max_delay_s: float, devices: Optional[list[int]] = None,
+                     pad_batches: Optional[str] = None, warm: bool = True):
             super().__init__(name)
             self.engine_path = engine_path
             self._args = (contexts, max_batch, max_delay_s)
+            self.devices = devices or []
+            self.pad_batches = pad_batches  # None: no padding; else parse_pad_sizes' text
+            self.warm = warm
             self.engine: Optional[Engine] = None
             self.batcher: Optional[Batcher] = None
 
         def load(self) -> bool:
-            self.engine = load(self.engine_path)
+            # One engine per GPU: each device holds its own weights and contexts.
+            first = load(self.engine_path, device=self.devices[0] if self.devices else None)
+            engines = [first]
+            if first.backend == "cuda":
+                engines += [load(self.engine_path, device=d) for d in self.devices[1:]]
+            elif len(self.devices) > 1:
+                log.info("model %s runs on the cpu backend: --devices does not apply", self.name)
+            self.engine = first
             contexts, max_batch, delay = self._args
-            self.batcher = Batcher(self.engine, contexts, max_batch, delay)
+            # The padded sizes run up to the model's batch limit.
+            limit = batch_limit(first, max_batch)
+            pad = parse_pad_sizes(self.pad_batches, limit) if self.pad_batches is not None else None
+            self.batcher = Batcher(engines, contexts, max_batch, delay, pad_sizes=pad)
+            runs = self.batcher.warm() if self.warm else 0
             self.ready = True
-            log.info("model %s: %s, %d contexts, batches up to %d", self.name, self.engine_path,
-                     contexts, self.batcher.max_batch)
+            log.info("model %s: %s on %s, %d contexts each, batches up to %d%s%s", self.name,
+                     self.engine_path, ", ".join(self.batcher.devices), contexts,
+                     self.batcher.max_batch,
+                     f", padded to {self.batcher.pad_sizes}" if self.batcher.pad_sizes else "",
+                     f", {runs} warm-up runs" if runs else "")
             return self.ready
 
         def get_input_types(self):
@@ -153,11 +175,28 @@ class StatsCollector:
              "batched_requests"),
             (GaugeMetricFamily("kiln_largest_batch", "Samples in the largest inference so far",
                                labels=["model"]), "largest_batch"),
+            (CounterMetricFamily("kiln_samples", "Samples the requests brought",
+                                 labels=["model"]), "samples"),
+            (CounterMetricFamily("kiln_padded_samples", "Samples added by --pad-batches",
+                                 labels=["model"]), "padded_samples"),
         ]
         for family, field in families:
             for m in self.models:
                 family.add_metric([m.name], getattr(m.batcher.stats, field))
             yield family
+        per_batch = CounterMetricFamily("kiln_batch_inferences",
+                                        "Inferences run per batch size (padded)",
+                                        labels=["model", "batch"])
+        per_device = CounterMetricFamily("kiln_device_inferences", "Inferences run per device",
+                                         labels=["model", "device"])
+        for m in self.models:
+            st = m.batcher.stats
+            for b, n in sorted(dict(st.per_batch).items()):
+                per_batch.add_metric([m.name, str(b)], n)
+            for d in m.batcher.devices:
+                per_device.add_metric([m.name, d], st.per_device.get(d, 0))
+        yield per_batch
+        yield per_device
 
 
 class _BodyLimit:
@@ -312,6 +351,17 @@ def parse_args(argv):
     p.add_argument("--max-request-bytes", type=int, default=64 << 20,
                    help="Largest request body, REST and gRPC (default 64 MiB)")
     p.add_argument("--no-grpc", action="store_true", help="REST only")
+    p.add_argument("--devices", default=None,
+                   help="GPUs to serve from, e.g. 0,1: each loads every engine and keeps "
+                        "--contexts contexts of it, and each batch goes to the first free "
+                        "context (default: every visible GPU; cpu engines ignore it)")
+    p.add_argument("--pad-batches", nargs="?", const="pow2", default=None, metavar="SIZES",
+                   help="Pad each joined batch to the smallest of these batch sizes that holds "
+                        "it (e.g. 1,2,4,8,16,32,64; alone: powers of two up to the maximum "
+                        "batch), so the engine sees few shapes and replays each as a CUDA graph")
+    p.add_argument("--no-warmup", action="store_true",
+                   help="Take requests without first running each context at the maximum batch "
+                        "(and, with --pad-batches, at each padded size)")
     return p.parse_args(argv)
 
 
@@ -329,6 +379,13 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 1
     try:
+        devices = parse_devices(a.devices, device_count())
+        if a.pad_batches is not None:
+            parse_pad_sizes(a.pad_batches, 1 << 30)  # the text; the sizes per model at load
+    except ValueError as e:
+        print(f"kiln: error: {e}", file=sys.stderr)
+        return 1
+    try:
         KilnModel = _kserve_model_class()
     except ImportError as e:
         print(f"kiln: error: kiln serve needs KServe ({e}; pip install 'kiln[serve]')",
@@ -337,7 +394,8 @@ def main(argv=None) -> int:
     server = make_server(a.host, a.http_port, a.grpc_port, a.max_request_bytes, not a.no_grpc)
     loaded = []
     for name, path in models.items():
-        m = KilnModel(name, path, a.contexts, a.max_batch_size, a.batch_delay_ms / 1000.0)
+        m = KilnModel(name, path, a.contexts, a.max_batch_size, a.batch_delay_ms / 1000.0,
+                      devices=devices, pad_batches=a.pad_batches, warm=not a.no_warmup)
         try:
             m.load()
         except Exception as e:  # noqa: BLE001 - one model that fails to load is reported, not fatal

@@ -1,0 +1,293 @@
+"""`kiln serve`'s --devices and --pad-batches, and bench/serve_load.py (the GPU load and soak
+tests' driver), on the cpu backend: the option parsing, padding a joined batch, the load
+generator's counting of bad requests, and a short soak against a live server in which every
+kind of bad request is a 4xx with a message and every good answer matches the engine's own."""
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+from conftest import ROOT
+
+import kiln
+from kiln.batching import Batcher, Stats, join, pad_target, parse_devices, parse_pad_sizes, split
+
+_spec = importlib.util.spec_from_file_location("serve_load", os.path.join(ROOT, "bench", "serve_load.py"))
+serve_load = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(serve_load)
+
+
+# ---- --devices, --pad-batches -----------------------------------------------------------------
+def test_parse_devices():
+    assert parse_devices(None, 2) == [0, 1]
+    assert parse_devices("all", 3) == [0, 1, 2]
+    assert parse_devices(None, 0) == []  # no GPU: the engines run where they were built for
+    assert parse_devices("1", 2) == [1]
+    assert parse_devices("1,0", 2) == [1, 0]
+    assert parse_devices(" 0 , 1 ", 2) == [0, 1]
+    for bad, words in [("0,0", "twice"), ("2", "does not exist"), ("-1", "does not exist"),
+                       ("gpu0", "GPU indices"), (",", "no device"), ("0", "does not exist")]:
+        with pytest.raises(ValueError, match=words):
+            parse_devices(bad, 0 if bad == "0" else 2)
+
+
+def test_parse_pad_sizes():
+    assert parse_pad_sizes("pow2", 64) == [1, 2, 4, 8, 16, 32, 64]
+    assert parse_pad_sizes(None, 48) == [1, 2, 4, 8, 16, 32, 48]
+    assert parse_pad_sizes("1,8,4", 16) == [1, 4, 8, 16]        # sorted, the maximum added
+    assert parse_pad_sizes("1,2,4,8,16,32,64", 16) == [1, 2, 4, 8, 16]  # past the maximum dropped
+    assert parse_pad_sizes("pow2", 1) == [1]
+    for bad in ["a,b", "0,4", "-2", ","]:
+        with pytest.raises(ValueError, match="pad-batches"):
+            parse_pad_sizes(bad, 64)
+
+
+def test_pad_target():
+    sizes = [1, 2, 4, 8, 16, 32, 64]
+    assert [pad_target(n, sizes) for n in (1, 2, 3, 5, 9, 33, 64)] == [1, 2, 4, 8, 16, 64, 64]
+    assert pad_target(5, []) == 5
+    assert pad_target(70, sizes) == 70
+
+
+def test_join_pads_with_the_first_row_and_split_drops_it():
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    b = np.arange(6, 9, dtype=np.float32).reshape(1, 3)
+    j = join([{"x": a}, {"x": b}], pad_to=4)["x"]
+    assert j.shape == (4, 3)
+    np.testing.assert_array_equal(j[:3], np.concatenate([a, b]))
+    np.testing.assert_array_equal(j[3], a[0])
+    one = {"x": b}
+    assert join([one])["x"] is b                   # one request, no padding: as it is
+    assert join([one], pad_to=2)["x"].shape == (2, 3)
+    parts = split({"y": j[:3]}, [2, 1])
+    np.testing.assert_array_equal(parts[1]["y"], b)
+
+
+def test_stats_count_padding_and_devices():
+    st = Stats()
+    st.count([1, 1, 1], 4, "cuda:0")
+    st.count([2], 2, "cuda:1")
+    assert (st.inferences, st.samples, st.padded_samples) == (2, 5, 1)
+    assert st.per_batch == {4: 1, 2: 1} and st.per_device == {"cuda:0": 1, "cuda:1": 1}
+    assert st.largest_batch == 3 and st.batched_requests == 3
+
+
+def test_serve_options_parse():
+    from kiln.serving import parse_args
+
+    a = parse_args(["models", "--devices", "0,1", "--pad-batches"])
+    assert a.devices == "0,1" and a.pad_batches == "pow2"
+    a = parse_args(["models", "--pad-batches", "1,4,16"])
+    assert a.pad_batches == "1,4,16" and a.devices is None
+    assert parse_args(["models"]).pad_batches is None
+
+
+def test_kiln_serve_refuses_a_device_that_does_not_exist(tmp_path, cnn_engine):
+    cnn_engine.save(tmp_path / "m.kiln")
+    p = subprocess.run([sys.executable, "-m", "kiln.cli", "serve", str(tmp_path), "--devices",
+                        str(kiln.device_count() + 3)], capture_output=True, text=True,
+                       env=_env(), timeout=120)
+    assert p.returncode == 1 and "does not exist" in p.stderr, p.stderr
+
+
+def test_load_refuses_bad_devices(tmp_path, cnn_engine):
+    cnn_engine.save(tmp_path / "m.kiln")
+    with pytest.raises(kiln.KilnValueError, match="device"):
+        kiln.load(tmp_path / "m.kiln", device=-1)
+    with pytest.raises(kiln.KilnValueError, match="device"):
+        kiln.load(tmp_path / "m.kiln", device="0")
+    assert kiln.load(tmp_path / "m.kiln").device is None
+    assert kiln.load(tmp_path / "m.kiln", device=0).device is None  # a cpu engine: no device
+
+
+def test_batcher_pads_and_counts(cnn_engine):
+    import asyncio
+
+    b = Batcher([cnn_engine, cnn_engine], contexts=1, max_delay_s=0.05, pad_sizes=[1, 2, 4, 8])
+    assert b.max_batch == 8 and b.pad_sizes == [1, 2, 4, 8] and b.devices == ["cpu", "cpu1"]
+    assert b.warm() == 2 * 4 * 3  # two engines' contexts, four sizes, three runs each
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal((1, 3, 32, 32)).astype(np.float32) for _ in range(3)]
+    ctx = cnn_engine.create_context()
+    want = [ctx.run({"input": x})["probabilities"] for x in xs]
+
+    async def go():
+        return await asyncio.gather(*[b.infer({"input": x}) for x in xs])
+
+    got = asyncio.run(go())
+    b.close()
+    for g, w in zip(got, want):
+        assert g["probabilities"].shape == w.shape
+        np.testing.assert_allclose(g["probabilities"], w, rtol=1e-5, atol=1e-6)
+    assert b.stats.per_batch == {4: 1} and b.stats.padded_samples == 1 and b.stats.samples == 3
+
+
+# ---- bench/serve_load.py's pieces ---------------------------------------------------------------
+def test_load_generator_refuses_other_hosts():
+    assert serve_load.local_address("127.0.0.1:8080") == "127.0.0.1:8080"
+    assert serve_load.local_address("[::1]:8081") == "[::1]:8081"
+    for addr in ["10.0.0.1:8080", "example.com:80", "0.0.0.0:8080", "127.0.0.1"]:
+        with pytest.raises(SystemExit, match="local"):
+            serve_load.local_address(addr)
+
+
+class _E(Exception):
+    def __init__(self, status, msg):
+        self._s, self._m = status, msg
+
+    def status(self):
+        return self._s
+
+    def message(self):
+        return self._m
+
+
+@pytest.mark.parametrize("status, cls", [
+    ("400", "4xx"), ("404", "4xx"), ("413", "4xx"), ("500", "5xx"), ("503", "5xx"),
+    ("StatusCode.INVALID_ARGUMENT", "4xx"), ("StatusCode.NOT_FOUND", "4xx"),
+    ("StatusCode.RESOURCE_EXHAUSTED", "4xx"), ("StatusCode.INTERNAL", "5xx"),
+    ("StatusCode.UNKNOWN", "5xx"), ("StatusCode.UNAVAILABLE", "5xx"), (None, "other")])
+def test_status_classes(status, cls):
+    assert serve_load._status(_E(status, "what"))[0] == cls
+
+
+def test_http_answers():
+    assert serve_load._http_answer(400, '{"error": "input x"}') == ("4xx", "400 input x")
+    assert serve_load._http_answer(413, '{"error": "too big"}')[0] == "4xx"
+    assert serve_load._http_answer(500, "Internal Server Error")[0] == "5xx"
+    assert serve_load._http_answer(0, "")[0] == "other"
+
+
+def test_formed_batch_from_metrics():
+    before = {"kiln_inferences_total": 10, "kiln_samples_total": 10, "batch": {1: 10}, "device": {"cuda:0": 10}}
+    after = {"kiln_inferences_total": 16, "kiln_samples_total": 110, "kiln_padded_samples_total": 6,
+             "batch": {1: 10, 16: 2, 32: 1, 4: 3}, "device": {"cuda:0": 13, "cuda:1": 3}}
+    f = serve_load.formed(before, after)
+    assert f["formed_batch_mean"] == round(100 / 6, 2)
+    assert f["run_batch_mode"] == 16 and f["per_batch"] == {4: 3, 16: 2, 32: 1}
+    assert f["per_device"] == {"cuda:0": 3, "cuda:1": 3}
+
+
+def test_growth_after_settling():
+    rows = [{"t_s": t, "rss_mb": v} for t, v in [(0, 100), (30, 300), (60, 310), (90, 312), (120, 311)]]
+    assert serve_load.growth(rows, "rss_mb", 60) == 2
+    assert serve_load.growth(rows, "rss_mb", 200) is None
+
+
+# ---- against a live server ------------------------------------------------------------------------
+def _env():
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.dirname(os.path.dirname(kiln.__file__)), os.environ.get("PYTHONPATH", "")]))
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def padded_server(models_dir, tmp_path_factory):
+    pytest.importorskip("tritonclient.grpc", reason="tritonclient is not installed")
+    if importlib.util.find_spec("kserve") is None:
+        pytest.skip("kserve is not installed (scripts/setup.sh installs it)")
+    repo = tmp_path_factory.mktemp("repo")
+    engine = repo / "small_cnn.kiln"
+    kiln.build(str(models_dir / "small_cnn.onnx"), backend="cpu",
+               min_shapes={"input": [1, 3, 32, 32]}, opt_shapes={"input": [8, 3, 32, 32]},
+               max_shapes={"input": [16, 3, 32, 32]}).save(engine)
+    http, grpc = _free_port(), _free_port()
+    log = open(tmp_path_factory.mktemp("log") / "serve.log", "w+")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kiln.cli", "serve", str(repo), "--host", "127.0.0.1",
+         "--http-port", str(http), "--grpc-port", str(grpc), "--contexts", "2",
+         "--batch-delay-ms", "5", "--pad-batches", "1,2,4,8,16"],
+        stdout=log, stderr=subprocess.STDOUT, env=_env())
+    deadline = time.time() + 90
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{http}/v2/health/ready", timeout=2):
+                break
+        except (urllib.error.URLError, ConnectionError, OSError):
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            log.seek(0)
+            proc.kill()
+            pytest.fail(f"kiln serve did not start:\n{log.read()[-4000:]}")
+        time.sleep(0.5)
+    yield {"http": f"127.0.0.1:{http}", "grpc": f"127.0.0.1:{grpc}", "engine": engine,
+           "proc": proc, "log": log}
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def test_padded_batches_on_metrics(padded_server):
+    from concurrent.futures import ThreadPoolExecutor
+
+    import tritonclient.http as httpclient
+
+    rng = np.random.default_rng(3)
+    xs = [rng.standard_normal((1, 3, 32, 32)).astype(np.float32) for _ in range(6)]
+
+    def one(x):
+        c = httpclient.InferenceServerClient(padded_server["http"])
+        return serve_load._infer(httpclient, c, "small_cnn", {"input": x}).as_numpy("probabilities")
+
+    with ThreadPoolExecutor(6) as pool:
+        got = list(pool.map(one, xs))
+    ctx = kiln.load(padded_server["engine"]).create_context()
+    for x, g in zip(xs, got):
+        np.testing.assert_allclose(g, ctx.run({"input": x})["probabilities"], rtol=1e-5, atol=1e-6)
+    m = serve_load.scrape(padded_server["http"], "small_cnn")
+    assert m["batch"] and set(m["batch"]) <= {1, 2, 4, 8, 16}, m
+    assert m["kiln_samples_total"] >= 6
+    assert m["device"] == {"cpu": m["kiln_inferences_total"]}
+
+
+def test_load_run_reports_rows(padded_server, tmp_path):
+    out = tmp_path / "load.json"
+    p = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "bench", "serve_load.py"), "load",
+         "--http", padded_server["http"], "--grpc", padded_server["grpc"], "--model", "small_cnn",
+         "--clients", "1,4", "--duration", "1.5", "--warmup", "0.3", "--max-requests", "300",
+         "--procs", "1", "--json", str(out)], capture_output=True, text=True, env=_env(), timeout=240)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["protocol"], r["clients"]) for r in rows] == [("grpc", 1), ("grpc", 4), ("http", 1), ("http", 4)]
+    for r in rows:
+        assert r["requests"] > 0 and r["p50_ms"] > 0 and r["p99_ms"] >= r["p50_ms"] and not r["errors"]
+        assert r["inferences"] > 0 and r["run_batch_mode"] in (1, 2, 4, 8, 16)
+    assert "| setup | model |" in p.stdout
+
+
+def test_soak_bad_requests_are_4xx_and_answers_match(padded_server, tmp_path):
+    out = tmp_path / "soak.json"
+    p = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "bench", "serve_load.py"), "soak",
+         "--http", padded_server["http"], "--grpc", padded_server["grpc"], "--model", "small_cnn",
+         "--engine", str(padded_server["engine"]), "--clients", "4", "--duration", "6",
+         "--bad-rate", "0.4", "--procs", "1", "--server-pid", str(padded_server["proc"].pid),
+         "--sample-every", "1", "--settle", "2", "--tolerance", "1e-4",
+         "--json", str(out), "--csv", str(tmp_path / "soak.csv"), "--png", str(tmp_path / "soak.png")],
+        capture_output=True, text=True, env=_env(), timeout=300)
+    s = json.loads(out.read_text())
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert s["passed"] and s["good_ok"] > 0 and s["good_mismatch"] == 0 and s["responses_5xx"] == 0
+    for kind in serve_load.BAD_KINDS:
+        assert s["bad_sent"][kind] > 0 and s["bad"][kind] == {"4xx": s["bad_sent"][kind]}, (kind, s["bad"])
+    assert s["samples"] and s["samples"][0]["rss_mb"] > 0
+    assert (tmp_path / "soak.csv").read_text().startswith("t_s,")
+    if importlib.util.find_spec("matplotlib"):
+        assert (tmp_path / "soak.png").stat().st_size > 1000
+    assert padded_server["proc"].poll() is None
