@@ -50,7 +50,8 @@ PyEngine load(const std::string& path, int device) {
   PyEngine e;
   {
     nb::gil_scoped_release release;
-    e.engine = unwrap(Engine::load(path));  // the weights go to a device at the first context
+    DeviceGuard on(device);  // what a load asks of the GPU, on that GPU (a no-op for cpu builds)
+    e.engine = unwrap(Engine::load(path));  // the weights go to the device at the first context
   }
   if (device >= 0 && e.engine->backend() == "cuda") {
     if (device >= cuda_device_count())
