@@ -74,7 +74,7 @@ for m in $MODELS; do
   esac
 done
 wait
-if [ ! -f /tmp/kiln-py/kiln/_kiln*.so ] && ! ls /tmp/kiln-py/kiln/_kiln*.so >/dev/null 2>&1; then
+if ! ls /tmp/kiln-py/kiln/_kiln*.so >/dev/null 2>&1; then
   tail -30 "$W/extension_build.log"; echo "serve_gpu: the extension did not build"; exit 1
 fi
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
