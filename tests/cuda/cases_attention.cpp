@@ -19,7 +19,7 @@ struct Spec {
   std::string name;
   std::vector<int64_t> q, k, v;
   CaseInput mask = absent(), past_k = absent(), past_v = absent(), nonpad = absent();
-  Attributes a;
+  Attributes a = {};  // an initializer: cases that leave it out warn under -Wextra otherwise
   int outputs = 4;
   Modes modes = kFloatModes;
   DataType t = DataType::kFloat32;
