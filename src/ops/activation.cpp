@@ -1,5 +1,5 @@
 // Activation family: pointwise nonlinearities (Relu, LeakyRelu, Sigmoid, Tanh, Elu, Selu, Celu,
-// HardSigmoid, HardSwish, Softplus, Softsign, Gelu, ThresholdedRelu, Shrink, Mish) and PRelu
+// HardSigmoid, HardSwish, Swish, Softplus, Softsign, Gelu, ThresholdedRelu, Shrink, Mish) and PRelu
 // (slope broadcast unidirectionally to X). Built on the unary templates of elementwise_util.h;
 // 16-bit floats compute in float. Defaults follow the ONNX spec.
 #include <cmath>
@@ -111,6 +111,17 @@ struct HardSwishOp : FloatAct {
   C operator()(C x) const {
     const C y = x / C(6) + C(0.5);
     return x * (y < C(0) ? C(0) : (y > C(1) ? C(1) : y));
+  }
+};
+
+// Swish (opset 24): x * sigmoid(alpha * x); SiLU is alpha = 1. Exporters write it as
+// Mul(x, Sigmoid(x)), which fuse_swish recognises.
+struct SwishOp : FloatAct {
+  float alpha;
+  explicit SwishOp(const Node& n) : alpha(n.attrs.get_float("alpha", 1.0f)) {}
+  template <typename C>
+  C operator()(C x) const {
+    return x / (C(1) + std::exp(-static_cast<C>(alpha) * x));
   }
 };
 
@@ -308,6 +319,7 @@ const OpDef kActivationOps[] = {
     act<CeluOp>("Celu"),
     act<HardSigmoidOp>("HardSigmoid", ew::upgrade_drop_consumed_inputs),
     act<HardSwishOp>("HardSwish"),
+    act<SwishOp>("Swish"),
     act<SoftplusOp>("Softplus"),
     act<SoftsignOp>("Softsign"),
     act<GeluOp>("Gelu"),

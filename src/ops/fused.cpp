@@ -12,7 +12,7 @@ namespace kiln {
 
 const std::vector<std::string>& fused_activation_names() {
   static const std::vector<std::string> k = {"Relu",      "Clip",      "Sigmoid", "Tanh",
-                                             "LeakyRelu", "HardSwish", "Gelu"};
+                                             "LeakyRelu", "HardSwish", "Gelu",    "Swish"};
   return k;
 }
 
@@ -39,7 +39,8 @@ bool chain_op_supported(const std::string& op_type) {
                                              "Gelu",      "Clip",
                                              "Sin",       "Cos",
                                              "PRelu",     "ThresholdedRelu",
-                                             "Mish",      "Sign"};
+                                             "Mish",      "Sign",
+                                             "Swish"};
   return std::find(k.begin(), k.end(), op_type) != k.end() && find_op("", op_type) != nullptr;
 }
 
@@ -295,6 +296,58 @@ Status cpu_reformat(KernelContext& ctx) {
 }
 
 }  // namespace
+
+Status unfuse_layer(Graph& g, Node* n) {
+  const bool conv = n->domain == "kiln" && n->op_type == "FusedConv";
+  const bool gemm = n->domain == "kiln" && n->op_type == "FusedGemm";
+  if ((!conv && !gemm) || quant::runs_int8(*n) || !n->output(0))
+    return KILN_ERROR("{}: only float kiln.FusedConv and kiln.FusedGemm layers split", n->label());
+  std::string base = "Conv";
+  if (gemm) KILN_RETURN_IF_ERROR(check_base(*n, &base));
+  Attributes base_attrs;
+  for (const auto& [k, v] : n->attrs.all())
+    if (k != "activation" && k != "base" && k.rfind("act_", 0) != 0) base_attrs.set(k, v);
+  const DataType dt = n->output(0)->type.dtype;
+  Value* y = nullptr;
+  // Each part is placed before the layer and named after it; the last part takes over its output.
+  std::vector<Node*> parts;
+  auto part = [&](const std::string& op, std::vector<Value*> ins, Attributes a = {}) {
+    const std::string name = g.unique_name(n->name + "/" + op);
+    Node* p = g.insert_node_before(n, op, name, ins, {name});
+    p->attrs = std::move(a);
+    p->origin = n->origin.empty() ? "unfuse" : n->origin + "+unfuse";
+    p->onnx_nodes = n->onnx_nodes;
+    p->output(0)->type = n->output(0)->type;
+    parts.push_back(p);
+    y = p->output(0);
+  };
+  std::vector<Value*> ins = {n->input(0), n->input(1)};
+  if (conv || base == "Gemm") ins.push_back(n->input(2));
+  while (!ins.empty() && !ins.back()) ins.pop_back();
+  part(base, ins, base_attrs);
+  if (gemm && base == "MatMul" && n->input(2)) part("Add", {y, n->input(2)});
+  if (n->num_inputs() > 3 && n->input(3)) part("Add", {y, n->input(3)});
+  const std::string act = n->attrs.get_string("activation", "");
+  if (act == "Clip") {
+    std::vector<Value*> clip = {y, nullptr, nullptr};
+    for (const auto& [i, key] : {std::pair<int, const char*>{1, "act_min"}, {2, "act_max"}})
+      if (n->attrs.has(key))
+        clip[i] = g.add_constant(g.unique_name(n->name + "/" + key),
+                                 Tensor::scalar<float>(n->attrs.get_float(key, 0)).cast(dt));
+    while (!clip.back()) clip.pop_back();
+    part("Clip", clip);
+  } else if (!act.empty()) {
+    part(act, {y}, fused::strip_prefix(n->attrs, "act_"));
+  }
+  Value* out = n->output(0);
+  Node* last = parts.back();
+  Value* tmp = last->output(0);
+  KILN_RETURN_IF_ERROR(g.remove_node(n, /*force=*/true));
+  g.replace_all_uses(tmp, out);
+  g.set_node_output(last, 0, out);
+  g.remove_dead_values();
+  return Status::Ok();
+}
 
 Status infer_elementwise_chain(InferContext& ctx);
 Status cpu_elementwise_chain(KernelContext& ctx);

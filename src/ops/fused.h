@@ -63,4 +63,10 @@ bool chain_op_supported(const std::string& op_type);
 // Whether kiln's CPU kernels run this fused layer with these attributes.
 bool fused_layer_supported(const std::string& op_type, const Attributes& attrs);
 
+// Splits a float kiln.FusedConv or kiln.FusedGemm back into the ops it fuses, in its CPU
+// kernel's order (Conv | MatMul [+ Add(C)] | Gemm, then Add(Z or R), then the activation), in its
+// place; the last op writes the layer's output value. For a backend that has no kernel for the
+// fused form (a residual that broadcasts, an activation no epilogue computes).
+Status unfuse_layer(Graph& g, Node* n);
+
 }  // namespace kiln

@@ -24,9 +24,11 @@ bool extra_outputs_used(Graph& g, const Node& n) {
 }
 
 // --- BatchNormalization -----------------------------------------------------------------------
-// Opsets 1-5 carry consumed_inputs, 1-6 is_test, 1-8 spatial; 14+ training_mode. kiln only runs
-// inference: the running-statistics outputs of training mode are refused. spatial=0 (statistics
-// per activation, i.e. scale/B/mean/var of shape X.shape[1:]) is kept as kiln_per_activation=1.
+// Opsets 1-5 carry consumed_inputs, 1-6 is_test, 1-8 spatial; 14+ training_mode. spatial=0
+// (statistics per activation, i.e. scale/B/mean/var of shape X.shape[1:]) is kept as
+// kiln_per_activation=1. training_mode=1 normalizes Y with the batch's own statistics (the
+// reference kernel below; GPU tactics refuse it): models that standardize constant weights this
+// way (timm's NFNets) fold it at build time. Its running-statistics outputs are refused.
 Status upgrade_batchnorm(ImportContext& ctx) {
   Node& n = ctx.node();
   n.attrs.erase("consumed_inputs");
@@ -35,18 +37,18 @@ Status upgrade_batchnorm(ImportContext& ctx) {
     if (n.attrs.get_int("spatial", 1) == 0) n.attrs.set("kiln_per_activation", Attribute::Int(1));
     n.attrs.erase("spatial");
   }
-  if (n.attrs.get_int("training_mode", 0) != 0 || extra_outputs_used(ctx.graph(), n))
+  if (extra_outputs_used(ctx.graph(), n))
     return KILN_ERROR(
-        "{}: BatchNormalization in training mode (training_mode=1 or running mean/var outputs) "
-        "is not supported; export the model in eval/inference mode",
+        "{}: BatchNormalization's running mean/var outputs (training) are not supported; export "
+        "the model in eval/inference mode",
         n.label());
   return Status::Ok();
 }
 
 Status check_batchnorm_mode(const Node& n) {
-  if (n.attrs.get_int("training_mode", 0) != 0)
-    return KILN_ERROR("{}: BatchNormalization training mode is not supported (inference only)",
-                      n.label());
+  if (n.attrs.get_int("training_mode", 0) != 0 && n.attrs.get_int("kiln_per_activation", 0) != 0)
+    return KILN_ERROR("{}: BatchNormalization training mode with per-activation statistics "
+                      "(spatial=0) is not supported", n.label());
   return Status::Ok();
 }
 
@@ -90,11 +92,29 @@ Status cpu_batchnorm(KernelContext& ctx) {
     p[i] = t->cast(DataType::kFloat64);
   }
   const double eps = n.attrs.get_float("epsilon", 1e-5f);
+  const Tensor xd = x->cast(DataType::kFloat64);
+  const double* in = xd.data<double>();
+  if (n.attrs.get_int("training_mode", 0) != 0) {
+    // The batch's statistics per channel over N and the spatial axes (population variance), in
+    // place of the running mean and variance.
+    for (int64_t c = 0; c < C; ++c) {
+      double sum = 0, sq = 0;
+      const double count = static_cast<double>(N * inner);
+      for (int64_t b = 0; b < N; ++b)
+        for (int64_t i = 0; i < inner; ++i) sum += in[(b * C + c) * inner + i];
+      const double m = count > 0 ? sum / count : 0.0;
+      for (int64_t b = 0; b < N; ++b)
+        for (int64_t i = 0; i < inner; ++i) {
+          const double d = in[(b * C + c) * inner + i] - m;
+          sq += d * d;
+        }
+      p[2].data<double>()[c] = m;
+      p[3].data<double>()[c] = count > 0 ? sq / count : 0.0;
+    }
+  }
   const double *scale = p[0].data<double>(), *bias = p[1].data<double>(),
                *mean = p[2].data<double>(), *var = p[3].data<double>();
-  const Tensor xd = x->cast(DataType::kFloat64);
   Tensor y(DataType::kFloat64, x->shape());
-  const double* in = xd.data<double>();
   double* out = y.data<double>();
   for (int64_t b = 0; b < N; ++b)
     for (int64_t c = 0; c < C; ++c)

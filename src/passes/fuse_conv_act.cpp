@@ -2,7 +2,8 @@
 //   Conv|FusedConv(...) -> Act          =>  kiln.FusedConv(..., activation=Act)
 //   Gemm|MatMul|FusedGemm(...) -> Act   =>  kiln.FusedGemm(..., activation=Act)
 // Act: Relu, Clip (constant bounds, e.g. ReLU6), Sigmoid, Tanh, LeakyRelu, HardSwish, Gelu
-// (erf or tanh form, as fuse_gelu produces it). Only when the producer's output has no other
+// (erf or tanh form, as fuse_gelu produces it), Swish (as fuse_swish produces it; only where a
+// backend kernel computes it in the layer). Only when the producer's output has no other
 // consumer and the producer carries no activation yet.
 #include "ops/fused.h"
 #include "passes/passes.h"
@@ -56,7 +57,14 @@ struct FuseConvAct {
       if (act.num_inputs() > 1) return reject("the activation has extra inputs");
       copy_attrs_prefixed(act.attrs, a, "act_");
     }
-    if (!ctx.backend_supports("kiln", op, a, y->type.dtype)) return std::nullopt;
+    // Swish joins only a layer whose own kernel computes it (kiln's depthwise convolution):
+    // the backend judges the would-be layer, not just its attributes.
+    std::unique_ptr<Graph> scratch;
+    if (act.op_type == "Swish")
+      scratch = scratch_layer("kiln", op, p->inputs(), a, act.output(0));
+    if (!ctx.backend_supports("kiln", op, a, y->type.dtype,
+                              scratch ? scratch->nodes().back() : nullptr))
+      return reject("the backend has no kernel for this layer with its activation");
     return Match{p, &act, op, std::move(a)};
   }
 

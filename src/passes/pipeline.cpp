@@ -37,9 +37,11 @@ struct PassEntry {
 //   Identity -> BatchNorm) for the patterns below; fold_reshape_transpose, just before
 //   cancel_transposes, turns a transpose written through merged dims (SDPA's K) into a plain
 //   Transpose that cancel_transposes composes with the head split's, in the same round.
+// - reduce_to_global_pool beside the folding: a ReduceMean over every spatial axis becomes the
+//   GlobalAveragePool it is, before any fusion reads either form.
 // - fold_batchnorm before any fusion: BN folds into the weights of a plain Conv/Gemm/MatMul;
 //   once an activation fused in between, it no longer could.
-// - fuse_layernorm, fuse_gelu and fuse_attention before the generic fusions: they recognise
+// - fuse_layernorm, fuse_gelu, fuse_swish and fuse_attention before the generic fusions: they recognise
 //   composite ops made of MatMul/Add/elementwise pieces that fuse_matmul_add and
 //   fuse_elementwise would otherwise swallow piecemeal. map_onnx_attention beside them: ONNX's
 //   own Attention op becomes the same kiln.Attention layer (its Where/Add for the mask are
@@ -74,10 +76,12 @@ constexpr PassEntry kPipeline[] = {
     {"fold_reshape_transpose", 1, passes::fold_reshape_transpose},
     {"cancel_transposes", 1, passes::cancel_transposes},
     {"fold_batchnorm", 1, passes::fold_batchnorm},
+    {"reduce_to_global_pool", 1, passes::reduce_to_global_pool},
     {"eliminate_dead_code", 1, passes::eliminate_dead_code},
     {"fuse_layernorm", 2, passes::fuse_layernorm},
     {"fuse_rmsnorm", 2, passes::fuse_rmsnorm},
     {"fuse_gelu", 2, passes::fuse_gelu},
+    {"fuse_swish", 2, passes::fuse_swish},
     {"fuse_attention", 2, passes::fuse_attention},
     {"map_onnx_attention", 2, passes::map_onnx_attention},
     {"fold_attention_heads", 2, passes::fold_attention_heads},

@@ -94,3 +94,54 @@ TEST(FoldBatchNorm, MatMulWithBatchDimsDoesNotFold) {
 
 }  // namespace
 }  // namespace kiln::test
+
+namespace kiln::test {
+namespace {
+
+// BatchNormalization in training mode normalizes with the batch's own statistics: NFNets
+// standardize constant weights this way, which fold_constants then folds.
+TEST(FoldBatchNorm, TrainingModeUsesBatchStatistics) {
+  G b;
+  Value* x = b.in("x", {2, 2, 3});
+  Value* mean = b.c(Tensor::from<float>({2}, {100.f, -100.f}));  // ignored in training mode
+  Value* var = b.c(Tensor::from<float>({2}, {50.f, 50.f}));
+  b.out(b.op("BatchNormalization",
+             {x, b.c(Tensor::from<float>({2}, {2.f, 1.f})),
+              b.c(Tensor::from<float>({2}, {0.f, 0.5f})), mean, var},
+             attrs({{"epsilon", Attribute::Float(0.f)}, {"training_mode", Attribute::Int(1)}})));
+  // Expected values from the definition: per channel, mean and population variance over N and L.
+  const std::vector<float> xv = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+  const auto y = run_cpu(b.g, {Tensor::from<float>({2, 2, 3}, xv)});
+  ASSERT_EQ(y.size(), 1u);
+  for (int c = 0; c < 2; ++c) {
+    double m = 0, v = 0;
+    for (int n = 0; n < 2; ++n)
+      for (int i = 0; i < 3; ++i) m += xv[(n * 2 + c) * 3 + i] / 6.0;
+    for (int n = 0; n < 2; ++n)
+      for (int i = 0; i < 3; ++i) v += std::pow(xv[(n * 2 + c) * 3 + i] - m, 2) / 6.0;
+    for (int n = 0; n < 2; ++n)
+      for (int i = 0; i < 3; ++i) {
+        const int e = (n * 2 + c) * 3 + i;
+        const double want = (xv[e] - m) / std::sqrt(v) * (c == 0 ? 2.0 : 1.0) + (c == 0 ? 0 : 0.5);
+        EXPECT_NEAR(y[0].at_double(e), want, 1e-5) << "element " << e;
+      }
+  }
+}
+
+TEST(FoldBatchNorm, TrainingModeOnConstantWeightsFolds) {
+  G b;
+  Value* w = b.c(rand_t({1, 6, 36}));
+  Value* std_w = b.op("BatchNormalization",
+                      {w, b.c(rand_t({6}, 0.5f, 1.5f)), b.c(rand_t({6})), b.c(rand_t({6})),
+                       b.c(rand_t({6}, 0.5f, 2.f))},
+                      attrs({{"epsilon", Attribute::Float(1e-5f)},
+                             {"training_mode", Attribute::Int(1)}}));
+  Value* w4 = b.op("Reshape", {std_w, b.c(ints({6, 4, 3, 3}))});
+  b.out(b.op("Conv", {b.in("x", {1, 4, 5, 5}), w4}, conv_attrs()));
+  auto opt = optimize_checked(b.g, {"fold_constants"});
+  EXPECT_EQ(count(*opt, "BatchNormalization"), 0);
+  EXPECT_EQ(count(*opt, "Conv"), 1);
+}
+
+}  // namespace
+}  // namespace kiln::test
