@@ -1,5 +1,6 @@
 // Conv family cases: Conv (1-3 spatial axes, strides, dilations, groups, depthwise, asymmetric
 // and SAME padding), kiln.FusedConv (bias, residual, every fused activation) and ConvTranspose.
+#include <tuple>
 #include <cmath>
 
 #include "backend_ops.h"
@@ -55,6 +56,25 @@ std::vector<OpCase> conv_cases() {
       }
       v.push_back(c);
     }
+  }
+  // ConvNeXt's 7x7 (pad 3) and the strip kernel's edges: widths that are not a multiple of its
+  // strips, stride 2 with an odd width, a 3x3 stride-2 layer of odd size.
+  for (const auto& [k, s, W] : {std::tuple<int, int, int64_t>{7, 1, 13}, {7, 2, 15},
+                                {3, 2, 9}, {5, 1, 17}}) {
+    v.push_back(conv("dw_k" + std::to_string(k) + "_s" + std::to_string(s) + "_w" +
+                         std::to_string(W),
+                     {2, 16, 7, W}, {16, 1, k, k},
+                     attrs({{"group", Attribute::Int(16)}, {"strides", ints_attr({s, s})},
+                            {"pads", ints_attr({k / 2, k / 2, k / 2, k / 2})}})));
+  }
+  {  // EfficientNet's depthwise layer with its SiLU (Swish) and a residual: kiln's kernel only
+    OpCase c = conv("dw_fused_swish", {2, 24, 9, 13}, {24, 1, 5, 5},
+                    attrs({{"group", Attribute::Int(24)}, {"pads", ints_attr({2, 2, 2, 2})},
+                           {"activation", Attribute::String("Swish")}}));
+    c.op_type = "FusedConv";
+    c.domain = "kiln";
+    c.inputs.push_back(in({2, 24, 9, 13}));
+    v.push_back(c);
   }
   v.push_back(conv("depthwise_dilated_nobias", {1, 16, 9, 9}, {16, 1, 3, 3},
                    attrs({{"group", Attribute::Int(16)}, {"dilations", ints_attr({2, 2})},

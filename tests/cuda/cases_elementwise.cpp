@@ -71,7 +71,7 @@ void unary_cases(std::vector<OpCase>& v) {
       {"Celu", -3, 3, false},      {"HardSigmoid", -4, 4, false}, {"HardSwish", -5, 5, false},
       {"Softplus", -10, 10, false}, {"Softsign", -3, 3, false}, {"Gelu", -3, 3, false},
       {"ThresholdedRelu", -2, 3, false}, {"Shrink", -2, 2, false}, {"Mish", -4, 4, false},
-      {"LeakyRelu", -2, 2, false},
+      {"LeakyRelu", -2, 2, false}, {"Swish", -8, 8, false},
   };
   for (const U& u : ops) {
     const std::string n = lower(u.op);

@@ -177,6 +177,8 @@ void pool_cases(std::vector<OpCase>& v) {
     v.push_back(make_case(p + "nan", op, {}, {fixed({2, 6, 5, 7}, with_nans(2 * 6 * 5 * 7, 37))}, kPoolModes));
     // Few images x channels over a large plane: the split-over-blocks NHWC path.
     v.push_back(make_case(p + "se_pool", op, {}, {in({4, 40, 48, 48})}, kPoolModes));
+    // EfficientNet's: channel vectors that do not divide a block's 256 threads, an odd plane.
+    v.push_back(make_case(p + "se_pool_c144", op, {}, {in({2, 144, 37, 29})}, kPoolModes));
     v.push_back(make_case(p + "split_nan", op, {}, {fixed({1, 8, 40, 40}, with_nans(8 * 40 * 40, 37))}, kPoolModes));
     // ResNet-50's head: 2048 channels over 7x7 (NHWC: the 16-byte vector loads).
     v.push_back(make_case(p + "resnet50_head", op, {}, {in({3, 2048, 7, 7})}, kPoolModes));

@@ -493,6 +493,72 @@ TEST(CudaEngine, Fp16OutputsAreWrittenByTheLastKernel) {
   }
 }
 
+// ConvNeXt's block: a depthwise convolution (NHWC), permute to channels-last, LayerNorm over
+// the channels, a Linear, permute back, a residual (here the convolution's output, stored NHWC
+// as a block's input is). In an FP16 engine both permutes relabel
+// the NHWC memory (movement.transpose_relabel) and no Reformat or Transpose kernel runs
+// between the convolution and the LayerNorm; the result matches the CPU reference.
+TEST(CudaEngine, ChannelsLastPermutesRelabelNhwcMemory) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU here: GPU test skipped";
+  auto net = [] {
+    auto g = std::make_unique<Graph>();
+    Value* x = g->add_value("x", TensorType(DataType::kFloat32, {Dim::sym("N"), 16, 9, 11}));
+    g->add_input(x);
+    Node* dw = g->add_node("Conv", "dw", {x, g->add_constant("wd", random({16, 1, 7, 7}, 31, 0.2f)),
+                                         g->add_constant("bd", random({16}, 32, 0.1f))}, {"d"});
+    dw->attrs.set("group", Attribute::Int(16));
+    dw->attrs.set("pads", Attribute::Ints({3, 3, 3, 3}));
+    Node* t1 = g->add_node("Transpose", "to_last", {dw->output(0)}, {"dl"});
+    t1->attrs.set("perm", Attribute::Ints({0, 2, 3, 1}));
+    Node* ln = g->add_node("LayerNormalization", "ln",
+                           {t1->output(0), g->add_constant("g", random({16}, 33, 1.f)),
+                            g->add_constant("b", random({16}, 34, 0.1f))}, {"n"});
+    ln->attrs.set("axis", Attribute::Int(-1));
+    Node* mm = g->add_node("MatMul", "fc", {ln->output(0), g->add_constant("wf", random({16, 16}, 35, 0.3f))},
+                           {"f"});
+    Node* t2 = g->add_node("Transpose", "to_first", {mm->output(0)}, {"fc_first"});
+    t2->attrs.set("perm", Attribute::Ints({0, 3, 1, 2}));
+    Node* add = g->add_node("Add", "res", {t2->output(0), dw->output(0)}, {"y"});
+    g->add_output(add->output(0));
+    EXPECT_TRUE(infer_shapes(*g).ok());
+    return g;
+  };
+  BuildConfig c;
+  c.backend = "cuda";
+  c.fp16 = true;
+  // NHWC layers throughout (a block's input is NHWC in a network; here it is the graph input,
+  // where for so small a tensor a row-major convolution may time faster).
+  c.layout = "nhwc";
+  c.shapes = {{"x", {3, 16, 9, 11}}};
+  auto e = Engine::build_from_graph(net(), c, "convnext_block");
+  ASSERT_TRUE(e.ok()) << e.status().message();
+  const auto plan = nlohmann::json::parse((*e)->backend_plan_json());
+  int relabels = 0, transposes = 0;
+  for (const auto& l : plan["layers"]) {
+    const std::string t = l.value("tactic", "");
+    relabels += t == "movement.transpose_relabel";
+    transposes += t == "movement.transpose";
+  }
+  EXPECT_EQ(relabels, 2) << plan.dump(1);
+  EXPECT_EQ(transposes, 0) << plan.dump(1);
+  BuildConfig cc;
+  cc.backend = "cpu";
+  cc.shapes = c.shapes;
+  auto cpu = Engine::build_from_graph(net(), cc, "convnext_block");
+  ASSERT_TRUE(cpu.ok()) << cpu.status().message();
+  const Tensor x = random({3, 16, 9, 11}, 36);
+  auto cctx = (*cpu)->create_context();
+  auto gctx = (*e)->create_context();
+  ASSERT_TRUE(cctx.ok() && gctx.ok());
+  auto want = (*cctx)->execute({{"x", x}});
+  ASSERT_TRUE(want.ok()) << want.status().message();
+  for (int rep = 0; rep < 3; ++rep) {  // layer by layer, then graph replays
+    auto got = (*gctx)->execute({{"x", x}});
+    ASSERT_TRUE(got.ok()) << got.status().message();
+    EXPECT_LT(rel_l2((*got)[0], (*want)[0]), 1e-2) << "run " << rep;
+  }
+}
+
 TEST(CudaEngine, SaveLoadAndBadShapes) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU here: GPU test skipped";
   auto e = build(true);

@@ -525,10 +525,12 @@ Expected<std::unique_ptr<Instance>> CudaContext::make_instance(
         auto go = first_output.find(v);
         auto wt = through.find(v);
         const Value* src = n->input(0);
+        // kLayoutSwap (layer.h): its two layouts hold the same bytes.
         const bool same_storage = o == 0 && c.tactic->alias_input == 0 && src &&
                                   inst->in_refs[s][0].kind != TensorRef::kNone &&
                                   inst->ins[s][0].dtype == t.dtype &&
-                                  inst->ins[s][0].layout == t.layout;
+                                  (inst->ins[s][0].layout == t.layout ||
+                                   (c.tactic->caps & kLayoutSwap));
         const bool can_alias = same_storage && go == first_output.end();
         if (go != first_output.end()) {
           tr = {TensorRef::kOutput, go->second};
@@ -828,9 +830,9 @@ Status CudaContext::launch(Instance& instance, cudaStream_t s,
     return enqueue_read(s, layer_times);
   }
   inst->graphs.push_back({io, exec, config_generation_, ++graph_clock_});
+  limit_graph_shapes(inst);
   KILN_CUDA_CHECK(cudaGraphLaunch(exec, s));
   return Status::Ok();
-  limit_graph_shapes(inst);
 }
 
 Expected<std::vector<Tensor>> CudaContext::execute(const std::map<std::string, Tensor>& inputs,

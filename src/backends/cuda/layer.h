@@ -150,6 +150,10 @@ enum FormatCaps : uint32_t {
                             // scale (kQuantOut's mirror): candidates exist only where the value
                             // has a scale, so an INT8 chain's last tensor needs no dequantizing
                             // reformat ahead of it
+  kLayoutSwap = 1u << 12,   // an alias tactic of a Transpose between channels-first and
+                            // channels-last (perm 0,2,3,1 or 0,3,1,2): its candidate stores the
+                            // channels-first side NHWC and the other row-major, so both hold the
+                            // same bytes and the layer relabels memory (lower.cpp)
 };
 
 using SupportsFn = bool (*)(const LayerDesc&, std::string* why_not);

@@ -7,6 +7,7 @@
 #include <unordered_set>
 
 #include "format_choice.h"
+#include "ops/fused.h"
 #include "ops/op.h"
 #include "quant/int8.h"
 #include "shape_eval.h"
@@ -19,6 +20,16 @@ namespace {
 DataType storage_type(DataType t, Precision p) {
   if (t == DataType::kFloat32) return p == Precision::kFP16 ? DataType::kFloat16 : t;
   return t;
+}
+
+// A kLayoutSwap tactic (layer.h) relabels a Transpose between channels-first and channels-last:
+// its candidate stores the channels-first side NHWC and the channels-last side row-major, the
+// same bytes (its supports() checks the permutation).
+void swap_layouts(const Node& n, LayerChoice* c) {
+  if (c->in.empty() || c->out.empty() || n.output(0)->type.rank() != 4) return;
+  const std::vector<int64_t> perm = n.attrs.get_ints("perm");
+  if (perm == std::vector<int64_t>{0, 2, 3, 1}) c->in[0].layout = Layout::kNHWC;
+  if (perm == std::vector<int64_t>{0, 3, 1, 2}) c->out[0].layout = Layout::kNHWC;
 }
 
 // A kRawIn0 tactic (layer.h) reads input 0 as the model stores it: its own type, row-major,
@@ -134,6 +145,16 @@ struct Lowering {
     return any;
   }
 
+  // Whether a non-constant 4-D input of `n` is produced row-major.
+  bool arrives_linear(const Node& n) const {
+    for (const Value* v : n.inputs()) {
+      if (!v || v->is_constant() || v->type.rank() != 4) continue;
+      auto it = produced.find(v);
+      if (it != produced.end() && it->second.layout == Layout::kLinear) return true;
+    }
+    return false;
+  }
+
   // The candidates of a node: for a layer marked int8 = 1, its INT8 candidates first, then the
   // float ones at the build's precision (the tuner times them all and keeps the fastest; an
   // untuned build takes INT8 when a tactic supports it). Float candidates: most preferred
@@ -169,6 +190,11 @@ struct Lowering {
     std::vector<Precision> precisions;
     if (want16) precisions.push_back(Precision::kFP16);
     precisions.push_back(o.tf32 ? Precision::kTF32 : Precision::kFP32);
+    // A 4-D input that arrives row-major (a graph input, a LayerNorm's or a GEMM's output)
+    // makes the row-major candidates worth timing beside the NHWC ones: the format choice weighs
+    // them with the reformats the NHWC ones would add (Swin's shifts, slices and pads of
+    // [B, H, W, C] tensors; a CNN's first convolution).
+    const bool linear_input = o.layout == "auto" && arrives_linear(n);
     for (Precision p : precisions) {
       const bool nhwc_wanted =
           o.layout == "nhwc" || (o.layout == "auto" && p != Precision::kFP32);
@@ -182,6 +208,7 @@ struct Lowering {
             if (!can) continue;
           }
           LayerChoice c = float_choice(n, *t, p, nhwc);
+          if (t->caps & kLayoutSwap) swap_layouts(n, &c);
           // kQuantOut / kQuantIn0 (layer.h): output 0 / input 0 stored as its value's int8
           // codes, only where the value has a scale.
           auto as_codes = [&](const Value* v, std::vector<TensorFormat>& f, const char* what) {
@@ -205,7 +232,7 @@ struct Lowering {
           }
           add_if_supported(n, std::move(c), &out, &reasons, forced_variant);
         }
-        if (out.size() > before) return out;
+        if (out.size() > before && !(nhwc && linear_input)) return out;
       }
     }
     if (out.empty()) *why_none = reasons;
@@ -505,8 +532,46 @@ std::vector<InputShapes> tuning_points(const std::vector<std::vector<int64_t>>& 
   return {small};
 }
 
+namespace {
+// Whether some tactic takes float layer `n` at one of the build's precisions, in either layout.
+bool some_tactic_takes(const Node& n, const GpuBuildOptions& o) {
+  std::vector<Precision> precisions;
+  if (o.fp16) precisions.push_back(Precision::kFP16);
+  precisions.push_back(o.tf32 ? Precision::kTF32 : Precision::kFP32);
+  for (const TacticDef* t : tactics_for(n.domain, n.op_type))
+    for (Precision p : precisions)
+      for (bool nhwc : {true, false}) {
+        const LayerChoice c = float_choice(n, *t, p, nhwc);
+        std::string why;
+        if (caps_allow(c, &why) && (!t->supports || t->supports(c.desc(&n), &why))) return true;
+      }
+  return false;
+}
+
+// A fused float layer that no tactic takes (a residual that broadcasts, an activation no
+// epilogue computes) is split back into the ops it fuses (unfuse_layer, ops/fused.h), which
+// the GPU runs, rather than failing the build.
+Status split_untaken_layers(Graph& g, const GpuBuildOptions& o) {
+  bool split = false;
+  for (Node* n : std::vector<Node*>(g.nodes())) {
+    if (n->domain != "kiln" || (n->op_type != "FusedConv" && n->op_type != "FusedGemm") ||
+        quant::runs_int8(*n) || some_tactic_takes(*n, o))
+      continue;
+    if (o.log)
+      *o.log << n->label() << ": no GPU kernel takes the fused layer; split into its ops\n";
+    KILN_RETURN_IF_ERROR(unfuse_layer(g, n));
+    split = true;
+  }
+  if (!split) return Status::Ok();
+  KILN_RETURN_IF_ERROR(g.topo_sort());
+  g.renumber();
+  return infer_shapes(g);
+}
+}  // namespace
+
 Expected<Plan> lower_for_gpu(Graph& g, const std::vector<std::vector<int64_t>>& opt_shapes,
                              const GpuBuildOptions& o) {
+  KILN_RETURN_IF_ERROR(split_untaken_layers(g, o));
   const std::vector<bool> host_in = host_value_inputs(g);
   Lowering L{g, o, host_nodes(g, host_in), {}, {}, {}};
   // Inputs read on the host have no values at build time: when shapes depend on them, the
@@ -572,10 +637,13 @@ Expected<Plan> lower_for_gpu(Graph& g, const std::vector<std::vector<int64_t>>& 
     KILN_ASSIGN_OR_RETURN(cands[k], L.candidates(*n, &why));
     if (cands[k].empty())
       return KILN_ERROR("{}: cannot run on the GPU: {}", n->label(), why);
-    // A candidate that relabels its input's memory launches nothing: no kernel beats it (a Cast
-    // between types an FP16 layer stores alike: movement.cast_same_storage).
-    if (std::any_of(cands[k].begin(), cands[k].end(),
-                    [](const LayerChoice& c) { return c.tactic->alias_input >= 0; }))
+    // A candidate that relabels its input's memory in its own format launches nothing: no
+    // kernel beats it (a Cast between types an FP16 layer stores alike:
+    // movement.cast_same_storage). One that relabels between layouts (kLayoutSwap) stays beside
+    // the kernels: the format choice weighs the reformats its layouts may cost.
+    if (std::any_of(cands[k].begin(), cands[k].end(), [](const LayerChoice& c) {
+          return c.tactic->alias_input >= 0 && !(c.tactic->caps & kLayoutSwap);
+        }))
       std::erase_if(cands[k], [](const LayerChoice& c) { return c.tactic->alias_input < 0; });
     for (size_t i = 0; i < n->num_inputs(); ++i) {
       const Value* v = n->input(i);

@@ -208,6 +208,12 @@ Expected<size_t> Tuner::choose(const Node& n, std::vector<LayerChoice>& candidat
   std::string out_of_memory;  // the first candidate that failed for want of memory
   for (size_t i = 0; i < candidates.size(); ++i) {
     LayerChoice& c = candidates[i];
+    // An alias candidate relabels its input's memory: the executor launches nothing for it.
+    if (c.tactic->alias_input >= 0) {
+      c.time_ms = 0;
+      if (best == candidates.size() || candidates[best].time_ms > 0) best = i;
+      continue;
+    }
     const std::string key = signature(n, c, shapes);
     std::optional<double> ms = cache_ ? cache_->find(key) : std::nullopt;
     if (!ms) {

@@ -10,11 +10,13 @@
 
 namespace kiln::gpu {
 
-enum class Act : int { kNone, kRelu, kClip, kSigmoid, kTanh, kLeakyRelu, kHardSwish, kGelu, kGeluTanh };
+enum class Act : int {
+  kNone, kRelu, kClip, kSigmoid, kTanh, kLeakyRelu, kHardSwish, kGelu, kGeluTanh, kSwish
+};
 
 struct ActParams {
   Act act = Act::kNone;
-  float alpha = 0.01f;              // LeakyRelu
+  float alpha = 0.01f;              // LeakyRelu; Swish's (1 unless given)
   float lo = -INFINITY, hi = INFINITY;  // Clip
 };
 
@@ -33,6 +35,10 @@ inline bool read_activation(const Attributes& a, ActParams* p) {
     p->act = Act::kLeakyRelu;
     p->alpha = a.get_float("act_alpha", 0.01f);
   } else if (op == "HardSwish") p->act = Act::kHardSwish;
+  else if (op == "Swish") {
+    p->act = Act::kSwish;
+    p->alpha = a.get_float("act_alpha", 1.0f);
+  }
   else if (op == "Gelu")
     p->act = a.get_string("act_approximate", "none") == "tanh" ? Act::kGeluTanh : Act::kGelu;
   else return false;
@@ -58,6 +64,7 @@ __device__ __forceinline__ T apply_act(T x, const ActParams& p) {
       const T h = x / T(6) + T(0.5);
       return x * (h < T(0) ? T(0) : (h > T(1) ? T(1) : h));
     }
+    case Act::kSwish: return x / (T(1) + exp(-T(p.alpha) * x));
     case Act::kGelu: return T(0.5) * x * (T(1) + erf(x * T(0.70710678118654752440)));
     case Act::kGeluTanh: {
       const T c = T(0.79788456080286535588);  // sqrt(2/pi)

@@ -1,8 +1,10 @@
 // kiln's depthwise convolution (group = C = M, one filter per channel) on NHWC tensors, with
-// bias, residual and activation fused: MobileNet's and EfficientNet's 3x3/5x5 layers. cuDNN runs
-// these through its legacy grouped path (~1.2 ms for one 112x112 layer at batch 32, 20x the
-// memory floor); here each thread makes V adjacent channels of one output pixel with 16-byte
-// loads, the taps' inputs come from L1, and the weights are float [tap][C] for vector loads.
+// bias, residual and activation fused: MobileNet's and EfficientNet's 3x3/5x5 layers, ConvNeXt's
+// 7x7. cuDNN runs these through its legacy grouped path (~1.2 ms for one 112x112 layer at batch
+// 32, 20x the memory floor). The direct kernel: each thread makes V adjacent channels of one
+// output pixel with 16-byte loads, the taps' inputs come from L1, and the weights are float
+// [tap][C] for vector loads. The strip kernel (variants strip4, strip8) makes a row of outputs
+// a thread from inputs held in registers.
 #include <algorithm>
 #include <map>
 #include <vector>
@@ -68,6 +70,106 @@ __global__ void dwconv_nhwc(const T* __restrict__ x, const float* __restrict__ w
   }
 }
 
+// The strip form: a thread makes TW outputs along a row for V adjacent channels. Per filter row
+// it loads the SPAN input vectors under its strip once into registers and reuses each for up to
+// KW taps, where the direct kernel above reads KW x KH inputs (and the weights) per output: for
+// ConvNeXt's 7x7 layers the inputs are read about 7x fewer times. Dilation 1, square strides
+// along the row (S), any padding and filter height.
+template <typename T, int V, int KW, int S, int TW>
+__global__ void __launch_bounds__(256)
+    dwconv_nhwc_strip(const T* __restrict__ x, const float* __restrict__ w,
+                      const float* __restrict__ bias, const T* __restrict__ z,
+                      T* __restrict__ y, DwParams p, ActParams act) {
+  static_assert(sizeof(T) * V == 16, "one 16-byte vector of channels");
+  constexpr int SPAN = (TW - 1) * S + KW;
+  const int CV = p.C / V;
+  const int strips = (p.Q + TW - 1) / TW;
+  const int64_t total = int64_t(p.N) * p.P * strips * CV;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int cv = static_cast<int>(i % CV);
+    int64_t r = i / CV;
+    const int qs = static_cast<int>(r % strips);
+    r /= strips;
+    const int op = static_cast<int>(r % p.P);
+    const int n = static_cast<int>(r / p.P);
+    const int c0 = cv * V, q0 = qs * TW;
+    float acc[TW][V];
+#pragma unroll
+    for (int l = 0; l < V; ++l) {
+      const float b0 = bias ? bias[c0 + l] : 0.f;
+#pragma unroll
+      for (int t = 0; t < TW; ++t) acc[t][l] = b0;
+    }
+    const int iw0 = q0 * S - p.pw;
+    for (int a = 0; a < p.kh; ++a) {
+      const int ih = op * p.sh - p.ph + a;
+      if (ih < 0 || ih >= p.H) continue;
+      const T* row = x + (static_cast<int64_t>(n) * p.H + ih) * p.W * p.C + c0;
+      uint4 xin[SPAN];
+#pragma unroll
+      for (int j = 0; j < SPAN; ++j) {
+        const int iw = iw0 + j;
+        xin[j] = iw >= 0 && iw < p.W ? *reinterpret_cast<const uint4*>(row + int64_t(iw) * p.C)
+                                     : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int b = 0; b < KW; ++b) {
+        const Pack<float, V> wv =
+            *reinterpret_cast<const Pack<float, V>*>(w + (a * KW + b) * p.C + c0);
+#pragma unroll
+        for (int t = 0; t < TW; ++t) {
+          const T* xv = reinterpret_cast<const T*>(&xin[t * S + b]);
+#pragma unroll
+          for (int l = 0; l < V; ++l) acc[t][l] += load(xv, l) * wv.v[l];
+        }
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < TW; ++t) {
+      if (q0 + t >= p.Q) break;
+      const int64_t yo = ((static_cast<int64_t>(n) * p.P + op) * p.Q + q0 + t) * p.C + c0;
+      if (z) {
+        const Pack<T, V> zv = *reinterpret_cast<const Pack<T, V>*>(z + yo);
+#pragma unroll
+        for (int l = 0; l < V; ++l) acc[t][l] += load(zv.v, l);
+      }
+      Pack<T, V> out;
+#pragma unroll
+      for (int l = 0; l < V; ++l) store(out.v, l, apply_act(acc[t][l], act));
+      *reinterpret_cast<Pack<T, V>*>(y + yo) = out;
+    }
+  }
+}
+
+// The strip kernels compiled: filter widths 3, 5, 7 at strides 1 and 2, strips of 4 or 8.
+template <typename T, int V, int TW>
+bool launch_strip(const T* x, const float* w, const float* b, const T* z, T* y, const DwParams& p,
+                  const ActParams& act, cudaStream_t stream) {
+  const int64_t threads = int64_t(p.N) * p.P * ((p.Q + TW - 1) / TW) * (p.C / V);
+  const unsigned grid = grid_for(threads);
+#define KILN_DW_STRIP(KW, S)                                                                   \
+  if (p.kw == KW && p.sw == S) {                                                               \
+    dwconv_nhwc_strip<T, V, KW, S, TW><<<grid, kBlock, 0, stream>>>(x, w, b, z, y, p, act);    \
+    return true;                                                                               \
+  }
+  KILN_DW_STRIP(3, 1) KILN_DW_STRIP(5, 1) KILN_DW_STRIP(7, 1)
+  KILN_DW_STRIP(3, 2) KILN_DW_STRIP(5, 2) KILN_DW_STRIP(7, 2)
+#undef KILN_DW_STRIP
+  return false;
+}
+
+bool strip_applies(const LayerDesc& d) {
+  const Tensor* w = d.in_const(1);
+  if (!w || w->rank() != 4) return false;
+  const int64_t kw = w->shape()[3];
+  const std::vector<int64_t> dil = d.node->attrs.get_ints("dilations");
+  const std::vector<int64_t> str = d.node->attrs.get_ints("strides");
+  const bool dil1 = std::all_of(dil.begin(), dil.end(), [](int64_t v) { return v == 1; });
+  const int64_t sw = str.size() == 2 ? str[1] : 1;
+  return dil1 && (kw == 3 || kw == 5 || kw == 7) && (sw == 1 || sw == 2);
+}
+
 bool depthwise_supports(const LayerDesc& d, std::string* why) {
   const Node& n = *d.node;
   if (d.in_type(0).rank() != 4) return *why = "not 2-D", false;
@@ -91,7 +193,8 @@ bool depthwise_supports(const LayerDesc& d, std::string* why) {
 
 class DepthwiseConvLayer final : public Layer {
  public:
-  explicit DepthwiseConvLayer(const LayerDesc& d) : node_(d.node) {
+  explicit DepthwiseConvLayer(const LayerDesc& d)
+      : node_(d.node), strip_(d.variant == "strip4" ? 4 : d.variant == "strip8" ? 8 : 0) {
     if (d.node->op_type == "FusedConv") read_activation(d.node->attrs, &act_);
     // Weights [C,1,kh,kw] -> float [kh*kw][C]; bias float [C]. Uploaded at the first configure.
     const Tensor& w = *d.in_const(1);
@@ -143,6 +246,11 @@ class DepthwiseConvLayer final : public Layer {
         T* y = static_cast<T*>(out[0].data);
         const T* zp = z ? static_cast<const T*>(z->data) : nullptr;
         const int64_t pixels = int64_t(p_.N) * p_.P * p_.Q;
+        const bool strip_ok = vec_ok && p_.C % V == 0 && p_.dh == 1 && p_.dw == 1;
+        if (strip_ok && strip_ == 4 && launch_strip<T, V, 4>(x, w, b, zp, y, p_, act_, rc.stream))
+          return;
+        if (strip_ok && strip_ == 8 && launch_strip<T, V, 8>(x, w, b, zp, y, p_, act_, rc.stream))
+          return;
         if (vec_ok && p_.C % V == 0)
           dwconv_nhwc<T, V><<<grid_for(pixels * p_.C / V), kBlock, 0, rc.stream>>>(x, w, b, zp, y, p_, act_);
         else
@@ -161,6 +269,7 @@ class DepthwiseConvLayer final : public Layer {
     return reinterpret_cast<float*>(static_cast<char*>(weights_.get()) + off);
   }
   const Node* node_;
+  int strip_;  // outputs a thread makes along a row (variant strip4 / strip8); 0: the direct kernel
   ActParams act_;
   std::vector<float> host_w_, host_b_;
   DeviceMemory weights_;
@@ -171,6 +280,12 @@ class DepthwiseConvLayer final : public Layer {
 
 bool depthwise_conv_supports(const LayerDesc& d, std::string* why) {
   return depthwise_supports(d, why);
+}
+// The tuner times the direct kernel ("") and, where it applies, the strip kernel with 4 and 8
+// outputs a thread (a run whose tensors are not 16-byte aligned takes the direct kernel).
+std::vector<std::string> depthwise_conv_variants(const LayerDesc& d) {
+  if (!strip_applies(d)) return {""};
+  return {"", "strip4", "strip8"};
 }
 Expected<std::unique_ptr<Layer>> create_depthwise_conv(const LayerDesc& d) {
   return std::unique_ptr<Layer>(new DepthwiseConvLayer(d));

@@ -19,6 +19,7 @@ bool cublaslt_conv_supports(const LayerDesc& d, std::string* why);
 // conv_depthwise.cu: kiln's NHWC depthwise convolution with the fused epilogue.
 bool depthwise_conv_supports(const LayerDesc& d, std::string* why);
 Expected<std::unique_ptr<Layer>> create_depthwise_conv(const LayerDesc& d);
+std::vector<std::string> depthwise_conv_variants(const LayerDesc& d);
 // conv_int8.cu: kiln's INT8 FusedConv / FusedGemm (int8 = 1) with the fused float epilogue.
 bool int8_conv_supports(const LayerDesc& d, std::string* why);
 Expected<std::unique_ptr<Layer>> create_int8_conv(const LayerDesc& d);  // tensor cores
@@ -64,6 +65,9 @@ bool conv_supports(const LayerDesc& d, std::string* why) {
   if (is_fused(d)) {
     ActParams a;
     if (!read_activation(d.node->attrs, &a)) return *why = "unknown activation", false;
+    // Swish joins a convolution only where the convolution's own kernel computes it (kiln's
+    // depthwise kernel): here it would be one more pass, as fast as its own layer.
+    if (a.act == Act::kSwish) return *why = "Swish runs in its own layer after cuDNN", false;
     // The residual must have the output's shape (a broadcast residual runs unfused).
     if (d.node->input(3) && d.in_type(3).dims != d.out_type(0).dims)
       return *why = "the residual broadcasts", false;
@@ -291,7 +295,7 @@ const TacticDef kConvTactics[] = {
     {"", "Conv", "cublaslt.conv1x1.conv", kF32 | kF16 | kNHWC, 0, cublaslt_conv_supports,
      create_cublaslt_conv, cublaslt_variants},
     {"", "Conv", "kiln.dwconv", kF32 | kF16 | kNHWC, 0, depthwise_conv_supports,
-     create_depthwise_conv},
+     create_depthwise_conv, depthwise_conv_variants},
     {"kiln", "FusedConv", "kiln.conv.stem", kF16 | kNHWC, 0, stem_conv_supports, create_stem_conv},
     {"kiln", "FusedConvPool", "kiln.convpool.stem", kF16 | kNHWC, 0, stem_conv_supports,
      create_stem_conv},
@@ -307,7 +311,7 @@ const TacticDef kConvTactics[] = {
     {"kiln", "FusedConvPool", "kiln.convpool.direct", kF32 | kF16 | kF64 | kNHWC | kFallback, 0,
      conv_pool_direct_supports, create_conv_pool_direct},
     {"kiln", "FusedConv", "kiln.dwconv.fused", kF32 | kF16 | kNHWC, 0, depthwise_conv_supports,
-     create_depthwise_conv},
+     create_depthwise_conv, depthwise_conv_variants},
     // INT8 layers (docs/quantization.md): int8 storage (kI8), float32/float16 float tensors.
     {"kiln", "FusedConv", "conv_int8", kI8 | kF32 | kF16 | kNHWC, 0, int8_conv_supports,
      create_int8_conv},

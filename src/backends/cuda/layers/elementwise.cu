@@ -40,7 +40,7 @@ enum Op : uint8_t {
   kIdentity, kAbs, kNeg, kExp, kLog, kSqrt, kRecip, kFloor, kCeil, kRound, kSign, kSin, kCos,
   kTan, kAsin, kAcos, kAtan, kSinh, kCosh, kAsinh, kAcosh, kAtanh, kErf, kRelu, kLeakyRelu,
   kSigmoid, kTanh, kElu, kSelu, kCelu, kHardSigmoid, kHardSwish, kSoftplus, kSoftsign, kGelu,
-  kGeluTanh, kThresholdedRelu, kShrink, kMish,
+  kGeluTanh, kThresholdedRelu, kShrink, kMish, kSwish,
   kAdd, kSub, kMul, kDiv, kMod, kPow, kMax, kMin, kPRelu,  // binary
   kClip,                                                   // x, lo?, hi?
   kDivN,                                                   // x / p0 (Mean)
@@ -83,6 +83,7 @@ const UnaryName kUnary[] = {
     {"Celu", kCelu}, {"HardSigmoid", kHardSigmoid}, {"HardSwish", kHardSwish},
     {"Softplus", kSoftplus}, {"Softsign", kSoftsign}, {"Gelu", kGelu},
     {"ThresholdedRelu", kThresholdedRelu}, {"Shrink", kShrink}, {"Mish", kMish},
+    {"Swish", kSwish},
 };
 const UnaryName kBinary[] = {
     {"Add", kAdd}, {"Sub", kSub}, {"Mul", kMul}, {"Div", kDiv}, {"Mod", kMod},
@@ -111,6 +112,7 @@ bool make_step(const std::string& op, const Attributes& a, const std::string& pr
       break;
     case kHardSigmoid: st->p0 = f("alpha", 0.2f); st->p1 = f("beta", 0.5f); break;
     case kShrink: st->p0 = f("lambd", 0.5f); st->p1 = f("bias", 0.0f); break;
+    case kSwish: st->p0 = f("alpha", 1.0f); break;
     case kGelu:
       if (a.get_string(pre + "approximate", "none") == "tanh") st->op = kGeluTanh;
       break;
@@ -263,6 +265,7 @@ __device__ __forceinline__ void apply(const Step& s, const C (&v)[NIN][V], C (&c
     KILN_CASE(kThresholdedRelu, x > p0 ? x : C(0))
     KILN_CASE(kShrink, x < -p0 ? x + p1 : (x > p0 ? x - p1 : C(0)))
     KILN_CASE(kMish, x * tanh(softplus(x)))
+    KILN_CASE(kSwish, Fast ? x / (C(1) + fast_exp(-p0 * x)) : x * sigmoid(p0 * x))
     KILN_CASE(kAdd, x + y)
     KILN_CASE(kSub, x - y)
     KILN_CASE(kMul, x * y)
@@ -675,6 +678,7 @@ const TacticDef kTactics[] = {
     KILN_EW("Softplus", "ew.softplus"), KILN_EW("Softsign", "ew.softsign"),
     KILN_EW("Gelu", "ew.gelu"), KILN_EW("ThresholdedRelu", "ew.thresholded_relu"),
     KILN_EW("Shrink", "ew.shrink"), KILN_EW("Mish", "ew.mish"), KILN_EW("PRelu", "ew.prelu"),
+    KILN_EW("Swish", "ew.swish"),
     KILN_EW("Add", "ew.add"), KILN_EW("Sub", "ew.sub"), KILN_EW("Mul", "ew.mul"),
     KILN_EW("Div", "ew.div"), KILN_EW("Mod", "ew.mod"), KILN_EW("Pow", "ew.pow"),
     KILN_EW("Equal", "ew.equal"), KILN_EW("Greater", "ew.greater"),

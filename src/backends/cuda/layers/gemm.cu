@@ -250,6 +250,9 @@ bool gemm_supports(const LayerDesc& d, std::string* why) {
     if (base != "Gemm" && base != "MatMul") return *why = "unknown base '" + base + "'", false;
     ActParams a;
     if (!read_activation(n.attrs, &a)) return *why = "unknown activation", false;
+    // As for cuDNN's convolutions (conv_layers.cpp): the epilogue kernel after cuBLAS is one
+    // more pass, no faster than Swish's own layer after the best GEMM.
+    if (a.act == Act::kSwish) return *why = "Swish runs in its own layer after cuBLAS", false;
     if (!dtype_is_float(t)) return *why = "float types only", false;
   }
   if (!dtype_is_float(t) && !is_int_type(t))

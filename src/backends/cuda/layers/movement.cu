@@ -623,6 +623,26 @@ bool supports_data(const LayerDesc& d, std::string* why) {
       return *why = "unsupported type " + std::string(dtype_name(d.in[i].dtype)), false;
   return true;
 }
+// A Transpose between channels-first and channels-last, (0,2,3,1) of a tensor stored NHWC or
+// (0,3,1,2) into one, leaves every element where it was: the row-major [N,H,W,C] tensor and
+// the NHWC-stored [N,C,H,W] one are the same bytes. Lowering gives this tactic's candidate
+// those formats (kLayoutSwap), so ConvNeXt's and Swin's permutes around a LayerNorm or a
+// Linear relabel memory between an NHWC convolution and the row-major layers after it.
+bool supports_layout_swap(const LayerDesc& d, std::string* why) {
+  if (!supports_data(d, why)) return false;
+  const std::vector<int64_t> perm = d.node->attrs.get_ints("perm");
+  if (d.in.empty() || d.out.empty() || d.in_type(0).rank() != 4)
+    return *why = "not a 4-D tensor", false;
+  const bool to_last = perm == std::vector<int64_t>{0, 2, 3, 1};
+  const bool to_first = perm == std::vector<int64_t>{0, 3, 1, 2};
+  if (!to_last && !to_first) return *why = "not a swap of channels first and last", false;
+  const Layout nhwc_side = to_last ? d.in[0].layout : d.out[0].layout;
+  const Layout linear_side = to_last ? d.out[0].layout : d.in[0].layout;
+  if (d.in[0].dtype != d.out[0].dtype || nhwc_side != Layout::kNHWC ||
+      linear_side != Layout::kLinear)
+    return *why = "the channels-first side is not stored NHWC", false;
+  return true;
+}
 // A Cast whose input and output are stored alike (an FP16 layer's Cast between float32 and
 // float16: both held as float16) changes nothing in memory.
 bool supports_same_storage(const LayerDesc& d, std::string* why) {
@@ -825,6 +845,9 @@ const TacticDef kTactics[] = {
      nullptr, 0},
     {"", "Dropout", "movement.dropout_mask", kMove, 0b110, supports_dropout_mask,
      create_alias<true>},
+    // The relabelling form first: an untuned build takes the first candidate.
+    {"", "Transpose", "movement.transpose_relabel", kMove | kLayoutSwap, 0, supports_layout_swap,
+     create_alias<false>, nullptr, 0},
     {"", "Transpose", "movement.transpose", kMove, 0, supports_data, create_copy<plan_transpose>},
     {"", "Slice", "movement.slice", kMoveNHWC, 0b11110, supports_data, create_copy<plan_slice>},
     {"", "Concat", "movement.concat", kMoveNHWC, 0, supports_data, create_copy<plan_concat>},
