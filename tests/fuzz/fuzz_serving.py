@@ -497,7 +497,7 @@ def main() -> int:
         setup(workdir)
         return run_random(args, seeds() + load_corpus(args.corpus))
     # Coverage of kiln's decoding and KServe's (instrumented when first imported: before seeds()).
-    with atheris.instrument_imports(include=["kiln", "kserve"]):
+    with atheris.instrument_imports(include=["kiln", "kserve.protocol"]):
         import kiln.batching  # noqa: F401
         import kiln.serving  # noqa: F401
         import kserve.protocol.dataplane  # noqa: F401
