@@ -9,14 +9,18 @@
 namespace kiln {
 namespace {
 
+// The values of a typed field, checked against the shape before the tensor is allocated (a
+// shape of 2^40 elements with no data must be an error, not a 4 TB allocation).
 template <typename T, typename Field>
-Status copy_field(const Field& field, Tensor& t, const std::string& where) {
-  if (static_cast<int64_t>(field.size()) != t.numel())
+Expected<Tensor> copy_field(const Field& field, DataType dtype, const std::vector<int64_t>& shape,
+                            int64_t numel, const std::string& where) {
+  if (static_cast<int64_t>(field.size()) != numel)
     return KILN_ERROR("{}: holds {} values but its shape {} needs {}", where, field.size(),
-                      shape_str(t.shape()), t.numel());
+                      shape_str(shape), numel);
+  Tensor t(dtype, shape);
   T* dst = t.data<T>();
-  for (int64_t i = 0; i < t.numel(); ++i) dst[i] = static_cast<T>(field.Get(static_cast<int>(i)));
-  return Status::Ok();
+  for (int64_t i = 0; i < numel; ++i) dst[i] = static_cast<T>(field.Get(static_cast<int>(i)));
+  return t;
 }
 
 Expected<std::string> read_external(const onnx::TensorProto& p, const std::string& base_dir,
@@ -119,33 +123,27 @@ Expected<Tensor> tensor_from_proto(const onnx::TensorProto& p, const std::string
     std::string packed(p.int32_data().begin(), p.int32_data().end());  // one packed byte each
     return unpack_4bit(packed, dtype, shape, numel, where);
   }
-  Tensor t(dtype, shape);
-  Status st;
   switch (dtype) {
-    case DataType::kFloat32: st = copy_field<float>(p.float_data(), t, where); break;
-    case DataType::kFloat64: st = copy_field<double>(p.double_data(), t, where); break;
-    case DataType::kInt64: st = copy_field<int64_t>(p.int64_data(), t, where); break;
-    case DataType::kUInt32: case DataType::kUInt64:
-      st = dtype == DataType::kUInt32 ? copy_field<uint32_t>(p.uint64_data(), t, where)
-                                      : copy_field<uint64_t>(p.uint64_data(), t, where);
-      break;
-    case DataType::kInt32: st = copy_field<int32_t>(p.int32_data(), t, where); break;
-    case DataType::kInt16: st = copy_field<int16_t>(p.int32_data(), t, where); break;
-    case DataType::kUInt16: st = copy_field<uint16_t>(p.int32_data(), t, where); break;
-    case DataType::kInt8: st = copy_field<int8_t>(p.int32_data(), t, where); break;
-    case DataType::kUInt8: st = copy_field<uint8_t>(p.int32_data(), t, where); break;
-    case DataType::kBool: st = copy_field<bool>(p.int32_data(), t, where); break;
+    case DataType::kFloat32: return copy_field<float>(p.float_data(), dtype, shape, numel, where);
+    case DataType::kFloat64: return copy_field<double>(p.double_data(), dtype, shape, numel, where);
+    case DataType::kInt64: return copy_field<int64_t>(p.int64_data(), dtype, shape, numel, where);
+    case DataType::kUInt32:
+      return copy_field<uint32_t>(p.uint64_data(), dtype, shape, numel, where);
+    case DataType::kUInt64:
+      return copy_field<uint64_t>(p.uint64_data(), dtype, shape, numel, where);
+    case DataType::kInt32: return copy_field<int32_t>(p.int32_data(), dtype, shape, numel, where);
+    case DataType::kInt16: return copy_field<int16_t>(p.int32_data(), dtype, shape, numel, where);
+    case DataType::kUInt16: return copy_field<uint16_t>(p.int32_data(), dtype, shape, numel, where);
+    case DataType::kInt8: return copy_field<int8_t>(p.int32_data(), dtype, shape, numel, where);
+    case DataType::kUInt8: return copy_field<uint8_t>(p.int32_data(), dtype, shape, numel, where);
+    case DataType::kBool: return copy_field<bool>(p.int32_data(), dtype, shape, numel, where);
     case DataType::kFloat16: case DataType::kBFloat16:  // bit patterns stored in int32_data
-      st = copy_field<uint16_t>(p.int32_data(), t, where);
-      break;
+      return copy_field<uint16_t>(p.int32_data(), dtype, shape, numel, where);
     case DataType::kFloat8E4M3FN: case DataType::kFloat8E4M3FNUZ: case DataType::kFloat8E5M2:
     case DataType::kFloat8E5M2FNUZ:  // bit patterns, one per int32
-      st = copy_field<uint8_t>(p.int32_data(), t, where);
-      break;
+      return copy_field<uint8_t>(p.int32_data(), dtype, shape, numel, where);
     default: return KILN_ERROR("{}: element type {} is not supported", where, dtype_name(dtype));
   }
-  if (!st.ok()) return st;
-  return t;
 }
 
 static Expected<onnx::TensorProto> parse_pb(const std::string& path) {

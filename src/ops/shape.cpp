@@ -52,16 +52,16 @@ void strided_copy(const void* src, int64_t offset, const std::vector<int64_t>& s
 
 std::optional<int64_t> static_product(std::span<const Dim> dims) {
   int64_t p = 1;
-  bool unknown = false;
+  bool unknown = false, overflow = false;
   for (const Dim& d : dims) {
     if (d.is_static()) {
       if (d.value == 0) return 0;
-      p *= d.value;
+      overflow = overflow || __builtin_mul_overflow(p, d.value, &p);
     } else {
       unknown = true;
     }
   }
-  if (unknown) return std::nullopt;
+  if (unknown || overflow) return std::nullopt;  // a product past int64 is no size (fuzzing)
   return p;
 }
 

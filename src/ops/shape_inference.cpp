@@ -42,9 +42,28 @@ Status check_low_bit_inputs(const Node& n) {
   return Status::Ok();
 }
 
+// No tensor may hold more than 2^48 elements (a petabyte): a model that declares or computes
+// such a shape is refused here, so that the shape arithmetic of later ops cannot overflow int64
+// on it (tests/fuzz found declared dims of 6.7e18).
+constexpr int64_t kMaxElements = int64_t{1} << 48;
+
+Status check_size(const Value& v, const Node* n) {
+  if (!v.type.dims) return Status::Ok();
+  int64_t numel = 1;
+  for (const Dim& d : *v.type.dims) {
+    if (!d.is_static()) continue;
+    if (d.value > kMaxElements || (d.value > 0 && numel > kMaxElements / d.value) ||
+        (numel *= d.value) > kMaxElements)
+      return KILN_ERROR("{}'{}' has type {}, more than 2^48 elements",
+                        n ? n->label() + ": output " : "graph input ", v.name, v.type.str());
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status infer_shapes(Graph& g) {
+  for (const Value* v : g.inputs()) KILN_RETURN_IF_ERROR(check_size(*v, nullptr));
   for (Node* n : g.nodes()) {
     const OpDef* def = find_op(n->domain, n->op_type);
     if (!def || !def->infer)
@@ -59,7 +78,10 @@ Status infer_shapes(Graph& g) {
     }
     for (size_t i = 0; i < n->num_outputs(); ++i) {
       Value* v = n->output(i);
-      if (v && !v->is_constant()) v->type = merge(outs[i], v->type);
+      if (v && !v->is_constant()) {
+        v->type = merge(outs[i], v->type);
+        KILN_RETURN_IF_ERROR(check_size(*v, n));
+      }
     }
     propagate_shape_value(*n);
   }

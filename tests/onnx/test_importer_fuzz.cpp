@@ -1,0 +1,127 @@
+// Inputs found by tests/fuzz/fuzz_onnx_import (tests/fuzz/README.md): each must come back as an
+// error that names the problem, not a crash, a sanitizer report or an unbounded allocation.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "onnx/importer.h"
+#include "onnx/onnx.pb.h"
+
+namespace kiln {
+namespace {
+
+onnx::ModelProto model_with_graph() {
+  onnx::ModelProto m;
+  m.set_ir_version(8);
+  auto* os = m.add_opset_import();
+  os->set_domain("");
+  os->set_version(17);
+  m.mutable_graph()->set_name("g");
+  return m;
+}
+
+Status import_status(const onnx::ModelProto& m) {
+  std::string bytes;
+  m.SerializeToString(&bytes);
+  return import_onnx_bytes(bytes, "/nonexistent", "fuzz.onnx").status();
+}
+
+// A tensor whose shape claims 2^40 floats and which holds none: the count is checked before the
+// tensor is allocated (it was allocated first: 4 TB, std::bad_alloc across the API).
+TEST(ImporterFuzz, HugeShapeWithoutDataIsRefusedBeforeAllocating) {
+  for (int elem : {onnx::TensorProto::FLOAT, onnx::TensorProto::INT64, onnx::TensorProto::UINT8,
+                   onnx::TensorProto::FLOAT16, onnx::TensorProto::UINT32}) {
+    auto m = model_with_graph();
+    auto* init = m.mutable_graph()->add_initializer();
+    init->set_name("w");
+    init->set_data_type(elem);
+    init->add_dims(int64_t{1} << 20);
+    init->add_dims(int64_t{1} << 20);
+    const Status st = import_status(m);
+    ASSERT_FALSE(st.ok()) << elem;
+    EXPECT_NE(st.message().find("initializer 'w': holds 0 values but its shape"), std::string::npos)
+        << st.message();
+  }
+}
+
+TEST(ImporterFuzz, HugeConstantNodeWithoutDataIsRefused) {
+  auto m = model_with_graph();
+  auto* n = m.mutable_graph()->add_node();
+  n->set_op_type("Constant");
+  n->add_output("c");
+  auto* a = n->add_attribute();
+  a->set_name("value");
+  a->set_type(onnx::AttributeProto::TENSOR);
+  a->mutable_t()->set_data_type(onnx::TensorProto::DOUBLE);
+  a->mutable_t()->add_dims(int64_t{1} << 40);
+  const Status st = import_status(m);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("holds 0 values"), std::string::npos) << st.message();
+}
+
+void add_input(onnx::GraphProto* g, const std::string& name, std::vector<int64_t> dims) {
+  auto* vi = g->add_input();
+  vi->set_name(name);
+  auto* tt = vi->mutable_type()->mutable_tensor_type();
+  tt->set_elem_type(onnx::TensorProto::FLOAT);
+  for (int64_t d : dims) tt->mutable_shape()->add_dim()->set_dim_value(d);
+}
+
+void add_int64_constant(onnx::GraphProto* g, const std::string& out, std::vector<int64_t> values) {
+  auto* n = g->add_node();
+  n->set_op_type("Constant");
+  n->add_output(out);
+  auto* a = n->add_attribute();
+  a->set_name("value");
+  a->set_type(onnx::AttributeProto::TENSOR);
+  a->mutable_t()->set_data_type(onnx::TensorProto::INT64);
+  a->mutable_t()->add_dims(static_cast<int64_t>(values.size()));
+  for (int64_t v : values) a->mutable_t()->add_int64_data(v);
+}
+
+onnx::NodeProto* add_op(onnx::GraphProto* g, const std::string& op, std::vector<std::string> in,
+                        const std::string& out) {
+  auto* n = g->add_node();
+  n->set_op_type(op);
+  for (auto& i : in) n->add_input(i);
+  n->add_output(out);
+  return n;
+}
+
+// The fuzzer's input: Reshape of a [1,2] tensor to [1,1,6701356245527298049,2] (then Tile): the
+// element count of the target overflowed int64 in static_product (UBSan). Now the product is
+// checked and no tensor may exceed 2^48 elements.
+TEST(ImporterFuzz, ReshapeToAHugeShapeIsRefused) {
+  auto m = model_with_graph();
+  m.mutable_opset_import(0)->set_version(6);
+  auto* g = m.mutable_graph();
+  add_input(g, "x", {1, 2});
+  add_int64_constant(g, "shape", {1, 1, 6701356245527298049, 2});
+  add_op(g, "Reshape", {"x", "shape"}, "r");
+  add_int64_constant(g, "reps", {1, 2, 3, 4});
+  add_op(g, "Tile", {"r", "reps"}, "y");
+  g->add_output()->set_name("y");
+  const Status st = import_status(m);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("node 'Reshape_1' (Reshape, #0): output 'r' has type "
+                              "float32[1,1,6701356245527298049,2], more than 2^48 elements"),
+            std::string::npos) << st.message();
+}
+
+// A graph input declared with dims whose product passes 2^48 elements is refused before any op
+// computes with them.
+TEST(ImporterFuzz, HugeDeclaredInputIsRefused) {
+  auto m = model_with_graph();
+  auto* g = m.mutable_graph();
+  add_input(g, "x", {int64_t{1} << 30, int64_t{1} << 30});
+  add_op(g, "Relu", {"x"}, "y");
+  g->add_output()->set_name("y");
+  const Status st = import_status(m);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("graph input 'x' has type float32[1073741824,1073741824], more "
+                              "than 2^48 elements"), std::string::npos) << st.message();
+}
+
+}  // namespace
+}  // namespace kiln
