@@ -119,7 +119,8 @@ Expected<std::optional<std::vector<int64_t>>> split_sizes(const Node& n, const T
     int64_t sum = 0;
     for (int64_t v : s) {
       if (v < 0) return KILN_ERROR("{}: negative split size {}", n.label(), v);
-      sum += v;
+      if (__builtin_add_overflow(sum, v, &sum))
+        return KILN_ERROR("{}: split sizes sum past int64", n.label());
     }
     if (dim && sum != *dim)
       return KILN_ERROR("{}: split sizes sum to {} but the axis has length {}", n.label(), sum, *dim);
@@ -152,6 +153,7 @@ Status split_infer(InferContext& ctx) {
     for (size_t i = 0; i < ctx.num_outputs(); ++i) ctx.set_output(i, TensorType::unknown_rank(x.dtype));
     return Status::Ok();
   }
+  if (x.rank() == 0) return KILN_ERROR("{}: cannot split a scalar", n.label());
   KILN_ASSIGN_OR_RETURN(int64_t axis, normalize_axis(n.attrs.get_int("axis", 0), x.rank(), n));
   const Dim& d = (*x.dims)[axis];
   std::optional<std::vector<int64_t>> sizes;

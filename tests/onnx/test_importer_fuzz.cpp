@@ -65,6 +65,7 @@ void add_input(onnx::GraphProto* g, const std::string& name, std::vector<int64_t
   vi->set_name(name);
   auto* tt = vi->mutable_type()->mutable_tensor_type();
   tt->set_elem_type(onnx::TensorProto::FLOAT);
+  tt->mutable_shape();  // rank 0 when dims is empty
   for (int64_t d : dims) tt->mutable_shape()->add_dim()->set_dim_value(d);
 }
 
@@ -121,6 +122,24 @@ TEST(ImporterFuzz, HugeDeclaredInputIsRefused) {
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message().find("graph input 'x' has type float32[1073741824,1073741824], more "
                               "than 2^48 elements"), std::string::npos) << st.message();
+}
+
+// Split of a scalar (the fuzzer's input: test_split_zero_size_splits with its input's shape
+// cut to rank 0): split_infer indexed the input's dims at the axis (UBSan: a reference to
+// element 0 of an empty vector).
+TEST(ImporterFuzz, SplitOfAScalarIsRefused) {
+  auto m = model_with_graph();
+  auto* g = m.mutable_graph();
+  add_input(g, "x", {});
+  add_int64_constant(g, "split", {0, 0, 0});
+  auto* n = add_op(g, "Split", {"x", "split"}, "a");
+  n->add_output("b");
+  n->add_output("c");
+  g->add_output()->set_name("a");
+  const Status st = import_status(m);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("(Split, #0): cannot split a scalar"), std::string::npos)
+      << st.message();
 }
 
 }  // namespace
