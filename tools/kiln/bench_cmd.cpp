@@ -86,7 +86,8 @@ Tensor random_tensor(DataType t, const std::vector<int64_t>& shape, std::mt19937
   return f.cast(t);
 }
 
-std::string gpu_clocks() {
+#ifdef KILN_WITH_CUDA
+std::string gpu_clocks() {  // the GPU path of run_bench only
   std::string out;
   if (FILE* p = popen("nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,clocks.mem,driver_version "
                       "--format=csv,noheader 2>/dev/null",
@@ -98,6 +99,7 @@ std::string gpu_clocks() {
   while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
   return out;
 }
+#endif
 
 struct BenchOpts {
   std::string onnx, engine, json;
