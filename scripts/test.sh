@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what is needed, builds, and runs every test: unit tests (ctest; GPU tests skip
-# without a GPU), model-level tests, the C++ examples built against the installed SDK, and the
-# ONNX conformance suite (fails on any regression).
+# without a GPU), model-level tests, the C++ examples built against the installed SDK, the
+# ONNX conformance suite (fails on any regression), and README's `pip install .` and
+# `pip install '.[serve]'` in a fresh virtual environment, made from this build tree
+# (scripts/check_install.sh: it fails if pip compiles anything again).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -60,5 +62,7 @@ echo "== unit tests =="
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi >/dev/null 2>&1; then
   echo "note: no GPU on this machine: tests labelled 'gpu' skip (they say so below)"
 fi
-cd "$BUILD_DIR"
-ctest --output-on-failure -j "$(nproc)"
+(cd "$BUILD_DIR" && ctest --output-on-failure -j "$(nproc)")
+
+echo "== install: pip install . and pip install '.[serve]' as README.md writes them (fresh venv, reusing $BUILD_DIR) =="
+scripts/check_install.sh "$BUILD_DIR"
