@@ -122,7 +122,11 @@ Status infer_attention_onnx(InferContext& ctx) {
       AttnShape s, attn_shape(n, q, k, v, ctx.has_input(4) && past.has_rank() ? &past : nullptr));
   if (ctx.has_input(4) && !past.has_rank()) s.P = Dim();
   const Dim L = add_dims(s.P, s.Skv);
-  const Dim hidden = s.Hq.is_static() && s.Dv.is_static() ? Dim(s.Hq.value * s.Dv.value) : Dim();
+  int64_t hq_dv = 0;
+  const Dim hidden = s.Hq.is_static() && s.Dv.is_static() &&
+                             !__builtin_mul_overflow(s.Hq.value, s.Dv.value, &hq_dv)
+                         ? Dim(hq_dv)
+                         : Dim();
   ctx.set_output(
       0, s.packed ? TensorType(t, {s.B, s.Sq, hidden}) : TensorType(t, {s.B, s.Hq, s.Sq, s.Dv}));
   ctx.set_output(1, TensorType(k.dtype, {s.B, s.Hkv, L, s.D}));

@@ -115,7 +115,9 @@ Status infer_conv(InferContext& ctx) {
   if (!d.ranked) return Status::Ok();
   const std::vector<Dim>& xd = d.x;
   const std::vector<Dim>& wd = d.w;
-  if (xd[1].is_static() && wd[1].is_static() && xd[1].value != wd[1].value * d.group)
+  int64_t in_channels = 0;  // W's channels x group, checked: group is the model's attribute
+  if (xd[1].is_static() && wd[1].is_static() &&
+      (__builtin_mul_overflow(wd[1].value, d.group, &in_channels) || xd[1].value != in_channels))
     return KILN_ERROR("{}: X has {} channels but W expects {} x group {}", n.label(),
                       xd[1].value, wd[1].value, d.group);
   if (wd[0].is_static() && wd[0].value % d.group != 0)

@@ -139,7 +139,11 @@ Status infer_conv_transpose(InferContext& ctx) {
   KILN_ASSIGN_OR_RETURN(WindowAttrs a, read_conv_infer_window(n, d));
   std::vector<int64_t> opad, oshape;
   KILN_RETURN_IF_ERROR(read_transpose_attrs(n, d.nsp, opad, oshape));
-  std::vector<Dim> out = {xd[0], wd[1].is_static() ? Dim(wd[1].value * d.group) : Dim()};
+  int64_t out_channels = 0;
+  if (wd[1].is_static() && __builtin_mul_overflow(wd[1].value, d.group, &out_channels))
+    return KILN_ERROR("{}: W's {} channels x group {} overflows int64", n.label(), wd[1].value,
+                      d.group);
+  std::vector<Dim> out = {xd[0], wd[1].is_static() ? Dim(out_channels) : Dim()};
   for (size_t i = 0; i < d.nsp; ++i) {
     if (!oshape.empty()) {
       out.push_back(oshape[i]);

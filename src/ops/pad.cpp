@@ -187,8 +187,9 @@ Expected<int64_t> blocksize(const Node& n) {
 }
 
 Dim scale_dim(const Dim& d, int64_t mul, int64_t div) {
-  if (!d.is_static()) return Dim();
-  return Dim(d.value * mul / div);
+  int64_t scaled = 0;
+  if (!d.is_static() || __builtin_mul_overflow(d.value, mul, &scaled)) return Dim();
+  return Dim(scaled / div);
 }
 
 template <bool kToSpace>

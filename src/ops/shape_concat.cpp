@@ -279,7 +279,9 @@ Status tile_infer(InferContext& ctx) {
       const Dim& d = (*x.dims)[k];
       if (reps[k] == 1) dims[k] = d;
       else if (reps[k] == 0) dims[k] = Dim(0);
-      else if (d.is_static()) dims[k] = Dim(d.value * reps[k]);
+      else if (d.is_static() && __builtin_mul_overflow(d.value, reps[k], &dims[k].value))
+        return KILN_ERROR("{}: dim {} ({}) repeated {} times overflows int64", ctx.node().label(),
+                          k, d.value, reps[k]);
     }
   }
   ctx.set_output(0, TensorType(x.dtype, std::move(dims)));

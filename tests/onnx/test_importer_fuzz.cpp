@@ -142,5 +142,42 @@ TEST(ImporterFuzz, SplitOfAScalarIsRefused) {
       << st.message();
 }
 
+// Tile of a [10753,1,1,2] tensor by [576460752303423489,0,3,4]: dim x repeats overflowed int64
+// in tile_infer (UBSan). Checked now, as are the other products of a dim and a number from the
+// model in shape inference (Conv's and ConvTranspose's group, DepthToSpace's block, Attention's
+// heads x head size).
+TEST(ImporterFuzz, TileOverflowingInt64IsRefused) {
+  auto m = model_with_graph();
+  m.mutable_opset_import(0)->set_version(6);
+  auto* g = m.mutable_graph();
+  add_input(g, "x", {10753, 2});
+  add_int64_constant(g, "shape", {10753, 1, 1, 2});
+  add_op(g, "Reshape", {"x", "shape"}, "r");
+  add_int64_constant(g, "reps", {576460752303423489, 0, 3, 4});
+  add_op(g, "Tile", {"r", "reps"}, "y");
+  g->add_output()->set_name("y");
+  const Status st = import_status(m);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("(Tile, #1): dim 0 (10753) repeated 576460752303423489 times "
+                              "overflows int64"), std::string::npos) << st.message();
+}
+
+// Conv with a group so large that W's channels x group overflows int64.
+TEST(ImporterFuzz, ConvGroupOverflowingInt64IsRefused) {
+  auto m = model_with_graph();
+  auto* g = m.mutable_graph();
+  add_input(g, "x", {1, 4, 8, 8});
+  add_input(g, "w", {4, 2, 3, 3});
+  auto* n = add_op(g, "Conv", {"x", "w"}, "y");
+  auto* a = n->add_attribute();
+  a->set_name("group");
+  a->set_type(onnx::AttributeProto::INT);
+  a->set_i(int64_t{1} << 62);
+  g->add_output()->set_name("y");
+  const Status st = import_status(m);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.message().find('\n'), std::string::npos) << st.message();
+}
+
 }  // namespace
 }  // namespace kiln
