@@ -149,8 +149,12 @@ Expected<bool> map_qdq(Graph& g) {
   for (Node* n : std::vector<Node*>(g.nodes()))
     if (is_dq(n) && n->input(0) && n->input(0)->is_constant())
       KILN_RETURN_IF_ERROR(fold_constant_dq(g, n));
-  for (Node* n : std::vector<Node*>(g.nodes()))
-    if (is_q(n)) KILN_RETURN_IF_ERROR(map_activation_pair(g, n));
+  // The Q nodes first: mapping one removes it and its DQs, which a snapshot of every node would
+  // then visit after they are freed (AddressSanitizer: heap-use-after-free).
+  std::vector<Node*> qs;
+  for (Node* n : g.nodes())
+    if (is_q(n)) qs.push_back(n);
+  for (Node* q : qs) KILN_RETURN_IF_ERROR(map_activation_pair(g, q));
   for (const Node* n : g.nodes())
     if (is_q(n) || is_dq(n)) {
       const Value* x = n->input(0);
