@@ -67,13 +67,16 @@ say "kiln's Python extension, and the ONNX exports beside it"
    -Dnanobind_DIR="$(python3 -m nanobind --cmake_dir)" && cmake --build /tmp/kiln-py) \
   >"$W/extension_build.log" 2>&1 &
 EXT=$!
+JOBS=($EXT)
 for m in $MODELS; do
   case $m in
-    resnet50) [ -f models/resnet50.onnx ] || python3 scripts/export_resnet50.py models/resnet50.onnx >>"$BLOG" 2>&1 & ;;
-    bert) [ -f models/bert_base.onnx ] || python3 scripts/export_bert.py models/bert_base.onnx >>"$BLOG" 2>&1 & ;;
+    resnet50) [ -f models/resnet50.onnx ] || { python3 scripts/export_resnet50.py models/resnet50.onnx >>"$BLOG" 2>&1 & JOBS+=($!); } ;;
+    bert) [ -f models/bert_base.onnx ] || { python3 scripts/export_bert.py models/bert_base.onnx >>"$BLOG" 2>&1 & JOBS+=($!); } ;;
   esac
 done
-wait
+# The jobs by id: a bare `wait` (bash 5.1+) also waits for the `tee` of the log's process
+# substitution above, which never ends; the first GPU run hung here for its whole budget.
+wait "${JOBS[@]}"
 if ! ls /tmp/kiln-py/kiln/_kiln*.so >/dev/null 2>&1; then
   tail -30 "$W/extension_build.log"; echo "serve_gpu: the extension did not build"; exit 1
 fi
