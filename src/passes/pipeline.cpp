@@ -66,7 +66,9 @@ struct PassEntry {
 //   (embeddings) join the norm.
 // - fuse_conv_pool after fuse_conv_act: the stem's max-pool joins a convolution that already
 //   carries its activation.
-// - fuse_elementwise last: it takes the elementwise chains the specific fusions left.
+// - batchnorm_to_affine after every fusion that could take a BatchNorm (fold_batchnorm folds
+//   it into its producer; here one no producer took becomes a per-channel Mul and Add), and
+//   fuse_elementwise last: it takes the elementwise chains the specific fusions left.
 // - eliminate_dead_code after folding and at the end of each round.
 constexpr PassEntry kPipeline[] = {
     {"fold_constants", 1, passes::fold_constants},
@@ -95,6 +97,7 @@ constexpr PassEntry kPipeline[] = {
     {"fuse_skip_layernorm", 2, passes::fuse_skip_layernorm},
     {"fuse_conv_act", 2, passes::fuse_conv_act},
     {"fuse_conv_pool", 2, passes::fuse_conv_pool},
+    {"batchnorm_to_affine", 2, passes::batchnorm_to_affine},
     {"fuse_elementwise", 2, passes::fuse_elementwise},
     {"eliminate_dead_code", 2, passes::eliminate_dead_code},
 };

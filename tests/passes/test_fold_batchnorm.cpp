@@ -145,3 +145,39 @@ TEST(FoldBatchNorm, TrainingModeOnConstantWeightsFolds) {
 
 }  // namespace
 }  // namespace kiln::test
+
+namespace kiln::test {
+namespace {
+
+// batchnorm_to_affine: a BatchNorm no producer took becomes Mul + Add and chains with the ReLU
+// after it (DenseNet's BN -> ReLU -> Conv behind a Concat).
+TEST(BatchNormToAffine, ChainsWithTheActivation) {
+  G b;
+  Value* cat = b.op("Concat", {b.in("a", {2, 3, 5, 5}), b.in("c", {2, 3, 5, 5})},
+                    attrs({{"axis", Attribute::Int(1)}}));
+  Value* r = b.op("Relu", {batchnorm(b, cat, 6)});
+  b.out(b.op("Conv", {r, b.c(rand_t({4, 6, 1, 1}))}));
+  auto opt = optimize_checked(b.g, {"fold_batchnorm", "batchnorm_to_affine", "fuse_elementwise"});
+  EXPECT_EQ(count(*opt, "BatchNormalization"), 0);
+  EXPECT_EQ(count(*opt, "ElementwiseChain"), 1);
+  EXPECT_EQ(count(*opt, "Relu"), 0);
+}
+
+TEST(BatchNormToAffine, FoldsFirstAndLeavesTrainingMode) {
+  G b;
+  Value* x = b.in("x", {1, 4, 5, 5});
+  // After a convolution: fold_batchnorm takes it (it runs first in the pipeline).
+  b.out(batchnorm(b, b.op("Conv", {x, b.c(rand_t({6, 4, 3, 3}))}, conv_attrs()), 6));
+  // Rank 3 (BatchNorm1d) becomes the affine map with [C, 1] constants.
+  b.out(batchnorm(b, b.in("s", {2, 4, 7}), 4));
+  // Non-constant parameters stay.
+  b.out(batchnorm(b, b.in("y", {2, 6, 3, 3}), 6, /*const_params=*/false));
+  auto opt = optimize_checked(b.g, {"fold_batchnorm", "batchnorm_to_affine"});
+  EXPECT_EQ(count(*opt, "BatchNormalization"), 1);
+  EXPECT_EQ(count(*opt, "Conv"), 1);
+  EXPECT_EQ(count(*opt, "Mul"), 1);
+  EXPECT_EQ(count(*opt, "Add"), 1);
+}
+
+}  // namespace
+}  // namespace kiln::test
