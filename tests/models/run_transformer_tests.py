@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""Transformer model tests: BERT, GPT-2 and ViT, each exported both ways users export them
-(TorchScript opset 17 and dynamo opset 18), at 2 layers and hidden size 128 with random weights.
+"""Transformer model tests: BERT, GPT-2 and ViT (transformers), torchvision's ViT (dynamo only: its
+TorchScript export fails in PyTorch), timm's ViT and a Llama-architecture decoder with
+grouped-query attention, each exported the ways users export them (TorchScript opset 17 and
+dynamo opset 18), at 2 layers and hidden size 128 with random weights.
 
 The graphs live in tests/models/transformers/*.onnx as skeletons (scripts/transformer_export.py
 --tiny --skeleton: the exporters' own graphs without their large weights); each run fills the
@@ -8,8 +10,9 @@ weights back in with seeded random values. For every model:
   - kiln's CPU backend, one engine with dynamic batch and sequence at -O2, against ONNX Runtime at
     two shapes (batch 1 with 7 tokens; batch 3 with 16 tokens and padding): relative L2 < 1e-4;
   - with a CUDA build (no GPU needed): the cuda build step (kiln_lower_check, FP16, a batch
-    1-8 x sequence 1-64 profile) must give every layer a GPU tactic and at most 8 kernel-launching
-    layers per transformer block (counted from one attention layer to the next).
+    1-8 x sequence 1-64 profile) must give every layer a GPU tactic and, for BERT, GPT-2 and
+    transformers' ViT, at most 8 kernel-launching layers per transformer block (counted from one
+    attention layer to the next; the other forms report their kernel layers).
 Exit status 1 on any failure.
 """
 import argparse
@@ -26,6 +29,10 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "scripts"))
 import transformer_export as tx  # noqa: E402
 
 MAX_KERNEL_LAYERS_PER_BLOCK = 8
+# The exports whose attention reaches kiln.MultiHeadAttention (the budget above holds for them);
+# torchvision's ViT (tv_vit_*), timm's ViT (timm_vit_*) and the Llama-architecture decoder
+# (llama_*) are checked on the CPU and for a GPU build, their fusion still to come.
+FUSED_FORMS = ("bert", "gpt2", "vit")
 VOCAB = 1000  # the --tiny models' vocabulary
 
 
@@ -34,8 +41,12 @@ def rel_l2(a, b):
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
+def is_vision(model):
+    return "vit" in model
+
+
 def feeds_for(model, batch, seq, rng):
-    if model.startswith("vit"):
+    if is_vision(model):
         return {"pixel_values": rng.standard_normal((batch, 3, 224, 224)).astype(np.float32)}
     mask = np.ones((batch, seq), np.int64)
     if batch > 1:
@@ -44,7 +55,7 @@ def feeds_for(model, batch, seq, rng):
 
 
 def shapes_arg(model, lo, opt, hi):
-    if model.startswith("vit"):
+    if is_vision(model):
         return [f"pixel_values:{b}x3x224x224" for b, _ in (lo, opt, hi)]
     return [f"input_ids:{b}x{s},attention_mask:{b}x{s}" for b, s in (lo, opt, hi)]
 
@@ -91,13 +102,18 @@ def check_gpu_layers(lower_check, model, onnx_path):
     if not out.strip().splitlines()[-1].startswith("ok"):
         raise RuntimeError("the cuda build step failed: " + out.strip().splitlines()[-1])
     layers = [line.split() for line in out.splitlines() if line.startswith("  ")]
+    if not model.startswith(FUSED_FORMS):
+        # Attention forms the optimizer does not fold yet: the cuda build must succeed; the
+        # kernel layers are reported, not held to the budget.
+        kernels = sum(1 for l in layers if l[0] == "kernel")
+        return f"{kernels} kernel layers in all (not yet held to {MAX_KERNEL_LAYERS_PER_BLOCK} a block)"
     attn = [i for i, l in enumerate(layers) if l[1] == "kiln.MultiHeadAttention"]
     if len(attn) < 2:
         raise RuntimeError(f"{len(attn)} attention layers folded into kiln.MultiHeadAttention (want 2)")
     block = sum(1 for l in layers[attn[0]:attn[1]] if l[0] == "kernel")
     if block > MAX_KERNEL_LAYERS_PER_BLOCK:
         raise RuntimeError(f"{block} kernel layers per block (at most {MAX_KERNEL_LAYERS_PER_BLOCK})")
-    return block
+    return f"{block} kernel layers per block"
 
 
 def main():
@@ -122,7 +138,7 @@ def main():
                 err = check_cpu(args.kiln, model, path, tmp, rng)
                 msg = f"ok   {model}: CPU engine vs ONNX Runtime rel L2 {err:.2e}"
                 if lower_check:
-                    msg += f"; {check_gpu_layers(lower_check, model, path)} kernel layers per block on cuda"
+                    msg += f"; {check_gpu_layers(lower_check, model, path)} on cuda"
                 print(msg)
             except RuntimeError as e:
                 print(f"FAIL {model}: {e}")
