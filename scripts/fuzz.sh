@@ -51,7 +51,8 @@ export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 
 if [ $unit = 1 ]; then
   step "CPU unit tests under AddressSanitizer and UndefinedBehaviorSanitizer"
-  ctest --test-dir "$B" -L unit --output-on-failure -j "$JOBS"
+  # Timing checks (Conv.ResNetSizedLayerIsFast: under 2 s at -O3) do not hold at -O1 under ASan.
+  ctest --test-dir "$B" -L unit -E 'IsFast$' --output-on-failure -j "$JOBS"
   took "the sanitized unit tests"
 fi
 

@@ -12,6 +12,7 @@ APT_PACKAGES=(
   libcli11-dev nlohmann-json3-dev libfmt-dev
   libstb-dev                             # image inputs (stb_image, stb_image_resize, stb_image_write)
   zlib1g-dev                             # gzip-compressed IDX datasets (kiln compare --dataset)
+  clang libclang-rt-dev                  # scripts/fuzz.sh: sanitizer build, libFuzzer harnesses
   python3 python3-pip python3-dev       # python3-dev: the Python package's extension
   dataset-fashion-mnist                  # INT8 accuracy on labelled data (scripts/train_fashion_mnist.py)
 )
@@ -52,6 +53,10 @@ pip_install_missing "${PIP_PACKAGES[@]}"
 # import name:pip requirement
 pip_install_missing nanobind:nanobind scikit_build_core:scikit-build-core pytest:pytest \
   kserve:kserve tritonclient.grpc:"tritonclient[http,grpc]" ray.serve:"ray[serve]" polygraphy:polygraphy
+
+# Coverage-guided fuzzing of `kiln serve`'s request decoding (tests/fuzz/fuzz_serving.py); without
+# a wheel for this Python the driver's seeded random mutator runs instead.
+pip_install_missing atheris:atheris || echo "setup: atheris did not install: fuzz_serving.py uses its random mutator"
 
 # Optional: PyTorch for the model export scripts (scripts/export_resnet50.py, export_bert.py).
 # Large; only on request.

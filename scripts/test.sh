@@ -10,6 +10,16 @@ scripts/setup.sh
 scripts/build.sh
 BUILD_DIR=${KILN_BUILD_DIR:-build}
 
+# The sanitizer build (clang, ASan+UBSan, the libFuzzer harnesses: scripts/fuzz.sh) runs in the
+# background at low priority while the tests below run; its tests and the fuzzers run last.
+# KILN_SKIP_FUZZ=1 leaves it out.
+FUZZ_BUILD_PID=
+if [ "${KILN_SKIP_FUZZ:-0}" != 1 ]; then
+  setsid nice -n 10 scripts/fuzz.sh --build-only >"$BUILD_DIR/fuzz-build.log" 2>&1 &
+  FUZZ_BUILD_PID=$!
+  trap '[ -z "$FUZZ_BUILD_PID" ] || kill -- -"$FUZZ_BUILD_PID" 2>/dev/null || true' EXIT
+fi
+
 echo "== conformance (ONNX backend test data through kiln run), --opt-level 0 =="
 python3 scripts/conformance.py --kiln "$BUILD_DIR/kiln" --opt-level 0 --expect tests/conformance/expected_pass.txt \
   --json "$BUILD_DIR/conformance_O0.json"
@@ -66,3 +76,15 @@ fi
 
 echo "== install: pip install . and pip install '.[serve]' as README.md writes them (fresh venv, reusing $BUILD_DIR) =="
 scripts/check_install.sh "$BUILD_DIR"
+
+if [ -n "$FUZZ_BUILD_PID" ]; then
+  echo "== sanitizers and fuzzing (scripts/fuzz.sh): CPU unit tests under ASan+UBSan, each fuzz harness 60 s =="
+  if ! wait "$FUZZ_BUILD_PID"; then
+    tail -40 "$BUILD_DIR/fuzz-build.log"
+    echo "the sanitizer build failed (log: $BUILD_DIR/fuzz-build.log)" >&2
+    exit 1
+  fi
+  FUZZ_BUILD_PID=
+  grep '^fuzz.sh: .* took' "$BUILD_DIR/fuzz-build.log"
+  scripts/fuzz.sh --no-build
+fi
