@@ -21,6 +21,7 @@ Expected<bool> fuse_gelu(PassContext& ctx);
 Expected<bool> fuse_swish(PassContext& ctx);
 Expected<bool> fuse_attention(PassContext& ctx);
 Expected<bool> map_onnx_attention(PassContext& ctx);
+Expected<bool> unpack_projection_parts(PassContext& ctx);
 Expected<bool> fold_gemm_reshape(PassContext& ctx);
 Expected<bool> fold_patch_conv(PassContext& ctx);
 Expected<bool> fuse_matmul_add(PassContext& ctx);

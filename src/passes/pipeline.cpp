@@ -47,6 +47,9 @@ struct PassEntry {
 //   own Attention op becomes the same kiln.Attention layer (its Where/Add for the mask are
 //   left to the later passes). fuse_rmsnorm after fuse_layernorm: a LayerNorm's tail
 //   (x - mean) / sqrt(mean((x - mean)^2) + eps) has RMSNorm's shape and belongs to LayerNorm.
+// - unpack_projection_parts before fold_attention_heads: the parts of a packed QKV projection
+//   taken after one joint head split (timm's reshape/permute/unbind) become each part's own
+//   head split of a Split of the projection, the form fold_attention_heads folds.
 // - fold_attention_heads after fuse_attention (it folds the head split and merge around a
 //   kiln.Attention) and before fold_gemm_reshape: the attention output's merge Reshape is then
 //   the flattening of a [B, S, H*D] tensor, which fold_gemm_reshape folds with the output
@@ -86,6 +89,7 @@ constexpr PassEntry kPipeline[] = {
     {"fuse_swish", 2, passes::fuse_swish},
     {"fuse_attention", 2, passes::fuse_attention},
     {"map_onnx_attention", 2, passes::map_onnx_attention},
+    {"unpack_projection_parts", 2, passes::unpack_projection_parts},
     {"fold_attention_heads", 2, passes::fold_attention_heads},
     {"fold_gemm_reshape", 2, passes::fold_gemm_reshape},
     {"fold_patch_conv", 2, passes::fold_patch_conv},

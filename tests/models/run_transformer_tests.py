@@ -10,8 +10,8 @@ weights back in with seeded random values. For every model:
   - kiln's CPU backend, one engine with dynamic batch and sequence at -O2, against ONNX Runtime at
     two shapes (batch 1 with 7 tokens; batch 3 with 16 tokens and padding): relative L2 < 1e-4;
   - with a CUDA build (no GPU needed): the cuda build step (kiln_lower_check, FP16, a batch
-    1-8 x sequence 1-64 profile) must give every layer a GPU tactic and, for BERT, GPT-2 and
-    transformers' ViT, at most 8 kernel-launching layers per transformer block (counted from one
+    1-8 x sequence 1-64 profile) must give every layer a GPU tactic and, for BERT, GPT-2,
+    transformers' ViT and timm's ViT, at most 8 kernel-launching layers per transformer block (counted from one
     attention layer to the next; the other forms report their kernel layers).
 Exit status 1 on any failure.
 """
@@ -30,9 +30,9 @@ import transformer_export as tx  # noqa: E402
 
 MAX_KERNEL_LAYERS_PER_BLOCK = 8
 # The exports whose attention reaches kiln.MultiHeadAttention (the budget above holds for them);
-# torchvision's ViT (tv_vit_*), timm's ViT (timm_vit_*) and the Llama-architecture decoder
-# (llama_*) are checked on the CPU and for a GPU build, their fusion still to come.
-FUSED_FORMS = ("bert", "gpt2", "vit")
+# torchvision's ViT (tv_vit_*) and the Llama-architecture decoder (llama_*) are checked on the
+# CPU and for a GPU build, their fusion still to come.
+FUSED_FORMS = ("bert", "gpt2", "vit", "timm_vit")
 VOCAB = 1000  # the --tiny models' vocabulary
 
 

@@ -84,15 +84,32 @@ TEST(BatchNorm, SpatialZeroIsPerActivation) {
   EXPECT_FALSE(run_op("BatchNormalization", {&x, &s, &b, &m, &v}, {}).status.ok());
 }
 
-TEST(BatchNorm, TrainingModeRefused) {
-  Tensor x = random_tensor({1, 2, 3});
-  Tensor s = random_tensor({2});
+// training_mode = 1 normalizes with the batch's own statistics (each channel of Y then has mean
+// B and population variance scale^2, up to epsilon); with per-activation statistics
+// (spatial = 0) it is refused.
+TEST(BatchNorm, TrainingModeUsesTheBatchStatistics) {
+  Tensor x = random_tensor({3, 2, 5});
+  Tensor s = random_tensor({2}), b = random_tensor({2}), v = random_tensor({2}, 0.5f, 1.f);
   Attributes a;
   a.set("training_mode", Attribute::Int(1));
-  OpRun r = run_op("BatchNormalization", {&x, &s, &s, &s, &s}, a);
-  ASSERT_FALSE(r.status.ok());
-  EXPECT_NE(r.status.message().find("training"), std::string::npos);
-  EXPECT_FALSE(run_imported("BatchNormalization", {&x, &s, &s, &s, &s}, a, 15).status.ok());
+  a.set("epsilon", Attribute::Float(0.f));
+  OpRun r = run_op("BatchNormalization", {&x, &s, &b, &b, &v}, a);
+  ASSERT_TRUE(r.status.ok()) << r.status.message();
+  for (int64_t c = 0; c < 2; ++c) {
+    double m = 0, q = 0;
+    for (int64_t n = 0; n < 3; ++n)
+      for (int64_t i = 0; i < 5; ++i) m += r.outputs[0].at_double((n * 2 + c) * 5 + i) / 15;
+    for (int64_t n = 0; n < 3; ++n)
+      for (int64_t i = 0; i < 5; ++i) q += std::pow(r.outputs[0].at_double((n * 2 + c) * 5 + i) - m, 2) / 15;
+    EXPECT_NEAR(m, b.at_double(c), 1e-5);
+    EXPECT_NEAR(q, s.at_double(c) * s.at_double(c), 1e-4);
+  }
+  EXPECT_TRUE(run_imported("BatchNormalization", {&x, &s, &b, &b, &v}, a, 15).status.ok());
+  a.set("kiln_per_activation", Attribute::Int(1));
+  Tensor p = random_tensor({2, 5});
+  OpRun per = run_op("BatchNormalization", {&x, &p, &p, &p, &p}, a);
+  ASSERT_FALSE(per.status.ok());
+  EXPECT_NE(per.status.message().find("training"), std::string::npos);
 }
 
 TEST(BatchNorm, EmptyBatchAndErrors) {
