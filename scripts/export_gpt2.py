@@ -26,21 +26,7 @@ def build(tiny=False, layers=12, seed=0):
         else dict(n_layer=layers)
     cfg = GPT2Config(**kw)
     model = GPT2LMHeadModel(cfg).eval()
-
-    class Wrapper(torch.nn.Module):  # logits only, no cache
-        def __init__(self, m):
-            super().__init__()
-            self.m = m
-            self.config = cfg
-
-        def forward(self, input_ids, attention_mask):
-            return self.m(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
-                          return_dict=False)[0]
-
-    ids = torch.randint(0, cfg.vocab_size, (2, 16))
-    mask = torch.ones(2, 16, dtype=torch.int64)
-    dyn = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"}}
-    return Wrapper(model), (ids, mask), ["input_ids", "attention_mask"], ["logits"], dyn
+    return tx.causal_lm(model, cfg)
 
 
 def main():

@@ -29,21 +29,7 @@ def build(tiny=False, seed=0):
              num_key_value_heads=4, intermediate_size=2048, vocab_size=32000)
     cfg = LlamaConfig(max_position_embeddings=2048, attn_implementation="sdpa", **kw)
     model = LlamaForCausalLM(cfg).eval()
-
-    class Wrapper(torch.nn.Module):  # logits only, no cache
-        def __init__(self, m):
-            super().__init__()
-            self.m = m
-            self.config = cfg
-
-        def forward(self, input_ids, attention_mask):
-            return self.m(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
-                          return_dict=False)[0]
-
-    ids = torch.randint(0, cfg.vocab_size, (2, 16))
-    mask = torch.ones(2, 16, dtype=torch.int64)
-    dyn = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"}}
-    return Wrapper(model), (ids, mask), ["input_ids", "attention_mask"], ["logits"], dyn
+    return tx.causal_lm(model, cfg)
 
 
 def main():

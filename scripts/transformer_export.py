@@ -52,6 +52,28 @@ def export(module, args, path, input_names, output_names, dynamic, exporter):
     return "torch.onnx.export(dynamo=True), opset 18, external data"
 
 
+def causal_lm(model, cfg):
+    """A transformers causal language model as export takes it: (input_ids, attention_mask)
+    [batch, sequence] in, logits only out (no cache); with example inputs, input/output names
+    and dynamic axes (export_gpt2.py, export_llama.py)."""
+    import torch
+
+    class Wrapper(torch.nn.Module):  # logits only, no cache
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+            self.config = cfg
+
+        def forward(self, input_ids, attention_mask):
+            return self.m(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
+                          return_dict=False)[0]
+
+    ids = torch.randint(0, cfg.vocab_size, (2, 16))
+    mask = torch.ones(2, 16, dtype=torch.int64)
+    dyn = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"}}
+    return Wrapper(model), (ids, mask), ["input_ids", "attention_mask"], ["logits"], dyn
+
+
 def skeletonize(path):
     """Rewrites the model at `path` in place without its large float initializers: each keeps
     its name, type and shape, and its doc_string records the mean and standard deviation."""
