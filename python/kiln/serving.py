@@ -200,7 +200,8 @@ class StatsCollector:
 
 
 class _BodyLimit:
-    """ASGI middleware: a request body over `limit` bytes gets 413 before it is read whole."""
+    """ASGI middleware: a request body over `limit` bytes gets 413 without being kept (the rest
+    of it is read and dropped: _drain)."""
 
     def __init__(self, app, limit: int):
         self.app, self.limit = app, limit
@@ -210,6 +211,7 @@ class _BodyLimit:
             return await self.app(scope, receive, send)
         length = dict(scope.get("headers") or []).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.limit:
+            await _drain(receive)
             return await self._refuse(send, int(length))
         seen = 0
 
@@ -224,6 +226,7 @@ class _BodyLimit:
         try:
             return await self.app(scope, limited, send)
         except _TooLarge as e:
+            await _drain(receive)
             return await self._refuse(send, e.args[0])
 
     async def _refuse(self, send, size: int):
@@ -239,6 +242,15 @@ class _BodyLimit:
 
 class _TooLarge(Exception):
     pass
+
+
+async def _drain(receive):
+    """Reads the rest of a refused request's body and drops it, so that the client, which is
+    still sending, reads the 413 instead of a reset connection (a broken pipe on its side)."""
+    while True:
+        message = await receive()
+        if message.get("type") != "http.request" or not message.get("more_body", False):
+            return
 
 
 def _refuse_malformed(decode):
