@@ -27,8 +27,7 @@ struct BatchNormToAffine {
     if (!x || !x->type.has_rank() || x->type.rank() < 2 || !is_float_type(x->type.dtype))
       return reject("X is not a float tensor of rank >= 2");
     if (bn.attrs.get_int("training_mode", 0) != 0) return reject("training mode");
-    if (bn.attrs.get_int("kiln_per_activation", 0) != 0)
-      return reject("per-activation statistics");
+    if (bn.attrs.get_int("kiln_per_activation", 0) != 0) return reject("per-activation statistics");
     for (size_t i = 1; i <= 4; ++i)
       if (!bn.input(i) || !bn.input(i)->is_constant()) return reject("parameters are not constant");
     for (size_t i = 1; i < bn.num_outputs(); ++i)

@@ -2,7 +2,8 @@
 // `qkv.reshape(B, N, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)`:
 //   t = Transpose(Reshape(x [.., G*K], [.., G, d1, .., dm]), perm)
 //   y_i = select part i of t's axis a (where perm moved G)          for each part used
-//   =>  y_i = Transpose(Reshape(Split(x, G equal parts, last axis)[i], [0, .., 0, d1, .., dm]), perm')
+//   =>  y_i = Transpose(Reshape(Split(x, G equal parts, last axis)[i], [0, .., 0, d1, .., dm]),
+//   perm')
 // with perm' = perm without the G axis. "Select part i" is any of the forms exporters write for
 // unbind / indexing: Gather(t, i, axis a) with a scalar index, Squeeze(Slice(t, i:i+1 on a), a),
 // Squeeze(Split(t, axis a)[i], a). Each part then has the plain head split of its own
@@ -34,7 +35,8 @@ std::optional<Part> selection(const Graph& g, const Value* t, Node* user, int64_
     const auto ax = axes->constant->to_int64_vector();
     return ax.size() == 1 && norm(ax[0], rank) == a;
   };
-  if (is_op(user, "Gather") && user->input(0) == t && norm(user->attrs.get_int("axis", 0), rank) == a) {
+  if (is_op(user, "Gather") && user->input(0) == t &&
+      norm(user->attrs.get_int("axis", 0), rank) == a) {
     const Value* idx = user->input(1);
     if (idx && idx->is_constant() && idx->constant->rank() == 0)
       return Part{idx->constant->to_int64_vector()[0], {user}};
@@ -48,7 +50,8 @@ std::optional<Part> selection(const Graph& g, const Value* t, Node* user, int64_
       return v->constant->to_int64_vector();
     };
     const auto starts = cvec(1), ends = cvec(2), axes = cvec(3), steps = cvec(4);
-    if (!starts || !ends || !axes || !steps || starts->size() != 1 || ends->size() != 1) return std::nullopt;
+    if (!starts || !ends || !axes || !steps || starts->size() != 1 || ends->size() != 1)
+      return std::nullopt;
     if (axes->size() == 1 ? norm((*axes)[0], rank) != a : a != 0) return std::nullopt;
     if (!steps->empty() && (*steps)[0] != 1) return std::nullopt;
     if ((*ends)[0] != (*starts)[0] + 1 || (*starts)[0] < 0) return std::nullopt;
@@ -103,10 +106,14 @@ struct UnpackProjectionParts {
     for (int64_t p : perm)
       if (p != k) m.perm.push_back(p > k ? p - 1 : p);
     const auto uses = t->uses();
+    const int64_t split_axis = uses.size() == 1 && is_op(uses[0].first, "Split")
+                                   ? uses[0].first->attrs.get_int("axis", 0)
+                                   : -1;
     if (uses.size() == 1 && is_op(uses[0].first, "Split") &&
-        uses[0].first->attrs.get_int("axis", 0) == a) {
+        (split_axis < 0 ? split_axis + y.rank() : split_axis) == a) {
       Node* sp = uses[0].first;
-      if (static_cast<int64_t>(sp->num_outputs()) != groups) return reject("the split is not into parts of one");
+      if (static_cast<int64_t>(sp->num_outputs()) != groups)
+        return reject("the split is not into parts of one");
       if (sp->num_inputs() > 1 && sp->input(1)) {
         if (!sp->input(1)->is_constant()) return std::nullopt;
         for (int64_t s : sp->input(1)->constant->to_int64_vector())
@@ -127,7 +134,8 @@ struct UnpackProjectionParts {
     } else {
       for (auto [user, slot] : uses) {
         auto p = selection(ctx.g, t, user, a, y.rank());
-        if (!p || p->index >= groups) return reject("a use of the head split does not select one part");
+        if (!p || p->index >= groups)
+          return reject("a use of the head split does not select one part");
         m.parts.push_back(*p);
       }
     }
@@ -135,7 +143,8 @@ struct UnpackProjectionParts {
     std::set<int64_t> seen;
     for (const Part& p : m.parts) {
       if (!seen.insert(p.index).second) return reject("a part is selected twice");
-      if (ctx.g.is_graph_output(p.nodes.back()->output(0))) return reject("a part is a graph output");
+      if (ctx.g.is_graph_output(p.nodes.back()->output(0)))
+        return reject("a part is a graph output");
     }
     return m;
   }
@@ -146,24 +155,29 @@ struct UnpackProjectionParts {
     const int64_t k = x->type.rank() - 1;
     const int64_t part = (*x->type.dims)[k].value / m.groups;
     const std::string base = m.transpose->name;
-    Value* sizes = g.add_constant(g.unique_name(base + "_parts"),
-                                  Tensor::from<int64_t>({m.groups}, std::vector<int64_t>(m.groups, part)));
+    Value* sizes =
+        g.add_constant(g.unique_name(base + "_parts"),
+                       Tensor::from<int64_t>({m.groups}, std::vector<int64_t>(m.groups, part)));
     std::vector<std::string> names;
-    for (int64_t i = 0; i < m.groups; ++i) names.push_back(g.unique_name(base + "_part" + std::to_string(i)));
-    Node* split = g.insert_node_before(m.transpose, "Split", g.unique_name(base + "_split"), {x, sizes}, names);
+    for (int64_t i = 0; i < m.groups; ++i)
+      names.push_back(g.unique_name(base + "_part" + std::to_string(i)));
+    Node* split = g.insert_node_before(m.transpose, "Split", g.unique_name(base + "_split"),
+                                       {x, sizes}, names);
     split->attrs.set("axis", Attribute::Int(k));
     split->origin = ctx.pass;
     split->onnx_nodes = m.transpose->onnx_nodes;
     merge_onnx_nodes(*split, *m.reshape);
     std::vector<int64_t> shape(static_cast<size_t>(k), 0);  // 0: x's own leading dims
     shape.insert(shape.end(), m.rest.begin(), m.rest.end());
-    Value* shape_v = g.add_constant(g.unique_name(base + "_head_shape"),
-                                    Tensor::from<int64_t>({static_cast<int64_t>(shape.size())}, shape));
+    Value* shape_v =
+        g.add_constant(g.unique_name(base + "_head_shape"),
+                       Tensor::from<int64_t>({static_cast<int64_t>(shape.size())}, shape));
     std::vector<Node*> dead = {m.reshape, m.transpose};
     if (m.split) dead.push_back(m.split);
     for (const Part& p : m.parts) {
       const std::string rn = g.unique_name(base + "_heads" + std::to_string(p.index));
-      Node* r = g.insert_node_before(m.transpose, "Reshape", rn, {split->output(p.index), shape_v}, {rn});
+      Node* r =
+          g.insert_node_before(m.transpose, "Reshape", rn, {split->output(p.index), shape_v}, {rn});
       const std::string tn = g.unique_name(base + "_t" + std::to_string(p.index));
       Node* t = g.insert_node_before(m.transpose, "Transpose", tn, {r->output(0)}, {tn});
       t->attrs.set("perm", Attribute::Ints(m.perm));

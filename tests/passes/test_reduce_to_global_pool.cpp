@@ -24,9 +24,9 @@ TEST(ReduceToGlobalPool, OtherMeansStay) {
   G b;
   Value* x = b.in("x", {2, 5, 4, 3});
   b.out(reduce_mean(b, x, {2, 3}, /*keepdims=*/0));  // [N, C]: not the pool's shape
-  b.out(reduce_mean(b, x, {3}));                      // one spatial axis
-  b.out(reduce_mean(b, x, {1, 2, 3}));                // channels too
-  b.out(reduce_mean(b, b.in("s", {2, 7, 8}), {2}));   // a LayerNorm's statistic
+  b.out(reduce_mean(b, x, {3}));                     // one spatial axis
+  b.out(reduce_mean(b, x, {1, 2, 3}));               // channels too
+  b.out(reduce_mean(b, b.in("s", {2, 7, 8}), {2}));  // a LayerNorm's statistic
   auto opt = optimize_checked(b.g, {"reduce_to_global_pool"});
   EXPECT_EQ(count(*opt, "ReduceMean"), 4);
   EXPECT_EQ(count(*opt, "GlobalAveragePool"), 0);

@@ -9,7 +9,7 @@ namespace {
 TEST(FuseSwish, SigmoidTimesInputBecomesSwish) {
   G b;
   Value* x = b.in("x", {2, 3, 4});
-  b.out(b.op("Mul", {x, b.op("Sigmoid", {x})}));                       // SiLU
+  b.out(b.op("Mul", {x, b.op("Sigmoid", {x})}));                               // SiLU
   b.out(b.op("Mul", {b.op("Sigmoid", {b.op("Mul", {x, b.cf(1.702f)})}), x}));  // scaled, swapped
   auto opt = optimize_checked(b.g, {"fuse_swish"});
   EXPECT_EQ(count(*opt, "Swish"), 2);
@@ -65,7 +65,8 @@ TEST(UnfuseLayer, ConvWithBroadcastResidualAndClip) {
                     b.in("z", {1, 4, 1, 1})},
                    attrs({{"pads", Attribute::Ints({1, 1, 1, 1})},
                           {"activation", Attribute::String("Clip")},
-                          {"act_min", Attribute::Float(0.f)}, {"act_max", Attribute::Float(0.5f)}}));
+                          {"act_min", Attribute::Float(0.f)},
+                          {"act_max", Attribute::Float(0.5f)}}));
   n->domain = "kiln";
   b.out(n->output(0));
   ASSERT_TRUE(infer_shapes(b.g).ok());

@@ -15,7 +15,8 @@ void packed(G& b, const std::string& form) {
   std::vector<Value*> parts;
   if (form == "split") {
     Node* sp = b.node("Split", {t, b.c(ints({1, 1, 1}))}, attrs({{"axis", Attribute::Int(0)}}), 3);
-    for (size_t i = 0; i < 3; ++i) parts.push_back(b.op("Squeeze", {sp->output(i), b.c(ints({0}))}));
+    for (size_t i = 0; i < 3; ++i)
+      parts.push_back(b.op("Squeeze", {sp->output(i), b.c(ints({0}))}));
   } else {
     for (int64_t i = 0; i < 3; ++i) {
       if (form == "gather") {
