@@ -310,7 +310,7 @@ Status unfuse_layer(Graph& g, Node* n) {
   const DataType dt = n->output(0)->type.dtype;
   Value* y = nullptr;
   // Each part is placed before the layer and named after it; the last part takes over its output.
-  std::vector<Node*> parts;
+  Node* last = nullptr;
   auto part = [&](const std::string& op, std::vector<Value*> ins, Attributes a = {}) {
     const std::string name = g.unique_name(n->name + "/" + op);
     Node* p = g.insert_node_before(n, op, name, ins, {name});
@@ -318,7 +318,7 @@ Status unfuse_layer(Graph& g, Node* n) {
     p->origin = n->origin.empty() ? "unfuse" : n->origin + "+unfuse";
     p->onnx_nodes = n->onnx_nodes;
     p->output(0)->type = n->output(0)->type;
-    parts.push_back(p);
+    last = p;
     y = p->output(0);
   };
   std::vector<Value*> ins = {n->input(0), n->input(1)};
@@ -340,11 +340,8 @@ Status unfuse_layer(Graph& g, Node* n) {
     part(act, {y}, fused::strip_prefix(n->attrs, "act_"));
   }
   Value* out = n->output(0);
-  Node* last = parts.back();
-  Value* tmp = last->output(0);
   KILN_RETURN_IF_ERROR(g.remove_node(n, /*force=*/true));
-  g.replace_all_uses(tmp, out);
-  g.set_node_output(last, 0, out);
+  g.set_node_output(last, 0, out);  // its own output value, unused, goes with the dead values
   g.remove_dead_values();
   return Status::Ok();
 }
