@@ -252,22 +252,28 @@ def main():
     ap.add_argument("--profile", action="store_true", help="kiln's per-layer profile at the largest batch")
     a = ap.parse_args()
     a.batches = [int(b) for b in a.batches.split(",")]
+    unknown = [m for m in a.models.split(",") if m not in MODELS]
+    if unknown:
+        sys.exit(f"zoo: unknown model(s) {', '.join(unknown)} (known: {', '.join(MODELS)})")
+    if not os.access(a.kiln, os.X_OK):
+        sys.exit(f"zoo: --kiln {a.kiln} is not an executable")
+    try:
+        import onnxruntime  # noqa: F401
+        import timm  # noqa: F401
+        import torch
+        import torchvision  # noqa: F401
+    except ImportError as e:
+        sys.exit(f"zoo: {e}: the zoo needs PyTorch, torchvision, timm and ONNX Runtime "
+                 "(a GPU machine; KILN_WITH_TORCH=1 scripts/setup.sh for PyTorch)")
     os.makedirs(a.out, exist_ok=True)
     os.makedirs(a.work, exist_ok=True)
-    import torch
     env = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
            "command": " ".join(sys.argv)}
-    try:
-        import timm
-        env["timm"] = timm.__version__
-    except ImportError:
-        pass
+    import timm
+    env["timm"] = timm.__version__
     log(f"zoo: {env}")
     rows, start = [], time.time()
     for name in a.models.split(","):
-        if name not in MODELS:
-            log(f"{name}: unknown model (known: {', '.join(MODELS)})")
-            continue
         if a.deadline and time.time() - start > a.deadline:
             log(f"{name}: skipped (deadline)")
             rows.append({"model": name, "error": "not run (deadline)"})
