@@ -24,7 +24,10 @@
 #   run(command="bench/serve_gpu.sh", carry=[".deps", ".whl"], kind="nvidia-h100-x2")
 # Knobs: KILN_SERVE_PARTS ("compare tables soak"), KILN_SERVE_MODELS ("resnet50 bert"),
 # KILN_SOAK_S (120), KILN_LOAD_S (3, seconds measured per row), KILN_SERVE_BUDGET (540 s: parts
-# that would not fit are skipped and say so), KILN_SERVE_CONTEXTS (2 per GPU).
+# that would not fit are skipped and say so), KILN_SERVE_CONTEXTS (2 per GPU), KILN_SERVE_PAD
+# (1: the tables and the soak with --pad-batches, 0: without; unset: as the comparison decides,
+# without when it does not run), KILN_SERVE_DEVICES ("0 0,1": the tables' --devices),
+# KILN_SERVE_PROTOCOLS (ResNet-50's tables: grpc,http; BERT's are gRPC only).
 set -uo pipefail
 T0=$(date +%s)
 . "$(dirname "$0")/device_env.sh" "${OUT:-/tmp/kiln-serve-gpu}"
@@ -37,6 +40,8 @@ SOAK_S=${KILN_SOAK_S:-120}
 LOAD_S=${KILN_LOAD_S:-3}
 BUDGET=${KILN_SERVE_BUDGET:-540}
 CONTEXTS=${KILN_SERVE_CONTEXTS:-2}
+TABLE_DEVICES=${KILN_SERVE_DEVICES:-0 0,1}
+PROTOCOLS=${KILN_SERVE_PROTOCOLS:-grpc,http}
 HTTP=127.0.0.1:18080
 GRPC=127.0.0.1:18081
 SLOG=$OUT/servers.log
@@ -179,6 +184,7 @@ PY
 done
 
 PAD_FLAG=()   # what the tables run with: decided by the comparison (default: no padding)
+[ "${KILN_SERVE_PAD:-}" = 1 ] && PAD_FLAG=(--pad-batches)
 if [[ " $PARTS " == *" compare "* ]] && [[ " $MODELS " == *" resnet50 "* ]] && fits 100 "graphs-vs-padding comparison"; then
   say "CUDA graphs under dynamic batching: one shape's graphs, several shapes', padding"
   echo "### Graphs under dynamic batching (ResNet-50 FP16, GPU 0, gRPC)" >>"$W/tables.md"
@@ -206,14 +212,14 @@ print("pad_graphs" if rows["pad_graphs"] > rows["graphs"] else "graphs")
 EOF
 )
   say "faster at 128 clients: $best (the tables run with it)"
-  [ "$best" = pad_graphs ] && PAD_FLAG=(--pad-batches)
+  if [ -z "${KILN_SERVE_PAD:-}" ] && [ "$best" = pad_graphs ]; then PAD_FLAG=(--pad-batches); fi
 fi
 
 if [[ " $PARTS " == *" tables "* ]]; then
   for m in $MODELS; do
-    protos=grpc,http
+    protos=$PROTOCOLS
     [ "$m" = bert ] && protos=grpc
-    for devs in 0 0,1; do
+    for devs in $TABLE_DEVICES; do
       if [ "$devs" = 0,1 ] && [ "$NGPU" -lt 2 ]; then say "one GPU: no two-GPU table"; continue; fi
       need=$(( 25 + (${#protos} > 4 ? 8 : 4) * (LOAD_S + 2) ))
       fits "$need" "$m table on GPUs $devs" || continue

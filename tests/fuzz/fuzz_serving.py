@@ -138,7 +138,10 @@ def setup(workdir: str) -> None:
     import kiln.serving
     if hasattr(kiln.serving, "_refuse_malformed"):
         dp = _DataPlane
-        dp.decode_inference_request = kiln.serving._refuse_malformed(dp.decode_inference_request)
+        decode = dp.decode_inference_request
+        if hasattr(kiln.serving, "_keep_binary_tensors"):
+            decode = kiln.serving._keep_binary_tensors(decode)
+        dp.decode_inference_request = kiln.serving._refuse_malformed(decode)
 
 
 def to_payload(data: bytes):
