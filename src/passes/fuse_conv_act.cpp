@@ -42,7 +42,7 @@ struct FuseConvAct {
     };
     if (!single_use(ctx.g, y))
       return reject("the intermediate has another consumer or is a graph output");
-    if (!is_float_type(y->type.dtype)) return reject("not float32/float64");
+    if (!is_float_type(y->type.dtype)) return reject("not a float type");
     Attributes a = p->attrs;
     if (p->domain.empty() && op == "FusedGemm") a.set("base", Attribute::String(p->op_type));
     a.set("activation", Attribute::String(act.op_type));
@@ -57,8 +57,9 @@ struct FuseConvAct {
       if (act.num_inputs() > 1) return reject("the activation has extra inputs");
       copy_attrs_prefixed(act.attrs, a, "act_");
     }
-    // Swish joins only a layer whose own kernel computes it (kiln's depthwise convolution):
-    // the backend judges the would-be layer, not just its attributes.
+    // Swish joins only a layer whose own kernel computes it (kiln's depthwise convolution,
+    // cuDNN's graph API in FP16/TF32; not cuBLASLt or cuDNN's legacy layer, where it would be a
+    // second pass): the backend judges the would-be layer, not just its attributes.
     std::unique_ptr<Graph> scratch;
     if (act.op_type == "Swish")
       scratch = scratch_layer("kiln", op, p->inputs(), a, act.output(0));

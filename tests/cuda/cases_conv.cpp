@@ -97,7 +97,8 @@ std::vector<OpCase> conv_cases() {
     v.push_back(c);
   }
   // FusedConv: bias + activation, + residual.
-  for (const char* act : {"", "Relu", "Clip", "Sigmoid", "Tanh", "LeakyRelu", "HardSwish", "Gelu"}) {
+  for (const char* act :
+       {"", "Relu", "Clip", "Sigmoid", "Tanh", "LeakyRelu", "HardSwish", "Gelu", "Swish"}) {
     OpCase c = conv(std::string("fused_") + (act[0] ? act : "none"), {2, 8, 7, 7}, {16, 8, 3, 3},
                     attrs({{"pads", ints_attr({1, 1, 1, 1})}, {"activation", Attribute::String(act)}}));
     c.op_type = "FusedConv";
@@ -107,6 +108,29 @@ std::vector<OpCase> conv_cases() {
       c.attrs.set("act_max", Attribute::Float(0.7f));
     }
     if (std::string(act) == "LeakyRelu") c.attrs.set("act_alpha", Attribute::Float(0.2f));
+    if (std::string(act) == "Swish") c.attrs.set("act_alpha", Attribute::Float(1.702f));
+    v.push_back(c);
+  }
+  // Grouped FusedConv (ResNeXt's and RegNet's 3x3; NFNet's group size 64 with SiLU): cuDNN's
+  // graph API takes groups and any of its pointwise activations, the legacy layer the rest.
+  for (const char* act : {"Relu", "Swish", "Gelu"}) {
+    OpCase c = conv(std::string("fused_grouped_") + act, {2, 16, 7, 7}, {32, 4, 3, 3},
+                    attrs({{"group", Attribute::Int(4)},
+                           {"pads", ints_attr({1, 1, 1, 1})},
+                           {"activation", Attribute::String(act)}}));
+    c.op_type = "FusedConv";
+    c.domain = "kiln";
+    if (std::string(act) == "Relu") c.inputs.push_back(in({2, 32, 7, 7}));  // + residual
+    v.push_back(c);
+  }
+  {
+    OpCase c = conv("fused_grouped_s2_swish", {2, 32, 9, 9}, {32, 8, 3, 3},
+                    attrs({{"group", Attribute::Int(4)},
+                           {"pads", ints_attr({1, 1, 1, 1})},
+                           {"strides", ints_attr({2, 2})},
+                           {"activation", Attribute::String("Swish")}}));
+    c.op_type = "FusedConv";
+    c.domain = "kiln";
     v.push_back(c);
   }
   for (bool one : {false, true}) {

@@ -1,6 +1,7 @@
 // The kernel study's fused convolution tactics as kiln tactics: the cuDNN graph API (conv + bias
-// [+ residual] [+ ReLU] in one kernel) and cuBLASLt for 1x1 stride-1 convolutions (GEMM with a
-// bias/ReLU epilogue). Both take 2-D NHWC float16 (FP16) or float32 (TF32) problems with square
+// [+ residual] [+ activation: ReLU, ReLU6, Swish, Sigmoid, Tanh, GELU, LeakyRelu] in one kernel,
+// grouped convolutions too) and cuBLASLt for 1x1 stride-1 convolutions (GEMM with a bias/ReLU
+// epilogue, groups 1). Both take 2-D NHWC float16 (FP16) or float32 (TF32) problems with square
 // strides and symmetric padding; the variant is the rank of the library's candidate in its own
 // heuristic order, timed by the tuner at the opt shape.
 #include "device_util_host.h"
@@ -24,14 +25,17 @@ bool describe_problem(const LayerDesc& d, cuda::ConvProblem* p, std::string* why
     p->precision = cuda::Precision::kTF32;
   else
     return *why = "FP16 or TF32 only", false;
-  if (!library_conv_geometry(n, p, why)) return false;
+  if (!library_conv_geometry(n, p, why, /*allow_groups=*/true)) return false;
   if (!d.in_const(1)) return *why = "weights are not constant", false;
+  if (p->shape.groups > 1 && d.in_const(1)->shape().size() == 4 && d.in_const(1)->shape()[1] == 1)
+    return *why = "depthwise (kiln.dwconv and cudnn.conv take it)", false;
   const bool bias = n.input(2) != nullptr, residual = n.input(3) != nullptr;
   if (!bias) return *why = "no bias", false;
   if (residual && d.in_type(3).dims != d.out_type(0).dims)
     return *why = "broadcast residual", false;
   // ReLU6 (Clip to [0, hi]) is a clipped ReLU in cuDNN's graph, but not after a residual add.
-  return library_conv_epilogue(n, residual, /*clip_with_residual=*/false, p, why);
+  return library_conv_epilogue(n, residual, /*clip_with_residual=*/false, p, why,
+                               /*any_activation=*/true);
 }
 
 class FusedConvLayer final : public Layer {
@@ -104,7 +108,7 @@ bool cublaslt_conv_supports(const LayerDesc& d, std::string* why) {
       p.shape.pad != 0)
     return *why = "not a 1x1 stride-1 convolution", false;
   if (p.relu_clip > 0) return *why = "cuBLASLt has no clipped ReLU epilogue", false;
-  return true;
+  return cuda::plain_problem(p, why);
 }
 
 std::vector<std::string> cudnn_graph_variants(const LayerDesc&) {

@@ -54,7 +54,7 @@ constexpr int kNumFwdAlgos = CUDNN_CONVOLUTION_FWD_ALGO_COUNT;
 
 bool is_fused(const LayerDesc& d) { return d.node->op_type == "FusedConv"; }
 
-bool conv_supports(const LayerDesc& d, std::string* why) {
+bool conv_supports_any(const LayerDesc& d, std::string* why, bool swish) {
   const int rank = static_cast<int>(d.in_type(0).rank());
   if (rank < 3 || rank > 5) return *why = "cuDNN convolutions take 1-3 spatial axes", false;
   const DataType t = d.in[0].dtype;
@@ -66,13 +66,24 @@ bool conv_supports(const LayerDesc& d, std::string* why) {
     ActParams a;
     if (!read_activation(d.node->attrs, &a)) return *why = "unknown activation", false;
     // Swish joins a convolution only where the convolution's own kernel computes it (kiln's
-    // depthwise kernel): here it would be one more pass, as fast as its own layer.
-    if (a.act == Act::kSwish) return *why = "Swish runs in its own layer after cuDNN", false;
+    // depthwise kernel, cuDNN's graph API): here it is one more pass, as fast as its own layer,
+    // so only the fallback entry (`swish`) takes it, for shapes cuDNN's graph has no engine for.
+    if ((a.act == Act::kSwish) != swish)
+      return *why = swish ? "the fallback entry takes Swish only"
+                          : "Swish runs in its own layer after cuDNN",
+             false;
     // The residual must have the output's shape (a broadcast residual runs unfused).
     if (d.node->input(3) && d.in_type(3).dims != d.out_type(0).dims)
       return *why = "the residual broadcasts", false;
   }
   return true;
+}
+
+bool conv_supports(const LayerDesc& d, std::string* why) {
+  return conv_supports_any(d, why, false);
+}
+bool conv_swish_supports(const LayerDesc& d, std::string* why) {
+  return is_fused(d) && conv_supports_any(d, why, true);
 }
 
 // TF32 (float32 storage, TF32 tensor-core products) promises about 1e-3 of FP32. The FFT and
@@ -286,6 +297,10 @@ const TacticDef kConvTactics[] = {
      create_conv, conv_variants},
     {"kiln", "FusedConv", "cudnn_graph.fused", kF32 | kF16 | kNHWC, 0, fused_conv_supports,
      create_cudnn_graph_conv, cudnn_graph_variants},
+    // Swish after cuDNN's legacy convolution, as a second pass: for a FusedConv with Swish that
+    // cuDNN's graph API has no engine for (kFallback: never a reason to fuse it).
+    {"kiln", "FusedConv", "cudnn.conv.fused.swish", kF32 | kF16 | kF64 | kNHWC | kFallback, 0,
+     conv_swish_supports, create_conv, conv_variants},
     {"kiln", "FusedConv", "cublaslt.conv1x1", kF32 | kF16 | kNHWC, 0, cublaslt_conv_supports,
      create_cublaslt_conv, cublaslt_variants},
     // A plain Conv with a bias (BatchNorm folded, nothing else fused) takes the same fused
@@ -302,8 +317,8 @@ const TacticDef kConvTactics[] = {
     // The pooled stem on the model's float32 NCHW images, float16 or int8-code output.
     {"kiln", "FusedConvPool", "kiln.convpool.s2d", kF32 | kF16 | kNHWC | kRawIn0, 0,
      stem_s2d_supports, create_stem_s2d},
-    {"kiln", "FusedConvPool", "kiln.convpool.s2d.quantize", kF32 | kF16 | kNHWC | kRawIn0 | kQuantOut,
-     0, stem_s2d_supports, create_stem_s2d},
+    {"kiln", "FusedConvPool", "kiln.convpool.s2d.quantize",
+     kF32 | kF16 | kNHWC | kRawIn0 | kQuantOut, 0, stem_s2d_supports, create_stem_s2d},
     // ... and in INT8 (a layer marked int8 = 1: X quantized as it is read, int8 filter and MMAs).
     {"kiln", "FusedConvPool", "kiln.convpool.s2d.int8",
      kI8 | kF32 | kF16 | kNHWC | kRawIn0 | kReassociated, 0, stem_s2d_int8_supports,
@@ -328,8 +343,8 @@ const TacticDef kConvTactics[] = {
     // Two 1x1 convolutions summed into one activation (ResNet's expand + downsample), INT8 only.
     {"kiln", "FusedConvPair", "conv_int8.pair", kI8 | kF32 | kF16 | kNHWC | kReassociated, 0,
      int8_pair_supports, create_int8_pair, int8_pair_variants},
-    {"kiln", "FusedConvPair", "conv_int8.pair.wgmma", kI8 | kF32 | kF16 | kNHWC | kReassociated,
-     0, int8_pair_wgmma_supports, create_int8_pair_wgmma},
+    {"kiln", "FusedConvPair", "conv_int8.pair.wgmma", kI8 | kF32 | kF16 | kNHWC | kReassociated, 0,
+     int8_pair_wgmma_supports, create_int8_pair_wgmma},
     {"", "ConvTranspose", "cudnn.convt", kF32 | kF16 | kF64, 0, convt_supports, create_convt},
 };
 

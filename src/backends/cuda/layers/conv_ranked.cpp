@@ -1,5 +1,7 @@
 #include "layers/conv_ranked.h"
 
+#include "kernels/activation.cuh"
+
 namespace kiln::gpu {
 
 void use_layer_tactic_limits() {
@@ -10,8 +12,12 @@ void use_layer_tactic_limits() {
   cuda::set_tactic_limits(limits);
 }
 
-bool library_conv_geometry(const Node& n, cuda::ConvProblem* p, std::string* why) {
-  if (n.attrs.get_int("group", 1) != 1) return *why = "grouped", false;
+bool library_conv_geometry(const Node& n, cuda::ConvProblem* p, std::string* why,
+                           bool allow_groups) {
+  const int64_t group = n.attrs.get_int("group", 1);
+  if (group != 1 && !allow_groups) return *why = "grouped", false;
+  if (group < 1 || group > (int64_t(1) << 30)) return *why = "bad group count", false;
+  p->shape.groups = static_cast<int>(group);
   for (int64_t v : n.attrs.get_ints("dilations", {1, 1}))
     if (v != 1) return *why = "dilated", false;
   const auto st = n.attrs.get_ints("strides", {1, 1});
@@ -27,11 +33,38 @@ bool library_conv_geometry(const Node& n, cuda::ConvProblem* p, std::string* why
 }
 
 bool library_conv_epilogue(const Node& n, bool residual, bool clip_with_residual,
-                           cuda::ConvProblem* p, std::string* why) {
+                           cuda::ConvProblem* p, std::string* why, bool any_activation) {
   const std::string act = n.attrs.get_string("activation", "");
   const bool clip = act == "Clip" && n.attrs.get_float("act_min", -1.f) == 0.f &&
                     n.attrs.get_float("act_max", 0.f) > 0.f && (clip_with_residual || !residual);
-  if (!act.empty() && act != "Relu" && !clip) return *why = "activation " + act, false;
+  p->act = cuda::Activation::kRelu;
+  if (!act.empty() && act != "Relu" && !clip) {
+    ActParams a;
+    if (!any_activation || !read_activation(n.attrs, &a)) return *why = "activation " + act, false;
+    switch (a.act) {
+      case Act::kSwish:
+        p->act = cuda::Activation::kSwish;
+        break;
+      case Act::kSigmoid:
+        p->act = cuda::Activation::kSigmoid;
+        break;
+      case Act::kTanh:
+        p->act = cuda::Activation::kTanh;
+        break;
+      case Act::kGelu:
+        p->act = cuda::Activation::kGelu;
+        break;
+      case Act::kGeluTanh:
+        p->act = cuda::Activation::kGeluTanh;
+        break;
+      case Act::kLeakyRelu:
+        p->act = cuda::Activation::kLeakyRelu;
+        break;
+      default:
+        return *why = "activation " + act + " (no pointwise mode in cuDNN)", false;
+    }
+    p->act_alpha = a.alpha;
+  }
   const bool relu = !act.empty();
   p->epilogue = residual ? (relu ? cuda::Epilogue::kBiasAddRelu : cuda::Epilogue::kBiasAdd)
                          : (relu ? cuda::Epilogue::kBiasRelu : cuda::Epilogue::kBias);

@@ -19,15 +19,19 @@ namespace kiln::gpu {
 // offers for some residual and INT8 graphs — is considered).
 void use_layer_tactic_limits();
 
-// The geometry every library conv tactic takes: groups 1, no dilation, square strides, symmetric
-// padding (auto_pad NOTSET or VALID). Fills the problem's stride and pad, or says why not.
-bool library_conv_geometry(const Node& n, cuda::ConvProblem* p, std::string* why);
+// The geometry the library conv tactics take: no dilation, square strides, symmetric padding
+// (auto_pad NOTSET or VALID), and groups 1 unless `allow_groups` (cuDNN's graph API). Fills the
+// problem's stride, pad and groups, or says why not.
+bool library_conv_geometry(const Node& n, cuda::ConvProblem* p, std::string* why,
+                           bool allow_groups = false);
 
 // The fused epilogue the library tactics take: the node's activation (none, ReLU, or Clip(0, hi)
-// as a clipped ReLU; `clip_with_residual` false: no clipped ReLU after a residual add) over bias
-// [+ residual]. Fills p->epilogue and p->relu_clip, or says why not.
+// as a clipped ReLU; `clip_with_residual` false: no clipped ReLU after a residual add; with
+// `any_activation`, also Swish, Sigmoid, Tanh, GELU and LeakyRelu: cuDNN graph's pointwise modes)
+// over bias [+ residual]. Fills p->epilogue, p->act, p->act_alpha and p->relu_clip, or says why
+// not.
 bool library_conv_epilogue(const Node& n, bool residual, bool clip_with_residual,
-                           cuda::ConvProblem* p, std::string* why);
+                           cuda::ConvProblem* p, std::string* why, bool any_activation = false);
 
 // Runs library conv tactic t (that configure chose) on the layer's tensors (X, -, -, residual?) -> Y with `bias`; an
 // empty output runs nothing.

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 
 #include "check.h"
 #include "conv_sources.h"
@@ -84,6 +85,13 @@ Int8Epilogue int8_epilogue(const ConvProblem& p) {
   return e;
 }
 
+bool plain_problem(const ConvProblem& p, std::string* why) {
+  if (p.shape.groups != 1) return *why = "grouped", false;
+  if (epilogue_has_relu(p.epilogue) && p.act != Activation::kRelu)
+    return *why = "an activation other than ReLU (cuDNN's graph API only)", false;
+  return true;
+}
+
 bool int8_problem_valid(const ConvProblem& p, std::string* why) {
   if (p.precision != Precision::kINT8) return true;
   auto bad = [&](const std::string& m) {
@@ -141,6 +149,8 @@ std::string ConvShape::str() const {
   char buf[128];
   std::snprintf(buf, sizeof(buf), "n%d %dx%dx%d -> %d k%dx%d s%d p%d", n, h, w, c, k, r, s, stride,
                 pad);
+  if (groups != 1)
+    std::snprintf(buf + std::strlen(buf), sizeof(buf) - std::strlen(buf), " g%d", groups);
   return buf;
 }
 

@@ -48,14 +48,15 @@ KILN_HD inline bool epilogue_has_relu(Epilogue e) {
 // All tensors are NHWC (activations) and KRSC (filters), densely packed.
 struct ConvShape {
   int n = 1, c = 0, h = 0, w = 0;  // input
-  int k = 0, r = 1, s = 1;         // filters
+  int k = 0, r = 1, s = 1;         // filters (each over c / groups channels)
   int stride = 1, pad = 0;         // square stride and symmetric padding
+  int groups = 1;                  // > 1: grouped (cuDNN's graph API only)
   KILN_HD int p() const { return (h + 2 * pad - r) / stride + 1; }
   KILN_HD int q() const { return (w + 2 * pad - s) / stride + 1; }
   KILN_HD int64_t x_elems() const { return int64_t(n) * h * w * c; }
-  KILN_HD int64_t w_elems() const { return int64_t(k) * r * s * c; }
+  KILN_HD int64_t w_elems() const { return int64_t(k) * r * s * (c / groups); }
   KILN_HD int64_t y_elems() const { return int64_t(n) * p() * q() * k; }
-  KILN_HD int64_t macs() const { return y_elems() * r * s * c; }
+  KILN_HD int64_t macs() const { return y_elems() * r * s * (c / groups); }
   KILN_HD bool is_1x1_s1() const { return r == 1 && s == 1 && stride == 1 && pad == 0; }
   std::string str() const;
 };
@@ -73,10 +74,16 @@ struct ConvShape {
 // With channel_scale empty an INT8 problem is the kernel study's per-tensor path: epilogue kNone,
 // out = int8 sat(rne(acc * int8_scale)), as if channel_scale were K copies of int8_scale and
 // output_scale 1 (int8_epilogue() below gives that view).
+// The activation of an epilogue that has one (epilogue_has_relu): ReLU (clipped where relu_clip
+// > 0) on every library path; the others only in cuDNN's graph API, as its pointwise modes.
+enum class Activation { kRelu, kSwish, kSigmoid, kTanh, kGelu, kGeluTanh, kLeakyRelu };
+
 struct ConvProblem {
   ConvShape shape;
   Precision precision = Precision::kFP16;
   Epilogue epilogue = Epilogue::kBiasRelu;
+  Activation act = Activation::kRelu;
+  float act_alpha = 0.f;    // Swish's beta (x * sigmoid(alpha x)) or LeakyRelu's slope
   float int8_scale = 1.0f;  // INT8 per-tensor path only (channel_scale empty)
   float relu_clip = 0.f;    // > 0: the ReLU is clipped at this value (ReLU6); cuDNN graph only
   // INT8 epilogue, see above. channel_scale[k] = sx * sw[k] (float32, rounded once), K values.
@@ -102,6 +109,8 @@ Int8Epilogue int8_epilogue(const ConvProblem& p);
 bool int8_problem_valid(const ConvProblem& p, std::string* why);
 // Element sizes of y and of the residual: the precision's, except INT8 half outputs/residuals.
 size_t output_element_size(const ConvProblem& p);
+// Groups 1 and no activation but ReLU: what every library path except cuDNN's graph takes.
+bool plain_problem(const ConvProblem& p, std::string* why);
 size_t residual_element_size(const ConvProblem& p);
 
 // Device pointers for one execution. bias: K elements (half for FP16, float for TF32 and INT8);

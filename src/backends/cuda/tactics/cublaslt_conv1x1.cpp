@@ -202,6 +202,7 @@ class CublasLtSource final : public ConvTacticSource {
  public:
   std::string family() const override { return "cublaslt"; }
   bool supports(const ConvProblem& p, std::string* why) const override {
+    if (!plain_problem(p, why)) return false;
     if (!p.shape.is_1x1_s1()) {
       *why = "not a 1x1 stride-1 convolution";
       return false;

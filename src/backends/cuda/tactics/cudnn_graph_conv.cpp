@@ -1,4 +1,7 @@
-// cuDNN graph (backend) API: conv -> +bias -> (+residual) -> ReLU as one operation graph, NHWC.
+// cuDNN graph (backend) API: conv -> +bias -> (+residual) -> (activation) as one operation
+// graph, NHWC; grouped convolutions too (the group count is C over the filter's channels). The
+// activation is ReLU (clipped for ReLU6) or, in FP16/TF32, any of cuDNN's pointwise modes that
+// ConvProblem::act names (Swish, Sigmoid, Tanh, GELU in both forms, leaky ReLU).
 // INT8: conv (int32 accumulate, float out) -> x channel scale -> (+bias) -> (+residual) -> (ReLU)
 // -> (x 1/output scale) -> int8 or half. The heuristics (mode A, then the fallback list) name
 // engine configurations; each one becomes a tactic, and init() finalizes its execution plan
@@ -77,8 +80,9 @@ Status make_tensor(int64_t uid, cudnnDataType_t type, const Dims& d, bool is_vir
   return {};
 }
 
+// relu_clip > 0: ReLU's upper clip; alpha: leaky ReLU's slope (RELU_FWD) or Swish's beta.
 Status make_pointwise(cudnnPointwiseMode_t mode, const Desc& x, const Desc* b, const Desc& y,
-                      Desc* pw, Desc* op, double relu_clip = 0) {
+                      Desc* pw, Desc* op, double relu_clip = 0, double alpha = 0) {
   KILN_TRY(create(CUDNN_BACKEND_POINTWISE_DESCRIPTOR, pw));
   const cudnnDataType_t prec = CUDNN_DATA_FLOAT;
   KILN_TRY(set(*pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode, "pw mode"));
@@ -86,6 +90,13 @@ Status make_pointwise(cudnnPointwiseMode_t mode, const Desc& x, const Desc* b, c
   if (relu_clip > 0) {
     KILN_TRY(set(*pw, CUDNN_ATTR_POINTWISE_RELU_UPPER_CLIP, CUDNN_TYPE_DOUBLE, 1, &relu_clip,
                  "pw relu clip"));
+  }
+  if (mode == CUDNN_POINTWISE_RELU_FWD && alpha != 0) {
+    KILN_TRY(set(*pw, CUDNN_ATTR_POINTWISE_RELU_LOWER_CLIP_SLOPE, CUDNN_TYPE_DOUBLE, 1, &alpha,
+                 "pw leaky slope"));
+  }
+  if (mode == CUDNN_POINTWISE_SWISH_FWD) {
+    KILN_TRY(set(*pw, CUDNN_ATTR_POINTWISE_SWISH_BETA, CUDNN_TYPE_DOUBLE, 1, &alpha, "pw beta"));
   }
   KILN_CUDNN(cudnnBackendFinalize(pw->d));
   KILN_TRY(create(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, op));
@@ -119,7 +130,29 @@ struct Step {
   cudnnDataType_t b_type;
   bool per_channel;
   double relu_clip;
+  double alpha = 0;  // make_pointwise's
 };
+
+// The activation step of a float epilogue.
+Step activation_step(const ConvProblem& p, cudnnDataType_t io) {
+  switch (p.act) {
+    case Activation::kSwish:
+      return {CUDNN_POINTWISE_SWISH_FWD, 0, io, true, 0.0, p.act_alpha};
+    case Activation::kSigmoid:
+      return {CUDNN_POINTWISE_SIGMOID_FWD, 0, io, true, 0.0};
+    case Activation::kTanh:
+      return {CUDNN_POINTWISE_TANH_FWD, 0, io, true, 0.0};
+    case Activation::kGelu:
+      return {CUDNN_POINTWISE_GELU_FWD, 0, io, true, 0.0};
+    case Activation::kGeluTanh:
+      return {CUDNN_POINTWISE_GELU_APPROX_TANH_FWD, 0, io, true, 0.0};
+    case Activation::kLeakyRelu:
+      return {CUDNN_POINTWISE_RELU_FWD, 0, io, true, 0.0, p.act_alpha};
+    case Activation::kRelu:
+      break;
+  }
+  return {CUDNN_POINTWISE_RELU_FWD, 0, io, true, double(p.relu_clip)};
+}
 
 Status upload_scale(OpGraph* g, int64_t uid, const std::vector<float>& v) {
   DeviceBuffer b;
@@ -173,7 +206,7 @@ Status build_graph(const ConvProblem& p, cudnnHandle_t handle, OpGraph* g) {
   };
   Desc x, w, y, conv_out;
   KILN_TRY(make_tensor(kX, io, nhwc(s.n, s.c, s.h, s.w), false, &x));
-  KILN_TRY(make_tensor(kW, io, nhwc(s.k, s.c, s.r, s.s), false, &w));
+  KILN_TRY(make_tensor(kW, io, nhwc(s.k, s.c / s.groups, s.r, s.s), false, &w));
   KILN_TRY(make_tensor(kY, y_type, nhwc(s.n, s.k, s.p(), s.q()), false, &y));
   const Desc& xd = add(std::move(x));
   const Desc& wd = add(std::move(w));
@@ -224,14 +257,11 @@ Status build_graph(const ConvProblem& p, cudnnHandle_t handle, OpGraph* g) {
   if (int8) {
     KILN_TRY(int8_chain(p, g, &chain));
   } else {
-    const double clip = p.relu_clip;
     chain.push_back({CUDNN_POINTWISE_ADD, kBias, io, true, 0.0});
     if (epilogue_has_residual(p.epilogue)) {
       chain.push_back({CUDNN_POINTWISE_ADD, kResidual, io, false, 0.0});
     }
-    if (epilogue_has_relu(p.epilogue)) {
-      chain.push_back({CUDNN_POINTWISE_RELU_FWD, 0, io, true, clip});
-    }
+    if (epilogue_has_relu(p.epilogue)) chain.push_back(activation_step(p, io));
   }
   const Desc* cur = conv_y;
   for (size_t i = 0; fused && i < chain.size(); ++i) {
@@ -251,7 +281,8 @@ Status build_graph(const ConvProblem& p, cudnnHandle_t handle, OpGraph* g) {
       out = &add(std::move(v));
     }
     Desc pw, op;
-    KILN_TRY(make_pointwise(chain[i].mode, *cur, b, *out, &pw, &op, chain[i].relu_clip));
+    KILN_TRY(
+        make_pointwise(chain[i].mode, *cur, b, *out, &pw, &op, chain[i].relu_clip, chain[i].alpha));
     add(std::move(pw));
     ops.push_back(add(std::move(op)).d);
     cur = out;
@@ -470,6 +501,12 @@ class CudnnGraphSource final : public ConvTacticSource {
   std::string family() const override { return "cudnn_graph"; }
 
   bool supports(const ConvProblem& p, std::string* why) const override {
+    if (p.precision == Precision::kINT8 && !plain_problem(p, why)) return false;
+    const ConvShape& s = p.shape;
+    if (s.groups < 1 || s.c % s.groups != 0 || s.k % s.groups != 0)
+      return *why = "channels not divisible by the group count", false;
+    if (s.groups > 1 && s.groups == s.c)
+      return *why = "depthwise (kiln.dwconv and cudnn.conv take it)", false;
     if (p.precision == Precision::kINT8 && p.shape.c % 4 != 0) {
       *why = "INT8 needs C % 4 == 0";
       return false;

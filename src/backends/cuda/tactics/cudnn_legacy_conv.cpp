@@ -135,6 +135,7 @@ class CudnnLegacySource final : public ConvTacticSource {
  public:
   std::string family() const override { return "cudnn_legacy"; }
   bool supports(const ConvProblem& p, std::string* why) const override {
+    if (!plain_problem(p, why)) return false;
     if (p.precision == Precision::kINT8 && (p.shape.c % 4 != 0 || p.shape.k % 4 != 0)) {
       *why = "INT8 needs C and K multiples of 4";
       return false;

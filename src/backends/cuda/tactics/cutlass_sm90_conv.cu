@@ -190,6 +190,7 @@ class CutlassSm90Source final : public ConvTacticSource {
  public:
   std::string family() const override { return "cutlass_sm90"; }
   bool supports(const ConvProblem& p, std::string* why) const override {
+    if (!plain_problem(p, why)) return false;
     *why = cutlass_int8_refusal(p);
     return why->empty();
   }

@@ -104,6 +104,7 @@ class CutlassSm90GemmSource final : public ConvTacticSource {
  public:
   std::string family() const override { return "cutlass_sm90_gemm"; }
   bool supports(const ConvProblem& p, std::string* why) const override {
+    if (!plain_problem(p, why)) return false;
     if (!p.shape.is_1x1_s1()) {
       *why = "not a 1x1 stride-1 convolution";
       return false;

@@ -113,6 +113,7 @@ class CutlassSm90PersistentConvSource final : public ConvTacticSource {
  public:
   std::string family() const override { return "cutlass_sm90_pconv"; }
   bool supports(const ConvProblem& p, std::string* why) const override {
+    if (!plain_problem(p, why)) return false;
     if (p.shape.is_1x1_s1()) {
       *why = "a 1x1 stride-1 convolution (cutlass_sm90_gemm runs it as a plain GEMM)";
       return false;
