@@ -45,7 +45,10 @@
 // ElementwiseChain: `ops` (strings) lists the steps; `arity` (ints) the number of operands of
 // each; `operands` (ints, flattened) says where each operand comes from: k >= 0 is external
 // input k, -1 the previous step's result, -2 an absent optional input. Step i's attributes are
-// stored with the prefix "s<i>_". The result is the last step's.
+// stored with the prefix "s<i>_". The result is the last step's. With `concat_parts` = m >= 2
+// (and `concat_axis`), inputs 0..m-1 are the parts of a concatenation along that axis, which
+// operand 0 reads (a Concat absorbed into the chain: its parts are read in place, the
+// concatenation never written); operands 1..m-1 are then invalid and k >= m is input k.
 #pragma once
 
 #include <string>
@@ -60,6 +63,8 @@ const std::vector<std::string>& fused_activation_names();
 bool fused_activation_supported(const std::string& op_type);
 // Ops an ElementwiseChain step may be.
 bool chain_op_supported(const std::string& op_type);
+// The most parts a chain's absorbed concatenation may have (ElementwiseChain's concat_parts).
+constexpr int64_t kMaxChainConcatParts = 64;
 // Whether kiln's CPU kernels run this fused layer with these attributes.
 bool fused_layer_supported(const std::string& op_type, const Attributes& attrs);
 

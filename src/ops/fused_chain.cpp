@@ -1,5 +1,7 @@
 // kiln.ElementwiseChain and kiln.Attention (see fused.h for their encodings).
+#include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "ops/fused.h"
 #include "ops/fused_util.h"
@@ -11,13 +13,20 @@ namespace {
 struct ChainProgram {
   std::vector<std::string> ops;
   std::vector<int64_t> arity, operands;
+  int64_t concat_parts = 0;  // inputs 0..concat_parts-1 are operand 0's parts (>= 2), else 0
+  int64_t concat_axis = 0;
 };
 
 Expected<ChainProgram> read_program(const Node& n, size_t num_inputs) {
   ChainProgram p{n.attrs.get_strings("ops"), n.attrs.get_ints("arity"),
-                 n.attrs.get_ints("operands")};
+                 n.attrs.get_ints("operands"), n.attrs.get_int("concat_parts", 0),
+                 n.attrs.get_int("concat_axis", 0)};
   if (p.ops.empty() || p.ops.size() != p.arity.size())
     return KILN_ERROR("{}: ops and arity must be non-empty and of equal length", n.label());
+  if (p.concat_parts != 0 && (p.concat_parts < 2 || p.concat_parts > kMaxChainConcatParts ||
+                              p.concat_parts > static_cast<int64_t>(num_inputs)))
+    return KILN_ERROR("{}: concat_parts {} is not between 2 and {} inputs", n.label(),
+                      p.concat_parts, std::min<int64_t>(kMaxChainConcatParts, num_inputs));
   int64_t total = 0;
   for (int64_t a : p.arity) total += a;
   if (total != static_cast<int64_t>(p.operands.size()))
@@ -29,11 +38,35 @@ Expected<ChainProgram> read_program(const Node& n, size_t num_inputs) {
       return KILN_ERROR("{}: step {} op '{}' cannot be chained", n.label(), s, p.ops[s]);
     for (int64_t i = 0; i < p.arity[s]; ++i, ++k) {
       const int64_t o = p.operands[k];
-      if (o < -2 || o >= static_cast<int64_t>(num_inputs) || (o == -1 && s == 0))
+      if (o < -2 || o >= static_cast<int64_t>(num_inputs) || (o == -1 && s == 0) ||
+          (o >= 1 && o < p.concat_parts))
         return KILN_ERROR("{}: step {} has a bad operand {}", n.label(), s, o);
     }
   }
   return p;
+}
+
+// The concatenation's dims (its parts' dims with the axis summed), or why the parts do not
+// concatenate. Unknown when a part's rank is.
+Expected<std::optional<std::vector<Dim>>> concat_dims(const Node& n, const ChainProgram& p,
+                                                      const std::vector<const TensorType*>& in) {
+  if (!in[0]->has_rank()) return std::optional<std::vector<Dim>>();
+  std::vector<Dim> out = *in[0]->dims;
+  const int64_t r = static_cast<int64_t>(out.size());
+  const int64_t axis = p.concat_axis < 0 ? p.concat_axis + r : p.concat_axis;
+  if (axis < 0 || axis >= r)
+    return KILN_ERROR("{}: concat_axis {} is out of range for rank {}", n.label(), p.concat_axis,
+                      r);
+  for (int64_t k = 1; k < p.concat_parts; ++k) {
+    const TensorType& t = *in[static_cast<size_t>(k)];
+    if (!t.has_rank()) return std::optional<std::vector<Dim>>();
+    if (t.rank() != static_cast<int64_t>(out.size()) || t.dtype != in[0]->dtype)
+      return KILN_ERROR("{}: concatenation part {} differs in rank or type", n.label(), k);
+    const Dim& d = (*t.dims)[static_cast<size_t>(axis)];
+    Dim& o = out[static_cast<size_t>(axis)];
+    o = o.is_static() && d.is_static() ? Dim(o.value + d.value) : Dim();
+  }
+  return std::optional<std::vector<Dim>>(std::move(out));
 }
 
 }  // namespace
@@ -45,7 +78,17 @@ Status infer_elementwise_chain(InferContext& ctx) {
   const DataType dt =
       first >= 0 ? ctx.input_type(static_cast<size_t>(first)).dtype : DataType::kUndefined;
   std::vector<std::vector<Dim>> dims;
-  for (size_t i = 0; i < ctx.num_inputs(); ++i) {
+  if (p.concat_parts > 0) {
+    std::vector<const TensorType*> in;
+    for (size_t i = 0; i < ctx.num_inputs(); ++i) in.push_back(&ctx.input_type(i));
+    KILN_ASSIGN_OR_RETURN(auto cat, concat_dims(n, p, in));
+    if (!cat) {
+      ctx.set_output(0, TensorType::unknown_rank(dt));
+      return Status::Ok();
+    }
+    dims.push_back(std::move(*cat));
+  }
+  for (size_t i = static_cast<size_t>(p.concat_parts); i < ctx.num_inputs(); ++i) {
     const TensorType& t = ctx.input_type(i);
     if (!t.has_rank()) {
       ctx.set_output(0, TensorType::unknown_rank(dt));
@@ -63,12 +106,28 @@ Status infer_elementwise_chain(InferContext& ctx) {
 Status cpu_elementwise_chain(KernelContext& ctx) {
   const Node& n = ctx.node();
   KILN_ASSIGN_OR_RETURN(ChainProgram p, read_program(n, ctx.num_inputs()));
+  // The absorbed concatenation, made as the Concat op would (the reference stays the ops').
+  Tensor cat;
+  if (p.concat_parts > 0) {
+    std::vector<const Tensor*> parts;
+    for (int64_t i = 0; i < p.concat_parts; ++i) {
+      parts.push_back(ctx.input(static_cast<size_t>(i)));
+      if (!parts.back()) return KILN_ERROR("{}: concatenation part {} is missing", n.label(), i);
+    }
+    Attributes a;
+    a.set("axis", Attribute::Int(p.concat_axis));
+    KILN_ASSIGN_OR_RETURN(cat, fused::run_op(n, "Concat", a, parts));
+  }
   Tensor cur;
   size_t k = 0;
   for (size_t s = 0; s < p.ops.size(); ++s) {
     std::vector<const Tensor*> ins;
     for (int64_t i = 0; i < p.arity[s]; ++i, ++k) {
       const int64_t o = p.operands[k];
+      if (o == 0 && p.concat_parts > 0) {
+        ins.push_back(&cat);
+        continue;
+      }
       ins.push_back(o == -1 ? &cur : o == -2 ? nullptr : ctx.input(static_cast<size_t>(o)));
       if (o >= 0 && !ctx.input(static_cast<size_t>(o)))
         return KILN_ERROR("{}: input {} is missing", n.label(), o);

@@ -1,4 +1,5 @@
-// A straight chain of elementwise ops becomes one layer:
+// A straight chain of elementwise ops becomes one layer (and a Concat in front of it joins it:
+// AbsorbConcat below):
 //   e1(x, ...) -> e2(., ...) -> ... -> en(., ...)  =>  kiln.ElementwiseChain(x, ...)
 // Each link's value must have no other consumer and not be a graph output, every step must
 // keep the chain's shape (an operand that broadcasts the chain to a bigger shape ends it) and
@@ -109,10 +110,85 @@ struct FuseElementwiseSupported : FuseElementwise {
   }
 };
 
+// A Concat whose only reader is an elementwise chain joins the chain as its concatenated operand:
+//   Concat(p0, ..., pm-1) -> kiln.ElementwiseChain(cat, x, ...)
+//     =>  kiln.ElementwiseChain(p0, ..., pm-1, x, ...; concat_parts=m, concat_axis)
+// The chain reads each part in place, so the concatenation is never written: DenseNet's
+// Concat -> BatchNorm -> ReLU in every dense layer (whose parts grow with the block: the copies
+// were quadratic in its depth). 2 to kMaxChainConcatParts parts of the chain's type.
+struct AbsorbConcat {
+  struct Match {
+    Node* concat;
+    Node* chain;
+    size_t slot;  // the chain input the Concat makes
+  };
+
+  static std::optional<Match> match(PassContext& ctx, Node& chain) {
+    if (!is_kiln_op(&chain, "ElementwiseChain") || chain.attrs.get_int("concat_parts", 0) != 0 ||
+        !chain.output(0))
+      return std::nullopt;
+    for (size_t j = 0; j < chain.num_inputs(); ++j) {
+      Node* cat = producer_if(chain.input(j), "Concat");
+      if (!cat) continue;
+      auto reject = [&](const std::string& why) {
+        ctx.note(fmt::format("{} -> {}: {}", cat->label(), chain.label(), why));
+        return std::nullopt;
+      };
+      if (!single_use(ctx.g, chain.input(j)))
+        return reject("the concatenation has another reader or is a graph output");
+      const int64_t m = static_cast<int64_t>(cat->num_inputs());
+      if (m < 2 || m > kMaxChainConcatParts)
+        return reject(fmt::format("{} parts (2 to {} join a chain)", m, kMaxChainConcatParts));
+      for (const Value* v : cat->inputs())
+        if (!v || v->type.dtype != chain.output(0)->type.dtype || !v->type.has_rank())
+          return reject("a part is absent, of unknown rank or of another type than the chain");
+      Match mt{cat, &chain, j};
+      std::vector<Value*> ins;
+      const Attributes a = attrs_after(mt, &ins);
+      auto scratch = scratch_layer("kiln", "ElementwiseChain", ins, a, chain.output(0));
+      if (!ctx.backend_supports("kiln", "ElementwiseChain", a, chain.output(0)->type.dtype,
+                                scratch->nodes().back()))
+        return reject("the backend cannot run the chain with its concatenation");
+      return mt;
+    }
+    return std::nullopt;
+  }
+
+  // The absorbing chain's attributes and inputs: the parts first, then the chain's other inputs
+  // in order; operand j (the concatenation) becomes 0, the others move past the parts.
+  static Attributes attrs_after(const Match& m, std::vector<Value*>* ins) {
+    const int64_t parts = static_cast<int64_t>(m.concat->num_inputs());
+    ins->assign(m.concat->inputs().begin(), m.concat->inputs().end());
+    for (size_t i = 0; i < m.chain->num_inputs(); ++i)
+      if (i != m.slot) ins->push_back(m.chain->input(i));
+    Attributes a = m.chain->attrs;
+    std::vector<int64_t> operands = a.get_ints("operands");
+    const int64_t j = static_cast<int64_t>(m.slot);
+    for (int64_t& o : operands) {
+      if (o < 0) continue;
+      o = o == j ? 0 : parts + (o < j ? o : o - 1);
+    }
+    a.set("operands", Attribute::Ints(std::move(operands)));
+    a.set("concat_parts", Attribute::Int(parts));
+    a.set("concat_axis", Attribute::Int(m.concat->attrs.get_int("axis", 0)));
+    return a;
+  }
+
+  static Status rewrite(PassContext& ctx, const Match& m) {
+    std::vector<Value*> ins;
+    Attributes a = attrs_after(m, &ins);
+    return replace_with_layer(ctx, {m.concat, m.chain}, "kiln", "ElementwiseChain", ins,
+                              std::move(a), m.chain->output(0))
+        .status();
+  }
+};
+
 }  // namespace
 
 Expected<bool> fuse_elementwise(PassContext& ctx) {
-  return apply_pattern<FuseElementwiseSupported>(ctx);
+  KILN_ASSIGN_OR_RETURN(bool chains, apply_pattern<FuseElementwiseSupported>(ctx));
+  KILN_ASSIGN_OR_RETURN(bool concats, apply_pattern<AbsorbConcat>(ctx));
+  return chains || concats;
 }
 
 }  // namespace kiln::passes

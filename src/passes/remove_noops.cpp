@@ -2,6 +2,7 @@
 //   Identity(x)  =>  x              Dropout(x) (inference, mask unused)  =>  x
 //   Reshape/Flatten/Squeeze/Unsqueeze(x) giving x's own shape  =>  x
 //   Transpose(x, perm = identity)  =>  x          Cast(x, to = x's type)  =>  x
+//   Concat(x) of one input  =>  x   (torchvision's DenseNet starts each block with one)
 #include <numeric>
 
 #include "passes/passes.h"
@@ -45,6 +46,7 @@ std::string noop_reason(PassContext& ctx, const Node& n) {
       if (perm[i] != static_cast<int64_t>(i)) return "";
     return "identity permutation";
   }
+  if (n.op_type == "Concat" && n.num_inputs() == 1) return "concatenation of one input";
   if (n.op_type == "Cast") {
     const auto to = n.attrs.get_int("to", -1);
     if (x->type.dtype != DataType::kUndefined && static_cast<int64_t>(x->type.dtype) == to)

@@ -201,6 +201,7 @@ bool affine_of(const Node& n, const Value* x) {
   if (n.domain.empty() && is_affine_op(n.op_type))
     return n.num_inputs() == 2 && (n.op_type != "Div" || n.input(0) == x);  // c / x is not
   if (n.domain != "kiln" || n.op_type != "ElementwiseChain") return false;
+  if (n.attrs.get_int("concat_parts", 0) != 0) return false;  // reads several tensors
   const std::vector<std::string> ops = n.attrs.get_strings("ops");
   const std::vector<int64_t> arity = n.attrs.get_ints("arity");
   const std::vector<int64_t> operands = n.attrs.get_ints("operands");  // -1: the previous step's

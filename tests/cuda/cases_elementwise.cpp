@@ -7,7 +7,9 @@
 // NHWC per-channel broadcasts and kiln.ElementwiseChain programs.
 #include <cctype>
 #include <cmath>
+#include <iterator>
 #include <limits>
+#include <random>
 #include <string_view>
 
 #include "backend_ops.h"
@@ -441,6 +443,88 @@ void chain_cases(std::vector<OpCase>& v) {
                      scalar_const(6)}, kNhwc));
 }
 
+// Chains that read an absorbed concatenation (concat_parts): DenseNet's Concat -> affine -> ReLU
+// in NHWC (parts of 8 and 16 channels: the vector kernel) and row-major, a last-axis concatenation
+// of odd widths (the element kernel), one along axis 0, and many parts.
+void concat_chain_cases(std::vector<OpCase>& v) {
+  auto with_parts = [](int64_t parts, int64_t axis) {
+    Attributes a;
+    a.set("concat_parts", Attribute::Int(parts));
+    a.set("concat_axis", Attribute::Int(axis));
+    return a;
+  };
+  v.push_back(
+      chain("chain_concat_affine_relu", {"Mul", "Add", "Relu"}, {2, 2, 1}, {0, 3, -1, 4, -1},
+            {in({2, 8, 5, 6}), in({2, 16, 5, 6}), in({2, 8, 5, 6}), in({32, 1, 1}), in({32, 1, 1})},
+            kNhwc, with_parts(3, 1)));
+  v.push_back(chain("chain_concat_odd_last_axis", {"Sigmoid", "Mul"}, {1, 2}, {0, -1, 2},
+                    {in({3, 5}), in({3, 7}), in({3, 12})}, kF, with_parts(2, -1)));
+  v.push_back(chain("chain_concat_axis0", {"Add", "Tanh"}, {2, 1}, {3, 0, -1},
+                    {in({1, 4, 8}), in({3, 4, 8}), in({2, 4, 8}), in({8})}, kF, with_parts(3, 0)));
+  std::vector<CaseInput> many;
+  for (int i = 0; i < 40; ++i) many.push_back(in({2, 8, 3, 3}));
+  many.push_back(in({320, 1, 1}));
+  v.push_back(chain("chain_concat_40_parts", {"Mul", "Relu"}, {2, 1}, {0, 40, -1}, std::move(many),
+                    kNhwc, with_parts(40, 1)));
+}
+
+// Random chains: op sequences, shapes, broadcasts and operand orders drawn from a fixed seed (the
+// structure is the same in every run, so a failing case's name stays meaningful; the harness
+// draws the values). Every op is defined and bounded on the values the chain can reach, so float16
+// stays in range. Rank 4 cases also run NHWC.
+void random_chain_cases(std::vector<OpCase>& v) {
+  const char* kUnaryOps[] = {"Abs", "Neg",      "Relu",      "Sigmoid", "Tanh",      "Gelu",
+                             "Erf", "Softsign", "HardSwish", "Swish",   "LeakyRelu", "HardSigmoid"};
+  const char* kBinaryOps[] = {"Add", "Sub", "Mul", "Max", "Min"};
+  std::mt19937 rng(20261126);
+  auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<unsigned>(n)); };
+  for (int c = 0; c < 16; ++c) {
+    const int rank = 1 + pick(4);
+    std::vector<int64_t> out(static_cast<size_t>(rank));
+    for (auto& d : out) d = 1 + pick(7);
+    if (pick(2)) out.back() = 8 * (1 + pick(3));  // vector-friendly innermost dims half the time
+    std::vector<CaseInput> ins = {in(out, kF32, -2, 2)};
+    std::vector<std::string> ops;
+    std::vector<int64_t> arity, operands;
+    const int steps = 2 + pick(7);
+    for (int s = 0; s < steps; ++s) {
+      if (pick(5) < 2) {
+        ops.push_back(kUnaryOps[pick(static_cast<int>(std::size(kUnaryOps)))]);
+        arity.push_back(1);
+        operands.push_back(s == 0 ? 0 : -1);
+        continue;
+      }
+      ops.push_back(kBinaryOps[pick(static_cast<int>(std::size(kBinaryOps)))]);
+      arity.push_back(2);
+      // The other operand: a new input broadcasting into the chain (any dim 1 or full, leading
+      // dims dropped), an input already used, or (after step 0) the chain's own input 0.
+      int64_t other;
+      if (ins.size() > 1 && pick(4) == 0) {
+        other = 1 + pick(static_cast<int>(ins.size()) - 1);
+      } else if (s > 0 && pick(6) == 0) {
+        other = 0;
+      } else {
+        const int r = pick(rank + 1);
+        std::vector<int64_t> shape(out.end() - r, out.end());
+        for (auto& d : shape)
+          if (pick(2)) d = 1;
+        other = static_cast<int64_t>(ins.size());
+        ins.push_back(in(shape, kF32, -1.5, 1.5));
+      }
+      const int64_t cur = s == 0 ? 0 : -1;
+      if (pick(2)) {
+        operands.push_back(cur);
+        operands.push_back(other);
+      } else {
+        operands.push_back(other);
+        operands.push_back(cur);
+      }
+    }
+    v.push_back(chain("chain_random_" + std::to_string(c), std::move(ops), std::move(arity),
+                      std::move(operands), std::move(ins), rank == 4 ? kNhwc : kF));
+  }
+}
+
 }  // namespace
 
 std::vector<OpCase> elementwise_cases() {
@@ -453,6 +537,8 @@ std::vector<OpCase> elementwise_cases() {
   where_clip_cases(v);
   cast_cases(v);
   chain_cases(v);
+  random_chain_cases(v);
+  concat_chain_cases(v);
   return v;
 }
 

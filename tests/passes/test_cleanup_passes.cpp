@@ -94,6 +94,7 @@ TEST(RemoveNoops, RemovesIdentityDropoutAndNoopLayoutOps) {
   v = b.op("Reshape", {v, b.c(ints({2, 3, 4}))});
   v = b.op("Transpose", {v}, attrs({{"perm", Attribute::Ints({0, 1, 2})}}));
   v = b.op("Cast", {v}, attrs({{"to", Attribute::Int(1)}}));
+  v = b.op("Concat", {v}, attrs({{"axis", Attribute::Int(1)}}));  // one input
   b.out(b.op("Relu", {v}));
   auto opt = optimize_checked(b.g, {"remove_noops"});
   ASSERT_EQ(opt->nodes().size(), 1u);

@@ -176,6 +176,39 @@ TEST(FuseElementwise, SharedOrOutputLinkSplitsTheChain) {
   EXPECT_EQ(count(*opt, "ElementwiseChain"), 1);
 }
 
+// DenseNet's dense layer: Concat -> BatchNorm (as an affine map) -> ReLU reads the parts in place.
+TEST(FuseElementwise, ConcatJoinsTheChainThatReadsIt) {
+  G b;
+  Value* x0 = b.in("x0", {2, 4, 3, 3});
+  Value* y1 = b.op("Relu", {b.in("y1", {2, 2, 3, 3})});
+  Value* y2 = b.in("y2", {2, 3, 3, 3});
+  Value* cat = b.op("Concat", {x0, y1, y2}, attrs({{"axis", Attribute::Int(1)}}));
+  Value* v = b.op("Mul", {b.c(rand_t({9, 1, 1})), cat});
+  v = b.op("Add", {v, b.c(rand_t({9, 1, 1}))});
+  b.out(b.op("Relu", {v}));
+  auto opt = optimize_checked(b.g, {"fuse_elementwise"});
+  EXPECT_EQ(count(*opt, "Concat"), 0);
+  ASSERT_EQ(count(*opt, "ElementwiseChain"), 1);
+  for (const Node* n : opt->nodes()) {
+    if (n->op_type != "ElementwiseChain") continue;
+    EXPECT_EQ(n->attrs.get_int("concat_parts", 0), 3);
+    EXPECT_EQ(n->attrs.get_int("concat_axis", 0), 1);
+    EXPECT_EQ(n->num_inputs(), 5u);  // three parts, scale, shift
+  }
+}
+
+TEST(FuseElementwise, ConcatWithAnotherReaderStays) {
+  G b;
+  Value* cat =
+      b.op("Concat", {b.in("a", {2, 3}), b.in("c", {2, 5})}, attrs({{"axis", Attribute::Int(-1)}}));
+  Value* v = b.op("Sigmoid", {cat});
+  b.out(b.op("Mul", {v, b.cf(2.f)}));
+  b.out(b.op("Neg", {cat}));  // a second reader: the concatenation is written once anyway
+  auto opt = optimize_checked(b.g, {"fuse_elementwise"});
+  EXPECT_EQ(count(*opt, "Concat"), 1);
+  EXPECT_EQ(count(*opt, "ElementwiseChain"), 1);
+}
+
 TEST(Capability, BackendWithoutFusedKernelsGetsNoFusion) {
   G b;
   Value* x = b.in("x", {1, 3, 6, 6});

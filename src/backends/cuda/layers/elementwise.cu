@@ -7,6 +7,8 @@
 //
 // Speed: a step is dispatched once per V elements (16 bytes of output); operands that move along
 // the innermost dim are read with vector loads, per-channel and scalar operands once per vector.
+// A chain's absorbed concatenation (concat_parts) is input 0, read from its parts in place: each
+// element finds its part by a binary search over the parts' starts along the axis.
 // Tactics are kAnyLayout; the ".nhwc" variants also take NHWC per-channel broadcasts and Clip.
 #include <cmath>
 #include <cstdint>
@@ -46,7 +48,7 @@ enum Op : uint8_t {
   kDivN,                                                   // x / p0 (Mean)
 };
 
-constexpr int kMaxIn = 16, kMaxSteps = 32;
+constexpr int kMaxIn = 16, kMaxSteps = 32, kMaxParts = 64;
 constexpr int8_t kCur = -1, kAbsent = -2;  // operand codes besides input indices
 
 struct Step {
@@ -66,6 +68,13 @@ struct Program {
   bool same[kMaxIn] = {};      // input has the output's type (direct load)
   int64_t dims[kMaxDims] = {};
   int64_t strides[kMaxIn][kMaxDims] = {};
+  // A concatenation as input 0 (a chain's concat_parts; cparts 0: none): the output seen as
+  // [outer, A, cinner] around the concat axis (physical order), part s holding the axis range
+  // [cstart[s], cstart[s + 1]) as its own dense [outer, width, cinner] tensor at cptr[s].
+  int cparts = 0;
+  int64_t cinner = 1;
+  int32_t cstart[kMaxParts + 1] = {};
+  const void* cptr[kMaxParts] = {};
 };
 
 struct UnaryName {
@@ -322,6 +331,34 @@ __device__ __forceinline__ void offsets(const Program& p, int64_t i, int64_t (&o
   for (int k = 0; k < NIN; ++k) off[k] += i * p.strides[k][0];
 }
 
+// The address of output element i's value in the concatenation's part that holds it.
+template <typename T>
+__device__ __forceinline__ const T* concat_at(const Program& p, int64_t i) {
+  const int64_t A = p.cstart[p.cparts];
+  int64_t o, a, in;
+  if (p.small) {  // 32-bit division is several times cheaper
+    const uint32_t t = static_cast<uint32_t>(i) / static_cast<uint32_t>(p.cinner);
+    in = static_cast<uint32_t>(i) - t * static_cast<uint32_t>(p.cinner);
+    o = t / static_cast<uint32_t>(A);
+    a = t - static_cast<uint32_t>(o) * static_cast<uint32_t>(A);
+  } else {
+    const int64_t t = i / p.cinner;
+    in = i - t * p.cinner;
+    o = t / A;
+    a = t - o * A;
+  }
+  int lo = 0, hi = p.cparts - 1;  // the last part starting at or before a
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (p.cstart[mid] <= a)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  const int64_t width = p.cstart[lo + 1] - p.cstart[lo];
+  return static_cast<const T*>(p.cptr[lo]) + (o * width + (a - p.cstart[lo])) * p.cinner + in;
+}
+
 template <typename T, int NIN>
 __device__ __forceinline__ Compute<T> load_in(const Program& p, int k, int64_t off) {
   if (p.same[k]) return load(static_cast<const T*>(p.in[k]), off);
@@ -339,7 +376,9 @@ __global__ void program_kernel(const __grid_constant__ Program p, T* y, int64_t 
     offsets(p, i, off);
     C v[NIN][1], r[1];
 #pragma unroll
-    for (int k = 0; k < NIN; ++k) v[k][0] = k < p.nin ? load_in<T, NIN>(p, k, off[k]) : C(0);
+    for (int k = 0; k < NIN; ++k)
+      v[k][0] = k < p.nin && !(k == 0 && p.cparts) ? load_in<T, NIN>(p, k, off[k]) : C(0);
+    if (p.cparts) v[0][0] = load(concat_at<T>(p, i), 0);  // parts have the output's type
     eval<sizeof(T) == 2>(p, v, r);
     store(y, i, r[0]);
   }
@@ -362,7 +401,11 @@ __global__ void __launch_bounds__(kBlock, 4) program_vec_kernel(const __grid_con
 #pragma unroll
     for (int k = 0; k < NIN; ++k) {
       const T* src = static_cast<const T*>(p.in[k]);
-      if (k < p.nin && p.strides[k][p.rank - 1] != 0) {
+      if (k == 0 && p.cparts) {  // a V-run lies in one part (ProgramLayer::configure)
+        const P x = *reinterpret_cast<const P*>(concat_at<T>(p, j * V));
+#pragma unroll
+        for (int e = 0; e < V; ++e) v[k][e] = load(x.v, e);
+      } else if (k < p.nin && p.strides[k][p.rank - 1] != 0) {
         const P x = *reinterpret_cast<const P*>(src + off[k]);
 #pragma unroll
         for (int e = 0; e < V; ++e) v[k][e] = load(x.v, e);
@@ -385,7 +428,9 @@ __global__ void __launch_bounds__(kBlock, 4) program_vec_kernel(const __grid_con
     C v[NIN][1], r[1];
 #pragma unroll
     for (int k = 0; k < NIN; ++k)
-      v[k][0] = k < p.nin ? load(static_cast<const T*>(p.in[k]), off[k]) : C(0);
+      v[k][0] =
+          k < p.nin && !(k == 0 && p.cparts) ? load(static_cast<const T*>(p.in[k]), off[k]) : C(0);
+    if (p.cparts) v[0][0] = load(concat_at<T>(p, i), 0);
     eval<sizeof(T) == 2>(p, v, r);
     store(y, i, r[0]);
   }
@@ -410,7 +455,14 @@ bool build_program(const Node& n, Program* p, std::vector<int>* slots, std::stri
     if (ops.empty() || ops.size() != arity.size())
       return *why = "malformed chain (ops/arity)", false;
     if (ops.size() > kMaxSteps) return *why = fmt::format("more than {} steps", kMaxSteps), false;
-    if (n.num_inputs() > kMaxIn) return *why = fmt::format("more than {} inputs", kMaxIn), false;
+    // An absorbed concatenation (concat_parts m): program input 0 reads inputs 0..m-1 as one;
+    // node input i >= m is program input i - m + 1.
+    const int64_t parts = n.attrs.get_int("concat_parts", 0);
+    if (parts != 0 && (parts < 2 || parts > kMaxParts || parts > int64_t(n.num_inputs())))
+      return *why = fmt::format("concat_parts {} (2 to {})", parts, kMaxParts), false;
+    const int64_t skipped = parts > 0 ? parts - 1 : 0;
+    if (int64_t(n.num_inputs()) - skipped > kMaxIn)
+      return *why = fmt::format("more than {} inputs", kMaxIn), false;
     size_t k = 0;
     for (size_t s = 0; s < ops.size(); ++s) {
       const std::string pre = "s" + std::to_string(s) + "_";
@@ -422,9 +474,9 @@ bool build_program(const Node& n, Program* p, std::vector<int>* slots, std::stri
       if (arity[s] < 1 || arity[s] > 3) return *why = "a step has more than 3 operands", false;
       for (int64_t i = 0; i < 3; ++i) {
         int64_t o = i < arity[s] ? operands.at(k + i) : kAbsent;
-        if (o >= static_cast<int64_t>(n.num_inputs()) || o < kAbsent)
+        if (o >= static_cast<int64_t>(n.num_inputs()) || o < kAbsent || (o >= 1 && o < parts))
           return *why = "malformed chain (operands)", false;
-        st.opd[i] = static_cast<int8_t>(o);
+        st.opd[i] = static_cast<int8_t>(o >= parts ? o - skipped : o);
       }
       if (st.opd[0] == kAbsent) return *why = "a step lacks its first operand", false;
       k += static_cast<size_t>(arity[s]);
@@ -433,9 +485,10 @@ bool build_program(const Node& n, Program* p, std::vector<int>* slots, std::stri
     p->nsteps = static_cast<int>(ops.size());
     for (size_t i = 0; i < n.num_inputs(); ++i) {
       if (!n.input(i)) return *why = "a chain input is absent", false;
-      slots->push_back(static_cast<int>(i));
+      if (i == 0 || int64_t(i) >= parts) slots->push_back(static_cast<int>(i));
     }
     p->nin = static_cast<int>(slots->size());
+    p->cparts = static_cast<int>(parts);
     return true;
   }
   if (!n.domain.empty()) return *why = "not an elementwise op", false;
@@ -493,10 +546,15 @@ class ProgramLayer final : public Layer {
   Expected<size_t> configure(const RunContext&, std::span<const DeviceTensor> in,
                              std::span<const DeviceTensor> out) override {
     const DeviceTensor& y = out[0];
+    const int64_t V = 16 / static_cast<int64_t>(dtype_size(y.dtype));
+    bool concat_vec = true;
+    if (prog_.cparts) {
+      KILN_ASSIGN_OR_RETURN(concat_vec, plan_concat(in, y, V));
+    }
     std::vector<std::vector<int64_t>> shapes;
     std::vector<bool> nhwc;
     for (int slot : slots_) {
-      const DeviceTensor& t = in[slot];
+      const DeviceTensor& t = prog_.cparts && slot == 0 ? y : in[slot];  // the concatenation
       shapes.push_back(operand_shape(slot, t, in[0]));
       nhwc.push_back(t.layout == Layout::kNHWC && t.rank() == 4);
       if (shapes.back().size() > y.shape.size())
@@ -517,8 +575,7 @@ class ProgramLayer final : public Layer {
     // The vector path needs V-element runs along the innermost dim (or a 1-D walk, whose tail
     // runs per element), inputs of the output's type, and inner strides of 0 or 1 whose outer
     // strides keep vector loads aligned.
-    const int64_t V = 16 / static_cast<int64_t>(dtype_size(y.dtype));
-    vec_ok_ = r == 1 || dims[r - 1] % V == 0;
+    vec_ok_ = (r == 1 || dims[r - 1] % V == 0) && concat_vec;
     for (size_t k = 0; k < slots_.size(); ++k) {
       const DeviceTensor& t = in[slots_[k]];
       prog_.dt[k] = static_cast<uint8_t>(t.dtype);
@@ -539,6 +596,7 @@ class ProgramLayer final : public Layer {
     if (n_ == 0) return Status::Ok();
     Program p = prog_;
     for (size_t k = 0; k < slots_.size(); ++k) p.in[k] = in[slots_[k]].data;
+    for (int s = 0; s < p.cparts; ++s) p.cptr[s] = in[static_cast<size_t>(s)].data;
     const bool ok = dispatch_float(out[0].dtype, [&](auto tag) {
       using T = decltype(tag);
       T* y = static_cast<T*>(out[0].data);
@@ -554,6 +612,44 @@ class ProgramLayer final : public Layer {
   }
 
  private:
+  // The concatenation's parts (inputs 0..cparts-1) around its axis in the output's physical
+  // order: each must be stored as the output is, with its shape but along the axis. Returns
+  // whether a V-element run of the output always lies in one part (the vector kernel's need).
+  Expected<bool> plan_concat(std::span<const DeviceTensor> in, const DeviceTensor& y, int64_t V) {
+    const int64_t r = y.rank();
+    int64_t axis = node_->attrs.get_int("concat_axis", 0);
+    if (axis < 0) axis += r;
+    if (axis < 0 || axis >= r) return KILN_ERROR("{}: concat_axis out of range", node_->label());
+    const bool nhwc = y.layout == Layout::kNHWC && r == 4;
+    std::vector<int64_t> order(static_cast<size_t>(r));  // logical dim of each physical one
+    for (int64_t d = 0; d < r; ++d) order[d] = d;
+    if (nhwc) order = {0, 2, 3, 1};
+    int64_t inner = 1, pa = 0;
+    for (int64_t d = 0; d < r; ++d) {
+      if (order[d] == axis) pa = d;
+    }
+    for (int64_t d = pa + 1; d < r; ++d) inner *= y.shape[order[d]];
+    prog_.cinner = std::max<int64_t>(inner, 1);
+    int64_t start = 0;
+    bool parts_vec = true;
+    for (int s = 0; s < prog_.cparts; ++s) {
+      const DeviceTensor& t = in[static_cast<size_t>(s)];
+      bool same =
+          t.rank() == r && t.dtype == y.dtype && (t.layout == Layout::kNHWC && r == 4) == nhwc;
+      for (int64_t d = 0; same && d < r; ++d) same = d == axis || t.shape[d] == y.shape[d];
+      if (!same)
+        return KILN_ERROR("{}: concatenation part {} is not stored as the output is",
+                          node_->label(), s);
+      prog_.cstart[s] = static_cast<int32_t>(start);
+      start += t.shape[axis];
+      parts_vec &= t.shape[axis] % V == 0;
+    }
+    if (start != y.shape[axis] || start > INT32_MAX)
+      return KILN_ERROR("{}: the parts do not make the output's axis", node_->label());
+    prog_.cstart[prog_.cparts] = static_cast<int32_t>(start);
+    return inner % V == 0 || (inner == 1 && parts_vec);
+  }
+
   // The shape input `slot` broadcasts with: legacy axis alignment (opset < 7 binary ops) and
   // old PRelu's per-channel slope are applied here, as the CPU op does.
   std::vector<int64_t> operand_shape(int slot, const DeviceTensor& t, const DeviceTensor& x) const {
@@ -580,6 +676,8 @@ class ProgramLayer final : public Layer {
       bool aligned = reinterpret_cast<uintptr_t>(y) % 16 == 0;
       for (int k = 0; k < p.nin; ++k)
         aligned &= p.strides[k][p.rank - 1] == 0 || reinterpret_cast<uintptr_t>(p.in[k]) % 16 == 0;
+      for (int s = 0; s < p.cparts; ++s)
+        aligned &= reinterpret_cast<uintptr_t>(p.cptr[s]) % 16 == 0;
       if (vec_ok_ && aligned) {
         (void)launch_kernel(rc, program_vec_kernel<T, NIN, V>, dim3(grid_for(n_ / V)),
                             dim3(kBlock), 0, p, y, n_);  // an error stays for the caller's check
