@@ -69,7 +69,7 @@ struct FoldGemmReshape {
     for (int64_t i = 0; i + 1 < x.rank(); ++i)
       if (!same_dim((*x.dims)[i], (*y.dims)[i]))
         return reject("the leading dims are not provably restored");
-    if (!is_float_type(x.dtype)) return reject("not float32/float64");
+    if (!is_float_type(x.dtype)) return reject("not a float type");
     Attributes a;
     for (const auto& [k, v] : g->attrs.all())  // the activation and its act_* attributes
       if (k == "activation" || k.rfind("act_", 0) == 0) a.set(k, v);

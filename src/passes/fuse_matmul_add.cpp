@@ -34,7 +34,7 @@ struct FuseMatMulAdd {
       if (!broadcasts_into(bias->type, y->type))
         return reject("the bias broadcast may change the shape");
       if (!is_float_type(y->type.dtype) || bias->type.dtype != y->type.dtype)
-        return reject("not float32/float64");
+        return reject("not a float type");
       Attributes a;
       if (gemm) {
         a = mm->attrs;

@@ -57,7 +57,7 @@ struct FuseResidualAdd {
         continue;
       }
       if (!is_float_type(y->type.dtype) || z->type.dtype != y->type.dtype) {
-        reject("not float32/float64");
+        reject("not a float type");
         continue;
       }
       Attributes a = conv->attrs;

@@ -33,7 +33,7 @@ struct FuseSkipLayerNorm {
     if (!a || !b || a->is_constant() || b->is_constant() || !same_dims(a->type, b->type) ||
         !same_dims(a->type, s->type))
       return reject("the Add's operands do not provably have one shape");
-    if (!is_float_type(s->type.dtype)) return reject("not float32/float64");
+    if (!is_float_type(s->type.dtype)) return reject("not a float type");
     Attributes attrs = ln.attrs;
     attrs.set("axis", Attribute::Int(-1));
     auto layer = scratch_layer("kiln", "SkipLayerNorm",

@@ -71,10 +71,18 @@ std::optional<double> scalar_const(const Value* v) {
 
 bool is_scalar_const(const Value* v, double expected, double rel_tol) {
   auto s = scalar_const(v);
+  // A 16-bit constant holds the value only to its own precision (sqrt 2 is 1.4140625 in
+  // float16): the tolerance is at least one unit in its last place.
+  const DataType t = v && v->constant ? v->constant->dtype() : DataType::kFloat32;
+  if (t == DataType::kFloat16) rel_tol = std::max(rel_tol, 1.0 / 1024);
+  if (t == DataType::kBFloat16) rel_tol = std::max(rel_tol, 1.0 / 128);
   return s && std::abs(*s - expected) <= rel_tol * std::max(1.0, std::abs(expected));
 }
 
-bool is_float_type(DataType t) { return t == DataType::kFloat32 || t == DataType::kFloat64; }
+bool is_float_type(DataType t) {
+  return t == DataType::kFloat32 || t == DataType::kFloat64 || t == DataType::kFloat16 ||
+         t == DataType::kBFloat16;
+}
 
 bool same_dims(const TensorType& a, const TensorType& b) {
   if (!a.dims || !b.dims || a.dims->size() != b.dims->size()) return false;

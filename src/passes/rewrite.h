@@ -70,6 +70,8 @@ Node* sole_consumer(const Graph& g, const Value* v);
 // Constant scalar (any numel-1 tensor) value as double.
 std::optional<double> scalar_const(const Value* v);
 bool is_scalar_const(const Value* v, double expected, double rel_tol = 1e-4);
+// float32, float64, float16 or bfloat16 (a graph exported with model.half() fuses as a float32 one;
+// each fusion still asks the backend for the layer at that type).
 bool is_float_type(DataType t);
 // Same rank and dims (static values or equal, non-empty symbols; ops/shape_values.h same_dim).
 bool same_dims(const TensorType& a, const TensorType& b);

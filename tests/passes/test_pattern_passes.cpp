@@ -87,6 +87,19 @@ TEST(FuseGelu, ErfAndTanhForms) {
   EXPECT_EQ(tanh, 2);
 }
 
+// A graph exported with model.half(): its constants are float16 (sqrt 2 = 1.4140625), which
+// match to their own precision.
+TEST(FuseGelu, Float16GraphWithItsRoundedConstants) {
+  G b;
+  Value* x = b.g.add_value("x", TensorType(DataType::kFloat16, {Dim(3), Dim(16)}));
+  b.g.add_input(x);
+  auto h = [&](float v) { return b.c(scalar_f(v).cast(DataType::kFloat16)); };
+  Value* e = b.op("Add", {b.op("Erf", {b.op("Div", {x, h(1.41421356f)})}), h(1.f)});
+  b.out(b.op("Mul", {b.op("Mul", {x, e}), h(0.5f)}));
+  auto opt = optimize_checked(b.g, {"fuse_gelu"}, 1e-2);
+  EXPECT_EQ(count(*opt, "Gelu"), 1);
+}
+
 TEST(FuseGelu, WrongConstantOrSharedIntermediateDoesNotFuse) {
   G b;
   Value* x = b.in("x", {3, 4});
