@@ -130,13 +130,18 @@ struct Lowering {
   std::unordered_map<const Node*, LayerChoice> choice;
 
   // kAnyLayout: NHWC only when every device input is a 4-D tensor of the output's shape whose
-  // producer already made it NHWC (so the layer adds no reformat of its own).
+  // producer already made it NHWC (so the layer adds no reformat of its own), or a single value
+  // broadcast over everything (every dim 1: NFNet's scalar gains), which reads the same in any
+  // layout.
   bool follows_nhwc(const Node& n) const {
     const Value* y = n.output(0);
     if (!y || y->type.rank() != 4) return false;
     bool any = false;
     for (const Value* v : n.inputs()) {
       if (!v) continue;
+      if (v->type.has_rank() && std::all_of(v->type.dims->begin(), v->type.dims->end(),
+                                            [](const Dim& d) { return d.value == 1; }))
+        continue;
       if (v->type.dims != y->type.dims) return false;
       auto it = produced.find(v);
       if (it != produced.end() && it->second.layout == Layout::kNHWC) any = true;
