@@ -49,12 +49,15 @@ enum Op : uint8_t {
 };
 
 constexpr int kMaxIn = 16, kMaxSteps = 32, kMaxParts = 64;
-constexpr int8_t kCur = -1, kAbsent = -2;  // operand codes besides input indices
+// Operand codes besides input indices: the running value, an absent optional input, and an
+// immediate (a scalar constant held in the step, Step::imm: it costs no load and no input slot).
+constexpr int8_t kCur = -1, kAbsent = -2, kImm = -3;
 
 struct Step {
   uint8_t op = kIdentity;
   int8_t opd[3] = {kCur, kCur, kCur};
   float p0 = 0, p1 = 0;
+  float imm[3] = {};  // operand i's value where opd[i] == kImm
 };
 
 // Everything a launch needs, by value (about 1.7 KB of kernel parameters; kernels take it as
@@ -164,9 +167,11 @@ __device__ __forceinline__ C load_any(const void* p, uint8_t dt, int64_t i) {
 }
 
 // Operand `o` of a step for element e: an input's value (selected without indexing a register
-// array) or the running value.
+// array), an immediate, or the running value.
 template <typename C, int NIN, int V>
-__device__ __forceinline__ C pick(const C (&v)[NIN][V], const C (&cur)[V], int o, int e) {
+__device__ __forceinline__ C pick(const C (&v)[NIN][V], const C (&cur)[V], int o, int e,
+                                  float imm) {
+  if (o == kImm) return C(imm);
   if (o < 0) return cur[e];
   C r = v[0][e];
 #pragma unroll
@@ -217,9 +222,9 @@ __device__ __forceinline__ C clip(C x, C lo, C hi, bool has_lo, bool has_hi) {
 #define KILN_CASE(code, expr)                       \
   case code:                                        \
     _Pragma("unroll") for (int e = 0; e < V; ++e) { \
-      const C x = pick(v, cur, o0, e);              \
-      const C y = pick(v, cur, o1, e);              \
-      const C z = pick(v, cur, o2, e);              \
+      const C x = pick(v, cur, o0, e, s.imm[0]);    \
+      const C y = pick(v, cur, o1, e, s.imm[1]);    \
+      const C z = pick(v, cur, o2, e, s.imm[2]);    \
       (void)y;                                      \
       (void)z;                                      \
       cur[e] = (expr);                              \
@@ -709,6 +714,41 @@ bool ew_supports(const LayerDesc& d, std::string* why) {
   return typed_supports(d, why);
 }
 
+// Scalar constants (one value, stored as float32, float16 or bfloat16) become immediates of the
+// steps that read them, rounded as the layer's input would store them, and leave the program's
+// inputs: NFNet's gains and a decomposed HardSwish's 3 and 6 cost no load, and a chain keeps to
+// the 4 inputs the vector kernel takes. Input 0 (the initial running value, or a concatenation)
+// stays.
+void inline_scalar_constants(const LayerDesc& d, Program* p, std::vector<int>* slots) {
+  std::vector<int> keep = {0};
+  std::vector<int8_t> renumber(slots->size(), 0);
+  for (size_t k = 1; k < slots->size(); ++k) {
+    const int slot = (*slots)[k];
+    const Tensor* c = d.in_const(static_cast<size_t>(slot));
+    const DataType t =
+        static_cast<size_t>(slot) < d.in.size() ? d.in[slot].dtype : DataType::kUndefined;
+    const bool scalar =
+        c && c->numel() == 1 && dtype_is_float(c->dtype()) &&
+        (t == DataType::kFloat32 || t == DataType::kFloat16 || t == DataType::kBFloat16);
+    if (!scalar) {
+      renumber[k] = static_cast<int8_t>(keep.size());
+      keep.push_back(slot);
+      continue;
+    }
+    const float value = static_cast<float>(c->cast(t).cast(DataType::kFloat32).at_double(0));
+    renumber[k] = kImm;
+    for (int s = 0; s < p->nsteps; ++s)
+      for (int i = 0; i < 3; ++i)
+        if (p->steps[s].opd[i] == static_cast<int8_t>(k)) p->steps[s].imm[i] = value;
+  }
+  if (keep.size() == slots->size()) return;
+  for (int s = 0; s < p->nsteps; ++s)
+    for (int8_t& o : p->steps[s].opd)
+      if (o > 0) o = renumber[static_cast<size_t>(o)];
+  *slots = std::move(keep);
+  p->nin = static_cast<int>(slots->size());
+}
+
 Expected<std::unique_ptr<Layer>> ew_create(const LayerDesc& d) {
   std::string why;
   if (d.out.empty() || !is_float_storage(d.out[0].dtype)) return create_typed(d);
@@ -718,6 +758,7 @@ Expected<std::unique_ptr<Layer>> ew_create(const LayerDesc& d) {
     if (d.node->domain == "kiln") return KILN_ERROR("{}: {}", d.node->label(), why);
     return create_typed(d);
   }
+  inline_scalar_constants(d, &p, &slots);
   return std::unique_ptr<Layer>(new ProgramLayer(d.node, p, std::move(slots)));
 }
 
