@@ -1,5 +1,9 @@
 #include "layers/conv_ranked.h"
 
+#include <algorithm>
+#include <iterator>
+#include <utility>
+
 #include "kernels/activation.cuh"
 
 namespace kiln::gpu {
@@ -41,28 +45,19 @@ bool library_conv_epilogue(const Node& n, bool residual, bool clip_with_residual
   if (!act.empty() && act != "Relu" && !clip) {
     ActParams a;
     if (!any_activation || !read_activation(n.attrs, &a)) return *why = "activation " + act, false;
-    switch (a.act) {
-      case Act::kSwish:
-        p->act = cuda::Activation::kSwish;
-        break;
-      case Act::kSigmoid:
-        p->act = cuda::Activation::kSigmoid;
-        break;
-      case Act::kTanh:
-        p->act = cuda::Activation::kTanh;
-        break;
-      case Act::kGelu:
-        p->act = cuda::Activation::kGelu;
-        break;
-      case Act::kGeluTanh:
-        p->act = cuda::Activation::kGeluTanh;
-        break;
-      case Act::kLeakyRelu:
-        p->act = cuda::Activation::kLeakyRelu;
-        break;
-      default:
-        return *why = "activation " + act + " (no pointwise mode in cuDNN)", false;
-    }
+    // The activations cuDNN's graph has a pointwise mode for.
+    static constexpr std::pair<Act, cuda::Activation> kModes[] = {
+        {Act::kSwish, cuda::Activation::kSwish},
+        {Act::kSigmoid, cuda::Activation::kSigmoid},
+        {Act::kTanh, cuda::Activation::kTanh},
+        {Act::kGelu, cuda::Activation::kGelu},
+        {Act::kGeluTanh, cuda::Activation::kGeluTanh},
+        {Act::kLeakyRelu, cuda::Activation::kLeakyRelu}};
+    const auto* m = std::find_if(std::begin(kModes), std::end(kModes),
+                                 [&](const auto& e) { return e.first == a.act; });
+    if (m == std::end(kModes))
+      return *why = "activation " + act + " (no pointwise mode in cuDNN)", false;
+    p->act = m->second;
     p->act_alpha = a.alpha;
   }
   const bool relu = !act.empty();
