@@ -496,14 +496,31 @@ def base_args(a, mode: str, specs) -> dict:
             "bad_rate": a.bad_rate}
 
 
+def cpu_seconds(pid: int):
+    """User + system CPU seconds of process `pid` so far (None without one)."""
+    if not pid:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def load_mode(a, specs) -> dict:
     rows = []
     for proto in a.protocols:
         for n in a.clients:
             before = scrape(a.http, a.model)
+            cpu0, t0 = cpu_seconds(a.server_pid), time.perf_counter()
             r = run_clients(dict(base_args(a, "load", specs), protocols=[proto]), n, a.procs)
+            cpu1, t1 = cpu_seconds(a.server_pid), time.perf_counter()
             after = scrape(a.http, a.model)
             f = formed(before, after)
+            # The server's CPU use over the run (warm-up and client start included), in cores.
+            f["server_cores"] = (round((cpu1 - cpu0) / (t1 - t0), 2)
+                                 if cpu0 is not None and cpu1 is not None else None)
             lat = r["latencies"]
             row = {"label": a.label, "model": a.model, "protocol": proto, "clients": n,
                    "requests": r["ok"], "errors": r["errors"], "error_samples": r["error_samples"][:3],
@@ -513,7 +530,8 @@ def load_mode(a, specs) -> dict:
             rows.append(row)
             print(f"  {a.label} {a.model} {proto} {n:4d} clients: {row['throughput_per_s']} req/s, "
                   f"p50 {fmt(row['p50_ms'])} ms, p99 {fmt(row['p99_ms'])} ms, batch "
-                  f"{row['formed_batch_mean']} (runs at {row['run_batch_mode']}), devices "
+                  f"{row['formed_batch_mean']} (runs at {row['run_batch_mode']}), server CPU "
+                  f"{row['server_cores']} cores, devices "
                   f"{row['per_device']}, errors {r['errors'] or 0}", flush=True)
     bench = kiln_bench(a.kiln, a.engine, [r["run_batch_mode"] for r in rows if r["run_batch_mode"]],
                        specs, a.bench_duration)
@@ -533,14 +551,15 @@ def fmt(x, nd=2):
 
 def table(rows) -> str:
     lines = ["| setup | model | protocol | clients | req/s | p50 ms | p99 ms | batch formed (mean; runs at) "
-             "| kiln bench at that batch, samples/s | server / bench | errors |",
-             "|---|---|---|---:|---:|---:|---:|---|---:|---:|---|"]
+             "| kiln bench at that batch, samples/s | server / bench | server CPU (cores) | errors |",
+             "|---|---|---|---:|---:|---:|---:|---|---:|---:|---:|---|"]
     for r in rows:
         lines.append(
             f"| {r['label']} | {r['model']} | {r['protocol']} | {r['clients']} | "
             f"{fmt(r['throughput_per_s'], 1)} | {fmt(r['p50_ms'])} | {fmt(r['p99_ms'])} | "
             f"{r['formed_batch_mean']}; {r['run_batch_mode']} | {fmt(r['bench_throughput_per_s'], 0)} | "
-            f"{fmt(r['server_over_bench'], 3)} | {sum(r['errors'].values()) if r['errors'] else 0} |")
+            f"{fmt(r['server_over_bench'], 3)} | {fmt(r.get('server_cores'))} | "
+            f"{sum(r['errors'].values()) if r['errors'] else 0} |")
     return "\n".join(lines)
 
 
@@ -719,7 +738,8 @@ def parse(argv=None):
                    "between an answer and the engine's own output (batches run other tactics)")
     p.add_argument("--references", type=int, default=8, help="soak: distinct inputs")
     p.add_argument("--reference-device", type=int, default=0)
-    p.add_argument("--server-pid", type=int, default=0)
+    p.add_argument("--server-pid", type=int, default=0,
+                   help="the server's process: soak samples its RSS, load reports its CPU use")
     p.add_argument("--sample-every", type=float, default=5.0)
     p.add_argument("--settle", type=float, default=60.0, help="soak: memory must be flat after this")
     p.add_argument("--ready-timeout", type=float, default=120.0)

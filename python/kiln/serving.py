@@ -8,6 +8,11 @@ batch sizes with --pad-batches. Counters per model on /metrics (Prometheus), bes
 own: kiln_requests_total, kiln_inferences_total, kiln_batched_requests_total,
 kiln_largest_batch, kiln_samples_total, kiln_padded_samples_total, and per batch size run and
 per device kiln_batch_inferences_total{batch} and kiln_device_inferences_total{device}.
+
+Inference requests for kiln models skip KServe's generic conversion: gRPC ModelInfer decodes the
+protobuf message itself (decode_grpc_request, encode_grpc_response) and REST POST
+/v2/models/NAME/infer is answered in front of FastAPI (_LeanRest: read_rest_body,
+decode_rest_request, encode_rest_response); the rest of the protocol is KServe's.
 """
 from __future__ import annotations
 
@@ -87,6 +92,281 @@ def encode_response(payload, out: dict[str, np.ndarray], model_name: str):
         outputs.append(o)
     return InferResponse(response_id=payload.id or "", model_name=model_name,
                          infer_outputs=outputs, use_binary_outputs=payload.use_binary_outputs)
+
+
+# The gRPC method the lean path serves (_InferenceServicer.ModelInfer).
+GRPC_MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
+# v2 datatype -> NumPy type, for the datatypes kiln takes (not BF16, BYTES)
+_NP_OF_V2 = {v: np.dtype(k) for k, v in V2_DATATYPES.items() if v != "BF16"}
+# v2 datatype -> the InferTensorContents field its values come in (FP16: raw contents only)
+_CONTENTS_FIELD = {"BOOL": "bool_contents", "UINT8": "uint_contents", "UINT16": "uint_contents",
+                   "UINT32": "uint_contents", "UINT64": "uint64_contents",
+                   "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
+                   "INT64": "int64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents"}
+
+
+def decode_grpc_request(request, engine: Engine, batching: bool) -> dict[str, np.ndarray]:
+    """The input arrays of a gRPC ModelInferRequest (the protobuf message itself, not KServe's
+    InferRequest made of it), checked against the engine; RequestError says what does not fit.
+    raw_input_contents (what Triton's clients send) become arrays over the message's bytes
+    (np.frombuffer, no copy); typed `contents` are converted once per input."""
+    raw = request.raw_input_contents
+    n_raw = len(raw)
+    if n_raw and n_raw != len(request.inputs):
+        raise RequestError(f"{len(request.inputs)} inputs and {n_raw} raw_input_contents: with "
+                           "raw contents there must be one per input, in the inputs' order")
+    feeds = {}
+    for i, t in enumerate(request.inputs):
+        name, datatype = t.name, t.datatype
+        dtype = _NP_OF_V2.get(datatype)
+        if dtype is None:
+            raise RequestError(f"input '{name}': datatype {datatype} is not one kiln takes")
+        if name in feeds:
+            raise RequestError(f"input '{name}' given twice")
+        shape = list(t.shape)
+        if any(d < 0 for d in shape):
+            raise RequestError(f"input '{name}': shape {shape} is not a list of sizes")
+        count = 1
+        for d in shape:
+            count *= d
+        if n_raw:
+            if t.HasField("contents"):
+                raise RequestError(f"input '{name}': both contents and raw_input_contents given")
+            data = raw[i]
+            if len(data) != count * dtype.itemsize:
+                raise RequestError(f"input '{name}': {len(data)} bytes of raw_input_contents, "
+                                   f"shape {shape} of {datatype} takes {count * dtype.itemsize}")
+            a = np.frombuffer(data, dtype).reshape(shape)
+        else:
+            field = _CONTENTS_FIELD.get(datatype)
+            if field is None:
+                raise RequestError(f"input '{name}': {datatype} data must come in "
+                                   "raw_input_contents")
+            values = getattr(t.contents, field)
+            if len(values) != count:
+                raise RequestError(f"input '{name}': {len(values)} values in contents.{field}, "
+                                   f"shape {shape} takes {count}")
+            try:
+                a = np.array(values, dtype=dtype).reshape(shape)
+            except (OverflowError, ValueError, TypeError) as e:  # out of the datatype's range
+                raise RequestError(f"input '{name}': {e}") from None
+        feeds[name] = a
+    check_request(engine, feeds, batching)
+    return feeds
+
+
+def encode_grpc_response(request, out: dict[str, np.ndarray], model_name: str):
+    """A ModelInferResponse with the outputs the request asked for (all when it names none),
+    each in raw_output_contents, as Triton answers."""
+    from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
+
+    wanted = [o.name for o in request.outputs] or list(out)
+    response = pb.ModelInferResponse(model_name=model_name, id=request.id)
+    for name in wanted:
+        if name not in out:
+            raise RequestError(f"unknown output '{name}' (the model's outputs: {', '.join(out)})")
+        arr = np.ascontiguousarray(out[name])
+        t = response.outputs.add()
+        t.name = name
+        t.datatype = V2_DATATYPES[arr.dtype.name]
+        t.shape.extend(arr.shape)
+        response.raw_output_contents.append(arr.tobytes())
+    return response
+
+
+def decode_rest_request(header, body: bytes, start: int, engine: Engine,
+                        batching: bool) -> dict[str, np.ndarray]:
+    """The input arrays of a v2 REST request whose JSON part (`header`, parsed) is already read:
+    each input's `data` (a flat or nested JSON list) or, with the binary-data extension, its
+    parameters.binary_data_size bytes of `body` from `start` on, in the inputs' order (viewed,
+    not copied). Checked against the engine; RequestError says what does not fit."""
+    if not isinstance(header, dict) or not isinstance(header.get("inputs"), list):
+        raise RequestError("malformed request: the body must be a JSON object with an 'inputs' "
+                           "list")
+    feeds = {}
+    for t in header["inputs"]:
+        if not isinstance(t, dict):
+            raise RequestError("malformed request: each input must be a JSON object")
+        name, datatype, shape = t.get("name"), t.get("datatype"), t.get("shape")
+        if not isinstance(name, str) or not isinstance(datatype, str):
+            raise RequestError(f"input {name!r}: the name and datatype must be strings")
+        dtype = _NP_OF_V2.get(datatype)
+        if dtype is None:
+            raise RequestError(f"input '{name}': datatype {datatype} is not one kiln takes")
+        if name in feeds:
+            raise RequestError(f"input '{name}' given twice")
+        if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+            raise RequestError(f"input '{name}': shape {shape} is not a list of sizes")
+        count = 1
+        for d in shape:
+            count *= d
+        params = t.get("parameters")
+        size = params.get("binary_data_size") if isinstance(params, dict) else None
+        data = t.get("data")
+        if data is not None:
+            if size is not None:
+                raise RequestError(f"input '{name}': both data and binary_data_size given")
+            try:
+                a = np.array(data, dtype=dtype)
+            except (ValueError, TypeError, OverflowError, RecursionError) as e:
+                raise RequestError(f"input '{name}': {e}") from None
+            if a.size != count:
+                raise RequestError(f"input '{name}': {a.size} values in data, shape {shape} "
+                                   f"takes {count}")
+            a = a.reshape(shape)
+        elif size is not None:
+            if type(size) is not int or size < 0 or start + size > len(body):
+                raise RequestError(f"input '{name}': binary_data_size {size} is not within the "
+                                   f"{len(body) - start} bytes left in the body")
+            if size != count * dtype.itemsize:
+                raise RequestError(f"input '{name}': binary_data_size {size}, shape {shape} of "
+                                   f"{datatype} takes {count * dtype.itemsize}")
+            a = np.frombuffer(body, dtype, count, start).reshape(shape)
+            start += size
+        else:
+            raise RequestError(f"input '{name}' has neither 'data' nor binary_data_size")
+        feeds[name] = a
+    check_request(engine, feeds, batching)
+    return feeds
+
+
+def encode_rest_response(header, out: dict[str, np.ndarray],
+                         model_name: str) -> tuple[bytes, Optional[int]]:
+    """A v2 REST response body with the outputs the request asked for (all when it names none):
+    each binary (after the JSON part) when its parameters.binary_data says so, else as the
+    request's parameters.binary_data_output says (default JSON data), as Triton answers.
+    Returns (body, the JSON part's length when any output is binary, else None)."""
+    import orjson
+
+    params = header.get("parameters")
+    binary_all = bool(params.get("binary_data_output", False)) if isinstance(params, dict) else False
+    asked = header.get("outputs")
+    if asked is None:
+        asked = [{"name": n} for n in out]
+    elif not isinstance(asked, list) or not all(isinstance(o, dict) for o in asked):
+        raise RequestError("malformed request: 'outputs' must be a list of JSON objects")
+    outputs, raw = [], []
+    for o in asked:
+        name = o.get("name")
+        if not isinstance(name, str) or name not in out:
+            raise RequestError(f"unknown output '{name}' (the model's outputs: {', '.join(out)})")
+        p = o.get("parameters")
+        binary = p.get("binary_data", binary_all) if isinstance(p, dict) else binary_all
+        arr = np.ascontiguousarray(out[name])
+        entry = {"name": name, "datatype": V2_DATATYPES[arr.dtype.name], "shape": list(arr.shape)}
+        if binary:
+            entry["parameters"] = {"binary_data_size": arr.nbytes}
+            raw.append(arr.tobytes())
+        else:
+            entry["data"] = arr.ravel().tolist()
+        outputs.append(entry)
+    rid = header.get("id")
+    response = {"model_name": model_name, "id": rid if isinstance(rid, str) else "",
+                "outputs": outputs}
+    text = orjson.dumps(response)
+    if not raw:
+        return text, None
+    return b"".join([text] + raw), len(text)
+
+
+class _LeanRest:
+    """ASGI app in front of KServe's FastAPI app: POST /v2/models/NAME/infer for a kiln model
+    that is ready is read, decoded (decode_rest_request), run and answered (encode_rest_response)
+    here; everything else (other paths, versions, unknown models, metadata, /metrics) goes to
+    KServe's app as before. FastAPI's routing, KServe's middlewares, InferRequest and
+    InferResponse took about 1.1 ms of the event loop per request on the GPU machine, and
+    every request waits on that loop.
+    Errors: 400 with {"error": what is wrong}, 413 for a body over `limit`, as before."""
+
+    PREFIX, SUFFIX = "/v2/models/", "/infer"
+
+    def __init__(self, app, data_plane, limit: int):
+        self.app, self.data_plane, self.limit = app, data_plane, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope.get("method") != "POST":
+            return await self.app(scope, receive, send)
+        path = scope.get("path", "")
+        name = path[len(self.PREFIX):-len(self.SUFFIX)] if (
+            path.startswith(self.PREFIX) and path.endswith(self.SUFFIX)) else ""
+        model = self.data_plane.model_registry.get_model(name) if name and "/" not in name else None
+        if model is None or not isinstance(model, _kserve_model_class()) or not model.ready:
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers") or [])
+        length = headers.get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            return await self.app(scope, receive, send)  # _BodyLimit answers 413
+        chunks, seen = [], 0
+        while True:
+            message = await receive()
+            if message.get("type") != "http.request":
+                return  # the client went away
+            chunk = message.get("body", b"")
+            seen += len(chunk)
+            if seen > self.limit:
+                await _drain(receive)
+                return await _refuse_too_large(send, seen, self.limit)
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        try:
+            out_body, json_length = await self._infer(model, body, headers)
+        except RequestError as e:
+            return await _send_json(send, 400, {"error": str(e)})
+        except Exception as e:  # noqa: BLE001 - as KServe's generic handler: a 500 saying what
+            log.exception("model %s: inference failed", model.name)
+            return await _send_json(send, 500, {"error": f"{type(e).__name__} : {e}"})
+        extra = [(b"content-type", b"application/json")]
+        if json_length is not None:
+            extra = [(b"content-type", b"application/octet-stream"),
+                     (b"inference-header-content-length", str(json_length).encode())]
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": extra + [(b"content-length", str(len(out_body)).encode())]})
+        await send({"type": "http.response.body", "body": out_body})
+
+    @staticmethod
+    async def _infer(model, body: bytes, headers: dict):
+        header, start = read_rest_body(body, headers.get(b"inference-header-content-length"))
+        feeds = decode_rest_request(header, body, start, model.engine, model.batcher.max_batch > 1)
+        out = await model.batcher.infer(feeds)
+        return encode_rest_response(header, out, model.name)
+
+
+def read_rest_body(body: bytes, header_length: Optional[bytes]) -> tuple[object, int]:
+    """A REST body's JSON part, parsed, and the offset where its binary tensors start: with the
+    binary-data extension (`header_length`, the Inference-Header-Content-Length header) the JSON
+    is that many bytes, else the whole body. RequestError when it is not JSON or the length is
+    not within the body."""
+    import orjson
+
+    if header_length is not None:
+        if not header_length.isdigit() or int(header_length) > len(body):
+            raise RequestError("inference-header-content-length "
+                               f"{header_length.decode('latin-1')[:40]} is not within the body "
+                               f"of {len(body)} bytes")
+        start = int(header_length)
+    else:
+        start = len(body)
+    try:
+        return orjson.loads(body[:start] if start < len(body) else body), start
+    except orjson.JSONDecodeError as e:
+        raise RequestError(f"malformed request: {e}") from None
+
+
+async def _send_json(send, status: int, obj) -> None:
+    import json
+
+    body = json.dumps(obj).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _refuse_too_large(send, size: int, limit: int) -> None:
+    await _send_json(send, 413, {"error": f"request body of {size} bytes is over this server's "
+                                          f"limit of {limit} bytes (kiln serve --max-request-bytes)"})
 
 
 @functools.lru_cache(maxsize=None)
@@ -230,14 +510,7 @@ class _BodyLimit:
             return await self._refuse(send, e.args[0])
 
     async def _refuse(self, send, size: int):
-        import json
-
-        body = json.dumps({"error": f"request body of {size} bytes is over this server's limit "
-                                    f"of {self.limit} bytes (kiln serve --max-request-bytes)"}).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body})
+        await _refuse_too_large(send, size, self.limit)
 
 
 class _TooLarge(Exception):
@@ -345,9 +618,68 @@ async def _malformed_request(request, exc):
                         content={"error": "malformed request: " + "; ".join(problems)})
 
 
+@functools.lru_cache(maxsize=None)
+def _not_for_infer():
+    from grpc.aio import ServerInterceptor
+
+    class _NotForInfer(ServerInterceptor):
+        """Runs the interceptor `inner` for every gRPC method but ModelInfer (with `skip`; else
+        for all)."""
+
+        def __init__(self, inner, skip: bool = True):
+            self.inner, self.skip = inner, skip
+
+        async def intercept_service(self, continuation, details):
+            if self.skip and details.method == GRPC_MODEL_INFER:
+                return await continuation(details)
+            return await self.inner.intercept_service(continuation, details)
+
+    return _NotForInfer
+
+
+@functools.lru_cache(maxsize=None)
+def _inference_servicer():
+    from grpc import aio
+    from kserve.errors import InvalidInput
+    from kserve.protocol.grpc.servicer import InferenceServicer
+
+    class _InferenceServicer(InferenceServicer):
+        """KServe's gRPC servicer, with ModelInfer for kiln models made lean: the protobuf
+        request decoded straight into arrays (decode_grpc_request) and the response built
+        directly (encode_grpc_response), instead of through KServe's InferRequest, InferInput,
+        Model.__call__ and InferResponse (with its per-request logging and histograms), which
+        bounded the server at about 1,300 requests/s whatever the GPU. Errors get the status
+        KServe's ExceptionToStatusInterceptor gives them (INVALID_ARGUMENT for a bad request,
+        NOT_FOUND for an unknown model, ...), with the message."""
+
+        def __init__(self, data_plane, model_repository_extension, errors):
+            super().__init__(data_plane, model_repository_extension)
+            self._errors = errors  # KServe's ExceptionToStatusInterceptor
+
+        async def ModelInfer(self, request, context):
+            try:
+                model = await self._data_plane.get_model(request.model_name)
+                if not isinstance(model, _kserve_model_class()):
+                    return await super().ModelInfer(request, context)
+                feeds = decode_grpc_request(request, model.engine, model.batcher.max_batch > 1)
+                out = await model.batcher.infer(feeds)
+                return encode_grpc_response(request, out, model.name)
+            except aio.AbortError:
+                raise
+            except RequestError as e:
+                error = InvalidInput(str(e))
+            except Exception as e:  # noqa: BLE001 - mapped to a status below
+                error = e
+            await self._errors.handle_exception(error, request, context, GRPC_MODEL_INFER)
+
+    return _InferenceServicer
+
+
 def make_server(host: str, http_port: int, grpc_port: int, max_request_bytes: int,
-                enable_grpc: bool = True):
-    """KServe's ModelServer listening on `host` (KServe's own listens on every address)."""
+                enable_grpc: bool = True, log_requests: bool = False):
+    """KServe's ModelServer listening on `host` (KServe's own listens on every address), its
+    gRPC ModelInfer served by _InferenceServicer. Without `log_requests` no log line is written
+    per request (KServe writes three or four per REST request, two per gRPC one)."""
     import kserve
     import kserve.model_server as ms
     from fastapi.exceptions import RequestValidationError
@@ -362,15 +694,20 @@ def make_server(host: str, http_port: int, grpc_port: int, max_request_bytes: in
             from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc
             from kserve.protocol.grpc.interceptors import (ExceptionToStatusInterceptor,
                                                            LoggingInterceptor)
-            from kserve.protocol.grpc.servicer import InferenceServicer
 
+            # KServe's interceptors for every method but ModelInfer, which maps its own errors
+            # (_InferenceServicer) and is logged only with --log-requests.
+            errors = ExceptionToStatusInterceptor()
+            _NotForInfer = _not_for_infer()
             self._server = aio.server(
                 futures.ThreadPoolExecutor(max_workers=max_workers),
-                interceptors=(LoggingInterceptor(), ExceptionToStatusInterceptor()),
+                interceptors=(_NotForInfer(LoggingInterceptor(), skip=not log_requests),
+                              _NotForInfer(errors)),
                 options=[("grpc.max_send_message_length", max_request_bytes),
                          ("grpc.max_receive_message_length", max_request_bytes)])
             grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
-                InferenceServicer(self._data_plane, self._model_repository_extension), self._server)
+                _inference_servicer()(self._data_plane, self._model_repository_extension, errors),
+                self._server)
             address = f"[{host}]:{self._port}" if ":" in host else f"{host}:{self._port}"
             self._server.add_insecure_port(address)
             log.info("gRPC (Open Inference Protocol v2) on %s", address)
@@ -385,6 +722,7 @@ def make_server(host: str, http_port: int, grpc_port: int, max_request_bytes: in
                 self.http_port, grace_period=self.grace_period, event_loop=self.event_loop,
                 timeout_keep_alive=self.timeout_keep_alive)
             self._rest_server.config.host = host
+            self._rest_server.config.app = _LeanRest(ms.app, self.dataplane, max_request_bytes)
             log.info("REST (Open Inference Protocol v2) on %s:%d", host, self.http_port)
             self.servers.append(self._rest_server.start())
             if self.enable_grpc:
@@ -399,7 +737,11 @@ def make_server(host: str, http_port: int, grpc_port: int, max_request_bytes: in
     ms.app.add_middleware(_BodyLimit, limit=max_request_bytes)
     ms.app.add_exception_handler(RequestValidationError, _malformed_request)
     server = _Server(http_port=http_port, grpc_port=grpc_port, enable_grpc=enable_grpc,
-                     grace_period=5, enable_docs_url=False)
+                     grace_period=5, enable_docs_url=False, enable_latency_logging=log_requests)
+    if not log_requests:
+        # uvicorn's access log and KServe's per-request timings (timing_asgi's PrintTimings)
+        for name in ("uvicorn.access", "kserve.trace"):
+            logging.getLogger(name).setLevel(logging.WARNING)
     dp = server.dataplane
     dp.decode_inference_request = _refuse_malformed(
         _keep_binary_tensors(dp.decode_inference_request))
@@ -433,6 +775,9 @@ def parse_args(argv):
                    help="Pad each joined batch to the smallest of these batch sizes that holds "
                         "it (e.g. 1,2,4,8,16,32,64; alone: powers of two up to the maximum "
                         "batch), so the engine sees few shapes and replays each as a CUDA graph")
+    p.add_argument("--log-requests", action="store_true",
+                   help="Log every request (KServe's access and latency lines; off by default: "
+                        "they cost the front end more than a small model's inference)")
     p.add_argument("--no-warmup", action="store_true",
                    help="Take requests without first running each context at the maximum batch "
                         "(and, with --pad-batches, at each padded size)")
@@ -465,7 +810,8 @@ def main(argv=None) -> int:
         print(f"kiln: error: kiln serve needs KServe ({e}; pip install 'kiln[serve]')",
               file=sys.stderr)
         return 1
-    server = make_server(a.host, a.http_port, a.grpc_port, a.max_request_bytes, not a.no_grpc)
+    server = make_server(a.host, a.http_port, a.grpc_port, a.max_request_bytes, not a.no_grpc,
+                         log_requests=a.log_requests)
     loaded = []
     for name, path in models.items():
         m = KilnModel(name, path, a.contexts, a.max_batch_size, a.batch_delay_ms / 1000.0,

@@ -4,16 +4,19 @@
 Each input is a request body as `kiln serve` receives it, decoded the way the server does
 (python/kiln/serving.py behind KServe's ModelServer), by direct calls:
 
-  mode 0, REST JSON: the body parsed as JSON and validated as KServe's v2 InferenceRequest
-          (FastAPI's step: a failure is a 400 from serving._malformed_request), then KServe's
-          DataPlane.decode;
+  mode 0, REST JSON: decoded as the server's REST front end does for a kiln model
+          (kiln.serving.read_rest_body, decode_rest_request, and when it decodes,
+          encode_rest_response), and also as KServe's app would (the body parsed as JSON and
+          validated as KServe's v2 InferenceRequest, FastAPI's step: a failure is a 400 from
+          serving._malformed_request; then KServe's DataPlane.decode);
   mode 1, REST with the binary-data extension: `Inference-Header-Content-Length: H` and the
-          body (JSON header, then raw tensor bytes) through KServe's DataPlane.decode;
-  mode 2, gRPC: a ModelInferRequest message through KServe's servicer checks and
-          InferRequest.from_grpc;
+          body (JSON header, then raw tensor bytes), both ways as mode 0;
+  mode 2, gRPC: a ModelInferRequest message, decoded as the server's ModelInfer does
+          (kiln.serving.decode_grpc_request on the message itself), and when it decodes, the
+          engine's outputs encoded back (encode_grpc_response, with the outputs it names);
 
-(the data plane set up as serving.make_server sets up its server's), then
-kiln.serving.decode_request against a real engine (CPU backend, two inputs with a dynamic
+(modes 0 and 1 with the data plane set up as serving.make_server sets up its server's, then
+kiln.serving.decode_request) against a real engine (CPU backend, two inputs with a dynamic
 batch, float32 and int64), with and without batching. Every input must either decode into feeds
 that fit the engine or raise one of the errors the server answers with a 4xx (RequestError,
 KServe's InvalidInput, a validation error of the body); any other exception is a finding
@@ -48,6 +51,9 @@ STAND_IN = False  # True: kiln's extension is not importable, StandInEngine is u
 # Set up in setup(): the engine and the decoding entry points.
 ENGINE = None
 _decode_request = None
+_decode_grpc_request = None
+_encode_grpc_response = None
+_read_rest_body = _decode_rest_request = _encode_rest_response = None
 _RequestError = None
 _InvalidInput = None
 _ValidationError = None
@@ -114,6 +120,8 @@ def import_without_extension() -> None:
 
 def setup(workdir: str) -> None:
     global ENGINE, _decode_request, _RequestError, _InvalidInput, _ValidationError
+    global _decode_grpc_request, _encode_grpc_response
+    global _read_rest_body, _decode_rest_request, _encode_rest_response
     global _InferenceRequest, _InferRequest, _DataPlane, _pb, _DecodeError
     import logging
 
@@ -131,6 +139,12 @@ def setup(workdir: str) -> None:
     from kiln.serving import decode_request
 
     ENGINE = make_engine(workdir) if STAND_IN is False else StandInEngine()
+    import kiln.serving as serving
+    _decode_grpc_request = getattr(serving, "decode_grpc_request", None)
+    _encode_grpc_response = getattr(serving, "encode_grpc_response", None)
+    _read_rest_body = getattr(serving, "read_rest_body", None)
+    _decode_rest_request = getattr(serving, "decode_rest_request", None)
+    _encode_rest_response = getattr(serving, "encode_rest_response", None)
     _decode_request, _RequestError, _InvalidInput = decode_request, RequestError, InvalidInput
     _ValidationError, _InferenceRequest, _InferRequest = ValidationError, InferenceRequest, InferRequest
     _DataPlane, _pb, _DecodeError = DataPlane(ModelRepository(workdir)), pb, DecodeError
@@ -169,23 +183,78 @@ def to_payload(data: bytes):
         return payload
     try:  # gRPC: a ModelInferRequest message
         msg = _pb.ModelInferRequest.FromString(rest)
-    except _DecodeError as e:  # refused by gRPC's deserialisation, before KServe
+    except _DecodeError as e:  # refused by gRPC's deserialisation, before the servicer
         raise Refused(e) from None
+    if _decode_grpc_request is not None:
+        return msg  # the server's ModelInfer decodes the message itself
     from kserve.protocol.grpc.servicer import InferenceServicer
     InferenceServicer.validate_grpc_request(msg)
     return _InferRequest.from_grpc(msg)
 
 
 def one_input(data: bytes) -> str:
-    """Decodes one input: "decoded", or "refused" (with a 4xx); raises otherwise."""
+    """Decodes one input every way the server may: "decoded", or "refused" (with a 4xx) when
+    every way refuses it; raises otherwise."""
+    lean = lean_rest(data)
     try:
         payload = to_payload(data)
         for batching in (True, False):
-            feeds = _decode_request(payload, ENGINE, batching)
-            check_feeds(feeds)
+            if isinstance(payload, _pb.ModelInferRequest):
+                feeds = _decode_grpc_request(payload, ENGINE, batching)
+                check_feeds(feeds)
+                check_grpc_response(payload, feeds)
+            else:
+                feeds = _decode_request(payload, ENGINE, batching)
+                check_feeds(feeds)
     except (Refused, _RequestError, _InvalidInput):
+        return "refused" if lean in (None, "refused") else "decoded"
+    return "decoded"
+
+
+def lean_rest(data: bytes):
+    """A mode 0 or 1 input through the server's own REST decoding: "decoded", "refused", or
+    None (another mode, or a kiln without it)."""
+    if not data or data[0] % 3 == 2 or _decode_rest_request is None:
+        return None
+    rest = data[1:]
+    try:
+        if data[0] % 3 == 0:
+            body, header, start = rest, *_read_rest_body(rest, None)
+        else:
+            length, _, body = rest.partition(b"\n")
+            header, start = _read_rest_body(body, length)
+        for batching in (True, False):
+            feeds = _decode_rest_request(header, body, start, ENGINE, batching)
+            check_feeds(feeds)
+            check_rest_response(header, feeds)
+    except _RequestError:
         return "refused"
     return "decoded"
+
+
+def check_rest_response(header, feeds) -> None:
+    """The REST response the server would send, with outputs shaped as the engine's: its JSON
+    part parses and names the outputs asked for; binary ones' sizes add up to the body."""
+    out = {"y": feeds["x"], "z": feeds["ids"]}
+    body, json_length = _encode_rest_response(header, out, MODEL)
+    doc = json.loads(body[:json_length] if json_length is not None else body)
+    sizes = [o["parameters"]["binary_data_size"] for o in doc["outputs"] if "parameters" in o]
+    assert len(body) == (json_length or len(body)) + sum(sizes)
+    for o in doc["outputs"]:
+        assert o["shape"] == list(out[o["name"]].shape)
+        assert "data" in o or "parameters" in o
+
+
+def check_grpc_response(request, feeds) -> None:
+    """The response the server would send for `request`, with outputs shaped as the engine's
+    (y like x, z like ids): the outputs it asks for (unknown names: RequestError), each raw."""
+    out = {"y": feeds["x"], "z": feeds["ids"]}
+    response = _encode_grpc_response(request, out, MODEL)
+    names = [o.name for o in request.outputs] or list(out)
+    assert [o.name for o in response.outputs] == names
+    assert len(response.raw_output_contents) == len(names)
+    for o, raw in zip(response.outputs, response.raw_output_contents):
+        assert list(o.shape) == list(out[o.name].shape) and len(raw) == out[o.name].nbytes
 
 
 def check_feeds(feeds) -> None:
@@ -233,6 +302,8 @@ def seeds() -> list[bytes]:
     m.inputs.add(name="x", datatype="FP32", shape=[2, 3])
     m.inputs.add(name="ids", datatype="INT64", shape=[2, 2])
     m.raw_input_contents.extend([xb, ib])
+    out.append(b"\x02" + m.SerializeToString())
+    m.outputs.add(name="z")
     out.append(b"\x02" + m.SerializeToString())
     return out
 
@@ -318,6 +389,11 @@ def mutate_grpc(rng: random.Random, data: bytes) -> bytes | None:
         del m.inputs[rng.randrange(len(m.inputs))]
     elif op == 6:
         t.parameters[rng.choice(["binary_data_size", "content_type", "x"])].int64_param = rng.choice(DIMS[:8])
+    if rng.random() < 0.1:
+        if m.outputs and rng.random() < 0.5:
+            del m.outputs[rng.randrange(len(m.outputs))]
+        else:
+            m.outputs.add(name=rng.choice(["y", "z", "x", ""]))
     return data[:1] + m.SerializeToString()
 
 

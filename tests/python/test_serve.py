@@ -252,3 +252,214 @@ def test_still_serving_after_bad_requests(server, models_dir):
     want = ort_outputs(models_dir / "small_cnn.onnx", {"input": x})["probabilities"]
     assert rel_l2(got, want) < 1e-5
     assert server["proc"].poll() is None
+
+
+# ---- gRPC ModelInfer's own decoding (serving.decode_grpc_request, encode_grpc_response) --------
+def grpc_stub(server):
+    import grpc
+    from tritonclient.grpc import service_pb2_grpc
+
+    channel = grpc.insecure_channel(server["grpc"])
+    return channel, service_pb2_grpc.GRPCInferenceServiceStub(channel)
+
+
+def grpc_request(model="small_cnn", inputs=(), raw=(), outputs=(), id=""):
+    """A ModelInferRequest: inputs as (name, datatype, shape[, {contents field: values}])."""
+    from tritonclient.grpc import service_pb2
+
+    m = service_pb2.ModelInferRequest(model_name=model, id=id)
+    for spec in inputs:
+        t = m.inputs.add(name=spec[0], datatype=spec[1], shape=list(spec[2]))
+        for field, values in (spec[3] if len(spec) > 3 else {}).items():
+            getattr(t.contents, field).extend(values)
+    m.raw_input_contents.extend(raw)
+    for name in outputs:
+        m.outputs.add(name=name)
+    return m
+
+
+def grpc_call(stub, request):
+    """(status code name, message, response)."""
+    import grpc
+
+    try:
+        return "OK", "", stub.ModelInfer(request, timeout=30)
+    except grpc.RpcError as e:
+        return e.code().name, e.details(), None
+
+
+def raw_outputs(response):
+    dtypes = {"FP32": np.float32, "INT64": np.int64}
+    return {o.name: np.frombuffer(response.raw_output_contents[i], dtypes[o.datatype]).reshape(
+        list(o.shape)) for i, o in enumerate(response.outputs)}
+
+
+def test_grpc_outputs_equal_the_engine_run_directly(server, models_dir):
+    """Raw contents (as Triton's clients send them) and typed contents both give what the engine
+    gives run directly (kiln.load + Context.run), in raw_output_contents; the request's id comes
+    back; a request naming its outputs gets those."""
+    engine = kiln.build(str(models_dir / "small_cnn.onnx"), backend="cpu",
+                        min_shapes={"input": [1, 3, 32, 32]}, opt_shapes={"input": [8, 3, 32, 32]},
+                        max_shapes={"input": [16, 3, 32, 32]})
+    ctx = engine.create_context()
+    channel, stub = grpc_stub(server)
+    with channel:
+        for batch in (1, 3):
+            x = cnn_input(batch, 70 + batch)
+            want = np.asarray(ctx.run({"input": x})["probabilities"])
+            code, msg, r = grpc_call(stub, grpc_request(inputs=[("input", "FP32", x.shape)],
+                                                        raw=[x.tobytes()], id=f"req{batch}"))
+            assert code == "OK", msg
+            assert r.id == f"req{batch}" and r.model_name == "small_cnn"
+            got = raw_outputs(r)
+            assert list(got) == ["probabilities"] and got["probabilities"].shape == want.shape
+            assert rel_l2(got["probabilities"], want) < 1e-6
+            code, msg, r = grpc_call(stub, grpc_request(
+                inputs=[("input", "FP32", x.shape, {"fp32_contents": x.ravel().tolist()})],
+                outputs=["probabilities"]))
+            assert code == "OK", msg
+            assert rel_l2(raw_outputs(r)["probabilities"], want) < 1e-6
+        x = np.random.default_rng(5).standard_normal((2, 64)).astype(np.float32)
+        code, msg, r = grpc_call(stub, grpc_request("mlp", [("x", "FP32", x.shape)], [x.tobytes()]))
+        assert code == "OK", msg
+        assert rel_l2(raw_outputs(r)["y"], ort_outputs(models_dir / "mlp.onnx", {"x": x})["y"]) < 1e-5
+
+
+X1 = np.zeros((1, 3, 32, 32), np.float32)
+
+
+@pytest.mark.parametrize("request_args, code, message", [
+    (dict(inputs=[("input", "FP32", [1, 3, 16, 16])], raw=[X1.tobytes()[:3072 * 4 // 4]]),
+     "INVALID_ARGUMENT", "input 'input': shape [1, 3, 16, 16], the model takes [-1, 3, 32, 32]"),
+    (dict(inputs=[("input", "FP64", [1, 3, 32, 32])], raw=[X1.astype(np.float64).tobytes()]),
+     "INVALID_ARGUMENT", "input 'input': datatype FP64, the model takes FP32"),
+    (dict(inputs=[("image", "FP32", [1, 3, 32, 32])], raw=[X1.tobytes()]),
+     "INVALID_ARGUMENT", "unknown input 'image'"),
+    (dict(inputs=[("input", "FP32", [1, 3, 32, 32])], raw=[X1.tobytes()[:-6]]),
+     "INVALID_ARGUMENT", "input 'input': 12282 bytes of raw_input_contents, shape [1, 3, 32, 32] "
+                         "of FP32 takes 12288"),
+    (dict(inputs=[("input", "FP32", [1, 3, 32, 32])], raw=[X1.tobytes(), b"x"]),
+     "INVALID_ARGUMENT", "1 inputs and 2 raw_input_contents"),
+    (dict(inputs=[("input", "FP32", [1, 3, 32, 32], {"fp32_contents": [0.0]})], raw=[X1.tobytes()]),
+     "INVALID_ARGUMENT", "input 'input': both contents and raw_input_contents"),
+    (dict(inputs=[("input", "FP32", [1, 3, 32, 32], {"fp32_contents": [1.0, 2.0]})]),
+     "INVALID_ARGUMENT", "input 'input': 2 values in contents.fp32_contents, shape [1, 3, 32, 32] "
+                         "takes 3072"),
+    (dict(inputs=[("input", "FP32", [1, 3, 32, 32], {"int_contents": [1] * 3072})]),
+     "INVALID_ARGUMENT", "0 values in contents.fp32_contents"),
+    (dict(inputs=[("input", "FP32", [-1, 3, 32, 32])], raw=[X1.tobytes()]),
+     "INVALID_ARGUMENT", "shape [-1, 3, 32, 32] is not a list of sizes"),
+    (dict(inputs=[("input", "FP32", [2**40, 2**40, 3, 32])], raw=[X1.tobytes()]),
+     "INVALID_ARGUMENT", "bytes of raw_input_contents"),
+    (dict(inputs=[("input", "BYTES", [1])], raw=[b"\x01\x00\x00\x00a"]),
+     "INVALID_ARGUMENT", "datatype BYTES is not one kiln takes"),
+    (dict(inputs=[("input", "FP16", [1, 3, 32, 32])]),
+     "INVALID_ARGUMENT", "FP16 data must come in raw_input_contents"),
+    (dict(inputs=[("input", "INT8", [1, 3, 32, 32], {"int_contents": [300] * 3072})]),
+     "INVALID_ARGUMENT", "input 'input': Python integer 300 out of bounds for int8"),
+    (dict(inputs=[("input", "FP32", [1, 3, 32, 32])] * 2, raw=[X1.tobytes()] * 2),
+     "INVALID_ARGUMENT", "input 'input' given twice"),
+    (dict(inputs=[]), "INVALID_ARGUMENT", "input 'input' is missing"),
+    (dict(inputs=[("input", "FP32", [32, 3, 32, 32])], raw=[np.zeros((32, 3, 32, 32), np.float32).tobytes()]),
+     "INVALID_ARGUMENT", "outside the model's range"),
+    (dict(inputs=[("input", "FP32", [1, 3, 32, 32])], raw=[X1.tobytes()], outputs=["logits"]),
+     "INVALID_ARGUMENT", "unknown output 'logits' (the model's outputs: probabilities)"),
+    (dict(model="nosuch", inputs=[("input", "FP32", [1, 3, 32, 32])], raw=[X1.tobytes()]),
+     "NOT_FOUND", "nosuch"),
+])
+def test_bad_grpc_requests_get_a_client_error_naming_what_is_wrong(server, request_args, code,
+                                                                   message):
+    channel, stub = grpc_stub(server)
+    with channel:
+        got, text, _ = grpc_call(stub, grpc_request(**request_args))
+        assert (got, message in text) == (code, True), text
+        # and the server keeps serving
+        got, text, r = grpc_call(stub, grpc_request(inputs=[("input", "FP32", X1.shape)],
+                                                    raw=[X1.tobytes()]))
+        assert got == "OK", text
+    assert server["proc"].poll() is None
+
+
+# ---- REST infer's own decoding (serving._LeanRest: read_rest_body, decode_rest_request, ...) ----
+def test_rest_outputs_binary_or_json_as_asked(server, models_dir):
+    """Triton's HTTP client asking for binary or JSON outputs, and raw bodies with
+    binary_data_output, nested JSON data and an id, all get what the engine gives."""
+    engine = kiln.load(str(server_repo(server) / "small_cnn.kiln"))
+    ctx = engine.create_context()
+    client = httpclient.InferenceServerClient(server["http"])
+    x = cnn_input(2, 31)
+    want = np.asarray(ctx.run({"input": x})["probabilities"])
+    for binary_in in (True, False):
+        for binary_out in (True, False):
+            inp = httpclient.InferInput("input", list(x.shape), "FP32")
+            inp.set_data_from_numpy(x, binary_data=binary_in)
+            out = httpclient.InferRequestedOutput("probabilities", binary_data=binary_out)
+            got = client.infer("small_cnn", [inp], outputs=[out]).as_numpy("probabilities")
+            assert got.shape == want.shape and rel_l2(got, want) < 1e-6, (binary_in, binary_out)
+    body = json.dumps({"id": "r7", "parameters": {"binary_data_output": True}, "inputs": [
+        {"name": "input", "shape": list(x.shape), "datatype": "FP32", "data": x.tolist()}]}).encode()
+    status, headers, raw = post_raw(server, "/v2/models/small_cnn/infer", body)
+    assert status == 200, raw
+    n = int(headers["inference-header-content-length"])
+    doc = json.loads(raw[:n])
+    assert doc["id"] == "r7" and doc["model_name"] == "small_cnn"
+    assert doc["outputs"] == [{"name": "probabilities", "datatype": "FP32", "shape": [2, 10],
+                               "parameters": {"binary_data_size": 80}}]
+    assert rel_l2(np.frombuffer(raw[n:], np.float32).reshape(2, 10), want) < 1e-6
+
+
+def server_repo(server):
+    """The model repository of the server fixture (its command line's first argument)."""
+    import pathlib
+
+    return pathlib.Path(server["proc"].args[4])
+
+
+def post_raw(server, path, body, headers=None):
+    """(status, lower-cased headers, body bytes) of a POST."""
+    req = urllib.request.Request(f"http://{server['http']}{path}", data=body, method="POST",
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, {k.lower(): v for k, v in r.headers.items()}, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, {k.lower(): v for k, v in e.headers.items()}, e.read()
+
+
+def rest_body(inputs=None, **extra):
+    x = [0.5] * 3072
+    inputs = inputs if inputs is not None else [
+        {"name": "input", "shape": [1, 3, 32, 32], "datatype": "FP32", "data": x}]
+    return json.dumps({"inputs": inputs, **extra}).encode()
+
+
+@pytest.mark.parametrize("body, header_length, message", [
+    (rest_body(outputs=[{"name": "logits"}]), None,
+     "unknown output 'logits' (the model's outputs: probabilities)"),
+    (rest_body(outputs=[{"name": 3}]), None, "unknown output '3'"),
+    (rest_body([{"name": "input", "shape": [1, 3, 32, 32], "datatype": "FP32", "data": [1.0]}]),
+     None, "input 'input': 1 values in data, shape [1, 3, 32, 32] takes 3072"),
+    (rest_body([{"name": "input", "shape": [1, 3, 32, 32], "datatype": "FP32",
+                 "data": [[1.0, 2.0], [3.0]]}]), None, "input 'input': "),
+    (rest_body([{"name": "input", "shape": [1, 3, 32, 32], "datatype": "FP32",
+                 "data": ["a"] * 3072}]), None, "input 'input': could not convert"),
+    (rest_body([{"name": "input", "shape": [1, -3, 32, 32], "datatype": "FP32", "data": [0]}]),
+     None, "shape [1, -3, 32, 32] is not a list of sizes"),
+    (rest_body([{"name": "input", "shape": [1, 3, 32, 32], "datatype": "BYTES", "data": ["a"]}]),
+     None, "datatype BYTES is not one kiln takes"),
+    (rest_body([{"name": "input", "shape": [1, 3, 32, 32], "datatype": "FP32"}]), None,
+     "input 'input' has neither 'data' nor binary_data_size"),
+    (rest_body([{"name": "input", "shape": [1, 3, 32, 32], "datatype": "INT8",
+                 "data": [300] * 3072}]), None, "input 'input': Python integer 300 out of bounds"),
+    (rest_body([[1, 2]]), None, "malformed request: each input must be a JSON object"),
+    (b'{"inputs": 5}', None, "malformed request"),
+    (rest_body(), "100000", "inference-header-content-length 100000 is not within the body"),
+    (rest_body(), "x", "inference-header-content-length x is not within the body"),
+])
+def test_bad_rest_requests_name_what_is_wrong(server, body, header_length, message):
+    headers = {"Inference-Header-Content-Length": header_length} if header_length else {}
+    status, _, text = post_raw(server, "/v2/models/small_cnn/infer", body, headers)
+    assert status == 400, text
+    assert message in json.loads(text)["error"], text
+    status, _, text = post_raw(server, "/v2/models/small_cnn/infer", rest_body())
+    assert status == 200, text

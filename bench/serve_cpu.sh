@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# `kiln serve`'s front end under load, on this machine (no GPU needed): a tiny model on the cpu
+# backend (scripts/models/small_models.py's mlp, input [N,64], dynamic batch 1-64), whose
+# inferences take microseconds, so that what bounds the request rate is the Python front end
+# (decoding, the event loop, encoding), not the engine. Starts `kiln serve` on 127.0.0.1 only,
+# drives it with bench/serve_load.py (Triton's clients, batch-1 requests, every client loop
+# bounded in count and time) at 1, 8, 32 and 128 clients over gRPC and HTTP, and stops it.
+#
+#   PYTHONPATH=build/python bench/serve_cpu.sh [OUT_DIR]
+#
+# Knobs: KILN_SERVE_CLIENTS (1,8,32,128), KILN_SERVE_PROTOCOLS (grpc,http), KILN_LOAD_S (4,
+# seconds measured per row after 1 s of warm-up), KILN_LOAD_PROCS (1: client processes; on a
+# 2-core machine the clients and the server share the cores), KILN_SERVE_ARGS (extra `kiln
+# serve` flags), KILN_SERVE_MODEL (mlp or small_cnn).
+# Outputs in OUT_DIR (default /tmp/kiln-serve-cpu): serve.log, load.json, load.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-/tmp/kiln-serve-cpu}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+MODEL=${KILN_SERVE_MODEL:-mlp}
+CLIENTS=${KILN_SERVE_CLIENTS:-1,8,32,128}
+PROTOCOLS=${KILN_SERVE_PROTOCOLS:-grpc,http}
+LOAD_S=${KILN_LOAD_S:-4}
+PROCS=${KILN_LOAD_PROCS:-1}
+
+python3 - "$OUT" "$MODEL" <<'PY'
+import os, sys
+sys.path.insert(0, "scripts/models")
+import onnx
+import kiln
+import small_models
+
+out, name = sys.argv[1], sys.argv[2]
+os.makedirs(f"{out}/repo", exist_ok=True)
+onnx.save(small_models.MODELS[name](), f"{out}/{name}.onnx")
+inp = {"mlp": ("x", [64]), "small_cnn": ("input", [3, 32, 32])}[name]
+kiln.build(f"{out}/{name}.onnx", backend="cpu", min_shapes={inp[0]: [1] + inp[1]},
+           opt_shapes={inp[0]: [8] + inp[1]}, max_shapes={inp[0]: [64] + inp[1]}
+           ).save(f"{out}/repo/{name}.kiln")
+PY
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+HTTP_PORT=$(free_port)
+GRPC_PORT=$(free_port)
+# shellcheck disable=SC2086
+timeout 1800 python3 -m kiln.cli serve "$OUT/repo" --host 127.0.0.1 --http-port "$HTTP_PORT" \
+  --grpc-port "$GRPC_PORT" ${KILN_SERVE_ARGS:-} >"$OUT/serve.log" 2>&1 &
+SERVER=$!
+trap 'kill "$SERVER" 2>/dev/null || true; wait "$SERVER" 2>/dev/null || true' EXIT
+sleep 1
+SERVER_PID=$(cat "/proc/$SERVER/task/$SERVER/children" 2>/dev/null | awk '{print $1}')  # timeout's child
+rm -f "$OUT/load.md"
+python3 bench/serve_load.py load --model "$MODEL" --http "127.0.0.1:$HTTP_PORT" \
+  --grpc "127.0.0.1:$GRPC_PORT" --protocols "$PROTOCOLS" --clients "$CLIENTS" \
+  --duration "$LOAD_S" --warmup 1 --procs "$PROCS" --max-requests 200000 --server-pid "${SERVER_PID:-0}" \
+  --label "cpu $MODEL" --json "$OUT/load.json" --md "$OUT/load.md"
