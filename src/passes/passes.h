@@ -25,6 +25,7 @@ Expected<bool> unpack_projection_parts(PassContext& ctx);
 Expected<bool> fold_gemm_reshape(PassContext& ctx);
 Expected<bool> fold_patch_conv(PassContext& ctx);
 Expected<bool> fuse_matmul_add(PassContext& ctx);
+Expected<bool> fuse_rotary(PassContext& ctx);
 Expected<bool> fold_attention_heads(PassContext& ctx);
 Expected<bool> pack_qkv(PassContext& ctx);
 Expected<bool> drop_zero_mask(PassContext& ctx);

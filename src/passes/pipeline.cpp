@@ -41,7 +41,8 @@ struct PassEntry {
 //   GlobalAveragePool it is, before any fusion reads either form.
 // - fold_batchnorm before any fusion: BN folds into the weights of a plain Conv/Gemm/MatMul;
 //   once an activation fused in between, it no longer could.
-// - fuse_layernorm, fuse_gelu, fuse_swish and fuse_attention before the generic fusions: they recognise
+// - fuse_layernorm, fuse_gelu, fuse_swish and fuse_attention before the generic fusions: they
+// recognise
 //   composite ops made of MatMul/Add/elementwise pieces that fuse_matmul_add and
 //   fuse_elementwise would otherwise swallow piecemeal. map_onnx_attention beside them: ONNX's
 //   own Attention op becomes the same kiln.Attention layer (its Where/Add for the mask are
@@ -50,6 +51,8 @@ struct PassEntry {
 // - unpack_projection_parts before fold_attention_heads: the parts of a packed QKV projection
 //   taken after one joint head split (timm's reshape/permute/unbind) become each part's own
 //   head split of a Split of the projection, the form fold_attention_heads folds.
+// - fuse_rotary before fold_attention_heads: it moves a rotary embedding applied to the heads in
+//   front of the head split, which then is the plain split fold_attention_heads folds.
 // - fold_attention_heads after fuse_attention (it folds the head split and merge around a
 //   kiln.Attention) and before fold_gemm_reshape: the attention output's merge Reshape is then
 //   the flattening of a [B, S, H*D] tensor, which fold_gemm_reshape folds with the output
@@ -90,6 +93,7 @@ constexpr PassEntry kPipeline[] = {
     {"fuse_attention", 2, passes::fuse_attention},
     {"map_onnx_attention", 2, passes::map_onnx_attention},
     {"unpack_projection_parts", 2, passes::unpack_projection_parts},
+    {"fuse_rotary", 2, passes::fuse_rotary},
     {"fold_attention_heads", 2, passes::fold_attention_heads},
     {"fold_gemm_reshape", 2, passes::fold_gemm_reshape},
     {"fold_patch_conv", 2, passes::fold_patch_conv},

@@ -1,0 +1,211 @@
+// Rotary position embedding as Hugging Face's Llama-family models write it (rotate_half), on the
+// heads of a projection:
+//   x = Transpose(Reshape(q [B, S, H*D], [B, S, H, D]), [0, 2, 1, 3])
+//   y = x * Unsqueeze(cos, 1) + Concat(-x[..., D/2:], x[..., :D/2]) * Unsqueeze(sin, 1)
+//   =>  y = Transpose(Reshape(RotaryEmbedding(q, cos[..., :D/2], sin[..., :D/2], num_heads=H),
+//                              [B, S, H, D]), [0, 2, 1, 3])
+// RotaryEmbedding (opset 23) rotates pairs (x[k], x[k + D/2]) by the angles its caches give; the
+// rotation moves in front of the head split, so fold_attention_heads still sees the plain split
+// of a [B, S, H*D] tensor. cos and sin are [B or 1, S, D] whose two halves are provably equal:
+// each is made from Concat(f, f) on the last axis by elementwise ops of one input (Cos, Sin, Cast,
+// a product by a scalar: HF's attention scaling), so their first halves are the caches. Either
+// operand order of each Mul and the Add; the slices may write their end as D or past it. The
+// cache slices are shared by every layer that reads the same cos and sin.
+#include <algorithm>
+
+#include "passes/passes.h"
+
+namespace kiln::passes {
+namespace {
+
+std::optional<std::vector<int64_t>> const_ints(const Node* n, size_t i) {
+  const Value* v = n->num_inputs() > i ? n->input(i) : nullptr;
+  if (!v) return std::vector<int64_t>{};
+  if (!v->is_constant()) return std::nullopt;
+  return v->constant->to_int64_vector();
+}
+
+// [begin, end) of x's last axis (of length d) that Slice node s takes with step 1, or nullopt.
+std::optional<std::pair<int64_t, int64_t>> last_axis_range(const Node* s, const Value* x,
+                                                           int64_t d) {
+  if (!is_op(s, "Slice") || s->input(0) != x) return std::nullopt;
+  const int64_t r = x->type.rank();
+  const auto starts = const_ints(s, 1), ends = const_ints(s, 2), axes = const_ints(s, 3),
+             steps = const_ints(s, 4);
+  if (!starts || !ends || !axes || !steps || starts->size() != 1 || ends->size() != 1 ||
+      axes->size() != 1)
+    return std::nullopt;
+  if ((*axes)[0] != r - 1 && (*axes)[0] != -1) return std::nullopt;
+  if (!steps->empty() && (steps->size() != 1 || (*steps)[0] != 1)) return std::nullopt;
+  auto clamp = [&](int64_t v) { return std::clamp(v < 0 ? v + d : v, int64_t{0}, d); };
+  return std::make_pair(clamp((*starts)[0]), clamp((*ends)[0]));
+}
+
+// Whether v's last axis is two equal halves: Concat(f, f) on it, through ops that map each
+// element alone (Cos, Sin, Cast, Neg, products and sums with a scalar).
+bool halves_equal(const Value* v, int depth = 0) {
+  const Node* p = v ? v->producer : nullptr;
+  if (!p || depth > 8) return false;
+  if (is_op(p, "Concat")) {
+    const int64_t axis = p->attrs.get_int("axis", 0);
+    return p->num_inputs() == 2 && p->input(0) == p->input(1) && p->input(0) &&
+           (axis == -1 || axis == v->type.rank() - 1);
+  }
+  if (is_op(p, "Cos") || is_op(p, "Sin") || is_op(p, "Cast") || is_op(p, "Neg"))
+    return halves_equal(p->input(0), depth + 1);
+  if ((is_op(p, "Mul") || is_op(p, "Div") || is_op(p, "Add") || is_op(p, "Sub")) &&
+      p->num_inputs() == 2) {
+    if (scalar_const(p->input(1))) return halves_equal(p->input(0), depth + 1);
+    if (scalar_const(p->input(0))) return halves_equal(p->input(1), depth + 1);
+  }
+  return false;
+}
+
+// c when v = Unsqueeze(c, axes [1]) with c rank 3, else nullptr.
+Value* unsqueezed_cache(const Value* v) {
+  const Node* u = v ? v->producer : nullptr;
+  if (!is_op(u, "Unsqueeze") || !u->input(0) || u->input(0)->type.rank() != 3) return nullptr;
+  std::vector<int64_t> axes = u->attrs.get_ints("axes");
+  if (axes.empty()) {
+    const auto a = const_ints(u, 1);
+    if (!a) return nullptr;
+    axes = *a;
+  }
+  return axes.size() == 1 && (axes[0] == 1 || axes[0] == -3) ? u->input(0) : nullptr;
+}
+
+struct FuseRotary {
+  struct Match {
+    Node* add;
+    Node* transpose;  // x's
+    Node* reshape;
+    std::vector<Node*> dead;  // the products, the Concat, the Neg and the slices
+    Value* cos;
+    Value* sin;
+    int64_t heads, head;
+  };
+
+  static std::optional<Match> match(PassContext& ctx, Node& add) {
+    if (!is_op(&add, "Add") || add.num_inputs() != 2 || !add.output(0) ||
+        ctx.g.is_graph_output(add.output(0)))
+      return std::nullopt;
+    // One product is x * cos, the other rotate_half(x) * sin.
+    for (int order = 0; order < 2; ++order) {
+      Node* pc = add.input(order) ? add.input(order)->producer : nullptr;
+      Node* ps = add.input(1 - order) ? add.input(1 - order)->producer : nullptr;
+      if (!is_op(pc, "Mul") || !is_op(ps, "Mul")) continue;
+      for (int i = 0; i < 2; ++i)
+        for (int j = 0; j < 2; ++j)
+          if (auto m = try_match(ctx, add, pc, i, ps, j)) return m;
+    }
+    return std::nullopt;
+  }
+
+  // pc = x (input i) * cos, ps = rot (input j) * sin.
+  static std::optional<Match> try_match(PassContext& ctx, Node& add, Node* pc, int i, Node* ps,
+                                        int j) {
+    Value* x = pc->input(i);
+    Node* cat = ps->input(j) ? ps->input(j)->producer : nullptr;
+    Node* t = x ? x->producer : nullptr;
+    if (!is_op(cat, "Concat") || cat->num_inputs() != 2 || !is_op(t, "Transpose"))
+      return std::nullopt;
+    if (t->attrs.get_ints("perm") != std::vector<int64_t>{0, 2, 1, 3}) return std::nullopt;
+    Node* r = t->input(0) ? t->input(0)->producer : nullptr;
+    const auto split = splits_last_axis(r);
+    if (!split || r->input(0)->type.rank() != 3 || split->second % 2 != 0) return std::nullopt;
+    const int64_t d = split->second, h = d / 2;
+    const int64_t cat_axis = cat->attrs.get_int("axis", 0);
+    if (cat_axis != -1 && cat_axis != 3) return std::nullopt;
+    Node* neg = cat->input(0) ? cat->input(0)->producer : nullptr;
+    if (!is_op(neg, "Neg")) return std::nullopt;
+    const auto hi = last_axis_range(neg->input(0) ? neg->input(0)->producer : nullptr, x, d);
+    const auto lo = last_axis_range(cat->input(1) ? cat->input(1)->producer : nullptr, x, d);
+    if (!hi || !lo || *hi != std::make_pair(h, d) || *lo != std::make_pair(int64_t{0}, h))
+      return std::nullopt;
+    auto reject = [&](const std::string& why) {
+      ctx.note(fmt::format("{}: rotate_half form: {}", add.label(), why));
+      return std::nullopt;
+    };
+    Value* cos = unsqueezed_cache(pc->input(1 - i));
+    Value* sin = unsqueezed_cache(ps->input(1 - j));
+    if (!cos || !sin) return reject("cos or sin is not a [B, S, D] cache unsqueezed at axis 1");
+    if (!halves_equal(cos) || !halves_equal(sin))
+      return reject("cos or sin is not provably two equal halves (Concat(f, f))");
+    const TensorType& xt = x->type;
+    if (!is_float_type(xt.dtype) || cos->type.dtype != xt.dtype || sin->type.dtype != xt.dtype)
+      return reject("x, cos and sin are not of one float type");
+    for (const Node* n : {pc, ps, cat, neg, neg->input(0)->producer, cat->input(1)->producer})
+      if (!single_use(ctx.g, n->output(0)))
+        return reject("an intermediate has another reader or is a graph output");
+    Attributes a;
+    a.set("num_heads", Attribute::Int(split->first));
+    if (!ctx.backend_supports("", "RotaryEmbedding", a, xt.dtype))
+      return reject("the backend has no RotaryEmbedding at this type");
+    std::vector<Node*> dead = {
+        &add, pc, ps, cat, neg, neg->input(0)->producer, cat->input(1)->producer};
+    return Match{&add, t, r, std::move(dead), cos, sin, split->first, d};
+  }
+
+  // cache[..., :half], shared: an earlier layer's slice of the same cache is reused.
+  static Value* first_half(PassContext& ctx, Value* cache, int64_t half, Node* before) {
+    for (const auto& [u, slot] : cache->uses()) {
+      const auto range = last_axis_range(u, cache, 2 * half);
+      if (range && *range == std::make_pair(int64_t{0}, half) && u->origin == ctx.pass &&
+          u->num_inputs() == 4)
+        return u->output(0);
+    }
+    Graph& g = ctx.g;
+    auto ints = [&](const std::string& n, int64_t v) {
+      return g.add_constant(g.unique_name(cache->name + n), Tensor::from<int64_t>({1}, {v}));
+    };
+    const std::string name = g.unique_name(cache->name + "_half");
+    // Right after the cache's producer, so that every layer's rewrite can read it.
+    Node* pos = before;
+    if (cache->producer) {
+      const auto& nodes = g.nodes();
+      auto it = std::find(nodes.begin(), nodes.end(), cache->producer);
+      if (it != nodes.end() && std::next(it) != nodes.end()) pos = *std::next(it);
+    }
+    Node* s = g.insert_node_before(
+        pos, "Slice", name, {cache, ints("_h0", 0), ints("_h1", half), ints("_hax", -1)}, {name});
+    s->origin = ctx.pass;
+    s->onnx_nodes = cache->producer ? cache->producer->onnx_nodes : before->onnx_nodes;
+    return s->output(0);
+  }
+
+  static Status rewrite(PassContext& ctx, const Match& m) {
+    Graph& g = ctx.g;
+    Value* cos = first_half(ctx, m.cos, m.head / 2, m.transpose);
+    Value* sin = first_half(ctx, m.sin, m.head / 2, m.transpose);
+    const std::string base = m.add->name;
+    const std::string rn = g.unique_name(base + "_rotary");
+    Node* rot =
+        g.insert_node_before(m.add, "RotaryEmbedding", rn, {m.reshape->input(0), cos, sin}, {rn});
+    rot->attrs.set("num_heads", Attribute::Int(m.heads));
+    const std::string hn = g.unique_name(base + "_heads");
+    Node* heads =
+        g.insert_node_before(m.add, "Reshape", hn, {rot->output(0), m.reshape->input(1)}, {hn});
+    heads->attrs = m.reshape->attrs;
+    const std::string tn = g.unique_name(base + "_t");
+    Node* t = g.insert_node_before(m.add, "Transpose", tn, {heads->output(0)}, {tn});
+    t->attrs = m.transpose->attrs;
+    for (Node* n : {rot, heads, t}) {
+      n->origin = ctx.pass;
+      n->onnx_nodes = m.add->onnx_nodes;
+    }
+    g.replace_all_uses(m.add->output(0), t->output(0));
+    for (Node* n : m.dead)  // consumers before producers
+      KILN_RETURN_IF_ERROR(g.remove_node(n, /*force=*/true));
+    for (Node* n : {m.transpose, m.reshape})  // the old head split, unless read elsewhere
+      if (n->output(0)->uses().empty() && !g.is_graph_output(n->output(0)))
+        KILN_RETURN_IF_ERROR(g.remove_node(n, /*force=*/true));
+    g.remove_dead_values();
+    return Status::Ok();
+  }
+};
+
+}  // namespace
+
+Expected<bool> fuse_rotary(PassContext& ctx) { return apply_pattern<FuseRotary>(ctx); }
+
+}  // namespace kiln::passes
