@@ -105,6 +105,22 @@ _CONTENTS_FIELD = {"BOOL": "bool_contents", "UINT8": "uint_contents", "UINT16": 
                    "INT64": "int64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents"}
 
 
+def _element_count(name: str, shape: list, itemsize: int) -> int:
+    """The number of elements of a request's shape (sizes >= 0, checked by the caller);
+    RequestError when NumPy could not hold it: it refuses a shape whose nonzero sizes times the
+    element size pass int64, even with zero elements."""
+    count, nonzero = 1, itemsize
+    for d in shape:
+        count *= d
+        nonzero *= max(d, 1)
+    if nonzero > _MAX_BYTES:
+        raise RequestError(f"input '{name}': shape {shape} is too large")
+    return count
+
+
+_MAX_BYTES = int(np.iinfo(np.intp).max)
+
+
 def decode_grpc_request(request, engine: Engine, batching: bool) -> dict[str, np.ndarray]:
     """The input arrays of a gRPC ModelInferRequest (the protobuf message itself, not KServe's
     InferRequest made of it), checked against the engine; RequestError says what does not fit.
@@ -126,9 +142,7 @@ def decode_grpc_request(request, engine: Engine, batching: bool) -> dict[str, np
         shape = list(t.shape)
         if any(d < 0 for d in shape):
             raise RequestError(f"input '{name}': shape {shape} is not a list of sizes")
-        count = 1
-        for d in shape:
-            count *= d
+        count = _element_count(name, shape, dtype.itemsize)
         if n_raw:
             if t.HasField("contents"):
                 raise RequestError(f"input '{name}': both contents and raw_input_contents given")
@@ -197,9 +211,7 @@ def decode_rest_request(header, body: bytes, start: int, engine: Engine,
             raise RequestError(f"input '{name}' given twice")
         if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
             raise RequestError(f"input '{name}': shape {shape} is not a list of sizes")
-        count = 1
-        for d in shape:
-            count *= d
+        count = _element_count(name, shape, dtype.itemsize)
         params = t.get("parameters")
         size = params.get("binary_data_size") if isinstance(params, dict) else None
         data = t.get("data")

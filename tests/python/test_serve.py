@@ -349,8 +349,12 @@ X1 = np.zeros((1, 3, 32, 32), np.float32)
      "INVALID_ARGUMENT", "0 values in contents.fp32_contents"),
     (dict(inputs=[("input", "FP32", [-1, 3, 32, 32])], raw=[X1.tobytes()]),
      "INVALID_ARGUMENT", "shape [-1, 3, 32, 32] is not a list of sizes"),
-    (dict(inputs=[("input", "FP32", [2**40, 2**40, 3, 32])], raw=[X1.tobytes()]),
+    (dict(inputs=[("input", "FP32", [2**20, 2**20, 3, 32])], raw=[X1.tobytes()]),
      "INVALID_ARGUMENT", "bytes of raw_input_contents"),
+    (dict(inputs=[("input", "FP32", [2**62, 9, 0])], raw=[b""]),  # no elements, yet no array
+     "INVALID_ARGUMENT", "input 'input': shape [4611686018427387904, 9, 0] is too large"),
+    (dict(inputs=[("input", "FP32", [2**61, 3, 0])], raw=[b""]),  # its bytes past int64
+     "INVALID_ARGUMENT", "input 'input': shape [2305843009213693952, 3, 0] is too large"),
     (dict(inputs=[("input", "BYTES", [1])], raw=[b"\x01\x00\x00\x00a"]),
      "INVALID_ARGUMENT", "datatype BYTES is not one kiln takes"),
     (dict(inputs=[("input", "FP16", [1, 3, 32, 32])]),
@@ -445,6 +449,8 @@ def rest_body(inputs=None, **extra):
                  "data": ["a"] * 3072}]), None, "input 'input': could not convert"),
     (rest_body([{"name": "input", "shape": [1, -3, 32, 32], "datatype": "FP32", "data": [0]}]),
      None, "shape [1, -3, 32, 32] is not a list of sizes"),
+    (rest_body([{"name": "input", "shape": [2**62, 9, 0], "datatype": "FP32", "data": []}]),
+     None, "input 'input': shape [4611686018427387904, 9, 0] is too large"),
     (rest_body([{"name": "input", "shape": [1, 3, 32, 32], "datatype": "BYTES", "data": ["a"]}]),
      None, "datatype BYTES is not one kiln takes"),
     (rest_body([{"name": "input", "shape": [1, 3, 32, 32], "datatype": "FP32"}]), None,
