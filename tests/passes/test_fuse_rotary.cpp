@@ -46,8 +46,11 @@ TEST(FuseRotary, RotateHalfOnHeadsBecomesOneRotaryEmbedding) {
   EXPECT_EQ(count(*opt, "RotaryEmbedding"), 2);
   EXPECT_EQ(count(*opt, "Neg"), 0);
   EXPECT_EQ(count(*opt, "Slice"), 2);  // each cache's first half, shared by q and k
-  for (const Node* n : opt->nodes())
-    if (n->op_type == "RotaryEmbedding") EXPECT_EQ(n->attrs.get_int("num_heads", 0), kH);
+  for (const Node* n : opt->nodes()) {
+    if (n->op_type == "RotaryEmbedding") {
+      EXPECT_EQ(n->attrs.get_int("num_heads", 0), kH);
+    }
+  }
 }
 
 TEST(FuseRotary, CachesWithoutEqualHalvesStay) {
