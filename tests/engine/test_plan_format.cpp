@@ -530,14 +530,14 @@ std::vector<uint8_t> with_meta(const std::vector<uint8_t>& image,
   const uint8_t* p = image.data();
   const uint64_t g_off = load_u64(p + kOffGraph), g_size = load_u64(p + kOffGraph + 8);
   const uint64_t w_off = load_u64(p + kOffWeights), w_size = load_u64(p + kOffWeights + 8);
-  std::vector<uint8_t> out(p, p + kHeaderSize);
-  out.insert(out.end(), meta.begin(), meta.end());
-  const uint64_t new_g = out.size();
-  out.insert(out.end(), p + g_off, p + g_off + g_size);
-  out.resize((out.size() + 63) / 64 * 64);
-  const uint64_t new_w = out.size();
-  out.insert(out.end(), p + w_off, p + w_off + w_size);
-  out.resize(out.size() + kTrailerSize);
+  // Sized first, then copied into (GCC 12 misjudges vector::insert here: -Warray-bounds).
+  const uint64_t new_g = kHeaderSize + meta.size();
+  const uint64_t new_w = (new_g + g_size + 63) / 64 * 64;
+  std::vector<uint8_t> out(new_w + w_size + kTrailerSize);
+  std::copy(p, p + kHeaderSize, out.begin());
+  std::copy(meta.begin(), meta.end(), out.begin() + kHeaderSize);
+  std::copy(p + g_off, p + g_off + g_size, out.begin() + static_cast<int64_t>(new_g));
+  std::copy(p + w_off, p + w_off + w_size, out.begin() + static_cast<int64_t>(new_w));
   store_u64(out.data() + kOffFileSize, out.size());
   store_u64(out.data() + kOffMeta + 8, meta.size());
   store_u64(out.data() + kOffGraph, new_g);

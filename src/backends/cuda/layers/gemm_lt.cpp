@@ -94,7 +94,7 @@ bool lt_supports(const LayerDesc& d, std::string* why) {
 
 std::vector<std::string> lt_variants(const LayerDesc&) {
   std::vector<std::string> v;
-  for (int r = 0; r < kRanks; ++r) v.push_back("h" + std::to_string(r));
+  for (int r = 0; r < kRanks; ++r) v.push_back(fmt::format("h{}", r));
   return v;
 }
 
