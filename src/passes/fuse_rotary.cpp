@@ -18,27 +18,15 @@
 namespace kiln::passes {
 namespace {
 
-std::optional<std::vector<int64_t>> const_ints(const Node* n, size_t i) {
-  const Value* v = n->num_inputs() > i ? n->input(i) : nullptr;
-  if (!v) return std::vector<int64_t>{};
-  if (!v->is_constant()) return std::nullopt;
-  return v->constant->to_int64_vector();
-}
-
 // [begin, end) of x's last axis (of length d) that Slice node s takes with step 1, or nullopt.
 std::optional<std::pair<int64_t, int64_t>> last_axis_range(const Node* s, const Value* x,
                                                            int64_t d) {
-  if (!is_op(s, "Slice") || s->input(0) != x) return std::nullopt;
+  if (!s || s->input(0) != x) return std::nullopt;
   const int64_t r = x->type.rank();
-  const auto starts = const_ints(s, 1), ends = const_ints(s, 2), axes = const_ints(s, 3),
-             steps = const_ints(s, 4);
-  if (!starts || !ends || !axes || !steps || starts->size() != 1 || ends->size() != 1 ||
-      axes->size() != 1)
-    return std::nullopt;
-  if ((*axes)[0] != r - 1 && (*axes)[0] != -1) return std::nullopt;
-  if (!steps->empty() && (steps->size() != 1 || (*steps)[0] != 1)) return std::nullopt;
+  const auto sl = axis_slice(s, r);
+  if (!sl || sl->axis != r - 1 || sl->step != 1) return std::nullopt;
   auto clamp = [&](int64_t v) { return std::clamp(v < 0 ? v + d : v, int64_t{0}, d); };
-  return std::make_pair(clamp((*starts)[0]), clamp((*ends)[0]));
+  return std::make_pair(clamp(sl->start), clamp(sl->end));
 }
 
 // Whether v's last axis is two equal halves: Concat(f, f) on it, through ops that map each
@@ -67,9 +55,9 @@ Value* unsqueezed_cache(const Value* v) {
   if (!is_op(u, "Unsqueeze") || !u->input(0) || u->input(0)->type.rank() != 3) return nullptr;
   std::vector<int64_t> axes = u->attrs.get_ints("axes");
   if (axes.empty()) {
-    const auto a = const_ints(u, 1);
-    if (!a) return nullptr;
-    axes = *a;
+    const Value* a = u->num_inputs() > 1 ? u->input(1) : nullptr;
+    if (!a || !a->is_constant()) return nullptr;
+    axes = a->constant->to_int64_vector();
   }
   return axes.size() == 1 && (axes[0] == 1 || axes[0] == -3) ? u->input(0) : nullptr;
 }

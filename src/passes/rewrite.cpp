@@ -170,6 +170,23 @@ void merge_onnx_nodes(Node& to, const Node& from) {
 }
 
 // The ReduceMean's axes as positive numbers, when it keeps dims and they are the trailing axes.
+std::optional<AxisSlice> axis_slice(const Node* s, int64_t rank) {
+  if (!is_op(s, "Slice")) return std::nullopt;
+  auto ints = [&](size_t i) -> std::optional<std::vector<int64_t>> {
+    const Value* v = s->num_inputs() > i ? s->input(i) : nullptr;
+    if (!v) return std::vector<int64_t>{};
+    if (!v->is_constant()) return std::nullopt;
+    return v->constant->to_int64_vector();
+  };
+  const auto starts = ints(1), ends = ints(2), axes = ints(3), steps = ints(4);
+  if (!starts || !ends || !axes || !steps || starts->size() != 1 || ends->size() != 1 ||
+      axes->size() > 1 || steps->size() > 1)
+    return std::nullopt;
+  int64_t axis = axes->empty() ? 0 : (*axes)[0];
+  if (axis < 0) axis += rank;
+  return AxisSlice{axis, (*starts)[0], (*ends)[0], steps->empty() ? 1 : (*steps)[0]};
+}
+
 std::optional<std::vector<int64_t>> trailing_axes(const Node* rm, int64_t rank) {
   if (!is_op(rm, "ReduceMean") || rank < 1 || rm->attrs.get_int("keepdims", 1) != 1)
     return std::nullopt;

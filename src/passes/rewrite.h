@@ -98,6 +98,12 @@ Value* other_input(const Node* n, const Value* v);
 Value* operand_besides_const(const Node* n, const char* op_type, double c,
                              std::optional<bool> c_first = std::nullopt);
 
+// A Slice of one axis with constant inputs: its axis (normalised for `rank`; axis 0 where axes is
+// absent), and its start, end and step as written (step 1 where absent). nullopt otherwise.
+struct AxisSlice {
+  int64_t axis, start, end, step;
+};
+std::optional<AxisSlice> axis_slice(const Node* s, int64_t rank);
 // ReduceMean's axes as positive numbers, when it keeps dims and reduces exactly the trailing
 // axes of a rank-`rank` input (axes from the attribute or a constant input).
 std::optional<std::vector<int64_t>> trailing_axes(const Node* rm, int64_t rank);

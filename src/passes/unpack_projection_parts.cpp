@@ -43,21 +43,12 @@ std::optional<Part> selection(const Graph& g, const Value* t, Node* user, int64_
     return std::nullopt;
   }
   if (is_op(user, "Slice") && user->input(0) == t) {
-    auto cvec = [&](size_t i) -> std::optional<std::vector<int64_t>> {
-      const Value* v = user->num_inputs() > i ? user->input(i) : nullptr;
-      if (!v) return std::vector<int64_t>{};
-      if (!v->is_constant()) return std::nullopt;
-      return v->constant->to_int64_vector();
-    };
-    const auto starts = cvec(1), ends = cvec(2), axes = cvec(3), steps = cvec(4);
-    if (!starts || !ends || !axes || !steps || starts->size() != 1 || ends->size() != 1)
+    const auto sl = axis_slice(user, rank);
+    if (!sl || sl->axis != a || sl->step != 1 || sl->end != sl->start + 1 || sl->start < 0)
       return std::nullopt;
-    if (axes->size() == 1 ? norm((*axes)[0], rank) != a : a != 0) return std::nullopt;
-    if (!steps->empty() && (*steps)[0] != 1) return std::nullopt;
-    if ((*ends)[0] != (*starts)[0] + 1 || (*starts)[0] < 0) return std::nullopt;
     Node* sq = sole_consumer(g, user->output(0));
     if (!squeezes_a(sq, user->output(0))) return std::nullopt;
-    return Part{(*starts)[0], {user, sq}};
+    return Part{sl->start, {user, sq}};
   }
   return std::nullopt;
 }
