@@ -157,6 +157,19 @@ void pool_cases(std::vector<OpCase>& v) {
                             {"count_include_pad", inc}}),
                      {in({1, 2, 7, 5, 6})}, {"fp32", "fp16"}));
   }
+  // Channels a multiple of 16 bytes: the vectorised NHWC kernel (nhwc16), e.g. NFNet's and
+  // ResNet-D's 2x2 stride-2 shortcut pool with ceil_mode, and a padded 3x3 counting the padding.
+  v.push_back(make_case("avgpool_vec_2x2_s2_ceil", "AveragePool",
+                        attrs({{"kernel_shape", k({2, 2})},
+                               {"strides", k({2, 2})},
+                               {"ceil_mode", Attribute::Int(1)},
+                               {"count_include_pad", Attribute::Int(0)}}),
+                        {in({2, 16, 9, 11})}, kPoolModes));
+  v.push_back(make_case("avgpool_vec_3x3_p1_incl", "AveragePool",
+                        attrs({{"kernel_shape", k({3, 3})},
+                               {"pads", k({1, 1, 1, 1})},
+                               {"count_include_pad", Attribute::Int(1)}}),
+                        {in({1, 24, 7, 6})}, kPoolModes));
   v.push_back(make_case("avgpool_float64", "AveragePool",
                    attrs({{"kernel_shape", k({2, 2})}, {"strides", k({2, 2})}, {"ceil_mode", Attribute::Int(1)}}),
                    {in({2, 3, 7, 7}, DataType::kFloat64)}, kExact));
