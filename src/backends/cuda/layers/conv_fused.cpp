@@ -30,7 +30,12 @@ bool describe_problem(const LayerDesc& d, cuda::ConvProblem* p, std::string* why
   if (p->shape.groups > 1 && d.in_const(1)->shape().size() == 4 && d.in_const(1)->shape()[1] == 1)
     return *why = "depthwise (kiln.dwconv and cudnn.conv take it)", false;
   const bool bias = n.input(2) != nullptr, residual = n.input(3) != nullptr;
-  if (!bias) return *why = "no bias", false;
+  if (!bias) {  // a plain convolution (FastViT's, NFNet's grouped ones): no epilogue at all
+    if (residual || !n.attrs.get_string("activation", "").empty())
+      return *why = "an epilogue without a bias", false;
+    p->epilogue = cuda::Epilogue::kNone;
+    return true;
+  }
   if (residual && d.in_type(3).dims != d.out_type(0).dims)
     return *why = "broadcast residual", false;
   // ReLU6 (Clip to [0, hi]) is a clipped ReLU in cuDNN's graph, but not after a residual add.
@@ -83,7 +88,8 @@ class FusedConvLayer final : public Layer {
 
   Status run(const RunContext& rc, std::span<const DeviceTensor> in,
              std::span<const DeviceTensor> out) override {
-    return run_library_conv(current_, in[2].data, rc, in, out);
+    return run_library_conv(current_, in.size() > 2 && in[2].present() ? in[2].data : nullptr, rc,
+                            in, out);
   }
 
  private:
@@ -108,6 +114,7 @@ bool cublaslt_conv_supports(const LayerDesc& d, std::string* why) {
       p.shape.pad != 0)
     return *why = "not a 1x1 stride-1 convolution", false;
   if (p.relu_clip > 0) return *why = "cuBLASLt has no clipped ReLU epilogue", false;
+  if (p.epilogue == cuda::Epilogue::kNone) return *why = "no bias", false;
   return cuda::plain_problem(p, why);
 }
 
