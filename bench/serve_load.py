@@ -17,7 +17,11 @@ to a server on this machine only (127.0.0.1 / [::1] / localhost).
         every --sample-every seconds into a CSV and a PNG plot (matplotlib).
 
 Clients run as threads in --procs processes (spawned; the GIL of one process would be the
-bottleneck at 128 clients). Results go to --json (and a Markdown table on stdout / --md).
+bottleneck at 128 clients), each client on its own connection: gRPC's clients in one process
+would otherwise share one (grpc's global subchannel pool), which `kiln serve --workers` (the
+kernel spreads connections over the workers) could not spread (--grpc-shared-connection: as
+before). --server-pid counts the server's worker processes too (its process tree). Results go
+to --json (and a Markdown table on stdout / --md).
 The driver on the GPU machine is bench/serve_gpu.sh.
 """
 from __future__ import annotations
@@ -120,7 +124,7 @@ _METRIC = re.compile(r'^(kiln_[a-z_]+)\{([^}]*)\}\s+([0-9.eE+-]+)$')
 def scrape(http: str, model: str) -> dict:
     """kiln's counters for `model`: {name: value} and {name: {label: value}} for the
     per-batch and per-device families."""
-    out: dict = {"batch": {}, "device": {}}
+    out: dict = {"batch": {}, "device": {}, "worker": {}}
     try:
         text = http_get(http, "/metrics")
     except Exception:  # noqa: BLE001 - metrics are optional for the numbers
@@ -137,6 +141,8 @@ def scrape(http: str, model: str) -> dict:
             out["batch"][int(labels["batch"])] = value
         elif name == "kiln_device_inferences_total":
             out["device"][labels["device"]] = value
+        elif name == "kiln_worker_requests_total":  # kiln serve --workers
+            out["worker"][labels["worker"]] = value
         else:
             out[name] = value
     return out
@@ -150,20 +156,41 @@ def formed(before: dict, after: dict) -> dict:
     per_batch = {b: n - before["batch"].get(b, 0.0) for b, n in after["batch"].items()}
     per_batch = {b: int(n) for b, n in sorted(per_batch.items()) if n > 0}
     per_device = {k: int(v - before["device"].get(k, 0.0)) for k, v in after["device"].items()}
+    per_worker = {k: int(v - before.get("worker", {}).get(k, 0.0))
+                  for k, v in sorted(after.get("worker", {}).items())}
     mode = max(per_batch, key=lambda b: b * per_batch[b]) if per_batch else None
     return {"inferences": int(inf), "formed_batch_mean": round(samples / inf, 2) if inf else None,
             "padded_samples": int(d("kiln_padded_samples_total")), "run_batch_mode": mode,
-            "per_batch": per_batch, "per_device": per_device}
+            "requests_served": int(d("kiln_requests_total")),
+            "per_batch": per_batch, "per_device": per_device, "per_worker": per_worker}
 
 
 # ---- clients ----------------------------------------------------------------------------------
-def _client(proto: str, addr: str):
+def _client(proto: str, addr: str, shared_connection: bool = False):
+    """A Triton client on its own connection (HTTP: always; gRPC: unless `shared_connection`,
+    where the clients of a process share one, as grpc does by default)."""
     if proto == "grpc":
         import tritonclient.grpc as mod
+
+        kwargs = {} if shared_connection else {"channel_args": grpc_channel_args(mod)}
     else:
         import tritonclient.http as mod
-    kwargs = {} if proto == "grpc" else {"connection_timeout": 120.0, "network_timeout": 120.0}
+
+        kwargs = {"connection_timeout": 120.0, "network_timeout": 120.0}
     return mod, mod.InferenceServerClient(addr, **kwargs)
+
+
+def grpc_channel_args(mod) -> list:
+    """tritonclient.grpc's default channel arguments, and a subchannel pool of the channel's
+    own, so that it opens its own connection instead of sharing the process's one."""
+    k = mod.KeepAliveOptions()
+    return [("grpc.max_send_message_length", mod.MAX_GRPC_MESSAGE_SIZE),
+            ("grpc.max_receive_message_length", mod.MAX_GRPC_MESSAGE_SIZE),
+            ("grpc.keepalive_time_ms", k.keepalive_time_ms),
+            ("grpc.keepalive_timeout_ms", k.keepalive_timeout_ms),
+            ("grpc.keepalive_permit_without_calls", k.keepalive_permit_without_calls),
+            ("grpc.http2.max_pings_without_data", k.http2_max_pings_without_data),
+            ("grpc.use_local_subchannel_pool", 1)]
 
 
 def _infer(mod, client, model, feeds, dtypes=None, timeout=None):
@@ -334,7 +361,8 @@ def worker(args, index, threads, barrier, results):
     clients = []
     for t in range(threads):
         proto = protos[(index * threads + t) % len(protos)]
-        clients.append((proto, *_client(proto, args[proto])))
+        clients.append((proto, *_client(proto, args[proto], args.get("grpc_shared_connection",
+                                                                    False))))
     barrier.wait()
     start = time.perf_counter()
     measure_from = start + args["warmup"]
@@ -493,19 +521,55 @@ def base_args(a, mode: str, specs) -> dict:
     return {"mode": mode, "model": a.model, "http": a.http, "grpc": a.grpc, "specs": specs,
             "protocols": a.protocols, "int_high": a.int_high, "warmup": a.warmup,
             "duration": a.duration, "max_requests": a.max_requests, "tolerance": a.tolerance,
-            "bad_rate": a.bad_rate}
+            "bad_rate": a.bad_rate, "grpc_shared_connection": a.grpc_shared_connection}
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and its descendants alive now (kiln serve --workers: the supervisor and its
+    workers)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo.extend(int(c) for c in f.read().split())
+        except (OSError, ValueError):
+            pass
+    return out
 
 
 def cpu_seconds(pid: int):
-    """User + system CPU seconds of process `pid` so far (None without one)."""
+    """User + system CPU seconds so far of process `pid` and its descendants alive (None
+    without one): a worker that exits in between takes its seconds with it."""
     if not pid:
         return None
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
+    total, seen = 0.0, False
+    for p in process_tree(pid):
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            seen = True
+        except (OSError, ValueError, IndexError):
+            pass
+    return total if seen else None
+
+
+def rss_mb(pid: int):
+    """Resident memory of process `pid` and its descendants (MB), or None."""
+    total, seen = 0.0, False
+    for p in process_tree(pid):
+        try:
+            with open(f"/proc/{p}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1]) / 1024.0
+                        seen = True
+        except OSError:
+            pass
+    return total if seen else None
 
 
 def load_mode(a, specs) -> dict:
@@ -518,9 +582,12 @@ def load_mode(a, specs) -> dict:
             cpu1, t1 = cpu_seconds(a.server_pid), time.perf_counter()
             after = scrape(a.http, a.model)
             f = formed(before, after)
-            # The server's CPU use over the run (warm-up and client start included), in cores.
-            f["server_cores"] = (round((cpu1 - cpu0) / (t1 - t0), 2)
-                                 if cpu0 is not None and cpu1 is not None else None)
+            # The server's CPU use over the run (warm-up and client start included), in cores,
+            # and per request it took in that time (its /metrics).
+            have_cpu = cpu0 is not None and cpu1 is not None
+            f["server_cores"] = round((cpu1 - cpu0) / (t1 - t0), 2) if have_cpu else None
+            f["server_cpu_us_per_request"] = (round((cpu1 - cpu0) / f["requests_served"] * 1e6)
+                                              if have_cpu and f["requests_served"] else None)
             lat = r["latencies"]
             row = {"label": a.label, "model": a.model, "protocol": proto, "clients": n,
                    "requests": r["ok"], "errors": r["errors"], "error_samples": r["error_samples"][:3],
@@ -531,8 +598,10 @@ def load_mode(a, specs) -> dict:
             print(f"  {a.label} {a.model} {proto} {n:4d} clients: {row['throughput_per_s']} req/s, "
                   f"p50 {fmt(row['p50_ms'])} ms, p99 {fmt(row['p99_ms'])} ms, batch "
                   f"{row['formed_batch_mean']} (runs at {row['run_batch_mode']}), server CPU "
-                  f"{row['server_cores']} cores, devices "
-                  f"{row['per_device']}, errors {r['errors'] or 0}", flush=True)
+                  f"{row['server_cores']} cores, {row['server_cpu_us_per_request']} us/request, "
+                  f"devices {row['per_device']}"
+                  f"{', workers ' + str(row['per_worker']) if row['per_worker'] else ''}, errors "
+                  f"{r['errors'] or 0}", flush=True)
     bench = kiln_bench(a.kiln, a.engine, [r["run_batch_mode"] for r in rows if r["run_batch_mode"]],
                        specs, a.bench_duration)
     for r in rows:
@@ -551,14 +620,17 @@ def fmt(x, nd=2):
 
 def table(rows) -> str:
     lines = ["| setup | model | protocol | clients | req/s | p50 ms | p99 ms | batch formed (mean; runs at) "
-             "| kiln bench at that batch, samples/s | server / bench | server CPU (cores) | errors |",
-             "|---|---|---|---:|---:|---:|---:|---|---:|---:|---:|---|"]
+             "| kiln bench at that batch, samples/s | server / bench | server CPU (cores) "
+             "| server CPU µs/request | requests per worker | errors |",
+             "|---|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---|---|"]
     for r in rows:
         lines.append(
             f"| {r['label']} | {r['model']} | {r['protocol']} | {r['clients']} | "
             f"{fmt(r['throughput_per_s'], 1)} | {fmt(r['p50_ms'])} | {fmt(r['p99_ms'])} | "
             f"{r['formed_batch_mean']}; {r['run_batch_mode']} | {fmt(r['bench_throughput_per_s'], 0)} | "
             f"{fmt(r['server_over_bench'], 3)} | {fmt(r.get('server_cores'))} | "
+            f"{fmt(r.get('server_cpu_us_per_request'), 0)} | "
+            f"{' / '.join(str(n) for n in (r.get('per_worker') or {}).values()) or '-'} | "
             f"{sum(r['errors'].values()) if r['errors'] else 0} |")
     return "\n".join(lines)
 
@@ -577,13 +649,7 @@ class Sampler(threading.Thread):
     def sample(self, t0):
         row = {"t_s": round(time.time() - t0, 2), "rss_mb": None, "gpu_used_mb": None}
         if self.pid:
-            try:
-                with open(f"/proc/{self.pid}/status") as f:
-                    for line in f:
-                        if line.startswith("VmRSS:"):
-                            row["rss_mb"] = int(line.split()[1]) / 1024.0
-            except OSError:
-                pass
+            row["rss_mb"] = rss_mb(self.pid)
         if self.smi:
             try:
                 p = subprocess.run([self.smi, "--query-gpu=index,memory.used",
@@ -739,7 +805,11 @@ def parse(argv=None):
     p.add_argument("--references", type=int, default=8, help="soak: distinct inputs")
     p.add_argument("--reference-device", type=int, default=0)
     p.add_argument("--server-pid", type=int, default=0,
-                   help="the server's process: soak samples its RSS, load reports its CPU use")
+                   help="the server's process: soak samples its RSS, load reports its CPU use "
+                        "(with its descendants: kiln serve --workers' worker processes)")
+    p.add_argument("--grpc-shared-connection", action="store_true",
+                   help="the gRPC clients of one process share one connection (grpc's default, "
+                        "and this tool's before kiln serve --workers), instead of one each")
     p.add_argument("--sample-every", type=float, default=5.0)
     p.add_argument("--settle", type=float, default=60.0, help="soak: memory must be flat after this")
     p.add_argument("--ready-timeout", type=float, default=120.0)

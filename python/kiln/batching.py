@@ -82,6 +82,10 @@ class Stats:
     per_batch: dict = field(default_factory=dict)      # samples per inference (padded) -> count
     per_device: dict = field(default_factory=dict)     # device label -> inferences
 
+    def took_request(self) -> None:
+        """One request taken."""
+        self.requests += 1
+
     def count(self, batches: list[int], run_batch: Optional[int] = None,
               device: str = "0") -> None:
         """One inference of len(batches) requests with these batch sizes, run at `run_batch`
@@ -193,11 +197,14 @@ class Batcher:
     `pad_sizes` (sorted batch sizes, the largest max_batch): a joined batch runs at the smallest
     of them that holds it, the rows past it repeating its first; the engine then sees a few
     shapes, each replayed as a CUDA graph (the executor keeps the graphs of several shapes,
-    KILN_GRAPH_SHAPES), where unpadded batches take every size from 1 to max_batch."""
+    KILN_GRAPH_SHAPES), where unpadded batches take every size from 1 to max_batch.
+
+    `stats`: where the counters go (default a new Stats; `kiln serve --workers` passes one that
+    also counts into files that /metrics sums over the worker processes)."""
 
     def __init__(self, engine: Union[Engine, Sequence[Engine]], contexts: int = 2,
                  max_batch: Optional[int] = None, max_delay_s: float = 0.002,
-                 pad_sizes: Optional[Sequence[int]] = None):
+                 pad_sizes: Optional[Sequence[int]] = None, stats: Optional[Stats] = None):
         engines = list(engine) if isinstance(engine, (list, tuple)) else [engine]
         self.engine = engines[0]
         self.engines = engines
@@ -205,7 +212,7 @@ class Batcher:
         self.max_delay_s = max_delay_s
         self.pad_sizes = sorted({min(b, self.max_batch) for b in pad_sizes}) if (
             pad_sizes and self.max_batch > 1) else []
-        self.stats = Stats()
+        self.stats = stats if stats is not None else Stats()
         self.devices = [device_label(e, i) for i, e in enumerate(engines)]
         self._pool: queue.SimpleQueue = queue.SimpleQueue()
         self._contexts = []
@@ -256,7 +263,7 @@ class Batcher:
 
     async def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Runs one request (checked by check_request), batched with others where it can be."""
-        self.stats.requests += 1
+        self.stats.took_request()
         batch = next(iter(feeds.values())).shape[0] if feeds and self.max_batch > 1 else 0
         if not batch or batch >= self.max_batch:
             return (await self._execute([feeds], [batch or 1]))[0]

@@ -13,12 +13,16 @@ Inference requests for kiln models skip KServe's generic conversion: gRPC ModelI
 protobuf message itself (decode_grpc_request, encode_grpc_response) and REST POST
 /v2/models/NAME/infer is answered in front of FastAPI (_LeanRest: read_rest_body,
 decode_rest_request, encode_rest_response); the rest of the protocol is KServe's.
+
+`--workers N` runs N such servers as processes on the same ports, under the one started
+(kiln.serve_workers).
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import functools
+import importlib.util
 import logging
 import os
 import sys
@@ -94,6 +98,10 @@ def encode_response(payload, out: dict[str, np.ndarray], model_name: str):
                          infer_outputs=outputs, use_binary_outputs=payload.use_binary_outputs)
 
 
+# What a worker of `kiln serve --workers` answers to the repository extension's load and unload,
+# which would change that worker's models only.
+REPOSITORY_FIXED = ("kiln serve --workers: models are not loaded or unloaded while serving "
+                    "(each worker would do it alone); restart the server to change them")
 # The gRPC method the lean path serves (_InferenceServicer.ModelInfer).
 GRPC_MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 # v2 datatype -> NumPy type, for the datatypes kiln takes (not BF16, BYTES)
@@ -288,17 +296,27 @@ class _LeanRest:
     KServe's app as before. FastAPI's routing, KServe's middlewares, InferRequest and
     InferResponse took about 1.1 ms of the event loop per request on the GPU machine, and
     every request waits on that loop.
-    Errors: 400 with {"error": what is wrong}, 413 for a body over `limit`, as before."""
+    Errors: 400 with {"error": what is wrong}, 413 for a body over `limit`, as before.
+    `scrape` (a worker of `kiln serve --workers`: serve_workers.scrape) answers GET /metrics
+    with the counters of every worker instead of KServe's, which has this process's only, and
+    the repository extension's load and unload get a 400 (REPOSITORY_FIXED)."""
 
     PREFIX, SUFFIX = "/v2/models/", "/infer"
 
-    def __init__(self, app, data_plane, limit: int):
-        self.app, self.data_plane, self.limit = app, data_plane, limit
+    def __init__(self, app, data_plane, limit: int, scrape=None):
+        self.app, self.data_plane, self.limit, self.scrape = app, data_plane, limit, scrape
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope.get("method") != "POST":
+            if (self.scrape is not None and scope["type"] == "http"
+                    and scope.get("method") == "GET" and scope.get("path") == "/metrics"):
+                return await self._metrics(scope, send)
             return await self.app(scope, receive, send)
         path = scope.get("path", "")
+        if (self.scrape is not None and path.startswith("/v2/repository/")
+                and path.endswith(("/load", "/unload"))):
+            await _drain(receive)
+            return await _send_json(send, 400, {"error": REPOSITORY_FIXED})
         name = path[len(self.PREFIX):-len(self.SUFFIX)] if (
             path.startswith(self.PREFIX) and path.endswith(self.SUFFIX)) else ""
         model = self.data_plane.model_registry.get_model(name) if name and "/" not in name else None
@@ -336,6 +354,14 @@ class _LeanRest:
         await send({"type": "http.response.start", "status": 200,
                     "headers": extra + [(b"content-length", str(len(out_body)).encode())]})
         await send({"type": "http.response.body", "body": out_body})
+
+    async def _metrics(self, scope, send):
+        accept = dict(scope.get("headers") or []).get(b"accept", b"").decode("latin-1")
+        body, content_type = self.scrape(accept)
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", content_type.encode()),
+                                (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
 
     @staticmethod
     async def _infer(model, body: bytes, headers: dict):
@@ -391,13 +417,15 @@ def _kserve_model_class():
 
         def __init__(self, name: str, engine_path: str, contexts: int, max_batch: Optional[int],
                      max_delay_s: float, devices: Optional[list[int]] = None,
-                     pad_batches: Optional[str] = None, warm: bool = True):
+                     pad_batches: Optional[str] = None, warm: bool = True, stats_factory=None):
             super().__init__(name)
             self.engine_path = engine_path
             self._args = (contexts, max_batch, max_delay_s)
             self.devices = devices or []
             self.pad_batches = pad_batches  # None: no padding; else parse_pad_sizes' text
             self.warm = warm
+            # model name -> the batcher's Stats (a worker's: serve_workers.SharedStats)
+            self.stats_factory = stats_factory
             self.engine: Optional[Engine] = None
             self.batcher: Optional[Batcher] = None
 
@@ -414,7 +442,10 @@ def _kserve_model_class():
             # The padded sizes run up to the model's batch limit.
             limit = batch_limit(first, max_batch)
             pad = parse_pad_sizes(self.pad_batches, limit) if self.pad_batches is not None else None
-            self.batcher = Batcher(engines, contexts, max_batch, delay, pad_sizes=pad)
+            stats = self.stats_factory(self.name) if self.stats_factory else None
+            self.batcher = Batcher(engines, contexts, max_batch, delay, pad_sizes=pad, stats=stats)
+            if stats is not None:
+                stats.declare_devices(self.batcher.devices)
             runs = self.batcher.warm() if self.warm else 0
             self.ready = True
             log.info("model %s: %s on %s, %d contexts each, batches up to %d%s%s", self.name,
@@ -651,6 +682,7 @@ def _not_for_infer():
 
 @functools.lru_cache(maxsize=None)
 def _inference_servicer():
+    import grpc
     from grpc import aio
     from kserve.errors import InvalidInput
     from kserve.protocol.grpc.servicer import InferenceServicer
@@ -664,9 +696,21 @@ def _inference_servicer():
         KServe's ExceptionToStatusInterceptor gives them (INVALID_ARGUMENT for a bad request,
         NOT_FOUND for an unknown model, ...), with the message."""
 
-        def __init__(self, data_plane, model_repository_extension, errors):
+        def __init__(self, data_plane, model_repository_extension, errors,
+                     fixed_models: bool = False):
             super().__init__(data_plane, model_repository_extension)
             self._errors = errors  # KServe's ExceptionToStatusInterceptor
+            self._fixed_models = fixed_models  # a worker of kiln serve --workers
+
+        async def RepositoryModelLoad(self, request, context):
+            if self._fixed_models:
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, REPOSITORY_FIXED)
+            return await super().RepositoryModelLoad(request, context)
+
+        async def RepositoryModelUnload(self, request, context):
+            if self._fixed_models:
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, REPOSITORY_FIXED)
+            return await super().RepositoryModelUnload(request, context)
 
         async def ModelInfer(self, request, context):
             try:
@@ -688,10 +732,13 @@ def _inference_servicer():
 
 
 def make_server(host: str, http_port: int, grpc_port: int, max_request_bytes: int,
-                enable_grpc: bool = True, log_requests: bool = False):
+                enable_grpc: bool = True, log_requests: bool = False, worker=None):
     """KServe's ModelServer listening on `host` (KServe's own listens on every address), its
     gRPC ModelInfer served by _InferenceServicer. Without `log_requests` no log line is written
-    per request (KServe writes three or four per REST request, two per gRPC one)."""
+    per request (KServe writes three or four per REST request, two per gRPC one).
+    `worker` (a serve_workers.WorkerLink: this process is one of `kiln serve --workers`'):
+    REST on the sockets set as server.rest_sockets (bound with SO_REUSEPORT), gRPC with
+    SO_REUSEPORT, /metrics summed over the workers, and the supervisor told once both listen."""
     import kserve
     import kserve.model_server as ms
     from fastapi.exceptions import RequestValidationError
@@ -699,6 +746,8 @@ def make_server(host: str, http_port: int, grpc_port: int, max_request_bytes: in
     from kserve.protocol.rest.server import RESTServer
 
     class _GRPC(GRPCServer):
+        started = False
+
         async def start(self, max_workers):
             from concurrent import futures
 
@@ -711,22 +760,29 @@ def make_server(host: str, http_port: int, grpc_port: int, max_request_bytes: in
             # (_InferenceServicer) and is logged only with --log-requests.
             errors = ExceptionToStatusInterceptor()
             _NotForInfer = _not_for_infer()
+            options = [("grpc.max_send_message_length", max_request_bytes),
+                       ("grpc.max_receive_message_length", max_request_bytes)]
+            if worker is not None:
+                options.append(("grpc.so_reuseport", 1))
             self._server = aio.server(
                 futures.ThreadPoolExecutor(max_workers=max_workers),
                 interceptors=(_NotForInfer(LoggingInterceptor(), skip=not log_requests),
                               _NotForInfer(errors)),
-                options=[("grpc.max_send_message_length", max_request_bytes),
-                         ("grpc.max_receive_message_length", max_request_bytes)])
+                options=options)
             grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
-                _inference_servicer()(self._data_plane, self._model_repository_extension, errors),
+                _inference_servicer()(self._data_plane, self._model_repository_extension, errors,
+                                      fixed_models=worker is not None),
                 self._server)
             address = f"[{host}]:{self._port}" if ":" in host else f"{host}:{self._port}"
             self._server.add_insecure_port(address)
             log.info("gRPC (Open Inference Protocol v2) on %s", address)
             await self._server.start()
+            self.started = True
             await self._server.wait_for_termination()
 
     class _Server(kserve.ModelServer):
+        rest_sockets = None  # a worker's: serve_workers.reuseport_sockets
+
         def start(self, models) -> None:
             self._register_and_check_atleast_one_model_is_ready(models)
             self._rest_server = RESTServer(
@@ -734,18 +790,41 @@ def make_server(host: str, http_port: int, grpc_port: int, max_request_bytes: in
                 self.http_port, grace_period=self.grace_period, event_loop=self.event_loop,
                 timeout_keep_alive=self.timeout_keep_alive)
             self._rest_server.config.host = host
-            self._rest_server.config.app = _LeanRest(ms.app, self.dataplane, max_request_bytes)
-            log.info("REST (Open Inference Protocol v2) on %s:%d", host, self.http_port)
-            self.servers.append(self._rest_server.start())
+            self._rest_server.config.app = _LeanRest(ms.app, self.dataplane, max_request_bytes,
+                                                     scrape=scrape)
+            log.info("REST (Open Inference Protocol v2) on %s:%d%s", host, self.http_port,
+                     f" (worker {worker.index} of {worker.count}, pid {os.getpid()})"
+                     if worker else "")
+            if worker is None:
+                self.servers.append(self._rest_server.start())
+            else:
+                self.servers.append(self._serve_rest())
             if self.enable_grpc:
                 self._grpc_server = _GRPC(self.grpc_port, self.dataplane,
                                           self.model_repository_extension, kwargs={},
                                           grace_period=self.grace_period)
                 self.servers.append(self._grpc_server.start(self.max_threads))
+            if worker is not None:
+                self.servers.append(self._announce_ready())
             self.setup_event_loop()
             self.register_signal_handler()
             asyncio.run(self._serve())
 
+        async def _serve_rest(self):
+            self._rest_server.create_application()
+            await self._rest_server._server.serve(sockets=self.rest_sockets)
+
+        async def _announce_ready(self):
+            rest = self._rest_server._server
+            while not (rest.started and (self._grpc_server is None or self._grpc_server.started)):
+                if rest.should_exit:
+                    return
+                await asyncio.sleep(0.01)
+            worker.ready(asyncio.get_running_loop())
+
+    scrape = None  # /metrics: KServe's, or a worker's summed over the workers
+    if worker is not None:
+        from kiln.serve_workers import scrape
     ms.app.add_middleware(_BodyLimit, limit=max_request_bytes)
     ms.app.add_exception_handler(RequestValidationError, _malformed_request)
     server = _Server(http_port=http_port, grpc_port=grpc_port, enable_grpc=enable_grpc,
@@ -793,53 +872,96 @@ def parse_args(argv):
     p.add_argument("--no-warmup", action="store_true",
                    help="Take requests without first running each context at the maximum batch "
                         "(and, with --pad-batches, at each padded size)")
+    p.add_argument("--workers", default="1", metavar="N",
+                   help="Serve from N processes, each with the whole front end (gRPC and REST on "
+                        "the same ports, SO_REUSEPORT: the kernel spreads the connections), its "
+                        "own contexts and batcher, under this one, which restarts a worker that "
+                        "dies; 'auto': half the cores, at most 8, a multiple of the devices "
+                        "(default 1: one process)")
+    p.add_argument("--worker-devices", choices=["split", "all"], default="split",
+                   help="With --workers and several devices: 'split' (default) gives worker i "
+                        "device i mod D; 'all' gives every worker contexts on every device")
     return p.parse_args(argv)
 
 
 def main(argv=None) -> int:
-    a = parse_args(sys.argv[1:] if argv is None else argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    a = parse_args(argv)
     # KServe parses sys.argv when it is imported; it has no options of kiln serve's.
     sys.argv = sys.argv[:1]
+    from kiln.serve_workers import (WorkerLink, parse_workers, reuseport_sockets, supervise,
+                                    worker_devices)
+
+    # Set when this process is a worker of `kiln serve --workers` (serve_workers.Supervisor).
+    worker = WorkerLink.from_env()
+
+    def fail(message: str) -> int:
+        if worker is not None:
+            worker.error(message)  # the supervisor says it, once for every worker
+        else:
+            print(f"kiln: error: {message}", file=sys.stderr)
+        return 1
+
     try:
         models = find_models(a.model_repository)
     except FileNotFoundError as e:
-        print(f"kiln: error: {e}", file=sys.stderr)
-        return 1
+        return fail(str(e))
     if not models:
-        print(f"kiln: error: no engines (NAME.kiln or NAME/model.kiln) in '{a.model_repository}'",
-              file=sys.stderr)
-        return 1
+        return fail(f"no engines (NAME.kiln or NAME/model.kiln) in '{a.model_repository}'")
     try:
-        devices = parse_devices(a.devices, device_count())
+        devices = worker.devices if worker else parse_devices(a.devices, device_count())
         if a.pad_batches is not None:
             parse_pad_sizes(a.pad_batches, 1 << 30)  # the text; the sizes per model at load
+        workers = 1 if worker else parse_workers(a.workers, len(devices))
     except ValueError as e:
-        print(f"kiln: error: {e}", file=sys.stderr)
-        return 1
+        return fail(str(e))
+    if workers > 1:
+        if importlib.util.find_spec("kserve") is None:
+            return fail("kiln serve needs KServe (No module named 'kserve'; "
+                        "pip install 'kiln[serve]')")
+        return supervise(argv, a.host, a.http_port, None if a.no_grpc else a.grpc_port,
+                         [worker_devices(devices, workers, i, a.worker_devices)
+                          for i in range(workers)])
     try:
         KilnModel = _kserve_model_class()
     except ImportError as e:
-        print(f"kiln: error: kiln serve needs KServe ({e}; pip install 'kiln[serve]')",
-              file=sys.stderr)
-        return 1
+        return fail(f"kiln serve needs KServe ({e}; pip install 'kiln[serve]')")
     server = make_server(a.host, a.http_port, a.grpc_port, a.max_request_bytes, not a.no_grpc,
-                         log_requests=a.log_requests)
-    loaded = []
+                         log_requests=a.log_requests, worker=worker)
+    stats_factory = None
+    if worker is not None:
+        from kiln.serve_workers import SharedStats
+
+        stats_factory = functools.partial(SharedStats, worker=worker.index)
+    loaded, errors = [], []
     for name, path in models.items():
         m = KilnModel(name, path, a.contexts, a.max_batch_size, a.batch_delay_ms / 1000.0,
-                      devices=devices, pad_batches=a.pad_batches, warm=not a.no_warmup)
+                      devices=devices, pad_batches=a.pad_batches, warm=not a.no_warmup,
+                      stats_factory=stats_factory)
         try:
             m.load()
         except Exception as e:  # noqa: BLE001 - one model that fails to load is reported, not fatal
-            print(f"kiln: error: model {name}: {e}", file=sys.stderr)
+            errors.append(f"model {name}: {e}")
+            if worker is None:
+                print(f"kiln: error: model {name}: {e}", file=sys.stderr)
             continue
         loaded.append(m)
     if not loaded:
-        print("kiln: error: no model could be loaded", file=sys.stderr)
-        return 1
-    from prometheus_client import REGISTRY
+        return fail("no model could be loaded" + (f" ({'; '.join(errors)})" if worker else ""))
+    if worker is None:
+        from prometheus_client import REGISTRY
 
-    REGISTRY.register(StatsCollector(loaded))
+        REGISTRY.register(StatsCollector(loaded))
+    else:
+        if worker.index == 0:  # the models the others could not load either
+            for e in errors:
+                print(f"kiln: error: {e}", file=sys.stderr)
+        if not worker.loaded():  # every worker's models loaded; or the supervisor is gone
+            return 1
+        try:
+            server.rest_sockets = reuseport_sockets(a.host, a.http_port)
+        except OSError as e:
+            return fail(f"cannot listen on {a.host}:{a.http_port} (REST): {e.strerror or e}")
     server.start(loaded)
     return 0
 

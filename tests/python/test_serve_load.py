@@ -90,6 +90,44 @@ def test_serve_options_parse():
     assert parse_args(["models"]).pad_batches is None
 
 
+def test_serve_workers_options():
+    from kiln.serve_workers import parse_workers, worker_devices
+    from kiln.serving import parse_args
+
+    a = parse_args(["models"])
+    assert (a.workers, a.worker_devices) == ("1", "split")
+    assert parse_workers("1", 0) == 1 and parse_workers("3", 2) == 3
+    # auto: half the cores, 1..8, a multiple of the devices
+    assert [parse_workers("auto", 0, cores) for cores in (1, 2, 3, 8, 16, 64)] == [1, 1, 1, 4, 8, 8]
+    assert parse_workers("auto", 2, 10) == 4 and parse_workers("auto", 3, 16) == 6
+    assert parse_workers("auto", 2, 2) == 1 and parse_workers("auto", 4, 8) == 4
+    for bad, words in [("0", "at least 1"), ("-2", "at least 1"), ("two", "number of processes")]:
+        with pytest.raises(ValueError, match=words):
+            parse_workers(bad, 0)
+    assert [worker_devices([0, 1], 4, i) for i in range(4)] == [[0], [1], [0], [1]]
+    assert [worker_devices([0, 1, 2, 3], 2, i) for i in range(2)] == [[0, 2], [1, 3]]
+    assert worker_devices([0, 1], 1, 0) == [0, 1] and worker_devices([0, 1], 4, 3, "all") == [0, 1]
+    assert worker_devices([], 4, 2) == []
+
+
+def test_worker_sockets_share_the_port_and_are_tcp():
+    from kiln.serve_workers import port_problem, reuseport_sockets
+
+    port = _free_port()
+    assert port_problem("127.0.0.1", port, "REST") is None
+    a, b = reuseport_sockets("127.0.0.1", port), reuseport_sockets("127.0.0.1", port)
+    try:
+        # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on such sockets' connections (an
+        # HTTP answer waited 40 ms for the client's delayed ACK without it)
+        assert [s.proto for s in a + b] == [socket.IPPROTO_TCP] * 2
+        for s in a + b:
+            s.listen()
+        assert "cannot listen on 127.0.0.1:%d (REST)" % port in port_problem("127.0.0.1", port, "REST")
+    finally:
+        for s in a + b:
+            s.close()
+
+
 def test_kiln_serve_refuses_a_device_that_does_not_exist(tmp_path, cnn_engine):
     cnn_engine.save(tmp_path / "m.kiln")
     p = subprocess.run([sys.executable, "-m", "kiln.cli", "serve", str(tmp_path), "--devices",
@@ -173,7 +211,11 @@ def test_formed_batch_from_metrics():
     f = serve_load.formed(before, after)
     assert f["formed_batch_mean"] == round(100 / 6, 2)
     assert f["run_batch_mode"] == 16 and f["per_batch"] == {4: 3, 16: 2, 32: 1}
-    assert f["per_device"] == {"cuda:0": 3, "cuda:1": 3}
+    assert f["per_device"] == {"cuda:0": 3, "cuda:1": 3} and f["per_worker"] == {}
+    before["worker"], after["worker"] = {"0": 5}, {"0": 9, "1": 2}
+    before["kiln_requests_total"], after["kiln_requests_total"] = 5, 11
+    f = serve_load.formed(before, after)
+    assert f["per_worker"] == {"0": 4, "1": 2} and f["requests_served"] == 6
 
 
 def test_growth_after_settling():
