@@ -52,6 +52,10 @@ bool fused_layer_supported(const std::string& op_type, const Attributes& attrs) 
     const auto ops = attrs.get_strings("ops");
     return !ops.empty() && std::all_of(ops.begin(), ops.end(), chain_op_supported);
   }
+  if (op_type == "Relayout") {
+    const auto ops = attrs.get_strings("ops");
+    return !ops.empty() && std::all_of(ops.begin(), ops.end(), relayout_op_supported);
+  }
   return op_type == "Attention" || op_type == "MultiHeadAttention" || op_type == "SkipLayerNorm";
 }
 
@@ -348,6 +352,8 @@ Status unfuse_layer(Graph& g, Node* n) {
 
 Status infer_elementwise_chain(InferContext& ctx);
 Status cpu_elementwise_chain(KernelContext& ctx);
+Status infer_relayout(InferContext& ctx);
+Status cpu_relayout(KernelContext& ctx);
 Status infer_attention(InferContext& ctx);
 Status cpu_attention(KernelContext& ctx);
 
@@ -358,6 +364,7 @@ std::span<const OpDef> fused_ops() {
       {"kiln", "FusedConvPair", infer_fused_conv_pair, cpu_fused_conv_pair, nullptr},
       {"kiln", "FusedGemm", infer_fused_gemm, cpu_fused_gemm, nullptr},
       {"kiln", "ElementwiseChain", infer_elementwise_chain, cpu_elementwise_chain, nullptr},
+      {"kiln", "Relayout", infer_relayout, cpu_relayout, nullptr},
       {"kiln", "Attention", infer_attention, cpu_attention, nullptr},
       {"kiln", "Reformat", infer_reformat, cpu_reformat, nullptr},
   };

@@ -35,6 +35,9 @@
 //                                       Scale, B) over the last axis (epsilon, stash_type as
 //                                       LayerNormalization); Sum is an output only when the
 //                                       graph reads it (a pre-norm transformer's residual)
+//   kiln.Relayout(x0, x1, ...)          a region of layout ops (Transpose, Reshape, Squeeze,
+//                                       Unsqueeze, Flatten, Slice, Concat, Pad, Expand) with one
+//                                       result, as one layer (see below)
 //   kiln.Reformat(X)                    Y = X; placed by a backend where the storage format
 //                                       (type, layout) changes between layers
 //
@@ -49,6 +52,13 @@
 // (and `concat_axis`), inputs 0..m-1 are the parts of a concatenation along that axis, which
 // operand 0 reads (a Concat absorbed into the chain: its parts are read in place, the
 // concatenation never written); operands 1..m-1 are then invalid and k >= m is input k.
+//
+// Relayout: `ops`, `arity` and `operands` as ElementwiseChain's, but the steps form a DAG: an
+// operand k >= 0 is input k, k <= -2 the result of (earlier) step -2 - k, and -1 the step's
+// constant, the tensor attribute s<i>_c<j> for operand j of step i (a Slice's starts, a
+// Reshape's shape, a Pad's pads), or an absent optional input where there is none. Step i's
+// other attributes are prefixed "s<i>_". The result is the last step's. Swin's cyclic shift
+// (Slice, Slice, Concat twice) and window partition (Reshape, Transpose, Reshape) make one.
 #pragma once
 
 #include <string>
@@ -65,6 +75,12 @@ bool fused_activation_supported(const std::string& op_type);
 bool chain_op_supported(const std::string& op_type);
 // The most parts a chain's absorbed concatenation may have (ElementwiseChain's concat_parts).
 constexpr int64_t kMaxChainConcatParts = 64;
+// Ops a Relayout step may be.
+bool relayout_op_supported(const std::string& op_type);
+// The types of a kiln.Relayout's steps (the last is the layer's) for inputs of these types,
+// inferred as the registry infers the ops themselves; or why the program is malformed.
+Expected<std::vector<TensorType>> relayout_step_types(const Node& n,
+                                                      const std::vector<TensorType>& inputs);
 // Whether kiln's CPU kernels run this fused layer with these attributes.
 bool fused_layer_supported(const std::string& op_type, const Attributes& attrs);
 

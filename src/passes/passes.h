@@ -36,6 +36,7 @@ Expected<bool> fuse_conv_act(PassContext& ctx);
 Expected<bool> fuse_conv_pool(PassContext& ctx);  // after fuse_conv_act: the stem's activation first
 Expected<bool> batchnorm_to_affine(PassContext& ctx);
 Expected<bool> fuse_elementwise(PassContext& ctx);
+Expected<bool> fuse_relayout(PassContext& ctx);
 // The INT8 stage (after the layers are marked INT8; optimize_int8_graph):
 Expected<bool> fuse_conv_pair(PassContext& ctx);
 

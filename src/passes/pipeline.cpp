@@ -110,6 +110,15 @@ constexpr PassEntry kPipeline[] = {
     {"eliminate_dead_code", 2, passes::eliminate_dead_code},
 };
 
+// The region stage, run once the list above has converged: fuse_relayout takes every connected
+// region of layout ops that no pattern above wanted (a pattern pass that needs a Transpose or
+// Reshape in its match must have run to completion first, so this cannot be in the list above,
+// where a later round could find its ops already merged).
+constexpr PassEntry kRegionPipeline[] = {
+    {"fuse_relayout", 2, passes::fuse_relayout},
+    {"eliminate_dead_code", 2, passes::eliminate_dead_code},
+};
+
 // The INT8 stage, a second list run the same way by optimize_int8_graph, on the graph the list
 // above made, after quant::quantize_for_build has given the activations their scales and marked
 // the layers that run in INT8 (engine.cpp; INT8 builds at --opt-level 2). Why after marking:
@@ -131,7 +140,8 @@ constexpr int kMaxRounds = 10;
 
 const PassEntry* find_pass(const std::string& name) {
   for (std::span<const PassEntry> list :
-       {std::span<const PassEntry>(kPipeline), std::span<const PassEntry>(kInt8Pipeline)})
+       {std::span<const PassEntry>(kPipeline), std::span<const PassEntry>(kRegionPipeline),
+        std::span<const PassEntry>(kInt8Pipeline)})
     for (const PassEntry& p : list)
       if (name == p.name) return &p;
   return nullptr;
@@ -233,8 +243,10 @@ Status check_opt_level(const OptimizeOptions& options) {
 
 std::vector<std::string> pipeline_passes(int opt_level) {
   std::vector<std::string> out;
-  for (const PassEntry& p : kPipeline)
-    if (opt_level >= p.min_level) out.push_back(p.name);
+  for (std::span<const PassEntry> list :
+       {std::span<const PassEntry>(kPipeline), std::span<const PassEntry>(kRegionPipeline)})
+    for (const PassEntry& p : list)
+      if (opt_level >= p.min_level) out.push_back(p.name);
   return out;
 }
 
@@ -255,6 +267,7 @@ Status optimize_graph(Graph& g, const OptimizeOptions& options) {
   if (options.opt_level == 0 && options.only_passes.empty()) return Status::Ok();
   const size_t before = g.nodes().size();
   KILN_ASSIGN_OR_RETURN(const int rounds, run_rounds(g, kPipeline, options, step));
+  KILN_RETURN_IF_ERROR(run_rounds(g, kRegionPipeline, options, step).status());
   if (options.verbose)
     std::cerr << fmt::format("optimizer: {} nodes -> {} layers in {} round{} (opt level {})\n",
                              before, g.nodes().size(), rounds, rounds == 1 ? "" : "s",

@@ -3,8 +3,8 @@
 // Slice (negative steps, clamping, empty results), Concat, Split, Expand, Tile, DepthToSpace /
 // SpaceToDepth (both modes), Trilu, Gather / GatherElements / GatherND (negative indices,
 // batch_dims), ScatterND / ScatterElements (every reduction), Pad (every mode, negative pads,
-// axes) and Resize (nearest modes, linear, cubic, every coordinate transformation, sizes vs
-// scales, antialias, NHWC). Movement is exact, so integer, bool and float64 variants run "fp32".
+// axes), Resize (nearest modes, linear, cubic, every coordinate transformation, sizes vs
+// scales, antialias, NHWC) and kiln.Relayout (a region of layout ops as one gather). Movement is exact, so integer, bool and float64 variants run "fp32".
 #include <cstdint>
 #include <limits>
 
@@ -407,9 +407,98 @@ void resize_cases(std::vector<OpCase>& v) {
     none());
 }
 
+// kiln.Relayout: ops/arity/operands (k >= 0: input k, -1: the step's constant s<i>_c<j> or absent,
+// k <= -2: step -2 - k), step attributes prefixed "s<i>_".
+OpCase relayout(std::string name, std::vector<std::string> ops, std::vector<int64_t> arity,
+                std::vector<int64_t> operands, std::vector<CaseInput> ins, Attributes a,
+                Modes modes = kFloat) {
+  a.set("ops", Attribute::Strings(std::move(ops)));
+  a.set("arity", Attribute::Ints(std::move(arity)));
+  a.set("operands", Attribute::Ints(std::move(operands)));
+  OpCase c = make(std::move(name), "Relayout", std::move(a), std::move(ins), std::move(modes));
+  c.domain = "kiln";
+  return c;
+}
+Attribute T(std::vector<int64_t> v) {
+  const int64_t n = static_cast<int64_t>(v.size());
+  return Attribute::TensorValue(Tensor::from<int64_t>({n}, v));
+}
+
+void relayout_cases(std::vector<OpCase>& v) {
+  // Swin's cyclic shift by 2 (Slice, Slice, Concat along H, then along W) and window partition
+  // (Reshape, Transpose, Reshape) of [2, 8, 8, C]: C = 16 takes the 16-byte path, C = 5 the
+  // per-element one.
+  for (int64_t c : {16, 5}) {
+    Attributes a;
+    auto slice = [&](int s, int64_t b, int64_t e, int64_t axis) {
+      a.set(fmt::format("s{}_c1", s).c_str(), T({b}));
+      a.set(fmt::format("s{}_c2", s).c_str(), T({e}));
+      a.set(fmt::format("s{}_c3", s).c_str(), T({axis}));
+    };
+    slice(0, 2, 8, 1);
+    slice(1, 0, 2, 1);
+    a.set("s2_axis", I(1));
+    slice(3, 2, 8, 2);
+    slice(4, 0, 2, 2);
+    a.set("s5_axis", I(2));
+    a.set("s6_c1", T({2, 2, 4, 2, 4, c}));
+    a.set("s7_perm", Attribute::Ints({0, 1, 3, 2, 4, 5}));
+    a.set("s8_c1", T({-1, 16, c}));
+    v.push_back(relayout(fmt::format("relayout_roll_windows_c{}", c),
+                         {"Slice", "Slice", "Concat", "Slice", "Slice", "Concat", "Reshape",
+                          "Transpose", "Reshape"},
+                         {4, 4, 2, 4, 4, 2, 2, 1, 2},
+                         {0, -1, -1, -1, 0, -1, -1, -1, -2, -3, -4, -1, -1, -1, -4, -1, -1, -1,
+                          -5, -6, -7, -1, -8, -9, -1},
+                         {in({2, 8, 8, c})}, a));
+  }
+  // Pad with a value, a rotating Transpose, Expand to a new leading axis and a reversing Slice:
+  // odd sizes (per element), the padding answered without a read.
+  {
+    Attributes a;
+    a.set("s0_c1", T({0, 1, 0, 0, 0, 2}));
+    a.set("s0_c2", Attribute::TensorValue(Tensor::scalar<float>(0.5f)));
+    a.set("s1_perm", Attribute::Ints({2, 0, 1}));
+    a.set("s2_c1", T({2, 9, 3, 6}));
+    a.set("s3_c1", T({-1}));
+    a.set("s3_c2", T({-100}));
+    a.set("s3_c3", T({3}));
+    a.set("s3_c4", T({-1}));
+    v.push_back(relayout("relayout_pad_expand_reverse", {"Pad", "Transpose", "Expand", "Slice"},
+                         {3, 1, 2, 5}, {0, -1, -1, -2, -3, -1, -4, -1, -1, -1, -1},
+                         {in({3, 5, 7})}, a));
+  }
+  // Two inputs concatenated between slices of 4-D tensors (NHWC storage in nhwc16), and a
+  // strided slice; int64 data moves as its bits.
+  {
+    Attributes a;
+    a.set("s0_c1", T({1}));
+    a.set("s0_c2", T({5}));
+    a.set("s0_c3", T({2}));
+    a.set("s1_axis", I(2));
+    a.set("s2_c1", T({0}));
+    a.set("s2_c2", T({8}));
+    a.set("s2_c3", T({1}));
+    a.set("s2_c4", T({2}));
+    v.push_back(relayout("relayout_concat_two_inputs", {"Slice", "Concat", "Slice"}, {4, 2, 5},
+                         {0, -1, -1, -1, -2, 1, -3, -1, -1, -1, -1},
+                         {in({2, 8, 5, 6}), in({2, 8, 3, 6})}, a, k4D));
+  }
+  {
+    Attributes a;
+    a.set("s0_perm", Attribute::Ints({1, 0, 2}));
+    a.set("s1_c1", T({1}));
+    a.set("s1_c2", T({3}));
+    a.set("s1_c3", T({0}));
+    v.push_back(relayout("relayout_int64", {"Transpose", "Slice"}, {1, 4}, {0, -2, -1, -1, -1},
+                         {in({4, 3, 5}, DT::kInt64, -100, 100)}, a, kExact));
+  }
+}
+
 }  // namespace
 
 std::vector<OpCase> movement_cases() {
+
   std::vector<OpCase> v;
   reshape_cases(v);
   transpose_cases(v);
@@ -422,6 +511,7 @@ std::vector<OpCase> movement_cases() {
   scatter_cases(v);
   pad_cases(v);
   resize_cases(v);
+  relayout_cases(v);
   return v;
 }
 

@@ -15,6 +15,8 @@ std::span<const TacticDef> elementwise_tactics();  // layers/elementwise*.cu: un
 std::span<const TacticDef> movement_tactics();     // layers/movement*.cu: Reshape family,
                                                    // Transpose, Slice, Concat, Split, Gather*,
                                                    // Pad, Tile, Expand, Resize, DepthToSpace, ...
+std::span<const TacticDef> relayout_tactics();     // layers/relayout.cu: kiln.Relayout (a region
+                                                   // of layout ops as one gather)
 std::span<const TacticDef> reduce_tactics();       // layers/reduce*.cu: Reduce*, ArgMax/Min,
                                                    // Softmax family, norms, TopK, CumSum, Q/DQ
 std::span<const TacticDef> layernorm_rows_tactics();  // layers/layernorm_rows.cu: LayerNorm
