@@ -3,6 +3,9 @@
 //   Reshape/Flatten/Squeeze/Unsqueeze(x) giving x's own shape  =>  x
 //   Transpose(x, perm = identity)  =>  x          Cast(x, to = x's type)  =>  x
 //   Concat(x) of one input  =>  x   (torchvision's DenseNet starts each block with one)
+//   Pad(x) by constant zeros  =>  x   Slice(x) of step 1 giving x's own shape  =>  x
+//   (Swin pads to a multiple of its window and slices the padding off again; the amounts come
+//   from shape arithmetic and fold to zero wherever the image already is such a multiple)
 #include <numeric>
 
 #include "passes/passes.h"
@@ -47,6 +50,23 @@ std::string noop_reason(PassContext& ctx, const Node& n) {
     return "identity permutation";
   }
   if (n.op_type == "Concat" && n.num_inputs() == 1) return "concatenation of one input";
+  if (n.op_type == "Pad") {
+    const Value* pads = n.input(1);
+    if (!pads || !pads->is_constant()) return "";
+    for (int64_t i = 0; i < pads->constant->numel(); ++i)
+      if (pads->constant->at_double(i) != 0.0) return "";
+    return "padding by zero everywhere";
+  }
+  if (n.op_type == "Slice") {
+    if (!same_dims(x->type, y->type) || x->type.dtype != y->type.dtype) return "";
+    const Value* steps = n.input(4);
+    if (steps) {
+      if (!steps->is_constant()) return "";
+      for (int64_t i = 0; i < steps->constant->numel(); ++i)
+        if (steps->constant->at_double(i) != 1.0) return "";  // -1 reverses: same shape, not x
+    }
+    return "slice of step 1 giving its input's shape";
+  }
   if (n.op_type == "Cast") {
     const auto to = n.attrs.get_int("to", -1);
     if (x->type.dtype != DataType::kUndefined && static_cast<int64_t>(x->type.dtype) == to)

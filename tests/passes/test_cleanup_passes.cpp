@@ -118,6 +118,25 @@ TEST(RemoveNoops, KeepsGraphOutputNameAndLeavesRealOps) {
   EXPECT_EQ(count(*opt, "Reshape"), 1);
 }
 
+TEST(RemoveNoops, ZeroPadAndWholeSliceGoButRealOnesStay) {
+  // Swin pads to a multiple of its window and slices the padding off; at 224 both are zero.
+  G b;
+  Value* x = b.in("x", {1, 56, 56, 96});
+  Value* v = b.op("Pad", {x, b.c(ints({0, 0, 0, 0, 0, 0, 0, 0}))});
+  v = b.op("Slice", {v, b.c(ints({0, 0})), b.c(ints({56, 56})), b.c(ints({1, 2}))});
+  v = b.op("Slice", {v, b.c(ints({0})), b.c(ints({1000})), b.c(ints({1})), b.c(ints({1}))});
+  b.out(b.op("Relu", {v}));
+  b.out(b.op("Pad", {x, b.c(ints({0, 0, 0, 0, 0, 1, 1, 0}))}));  // a real pad
+  b.out(b.op("Slice", {x, b.c(ints({-1})), b.c(ints({-1000})), b.c(ints({1})),
+                       b.c(ints({-1}))}));  // same shape, reversed: not x
+  b.out(b.op("Slice", {x, b.c(ints({1})), b.c(ints({56})), b.c(ints({1}))}));  // 55 rows
+  auto opt = optimize_checked(b.g, {"remove_noops"});
+  EXPECT_EQ(opt->nodes()[0]->op_type, "Relu");
+  EXPECT_EQ(opt->nodes()[0]->input(0), opt->inputs()[0]);
+  EXPECT_EQ(count(*opt, "Pad"), 1);
+  EXPECT_EQ(count(*opt, "Slice"), 2);
+}
+
 TEST(RemoveNoops, IdentityFromGraphInputToOutputStays) {
   G b;
   b.out(b.op("Identity", {b.in("x", {2})}));
