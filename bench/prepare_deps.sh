@@ -7,6 +7,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${KILN_BUILD_DIR:-build}
+# A build configured while CUTLASS or cuDNN's frontend was missing compiles their tactics out
+# (KILN_HAVE_*=0) and still links: numbers measured with it are not kiln's. Refuse it unless
+# KILN_DEPS_ALLOW_PARTIAL=1 says that is intended.
+if [ "${KILN_DEPS_ALLOW_PARTIAL:-0}" != 1 ] && [ -f "$BUILD/build.ninja" ]; then
+  for feature in KILN_HAVE_CUTLASS KILN_HAVE_CUDNN_FRONTEND; do
+    if ! grep -q -- "-D$feature=1" "$BUILD/build.ninja"; then
+      echo "prepare_deps: $BUILD was configured without $feature (run scripts/setup-cuda-deps.sh," \
+           "then cmake $BUILD; KILN_DEPS_ALLOW_PARTIAL=1 to carry it anyway)" >&2
+      exit 1
+    fi
+  done
+fi
 STAGE=$(mktemp -d)
 trap 'rm -rf "$STAGE"' EXIT
 cp "$BUILD/kiln" "$STAGE/"
