@@ -10,8 +10,10 @@
 #
 # Knobs: KILN_SERVE_CLIENTS (1,8,32,128), KILN_SERVE_PROTOCOLS (grpc,http), KILN_LOAD_S (4,
 # seconds measured per row after 1 s of warm-up), KILN_LOAD_PROCS (1: client processes; on a
-# 2-core machine the clients and the server share the cores), KILN_SERVE_ARGS (extra `kiln
-# serve` flags), KILN_SERVE_MODEL (mlp or small_cnn).
+# 2-core machine the clients and the server share the cores), KILN_SERVE_WORKERS (1: `kiln serve
+# --workers`, front-end processes; the server's CPU is counted over all of them), KILN_SERVE_ARGS
+# (extra `kiln serve` flags), KILN_LOAD_ARGS (extra serve_load.py flags, e.g.
+# --grpc-shared-connection), KILN_SERVE_MODEL (mlp or small_cnn).
 # Outputs in OUT_DIR (default /tmp/kiln-serve-cpu): serve.log, load.json, load.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +25,7 @@ CLIENTS=${KILN_SERVE_CLIENTS:-1,8,32,128}
 PROTOCOLS=${KILN_SERVE_PROTOCOLS:-grpc,http}
 LOAD_S=${KILN_LOAD_S:-4}
 PROCS=${KILN_LOAD_PROCS:-1}
+WORKERS=${KILN_SERVE_WORKERS:-1}
 
 python3 - "$OUT" "$MODEL" <<'PY'
 import os, sys
@@ -45,13 +48,15 @@ HTTP_PORT=$(free_port)
 GRPC_PORT=$(free_port)
 # shellcheck disable=SC2086
 timeout 1800 python3 -m kiln.cli serve "$OUT/repo" --host 127.0.0.1 --http-port "$HTTP_PORT" \
-  --grpc-port "$GRPC_PORT" ${KILN_SERVE_ARGS:-} >"$OUT/serve.log" 2>&1 &
+  --grpc-port "$GRPC_PORT" --workers "$WORKERS" ${KILN_SERVE_ARGS:-} >"$OUT/serve.log" 2>&1 &
 SERVER=$!
 trap 'kill "$SERVER" 2>/dev/null || true; wait "$SERVER" 2>/dev/null || true' EXIT
 sleep 1
-SERVER_PID=$(cat "/proc/$SERVER/task/$SERVER/children" 2>/dev/null | awk '{print $1}')  # timeout's child
+# timeout's child: kiln serve (with --workers, the supervisor; serve_load.py counts its workers)
+SERVER_PID=$(cat "/proc/$SERVER/task/$SERVER/children" 2>/dev/null | awk '{print $1}')
 rm -f "$OUT/load.md"
+# shellcheck disable=SC2086
 python3 bench/serve_load.py load --model "$MODEL" --http "127.0.0.1:$HTTP_PORT" \
   --grpc "127.0.0.1:$GRPC_PORT" --protocols "$PROTOCOLS" --clients "$CLIENTS" \
   --duration "$LOAD_S" --warmup 1 --procs "$PROCS" --max-requests 200000 --server-pid "${SERVER_PID:-0}" \
-  --label "cpu $MODEL" --json "$OUT/load.json" --md "$OUT/load.md"
+  --label "cpu $MODEL, $WORKERS worker(s)" --json "$OUT/load.json" --md "$OUT/load.md" ${KILN_LOAD_ARGS:-}

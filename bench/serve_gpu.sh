@@ -27,7 +27,10 @@
 # that would not fit are skipped and say so), KILN_SERVE_CONTEXTS (2 per GPU), KILN_SERVE_PAD
 # (1: the tables and the soak with --pad-batches, 0: without; unset: as the comparison decides,
 # without when it does not run), KILN_SERVE_DEVICES ("0 0,1": the tables' --devices),
-# KILN_SERVE_PROTOCOLS (ResNet-50's tables: grpc,http; BERT's are gRPC only).
+# KILN_SERVE_PROTOCOLS (ResNet-50's tables: grpc,http; BERT's are gRPC only), KILN_SERVE_WORKERS
+# ("1": `kiln serve --workers`, front-end processes; a list such as "1 4" runs every table once
+# per count, and the comparison and the soak with the first), KILN_SERVE_WORKER_DEVICES (split:
+# worker i on GPU i mod D; all: every worker on every GPU of --devices).
 set -uo pipefail
 T0=$(date +%s)
 . "$(dirname "$0")/device_env.sh" "${OUT:-/tmp/kiln-serve-gpu}"
@@ -42,6 +45,9 @@ BUDGET=${KILN_SERVE_BUDGET:-540}
 CONTEXTS=${KILN_SERVE_CONTEXTS:-2}
 TABLE_DEVICES=${KILN_SERVE_DEVICES:-0 0,1}
 PROTOCOLS=${KILN_SERVE_PROTOCOLS:-grpc,http}
+WORKER_COUNTS=${KILN_SERVE_WORKERS:-1}
+FIRST_WORKERS=${WORKER_COUNTS%% *}
+WORKER_DEVICES=${KILN_SERVE_WORKER_DEVICES:-split}
 HTTP=127.0.0.1:18080
 GRPC=127.0.0.1:18081
 SLOG=$OUT/servers.log
@@ -118,13 +124,15 @@ start_server() {  # start_server MODEL LABEL [kiln serve options...]: sets SPID 
   local m=$1 label=$2
   shift 2
   echo "=== $label: kiln serve $(dirname "${ENGINE[$m]}") $* (${SERVER_ENV:-})" >>"$SLOG"
-  # The server itself in the background (its PID for the soak's RSS samples), bounded by a
-  # watchdog: at most 800 s, and stopped by stop_server after its part.
+  # The server itself in the background (its PID for the soak's RSS samples and the rows'
+  # CPU use, its workers' counted with it), bounded by a watchdog: at most 800 s, and stopped by
+  # stop_server after its part.
   (exec env ${SERVER_ENV:-} python3 -m kiln.cli serve "$(dirname "${ENGINE[$m]}")" \
     --host 127.0.0.1 --http-port "${HTTP##*:}" --grpc-port "${GRPC##*:}" --contexts "$CONTEXTS" \
     "$@" >>"$SLOG" 2>&1) &
   SPID=$!
-  (sleep 800; kill -TERM "$SPID" 2>/dev/null) &
+  # (its sleep ends with it: a sleep left behind kept the script's output open for 800 s)
+  (trap 'kill "$S" 2>/dev/null; exit' TERM; sleep 800 & S=$!; wait "$S"; kill -TERM "$SPID" 2>/dev/null) &
   WATCH=$!
   for _ in $(seq 1 240); do
     if ready; then return 0; fi
@@ -136,7 +144,8 @@ start_server() {  # start_server MODEL LABEL [kiln serve options...]: sets SPID 
 stop_server() {
   [ -n "$SPID" ] || return 0
   kill -TERM "$SPID" 2>/dev/null
-  for _ in $(seq 1 40); do kill -0 "$SPID" 2>/dev/null || break; sleep 0.5; done
+  # up to 40 s: with --workers the supervisor waits for each worker to stop
+  for _ in $(seq 1 80); do kill -0 "$SPID" 2>/dev/null || break; sleep 0.5; done
   kill -KILL "$SPID" 2>/dev/null
   wait "$SPID" 2>/dev/null
   [ -n "$WATCH" ] && kill "$WATCH" 2>/dev/null
@@ -149,7 +158,7 @@ load() {  # load MODEL LABEL JSON [serve_load.py options...]
   shift 3
   python3 bench/serve_load.py load --http "$HTTP" --grpc "$GRPC" --model "${MODEL_NAME[$m]}" \
     --engine "${ENGINE[$m]}" --kiln "$KILN" --label "$label" --duration "$LOAD_S" --warmup 1 \
-    --procs 8 --json "$json" --md "$W/tables.md" "$@"
+    --procs 8 --server-pid "${SPID:-0}" --json "$json" --md "$W/tables.md" "$@"
   JSONS+=("$json")
 }
 
@@ -194,8 +203,8 @@ if [[ " $PARTS " == *" compare "* ]] && [[ " $MODELS " == *" resnet50 "* ]] && f
       graphs) SERVER_ENV=""; FLAGS=() ;;
       pad_graphs) SERVER_ENV=""; FLAGS=(--pad-batches) ;;
     esac
-    start_server resnet50 "compare $mode" --devices 0 "${FLAGS[@]}" || continue
-    load resnet50 "$mode" "$W/compare_$mode.json" --protocols grpc --clients 32,128
+    start_server resnet50 "compare $mode" --devices 0 --workers "$FIRST_WORKERS" "${FLAGS[@]}" || continue
+    load resnet50 "$mode, $FIRST_WORKERS worker(s)" "$W/compare_$mode.json" --protocols grpc --clients 32,128
     stop_server
   done
   SERVER_ENV=""
@@ -221,22 +230,26 @@ if [[ " $PARTS " == *" tables "* ]]; then
     [ "$m" = bert ] && protos=grpc
     for devs in $TABLE_DEVICES; do
       if [ "$devs" = 0,1 ] && [ "$NGPU" -lt 2 ]; then say "one GPU: no two-GPU table"; continue; fi
-      need=$(( 25 + (${#protos} > 4 ? 8 : 4) * (LOAD_S + 2) ))
-      fits "$need" "$m table on GPUs $devs" || continue
-      say "$m, --devices $devs ${PAD_FLAG[*]}"
-      echo "### $m, --devices $devs ${PAD_FLAG[*]}" >>"$W/tables.md"
-      start_server "$m" "$m devices $devs" --devices "$devs" "${PAD_FLAG[@]}" || continue
-      load "$m" "GPUs $devs${PAD_FLAG:+ padded}" "$W/load_${m}_${devs/,/_}.json" --protocols "$protos"
-      stop_server
+      for nw in $WORKER_COUNTS; do
+        need=$(( 25 + 5 * nw + (${#protos} > 4 ? 8 : 4) * (LOAD_S + 2) ))
+        fits "$need" "$m table on GPUs $devs, $nw worker(s)" || continue
+        say "$m, --devices $devs --workers $nw ${PAD_FLAG[*]}"
+        echo "### $m, --devices $devs --workers $nw --worker-devices $WORKER_DEVICES ${PAD_FLAG[*]}" >>"$W/tables.md"
+        start_server "$m" "$m devices $devs workers $nw" --devices "$devs" --workers "$nw" \
+          --worker-devices "$WORKER_DEVICES" "${PAD_FLAG[@]}" || continue
+        load "$m" "GPUs $devs, $nw worker(s)${PAD_FLAG:+ padded}" \
+          "$W/load_${m}_${devs/,/_}_w$nw.json" --protocols "$protos"
+        stop_server
+      done
     done
   done
 fi
 
 if [[ " $PARTS " == *" soak "* ]] && [[ " $MODELS " == *" resnet50 "* ]] && fits $((SOAK_S + 30)) "soak"; then
   say "soak: ResNet-50 on every GPU, 64 clients, 5% bad requests, $SOAK_S s"
-  if start_server resnet50 "soak" "${PAD_FLAG[@]}"; then
+  if start_server resnet50 "soak" --workers "$FIRST_WORKERS" --worker-devices "$WORKER_DEVICES" "${PAD_FLAG[@]}"; then
     python3 bench/serve_load.py soak --http "$HTTP" --grpc "$GRPC" --model resnet50 \
-      --engine "${ENGINE[resnet50]}" --label "every GPU${PAD_FLAG:+, padded}" --clients 64 \
+      --engine "${ENGINE[resnet50]}" --label "every GPU, $FIRST_WORKERS worker(s)${PAD_FLAG:+, padded}" --clients 64 \
       --duration "$SOAK_S" --bad-rate 0.05 --server-pid "$SPID" --sample-every 5 --procs 8 \
       --settle "$((SOAK_S < 120 ? SOAK_S / 2 : 60))" \
       --json "$W/soak.json" --csv "$OUT/soak.csv" --png "$OUT/soak.png"
