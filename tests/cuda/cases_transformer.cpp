@@ -118,6 +118,16 @@ void mha_cases(std::vector<OpCase>& v) {
                    .mask = padding(3, 100)}));
   v.push_back(
       mha({.name = "d64_cross", .B = 2, .Sq = 9, .Sk = 70, .H = 2, .mask = in({2, 2, 9, 70})}));
+  // Swin's windows: head size 32, a constant relative-position bias per head [1, H, 49, 49]
+  // without nan_to_zero (finite, so no row is removed: mha.cudnn takes it).
+  v.push_back(mha({.name = "d32_window_bias",
+                   .B = 64,
+                   .Sq = 49,
+                   .Sk = 49,
+                   .H = 3,
+                   .D = 32,
+                   .packed = true,
+                   .mask = konst_random({1, 3, 49, 49}, 3.0)}));
   // An odd number of keys: mha.flash reads the mask key by key, not in pairs.
   v.push_back(
       mha({.name = "d64_cross_odd", .B = 2, .Sq = 9, .Sk = 71, .H = 2, .mask = in({2, 2, 9, 71})}));

@@ -9,6 +9,7 @@
 // cuDNN writes 0 for a row the mask removes entirely: it takes masked attention only where kiln's
 // nan_to_zero asks for that (SDPA's exports); unmasked attention (ViT) always.
 #if KILN_HAVE_CUDNN_FRONTEND
+#include <cmath>
 #include <cudnn_frontend.h>
 #include <dlfcn.h>
 
@@ -161,6 +162,15 @@ class CudnnMhaLayer final : public Layer {
 
 }  // namespace
 
+namespace {
+bool finite_constant(const Tensor* t) {
+  if (!t) return false;
+  for (int64_t i = 0; i < t->numel(); ++i)
+    if (!std::isfinite(t->at_double(i))) return false;
+  return true;
+}
+}  // namespace
+
 bool mha_cudnn_supports(const LayerDesc& d, std::string* why) {
   int64_t dq = 0, dv = 0;
   if (!mha_f16_head_sizes(d, &dq, &dv, why)) return false;
@@ -168,8 +178,10 @@ bool mha_cudnn_supports(const LayerDesc& d, std::string* why) {
     return *why = "head sizes up to 128, multiples of 8, V's as Q's", false;
   // cuDNN writes 0 for a row the mask removes entirely (test-backend-ops' mha_masked_row_nan):
   // kiln's nan_to_zero, where ONNX's softmax gives NaN.
+  // A constant mask of finite values (a relative-position bias: Swin, BEiT) removes no row, so
+  // the two agree there.
   const bool masked = d.node->num_inputs() > 3 && d.node->input(3) != nullptr;
-  if (masked && d.node->attrs.get_int("nan_to_zero", 0) == 0)
+  if (masked && d.node->attrs.get_int("nan_to_zero", 0) == 0 && !finite_constant(d.in_const(3)))
     return *why = "a row the mask removes entirely is 0 here, NaN without nan_to_zero", false;
   return true;
 }

@@ -358,8 +358,11 @@ Expected<std::unique_ptr<Layer>> create_relayout(const LayerDesc& d) {
   return std::unique_ptr<Layer>(new RelayoutLayer(d));
 }
 
+// Row-major only: a region's index maps are over logical coordinates, and with the last axis
+// contiguous in its inputs and output each thread moves 16 bytes (an NHWC-stored 4-D tensor
+// would make every element a walk of its own; Swin's [B, H, W, C] tensors were so stored).
 const TacticDef kTactics[] = {
-    {"kiln", "Relayout", "relayout.gather", kF32 | kF16 | kF64 | kNHWC, 0, relayout_supports,
+    {"kiln", "Relayout", "relayout.gather", kF32 | kF16 | kF64, 0, relayout_supports,
      create_relayout},
 };
 
