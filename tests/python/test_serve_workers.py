@@ -314,5 +314,6 @@ def test_a_port_in_use_stops_the_server(repo):
                             str(port), "--workers", "2"],
                            capture_output=True, text=True, env=env(), timeout=START_S)
     assert p.returncode == 1
-    assert p.stderr.strip() == (f"kiln: error: cannot listen on 127.0.0.1:{port} (gRPC): "
-                                "Address already in use")
+    errors = [line for line in p.stderr.splitlines() if line.startswith("kiln: error:")]
+    assert errors == [f"kiln: error: cannot listen on 127.0.0.1:{port} (gRPC): "
+                      "Address already in use"], p.stderr[-3000:]
