@@ -290,8 +290,15 @@ class RelayoutLayer : public Layer {
     numel_ = y.numel();
     vector_ok_ &= y.layout == Layout::kLinear && y.rank() > 0 &&
                   y.shape.back() % (16 / esize_) == 0;
+    // 32-bit index arithmetic where every tensor the walk passes through (an Expand may make an
+    // intermediate bigger than the inputs and the output) has fewer than 2^31 elements.
     int64_t biggest = numel_;
     for (const DeviceTensor& t : in) biggest = std::max(biggest, t.numel());
+    for (const TensorType& t : st) {
+      int64_t e = 1;
+      for (const Dim& d : *t.dims) e *= d.value;
+      biggest = std::max(biggest, e);
+    }
     small_ = biggest < (int64_t{1} << 31);
     return size_t{0};
   }
