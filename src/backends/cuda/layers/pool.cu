@@ -126,6 +126,18 @@ __global__ void maxpool_kernel(const T* __restrict__ x, T* __restrict__ y,
 // scale, quantize_code's codes (those of the quantizing kiln.Reformat, so the pair fused is
 // exact): a CNN's stem pool feeding an INT8 chain writes a quarter of float16's bytes and needs
 // no reformat.
+// Thread i of an NHWC pool over [N, P, Q, C / V]: its output pixel (n, op, q) and channel vector.
+struct NhwcVecIndex {
+  int n, op, q, cv;
+};
+__device__ __forceinline__ NhwcVecIndex nhwc_vec_index(int i, int CV, int P, int Q) {
+  const int cv = i % CV;
+  int r = i / CV;
+  const int q = r % Q;
+  r /= Q;
+  return {r / P, r % P, q, cv};
+}
+
 template <typename T, int V, int K, typename Out = T>
 __global__ void maxpool2d_nhwc_vec(const T* __restrict__ x, Out* __restrict__ y, PoolParams p,
                                    float scale = 1.f) {
@@ -135,12 +147,7 @@ __global__ void maxpool2d_nhwc_vec(const T* __restrict__ x, Out* __restrict__ y,
   const int CV = static_cast<int>(p.C) / V;
   const int total = static_cast<int>(p.total) / V;
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
-    const int cv = i % CV;
-    int r = i / CV;
-    const int q = r % Q;
-    r /= Q;
-    const int op = r % P;
-    const int n = r / P;
+    const auto [n, op, q, cv] = nhwc_vec_index(i, CV, P, Q);
     C best[V];
     bool found = false;
     const int kh = K > 0 ? K : static_cast<int>(p.k[1]), kw = K > 0 ? K : static_cast<int>(p.k[2]);
@@ -242,12 +249,7 @@ __global__ void avgpool2d_nhwc_vec(const T* __restrict__ x, T* __restrict__ y, P
   const int CV = static_cast<int>(p.C) / V;
   const int total = static_cast<int>(p.total) / V;
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
-    const int cv = i % CV;
-    int r = i / CV;
-    const int q = r % Q;
-    r /= Q;
-    const int op = r % P;
-    const int n = r / P;
+    const auto [n, op, q, cv] = nhwc_vec_index(i, CV, P, Q);
     const int64_t h0 = op * p.s[1] - p.pb[1], w0 = q * p.s[2] - p.pb[2];
     const int64_t valid = taps_in(h0, p.k[1], p.dil[1], 0, H) * taps_in(w0, p.k[2], p.dil[2], 0, W);
     const int64_t counted = taps_in(h0, p.k[1], p.dil[1], -p.pb[1], H + p.pe[1]) *
