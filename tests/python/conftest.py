@@ -41,6 +41,17 @@ def cnn_engine(models_dir):
                       max_shapes={"input": [8, 3, 32, 32]})
 
 
+def serve_repo(models_dir, repo, max_batch):
+    """A model repository for `kiln serve` tests in `repo`: small_cnn.kiln (dynamic batch 1 to
+    max_batch) and mlp/model.kiln, both for the cpu backend. Returns repo."""
+    kiln.build(str(models_dir / "small_cnn.onnx"), backend="cpu",
+               min_shapes={"input": [1, 3, 32, 32]}, opt_shapes={"input": [max_batch // 2, 3, 32, 32]},
+               max_shapes={"input": [max_batch, 3, 32, 32]}).save(repo / "small_cnn.kiln")
+    (repo / "mlp").mkdir()
+    kiln.build(str(models_dir / "mlp.onnx"), backend="cpu").save(repo / "mlp" / "model.kiln")
+    return repo
+
+
 def feeds_for(name, batch, rng):
     """Seeded inputs for a small model (as tests/models/run_model_tests.py makes them)."""
     sys.path.insert(0, os.path.join(ROOT, "tests", "models"))

@@ -15,7 +15,7 @@ import urllib.request
 
 import numpy as np
 import pytest
-from conftest import ort_outputs, rel_l2
+from conftest import ort_outputs, rel_l2, serve_repo
 
 import kiln
 
@@ -38,12 +38,7 @@ def free_port():
 
 @pytest.fixture(scope="module")
 def server(models_dir, tmp_path_factory):
-    repo = tmp_path_factory.mktemp("repo")
-    kiln.build(str(models_dir / "small_cnn.onnx"), backend="cpu",
-               min_shapes={"input": [1, 3, 32, 32]}, opt_shapes={"input": [8, 3, 32, 32]},
-               max_shapes={"input": [16, 3, 32, 32]}).save(repo / "small_cnn.kiln")
-    (repo / "mlp").mkdir()
-    kiln.build(str(models_dir / "mlp.onnx"), backend="cpu").save(repo / "mlp" / "model.kiln")
+    repo = serve_repo(models_dir, tmp_path_factory.mktemp("repo"), max_batch=16)
     http_port, grpc_port = free_port(), free_port()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [os.path.dirname(os.path.dirname(kiln.__file__)), os.environ.get("PYTHONPATH", "")]))

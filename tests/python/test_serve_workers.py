@@ -17,7 +17,7 @@ import urllib.request
 
 import numpy as np
 import pytest
-from conftest import ort_outputs, rel_l2
+from conftest import ort_outputs, rel_l2, serve_repo
 
 import kiln
 
@@ -110,13 +110,7 @@ def stop(server):
 
 @pytest.fixture(scope="module")
 def repo(models_dir, tmp_path_factory):
-    repo = tmp_path_factory.mktemp("repo")
-    kiln.build(str(models_dir / "small_cnn.onnx"), backend="cpu",
-               min_shapes={"input": [1, 3, 32, 32]}, opt_shapes={"input": [4, 3, 32, 32]},
-               max_shapes={"input": [8, 3, 32, 32]}).save(repo / "small_cnn.kiln")
-    (repo / "mlp").mkdir()
-    kiln.build(str(models_dir / "mlp.onnx"), backend="cpu").save(repo / "mlp" / "model.kiln")
-    return repo
+    return serve_repo(models_dir, tmp_path_factory.mktemp("repo"), max_batch=8)
 
 
 @pytest.fixture(scope="module")
