@@ -126,28 +126,34 @@ __global__ void maxpool_kernel(const T* __restrict__ x, T* __restrict__ y,
 // scale, quantize_code's codes (those of the quantizing kiln.Reformat, so the pair fused is
 // exact): a CNN's stem pool feeding an INT8 chain writes a quarter of float16's bytes and needs
 // no reformat.
-// Thread i of an NHWC pool over [N, P, Q, C / V]: its output pixel (n, op, q) and channel vector.
+// The threads of an NHWC pool kernel over [N, P, Q, C / V]: thread i makes the V channels from
+// cv * V of output pixel (n, op, q), which start at element i * V of Y.
 struct NhwcVecIndex {
   int n, op, q, cv;
 };
-__device__ __forceinline__ NhwcVecIndex nhwc_vec_index(int i, int CV, int P, int Q) {
-  const int cv = i % CV;
-  int r = i / CV;
-  const int q = r % Q;
-  r /= Q;
-  return {r / P, r % P, q, cv};
-}
+struct NhwcVecGrid {
+  int H, W, P, Q, CV, total;
+  __device__ NhwcVecGrid(const PoolParams& p, int V)
+      : H(static_cast<int>(p.in[1])), W(static_cast<int>(p.in[2])),
+        P(static_cast<int>(p.out[1])), Q(static_cast<int>(p.out[2])),
+        CV(static_cast<int>(p.C) / V), total(static_cast<int>(p.total) / V) {}
+  __device__ NhwcVecIndex at(int i) const {
+    const int cv = i % CV;
+    int r = i / CV;
+    const int q = r % Q;
+    r /= Q;
+    return {r / P, r % P, q, cv};
+  }
+};
 
 template <typename T, int V, int K, typename Out = T>
 __global__ void maxpool2d_nhwc_vec(const T* __restrict__ x, Out* __restrict__ y, PoolParams p,
                                    float scale = 1.f) {
   using C = Compute<T>;
-  const int H = static_cast<int>(p.in[1]), W = static_cast<int>(p.in[2]);
-  const int P = static_cast<int>(p.out[1]), Q = static_cast<int>(p.out[2]);
-  const int CV = static_cast<int>(p.C) / V;
-  const int total = static_cast<int>(p.total) / V;
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
-    const auto [n, op, q, cv] = nhwc_vec_index(i, CV, P, Q);
+  const NhwcVecGrid g(p, V);
+  const int H = g.H, W = g.W;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < g.total; i += gridDim.x * blockDim.x) {
+    const auto [n, op, q, cv] = g.at(i);
     C best[V];
     bool found = false;
     const int kh = K > 0 ? K : static_cast<int>(p.k[1]), kw = K > 0 ? K : static_cast<int>(p.k[2]);
@@ -170,7 +176,7 @@ __global__ void maxpool2d_nhwc_vec(const T* __restrict__ x, Out* __restrict__ y,
         found = true;
       }
     }
-    const int64_t yo = ((static_cast<int64_t>(n) * P + op) * Q + q) * p.C + cv * V;
+    const int64_t yo = static_cast<int64_t>(i) * V;
     if constexpr (std::is_same_v<Out, int8_t> && !std::is_same_v<T, int8_t>) {  // quantizing
       static_assert(V == 4 || V == 8, "4 or 8 codes per thread");
       using Pack = std::conditional_t<V == 8, uint2, uint32_t>;
@@ -244,12 +250,10 @@ __global__ void avgpool_kernel(const T* __restrict__ x, T* __restrict__ y, PoolP
 template <typename T, int V>
 __global__ void avgpool2d_nhwc_vec(const T* __restrict__ x, T* __restrict__ y, PoolParams p) {
   using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
-  const int H = static_cast<int>(p.in[1]), W = static_cast<int>(p.in[2]);
-  const int P = static_cast<int>(p.out[1]), Q = static_cast<int>(p.out[2]);
-  const int CV = static_cast<int>(p.C) / V;
-  const int total = static_cast<int>(p.total) / V;
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
-    const auto [n, op, q, cv] = nhwc_vec_index(i, CV, P, Q);
+  const NhwcVecGrid g(p, V);
+  const int H = g.H, W = g.W;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < g.total; i += gridDim.x * blockDim.x) {
+    const auto [n, op, q, cv] = g.at(i);
     const int64_t h0 = op * p.s[1] - p.pb[1], w0 = q * p.s[2] - p.pb[2];
     const int64_t valid = taps_in(h0, p.k[1], p.dil[1], 0, H) * taps_in(w0, p.k[2], p.dil[2], 0, W);
     const int64_t counted = taps_in(h0, p.k[1], p.dil[1], -p.pb[1], H + p.pe[1]) *
@@ -277,7 +281,7 @@ __global__ void avgpool2d_nhwc_vec(const T* __restrict__ x, T* __restrict__ y, P
     for (int l = 0; l < V; ++l)  // a window entirely in the padding: NaN, as the reference's 0/0
       store(outv, l,
             div > 0 ? sum[l] / static_cast<Acc>(div) : std::numeric_limits<Acc>::quiet_NaN());
-    *reinterpret_cast<uint4*>(y + ((int64_t(n) * P + op) * Q + q) * p.C + cv * V) = packed;
+    *reinterpret_cast<uint4*>(y + static_cast<int64_t>(i) * V) = packed;
   }
 }
 
