@@ -889,8 +889,8 @@ def main(argv=None) -> int:
     a = parse_args(argv)
     # KServe parses sys.argv when it is imported; it has no options of kiln serve's.
     sys.argv = sys.argv[:1]
-    from kiln.serve_workers import (WorkerLink, parse_workers, reuseport_sockets, supervise,
-                                    worker_devices)
+    from kiln.serve_workers import (WorkerLink, parse_workers, port_problem, reuseport_sockets,
+                                    supervise, worker_devices)
 
     # Set when this process is a worker of `kiln serve --workers` (serve_workers.Supervisor).
     worker = WorkerLink.from_env()
@@ -922,6 +922,11 @@ def main(argv=None) -> int:
         return supervise(argv, a.host, a.http_port, None if a.no_grpc else a.grpc_port,
                          [worker_devices(devices, workers, i, a.worker_devices)
                           for i in range(workers)])
+    if worker is None:  # a taken port: one line now, not a traceback after the models load
+        for port, what in ((a.http_port, "REST"), (None if a.no_grpc else a.grpc_port, "gRPC")):
+            problem = port_problem(a.host, port, what) if port else None
+            if problem:
+                return fail(problem)
     try:
         KilnModel = _kserve_model_class()
     except ImportError as e:

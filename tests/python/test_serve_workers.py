@@ -311,3 +311,20 @@ def test_a_port_in_use_stops_the_server(repo):
     errors = [line for line in p.stderr.splitlines() if line.startswith("kiln: error:")]
     assert errors == [f"kiln: error: cannot listen on 127.0.0.1:{port} (gRPC): "
                       "Address already in use"], p.stderr[-3000:]
+
+
+@pytest.mark.parametrize("flag,what", [("--http-port", "REST"), ("--grpc-port", "gRPC")])
+def test_a_port_in_use_stops_one_process_too(repo, flag, what):
+    # Without --workers the same one line, before the models load (it was a traceback, exit 3).
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        ports = {"--http-port": str(free_port()), "--grpc-port": str(free_port()), flag: str(port)}
+        p = subprocess.run([sys.executable, "-m", "kiln.cli", "serve", str(repo), "--host",
+                            "127.0.0.1", *[x for kv in ports.items() for x in kv]],
+                           capture_output=True, text=True, env=env(), timeout=START_S)
+    assert p.returncode == 1, p.stderr[-3000:]
+    errors = [line for line in p.stderr.splitlines() if line.startswith("kiln: error:")]
+    assert errors == [f"kiln: error: cannot listen on 127.0.0.1:{port} ({what}): "
+                      "Address already in use"], p.stderr[-3000:]
