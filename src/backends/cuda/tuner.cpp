@@ -62,7 +62,8 @@ std::string Tuner::signature(const Node& n, const LayerChoice& c, const ShapeRes
       s += it == shapes.shapes.end() ? "?" : shape_str(it->second);
       s += v->is_constant() ? "c" : "";
     }
-    s += ":" + (i < c.in.size() && c.in[i].dtype != DataType::kUndefined ? c.in[i].str() : "-");
+    s += ':';  // appended apart: GCC 12 takes "..." + std::string&& for an overlapping copy
+    s += i < c.in.size() && c.in[i].dtype != DataType::kUndefined ? c.in[i].str() : "-";
     s += ",";
   }
   s += ")->";
