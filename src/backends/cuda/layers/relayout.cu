@@ -353,9 +353,13 @@ bool relayout_supports(const LayerDesc& d, std::string* why) {
     return *why = fmt::format("{} steps over {} inputs (at most {} over {})", ops.size(),
                               d.in.size(), kMaxSteps, kMaxInputs),
            false;
-  for (size_t s = 0; s < ops.size() && s < arity.size(); ++s)
+  for (size_t s = 0; s < ops.size() && s < arity.size(); ++s) {
     if (ops[s] == "Concat" && arity[s] > kMaxParts)
       return *why = fmt::format("a Concat of {} parts (at most {})", arity[s], kMaxParts), false;
+    if (ops[s] == "Pad" && (n.attrs.get_string(fmt::format("s{}_mode", s), "constant") != "constant" ||
+                            n.attrs.has(fmt::format("s{}_c3", s))))
+      return *why = "a Pad other than constant padding of every axis", false;
+  }
   for (size_t i = 0; i < d.in.size(); ++i)
     if (d.in_type(i).rank() > kMaxRank) return *why = "an input's rank is over 8", false;
   return true;
