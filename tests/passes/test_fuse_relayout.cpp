@@ -76,3 +76,38 @@ TEST(FuseRelayout, ComputedParametersAreNotTaken) {
 
 }  // namespace
 }  // namespace kiln::test
+
+namespace kiln::test {
+namespace {
+
+// A kiln.Relayout as an engine file could hold it, malformed: one clear error, no crash.
+Status infer_relayout_graph(std::vector<std::string> ops, std::vector<int64_t> arity,
+                            std::vector<int64_t> operands) {
+  G b;
+  Value* x = b.in("x", {2, 3});
+  Node* n = b.g.add_node("Relayout", "bad", {x}, {"y"}, "kiln");
+  n->attrs.set("ops", Attribute::Strings(std::move(ops)));
+  n->attrs.set("arity", Attribute::Ints(std::move(arity)));
+  n->attrs.set("operands", Attribute::Ints(std::move(operands)));
+  b.out(n->output(0));
+  return infer_shapes(b.g);
+}
+
+TEST(FuseRelayout, MalformedProgramsAreOneLineErrors) {
+  EXPECT_TRUE(infer_relayout_graph({"Transpose", "Transpose"}, {1, 1}, {0, -2}).ok());
+  const Status later = infer_relayout_graph({"Transpose", "Transpose"}, {1, 1}, {-3, 0});
+  ASSERT_FALSE(later.ok());
+  EXPECT_NE(later.message().find("refers to"), std::string::npos) << later.message();
+  const Status op = infer_relayout_graph({"Relu"}, {1}, {0});
+  ASSERT_FALSE(op.ok());
+  EXPECT_NE(op.message().find("not a layout op"), std::string::npos) << op.message();
+  const Status count = infer_relayout_graph({"Transpose"}, {1}, {0, 0});
+  ASSERT_FALSE(count.ok());
+  EXPECT_NE(count.message().find("arity adds up"), std::string::npos) << count.message();
+  const Status input = infer_relayout_graph({"Transpose"}, {1}, {4});
+  ASSERT_FALSE(input.ok());
+  EXPECT_NE(input.message().find("refers to"), std::string::npos) << input.message();
+}
+
+}  // namespace
+}  // namespace kiln::test
