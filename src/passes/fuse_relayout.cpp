@@ -57,8 +57,9 @@ struct Region {
   Attributes attrs;
 };
 
-// The region that ends at `sink`, grown while a producer's every reader is inside it.
-std::vector<Node*> grow(PassContext& ctx, Node* sink) {
+// The region that ends at `sink`, grown while a producer's every reader is inside it, in graph
+// order (`order`: each node's position).
+std::vector<Node*> grow(PassContext& ctx, Node* sink, const std::map<const Node*, size_t>& order) {
   std::vector<Node*> r{sink};
   std::set<const Node*> in{sink};
   for (bool grew = true; grew;) {
@@ -79,9 +80,8 @@ std::vector<Node*> grow(PassContext& ctx, Node* sink) {
       }
     }
   }
-  std::map<const Node*, size_t> order;
-  for (size_t i = 0; i < ctx.g.nodes().size(); ++i) order[ctx.g.nodes()[i]] = i;
-  std::sort(r.begin(), r.end(), [&](const Node* a, const Node* b) { return order[a] < order[b]; });
+  std::sort(r.begin(), r.end(),
+            [&](const Node* a, const Node* b) { return order.at(a) < order.at(b); });
   return r;
 }
 
@@ -128,7 +128,13 @@ Expected<Region> program(std::vector<Node*> steps) {
 Expected<bool> fuse_relayout(PassContext& ctx) {
   bool changed = false;
   std::set<const Node*> tried;  // sinks whose region was rejected (new nodes are never sinks)
-  for (;;) {
+  std::map<const Node*, size_t> order;  // node positions, remade after each rewrite
+  for (bool rewritten = true;;) {
+    if (rewritten) {
+      order.clear();
+      for (size_t i = 0; i < ctx.g.nodes().size(); ++i) order[ctx.g.nodes()[i]] = i;
+      rewritten = false;
+    }
     Node* sink = nullptr;
     for (size_t i = ctx.g.nodes().size(); i-- > 0 && !sink;) {
       Node* n = ctx.g.nodes()[i];
@@ -136,7 +142,7 @@ Expected<bool> fuse_relayout(PassContext& ctx) {
     }
     if (!sink) break;
     tried.insert(sink);
-    std::vector<Node*> steps = grow(ctx, sink);
+    std::vector<Node*> steps = grow(ctx, sink, order);
     size_t copies = 0;
     for (const Node* n : steps) copies += !reshape_like(n->op_type);
     if (copies < 2) {
@@ -161,7 +167,7 @@ Expected<bool> fuse_relayout(PassContext& ctx) {
                                             std::move(rg->attrs), sink->output(0))
                              .status());
     ++ctx.rewrites;
-    changed = true;
+    changed = rewritten = true;
   }
   return changed;
 }
