@@ -76,6 +76,27 @@ std::vector<OpCase> conv_cases() {
     c.inputs.push_back(in({2, 24, 9, 13}));
     v.push_back(c);
   }
+  // Depthwise with a channel multiplier (group = C, M = K x C): FastViT's and MobileOne's 7x7
+  // stride-2 downsampling (K = 2, the vector path at C = 8), K = 2 at C = 3 and K = 3 (scalar
+  // paths), bias-free and fused.
+  for (const auto& [C, K, k, s] : {std::tuple<int64_t, int64_t, int, int>{8, 2, 7, 2},
+                                   {3, 2, 3, 1}, {4, 3, 3, 2}}) {
+    v.push_back(conv("dw_mult" + std::to_string(K) + "_c" + std::to_string(C) + "_k" +
+                         std::to_string(k) + "_s" + std::to_string(s),
+                     {2, C, 13, 11}, {K * C, 1, k, k},
+                     attrs({{"group", Attribute::Int(C)}, {"strides", ints_attr({s, s})},
+                            {"pads", ints_attr({k / 2, k / 2, k / 2, k / 2})}}),
+                     false));
+  }
+  {
+    OpCase c = conv("dw_mult2_fused_gelu", {2, 16, 9, 10}, {32, 1, 3, 3},
+                    attrs({{"group", Attribute::Int(16)}, {"pads", ints_attr({1, 1, 1, 1})},
+                           {"activation", Attribute::String("Gelu")}}));
+    c.op_type = "FusedConv";
+    c.domain = "kiln";
+    c.inputs.push_back(in({2, 32, 9, 10}));
+    v.push_back(c);
+  }
   v.push_back(conv("depthwise_dilated_nobias", {1, 16, 9, 9}, {16, 1, 3, 3},
                    attrs({{"group", Attribute::Int(16)}, {"dilations", ints_attr({2, 2})},
                           {"pads", ints_attr({2, 2, 2, 2})}}), false));

@@ -1,10 +1,12 @@
-// kiln's depthwise convolution (group = C = M, one filter per channel) on NHWC tensors, with
-// bias, residual and activation fused: MobileNet's and EfficientNet's 3x3/5x5 layers, ConvNeXt's
-// 7x7. cuDNN runs these through its legacy grouped path (~1.2 ms for one 112x112 layer at batch
-// 32, 20x the memory floor). The direct kernel: each thread makes V adjacent channels of one
-// output pixel with 16-byte loads, the taps' inputs come from L1, and the weights are float
-// [tap][C] for vector loads. The strip kernel (variants strip4, strip8) makes a row of outputs
-// a thread from inputs held in registers.
+// kiln's depthwise convolution (group = C, M = K x C: K filters per input channel, K = 1 the
+// plain depthwise layer) on NHWC tensors, with bias, residual and activation fused: MobileNet's
+// and EfficientNet's 3x3/5x5 layers, ConvNeXt's 7x7, FastViT's and MobileOne's K = 2
+// downsampling layers. cuDNN runs these through its legacy grouped path (~1.2 ms for one 112x112
+// layer at batch 32, 20x the memory floor). The direct kernel: each thread makes V adjacent
+// output channels of one output pixel with 16-byte stores, the V / K input channels under them
+// one vector load a tap from L1, and the weights are float [tap][M] for vector loads. The strip
+// kernel (variants strip4, strip8; K = 1) makes a row of outputs a thread from inputs held in
+// registers.
 #include <algorithm>
 #include <map>
 #include <vector>
@@ -17,8 +19,9 @@
 namespace kiln::gpu {
 namespace {
 
+// C: input channels; M = K x C output channels (K = 1: M = C).
 struct DwParams {
-  int N, H, W, C, P, Q, kh, kw, sh, sw, dh, dw, ph, pw;
+  int N, H, W, C, P, Q, kh, kw, sh, sw, dh, dw, ph, pw, M, K;
 };
 
 template <typename T, int V>
@@ -26,20 +29,24 @@ struct alignas(sizeof(T) * V) Pack {
   T v[V];
 };
 
-template <typename T, int V>
+// KC: the multiplier K known at compile time (V % KC == 0: the V outputs read V / KC adjacent
+// input channels, one vector); KC = 0: K from p, one scalar input load per output channel.
+template <typename T, int V, int KC>
 __global__ void dwconv_nhwc(const T* __restrict__ x, const float* __restrict__ w,
                             const float* __restrict__ bias, const T* __restrict__ z,
                             T* __restrict__ y, DwParams p, ActParams act) {
-  const int CV = p.C / V;
-  const int total = p.N * p.P * p.Q * CV;
+  static_assert(V % (KC ? KC : 1) == 0, "whole input channels per thread");
+  constexpr int IV = KC ? V / KC : 1;
+  const int MV = p.M / V;
+  const int total = p.N * p.P * p.Q * MV;
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
-    const int cv = i % CV;
-    int r = i / CV;
+    const int mv = i % MV;
+    int r = i / MV;
     const int q = r % p.Q;
     r /= p.Q;
     const int op = r % p.P;
     const int n = r / p.P;
-    const int c0 = cv * V;
+    const int c0 = mv * V;
     float acc[V];
 #pragma unroll
     for (int l = 0; l < V; ++l) acc[l] = bias ? bias[c0 + l] : 0.f;
@@ -49,15 +56,20 @@ __global__ void dwconv_nhwc(const T* __restrict__ x, const float* __restrict__ w
       for (int b = 0; b < p.kw; ++b) {
         const int iw = q * p.sw - p.pw + b * p.dw;
         if (iw < 0 || iw >= p.W) continue;
-        const Pack<T, V> xv = *reinterpret_cast<const Pack<T, V>*>(
-            x + ((static_cast<int64_t>(n) * p.H + ih) * p.W + iw) * p.C + c0);
+        const T* px = x + ((static_cast<int64_t>(n) * p.H + ih) * p.W + iw) * p.C;
         const Pack<float, V> wv =
-            *reinterpret_cast<const Pack<float, V>*>(w + (a * p.kw + b) * p.C + c0);
+            *reinterpret_cast<const Pack<float, V>*>(w + (a * p.kw + b) * p.M + c0);
+        if constexpr (KC == 0) {
 #pragma unroll
-        for (int l = 0; l < V; ++l) acc[l] += load(xv.v, l) * wv.v[l];
+          for (int l = 0; l < V; ++l) acc[l] += load(px, (c0 + l) / p.K) * wv.v[l];
+        } else {
+          const Pack<T, IV> xv = *reinterpret_cast<const Pack<T, IV>*>(px + c0 / KC);
+#pragma unroll
+          for (int l = 0; l < V; ++l) acc[l] += load(xv.v, l / KC) * wv.v[l];
+        }
       }
     }
-    const int64_t yo = ((static_cast<int64_t>(n) * p.P + op) * p.Q + q) * p.C + c0;
+    const int64_t yo = ((static_cast<int64_t>(n) * p.P + op) * p.Q + q) * p.M + c0;
     Pack<T, V> out;
     if (z) {
       const Pack<T, V> zv = *reinterpret_cast<const Pack<T, V>*>(z + yo);
@@ -142,15 +154,94 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-// The strip kernels compiled: filter widths 3, 5, 7 at strides 1 and 2, strips of 4 or 8.
-template <typename T, int V, int TW>
+// The stream form (variants stream4, stream8): the strip form's outputs, with the filter row's
+// KW weight vectors held in registers and the SPAN input vectors streamed once, each converted
+// to float once and added to every output whose window covers it (the strip form converts an
+// input once per tap it meets). At most 128 registers for strips of 4 (two blocks an SM).
+template <typename T, int V, int KW, int S, int TW>
+__global__ void __launch_bounds__(256, TW <= 4 ? 2 : 1)
+    dwconv_nhwc_stream(const T* __restrict__ x, const float* __restrict__ w,
+                      const float* __restrict__ bias, const T* __restrict__ z,
+                      T* __restrict__ y, DwParams p, ActParams act) {
+  static_assert(sizeof(T) * V == 16, "one 16-byte vector of channels");
+  constexpr int SPAN = (TW - 1) * S + KW;
+  const int CV = p.C / V;
+  const int strips = (p.Q + TW - 1) / TW;
+  const int64_t total = int64_t(p.N) * p.P * strips * CV;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int cv = static_cast<int>(i % CV);
+    int64_t r = i / CV;
+    const int qs = static_cast<int>(r % strips);
+    r /= strips;
+    const int op = static_cast<int>(r % p.P);
+    const int n = static_cast<int>(r / p.P);
+    const int c0 = cv * V, q0 = qs * TW;
+    float acc[TW][V];
+#pragma unroll
+    for (int l = 0; l < V; ++l) {
+      const float b0 = bias ? bias[c0 + l] : 0.f;
+#pragma unroll
+      for (int t = 0; t < TW; ++t) acc[t][l] = b0;
+    }
+    const int iw0 = q0 * S - p.pw;
+    for (int a = 0; a < p.kh; ++a) {
+      const int ih = op * p.sh - p.ph + a;
+      if (ih < 0 || ih >= p.H) continue;
+      const T* row = x + (static_cast<int64_t>(n) * p.H + ih) * p.W * p.C + c0;
+      Pack<float, V> wrow[KW];
+#pragma unroll
+      for (int b = 0; b < KW; ++b)
+        wrow[b] = *reinterpret_cast<const Pack<float, V>*>(w + (a * KW + b) * p.C + c0);
+#pragma unroll
+      for (int j = 0; j < SPAN; ++j) {
+        const int iw = iw0 + j;
+        const uint4 raw = iw >= 0 && iw < p.W
+                              ? *reinterpret_cast<const uint4*>(row + int64_t(iw) * p.C)
+                              : make_uint4(0, 0, 0, 0);
+        const T* xv = reinterpret_cast<const T*>(&raw);
+        float xf[V];
+#pragma unroll
+        for (int l = 0; l < V; ++l) xf[l] = load(xv, l);
+#pragma unroll
+        for (int t = 0; t < TW; ++t) {
+          const int b = j - t * S;  // the tap of output t that input j is under
+          if (b < 0 || b >= KW) continue;
+#pragma unroll
+          for (int l = 0; l < V; ++l) acc[t][l] += xf[l] * wrow[b].v[l];
+        }
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < TW; ++t) {
+      if (q0 + t >= p.Q) break;
+      const int64_t yo = ((static_cast<int64_t>(n) * p.P + op) * p.Q + q0 + t) * p.C + c0;
+      if (z) {
+        const Pack<T, V> zv = *reinterpret_cast<const Pack<T, V>*>(z + yo);
+#pragma unroll
+        for (int l = 0; l < V; ++l) acc[t][l] += load(zv.v, l);
+      }
+      Pack<T, V> out;
+#pragma unroll
+      for (int l = 0; l < V; ++l) store(out.v, l, apply_act(acc[t][l], act));
+      *reinterpret_cast<Pack<T, V>*>(y + yo) = out;
+    }
+  }
+}
+
+// The strip and stream kernels compiled: filter widths 3, 5, 7 at strides 1 and 2, strips of 4
+// or 8.
+template <typename T, int V, int TW, bool STREAM>
 bool launch_strip(const T* x, const float* w, const float* b, const T* z, T* y, const DwParams& p,
                   const ActParams& act, cudaStream_t stream) {
   const int64_t threads = int64_t(p.N) * p.P * ((p.Q + TW - 1) / TW) * (p.C / V);
   const unsigned grid = grid_for(threads);
 #define KILN_DW_STRIP(KW, S)                                                                   \
   if (p.kw == KW && p.sw == S) {                                                               \
-    dwconv_nhwc_strip<T, V, KW, S, TW><<<grid, kBlock, 0, stream>>>(x, w, b, z, y, p, act);    \
+    if constexpr (STREAM)                                                                      \
+      dwconv_nhwc_stream<T, V, KW, S, TW><<<grid, kBlock, 0, stream>>>(x, w, b, z, y, p, act); \
+    else                                                                                       \
+      dwconv_nhwc_strip<T, V, KW, S, TW><<<grid, kBlock, 0, stream>>>(x, w, b, z, y, p, act);  \
     return true;                                                                               \
   }
   KILN_DW_STRIP(3, 1) KILN_DW_STRIP(5, 1) KILN_DW_STRIP(7, 1)
@@ -161,7 +252,7 @@ bool launch_strip(const T* x, const float* w, const float* b, const T* z, T* y, 
 
 bool strip_applies(const LayerDesc& d) {
   const Tensor* w = d.in_const(1);
-  if (!w || w->rank() != 4) return false;
+  if (!w || w->rank() != 4 || w->shape()[0] != d.node->attrs.get_int("group", 1)) return false;
   const int64_t kw = w->shape()[3];
   const std::vector<int64_t> dil = d.node->attrs.get_ints("dilations");
   const std::vector<int64_t> str = d.node->attrs.get_ints("strides");
@@ -180,8 +271,8 @@ bool depthwise_supports(const LayerDesc& d, std::string* why) {
   if (!w) return *why = "weights are not constant", false;
   if (n.input(2) && !d.in_const(2)) return *why = "the bias is not constant", false;
   const int64_t group = n.attrs.get_int("group", 1);
-  if (group < 2 || w->rank() != 4 || w->shape()[0] != group || w->shape()[1] != 1)
-    return *why = "not depthwise (group = C = M)", false;
+  if (group < 2 || w->rank() != 4 || w->shape()[0] % group != 0 || w->shape()[1] != 1)
+    return *why = "not depthwise (group = C, M a multiple of C)", false;
   if (n.op_type == "FusedConv") {
     ActParams a;
     if (!read_activation(n.attrs, &a)) return *why = "unknown activation", false;
@@ -194,9 +285,13 @@ bool depthwise_supports(const LayerDesc& d, std::string* why) {
 class DepthwiseConvLayer final : public Layer {
  public:
   explicit DepthwiseConvLayer(const LayerDesc& d)
-      : node_(d.node), strip_(d.variant == "strip4" ? 4 : d.variant == "strip8" ? 8 : 0) {
+      : node_(d.node),
+        strip_(d.variant == "strip4" || d.variant == "stream4"   ? 4
+               : d.variant == "strip8" || d.variant == "stream8" ? 8
+                                                                 : 0),
+        stream_(d.variant.rfind("stream", 0) == 0) {
     if (d.node->op_type == "FusedConv") read_activation(d.node->attrs, &act_);
-    // Weights [C,1,kh,kw] -> float [kh*kw][C]; bias float [C]. Uploaded at the first configure.
+    // Weights [M,1,kh,kw] -> float [kh*kw][M]; bias float [M]. Uploaded at the first configure.
     const Tensor& w = *d.in_const(1);
     const int64_t C = w.shape()[0], taps = w.shape()[2] * w.shape()[3];
     host_w_.resize(static_cast<size_t>(C * taps));
@@ -212,7 +307,7 @@ class DepthwiseConvLayer final : public Layer {
   Expected<size_t> configure(const RunContext& rc, std::span<const DeviceTensor> in,
                              std::span<const DeviceTensor> out) override {
     KILN_ASSIGN_OR_RETURN(ConvGeom g, conv_geometry(*node_, in[0].shape, in[1].shape, false));
-    if (g.N * g.out[0] * g.out[1] * g.C >= (int64_t(1) << 31) ||
+    if (g.N * g.out[0] * g.out[1] * g.M >= (int64_t(1) << 31) ||
         g.N * g.in[0] * g.in[1] * g.C >= (int64_t(1) << 31))
       return KILN_ERROR("{}: tensor too large for the depthwise kernel", node_->label());
     p_ = {static_cast<int>(g.N), static_cast<int>(g.in[0]), static_cast<int>(g.in[1]),
@@ -220,7 +315,8 @@ class DepthwiseConvLayer final : public Layer {
           static_cast<int>(g.kernel[0]), static_cast<int>(g.kernel[1]),
           static_cast<int>(g.stride[0]), static_cast<int>(g.stride[1]),
           static_cast<int>(g.dilation[0]), static_cast<int>(g.dilation[1]),
-          static_cast<int>(g.pad_begin[0]), static_cast<int>(g.pad_begin[1])};
+          static_cast<int>(g.pad_begin[0]), static_cast<int>(g.pad_begin[1]),
+          static_cast<int>(g.M), static_cast<int>(g.M / g.C)};
     if (!weights_.get()) {
       const size_t wb = host_w_.size() * sizeof(float), bb = host_b_.size() * sizeof(float);
       KILN_RETURN_IF_ERROR(weights_.reserve(wb + bb + 16, "depthwise conv weights"));
@@ -246,15 +342,25 @@ class DepthwiseConvLayer final : public Layer {
         T* y = static_cast<T*>(out[0].data);
         const T* zp = z ? static_cast<const T*>(z->data) : nullptr;
         const int64_t pixels = int64_t(p_.N) * p_.P * p_.Q;
-        const bool strip_ok = vec_ok && p_.C % V == 0 && p_.dh == 1 && p_.dw == 1;
-        if (strip_ok && strip_ == 4 && launch_strip<T, V, 4>(x, w, b, zp, y, p_, act_, rc.stream))
+        const bool strip_ok = vec_ok && p_.K == 1 && p_.C % V == 0 && p_.dh == 1 && p_.dw == 1;
+        if (strip_ok && strip_ == 4 &&
+            (stream_ ? launch_strip<T, V, 4, true>(x, w, b, zp, y, p_, act_, rc.stream)
+                     : launch_strip<T, V, 4, false>(x, w, b, zp, y, p_, act_, rc.stream)))
           return;
-        if (strip_ok && strip_ == 8 && launch_strip<T, V, 8>(x, w, b, zp, y, p_, act_, rc.stream))
+        if (strip_ok && strip_ == 8 &&
+            (stream_ ? launch_strip<T, V, 8, true>(x, w, b, zp, y, p_, act_, rc.stream)
+                     : launch_strip<T, V, 8, false>(x, w, b, zp, y, p_, act_, rc.stream)))
           return;
-        if (vec_ok && p_.C % V == 0)
-          dwconv_nhwc<T, V><<<grid_for(pixels * p_.C / V), kBlock, 0, rc.stream>>>(x, w, b, zp, y, p_, act_);
+        // Vector paths: K = 1 and K = 2 (FastViT's), each V outputs reading V / K inputs.
+        const bool vec = vec_ok && p_.M % V == 0;
+        if (vec && p_.K == 1)
+          dwconv_nhwc<T, V, 1><<<grid_for(pixels * p_.M / V), kBlock, 0, rc.stream>>>(x, w, b, zp, y, p_, act_);
+        else if (vec && p_.K == 2)
+          dwconv_nhwc<T, V, 2><<<grid_for(pixels * p_.M / V), kBlock, 0, rc.stream>>>(x, w, b, zp, y, p_, act_);
+        else if (p_.K == 1)
+          dwconv_nhwc<T, 1, 1><<<grid_for(pixels * p_.M), kBlock, 0, rc.stream>>>(x, w, b, zp, y, p_, act_);
         else
-          dwconv_nhwc<T, 1><<<grid_for(pixels * p_.C), kBlock, 0, rc.stream>>>(x, w, b, zp, y, p_, act_);
+          dwconv_nhwc<T, 1, 0><<<grid_for(pixels * p_.M), kBlock, 0, rc.stream>>>(x, w, b, zp, y, p_, act_);
       }
     });
     if (!ok) return KILN_ERROR("{}: unsupported type {}", node_->label(), dtype_name(in[0].dtype));
@@ -269,7 +375,8 @@ class DepthwiseConvLayer final : public Layer {
     return reinterpret_cast<float*>(static_cast<char*>(weights_.get()) + off);
   }
   const Node* node_;
-  int strip_;  // outputs a thread makes along a row (variant strip4 / strip8); 0: the direct kernel
+  int strip_;    // outputs a thread makes along a row (strip4 / stream4: 4); 0: the direct kernel
+  bool stream_;  // the stream form of the strip kernel
   ActParams act_;
   std::vector<float> host_w_, host_b_;
   DeviceMemory weights_;
@@ -281,11 +388,11 @@ class DepthwiseConvLayer final : public Layer {
 bool depthwise_conv_supports(const LayerDesc& d, std::string* why) {
   return depthwise_supports(d, why);
 }
-// The tuner times the direct kernel ("") and, where it applies, the strip kernel with 4 and 8
-// outputs a thread (a run whose tensors are not 16-byte aligned takes the direct kernel).
+// The tuner times the direct kernel ("") and, where they apply, the strip and stream kernels with
+// 4 and 8 outputs a thread (a run whose tensors are not 16-byte aligned takes the direct kernel).
 std::vector<std::string> depthwise_conv_variants(const LayerDesc& d) {
   if (!strip_applies(d)) return {""};
-  return {"", "strip4", "strip8"};
+  return {"", "strip4", "strip8", "stream4", "stream8"};
 }
 Expected<std::unique_ptr<Layer>> create_depthwise_conv(const LayerDesc& d) {
   return std::unique_ptr<Layer>(new DepthwiseConvLayer(d));

@@ -45,14 +45,15 @@ bool library_conv_epilogue(const Node& n, bool residual, bool clip_with_residual
   if (!act.empty() && act != "Relu" && !clip) {
     ActParams a;
     if (!any_activation || !read_activation(n.attrs, &a)) return *why = "activation " + act, false;
-    // The activations cuDNN's graph has a pointwise mode for.
+    // The activations cuDNN's graph has a pointwise mode for (HardSwish: a few of them).
     static constexpr std::pair<Act, cuda::Activation> kModes[] = {
         {Act::kSwish, cuda::Activation::kSwish},
         {Act::kSigmoid, cuda::Activation::kSigmoid},
         {Act::kTanh, cuda::Activation::kTanh},
         {Act::kGelu, cuda::Activation::kGelu},
         {Act::kGeluTanh, cuda::Activation::kGeluTanh},
-        {Act::kLeakyRelu, cuda::Activation::kLeakyRelu}};
+        {Act::kLeakyRelu, cuda::Activation::kLeakyRelu},
+        {Act::kHardSwish, cuda::Activation::kHardSwish}};
     const auto* m = std::find_if(std::begin(kModes), std::end(kModes),
                                  [&](const auto& e) { return e.first == a.act; });
     if (m == std::end(kModes))

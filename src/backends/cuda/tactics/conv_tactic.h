@@ -75,8 +75,9 @@ struct ConvShape {
 // out = int8 sat(rne(acc * int8_scale)), as if channel_scale were K copies of int8_scale and
 // output_scale 1 (int8_epilogue() below gives that view).
 // The activation of an epilogue that has one (epilogue_has_relu): ReLU (clipped where relu_clip
-// > 0) on every library path; the others only in cuDNN's graph API, as its pointwise modes.
-enum class Activation { kRelu, kSwish, kSigmoid, kTanh, kGelu, kGeluTanh, kLeakyRelu };
+// > 0) on every library path; the others only in cuDNN's graph API, as its pointwise modes
+// (HardSwish, which has none, as x * min(max(x + 3, 0), 6) / 6 in four of them).
+enum class Activation { kRelu, kSwish, kSigmoid, kTanh, kGelu, kGeluTanh, kLeakyRelu, kHardSwish };
 
 struct ConvProblem {
   ConvShape shape;

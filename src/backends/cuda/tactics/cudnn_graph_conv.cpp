@@ -56,6 +56,8 @@ enum Uid : int64_t {
   kScale = 6,     // INT8: channel scale
   kResScale = 7,  // INT8 with an int8 residual: 1 / residual scale
   kOutScale = 8,  // INT8: residual scale / output scale (each 1 when absent), when not 1
+  kHsOffset = 9,  // HardSwish: 3 per channel
+  kHsScale = 10,  // HardSwish: 1/6 per channel
 };
 
 struct Dims {
@@ -123,7 +125,8 @@ struct OpGraph {
 };
 
 // One pointwise step of the epilogue chain: mode, uid of operand B (0: none), B's element type
-// and whether B is per channel ([1,K,1,1]) or a full output-shaped tensor (the residual).
+// and whether B is per channel ([1,K,1,1]) or a full output-shaped tensor (the residual). With
+// b_step >= 0, B is instead the output of that earlier step (HardSwish multiplies by its input).
 struct Step {
   cudnnPointwiseMode_t mode;
   int64_t uid;
@@ -131,6 +134,7 @@ struct Step {
   bool per_channel;
   double relu_clip;
   double alpha = 0;  // make_pointwise's
+  int b_step = -1;
 };
 
 // The activation step of a float epilogue.
@@ -149,6 +153,7 @@ Step activation_step(const ConvProblem& p, cudnnDataType_t io) {
     case Activation::kLeakyRelu:
       return {CUDNN_POINTWISE_RELU_FWD, 0, io, true, 0.0, p.act_alpha};
     case Activation::kRelu:
+    case Activation::kHardSwish:  // not one mode: hard_swish_steps
       break;
   }
   return {CUDNN_POINTWISE_RELU_FWD, 0, io, true, double(p.relu_clip)};
@@ -160,6 +165,19 @@ Status upload_scale(OpGraph* g, int64_t uid, const std::vector<float>& v) {
   KILN_TRY(upload(b.get(), v.data(), v.size() * sizeof(float), "cuDNN graph scale upload"));
   g->scales.emplace_back(uid, std::move(b));
   return {};
+}
+
+// HardSwish after the chain's last step (its output h): y = min(max(h + 3, 0), 6) * h * (1/6),
+// the constants as [1,K,1,1] float tensors (cuDNN's pointwise B operands).
+Status hard_swish_steps(const ConvProblem& p, OpGraph* g, std::vector<Step>* chain) {
+  const int h = int(chain->size()) - 1;
+  const size_t k = size_t(p.shape.k);
+  chain->push_back({CUDNN_POINTWISE_ADD, kHsOffset, CUDNN_DATA_FLOAT, true, 0.0});
+  KILN_TRY(upload_scale(g, kHsOffset, std::vector<float>(k, 3.f)));
+  chain->push_back({CUDNN_POINTWISE_RELU_FWD, 0, CUDNN_DATA_FLOAT, true, 6.0});
+  chain->push_back({CUDNN_POINTWISE_MUL, 0, CUDNN_DATA_FLOAT, true, 0.0, 0.0, h});
+  chain->push_back({CUDNN_POINTWISE_MUL, kHsScale, CUDNN_DATA_FLOAT, true, 0.0});
+  return upload_scale(g, kHsScale, std::vector<float>(k, 1.f / 6.f));
 }
 
 // The INT8 chain. An int8 residual z enters as (y / sz + z) * sz: the chain's operands are
@@ -261,13 +279,19 @@ Status build_graph(const ConvProblem& p, cudnnHandle_t handle, OpGraph* g) {
     if (epilogue_has_residual(p.epilogue)) {
       chain.push_back({CUDNN_POINTWISE_ADD, kResidual, io, false, 0.0});
     }
-    if (epilogue_has_relu(p.epilogue)) chain.push_back(activation_step(p, io));
+    if (epilogue_has_relu(p.epilogue) && p.act == Activation::kHardSwish)
+      KILN_TRY(hard_swish_steps(p, g, &chain));
+    else if (epilogue_has_relu(p.epilogue))
+      chain.push_back(activation_step(p, io));
   }
   const Desc* cur = conv_y;
+  std::vector<const Desc*> step_out;  // each step's output, for a later step's b_step
   for (size_t i = 0; fused && i < chain.size(); ++i) {
     const bool last = i + 1 == chain.size();
     const Desc* b = nullptr;
-    if (chain[i].uid != 0) {
+    if (chain[i].b_step >= 0) {
+      b = step_out[size_t(chain[i].b_step)];
+    } else if (chain[i].uid != 0) {
       Desc bt;
       const Dims d = chain[i].per_channel ? nhwc(1, s.k, 1, 1) : nhwc(s.n, s.k, s.p(), s.q());
       KILN_TRY(make_tensor(chain[i].uid, chain[i].b_type, d, false, &bt));
@@ -286,6 +310,7 @@ Status build_graph(const ConvProblem& p, cudnnHandle_t handle, OpGraph* g) {
     add(std::move(pw));
     ops.push_back(add(std::move(op)).d);
     cur = out;
+    step_out.push_back(out);
   }
 
   KILN_TRY(create(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, &g->graph));
@@ -440,11 +465,11 @@ class CudnnGraphConvTactic final : public ConvTactic {
     KILN_CUDNN(cudnnSetStream(handle_, stream));
     std::vector<int64_t> uids = {kX, kW, kY};
     std::vector<void*> ptrs = {const_cast<void*>(b.x), weights_.get(), b.y};
+    for (const auto& [uid, buf] : graph_->scales) {  // INT8's scales, HardSwish's constants
+      uids.push_back(uid);
+      ptrs.push_back(buf.get());
+    }
     if (problem_.precision == Precision::kINT8) {
-      for (const auto& [uid, buf] : graph_->scales) {
-        uids.push_back(uid);
-        ptrs.push_back(buf.get());
-      }
       if (int8_bias_) {
         uids.push_back(kBias);
         ptrs.push_back(const_cast<void*>(b.bias));

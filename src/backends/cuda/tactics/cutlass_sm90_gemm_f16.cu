@@ -43,14 +43,12 @@ using namespace cute;
 // erf GELU in a form cheaper than erff (kernels/gelu_erf.cuh).
 template <class T>
 struct GeluErfTanh {
-  static const bool kIsHeavy = true;
   CUTLASS_HOST_DEVICE T operator()(T const& x) const {
     return T(kiln::gpu::gelu_erf_tanh(float(x)));
   }
 };
 template <int N>
 struct GeluErfTanh<cutlass::Array<float, N>> {
-  static const bool kIsHeavy = true;
   CUTLASS_HOST_DEVICE cutlass::Array<float, N> operator()(cutlass::Array<float, N> const& x) const {
     cutlass::Array<float, N> y;
     CUTLASS_PRAGMA_UNROLL
