@@ -16,6 +16,7 @@
 #include <string>
 
 #include "kernels/device_util.cuh"
+#include "kernels/fast_div.cuh"
 #include "kernels/pdl.cuh"
 #include "tactics.h"
 
@@ -70,6 +71,7 @@ struct Program {
   uint8_t dt[kMaxIn] = {};     // DataType of each input
   bool same[kMaxIn] = {};      // input has the output's type (direct load)
   int64_t dims[kMaxDims] = {};
+  FastDiv divs[kMaxDims];  // dims as divisors (the 32-bit index path)
   int64_t strides[kMaxIn][kMaxDims] = {};
   // A concatenation as input 0 (a chain's concat_parts; cparts 0: none): the output seen as
   // [outer, A, cinner] around the concat axis (physical order), part s holding the axis range
@@ -77,6 +79,7 @@ struct Program {
   int cparts = 0;
   int64_t cinner = 1;
   int32_t cstart[kMaxParts + 1] = {};
+  FastDiv cinner_div, cwidth_div;  // cinner and the concatenated width A as divisors
   const void* cptr[kMaxParts] = {};
 };
 
@@ -313,12 +316,12 @@ __device__ __forceinline__ void offsets(const Program& p, int64_t i, int64_t (&o
   }
 #pragma unroll
   for (int k = 0; k < NIN; ++k) off[k] = 0;
-  if (p.small) {  // 32-bit division is several times cheaper
+  if (p.small) {  // 32-bit indices: a multiply-high per division (kernels/fast_div.cuh)
     uint32_t r = static_cast<uint32_t>(i);
     for (int d = p.rank - 1; d > 0; --d) {
-      const uint32_t n = static_cast<uint32_t>(p.dims[d]);
-      const uint32_t c = r % n;
-      r /= n;
+      const uint32_t q = p.divs[d].div(r);
+      const uint32_t c = r - q * static_cast<uint32_t>(p.dims[d]);
+      r = q;
 #pragma unroll
       for (int k = 0; k < NIN; ++k) off[k] += int64_t(c) * p.strides[k][d];
     }
@@ -341,10 +344,10 @@ template <typename T>
 __device__ __forceinline__ const T* concat_at(const Program& p, int64_t i) {
   const int64_t A = p.cstart[p.cparts];
   int64_t o, a, in;
-  if (p.small) {  // 32-bit division is several times cheaper
-    const uint32_t t = static_cast<uint32_t>(i) / static_cast<uint32_t>(p.cinner);
+  if (p.small) {  // 32-bit indices: a multiply-high per division (kernels/fast_div.cuh)
+    const uint32_t t = p.cinner_div.div(static_cast<uint32_t>(i));
     in = static_cast<uint32_t>(i) - t * static_cast<uint32_t>(p.cinner);
-    o = t / static_cast<uint32_t>(A);
+    o = p.cwidth_div.div(t);
     a = t - static_cast<uint32_t>(o) * static_cast<uint32_t>(A);
   } else {
     const int64_t t = i / p.cinner;
@@ -576,7 +579,10 @@ class ProgramLayer final : public Layer {
     const int r = static_cast<int>(dims.size());
     prog_.rank = r;
     prog_.small = n_ < (int64_t(1) << 31);
-    for (int d = 0; d < r; ++d) prog_.dims[d] = dims[d];
+    for (int d = 0; d < r; ++d) {
+      prog_.dims[d] = dims[d];
+      prog_.divs[d] = FastDiv(dims[d]);
+    }
     // The vector path needs V-element runs along the innermost dim (or a 1-D walk, whose tail
     // runs per element), inputs of the output's type, and inner strides of 0 or 1 whose outer
     // strides keep vector loads aligned.
@@ -652,6 +658,8 @@ class ProgramLayer final : public Layer {
     if (start != y.shape[axis] || start > INT32_MAX)
       return KILN_ERROR("{}: the parts do not make the output's axis", node_->label());
     prog_.cstart[prog_.cparts] = static_cast<int32_t>(start);
+    prog_.cinner_div = FastDiv(prog_.cinner);
+    prog_.cwidth_div = FastDiv(start);
     return inner % V == 0 || (inner == 1 && parts_vec);
   }
 

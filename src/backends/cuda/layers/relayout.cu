@@ -6,6 +6,7 @@
 // inputs, which is read once. The spec is the CPU's, which runs the ops (src/ops/fused_relayout.cpp).
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/device_util.cuh"
 #include "kernels/fast_div.cuh"
@@ -48,8 +49,7 @@ struct Program {
   Step steps[kMaxSteps];
   const void* in[kMaxInputs] = {};
   int64_t in_strides[kMaxInputs][kMaxRank] = {};
-  int32_t out_axis[kMaxRank] = {};  // storage position k holds logical output axis out_axis[k]
-  int64_t out_dims[kMaxRank] = {};  // the dims in storage order
+  int64_t out_dims[kMaxRank] = {};  // row-major: the tactic takes no other output layout
   FastDiv out_div[kMaxRank];
 };
 
@@ -67,55 +67,108 @@ __device__ __forceinline__ int64_t divmod(int64_t& n, const FastDiv& f, int64_t 
   }
 }
 
+// Coordinate arrays stay in registers only if every index into them is known at compile time:
+// the loops below run over all kMaxRank axes, unrolled, with the rank as a guard, and a
+// permutation or a Concat axis picks its coordinate by comparison (a dynamic index would put
+// the arrays in local memory, several times slower than the copy itself).
+template <typename I>
+__device__ __forceinline__ I pick(const I (&c)[kMaxRank], int k) {
+  I v = 0;
+#pragma unroll
+  for (int i = 0; i < kMaxRank; ++i) v += static_cast<I>(i == k) * c[i];
+  return v;
+}
+
 // Maps output coordinates c back to an input element: returns its input and sets *off to its
-// element offset, or returns -1 with *bits the padding value it lands on.
+// element offset, or returns -1 with *bits the padding value it lands on. I: int32 coordinates
+// where every tensor of the walk has fewer than 2^31 elements (Small), else int64.
 template <bool Small>
-__device__ int walk(const Program& p, int64_t* c, int64_t* off, uint64_t* bits) {
+__device__ __forceinline__ int walk(const Program& p, int64_t (&c64)[kMaxRank], int64_t* off,
+                                     uint64_t* bits) {
+  using I = std::conditional_t<Small, int32_t, int64_t>;
+  I c[kMaxRank];
+#pragma unroll
+  for (int i = 0; i < kMaxRank; ++i) c[i] = static_cast<I>(c64[i]);
   int s = p.nsteps - 1;
   for (int guard = 0; guard < kMaxSteps; ++guard) {
     const Step& st = p.steps[s];
     int next = st.next[0];
     switch (st.kind) {
       case kTranspose: {
-        int64_t t[kMaxRank];
-        for (int i = 0; i < st.out_rank; ++i) t[st.perm[i]] = c[i];
-        for (int i = 0; i < st.in_rank; ++i) c[i] = t[i];
+        I t[kMaxRank];
+#pragma unroll
+        for (int j = 0; j < kMaxRank; ++j) {
+          t[j] = 0;
+#pragma unroll
+          for (int i = 0; i < kMaxRank; ++i) t[j] += static_cast<I>(i < st.out_rank && st.perm[i] == j) * c[i];
+        }
+#pragma unroll
+        for (int i = 0; i < kMaxRank; ++i) c[i] = t[i];
         break;
       }
       case kReshape: {
-        int64_t lin = 0;
-        for (int i = 0; i < st.out_rank; ++i) lin = lin * st.out_dims[i] + c[i];
-        for (int i = st.in_rank - 1; i >= 0; --i) c[i] = divmod<Small>(lin, st.in_div[i], st.in_dims[i]);
-        break;
-      }
-      case kSlice:
-        for (int i = 0; i < st.in_rank; ++i) c[i] = st.start[i] + c[i] * st.step[i];
-        break;
-      case kPad:
-        for (int i = 0; i < st.in_rank; ++i) {
-          c[i] -= st.start[i];
-          if (c[i] < 0 || c[i] >= st.in_dims[i]) {
-            *bits = st.pad_bits;
-            return -1;
+        I lin = 0;
+#pragma unroll
+        for (int i = 0; i < kMaxRank; ++i)
+          if (i < st.out_rank) lin = lin * static_cast<I>(st.out_dims[i]) + c[i];
+#pragma unroll
+        for (int i = kMaxRank - 1; i >= 0; --i) {
+          if (i >= st.in_rank) continue;
+          if constexpr (Small) {
+            const I q = static_cast<I>(st.in_div[i].div(static_cast<uint32_t>(lin)));
+            c[i] = lin - q * static_cast<I>(st.in_dims[i]);
+            lin = q;
+          } else {
+            c[i] = lin % st.in_dims[i];
+            lin /= st.in_dims[i];
           }
         }
         break;
+      }
+      case kSlice:
+#pragma unroll
+        for (int i = 0; i < kMaxRank; ++i)
+          if (i < st.in_rank) c[i] = static_cast<I>(st.start[i] + c[i] * st.step[i]);
+        break;
+      case kPad: {
+        bool outside = false;
+#pragma unroll
+        for (int i = 0; i < kMaxRank; ++i) {
+          if (i >= st.in_rank) continue;
+          c[i] -= static_cast<I>(st.start[i]);
+          outside |= c[i] < 0 || c[i] >= st.in_dims[i];
+        }
+        if (outside) {
+          *bits = st.pad_bits;
+          return -1;
+        }
+        break;
+      }
       case kExpand: {
         const int shift = st.out_rank - st.in_rank;
-        for (int i = 0; i < st.in_rank; ++i) c[i] = st.in_dims[i] == 1 ? 0 : c[i + shift];
+        I t[kMaxRank];
+#pragma unroll
+        for (int i = 0; i < kMaxRank; ++i) t[i] = i < st.in_rank && st.in_dims[i] != 1 ? pick(c, i + shift) : 0;
+#pragma unroll
+        for (int i = 0; i < kMaxRank; ++i) c[i] = t[i];
         break;
       }
       case kConcat: {
+        const I a = pick(c, st.axis);
         int k = 0;
-        while (k + 1 < st.nparts && c[st.axis] >= st.offs[k + 1]) ++k;
-        c[st.axis] -= st.offs[k];
+        while (k + 1 < st.nparts && a >= st.offs[k + 1]) ++k;
+        const I shift = static_cast<I>(st.offs[k]);
+#pragma unroll
+        for (int i = 0; i < kMaxRank; ++i) c[i] -= static_cast<I>(i == st.axis) * shift;
         next = st.next[k];
         break;
       }
     }
     if (next >= 0) {
       int64_t o = 0;
-      for (int i = 0; i < st.in_rank; ++i) o += c[i] * p.in_strides[next][i];
+#pragma unroll
+      for (int i = 0; i < kMaxRank; ++i)
+        if (i < st.in_rank) o += static_cast<int64_t>(c[i]) * p.in_strides[next][i];
       *off = o;
       return next;
     }
@@ -130,9 +183,11 @@ __global__ void relayout_kernel(const __grid_constant__ Program p, U* __restrict
                                 int64_t units) {
   constexpr int kPer = static_cast<int>(sizeof(U)) / E;
   KILN_GRID_STRIDE(u, units) {
-    int64_t c[kMaxRank];
+    int64_t c[kMaxRank] = {};
     int64_t e = u * kPer;
-    for (int k = p.out_rank - 1; k >= 0; --k) c[p.out_axis[k]] = divmod<Small>(e, p.out_div[k], p.out_dims[k]);
+#pragma unroll
+    for (int k = kMaxRank - 1; k >= 0; --k)
+      if (k < p.out_rank) c[k] = divmod<Small>(e, p.out_div[k], p.out_dims[k]);
     int64_t off = 0;
     uint64_t bits = 0;
     const int from = walk<Small>(p, c, &off, &bits);
@@ -278,12 +333,9 @@ class RelayoutLayer : public Layer {
     const DeviceTensor& y = out[0];
     if (!rank_ok(y.shape.size())) return KILN_ERROR("{}: output rank over {}", n.label(), kMaxRank);
     p.out_rank = static_cast<int32_t>(y.shape.size());
-    std::vector<int32_t> order(y.shape.size());
-    for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
-    if (y.layout == Layout::kNHWC && y.rank() == 4) order = {0, 2, 3, 1};
-    for (size_t k2 = 0; k2 < order.size(); ++k2) {
-      p.out_axis[k2] = order[k2];
-      p.out_dims[k2] = y.shape[static_cast<size_t>(order[k2])];
+    if (y.layout != Layout::kLinear) return KILN_ERROR("{}: the output is not row-major", n.label());
+    for (size_t k2 = 0; k2 < y.shape.size(); ++k2) {
+      p.out_dims[k2] = y.shape[k2];
       p.out_div[k2] = FastDiv(p.out_dims[k2]);
     }
     esize_ = static_cast<int>(dtype_size(y.dtype));
