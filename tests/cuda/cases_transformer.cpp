@@ -142,13 +142,24 @@ void mha_cases(std::vector<OpCase>& v) {
                      .packed = true,
                      .mask = causal(6, 2),
                      .nan_to_zero = nz}));
-  v.push_back(mha({.name = "d32_unfused",
+  // Head size 32 (Swin, small hierarchical ViTs): a padding mask on 7 keys, a causal mask over
+  // three key tiles, and enough 128-row blocks to fill an H100 (rows128).
+  v.push_back(mha({.name = "d32_padding_short",
                    .B = 2,
                    .Sq = 7,
                    .Sk = 7,
                    .H = 4,
                    .D = 32,
                    .mask = in({2, 1, 1, 7})}));
+  v.push_back(mha({.name = "d32_causal_long",
+                   .B = 2,
+                   .Sq = 150,
+                   .Sk = 150,
+                   .H = 2,
+                   .D = 32,
+                   .mask = causal(150)}));
+  v.push_back(mha(
+      {.name = "d32_rows128_nomask", .B = 16, .Sq = 140, .Sk = 140, .H = 8, .D = 32, .packed = true}));
 }
 
 void norm_cases(std::vector<OpCase>& v) {

@@ -1,7 +1,7 @@
 // kiln.MultiHeadAttention (ops/fused.h): Q [B, Sq, H*D], K [B, Sk, H*D], V [B, Sk, H*Dv] (or
 // packed: Q, K and V side by side in one [B, S, 3*H*D] tensor), an additive mask broadcast to
 // [B, H, Sq, Sk], Y [B, Sq, H*Dv]. Two tactics:
-//   mha.flash    FP16, head size 64 or 128: FlashAttention-2's forward pass on mma.sync
+//   mha.flash    FP16, head size 32, 64 or 128: FlashAttention-2's forward pass on mma.sync
 //                m16n8k16 with float accumulation. A block takes 64 query rows of one (batch,
 //                head), 16 per warp (16 rows in one warp where 64-row blocks would leave SMs
 //                idle: batch 1; 32 per warp in the w32 variant), and walks the keys in tiles of
@@ -147,10 +147,16 @@ struct FlashArgs {
   bool nan_to_zero;
 };
 
-// Element (row, col) of a [rows][D] half tile: 16-byte chunks XOR-swizzled by row % 8.
+// Element (row, col) of a [rows][D] half tile: 16-byte chunks XOR-swizzled by row % 8. Rows of
+// four chunks (head size 32) by (row / 2) % 4: the eight rows an ldmatrix reads, two to 128
+// bytes, then fall on distinct banks.
 template <int D>
 __device__ __forceinline__ int swz(int row, int col) {
-  return row * D + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7);
+  static_assert(D == 32 || D == 64 || D == 128, "head sizes 32, 64 and 128");
+  if constexpr (D >= 64)
+    return row * D + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7);
+  else
+    return row * D + ((((col >> 3) ^ ((row >> 1) & 3))) << 3) + (col & 7);
 }
 
 // Rows [0, valid) of a `rows`-row tile from global rows of `stride` elements; the rest zero.
@@ -400,8 +406,8 @@ __device__ __forceinline__ void store_rows(const FlashArgs& a, __half* sq,
 template <int D, int WARPS, int MT>
 constexpr int min_blocks() {
   if (MT == 2) return 3;  // 32 rows a warp (head size 64 only): 170 registers
-  if (WARPS == 8) return D == 64 ? 2 : 1;
-  return D == 64 ? (WARPS == 4 ? 5 : 16) : (WARPS == 4 ? 2 : 8);
+  if (WARPS == 8) return D <= 64 ? 2 : 1;
+  return D <= 64 ? (WARPS == 4 ? 5 : 16) : (WARPS == 4 ? 2 : 8);
 }
 
 // WARPS warps per block, 16 MT query rows each; MaskT: void (no mask), __half or float.
@@ -588,6 +594,10 @@ FlashKernel flash_split_kernel(DataType mask) {
 }
 
 FlashKernel pick_flash(int d, int warps, DataType mask, int read) {
+  if (d == 32)
+    return warps == 8   ? flash_kernel<32, 8>(mask, read)
+           : warps == 4 ? flash_kernel<32, 4>(mask, read)
+                        : flash_kernel<32, 1>(mask, read);
   if (d == 64)
     return warps == 8   ? flash_kernel<64, 8>(mask, read)
            : warps == 4 ? flash_kernel<64, 4>(mask, read)
@@ -609,13 +619,15 @@ std::vector<std::string> flash_variants(const LayerDesc& d) {
   int64_t dq = 0, dv = 0;
   std::string why;
   if (mha_f16_head_sizes(d, &dq, &dv, &why) && dq == 64) return {"", "rows128", "split", "w32"};
+  if (dq == 32) return {"", "rows128"};  // (the split kernel: 64 and 128)
   return {"", "rows128", "split"};
 }
 
 bool flash_supports(const LayerDesc& d, std::string* why) {
   int64_t dq = 0, dv = 0;
   if (!mha_f16_head_sizes(d, &dq, &dv, why)) return false;
-  if ((dq != 64 && dq != 128) || dv != dq) return *why = "head sizes 64 and 128 only", false;
+  if ((dq != 32 && dq != 64 && dq != 128) || dv != dq)
+    return *why = "head sizes 32, 64 and 128 only", false;
   return true;
 }
 
@@ -634,8 +646,8 @@ class MhaFlashLayer final : public Layer {
                              std::span<const DeviceTensor> out) override {
     const Node& n = *node_;
     KILN_ASSIGN_OR_RETURN(s_, mha_shape(n, in, out[0]));
-    if ((s_.D != 64 && s_.D != 128) || s_.Dv != s_.D)
-      return KILN_ERROR("{}: mha.flash takes head sizes 64 and 128, got {}", n.label(), s_.D);
+    if ((s_.D != 32 && s_.D != 64 && s_.D != 128) || s_.Dv != s_.D)
+      return KILN_ERROR("{}: mha.flash takes head sizes 32, 64 and 128, got {}", n.label(), s_.D);
     for (int64_t st : {s_.q_row, s_.k_row, s_.v_row})
       if (st % 8 != 0)
         return KILN_ERROR("{}: rows of {} elements are not 16-byte aligned", n.label(), st);
@@ -674,6 +686,8 @@ class MhaFlashLayer final : public Layer {
       kernel_ = flash_kernel<64, 4, 2>(mask_, read);
     }
     if (split_) {
+      if (s_.D == 32)
+        return KILN_ERROR("{}: mha.flash/split takes head sizes 64 and 128, got 32", n.label());
       warps_ = kSplitWarps;
       rows_ = 16;
       smem_ = flash_split_smem(static_cast<int>(s_.D));
