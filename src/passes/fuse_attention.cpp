@@ -4,9 +4,14 @@
 //     =>  kiln.Attention(Q, Kt, V, mask?, scale = a * b / c [, nan_to_zero])
 // (a and b: the sqrt-scale form of PyTorch's scaled_dot_product_attention export; c: the
 // classic "/ sqrt(d)"). Every intermediate must stay inside the pattern.
+// Two additive terms, (scores + m1) + m2 (Swin's relative position bias, then its shifted-window
+// mask tiled by fold_periodic_add), make one mask Add(m1, m2): neither term may widen the
+// scores. The first sum may already be kiln.FusedGemm[base=MatMul](Q', Kt', m1) (fuse_matmul_add
+// takes MatMul + Add(constant) in a round where the second term was not yet folded).
 #include <algorithm>
 #include <tuple>
 
+#include "ops/shape_values.h"
 #include "passes/passes.h"
 
 namespace kiln::passes {
@@ -23,11 +28,27 @@ std::tuple<Value*, double, Node*> strip_scalar_mul(Value* v) {
   return {v, 1.0, nullptr};
 }
 
+// The additive term `t` does not widen the scores `s`: its rank is not larger and each of its
+// dims (aligned right) is 1, the scores' dim (broadcasts_into), or not known here (a Tile with
+// a repeat count computed from shapes has an unknown dim: the backend checks at build time).
+bool fits(const TensorType& t, const TensorType& s) {
+  if (!t.dims || !s.dims || t.dims->size() > s.dims->size()) return false;
+  const size_t off = s.dims->size() - t.dims->size();
+  for (size_t i = 0; i < t.dims->size(); ++i) {
+    const Dim &a = (*t.dims)[i], &b = (*s.dims)[off + i];
+    const bool unknown = !a.is_static() && a.symbol.empty();
+    if (!unknown && !(a.is_static() && a.value == 1) && !same_dim(a, b)) return false;
+  }
+  return true;
+}
+
 struct FuseAttention {
   struct Match {
     std::vector<Node*> nodes;
     Value *q, *kt, *v, *mask;
     double scale;
+    Value* mask2 = nullptr;     // a second additive term: the layer's mask is Add(mask, mask2)
+    Node* outer_add = nullptr;  // (scores + mask) + mask2
     bool nan_to_zero = false;
   };
 
@@ -68,6 +89,27 @@ struct FuseAttention {
     return true;
   }
 
+  // Scores with their first additive term already fused into the product:
+  // kiln.FusedGemm[base=MatMul](q' [*a], kt' [*b], c) without activation, residual or INT8 (what
+  // fuse_matmul_add makes of MatMul + Add(constant) when attention did not match in that round,
+  // e.g. before fold_periodic_add could fold the term after it). Returns c.
+  static Value* match_biased_scores(Value* s, Match& m) {
+    Node* n = s ? s->producer : nullptr;
+    if (!is_kiln_op(n, "FusedGemm") || n->attrs.get_string("base", "") != "MatMul" ||
+        n->num_inputs() < 3 || !n->input(2) || n->input(3) ||
+        !n->attrs.get_string("activation", "").empty() || n->attrs.get_int("int8", 0) != 0)
+      return nullptr;
+    m.nodes.push_back(n);
+    auto [q, a, qm] = strip_scalar_mul(n->input(0));
+    auto [k, b, km] = strip_scalar_mul(n->input(1));
+    if (qm) m.nodes.push_back(qm);
+    if (km) m.nodes.push_back(km);
+    m.q = q;
+    m.kt = k;
+    m.scale *= a * b;
+    return n->input(2);
+  }
+
   static std::optional<Match> match(PassContext& ctx, Node& mm) {
     if (!is_op(&mm, "MatMul")) return std::nullopt;
     Node* isnan = nullptr;
@@ -98,6 +140,46 @@ struct FuseAttention {
         }
       }
     }
+    // (scores + m1) + m2: the mask becomes Add(m1, m2) (made in rewrite()).
+    if (Node* add = producer_if(s, "Add"); !found && add && add->num_inputs() == 2) {
+      for (int side = 0; side < 2 && !found; ++side) {
+        Value* sum = add->input(static_cast<size_t>(side));
+        if (!single_use(ctx.g, sum)) continue;
+        Node* inner = producer_if(sum, "Add");
+        const bool fused = !inner;  // the product's bias is the first term
+        if (inner && inner->num_inputs() != 2) continue;
+        for (int iside = 0; iside < (fused ? 1 : 2) && !found; ++iside) {
+          Match t = m;
+          t.nodes.push_back(add);
+          Value* m1 = nullptr;
+          const TensorType* st = nullptr;
+          if (fused) {
+            m1 = match_biased_scores(sum, t);
+            if (!m1) continue;
+            st = &sum->type;
+          } else {
+            t.nodes.push_back(inner);
+            if (!match_scores(inner->input(static_cast<size_t>(iside)), t)) continue;
+            m1 = inner->input(static_cast<size_t>(1 - iside));
+            st = &inner->input(static_cast<size_t>(iside))->type;
+          }
+          Value* m2 = add->input(static_cast<size_t>(1 - side));
+          if (!m1 || !m2 || !fits(m1->type, *st) || !fits(m2->type, *st) ||
+              m1->type.dtype != m2->type.dtype) {
+            ctx.note(
+                fmt::format("attention at {}: the two additive terms may widen the scores "
+                            "or differ in type",
+                            mm.label()));
+            continue;
+          }
+          t.mask = m1;
+          t.mask2 = m2;
+          t.outer_add = add;
+          m = t;
+          found = true;
+        }
+      }
+    }
     if (!found && !match_scores(s, m)) return std::nullopt;
     if (!group_is_closed(ctx.g, m.nodes, mm.output(0))) {
       ctx.note(fmt::format("attention at {}: an intermediate has another consumer", mm.label()));
@@ -117,7 +199,15 @@ struct FuseAttention {
     a.set("scale", Attribute::Float(static_cast<float>(m.scale)));
     if (m.nan_to_zero) a.set("nan_to_zero", Attribute::Int(1));
     std::vector<Value*> ins = {m.q, m.kt, m.v};
-    if (m.mask) ins.push_back(m.mask);
+    if (m.mask2) {
+      // The joint mask, placed where the outer Add was (both terms exist there).
+      const std::string name = ctx.g.unique_name(m.outer_add->name + "_mask");
+      Node* sum = ctx.g.insert_node_before(m.outer_add, "Add", name, {m.mask, m.mask2}, {name});
+      sum->origin = ctx.pass;
+      ins.push_back(sum->output(0));
+    } else if (m.mask) {
+      ins.push_back(m.mask);
+    }
     // Name it after the first MatMul (the scores), the node that opens the pattern.
     std::vector<Node*> nodes = m.nodes;
     std::sort(nodes.begin(), nodes.end(), [](Node* x, Node* y) { return x->index < y->index; });

@@ -48,6 +48,9 @@ struct PassEntry {
 //   own Attention op becomes the same kiln.Attention layer (its Where/Add for the mask are
 //   left to the later passes). fuse_rmsnorm after fuse_layernorm: a LayerNorm's tail
 //   (x - mean) / sqrt(mean((x - mean)^2) + eps) has RMSNorm's shape and belongs to LayerNorm.
+// - fold_periodic_add just before fuse_attention: a constant added per group of rows through a
+//   split and a merge of axis 0 (Swin's shifted-window mask) becomes a plain Add of the constant
+//   tiled over the groups, which fuse_attention takes as one more additive term of the scores.
 // - unpack_projection_parts before fold_attention_heads: the parts of a packed QKV projection
 //   taken after one joint head split (timm's reshape/permute/unbind) become each part's own
 //   head split of a Split of the projection, the form fold_attention_heads folds.
@@ -90,6 +93,7 @@ constexpr PassEntry kPipeline[] = {
     {"fuse_rmsnorm", 2, passes::fuse_rmsnorm},
     {"fuse_gelu", 2, passes::fuse_gelu},
     {"fuse_swish", 2, passes::fuse_swish},
+    {"fold_periodic_add", 2, passes::fold_periodic_add},
     {"fuse_attention", 2, passes::fuse_attention},
     {"map_onnx_attention", 2, passes::map_onnx_attention},
     {"unpack_projection_parts", 2, passes::unpack_projection_parts},
