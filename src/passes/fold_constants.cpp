@@ -9,7 +9,9 @@
 // Shape -> Gather -> Concat -> Reshape chains fold in one sweep because nodes are visited in
 // topological order. Random ops never fold; results above kMaxFoldBytes stay computed at run
 // time so that folding cannot blow up the engine's size, unless they are no larger than the
-// constants they are made of (a Transpose or Reshape of a weight: GPT-2's tied LM head).
+// constants they are made of (a Transpose or Reshape of a weight: GPT-2's tied LM head); so do
+// results above kMaxGrowBytes that are over 4x their constants (a broadcast or Tile of a small
+// mask over the batch: Swin's shifted-window masks at batch 32 would add 133 MB to the engine).
 #include <set>
 
 #include "ops/op.h"
@@ -19,6 +21,7 @@ namespace kiln::passes {
 namespace {
 
 constexpr size_t kMaxFoldBytes = size_t{64} << 20;
+constexpr size_t kMaxGrowBytes = size_t{16} << 20;
 
 bool is_random_op(const Node& n) {
   static const std::set<std::string> kRandom = {"RandomNormal",     "RandomUniform",
@@ -150,6 +153,11 @@ struct FoldConstant {
     if (out_bytes > kMaxFoldBytes && out_bytes > in_bytes) {
       ctx.note(fmt::format("{}: its output would be larger than {} MiB and than its inputs",
                            n.label(), kMaxFoldBytes >> 20));
+      return std::nullopt;
+    }
+    if (out_bytes > kMaxGrowBytes && out_bytes > 4 * in_bytes) {
+      ctx.note(fmt::format("{}: its output would be larger than {} MiB and 4x its inputs",
+                           n.label(), kMaxGrowBytes >> 20));
       return std::nullopt;
     }
     auto v = evaluate(ctx, n);
