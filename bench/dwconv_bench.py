@@ -72,10 +72,15 @@ def kiln_times(kiln, onnx_path, work, name):
     if r.returncode != 0:
         raise RuntimeError(f"kiln build failed: {r.stderr.strip()[-300:]}")
     with open(cache) as f:
-        entries = json.load(f)["entries"]
+        return conv_times(json.load(f)["entries"])
+
+
+def conv_times(entries):
+    """{tactic/variant: fastest ms} of the FP16 Conv entries of a timing cache's entries (keys as
+    the tuner writes them: DOMAIN.OP{attrs}(inputs)->outputs|precision|tactic/variant; -1: the
+    candidate failed)."""
     out = {}
     for key, ms in entries.items():
-        # key: DOMAIN.OP{attrs}(inputs)->outputs|precision|tactic/variant
         if not key.startswith(".Conv{") or "|fp16|" not in key or ms < 0:
             continue
         tactic = key.rsplit("|", 1)[1].rstrip("/")

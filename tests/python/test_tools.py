@@ -47,3 +47,38 @@ def test_polygraphy_runner_beside_onnxruntime(models_dir):
     runners = [OnnxrtRunner(SessionFromOnnx(model)), KilnRunner(model, backend="cpu")]
     results = Comparator.run(runners, data_loader=loader)
     assert bool(Comparator.compare_accuracy(results))
+
+
+
+def test_dwconv_bench_model_and_cache_keys(tmp_path):
+    """bench/dwconv_bench.py's one-layer model is a depthwise Conv with a channel multiplier (K = 2)
+    that kiln's CPU reference runs as the direct sum says, and its timing-cache reader keeps the
+    fastest FP16 Conv time per tactic/variant, dropping failed candidates and other layers."""
+    import importlib.util
+    import os
+    root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+    spec = importlib.util.spec_from_file_location(
+        "dwconv_bench", os.path.join(root, "bench", "dwconv_bench.py"))
+    dw = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(dw)
+    path = str(tmp_path / "dw.onnx")
+    wt, bias, (ho, wo) = dw.make_model(path, 2, 8, 9, 9, 7, 2, 2)
+    assert (ho, wo) == (5, 5) and wt.shape == (16, 1, 7, 7)
+    x = np.random.default_rng(1).standard_normal((2, 8, 9, 9)).astype(np.float32)
+    got = kiln.build(path, backend="cpu").create_context().run({"x": x})["y"]
+    xp = np.pad(x, ((0, 0), (0, 0), (3, 3), (3, 3)))
+    want = np.empty((2, 16, 5, 5), np.float32)
+    for m in range(16):  # output channel m reads input channel m // 2
+        for p in range(5):
+            for q in range(5):
+                win = xp[:, m // 2, 2 * p:2 * p + 7, 2 * q:2 * q + 7]
+                want[:, m, p, q] = (win * wt[m, 0]).sum(axis=(1, 2)) + bias[m]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    sig = ".Conv{group=8;}(2x8x9x9:float16/nhwc,)->float16/nhwc,|fp16|"
+    entries = {sig + "kiln.dwconv/": 0.05, sig + "kiln.dwconv/strip4": 0.03,
+               sig.replace("nhwc", "linear") + "cudnn.conv/0": 0.2,
+               sig + "cudnn.conv/0": 0.4, sig + "cudnn.conv/5": -1.0,
+               ".Conv{}(x)->y,|fp32|cudnn.conv/0": 0.01,
+               "kiln.Reformat{}(x)->y,|fp16|reformat/": 0.001}
+    assert dw.conv_times(entries) == {"kiln.dwconv": 0.05, "kiln.dwconv/strip4": 0.03,
+                                      "cudnn.conv/0": 0.2}
