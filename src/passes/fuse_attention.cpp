@@ -78,6 +78,13 @@ struct FuseAttention {
       n = u ? u->producer : nullptr;
     }
     if (!is_op(n, "MatMul")) return false;
+    take_product(n, m);
+    return true;
+  }
+
+  // The product node n of q' [*a] and kt' [*b] (a MatMul, or a FusedGemm on one): q, kt and the
+  // scale a * b into m.
+  static void take_product(Node* n, Match& m) {
     m.nodes.push_back(n);
     auto [q, a, qm] = strip_scalar_mul(n->input(0));
     auto [k, b, km] = strip_scalar_mul(n->input(1));
@@ -86,7 +93,6 @@ struct FuseAttention {
     m.q = q;
     m.kt = k;
     m.scale *= a * b;
-    return true;
   }
 
   // Scores with their first additive term already fused into the product:
@@ -99,14 +105,7 @@ struct FuseAttention {
         n->num_inputs() < 3 || !n->input(2) || n->input(3) ||
         !n->attrs.get_string("activation", "").empty() || n->attrs.get_int("int8", 0) != 0)
       return nullptr;
-    m.nodes.push_back(n);
-    auto [q, a, qm] = strip_scalar_mul(n->input(0));
-    auto [k, b, km] = strip_scalar_mul(n->input(1));
-    if (qm) m.nodes.push_back(qm);
-    if (km) m.nodes.push_back(km);
-    m.q = q;
-    m.kt = k;
-    m.scale *= a * b;
+    take_product(n, m);
     return n->input(2);
   }
 

@@ -82,6 +82,50 @@ __global__ void dwconv_nhwc(const T* __restrict__ x, const float* __restrict__ w
   }
 }
 
+// The strip and stream kernels' common parts: thread i's place (batch, output row, first
+// output column of its strip, first channel), its accumulators set to the bias, and the
+// epilogue: residual, activation and 16-byte stores of the strip's outputs inside the row.
+struct StripAt {
+  int n, op, q0, c0;
+};
+template <int V, int TW>
+__device__ __forceinline__ StripAt strip_at(int64_t i, const DwParams& p) {
+  const int CV = p.C / V, strips = (p.Q + TW - 1) / TW;
+  const int cv = static_cast<int>(i % CV);
+  int64_t r = i / CV;
+  const int qs = static_cast<int>(r % strips);
+  r /= strips;
+  return {static_cast<int>(r / p.P), static_cast<int>(r % p.P), qs * TW, cv * V};
+}
+template <int V, int TW>
+__device__ __forceinline__ void strip_init(float (&acc)[TW][V], const float* bias, int c0) {
+#pragma unroll
+  for (int l = 0; l < V; ++l) {
+    const float b0 = bias ? bias[c0 + l] : 0.f;
+#pragma unroll
+    for (int t = 0; t < TW; ++t) acc[t][l] = b0;
+  }
+}
+template <typename T, int V, int TW>
+__device__ __forceinline__ void strip_store(float (&acc)[TW][V], const StripAt& at, const T* z,
+                                            T* y, const DwParams& p, const ActParams& act) {
+#pragma unroll
+  for (int t = 0; t < TW; ++t) {
+    if (at.q0 + t >= p.Q) break;
+    const int64_t yo =
+        ((static_cast<int64_t>(at.n) * p.P + at.op) * p.Q + at.q0 + t) * p.C + at.c0;
+    if (z) {
+      const Pack<T, V> zv = *reinterpret_cast<const Pack<T, V>*>(z + yo);
+#pragma unroll
+      for (int l = 0; l < V; ++l) acc[t][l] += load(zv.v, l);
+    }
+    Pack<T, V> out;
+#pragma unroll
+    for (int l = 0; l < V; ++l) store(out.v, l, apply_act(acc[t][l], act));
+    *reinterpret_cast<Pack<T, V>*>(y + yo) = out;
+  }
+}
+
 // The strip form: a thread makes TW outputs along a row for V adjacent channels. Per filter row
 // it loads the SPAN input vectors under its strip once into registers and reuses each for up to
 // KW taps, where the direct kernel above reads KW x KH inputs (and the weights) per output: for
@@ -94,25 +138,13 @@ __global__ void __launch_bounds__(256)
                       T* __restrict__ y, DwParams p, ActParams act) {
   static_assert(sizeof(T) * V == 16, "one 16-byte vector of channels");
   constexpr int SPAN = (TW - 1) * S + KW;
-  const int CV = p.C / V;
-  const int strips = (p.Q + TW - 1) / TW;
-  const int64_t total = int64_t(p.N) * p.P * strips * CV;
+  const int64_t total = int64_t(p.N) * p.P * ((p.Q + TW - 1) / TW) * (p.C / V);
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x) {
-    const int cv = static_cast<int>(i % CV);
-    int64_t r = i / CV;
-    const int qs = static_cast<int>(r % strips);
-    r /= strips;
-    const int op = static_cast<int>(r % p.P);
-    const int n = static_cast<int>(r / p.P);
-    const int c0 = cv * V, q0 = qs * TW;
+    const StripAt at = strip_at<V, TW>(i, p);
+    const int n = at.n, op = at.op, q0 = at.q0, c0 = at.c0;
     float acc[TW][V];
-#pragma unroll
-    for (int l = 0; l < V; ++l) {
-      const float b0 = bias ? bias[c0 + l] : 0.f;
-#pragma unroll
-      for (int t = 0; t < TW; ++t) acc[t][l] = b0;
-    }
+    strip_init<V, TW>(acc, bias, c0);
     const int iw0 = q0 * S - p.pw;
     for (int a = 0; a < p.kh; ++a) {
       const int ih = op * p.sh - p.ph + a;
@@ -137,20 +169,7 @@ __global__ void __launch_bounds__(256)
         }
       }
     }
-#pragma unroll
-    for (int t = 0; t < TW; ++t) {
-      if (q0 + t >= p.Q) break;
-      const int64_t yo = ((static_cast<int64_t>(n) * p.P + op) * p.Q + q0 + t) * p.C + c0;
-      if (z) {
-        const Pack<T, V> zv = *reinterpret_cast<const Pack<T, V>*>(z + yo);
-#pragma unroll
-        for (int l = 0; l < V; ++l) acc[t][l] += load(zv.v, l);
-      }
-      Pack<T, V> out;
-#pragma unroll
-      for (int l = 0; l < V; ++l) store(out.v, l, apply_act(acc[t][l], act));
-      *reinterpret_cast<Pack<T, V>*>(y + yo) = out;
-    }
+    strip_store<T, V, TW>(acc, at, z, y, p, act);
   }
 }
 
@@ -165,25 +184,13 @@ __global__ void __launch_bounds__(256, TW <= 4 ? 2 : 1)
                       T* __restrict__ y, DwParams p, ActParams act) {
   static_assert(sizeof(T) * V == 16, "one 16-byte vector of channels");
   constexpr int SPAN = (TW - 1) * S + KW;
-  const int CV = p.C / V;
-  const int strips = (p.Q + TW - 1) / TW;
-  const int64_t total = int64_t(p.N) * p.P * strips * CV;
+  const int64_t total = int64_t(p.N) * p.P * ((p.Q + TW - 1) / TW) * (p.C / V);
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x) {
-    const int cv = static_cast<int>(i % CV);
-    int64_t r = i / CV;
-    const int qs = static_cast<int>(r % strips);
-    r /= strips;
-    const int op = static_cast<int>(r % p.P);
-    const int n = static_cast<int>(r / p.P);
-    const int c0 = cv * V, q0 = qs * TW;
+    const StripAt at = strip_at<V, TW>(i, p);
+    const int n = at.n, op = at.op, q0 = at.q0, c0 = at.c0;
     float acc[TW][V];
-#pragma unroll
-    for (int l = 0; l < V; ++l) {
-      const float b0 = bias ? bias[c0 + l] : 0.f;
-#pragma unroll
-      for (int t = 0; t < TW; ++t) acc[t][l] = b0;
-    }
+    strip_init<V, TW>(acc, bias, c0);
     const int iw0 = q0 * S - p.pw;
     for (int a = 0; a < p.kh; ++a) {
       const int ih = op * p.sh - p.ph + a;
@@ -212,20 +219,7 @@ __global__ void __launch_bounds__(256, TW <= 4 ? 2 : 1)
         }
       }
     }
-#pragma unroll
-    for (int t = 0; t < TW; ++t) {
-      if (q0 + t >= p.Q) break;
-      const int64_t yo = ((static_cast<int64_t>(n) * p.P + op) * p.Q + q0 + t) * p.C + c0;
-      if (z) {
-        const Pack<T, V> zv = *reinterpret_cast<const Pack<T, V>*>(z + yo);
-#pragma unroll
-        for (int l = 0; l < V; ++l) acc[t][l] += load(zv.v, l);
-      }
-      Pack<T, V> out;
-#pragma unroll
-      for (int l = 0; l < V; ++l) store(out.v, l, apply_act(acc[t][l], act));
-      *reinterpret_cast<Pack<T, V>*>(y + yo) = out;
-    }
+    strip_store<T, V, TW>(acc, at, z, y, p, act);
   }
 }
 
