@@ -144,15 +144,17 @@ def main():
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--shapes", default=",".join(SHAPES), help="names from: " + ", ".join(SHAPES))
     a = ap.parse_args()
+    names = a.shapes.split(",")
+    unknown = [n for n in names if n not in SHAPES]
+    if unknown:
+        sys.exit(f"dwconv_bench: unknown shape '{unknown[0]}' (known: {', '.join(SHAPES)})")
     os.makedirs(a.out, exist_ok=True)
     os.makedirs(a.work, exist_ok=True)
     import torch
     bw = copy_bandwidth()
     log(f"copy bandwidth {bw / 1e12:.2f} TB/s (read + write)")
     rows = []
-    for name in a.shapes.split(","):
-        if name not in SHAPES:
-            sys.exit(f"dwconv_bench: unknown shape '{name}' (known: {', '.join(SHAPES)})")
+    for name in names:
         c, h, w, k, s, mult = SHAPES[name]
         t0 = time.time()
         path = os.path.join(a.work, f"{name}.onnx")
