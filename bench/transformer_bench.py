@@ -1,30 +1,48 @@
 #!/usr/bin/env python3
-"""BERT-base, GPT-2 (124M, logits for every position) and ViT-B/16 on the GPU: kiln's FP16
-engines next to PyTorch eager and torch.compile(mode="reduce-overhead") in FP16, in one run.
+"""Transformers on the GPU: kiln's FP16 engines next to PyTorch eager and
+torch.compile(mode="reduce-overhead") in FP16, in one run. Models (--models):
+  bert      BERT-base (transformers)
+  gpt2      GPT-2 (124M, logits for every position; transformers)
+  vit       ViT-B/16 (transformers' ViTModel)
+  llama     a Llama-architecture decoder (transformers' LlamaForCausalLM: hidden 768, 12 layers,
+            12 heads, 4 key/value heads, SwiGLU 2048, vocabulary 32000; logits for every position)
+  tv_vit    torchvision's ViT-B/16 (nn.MultiheadAttention); dynamo only: its TorchScript export
+            fails in PyTorch, so the torchscript exporter is skipped for it (said on stdout)
+  timm_vit  timm's ViT/DeiT (--timm-model, default vit_small_patch16_224: DeiT-S's shape)
+Each is the model its scripts/export_<model>.py build()s (random weights, seed 0); the text
+models take input_ids and attention_mask [batch, --seq], the ViTs pixel_values [batch, 3, 224, 224].
 
-  bench/transformer_bench.py --kiln .deps/kiln --out OUT [--models bert,gpt2,vit]
+  bench/transformer_bench.py --kiln .deps/kiln --out OUT [--models bert,gpt2,vit,llama,tv_vit,timm_vit]
                         [--parts export,speed,dynamic,floor,accuracy] [--batches 1,32] [--seq 128]
                         [--iters 300] [--exporters torchscript,dynamo] [--rounds N] [--duration S]
-                        [--fp16-io]
+                        [--fp16-io] [--timm-model NAME] [--tiny] [--cpu] [--onnx-dir DIR]
 
 Parts:
-  export    models/<model>_<exporter>.onnx from scripts/export_<model>.py (random weights, seed 0)
+  export    <--onnx-dir>/<model>_<exporter>.onnx (default models/) from scripts/export_<model>.py
+            (random weights, seed 0); an existing file is reused. speed, dynamic and floor use the
+            first of --exporters that the model has (tv_vit: dynamo), accuracy each of them
   speed     per batch: a static-shape FP16 engine (`kiln build --fp16`, empty timing cache: the
             build time is reported), `kiln bench --use-cuda-graph --no-data-transfers` (median of
             at least --iters runs), the same with KILN_PDL=0 (no programmatic dependent launch),
             then PyTorch eager and torch.compile at the same shape; --rounds N repeats kiln (both
             ways) and torch.compile N times interleaved and reports the medians; --fp16-io also
             times an engine with float16 inputs and outputs, as PyTorch's FP16 model has them
-  dynamic   one engine with a profile of batch 1-64 and sequence 1-512 (ViT: batch 1-64), run
+  dynamic   one engine with a profile of batch 1-64 and sequence 1-512 (the ViTs: batch 1-64), run
             at each (batch, --seq) through `kiln bench --shapes`, against the static engines
   floor     per --floor-batches (32): the model's GEMM layers alone (bench/gemm_floor.py: the
             block's four GEMMs with their epilogues, twelve blocks, GPT-2's LM head; FP16 in and
             out), kiln's engine of it and torch.compile of it; after `speed`, the full model's
             torch.compile time over kiln's GEMM layers alone: the ratio kiln would reach if
-            nothing else took time
+            nothing else took time. tv_vit has ViT-B/16's GEMMs (gemm_floor's vit); llama and
+            timm_vit have no geometry in gemm_floor.py and are skipped (said on stdout)
   accuracy  per exporter: the FP16 engine's outputs and PyTorch's FP16 outputs, each against
             ONNX Runtime's CPU float32 reference on the same input (batch 2, the second
-            sequence padded), relative L2
+            sequence padded), relative L2. With --cpu: kiln's CPU engine (float32) and PyTorch's
+            float32 model on the CPU instead, no GPU needed (a check of the bench itself)
+--tiny: the export scripts' --tiny models (2 layers, hidden 128; files <model>_<exporter>_tiny.onnx),
+so that export and accuracy --cpu run in a minute on a CPU:
+  bench/transformer_bench.py --kiln build/kiln --out /tmp/tx --models llama,tv_vit,timm_vit \
+      --parts export,accuracy --tiny --cpu --seq 16
 Results: OUT/transformers.json, OUT/builds.log (every build's --verbose output: tactics and
 their times), OUT/profiles.txt (`kiln bench --dump-profile` of each speed engine) and the table
 on stdout; engines and scratch files go to --work. Run on the GPU machine through
@@ -43,7 +61,16 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
-MODELS = {"bert": "BERT-base", "gpt2": "GPT-2 (124M)", "vit": "ViT-B/16"}
+MODELS = {"bert": "BERT-base", "gpt2": "GPT-2 (124M)", "vit": "ViT-B/16", "llama": "Llama decoder",
+          "tv_vit": "torchvision ViT-B/16", "timm_vit": "timm vit_small_patch16_224"}
+VISION = ("vit", "tv_vit", "timm_vit")  # pixel_values [batch, 3, 224, 224] in, no sequence
+# The exporters a model has where not both, and why (the others are skipped, and said so).
+EXPORTERS = {"tv_vit": (("dynamo",), "torchvision's ViT: its TorchScript export fails in PyTorch, dynamo only")}
+# bench/gemm_floor.py's geometry with the same GEMMs (torchvision's ViT-B/16 has ViT-B/16's).
+FLOOR_GEOMETRY = {"bert": "bert", "gpt2": "gpt2", "vit": "vit", "tv_vit": "vit"}
+
+
+PARTS = ("export", "speed", "dynamic", "floor", "accuracy")
 
 
 def log(msg):
@@ -64,18 +91,27 @@ def run(cmd, timeout=1200, log_path=None, env=None):
     return p.stdout, time.time() - t0
 
 
-def onnx_path(model, exporter):
-    return os.path.join(ROOT, "models", f"{model}_{exporter}.onnx")
+def onnx_path(a, model, exporter):
+    """The export of `model` (with --timm-model other than the default, named after it)."""
+    name = model
+    if model == "timm_vit" and a.timm_model != "vit_small_patch16_224":
+        name = f"timm_{a.timm_model}"
+    return os.path.join(a.onnx_dir, f"{name}_{exporter}{'_tiny' if a.tiny else ''}.onnx")
+
+
+def exporters(a, model):
+    """The ones of --exporters that `model` has."""
+    return [e for e in a.exporters if e in EXPORTERS.get(model, (a.exporters,))[0]]
 
 
 def shapes(model, batch, seq):
-    if model == "vit":
+    if model in VISION:
         return f"pixel_values:{batch}x3x224x224"
     return f"input_ids:{batch}x{seq},attention_mask:{batch}x{seq}"
 
 
 def inputs(model, batch, seq, vocab, rng, pad=False):
-    if model == "vit":
+    if model in VISION:
         return {"pixel_values": rng.standard_normal((batch, 3, 224, 224)).astype(np.float32)}
     mask = np.ones((batch, seq), np.int64)
     if pad and batch > 1:
@@ -83,12 +119,15 @@ def inputs(model, batch, seq, vocab, rng, pad=False):
     return {"input_ids": rng.integers(0, vocab, (batch, seq)).astype(np.int64), "attention_mask": mask}
 
 
-def torch_model(model):
-    """The same model the export made (seed 0), FP16 on the GPU."""
+def torch_model(a, model, cpu=False):
+    """The same model the export made (its script's build(), seed 0; --tiny: the tiny one), FP16
+    on the GPU (cpu: float32 on the CPU), and its vocabulary (0 for the ViTs)."""
     import importlib
     mod = importlib.import_module(f"export_{model}")
-    m = mod.build()[0]
-    return m.half().cuda().eval(), m.config
+    kw = {"name": a.timm_model} if model == "timm_vit" else {}
+    m = mod.build(tiny=a.tiny, **kw)[0]
+    vocab = getattr(getattr(m, "config", None), "vocab_size", 0)
+    return (m.float().eval() if cpu else m.half().cuda().eval()), vocab
 
 
 def kiln_bench(kiln, engine, shape, iters, out_json, env=None, duration=None):
@@ -139,9 +178,10 @@ def torch_times(m, feeds, iters, duration=0.0, keep_compiled=False):
     return out
 
 
-def build(kiln, model, exporter, engine, shape_args, log_path=None):
-    """Builds an FP16 engine (with --verbose into `log_path`: the tactics and their times)."""
-    cmd = [kiln, "build", "--onnx", onnx_path(model, exporter), "--save-engine", engine, "--fp16"]
+def build(kiln, onnx, engine, shape_args, log_path=None, cpu=False):
+    """Builds an FP16 engine (cpu: a float32 one for the CPU backend) of the model at `onnx`
+    (with --verbose into `log_path`: the tactics and their times)."""
+    cmd = [kiln, "build", "--onnx", onnx, "--save-engine", engine] + (["--backend", "cpu"] if cpu else ["--fp16"])
     out, secs = run(cmd + shape_args + (["--verbose"] if log_path else []), log_path=log_path)
     return secs
 
@@ -153,15 +193,26 @@ def kernel_layers(kiln, engine):
     return j.get("kernel_layers"), len(j["layers"])
 
 
+def first_exporter(a, model, part):
+    """The exporter `part` uses for `model` (the first of --exporters it has), or None (said)."""
+    ex = exporters(a, model)
+    if not ex:
+        log(f"{MODELS[model]}: {part} skipped: none of --exporters {','.join(a.exporters)} "
+            f"({EXPORTERS[model][1]})")
+    return ex[0] if ex else None
+
+
 def part_speed(a, model, res):
     import torch
-    m, cfg = torch_model(model) if not a.no_torch else (None, None)
-    vocab = getattr(cfg, "vocab_size", 0)
+    exporter = first_exporter(a, model, "speed")
+    if exporter is None:
+        return
+    m, vocab = torch_model(a, model) if not a.no_torch else (None, 0)
     rng = np.random.default_rng(0)
     for batch in a.batches:
         shape = shapes(model, batch, a.seq)
         engine = os.path.join(a.work, f"{model}_b{batch}.kiln")
-        secs = build(a.kiln, model, a.exporters[0], engine, ["--shapes", shape],
+        secs = build(a.kiln, onnx_path(a, model, exporter), engine, ["--shapes", shape],
                      os.path.join(a.out, "builds.log"))
         kjson = os.path.join(a.work, f"bench_{model}_b{batch}.json")
 
@@ -170,7 +221,7 @@ def part_speed(a, model, res):
             # The same model with float16 inputs and outputs (--input-io-formats and
             # --output-io-formats fp16), as PyTorch's FP16 model takes and returns them.
             engine16 = os.path.join(a.work, f"{model}_b{batch}_fp16io.kiln")
-            build(a.kiln, model, a.exporters[0], engine16,
+            build(a.kiln, onnx_path(a, model, exporter), engine16,
                   ["--shapes", shape, "--input-io-formats", "fp16", "--output-io-formats", "fp16"],
                   os.path.join(a.out, "builds.log"))
 
@@ -208,13 +259,14 @@ def part_speed(a, model, res):
                                         for r in rounds))
         t.pop("compiled", None)
         kl, layers = kernel_layers(a.kiln, engine)
-        row = {"model": model, "batch": batch, "seq": a.seq, "kiln_ms": kiln_ms, "kiln_no_pdl_ms": plain_ms,
+        row = {"model": model, "exporter": exporter, "batch": batch, "seq": a.seq, "kiln_ms": kiln_ms,
+               "kiln_no_pdl_ms": plain_ms,
                "kiln_fp16io_ms": io16_ms,
                "rounds": rounds, "duration_s": a.duration, "build_s": secs,
                "kernel_layers": kl, "layers": layers,
                "eager_ms": t["eager"], "compile_ms": t["compile"], "compile_first_s": t["compile_first_s"]}
         res["speed"].append(row)
-        log(f"{MODELS[model]} b{batch}: kiln {kiln_ms:.3f} ms ({plain_ms:.3f} with KILN_PDL=0; "
+        log(f"{MODELS[model]} ({exporter}) b{batch}: kiln {kiln_ms:.3f} ms ({plain_ms:.3f} with KILN_PDL=0; "
             + (f"{io16_ms:.3f} with float16 inputs and outputs; " if io16_ms else "") +
             f"built in {secs:.1f} s, {kl} of {layers} "
             f"layers launch kernels)" + ("" if a.no_torch else
@@ -226,19 +278,22 @@ def part_speed(a, model, res):
 
 
 def part_dynamic(a, model, res):
+    exporter = first_exporter(a, model, "dynamic")
+    if exporter is None:
+        return
     engine = os.path.join(a.work, f"{model}_dynamic.kiln")
-    if model == "vit":
+    if model in VISION:
         lo, opt, hi = shapes(model, 1, 0), shapes(model, 32, 0), shapes(model, 64, 0)
     else:
         lo, opt, hi = shapes(model, 1, 1), shapes(model, 32, a.seq), shapes(model, 64, 512)
-    secs = build(a.kiln, model, a.exporters[0], engine,
+    secs = build(a.kiln, onnx_path(a, model, exporter), engine,
                  ["--min-shapes", lo, "--opt-shapes", opt, "--max-shapes", hi],
                  os.path.join(a.out, "builds.log"))
     for batch in a.batches:
         shape = shapes(model, batch, a.seq)
         ms = kiln_bench(a.kiln, engine, shape, a.iters, os.path.join(a.work, f"bench_{model}_dyn_b{batch}.json"))
         static = next((r["kiln_ms"] for r in res["speed"] if r["model"] == model and r["batch"] == batch), None)
-        res["dynamic"].append({"model": model, "batch": batch, "seq": a.seq, "dynamic_ms": ms,
+        res["dynamic"].append({"model": model, "exporter": exporter, "batch": batch, "seq": a.seq, "dynamic_ms": ms,
                                "static_ms": static, "build_s": secs})
         log(f"{MODELS[model]} dynamic engine at b{batch}: {ms:.3f} ms" +
             (f" ({ms / static:.2f}x the static engine's {static:.3f} ms)" if static else ""))
@@ -248,24 +303,29 @@ def part_floor(a, model, res):
     """The model's GEMM layers alone (bench/gemm_floor.py), kiln and torch.compile, per batch."""
     import torch
     import gemm_floor
+    geo = FLOOR_GEOMETRY.get(model)
+    if geo is None or a.tiny:
+        log(f"{MODELS[model]}: floor skipped: " + ("its GEMMs are full-size, the model --tiny" if a.tiny else
+                                                   "bench/gemm_floor.py has no geometry for its GEMMs"))
+        return
     for batch in a.floor_batches:
-        path = os.path.join(a.work, f"floor_{model}_b{batch}.onnx")
-        gemm_floor.export(model, batch, a.seq, path)
-        engine = os.path.join(a.work, f"floor_{model}_b{batch}.kiln")
-        shape = gemm_floor.shape_arg(model, batch, a.seq)
+        path = os.path.join(a.work, f"floor_{geo}_b{batch}.onnx")
+        gemm_floor.export(geo, batch, a.seq, path)
+        engine = os.path.join(a.work, f"floor_{geo}_b{batch}.kiln")
+        shape = gemm_floor.shape_arg(geo, batch, a.seq)
         _, secs = run([a.kiln, "build", "--onnx", path, "--save-engine", engine, "--verbose"]
                       + gemm_floor.BUILD_ARGS, log_path=os.path.join(a.out, "builds.log"))
         kiln_ms = kiln_bench(a.kiln, engine, shape, a.iters,
-                             os.path.join(a.work, f"bench_floor_{model}_b{batch}.json"), duration=a.duration)
+                             os.path.join(a.work, f"bench_floor_{geo}_b{batch}.json"), duration=a.duration)
         t = {"compile": None, "eager": None}
         if not a.no_torch:
-            m = gemm_floor.module(model)
-            t = torch_times(m, gemm_floor.inputs(model, batch, a.seq), a.iters, a.duration or 0.0)
+            m = gemm_floor.module(geo)
+            t = torch_times(m, gemm_floor.inputs(geo, batch, a.seq), a.iters, a.duration or 0.0)
             del m
             torch.cuda.empty_cache()
         full = next((r for r in res["speed"] if r["model"] == model and r["batch"] == batch), None)
-        gf = gemm_floor.gflop(model, batch, a.seq)
-        row = {"model": model, "batch": batch, "seq": a.seq, "gflop": gf, "kiln_ms": kiln_ms,
+        gf = gemm_floor.gflop(geo, batch, a.seq)
+        row = {"model": model, "geometry": geo, "batch": batch, "seq": a.seq, "gflop": gf, "kiln_ms": kiln_ms,
                "compile_ms": t["compile"], "eager_ms": t["eager"], "build_s": secs,
                "model_kiln_ms": full and full["kiln_ms"], "model_compile_ms": full and full["compile_ms"]}
         res["floor"].append(row)
@@ -286,21 +346,27 @@ def rel_l2(x, ref):
 def part_accuracy(a, model, res):
     import onnxruntime as ort
     import torch
-    m, cfg = torch_model(model)
-    feeds = inputs(model, 2, a.seq, getattr(cfg, "vocab_size", 0), np.random.default_rng(1), pad=True)
+    ex = exporters(a, model)
+    if not ex:
+        first_exporter(a, model, "accuracy")
+        return
+    prec = "fp32" if a.cpu else "fp16"
+    m, vocab = torch_model(a, model, cpu=a.cpu)
+    feeds = inputs(model, 2, a.seq, vocab, np.random.default_rng(1), pad=True)
     with torch.inference_mode():
-        args = tuple(torch.from_numpy(v).cuda() for v in feeds.values())
-        args = tuple(x.half() if x.is_floating_point() else x for x in args)
+        args = tuple(torch.from_numpy(v) for v in feeds.values())
+        if not a.cpu:
+            args = tuple(x.cuda().half() if x.is_floating_point() else x.cuda() for x in args)
         tout = m(*args)
         tout = [t.float().cpu().numpy() for t in (tout if isinstance(tout, tuple) else (tout,))]
-    for exporter in a.exporters:
-        path = onnx_path(model, exporter)
+    for exporter in ex:
+        path = onnx_path(a, model, exporter)
         so = ort.SessionOptions()
         so.intra_op_num_threads = os.cpu_count() or 4
         sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
         refs = sess.run(None, feeds)
         engine = os.path.join(a.work, f"{model}_{exporter}_acc.kiln")
-        build(a.kiln, model, exporter, engine, ["--shapes", shapes(model, 2, a.seq)])
+        build(a.kiln, path, engine, ["--shapes", shapes(model, 2, a.seq)], cpu=a.cpu)
         cmd = [a.kiln, "run", "--engine", engine, "--save-outputs", os.path.join(a.work, "acc_out")]
         for name, v in feeds.items():
             p = os.path.join(a.work, f"acc_{name}.npy")
@@ -308,16 +374,25 @@ def part_accuracy(a, model, res):
             cmd += ["--input", f"{name}={p}"]
         run(cmd)
         kl, layers = kernel_layers(a.kiln, engine)
-        log(f"{MODELS[model]} {exporter}: {kl} of {layers} layers launch kernels")
+        log(f"{MODELS[model]} {exporter}: " + (f"{kl} of {layers} layers launch kernels" if kl is not None
+                                               else f"{layers} layers"))
+        if len(refs) != len(tout):
+            raise RuntimeError(f"{exporter}: {len(refs)} outputs in the ONNX model, {len(tout)} from PyTorch")
         for o, ref, t in zip(sess.get_outputs(), refs, tout):
             got = np.load(os.path.join(a.work, "acc_out", o.name + ".npy"))
-            row = {"model": model, "exporter": exporter, "output": o.name, "kernel_layers": kl,
-                   "kiln_fp16": rel_l2(got, ref), "torch_fp16": rel_l2(t, ref)}
+            if got.shape != ref.shape or t.shape != ref.shape:
+                raise RuntimeError(f"{exporter} {o.name}: kiln {got.shape}, PyTorch {t.shape}, "
+                                   f"ONNX Runtime {ref.shape}")
+            row = {"model": model, "exporter": exporter, "output": o.name, "shape": list(ref.shape),
+                   "kernel_layers": kl, "precision": prec,
+                   f"kiln_{prec}": rel_l2(got, ref), f"torch_{prec}": rel_l2(t, ref)}
             res["accuracy"].append(row)
-            log(f"{MODELS[model]} {exporter} {o.name}: kiln FP16 {row['kiln_fp16']:.2e}, PyTorch "
-                f"FP16 {row['torch_fp16']:.2e} (relative L2 against ONNX Runtime CPU float32)")
+            log(f"{MODELS[model]} {exporter} {o.name} {list(ref.shape)}: kiln {prec.upper()} "
+                f"{row[f'kiln_{prec}']:.2e}, PyTorch {prec.upper()} {row[f'torch_{prec}']:.2e} "
+                f"(relative L2 against ONNX Runtime CPU float32)")
     del m
-    torch.cuda.empty_cache()
+    if not a.cpu:
+        torch.cuda.empty_cache()
 
 
 def main():
@@ -325,7 +400,8 @@ def main():
     ap.add_argument("--kiln", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--work", default="/tmp/kiln-transformers-work", help="engines and scratch files")
-    ap.add_argument("--models", default="bert,gpt2,vit")
+    ap.add_argument("--models", default="bert,gpt2,vit",
+                    help="of " + ",".join(MODELS) + " (the module docstring says what each is)")
     ap.add_argument("--parts", default="export,speed,dynamic,accuracy")
     ap.add_argument("--batches", default="1,32")
     ap.add_argument("--seq", type=int, default=128)
@@ -342,24 +418,55 @@ def main():
                          "and --output-io-formats fp16), as PyTorch's FP16 model has them")
     ap.add_argument("--no-torch", action="store_true",
                     help="speed: kiln's engines alone, without PyTorch eager and torch.compile")
+    ap.add_argument("--timm-model", default="vit_small_patch16_224",
+                    help="timm_vit: the timm ViT/DeiT (scripts/export_timm_vit.py --model), e.g. "
+                         "vit_base_patch16_224, deit_base_patch16_224")
+    ap.add_argument("--tiny", action="store_true",
+                    help="the export scripts' --tiny models (2 layers, hidden 128), files *_tiny.onnx: "
+                         "a quick check of the bench itself")
+    ap.add_argument("--cpu", action="store_true",
+                    help="accuracy: kiln's CPU engine and PyTorch in float32 on the CPU (no GPU needed)")
+    ap.add_argument("--onnx-dir", default=os.path.join(ROOT, "models"), help="where the exports go")
     a = ap.parse_args()
     a.batches = [int(b) for b in a.batches.split(",")]
     a.floor_batches = [int(b) for b in a.floor_batches.split(",")]
     a.exporters = a.exporters.split(",")
     parts = a.parts.split(",")
+    models = a.models.split(",")
+    for what, got, known in (("model", models, MODELS), ("part", parts, PARTS),
+                             ("exporter", a.exporters, ("torchscript", "dynamo"))):
+        bad = [x for x in got if x not in known]
+        if bad:
+            ap.error(f"unknown {what} {','.join(bad)} (known: {','.join(known)})")
+    MODELS["timm_vit"] = f"timm {a.timm_model}"
+    if a.tiny:
+        for k in MODELS:
+            MODELS[k] += " (tiny)"
+    import torch
+    gpu_parts = [p for p in parts if p in ("speed", "dynamic", "floor") or (p == "accuracy" and not a.cpu)]
+    if gpu_parts and not torch.cuda.is_available():
+        ap.error(f"{','.join(gpu_parts)} need a GPU, and PyTorch sees none (accuracy runs on the CPU with --cpu)")
     os.makedirs(a.out, exist_ok=True)
     os.makedirs(a.work, exist_ok=True)
-    import torch
-    res = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+    res = {"gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+           "torch": torch.__version__,
            "cudnn_torch": torch.backends.cudnn.version(), "speed": [], "dynamic": [], "accuracy": [], "floor": [],
-           "command": " ".join(sys.argv)}
-    for model in a.models.split(","):
+           "skipped": [], "command": " ".join(sys.argv)}
+    for model in models:
         try:
+            for exporter in a.exporters:
+                if exporter not in exporters(a, model):
+                    log(f"{MODELS[model]}: {exporter} exporter skipped: {EXPORTERS[model][1]}")
+                    res["skipped"].append({"model": model, "exporter": exporter, "why": EXPORTERS[model][1]})
             if "export" in parts:
-                for exporter in a.exporters:
-                    if not os.path.exists(onnx_path(model, exporter)):
-                        out, secs = run([sys.executable, os.path.join(ROOT, "scripts", f"export_{model}.py"),
-                                         onnx_path(model, exporter), "--exporter", exporter])
+                for exporter in exporters(a, model):
+                    path = onnx_path(a, model, exporter)
+                    if not os.path.exists(path):
+                        cmd = [sys.executable, os.path.join(ROOT, "scripts", f"export_{model}.py"), path,
+                               "--exporter", exporter] + (["--tiny"] if a.tiny else [])
+                        if model == "timm_vit":
+                            cmd += ["--model", a.timm_model]
+                        out, secs = run(cmd)
                         log(out.strip().splitlines()[-1][:160] + f" ({secs:.0f} s)")
             if "speed" in parts:
                 part_speed(a, model, res)
