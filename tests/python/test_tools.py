@@ -82,3 +82,52 @@ def test_dwconv_bench_model_and_cache_keys(tmp_path):
                "kiln.Reformat{}(x)->y,|fp16|reformat/": 0.001}
     assert dw.conv_times(entries) == {"kiln.dwconv": 0.05, "kiln.dwconv/strip4": 0.03,
                                       "cudnn.conv/0": 0.2}
+
+
+def test_transformer_bench_new_models_on_cpu(tmp_path):
+    """bench/transformer_bench.py's llama, tv_vit and timm_vit, as its --tiny --cpu accuracy part
+    runs them: exported by their scripts, the exported inputs fed (Llama: input_ids and
+    attention_mask with one sequence padded; the ViTs: pixel_values), kiln's CPU engine and
+    PyTorch's float32 model against ONNX Runtime, every output's shape checked; torchvision's ViT
+    skips the TorchScript exporter with a note instead of failing."""
+    import json
+    import os
+    import subprocess
+    import sys
+    for mod in ("torch", "torchvision", "transformers", "timm", "onnxruntime"):
+        pytest.importorskip(mod, reason=f"{mod} is not installed (KILN_WITH_TORCH=1 scripts/setup.sh)")
+    root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+    pkg = os.environ.get("KILN_PYTHON_DIR", os.path.join(root, "build", "python"))
+    cli = os.path.join(os.path.dirname(os.path.abspath(pkg)), "kiln")
+    if not os.access(cli, os.X_OK):
+        pytest.skip(f"no kiln command line at {cli}")
+    seq = 12
+
+    def bench(out, models, exporters):
+        p = subprocess.run(
+            [sys.executable, os.path.join(root, "bench", "transformer_bench.py"), "--kiln", cli,
+             "--out", str(tmp_path / out), "--work", str(tmp_path / "work"),
+             "--onnx-dir", str(tmp_path / "models"), "--models", models, "--exporters", exporters,
+             "--parts", "export,accuracy", "--tiny", "--cpu", "--seq", str(seq)],
+            capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, p.stdout + p.stderr
+        with open(tmp_path / out / "transformers.json") as f:
+            return p.stdout, json.load(f)
+
+    # torchvision's ViT: TorchScript is said to be skipped, dynamo runs; the other two (TorchScript,
+    # the quicker export) in a second run.
+    out, res = bench("tv", "tv_vit", "torchscript,dynamo")
+    assert "torchscript exporter skipped" in out and "dynamo only" in out
+    assert res["skipped"] == [{"model": "tv_vit", "exporter": "torchscript",
+                               "why": "torchvision's ViT: its TorchScript export fails in PyTorch, dynamo only"}]
+    rows = res["accuracy"]
+    _, res = bench("lt", "llama,timm_vit", "torchscript")
+    rows += res["accuracy"]
+    assert not res.get("failures") and not res["skipped"]
+    got = {(r["model"], r["exporter"]): r for r in rows}
+    assert sorted(got) == [("llama", "torchscript"), ("timm_vit", "torchscript"), ("tv_vit", "dynamo")]
+    assert got["llama", "torchscript"]["shape"] == [2, seq, 1000]  # logits for every position
+    assert got["tv_vit", "dynamo"]["shape"] == got["timm_vit", "torchscript"]["shape"] == [2, 1000]
+    for r in rows:
+        assert r["precision"] == "fp32" and r["output"] == "logits"
+        assert r["kiln_fp32"] < 1e-4 and r["torch_fp32"] < 1e-4, r
