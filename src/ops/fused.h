@@ -23,13 +23,15 @@
 //                                       masked rows, count as 0, as SDPA's export does)
 //   kiln.MultiHeadAttention(Q, K?, V?, mask?)
 //                                       Y = merge(Attention(split(Q), split(K)^T, split(V), mask))
-//                                       Q [B, Sq, H*D], K [B, Sk, H*D], V [B, Sk, H*Dv], Y
-//                                       [B, Sq, H*Dv]: split makes [B, H, S, D] of [B, S, H*D]
+//                                       Q [B, Sq, H*D], K [B, Sk, Hkv*D], V [B, Sk, Hkv*Dv],
+//                                       Y [B, Sq, H*Dv]: split makes [B, H, S, D] of [B, S, H*D]
 //                                       (Reshape + Transpose), merge undoes it; attributes
-//                                       num_heads (H), scale, nan_to_zero as kiln.Attention;
+//                                       num_heads (H), kv_heads (Hkv, default H, dividing H:
+//                                       grouped-query attention, query head h reads K/V head
+//                                       h / (H/Hkv)), scale, nan_to_zero as kiln.Attention;
 //                                       packed = 1: Q holds Q, K and V side by side
-//                                       ([B, S, 3*H*D], one projection's output) and K, V are
-//                                       absent. The mask is added to the [B, H, Sq, Sk] scores
+//                                       ([B, S, (H+2*Hkv)*D], one projection's output) and K, V
+//                                       are absent. The mask is added to the [B, H, Sq, Sk] scores
 //   kiln.SkipLayerNorm(X, Skip, Scale, B?) -> (Y, Sum?)
 //                                       Sum = X + Skip (same shape); Y = LayerNormalization(Sum,
 //                                       Scale, B) over the last axis (epsilon, stash_type as

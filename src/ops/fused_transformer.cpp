@@ -22,27 +22,32 @@ Tensor ints(std::vector<int64_t> v) {
 // -------------------------------------------------------------------------------
 
 // Head counts and sizes from the attributes and the input shapes: Q [B, Sq, H*D] (packed: Q, K
-// and V side by side, [B, S, 3*H*D]), K [B, Sk, H*D], V [B, Sk, H*Dv].
+// and V side by side, [B, S, (H + 2*Hkv)*D]), K [B, Sk, Hkv*D], V [B, Sk, Hkv*Dv]. kv_heads
+// (Hkv, default H) divides H: grouped-query attention, query head h reading key/value head
+// h / (H / Hkv).
 struct MhaDims {
-  int64_t heads = 0, d = 0, dv = 0;
+  int64_t heads = 0, kv_heads = 0, d = 0, dv = 0;
 };
 
 Expected<MhaDims> mha_dims(const Node& n, const Dim& q_last, const Dim& v_last) {
   MhaDims m;
   m.heads = n.attrs.get_int("num_heads", 0);
-  if (m.heads <= 0) return KILN_ERROR("{}: num_heads must be positive", n.label());
+  m.kv_heads = n.attrs.get_int("kv_heads", m.heads);
+  if (m.heads <= 0 || m.kv_heads <= 0 || m.heads % m.kv_heads != 0)
+    return KILN_ERROR("{}: num_heads ({}) must be a positive multiple of kv_heads ({})",
+                      n.label(), m.heads, m.kv_heads);
   const bool packed = n.attrs.get_int("packed", 0) != 0;
-  const int64_t parts = packed ? 3 : 1;
-  if (!q_last.is_static() || q_last.value % (parts * m.heads) != 0)
-    return KILN_ERROR("{}: Q's last dim {} is not {} x num_heads ({}) x a head size", n.label(),
-                      q_last.str(), parts, m.heads);
-  m.d = q_last.value / (parts * m.heads);
+  const int64_t parts = packed ? m.heads + 2 * m.kv_heads : m.heads;
+  if (!q_last.is_static() || q_last.value % parts != 0)
+    return KILN_ERROR("{}: Q's last dim {} is not {} heads x a head size", n.label(),
+                      q_last.str(), parts);
+  m.d = q_last.value / parts;
   m.dv = m.d;
   if (!packed) {
-    if (!v_last.is_static() || v_last.value % m.heads != 0)
-      return KILN_ERROR("{}: V's last dim {} is not num_heads ({}) x a head size", n.label(),
-                        v_last.str(), m.heads);
-    m.dv = v_last.value / m.heads;
+    if (!v_last.is_static() || v_last.value % m.kv_heads != 0)
+      return KILN_ERROR("{}: V's last dim {} is not kv_heads ({}) x a head size", n.label(),
+                        v_last.str(), m.kv_heads);
+    m.dv = v_last.value / m.kv_heads;
   }
   return m;
 }
@@ -61,10 +66,19 @@ Status infer_mha(InferContext& ctx) {
   return Status::Ok();
 }
 
-// x [B, S, H*D] -> [B, H, S, D] (perm 0,2,1,3) or, for K, [B, H, D, S] (perm 0,2,3,1).
-Expected<Tensor> split_heads(const Node& n, const Tensor& x, int64_t heads, bool k) {
-  const Tensor shape = ints({x.dim(0), x.dim(1), heads, x.dim(2) / heads});
+// x [B, S, G*D] -> [B, G*rep, S, D] (perm 0,2,1,3) or, for K, [B, G*rep, D, S] (perm 0,2,3,1):
+// each of x's G heads repeated rep times in a row (grouped-query attention's K and V).
+Expected<Tensor> split_heads(const Node& n, const Tensor& x, int64_t heads, bool k,
+                             int64_t rep = 1) {
+  const int64_t d = x.dim(2) / heads;
+  const Tensor shape = ints({x.dim(0), x.dim(1), heads, 1, d});
   KILN_ASSIGN_OR_RETURN(Tensor r, fused::run_op(n, "Reshape", {}, {&x, &shape}));
+  if (rep > 1) {
+    const Tensor to = ints({x.dim(0), x.dim(1), heads, rep, d});
+    KILN_ASSIGN_OR_RETURN(r, fused::run_op(n, "Expand", {}, {&r, &to}));
+  }
+  const Tensor flat = ints({x.dim(0), x.dim(1), heads * rep, d});
+  KILN_ASSIGN_OR_RETURN(r, fused::run_op(n, "Reshape", {}, {&r, &flat}));
   Attributes perm;
   perm.set("perm", Attribute::Ints(k ? std::vector<int64_t>{0, 2, 3, 1}
                                      : std::vector<int64_t>{0, 2, 1, 3}));
@@ -83,20 +97,22 @@ Status cpu_mha(KernelContext& ctx) {
   KILN_ASSIGN_OR_RETURN(MhaDims m, mha_dims(n, Dim(q_in->dim(2)), Dim(v_in->dim(2))));
   Tensor q = *q_in, k, v;
   if (packed) {  // Q | K | V along the last axis
-    const int64_t w = m.heads * m.d;
+    const int64_t bounds[4] = {0, m.heads * m.d, (m.heads + m.kv_heads) * m.d,
+                               (m.heads + 2 * m.kv_heads) * m.d};
     const Tensor axes = ints({2});
     Tensor parts[3];
     for (int64_t i = 0; i < 3; ++i) {
-      const Tensor starts = ints({i * w}), ends = ints({(i + 1) * w});
+      const Tensor starts = ints({bounds[i]}), ends = ints({bounds[i + 1]});
       KILN_ASSIGN_OR_RETURN(parts[i], fused::run_op(n, "Slice", {}, {q_in, &starts, &ends, &axes}));
     }
     q = std::move(parts[0]), k = std::move(parts[1]), v = std::move(parts[2]);
   } else {
     k = *ctx.input(1), v = *ctx.input(2);
   }
+  const int64_t rep = m.heads / m.kv_heads;
   KILN_ASSIGN_OR_RETURN(Tensor q4, split_heads(n, q, m.heads, false));
-  KILN_ASSIGN_OR_RETURN(Tensor kt4, split_heads(n, k, m.heads, true));
-  KILN_ASSIGN_OR_RETURN(Tensor v4, split_heads(n, v, m.heads, false));
+  KILN_ASSIGN_OR_RETURN(Tensor kt4, split_heads(n, k, m.kv_heads, true, rep));
+  KILN_ASSIGN_OR_RETURN(Tensor v4, split_heads(n, v, m.kv_heads, false, rep));
   std::vector<Tensor> outs(1);
   KernelContext attn(n, {&q4, &kt4, &v4, ctx.input(3)}, outs);
   KILN_RETURN_IF_ERROR(cpu_attention(attn));

@@ -6,12 +6,15 @@
 //                              [B, S, H, D]), [0, 2, 1, 3])
 // RotaryEmbedding (opset 23) rotates pairs (x[k], x[k + D/2]) by the angles its caches give; the
 // rotation moves in front of the head split, so fold_attention_heads still sees the plain split
-// of a [B, S, H*D] tensor. cos and sin are [B or 1, S, D] whose two halves are provably equal:
-// each is made from Concat(f, f) on the last axis by elementwise ops of one input (Cos, Sin, Cast,
-// a product by a scalar: HF's attention scaling), so their first halves are the caches. Either
+// of a [B, S, H*D] tensor. cos and sin are [B or 1, S, D] or [S, D] whose two halves are provably
+// equal: each is made from Concat(f, f) on the last axis by elementwise ops of one input (Cos,
+// Sin, Cast, a product by a scalar: HF's attention scaling), so their first halves are the
+// caches. Either
 // operand order of each Mul and the Add; the slices may write their end as D or past it. The
 // cache slices are shared by every layer that reads the same cos and sin.
 #include <algorithm>
+#include <cstring>
+#include <set>
 
 #include "passes/passes.h"
 
@@ -49,17 +52,37 @@ bool halves_equal(const Value* v, int depth = 0) {
   return false;
 }
 
-// c when v = Unsqueeze(c, axes [1]) with c rank 3, else nullptr.
+// c when v = Unsqueeze(c, axes) is [B or 1, 1, S, D] with the head axis (1) among the inserted ones
+// and S, D not: c is [B, S, D] (axes [1]) or [S, D] (axes [0, 1]; transformers 5 builds its caches
+// without the batch axis), both forms RotaryEmbedding takes without position_ids. Else nullptr.
 Value* unsqueezed_cache(const Value* v) {
   const Node* u = v ? v->producer : nullptr;
-  if (!is_op(u, "Unsqueeze") || !u->input(0) || u->input(0)->type.rank() != 3) return nullptr;
+  if (!is_op(u, "Unsqueeze") || !u->input(0) || v->type.rank() != 4) return nullptr;
   std::vector<int64_t> axes = u->attrs.get_ints("axes");
   if (axes.empty()) {
     const Value* a = u->num_inputs() > 1 ? u->input(1) : nullptr;
     if (!a || !a->is_constant()) return nullptr;
     axes = a->constant->to_int64_vector();
   }
-  return axes.size() == 1 && (axes[0] == 1 || axes[0] == -3) ? u->input(0) : nullptr;
+  std::set<int64_t> in;
+  for (int64_t a : axes) in.insert(a < 0 ? a + 4 : a);
+  const int64_t rank = u->input(0)->type.rank();
+  const bool ok = (in == std::set<int64_t>{1} && rank == 3) ||
+                  (in == std::set<int64_t>{0, 1} && rank == 2);
+  return ok ? u->input(0) : nullptr;
+}
+
+// A constant [B or 1, 1, S, D] (the caches folded at static shapes) whose rows are two equal
+// halves, bit for bit.
+bool constant_halves_cache(const Value* v, int64_t d) {
+  if (!v || !v->is_constant() || v->type.rank() != 4) return false;
+  const Tensor& t = *v->constant;
+  if (t.rank() != 4 || t.dim(1) != 1 || t.dim(3) != d || d % 2) return false;
+  const size_t es = dtype_size(t.dtype()), half = static_cast<size_t>(d / 2) * es;
+  const auto* p = static_cast<const unsigned char*>(t.raw());
+  for (int64_t row = 0; row < t.numel() / d; ++row)
+    if (std::memcmp(p + row * 2 * half, p + row * 2 * half + half, half) != 0) return false;
+  return true;
 }
 
 struct FuseRotary {
@@ -114,11 +137,20 @@ struct FuseRotary {
       ctx.note(fmt::format("{}: rotate_half form: {}", add.label(), why));
       return std::nullopt;
     };
-    Value* cos = unsqueezed_cache(pc->input(1 - i));
-    Value* sin = unsqueezed_cache(ps->input(1 - j));
-    if (!cos || !sin) return reject("cos or sin is not a [B, S, D] cache unsqueezed at axis 1");
-    if (!halves_equal(cos) || !halves_equal(sin))
-      return reject("cos or sin is not provably two equal halves (Concat(f, f))");
+    Value* cos = pc->input(1 - i);
+    Value* sin = ps->input(1 - j);
+    if (constant_halves_cache(cos, d) && constant_halves_cache(sin, d)) {
+      // folded caches: their halves were compared above
+    } else {
+      cos = unsqueezed_cache(cos);
+      sin = unsqueezed_cache(sin);
+      if (!cos || !sin)
+        return reject(
+            "cos or sin is neither a [B, S, D] or [S, D] cache unsqueezed to [B or 1, 1, S, D] "
+            "nor such a constant of two equal halves");
+      if (!halves_equal(cos) || !halves_equal(sin))
+        return reject("cos or sin is not provably two equal halves (Concat(f, f))");
+    }
     const TensorType& xt = x->type;
     if (!is_float_type(xt.dtype) || cos->type.dtype != xt.dtype || sin->type.dtype != xt.dtype)
       return reject("x, cos and sin are not of one float type");
@@ -134,8 +166,21 @@ struct FuseRotary {
     return Match{&add, t, r, std::move(dead), cos, sin, split->first, d};
   }
 
-  // cache[..., :half], shared: an earlier layer's slice of the same cache is reused.
+  // cache[..., :half], shared: an earlier layer's slice of the same cache is reused. A constant
+  // [B or 1, 1, S, D] cache becomes the constant [B or 1, S, D/2].
   static Value* first_half(PassContext& ctx, Value* cache, int64_t half, Node* before) {
+    if (cache->is_constant() && cache->type.rank() == 4) {
+      const std::string name = cache->name + "_rotary_half";
+      if (Value* v = ctx.g.find_value(name)) return v;
+      const Tensor& t = *cache->constant;
+      Tensor h(t.dtype(), {t.dim(0), t.dim(2), half});
+      const size_t bytes = static_cast<size_t>(half) * dtype_size(t.dtype());
+      const auto* src = static_cast<const unsigned char*>(t.raw());
+      auto* dst = static_cast<unsigned char*>(h.raw());
+      for (int64_t row = 0; row < t.dim(0) * t.dim(2); ++row)
+        std::memcpy(dst + row * bytes, src + row * 2 * bytes, bytes);
+      return ctx.g.add_constant(name, std::move(h));
+    }
     for (const auto& [u, slot] : cache->uses()) {
       const auto range = last_axis_range(u, cache, 2 * half);
       if (range && *range == std::make_pair(int64_t{0}, half) && u->origin == ctx.pass &&

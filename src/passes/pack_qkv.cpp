@@ -1,5 +1,6 @@
-// Q, K and V of a kiln.MultiHeadAttention read from one [B, S, 3*H*D] tensor (packed = 1):
-//   MHA(Split(x, 3 equal parts, last axis))                      =>  MHA(x)[packed]
+// Q, K and V of a kiln.MultiHeadAttention read from one [B, S, (H + 2*Hkv)*D] tensor (packed = 1;
+// Hkv = H unless grouped-query):
+//   MHA(Split(x, [H*D, Hkv*D, Hkv*D], last axis))                =>  MHA(x)[packed]
 //   MHA(FusedGemm(X, Wq, bq), FusedGemm(X, Wk, bk), FusedGemm(X, Wv, bv))
 //     =>  MHA(FusedGemm(X, [Wq | Wk | Wv], [bq | bk | bv]))[packed]
 // The first is GPT-2's c_attn followed by split(); the second makes BERT's and ViT's three
@@ -65,12 +66,14 @@ struct PackQkv {
         parts[2] == s->output(2)) {
       const Value* x = s->input(0);
       const int64_t axis = s->attrs.get_int("axis", 0);
-      const Dim& w = parts[0]->type.dims->back();
-      if ((axis != -1 && axis != 2) || !w.is_static() ||
-          !same_dim(x->type.dims->back(), Dim(3 * w.value)) ||
-          !same_dims(parts[0]->type, parts[1]->type) ||
-          !same_dims(parts[0]->type, parts[2]->type)) {
-        ctx.note(fmt::format("{}: {} does not split its last axis into three equal parts",
+      // Q's part is H heads wide, K's and V's Hkv heads each.
+      const Dim &wq = parts[0]->type.dims->back(), &wk = parts[1]->type.dims->back();
+      const int64_t h = mha.attrs.get_int("num_heads", 0), hkv = mha.attrs.get_int("kv_heads", h);
+      if ((axis != -1 && axis != 2) || !wq.is_static() || !wk.is_static() ||
+          wq.value * hkv != wk.value * h ||
+          !same_dim(x->type.dims->back(), Dim(wq.value + 2 * wk.value)) ||
+          !same_dims(parts[1]->type, parts[2]->type)) {
+        ctx.note(fmt::format("{}: {} does not split its last axis into Q, K and V heads",
                              mha.label(), s->label()));
         return std::nullopt;
       }

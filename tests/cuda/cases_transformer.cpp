@@ -1,6 +1,6 @@
 // Transformer layers: kiln.MultiHeadAttention (layers/attention_mha.cu: packed and separate Q, K,
-// V; head sizes 64 and 128 for mha.flash, others for mha.unfused; no mask, a padding mask, a
-// full [B, 1, Sq, Sk] mask, causal -inf masks, fully masked rows; sequence tails and several key
+// V; grouped-query attention; head sizes 32, 64 and 128 for mha.flash, others for mha.unfused;
+// no mask, a padding mask, a full [B, 1, Sq, Sk] mask, causal -inf masks, fully masked rows; sequence tails and several key
 // tiles; cross attention), kiln.SkipLayerNorm and the last-axis LayerNorm
 // (layers/layernorm_rows.cu), and kiln.FusedGemm with a residual and MatMul by a constant weight
 // (layers/gemm_lt.cpp, and the cuBLAS layer with its epilogue; CUTLASS's layers/gemm_cutlass.cpp
@@ -22,6 +22,7 @@ Attribute S(const char* v) { return Attribute::String(v); }
 struct Mha {
   std::string name;
   int64_t B = 2, Sq = 5, Sk = 5, H = 2, D = 64;
+  int64_t Hkv = 0;  // key/value heads (grouped-query attention); 0: H
   bool packed = false;
   CaseInput mask = absent();
   int nan_to_zero = 0;
@@ -29,16 +30,18 @@ struct Mha {
 
 OpCase mha(const Mha& m) {
   std::vector<CaseInput> ins;
+  const int64_t hkv = m.Hkv ? m.Hkv : m.H;
   if (m.packed) {
-    ins = {in({m.B, m.Sq, 3 * m.H * m.D}), absent(), absent()};
+    ins = {in({m.B, m.Sq, (m.H + 2 * hkv) * m.D}), absent(), absent()};
   } else {
-    ins = {in({m.B, m.Sq, m.H * m.D}), in({m.B, m.Sk, m.H * m.D}), in({m.B, m.Sk, m.H * m.D})};
+    ins = {in({m.B, m.Sq, m.H * m.D}), in({m.B, m.Sk, hkv * m.D}), in({m.B, m.Sk, hkv * m.D})};
   }
   if (!m.mask.absent) ins.push_back(m.mask);
   Attributes a = attrs({{"num_heads", I(m.H)},
                         {"scale", F(1.f / std::sqrt(static_cast<float>(m.D)))},
                         {"nan_to_zero", I(m.nan_to_zero)}});
   if (m.packed) a.set("packed", I(1));
+  if (m.Hkv) a.set("kv_heads", I(m.Hkv));
   // Inputs in [-2, 2]: scores wide enough that the softmax is not near uniform.
   for (CaseInput& c : ins)
     if (!c.absent && !c.value) c.lo = -2, c.hi = 2;
@@ -160,6 +163,26 @@ void mha_cases(std::vector<OpCase>& v) {
                    .mask = causal(150)}));
   v.push_back(mha(
       {.name = "d32_rows128_nomask", .B = 16, .Sq = 140, .Sk = 140, .H = 8, .D = 32, .packed = true}));
+  // Grouped-query attention: K and V with fewer heads, each read by H / Hkv query heads
+  // (a Llama-style decoder's causal mask; packed Q | K | V of H + 2 Hkv heads; multi-query).
+  v.push_back(mha({.name = "gqa_d64_causal",
+                   .B = 2,
+                   .Sq = 130,
+                   .Sk = 130,
+                   .H = 6,
+                   .Hkv = 2,
+                   .mask = causal(130)}));
+  v.push_back(mha({.name = "gqa_d128_packed_padding",
+                   .B = 3,
+                   .Sq = 70,
+                   .Sk = 70,
+                   .H = 4,
+                   .D = 128,
+                   .Hkv = 2,
+                   .packed = true,
+                   .mask = padding(3, 70)}));
+  v.push_back(mha({.name = "mqa_d32_cross", .B = 2, .Sq = 9, .Sk = 40, .H = 4, .D = 32, .Hkv = 1}));
+  v.push_back(mha({.name = "gqa_d48_unfused", .B = 2, .Sq = 11, .Sk = 11, .H = 4, .D = 48, .Hkv = 2}));
 }
 
 void norm_cases(std::vector<OpCase>& v) {

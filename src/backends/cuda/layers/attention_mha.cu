@@ -41,30 +41,32 @@ Expected<MhaShape> mha_shape(const Node& n, std::span<const DeviceTensor> in,
   MhaShape s;
   s.packed = n.attrs.get_int("packed", 0) != 0;
   s.H = n.attrs.get_int("num_heads", 0);
+  s.Hkv = n.attrs.get_int("kv_heads", s.H);
   const DeviceTensor& q = in[0];
-  if (q.rank() != 3 || s.H <= 0)
-    return KILN_ERROR("{}: Q must be 3-D and num_heads positive", n.label());
+  if (q.rank() != 3 || s.H <= 0 || s.Hkv <= 0 || s.H % s.Hkv != 0)
+    return KILN_ERROR("{}: Q must be 3-D, num_heads positive and a multiple of kv_heads",
+                      n.label());
   s.B = q.shape[0];
   s.Sq = q.shape[1];
-  if (s.packed) {
-    if (q.shape[2] % (3 * s.H) != 0)
-      return KILN_ERROR("{}: packed Q's last dim {} is not 3 x {} heads", n.label(), q.shape[2],
-                        s.H);
-    s.D = s.Dv = q.shape[2] / (3 * s.H);
+  if (s.packed) {  // Q | K | V: H + 2 Hkv heads of one size
+    if (q.shape[2] % (s.H + 2 * s.Hkv) != 0)
+      return KILN_ERROR("{}: packed Q's last dim {} is not {} + 2 x {} heads", n.label(),
+                        q.shape[2], s.H, s.Hkv);
+    s.D = s.Dv = q.shape[2] / (s.H + 2 * s.Hkv);
     s.Sk = s.Sq;
     s.q_row = s.k_row = s.v_row = q.shape[2];
     s.k_off = s.H * s.D;
-    s.v_off = 2 * s.H * s.D;
+    s.v_off = (s.H + s.Hkv) * s.D;
   } else {
     const DeviceTensor &k = in[1], &v = in[2];
     if (k.rank() != 3 || v.rank() != 3 || k.shape[0] != s.B || v.shape[0] != s.B ||
-        k.shape[1] != v.shape[1] || q.shape[2] % s.H || k.shape[2] != q.shape[2] ||
-        v.shape[2] % s.H)
-      return KILN_ERROR("{}: Q {}, K {} and V {} do not fit {} heads", n.label(),
-                        shape_str(q.shape), shape_str(k.shape), shape_str(v.shape), s.H);
+        k.shape[1] != v.shape[1] || q.shape[2] % s.H || k.shape[2] * s.H != q.shape[2] * s.Hkv ||
+        v.shape[2] % s.Hkv)
+      return KILN_ERROR("{}: Q {}, K {} and V {} do not fit {} heads ({} for K and V)", n.label(),
+                        shape_str(q.shape), shape_str(k.shape), shape_str(v.shape), s.H, s.Hkv);
     s.Sk = k.shape[1];
     s.D = q.shape[2] / s.H;
-    s.Dv = v.shape[2] / s.H;
+    s.Dv = v.shape[2] / s.Hkv;
     s.q_row = q.shape[2];
     s.k_row = k.shape[2];
     s.v_row = v.shape[2];
@@ -102,15 +104,15 @@ bool mha_f16_head_sizes(const LayerDesc& d, int64_t* dq, int64_t* dv, std::strin
     if (d.in.size() <= i || d.in[i].dtype != DataType::kFloat16)
       return *why = "float16 only", false;
   const TensorType& q = d.in_type(0);
-  const int64_t h = n.attrs.get_int("num_heads", 0);
-  if (q.rank() != 3 || !q.dims->back().is_static() || h <= 0)
+  const int64_t h = n.attrs.get_int("num_heads", 0), hkv = n.attrs.get_int("kv_heads", h);
+  if (q.rank() != 3 || !q.dims->back().is_static() || h <= 0 || hkv <= 0 || h % hkv)
     return *why = "Q's head size is unknown", false;
-  *dq = *dv = q.dims->back().value / (packed ? 3 * h : h);
+  *dq = *dv = q.dims->back().value / (packed ? h + 2 * hkv : h);
   if (!packed) {
     const TensorType& v = d.in_type(2);
     if (v.rank() != 3 || !v.dims->back().is_static())
       return *why = "V's head size is unknown", false;
-    *dv = v.dims->back().value / h;
+    *dv = v.dims->back().value / hkv;
   }
   if (d.in.size() > 3 && d.in[3].present() && d.in[3].dtype != DataType::kFloat16 &&
       d.in[3].dtype != DataType::kFloat32)
@@ -144,6 +146,7 @@ struct FlashArgs {
   const void* mask;  // additive; its element type is the kernel's MaskT
   int64_t m_b, m_h, m_q;
   int m_k;
+  int group;  // query heads per key/value head (grouped-query attention; 1 without)
   bool nan_to_zero;
 };
 
@@ -429,8 +432,8 @@ __global__ void __launch_bounds__(32 * WARPS, (min_blocks<D, WARPS, MT>()))
   constexpr bool staged = !std::is_void_v<MaskT> && kRead == kMaskStaged;
   if (staged) stage_mask<MaskT, kThreads>(a, b, h, smask, 0, kKeys, tid);
   const __half* q = a.q + b * a.q_b + h * D + static_cast<int64_t>(q0) * a.q_s;
-  const __half* k = a.k + b * a.k_b + h * D;
-  const __half* v = a.v + b * a.v_b + h * D;
+  const __half* k = a.k + b * a.k_b + (h / a.group) * D;
+  const __half* v = a.v + b * a.v_b + (h / a.group) * D;
   const int tiles = (a.sk + kKeys - 1) / kKeys;
   load_tile<D, kThreads>(sq, q, a.q_s, kRows, min(kRows, a.sq - q0), tid);
   load_tile<D, kThreads>(sk, k, a.k_s, kKeys, min(kKeys, a.sk), tid);
@@ -483,8 +486,8 @@ __global__ void __launch_bounds__(32 * WARPS) mha_flash_split_kernel(FlashArgs a
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int q0 = blockIdx.x * 16, h = blockIdx.y, b = blockIdx.z;
   const __half* q = a.q + b * a.q_b + h * D + static_cast<int64_t>(q0) * a.q_s;
-  const __half* k = a.k + b * a.k_b + h * D;
-  const __half* v = a.v + b * a.v_b + h * D;
+  const __half* k = a.k + b * a.k_b + (h / a.group) * D;
+  const __half* v = a.v + b * a.v_b + (h / a.group) * D;
   const int tiles = (a.sk + kTile - 1) / kTile;
   load_tile<D, kThreads>(sq, q, a.q_s, 16, min(16, a.sq - q0), tid);
   load_tile<D, kThreads>(sk, k, a.k_s, kTile, min(kTile, a.sk), tid);
@@ -716,6 +719,7 @@ class MhaFlashLayer final : public Layer {
     a.sk = static_cast<int>(s_.Sk);
     a.scale_log2 = scale_ * kLog2e;
     a.nan_to_zero = nan_to_zero_;
+    a.group = static_cast<int>(s_.H / s_.Hkv);
     if (mask_ != DataType::kUndefined) {
       a.mask = in[3].data;
       a.m_b = mstride_[0], a.m_h = mstride_[1], a.m_q = mstride_[2];
@@ -773,16 +777,19 @@ class MhaUnfusedLayer final : public Layer {
     KILN_ASSIGN_OR_RETURN(s_, mha_shape(n, in, out[0]));
     dtype_ = in[0].dtype;
     const size_t es = dtype_size(dtype_);
-    // [B, H, S, D] of rows with stride `row`: dims (b, h, s, d).
-    auto split = [&](int64_t S, int64_t D, int64_t row, int64_t off, bool kt) {
-      const std::vector<int64_t> src = {S * row, D, row, 1};
-      const std::vector<int64_t> dst = kt ? std::vector<int64_t>{s_.H * D * S, D * S, 1, S}
-                                          : std::vector<int64_t>{s_.H * S * D, S * D, D, 1};
-      return movement_detail::plan_copy({s_.B, s_.H, S, D}, src, dst, off, 0, es);
+    // [B, H, S, D] of rows with stride `row`, as dims (b, head group, head in group, s, d):
+    // Q's groups are of one head; K's and V's of H / Hkv, each reading its group's head.
+    auto split = [&](int64_t S, int64_t D, int64_t row, int64_t off, bool kt, int64_t g) {
+      const std::vector<int64_t> src = {S * row, D, g == 1 ? D : 0, row, 1};
+      const std::vector<int64_t> dst =
+          kt ? std::vector<int64_t>{s_.H * D * S, g * D * S, D * S, 1, S}
+             : std::vector<int64_t>{s_.H * S * D, g * S * D, S * D, D, 1};
+      return movement_detail::plan_copy({s_.B, s_.H / g, g, S, D}, src, dst, off, 0, es);
     };
-    KILN_ASSIGN_OR_RETURN(cq_, split(s_.Sq, s_.D, s_.q_row, s_.q_off, false));
-    KILN_ASSIGN_OR_RETURN(ck_, split(s_.Sk, s_.D, s_.k_row, s_.k_off, true));
-    KILN_ASSIGN_OR_RETURN(cv_, split(s_.Sk, s_.Dv, s_.v_row, s_.v_off, false));
+    const int64_t group = s_.H / s_.Hkv;
+    KILN_ASSIGN_OR_RETURN(cq_, split(s_.Sq, s_.D, s_.q_row, s_.q_off, false, 1));
+    KILN_ASSIGN_OR_RETURN(ck_, split(s_.Sk, s_.D, s_.k_row, s_.k_off, true, group));
+    KILN_ASSIGN_OR_RETURN(cv_, split(s_.Sk, s_.Dv, s_.v_row, s_.v_off, false, group));
     KILN_ASSIGN_OR_RETURN(
         cy_, movement_detail::plan_copy({s_.B, s_.H, s_.Sq, s_.Dv},
                                         {s_.H * s_.Sq * s_.Dv, s_.Sq * s_.Dv, s_.Dv, 1},

@@ -12,7 +12,9 @@ namespace kiln::gpu {
 
 // The layer's problem: batch, lengths, heads, head sizes and where each head's rows live.
 struct MhaShape {
-  int64_t B = 0, Sq = 0, Sk = 0, H = 0, D = 0, Dv = 0;
+  // Hkv: key/value heads (grouped-query attention: query head h reads key/value head
+  // h / (H / Hkv); Hkv = H without it).
+  int64_t B = 0, Sq = 0, Sk = 0, H = 0, Hkv = 0, D = 0, Dv = 0;
   // Element offsets of head 0's first element and the row strides of Q, K, V in their inputs
   // (packed: all three in input 0).
   int64_t q_off = 0, k_off = 0, v_off = 0;
