@@ -13,7 +13,8 @@
 # 2-core machine the clients and the server share the cores), KILN_SERVE_WORKERS (1: `kiln serve
 # --workers`, front-end processes; the server's CPU is counted over all of them), KILN_SERVE_ARGS
 # (extra `kiln serve` flags), KILN_LOAD_ARGS (extra serve_load.py flags, e.g.
-# --grpc-shared-connection), KILN_SERVE_MODEL (mlp or small_cnn).
+# --grpc-shared-connection), KILN_SERVE_MODEL (mlp, small_cnn, or slice224: a
+# ResNet-50-sized input, [N,3,224,224] FP32, of which one Slice keeps a pixel: made here).
 # Outputs in OUT_DIR (default /tmp/kiln-serve-cpu): serve.log, load.json, load.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,8 +37,25 @@ import small_models
 
 out, name = sys.argv[1], sys.argv[2]
 os.makedirs(f"{out}/repo", exist_ok=True)
-onnx.save(small_models.MODELS[name](), f"{out}/{name}.onnx")
-inp = {"mlp": ("x", [64]), "small_cnn": ("input", [3, 32, 32])}[name]
+if name == "slice224":
+    # ResNet-sized input (float32 [N,3,224,224], 602 KB a sample), negligible compute: a Slice
+    # of its first pixel, [N,3,1,1] (about 30 us an inference on the cpu backend at any batch;
+    # a GlobalAveragePool takes 300 us a sample there). What the server spends per request is
+    # then all front end (receiving, decoding, batching, copying 602 KB, encoding).
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+    ints = lambda n, v: numpy_helper.from_array(np.array(v, np.int64), n)  # noqa: E731
+    g = helper.make_graph(
+        [helper.make_node("Slice", ["input", "starts", "ends", "axes"], ["output"])], name,
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, 224, 224])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["N", 3, 1, 1])],
+        initializer=[ints("starts", [0, 0]), ints("ends", [1, 1]), ints("axes", [2, 3])])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]),
+              f"{out}/{name}.onnx")
+else:
+    onnx.save(small_models.MODELS[name](), f"{out}/{name}.onnx")
+inp = {"mlp": ("x", [64]), "small_cnn": ("input", [3, 32, 32]),
+       "slice224": ("input", [3, 224, 224])}[name]
 kiln.build(f"{out}/{name}.onnx", backend="cpu", min_shapes={inp[0]: [1] + inp[1]},
            opt_shapes={inp[0]: [8] + inp[1]}, max_shapes={inp[0]: [64] + inp[1]}
            ).save(f"{out}/repo/{name}.kiln")

@@ -41,31 +41,50 @@ def batch_limit(engine: Engine, cap: Optional[int]) -> int:
     return max(limit, 1)
 
 
+def _input_specs(engine: Engine) -> tuple:
+    """(names, {name: (dtype name, shape with -1 for dynamic dims, profile min, profile max)})
+    of the engine's inputs, made once per engine (Engine.inputs builds its list anew on every
+    call; a server checks every request against it)."""
+    specs = getattr(engine, "_serve_input_specs", None)
+    if specs is None:
+        info = {}
+        for t in engine.inputs:
+            prof = engine.profile.get(t.name)
+            info[t.name] = (t.dtype, [d if isinstance(d, int) else -1 for d in t.shape],
+                            list(prof["min"]) if prof else None,
+                            list(prof["max"]) if prof else None)
+        specs = (list(info), info)
+        try:
+            engine._serve_input_specs = specs
+        except AttributeError:  # an engine-like object that takes no attributes
+            pass
+    return specs
+
+
 def check_request(engine: Engine, feeds: dict[str, np.ndarray], batching: bool) -> int:
     """Checks a request's names, element types and shapes; returns its batch (first dim)."""
-    want = {t.name: t for t in engine.inputs}
+    names, want = _input_specs(engine)
     for name in feeds:
         if name not in want:
-            raise RequestError(f"unknown input '{name}' (the model's inputs: {', '.join(want)})")
+            raise RequestError(f"unknown input '{name}' (the model's inputs: {', '.join(names)})")
     batch = None
-    for name, t in want.items():
-        if name not in feeds:
+    for name, (dtype, shape, lo, hi) in want.items():
+        a = feeds.get(name)
+        if a is None:
             raise RequestError(f"input '{name}' is missing")
-        a = feeds[name]
-        if a.dtype.name != t.dtype:
+        if a.dtype.name != dtype:
             raise RequestError(f"input '{name}': datatype {V2_DATATYPES.get(a.dtype.name, a.dtype.name)}, "
-                               f"the model takes {V2_DATATYPES.get(t.dtype, t.dtype)}")
-        shape = [d if isinstance(d, int) else -1 for d in t.shape]
-        if len(a.shape) != len(shape) or any(w >= 0 and g != w for g, w in zip(a.shape, shape)):
-            raise RequestError(f"input '{name}': shape {list(a.shape)}, the model takes {shape}")
-        prof = engine.profile.get(name)
-        if prof and any(g < lo or g > hi for g, lo, hi in zip(a.shape, prof["min"], prof["max"])):
-            raise RequestError(f"input '{name}': shape {list(a.shape)} is outside the model's range "
-                               f"(min {prof['min']}, max {prof['max']})")
+                               f"the model takes {V2_DATATYPES.get(dtype, dtype)}")
+        got = a.shape
+        if len(got) != len(shape) or any(w >= 0 and g != w for g, w in zip(got, shape)):
+            raise RequestError(f"input '{name}': shape {list(got)}, the model takes {shape}")
+        if lo is not None and any(g < mn or g > mx for g, mn, mx in zip(got, lo, hi)):
+            raise RequestError(f"input '{name}': shape {list(got)} is outside the model's range "
+                               f"(min {lo}, max {hi})")
         if batching:
-            if batch is not None and a.shape[0] != batch:
-                raise RequestError(f"input '{name}': batch {a.shape[0]}, other inputs have {batch}")
-            batch = a.shape[0]
+            if batch is not None and got[0] != batch:
+                raise RequestError(f"input '{name}': batch {got[0]}, other inputs have {batch}")
+            batch = got[0]
     return batch or 1
 
 
@@ -103,26 +122,62 @@ class Stats:
             self.batched_requests += len(batches)
 
 
-def join(requests: list[dict], pad_to: int = 0) -> dict:
-    """Requests' inputs joined along the first dimension (one request: as it is), in one copy;
-    with `pad_to` above their total the rows after it repeat the first row (padding whose
-    outputs are dropped: a real sample, so it computes what any sample does)."""
-    total = sum(next(iter(r.values())).shape[0] for r in requests) if requests else 0
-    if len(requests) == 1 and pad_to <= total:
-        return requests[0]
+def join(requests: list[dict], pad_to: int = 0, into=None) -> dict:
+    """Requests' inputs joined along the first dimension (one request: as it is, unless `into`
+    is given), in one copy; with `pad_to` above their total the rows after it repeat the first
+    row (padding whose outputs are dropped: a real sample, so it computes what any sample does).
+    `into(name, rows, like)`: where to write each input, an array of `rows` rows shaped and
+    typed as `like` past the first dimension (Batcher: a context's own buffer, whose address
+    then repeats from batch to batch); default new arrays. With `into` the padding rows are
+    not written: they hold what the buffer held (zeros, or earlier requests' samples), which
+    saves a copy per padding row."""
+    if not requests:
+        return {}
+    if len(requests) == 1 and into is None:
+        first = requests[0]
+        total = next(iter(first.values())).shape[0] if first else 0
+        if pad_to <= total:
+            return first
+    else:
+        total = sum(next(iter(r.values())).shape[0] for r in requests)
     rows = max(pad_to, total)
     out = {}
     for n, first in requests[0].items():
-        a = np.empty((rows,) + first.shape[1:], dtype=first.dtype)
-        at = 0
-        for r in requests:
-            b = r[n].shape[0]
-            a[at:at + b] = r[n]
-            at += b
-        if rows > at:
-            a[at:] = first[:1]
+        if into is None:
+            a = np.empty((rows,) + first.shape[1:], dtype=first.dtype)
+        else:
+            a = into(n, rows, first)
+        if len(requests) == 1:
+            a[:total] = first
+        else:
+            np.concatenate([r[n] for r in requests], axis=0, out=a[:total])
+        if rows > total and into is None:
+            a[total:] = first[:1]
         out[n] = a
     return out
+
+
+class _Buffers:
+    """A context's input buffers: per input name, element type and shape past the first
+    dimension, one array of max_batch rows whose first rows each inference uses, so the engine
+    sees the same input address whatever the batch (a CUDA graph is captured per set of
+    addresses: kiln's executor replays a shape's graph only when they repeat). At most `keep`
+    kinds (sequence lengths, say) are kept, the least recently used dropped. New buffers are
+    zeros, so padding rows never hold uninitialised memory."""
+
+    def __init__(self, max_batch: int, keep: int = 8):
+        self.max_batch, self.keep = max_batch, keep
+        self._arrays: dict = {}
+
+    def __call__(self, name: str, rows: int, like: np.ndarray) -> np.ndarray:
+        key = (name, like.shape[1:], like.dtype.str)
+        a = self._arrays.pop(key, None)
+        if a is None or a.shape[0] < rows:
+            a = np.zeros((max(rows, self.max_batch),) + like.shape[1:], dtype=like.dtype)
+            while len(self._arrays) >= self.keep:
+                self._arrays.pop(next(iter(self._arrays)))
+        self._arrays[key] = a  # the most recently used last
+        return a[:rows]
 
 
 def parse_pad_sizes(text: Optional[str], max_batch: int) -> list[int]:
@@ -184,6 +239,16 @@ def split(out: dict, batches: list[int]) -> list[dict]:
     return [{n: parts[n][i] for n in out} for i in range(len(batches))]
 
 
+class _Group:
+    """Requests waiting to be joined (same shapes past the first dimension): (feeds, batch,
+    future) in arrival order, and their samples."""
+    __slots__ = ("items", "samples")
+
+    def __init__(self):
+        self.items: list = []
+        self.samples = 0
+
+
 class Batcher:
     """Runs requests on `contexts` execution contexts of each engine, off the event loop (in
     threads; kiln releases the GIL while it works). Requests that arrive within `max_delay_s`
@@ -198,6 +263,10 @@ class Batcher:
     of them that holds it, the rows past it repeating its first; the engine then sees a few
     shapes, each replayed as a CUDA graph (the executor keeps the graphs of several shapes,
     KILN_GRAPH_SHAPES), where unpadded batches take every size from 1 to max_batch.
+
+    Each context has its own input buffers of max_batch rows (_Buffers): a batch is joined into
+    them in the inference thread (not on the event loop), so the engine sees the same input
+    addresses batch after batch (cuda: one request is copied too, for its CUDA graph).
 
     `stats`: where the counters go (default a new Stats; `kiln serve --workers` passes one that
     also counts into files that /metrics sums over the worker processes)."""
@@ -216,12 +285,16 @@ class Batcher:
         self.devices = [device_label(e, i) for i, e in enumerate(engines)]
         self._pool: queue.SimpleQueue = queue.SimpleQueue()
         self._contexts = []
+        # cuda: every batch, one request's included, is copied into the context's buffers, so
+        # that its input addresses repeat and the executor replays CUDA graphs; cpu: one
+        # request runs from the request's own arrays (no graphs to keep).
+        self._copy_single = getattr(self.engine, "backend", "cpu") == "cuda"
         per = max(contexts, 1)
         for _ in range(per):
             for label, e in zip(self.devices, engines):
                 ctx = e.create_context()
-                self._contexts.append((label, ctx))
-                self._pool.put((label, ctx))
+                self._contexts.append((label, ctx, _Buffers(self.max_batch)))
+                self._pool.put(self._contexts[-1])
         total = per * len(engines)
         self._threads = concurrent.futures.ThreadPoolExecutor(
             max_workers=total, thread_name_prefix="kiln-infer")
@@ -229,12 +302,19 @@ class Batcher:
         self._pending: dict[tuple, list] = {}
         self._out_names = [t.name for t in self.engine.outputs]
 
-    def _run(self, feeds: dict) -> tuple[dict, str]:
-        label, ctx = self._pool.get()
+    def _run(self, requests: list[dict], rows: int) -> tuple[dict, str]:
+        """In an inference thread: takes a free context, joins `requests` (padded to `rows`)
+        into its buffers and runs them."""
+        item = self._pool.get()
+        label, ctx, buffers = item
         try:
+            if len(requests) == 1 and not self._copy_single:
+                feeds = join(requests, pad_to=rows)
+            else:
+                feeds = join(requests, pad_to=rows, into=buffers)
             return ctx.run(feeds), label
         finally:
-            self._pool.put((label, ctx))
+            self._pool.put(item)
 
     def warm(self, sample: Optional[dict] = None) -> int:
         """Runs every context at the batch sizes the server will form before it takes requests:
@@ -253,9 +333,9 @@ class Batcher:
             sizes = sorted(set(self.pad_sizes) | set(sizes), reverse=True)
             repeat = 3
         runs = 0
-        for _, ctx in self._contexts:
+        for _, ctx, buffers in self._contexts:
             for b in sizes:
-                feeds = join([sample], pad_to=b) if b > 1 else sample
+                feeds = join([sample], pad_to=b, into=buffers)
                 for _ in range(repeat):
                     ctx.run(feeds)
                     runs += 1
@@ -267,14 +347,21 @@ class Batcher:
         batch = next(iter(feeds.values())).shape[0] if feeds and self.max_batch > 1 else 0
         if not batch or batch >= self.max_batch:
             return (await self._execute([feeds], [batch or 1]))[0]
-        key = tuple((n, a.shape[1:], a.dtype.str) for n, a in sorted(feeds.items()))
-        fut = asyncio.get_running_loop().create_future()
-        group = self._pending.setdefault(key, [])
-        group.append((feeds, batch, fut))
-        if sum(b for _, b, _ in group) >= self.max_batch:
+        if len(feeds) == 1:
+            ((n, a),) = feeds.items()
+            key = (n, a.shape[1:], a.dtype.str)
+        else:
+            key = tuple((n, a.shape[1:], a.dtype.str) for n, a in sorted(feeds.items()))
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        group = self._pending.get(key)
+        if group is None:
+            group = self._pending[key] = _Group()
+            loop.call_later(self.max_delay_s, self._flush, key)
+        group.items.append((feeds, batch, fut))
+        group.samples += batch
+        if group.samples >= self.max_batch:
             self._flush(key)
-        elif len(group) == 1:
-            asyncio.get_running_loop().call_later(self.max_delay_s, self._flush, key)
         return await fut
 
     def _flush(self, key) -> None:
@@ -282,13 +369,19 @@ class Batcher:
         if not group:
             return
         # Takes requests in arrival order up to max_batch samples; the rest wait for the next.
-        take, total = [], 0
-        while group and total + group[0][1] <= self.max_batch:
-            item = group.pop(0)
-            take.append(item)
-            total += item[1]
-        if group:
-            self._pending[key] = group
+        items = group.items
+        if group.samples <= self.max_batch:
+            take, items = items, []
+        else:
+            total, i = 0, 0
+            while i < len(items) and total + items[i][1] <= self.max_batch:
+                total += items[i][1]
+                i += 1
+            take, items = items[:i], items[i:]
+        if items:
+            rest = self._pending[key] = _Group()
+            rest.items = items
+            rest.samples = sum(b for _, b, _ in items)
             asyncio.get_running_loop().call_soon(self._flush, key)
         asyncio.ensure_future(self._complete(take))
 
@@ -311,7 +404,7 @@ class Batcher:
         run = pad_target(total, self.pad_sizes) if self.pad_sizes else total
         async with self._slots:
             out, device = await asyncio.get_running_loop().run_in_executor(
-                self._threads, self._run, join(requests, pad_to=run))
+                self._threads, self._run, requests, run)
         self.stats.count(batches, run, device)
         if run > total:
             out = {n: v[:total] for n, v in out.items()}

@@ -9,10 +9,16 @@ own: kiln_requests_total, kiln_inferences_total, kiln_batched_requests_total,
 kiln_largest_batch, kiln_samples_total, kiln_padded_samples_total, and per batch size run and
 per device kiln_batch_inferences_total{batch} and kiln_device_inferences_total{device}.
 
-Inference requests for kiln models skip KServe's generic conversion: gRPC ModelInfer decodes the
-protobuf message itself (decode_grpc_request, encode_grpc_response) and REST POST
+Inference requests for kiln models skip KServe's generic conversion: gRPC ModelInfer takes the
+serialized message (no deserializer), reads the raw tensors out of it in place and parses only
+the rest (split_grpc_request), decodes it itself (decode_grpc_request, encode_grpc_response) and
+REST POST
 /v2/models/NAME/infer is answered in front of FastAPI (_LeanRest: read_rest_body,
 decode_rest_request, encode_rest_response); the rest of the protocol is KServe's.
+
+The process keeps freed blocks of up to 32 MB for reuse (tune_malloc): request tensors are
+otherwise an mmap, page faults and a munmap each (bench/serve_cost.py measures the front end's
+CPU per request).
 
 `--workers N` runs N such servers as processes on the same ports, under the one started
 (kiln.serve_workers).
@@ -129,12 +135,79 @@ def _element_count(name: str, shape: list, itemsize: int) -> int:
 _MAX_BYTES = int(np.iinfo(np.intp).max)
 
 
-def decode_grpc_request(request, engine: Engine, batching: bool) -> dict[str, np.ndarray]:
+# ModelInferRequest's raw_input_contents (field 7, length-delimited) as a protobuf tag
+_RAW_INPUT_TAG = (7 << 3) | 2
+
+
+def _varint(body, pos: int, end: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= end:
+            raise RequestError("malformed request: the protobuf message is truncated")
+        b = body[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, pos
+        shift += 7
+        if shift > 63:
+            raise RequestError("malformed request: a protobuf varint is over 10 bytes")
+
+
+def split_grpc_request(body: bytes) -> tuple[object, list]:
+    """A serialized ModelInferRequest as (the message without its raw_input_contents, parsed;
+    each raw_input_contents as a memoryview of `body`, in order). protobuf would copy every raw
+    tensor twice (into the parsed message, then into the bytes object that indexing
+    raw_input_contents makes): 602 KB for a ResNet-50 sample, under the event loop's GIL.
+    Here only the small fields are parsed, and the tensors stay where gRPC put them.
+    RequestError when the message is not a well-formed ModelInferRequest."""
+    from google.protobuf.message import DecodeError
+    from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
+
+    view = memoryview(body)
+    end = len(body)
+    pos, rest, raw = 0, [], []
+    while pos < end:
+        start = pos
+        key, pos = _varint(body, pos, end)
+        wire = key & 7
+        if wire == 2:
+            size, pos = _varint(body, pos, end)
+            if pos + size > end:
+                raise RequestError("malformed request: the protobuf message is truncated")
+            if key == _RAW_INPUT_TAG:
+                raw.append(view[pos:pos + size])
+                pos += size
+                continue
+            pos += size
+        elif wire == 0:
+            _, pos = _varint(body, pos, end)
+        elif wire == 1:
+            pos += 8
+        elif wire == 5:
+            pos += 4
+        else:
+            raise RequestError(f"malformed request: protobuf wire type {wire} is not one a "
+                               "ModelInferRequest has")
+        if pos > end:
+            raise RequestError("malformed request: the protobuf message is truncated")
+        rest.append(view[start:pos])
+    try:
+        request = pb.ModelInferRequest.FromString(b"".join(rest))
+    except DecodeError as e:
+        raise RequestError(f"malformed request: {e}") from None
+    return request, raw
+
+
+def decode_grpc_request(request, engine: Engine, batching: bool,
+                        raw=None) -> dict[str, np.ndarray]:
     """The input arrays of a gRPC ModelInferRequest (the protobuf message itself, not KServe's
     InferRequest made of it), checked against the engine; RequestError says what does not fit.
-    raw_input_contents (what Triton's clients send) become arrays over the message's bytes
-    (np.frombuffer, no copy); typed `contents` are converted once per input."""
-    raw = request.raw_input_contents
+    raw_input_contents (what Triton's clients send; `raw` when split_grpc_request took them
+    out of the message) become arrays over the message's bytes (np.frombuffer, no copy); typed
+    `contents` are converted once per input."""
+    if raw is None:
+        raw = request.raw_input_contents
     n_raw = len(raw)
     if n_raw and n_raw != len(request.inputs):
         raise RequestError(f"{len(request.inputs)} inputs and {n_raw} raw_input_contents: with "
@@ -685,6 +758,7 @@ def _inference_servicer():
     import grpc
     from grpc import aio
     from kserve.errors import InvalidInput
+    from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
     from kserve.protocol.grpc.servicer import InferenceServicer
 
     class _InferenceServicer(InferenceServicer):
@@ -712,14 +786,23 @@ def _inference_servicer():
                 await context.abort(grpc.StatusCode.FAILED_PRECONDITION, REPOSITORY_FIXED)
             return await super().RepositoryModelUnload(request, context)
 
-        async def ModelInfer(self, request, context):
+        async def ModelInfer(self, body, context):
+            """`body`: the serialized request (the method is registered without a
+            deserializer: split_grpc_request); the response goes out serialized."""
+            request = None
             try:
-                model = await self._data_plane.get_model(request.model_name)
+                request, raw = split_grpc_request(body)
+                model = self._data_plane.model_registry.get_model(request.model_name)
+                if model is None or not model.ready:
+                    model = await self._data_plane.get_model(request.model_name)
                 if not isinstance(model, _kserve_model_class()):
-                    return await super().ModelInfer(request, context)
-                feeds = decode_grpc_request(request, model.engine, model.batcher.max_batch > 1)
+                    request = pb.ModelInferRequest.FromString(body)
+                    response = await super().ModelInfer(request, context)
+                    return response.SerializeToString()
+                feeds = decode_grpc_request(request, model.engine, model.batcher.max_batch > 1,
+                                            raw)
                 out = await model.batcher.infer(feeds)
-                return encode_grpc_response(request, out, model.name)
+                return encode_grpc_response(request, out, model.name).SerializeToString()
             except aio.AbortError:
                 raise
             except RequestError as e:
@@ -727,6 +810,29 @@ def _inference_servicer():
             except Exception as e:  # noqa: BLE001 - mapped to a status below
                 error = e
             await self._errors.handle_exception(error, request, context, GRPC_MODEL_INFER)
+
+        def register(self, server) -> None:
+            """Adds the service to a grpc.aio server, as the generated
+            add_GRPCInferenceServiceServicer_to_server does, but ModelInfer without protobuf's
+            (de)serialization: it takes and returns bytes."""
+            from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc as pb_grpc
+
+            handlers = {}
+
+            class _Capture:
+                def add_generic_rpc_handlers(self, generic):
+                    pass
+
+                def add_registered_method_handlers(self, service, methods):
+                    handlers.update(methods)
+
+            pb_grpc.add_GRPCInferenceServiceServicer_to_server(self, _Capture())
+            handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(self.ModelInfer)
+            service = "inference.GRPCInferenceService"
+            server.add_generic_rpc_handlers(
+                (grpc.method_handlers_generic_handler(service, handlers),))
+            if hasattr(server, "add_registered_method_handlers"):
+                server.add_registered_method_handlers(service, handlers)
 
     return _InferenceServicer
 
@@ -752,7 +858,6 @@ def make_server(host: str, http_port: int, grpc_port: int, max_request_bytes: in
             from concurrent import futures
 
             from grpc import aio
-            from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc
             from kserve.protocol.grpc.interceptors import (ExceptionToStatusInterceptor,
                                                            LoggingInterceptor)
 
@@ -769,10 +874,8 @@ def make_server(host: str, http_port: int, grpc_port: int, max_request_bytes: in
                 interceptors=(_NotForInfer(LoggingInterceptor(), skip=not log_requests),
                               _NotForInfer(errors)),
                 options=options)
-            grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
-                _inference_servicer()(self._data_plane, self._model_repository_extension, errors,
-                                      fixed_models=worker is not None),
-                self._server)
+            _inference_servicer()(self._data_plane, self._model_repository_extension, errors,
+                                  fixed_models=worker is not None).register(self._server)
             address = f"[{host}]:{self._port}" if ":" in host else f"{host}:{self._port}"
             self._server.add_insecure_port(address)
             log.info("gRPC (Open Inference Protocol v2) on %s", address)
@@ -839,6 +942,33 @@ def make_server(host: str, http_port: int, grpc_port: int, max_request_bytes: in
     return server
 
 
+# glibc's mallopt parameters
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_MMAP_THRESHOLD = 32 << 20  # glibc's largest (HEAP_MAX_SIZE / 2 on 64-bit)
+
+
+def tune_malloc() -> bool:
+    """Keeps freed memory of up to 32 MB a block in the process for the next request instead of
+    giving it back to the system (glibc: mallopt M_MMAP_THRESHOLD and M_TRIM_THRESHOLD). Every
+    request's tensors (602 KB for a ResNet-50 sample: gRPC's message, the bytes made of it, the
+    joined batch) are above glibc's default mmap threshold of 128 KB, so each was an mmap and a
+    munmap, and each of its pages a page fault and a zeroing: about 40% of the server's CPU
+    time per request on the cpu backend (bench/serve_cost.py). Off with KILN_SERVE_MALLOC=0;
+    False where it does not apply (not glibc)."""
+    if os.environ.get("KILN_SERVE_MALLOC", "1") == "0" or not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
+                and mallopt(_M_TRIM_THRESHOLD, 4 * _MMAP_THRESHOLD))
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(
         prog="kiln serve",
@@ -894,6 +1024,7 @@ def main(argv=None) -> int:
 
     # Set when this process is a worker of `kiln serve --workers` (serve_workers.Supervisor).
     worker = WorkerLink.from_env()
+    tune_malloc()
 
     def fail(message: str) -> int:
         if worker is not None:

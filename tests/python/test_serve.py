@@ -320,6 +320,55 @@ def test_grpc_outputs_equal_the_engine_run_directly(server, models_dir):
         assert rel_l2(raw_outputs(r)["y"], ort_outputs(models_dir / "mlp.onnx", {"x": x})["y"]) < 1e-5
 
 
+def _raw_field(data: bytes) -> bytes:
+    """raw_input_contents (field 7) as protobuf writes it: tag, length varint, bytes."""
+    out, n = bytearray([7 << 3 | 2]), len(data)
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out) + data
+
+
+def test_grpc_request_split_by_hand(server):
+    """ModelInfer reads raw_input_contents out of the serialized message itself
+    (serving.split_grpc_request): raw tensors placed before the other fields (protobuf allows
+    any order) decode as usual; a body that is not a ModelInferRequest (truncated, a wire type
+    it has not, a length past its end) is INVALID_ARGUMENT saying so, and the server goes on."""
+    import grpc
+
+    x = cnn_input(2, 90)
+    ctx_want = grpc_request(inputs=[("input", "FP32", x.shape)], raw=[x.tobytes()], id="a")
+    channel = grpc.insecure_channel(server["grpc"])
+    call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer",
+                               request_serializer=None, response_deserializer=None)
+    from tritonclient.grpc import service_pb2
+
+    def ask(body):
+        try:
+            return "OK", "", service_pb2.ModelInferResponse.FromString(call(body, timeout=30))
+        except grpc.RpcError as e:
+            return e.code().name, e.details(), None
+
+    with channel:
+        code, msg, want = ask(ctx_want.SerializeToString())
+        assert code == "OK", msg
+        no_raw = grpc_request(inputs=[("input", "FP32", x.shape)], id="a").SerializeToString()
+        code, msg, r = ask(_raw_field(x.tobytes()) + no_raw)
+        assert code == "OK", msg
+        assert r.id == "a" and r.raw_output_contents == want.raw_output_contents
+        whole = ctx_want.SerializeToString()
+        for body, says in ((whole[:-10], "truncated"), (b"\x0b" + whole, "wire type 3"),
+                           (b"\x3a\xff\xff\x03" + whole[:100], "truncated"),
+                           (b"\x08" + b"\xff" * 12, "varint")):
+            code, msg, _ = ask(body)
+            assert code == "INVALID_ARGUMENT" and "malformed request" in msg and says in msg, (
+                code, msg)
+        code, msg, r = ask(whole)
+        assert code == "OK", msg
+    assert server["proc"].poll() is None
+
+
 X1 = np.zeros((1, 3, 32, 32), np.float32)
 
 
