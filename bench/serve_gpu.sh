@@ -22,8 +22,10 @@
 #   bench/serve_wheels.sh                                           # .whl: kserve, tritonclient, ...
 # The call (kind nvidia-h100-x2; on one GPU the two-GPU parts are skipped):
 #   run(command="bench/serve_gpu.sh", carry=[".deps", ".whl"], kind="nvidia-h100-x2")
-# Knobs: KILN_SERVE_PARTS ("compare tables soak"), KILN_SERVE_MODELS ("resnet50 bert"),
-# KILN_SOAK_S (120), KILN_LOAD_S (3, seconds measured per row), KILN_SERVE_BUDGET (540 s: parts
+# Knobs: KILN_SERVE_PARTS ("compare tables soak"; add "cost" for bench/serve_cost.py: the
+# front end's CPU per request on a cpu-backend model of ResNet-50's input size, per
+# KILN_SERVE_WORKERS count, KILN_COST_CLIENTS (1,8,32,128) and KILN_COST_PROCS (8)),
+# KILN_SERVE_MODELS ("resnet50 bert"), KILN_SOAK_S (120), KILN_LOAD_S (3, seconds measured per row), KILN_SERVE_BUDGET (540 s: parts
 # that would not fit are skipped and say so), KILN_SERVE_CONTEXTS (2 per GPU), KILN_SERVE_PAD
 # (1: the tables and the soak with --pad-batches, 0: without; unset: as the comparison decides,
 # without when it does not run), KILN_SERVE_DEVICES ("0 0,1": the tables' --devices),
@@ -191,6 +193,24 @@ json.dump(res, open(sys.argv[2], "w"))
 PY
   JSONS+=("$W/graphcheck_$m.json")
 done
+
+if [[ " $PARTS " == *" cost "* ]]; then
+  # The front end alone: bench/serve_cost.py's model (ResNet-50's input, one Slice, cpu
+  # backend), so the rows say what this machine's cores spend per request, GPU aside.
+  if python3 -c "import onnx" 2>/dev/null; then
+    for nw in $WORKER_COUNTS; do
+      fits $((40 + 4 * (LOAD_S + 6))) "front-end cost, $nw worker(s)" || continue
+      say "front end's CPU per request (bench/serve_cost.py, cpu backend), --workers $nw"
+      { echo "### front end's CPU per request, --workers $nw (bench/serve_cost.py)"; echo '```'
+        python3 bench/serve_cost.py --clients "${KILN_COST_CLIENTS:-1,8,32,128}" --workers "$nw" \
+          --duration "$LOAD_S" --procs "${KILN_COST_PROCS:-8}" --json "$W/cost_w$nw.json"
+        echo '```'; } | tee -a "$W/tables.md"
+      JSONS+=("$W/cost_w$nw.json")
+    done
+  else
+    say "skipped: front-end cost (no onnx package here)"
+  fi
+fi
 
 PAD_FLAG=()   # what the tables run with: decided by the comparison (default: no padding)
 [ "${KILN_SERVE_PAD:-}" = 1 ] && PAD_FLAG=(--pad-batches)

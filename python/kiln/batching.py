@@ -265,8 +265,10 @@ class Batcher:
     KILN_GRAPH_SHAPES), where unpadded batches take every size from 1 to max_batch.
 
     Each context has its own input buffers of max_batch rows (_Buffers): a batch is joined into
-    them in the inference thread (not on the event loop), so the engine sees the same input
-    addresses batch after batch (cuda: one request is copied too, for its CUDA graph).
+    them in the inference thread (not on the event loop), one copy per request; a request that
+    runs alone and unpadded runs from its own arrays. (The cuda executor copies host inputs into
+    its own device buffers, whose addresses its CUDA graphs hold, so the host addresses need
+    not repeat.)
 
     `stats`: where the counters go (default a new Stats; `kiln serve --workers` passes one that
     also counts into files that /metrics sums over the worker processes)."""
@@ -285,10 +287,6 @@ class Batcher:
         self.devices = [device_label(e, i) for i, e in enumerate(engines)]
         self._pool: queue.SimpleQueue = queue.SimpleQueue()
         self._contexts = []
-        # cuda: every batch, one request's included, is copied into the context's buffers, so
-        # that its input addresses repeat and the executor replays CUDA graphs; cpu: one
-        # request runs from the request's own arrays (no graphs to keep).
-        self._copy_single = getattr(self.engine, "backend", "cpu") == "cuda"
         per = max(contexts, 1)
         for _ in range(per):
             for label, e in zip(self.devices, engines):
@@ -308,8 +306,9 @@ class Batcher:
         item = self._pool.get()
         label, ctx, buffers = item
         try:
-            if len(requests) == 1 and not self._copy_single:
-                feeds = join(requests, pad_to=rows)
+            first = requests[0]
+            if len(requests) == 1 and (not first or rows == next(iter(first.values())).shape[0]):
+                feeds = requests[0]  # as it came (no copy)
             else:
                 feeds = join(requests, pad_to=rows, into=buffers)
             return ctx.run(feeds), label
