@@ -1,0 +1,130 @@
+"""serving.split_grpc_request (gRPC ModelInfer's reading of the serialized message, which keeps
+raw_input_contents in place and parses only the rest with protobuf) against protobuf's own
+parse: equal on well-formed messages, whatever the order of their fields, and on bounded random
+mutations of them either equal or a RequestError, never another exception. kserve's protobuf
+classes only: tritonclient.grpc registers the same messages (test_serve.py runs it)."""
+import importlib.util
+
+import numpy as np
+import pytest
+
+if importlib.util.find_spec("kserve") is None:
+    pytest.skip("kserve is not installed (scripts/setup.sh installs it)", allow_module_level=True)
+
+from kiln.batching import RequestError  # noqa: E402
+from kiln.serving import split_grpc_request  # noqa: E402
+
+
+def _pb():
+    from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
+
+    return pb
+
+
+def _message(rng, raws: int):
+    pb = _pb()
+    m = pb.ModelInferRequest(model_name=f"m{rng.integers(100)}", id="r" * int(rng.integers(4)))
+    m.parameters["p"].int64_param = int(rng.integers(1 << 40))
+    for k in range(max(raws, 1)):
+        t = m.inputs.add(name=f"in{k}", datatype="FP32")
+        t.shape.extend([1, int(rng.integers(1, 5))])
+        t.parameters["q"].string_param = "x"
+    m.outputs.add(name="out")
+    for k in range(raws):
+        m.raw_input_contents.append(rng.bytes(int(rng.integers(0, 300))))
+    return m
+
+
+def _fields(body: bytes) -> list:
+    """The top-level fields of a serialized message, each as its bytes (protobuf's output is
+    well formed: no checks)."""
+    out, pos = [], 0
+    while pos < len(body):
+        start = pos
+        key = 0
+        shift = 0
+        while True:
+            b = body[pos]
+            pos += 1
+            key |= (b & 0x7F) << shift
+            shift += 7
+            if b < 0x80:
+                break
+        wire = key & 7
+        if wire == 0:
+            while body[pos] >= 0x80:
+                pos += 1
+            pos += 1
+        elif wire == 2:
+            size = shift = 0
+            while True:
+                b = body[pos]
+                pos += 1
+                size |= (b & 0x7F) << shift
+                shift += 7
+                if b < 0x80:
+                    break
+            pos += size
+        else:
+            pos += 8 if wire == 1 else 4
+        out.append(body[start:pos])
+    return out
+
+
+def _same(request, raw, want) -> None:
+    assert [bytes(r) for r in raw] == list(want.raw_input_contents)
+    want = type(want).FromString(want.SerializeToString())
+    del want.raw_input_contents[:]
+    assert request == want
+
+
+def test_split_equals_protobuf_in_any_field_order():
+    pb = _pb()
+    rng = np.random.default_rng(7)
+    for i in range(200):
+        m = _message(rng, raws=i % 4)
+        fields = _fields(m.SerializeToString())
+        rng.shuffle(fields)  # protobuf takes any order; repeated fields keep theirs
+        raws = [f for f in fields if f[0] == (7 << 3 | 2)]
+        others = [f for f in fields if f[0] != (7 << 3 | 2)]
+        body = b"".join(others[: len(others) // 2] + raws + others[len(others) // 2:])
+        request, raw = split_grpc_request(body)
+        _same(request, raw, pb.ModelInferRequest.FromString(body))
+        # raw tensors are views of the body, not copies
+        assert all(isinstance(r, memoryview) and r.obj is body for r in raw)
+
+
+def test_mutated_bodies_are_request_errors_or_parse_as_protobuf_does():
+    from google.protobuf.message import DecodeError
+
+    pb = _pb()
+    rng = np.random.default_rng(11)
+    refused = 0
+    for i in range(2000):
+        body = bytearray(_message(rng, raws=1 + i % 3).SerializeToString())
+        for _ in range(int(rng.integers(1, 4))):
+            if not body:
+                break
+            kind = rng.integers(3)
+            at = int(rng.integers(len(body)))
+            if kind == 0:
+                body[at] = int(rng.integers(256))
+            elif kind == 1:
+                del body[at:]
+            else:
+                body[at:at] = rng.bytes(int(rng.integers(1, 6)))
+        body = bytes(body)
+        try:
+            request, raw = split_grpc_request(body)
+        except RequestError as e:
+            assert str(e).startswith("malformed request")
+            refused += 1
+            continue
+        try:
+            want = pb.ModelInferRequest.FromString(body)
+        except DecodeError:
+            # protobuf refuses what the split took (a raw tensor protobuf would reject only as
+            # part of its whole-message checks): the split's message must still be consistent
+            continue
+        _same(request, raw, want)
+    assert refused > 100
