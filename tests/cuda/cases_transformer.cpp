@@ -1,7 +1,7 @@
 // Transformer layers: kiln.MultiHeadAttention (layers/attention_mha.cu: packed and separate Q, K,
 // V; grouped-query attention; head sizes 32, 64 and 128 for mha.flash, others for mha.unfused;
 // no mask, a padding mask, a full [B, 1, Sq, Sk] mask, causal -inf masks, fully masked rows; sequence tails and several key
-// tiles; cross attention), kiln.SkipLayerNorm and the last-axis LayerNorm
+// tiles; cross attention), kiln.SkipLayerNorm and the last-axis LayerNorm and RMSNorm
 // (layers/layernorm_rows.cu), and kiln.FusedGemm with a residual and MatMul by a constant weight
 // (layers/gemm_lt.cpp, and the cuBLAS layer with its epilogue; CUTLASS's layers/gemm_cutlass.cpp
 // with the erf GELU).
@@ -202,7 +202,15 @@ void norm_cases(std::vector<OpCase>& v) {
         attrs({{"axis", I(-1)}, {"epsilon", F(1e-12f)}}),
         {in({5, n}, DataType::kFloat32, -3, 3), konst_random({n}, 1.0), konst_random({n}, 0.5)},
         kModes));
+    v.push_back(make_case(std::string("rmsnorm_rows_") + name, "RMSNormalization",
+                          attrs({{"axis", I(-1)}, {"epsilon", F(1e-6f)}}),
+                          {in({2, 5, n}, DataType::kFloat32, -3, 3), konst_random({n}, 1.0)},
+                          kModes));
   }
+  // A residual stream's large values in FP16 (the mean square stays in float32).
+  v.push_back(make_case("rmsnorm_rows_large", "RMSNormalization", attrs({{"epsilon", F(1e-5f)}}),
+                        {in({3, 256}, DataType::kFloat32, -300, 300), konst_random({256}, 1.0)},
+                        kModes));
   // No bias, large values (a residual stream in FP16: the statistics stay in float32).
   v.push_back(make_case("skip_layernorm_no_bias_large", "SkipLayerNorm", attrs({}),
                         {in({2, 3, 256}, DataType::kFloat32, -300, 300),

@@ -215,6 +215,12 @@ void rotary_cases(std::vector<OpCase>& v) {
                      attrs({{"num_heads", I(H)}}),
                      {in({B, S, H * D}, t), in({S, D / 2}, t), in({S, D / 2}, t)}, m));
   }
+  // Head size 64 in float16: rotary_half8_kernel (16-byte chunks), with and without positions.
+  v.push_back(make_case("rotary_3d_d64_chunks_f16", "RotaryEmbedding", attrs({{"num_heads", I(H)}}),
+                        {in({B, 5, H * 64}, kF16), in({5, 32}, kF16), in({5, 32}, kF16)}, kExact));
+  v.push_back(make_case("rotary_4d_d64_chunks_pos_f16", "RotaryEmbedding", {},
+                        {in({B, H, S, 64}, kF16), in({P, 32}, kF16), in({P, 32}, kF16), pos(B)},
+                        kExact));
   v.push_back(make_case("rotary_empty", "RotaryEmbedding", {},
                    {in({0, H, S, D}), in({P, D / 2}), in({P, D / 2}), fixed({0, S}, {}, kI64)},
                    kExact));

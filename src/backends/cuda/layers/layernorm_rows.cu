@@ -1,9 +1,11 @@
-// LayerNormalization over the last axis and kiln.SkipLayerNorm (ops/fused.h): a warp per row,
+// LayerNormalization and RMSNormalization over the last axis and kiln.SkipLayerNorm (ops/fused.h):
+// a warp per row,
 // the row held in registers as 16-byte vectors (8 float16 or 4 float32 per load), statistics in
 // float32 from the registers (mean, then the centred sum of squares), so an FP16 engine never
 // overflows here whatever the residual stream holds. SkipLayerNorm adds Skip to X first and
 // writes the sum as its second output when the graph reads it (a pre-norm transformer's
-// residual), one pass over the three tensors. norm.layer (layers/norm.cu) takes the other
+// residual), one pass over the three tensors. RMSNormalization scales by the root mean square
+// instead (no mean subtracted, no B). norm.layer and norm.rms (layers/norm.cu) take the other
 // shapes: rows longer than 16 vectors per lane, other axes, the Mean and InvStdDev outputs.
 #include <cuda_fp16.h>
 
@@ -71,7 +73,8 @@ struct RowsArgs {
 // kPrefetch (the "prefetch" variant, rows of up to 4 vectors a lane): every load of the row (X,
 // Skip, Scale, B) is issued before the first is used, so that the loads of Scale and B do not
 // wait behind the two reductions.
-template <typename T, int CHUNKS, bool kSkip, bool kPrefetch = false>
+// kRms: y = x / sqrt(mean(x^2) + eps) * Scale (RMSNormalization).
+template <typename T, int CHUNKS, bool kSkip, bool kPrefetch = false, bool kRms = false>
 __global__ void __launch_bounds__(32 * kRowsPerBlock) layernorm_rows(RowsArgs a) {
   constexpr int E = kVec<T>;
   pdl_wait();  // kernels/pdl.cuh: launched with programmatic dependent launch
@@ -114,7 +117,7 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock) layernorm_rows(RowsArgs a)
     for (int e = 0; e < E; ++e) s += v[j][e];
   }
   const float n = static_cast<float>(a.vectors * E);
-  const float mean = warp_total(s) / n;
+  const float mean = kRms ? 0.f : warp_total(s) / n;
   float q = 0.f;
 #pragma unroll
   for (int j = 0; j < CHUNKS; ++j) {
@@ -139,22 +142,23 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock) layernorm_rows(RowsArgs a)
 
 using RowsKernel = void (*)(RowsArgs);
 
-template <typename T, bool kSkip>
+template <typename T, bool kSkip, bool kRms = false>
 RowsKernel pick(int chunks, bool prefetch) {
   if (prefetch && chunks <= kPrefetchChunks) {  // the fewest chunks that hold the row
-    if (chunks <= 1) return layernorm_rows<T, 1, kSkip, true>;
-    if (chunks <= 2) return layernorm_rows<T, 2, kSkip, true>;
-    if (chunks <= 3) return layernorm_rows<T, 3, kSkip, true>;
-    return layernorm_rows<T, 4, kSkip, true>;
+    if (chunks <= 1) return layernorm_rows<T, 1, kSkip, true, kRms>;
+    if (chunks <= 2) return layernorm_rows<T, 2, kSkip, true, kRms>;
+    if (chunks <= 3) return layernorm_rows<T, 3, kSkip, true, kRms>;
+    return layernorm_rows<T, 4, kSkip, true, kRms>;
   }
-  if (chunks <= 1) return layernorm_rows<T, 1, kSkip>;
-  if (chunks <= 2) return layernorm_rows<T, 2, kSkip>;
-  if (chunks <= 4) return layernorm_rows<T, 4, kSkip>;
-  if (chunks <= 8) return layernorm_rows<T, 8, kSkip>;
-  return layernorm_rows<T, kMaxChunks, kSkip>;
+  if (chunks <= 1) return layernorm_rows<T, 1, kSkip, false, kRms>;
+  if (chunks <= 2) return layernorm_rows<T, 2, kSkip, false, kRms>;
+  if (chunks <= 4) return layernorm_rows<T, 4, kSkip, false, kRms>;
+  if (chunks <= 8) return layernorm_rows<T, 8, kSkip, false, kRms>;
+  return layernorm_rows<T, kMaxChunks, kSkip, false, kRms>;
 }
 
 bool skip_op(const Node& n) { return n.domain == "kiln" && n.op_type == "SkipLayerNorm"; }
+bool rms_op(const Node& n) { return n.domain.empty() && n.op_type == "RMSNormalization"; }
 
 bool rows_supports(const LayerDesc& d, std::string* why) {
   const Node& n = *d.node;
@@ -190,7 +194,10 @@ bool rows_supports(const LayerDesc& d, std::string* why) {
 class LayerNormRows final : public Layer {
  public:
   explicit LayerNormRows(const LayerDesc& d)
-      : node_(d.node), skip_(skip_op(*d.node)), prefetch_(d.variant == "prefetch") {
+      : node_(d.node),
+        skip_(skip_op(*d.node)),
+        rms_(rms_op(*d.node)),
+        prefetch_(d.variant == "prefetch") {
     eps_ = d.node->attrs.get_float("epsilon", 1e-5f);
   }
 
@@ -208,7 +215,9 @@ class LayerNormRows final : public Layer {
     const bool f16 = x.dtype == DataType::kFloat16;
     const bool p = prefetch_;
     kernel_ = skip_ ? (f16 ? pick<__half, true>(chunks, p) : pick<float, true>(chunks, p))
-                    : (f16 ? pick<__half, false>(chunks, p) : pick<float, false>(chunks, p));
+              : rms_ ? (f16 ? pick<__half, false, true>(chunks, p)
+                            : pick<float, false, true>(chunks, p))
+                     : (f16 ? pick<__half, false>(chunks, p) : pick<float, false>(chunks, p));
     return size_t{0};
   }
 
@@ -222,7 +231,7 @@ class LayerNormRows final : public Layer {
     a.x = in[0].data;
     a.skip = skip_ ? in[1].data : nullptr;
     a.gamma = in[p].data;
-    a.beta = in.size() > p + 1 && in[p + 1].present() ? in[p + 1].data : nullptr;
+    a.beta = !rms_ && in.size() > p + 1 && in[p + 1].present() ? in[p + 1].data : nullptr;
     a.y = out[0].data;
     a.sum = skip_ && out.size() > 1 && out[1].present() ? out[1].data : nullptr;
     a.rows = rows_;
@@ -242,6 +251,7 @@ class LayerNormRows final : public Layer {
  private:
   const Node* node_;
   bool skip_;
+  bool rms_;
   bool prefetch_;
   float eps_;
   int vectors_ = 0;
@@ -261,6 +271,8 @@ const TacticDef kRowsTactics[] = {
     {"", "LayerNormalization", "norm.layer.rows", kF32 | kF16, 0, rows_supports, create_rows,
      rows_variants},
     {"kiln", "SkipLayerNorm", "skip_layernorm.rows", kF32 | kF16, 0, rows_supports, create_rows,
+     rows_variants},
+    {"", "RMSNormalization", "norm.rms.rows", kF32 | kF16, 0, rows_supports, create_rows,
      rows_variants},
 };
 

@@ -2,7 +2,8 @@
 // per output element finds its pair (x[k], x[k + R/2]) or, interleaved, (x[2k], x[2k+1]) and
 // the cache row of its (batch, position):
 //   x1' = cos * x1 - sin * x2,   x2' = sin * x1 + cos * x2
-// Features past R pass through. Arithmetic is in double, rounded to the storage type after each
+// Features past R pass through. float16 rows of whole 16-byte halves take rotary_half8_kernel.
+// Arithmetic is in double, rounded to the storage type after each
 // product and sum, as the reference rounds to the input type (so float16/bfloat16 agree with it
 // bit for bit). A position id outside the caches gives NaN (the reference refuses it; a kernel
 // cannot return an error).
@@ -76,6 +77,66 @@ __global__ void rotary_kernel(const T* __restrict__ x, const T* __restrict__ cos
   }
 }
 
+// float16 rows whose rotated halves are whole 16-byte chunks (not interleaved, R = D, R/2 a
+// multiple of 8): one thread per chunk pair, x[k..k+8) and x[k+R/2..k+R/2+8) with their cos and
+// sin, 16 bytes a load. The same roundings as rotary_kernel: a product of two float16 values is
+// exact in float, and float's correctly rounded sum is the double sum rounded to float, so the
+// results agree bit for bit.
+template <bool kPos>
+__global__ void rotary_half8_kernel(const __half* __restrict__ x, const __half* __restrict__ cosc,
+                                    const __half* __restrict__ sinc,
+                                    const int64_t* __restrict__ pos, __half* __restrict__ y,
+                                    int64_t n, RotaryGeom g) {
+  const int64_t chunks = g.half / 8;
+  KILN_GRID_STRIDE(i, n) {
+    const int64_t r = i / chunks, k = (i - r * chunks) * 8;  // head row, first pair
+    int64_t b, s;
+    if (g.packed) {
+      const int64_t t = r / g.H;  // b * S + s
+      s = t % g.S, b = t / g.S;
+    } else {
+      s = r % g.S, b = r / (g.S * g.H);
+    }
+    const int64_t i1 = r * g.D + k, i2 = i1 + g.half;
+    int64_t row = (g.pos_batch1 ? 0 : b) * g.S + s;
+    if constexpr (kPos) {
+      row = pos[row];
+      if (row < 0 || row >= g.max_pos) {
+        const __half nan = __float2half(__int_as_float(0x7fc00000));
+        const __half2 nn = __halves2half2(nan, nan);
+        const uint4 v = {*reinterpret_cast<const unsigned*>(&nn),
+                         *reinterpret_cast<const unsigned*>(&nn),
+                         *reinterpret_cast<const unsigned*>(&nn),
+                         *reinterpret_cast<const unsigned*>(&nn)};
+        *reinterpret_cast<uint4*>(y + i1) = v;
+        *reinterpret_cast<uint4*>(y + i2) = v;
+        continue;
+      }
+    }
+    const uint4 a = *reinterpret_cast<const uint4*>(x + i1);
+    const uint4 bb = *reinterpret_cast<const uint4*>(x + i2);
+    const uint4 c = *reinterpret_cast<const uint4*>(cosc + row * g.half + k);
+    const uint4 sn = *reinterpret_cast<const uint4*>(sinc + row * g.half + k);
+    const __half* x1 = reinterpret_cast<const __half*>(&a);
+    const __half* x2 = reinterpret_cast<const __half*>(&bb);
+    const __half* cc = reinterpret_cast<const __half*>(&c);
+    const __half* ss = reinterpret_cast<const __half*>(&sn);
+    uint4 o1, o2;
+    __half* y1 = reinterpret_cast<__half*>(&o1);
+    __half* y2 = reinterpret_cast<__half*>(&o2);
+    auto h = [](float v) { return __half2float(__float2half_rn(v)); };
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float u = __half2float(x1[j]), w = __half2float(x2[j]);
+      const float cj = __half2float(cc[j]), sj = __half2float(ss[j]);
+      y1[j] = __float2half_rn(h(cj * u) - h(sj * w));
+      y2[j] = __float2half_rn(h(sj * u) + h(cj * w));
+    }
+    *reinterpret_cast<uint4*>(y + i1) = o1;
+    *reinterpret_cast<uint4*>(y + i2) = o2;
+  }
+}
+
 class RotaryLayer final : public Layer {
  public:
   explicit RotaryLayer(const LayerDesc& d) : node_(d.node) {}
@@ -127,6 +188,8 @@ class RotaryLayer final : public Layer {
       g.pos_batch1 = cosc.rank() == 2 || cosc.shape[0] == 1;
     }
     g_ = g;
+    half8_ = x.dtype == DataType::kFloat16 && !g.interleaved && 2 * g.half == g.D &&
+             g.half % 8 == 0;
     return size_t{0};
   }
 
@@ -136,6 +199,24 @@ class RotaryLayer final : public Layer {
     if (n == 0) return Status::Ok();
     const int64_t* pos =
         in.size() > 3 && in[3].present() ? static_cast<const int64_t*>(in[3].data) : nullptr;
+    bool aligned = true;
+    for (const void* p : {in[0].data, in[1].data, in[2].data, out[0].data})
+      aligned = aligned && reinterpret_cast<uintptr_t>(p) % 16 == 0;
+    if (half8_ && aligned) {
+      const int64_t items = n / g_.D * (g_.half / 8);
+      const auto* xh = static_cast<const __half*>(in[0].data);
+      const auto* ch = static_cast<const __half*>(in[1].data);
+      const auto* sh = static_cast<const __half*>(in[2].data);
+      auto* yh = static_cast<__half*>(out[0].data);
+      if (pos)
+        rotary_half8_kernel<true><<<grid_for(items), kBlock, 0, rc.stream>>>(xh, ch, sh, pos, yh,
+                                                                              items, g_);
+      else
+        rotary_half8_kernel<false><<<grid_for(items), kBlock, 0, rc.stream>>>(xh, ch, sh, pos, yh,
+                                                                               items, g_);
+      KILN_CUDA_LAUNCH_CHECK("rotary kernel");
+      return Status::Ok();
+    }
     const bool ok = dispatch_float(in[0].dtype, [&](auto tag) {
       using T = decltype(tag);
       if constexpr (!std::is_same_v<T, double>)
@@ -152,6 +233,7 @@ class RotaryLayer final : public Layer {
  private:
   const Node* node_;
   RotaryGeom g_;
+  bool half8_ = false;  // rotary_half8_kernel where the operands are 16-byte aligned
 };
 
 }  // namespace
