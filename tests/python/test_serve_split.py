@@ -1,9 +1,13 @@
 """serving.split_grpc_request (gRPC ModelInfer's reading of the serialized message, which keeps
 raw_input_contents in place and parses only the rest with protobuf) against protobuf's own
 parse: equal on well-formed messages, whatever the order of their fields, and on bounded random
-mutations of them either equal or a RequestError, never another exception. kserve's protobuf
-classes only: tritonclient.grpc registers the same messages (test_serve.py runs it)."""
+mutations of them either equal or a RequestError, never another exception. In a subprocess:
+kserve's protobuf classes and tritonclient.grpc's (test_serve.py) register the same messages
+and cannot share one process."""
 import importlib.util
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -78,7 +82,7 @@ def _same(request, raw, want) -> None:
     assert request == want
 
 
-def test_split_equals_protobuf_in_any_field_order():
+def check_split_equals_protobuf_in_any_field_order():
     pb = _pb()
     rng = np.random.default_rng(7)
     for i in range(200):
@@ -94,7 +98,7 @@ def test_split_equals_protobuf_in_any_field_order():
         assert all(isinstance(r, memoryview) and r.obj is body for r in raw)
 
 
-def test_mutated_bodies_are_request_errors_or_parse_as_protobuf_does():
+def check_mutated_bodies_are_request_errors_or_parse_as_protobuf_does():
     from google.protobuf.message import DecodeError
 
     pb = _pb()
@@ -128,3 +132,22 @@ def test_mutated_bodies_are_request_errors_or_parse_as_protobuf_does():
             continue
         _same(request, raw, want)
     assert refused > 100
+
+
+def _in_subprocess(check: str) -> None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.abspath(os.path.join(here, "..", ".."))
+    pkg = os.environ.get("KILN_PYTHON_DIR", os.path.join(root, "build", "python"))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [pkg, here, env.get("PYTHONPATH", "")] if p)
+    r = subprocess.run([sys.executable, "-c", f"import test_serve_split as t; t.{check}()"],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_split_equals_protobuf_in_any_field_order():
+    _in_subprocess("check_split_equals_protobuf_in_any_field_order")
+
+
+def test_mutated_bodies_are_request_errors_or_parse_as_protobuf_does():
+    _in_subprocess("check_mutated_bodies_are_request_errors_or_parse_as_protobuf_does")
