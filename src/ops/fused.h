@@ -31,7 +31,9 @@
 //                                       h / (H/Hkv)), scale, nan_to_zero as kiln.Attention;
 //                                       packed = 1: Q holds Q, K and V side by side
 //                                       ([B, S, (H+2*Hkv)*D], one projection's output) and K, V
-//                                       are absent. The mask is added to the [B, H, Sq, Sk] scores
+//                                       are absent; seq_first = 1: Q, K, V and Y are
+//                                       [S, B, ..] (nn.MultiheadAttention's sequence-first
+//                                       layout). The mask is added to the [B, H, Sq, Sk] scores
 //   kiln.SkipLayerNorm(X, Skip, Scale, B?) -> (Y, Sum?)
 //                                       Sum = X + Skip (same shape); Y = LayerNormalization(Sum,
 //                                       Scale, B) over the last axis (epsilon, stash_type as

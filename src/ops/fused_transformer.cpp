@@ -88,6 +88,7 @@ Expected<Tensor> split_heads(const Node& n, const Tensor& x, int64_t heads, bool
 Status cpu_mha(KernelContext& ctx) {
   const Node& n = ctx.node();
   const bool packed = n.attrs.get_int("packed", 0) != 0;
+  const bool seq_first = n.attrs.get_int("seq_first", 0) != 0;
   const Tensor* q_in = ctx.input(0);
   const Tensor* v_in = ctx.input(packed ? 0 : 2);
   if (!q_in || !v_in || (!packed && !ctx.input(1)))
@@ -95,6 +96,17 @@ Status cpu_mha(KernelContext& ctx) {
   if (q_in->rank() != 3 || v_in->rank() != 3)
     return KILN_ERROR("{}: Q, K and V must be 3-D", n.label());
   KILN_ASSIGN_OR_RETURN(MhaDims m, mha_dims(n, Dim(q_in->dim(2)), Dim(v_in->dim(2))));
+  // Sequence-first [S, B, ..] inputs and output: swapped to batch-first around the attention.
+  Attributes swap;
+  swap.set("perm", Attribute::Ints({1, 0, 2}));
+  std::vector<Tensor> batch_first;
+  if (seq_first) {
+    for (int i = 0; i < (packed ? 1 : 3); ++i) {
+      KILN_ASSIGN_OR_RETURN(Tensor t, fused::run_op(n, "Transpose", swap, {ctx.input(i)}));
+      batch_first.push_back(std::move(t));
+    }
+    q_in = &batch_first[0];
+  }
   Tensor q = *q_in, k, v;
   if (packed) {  // Q | K | V along the last axis
     const int64_t bounds[4] = {0, m.heads * m.d, (m.heads + m.kv_heads) * m.d,
@@ -107,7 +119,8 @@ Status cpu_mha(KernelContext& ctx) {
     }
     q = std::move(parts[0]), k = std::move(parts[1]), v = std::move(parts[2]);
   } else {
-    k = *ctx.input(1), v = *ctx.input(2);
+    k = seq_first ? batch_first[1] : *ctx.input(1);
+    v = seq_first ? batch_first[2] : *ctx.input(2);
   }
   const int64_t rep = m.heads / m.kv_heads;
   KILN_ASSIGN_OR_RETURN(Tensor q4, split_heads(n, q, m.heads, false));
@@ -121,6 +134,9 @@ Status cpu_mha(KernelContext& ctx) {
   KILN_ASSIGN_OR_RETURN(Tensor merged, fused::run_op(n, "Transpose", perm, {&outs[0]}));
   const Tensor shape = ints({merged.dim(0), merged.dim(1), m.heads * m.dv});
   KILN_ASSIGN_OR_RETURN(Tensor y, fused::run_op(n, "Reshape", {}, {&merged, &shape}));
+  if (seq_first) {
+    KILN_ASSIGN_OR_RETURN(y, fused::run_op(n, "Transpose", swap, {&y}));
+  }
   ctx.set_output(0, std::move(y));
   return Status::Ok();
 }

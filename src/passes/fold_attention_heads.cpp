@@ -13,6 +13,8 @@
 // nothing: the [B, S, H*Dv] output has the transposed result's element order, whatever shape
 // s gives it, [B, S, H*Dv] or GPT-2's [B*S, H*Dv]); remove_noops drops it when it is the
 // identity.
+#include <algorithm>
+
 #include "ops/shape_values.h"
 #include "passes/passes.h"
 
@@ -20,35 +22,213 @@ namespace kiln::passes {
 namespace {
 
 struct Heads {
-  Value* x = nullptr;  // [B, S, H*D]
+  Value* x = nullptr;  // [B, S, N] or, sequence-first, [S, B, N]
   int64_t h = 0, d = 0;
-  int64_t rep = 1;  // each head repeated rep times (grouped-query attention's K and V)
+  int64_t rep = 1;         // each head repeated rep times (grouped-query attention's K and V)
+  int64_t offset = 0;      // of head 0 in x's last axis (a part of a packed projection)
+  bool seq_first = false;  // x is [S, B, N]
   std::vector<Node*> nodes;
 };
 
-// v4 = Transpose(Reshape(x, [.., H, D]), perm), each used once.
-std::optional<Heads> split_heads(const Graph& g, Value* v4, const std::vector<int64_t>& perm) {
-  Node* t = producer_if(v4, "Transpose");
-  if (!t || !single_use(g, v4) || transpose_perm(*t) != perm) return std::nullopt;
-  Node* r = t->input(0) ? t->input(0)->producer : nullptr;
-  const auto hd = splits_last_axis(r);
-  if (!hd || !single_use(g, t->input(0)) || r->input(0)->type.rank() != 3) return std::nullopt;
-  return Heads{r->input(0), hd->first, hd->second, 1, {r, t}};
+// --- the layout walk ------------------------------------------------------------------------
+// A chain of layout ops from a 3-D tensor x to a head tensor, followed as a strided view of x:
+// every dim of the view is a list of factors (outer to inner), each a size and a stride that is
+// a multiple of one of x's axes' strides, so a reshape that merges dims whose strides do not
+// line up (nn.MultiheadAttention's [S, B*H, D]) stays exact. Sizes may be symbolic (a dynamic
+// batch or sequence); reshapes regroup factors by comparing sizes symbolically.
+
+struct Factor {
+  Dim size;
+  int axis = 0;      // x's axis whose stride this is a multiple of
+  int64_t mult = 0;  // the stride in units of that axis's stride
+};
+using ViewDim = std::vector<Factor>;  // no factors: size 1
+
+struct View {
+  std::vector<ViewDim> dims;
+  int64_t off[3] = {0, 0, 0};  // per axis of x
+};
+
+bool unknown(const Dim& d) { return !d.is_static() && d.symbol.empty(); }
+bool is_one(const Dim& d) { return d.is_static() && d.value == 1; }
+
+// The dims' factors, outer to inner, without size-1 ones.
+std::vector<Factor> flatten(const std::vector<ViewDim>& dims) {
+  std::vector<Factor> f;
+  for (const ViewDim& d : dims)
+    for (const Factor& x : d)
+      if (!is_one(x.size)) f.push_back(x);
+  return f;
+}
+
+// The view reshaped to `to` (every dim known), splitting a static factor where a new dim ends
+// inside it; false where the factors cannot be regrouped so (symbolic sizes that do not divide).
+bool reshape(View& v, const std::vector<Dim>& to) {
+  std::vector<Factor> flat = flatten(v.dims);
+  std::vector<ViewDim> dims;
+  size_t i = 0;
+  for (const Dim& t : to) {
+    if (unknown(t)) return false;
+    ViewDim dim;
+    Dim acc(1);
+    while (!same_dim(acc, t)) {
+      const Dim need = div_dims(t, acc);
+      if (i == flat.size() || unknown(need)) return false;
+      Factor& f = flat[i];
+      if (!unknown(div_dims(need, f.size))) {  // the whole factor fits
+        dim.push_back(f);
+        acc = mul_dims(acc, f.size);
+        ++i;
+      } else if (f.size.is_static() && need.is_static() && f.size.value % need.value == 0) {
+        const int64_t inner = f.size.value / need.value;  // the new dim ends inside f
+        dim.push_back({need, f.axis, f.mult * inner});
+        f.size = Dim(inner);
+        acc = t;
+      } else {
+        return false;
+      }
+    }
+    dims.push_back(std::move(dim));
+  }
+  if (i != flat.size()) return false;
+  v.dims = std::move(dims);
+  return true;
+}
+
+std::vector<int64_t> const_ints(const Node* n, size_t input, const char* attr) {
+  std::vector<int64_t> r = n->attrs.get_ints(attr);
+  if (r.empty() && n->num_inputs() > input && n->input(input) && n->input(input)->is_constant())
+    r = n->input(input)->constant->to_int64_vector();
+  return r;
+}
+
+// Applies layout op n (whose input is the view) to the view; false where it is not a layout op
+// the walk knows or does not keep the view exact.
+bool apply(View& v, const Node& n) {
+  const Value* out = n.output(0);
+  const int64_t r = static_cast<int64_t>(v.dims.size());
+  if (is_op(&n, "Transpose")) {
+    const std::vector<int64_t> p = transpose_perm(n);
+    if (static_cast<int64_t>(p.size()) != r) return false;
+    std::vector<ViewDim> d;
+    for (int64_t a : p) d.push_back(v.dims[a]);
+    v.dims = std::move(d);
+    return true;
+  }
+  if (is_op(&n, "Reshape") || is_op(&n, "Flatten") || is_op(&n, "Squeeze") ||
+      is_op(&n, "Unsqueeze")) {
+    if (!out->type.has_rank()) return false;
+    return reshape(v, *out->type.dims);  // each a reshape to its (known) output shape
+  }
+  if (is_op(&n, "Gather")) {  // one constant index of an axis
+    const Value* idx = n.input(1);
+    if (!idx || !idx->is_constant() || idx->constant->numel() != 1) return false;
+    int64_t a = n.attrs.get_int("axis", 0);
+    if (a < 0) a += r;
+    if (a < 0 || a >= r) return false;
+    const ViewDim& dim = v.dims[a];
+    std::vector<Factor> f;
+    for (const Factor& x : dim)
+      if (!is_one(x.size)) f.push_back(x);
+    int64_t i = idx->constant->at_int(0);
+    if (f.size() > 1) return false;
+    if (!f.empty()) {
+      if (!f[0].size.is_static()) return false;
+      if (i < 0) i += f[0].size.value;
+      if (i < 0 || i >= f[0].size.value) return false;
+      v.off[f[0].axis] += i * f[0].mult;
+    } else if (i != 0 && i != -1) {
+      return false;
+    }
+    if (idx->constant->rank() == 0)
+      v.dims.erase(v.dims.begin() + a);
+    else
+      v.dims[a] = {};
+    return true;
+  }
+  if (is_op(&n, "Slice")) {  // a step-1 range of one axis
+    const auto sl = axis_slice(&n, r);
+    if (!sl || sl->step != 1 || v.dims[sl->axis].size() != 1) return false;
+    Factor& f = v.dims[sl->axis][0];
+    if (!f.size.is_static()) return false;
+    auto clamp = [&](int64_t x) { return std::clamp(x < 0 ? x + f.size.value : x, int64_t{0},
+                                                    f.size.value); };
+    const int64_t b = clamp(sl->start), e = clamp(sl->end);
+    if (e <= b) return false;
+    v.off[f.axis] += b * f.mult;
+    f.size = Dim(e - b);
+    return true;
+  }
+  return false;
+}
+
+bool layout_op(const Node* n) {
+  for (const char* op : {"Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Gather",
+                         "Slice"})
+    if (is_op(n, op)) return true;
+  return false;
+}
+
+// The heads t4 reads, when t4 (dims in `order`: for Q and V b, h, s, d; for K^T b, h, d, s) is
+// x [B, S, N] or [S, B, N] through layout ops alone: head h's element (b, s, d) at
+// x[b, s, offset + h*D + d] (x's first two axes swapped for sequence-first).
+std::optional<Heads> walk_heads(Value* t4, const char (&order)[5]) {
+  std::vector<Node*> chain;
+  Value* x = t4;
+  while (x->producer && layout_op(x->producer) && x->producer->input(0)) {
+    chain.push_back(x->producer);
+    x = x->producer->input(0);
+  }
+  if (chain.empty() || !x->type.has_rank() || x->type.rank() != 3 || t4->type.rank() != 4)
+    return std::nullopt;
+  const std::vector<Dim>& xd = *x->type.dims;
+  if (!xd[2].is_static()) return std::nullopt;
+  View v;
+  for (int a = 0; a < 3; ++a) v.dims.push_back({{xd[a], a, 1}});
+  for (auto it = chain.rbegin(); it != chain.rend(); ++it)
+    if (!apply(v, **it)) return std::nullopt;
+  // One factor a dim (none: size 1), at the expected axes and strides.
+  std::optional<Factor> at[4];
+  int pos[4];  // b, h, s, d in t4's dims
+  for (int i = 0; i < 4; ++i) pos[std::string("bhsd").find(order[i])] = i;
+  for (int i = 0; i < 4; ++i) {
+    std::vector<Factor> f;
+    for (const Factor& x : v.dims[pos[i]])
+      if (!is_one(x.size)) f.push_back(x);
+    if (f.size() > 1) return std::nullopt;
+    if (!f.empty()) at[i] = f[0];
+  }
+  const auto& [fb, fh, fs, fd] = at;
+  const std::vector<Dim>& td = *t4->type.dims;
+  if (!td[pos[1]].is_static() || !td[pos[3]].is_static()) return std::nullopt;
+  const int64_t h = td[pos[1]].value, d = td[pos[3]].value;
+  if (!fd || fd->axis != 2 || fd->mult != 1 || (h > 1 && (!fh || fh->axis != 2 || fh->mult != d)))
+    return std::nullopt;
+  // The sequence's axis decides the layout; the batch has the other one, whole.
+  int s_axis = fs ? fs->axis : -1, b_axis = fb ? fb->axis : -1;
+  if (s_axis < 0) s_axis = b_axis == 0 ? 1 : 0;
+  if (b_axis < 0) b_axis = 1 - s_axis;
+  if (s_axis == 2 || b_axis + s_axis != 1) return std::nullopt;
+  if ((fs && (fs->mult != 1 || !same_dim(fs->size, xd[s_axis]))) ||
+      (fb && (fb->mult != 1 || !same_dim(fb->size, xd[b_axis]))) ||
+      (!fs && !is_one(xd[s_axis])) || (!fb && !is_one(xd[b_axis])))
+    return std::nullopt;
+  if (v.off[0] || v.off[1] || v.off[2] % d || v.off[2] + h * d > xd[2].value) return std::nullopt;
+  Heads hs{x, h, d, 1, v.off[2], b_axis == 1, {}};
+  hs.nodes = std::move(chain);
+  return hs;
 }
 
 // Grouped-query attention's repeat of K's or V's heads as Hugging Face writes it (repeat_kv):
 //   v4 = Reshape(Expand(Unsqueeze(y4 [B, G, S, D], axes [2]), [B, G, rep, S, D]), [B, G*rep, S, D])
 // with y4 a head split: every head of y4 appears rep times in a row. The dims are compared
 // symbolically, so the Expand provably repeats only the inserted axis for every shape.
-std::optional<Heads> repeated_heads(const Graph& g, Value* v4) {
+std::optional<Heads> repeated_heads(Value* v4) {
   Node* r = producer_if(v4, "Reshape");
   Node* e = r ? producer_if(r->input(0), "Expand") : nullptr;
   Node* u = e ? producer_if(e->input(0), "Unsqueeze") : nullptr;
-  if (!u || !single_use(g, v4) || !single_use(g, r->input(0)) || !single_use(g, e->input(0)))
-    return std::nullopt;
-  std::vector<int64_t> axes = u->attrs.get_ints("axes");
-  if (axes.empty() && u->num_inputs() > 1 && u->input(1) && u->input(1)->is_constant())
-    axes = u->input(1)->constant->to_int64_vector();
+  if (!u) return std::nullopt;
+  const std::vector<int64_t> axes = const_ints(u, 1, "axes");
   if (axes != std::vector<int64_t>{2} && axes != std::vector<int64_t>{-3}) return std::nullopt;
   const TensorType &yt = u->input(0)->type, &et = e->output(0)->type, &rt = v4->type;
   if (yt.rank() != 4 || et.rank() != 5 || rt.rank() != 4) return std::nullopt;
@@ -58,34 +238,34 @@ std::optional<Heads> repeated_heads(const Graph& g, Value* v4) {
       !same_dim(ex[1], y[1]) || !same_dim(ex[3], y[2]) || !same_dim(ex[4], y[3]) ||
       !same_dim(rs[0], y[0]) || !same_dim(rs[2], y[2]) || !same_dim(rs[3], y[3]))
     return std::nullopt;
-  auto hs = split_heads(g, u->input(0), {0, 2, 1, 3});
+  auto hs = walk_heads(u->input(0), "bhsd");
   if (!hs) return std::nullopt;
   hs->rep = ex[2].value;
   hs->nodes.insert(hs->nodes.end(), {u, e, r});
   return hs;
 }
 
-// K^T [B, H, D, S]: a head split transposed (0,2,3,1), or repeated heads transposed (0,1,3,2).
-std::optional<Heads> key_heads(const Graph& g, Value* kt4) {
-  if (auto hs = split_heads(g, kt4, {0, 2, 3, 1})) return hs;
+// K^T [B, H, D, S]: heads transposed, or repeated heads transposed (0,1,3,2).
+std::optional<Heads> key_heads(Value* kt4) {
+  if (auto hs = walk_heads(kt4, "bhds")) return hs;
   Node* t = producer_if(kt4, "Transpose");
-  if (!t || !single_use(g, kt4) || transpose_perm(*t) != std::vector<int64_t>{0, 1, 3, 2})
-    return std::nullopt;
-  auto hs = repeated_heads(g, t->input(0));
+  if (!t || transpose_perm(*t) != std::vector<int64_t>{0, 1, 3, 2}) return std::nullopt;
+  auto hs = repeated_heads(t->input(0));
   if (hs) hs->nodes.push_back(t);
   return hs;
 }
 
-// V [B, H, S, D]: a head split, or repeated heads.
-std::optional<Heads> value_heads(const Graph& g, Value* v4) {
-  if (auto hs = split_heads(g, v4, {0, 2, 1, 3})) return hs;
-  return repeated_heads(g, v4);
+// V [B, H, S, D]: heads, or repeated heads.
+std::optional<Heads> value_heads(Value* v4) {
+  if (auto hs = walk_heads(v4, "bhsd")) return hs;
+  return repeated_heads(v4);
 }
 
 struct FoldAttentionHeads {
   struct Match {
     std::vector<Node*> group;
-    Value *q, *k, *v, *mask, *y;
+    std::vector<Value*> inputs;  // Q (or packed QKV), K, V, mask
+    Value* y;
     Attributes attrs;
   };
 
@@ -95,20 +275,37 @@ struct FoldAttentionHeads {
       ctx.note(fmt::format("{}: {}", attn.label(), why));
       return std::nullopt;
     };
-    const auto q = split_heads(ctx.g, attn.input(0), {0, 2, 1, 3});
-    const auto k = key_heads(ctx.g, attn.input(1));
-    const auto v = value_heads(ctx.g, attn.input(2));
-    if (!q || !k || !v) return reject("Q, K or V is not a head split of a [B, S, H*D] tensor");
+    const auto q = walk_heads(attn.input(0), "bhsd");
+    const auto k = key_heads(attn.input(1));
+    const auto v = value_heads(attn.input(2));
+    if (!q || !k || !v)
+      return reject("Q, K or V is not a view of the heads of a [B, S, N] or [S, B, N] tensor");
     if (k->h != v->h || k->rep != v->rep || q->h != k->h * k->rep || q->d != k->d)
       return reject("Q, K and V split differently");
+    if (q->seq_first != k->seq_first || q->seq_first != v->seq_first)
+      return reject("Q, K and V differ in layout (batch-first, sequence-first)");
+    const bool sf = q->seq_first;
+    const int bx = sf ? 1 : 0, sx = 1 - bx;
     const TensorType &qt = q->x->type, &kt = k->x->type, &vt = v->x->type;
-    if (!same_dim((*qt.dims)[0], (*kt.dims)[0]) || !same_dim((*qt.dims)[0], (*vt.dims)[0]) ||
-        !same_dim((*kt.dims)[1], (*vt.dims)[1]))
+    if (!same_dim((*qt.dims)[bx], (*kt.dims)[bx]) || !same_dim((*qt.dims)[bx], (*vt.dims)[bx]) ||
+        !same_dim((*kt.dims)[sx], (*vt.dims)[sx]))
       return reject("Q, K and V do not provably share the batch and K/V the sequence");
+    // Q, K and V as the layer takes them: parts of one projection [.., (H + 2 Hkv)*D] (packed),
+    // or each a whole tensor of its heads.
+    const int64_t d = q->d, nq = q->h * d, nk = k->h * d;
+    const bool packed = q->x == k->x && q->x == v->x && q->offset == 0 && k->offset == nq &&
+                        v->offset == nq + nk && (*qt.dims)[2].value == nq + 2 * nk;
+    const bool separate = !packed && q->offset == 0 && k->offset == 0 && v->offset == 0 &&
+                          (*qt.dims)[2].value == nq && (*kt.dims)[2].value == nk &&
+                          (*vt.dims)[2].value == k->h * v->d;
+    if (!packed && !separate)
+      return reject("Q, K and V are neither one packed projection nor three whole tensors");
     // The output side: transposed back, then reshaped (any shape keeps the element order).
     Node* t = sole_consumer(ctx.g, attn.output(0));
-    if (!is_op(t, "Transpose") || transpose_perm(*t) != std::vector<int64_t>{0, 2, 1, 3})
-      return reject("the output is not transposed back to [B, S, H, Dv]");
+    const std::vector<int64_t> back = sf ? std::vector<int64_t>{2, 0, 1, 3}
+                                         : std::vector<int64_t>{0, 2, 1, 3};
+    if (!is_op(t, "Transpose") || transpose_perm(*t) != back)
+      return reject("the output is not transposed back to Q's layout");
     Node* r = sole_consumer(ctx.g, t->output(0));
     if (!is_op(r, "Reshape")) return reject("the transposed output is not reshaped");
     Attributes a;
@@ -116,23 +313,36 @@ struct FoldAttentionHeads {
     if (k->rep > 1) a.set("kv_heads", Attribute::Int(k->h));
     a.set("scale", Attribute::Float(attn.attrs.get_float("scale", 1.f)));
     if (attn.attrs.get_int("nan_to_zero", 0)) a.set("nan_to_zero", Attribute::Int(1));
+    if (packed) a.set("packed", Attribute::Int(1));
+    if (sf) a.set("seq_first", Attribute::Int(1));
     Value* mask = attn.input(3);
+    std::vector<Value*> ins = {q->x, packed ? nullptr : k->x, packed ? nullptr : v->x, mask};
+    // Every value the layout chains make is read inside the group only (the chains of a packed
+    // projection share their first ops).
+    std::vector<Node*> group = {&attn, t};
+    for (const Heads* hs : {&*q, &*k, &*v})
+      for (Node* n : hs->nodes)
+        if (std::find(group.begin(), group.end(), n) == group.end()) group.push_back(n);
+    for (Node* n : group)
+      for (const Value* o : n->outputs()) {
+        if (!o || o == t->output(0)) continue;
+        if (ctx.g.is_graph_output(o)) return reject("a layout op's result is a graph output");
+        for (const auto& [user, slot] : o->uses())
+          if (std::find(group.begin(), group.end(), user) == group.end())
+            return reject("a layout op's result is read outside the attention");
+      }
     Value* y = t->output(0);  // the layer's output: [B, S, H*Dv] once shapes are re-inferred
     TensorType yt(qt.dtype, {(*qt.dims)[0], (*qt.dims)[1], Dim(q->h * v->d)});
     Value probe;
     probe.type = yt;
-    auto layer = scratch_layer("kiln", "MultiHeadAttention", {q->x, k->x, v->x, mask}, a, &probe);
+    auto layer = scratch_layer("kiln", "MultiHeadAttention", ins, a, &probe);
     if (!ctx.backend_supports("kiln", "MultiHeadAttention", a, qt.dtype, layer->nodes()[0]))
       return std::nullopt;
-    std::vector<Node*> group = {&attn, t};
-    for (const Heads* hs : {&*q, &*k, &*v})
-      group.insert(group.end(), hs->nodes.begin(), hs->nodes.end());
-    return Match{group, q->x, k->x, v->x, mask, y, std::move(a)};
+    return Match{group, ins, y, std::move(a)};
   }
 
   static Status rewrite(PassContext& ctx, const Match& m) {
-    return replace_with_layer(ctx, m.group, "kiln", "MultiHeadAttention", {m.q, m.k, m.v, m.mask},
-                              m.attrs, m.y)
+    return replace_with_layer(ctx, m.group, "kiln", "MultiHeadAttention", m.inputs, m.attrs, m.y)
         .status();
   }
 };

@@ -156,7 +156,9 @@ bool mask_fits_scores(const Node& mha, const TensorType& mask) {
   const Value* k = mha.attrs.get_int("packed", 0) != 0 ? q : mha.input(1);
   if (!q || !k || q->type.rank() != 3 || k->type.rank() != 3 || mask.rank() > 4) return false;
   const std::vector<Dim>& qd = *q->type.dims;
-  return broadcasts_into(mask, TensorType(mask.dtype, {qd[0], Dim(1), qd[1], (*k->type.dims)[1]}));
+  const int sf = mha.attrs.get_int("seq_first", 0) != 0;  // Q, K: [S, B, ..]
+  return broadcasts_into(
+      mask, TensorType(mask.dtype, {qd[sf], Dim(1), qd[1 - sf], (*k->type.dims)[1 - sf]}));
 }
 
 void copy_attrs_prefixed(const Attributes& from, Attributes& to, const std::string& prefix) {

@@ -85,7 +85,8 @@ std::optional<std::pair<int64_t, int64_t>> splits_last_axis(const Node* r);
 // static value or same symbol). Unknown dims prove nothing.
 bool broadcasts_into(const TensorType& other, const TensorType& target);
 // True when `mask` broadcasts into the scores [B, 1, Sq, Sk] of kiln.MultiHeadAttention `mha`
-// (B and Sq Q's, Sk K's, or Q's when packed) without widening them (broadcasts_into).
+// (B and Sq Q's, Sk K's, or Q's when packed; swapped with seq_first) without widening them
+// (broadcasts_into).
 bool mask_fits_scores(const Node& mha, const TensorType& mask);
 
 // Every value the group makes, other than `out`, is read only inside the group and is not a

@@ -24,6 +24,7 @@ struct Mha {
   int64_t B = 2, Sq = 5, Sk = 5, H = 2, D = 64;
   int64_t Hkv = 0;  // key/value heads (grouped-query attention); 0: H
   bool packed = false;
+  bool seq_first = false;  // Q, K, V and Y [S, B, ..]
   CaseInput mask = absent();
   int nan_to_zero = 0;
 };
@@ -31,10 +32,13 @@ struct Mha {
 OpCase mha(const Mha& m) {
   std::vector<CaseInput> ins;
   const int64_t hkv = m.Hkv ? m.Hkv : m.H;
+  auto rows = [&](int64_t s, int64_t n) {
+    return m.seq_first ? std::vector<int64_t>{s, m.B, n} : std::vector<int64_t>{m.B, s, n};
+  };
   if (m.packed) {
-    ins = {in({m.B, m.Sq, (m.H + 2 * hkv) * m.D}), absent(), absent()};
+    ins = {in(rows(m.Sq, (m.H + 2 * hkv) * m.D)), absent(), absent()};
   } else {
-    ins = {in({m.B, m.Sq, m.H * m.D}), in({m.B, m.Sk, hkv * m.D}), in({m.B, m.Sk, hkv * m.D})};
+    ins = {in(rows(m.Sq, m.H * m.D)), in(rows(m.Sk, hkv * m.D)), in(rows(m.Sk, hkv * m.D))};
   }
   if (!m.mask.absent) ins.push_back(m.mask);
   Attributes a = attrs({{"num_heads", I(m.H)},
@@ -42,6 +46,7 @@ OpCase mha(const Mha& m) {
                         {"nan_to_zero", I(m.nan_to_zero)}});
   if (m.packed) a.set("packed", I(1));
   if (m.Hkv) a.set("kv_heads", I(m.Hkv));
+  if (m.seq_first) a.set("seq_first", I(1));
   // Inputs in [-2, 2]: scores wide enough that the softmax is not near uniform.
   for (CaseInput& c : ins)
     if (!c.absent && !c.value) c.lo = -2, c.hi = 2;
@@ -183,6 +188,20 @@ void mha_cases(std::vector<OpCase>& v) {
                    .mask = padding(3, 70)}));
   v.push_back(mha({.name = "mqa_d32_cross", .B = 2, .Sq = 9, .Sk = 40, .H = 4, .D = 32, .Hkv = 1}));
   v.push_back(mha({.name = "gqa_d48_unfused", .B = 2, .Sq = 11, .Sk = 11, .H = 4, .D = 48, .Hkv = 2}));
+  // Sequence-first (nn.MultiheadAttention's layout): packed with a padding mask, separate
+  // cross attention at head size 32, and the unfused tactic's copies at head size 48.
+  v.push_back(mha({.name = "seq_first_d64_packed_padding",
+                   .B = 3,
+                   .Sq = 70,
+                   .Sk = 70,
+                   .H = 2,
+                   .packed = true,
+                   .seq_first = true,
+                   .mask = padding(3, 70)}));
+  v.push_back(mha(
+      {.name = "seq_first_d32_cross", .B = 2, .Sq = 9, .Sk = 40, .H = 4, .D = 32, .seq_first = true}));
+  v.push_back(mha(
+      {.name = "seq_first_d48_unfused", .B = 2, .Sq = 7, .Sk = 7, .H = 2, .D = 48, .seq_first = true}));
 }
 
 void norm_cases(std::vector<OpCase>& v) {

@@ -113,7 +113,7 @@ class CudnnMhaLayer final : public Layer {
                            .set_name(name)
                            .set_uid(uid)
                            .set_dim({s_.B, heads, s, s_.D})
-                           .set_stride({s * row, s_.D, row, 1}));
+                           .set_stride({s_.batch_stride(s, row), s_.D, s_.seq_stride(row), 1}));
     };
     auto q = tensor("Q", kQ, s_.H, s_.Sq, s_.q_row);
     auto k = tensor("K", kK, s_.Hkv, s_.Sk, s_.k_row);
@@ -141,7 +141,7 @@ class CudnnMhaLayer final : public Layer {
     y->set_output(true)
         .set_uid(kY)
         .set_dim({s_.B, s_.H, s_.Sq, s_.D})
-        .set_stride({s_.Sq * s_.H * s_.D, s_.D, s_.H * s_.D, 1});
+        .set_stride({s_.batch_stride(s_.Sq, s_.H * s_.D), s_.D, s_.seq_stride(s_.H * s_.D), 1});
     KILN_RETURN_IF_ERROR(fe_check(g->validate(), n, "validate"));
     KILN_RETURN_IF_ERROR(fe_check(g->build_operation_graph(rc.cudnn), n, "operation graph"));
     KILN_RETURN_IF_ERROR(

@@ -40,14 +40,16 @@ Expected<MhaShape> mha_shape(const Node& n, std::span<const DeviceTensor> in,
                              const DeviceTensor& y) {
   MhaShape s;
   s.packed = n.attrs.get_int("packed", 0) != 0;
+  s.seq_first = n.attrs.get_int("seq_first", 0) != 0;
+  const int bx = s.seq_first ? 1 : 0, sx = 1 - bx;  // the batch's and the sequence's axes
   s.H = n.attrs.get_int("num_heads", 0);
   s.Hkv = n.attrs.get_int("kv_heads", s.H);
   const DeviceTensor& q = in[0];
   if (q.rank() != 3 || s.H <= 0 || s.Hkv <= 0 || s.H % s.Hkv != 0)
     return KILN_ERROR("{}: Q must be 3-D, num_heads positive and a multiple of kv_heads",
                       n.label());
-  s.B = q.shape[0];
-  s.Sq = q.shape[1];
+  s.B = q.shape[bx];
+  s.Sq = q.shape[sx];
   if (s.packed) {  // Q | K | V: H + 2 Hkv heads of one size
     if (q.shape[2] % (s.H + 2 * s.Hkv) != 0)
       return KILN_ERROR("{}: packed Q's last dim {} is not {} + 2 x {} heads", n.label(),
@@ -59,19 +61,20 @@ Expected<MhaShape> mha_shape(const Node& n, std::span<const DeviceTensor> in,
     s.v_off = (s.H + s.Hkv) * s.D;
   } else {
     const DeviceTensor &k = in[1], &v = in[2];
-    if (k.rank() != 3 || v.rank() != 3 || k.shape[0] != s.B || v.shape[0] != s.B ||
-        k.shape[1] != v.shape[1] || q.shape[2] % s.H || k.shape[2] * s.H != q.shape[2] * s.Hkv ||
+    if (k.rank() != 3 || v.rank() != 3 || k.shape[bx] != s.B || v.shape[bx] != s.B ||
+        k.shape[sx] != v.shape[sx] || q.shape[2] % s.H || k.shape[2] * s.H != q.shape[2] * s.Hkv ||
         v.shape[2] % s.Hkv)
       return KILN_ERROR("{}: Q {}, K {} and V {} do not fit {} heads ({} for K and V)", n.label(),
                         shape_str(q.shape), shape_str(k.shape), shape_str(v.shape), s.H, s.Hkv);
-    s.Sk = k.shape[1];
+    s.Sk = k.shape[sx];
     s.D = q.shape[2] / s.H;
     s.Dv = v.shape[2] / s.Hkv;
     s.q_row = q.shape[2];
     s.k_row = k.shape[2];
     s.v_row = v.shape[2];
   }
-  const std::vector<int64_t> want = {s.B, s.Sq, s.H * s.Dv};
+  std::vector<int64_t> want = {s.B, s.Sq, s.H * s.Dv};
+  if (s.seq_first) std::swap(want[0], want[1]);
   if (y.shape != want)
     return KILN_ERROR("{}: output shape {} differs from {}", n.label(), shape_str(y.shape),
                       shape_str(want));
@@ -712,9 +715,10 @@ class MhaFlashLayer final : public Layer {
     a.k = (s_.packed ? base : static_cast<const __half*>(in[1].data)) + s_.k_off;
     a.v = (s_.packed ? base : static_cast<const __half*>(in[2].data)) + s_.v_off;
     a.y = static_cast<__half*>(out[0].data);
-    a.q_s = s_.q_row, a.k_s = s_.k_row, a.v_s = s_.v_row, a.y_s = s_.H * s_.Dv;
-    a.q_b = s_.Sq * s_.q_row, a.k_b = s_.Sk * s_.k_row, a.v_b = s_.Sk * s_.v_row;
-    a.y_b = s_.Sq * a.y_s;
+    a.q_s = s_.seq_stride(s_.q_row), a.k_s = s_.seq_stride(s_.k_row);
+    a.v_s = s_.seq_stride(s_.v_row), a.y_s = s_.seq_stride(s_.H * s_.Dv);
+    a.q_b = s_.batch_stride(s_.Sq, s_.q_row), a.k_b = s_.batch_stride(s_.Sk, s_.k_row);
+    a.v_b = s_.batch_stride(s_.Sk, s_.v_row), a.y_b = s_.batch_stride(s_.Sq, s_.H * s_.Dv);
     a.sq = static_cast<int>(s_.Sq);
     a.sk = static_cast<int>(s_.Sk);
     a.scale_log2 = scale_ * kLog2e;
@@ -780,7 +784,8 @@ class MhaUnfusedLayer final : public Layer {
     // [B, H, S, D] of rows with stride `row`, as dims (b, head group, head in group, s, d):
     // Q's groups are of one head; K's and V's of H / Hkv, each reading its group's head.
     auto split = [&](int64_t S, int64_t D, int64_t row, int64_t off, bool kt, int64_t g) {
-      const std::vector<int64_t> src = {S * row, D, g == 1 ? D : 0, row, 1};
+      const std::vector<int64_t> src = {s_.batch_stride(S, row), D, g == 1 ? D : 0,
+                                        s_.seq_stride(row), 1};
       const std::vector<int64_t> dst =
           kt ? std::vector<int64_t>{s_.H * D * S, g * D * S, D * S, 1, S}
              : std::vector<int64_t>{s_.H * S * D, g * S * D, S * D, D, 1};
@@ -793,7 +798,9 @@ class MhaUnfusedLayer final : public Layer {
     KILN_ASSIGN_OR_RETURN(
         cy_, movement_detail::plan_copy({s_.B, s_.H, s_.Sq, s_.Dv},
                                         {s_.H * s_.Sq * s_.Dv, s_.Sq * s_.Dv, s_.Dv, 1},
-                                        {s_.Sq * s_.H * s_.Dv, s_.Dv, s_.H * s_.Dv, 1}, 0, 0, es));
+                                        {s_.batch_stride(s_.Sq, s_.H * s_.Dv), s_.Dv,
+                                         s_.seq_stride(s_.H * s_.Dv), 1},
+                                        0, 0, es));
     q4_ = tensor({s_.B, s_.H, s_.Sq, s_.D});
     kt4_ = tensor({s_.B, s_.H, s_.D, s_.Sk});
     v4_ = tensor({s_.B, s_.H, s_.Sk, s_.Dv});

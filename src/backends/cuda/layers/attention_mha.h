@@ -20,6 +20,11 @@ struct MhaShape {
   int64_t q_off = 0, k_off = 0, v_off = 0;
   int64_t q_row = 0, k_row = 0, v_row = 0;
   bool packed = false;
+  bool seq_first = false;  // Q, K, V and Y are [S, B, ..] (seq_first = 1)
+  // Element strides between batches and between positions of a tensor of rows of `row`
+  // elements and S positions.
+  int64_t batch_stride(int64_t S, int64_t row) const { return seq_first ? row : S * row; }
+  int64_t seq_stride(int64_t row) const { return seq_first ? B * row : row; }
 };
 
 // Reads the layer's shapes (Q, K, V or packed QKV, and Y) into an MhaShape; an error names the

@@ -1,0 +1,70 @@
+// fold_attention_heads' layout walk: Q, K and V reached from a projection through any chain of
+// layout ops (Reshape, Transpose, Squeeze, Unsqueeze, Gather of one index, Slice) fold into
+// kiln.MultiHeadAttention when the chain is provably a view of the heads, in either layout:
+// nn.MultiheadAttention's sequence-first packed projection as PyTorch's dynamo export writes it
+// becomes one packed, sequence-first layer (checked against the unfused graph on the CPU); a
+// chain that mixes heads with positions stays.
+#include "pass_test_util.h"
+
+namespace kiln::test {
+namespace {
+
+constexpr int64_t kB = 2, kS = 5, kH = 2, kD = 4, kE = kH * kD;
+
+Value* perm(G& b, Value* x, std::vector<int64_t> p) {
+  return b.op("Transpose", {x}, attrs({{"perm", Attribute::Ints(std::move(p))}}));
+}
+Value* reshape(G& b, Value* x, std::vector<int64_t> s) { return b.op("Reshape", {x, b.c(ints(s))}); }
+
+// torch's multi_head_attention_forward on a [S, B, E] input: one in-projection, the packed
+// result unflattened, moved to the front and selected, each part split into B*H heads.
+void build(G& b, bool mix_heads) {
+  Value* x = b.in("x", {kS, kB, kE});
+  Value* qkv = b.op("MatMul", {x, b.c(rand_t({kE, 3 * kE}))});
+  Value* p = reshape(b, qkv, {kS, kB, 3, kE});
+  p = b.op("Unsqueeze", {p, b.c(ints({0}))});
+  p = perm(b, p, {3, 1, 2, 0, 4});
+  p = b.op("Squeeze", {p, b.c(ints({3}))});
+  auto part = [&](int64_t i) {
+    Value* t = b.op("Gather", {p, b.c(Tensor::scalar<int64_t>(i))}, attrs({{"axis", Attribute::Int(0)}}));
+    t = reshape(b, t, {kS, kB * kH, kD});
+    // mix_heads: heads and positions swapped by a reshape that is not a view of the heads.
+    t = mix_heads ? reshape(b, t, {kB * kH, kS, kD}) : perm(b, t, {1, 0, 2});
+    return reshape(b, t, {kB, kH, kS, kD});
+  };
+  Value* q = part(0);
+  Value* kt = perm(b, part(1), {0, 1, 3, 2});
+  Value* v = part(2);
+  Value* s = b.op("Mul", {b.op("MatMul", {q, kt}), b.cf(0.5f)});
+  Value* pr = b.op("Softmax", {s}, attrs({{"axis", Attribute::Int(-1)}}));
+  Value* y = perm(b, b.op("MatMul", {pr, v}), {2, 0, 1, 3});  // [S, B, H, D]
+  b.out(b.op("Relu", {reshape(b, y, {kS * kB, kE})}));
+}
+
+TEST(AttentionLayouts, SequenceFirstPackedProjectionIsOneLayer) {
+  G b;
+  build(b, false);
+  auto opt = optimize_checked(b.g, {"fuse_attention", "fold_attention_heads",
+                                    "eliminate_dead_code"});
+  ASSERT_EQ(count(*opt, "MultiHeadAttention"), 1);
+  EXPECT_EQ(count(*opt, "Gather") + count(*opt, "Transpose") + count(*opt, "Squeeze") +
+                count(*opt, "Unsqueeze"),
+            0);
+  for (const Node* n : opt->nodes())
+    if (n->op_type == "MultiHeadAttention") {
+      EXPECT_EQ(n->attrs.get_int("packed", 0), 1);
+      EXPECT_EQ(n->attrs.get_int("seq_first", 0), 1);
+      EXPECT_EQ(n->attrs.get_int("num_heads", 0), kH);
+    }
+}
+
+TEST(AttentionLayouts, ChainThatMixesHeadsAndPositionsStays) {
+  G b;
+  build(b, true);
+  auto opt = optimize_checked(b.g, {"fuse_attention", "fold_attention_heads",
+                                    "eliminate_dead_code"});
+  EXPECT_EQ(count(*opt, "MultiHeadAttention"), 0);
+}
+
+}  // namespace
+}  // namespace kiln::test
