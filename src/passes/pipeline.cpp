@@ -68,6 +68,9 @@ struct PassEntry {
 //   act(conv(x) + bias + residual), so bias and residual must join before the activation does.
 // - pack_qkv after fuse_matmul_add (the projections carry their biases) and before
 //   fuse_residual_add and fuse_conv_act (it takes only bias-only projections).
+// - sink_transposes after fold_attention_heads and fuse_matmul_add: it moves a sequence-first
+//   attention's swaps past the projections (FusedGemms by then) and the layer; cancel_transposes
+//   composes the pairs that meet in the next round.
 // - drop_zero_mask after fold_attention_heads: the layer it edits must exist.
 //   narrow_attention_mask after it: a zero mask goes altogether before a narrower one is sought.
 // - fuse_skip_layernorm after fuse_residual_add, all in one round: a residual Add that a
@@ -103,6 +106,7 @@ constexpr PassEntry kPipeline[] = {
     {"fold_patch_conv", 2, passes::fold_patch_conv},
     {"fuse_matmul_add", 2, passes::fuse_matmul_add},
     {"pack_qkv", 2, passes::pack_qkv},
+    {"sink_transposes", 2, passes::sink_transposes},
     {"drop_zero_mask", 2, passes::drop_zero_mask},
     {"narrow_attention_mask", 2, passes::narrow_attention_mask},
     {"fuse_residual_add", 2, passes::fuse_residual_add},

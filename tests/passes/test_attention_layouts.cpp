@@ -66,5 +66,32 @@ TEST(AttentionLayouts, ChainThatMixesHeadsAndPositionsStays) {
   EXPECT_EQ(count(*opt, "MultiHeadAttention"), 0);
 }
 
+// nn.MultiheadAttention with batch_first=True: [B, S, E] swapped to [S, B, E] in front of the
+// in-projection and back after the out-projection; sink_transposes moves both swaps past the
+// projections and the attention, where they meet and cancel_transposes removes them.
+TEST(AttentionLayouts, BatchFirstModuleLosesItsSwaps) {
+  G b;
+  Value* x = b.in("x", {kB, kS, kE});
+  Value* t = perm(b, x, {1, 0, 2});
+  Value* qkv = b.op("MatMul", {t, b.c(rand_t({kE, 3 * kE}))});
+  Value* y = b.g.add_node("MultiHeadAttention", "mha", {qkv, nullptr, nullptr, nullptr}, {"y"},
+                          "kiln")
+                 ->output(0);
+  Node* mha = y->producer;
+  mha->attrs.set("num_heads", Attribute::Int(kH));
+  mha->attrs.set("packed", Attribute::Int(1));
+  mha->attrs.set("seq_first", Attribute::Int(1));
+  mha->attrs.set("scale", Attribute::Float(0.5f));
+  Value* o = b.op("MatMul", {y, b.c(rand_t({kE, kE}))});
+  b.out(b.op("Relu", {perm(b, o, {1, 0, 2})}));
+  auto opt = optimize_checked(b.g, {"sink_transposes", "cancel_transposes", "remove_noops",
+                                    "eliminate_dead_code"});
+  EXPECT_EQ(count(*opt, "Transpose"), 0);
+  for (const Node* n : opt->nodes())
+    if (n->op_type == "MultiHeadAttention") {
+      EXPECT_EQ(n->attrs.get_int("seq_first", 0), 0);
+    }
+}
+
 }  // namespace
 }  // namespace kiln::test
