@@ -1,18 +1,21 @@
-// Attention over heads split from [B, S, H*D] tensors, merged back afterwards, becomes one layer
-// that reads Q, K, V and writes Y in the projections' own layout (no transposes in memory):
-//   q4 = Transpose(Reshape(q, [B, S, H, D]), [0,2,1,3])     (v4 alike)
-//   kt4 = Transpose(Reshape(k, [B, S, H, D]), [0,2,3,1])
+// Attention over the heads of projections, merged back afterwards, becomes one layer that reads
+// Q, K, V and writes Y in the projections' own layout (no transposes in memory):
+//   q4 = the heads of x [B, S, N] (or [S, B, N]) through any chain of layout ops  (k, v alike)
 //   y = Reshape(Transpose(kiln.Attention(q4, kt4, v4, mask?), [0,2,1,3]), s)
-//     =>  y = Reshape(kiln.MultiHeadAttention(q, k, v, mask?), s)
-//         [num_heads = H, scale, nan_to_zero; the layer's output is [B, S, H*Dv]]
-// K and V may have fewer heads, each repeated (grouped-query attention: HF's repeat_kv, an
-// Unsqueeze, Expand and Reshape of the [B, Hkv, S, D] heads; K then transposed (0,1,3,2)): the
-// layer reads them in place with kv_heads = Hkv.
-// The Reshapes of Q, K and V must provably split only the last axis for every shape of the
-// profile (splits_last_axis compares dims symbolically). The output's Reshape stays (it costs
-// nothing: the [B, S, H*Dv] output has the transposed result's element order, whatever shape
-// s gives it, [B, S, H*Dv] or GPT-2's [B*S, H*Dv]); remove_noops drops it when it is the
-// identity.
+//     =>  y = Reshape(kiln.MultiHeadAttention(x.., mask?), s)
+//         [num_heads = H, scale, nan_to_zero; packed where Q, K, V are parts of one x;
+//          seq_first where x is [S, B, N] (output transposed back [2,0,1,3]); the layer's
+//          output is [B, S, H*Dv] or [S, B, H*Dv]]
+// The chain (Reshape, Transpose, Squeeze, Unsqueeze, Gather of one index, Slice, Split) is
+// replayed as a strided view of x (walk_heads), so any export's head split folds: BERT's
+// Transpose(Reshape(q)), GPT-2's Split of c_attn, timm's reshape/permute/unbind,
+// nn.MultiheadAttention's unflatten/transpose/select and [S, B*H, D] reshapes. K and V may have
+// fewer heads, each repeated (grouped-query attention: HF's repeat_kv, an Unsqueeze, Expand and
+// Reshape of the [B, Hkv, S, D] heads; K then transposed (0,1,3,2)): the layer reads them in
+// place with kv_heads = Hkv. Dims are compared symbolically, so the fold holds for every shape
+// of the profile. The output's Reshape stays (it costs nothing: the output has the transposed
+// result's element order, whatever shape s gives it, [B, S, H*Dv] or GPT-2's [B*S, H*Dv]);
+// remove_noops drops it when it is the identity.
 #include <algorithm>
 
 #include "ops/shape_values.h"
@@ -102,10 +105,9 @@ std::vector<int64_t> const_ints(const Node* n, size_t input, const char* attr) {
   return r;
 }
 
-// Applies layout op n (whose input is the view) to the view; false where it is not a layout op
-// the walk knows or does not keep the view exact.
-bool apply(View& v, const Node& n) {
-  const Value* out = n.output(0);
+// Applies layout op n (whose input is the view) to the view, as it makes `out`; false where it is
+// not a layout op the walk knows or does not keep the view exact.
+bool apply(View& v, const Node& n, const Value* out) {
   const int64_t r = static_cast<int64_t>(v.dims.size());
   if (is_op(&n, "Transpose")) {
     const std::vector<int64_t> p = transpose_perm(n);
@@ -146,6 +148,25 @@ bool apply(View& v, const Node& n) {
       v.dims[a] = {};
     return true;
   }
+  if (is_op(&n, "Split")) {  // one part: a range of one axis, after the parts before it
+    int64_t a = n.attrs.get_int("axis", 0);
+    if (a < 0) a += r;
+    if (a < 0 || a >= r || v.dims[a].size() != 1 || !v.dims[a][0].size.is_static() ||
+        !out->type.has_rank() || !(*out->type.dims)[a].is_static())
+      return false;
+    int64_t begin = 0;
+    for (size_t k = 0; k < n.num_outputs() && n.output(k) != out; ++k) {
+      const Value* o = n.output(k);
+      if (!o || !o->type.has_rank() || !(*o->type.dims)[a].is_static()) return false;
+      begin += (*o->type.dims)[a].value;
+    }
+    Factor& f = v.dims[a][0];
+    const int64_t len = (*out->type.dims)[a].value;
+    if (begin + len > f.size.value) return false;
+    v.off[f.axis] += begin * f.mult;
+    f.size = Dim(len);
+    return true;
+  }
   if (is_op(&n, "Slice")) {  // a step-1 range of one axis
     const auto sl = axis_slice(&n, r);
     if (!sl || sl->step != 1 || v.dims[sl->axis].size() != 1) return false;
@@ -164,7 +185,7 @@ bool apply(View& v, const Node& n) {
 
 bool layout_op(const Node* n) {
   for (const char* op : {"Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Gather",
-                         "Slice"})
+                         "Slice", "Split"})
     if (is_op(n, op)) return true;
   return false;
 }
@@ -174,9 +195,11 @@ bool layout_op(const Node* n) {
 // x[b, s, offset + h*D + d] (x's first two axes swapped for sequence-first).
 std::optional<Heads> walk_heads(Value* t4, const char (&order)[5]) {
   std::vector<Node*> chain;
+  std::vector<const Value*> made;  // what each op of the chain makes on the way
   Value* x = t4;
   while (x->producer && layout_op(x->producer) && x->producer->input(0)) {
     chain.push_back(x->producer);
+    made.push_back(x);
     x = x->producer->input(0);
   }
   if (chain.empty() || !x->type.has_rank() || x->type.rank() != 3 || t4->type.rank() != 4)
@@ -185,8 +208,8 @@ std::optional<Heads> walk_heads(Value* t4, const char (&order)[5]) {
   if (!xd[2].is_static()) return std::nullopt;
   View v;
   for (int a = 0; a < 3; ++a) v.dims.push_back({{xd[a], a, 1}});
-  for (auto it = chain.rbegin(); it != chain.rend(); ++it)
-    if (!apply(v, **it)) return std::nullopt;
+  for (size_t i = chain.size(); i-- > 0;)
+    if (!apply(v, *chain[i], made[i])) return std::nullopt;
   // One factor a dim (none: size 1), at the expected axes and strides.
   std::optional<Factor> at[4];
   int pos[4];  // b, h, s, d in t4's dims

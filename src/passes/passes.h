@@ -22,7 +22,6 @@ Expected<bool> fuse_swish(PassContext& ctx);
 Expected<bool> fold_periodic_add(PassContext& ctx);
 Expected<bool> fuse_attention(PassContext& ctx);
 Expected<bool> map_onnx_attention(PassContext& ctx);
-Expected<bool> unpack_projection_parts(PassContext& ctx);
 Expected<bool> fold_gemm_reshape(PassContext& ctx);
 Expected<bool> fold_patch_conv(PassContext& ctx);
 Expected<bool> fuse_matmul_add(PassContext& ctx);

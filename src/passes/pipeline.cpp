@@ -51,9 +51,6 @@ struct PassEntry {
 // - fold_periodic_add just before fuse_attention: a constant added per group of rows through a
 //   split and a merge of axis 0 (Swin's shifted-window mask) becomes a plain Add of the constant
 //   tiled over the groups, which fuse_attention takes as one more additive term of the scores.
-// - unpack_projection_parts before fold_attention_heads: the parts of a packed QKV projection
-//   taken after one joint head split (timm's reshape/permute/unbind) become each part's own
-//   head split of a Split of the projection, the form fold_attention_heads folds.
 // - fuse_rotary before fold_attention_heads: it moves a rotary embedding applied to the heads in
 //   front of the head split, which then is the plain split fold_attention_heads folds.
 // - fold_attention_heads after fuse_attention (it folds the head split and merge around a
@@ -99,7 +96,6 @@ constexpr PassEntry kPipeline[] = {
     {"fold_periodic_add", 2, passes::fold_periodic_add},
     {"fuse_attention", 2, passes::fuse_attention},
     {"map_onnx_attention", 2, passes::map_onnx_attention},
-    {"unpack_projection_parts", 2, passes::unpack_projection_parts},
     {"fuse_rotary", 2, passes::fuse_rotary},
     {"fold_attention_heads", 2, passes::fold_attention_heads},
     {"fold_gemm_reshape", 2, passes::fold_gemm_reshape},

@@ -1,9 +1,10 @@
 // fold_attention_heads' layout walk: Q, K and V reached from a projection through any chain of
-// layout ops (Reshape, Transpose, Squeeze, Unsqueeze, Gather of one index, Slice) fold into
+// layout ops (Reshape, Transpose, Squeeze, Unsqueeze, Gather of one index, Slice, Split) fold into
 // kiln.MultiHeadAttention when the chain is provably a view of the heads, in either layout:
 // nn.MultiheadAttention's sequence-first packed projection as PyTorch's dynamo export writes it
-// becomes one packed, sequence-first layer (checked against the unfused graph on the CPU); a
-// chain that mixes heads with positions stays.
+// becomes one packed, sequence-first layer, and timm's reshape/permute/unbind in every unbind
+// form one packed layer (checked against the unfused graph on the CPU); a chain that mixes heads
+// with positions, or is read elsewhere too, stays.
 #include "pass_test_util.h"
 
 namespace kiln::test {
@@ -61,6 +62,58 @@ TEST(AttentionLayouts, SequenceFirstPackedProjectionIsOneLayer) {
 TEST(AttentionLayouts, ChainThatMixesHeadsAndPositionsStays) {
   G b;
   build(b, true);
+  auto opt = optimize_checked(b.g, {"fuse_attention", "fold_attention_heads",
+                                    "eliminate_dead_code"});
+  EXPECT_EQ(count(*opt, "MultiHeadAttention"), 0);
+}
+
+// timm's Attention: qkv.reshape(B, S, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0), the unbind in
+// each form the exporters write (Gather, Squeeze(Slice), Squeeze(Split)); `whole_too` also
+// reads the permuted tensor whole, so its chain is not the attention's alone.
+void timm(G& b, const std::string& form, bool whole_too) {
+  Value* x = b.in("x", {kB, kS, kE});
+  Value* qkv = b.op("MatMul", {x, b.c(rand_t({kE, 3 * kE}))});
+  Value* t = perm(b, reshape(b, qkv, {kB, kS, 3, kH, kD}), {2, 0, 3, 1, 4});
+  std::vector<Value*> parts;
+  if (form == "split") {
+    Node* sp = b.node("Split", {t, b.c(ints({1, 1, 1}))}, attrs({{"axis", Attribute::Int(0)}}), 3);
+    for (size_t i = 0; i < 3; ++i) parts.push_back(b.op("Squeeze", {sp->output(i), b.c(ints({0}))}));
+  } else {
+    for (int64_t i = 0; i < 3; ++i)
+      parts.push_back(form == "gather"
+                          ? b.op("Gather", {t, b.c(Tensor::scalar<int64_t>(i))},
+                                 attrs({{"axis", Attribute::Int(0)}}))
+                          : b.op("Squeeze", {b.op("Slice", {t, b.c(ints({i})), b.c(ints({i + 1})),
+                                                            b.c(ints({0}))}),
+                                             b.c(ints({0}))}));
+  }
+  Value* s = b.op("Mul", {b.op("MatMul", {parts[0], perm(b, parts[1], {0, 1, 3, 2})}), b.cf(0.5f)});
+  Value* pr = b.op("Softmax", {s}, attrs({{"axis", Attribute::Int(-1)}}));
+  Value* y = perm(b, b.op("MatMul", {pr, parts[2]}), {0, 2, 1, 3});
+  b.out(b.op("Relu", {reshape(b, y, {kB, kS, kE})}));
+  if (whole_too) b.out(b.op("Neg", {t}));
+}
+
+TEST(AttentionLayouts, EveryUnbindFormOfAPackedProjection) {
+  for (const char* form : {"split", "slice", "gather"}) {
+    G b;
+    timm(b, form, false);
+    ASSERT_TRUE(infer_shapes(b.g).ok()) << form;
+    auto opt = optimize_checked(b.g, {"fuse_attention", "fold_attention_heads",
+                                      "eliminate_dead_code"});
+    ASSERT_EQ(count(*opt, "MultiHeadAttention"), 1) << form;
+    EXPECT_EQ(count(*opt, "Split") + count(*opt, "Squeeze") + count(*opt, "Gather") +
+                  count(*opt, "Slice") + count(*opt, "Transpose"),
+              0)
+        << form;
+    EXPECT_EQ(find_op(*opt, "MultiHeadAttention")->attrs.get_int("packed", 0), 1) << form;
+  }
+}
+
+TEST(AttentionLayouts, ChainReadElsewhereStays) {
+  G b;
+  timm(b, "gather", true);
+  ASSERT_TRUE(infer_shapes(b.g).ok());
   auto opt = optimize_checked(b.g, {"fuse_attention", "fold_attention_heads",
                                     "eliminate_dead_code"});
   EXPECT_EQ(count(*opt, "MultiHeadAttention"), 0);
