@@ -33,6 +33,8 @@ import urllib.request
 
 import numpy as np
 
+from serve_load import process_tree  # bench/: the server and its workers
+
 SHAPE = [3, 224, 224]
 
 
@@ -67,25 +69,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def tree(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        try:
-            for task in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{task}/children") as f:
-                    todo.extend(int(c) for c in f.read().split())
-        except (OSError, ValueError):
-            pass
-    return out
-
-
 def cpu(pid: int) -> tuple[float, float]:
     """(user, system) CPU seconds of `pid` and its descendants."""
     user = system = 0.0
     tick = os.sysconf("SC_CLK_TCK")
-    for p in tree(pid):
+    for p in process_tree(pid):
         try:
             with open(f"/proc/{p}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
