@@ -190,25 +190,18 @@ bool layout_op(const Node* n) {
   return false;
 }
 
-// The heads t4 reads, when t4 (dims in `order`: for Q and V b, h, s, d; for K^T b, h, d, s) is
-// x [B, S, N] or [S, B, N] through layout ops alone: head h's element (b, s, d) at
-// x[b, s, offset + h*D + d] (x's first two axes swapped for sequence-first).
-std::optional<Heads> walk_heads(Value* t4, const char (&order)[5]) {
-  std::vector<Node*> chain;
-  std::vector<const Value*> made;  // what each op of the chain makes on the way
-  Value* x = t4;
-  while (x->producer && layout_op(x->producer) && x->producer->input(0)) {
-    chain.push_back(x->producer);
-    made.push_back(x);
-    x = x->producer->input(0);
-  }
-  if (chain.empty() || !x->type.has_rank() || x->type.rank() != 3 || t4->type.rank() != 4)
-    return std::nullopt;
+// The heads t4 reads when chain[0..n) (chain[0] makes t4) replays as a view of x, the input of
+// chain[n - 1]; see walk_heads.
+std::optional<Heads> heads_from(Value* t4, const char (&order)[5],
+                                const std::vector<Node*>& chain,
+                                const std::vector<const Value*>& made, size_t n) {
+  Value* x = chain[n - 1]->input(0);
+  if (!x->type.has_rank() || x->type.rank() != 3 || t4->type.rank() != 4) return std::nullopt;
   const std::vector<Dim>& xd = *x->type.dims;
   if (!xd[2].is_static()) return std::nullopt;
   View v;
   for (int a = 0; a < 3; ++a) v.dims.push_back({{xd[a], a, 1}});
-  for (size_t i = chain.size(); i-- > 0;)
+  for (size_t i = n; i-- > 0;)
     if (!apply(v, *chain[i], made[i])) return std::nullopt;
   // One factor a dim (none: size 1), at the expected axes and strides.
   std::optional<Factor> at[4];
@@ -238,8 +231,27 @@ std::optional<Heads> walk_heads(Value* t4, const char (&order)[5]) {
     return std::nullopt;
   if (v.off[0] || v.off[1] || v.off[2] % d || v.off[2] + h * d > xd[2].value) return std::nullopt;
   Heads hs{x, h, d, 1, v.off[2], b_axis == 1, {}};
-  hs.nodes = std::move(chain);
+  hs.nodes.assign(chain.begin(), chain.begin() + static_cast<std::ptrdiff_t>(n));
   return hs;
+}
+
+// The heads t4 reads, when t4 (dims in `order`: for Q and V b, h, s, d; for K^T b, h, d, s) is
+// x [B, S, N] or [S, B, N] through layout ops alone: head h's element (b, s, d) at
+// x[b, s, offset + h*D + d] (x's first two axes swapped for sequence-first). The farthest x up
+// the chain that works is taken (a chain may start at a 2-D product reshaped to 3-D: then the
+// 3-D tensor is x).
+std::optional<Heads> walk_heads(Value* t4, const char (&order)[5]) {
+  std::vector<Node*> chain;
+  std::vector<const Value*> made;  // what each op of the chain makes on the way
+  Value* x = t4;
+  while (x->producer && layout_op(x->producer) && x->producer->input(0)) {
+    chain.push_back(x->producer);
+    made.push_back(x);
+    x = x->producer->input(0);
+  }
+  for (size_t n = chain.size(); n > 0; --n)
+    if (auto hs = heads_from(t4, order, chain, made, n)) return hs;
+  return std::nullopt;
 }
 
 // Grouped-query attention's repeat of K's or V's heads as Hugging Face writes it (repeat_kv):

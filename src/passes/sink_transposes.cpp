@@ -2,7 +2,8 @@
 // and cancel_transposes composes it away:
 //   G(Transpose(x, p))  =>  Transpose(G(x), p)
 //     G: MatMul by a constant 2-D weight or a FusedGemm[MatMul] without residual (a product on
-//     the last axis), p keeping the last axis in place;
+//     the last axis), p keeping the last axis in place; where G widens the rows only when its
+//     reader takes the transpose (a sequence-first attention, another transpose);
 //   MHA[seq_first](Transpose(q, [1,0,2]), ..)  =>  Transpose(MHA(q, ..), [1,0,2])
 //     every Q, K, V input (or the packed one) so transposed: the layer reads the batch-first
 //     tensors instead.
@@ -70,6 +71,18 @@ struct SinkThroughProduct {
     if (!t || !single_use(ctx.g, g.input(0)) || !keeps_last_axis(*t) ||
         ctx.g.is_graph_output(g.output(0)))
       return std::nullopt;
+    // Only where the move costs nothing or leads somewhere: the product does not widen the rows,
+    // or its reader takes the transpose (a sequence-first attention, another transpose).
+    const int64_t k = g.input(1)->constant->dim(0), n = g.input(1)->constant->dim(1);
+    Node* next = sole_consumer(ctx.g, g.output(0));
+    const bool absorbed = is_op(next, "Transpose") ||
+                          (is_kiln_op(next, "MultiHeadAttention") &&
+                           next->attrs.get_int("seq_first", 0) != 0);
+    if (n > k && !absorbed) {
+      ctx.note(fmt::format("{}: the product widens the transposed rows and nothing takes the "
+                           "transpose after it", g.label()));
+      return std::nullopt;
+    }
     return Match{t, &g};
   }
   static Status rewrite(PassContext& ctx, const Match& m) {

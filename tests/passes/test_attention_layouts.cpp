@@ -146,5 +146,17 @@ TEST(AttentionLayouts, BatchFirstModuleLosesItsSwaps) {
     }
 }
 
+// A transpose in front of a widening product with nothing after it to take the transpose stays
+// where it moves the fewest bytes.
+TEST(AttentionLayouts, TransposeBeforeAWideningProductStays) {
+  G b;
+  Value* x = b.in("x", {kB, kS, kE});
+  Value* y = b.op("MatMul", {perm(b, x, {1, 0, 2}), b.c(rand_t({kE, 3 * kE}))});
+  b.out(b.op("Relu", {y}));
+  auto opt = optimize_checked(b.g, {"sink_transposes"});
+  ASSERT_NE(find_op(*opt, "Transpose"), nullptr);
+  EXPECT_EQ(find_op(*opt, "Transpose")->output(0)->uses()[0].first->op_type, "MatMul");
+}
+
 }  // namespace
 }  // namespace kiln::test
