@@ -32,7 +32,11 @@
 # KILN_SERVE_PROTOCOLS (ResNet-50's tables: grpc,http; BERT's are gRPC only), KILN_SERVE_WORKERS
 # ("1": `kiln serve --workers`, front-end processes; a list such as "1 4" runs every table once
 # per count, and the comparison and the soak with the first), KILN_SERVE_WORKER_DEVICES (split:
-# worker i on GPU i mod D; all: every worker on every GPU of --devices).
+# worker i on GPU i mod D; all: every worker on every GPU of --devices), KILN_SERVE_ARGS (extra
+# `kiln serve` flags for every server, e.g. --spin-wait), KILN_SERVE_VARIANTS (server variants
+# the tables run one after another on the same machine, ';'-separated LABEL=FLAGS, e.g.
+# "block=;spin=--spin-wait": each table row set once per variant, labelled with it; default one
+# variant with no extra flags).
 set -uo pipefail
 T0=$(date +%s)
 . "$(dirname "$0")/device_env.sh" "${OUT:-/tmp/kiln-serve-gpu}"
@@ -50,6 +54,8 @@ PROTOCOLS=${KILN_SERVE_PROTOCOLS:-grpc,http}
 WORKER_COUNTS=${KILN_SERVE_WORKERS:-1}
 FIRST_WORKERS=${WORKER_COUNTS%% *}
 WORKER_DEVICES=${KILN_SERVE_WORKER_DEVICES:-split}
+read -r -a EXTRA_ARGS <<<"${KILN_SERVE_ARGS:-}"
+IFS=';' read -r -a VARIANTS <<<"${KILN_SERVE_VARIANTS:-=}"
 HTTP=127.0.0.1:18080
 GRPC=127.0.0.1:18081
 SLOG=$OUT/servers.log
@@ -131,7 +137,7 @@ start_server() {  # start_server MODEL LABEL [kiln serve options...]: sets SPID 
   # stop_server after its part.
   (exec env ${SERVER_ENV:-} python3 -m kiln.cli serve "$(dirname "${ENGINE[$m]}")" \
     --host 127.0.0.1 --http-port "${HTTP##*:}" --grpc-port "${GRPC##*:}" --contexts "$CONTEXTS" \
-    "$@" >>"$SLOG" 2>&1) &
+    "${EXTRA_ARGS[@]}" "$@" >>"$SLOG" 2>&1) &
   SPID=$!
   # (its sleep ends with it: a sleep left behind kept the script's output open for 800 s)
   (trap 'kill "$S" 2>/dev/null; exit' TERM; sleep 800 & S=$!; wait "$S"; kill -TERM "$SPID" 2>/dev/null) &
@@ -251,15 +257,19 @@ if [[ " $PARTS " == *" tables "* ]]; then
     for devs in $TABLE_DEVICES; do
       if [ "$devs" = 0,1 ] && [ "$NGPU" -lt 2 ]; then say "one GPU: no two-GPU table"; continue; fi
       for nw in $WORKER_COUNTS; do
+       for variant in "${VARIANTS[@]}"; do
+        vlabel=${variant%%=*}
+        read -r -a VFLAGS <<<"${variant#*=}"
         need=$(( 25 + 5 * nw + (${#protos} > 4 ? 8 : 4) * (LOAD_S + 2) ))
-        fits "$need" "$m table on GPUs $devs, $nw worker(s)" || continue
-        say "$m, --devices $devs --workers $nw ${PAD_FLAG[*]}"
-        echo "### $m, --devices $devs --workers $nw --worker-devices $WORKER_DEVICES ${PAD_FLAG[*]}" >>"$W/tables.md"
-        start_server "$m" "$m devices $devs workers $nw" --devices "$devs" --workers "$nw" \
-          --worker-devices "$WORKER_DEVICES" "${PAD_FLAG[@]}" || continue
-        load "$m" "GPUs $devs, $nw worker(s)${PAD_FLAG:+ padded}" \
-          "$W/load_${m}_${devs/,/_}_w$nw.json" --protocols "$protos"
+        fits "$need" "$m table on GPUs $devs, $nw worker(s) ${vlabel}" || continue
+        say "$m, --devices $devs --workers $nw ${PAD_FLAG[*]} ${VFLAGS[*]}"
+        echo "### $m, --devices $devs --workers $nw --worker-devices $WORKER_DEVICES ${PAD_FLAG[*]} ${EXTRA_ARGS[*]} ${VFLAGS[*]}" >>"$W/tables.md"
+        start_server "$m" "$m devices $devs workers $nw $vlabel" --devices "$devs" --workers "$nw" \
+          --worker-devices "$WORKER_DEVICES" "${PAD_FLAG[@]}" "${VFLAGS[@]}" || continue
+        load "$m" "GPUs $devs, $nw worker(s)${PAD_FLAG:+ padded}${vlabel:+, $vlabel}" \
+          "$W/load_${m}_${devs/,/_}_w$nw${vlabel:+_$vlabel}.json" --protocols "$protos"
         stop_server
+       done
       done
     done
   done

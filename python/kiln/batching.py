@@ -445,6 +445,24 @@ def zero_sample(engine: Engine) -> Optional[dict]:
     return feeds
 
 
+GPU_WAIT_MODES = ("block", "spin", "yield", "auto")
+
+
+def set_gpu_wait(mode: str) -> int:
+    """How this process's threads wait for the GPUs (a CUDA context's scheduling flag): 'block'
+    (cudaDeviceScheduleBlockingSync: the waiting thread sleeps until the GPU is done, as
+    trtexec waits by default), 'spin' (it spins on its core: trtexec's --useSpinWait), 'yield'
+    (spins, yielding) or 'auto' (CUDA's default: spin while the process has fewer CUDA contexts
+    than the machine has cores; a server's threads waiting for inferences then hold a core
+    each). It must come before this process loads an engine or makes a context on a GPU (a
+    KilnError says which device's context exists already, with another mode); an unknown mode
+    is a KilnValueError. Returns the number of GPUs set: 0 without a GPU or CUDA, where it does
+    nothing (the cpu backend never waits for a device)."""
+    from kiln import _kiln
+
+    return _kiln.set_gpu_wait(mode)
+
+
 def default_contexts() -> int:
     """Execution contexts per model: $KILN_SERVE_CONTEXTS, else 2."""
     return int(os.environ.get("KILN_SERVE_CONTEXTS", "2"))

@@ -36,8 +36,9 @@ from typing import Optional
 
 import numpy as np
 
+from kiln._kiln import KilnError
 from kiln.batching import (V2_DATATYPES, Batcher, RequestError, batch_limit, check_request,
-                           default_contexts, parse_devices, parse_pad_sizes)
+                           default_contexts, parse_devices, parse_pad_sizes, set_gpu_wait)
 from kiln.engine import Engine, device_count, load
 
 log = logging.getLogger("kiln.serve")
@@ -1002,6 +1003,11 @@ def parse_args(argv):
     p.add_argument("--no-warmup", action="store_true",
                    help="Take requests without first running each context at the maximum batch "
                         "(and, with --pad-batches, at each padded size)")
+    p.add_argument("--spin-wait", action="store_true",
+                   help="Threads waiting for the GPU spin on their core (CUDA's default while a "
+                        "process has fewer contexts than there are cores) instead of sleeping "
+                        "until the inference is done (the default here, as trtexec's; its "
+                        "--useSpinWait); cpu engines ignore it")
     p.add_argument("--workers", default="1", metavar="N",
                    help="Serve from N processes, each with the whole front end (gRPC and REST on "
                         "the same ports, SO_REUSEPORT: the kernel spreads the connections), its "
@@ -1033,6 +1039,11 @@ def main(argv=None) -> int:
             print(f"kiln: error: {message}", file=sys.stderr)
         return 1
 
+    # Before anything makes a CUDA context: how the inference threads wait for the GPU.
+    try:
+        set_gpu_wait("spin" if a.spin_wait else "block")
+    except KilnError as e:
+        return fail(str(e))
     try:
         models = find_models(a.model_repository)
     except FileNotFoundError as e:

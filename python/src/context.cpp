@@ -14,6 +14,7 @@
 #include "bindings.h"
 
 #ifdef KILN_WITH_CUDA
+#include <cuda.h>  // the driver API's types only: its functions are looked up through the runtime
 #include <cuda_runtime_api.h>
 #endif
 
@@ -295,7 +296,127 @@ int cuda_device_count() {
   }
   return n;
 }
+#endif
+
+// How a host thread waits for the GPU (cudaStreamSynchronize, a blocking copy): the scheduling
+// flag of each device's primary context. The CUDA default, auto, spins while the process has
+// fewer active contexts than the machine has cores, so every thread waiting for an inference
+// holds a core; "block" waits on a synchronization primitive (cudaDeviceScheduleBlockingSync,
+// trtexec's default), "yield" spins but yields, "spin" always spins (trtexec's --useSpinWait).
+namespace {
+struct WaitMode {
+  const char* name;
+  unsigned flag;
+};
+#ifdef KILN_WITH_CUDA
+constexpr WaitMode kWaitModes[] = {{"auto", CU_CTX_SCHED_AUTO},
+                                   {"spin", CU_CTX_SCHED_SPIN},
+                                   {"yield", CU_CTX_SCHED_YIELD},
+                                   {"block", CU_CTX_SCHED_BLOCKING_SYNC}};
 #else
+constexpr WaitMode kWaitModes[] = {{"auto", 0}, {"spin", 1}, {"yield", 2}, {"block", 4}};
+#endif
+
+const WaitMode* wait_mode(const std::string& name) {
+  for (const WaitMode& m : kWaitModes)
+    if (name == m.name) return &m;
+  return nullptr;
+}
+
+#ifdef KILN_WITH_CUDA
+// The driver functions this needs, looked up through the runtime (the extension links the
+// runtime only; a machine without a driver never gets here: it sees no device).
+struct Driver {
+  CUresult (*device_get)(CUdevice*, int) = nullptr;
+  CUresult (*get_state)(CUdevice, unsigned*, int*) = nullptr;
+  CUresult (*set_flags)(CUdevice, unsigned) = nullptr;
+};
+
+Expected<Driver> driver() {
+  Driver d;
+  auto find = [](const char* name, void** fn) -> Status {
+    cudaDriverEntryPointQueryResult found{};
+#if CUDART_VERSION >= 12050
+    const cudaError_t e = cudaGetDriverEntryPointByVersion(name, fn, 12000, cudaEnableDefault, &found);
+#else
+    const cudaError_t e = cudaGetDriverEntryPoint(name, fn, cudaEnableDefault, &found);
+#endif
+    if (e != cudaSuccess || found != cudaDriverEntryPointSuccess || !*fn) {
+      cudaGetLastError();
+      return KILN_ERROR("the CUDA driver has no {}", name);
+    }
+    return Status::Ok();
+  };
+  KILN_RETURN_IF_ERROR(find("cuDeviceGet", reinterpret_cast<void**>(&d.device_get)));
+  KILN_RETURN_IF_ERROR(find("cuDevicePrimaryCtxGetState", reinterpret_cast<void**>(&d.get_state)));
+  KILN_RETURN_IF_ERROR(find("cuDevicePrimaryCtxSetFlags", reinterpret_cast<void**>(&d.set_flags)));
+  return d;
+}
+
+const char* wait_mode_name(unsigned flags) {
+  for (const WaitMode& m : kWaitModes)
+    if ((flags & CU_CTX_SCHED_MASK) == m.flag) return m.name;
+  return "auto";
+}
+#endif
+}  // namespace
+
+// Sets how this process's threads wait for every GPU it sees; returns how many GPUs that is (0
+// without CUDA or a GPU: the cpu backend never waits for a device, so nothing is set). Must run
+// before the first engine load or context on a device has created its CUDA context: a device
+// whose context exists with another mode is an error naming it (one that already has this mode
+// is fine), and no device is changed then.
+Expected<int> set_gpu_wait(const std::string& mode) {
+  const WaitMode* m = wait_mode(mode);
+  if (!m)
+    return KILN_ERROR("unknown GPU wait mode '{}' (one of: block, spin, yield, auto)", mode);
+#ifdef KILN_WITH_CUDA
+  const int n = cuda_device_count();
+  if (n == 0) return 0;
+  KILN_ASSIGN_OR_RETURN(Driver d, driver());
+  std::vector<std::pair<CUdevice, unsigned>> todo;
+  for (int i = 0; i < n; ++i) {
+    CUdevice dev{};
+    unsigned flags = 0;
+    int active = 0;
+    if (d.device_get(&dev, i) != CUDA_SUCCESS || d.get_state(dev, &flags, &active) != CUDA_SUCCESS)
+      return KILN_ERROR("cannot read the state of CUDA device {}'s context", i);
+    if (active && (flags & CU_CTX_SCHED_MASK) != m->flag)
+      return KILN_ERROR(
+          "GPU wait mode '{}': CUDA device {} already has its context (waiting '{}'); set the "
+          "wait mode before this process loads an engine or makes a context",
+          mode, i, wait_mode_name(flags));
+    todo.emplace_back(dev, (flags & ~static_cast<unsigned>(CU_CTX_SCHED_MASK)) | m->flag);
+  }
+  for (size_t i = 0; i < todo.size(); ++i)
+    if (d.set_flags(todo[i].first, todo[i].second) != CUDA_SUCCESS)
+      return KILN_ERROR("cannot set the wait mode of CUDA device {}", i);
+  return n;
+#else
+  return 0;
+#endif
+}
+
+// The wait mode of device `device`'s context (what set_gpu_wait set, else CUDA's default,
+// "auto"); "" without CUDA or without that device.
+std::string gpu_wait(int device) {
+#ifdef KILN_WITH_CUDA
+  if (device < 0 || device >= cuda_device_count()) return "";
+  Expected<Driver> d = driver();
+  CUdevice dev{};
+  unsigned flags = 0;
+  int active = 0;
+  if (!d.ok() || d->device_get(&dev, device) != CUDA_SUCCESS ||
+      d->get_state(dev, &flags, &active) != CUDA_SUCCESS)
+    return "";
+  return wait_mode_name(flags);
+#else
+  (void)device;
+  return "";
+#endif
+}
+
+#ifndef KILN_WITH_CUDA
 DeviceGuard::DeviceGuard(int) {}
 DeviceGuard::~DeviceGuard() {}
 int cuda_device_count() { return 0; }
@@ -375,6 +496,18 @@ void bind_context(nb::module_& m) {
   m.def("cuda_device_count", &cuda_device_count,
         "CUDA devices this process sees (0 without CUDA or a driver).");
   m.def("dlpack_info", &dlpack_info, nb::arg("tensor"));
+  m.def(
+      "set_gpu_wait",
+      [](const std::string& mode) {
+        if (!wait_mode(mode)) unwrap(set_gpu_wait(mode), ErrorKind::kValue);  // the mode's error
+        return unwrap(set_gpu_wait(mode));
+      },
+      nb::arg("mode"),
+      "How this process's threads wait for the GPUs: 'block' (yield the core until the GPU is "
+      "done), 'spin', 'yield' or 'auto' (CUDA's default). Before any engine load or context; "
+      "returns the number of GPUs set (0 without one: a no-op).");
+  m.def("gpu_wait", &gpu_wait, nb::arg("device") = 0,
+        "The wait mode of a GPU's context ('' without CUDA or that device).");
 }
 
 }  // namespace kiln::py
