@@ -56,6 +56,10 @@
 // (and `concat_axis`), inputs 0..m-1 are the parts of a concatenation along that axis, which
 // operand 0 reads (a Concat absorbed into the chain: its parts are read in place, the
 // concatenation never written); operands 1..m-1 are then invalid and k >= m is input k.
+// With `col_slices` (ints, two per input: start, width), input k is read as its columns
+// [start, start + width) of the last axis (width 0: the whole input): the chain reads a column
+// range of a wider tensor in place (a part of pack_gemm's packed GEMM, fuse_elementwise's
+// AbsorbSplit). Not on a concatenation's parts.
 //
 // Relayout: `ops`, `arity` and `operands` as ElementwiseChain's, but the steps form a DAG: an
 // operand k >= 0 is input k, k <= -2 the result of (earlier) step -2 - k, and -1 the step's

@@ -15,18 +15,31 @@ struct ChainProgram {
   std::vector<int64_t> arity, operands;
   int64_t concat_parts = 0;  // inputs 0..concat_parts-1 are operand 0's parts (>= 2), else 0
   int64_t concat_axis = 0;
+  std::vector<int64_t> col_slices;  // (start, width) per input, or empty
+  int64_t slice_width(size_t i) const {
+    return col_slices.empty() ? 0 : col_slices[2 * i + 1];
+  }
 };
 
 Expected<ChainProgram> read_program(const Node& n, size_t num_inputs) {
   ChainProgram p{n.attrs.get_strings("ops"), n.attrs.get_ints("arity"),
                  n.attrs.get_ints("operands"), n.attrs.get_int("concat_parts", 0),
-                 n.attrs.get_int("concat_axis", 0)};
+                 n.attrs.get_int("concat_axis", 0), n.attrs.get_ints("col_slices")};
   if (p.ops.empty() || p.ops.size() != p.arity.size())
     return KILN_ERROR("{}: ops and arity must be non-empty and of equal length", n.label());
   if (p.concat_parts != 0 && (p.concat_parts < 2 || p.concat_parts > kMaxChainConcatParts ||
                               p.concat_parts > static_cast<int64_t>(num_inputs)))
     return KILN_ERROR("{}: concat_parts {} is not between 2 and {} inputs", n.label(),
                       p.concat_parts, std::min<int64_t>(kMaxChainConcatParts, num_inputs));
+  if (!p.col_slices.empty()) {
+    if (p.col_slices.size() != 2 * num_inputs)
+      return KILN_ERROR("{}: col_slices has {} entries, not two per input ({})", n.label(),
+                        p.col_slices.size(), num_inputs);
+    for (size_t i = 0; i < num_inputs; ++i)
+      if (p.col_slices[2 * i] < 0 || p.col_slices[2 * i + 1] < 0 ||
+          (p.col_slices[2 * i + 1] > 0 && static_cast<int64_t>(i) < p.concat_parts))
+        return KILN_ERROR("{}: bad col_slices for input {}", n.label(), i);
+  }
   int64_t total = 0;
   for (int64_t a : p.arity) total += a;
   if (total != static_cast<int64_t>(p.operands.size()))
@@ -95,6 +108,14 @@ Status infer_elementwise_chain(InferContext& ctx) {
       return Status::Ok();
     }
     dims.push_back(*t.dims);
+    if (const int64_t w = p.slice_width(i); w > 0) {  // a column range of the input
+      const Dim& last = t.dims->empty() ? Dim() : t.dims->back();
+      const int64_t start = p.col_slices[2 * i];
+      if (t.dims->empty() || (last.is_static() && start + w > last.value))
+        return KILN_ERROR("{}: col_slices [{}, {}) exceed input {}'s {}", n.label(), start,
+                          start + w, i, t.str());
+      dims.back().back() = Dim(w);
+    }
   }
   // No step changes the chain's shape (the optimizer guarantees it), so the result has the
   // broadcast shape of all external inputs.
@@ -118,6 +139,21 @@ Status cpu_elementwise_chain(KernelContext& ctx) {
     a.set("axis", Attribute::Int(p.concat_axis));
     KILN_ASSIGN_OR_RETURN(cat, fused::run_op(n, "Concat", a, parts));
   }
+  // Inputs read as column ranges, sliced as the Slice op would.
+  std::vector<Tensor> sliced(ctx.num_inputs());
+  for (size_t i = 0; i < ctx.num_inputs(); ++i) {
+    const int64_t w = p.slice_width(i);
+    if (w == 0) continue;
+    const Tensor* x = ctx.input(i);
+    if (!x || x->rank() < 1) return KILN_ERROR("{}: input {} cannot be sliced", n.label(), i);
+    const int64_t start = p.col_slices[2 * i];
+    Tensor st = Tensor::from<int64_t>({1}, {start}), en = Tensor::from<int64_t>({1}, {start + w}),
+           ax = Tensor::from<int64_t>({1}, {-1});
+    KILN_ASSIGN_OR_RETURN(sliced[i], fused::run_op(n, "Slice", {}, {x, &st, &en, &ax}));
+  }
+  auto input = [&](size_t i) -> const Tensor* {
+    return p.slice_width(i) > 0 ? &sliced[i] : ctx.input(i);
+  };
   Tensor cur;
   size_t k = 0;
   for (size_t s = 0; s < p.ops.size(); ++s) {
@@ -128,7 +164,7 @@ Status cpu_elementwise_chain(KernelContext& ctx) {
         ins.push_back(&cat);
         continue;
       }
-      ins.push_back(o == -1 ? &cur : o == -2 ? nullptr : ctx.input(static_cast<size_t>(o)));
+      ins.push_back(o == -1 ? &cur : o == -2 ? nullptr : input(static_cast<size_t>(o)));
       if (o >= 0 && !ctx.input(static_cast<size_t>(o)))
         return KILN_ERROR("{}: input {} is missing", n.label(), o);
     }

@@ -6,7 +6,10 @@
 //     position_ids [batch, seq, R/2] (batch may be 1) or [seq, R/2]
 //   pairs (x1, x2) are (x[k], x[k + R/2]), or (x[2k], x[2k+1]) with interleaved = 1:
 //     x1' = cos * x1 - sin * x2,   x2' = sin * x1 + cos * x2
-// Features past R pass through. The kernel rounds to the input type after each product and
+// Features past R pass through. kiln's attributes kiln_head_begin and kiln_head_end (default 0
+// and the head count) rotate only the heads in that range; the others pass through (one rotary
+// over the Q and K heads of a packed Q | K | V projection: fuse_rotary's RotaryOverSplit).
+// The kernel rounds to the input type after each product and
 // sum, as the onnx reference does.
 #include <functional>
 
@@ -51,6 +54,9 @@ Status infer_rotary(InferContext& ctx) {
     return KILN_ERROR("{}: X must be 3-D or 4-D, got {}", n.label(), x.str());
   if (x.rank() == 3 && n.attrs.get_int("num_heads", 0) <= 0)
     return KILN_ERROR("{}: 3-D X needs num_heads", n.label());
+  const int64_t hb = n.attrs.get_int("kiln_head_begin", 0), he = n.attrs.get_int("kiln_head_end", -1);
+  if (hb < 0 || (he != -1 && he < hb))
+    return KILN_ERROR("{}: bad head range [{}, {})", n.label(), hb, he);
   return infer_same_as_input(ctx);
 }
 
@@ -102,6 +108,9 @@ Status cpu_rotary(KernelContext& ctx) {
     cache_row = [&, B1 = cosc->rank() == 2 || cosc->dim(0) == 1](
                     int64_t b, int64_t s) -> Expected<int64_t> { return (B1 ? 0 : b) * S + s; };
   }
+  const int64_t hb = n.attrs.get_int("kiln_head_begin", 0), he = n.attrs.get_int("kiln_head_end", H);
+  if (hb < 0 || he < hb || he > H)
+    return KILN_ERROR("{}: head range [{}, {}) is not within the {} heads", n.label(), hb, he, H);
   const bool inter = n.attrs.get_int("interleaved", 0) != 0;
   const DataType t = x->dtype();
   auto r = [&](double v) { return round_to(t, v); };
@@ -111,7 +120,7 @@ Status cpu_rotary(KernelContext& ctx) {
   for (int64_t b = 0; b < B; ++b)
     for (int64_t s = 0; s < S; ++s) {
       KILN_ASSIGN_OR_RETURN(int64_t row, cache_row(b, s));
-      for (int64_t h = 0; h < H; ++h) {
+      for (int64_t h = hb; h < he; ++h) {
         const int64_t base = packed ? ((b * S + s) * H + h) * D : ((b * H + h) * S + s) * D;
         for (int64_t k = 0; k < half; ++k) {
           const int64_t i1 = base + (inter ? 2 * k : k), i2 = base + (inter ? 2 * k + 1 : k + half);

@@ -468,6 +468,31 @@ void concat_chain_cases(std::vector<OpCase>& v) {
                     kNhwc, with_parts(40, 1)));
 }
 
+// Chains that read column ranges of wider tensors (col_slices: two per input, start and width;
+// width 0 the whole input): SwiGLU's silu(gate) * up on the halves of one packed [B, S, 2N] GEMM
+// result, N a multiple of 8 (the vector kernel, 16-byte aligned halves) and odd (the element
+// kernel), a slice beside a whole input and a broadcast one, and one-step chains.
+void col_slice_chain_cases(std::vector<OpCase>& v) {
+  auto slices = [](std::vector<int64_t> s) {
+    Attributes a;
+    a.set("col_slices", Attribute::Ints(std::move(s)));
+    return a;
+  };
+  for (int64_t n : {64, 37}) {
+    const std::string w = std::to_string(n);
+    CaseInput packed = in({2, 5, 2 * n}, kF32, -3, 3);
+    v.push_back(chain("chain_col_slices_swiglu_" + w, {"Swish", "Mul"}, {1, 2}, {0, -1, 1},
+                      {packed, packed}, kF, slices({0, n, n, n})));
+  }
+  v.push_back(chain("chain_col_slices_middle_and_whole", {"Add", "Mul", "Tanh"}, {2, 2, 1},
+                    {0, 1, -1, 2, -1},
+                    {in({3, 4, 40}), in({3, 4, 16}), in({16})}, kF, slices({8, 16, 0, 0, 0, 0})));
+  v.push_back(chain("chain_col_slices_one_step", {"Relu"}, {1}, {0}, {in({4, 6, 24})}, kF,
+                    slices({16, 8})));
+  v.push_back(chain("chain_col_slices_one_step_odd", {"Sigmoid"}, {1}, {0}, {in({7, 29})}, kF,
+                    slices({3, 11})));
+}
+
 // Random chains: op sequences, shapes, broadcasts and operand orders drawn from a fixed seed (the
 // structure is the same in every run, so a failing case's name stays meaningful; the harness
 // draws the values). Every op is defined and bounded on the values the chain can reach, so float16
@@ -539,6 +564,7 @@ std::vector<OpCase> elementwise_cases() {
   chain_cases(v);
   random_chain_cases(v);
   concat_chain_cases(v);
+  col_slice_chain_cases(v);
   return v;
 }
 

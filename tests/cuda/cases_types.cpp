@@ -221,6 +221,28 @@ void rotary_cases(std::vector<OpCase>& v) {
   v.push_back(make_case("rotary_4d_d64_chunks_pos_f16", "RotaryEmbedding", {},
                         {in({B, H, S, 64}, kF16), in({P, 32}, kF16), in({P, 32}, kF16), pos(B)},
                         kExact));
+  // A head range (kiln_head_begin, kiln_head_end): one rotary over the Q and K heads of a packed
+  // Q | K | V projection, the V heads copied; 3-D with positions and without, 4-D, and head size 64
+  // in float16 (the chunk kernel's copy of the heads outside the range).
+  auto range = [&](int64_t heads, int64_t b, int64_t e) {
+    return attrs({{"num_heads", I(heads)}, {"kiln_head_begin", I(b)}, {"kiln_head_end", I(e)}});
+  };
+  for (DataType t : {kF32, kF16}) {
+    const std::string s = t == kF16 ? "_f16" : "";
+    const Modes m = t == kF16 ? kExact : kF;
+    v.push_back(make_case("rotary_3d_head_range_qkv" + s, "RotaryEmbedding", range(8, 0, 6),
+                          {in({B, S, 8 * D}, t), in({P, D / 2}, t), in({P, D / 2}, t), pos(B)}, m));
+    v.push_back(make_case("rotary_3d_head_range_middle" + s, "RotaryEmbedding", range(5, 1, 3),
+                          {in({B, S, 5 * D}, t), in({S, D / 2}, t), in({S, D / 2}, t)}, m));
+    Attributes a4 = attrs({{"kiln_head_begin", I(1)}, {"kiln_head_end", I(2)}});
+    v.push_back(make_case("rotary_4d_head_range" + s, "RotaryEmbedding", a4,
+                          {in({B, H, S, D}, t), in({P, D / 2}, t), in({P, D / 2}, t), pos(B)}, m));
+  }
+  v.push_back(make_case("rotary_3d_d64_chunks_head_range_f16", "RotaryEmbedding", range(4, 0, 3),
+                        {in({B, 5, 4 * 64}, kF16), in({5, 32}, kF16), in({5, 32}, kF16)}, kExact));
+  v.push_back(make_case("rotary_3d_d64_chunks_head_range_pos_f16", "RotaryEmbedding", range(4, 1, 3),
+                        {in({B, S, 4 * 64}, kF16), in({P, 32}, kF16), in({P, 32}, kF16), pos(B)},
+                        kExact));
   v.push_back(make_case("rotary_empty", "RotaryEmbedding", {},
                    {in({0, H, S, D}), in({P, D / 2}), in({P, D / 2}), fixed({0, S}, {}, kI64)},
                    kExact));

@@ -8,7 +8,9 @@
 // Speed: a step is dispatched once per V elements (16 bytes of output); operands that move along
 // the innermost dim are read with vector loads, per-channel and scalar operands once per vector.
 // A chain's absorbed concatenation (concat_parts) is input 0, read from its parts in place: each
-// element finds its part by a binary search over the parts' starts along the axis.
+// element finds its part by a binary search over the parts' starts along the axis. An input the
+// chain reads as a column range (col_slices: a part of a packed GEMM's result) is addressed from
+// its first column with its rows' stored length as the outer stride.
 // Tactics are kAnyLayout; the ".nhwc" variants also take NHWC per-channel broadcasts and Clip.
 #include <cmath>
 #include <cstdint>
@@ -34,7 +36,10 @@ Expected<std::unique_ptr<Layer>> create_rotary(const LayerDesc& d);
 // elementwise_ops.cu: operand strides over an output (numpy broadcasting, layouts, merged dims).
 void broadcast_plan(const std::vector<std::vector<int64_t>>& shapes, const std::vector<bool>& nhwc,
                     const std::vector<int64_t>& out, bool out_nhwc, std::vector<int64_t>* dims,
-                    std::vector<std::vector<int64_t>>* strides);
+                    std::vector<std::vector<int64_t>>* strides,
+                    const std::vector<int64_t>* row_len = nullptr);
+// row_len: per operand, 0 or the stored length of its rows when it is a column range of wider
+// rows (a chain's col_slices; the operand's address is then its first column's).
 
 namespace {
 
@@ -497,6 +502,13 @@ bool build_program(const Node& n, Program* p, std::vector<int>* slots, std::stri
     }
     p->nin = static_cast<int>(slots->size());
     p->cparts = static_cast<int>(parts);
+    const auto cs = n.attrs.get_ints("col_slices");
+    if (!cs.empty()) {
+      if (cs.size() != 2 * n.num_inputs()) return *why = "malformed chain (col_slices)", false;
+      for (size_t i = 0; i < n.num_inputs(); ++i)
+        if (cs[2 * i + 1] > 0 && (int64_t(i) < parts || cs[2 * i] < 0))
+          return *why = "malformed chain (col_slices)", false;
+    }
     return true;
   }
   if (!n.domain.empty()) return *why = "not an elementwise op", false;
@@ -561,17 +573,30 @@ class ProgramLayer final : public Layer {
     }
     std::vector<std::vector<int64_t>> shapes;
     std::vector<bool> nhwc;
-    for (int slot : slots_) {
+    const auto cs = node_->attrs.get_ints("col_slices");
+    std::vector<int64_t> row_len(slots_.size(), 0);
+    col_offset_.assign(slots_.size(), 0);
+    for (size_t k = 0; k < slots_.size(); ++k) {
+      const int slot = slots_[k];
       const DeviceTensor& t = prog_.cparts && slot == 0 ? y : in[slot];  // the concatenation
       shapes.push_back(operand_shape(slot, t, in[0]));
       nhwc.push_back(t.layout == Layout::kNHWC && t.rank() == 4);
+      if (!cs.empty() && cs[2 * slot + 1] > 0) {  // columns [start, start + width) of t's rows
+        const int64_t start = cs[2 * slot], width = cs[2 * slot + 1];
+        if (t.rank() < 1 || nhwc.back() || start + width > t.shape.back())
+          return KILN_ERROR("{}: input {} {} has no columns [{}, {})", node_->label(), slot,
+                            shape_str(t.shape), start, start + width);
+        row_len[k] = t.shape.back();
+        col_offset_[k] = start;
+        shapes.back().back() = width;
+      }
       if (shapes.back().size() > y.shape.size())
         return KILN_ERROR("{}: input {} has a higher rank than the output", node_->label(), slot);
     }
     std::vector<int64_t> dims;
     std::vector<std::vector<int64_t>> strides;
     broadcast_plan(shapes, nhwc, y.shape, y.layout == Layout::kNHWC && y.rank() == 4, &dims,
-                   &strides);
+                   &strides, &row_len);
     if (dims.size() > static_cast<size_t>(kMaxDims))
       return KILN_ERROR("{}: broadcast needs {} dims, at most {} are supported", node_->label(),
                         dims.size(), kMaxDims);
@@ -606,7 +631,9 @@ class ProgramLayer final : public Layer {
              std::span<const DeviceTensor> out) override {
     if (n_ == 0) return Status::Ok();
     Program p = prog_;
-    for (size_t k = 0; k < slots_.size(); ++k) p.in[k] = in[slots_[k]].data;
+    for (size_t k = 0; k < slots_.size(); ++k)
+      p.in[k] = static_cast<const char*>(in[slots_[k]].data) +
+                col_offset_[k] * static_cast<int64_t>(dtype_size(in[slots_[k]].dtype));
     for (int s = 0; s < p.cparts; ++s) p.cptr[s] = in[static_cast<size_t>(s)].data;
     const bool ok = dispatch_float(out[0].dtype, [&](auto tag) {
       using T = decltype(tag);
@@ -703,6 +730,7 @@ class ProgramLayer final : public Layer {
   const Node* node_;
   Program prog_;
   std::vector<int> slots_;  // node input of each program input
+  std::vector<int64_t> col_offset_;  // per program input: its first column (col_slices)
   int64_t n_ = 0;
   bool vec_ok_ = false;     // the vector kernel applies (configure)
 };
@@ -711,10 +739,13 @@ class ProgramLayer final : public Layer {
 bool ew_supports(const LayerDesc& d, std::string* why) {
   std::string not_program;
   if (is_float_program(d, &not_program)) {
+    const auto cs = d.node->attrs.get_ints("col_slices");
     for (size_t i = 0; i < d.in.size(); ++i) {
       const DataType t = d.in[i].dtype;
       if (t != DataType::kUndefined && !dispatch_dtype(t, [](auto) {}))
         return *why = fmt::format("input {} has type {}", i, dtype_name(t)), false;
+      if (!cs.empty() && cs[2 * i + 1] > 0 && d.in[i].layout == Layout::kNHWC)
+        return *why = fmt::format("input {} is a column range, read row-major only", i), false;
     }
     return true;
   }

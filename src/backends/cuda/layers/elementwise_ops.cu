@@ -21,7 +21,8 @@ namespace kiln::gpu::ew {
 // the output is walked in its storage order; contiguous dims are merged.
 void broadcast_plan(const std::vector<std::vector<int64_t>>& shapes, const std::vector<bool>& nhwc,
                     const std::vector<int64_t>& out, bool out_nhwc, std::vector<int64_t>* dims,
-                    std::vector<std::vector<int64_t>>* strides) {
+                    std::vector<std::vector<int64_t>>* strides,
+                    const std::vector<int64_t>* row_len = nullptr) {
   const size_t r = out.size();
   std::vector<size_t> order(r);
   for (size_t d = 0; d < r; ++d) order[d] = d;
@@ -33,6 +34,11 @@ void broadcast_plan(const std::vector<std::vector<int64_t>>& shapes, const std::
     const auto& s = shapes[k];
     std::vector<int64_t> ls = row_major_strides(s);
     if (nhwc[k] && s.size() == 4) ls = {s[2] * s[3] * s[1], 1, s[3] * s[1], s[1]};
+    if (row_len && (*row_len)[k] > 0 && !s.empty()) {  // a column range of wider rows
+      std::vector<int64_t> phys = s;
+      phys.back() = (*row_len)[k];
+      ls = row_major_strides(phys);
+    }
     const size_t lead = r - s.size();
     std::vector<int64_t> logical(r, 0);
     for (size_t d = lead; d < r; ++d) logical[d] = s[d - lead] == 1 ? 0 : ls[d - lead];

@@ -2,7 +2,8 @@
 // per output element finds its pair (x[k], x[k + R/2]) or, interleaved, (x[2k], x[2k+1]) and
 // the cache row of its (batch, position):
 //   x1' = cos * x1 - sin * x2,   x2' = sin * x1 + cos * x2
-// Features past R pass through. float16 rows of whole 16-byte halves take rotary_half8_kernel.
+// Features past R pass through, and so do heads outside [kiln_head_begin, kiln_head_end) (one
+// rotary over the Q and K heads of a packed projection). float16 rows of whole 16-byte halves take rotary_half8_kernel.
 // Arithmetic is in double, rounded to the storage type after each
 // product and sum, as the reference rounds to the input type (so float16/bfloat16 agree with it
 // bit for bit). A position id outside the caches gives NaN (the reference refuses it; a kernel
@@ -21,6 +22,7 @@ namespace {
 
 struct RotaryGeom {
   int64_t B = 0, S = 0, H = 0, D = 0, half = 0, max_pos = 0;
+  int64_t hb = 0, he = 0;    // the rotated heads [hb, he); the others are copied
   bool packed = false;       // X is [B, S, H*D] (else [B, H, S, D])
   bool interleaved = false;
   bool pos_batch1 = false;   // position_ids (or, without them, the caches) have batch 1
@@ -42,16 +44,18 @@ __global__ void rotary_kernel(const T* __restrict__ x, const T* __restrict__ cos
   const int64_t R = 2 * g.half;
   KILN_GRID_STRIDE(i, n) {
     const int64_t d = i % g.D;
-    if (d >= R) {
-      y[i] = x[i];
-      continue;
-    }
-    int64_t b, s, rest = i / g.D;
+    int64_t b, s, h, rest = i / g.D;
     if (g.packed) {
+      h = rest % g.H;
       rest /= g.H;  // (b * S + s)
       s = rest % g.S, b = rest / g.S;
     } else {
+      h = (rest / g.S) % g.H;
       s = rest % g.S, b = rest / (g.S * g.H);
+    }
+    if (d >= R || h < g.hb || h >= g.he) {
+      y[i] = x[i];
+      continue;
     }
     int64_t row;
     if (pos) {
@@ -90,14 +94,21 @@ __global__ void rotary_half8_kernel(const __half* __restrict__ x, const __half* 
   const int64_t chunks = g.half / 8;
   KILN_GRID_STRIDE(i, n) {
     const int64_t r = i / chunks, k = (i - r * chunks) * 8;  // head row, first pair
-    int64_t b, s;
+    int64_t b, s, head;
     if (g.packed) {
       const int64_t t = r / g.H;  // b * S + s
+      head = r - t * g.H;
       s = t % g.S, b = t / g.S;
     } else {
+      head = (r / g.S) % g.H;
       s = r % g.S, b = r / (g.S * g.H);
     }
     const int64_t i1 = r * g.D + k, i2 = i1 + g.half;
+    if (head < g.hb || head >= g.he) {  // a head outside the range: copied
+      *reinterpret_cast<uint4*>(y + i1) = *reinterpret_cast<const uint4*>(x + i1);
+      *reinterpret_cast<uint4*>(y + i2) = *reinterpret_cast<const uint4*>(x + i2);
+      continue;
+    }
     int64_t row = (g.pos_batch1 ? 0 : b) * g.S + s;
     if constexpr (kPos) {
       row = pos[row];
@@ -167,6 +178,11 @@ class RotaryLayer final : public Layer {
       return KILN_ERROR("{}: cos_cache {} and sin_cache {} must end in rotary_embedding_dim/2 = {}",
                         n.label(), shape_str(cosc.shape), shape_str(sinc.shape), g.half);
     g.interleaved = n.attrs.get_int("interleaved", 0) != 0;
+    g.hb = n.attrs.get_int("kiln_head_begin", 0);
+    g.he = n.attrs.get_int("kiln_head_end", g.H);
+    if (g.hb < 0 || g.he < g.hb || g.he > g.H)
+      return KILN_ERROR("{}: head range [{}, {}) is not within the {} heads", n.label(), g.hb,
+                        g.he, g.H);
     if (has_pos) {
       const DeviceTensor& p = in[3];
       if (p.rank() != 2 || (p.shape[0] != g.B && p.shape[0] != 1) || p.shape[1] != g.S ||
