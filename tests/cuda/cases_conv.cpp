@@ -67,6 +67,15 @@ std::vector<OpCase> conv_cases() {
                      attrs({{"group", Attribute::Int(16)}, {"strides", ints_attr({s, s})},
                             {"pads", ints_attr({k / 2, k / 2, k / 2, k / 2})}})));
   }
+  // Larger depthwise layers: channel counts that are not a power of two, taller maps, three images.
+  for (const auto& [C, k, s, H] : {std::tuple<int64_t, int, int, int64_t>{40, 7, 1, 37},
+                                   {96, 3, 2, 35}, {64, 5, 1, 19}}) {
+    v.push_back(conv("dw_c" + std::to_string(C) + "_k" + std::to_string(k) + "_s" +
+                         std::to_string(s),
+                     {3, C, H, 19}, {C, 1, k, k},
+                     attrs({{"group", Attribute::Int(C)}, {"strides", ints_attr({s, s})},
+                            {"pads", ints_attr({k / 2, k / 2, k / 2, k / 2})}})));
+  }
   {  // EfficientNet's depthwise layer with its SiLU (Swish) and a residual: kiln's kernel only
     OpCase c = conv("dw_fused_swish", {2, 24, 9, 13}, {24, 1, 5, 5},
                     attrs({{"group", Attribute::Int(24)}, {"pads", ints_attr({2, 2, 2, 2})},
