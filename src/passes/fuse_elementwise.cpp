@@ -3,7 +3,8 @@
 //   e1(x, ...) -> e2(., ...) -> ... -> en(., ...)  =>  kiln.ElementwiseChain(x, ...)
 // Each link's value must have no other consumer and not be a graph output, every step must
 // keep the chain's shape (an operand that broadcasts the chain to a bigger shape ends it) and
-// element type. Needs two or more steps.
+// element type. Needs two or more steps, or one that reads a part of a last-axis Split (which
+// the chain then reads in place: AbsorbSplit below).
 #include <map>
 
 #include "ops/fused.h"
@@ -18,6 +19,32 @@ bool is_chain_op(const Node* n) {
     return false;
   if ((n->op_type == "Max" || n->op_type == "Min") && n->num_inputs() != 2) return false;
   return is_float_type(n->output(0)->type.dtype) && n->output(0)->type.has_rank();
+}
+
+// The column range [start, start + width) of x that `v` is when v is an output of a Split of x's
+// last axis with static widths.
+struct SplitPart {
+  Node* split;
+  Value* x;
+  int64_t start, width;
+};
+std::optional<SplitPart> split_part(const Value* v) {
+  Node* s = producer_if(v, "Split");
+  if (!s || !s->input(0) || !s->input(0)->type.has_rank()) return std::nullopt;
+  const Value* x = s->input(0);
+  const int64_t r = x->type.rank();
+  const int64_t axis = s->attrs.get_int("axis", 0);
+  if (r < 1 || (axis != -1 && axis != r - 1)) return std::nullopt;
+  int64_t start = 0;
+  for (size_t i = 0; i < s->num_outputs(); ++i) {
+    const Value* o = s->output(i);
+    if (!o || !o->type.has_rank() || o->type.rank() != r || !o->type.dims->back().is_static())
+      return std::nullopt;
+    const int64_t w = o->type.dims->back().value;
+    if (o == v) return SplitPart{s, s->input(0), start, w};
+    start += w;
+  }
+  return std::nullopt;
 }
 
 struct FuseElementwise {
@@ -54,7 +81,14 @@ struct FuseElementwise {
       if (!next || !extends(ctx, cur, next)) break;
       chain.push_back(next);
     }
-    if (chain.size() < 2) return std::nullopt;
+    if (chain.size() < 2) {
+      bool reads_part = false;
+      for (const Value* v : first.inputs()) {
+        const auto part = v ? split_part(v) : std::nullopt;
+        reads_part |= part && part->x->type.dtype == first.output(0)->type.dtype;
+      }
+      if (!reads_part) return std::nullopt;
+    }
     return Match{chain};
   }
 
@@ -125,7 +159,7 @@ struct AbsorbConcat {
 
   static std::optional<Match> match(PassContext& ctx, Node& chain) {
     if (!is_kiln_op(&chain, "ElementwiseChain") || chain.attrs.get_int("concat_parts", 0) != 0 ||
-        !chain.output(0))
+        chain.attrs.has("col_slices") || !chain.output(0))
       return std::nullopt;
     for (size_t j = 0; j < chain.num_inputs(); ++j) {
       Node* cat = producer_if(chain.input(j), "Concat");
@@ -183,12 +217,66 @@ struct AbsorbConcat {
   }
 };
 
+// A chain input that is a part of a Split of some x's last axis is read as that column range of
+// x in place (col_slices), so the Split's copy is not made for it:
+//   (p0, .., pm-1) = Split(x, last axis) -> kiln.ElementwiseChain(.., pj, ..)
+//     =>  kiln.ElementwiseChain(.., x, ..; col_slices: x's columns of pj)
+// Llama's silu(gate) * up on pack_gemm's packed gate and up projections. The Split stays for
+// its other readers (it goes when none is left). Not for a concatenation's parts.
+struct AbsorbSplit {
+  struct Match {
+    Node* chain;
+    std::vector<Value*> inputs;
+    Attributes attrs;
+  };
+
+  static std::optional<Match> match(PassContext& ctx, Node& chain) {
+    if (!is_kiln_op(&chain, "ElementwiseChain") || !chain.output(0)) return std::nullopt;
+    const int64_t parts = chain.attrs.get_int("concat_parts", 0);
+    std::vector<int64_t> slices = chain.attrs.get_ints("col_slices");
+    if (slices.empty()) slices.assign(2 * chain.num_inputs(), 0);
+    if (slices.size() != 2 * chain.num_inputs()) return std::nullopt;
+    std::vector<Value*> ins(chain.inputs().begin(), chain.inputs().end());
+    bool any = false;
+    for (size_t j = static_cast<size_t>(parts); j < ins.size(); ++j) {
+      if (!ins[j] || slices[2 * j + 1] != 0) continue;
+      const auto part = split_part(ins[j]);
+      if (!part) continue;
+      if (part->x->type.dtype != ins[j]->type.dtype) continue;
+      slices[2 * j] = part->start;
+      slices[2 * j + 1] = part->width;
+      ins[j] = part->x;
+      any = true;
+    }
+    if (!any) return std::nullopt;
+    Attributes a = chain.attrs;
+    a.set("col_slices", Attribute::Ints(slices));
+    auto scratch = scratch_layer("kiln", "ElementwiseChain", ins, a, chain.output(0));
+    if (!ctx.backend_supports("kiln", "ElementwiseChain", a, chain.output(0)->type.dtype,
+                              scratch->nodes().back())) {
+      ctx.note(fmt::format("{}: the backend cannot read the chain's Split parts in place",
+                           chain.label()));
+      return std::nullopt;
+    }
+    return Match{&chain, std::move(ins), std::move(a)};
+  }
+
+  static Status rewrite(PassContext& ctx, const Match& m) {
+    for (size_t j = 0; j < m.inputs.size(); ++j)
+      if (m.chain->input(j) != m.inputs[j]) ctx.g.set_input(m.chain, j, m.inputs[j]);
+    m.chain->attrs = m.attrs;
+    m.chain->origin = ctx.pass;
+    return Status::Ok();
+  }
+};
+
 }  // namespace
 
 Expected<bool> fuse_elementwise(PassContext& ctx) {
   KILN_ASSIGN_OR_RETURN(bool chains, apply_pattern<FuseElementwiseSupported>(ctx));
   KILN_ASSIGN_OR_RETURN(bool concats, apply_pattern<AbsorbConcat>(ctx));
-  return chains || concats;
+  KILN_ASSIGN_OR_RETURN(bool splits, apply_pattern<AbsorbSplit>(ctx));
+  return chains || concats || splits;
 }
 
 }  // namespace kiln::passes

@@ -12,10 +12,20 @@
 // caches. Either
 // operand order of each Mul and the Add; the slices may write their end as D or past it. The
 // cache slices are shared by every layer that reads the same cos and sin.
+//
+// RotaryOverSplit: rotaries on parts of a Split of x's last axis (pack_gemm's packed Q | K | V
+// projection) become one rotary over x that rotates those parts' heads and passes the others:
+//   (q, k, v) = Split(x); RotaryEmbedding(q), RotaryEmbedding(k)
+//     =>  (q', k', v) = Split(RotaryEmbedding(x, kiln_head_begin = 0, kiln_head_end = H + Hkv))
+// The rotaries must share their caches, position ids and attributes and one head size D, and
+// rotate consecutive parts that start at a multiple of D; x's width is a multiple of D. pack_qkv
+// then reads the Split's three parts as one packed attention input: Llama's attention is one
+// GEMM, one rotary and the attention.
 #include <algorithm>
 #include <cstring>
 #include <set>
 
+#include "ops/shape_values.h"
 #include "passes/passes.h"
 
 namespace kiln::passes {
@@ -237,8 +247,108 @@ struct FuseRotary {
   }
 };
 
+struct RotaryOverSplit {
+  struct Match {
+    Node* split;
+    std::vector<std::pair<size_t, Node*>> rotaries;  // (part, rotary), parts increasing
+    Attributes attrs;                                 // the rotary over x
+  };
+
+  static std::optional<Match> match(PassContext& ctx, Node& s) {
+    if (!is_op(&s, "Split") || !s.input(0) || !s.input(0)->type.has_rank() ||
+        s.input(0)->type.rank() != 3)
+      return std::nullopt;
+    Value* x = s.input(0);
+    const int64_t axis = s.attrs.get_int("axis", 0);
+    if (axis != -1 && axis != 2) return std::nullopt;
+    std::vector<int64_t> starts;
+    int64_t total = 0;
+    std::vector<std::pair<size_t, Node*>> rots;
+    for (size_t i = 0; i < s.num_outputs(); ++i) {
+      const Value* o = s.output(i);
+      if (!o || !o->type.has_rank() || !o->type.dims->back().is_static()) return std::nullopt;
+      starts.push_back(total);
+      total += o->type.dims->back().value;
+      for (const auto& [r, slot] : o->uses())
+        if (is_op(r, "RotaryEmbedding") && slot == 0) rots.emplace_back(i, r);
+    }
+    if (rots.empty()) return std::nullopt;
+    auto reject = [&](const std::string& why) {
+      ctx.note(fmt::format("{}: the rotaries on its parts do not become one: {}", s.label(), why));
+      return std::nullopt;
+    };
+    if (!single_use(ctx.g, x)) return reject("its input has other readers");
+    const Node* r0 = rots[0].second;
+    const int64_t h0 = r0->attrs.get_int("num_heads", 0);
+    const Dim& w0 = s.output(rots[0].first)->type.dims->back();
+    if (h0 <= 0 || w0.value % h0 != 0) return reject("a rotary's heads do not divide its part");
+    const int64_t D = w0.value / h0;
+    Attributes common = r0->attrs;
+    common.erase("num_heads");
+    for (size_t j = 0; j < rots.size(); ++j) {
+      const auto& [part, r] = rots[j];
+      const Value* o = s.output(part);
+      if (!single_use(ctx.g, o)) return reject("a rotated part has other readers");
+      if (ctx.g.is_graph_output(r->output(0))) return reject("a rotary's result is a graph output");
+      if (j > 0 && part != rots[j - 1].first + 1) return reject("the rotated parts are not adjacent");
+      for (size_t k = 1; k < std::max<size_t>(r->num_inputs(), r0->num_inputs()); ++k)
+        if (r->input(k) != r0->input(k)) return reject("the rotaries read different caches");
+      Attributes a = r->attrs;
+      a.erase("num_heads");
+      if (a.all().size() != common.all().size()) return reject("the rotaries' attributes differ");
+      for (const auto& [name, v] : a.all()) {
+        const Attribute* c = common.find(name);
+        if (!c || c->str() != v.str()) return reject("the rotaries' attributes differ");
+      }
+      if (a.has("kiln_head_begin") || a.has("kiln_head_end"))
+        return reject("a rotary already has a head range");
+      const int64_t h = r->attrs.get_int("num_heads", 0);
+      if (h <= 0 || o->type.dims->back().value != h * D)
+        return reject("the rotaries' head sizes differ");
+    }
+    const int64_t begin = starts[rots.front().first];
+    const int64_t end = starts[rots.back().first] + s.output(rots.back().first)->type.dims->back().value;
+    if (begin % D != 0 || total % D != 0 || !same_dim(x->type.dims->back(), Dim(total)))
+      return reject("the parts are not whole heads of x");
+    Attributes a = r0->attrs;
+    a.set("num_heads", Attribute::Int(total / D));
+    a.set("kiln_head_begin", Attribute::Int(begin / D));
+    a.set("kiln_head_end", Attribute::Int(end / D));
+    std::vector<Value*> ins(r0->inputs().begin(), r0->inputs().end());
+    ins[0] = x;
+    auto scratch = scratch_layer("", "RotaryEmbedding", ins, a, x);
+    if (!ctx.backend_supports("", "RotaryEmbedding", a, x->type.dtype, scratch->nodes().back()))
+      return reject("the backend cannot run the rotary over a head range");
+    return Match{&s, rots, a};
+  }
+
+  static Status rewrite(PassContext& ctx, const Match& m) {
+    Graph& g = ctx.g;
+    Node* r0 = m.rotaries[0].second;
+    std::vector<Value*> ins(r0->inputs().begin(), r0->inputs().end());
+    Value* x = m.split->input(0);
+    ins[0] = x;
+    Node* rot = g.insert_node_before(m.split, "RotaryEmbedding", g.unique_name(r0->name + "_heads"),
+                                     ins, {g.unique_name(x->name + "_rotary")});
+    rot->attrs = m.attrs;
+    rot->origin = ctx.pass;
+    rot->output(0)->type = x->type;
+    g.set_input(m.split, 0, rot->output(0));
+    for (const auto& [part, r] : m.rotaries) {
+      merge_onnx_nodes(*rot, *r);
+      g.replace_all_uses(r->output(0), m.split->output(part));
+    }
+    for (const auto& [part, r] : m.rotaries) KILN_RETURN_IF_ERROR(g.remove_node(r));
+    return Status::Ok();
+  }
+};
+
 }  // namespace
 
-Expected<bool> fuse_rotary(PassContext& ctx) { return apply_pattern<FuseRotary>(ctx); }
+Expected<bool> fuse_rotary(PassContext& ctx) {
+  KILN_ASSIGN_OR_RETURN(bool fused, apply_pattern<FuseRotary>(ctx));
+  KILN_ASSIGN_OR_RETURN(bool merged, apply_pattern<RotaryOverSplit>(ctx));
+  return fused || merged;
+}
 
 }  // namespace kiln::passes

@@ -63,8 +63,11 @@ struct PassEntry {
 //   (its bias not yet fused) to become the GEMM it is.
 // - fuse_matmul_add and fuse_residual_add before fuse_conv_act: the layer computes
 //   act(conv(x) + bias + residual), so bias and residual must join before the activation does.
-// - pack_qkv after fuse_matmul_add (the projections carry their biases) and before
-//   fuse_residual_add and fuse_conv_act (it takes only bias-only projections).
+// - pack_gemm after fuse_matmul_add (the products carry their biases) and before
+//   fuse_residual_add and fuse_conv_act (it takes products without a residual, and siblings
+//   whose activations would differ once fused: Llama's gate and up projections); its Split's
+//   parts are read in place by pack_qkv right after it (Q, K and V of an attention), by
+//   fuse_rotary in the next round (rotaries on parts) and by fuse_elementwise (chains).
 // - sink_transposes after fold_attention_heads and fuse_matmul_add: it moves a sequence-first
 //   attention's swaps past the projections (FusedGemms by then) and the layer; cancel_transposes
 //   composes the pairs that meet in the next round.
@@ -101,6 +104,7 @@ constexpr PassEntry kPipeline[] = {
     {"fold_gemm_reshape", 2, passes::fold_gemm_reshape},
     {"fold_patch_conv", 2, passes::fold_patch_conv},
     {"fuse_matmul_add", 2, passes::fuse_matmul_add},
+    {"pack_gemm", 2, passes::pack_gemm},
     {"pack_qkv", 2, passes::pack_qkv},
     {"sink_transposes", 2, passes::sink_transposes},
     {"drop_zero_mask", 2, passes::drop_zero_mask},

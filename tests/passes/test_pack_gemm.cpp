@@ -1,0 +1,214 @@
+// pack_gemm: sibling products of one activation by constant weights become one GEMM whose parts
+// their readers take in place: an elementwise chain through col_slices (fuse_elementwise), rotaries
+// on parts as one rotary over a head range (fuse_rotary) and Q, K and V as a packed attention input
+// (pack_qkv). Checked against the unpacked graph on the CPU. Siblings that would not gain stay
+// apart, with the reason in the pass's notes: a weight that is not a constant, a weight that is
+// not a 2-D [K, N] matrix (siblings of one activation cannot differ in K otherwise), INT8 or
+// another epilogue, a reader that would need a copy of the columns, rotaries that could not
+// become one.
+#include <set>
+
+#include "pass_test_util.h"
+#include "passes/passes.h"
+
+namespace kiln::test {
+namespace {
+
+constexpr int64_t kB = 2, kS = 5, kK = 16;
+
+Value* matmul(G& b, Value* x, int64_t n) { return b.op("MatMul", {x, b.c(rand_t({kK, n}))}); }
+
+// Runs pack_gemm once on g (verbose: notes kept); returns its notes.
+std::set<std::string> pack_notes(Graph& g, bool* changed) {
+  OptimizeOptions o;
+  o.verbose = true;
+  EXPECT_TRUE(infer_shapes(g).ok());
+  passes::PassContext ctx{g, o, "pack_gemm", {}, 0};
+  auto r = passes::pack_gemm(ctx);
+  EXPECT_TRUE(r.ok()) << r.status().message();
+  *changed = r.ok() && *r;
+  return ctx.notes;
+}
+
+bool has_note(const std::set<std::string>& notes, const std::string& text) {
+  for (const std::string& n : notes)
+    if (n.find(text) != std::string::npos) return true;
+  return false;
+}
+
+std::string dump(const std::set<std::string>& notes) {
+  std::string s;
+  for (const std::string& n : notes) s += n + "\n";
+  return s;
+}
+
+const Node* find_kiln(const Graph& g, const std::string& op) {
+  for (const Node* n : g.nodes())
+    if (n->op_type == op && n->domain == "kiln") return n;
+  return nullptr;
+}
+
+// SwiGLU: silu(x W1) * (x W3); the packed GEMM's halves read in place by one chain.
+TEST(PackGemm, GateAndUpBecomeOneGemmAndAChainReadingItsHalves) {
+  G b;
+  Value* x = b.in("x", {kB, kS, kK});
+  Value* gate = matmul(b, x, 24), *up = matmul(b, x, 24);
+  b.out(b.op("Mul", {b.op("Swish", {gate}), up}));
+  auto opt = optimize_checked(b.g, {"pack_gemm", "fuse_elementwise", "eliminate_dead_code"});
+  EXPECT_EQ(count(*opt, "MatMul"), 0);
+  EXPECT_EQ(count(*opt, "FusedGemm"), 1);
+  EXPECT_EQ(count(*opt, "Split"), 0);  // read in place, never copied
+  const Node* chain = find_kiln(*opt, "ElementwiseChain");
+  ASSERT_NE(chain, nullptr);
+  EXPECT_EQ(chain->attrs.get_ints("col_slices"), (std::vector<int64_t>{0, 24, 24, 24}));
+  EXPECT_EQ(chain->input(0), chain->input(1));
+  EXPECT_EQ(find_kiln(*opt, "FusedGemm")->input(1)->constant->shape(),
+            (std::vector<int64_t>{kK, 48}));
+}
+
+// Three siblings of different widths, one carrying a bias (the others' bias columns are zeros),
+// each read by one elementwise op of its own: one GEMM, and every op a chain of one step that
+// reads its columns.
+TEST(PackGemm, AnyNumberOfSiblingsWithBiasesEachReadInPlace) {
+  G b;
+  Value* x = b.in("x", {kB, kS, kK});
+  Value* p0 = b.op("Add", {matmul(b, x, 8), b.c(rand_t({8}))});
+  Value* p1 = matmul(b, x, 16), *p2 = matmul(b, x, 4);
+  b.out(b.op("Relu", {p0}));
+  b.out(b.op("Tanh", {p1}));
+  b.out(b.op("Sigmoid", {p2}));
+  auto opt = optimize_checked(
+      b.g, {"fuse_matmul_add", "pack_gemm", "fuse_elementwise", "eliminate_dead_code"});
+  EXPECT_EQ(count(*opt, "MatMul"), 0);
+  ASSERT_EQ(count(*opt, "FusedGemm"), 1);
+  const Node* gemm = find_kiln(*opt, "FusedGemm");
+  ASSERT_NE(gemm->input(2), nullptr);
+  EXPECT_EQ(gemm->input(2)->constant->shape(), (std::vector<int64_t>{28}));
+  EXPECT_EQ(count(*opt, "Split"), 0);
+  EXPECT_EQ(count(*opt, "ElementwiseChain"), 3);
+}
+
+TEST(PackGemm, NonConstantWeightStaysApart) {
+  G b;
+  Value* x = b.in("x", {kB, kS, kK});
+  Value* w = b.in("w", {kK, 8});
+  b.out(b.op("Relu", {b.op("MatMul", {x, w})}));
+  b.out(b.op("Relu", {matmul(b, x, 8)}));
+  b.out(b.op("Relu", {matmul(b, x, 8)}));
+  bool changed = false;
+  auto g = b.g.clone();
+  const auto notes = pack_notes(*g, &changed);
+  EXPECT_TRUE(changed);  // the two constant ones pack
+  EXPECT_EQ(count(*g, "MatMul"), 1);
+  EXPECT_TRUE(has_note(notes, "its weight is not a constant")) << dump(notes);
+}
+
+// Siblings of one activation have one K unless a weight is not a [K, N] matrix (a batched
+// product): that one stays apart.
+TEST(PackGemm, WeightThatIsNotAMatrixStaysApart) {
+  G b;
+  Value* x = b.in("x", {kB, kS, kK});
+  b.out(b.op("Relu", {b.op("MatMul", {x, b.c(rand_t({kB, kK, 8}))})}));
+  b.out(b.op("Relu", {matmul(b, x, 8)}));
+  bool changed = false;
+  auto g = b.g.clone();
+  const auto notes = pack_notes(*g, &changed);
+  EXPECT_FALSE(changed);
+  EXPECT_EQ(count(*g, "MatMul"), 2);
+  EXPECT_TRUE(has_note(notes, "not a 2-D [K, N] matrix")) << dump(notes);
+}
+
+// Siblings of one activation share its type in a valid graph (a MatMul's operands have one
+// type); what differs is the precision a layer runs at and its epilogue: an INT8-marked product
+// and one with another activation stay apart.
+TEST(PackGemm, DifferentPrecisionsOrEpiloguesStayApart) {
+  G b;
+  Value* x = b.in("x", {kB, kS, kK});
+  auto fused = [&](const char* act, bool int8) {
+    Node* n = b.node("FusedGemm", {x, b.c(rand_t({kK, 8}))});
+    n->domain = "kiln";
+    n->attrs.set("base", Attribute::String("MatMul"));
+    if (act) n->attrs.set("activation", Attribute::String(act));
+    if (int8) n->attrs.set("int8", Attribute::Int(1));
+    return n->output(0);
+  };
+  b.out(b.op("Neg", {fused(nullptr, false)}));
+  b.out(b.op("Neg", {fused(nullptr, true)}));
+  b.out(b.op("Neg", {fused("Relu", false)}));
+  bool changed = false;
+  auto g = b.g.clone();
+  const auto notes = pack_notes(*g, &changed);
+  EXPECT_FALSE(changed);
+  EXPECT_EQ(count(*g, "FusedGemm"), 3);
+  EXPECT_TRUE(has_note(notes, "different weight types or epilogues")) << dump(notes);
+  EXPECT_TRUE(has_note(notes, "a residual, INT8 or a Gemm base")) << dump(notes);
+}
+
+// A reader that would need the part's columns copied (a Transpose) keeps its product apart.
+TEST(PackGemm, ReaderThatCannotReadASliceKeepsItsProductApart) {
+  G b;
+  Value* x = b.in("x", {kB, kS, kK});
+  b.out(b.op("Transpose", {matmul(b, x, 8)}, attrs({{"perm", Attribute::Ints({0, 2, 1})}})));
+  b.out(b.op("Relu", {matmul(b, x, 8)}));
+  bool changed = false;
+  auto g = b.g.clone();
+  const auto notes = pack_notes(*g, &changed);
+  EXPECT_FALSE(changed);
+  EXPECT_TRUE(has_note(notes, "cannot read a column slice in place")) << dump(notes);
+}
+
+// Llama's attention: Q, K and V projections, rotaries on Q and K (grouped-query: K and V have
+// half the heads), the attention. One GEMM, one rotary over the Q and K heads of its result, one
+// packed attention.
+TEST(PackGemm, RotaryQkvBecomesOneGemmOneRotaryAndAPackedAttention) {
+  constexpr int64_t H = 4, Hkv = 2, D = 4;
+  G b;
+  Value* x = b.in("x", {kB, kS, kK});
+  Value* mask = b.in("mask", {1, 1, kS, kS});
+  Value* cosc = b.c(rand_t({kS, D / 2}));
+  Value* sinc = b.c(rand_t({kS, D / 2}));
+  auto rotary = [&](Value* v, int64_t heads) {
+    return b.op("RotaryEmbedding", {v, cosc, sinc}, attrs({{"num_heads", Attribute::Int(heads)}}));
+  };
+  Value* q = rotary(matmul(b, x, H * D), H);
+  Value* k = rotary(matmul(b, x, Hkv * D), Hkv);
+  Value* v = matmul(b, x, Hkv * D);
+  Node* mha = add_mha(b, q, k, v, mask, H);
+  mha->attrs.set("kv_heads", Attribute::Int(Hkv));
+  auto opt = optimize_checked(b.g, {"fuse_rotary", "pack_gemm", "pack_qkv", "eliminate_dead_code"});
+  EXPECT_EQ(count(*opt, "MatMul"), 0);
+  EXPECT_EQ(count(*opt, "FusedGemm"), 1);
+  EXPECT_EQ(count(*opt, "Split"), 0);
+  ASSERT_EQ(count(*opt, "RotaryEmbedding"), 1);
+  const Node* rot = find_op(*opt, "RotaryEmbedding");
+  EXPECT_EQ(rot->attrs.get_int("num_heads", 0), H + 2 * Hkv);
+  EXPECT_EQ(rot->attrs.get_int("kiln_head_begin", -1), 0);
+  EXPECT_EQ(rot->attrs.get_int("kiln_head_end", -1), H + Hkv);
+  const Node* att = find_op(*opt, "MultiHeadAttention");
+  ASSERT_NE(att, nullptr);
+  EXPECT_EQ(att->attrs.get_int("packed", 0), 1);
+  EXPECT_EQ(att->input(0), rot->output(0));
+}
+
+// Rotaries with different caches could not become one rotary over the packed tensor: the
+// products stay apart (packed, a Split would copy the columns).
+TEST(PackGemm, RotariesWithDifferentCachesKeepTheirProductsApart) {
+  constexpr int64_t H = 2, D = 4;
+  G b;
+  Value* x = b.in("x", {kB, kS, kK});
+  auto rotary = [&](Value* v) {
+    return b.op("RotaryEmbedding", {v, b.c(rand_t({kS, D / 2})), b.c(rand_t({kS, D / 2}))},
+                attrs({{"num_heads", Attribute::Int(H)}}));
+  };
+  b.out(rotary(matmul(b, x, H * D)));
+  b.out(rotary(matmul(b, x, H * D)));
+  bool changed = false;
+  auto g = b.g.clone();
+  const auto notes = pack_notes(*g, &changed);
+  EXPECT_FALSE(changed);
+  EXPECT_EQ(count(*g, "MatMul"), 2);
+  EXPECT_TRUE(has_note(notes, "rotaries on their results read different caches")) << dump(notes);
+}
+
+}  // namespace
+}  // namespace kiln::test
