@@ -7,7 +7,11 @@ asyncio loop reads it, takes a view of the slot (what its batcher would join fro
 with a small output on the socket. Prints the CPU per request on each side and the rate.
 (The gRPC front end itself costs ~1.2-1.4 ms a request on this 2-core machine: serve_cost.py.)
 
-  python3 bench/serve_forward_cost.py [--requests 20000] [--in-flight 8]
+  python3 bench/serve_forward_cost.py [--requests 20000] [--in-flight 8] [--kiln]
+
+--kiln measures the hand-off `kiln serve --batcher device` makes (kiln.serve_workers: a front
+end's BatcherLink, its Arena of shared memory, the batcher process's BatcherService), with a
+batcher that answers at once (no Batcher, no engine): PYTHONPATH=build/python.
 """
 from __future__ import annotations
 
@@ -53,11 +57,82 @@ def batcher_side(sock, name: str, slots: int, n: int) -> None:
     shm.close()
 
 
+class _Echo:
+    """A batcher that answers at once with a small output (a pixel of each sample)."""
+    max_batch = 64
+
+    async def infer(self, feeds):
+        a = next(iter(feeds.values()))
+        return {"output": np.ascontiguousarray(a[:, :, 0, 0])}
+
+
+def kiln_batcher_side(path: str, n: int) -> None:
+    from kiln.serve_workers import BatcherService
+
+    service = BatcherService({"m": _Echo()}, {"m": {}}, "cpu")
+    service.listen(path)
+
+    async def main():
+        import signal
+        stop = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        c0 = cpu()
+        await service.serve(stop)
+        print(f"batcher process: {(cpu() - c0) / n * 1e6:.1f} us CPU per forwarded request "
+              "(BatcherService's event loop)", flush=True)
+    asyncio.run(main())
+
+
+def kiln_main(n: int, in_flight: int) -> int:
+    import signal
+    import tempfile
+
+    from kiln.serve_workers import BatcherLink
+
+    path = os.path.join(tempfile.mkdtemp(prefix="kiln-forward-"), "b.sock")
+    pid = os.fork()
+    if pid == 0:
+        try:
+            kiln_batcher_side(path, n)
+        finally:
+            os._exit(0)
+    deadline = time.time() + 30
+    while not os.path.exists(path) and time.time() < deadline:
+        time.sleep(0.02)
+    link = BatcherLink(path, 0)
+    link.connect()
+    x = np.random.default_rng(0).standard_normal((1,) + SAMPLE).astype(np.float32)
+
+    async def run():
+        left = [n]
+
+        async def client():
+            while left[0] > 0:
+                left[0] -= 1
+                await link.infer("m", {"input": x}, 1)
+        c0, t0 = cpu(), time.perf_counter()
+        await asyncio.gather(*[client() for _ in range(in_flight)])
+        dt = time.perf_counter() - t0
+        print(f"front end: {(cpu() - c0) / n * 1e6:.1f} us CPU per request (the copy into its "
+              f"Arena, the send, the answer), {n / dt:.0f} requests/s with {in_flight} in flight",
+              flush=True)
+    asyncio.run(run())
+    os.kill(pid, signal.SIGTERM)
+    os.waitpid(pid, 0)
+    os.unlink(path)
+    os.rmdir(os.path.dirname(path))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--requests", type=int, default=20000)
     ap.add_argument("--in-flight", type=int, default=8)
+    ap.add_argument("--kiln", action="store_true",
+                    help="kiln serve --batcher device's own hand-off (kiln.serve_workers)")
     a = ap.parse_args()
+    if a.kiln:
+        return kiln_main(a.requests, max(1, a.in_flight))
     from multiprocessing import shared_memory
 
     n, slots = a.requests, max(1, a.in_flight)

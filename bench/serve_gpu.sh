@@ -36,7 +36,9 @@
 # `kiln serve` flags for every server, e.g. --spin-wait), KILN_SERVE_VARIANTS (server variants
 # the tables run one after another on the same machine, ';'-separated LABEL=FLAGS, e.g.
 # "block=;spin=--spin-wait": each table row set once per variant, labelled with it; default one
-# variant with no extra flags).
+# variant with no extra flags), KILN_SERVE_CLIENTS (the tables' client counts, default
+# serve_load.py's 1,8,32,128). Per-GPU batcher processes against per-worker batching, for
+# example: KILN_SERVE_VARIANTS="worker=--batcher worker;device=--batcher device".
 set -uo pipefail
 T0=$(date +%s)
 . "$(dirname "$0")/device_env.sh" "${OUT:-/tmp/kiln-serve-gpu}"
@@ -267,7 +269,8 @@ if [[ " $PARTS " == *" tables "* ]]; then
         start_server "$m" "$m devices $devs workers $nw $vlabel" --devices "$devs" --workers "$nw" \
           --worker-devices "$WORKER_DEVICES" "${PAD_FLAG[@]}" "${VFLAGS[@]}" || continue
         load "$m" "GPUs $devs, $nw worker(s)${PAD_FLAG:+ padded}${vlabel:+, $vlabel}" \
-          "$W/load_${m}_${devs/,/_}_w$nw${vlabel:+_$vlabel}.json" --protocols "$protos"
+          "$W/load_${m}_${devs/,/_}_w$nw${vlabel:+_$vlabel}.json" --protocols "$protos" \
+          ${KILN_SERVE_CLIENTS:+--clients "$KILN_SERVE_CLIENTS"}
         stop_server
        done
       done

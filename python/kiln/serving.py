@@ -481,6 +481,28 @@ async def _refuse_too_large(send, size: int, limit: int) -> None:
                                           f"limit of {limit} bytes (kiln serve --max-request-bytes)"})
 
 
+def load_batcher(name: str, engine_path: str, devices: list, contexts: int,
+                 max_batch: Optional[int], delay_s: float, pad_batches: Optional[str],
+                 warm: bool, stats=None) -> tuple:
+    """A model's engine loaded once per GPU of `devices` (each holds its own weights and
+    contexts) and its Batcher, warmed unless `warm` is False: (first engine, batcher, warm-up
+    runs made)."""
+    first = load(engine_path, device=devices[0] if devices else None)
+    engines = [first]
+    if first.backend == "cuda":
+        engines += [load(engine_path, device=d) for d in devices[1:]]
+    elif len(devices) > 1:
+        log.info("model %s runs on the cpu backend: --devices does not apply", name)
+    # The padded sizes run up to the model's batch limit.
+    limit = batch_limit(first, max_batch)
+    pad = parse_pad_sizes(pad_batches, limit) if pad_batches is not None else None
+    batcher = Batcher(engines, contexts, max_batch, delay_s, pad_sizes=pad, stats=stats)
+    if stats is not None:
+        stats.declare_devices(batcher.devices)
+    runs = batcher.warm() if warm else 0
+    return first, batcher, runs
+
+
 @functools.lru_cache(maxsize=None)
 def _kserve_model_class():
     import kserve
@@ -491,7 +513,8 @@ def _kserve_model_class():
 
         def __init__(self, name: str, engine_path: str, contexts: int, max_batch: Optional[int],
                      max_delay_s: float, devices: Optional[list[int]] = None,
-                     pad_batches: Optional[str] = None, warm: bool = True, stats_factory=None):
+                     pad_batches: Optional[str] = None, warm: bool = True, stats_factory=None,
+                     remote=None):
             super().__init__(name)
             self.engine_path = engine_path
             self._args = (contexts, max_batch, max_delay_s)
@@ -500,27 +523,22 @@ def _kserve_model_class():
             self.warm = warm
             # model name -> the batcher's Stats (a worker's: serve_workers.SharedStats)
             self.stats_factory = stats_factory
+            # (engine metadata, serve_workers.RemoteBatcher): the model is served by batcher
+            # processes (kiln serve --batcher device), this process decodes and forwards
+            self.remote = remote
             self.engine: Optional[Engine] = None
             self.batcher: Optional[Batcher] = None
 
         def load(self) -> bool:
-            # One engine per GPU: each device holds its own weights and contexts.
-            first = load(self.engine_path, device=self.devices[0] if self.devices else None)
-            engines = [first]
-            if first.backend == "cuda":
-                engines += [load(self.engine_path, device=d) for d in self.devices[1:]]
-            elif len(self.devices) > 1:
-                log.info("model %s runs on the cpu backend: --devices does not apply", self.name)
-            self.engine = first
+            if self.remote is not None:  # a front end of `kiln serve --batcher device`
+                self.engine, self.batcher = self.remote
+                self.ready = True
+                return self.ready
             contexts, max_batch, delay = self._args
-            # The padded sizes run up to the model's batch limit.
-            limit = batch_limit(first, max_batch)
-            pad = parse_pad_sizes(self.pad_batches, limit) if self.pad_batches is not None else None
             stats = self.stats_factory(self.name) if self.stats_factory else None
-            self.batcher = Batcher(engines, contexts, max_batch, delay, pad_sizes=pad, stats=stats)
-            if stats is not None:
-                stats.declare_devices(self.batcher.devices)
-            runs = self.batcher.warm() if self.warm else 0
+            self.engine, self.batcher, runs = load_batcher(
+                self.name, self.engine_path, self.devices, contexts, max_batch, delay,
+                self.pad_batches, self.warm, stats)
             self.ready = True
             log.info("model %s: %s on %s, %d contexts each, batches up to %d%s%s", self.name,
                      self.engine_path, ", ".join(self.batcher.devices), contexts,
@@ -1014,6 +1032,12 @@ def parse_args(argv):
                         "own contexts and batcher, under this one, which restarts a worker that "
                         "dies; 'auto': half the cores, at most 8, a multiple of the devices "
                         "(default 1: one process)")
+    p.add_argument("--batcher", choices=["worker", "device"], default="worker",
+                   help="Where requests are joined into batches: 'worker' (default): each "
+                        "worker process batches its own clients' requests on its own contexts; "
+                        "'device': one batcher process per device (or one for cpu engines) "
+                        "holds the contexts and joins every worker's requests, which the "
+                        "workers decode and hand over through shared memory")
     p.add_argument("--worker-devices", choices=["split", "all"], default="split",
                    help="With --workers and several devices: 'split' (default) gives worker i "
                         "device i mod D; 'all' gives every worker contexts on every device")
@@ -1057,6 +1081,18 @@ def main(argv=None) -> int:
         workers = 1 if worker else parse_workers(a.workers, len(devices))
     except ValueError as e:
         return fail(str(e))
+    if worker is not None and worker.role == "batcher":
+        from kiln.serve_workers import run_batcher
+
+        return run_batcher(a, worker, models)
+    if worker is None and a.batcher == "device":
+        if importlib.util.find_spec("kserve") is None:
+            return fail("kiln serve needs KServe (No module named 'kserve'; "
+                        "pip install 'kiln[serve]')")
+        # One batcher per GPU (one for cpu engines); the workers are front ends only.
+        return supervise(argv, a.host, a.http_port, None if a.no_grpc else a.grpc_port,
+                         [[] for _ in range(workers)],
+                         batcher_devices=[[d] for d in devices] or [[]])
     if workers > 1:
         if importlib.util.find_spec("kserve") is None:
             return fail("kiln serve needs KServe (No module named 'kserve'; "
@@ -1080,11 +1116,28 @@ def main(argv=None) -> int:
         from kiln.serve_workers import SharedStats
 
         stats_factory = functools.partial(SharedStats, worker=worker.index)
+    remote = {}  # a front end of --batcher device: model name -> (EngineInfo, RemoteBatcher)
+    if worker is not None and worker.batchers:
+        from kiln.serve_workers import (EngineInfo, RemoteBatcher, SharedStats,
+                                        connect_batchers)
+
+        try:
+            links = connect_batchers(worker.batchers, worker.index)
+        except (OSError, ConnectionError, EOFError) as e:
+            return fail(f"worker {worker.index}: cannot reach the batcher processes: {e}")
+        models = {}
+        for link in links:
+            for name, meta in link.models.items():
+                if name not in remote:
+                    having = [x for x in links if name in x.models]
+                    remote[name] = (EngineInfo(meta), RemoteBatcher(
+                        name, having, meta, SharedStats(name, worker=worker.index)))
+                    models[name] = ""
     loaded, errors = [], []
     for name, path in models.items():
         m = KilnModel(name, path, a.contexts, a.max_batch_size, a.batch_delay_ms / 1000.0,
                       devices=devices, pad_batches=a.pad_batches, warm=not a.no_warmup,
-                      stats_factory=stats_factory)
+                      stats_factory=stats_factory, remote=remote.get(name))
         try:
             m.load()
         except Exception as e:  # noqa: BLE001 - one model that fails to load is reported, not fatal
