@@ -61,9 +61,11 @@ class _Echo:
     """A batcher that answers at once with a small output (a pixel of each sample)."""
     max_batch = 64
 
-    async def infer(self, feeds):
+    def submit(self, feeds):
         a = next(iter(feeds.values()))
-        return {"output": np.ascontiguousarray(a[:, :, 0, 0])}
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_result({"output": np.ascontiguousarray(a[:, :, 0, 0])})
+        return fut
 
 
 def kiln_batcher_side(path: str, n: int) -> None:

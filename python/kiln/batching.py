@@ -342,10 +342,19 @@ class Batcher:
 
     async def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Runs one request (checked by check_request), batched with others where it can be."""
+        return await self.submit(feeds)
+
+    async def _alone(self, feeds: dict, batch: int) -> dict:
+        return (await self._execute([feeds], [batch]))[0]
+
+    def submit(self, feeds: dict[str, np.ndarray]) -> asyncio.Future:
+        """infer() without a coroutine of its own (on the event loop): the future of the
+        request's outputs (a batcher process of `kiln serve --batcher device` answers each
+        request from its future's callback)."""
         self.stats.took_request()
         batch = next(iter(feeds.values())).shape[0] if feeds and self.max_batch > 1 else 0
         if not batch or batch >= self.max_batch:
-            return (await self._execute([feeds], [batch or 1]))[0]
+            return asyncio.ensure_future(self._alone(feeds, batch or 1))
         if len(feeds) == 1:
             ((n, a),) = feeds.items()
             key = (n, a.shape[1:], a.dtype.str)
@@ -361,7 +370,7 @@ class Batcher:
         group.samples += batch
         if group.samples >= self.max_batch:
             self._flush(key)
-        return await fut
+        return fut
 
     def _flush(self, key) -> None:
         group = self._pending.pop(key, None)

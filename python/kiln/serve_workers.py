@@ -702,6 +702,7 @@ class BatcherService:
             _say(f"kiln serve: batcher {self.label}: a front end's connection failed: {e}")
             conn.close()
             return
+        out = _Answers(writer)
         self.connections.add(writer)
         try:
             while True:
@@ -718,10 +719,19 @@ class BatcherService:
                             feeds[name] = np.frombuffer(data, dtype).reshape(shape)
                 except (asyncio.IncompleteReadError, OSError):
                     break  # the front end is gone
-                t = asyncio.ensure_future(self._infer(writer, rid, model, feeds))
-                self.tasks.add(t)
-                t.add_done_callback(self.tasks.discard)
+                batcher = self.batchers.get(model)
+                if batcher is None:
+                    out.add(rid, RequestError(f"model '{model}' is not served by this batcher"))
+                    continue
+                try:
+                    # no task per request: the answer goes from the future's callback
+                    fut = batcher.submit(feeds)
+                except Exception as e:  # noqa: BLE001 - answered as the request's error
+                    out.add(rid, e)
+                    continue
                 del feeds
+                self.tasks.add(fut)
+                fut.add_done_callback(functools.partial(self._answer, out, rid))
         finally:
             self.connections.discard(writer)
             writer.close()
@@ -729,34 +739,57 @@ class BatcherService:
             # under them); the front end's memory goes with it.
             del mm
 
-    async def _infer(self, writer, rid: int, model: str, feeds: dict) -> None:
-        batcher = self.batchers.get(model)
-        try:
-            if batcher is None:
-                raise RequestError(f"model '{model}' is not served by this batcher")
-            out = await batcher.infer(feeds)
-        except RequestError as e:
-            reply, buffers = (rid, 1, str(e)), []
-        except Exception as e:  # noqa: BLE001 - the front end answers it as a 500
-            reply, buffers = (rid, 2, f"{type(e).__name__}: {e}"), []
+    def _answer(self, out: "_Answers", rid: int, fut: asyncio.Future) -> None:
+        self.tasks.discard(fut)
+        if fut.cancelled():
+            out.add(rid, RuntimeError("the inference was cancelled"))
+        elif fut.exception() is not None:
+            out.add(rid, fut.exception())
         else:
-            del feeds
-            arrays = [(n, np.ascontiguousarray(v)) for n, v in out.items()]
-            reply = (rid, 0, [(n, a.dtype.str, a.shape, a.nbytes) for n, a in arrays])
-            buffers = [memoryview(a).cast("B") for _, a in arrays if a.nbytes]
-        if writer.is_closing():
+            out.add(rid, fut.result())
+
+
+class _Answers:
+    """A batcher's answers on one front end's connection: the answers that come in one turn of
+    the event loop (a batch's requests are answered together) go out in one write."""
+
+    BIG = 65536  # an output over this many bytes is written by itself, not copied into a join
+
+    def __init__(self, writer):
+        self.writer = writer
+        self.parts: list = []
+        self.scheduled = False
+
+    def add(self, rid: int, result) -> None:
+        if isinstance(result, RequestError):
+            self.parts.append(_frame((rid, 1, str(result))))
+        elif isinstance(result, BaseException):
+            self.parts.append(_frame((rid, 2, f"{type(result).__name__}: {result}")))
+        else:
+            arrays = [(n, np.ascontiguousarray(v)) for n, v in result.items()]
+            self.parts.append(_frame((rid, 0, [(n, a.dtype.str, a.shape, a.nbytes)
+                                               for n, a in arrays])))
+            self.parts.extend(memoryview(a).cast("B") for _, a in arrays if a.nbytes)
+        if not self.scheduled:
+            self.scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        self.scheduled = False
+        parts, self.parts = self.parts, []
+        if self.writer.is_closing():
             return
-        head = _frame(reply)
-        if sum(len(b) for b in buffers) <= 65536:  # one send: a second costs more than the copy
-            writer.write(b"".join([head, *buffers]))
-        else:
-            writer.write(head)
-            for b in buffers:
-                writer.write(b)
-        try:
-            await writer.drain()
-        except (OSError, ConnectionError):
-            pass
+        small: list = []
+        for p in parts:
+            if len(p) > self.BIG:
+                if small:
+                    self.writer.write(b"".join(small))
+                    small = []
+                self.writer.write(p)
+            else:
+                small.append(p)
+        if small:
+            self.writer.write(b"".join(small))
 
 
 def run_batcher(args, link: "WorkerLink", models: dict) -> int:
