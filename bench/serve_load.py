@@ -572,14 +572,46 @@ def rss_mb(pid: int):
     return total if seen else None
 
 
+def _role(pid: int) -> str:
+    """What process `pid` of kiln serve is: 'batcher' or 'worker' (its KILN_SERVE_WORKER, as
+    the supervisor started it), else 'main' (the supervisor, or a server of one process)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            for item in f.read().split(b"\0"):
+                if item.startswith(b"KILN_SERVE_WORKER="):
+                    return json.loads(item.split(b"=", 1)[1]).get("role", "worker")
+    except (OSError, ValueError):
+        pass
+    return "main"
+
+
+def cpu_by_role(pid: int) -> dict:
+    """CPU seconds so far of `pid` and its descendants alive, per _role."""
+    out: dict = {}
+    if not pid:
+        return out
+    for p in process_tree(pid):
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            sec = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            continue
+        role = _role(p)
+        out[role] = out.get(role, 0.0) + sec
+    return out
+
+
 def load_mode(a, specs) -> dict:
     rows = []
     for proto in a.protocols:
         for n in a.clients:
             before = scrape(a.http, a.model)
+            roles0 = cpu_by_role(a.server_pid)
             cpu0, t0 = cpu_seconds(a.server_pid), time.perf_counter()
             r = run_clients(dict(base_args(a, "load", specs), protocols=[proto]), n, a.procs)
             cpu1, t1 = cpu_seconds(a.server_pid), time.perf_counter()
+            roles1 = cpu_by_role(a.server_pid)
             after = scrape(a.http, a.model)
             f = formed(before, after)
             # The server's CPU use over the run (warm-up and client start included), in cores,
@@ -588,6 +620,9 @@ def load_mode(a, specs) -> dict:
             f["server_cores"] = round((cpu1 - cpu0) / (t1 - t0), 2) if have_cpu else None
             f["server_cpu_us_per_request"] = (round((cpu1 - cpu0) / f["requests_served"] * 1e6)
                                               if have_cpu and f["requests_served"] else None)
+            # per kind of process (kiln serve --batcher device: front ends and batchers)
+            f["server_cores_by_role"] = {k: round((v - roles0.get(k, 0.0)) / (t1 - t0), 2)
+                                         for k, v in sorted(roles1.items())}
             lat = r["latencies"]
             row = {"label": a.label, "model": a.model, "protocol": proto, "clients": n,
                    "requests": r["ok"], "errors": r["errors"], "error_samples": r["error_samples"][:3],
@@ -598,7 +633,8 @@ def load_mode(a, specs) -> dict:
             print(f"  {a.label} {a.model} {proto} {n:4d} clients: {row['throughput_per_s']} req/s, "
                   f"p50 {fmt(row['p50_ms'])} ms, p99 {fmt(row['p99_ms'])} ms, batch "
                   f"{row['formed_batch_mean']} (runs at {row['run_batch_mode']}), server CPU "
-                  f"{row['server_cores']} cores, {row['server_cpu_us_per_request']} us/request, "
+                  f"{row['server_cores']} cores {row['server_cores_by_role']}, "
+                  f"{row['server_cpu_us_per_request']} us/request, "
                   f"devices {row['per_device']}"
                   f"{', workers ' + str(row['per_worker']) if row['per_worker'] else ''}, errors "
                   f"{r['errors'] or 0}", flush=True)
@@ -618,6 +654,14 @@ def fmt(x, nd=2):
     return "-" if x is None else f"{x:.{nd}f}"
 
 
+def _by_role(r) -> str:
+    """' (front ends 6.1, batchers 4.2)' where the server had batcher processes."""
+    roles = r.get("server_cores_by_role") or {}
+    if "batcher" not in roles:
+        return ""
+    return f" (front ends {fmt(roles.get('worker', 0.0))}, batchers {fmt(roles['batcher'])})"
+
+
 def table(rows) -> str:
     lines = ["| setup | model | protocol | clients | req/s | p50 ms | p99 ms | batch formed (mean; runs at) "
              "| kiln bench at that batch, samples/s | server / bench | server CPU (cores) "
@@ -628,7 +672,7 @@ def table(rows) -> str:
             f"| {r['label']} | {r['model']} | {r['protocol']} | {r['clients']} | "
             f"{fmt(r['throughput_per_s'], 1)} | {fmt(r['p50_ms'])} | {fmt(r['p99_ms'])} | "
             f"{r['formed_batch_mean']}; {r['run_batch_mode']} | {fmt(r['bench_throughput_per_s'], 0)} | "
-            f"{fmt(r['server_over_bench'], 3)} | {fmt(r.get('server_cores'))} | "
+            f"{fmt(r['server_over_bench'], 3)} | {fmt(r.get('server_cores'))}{_by_role(r)} | "
             f"{fmt(r.get('server_cpu_us_per_request'), 0)} | "
             f"{' / '.join(str(n) for n in (r.get('per_worker') or {}).values()) or '-'} | "
             f"{sum(r['errors'].values()) if r['errors'] else 0} |")
