@@ -335,13 +335,20 @@ struct Driver {
 Expected<Driver> driver() {
   Driver d;
   auto find = [](const char* name, void** fn) -> Status {
-    cudaDriverEntryPointQueryResult found{};
 #if CUDART_VERSION >= 12050
-    const cudaError_t e = cudaGetDriverEntryPointByVersion(name, fn, 12000, cudaEnableDefault, &found);
-#else
+    cudaDriverEntryPointQueryResult found{};
+    const cudaError_t e =
+        cudaGetDriverEntryPointByVersion(name, fn, 12000, cudaEnableDefault, &found);
+    const bool ok = found == cudaDriverEntryPointSuccess;
+#elif CUDART_VERSION >= 12000
+    cudaDriverEntryPointQueryResult found{};
     const cudaError_t e = cudaGetDriverEntryPoint(name, fn, cudaEnableDefault, &found);
+    const bool ok = found == cudaDriverEntryPointSuccess;
+#else
+    const cudaError_t e = cudaGetDriverEntryPoint(name, fn, cudaEnableDefault);
+    const bool ok = true;
 #endif
-    if (e != cudaSuccess || found != cudaDriverEntryPointSuccess || !*fn) {
+    if (e != cudaSuccess || !ok || !*fn) {
       cudaGetLastError();
       return KILN_ERROR("the CUDA driver has no {}", name);
     }
@@ -368,8 +375,7 @@ const char* wait_mode_name(unsigned flags) {
 // is fine), and no device is changed then.
 Expected<int> set_gpu_wait(const std::string& mode) {
   const WaitMode* m = wait_mode(mode);
-  if (!m)
-    return KILN_ERROR("unknown GPU wait mode '{}' (one of: block, spin, yield, auto)", mode);
+  if (!m) return KILN_ERROR("unknown GPU wait mode '{}' (one of: block, spin, yield, auto)", mode);
 #ifdef KILN_WITH_CUDA
   const int n = cuda_device_count();
   if (n == 0) return 0;
