@@ -21,7 +21,8 @@ otherwise an mmap, page faults and a munmap each (bench/serve_cost.py measures t
 CPU per request).
 
 `--workers N` runs N such servers as processes on the same ports, under the one started
-(kiln.serve_workers).
+(kiln.serve_workers); with `--batcher device` they are front ends that forward each request to
+one batcher process per device, which joins every front end's requests.
 """
 from __future__ import annotations
 

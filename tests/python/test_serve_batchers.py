@@ -332,3 +332,17 @@ def test_a_batcher_that_cannot_start_stops_the_server(tmp_path):
     assert len(errors) == 1, p.stderr[-3000:]
     assert "no model could be loaded (model broken:" in errors[0]
     assert "(batcher 0 of 1 did not start; stopped the others)" in errors[0]
+
+
+def test_everything_stops_when_the_supervisor_is_killed(repo, tmp_path):
+    s = start(repo, tmp_path / "serve.log")
+    pids = children(s["proc"].pid)
+    assert len(pids) == 3
+    s["proc"].kill()
+    s["proc"].wait(timeout=10)
+    wait_for("the front ends and the batcher stop after their supervisor was killed",
+             lambda: all(gone(p) for p in pids), 60)
+    log = read_log(s)
+    assert "batcher 0: the supervising process is gone" in log, log[-3000:]
+    assert "worker 1: the supervising process is gone" in log, log[-3000:]
+    s["log"].close()
