@@ -539,8 +539,8 @@ class BatcherLink:
                         fut.set_result(result)
         except asyncio.IncompleteReadError:
             pass
-        except (OSError, pickle.UnpicklingError, ValueError) as e:
-            why = str(e)
+        except Exception as e:  # noqa: BLE001 - a broken stream: every waiting request fails
+            why = f"{type(e).__name__}: {e}"
         self._broken(why)
 
     def _broken(self, why: str) -> None:
@@ -719,6 +719,10 @@ class BatcherService:
                             feeds[name] = np.frombuffer(data, dtype).reshape(shape)
                 except (asyncio.IncompleteReadError, OSError):
                     break  # the front end is gone
+                except Exception as e:  # noqa: BLE001 - a message that makes no sense
+                    _say(f"kiln serve: batcher {self.label}: dropped a front end's connection "
+                         f"({type(e).__name__}: {e})")
+                    break
                 batcher = self.batchers.get(model)
                 if batcher is None:
                     out.add(rid, RequestError(f"model '{model}' is not served by this batcher"))
