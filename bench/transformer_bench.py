@@ -27,7 +27,8 @@ Parts:
             then PyTorch eager and torch.compile at the same shape; --rounds N repeats kiln (both
             ways) and torch.compile N times interleaved and reports the medians; --fp16-io also
             times an engine with float16 inputs and outputs, as PyTorch's FP16 model has them
-  dynamic   one engine with a profile of batch 1-64 and sequence 1-512 (the ViTs: batch 1-64), run
+  dynamic   one engine with a profile of batch 1-64 and sequence 1-512 (BERT) or 1-1024 (GPT-2,
+            the Llama decoder; the ViTs: batch 1-64), run
             at each (batch, --seq) through `kiln bench --shapes`, against the static engines
   floor     per --floor-batches (32): the model's GEMM layers alone (bench/gemm_floor.py: the
             block's four GEMMs with their epilogues, twelve blocks, GPT-2's LM head; FP16 in and
@@ -64,6 +65,9 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 MODELS = {"bert": "BERT-base", "gpt2": "GPT-2 (124M)", "vit": "ViT-B/16", "llama": "Llama decoder",
           "tv_vit": "torchvision ViT-B/16", "timm_vit": "timm vit_small_patch16_224"}
 VISION = ("vit", "tv_vit", "timm_vit")  # pixel_values [batch, 3, 224, 224] in, no sequence
+# The dynamic engine's longest sequence: the model's positions (BERT's 512; GPT-2's and the Llama
+# decoder's profile stops at 1024, the issue's 1-1024).
+MAX_SEQ = {"bert": 512, "gpt2": 1024, "llama": 1024}
 # The exporters a model has where not both, and why (the others are skipped, and said so).
 EXPORTERS = {"tv_vit": (("dynamo",), "torchvision's ViT: its TorchScript export fails in PyTorch, dynamo only")}
 # bench/gemm_floor.py's geometry with the same GEMMs (torchvision's ViT-B/16 has ViT-B/16's).
@@ -285,7 +289,7 @@ def part_dynamic(a, model, res):
     if model in VISION:
         lo, opt, hi = shapes(model, 1, 0), shapes(model, 32, 0), shapes(model, 64, 0)
     else:
-        lo, opt, hi = shapes(model, 1, 1), shapes(model, 32, a.seq), shapes(model, 64, 512)
+        lo, opt, hi = shapes(model, 1, 1), shapes(model, 32, a.seq), shapes(model, 64, MAX_SEQ[model])
     secs = build(a.kiln, onnx_path(a, model, exporter), engine,
                  ["--min-shapes", lo, "--opt-shapes", opt, "--max-shapes", hi],
                  os.path.join(a.out, "builds.log"))
