@@ -301,7 +301,11 @@ Status cpu_reformat(KernelContext& ctx) {
 
 }  // namespace
 
+Status unfuse_attention_rotary(Graph& g, Node* n);  // fused_transformer.cpp
+
 Status unfuse_layer(Graph& g, Node* n) {
+  if (n->domain == "kiln" && n->op_type == "MultiHeadAttention" && mha_has_rotary(*n))
+    return unfuse_attention_rotary(g, n);
   const bool conv = n->domain == "kiln" && n->op_type == "FusedConv";
   const bool gemm = n->domain == "kiln" && n->op_type == "FusedGemm";
   if ((!conv && !gemm) || quant::runs_int8(*n) || !n->output(0))

@@ -21,7 +21,7 @@
 //   kiln.Attention(Q, Kt, V, mask?)     Y = Softmax(Q @ Kt * scale + mask, axis=-1) @ V
 //                                       (nan_to_zero = 1: NaN probabilities, from fully
 //                                       masked rows, count as 0, as SDPA's export does)
-//   kiln.MultiHeadAttention(Q, K?, V?, mask?)
+//   kiln.MultiHeadAttention(Q, K?, V?, mask?, cos_cache?, sin_cache?, position_ids?)
 //                                       Y = merge(Attention(split(Q), split(K)^T, split(V), mask))
 //                                       Q [B, Sq, H*D], K [B, Sk, Hkv*D], V [B, Sk, Hkv*Dv],
 //                                       Y [B, Sq, H*Dv]: split makes [B, H, S, D] of [B, S, H*D]
@@ -33,7 +33,17 @@
 //                                       ([B, S, (H+2*Hkv)*D], one projection's output) and K, V
 //                                       are absent; seq_first = 1: Q, K, V and Y are
 //                                       [S, B, ..] (nn.MultiheadAttention's sequence-first
-//                                       layout). The mask is added to the [B, H, Sq, Sk] scores
+//                                       layout). The mask is added to the [B, H, Sq, Sk] scores.
+//                                       With cos_cache and sin_cache (both or neither): the
+//                                       rotary embedding on Q and K first, as RotaryEmbedding
+//                                       (opset 23, its float16 roundings) computes it with these
+//                                       caches, position_ids and interleaved = attribute
+//                                       rotary_interleaved, over the whole head (R = D):
+//                                       packed, RotaryEmbedding(Q, num_heads = H + 2*Hkv,
+//                                       kiln_head_begin = 0, kiln_head_end = H + Hkv), i.e. Q's
+//                                       and K's heads; else RotaryEmbedding(Q, num_heads = H)
+//                                       and RotaryEmbedding(K, num_heads = Hkv). Not with
+//                                       seq_first (fuse_rotary's RotaryIntoAttention makes it)
 //   kiln.SkipLayerNorm(X, Skip, Scale, B?) -> (Y, Sum?)
 //                                       Sum = X + Skip (same shape); Y = LayerNormalization(Sum,
 //                                       Scale, B) over the last axis (epsilon, stash_type as
@@ -92,10 +102,16 @@ Expected<std::vector<TensorType>> relayout_step_types(const Node& n,
 // Whether kiln's CPU kernels run this fused layer with these attributes.
 bool fused_layer_supported(const std::string& op_type, const Attributes& attrs);
 
+// Whether kiln.MultiHeadAttention `n` applies the rotary embedding to Q and K (its cos_cache
+// and sin_cache, inputs 4 and 5, are present).
+bool mha_has_rotary(const Node& n);
+
 // Splits a float kiln.FusedConv or kiln.FusedGemm back into the ops it fuses, in its CPU
 // kernel's order (Conv | MatMul [+ Add(C)] | Gemm, then Add(Z or R), then the activation), in its
-// place; the last op writes the layer's output value. For a backend that has no kernel for the
-// fused form (a residual that broadcasts, an activation no epilogue computes).
+// place; the last op writes the layer's output value. A kiln.MultiHeadAttention with the rotary
+// (mha_has_rotary) becomes the RotaryEmbedding(s) on Q and K and the attention without it. For a
+// backend that has no kernel for the fused form (a residual that broadcasts, an activation no
+// epilogue computes, a rotary only one attention kernel applies).
 Status unfuse_layer(Graph& g, Node* n);
 
 }  // namespace kiln

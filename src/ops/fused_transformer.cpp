@@ -52,6 +52,48 @@ Expected<MhaDims> mha_dims(const Node& n, const Dim& q_last, const Dim& v_last) 
   return m;
 }
 
+}  // namespace
+
+// Inputs 4, 5 and 6: the rotary embedding's caches and position ids (ops/fused.h).
+bool mha_has_rotary(const Node& n) { return n.num_inputs() > 4 && n.input(4) != nullptr; }
+
+namespace {
+
+// The attributes of the RotaryEmbedding that rotates the heads of input `slot` (0: Q, or packed
+// Q | K | V; 1: K) of an attention with the rotary (m: its head counts).
+Attributes rotary_attrs(const Node& n, const MhaDims& m, int slot) {
+  const bool packed = n.attrs.get_int("packed", 0) != 0;
+  Attributes a;
+  if (packed) {
+    a.set("num_heads", Attribute::Int(m.heads + 2 * m.kv_heads));
+    a.set("kiln_head_begin", Attribute::Int(0));
+    a.set("kiln_head_end", Attribute::Int(m.heads + m.kv_heads));
+  } else {
+    a.set("num_heads", Attribute::Int(slot == 0 ? m.heads : m.kv_heads));
+  }
+  if (n.attrs.get_int("rotary_interleaved", 0) != 0) a.set("interleaved", Attribute::Int(1));
+  return a;
+}
+
+Status check_mha_rotary(const Node& n, bool has_cos, bool has_sin, DataType q, DataType cos,
+                        DataType sin, DataType pos, bool has_pos) {
+  if (has_cos != has_sin)
+    return KILN_ERROR("{}: the rotary needs both cos_cache and sin_cache (inputs 4 and 5)",
+                      n.label());
+  if (!has_cos) {
+    if (has_pos) return KILN_ERROR("{}: position_ids (input 6) without the caches", n.label());
+    return Status::Ok();
+  }
+  if (n.attrs.get_int("seq_first", 0) != 0)
+    return KILN_ERROR("{}: the rotary is not applied with seq_first", n.label());
+  if (q != DataType::kUndefined &&
+      ((cos != DataType::kUndefined && cos != q) || (sin != DataType::kUndefined && sin != q)))
+    return KILN_ERROR("{}: the rotary's caches must have Q's type {}", n.label(), dtype_name(q));
+  if (has_pos && pos != DataType::kUndefined && pos != DataType::kInt64)
+    return KILN_ERROR("{}: position_ids must be int64", n.label());
+  return Status::Ok();
+}
+
 Status infer_mha(InferContext& ctx) {
   const Node& n = ctx.node();
   const bool packed = n.attrs.get_int("packed", 0) != 0;
@@ -61,6 +103,11 @@ Status infer_mha(InferContext& ctx) {
     return KILN_ERROR("{}: K and V are required unless Q is packed", n.label());
   if (q.rank() != 3 || v.rank() != 3)
     return KILN_ERROR("{}: Q, K and V must be 3-D [batch, sequence, heads x head size]", n.label());
+  auto type_of = [&](size_t i) {
+    return ctx.has_input(i) ? ctx.input_type(i).dtype : DataType::kUndefined;
+  };
+  KILN_RETURN_IF_ERROR(check_mha_rotary(n, ctx.has_input(4), ctx.has_input(5), q.dtype, type_of(4),
+                                        type_of(5), type_of(6), ctx.has_input(6)));
   KILN_ASSIGN_OR_RETURN(MhaDims m, mha_dims(n, q.dims->back(), v.dims->back()));
   ctx.set_output(0, TensorType(q.dtype, {(*q.dims)[0], (*q.dims)[1], Dim(m.heads * m.dv)}));
   return Status::Ok();
@@ -107,6 +154,28 @@ Status cpu_mha(KernelContext& ctx) {
     }
     q_in = &batch_first[0];
   }
+  // The rotary on Q and K (inputs 4 to 6): RotaryEmbedding's reference kernel on the inputs, so
+  // the roundings are the standalone op's.
+  const bool rotary = mha_has_rotary(n);
+  KILN_RETURN_IF_ERROR(check_mha_rotary(
+      n, ctx.input(4) != nullptr, ctx.input(5) != nullptr, q_in->dtype(),
+      ctx.input(4) ? ctx.input(4)->dtype() : DataType::kUndefined,
+      ctx.input(5) ? ctx.input(5)->dtype() : DataType::kUndefined,
+      ctx.input(6) ? ctx.input(6)->dtype() : DataType::kUndefined, ctx.input(6) != nullptr));
+  Tensor rotated[2];
+  auto rotate = [&](const Tensor* x, int slot) -> Expected<const Tensor*> {
+    KILN_ASSIGN_OR_RETURN(rotated[slot],
+                          fused::run_op(n, "RotaryEmbedding", rotary_attrs(n, m, slot),
+                                        {x, ctx.input(4), ctx.input(5), ctx.input(6)}));
+    return &rotated[slot];
+  };
+  if (rotary) {
+    KILN_ASSIGN_OR_RETURN(q_in, rotate(q_in, 0));
+  }
+  const Tensor* k_in = packed ? nullptr : ctx.input(1);
+  if (rotary && !packed) {
+    KILN_ASSIGN_OR_RETURN(k_in, rotate(k_in, 1));
+  }
   Tensor q = *q_in, k, v;
   if (packed) {  // Q | K | V along the last axis
     const int64_t bounds[4] = {0, m.heads * m.d, (m.heads + m.kv_heads) * m.d,
@@ -119,7 +188,7 @@ Status cpu_mha(KernelContext& ctx) {
     }
     q = std::move(parts[0]), k = std::move(parts[1]), v = std::move(parts[2]);
   } else {
-    k = seq_first ? batch_first[1] : *ctx.input(1);
+    k = seq_first ? batch_first[1] : *k_in;
     v = seq_first ? batch_first[2] : *ctx.input(2);
   }
   const int64_t rep = m.heads / m.kv_heads;
@@ -140,6 +209,38 @@ Status cpu_mha(KernelContext& ctx) {
   ctx.set_output(0, std::move(y));
   return Status::Ok();
 }
+
+}  // namespace
+
+Status unfuse_attention_rotary(Graph& g, Node* n) {
+  if (n->domain != "kiln" || n->op_type != "MultiHeadAttention" || !mha_has_rotary(*n))
+    return KILN_ERROR("{}: not an attention with the rotary", n->label());
+  const bool packed = n->attrs.get_int("packed", 0) != 0;
+  const TensorType& q = n->input(0)->type;
+  const Value* vv = n->input(packed ? 0 : 2);
+  if (!q.has_rank() || !vv || !vv->type.has_rank())
+    return KILN_ERROR("{}: Q's or V's rank is unknown", n->label());
+  KILN_ASSIGN_OR_RETURN(MhaDims m, mha_dims(*n, q.dims->back(), vv->type.dims->back()));
+  std::vector<Value*> caches = {n->input(4), n->input(5),
+                                n->num_inputs() > 6 ? n->input(6) : nullptr};
+  if (!caches.back()) caches.pop_back();
+  for (int slot = 0; slot < (packed ? 1 : 2); ++slot) {
+    std::vector<Value*> ins = {n->input(slot)};
+    ins.insert(ins.end(), caches.begin(), caches.end());
+    const std::string name = g.unique_name(n->name + "/RotaryEmbedding");
+    Node* r = g.insert_node_before(n, "RotaryEmbedding", name, ins, {name});
+    r->attrs = rotary_attrs(*n, m, slot);
+    r->origin = n->origin.empty() ? "unfuse" : n->origin + "+unfuse";
+    r->onnx_nodes = n->onnx_nodes;
+    r->output(0)->type = n->input(slot)->type;
+    g.set_input(n, slot, r->output(0));
+  }
+  while (n->num_inputs() > 4) g.remove_node_input(n, n->num_inputs() - 1);
+  n->attrs.erase("rotary_interleaved");
+  return Status::Ok();
+}
+
+namespace {
 
 // --- kiln.SkipLayerNorm
 // -------------------------------------------------------------------------------

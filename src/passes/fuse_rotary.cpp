@@ -21,10 +21,22 @@
 // rotate consecutive parts that start at a multiple of D; x's width is a multiple of D. pack_qkv
 // then reads the Split's three parts as one packed attention input: Llama's attention is one
 // GEMM, one rotary and the attention.
+//
+// RotaryIntoAttention (its own pass, fuse_attention_rotary, after pack_qkv): the rotary joins the
+// attention that alone reads it:
+//   MHA[packed](RotaryEmbedding(x, cos, sin, pos?, kiln_head_begin = 0, kiln_head_end = H + Hkv))
+//     =>  MHA[packed](x, _, _, mask, cos, sin, pos?)           (rotary_interleaved = interleaved)
+//   MHA(RotaryEmbedding(q, num_heads = H), RotaryEmbedding(k, num_heads = Hkv), v)
+//     =>  MHA(q, k, v, mask, cos, sin, pos?)
+// The rotary must cover exactly Q's and K's heads, whole heads (rotary_embedding_dim absent or
+// D), with one set of caches, position ids and interleaving; not seq_first. Asked with the
+// would-be layer: on the cuda backend only mha.flash applies the rotary (FP16, its head sizes),
+// so elsewhere the rotary stays a layer of its own.
 #include <algorithm>
 #include <cstring>
 #include <set>
 
+#include "ops/fused.h"
 #include "ops/shape_values.h"
 #include "passes/passes.h"
 
@@ -343,7 +355,104 @@ struct RotaryOverSplit {
   }
 };
 
+struct RotaryIntoAttention {
+  struct Match {
+    Node* mha;
+    std::vector<Node*> rotaries;  // Q's (or the packed input's), then K's
+    Attributes attrs;             // the attention's, with rotary_interleaved
+  };
+
+  static std::optional<Match> match(PassContext& ctx, Node& mha) {
+    if (!is_kiln_op(&mha, "MultiHeadAttention") || mha_has_rotary(mha) ||
+        mha.attrs.get_int("seq_first", 0) != 0)
+      return std::nullopt;
+    const bool packed = mha.attrs.get_int("packed", 0) != 0;
+    std::vector<Node*> rots;
+    for (int slot = 0; slot < (packed ? 1 : 2); ++slot) {
+      Node* r = producer_if(mha.input(slot), "RotaryEmbedding");
+      if (!r) return std::nullopt;
+      rots.push_back(r);
+    }
+    auto reject = [&](const std::string& why) {
+      ctx.note(fmt::format("{}: the rotary does not join the attention: {}", mha.label(), why));
+      return std::nullopt;
+    };
+    if (!packed && rots[0] == rots[1]) return reject("Q and K are one rotary's result");
+    const int64_t h = mha.attrs.get_int("num_heads", 0), hkv = mha.attrs.get_int("kv_heads", h);
+    if (h <= 0 || hkv <= 0) return std::nullopt;
+    const Node* r0 = rots[0];
+    for (size_t j = 0; j < rots.size(); ++j) {
+      const Node* r = rots[j];
+      const Value* x = r->input(0);
+      if (!single_use(ctx.g, r->output(0)))
+        return reject("the rotary's result has other readers or is a graph output");
+      if (!x || !x->type.has_rank() || x->type.rank() != 3 || !x->type.dims->back().is_static())
+        return reject("the rotary's input is not 3-D with a static last dim");
+      for (size_t k = 1; k < std::max<size_t>(r->num_inputs(), r0->num_inputs()); ++k)
+        if ((k < r->num_inputs() ? r->input(k) : nullptr) !=
+            (k < r0->num_inputs() ? r0->input(k) : nullptr))
+          return reject("Q's and K's rotaries read different caches");
+      if (r->attrs.get_int("interleaved", 0) != r0->attrs.get_int("interleaved", 0))
+        return reject("Q's and K's rotaries differ in interleaving");
+      for (const auto& [name, v] : r->attrs.all())
+        if (name != "num_heads" && name != "interleaved" && name != "kiln_head_begin" &&
+            name != "kiln_head_end" && name != "rotary_embedding_dim")
+          return reject(fmt::format("the rotary has attribute {}", name));
+      // The heads it rotates: exactly Q's and K's.
+      const int64_t heads = r->attrs.get_int("num_heads", 0);
+      const int64_t want = packed ? h + 2 * hkv : j == 0 ? h : hkv;
+      const int64_t end = packed ? h + hkv : want;
+      if (heads != want) return reject("the rotary's heads are not the attention's");
+      const int64_t d = x->type.dims->back().value / heads;
+      if (r->attrs.get_int("kiln_head_begin", 0) != 0 ||
+          r->attrs.get_int("kiln_head_end", heads) != end)
+        return reject("the rotary's head range is not exactly Q's and K's heads");
+      const int64_t rd = r->attrs.get_int("rotary_embedding_dim", 0);
+      if (rd != 0 && rd != d) return reject("the rotary turns part of each head only");
+    }
+    if (!r0->input(1) || !r0->input(2)) return std::nullopt;
+    Attributes a = mha.attrs;
+    if (r0->attrs.get_int("interleaved", 0) != 0) a.set("rotary_interleaved", Attribute::Int(1));
+    std::vector<Value*> ins = inputs(mha, rots);
+    auto layer = scratch_layer("kiln", "MultiHeadAttention", ins, a, mha.output(0));
+    if (!ctx.backend_supports("kiln", "MultiHeadAttention", a, ins[0]->type.dtype,
+                              layer->nodes()[0]))
+      return reject("the backend cannot apply the rotary in the attention");
+    return Match{&mha, rots, a};
+  }
+
+  // The attention's inputs with the rotary: the rotaries' inputs for Q (and K), its own V and
+  // mask, the caches and position ids.
+  static std::vector<Value*> inputs(const Node& mha, const std::vector<Node*>& rots) {
+    std::vector<Value*> ins(mha.inputs().begin(), mha.inputs().end());
+    ins.resize(4, nullptr);
+    for (size_t j = 0; j < rots.size(); ++j) ins[j] = rots[j]->input(0);
+    const Node* r0 = rots[0];
+    ins.push_back(r0->input(1));
+    ins.push_back(r0->input(2));
+    if (r0->num_inputs() > 3 && r0->input(3)) ins.push_back(r0->input(3));
+    return ins;
+  }
+
+  static Status rewrite(PassContext& ctx, const Match& m) {
+    Graph& g = ctx.g;
+    const std::vector<Value*> ins = inputs(*m.mha, m.rotaries);
+    for (size_t i = 0; i < ins.size(); ++i) g.set_input(m.mha, i, ins[i]);
+    m.mha->attrs = m.attrs;
+    m.mha->origin = ctx.pass;
+    for (Node* r : m.rotaries) {
+      merge_onnx_nodes(*m.mha, *r);
+      KILN_RETURN_IF_ERROR(g.remove_node(r));
+    }
+    return Status::Ok();
+  }
+};
+
 }  // namespace
+
+Expected<bool> fuse_attention_rotary(PassContext& ctx) {
+  return apply_pattern<RotaryIntoAttention>(ctx);
+}
 
 Expected<bool> fuse_rotary(PassContext& ctx) {
   KILN_ASSIGN_OR_RETURN(bool fused, apply_pattern<FuseRotary>(ctx));

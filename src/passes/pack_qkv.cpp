@@ -3,8 +3,12 @@
 //   MHA(Split(x, [H*D, Hkv*D, Hkv*D], last axis))                =>  MHA(x)[packed]
 // GPT-2's c_attn followed by split(), and every separate Q, K and V projection once pack_gemm
 // has made them one GEMM and a Split (BERT, ViT, Llama after fuse_rotary has made its two
-// rotaries one over the packed tensor's Q and K heads). The attention layer reads the three parts
-// through strides, so no Split runs. Each part must be used by the attention only.
+// rotaries one over the packed tensor's Q and K heads, or after fuse_attention_rotary has put
+// them into the attention: the rotary stays in it, over the packed Q and K heads). The attention
+// layer reads the three parts through strides, so no Split runs. Each part must be used by the
+// attention only.
+#include <algorithm>
+
 #include "ops/shape_values.h"
 #include "passes/passes.h"
 
@@ -50,9 +54,12 @@ struct PackQkv {
   }
 
   static bool supported(PassContext& ctx, const Node& mha, const Attributes& a, const Value* x) {
-    auto layer =
-        scratch_layer("kiln", "MultiHeadAttention",
-                      {const_cast<Value*>(x), nullptr, nullptr, mha.input(3)}, a, mha.output(0));
+    // Q, K and V as one input; the mask and a rotary's caches and position ids (inputs 3 to 6)
+    // as they are.
+    std::vector<Value*> ins(mha.inputs().begin(), mha.inputs().end());
+    ins.resize(std::max<size_t>(ins.size(), 4), nullptr);
+    ins[0] = const_cast<Value*>(x), ins[1] = ins[2] = nullptr;
+    auto layer = scratch_layer("kiln", "MultiHeadAttention", ins, a, mha.output(0));
     return ctx.backend_supports("kiln", "MultiHeadAttention", a, x->type.dtype, layer->nodes()[0]);
   }
 

@@ -30,6 +30,7 @@ Expected<bool> fold_attention_heads(PassContext& ctx);
 Expected<bool> sink_transposes(PassContext& ctx);
 Expected<bool> pack_gemm(PassContext& ctx);
 Expected<bool> pack_qkv(PassContext& ctx);
+Expected<bool> fuse_attention_rotary(PassContext& ctx);
 Expected<bool> drop_zero_mask(PassContext& ctx);
 Expected<bool> narrow_attention_mask(PassContext& ctx);
 Expected<bool> fuse_residual_add(PassContext& ctx);

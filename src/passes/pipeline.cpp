@@ -68,6 +68,13 @@ struct PassEntry {
 //   whose activations would differ once fused: Llama's gate and up projections); its Split's
 //   parts are read in place by pack_qkv right after it (Q, K and V of an attention), by
 //   fuse_rotary in the next round (rotaries on parts) and by fuse_elementwise (chains).
+// - fuse_attention_rotary after fuse_rotary, fold_attention_heads and pack_qkv: a rotary read
+//   only by the attention (fuse_rotary's, in front of the head split fold_attention_heads
+//   folded; or its one rotary over a packed projection's Q and K heads, read by the attention
+//   pack_qkv packed) joins the attention, which applies it (where the backend can: mha.flash on
+//   the cuda backend). Separate Q and K rotaries on parts of pack_gemm's Split join the unpacked
+//   attention in the round pack_gemm packs; pack_qkv packs that attention in the next round, the
+//   rotary with it (the same rotation over the packed Q and K heads).
 // - sink_transposes after fold_attention_heads and fuse_matmul_add: it moves a sequence-first
 //   attention's swaps past the projections (FusedGemms by then) and the layer; cancel_transposes
 //   composes the pairs that meet in the next round.
@@ -106,6 +113,7 @@ constexpr PassEntry kPipeline[] = {
     {"fuse_matmul_add", 2, passes::fuse_matmul_add},
     {"pack_gemm", 2, passes::pack_gemm},
     {"pack_qkv", 2, passes::pack_qkv},
+    {"fuse_attention_rotary", 2, passes::fuse_attention_rotary},
     {"sink_transposes", 2, passes::sink_transposes},
     {"drop_zero_mask", 2, passes::drop_zero_mask},
     {"narrow_attention_mask", 2, passes::narrow_attention_mask},

@@ -1,6 +1,7 @@
 // Transformer layers: kiln.MultiHeadAttention (layers/attention_mha.cu: packed and separate Q, K,
 // V; grouped-query attention; head sizes 32, 64 and 128 for mha.flash, others for mha.unfused;
-// no mask, a padding mask, a full [B, 1, Sq, Sk] mask, causal -inf masks, fully masked rows; sequence tails and several key
+// no mask, a padding mask, a full [B, 1, Sq, Sk] mask, causal -inf masks, fully masked rows; the
+// rotary on Q and K (mha.flash only); sequence tails and several key
 // tiles; cross attention), kiln.SkipLayerNorm and the last-axis LayerNorm and RMSNorm
 // (layers/layernorm_rows.cu), and kiln.FusedGemm with a residual and MatMul by a constant weight
 // (layers/gemm_lt.cpp, and the cuBLAS layer with its epilogue; CUTLASS's layers/gemm_cutlass.cpp
@@ -27,6 +28,12 @@ struct Mha {
   bool seq_first = false;  // Q, K, V and Y [S, B, ..]
   CaseInput mask = absent();
   int nan_to_zero = 0;
+  // The rotary on Q and K (inputs 4 to 6): caches [S, D/2] (cache_batch 0) or [cache_batch, S,
+  // D/2], or with position ids [B, S] caches of S + 9 rows; interleaved pairs.
+  bool rotary = false;
+  int64_t cache_batch = 0;
+  bool pos = false;
+  bool interleaved = false;
 };
 
 OpCase mha(const Mha& m) {
@@ -40,18 +47,35 @@ OpCase mha(const Mha& m) {
   } else {
     ins = {in(rows(m.Sq, m.H * m.D)), in(rows(m.Sk, hkv * m.D)), in(rows(m.Sk, hkv * m.D))};
   }
-  if (!m.mask.absent) ins.push_back(m.mask);
+  if (!m.mask.absent || m.rotary) ins.push_back(m.mask);
+  if (m.rotary) {
+    const int64_t half = m.D / 2, rows = m.pos ? m.Sq + 9 : m.Sq;
+    std::vector<int64_t> cache = {rows, half};
+    if (!m.pos && m.cache_batch) cache.insert(cache.begin(), m.cache_batch);
+    ins.push_back(in(cache));  // cos and sin: values in [-1, 1]
+    ins.push_back(in(cache));
+    if (m.pos) {  // positions scattered over the caches' rows, batch by batch
+      std::vector<double> ids;
+      for (int64_t b = 0; b < m.B; ++b)
+        for (int64_t s = 0; s < m.Sq; ++s)
+          ids.push_back(static_cast<double>((5 * s + 3 * b) % rows));
+      ins.push_back(fixed({m.B, m.Sq}, ids, DataType::kInt64));
+    }
+  }
   Attributes a = attrs({{"num_heads", I(m.H)},
                         {"scale", F(1.f / std::sqrt(static_cast<float>(m.D)))},
                         {"nan_to_zero", I(m.nan_to_zero)}});
   if (m.packed) a.set("packed", I(1));
   if (m.Hkv) a.set("kv_heads", I(m.Hkv));
   if (m.seq_first) a.set("seq_first", I(1));
-  // Inputs in [-2, 2]: scores wide enough that the softmax is not near uniform.
-  for (CaseInput& c : ins)
-    if (!c.absent && !c.value) c.lo = -2, c.hi = 2;
+  if (m.interleaved) a.set("rotary_interleaved", I(1));
+  // Inputs in [-2, 2]: scores wide enough that the softmax is not near uniform (the caches stay
+  // in [-1, 1]).
+  for (size_t i = 0; i < ins.size() && i < 4; ++i)
+    if (!ins[i].absent && !ins[i].value) ins[i].lo = -2, ins[i].hi = 2;
+  // With the rotary only mha.flash runs the layer (FP16); the others refuse it.
   return make_case("mha_" + m.name, "MultiHeadAttention", std::move(a), std::move(ins),
-                   {"fp32", "fp16"}, "kiln");
+                   m.rotary ? Modes{"fp16"} : Modes{"fp32", "fp16"}, "kiln");
 }
 
 // A key-padding mask [B, 1, 1, S] as BERT's export adds it, random in [-6, 0].
@@ -66,6 +90,94 @@ CaseInput causal(int64_t s, int64_t full_row = -1) {
     for (int64_t j = 0; j < s; ++j)
       if (j > i || i == full_row) m[static_cast<size_t>(i * s + j)] = ninf;
   return fixed({1, 1, s, s}, m);
+}
+
+// The rotary applied by the attention (fuse_attention_rotary's form): grouped-query and plain
+// heads, head sizes 32, 64 and 128, lengths that are not a multiple of a tile, caches with and
+// without a batch axis, position ids, interleaved pairs, packed and separate Q, K, V.
+void mha_rotary_cases(std::vector<OpCase>& v) {
+  v.push_back(mha({.name = "rope_gqa_d64_s37",
+                   .B = 2,
+                   .Sq = 37,
+                   .Sk = 37,
+                   .H = 4,
+                   .D = 64,
+                   .Hkv = 2,
+                   .packed = true,
+                   .mask = padding(2, 37),
+                   .rotary = true}));
+  v.push_back(mha({.name = "rope_gqa_d128_s130_pos",
+                   .B = 2,
+                   .Sq = 130,
+                   .Sk = 130,
+                   .H = 4,
+                   .D = 128,
+                   .Hkv = 1,
+                   .packed = true,
+                   .rotary = true,
+                   .pos = true}));
+  v.push_back(mha({.name = "rope_mha_d64_s130_batch_caches",
+                   .B = 2,
+                   .Sq = 130,
+                   .Sk = 130,
+                   .H = 3,
+                   .D = 64,
+                   .packed = true,
+                   .mask = causal(130),
+                   .rotary = true,
+                   .cache_batch = 2}));
+  v.push_back(mha({.name = "rope_mha_d128_s37_pos_interleaved",
+                   .B = 2,
+                   .Sq = 37,
+                   .Sk = 37,
+                   .H = 2,
+                   .D = 128,
+                   .packed = true,
+                   .rotary = true,
+                   .pos = true,
+                   .interleaved = true}));
+  v.push_back(mha({.name = "rope_gqa_d64_s130_interleaved",
+                   .B = 2,
+                   .Sq = 130,
+                   .Sk = 130,
+                   .H = 4,
+                   .D = 64,
+                   .Hkv = 2,
+                   .packed = true,
+                   .mask = padding(2, 130),
+                   .rotary = true,
+                   .cache_batch = 1,
+                   .interleaved = true}));
+  v.push_back(mha({.name = "rope_gqa_d64_s37_separate",
+                   .B = 2,
+                   .Sq = 37,
+                   .Sk = 37,
+                   .H = 4,
+                   .D = 64,
+                   .Hkv = 2,
+                   .mask = causal(37),
+                   .rotary = true,
+                   .pos = true}));
+  v.push_back(mha({.name = "rope_d32_s37",
+                   .B = 2,
+                   .Sq = 37,
+                   .Sk = 37,
+                   .H = 2,
+                   .D = 32,
+                   .packed = true,
+                   .rotary = true}));
+  // Enough (batch, head) blocks that the default variant takes 64 rows a block (4 warps) and
+  // rows128 takes 128 (8 warps) on an H100.
+  v.push_back(mha({.name = "rope_gqa_d64_s260_wide",
+                   .B = 4,
+                   .Sq = 260,
+                   .Sk = 260,
+                   .H = 24,
+                   .D = 64,
+                   .Hkv = 8,
+                   .packed = true,
+                   .mask = padding(4, 260),
+                   .rotary = true}));
 }
 
 void mha_cases(std::vector<OpCase>& v) {
@@ -290,6 +402,7 @@ void gemm_cases(std::vector<OpCase>& v) {
 std::vector<OpCase> transformer_cases() {
   std::vector<OpCase> v;
   mha_cases(v);
+  mha_rotary_cases(v);
   norm_cases(v);
   gemm_cases(v);
   return v;

@@ -554,14 +554,16 @@ bool some_tactic_takes(const Node& n, const GpuBuildOptions& o) {
 }
 
 // A fused float layer that no tactic takes (a residual that broadcasts, an activation no
-// epilogue computes) is split back into the ops it fuses (unfuse_layer, ops/fused.h), which
-// the GPU runs, rather than failing the build.
+// epilogue computes, an attention with the rotary that mha.flash cannot run: not FP16, another
+// head size) is split back into the ops it fuses (unfuse_layer, ops/fused.h), which the GPU
+// runs, rather than failing the build.
 Status split_untaken_layers(Graph& g, const GpuBuildOptions& o) {
   bool split = false;
   for (Node* n : std::vector<Node*>(g.nodes())) {
-    if (n->domain != "kiln" || (n->op_type != "FusedConv" && n->op_type != "FusedGemm") ||
-        quant::runs_int8(*n) || some_tactic_takes(*n, o))
-      continue;
+    const bool splits =
+        n->domain == "kiln" && (n->op_type == "FusedConv" || n->op_type == "FusedGemm" ||
+                                (n->op_type == "MultiHeadAttention" && mha_has_rotary(*n)));
+    if (!splits || quant::runs_int8(*n) || some_tactic_takes(*n, o)) continue;
     if (o.log)
       *o.log << n->label() << ": no GPU kernel takes the fused layer; split into its ops\n";
     KILN_RETURN_IF_ERROR(unfuse_layer(g, n));

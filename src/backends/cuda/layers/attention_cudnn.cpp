@@ -19,6 +19,7 @@
 #include <unordered_map>
 
 #include "layers/attention_mha.h"
+#include "ops/fused.h"
 #include "ops/op.h"
 #include "tactics.h"
 
@@ -173,6 +174,7 @@ bool finite_constant(const Tensor* t) {
 }  // namespace
 
 bool mha_cudnn_supports(const LayerDesc& d, std::string* why) {
+  if (mha_has_rotary(*d.node)) return *why = "the rotary is applied only by mha.flash", false;
   int64_t dq = 0, dv = 0;
   if (!mha_f16_head_sizes(d, &dq, &dv, why)) return false;
   if (dq % 8 != 0 || dq > 128 || dv != dq)

@@ -13,10 +13,13 @@
 //                softmax), the probabilities are rounded to float16 for P.V, which reuses the
 //                score fragments as its A operand. Q, K, V and Y are read and written in the
 //                projections' own layout through row strides: the head split and merge cost
-//                nothing. The mask is read as MaskRead says (below).
-//   mha.unfused  any float type and head size: the heads are copied out into [B, H, S, D]
-//                tensors (K as [B, H, D, S]), kiln.Attention's batched-GEMM layer runs on them
-//                (layers/gemm_attention.cu), and the result is copied back.
+//                nothing. The mask is read as MaskRead says (below). With the rotary (inputs
+//                4 to 6), Q's tile and each K tile are rotated in shared memory once their
+//                copies land (rotate_tile: the same float16 roundings as rotary_half8_kernel),
+//                before any warp reads them; K is rotated again by every query block.
+//   mha.unfused  any float type and head size, no rotary: the heads are copied out into
+//                [B, H, S, D] tensors (K as [B, H, D, S]), kiln.Attention's batched-GEMM
+//                layer runs on them (layers/gemm_attention.cu), and the result is copied back.
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -29,6 +32,7 @@
 #include "layers/attention_mha.h"
 #include "layers/gemm_common.h"
 #include "layers/movement_copy.h"
+#include "ops/fused.h"
 #include "ops/op.h"
 #include "tactics.h"
 
@@ -151,6 +155,16 @@ struct FlashArgs {
   int m_k;
   int group;  // query heads per key/value head (grouped-query attention; 1 without)
   bool nan_to_zero;
+  // The rotary on Q and K (inputs 4 to 6, ops/fused.h), applied to their tiles in shared memory:
+  // rot 0 none, 1 pairs (x[k], x[k + D/2]), 2 interleaved pairs (x[2k], x[2k + 1]). The caches'
+  // row for position s of batch b is pos[b * r_b + s] (position ids; r_max rows, an id past
+  // them gives NaN) or, without pos, b * r_b + s (r_b = S, or 0 for caches without a batch).
+  const __half* cosc;
+  const __half* sinc;
+  const int64_t* pos;
+  int64_t r_b;
+  int64_t r_max;
+  int rot;
 };
 
 // Element (row, col) of a [rows][D] half tile: 16-byte chunks XOR-swizzled by row % 8. Rows of
@@ -173,6 +187,71 @@ __device__ __forceinline__ void load_tile(__half* s, const __half* g, int64_t st
     const int row = i / (D / 8), c = i % (D / 8);
     const bool ok = row < valid;
     cp_async16(s + swz<D>(row, c * 8), ok ? g + row * stride + c * 8 : g, ok);
+  }
+}
+
+// One rotary pair in place, as rotary_half8_kernel (layers/rotary.cu) computes it: each product
+// rounded to float16, then the difference or sum (exact operands, rounded once in float) rounded
+// to float16, so the two agree bit for bit.
+__device__ __forceinline__ void rotate_pair(__half& x1, __half& x2, __half c, __half s) {
+  const float u = __half2float(x1), w = __half2float(x2);
+  const float cj = __half2float(c), sj = __half2float(s);
+  auto h = [](float v) { return __half2float(__float2half_rn(v)); };
+  x1 = __float2half_rn(h(cj * u) - h(sj * w));
+  x2 = __float2half_rn(h(sj * u) + h(cj * w));
+}
+
+// The rotary on rows [0, valid) of a swizzled [rows][D] tile in shared memory whose row r holds
+// sequence position p0 + r of batch b, in place (each row a whole head, so a pair's partner is
+// in the same row). A thread takes a 16-byte chunk of the first half and its partner D/2 on
+// (rot 1), or one chunk of four interleaved pairs (rot 2). The caller synchronises before the
+// tile is read.
+template <int D, int kThreads>
+__device__ __forceinline__ void rotate_tile(const FlashArgs& a, __half* s, int valid, int p0, int b,
+                                            int tid) {
+  constexpr int kHalf = D / 2;
+  const bool inter = a.rot == 2;
+  const int per_row = inter ? D / 8 : D / 16;
+  for (int i = tid; i < valid * per_row; i += kThreads) {
+    const int row = i / per_row, c = i - row * per_row;
+    int64_t cr = static_cast<int64_t>(b) * a.r_b + p0 + row;
+    bool bad = false;
+    if (a.pos) {
+      cr = a.pos[cr];
+      bad = cr < 0 || cr >= a.r_max;
+    }
+    uint4* p1 = reinterpret_cast<uint4*>(s + swz<D>(row, c * 8));
+    uint4* p2 = reinterpret_cast<uint4*>(s + swz<D>(row, kHalf + c * 8));
+    if (bad) {  // as rotary_half8_kernel: NaN for a position past the caches
+      const __half nan = __float2half(__int_as_float(0x7fc00000));
+      const __half2 nn = __halves2half2(nan, nan);
+      const uint32_t w = *reinterpret_cast<const uint32_t*>(&nn);
+      *p1 = make_uint4(w, w, w, w);
+      if (!inter) *p2 = make_uint4(w, w, w, w);
+      continue;
+    }
+    if (!inter) {
+      const uint4 cv = *reinterpret_cast<const uint4*>(a.cosc + cr * kHalf + c * 8);
+      const uint4 sv = *reinterpret_cast<const uint4*>(a.sinc + cr * kHalf + c * 8);
+      uint4 x1 = *p1, x2 = *p2;
+      __half* h1 = reinterpret_cast<__half*>(&x1);
+      __half* h2 = reinterpret_cast<__half*>(&x2);
+      const __half* cc = reinterpret_cast<const __half*>(&cv);
+      const __half* ss = reinterpret_cast<const __half*>(&sv);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) rotate_pair(h1[j], h2[j], cc[j], ss[j]);
+      *p1 = x1, *p2 = x2;
+    } else {
+      const uint2 cv = *reinterpret_cast<const uint2*>(a.cosc + cr * kHalf + c * 4);
+      const uint2 sv = *reinterpret_cast<const uint2*>(a.sinc + cr * kHalf + c * 4);
+      uint4 x = *p1;
+      __half* hx = reinterpret_cast<__half*>(&x);
+      const __half* cc = reinterpret_cast<const __half*>(&cv);
+      const __half* ss = reinterpret_cast<const __half*>(&sv);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) rotate_pair(hx[2 * j], hx[2 * j + 1], cc[j], ss[j]);
+      *p1 = x;
+    }
   }
 }
 
@@ -417,8 +496,9 @@ constexpr int min_blocks() {
 }
 
 // WARPS warps per block, 16 MT query rows each; MaskT: void (no mask), __half or float.
-// kRead: how the mask is read (MaskRead).
-template <int D, int WARPS, int MT, typename MaskT, int kRead>
+// kRead: how the mask is read (MaskRead). kRot: the rotary on Q and K (FlashArgs::rot), a
+// kernel of its own so that the kernels without it keep their registers.
+template <int D, int WARPS, int MT, typename MaskT, int kRead, bool kRot = false>
 __global__ void __launch_bounds__(32 * WARPS, (min_blocks<D, WARPS, MT>()))
     mha_flash_kernel(FlashArgs a) {
   constexpr int kThreads = 32 * WARPS, kRows = 16 * MT * WARPS;
@@ -460,6 +540,12 @@ __global__ void __launch_bounds__(32 * WARPS, (min_blocks<D, WARPS, MT>()))
       stage_mask<MaskT, kThreads>(a, b, h, smask + ((t + 1) & 1) * kKeys, (t + 1) * kKeys, kKeys,
                                   tid);
     kv_stage<D, kThreads>(a, sk, sv, k, v, t, tiles, kKeys, tid);
+    if constexpr (kRot) {  // the rotary on Q's tile (once) and this K tile; every warp waits
+      if (t == 0) rotate_tile<D, kThreads>(a, sq, min(kRows, a.sq - q0), q0, b, tid);
+      rotate_tile<D, kThreads>(a, sk + (t & 1) * kKeys * D, min(kKeys, a.sk - t * kKeys), t * kKeys,
+                               b, tid);
+      __syncthreads();
+    }
     const __half* kt = sk + (t & 1) * kKeys * D;
     const __half* vt = sv + (t & 1) * kKeys * D;
 #pragma unroll 1
@@ -477,7 +563,7 @@ __global__ void __launch_bounds__(32 * WARPS, (min_blocks<D, WARPS, MT>()))
 // short sequences): a block takes 16 query rows, its WARPS warps each one 32-key chunk of every
 // tile of 32 WARPS keys, and the warps' partial results (maximum, sum, output) are combined
 // through shared memory at the end. The dependent chain of a warp is WARPS times shorter.
-template <int D, int WARPS, typename MaskT>
+template <int D, int WARPS, typename MaskT, bool kRot = false>
 __global__ void __launch_bounds__(32 * WARPS) mha_flash_split_kernel(FlashArgs a) {
   constexpr int kThreads = 32 * WARPS, kTile = kChunk * WARPS;
   pdl_wait();  // kernels/pdl.cuh
@@ -505,6 +591,12 @@ __global__ void __launch_bounds__(32 * WARPS) mha_flash_split_kernel(FlashArgs a
   const MaskT* mb = mask_rows<MaskT>(a, b, h, q0 + lane / 4, mrow[0]);
   for (int t = 0; t < tiles; ++t) {
     kv_stage<D, kThreads>(a, sk, sv, k, v, t, tiles, kTile, tid);
+    if constexpr (kRot) {  // the rotary on Q's tile (once) and this K tile; every warp waits
+      if (t == 0) rotate_tile<D, kThreads>(a, sq, min(16, a.sq - q0), q0, b, tid);
+      rotate_tile<D, kThreads>(a, sk + (t & 1) * kTile * D, min(kTile, a.sk - t * kTile), t * kTile,
+                               b, tid);
+      __syncthreads();
+    }
     const int kbase = t * kTile + warp * kChunk;
     if (kbase < a.sk)
       flash_step<D, 1, MaskT, kMaskElems>(a, sq, sk + ((t & 1) * kTile + warp * kChunk) * D,
@@ -575,42 +667,46 @@ constexpr size_t flash_smem(int d, int rows) {
 
 using FlashKernel = void (*)(FlashArgs);
 
-template <int D, int WARPS, int MT, typename MaskT>
+// kRot: the kernels with the rotary read a staged mask element by element (no instances of
+// their own for a key-padding mask alone: Llama's masks are causal).
+template <int D, int WARPS, int MT, typename MaskT, bool kRot>
 FlashKernel flash_kernel_read(int read) {
-  if (read == kMaskStaged) return mha_flash_kernel<D, WARPS, MT, MaskT, kMaskStaged>;
+  if constexpr (!kRot)
+    if (read == kMaskStaged) return mha_flash_kernel<D, WARPS, MT, MaskT, kMaskStaged>;
   // Pairs in the 32-row warps only: with 16-row warps they measured slower than single keys
   // (GPT-2's causal mask at batch 32 on the H100: 25.9 against 23.5 us).
   if constexpr (MT == 2)
-    if (read == kMaskPairs) return mha_flash_kernel<D, WARPS, MT, MaskT, kMaskPairs>;
-  return mha_flash_kernel<D, WARPS, MT, MaskT, kMaskElems>;
+    if (read == kMaskPairs) return mha_flash_kernel<D, WARPS, MT, MaskT, kMaskPairs, kRot>;
+  return mha_flash_kernel<D, WARPS, MT, MaskT, kMaskElems, kRot>;
 }
 
-template <int D, int WARPS, int MT = 1>
+template <int D, int WARPS, int MT = 1, bool kRot = false>
 FlashKernel flash_kernel(DataType mask, int read) {
-  if (mask == DataType::kFloat16) return flash_kernel_read<D, WARPS, MT, __half>(read);
-  if (mask == DataType::kFloat32) return flash_kernel_read<D, WARPS, MT, float>(read);
-  return mha_flash_kernel<D, WARPS, MT, void, kMaskElems>;
+  if (mask == DataType::kFloat16) return flash_kernel_read<D, WARPS, MT, __half, kRot>(read);
+  if (mask == DataType::kFloat32) return flash_kernel_read<D, WARPS, MT, float, kRot>(read);
+  return mha_flash_kernel<D, WARPS, MT, void, kMaskElems, kRot>;
 }
 
-template <int D>
+template <int D, bool kRot>
 FlashKernel flash_split_kernel(DataType mask) {
-  if (mask == DataType::kFloat16) return mha_flash_split_kernel<D, kSplitWarps, __half>;
-  if (mask == DataType::kFloat32) return mha_flash_split_kernel<D, kSplitWarps, float>;
-  return mha_flash_split_kernel<D, kSplitWarps, void>;
+  if (mask == DataType::kFloat16) return mha_flash_split_kernel<D, kSplitWarps, __half, kRot>;
+  if (mask == DataType::kFloat32) return mha_flash_split_kernel<D, kSplitWarps, float, kRot>;
+  return mha_flash_split_kernel<D, kSplitWarps, void, kRot>;
 }
 
+template <bool kRot>
 FlashKernel pick_flash(int d, int warps, DataType mask, int read) {
   if (d == 32)
-    return warps == 8   ? flash_kernel<32, 8>(mask, read)
-           : warps == 4 ? flash_kernel<32, 4>(mask, read)
-                        : flash_kernel<32, 1>(mask, read);
+    return warps == 8   ? flash_kernel<32, 8, 1, kRot>(mask, read)
+           : warps == 4 ? flash_kernel<32, 4, 1, kRot>(mask, read)
+                        : flash_kernel<32, 1, 1, kRot>(mask, read);
   if (d == 64)
-    return warps == 8   ? flash_kernel<64, 8>(mask, read)
-           : warps == 4 ? flash_kernel<64, 4>(mask, read)
-                        : flash_kernel<64, 1>(mask, read);
-  return warps == 8   ? flash_kernel<128, 8>(mask, read)
-         : warps == 4 ? flash_kernel<128, 4>(mask, read)
-                      : flash_kernel<128, 1>(mask, read);
+    return warps == 8   ? flash_kernel<64, 8, 1, kRot>(mask, read)
+           : warps == 4 ? flash_kernel<64, 4, 1, kRot>(mask, read)
+                        : flash_kernel<64, 1, 1, kRot>(mask, read);
+  return warps == 8   ? flash_kernel<128, 8, 1, kRot>(mask, read)
+         : warps == 4 ? flash_kernel<128, 4, 1, kRot>(mask, read)
+                      : flash_kernel<128, 1, 1, kRot>(mask, read);
 }
 
 // Variants: "" sizes blocks by the grid (below); "rows128": 128 query rows a block (8 warps), so
@@ -634,6 +730,18 @@ bool flash_supports(const LayerDesc& d, std::string* why) {
   if (!mha_f16_head_sizes(d, &dq, &dv, why)) return false;
   if ((dq != 32 && dq != 64 && dq != 128) || dv != dq)
     return *why = "head sizes 32, 64 and 128 only", false;
+  if (mha_has_rotary(*d.node)) {  // the rotary's caches float16, its position ids int64
+    if (d.node->attrs.get_int("seq_first", 0) != 0)
+      return *why = "the rotary is not applied with seq_first", false;
+    if (d.in.size() < 6 || d.in[4].dtype != DataType::kFloat16 ||
+        d.in[5].dtype != DataType::kFloat16)
+      return *why = "the rotary's caches in float16 only", false;
+    if (d.in.size() > 6 && d.in[6].present() && d.in[6].dtype != DataType::kInt64)
+      return *why = "int64 position ids only", false;
+    for (size_t i = 4; i < d.in.size(); ++i)
+      if (d.in[i].present() && d.in[i].layout != Layout::kLinear)
+        return *why = "the rotary's inputs in linear layout only", false;
+  }
   return true;
 }
 
@@ -682,14 +790,18 @@ class MhaFlashLayer final : public Layer {
       if (mstride_[2] == 0) read = kMaskStaged;
       else if (mstride_[3] == 1 && s_.Sk % 2 == 0 && even) read = kMaskPairs;
     }
-    kernel_ = pick_flash(static_cast<int>(s_.D), warps_, mask_, read);
+    KILN_RETURN_IF_ERROR(configure_rotary(in));
+    const int d = static_cast<int>(s_.D);
+    kernel_ =
+        rot_ ? pick_flash<true>(d, warps_, mask_, read) : pick_flash<false>(d, warps_, mask_, read);
     if (w32_) {
       if (s_.D != 64)
         return KILN_ERROR("{}: mha.flash/w32 takes head size 64, got {}", n.label(), s_.D);
       warps_ = 4;
       rows_ = 128;
       smem_ = flash_smem(64, rows_);
-      kernel_ = flash_kernel<64, 4, 2>(mask_, read);
+      kernel_ =
+          rot_ ? flash_kernel<64, 4, 2, true>(mask_, read) : flash_kernel<64, 4, 2>(mask_, read);
     }
     if (split_) {
       if (s_.D == 32)
@@ -697,11 +809,53 @@ class MhaFlashLayer final : public Layer {
       warps_ = kSplitWarps;
       rows_ = 16;
       smem_ = flash_split_smem(static_cast<int>(s_.D));
-      kernel_ = s_.D == 64 ? flash_split_kernel<64>(mask_) : flash_split_kernel<128>(mask_);
+      if (rot_)
+        kernel_ =
+            s_.D == 64 ? flash_split_kernel<64, true>(mask_) : flash_split_kernel<128, true>(mask_);
+      else
+        kernel_ = s_.D == 64 ? flash_split_kernel<64, false>(mask_)
+                             : flash_split_kernel<128, false>(mask_);
     }
     KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel_, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem_)));
     return size_t{0};
+  }
+
+  // The rotary's geometry (rot_, rot_b_, rot_max_) from its caches' and position ids' shapes,
+  // which RotaryEmbedding's rules bound (ops/rotary.cpp); Sq = Sk.
+  Status configure_rotary(std::span<const DeviceTensor> in) {
+    const Node& n = *node_;
+    rot_ = 0;
+    if (!mha_has_rotary(n)) return Status::Ok();
+    if (in.size() < 6 || !in[4].present() || !in[5].present())
+      return KILN_ERROR("{}: the rotary needs cos_cache and sin_cache", n.label());
+    if (s_.seq_first || s_.Sq != s_.Sk)
+      return KILN_ERROR("{}: the rotary needs batch-first Q and K of one length", n.label());
+    const DeviceTensor &c = in[4], &sn = in[5];
+    const int64_t half = s_.D / 2, S = s_.Sq;
+    if (c.shape != sn.shape || c.rank() < 2 || c.shape.back() != half)
+      return KILN_ERROR("{}: the rotary's caches {} and {} must end in D/2 = {}", n.label(),
+                        shape_str(c.shape), shape_str(sn.shape), half);
+    if (in.size() > 6 && in[6].present()) {
+      const DeviceTensor& p = in[6];
+      if (p.rank() != 2 || (p.shape[0] != s_.B && p.shape[0] != 1) || p.shape[1] != S ||
+          c.rank() != 2)
+        return KILN_ERROR("{}: position_ids {} needs caches [max_pos, {}] and shape [{},{}]",
+                          n.label(), shape_str(p.shape), half, s_.B, S);
+      rot_b_ = p.shape[0] == 1 ? 0 : S;
+      rot_max_ = c.shape[0];
+    } else {
+      const bool ok = (c.rank() == 2 && c.shape[0] == S) ||
+                      (c.rank() == 3 && (c.shape[0] == s_.B || c.shape[0] == 1) && c.shape[1] == S);
+      if (!ok)
+        return KILN_ERROR(
+            "{}: without position_ids the rotary's caches must be [{},{},{}] or [{},{}], got {}",
+            n.label(), s_.B, S, half, S, half, shape_str(c.shape));
+      rot_b_ = c.rank() == 2 || c.shape[0] == 1 ? 0 : S;
+      rot_max_ = c.shape[c.rank() - 2] * (rot_b_ ? s_.B : 1);
+    }
+    rot_ = n.attrs.get_int("rotary_interleaved", 0) != 0 ? 2 : 1;
+    return Status::Ok();
   }
 
   bool programmatic() const override { return true; }  // kernels/pdl.cuh
@@ -729,8 +883,17 @@ class MhaFlashLayer final : public Layer {
       a.m_b = mstride_[0], a.m_h = mstride_[1], a.m_q = mstride_[2];
       a.m_k = static_cast<int>(mstride_[3]);
     }
+    if (rot_) {
+      a.rot = rot_;
+      a.cosc = static_cast<const __half*>(in[4].data);
+      a.sinc = static_cast<const __half*>(in[5].data);
+      a.pos = in.size() > 6 && in[6].present() ? static_cast<const int64_t*>(in[6].data) : nullptr;
+      a.r_b = rot_b_;
+      a.r_max = rot_max_;
+    }
     for (const void* p : {static_cast<const void*>(a.q), static_cast<const void*>(a.k),
-                          static_cast<const void*>(a.v), static_cast<const void*>(a.y)})
+                          static_cast<const void*>(a.v), static_cast<const void*>(a.y),
+                          static_cast<const void*>(a.cosc), static_cast<const void*>(a.sinc)})
       if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
         return KILN_ERROR("{}: an operand is not 16-byte aligned", node_->label());
     const int rows = rows_;
@@ -749,6 +912,8 @@ class MhaFlashLayer final : public Layer {
   MhaShape s_;
   DataType mask_ = DataType::kUndefined;
   std::array<int64_t, 4> mstride_{};
+  int rot_ = 0;  // FlashArgs::rot
+  int64_t rot_b_ = 0, rot_max_ = 0;
   int warps_ = 4;
   int rows_ = 64;  // query rows a block
   size_t smem_ = 0;
@@ -760,6 +925,7 @@ class MhaFlashLayer final : public Layer {
 size_t align256(size_t b) { return (b + 255) / 256 * 256; }
 
 bool unfused_supports(const LayerDesc& d, std::string* why) {
+  if (mha_has_rotary(*d.node)) return *why = "the rotary is applied only by mha.flash", false;
   const bool packed = d.node->attrs.get_int("packed", 0) != 0;
   for (size_t i = 0; i < (packed ? 1u : 3u); ++i)
     if (d.in.size() <= i || !dtype_is_float(d.in[i].dtype) || d.in[i].dtype != d.in[0].dtype)
