@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -13,7 +14,9 @@
 #include "ir/graph.h"
 #include "ir/printer.h"
 #include "ops/op.h"
+#include "passes/passes.h"
 #include "passes/pipeline.h"
+#include "passes/rewrite.h"
 
 namespace kiln::test {
 
@@ -70,6 +73,36 @@ inline Node* add_mha(G& b, Value* q, Value* k, Value* v, Value* mask, int64_t he
   n->onnx_nodes = {n->name};
   b.out(n->output(0));
   return n;
+}
+
+// Runs one pass once on g (shapes inferred first; verbose, so its notes are kept): the notes,
+// and in *changed whether it rewrote g.
+inline std::set<std::string> pass_notes(Graph& g, const std::string& name,
+                                        Expected<bool> (*pass)(passes::PassContext&),
+                                        bool* changed, OptimizeOptions o = {}) {
+  o.verbose = true;
+  EXPECT_TRUE(infer_shapes(g).ok());
+  passes::PassContext ctx{g, o, name, {}, 0};
+  auto r = pass(ctx);
+  EXPECT_TRUE(r.ok()) << r.status().message();
+  *changed = r.ok() && *r;
+  return ctx.notes;
+}
+inline bool has_note(const std::set<std::string>& notes, const std::string& text) {
+  for (const std::string& n : notes)
+    if (n.find(text) != std::string::npos) return true;
+  return false;
+}
+inline std::string dump_notes(const std::set<std::string>& notes) {
+  std::string s;
+  for (const std::string& n : notes) s += n + "\n";
+  return s;
+}
+// The first kiln-domain node of this type, or nullptr.
+inline const Node* find_kiln(const Graph& g, const std::string& op) {
+  for (const Node* n : g.nodes())
+    if (n->op_type == op && n->domain == "kiln") return n;
+  return nullptr;
 }
 
 // The first node of this type, or nullptr.

@@ -75,24 +75,7 @@ OptimizeOptions int8_options(const std::string& backend = "cpu") {
 
 // Runs fuse_conv_pair once on g; returns its notes.
 std::set<std::string> pair_notes(Graph& g, bool* changed) {
-  const OptimizeOptions o = int8_options();
-  passes::PassContext ctx{g, o, "fuse_conv_pair", {}, 0};
-  auto r = passes::fuse_conv_pair(ctx);
-  EXPECT_TRUE(r.ok()) << r.status().message();
-  *changed = r.ok() && *r;
-  return ctx.notes;
-}
-
-bool has_note(const std::set<std::string>& notes, const std::string& text) {
-  for (const std::string& n : notes)
-    if (n.find(text) != std::string::npos) return true;
-  return false;
-}
-
-std::string dump_notes(const std::set<std::string>& notes) {
-  std::string s;
-  for (const std::string& n : notes) s += n + "\n";
-  return s;
+  return pass_notes(g, "fuse_conv_pair", passes::fuse_conv_pair, changed, int8_options());
 }
 
 TEST(FuseConvPair, CpuBackendDoesNotPairAndSaysWhy) {

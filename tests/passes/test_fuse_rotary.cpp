@@ -105,32 +105,7 @@ TEST(FuseRotary, FoldedConstantCaches) {
 constexpr int64_t kHq = 4, kHkv = 2, kHd = 8;  // query heads, key/value heads, head size
 
 std::set<std::string> attention_rotary_notes(Graph& g, bool* changed) {
-  OptimizeOptions o;
-  o.verbose = true;
-  EXPECT_TRUE(infer_shapes(g).ok());
-  passes::PassContext ctx{g, o, "fuse_attention_rotary", {}, 0};
-  auto r = passes::fuse_attention_rotary(ctx);
-  EXPECT_TRUE(r.ok()) << r.status().message();
-  *changed = r.ok() && *r;
-  return ctx.notes;
-}
-
-bool has_note(const std::set<std::string>& notes, const std::string& text) {
-  for (const std::string& n : notes)
-    if (n.find(text) != std::string::npos) return true;
-  return false;
-}
-
-std::string dump(const std::set<std::string>& notes) {
-  std::string s;
-  for (const std::string& n : notes) s += n + "\n";
-  return s;
-}
-
-const Node* find_kiln(const Graph& g, const std::string& op) {
-  for (const Node* n : g.nodes())
-    if (n->op_type == op && n->domain == "kiln") return n;
-  return nullptr;
+  return pass_notes(g, "fuse_attention_rotary", passes::fuse_attention_rotary, changed);
 }
 
 // A packed grouped-query attention on qkv [B, S, (H + 2 Hkv) D] behind a rotary over heads
@@ -195,7 +170,7 @@ TEST(FuseAttentionRotary, HeadRangeNotExactlyQAndKStays) {
     bool changed = false;
     const auto notes = attention_rotary_notes(p.b.g, &changed);
     EXPECT_FALSE(changed) << begin << ".." << end;
-    EXPECT_TRUE(has_note(notes, "head range is not exactly Q's and K's heads")) << dump(notes);
+    EXPECT_TRUE(has_note(notes, "head range is not exactly Q's and K's heads")) << dump_notes(notes);
   }
 }
 
@@ -205,7 +180,7 @@ TEST(FuseAttentionRotary, RotaryReadElsewhereStays) {
   bool changed = false;
   const auto notes = attention_rotary_notes(p.b.g, &changed);
   EXPECT_FALSE(changed);
-  EXPECT_TRUE(has_note(notes, "other readers")) << dump(notes);
+  EXPECT_TRUE(has_note(notes, "other readers")) << dump_notes(notes);
 }
 
 TEST(FuseAttentionRotary, PartialRotaryDimStays) {
@@ -213,7 +188,7 @@ TEST(FuseAttentionRotary, PartialRotaryDimStays) {
   bool changed = false;
   const auto notes = attention_rotary_notes(p.b.g, &changed);
   EXPECT_FALSE(changed);
-  EXPECT_TRUE(has_note(notes, "part of each head")) << dump(notes);
+  EXPECT_TRUE(has_note(notes, "part of each head")) << dump_notes(notes);
 }
 
 // Separate Q and K rotaries (one set of caches) join an unpacked attention; pack_qkv then packs
@@ -257,7 +232,7 @@ TEST(FuseAttentionRotary, SeparateRotariesWithDifferentCachesStay) {
   bool changed = false;
   const auto notes = attention_rotary_notes(b.g, &changed);
   EXPECT_FALSE(changed);
-  EXPECT_TRUE(has_note(notes, "different caches")) << dump(notes);
+  EXPECT_TRUE(has_note(notes, "different caches")) << dump_notes(notes);
 }
 
 // unfuse_layer splits the attention with the rotary back into the rotary and the attention (a

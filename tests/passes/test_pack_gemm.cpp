@@ -20,32 +20,7 @@ Value* matmul(G& b, Value* x, int64_t n) { return b.op("MatMul", {x, b.c(rand_t(
 
 // Runs pack_gemm once on g (verbose: notes kept); returns its notes.
 std::set<std::string> pack_notes(Graph& g, bool* changed) {
-  OptimizeOptions o;
-  o.verbose = true;
-  EXPECT_TRUE(infer_shapes(g).ok());
-  passes::PassContext ctx{g, o, "pack_gemm", {}, 0};
-  auto r = passes::pack_gemm(ctx);
-  EXPECT_TRUE(r.ok()) << r.status().message();
-  *changed = r.ok() && *r;
-  return ctx.notes;
-}
-
-bool has_note(const std::set<std::string>& notes, const std::string& text) {
-  for (const std::string& n : notes)
-    if (n.find(text) != std::string::npos) return true;
-  return false;
-}
-
-std::string dump(const std::set<std::string>& notes) {
-  std::string s;
-  for (const std::string& n : notes) s += n + "\n";
-  return s;
-}
-
-const Node* find_kiln(const Graph& g, const std::string& op) {
-  for (const Node* n : g.nodes())
-    if (n->op_type == op && n->domain == "kiln") return n;
-  return nullptr;
+  return pass_notes(g, "pack_gemm", passes::pack_gemm, changed);
 }
 
 // SwiGLU: silu(x W1) * (x W3); the packed GEMM's halves read in place by one chain.
@@ -100,7 +75,7 @@ TEST(PackGemm, NonConstantWeightStaysApart) {
   const auto notes = pack_notes(*g, &changed);
   EXPECT_TRUE(changed);  // the two constant ones pack
   EXPECT_EQ(count(*g, "MatMul"), 1);
-  EXPECT_TRUE(has_note(notes, "its weight is not a constant")) << dump(notes);
+  EXPECT_TRUE(has_note(notes, "its weight is not a constant")) << dump_notes(notes);
 }
 
 // Siblings of one activation have one K unless a weight is not a [K, N] matrix (a batched
@@ -115,7 +90,7 @@ TEST(PackGemm, WeightThatIsNotAMatrixStaysApart) {
   const auto notes = pack_notes(*g, &changed);
   EXPECT_FALSE(changed);
   EXPECT_EQ(count(*g, "MatMul"), 2);
-  EXPECT_TRUE(has_note(notes, "not a 2-D [K, N] matrix")) << dump(notes);
+  EXPECT_TRUE(has_note(notes, "not a 2-D [K, N] matrix")) << dump_notes(notes);
 }
 
 // Siblings of one activation share its type in a valid graph (a MatMul's operands have one
@@ -140,8 +115,8 @@ TEST(PackGemm, DifferentPrecisionsOrEpiloguesStayApart) {
   const auto notes = pack_notes(*g, &changed);
   EXPECT_FALSE(changed);
   EXPECT_EQ(count(*g, "FusedGemm"), 3);
-  EXPECT_TRUE(has_note(notes, "different weight types or epilogues")) << dump(notes);
-  EXPECT_TRUE(has_note(notes, "a residual, INT8 or a Gemm base")) << dump(notes);
+  EXPECT_TRUE(has_note(notes, "different weight types or epilogues")) << dump_notes(notes);
+  EXPECT_TRUE(has_note(notes, "a residual, INT8 or a Gemm base")) << dump_notes(notes);
 }
 
 // A reader that would need the part's columns copied (a Transpose) keeps its product apart.
@@ -154,7 +129,7 @@ TEST(PackGemm, ReaderThatCannotReadASliceKeepsItsProductApart) {
   auto g = b.g.clone();
   const auto notes = pack_notes(*g, &changed);
   EXPECT_FALSE(changed);
-  EXPECT_TRUE(has_note(notes, "cannot read a column slice in place")) << dump(notes);
+  EXPECT_TRUE(has_note(notes, "cannot read a column slice in place")) << dump_notes(notes);
 }
 
 // Llama's attention: Q, K and V projections, rotaries on Q and K (grouped-query: K and V have
@@ -207,7 +182,7 @@ TEST(PackGemm, RotariesWithDifferentCachesKeepTheirProductsApart) {
   const auto notes = pack_notes(*g, &changed);
   EXPECT_FALSE(changed);
   EXPECT_EQ(count(*g, "MatMul"), 2);
-  EXPECT_TRUE(has_note(notes, "rotaries on their results read different caches")) << dump(notes);
+  EXPECT_TRUE(has_note(notes, "rotaries on their results read different caches")) << dump_notes(notes);
 }
 
 }  // namespace
