@@ -16,6 +16,14 @@
 # --grpc-shared-connection), KILN_SERVE_MODEL (mlp, small_cnn, or slice224: a
 # ResNet-50-sized input, [N,3,224,224] FP32, of which one Slice keeps a pixel: made here).
 # Outputs in OUT_DIR (default /tmp/kiln-serve-cpu): serve.log, load.json, load.md.
+#
+# KILN_SERVE_MODE=soak runs serve_load.py's soak instead (64 clients, 5% bad requests of the six
+# kinds, the 100 MB bodies included; every answer checked against the engine run directly):
+# KILN_SOAK_S seconds (300), settle 60 s, RSS per process sampled every 5 s; outputs soak.json,
+# soak.csv, soak.png, mismatches.npz (if any). The RSS curves before and after one malloc arena
+# (python/kiln/serving.py: tune_malloc) were measured with
+#   KILN_SERVE_MODE=soak KILN_SERVE_MODEL=slice224 KILN_SERVE_WORKERS=2 \
+#     KILN_SERVE_ARGS=--pad-batches KILN_LOAD_PROCS=2 PYTHONPATH=build/python bench/serve_cpu.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-/tmp/kiln-serve-cpu}
@@ -72,6 +80,16 @@ trap 'kill "$SERVER" 2>/dev/null || true; wait "$SERVER" 2>/dev/null || true' EX
 sleep 1
 # timeout's child: kiln serve (with --workers, the supervisor; serve_load.py counts its workers)
 SERVER_PID=$(cat "/proc/$SERVER/task/$SERVER/children" 2>/dev/null | awk '{print $1}')
+if [ "${KILN_SERVE_MODE:-load}" = soak ]; then
+  # shellcheck disable=SC2086
+  python3 bench/serve_load.py soak --model "$MODEL" --http "127.0.0.1:$HTTP_PORT" \
+    --grpc "127.0.0.1:$GRPC_PORT" --protocols "$PROTOCOLS" --clients "${KILN_SERVE_CLIENTS:-64}" \
+    --duration "${KILN_SOAK_S:-300}" --settle 60 --sample-every 5 --procs "$PROCS" \
+    --engine "$OUT/repo/$MODEL.kiln" --reference-device -1 --server-pid "${SERVER_PID:-0}" \
+    --label "cpu $MODEL, $WORKERS worker(s)" --json "$OUT/soak.json" --csv "$OUT/soak.csv" \
+    --png "$OUT/soak.png" --mismatches "$OUT/mismatches.npz" ${KILN_LOAD_ARGS:-}
+  exit $?
+fi
 rm -f "$OUT/load.md"
 # shellcheck disable=SC2086
 python3 bench/serve_load.py load --model "$MODEL" --http "127.0.0.1:$HTTP_PORT" \

@@ -15,7 +15,8 @@
 #            120; the issue asks 600), answers checked against the engine run directly, RSS and
 #            GPU memory sampled (bench/serve_load.py soak)
 # Outputs under $OUT (at most 8 files come back): serve_gpu.log, tables.md, results.json (every
-# row and the soak's summary and samples), soak.csv, soak.png, servers.log, builds.log.
+# row and the soak's summary and samples), soak.csv, soak.png, servers.log, builds.log, and
+# mismatches.npz (the soak's answers over 2e-2, if any: serve_load.py save_mismatches).
 #
 # Here, before the call (once kiln is built, with libkiln.so: KILN_SHARED=ON, the default):
 #   KILN_DEPS_LEAN=1 KILN_DEPS_PYTHON=1 bench/prepare_deps.sh      # .deps: CLI, libkiln.so, fmt
@@ -280,16 +281,26 @@ fi
 
 if [[ " $PARTS " == *" soak "* ]] && [[ " $MODELS " == *" resnet50 "* ]] && fits $((SOAK_S + 30)) "soak"; then
   say "soak: ResNet-50 on every GPU, 64 clients, 5% bad requests, $SOAK_S s"
+  # An FP32 engine of the same model at batch 1: each reference input's allowed rel L2 is
+  # max(2e-2, 3 x the FP16 engine's own error on it against this one) (serve_load.py).
+  FP32=$W/resnet50_fp32.kiln
+  [ -f "$FP32" ] || "$KILN" build --onnx models/resnet50.onnx --save-engine "$FP32" \
+    --min-shapes input:1x3x224x224 --opt-shapes input:1x3x224x224 --max-shapes input:1x3x224x224 \
+    --timing-cache models/timing.cache >>"$BLOG" 2>&1 || { say "no FP32 reference engine"; FP32=""; }
+  # Each worker logs its RSS and malloc's arenas (in use / free) every 30 s into servers.log.
+  SERVER_ENV="KILN_SERVE_MEMORY_LOG=30 ${SERVER_ENV:-}"
   if start_server resnet50 "soak" --workers "$FIRST_WORKERS" --worker-devices "$WORKER_DEVICES" "${PAD_FLAG[@]}"; then
     python3 bench/serve_load.py soak --http "$HTTP" --grpc "$GRPC" --model resnet50 \
       --engine "${ENGINE[resnet50]}" --label "every GPU, $FIRST_WORKERS worker(s)${PAD_FLAG:+, padded}" --clients 64 \
       --duration "$SOAK_S" --bad-rate 0.05 --server-pid "$SPID" --sample-every 5 --procs 8 \
-      --settle "$((SOAK_S < 120 ? SOAK_S / 2 : 60))" \
+      --settle "$((SOAK_S < 120 ? SOAK_S / 2 : 60))" ${FP32:+--reference-engine "$FP32"} \
+      --mismatches "$OUT/mismatches.npz" \
       --json "$W/soak.json" --csv "$OUT/soak.csv" --png "$OUT/soak.png"
     echo "soak exit status $?"
     JSONS+=("$W/soak.json")
     stop_server
   fi
+  SERVER_ENV=""
 fi
 
 python3 - "$OUT/results.json" "${JSONS[@]}" <<'EOF'

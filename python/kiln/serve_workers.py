@@ -831,12 +831,20 @@ def run_batcher(args, link: "WorkerLink", models: dict) -> int:
         return 1
 
     async def main() -> None:
+        from kiln.serving import background
+
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        # KILN_SERVE_MEMORY_LOG's lines and KILN_SERVE_TRIM_S's trims, as in a worker
+        tasks = [loop.create_task(c) for c in background()]
         link.ready(loop)
-        await service.serve(stop)
+        try:
+            await service.serve(stop)
+        finally:
+            for t in tasks:
+                t.cancel()
 
     try:
         asyncio.run(main())

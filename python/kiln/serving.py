@@ -18,7 +18,11 @@ decode_rest_request, encode_rest_response); the rest of the protocol is KServe's
 
 The process keeps freed blocks of up to 32 MB for reuse (tune_malloc): request tensors are
 otherwise an mmap, page faults and a munmap each (bench/serve_cost.py measures the front end's
-CPU per request).
+CPU per request), in one arena for every thread, which gives back what it keeps free past 32 MB
+at its top, so RSS stays flat under a long load (KILN_SERVE_TRIM_S=SECONDS also gives back the
+free pages within it that often: trim_memory). KILN_SERVE_MEMORY_LOG=SECONDS logs the
+process's RSS and glibc's arenas (in use, free, per arena) that often, with
+KILN_SERVE_TRACEMALLOC=FRAMES the Python allocation sites that grew most too (watch_memory).
 
 `--workers N` runs N such servers as processes on the same ports, under the one started
 (kiln.serve_workers); with `--batcher device` they are front ends that forward each request to
@@ -929,9 +933,14 @@ def make_server(host: str, http_port: int, grpc_port: int, max_request_bytes: in
                 self.servers.append(self._grpc_server.start(self.max_threads))
             if worker is not None:
                 self.servers.append(self._announce_ready())
+            self.servers.append(self._background())
             self.setup_event_loop()
             self.register_signal_handler()
             asyncio.run(self._serve())
+
+        async def _background(self):
+            # tasks for the server's lifetime (asyncio.run cancels them when the servers end)
+            self._tasks = [asyncio.get_running_loop().create_task(c) for c in background()]
 
         async def _serve_rest(self):
             self._rest_server.create_application()
@@ -963,8 +972,23 @@ def make_server(host: str, http_port: int, grpc_port: int, max_request_bytes: in
 
 
 # glibc's mallopt parameters
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
 _MMAP_THRESHOLD = 32 << 20  # glibc's largest (HEAP_MAX_SIZE / 2 on 64-bit)
+
+
+def _libc():
+    """glibc through ctypes, or None (another C library, or not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+        libc.malloc_trim.argtypes, libc.malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
+    except (OSError, AttributeError):
+        return None
+    return libc
 
 
 def tune_malloc() -> bool:
@@ -974,19 +998,163 @@ def tune_malloc() -> bool:
     joined batch) are above glibc's default mmap threshold of 128 KB, so each was an mmap and a
     munmap, and each of its pages a page fault and a zeroing: about 40% of the server's CPU
     time per request on the cpu backend (bench/serve_cost.py). Off with KILN_SERVE_MALLOC=0;
-    False where it does not apply (not glibc)."""
-    if os.environ.get("KILN_SERVE_MALLOC", "1") == "0" or not sys.platform.startswith("linux"):
+    False where it does not apply (not glibc).
+
+    The trim threshold (free memory at an arena's top kept rather than given back) is 32 MB,
+    the mmap threshold. It was 128 MB, four times it, which is more than a thread's arena can
+    ever hold (glibc's heaps of other threads than the main one are 64 MB): those arenas
+    (gRPC's event-engine threads, the inference threads, the executor's) then never gave a
+    page back, nor did the main arena its last 128 MB, and the free space that fragmentation
+    leaves in them kept growing, so RSS rose for as long as the server ran (the soak of
+    bench/serve_load.py: +200 MB over 10 minutes on 4 workers, about 12 MB/min at the end,
+    the memory in use flat; KILN_SERVE_MEMORY_LOG shows both).
+
+    And every thread allocates from one arena, the main one (M_ARENA_MAX 1; KILN_SERVE_ARENAS=N
+    for N, 0 for glibc's default): with one per thread (up to 8 a core), each of the threads
+    that allocate (gRPC's event engine, the inference threads, the executor's: 12 arenas in a
+    worker on 2 cores) kept its own free space, which fragmentation made grow, with the 32 MB
+    trim threshold too. The cpu-backend soak (2 workers, 64 clients, 5% bad requests with the
+    100 MB bodies, slope of RSS over the last 3 of 7 minutes): 128 MB threshold, many arenas
+    +6.6 MB/min (RSS 1,073 -> 1,141 MB from 1 to 7 min); the same without the 100 MB bodies
+    +14.5; the 32 MB threshold +9.9; either with malloc_trim every 30 s +6.8 and +22; one
+    arena -0.2 (and +2.0 with the trims), RSS 950-977 MB throughout. The huge bodies are not
+    the cause: gRPC refuses them without holding them whole (the server's RSS rises under
+    20 MB during one) and REST answers 413 from the Content-Length. glibc's per-thread caches
+    (tcache) still serve small blocks without the arena's lock."""
+    if os.environ.get("KILN_SERVE_MALLOC", "1") == "0":
         return False
+    libc = _libc()
+    if libc is None:
+        return False
+    arenas = int(os.environ.get("KILN_SERVE_ARENAS", "1") or 0)
+    return bool(libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
+                and libc.mallopt(_M_TRIM_THRESHOLD, _MMAP_THRESHOLD)
+                and (arenas <= 0 or libc.mallopt(_M_ARENA_MAX, arenas)))
+
+
+def rss_bytes() -> int:
+    """This process's resident memory (bytes; 0 where /proc is not there)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def malloc_info() -> Optional[dict]:
+    """glibc's mallinfo2 over every arena (bytes): in_use (malloc'd, not freed), free (freed,
+    kept in the arenas), mmapped (blocks of their own mapping), arena (the arenas' size); None
+    without glibc 2.33+."""
     import ctypes
 
+    libc = _libc()
+    if libc is None or not hasattr(libc, "mallinfo2"):
+        return None
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+            "fordblks", "keepcost")]
+
+    libc.mallinfo2.restype = MallInfo2
+    m = libc.mallinfo2()
+    return {"arena": m.arena, "in_use": m.uordblks, "free": m.fordblks, "mmapped": m.hblkhd,
+            "mmaps": m.hblks, "arenas": _arena_sizes(libc)}
+
+
+def _arena_sizes(libc) -> list:
+    """The size of each of glibc's arenas (bytes; malloc_info's 'current' per heap), largest
+    first, or [] where that cannot be read."""
+    import ctypes
+    import re
+    import tempfile
+
     try:
-        libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
+        libc.fopen.restype = ctypes.c_void_p
+        libc.fopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+        libc.fclose.argtypes = [ctypes.c_void_p]
+        libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+        with tempfile.NamedTemporaryFile(prefix="kiln-malloc-", suffix=".xml") as tmp:
+            f = libc.fopen(tmp.name.encode(), b"w")
+            if not f:
+                return []
+            libc.malloc_info(0, f)
+            libc.fclose(f)
+            xml = open(tmp.name).read()
     except (OSError, AttributeError):
-        return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
-                and mallopt(_M_TRIM_THRESHOLD, 4 * _MMAP_THRESHOLD))
+        return []
+    sizes = []
+    for heap in re.findall(r'<heap nr="\d+">(.*?)</heap>', xml, re.S):
+        cur = re.search(r'<system type="current" size="(\d+)"', heap)
+        if cur:
+            sizes.append(int(cur.group(1)))
+    return sorted(sizes, reverse=True)
+
+
+def background() -> list:
+    """The coroutines a server process (a worker, a batcher) runs beside its servers."""
+    every = float(os.environ.get("KILN_SERVE_MEMORY_LOG", "0") or 0)
+    tasks = [watch_memory(every)] if every > 0 else []
+    trim = float(os.environ.get("KILN_SERVE_TRIM_S", "0") or 0)
+    if trim > 0 and os.environ.get("KILN_SERVE_MALLOC", "1") != "0" and _libc() is not None:
+        tasks.append(trim_memory(trim))
+    return tasks
+
+
+async def trim_memory(every: float) -> None:
+    """Every `every` seconds (KILN_SERVE_TRIM_S; off by default), glibc's malloc_trim(0) in a
+    thread: the pages of the free blocks inside the arenas go back to the system (each trim
+    gave back 20-40 MB of a worker under the cpu-backend soak, 10-300 ms on a loaded 2-core
+    machine), to be faulted in again when used. It did not make RSS flat where the arenas were
+    many (tune_malloc: one arena did), hence off; a debugging aid and a knob for a process
+    whose load comes in bursts."""
+    import time
+
+    libc = _libc()
+    loop = asyncio.get_running_loop()
+    while True:
+        await asyncio.sleep(every)
+        t0 = time.perf_counter()
+        before = rss_bytes()
+        await loop.run_in_executor(None, libc.malloc_trim, 0)
+        line = (f"malloc_trim (pid {os.getpid()}): rss {before / 2**20:.1f} -> "
+                f"{rss_bytes() / 2**20:.1f} MB in {(time.perf_counter() - t0) * 1e3:.1f} ms")
+        if os.environ.get("KILN_SERVE_MEMORY_LOG"):
+            print("kiln serve: " + line, file=sys.stderr, flush=True)
+        else:
+            log.debug(line)
+
+
+async def watch_memory(every: float) -> None:
+    """KILN_SERVE_MEMORY_LOG=SECONDS (a debugging aid): one line every SECONDS on stderr with
+    the process's RSS, glibc's arenas (in use / free / mmapped: RSS that grows with 'in use'
+    flat is memory the allocator keeps, not a leak) and, with KILN_SERVE_TRACEMALLOC=FRAMES,
+    the Python heap traced and the 5 allocation sites that grew most since the first line."""
+    import tracemalloc
+
+    frames = int(os.environ.get("KILN_SERVE_TRACEMALLOC", "0") or 0)
+    if frames > 0:
+        tracemalloc.start(frames)
+    first = None
+    mb = 1 << 20
+    while True:
+        await asyncio.sleep(every)
+        line = f"memory (pid {os.getpid()}): rss {rss_bytes() / mb:.1f} MB"
+        info = malloc_info()
+        if info:
+            line += (f", malloc in use {info['in_use'] / mb:.1f} MB, free in arenas "
+                     f"{info['free'] / mb:.1f} MB, mmapped {info['mmapped'] / mb:.1f} MB "
+                     f"({info['mmaps']}), arenas {info['arena'] / mb:.1f} MB: "
+                     + " ".join(f"{a / mb:.0f}" for a in info["arenas"]))
+        if frames > 0:
+            snap = tracemalloc.take_snapshot()
+            line += f", python traced {tracemalloc.get_traced_memory()[0] / mb:.1f} MB"
+            if first is None:
+                first = snap
+            else:
+                for d in snap.compare_to(first, "lineno")[:5]:
+                    line += f"\n    {d.size_diff / 1024:+.0f} KB {d.count_diff:+d} {d.traceback}"
+        print("kiln serve: " + line, file=sys.stderr, flush=True)
 
 
 def parse_args(argv):

@@ -252,7 +252,9 @@ def padded_server(models_dir, tmp_path_factory):
         [sys.executable, "-m", "kiln.cli", "serve", str(repo), "--host", "127.0.0.1",
          "--http-port", str(http), "--grpc-port", str(grpc), "--contexts", "2",
          "--batch-delay-ms", "5", "--pad-batches", "1,2,4,8,16"],
-        stdout=log, stderr=subprocess.STDOUT, env=_env())
+        stdout=log, stderr=subprocess.STDOUT,
+        # the memory log and malloc_trim every second (test_memory_log_and_trims)
+        env=dict(_env(), KILN_SERVE_MEMORY_LOG="1", KILN_SERVE_TRIM_S="1"))
     deadline = time.time() + 90
     while True:
         try:
@@ -329,7 +331,100 @@ def test_soak_bad_requests_are_4xx_and_answers_match(padded_server, tmp_path):
     for kind in serve_load.BAD_KINDS:
         assert s["bad_sent"][kind] > 0 and s["bad"][kind] == {"4xx": s["bad_sent"][kind]}, (kind, s["bad"])
     assert s["samples"] and s["samples"][0]["rss_mb"] > 0
+    assert s["samples"][0]["rss_main_mb"] == pytest.approx(s["samples"][0]["rss_mb"], abs=0.1)
+    assert "main" in s["rss_growth_by_role_mb"]
+    # 6 s: too short a window for the memory verdict, which is then not judged
+    assert s["rss_flat"] is None and s["rss_slope_bound_mb_per_min"] == 5.0
+    refs = s["references"]
+    assert refs["batch_sizes"] == [1, 2, 4, 8, 16] and refs["allowed"] == [1e-4] * 8
+    # (small_cnn's softmax outputs of different inputs are close: 5e-4 apart)
+    assert max(refs["batch_spread"]) < 1e-4 and refs["min_separation"] > 0
+    assert s["over_base_tolerance"] == 0 and "mismatch_records" not in s
     assert (tmp_path / "soak.csv").read_text().startswith("t_s,")
     if importlib.util.find_spec("matplotlib"):
         assert (tmp_path / "soak.png").stat().st_size > 1000
     assert padded_server["proc"].poll() is None
+
+
+def test_memory_log_and_trims(padded_server):
+    """The server of the tests above logs its memory and trims malloc's arenas every second
+    (KILN_SERVE_MEMORY_LOG=1, KILN_SERVE_TRIM_S=1) and goes on serving."""
+    deadline = time.time() + 10
+    while True:
+        padded_server["log"].seek(0)
+        text = padded_server["log"].read()
+        if ("malloc_trim (pid" in text and "memory (pid" in text) or time.time() > deadline:
+            break
+        time.sleep(0.5)
+    assert "malloc_trim (pid" in text and " MB in " in text, text[-2000:]
+    assert "memory (pid" in text and "malloc in use" in text, text[-2000:]
+    assert padded_server["proc"].poll() is None
+
+
+# ---- the soak's verdicts: memory slope, tolerance, mixed-up answers, kept mismatches ----------
+def _rows(values, every=5.0):
+    return [{"t_s": i * every, "rss_mb": v} for i, v in enumerate(values)]
+
+
+def test_memory_verdict_is_the_slope_over_the_last_half():
+    rng = np.random.default_rng(0)
+    flat = _rows(5000 + rng.normal(0, 8, 121))               # 600 s, noise of +-8 MB
+    ok, slope, window = serve_load.memory_verdict(flat, "rss_mb", 60, 5.0, 60)
+    assert ok is True and abs(slope) < 5 and window >= 260
+    growing = _rows(5000 + 0.3 * np.arange(121) * 5)           # 18 MB/min
+    ok, slope, _ = serve_load.memory_verdict(growing, "rss_mb", 60, 5.0, 60)
+    assert ok is False and slope == pytest.approx(18, rel=0.01)
+    # the H100 soak before the fix (4 workers, RSS every minute): decelerating, 10-15 MB/min
+    gpu = [{"t_s": t, "rss_mb": v} for t, v in [
+        (60, 4878), (121, 4947), (181, 4983), (242, 5010), (303, 5026), (363, 5035), (424, 5035),
+        (484, 5053), (544, 5067), (605, 5079)]]
+    ok, slope, _ = serve_load.memory_verdict(gpu, "rss_mb", 60, 5.0, 60)
+    assert ok is False and 8 < slope < 16
+    # a short run is not judged (None), and neither fails the soak
+    ok, _, window = serve_load.memory_verdict(_rows([100, 101, 102, 103, 104, 105], 1.0),
+                                              "rss_mb", 1, 5.0, 60)
+    assert ok is None and window < 60
+    assert serve_load.memory_verdict(_rows([1.0, 2.0]), "rss_mb", 0, 5.0, 60)[0] is None
+
+
+def test_allowed_error_and_mixed_up_answers():
+    assert serve_load.allowed_error(2e-2, 3.0, None) == 2e-2
+    assert serve_load.allowed_error(2e-2, 3.0, 0.001) == 2e-2
+    assert serve_load.allowed_error(2e-2, 3.0, 0.01) == pytest.approx(0.03)
+    rng = np.random.default_rng(1)
+    base = rng.standard_normal(1000)
+    # outputs of different inputs only 2% apart (as a random-weight network's can be)
+    refs = [({}, {"y": (base + 0.02 * rng.standard_normal(1000)).reshape(1, -1)}) for _ in range(4)]
+    own = refs[0][1]["y"]
+    assert serve_load.mixed_up({"y": own * (1 + 1e-3)}, refs, 0) is None
+    assert serve_load.mixed_up({"y": refs[2][1]["y"]}, refs, 0) == 2     # another request's
+    assert serve_load.rel_l2(refs[2][1]["y"], own) < 0.05                 # under a loose tolerance
+    assert serve_load.mixed_up({"y": np.zeros((1, 3))}, refs, 0) is None  # wrong shape: no nearer
+
+
+def test_references_and_saved_mismatches(models_dir, tmp_path):
+    engine = tmp_path / "cnn.kiln"
+    kiln.build(str(models_dir / "small_cnn.onnx"), backend="cpu",
+               min_shapes={"input": [1, 3, 32, 32]}, opt_shapes={"input": [4, 3, 32, 32]},
+               max_shapes={"input": [8, 3, 32, 32]}).save(engine)
+    specs = [("input", "FP32", [1, 3, 32, 32])]
+    refs, diag, ctx = serve_load.references(str(engine), specs, 3, 1000, -1, 2e-2,
+                                            reference_engine=str(engine))
+    assert len(refs) == 3 and diag["batch_sizes"] == [1, 2, 4, 8]
+    assert diag["fp16_error"] == [0.0, 0.0, 0.0] and diag["allowed"] == [2e-2] * 3
+    assert max(diag["batch_spread"]) < 1e-5 and diag["min_separation"] > 0
+    # a server's answer that is the engine's own at batch 4, and one that is another input's
+    at4 = {n: np.asarray(v)[:1] for n, v in ctx.run(serve_load._rows(refs[1][0], 4)).items()}
+    records = [{"ref": 1, "protocol": "grpc", "rel_l2": 0.03, "allowed": 2e-2, "failed": True,
+                "mixed_up_with": None, "t_s": 1.0, "outputs": at4},
+               {"ref": 0, "protocol": "http", "rel_l2": 0.9, "allowed": 2e-2, "failed": True,
+                "mixed_up_with": 2, "t_s": 2.0, "outputs": refs[2][1]}]
+    path = tmp_path / "mismatches.npz"
+    meta = serve_load.save_mismatches(str(path), records, refs, ctx)
+    assert meta[0]["best_batch_rel_l2"] < 1e-6 and meta[1]["best_batch_rel_l2"] > 1e-3
+    z = np.load(path)
+    saved = json.loads(str(z["records"]))
+    assert [m["ref"] for m in saved] == [1, 0] and saved[1]["mixed_up_with"] == 2
+    np.testing.assert_array_equal(z["input_0_input"], refs[1][0]["input"])
+    np.testing.assert_array_equal(z["server_1_probabilities"], refs[2][1]["probabilities"])
+    np.testing.assert_array_equal(z["reference_1_probabilities"], refs[0][1]["probabilities"])
