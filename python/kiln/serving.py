@@ -1026,7 +1026,11 @@ def tune_malloc() -> bool:
     libc = _libc()
     if libc is None:
         return False
-    arenas = int(os.environ.get("KILN_SERVE_ARENAS", "1") or 0)
+    raw = os.environ.get("KILN_SERVE_ARENAS", "1")
+    try:
+        arenas = int(raw or 0)
+    except ValueError:  # one line and exit status 1, not a traceback
+        raise SystemExit(f"kiln serve: KILN_SERVE_ARENAS={raw!r} is not a whole number") from None
     return bool(libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
                 and libc.mallopt(_M_TRIM_THRESHOLD, _MMAP_THRESHOLD)
                 and (arenas <= 0 or libc.mallopt(_M_ARENA_MAX, arenas)))
