@@ -41,16 +41,25 @@ def batch_limit(engine: Engine, cap: Optional[int]) -> int:
     return max(limit, 1)
 
 
+def _numpy_dtype(name: str) -> Optional[np.dtype]:
+    """NumPy's dtype of a kiln element type, or None where NumPy has none (bfloat16)."""
+    try:
+        return np.dtype(name)
+    except TypeError:
+        return None
+
+
 def _input_specs(engine: Engine) -> tuple:
-    """(names, {name: (dtype name, shape with -1 for dynamic dims, profile min, profile max)})
-    of the engine's inputs, made once per engine (Engine.inputs builds its list anew on every
-    call; a server checks every request against it)."""
+    """(names, {name: (dtype name, NumPy dtype or None, shape with -1 for dynamic dims, profile
+    min, profile max)}) of the engine's inputs, made once per engine (Engine.inputs builds its
+    list anew on every call; a server checks every request against it)."""
     specs = getattr(engine, "_serve_input_specs", None)
     if specs is None:
         info = {}
         for t in engine.inputs:
             prof = engine.profile.get(t.name)
-            info[t.name] = (t.dtype, [d if isinstance(d, int) else -1 for d in t.shape],
+            info[t.name] = (t.dtype, _numpy_dtype(t.dtype),
+                            [d if isinstance(d, int) else -1 for d in t.shape],
                             list(prof["min"]) if prof else None,
                             list(prof["max"]) if prof else None)
         specs = (list(info), info)
@@ -68,11 +77,13 @@ def check_request(engine: Engine, feeds: dict[str, np.ndarray], batching: bool) 
         if name not in want:
             raise RequestError(f"unknown input '{name}' (the model's inputs: {', '.join(names)})")
     batch = None
-    for name, (dtype, shape, lo, hi) in want.items():
+    for name, (dtype, np_dtype, shape, lo, hi) in want.items():
         a = feeds.get(name)
         if a is None:
             raise RequestError(f"input '{name}' is missing")
-        if a.dtype.name != dtype:
+        # dtype.name is a Python property of NumPy's (about 5 us, twice a request); the
+        # decoders' arrays carry NumPy's own dtype objects, so identity answers first.
+        if a.dtype is not np_dtype and a.dtype.name != dtype:
             raise RequestError(f"input '{name}': datatype {V2_DATATYPES.get(a.dtype.name, a.dtype.name)}, "
                                f"the model takes {V2_DATATYPES.get(dtype, dtype)}")
         got = a.shape
@@ -296,7 +307,6 @@ class Batcher:
         total = per * len(engines)
         self._threads = concurrent.futures.ThreadPoolExecutor(
             max_workers=total, thread_name_prefix="kiln-infer")
-        self._slots = asyncio.Semaphore(total)
         self._pending: dict[tuple, list] = {}
         self._out_names = [t.name for t in self.engine.outputs]
 
@@ -344,24 +354,22 @@ class Batcher:
         """Runs one request (checked by check_request), batched with others where it can be."""
         return await self.submit(feeds)
 
-    async def _alone(self, feeds: dict, batch: int) -> dict:
-        return (await self._execute([feeds], [batch]))[0]
-
     def submit(self, feeds: dict[str, np.ndarray]) -> asyncio.Future:
         """infer() without a coroutine of its own (on the event loop): the future of the
         request's outputs (a batcher process of `kiln serve --batcher device` answers each
         request from its future's callback)."""
         self.stats.took_request()
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
         batch = next(iter(feeds.values())).shape[0] if feeds and self.max_batch > 1 else 0
         if not batch or batch >= self.max_batch:
-            return asyncio.ensure_future(self._alone(feeds, batch or 1))
+            self._dispatch(loop, [(feeds, batch or 1, fut)])
+            return fut
         if len(feeds) == 1:
             ((n, a),) = feeds.items()
             key = (n, a.shape[1:], a.dtype.str)
         else:
             key = tuple((n, a.shape[1:], a.dtype.str) for n, a in sorted(feeds.items()))
-        loop = asyncio.get_running_loop()
-        fut = loop.create_future()
         group = self._pending.get(key)
         if group is None:
             group = self._pending[key] = _Group()
@@ -386,37 +394,60 @@ class Batcher:
                 total += items[i][1]
                 i += 1
             take, items = items[:i], items[i:]
+        loop = asyncio.get_running_loop()
         if items:
             rest = self._pending[key] = _Group()
             rest.items = items
             rest.samples = sum(b for _, b, _ in items)
-            asyncio.get_running_loop().call_soon(self._flush, key)
-        asyncio.ensure_future(self._complete(take))
+            loop.call_soon(self._flush, key)
+        self._dispatch(loop, take)
 
-    async def _complete(self, take) -> None:
-        try:
-            outs = await self._execute([f for f, _, _ in take], [b for _, b, _ in take])
-        except Exception as e:  # noqa: BLE001 - every waiting request gets the error
-            for _, _, fut in take:
-                if not fut.done():
-                    fut.set_exception(e)
-            return
-        for (_, _, fut), out in zip(take, outs):
-            if not fut.done():
-                fut.set_result(out)
-
-    async def _execute(self, requests: list[dict], batches: list[int]) -> list[dict]:
-        """One inference for `requests`, joined along the first dimension (and padded to a
-        pad size); their outputs."""
+    def _dispatch(self, loop, take: list) -> None:
+        """One inference for the requests `take` ((feeds, batch, future) each), joined along
+        the first dimension (and padded to a pad size), handed to an inference thread, which
+        answers them through one call on the event loop (_deliver). No task, semaphore or
+        executor future per inference: the threads are as many as the contexts, so an
+        inference waits for a free context in the executor's queue."""
+        batches = [b for _, b, _ in take]
         total = sum(batches)
         run = pad_target(total, self.pad_sizes) if self.pad_sizes else total
-        async with self._slots:
-            out, device = await asyncio.get_running_loop().run_in_executor(
-                self._threads, self._run, requests, run)
-        self.stats.count(batches, run, device)
-        if run > total:
-            out = {n: v[:total] for n, v in out.items()}
-        return split(out, batches)
+        try:
+            self._threads.submit(self._work, loop, take, batches, run)
+        except RuntimeError as e:  # the batcher is closed
+            self._deliver(take, batches, run, None, None, e)
+
+    def _work(self, loop, take: list, batches: list, run: int) -> None:
+        """In an inference thread: runs the requests `take` and hands the outputs (or the
+        error) back to the event loop."""
+        out = device = error = None
+        try:
+            out, device = self._run([f for f, _, _ in take], run)
+        except BaseException as e:  # noqa: BLE001 - every waiting request gets the error
+            error = e
+        try:
+            loop.call_soon_threadsafe(self._deliver, take, batches, run, out, device, error)
+        except RuntimeError:  # the event loop is closed: nobody waits for these
+            pass
+
+    def _deliver(self, take: list, batches: list, run: int, out, device, error) -> None:
+        """On the event loop: counts one inference and answers each of its requests."""
+        if error is None:
+            try:
+                self.stats.count(batches, run, device)
+                total = sum(batches)
+                if run > total:
+                    out = {n: v[:total] for n, v in out.items()}
+                outs = split(out, batches)
+            except Exception as e:  # noqa: BLE001 - as an error of the inference
+                error = e
+        if error is not None:
+            for _, _, fut in take:
+                if not fut.done():
+                    fut.set_exception(error)
+            return
+        for (_, _, fut), o in zip(take, outs):
+            if not fut.done():
+                fut.set_result(o)
 
     def close(self) -> None:
         self._threads.shutdown(wait=True)
