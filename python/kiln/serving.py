@@ -11,10 +11,10 @@ per device kiln_batch_inferences_total{batch} and kiln_device_inferences_total{d
 
 Inference requests for kiln models skip KServe's generic conversion: gRPC ModelInfer takes the
 serialized message (no deserializer), reads the raw tensors out of it in place and parses only
-the rest (split_grpc_request), decodes it itself (decode_grpc_request, encode_grpc_response) and
-REST POST
-/v2/models/NAME/infer is answered in front of FastAPI (_LeanRest: read_rest_body,
-decode_rest_request, encode_rest_response); the rest of the protocol is KServe's.
+the rest (split_grpc_request), decodes it itself (decode_grpc_request) and writes the serialized
+response directly (encode_grpc_response_bytes), and REST POST /v2/models/NAME/infer is answered
+in front of FastAPI (_LeanRest: read_rest_body, decode_rest_request, encode_rest_response); the
+rest of the protocol is KServe's.
 
 The process keeps freed blocks of up to 32 MB for reuse (tune_malloc): request tensors are
 otherwise an mmap, page faults and a munmap each (bench/serve_cost.py measures the front end's
@@ -118,6 +118,16 @@ REPOSITORY_FIXED = ("kiln serve --workers: models are not loaded or unloaded whi
 GRPC_MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 # v2 datatype -> NumPy type, for the datatypes kiln takes (not BF16, BYTES)
 _NP_OF_V2 = {v: np.dtype(k) for k, v in V2_DATATYPES.items() if v != "BF16"}
+# NumPy type -> v2 datatype (dtype.name, a Python property of NumPy's, takes about 5 us)
+_V2_OF_NP = {d: v for v, d in _NP_OF_V2.items()}
+
+
+def _v2_datatype(dtype: np.dtype) -> str:
+    """The v2 datatype of a NumPy type (KeyError for one the protocol has none of)."""
+    v2 = _V2_OF_NP.get(dtype)
+    return v2 if v2 is not None else V2_DATATYPES[dtype.name]
+
+
 # v2 datatype -> the InferTensorContents field its values come in (FP16: raw contents only)
 _CONTENTS_FIELD = {"BOOL": "bool_contents", "UINT8": "uint_contents", "UINT16": "uint_contents",
                    "UINT32": "uint_contents", "UINT64": "uint64_contents",
@@ -175,10 +185,18 @@ def split_grpc_request(body: bytes) -> tuple[object, list]:
     pos, rest, raw = 0, [], []
     while pos < end:
         start = pos
-        key, pos = _varint(body, pos, end)
+        key = body[pos]  # a one-byte varint read here (every field number below 16)
+        if key < 0x80:
+            pos += 1
+        else:
+            key, pos = _varint(body, pos, end)
         wire = key & 7
         if wire == 2:
-            size, pos = _varint(body, pos, end)
+            if pos < end and body[pos] < 0x80:
+                size = body[pos]
+                pos += 1
+            else:
+                size, pos = _varint(body, pos, end)
             if pos + size > end:
                 raise RequestError("malformed request: the protobuf message is truncated")
             if key == _RAW_INPUT_TAG:
@@ -197,9 +215,16 @@ def split_grpc_request(body: bytes) -> tuple[object, list]:
                                "ModelInferRequest has")
         if pos > end:
             raise RequestError("malformed request: the protobuf message is truncated")
-        rest.append(view[start:pos])
+        if rest and rest[-1][1] == start:  # contiguous with the last: one slice
+            rest[-1] = (rest[-1][0], pos)
+        else:
+            rest.append((start, pos))
+    if len(rest) == 1:
+        rest = body[rest[0][0]:rest[0][1]] if rest[0] != (0, end) else body
+    else:
+        rest = b"".join([view[a:b] for a, b in rest])
     try:
-        request = pb.ModelInferRequest.FromString(b"".join(rest))
+        request = pb.ModelInferRequest.FromString(rest)
     except DecodeError as e:
         raise RequestError(f"malformed request: {e}") from None
     return request, raw
@@ -269,10 +294,77 @@ def encode_grpc_response(request, out: dict[str, np.ndarray], model_name: str):
         arr = np.ascontiguousarray(out[name])
         t = response.outputs.add()
         t.name = name
-        t.datatype = V2_DATATYPES[arr.dtype.name]
+        t.datatype = _v2_datatype(arr.dtype)
         t.shape.extend(arr.shape)
         response.raw_output_contents.append(arr.tobytes())
     return response
+
+
+def _put_varint(n: int) -> bytes:
+    """A protobuf varint (n >= 0; a negative int64 as its two's complement, 10 bytes)."""
+    if n < 0:
+        n += 1 << 64
+    if n < 0x80:
+        return _SMALL_VARINTS[n]
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+_SMALL_VARINTS = [bytes([i]) for i in range(0x80)]
+
+
+def _string_field(number: int, text: str) -> bytes:
+    """A protobuf string field (proto3: nothing when empty)."""
+    if not text:
+        return b""
+    data = text.encode()
+    return _put_varint((number << 3) | 2) + _put_varint(len(data)) + data
+
+
+# ModelInferResponse's fields, as protobuf tags
+_RESPONSE_OUTPUT_TAG = bytes([(5 << 3) | 2])      # outputs (InferOutputTensor)
+_RESPONSE_RAW_TAG = bytes([(6 << 3) | 2])         # raw_output_contents
+# (output name, v2 datatype, shape) -> its serialized InferOutputTensor field in a response
+_OUTPUT_FIELDS: dict = {}
+
+
+def _output_field(name: str, datatype: str, shape: tuple) -> bytes:
+    key = (name, datatype, shape)
+    field = _OUTPUT_FIELDS.get(key)
+    if field is None:
+        dims = b"".join(_put_varint(d) for d in shape)
+        tensor = (_string_field(1, name) + _string_field(2, datatype)
+                  + (b"\x1a" + _put_varint(len(dims)) + dims if dims else b""))
+        field = _RESPONSE_OUTPUT_TAG + _put_varint(len(tensor)) + tensor
+        if len(_OUTPUT_FIELDS) >= 1024:  # shapes vary (batches, sequence lengths): bounded
+            _OUTPUT_FIELDS.clear()
+        _OUTPUT_FIELDS[key] = field
+    return field
+
+
+def encode_grpc_response_bytes(request, out: dict[str, np.ndarray], model_name: str) -> bytes:
+    """encode_grpc_response(...).SerializeToString(), the same bytes, written directly: each
+    output's InferOutputTensor is serialized once per name, datatype and shape and kept, and
+    each output's data is copied once, into the response (not into a bytes object first, then
+    into protobuf's message, then into its serialization). The message ModelInfer returns."""
+    names = request.outputs
+    wanted = [o.name for o in names] if names else list(out)
+    parts = [_string_field(1, model_name), _string_field(3, request.id)]
+    data = []
+    for name in wanted:
+        if name not in out:
+            raise RequestError(f"unknown output '{name}' (the model's outputs: {', '.join(out)})")
+        arr = np.ascontiguousarray(out[name])
+        parts.append(_output_field(name, _v2_datatype(arr.dtype), arr.shape))
+        data.append(_RESPONSE_RAW_TAG)
+        data.append(_put_varint(arr.nbytes))
+        if arr.nbytes:
+            data.append(arr.reshape(-1).view(np.uint8))  # bytes.join reads it in place
+    return b"".join(parts + data)
 
 
 def decode_rest_request(header, body: bytes, start: int, engine: Engine,
@@ -352,7 +444,7 @@ def encode_rest_response(header, out: dict[str, np.ndarray],
         p = o.get("parameters")
         binary = p.get("binary_data", binary_all) if isinstance(p, dict) else binary_all
         arr = np.ascontiguousarray(out[name])
-        entry = {"name": name, "datatype": V2_DATATYPES[arr.dtype.name], "shape": list(arr.shape)}
+        entry = {"name": name, "datatype": _v2_datatype(arr.dtype), "shape": list(arr.shape)}
         if binary:
             entry["parameters"] = {"binary_data_size": arr.nbytes}
             raw.append(arr.tobytes())
@@ -787,8 +879,8 @@ def _inference_servicer():
 
     class _InferenceServicer(InferenceServicer):
         """KServe's gRPC servicer, with ModelInfer for kiln models made lean: the protobuf
-        request decoded straight into arrays (decode_grpc_request) and the response built
-        directly (encode_grpc_response), instead of through KServe's InferRequest, InferInput,
+        request decoded straight into arrays (decode_grpc_request) and the response serialized
+        directly (encode_grpc_response_bytes), instead of through KServe's InferRequest, InferInput,
         Model.__call__ and InferResponse (with its per-request logging and histograms), which
         bounded the server at about 1,300 requests/s whatever the GPU. Errors get the status
         KServe's ExceptionToStatusInterceptor gives them (INVALID_ARGUMENT for a bad request,
@@ -826,7 +918,7 @@ def _inference_servicer():
                 feeds = decode_grpc_request(request, model.engine, model.batcher.max_batch > 1,
                                             raw)
                 out = await model.batcher.infer(feeds)
-                return encode_grpc_response(request, out, model.name).SerializeToString()
+                return encode_grpc_response_bytes(request, out, model.name)
             except aio.AbortError:
                 raise
             except RequestError as e:

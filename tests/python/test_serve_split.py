@@ -1,7 +1,9 @@
 """serving.split_grpc_request (gRPC ModelInfer's reading of the serialized message, which keeps
 raw_input_contents in place and parses only the rest with protobuf) against protobuf's own
 parse: equal on well-formed messages, whatever the order of their fields, and on bounded random
-mutations of them either equal or a RequestError, never another exception. In a subprocess:
+mutations of them either equal or a RequestError, never another exception. And
+serving.encode_grpc_response_bytes (ModelInfer's response, written directly) against protobuf's
+serialization of encode_grpc_response's message: the same bytes. In a subprocess:
 kserve's protobuf classes and tritonclient.grpc's (test_serve.py) register the same messages
 and cannot share one process."""
 import importlib.util
@@ -134,6 +136,34 @@ def check_mutated_bodies_are_request_errors_or_parse_as_protobuf_does():
     assert refused > 100
 
 
+def check_encoded_response_is_protobufs_serialization():
+    from kiln.serving import encode_grpc_response, encode_grpc_response_bytes
+
+    pb = _pb()
+    rng = np.random.default_rng(3)
+    n = 0
+    for dtype in ("float32", "float16", "float64", "int64", "int32", "int8", "uint8", "bool"):
+        for shape in ((1, 10), (3, 1000), (0, 4), (2, 0), (), (1, 200, 200)):
+            y = (rng.standard_normal(shape) * 100).astype(dtype)
+            # z: not C-contiguous (the encoders write its C-order copy)
+            out = {"y": y, "z": np.asfortranarray(rng.standard_normal((3, 4)).astype(np.float32))}
+            for asked in ((), ("y",), ("z", "y")):
+                for rid in ("", "r-\u00e91", "i" * 200):
+                    request = pb.ModelInferRequest(model_name="m", id=rid)
+                    for name in asked:
+                        request.outputs.add(name=name)
+                    for model in ("my_model", "n" * 300):
+                        want = encode_grpc_response(request, out, model).SerializeToString()
+                        assert encode_grpc_response_bytes(request, out, model) == want, (
+                            dtype, shape, asked, rid, model)
+                        n += 1
+    assert n == 8 * 6 * 3 * 3 * 2
+    request = pb.ModelInferRequest(model_name="m")
+    request.outputs.add(name="nope")
+    with pytest.raises(RequestError, match="unknown output 'nope'"):
+        encode_grpc_response_bytes(request, {"y": np.zeros(3, np.float32)}, "m")
+
+
 def _in_subprocess(check: str) -> None:
     here = os.path.dirname(os.path.abspath(__file__))
     root = os.path.abspath(os.path.join(here, "..", ".."))
@@ -151,3 +181,7 @@ def test_split_equals_protobuf_in_any_field_order():
 
 def test_mutated_bodies_are_request_errors_or_parse_as_protobuf_does():
     _in_subprocess("check_mutated_bodies_are_request_errors_or_parse_as_protobuf_does")
+
+
+def test_encoded_response_is_protobufs_serialization():
+    _in_subprocess("check_encoded_response_is_protobufs_serialization")
