@@ -6,7 +6,15 @@ of this process (each loop bounded in count and time). Prints requests/s and the
 time per request: what grpc.aio alone costs, against which `kiln serve`'s front end
 (bench/serve_cpu.sh) compares.
 
-  python3 bench/grpc_floor.py [--clients 128] [--duration 5]
+  python3 bench/grpc_floor.py [--clients 128] [--duration 5] [--server aio|sync] [--raw]
+      [--option grpc.optimization_target=throughput ...]
+
+--server sync: grpc's synchronous server (a thread per call from a pool of --threads) instead of
+grpc.aio's. --raw: ModelInfer registered without protobuf's (de)serialization, taking and
+returning bytes, as `kiln serve` registers it (the response serialized once). --option NAME=VALUE
+(repeatable): a server channel argument (an integer value where it parses as one).
+--interceptors N: N grpc.aio interceptors that pass every call on (kiln serve installs two, which
+let ModelInfer through untouched: serving._not_for_infer).
 """
 from __future__ import annotations
 
@@ -20,7 +28,16 @@ import threading
 import time
 
 
-def serve(port: int, seconds: float) -> None:
+def parse_option(text: str) -> tuple:
+    name, _, value = text.partition("=")
+    try:
+        return name, int(value)
+    except ValueError:
+        return name, value
+
+
+def serve(port: int, seconds: float, mode: str = "aio", raw: bool = False, options=(),
+          threads: int = 16, interceptors: int = 0) -> None:
     import grpc
     import numpy as np
     from grpc import aio
@@ -30,18 +47,41 @@ def serve(port: int, seconds: float) -> None:
     t = response.outputs.add(name="y", datatype="FP32")
     t.shape.extend([1, 10])
     response.raw_output_contents.append(np.zeros(10, np.float32).tobytes())
+    if raw:
+        response = response.SerializeToString()
+        kw = {}
+    else:
+        kw = {"request_deserializer": pb.ModelInferRequest.FromString,
+              "response_serializer": pb.ModelInferResponse.SerializeToString}
+    options = [("grpc.so_reuseport", 0)] + [parse_option(o) for o in options]
+
+    def add(server, behaviour):
+        handler = grpc.unary_unary_rpc_method_handler(behaviour, **kw)
+        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+            "inference.GRPCInferenceService", {"ModelInfer": handler})])
+        server.add_insecure_port(f"127.0.0.1:{port}")
+
+    if mode == "sync":
+        from concurrent import futures
+
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads), options=options)
+        add(server, lambda request, context: response)
+        server.start()
+        time.sleep(seconds)
+        server.stop(0)
+        return
 
     async def infer(request, context):
         return response
 
+    class PassOn(aio.ServerInterceptor):
+        async def intercept_service(self, continuation, details):
+            return await continuation(details)
+
     async def main():
-        server = aio.server(options=[("grpc.so_reuseport", 0)])
-        handler = grpc.unary_unary_rpc_method_handler(
-            infer, request_deserializer=pb.ModelInferRequest.FromString,
-            response_serializer=pb.ModelInferResponse.SerializeToString)
-        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
-            "inference.GRPCInferenceService", {"ModelInfer": handler})])
-        server.add_insecure_port(f"127.0.0.1:{port}")
+        server = aio.server(options=options,
+                            interceptors=[PassOn() for _ in range(interceptors)] or None)
+        add(server, infer)
         await server.start()
         await asyncio.sleep(seconds)
         await server.stop(0)
@@ -60,11 +100,18 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=128)
     ap.add_argument("--duration", type=float, default=5.0, help="seconds measured")
     ap.add_argument("--max-requests", type=int, default=100000, help="per client")
+    ap.add_argument("--server", choices=["aio", "sync"], default="aio")
+    ap.add_argument("--threads", type=int, default=16, help="--server sync's thread pool")
+    ap.add_argument("--raw", action="store_true", help="ModelInfer takes and returns bytes")
+    ap.add_argument("--interceptors", type=int, default=0,
+                    help="grpc.aio interceptors that pass every call on")
+    ap.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
+                    help="a server channel argument (repeatable)")
     ap.add_argument("--serve", type=int, default=0, help=argparse.SUPPRESS)  # the server process
     ap.add_argument("--serve-seconds", type=float, default=0, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.serve:
-        serve(a.serve, a.serve_seconds)
+        serve(a.serve, a.serve_seconds, a.server, a.raw, a.option, a.threads, a.interceptors)
         return 0
     import numpy as np
     import tritonclient.grpc as grpcclient
@@ -72,8 +119,11 @@ def main() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = subprocess.Popen([sys.executable, __file__, "--serve", str(port), "--serve-seconds",
-                               str(a.duration + 60)])
+    server = subprocess.Popen(
+        [sys.executable, __file__, "--serve", str(port), "--serve-seconds", str(a.duration + 60),
+         "--server", a.server, "--threads", str(a.threads), "--interceptors", str(a.interceptors)]
+        + (["--raw"] if a.raw else [])
+        + [f"--option={o}" for o in a.option])
     try:
         x = np.zeros((1, 64), np.float32)
         clients = []
@@ -114,7 +164,10 @@ def main() -> int:
             t.join(timeout=a.duration + 60)
         cpu1, t1 = cpu_seconds(server.pid), time.perf_counter()
         n = sum(counts)
-        print(f"grpc_floor: {a.clients} clients, {n / (t1 - t0):.0f} requests/s, server "
+        what = " ".join([a.server] + (["raw"] if a.raw else []) + a.option
+                        + ([f"{a.interceptors} interceptors"] if a.interceptors else [])
+                        + ([f"{a.threads} threads"] if a.server == "sync" else []))
+        print(f"grpc_floor ({what}): {a.clients} clients, {n / (t1 - t0):.0f} requests/s, server "
               f"{(cpu1 - cpu0) / (t1 - t0):.2f} cores, {(cpu1 - cpu0) / n * 1e6:.0f} us of server "
               f"CPU per request")
     finally:
