@@ -3,9 +3,7 @@ Inference Protocol's REST and gRPC: outputs equal ONNX Runtime's, concurrent req
 inferences, bad requests get a 4xx with a clear message and the server keeps serving."""
 import importlib.util
 import json
-import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -15,7 +13,7 @@ import urllib.request
 
 import numpy as np
 import pytest
-from conftest import ort_outputs, rel_l2, serve_repo
+from conftest import free_port, ort_outputs, rel_l2, serve_env, serve_repo
 
 import kiln
 
@@ -30,18 +28,11 @@ if importlib.util.find_spec("kserve") is None:
 LIMIT = 1 << 20  # --max-request-bytes of the server under test
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(models_dir, tmp_path_factory):
     repo = serve_repo(models_dir, tmp_path_factory.mktemp("repo"), max_batch=16)
     http_port, grpc_port = free_port(), free_port()
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [os.path.dirname(os.path.dirname(kiln.__file__)), os.environ.get("PYTHONPATH", "")]))
+    env = serve_env()
     log = open(tmp_path_factory.mktemp("log") / "serve.log", "w+")
     proc = subprocess.Popen(
         [sys.executable, "-m", "kiln.cli", "serve", str(repo), "--host", "127.0.0.1",

@@ -19,7 +19,7 @@ import urllib.request
 
 import numpy as np
 import pytest
-from conftest import serve_repo
+from conftest import SERVE_START_S, free_port, read_log, serve_env, serve_repo, start_serve
 
 import kiln
 
@@ -31,8 +31,8 @@ if importlib.util.find_spec("kserve") is None:
 if not sys.platform.startswith("linux"):
     pytest.skip("--batcher device is tested on Linux (memfd, /proc)", allow_module_level=True)
 
-from test_serve_workers import (START_S, children, env, free_port, gone, grpc_infer,  # noqa: E402
-                                metrics, read_log, rest_infer, wait_for)
+from test_serve_workers import (children, gone, grpc_infer, metrics, rest_infer,  # noqa: E402
+                                wait_for)
 
 from kiln.serve_workers import Arena  # noqa: E402
 
@@ -40,22 +40,10 @@ DELAY_MS = 300  # long enough that a burst of requests from both workers meets i
 
 
 def start(repo, log_path, *extra):
-    http, grpc_port = free_port(), free_port()
-    log = open(log_path, "w+")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kiln.cli", "serve", str(repo), "--host", "127.0.0.1",
-         "--http-port", str(http), "--grpc-port", str(grpc_port), "--workers", "2",
-         "--batcher", "device", "--contexts", "1", "--batch-delay-ms", str(DELAY_MS), *extra],
-        stdout=log, stderr=subprocess.STDOUT, env=env())
-    server = {"http": f"127.0.0.1:{http}", "grpc": f"127.0.0.1:{grpc_port}", "proc": proc,
-              "log": log}
-    deadline = time.time() + START_S
-    while "workers ready" not in read_log(server):
-        if proc.poll() is not None or time.time() > deadline:
-            proc.kill()
-            pytest.fail(f"kiln serve --batcher device did not start:\n{read_log(server)[-4000:]}")
-        time.sleep(0.3)
-    return server
+    """`kiln serve REPO --workers 2 --batcher device` on free ports, once every process is
+    ready."""
+    return start_serve(repo, log_path, "--workers", "2", "--batcher", "device", "--contexts", "1",
+                       "--batch-delay-ms", str(DELAY_MS), *extra)
 
 
 def roles(server):
@@ -265,7 +253,7 @@ def test_a_front_end_killed_mid_run(server, repo):
         os.kill(w1, signal.SIGKILL)
         wait_for("the supervisor restarts the worker",
                  lambda: re.search(r"worker \d \(pid \d+\) restarted", read_log(server))
-                 and len(children(server["proc"].pid)) == 3, START_S)
+                 and len(children(server["proc"].pid)) == 3, SERVE_START_S)
         n = len(results)
         wait_for("requests run after the restart", lambda: len(results) >= n + 3, 60)
     finally:
@@ -289,7 +277,7 @@ def test_the_batcher_killed_mid_run(server):
     wait_for("the supervisor restarts the batcher",
              lambda: f"batcher 0 (pid {batcher}) exited with signal SIGKILL; restarting it"
              in read_log(server) and re.search(r"batcher 0 \(pid \d+\) restarted",
-                                               read_log(server)), START_S)
+                                               read_log(server)), SERVE_START_S)
     x = np.ones((1, 3, 32, 32), np.float32)
     answered, failures = 0, []
     deadline = time.time() + 60
@@ -326,7 +314,7 @@ def test_a_batcher_that_cannot_start_stops_the_server(tmp_path):
     p = subprocess.run([sys.executable, "-m", "kiln.cli", "serve", str(tmp_path / "repo"),
                         "--host", "127.0.0.1", "--http-port", str(free_port()), "--grpc-port",
                         str(free_port()), "--workers", "2", "--batcher", "device"],
-                       capture_output=True, text=True, env=env(), timeout=START_S)
+                       capture_output=True, text=True, env=serve_env(), timeout=SERVE_START_S)
     assert p.returncode == 1, p.stderr[-3000:]
     errors = [line for line in p.stderr.splitlines() if line.startswith("kiln: error:")]
     assert len(errors) == 1, p.stderr[-3000:]

@@ -17,9 +17,8 @@ import urllib.request
 
 import numpy as np
 import pytest
-from conftest import ort_outputs, rel_l2, serve_repo
-
-import kiln
+from conftest import (SERVE_START_S, free_port, ort_outputs, read_log, rel_l2, serve_env,
+                      serve_repo, start_serve)
 
 grpc = pytest.importorskip("grpc", reason="grpcio is not installed (scripts/setup.sh installs it)")
 pytest.importorskip("tritonclient.grpc", reason="tritonclient is not installed "
@@ -28,20 +27,6 @@ if importlib.util.find_spec("kserve") is None:
     pytest.skip("kserve is not installed (scripts/setup.sh installs it)", allow_module_level=True)
 if not sys.platform.startswith("linux"):
     pytest.skip("--workers is tested on Linux (SO_REUSEPORT, /proc)", allow_module_level=True)
-
-START_S = 120  # two workers importing KServe and loading on a busy 2-core machine
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def env():
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [os.path.dirname(os.path.dirname(kiln.__file__)), os.environ.get("PYTHONPATH", "")]))
-
 
 def children(pid):
     try:
@@ -71,28 +56,8 @@ def wait_for(what, check, timeout):
 def start(repo, log_path, *extra):
     """`kiln serve REPO --workers 2` on free ports; returns its info once both workers take
     connections (the supervisor's 'workers ready' line)."""
-    http, grpc_port = free_port(), free_port()
-    log = open(log_path, "w+")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kiln.cli", "serve", str(repo), "--host", "127.0.0.1",
-         "--http-port", str(http), "--grpc-port", str(grpc_port), "--workers", "2",
-         "--contexts", "1", "--batch-delay-ms", "5", *extra],
-        stdout=log, stderr=subprocess.STDOUT, env=env())
-    server = {"http": f"127.0.0.1:{http}", "grpc": f"127.0.0.1:{grpc_port}", "proc": proc,
-              "log": log}
-    deadline = time.time() + START_S
-    while "workers ready" not in read_log(server):
-        if proc.poll() is not None or time.time() > deadline:
-            proc.kill()
-            pytest.fail(f"kiln serve --workers 2 did not start:\n{read_log(server)[-4000:]}")
-        time.sleep(0.3)
-    return server
-
-
-def read_log(server):
-    server["log"].flush()
-    with open(server["log"].name) as f:
-        return f.read()
+    return start_serve(repo, log_path, "--workers", "2", "--contexts", "1", "--batch-delay-ms",
+                       "5", *extra)
 
 
 def stop(server):
@@ -253,7 +218,7 @@ def test_a_worker_that_dies_is_restarted(server, models_dir):
     os.kill(pids[1], signal.SIGKILL)
     wait_for("the supervisor restarts the worker",
              lambda: "restarted" in read_log(server) and len(children(server["proc"].pid)) == 2,
-             START_S)
+             SERVE_START_S)
     assert re.search(rf"worker \d \(pid {pids[1]}\) exited with signal SIGKILL; restarting it",
                      read_log(server))
     assert set(children(server["proc"].pid)) & set(pids) == {pids[0]}
@@ -290,7 +255,7 @@ def test_a_worker_that_cannot_start_stops_the_server(tmp_path):
     p = subprocess.run([sys.executable, "-m", "kiln.cli", "serve", str(tmp_path / "repo"),
                         "--host", "127.0.0.1", "--http-port", str(free_port()), "--grpc-port",
                         str(free_port()), "--workers", "2"],
-                       capture_output=True, text=True, env=env(), timeout=START_S)
+                       capture_output=True, text=True, env=serve_env(), timeout=SERVE_START_S)
     assert p.returncode == 1, p.stderr[-3000:]
     errors = [line for line in p.stderr.splitlines() if line.startswith("kiln: error:")]
     assert len(errors) == 1, p.stderr[-3000:]
@@ -306,7 +271,7 @@ def test_a_port_in_use_stops_the_server(repo):
         p = subprocess.run([sys.executable, "-m", "kiln.cli", "serve", str(repo), "--host",
                             "127.0.0.1", "--http-port", str(free_port()), "--grpc-port",
                             str(port), "--workers", "2"],
-                           capture_output=True, text=True, env=env(), timeout=START_S)
+                           capture_output=True, text=True, env=serve_env(), timeout=SERVE_START_S)
     assert p.returncode == 1
     errors = [line for line in p.stderr.splitlines() if line.startswith("kiln: error:")]
     assert errors == [f"kiln: error: cannot listen on 127.0.0.1:{port} (gRPC): "
@@ -323,7 +288,7 @@ def test_a_port_in_use_stops_one_process_too(repo, flag, what):
         ports = {"--http-port": str(free_port()), "--grpc-port": str(free_port()), flag: str(port)}
         p = subprocess.run([sys.executable, "-m", "kiln.cli", "serve", str(repo), "--host",
                             "127.0.0.1", *[x for kv in ports.items() for x in kv]],
-                           capture_output=True, text=True, env=env(), timeout=START_S)
+                           capture_output=True, text=True, env=serve_env(), timeout=SERVE_START_S)
     assert p.returncode == 1, p.stderr[-3000:]
     errors = [line for line in p.stderr.splitlines() if line.startswith("kiln: error:")]
     assert errors == [f"kiln: error: cannot listen on 127.0.0.1:{port} ({what}): "
