@@ -21,6 +21,7 @@
 #include "backends/cuda/lower.h"
 #include "backends/cuda/memory_check.h"
 #include "backends/cuda/plan.h"
+#include "backends/cuda/rtc.h"
 #include "backends/cuda/shape_eval.h"
 #include "backends/cuda/timing_cache.h"
 #include "backends/cuda/tuner.h"
@@ -464,6 +465,49 @@ TEST(CudaHost, TimingCacheKeepsEntriesPerDevice) {
   EXPECT_FALSE(other->find("conv|x").has_value());
   std::ofstream(path) << "not json";
   EXPECT_FALSE(TimingCache::open(path, "gpu A").ok());
+  std::filesystem::remove(path);
+}
+
+// Generated kernels' cubins (rtc.h) travel as base64 in engines and timing caches: every byte
+// value and every padding length survives the round trip, and what is not base64 is refused
+// with the kernel's key.
+TEST(CudaHost, GeneratedKernelCubinsRoundTripThroughTheTimingCache) {
+  EXPECT_FALSE(rtc::import_cubins(nlohmann::json{{"rtc:0000000000000008", ""}}).ok());  // empty
+  EXPECT_EQ(rtc::export_cubins({}).value(), nlohmann::json::object());  // nothing asked
+  // "TWFu" is "Man"; "TWE=" "Ma"; "TQ==" "M".
+  nlohmann::json small = {{"rtc:0000000000000001", "TWFu"},
+                          {"rtc:0000000000000002", "TWE="},
+                          {"rtc:0000000000000003", "TQ=="}};
+  ASSERT_TRUE(rtc::import_cubins(small).ok());
+  auto back = rtc::export_cubins({"rtc:0000000000000001", "rtc:0000000000000002",
+                                  "rtc:0000000000000003", "not-a-key"});
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(*back, small);
+  for (const char* bad : {"TWF", "TW=u", "T@Fu", "TWFu===="}) {
+    auto s = rtc::import_cubins(nlohmann::json{{"rtc:0000000000000009", bad}});
+    ASSERT_FALSE(s.ok()) << bad;
+    EXPECT_NE(s.message().find("rtc:0000000000000009"), std::string::npos) << s.message();
+  }
+  EXPECT_FALSE(rtc::import_cubins(nlohmann::json{{"conv|x", "TWFu"}}).ok());  // not an rtc key
+  EXPECT_FALSE(rtc::kernel("rtc:00000000000000ff", "kiln_ew").ok());  // unknown: an error
+
+  // A timing cache keeps every cubin the process has, and gives them back when opened.
+  const std::string path = (std::filesystem::temp_directory_path() / "kiln_tc_rtc.json").string();
+  {
+    auto c = TimingCache::open(path, "gpu A");
+    ASSERT_TRUE(c.ok());
+    ASSERT_TRUE(c->save().ok());
+  }
+  std::ifstream f(path);
+  const nlohmann::json saved = nlohmann::json::parse(f);
+  ASSERT_TRUE(saved.contains("kernels"));
+  EXPECT_EQ(saved["kernels"]["rtc:0000000000000002"], "TWE=");
+  nlohmann::json corrupt = saved;
+  corrupt["kernels"]["rtc:0000000000000004"] = "!!!!";
+  std::ofstream(path) << corrupt.dump();
+  auto c = TimingCache::open(path, "gpu A");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("rtc:0000000000000004"), std::string::npos);
   std::filesystem::remove(path);
 }
 

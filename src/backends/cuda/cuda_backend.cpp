@@ -5,6 +5,7 @@
 #include "executor.h"
 #include "lower.h"
 #include "memory_check.h"
+#include "rtc.h"
 
 namespace kiln::gpu {
 
@@ -50,7 +51,10 @@ Expected<nlohmann::json> build_cuda_plan(Graph& g, const BuildConfig& c, const P
                       plan.status().message());
   }
   if (!plan.ok()) return plan.status();
-  return plan_to_json(*plan, g);
+  nlohmann::json j = plan_to_json(*plan, g);
+  KILN_ASSIGN_OR_RETURN(nlohmann::json kernels, rtc::export_cubins(generated_kernels(*plan)));
+  if (!kernels.empty()) j["kernels"] = std::move(kernels);
+  return j;
 }
 
 Expected<std::shared_ptr<BackendEngine>> load_cuda_engine(const Graph& g, const nlohmann::json& j,

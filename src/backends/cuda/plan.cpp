@@ -7,6 +7,8 @@
 #include <unordered_set>
 #include <limits>
 
+#include "rtc.h"
+
 namespace kiln::gpu {
 namespace {
 
@@ -136,10 +138,26 @@ size_t nearest_point(const std::vector<InputShapes>& points, const InputShapes& 
   return best;
 }
 
+std::vector<std::string> generated_kernels(const Plan& p) {
+  std::vector<std::string> keys;
+  auto add = [&](const std::string& v) {
+    if (v.rfind(rtc::kKeyPrefix, 0) == 0) keys.push_back(v);
+  };
+  for (const LayerChoice& c : p.layers) {
+    add(c.variant);
+    for (const Alternate& a : c.alternates) add(a.variant);
+  }
+  return keys;
+}
+
 Expected<Plan> plan_from_json(const Graph& g, const nlohmann::json& j) {
   Plan p;
   if (!j.is_object() || !j.contains("layers") || !j["layers"].is_array())
     return KILN_ERROR("backend plan: no layer list (an engine of another backend?)");
+  if (j.contains("kernels")) {
+    const Status s = rtc::import_cubins(j["kernels"]);
+    if (!s.ok()) return KILN_ERROR("backend plan: {}", s.message());
+  }
   const auto& layers = j["layers"];
   if (layers.size() != g.nodes().size())
     return KILN_ERROR("backend plan: {} layer records for {} graph nodes", layers.size(),

@@ -62,8 +62,11 @@ std::unordered_map<const Value*, size_t> written_through_outputs(const Plan& p, 
 
 // The plan as the engine stores it; each record also says whether the layer launches a kernel
 // (not for host layers, nor for aliases of their input unless they copy into a graph output),
-// and "kernel_layers" counts those that do (kiln inspect).
+// and "kernel_layers" counts those that do (kiln inspect). The engine adds "kernels", the
+// cubins of generated_kernels() (cuda_backend.cpp); plan_from_json imports them.
 nlohmann::json plan_to_json(const Plan& p, const Graph& g);
+// The generated kernels (rtc.h) the plan's layers and alternates run: their variants.
+std::vector<std::string> generated_kernels(const Plan& p);
 // Validates every record against the graph (counts, tactic names, formats); errors name the node.
 Expected<Plan> plan_from_json(const Graph& g, const nlohmann::json& j);
 

@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "rtc.h"
+
 namespace kiln::gpu {
 
 Expected<TimingCache> TimingCache::open(const std::string& path, const std::string& device) {
@@ -27,6 +29,11 @@ Expected<TimingCache> TimingCache::open(const std::string& path, const std::stri
   }
   for (const auto& [k, v] : j["entries"].items())
     if (v.is_number()) c.entries_[k] = v.get<double>();
+  // The generated kernels' cubins (rtc.h), so that a rebuild does not compile them again.
+  if (j.contains("kernels")) {
+    const Status s = rtc::import_cubins(j["kernels"]);
+    if (!s.ok()) return KILN_ERROR("timing cache '{}': {}", path, s.message());
+  }
   return c;
 }
 
@@ -39,7 +46,7 @@ std::optional<double> TimingCache::find(const std::string& key) const {
 
 Status TimingCache::save() const {
   if (path_.empty()) return Status::Ok();
-  nlohmann::json j = {{"device", device_}, {"entries", entries_}};
+  nlohmann::json j = {{"device", device_}, {"entries", entries_}, {"kernels", rtc::export_all()}};
   const std::string tmp = path_ + ".tmp";
   {
     std::ofstream f(tmp);

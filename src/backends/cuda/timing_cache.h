@@ -1,5 +1,6 @@
 // The timing cache: tuned tactic times keyed by layer signature, for one GPU and library set.
-// A JSON file (`--timing-cache FILE`): {"device": "<device_signature()>", "entries": {key: ms}}.
+// A JSON file (`--timing-cache FILE`): {"device": "<device_signature()>", "entries": {key: ms},
+// "kernels": {key: base64 cubin}} (the kernels generated so far, rtc.h).
 // Entries from another device or library version are not used (and are dropped on save).
 #pragma once
 

@@ -14,12 +14,15 @@
 // Tactics are kAnyLayout; the ".nhwc" variants also take NHWC per-channel broadcasts and Clip.
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "kernels/device_util.cuh"
 #include "kernels/fast_div.cuh"
 #include "kernels/pdl.cuh"
+#include "rtc.h"
 #include "tactics.h"
 
 namespace kiln::gpu {
@@ -188,42 +191,7 @@ __device__ __forceinline__ C pick(const C (&v)[NIN][V], const C (&cur)[V], int o
   return r;
 }
 
-template <typename C>
-__device__ __forceinline__ C softplus(C x) {
-  return x > C(0) ? x + log1p(exp(-x)) : log1p(exp(x));
-}
-template <typename C>
-__device__ __forceinline__ C fast_exp(C x) {
-  if constexpr (std::is_same_v<C, float>) return __expf(x);
-  else return exp(x);
-}
-template <typename C>
-__device__ __forceinline__ C sigmoid(C x) {
-  if (x >= C(0)) return C(1) / (C(1) + exp(-x));
-  const C e = exp(x);  // no overflow for very negative x
-  return e / (C(1) + e);
-}
-template <typename C>
-__device__ __forceinline__ C clamp01(C y) {
-  return y < C(0) ? C(0) : (y > C(1) ? C(1) : y);
-}
-template <typename C>
-__device__ __forceinline__ C celu(C x, C alpha) {
-  const C neg = alpha * expm1(x / alpha);
-  return (x > C(0) ? x : C(0)) + (neg < C(0) ? neg : C(0));
-}
-template <typename C>
-__device__ __forceinline__ C mod(C a, C b, bool c_fmod) {
-  C r = fmod(a, b);
-  if (!c_fmod && r != C(0) && ((r < C(0)) != (b < C(0)))) r += b;  // Python's sign rule
-  return r;
-}
-template <typename C>
-__device__ __forceinline__ C clip(C x, C lo, C hi, bool has_lo, bool has_hi) {
-  if (has_lo && x < lo) x = lo;  // NaN passes both comparisons; min > max gives max
-  if (has_hi && x > hi) x = hi;
-  return x;
-}
+#include "kernels/ew_math.cuh"  // the steps' math, shared with the generated kernels
 
 // One step over V elements: cur = op(x, y, z), the operands picked per element (element e
 // reads only cur[e], so it is updated in place). One dispatch per step serves all V elements.
@@ -247,58 +215,7 @@ __device__ __forceinline__ void apply(const Step& s, const C (&v)[NIN][V], C (&c
   const int o0 = s.opd[0], o1 = s.opd[1], o2 = s.opd[2];
   const bool has_lo = o1 != kAbsent, has_hi = o2 != kAbsent;
   switch (s.op) {
-    KILN_CASE(kIdentity, x)
-    KILN_CASE(kAbs, fabs(x))
-    KILN_CASE(kNeg, -x)
-    KILN_CASE(kExp, Fast ? fast_exp(x) : exp(x))
-    KILN_CASE(kLog, log(x))
-    KILN_CASE(kSqrt, sqrt(x))
-    KILN_CASE(kRecip, C(1) / x)
-    KILN_CASE(kFloor, floor(x))
-    KILN_CASE(kCeil, ceil(x))
-    KILN_CASE(kRound, rint(x))  // half to even
-    KILN_CASE(kSign, isnan(x) ? x : (x > C(0) ? C(1) : (x < C(0) ? C(-1) : C(0))))
-    KILN_CASE(kSin, sin(x))
-    KILN_CASE(kCos, cos(x))
-    KILN_CASE(kTan, tan(x))
-    KILN_CASE(kAsin, asin(x))
-    KILN_CASE(kAcos, acos(x))
-    KILN_CASE(kAtan, atan(x))
-    KILN_CASE(kSinh, sinh(x))
-    KILN_CASE(kCosh, cosh(x))
-    KILN_CASE(kAsinh, asinh(x))
-    KILN_CASE(kAcosh, acosh(x))
-    KILN_CASE(kAtanh, atanh(x))
-    KILN_CASE(kErf, erf(x))
-    KILN_CASE(kRelu, x < C(0) ? C(0) : x)
-    KILN_CASE(kLeakyRelu, x < C(0) ? p0 * x : x)
-    KILN_CASE(kSigmoid, Fast ? C(1) / (C(1) + fast_exp(-x)) : sigmoid(x))
-    KILN_CASE(kTanh, tanh(x))
-    KILN_CASE(kElu, x < C(0) ? p0 * expm1(x) : x)
-    KILN_CASE(kSelu, x > C(0) ? p1 * x : p1 * (p0 * exp(x) - p0))
-    KILN_CASE(kCelu, celu(x, p0))
-    KILN_CASE(kHardSigmoid, clamp01(p0 * x + p1))
-    KILN_CASE(kHardSwish, x * clamp01(x / C(6) + C(0.5)))
-    KILN_CASE(kSoftplus, softplus(x))
-    KILN_CASE(kSoftsign, x / (C(1) + fabs(x)))
-    KILN_CASE(kGelu, C(0.5) * x * (C(1) + erf(x * C(0.7071067811865476))))
-    KILN_CASE(kGeluTanh,
-              C(0.5) * x * (C(1) + tanh(C(0.7978845608028654) * (x + C(0.044715) * x * x * x))))
-    KILN_CASE(kThresholdedRelu, x > p0 ? x : C(0))
-    KILN_CASE(kShrink, x < -p0 ? x + p1 : (x > p0 ? x - p1 : C(0)))
-    KILN_CASE(kMish, x * tanh(softplus(x)))
-    KILN_CASE(kSwish, Fast ? x / (C(1) + fast_exp(-p0 * x)) : x * sigmoid(p0 * x))
-    KILN_CASE(kAdd, x + y)
-    KILN_CASE(kSub, x - y)
-    KILN_CASE(kMul, x * y)
-    KILN_CASE(kDiv, x / y)
-    KILN_CASE(kMod, mod(x, y, s.p0 != 0.f))
-    KILN_CASE(kPow, pow(x, y))
-    KILN_CASE(kMax, isnan(x) || isnan(y) ? C(NAN) : (x < y ? y : x))
-    KILN_CASE(kMin, isnan(x) || isnan(y) ? C(NAN) : (y < x ? y : x))
-    KILN_CASE(kPRelu, x < C(0) ? y * x : x)
-    KILN_CASE(kClip, clip(x, y, z, has_lo, has_hi))
-    KILN_CASE(kDivN, x / p0)
+    KILN_EW_STEP_LIST(KILN_CASE)
   }
 }
 #undef KILN_CASE
@@ -455,6 +372,143 @@ bool is_float_storage(DataType t) {
          t == DataType::kBFloat16;
 }
 
+// --- generated kernels (NVRTC, rtc.h) -----------------------------------------------------------
+// The tactics "ew.chain.gen" write one kernel per chain: its steps as straight-line code (the
+// expressions of kernels/ew_math.cuh with the operands, parameters and immediates in place), its
+// inputs' loads unrolled, the vector path only. Shapes stay run-time values, so one kernel serves
+// every shape of a dynamic profile. Its parameters are one array of 64-bit words laid out as
+// GenWords says, filled by ProgramLayer::run_generated. Where the vector path does not apply
+// (odd inner sizes, mixed input types, unaligned data, indices beyond 32 bits) the layer runs
+// the interpreter kernels above.
+const char* const kEwMathText =
+#include "ew_math_text.inc"
+    ;
+
+struct StepExpr {
+  Op op;
+  const char* expr;
+};
+#define KILN_EXPR(code, expr) {code, #expr},
+const StepExpr kStepExprs[] = {KILN_EW_STEP_LIST(KILN_EXPR)};
+#undef KILN_EXPR
+
+// Where each value sits in the generated kernel's parameter words.
+struct GenWords {
+  int nin = 1, parts = 0;
+  static constexpr int kN = 0, kRank = 1, kY = 2, kDims = 3, kDivs = kDims + kMaxDims;
+  constexpr int input(int k) const { return kDivs + kMaxDims + k * (2 + kMaxDims); }  // ptr, vec, strides
+  constexpr int concat() const { return input(nin); }  // cinner, cinner_div, cwidth_div, A, starts, ptrs
+  constexpr int count() const { return concat() + (parts ? 4 + 2 * parts + 1 : 0); }
+};
+
+int64_t pack_div(const FastDiv& f) { return int64_t(f.m) | int64_t(f.s) << 32; }
+
+std::string float_literal(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  return fmt::format("__int_as_float(0x{:08x})", bits);
+}
+
+// The kernel source of program `p` (after inline_scalar_constants) storing type `t`.
+std::string generate_source(const Program& p, DataType t) {
+  const bool f32 = t == DataType::kFloat32;
+  const int V = f32 ? 4 : 8;
+  const GenWords w{p.nin, p.cparts};
+  std::string s;
+  s += "// kiln generated elementwise chain (layers/elementwise.cu, generate_source)\n";
+  s += "typedef long long i64;\ntypedef unsigned int u32;\ntypedef unsigned short u16;\n";
+  s += "typedef float C;\n";
+  s += fmt::format("constexpr bool Fast = {};\n", f32 ? "false" : "true");
+  s += kEwMathText;
+  s += fmt::format("\nstruct Args {{ i64 w[{}]; }};\n", w.count());
+  s += "__device__ __forceinline__ u32 fdiv(u32 n, i64 w) { return (__umulhi(n, u32(w)) + n) >> "
+       "u32(w >> 32); }\n";
+  if (f32) {
+    s += "typedef float S;\n__device__ __forceinline__ float ld(float x) { return x; }\n"
+         "__device__ __forceinline__ float st(float x) { return x; }\n";
+  } else if (t == DataType::kFloat16) {
+    s += "typedef u16 S;\n__device__ __forceinline__ float ld(u16 h) { float f; "
+         "asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"(h)); return f; }\n"
+         "__device__ __forceinline__ u16 st(float f) { u16 h; "
+         "asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f)); return h; }\n";
+  } else {
+    s += "typedef u16 S;\n__device__ __forceinline__ float ld(u16 h) { "
+         "return __uint_as_float(u32(h) << 16); }\n"
+         "__device__ __forceinline__ u16 st(float f) { u16 h; "
+         "asm(\"cvt.rn.bf16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f)); return h; }\n";
+  }
+  s += fmt::format("constexpr int V = {};\nunion Vec {{ uint4 u; S s[V]; }};\n", V);
+  s += "extern \"C\" __global__ void __launch_bounds__(256) kiln_ew(const __grid_constant__ Args a) {\n"
+       "  asm volatile(\"griddepcontrol.wait;\" ::: \"memory\");\n"
+       "  asm volatile(\"griddepcontrol.launch_dependents;\" :::);\n";
+  s += fmt::format("  const i64 nv = a.w[{}];\n  const int rank = int(a.w[{}]);\n", w.kN, w.kRank);
+  s += "  for (i64 j = i64(blockIdx.x) * 256 + threadIdx.x; j < nv; j += i64(gridDim.x) * 256) {\n";
+  s += "    const u32 i = u32(j) * V;\n";
+  const int first = p.cparts ? 1 : 0;  // input 0 of a concatenation is read from its parts
+  for (int k = first; k < p.nin; ++k) s += fmt::format("    i64 o{} = 0;\n", k);
+  s += "    u32 r = i;\n#pragma unroll\n";
+  s += fmt::format("    for (int d = {}; d > 0; --d) {{\n      if (d < rank) {{\n", kMaxDims - 1);
+  s += fmt::format("        const u32 q = fdiv(r, a.w[{} + d]);\n", w.kDivs);
+  s += fmt::format("        const i64 c = i64(r - q * u32(a.w[{} + d]));\n        r = q;\n", w.kDims);
+  for (int k = first; k < p.nin; ++k)
+    s += fmt::format("        o{} += c * a.w[{} + d];\n", k, w.input(k) + 2);
+  s += "      }\n    }\n";
+  for (int k = first; k < p.nin; ++k)
+    s += fmt::format("    o{} += i64(r) * a.w[{}];\n", k, w.input(k) + 2);
+  for (int k = 0; k < p.nin; ++k) {
+    s += fmt::format("    float v{}[V];\n    {{\n      Vec t;\n", k);
+    if (k == 0 && p.cparts) {
+      const int c = w.concat(), P = p.cparts;
+      s += fmt::format(
+          "      const u32 t0 = fdiv(i, a.w[{c1}]);\n"
+          "      const u32 in = i - t0 * u32(a.w[{c0}]);\n"
+          "      const u32 o = fdiv(t0, a.w[{c2}]);\n"
+          "      const u32 x = t0 - o * u32(a.w[{c3}]);\n"
+          "      int s = 0;\n#pragma unroll\n"
+          "      for (int q = 1; q < {P}; ++q) s += x >= u32(a.w[{st} + q]);\n"
+          "      const i64 s0 = a.w[{st} + s], width = a.w[{st} + 1 + s] - s0;\n"
+          "      const S* src = (const S*)a.w[{pt} + s] + (i64(o) * width + (i64(x) - s0)) * "
+          "a.w[{c0}] + in;\n"
+          "      t.u = *(const uint4*)src;\n",
+          fmt::arg("c0", c), fmt::arg("c1", c + 1), fmt::arg("c2", c + 2), fmt::arg("c3", c + 3),
+          fmt::arg("P", P), fmt::arg("st", c + 4), fmt::arg("pt", c + 5 + P));
+    } else {
+      s += fmt::format(
+          "      const S* src = (const S*)a.w[{0}] + o{1};\n"
+          "      if (a.w[{2}]) t.u = *(const uint4*)src;\n"
+          "      else {{\n        const S b = *src;\n#pragma unroll\n"
+          "        for (int e = 0; e < V; ++e) t.s[e] = b;\n      }}\n",
+          w.input(k), k, w.input(k) + 1);
+    }
+    s += fmt::format("#pragma unroll\n      for (int e = 0; e < V; ++e) v{}[e] = ld(t.s[e]);\n    }}\n", k);
+  }
+  s += "    Vec out;\n#pragma unroll\n    for (int e = 0; e < V; ++e) {\n      C cur = v0[e];\n";
+  auto operand = [&](const Step& st, int i) -> std::string {
+    const int o = st.opd[i];
+    if (o == kImm) return float_literal(st.imm[i]);
+    if (o == kAbsent) return "C(0)";
+    if (o < 0) return "cur";
+    return fmt::format("v{}[e]", o);
+  };
+  for (int i = 0; i < p.nsteps; ++i) {
+    const Step& st = p.steps[i];
+    const char* expr = nullptr;
+    for (const auto& se : kStepExprs)
+      if (se.op == st.op) expr = se.expr;
+    s += fmt::format(
+        "      {{\n        const C x = {}, y = {}, z = {};\n"
+        "        const C p0 = {}, p1 = {};\n"
+        "        const bool has_lo = {}, has_hi = {};\n"
+        "        (void)y; (void)z; (void)p0; (void)p1; (void)has_lo; (void)has_hi;\n"
+        "        cur = ({});\n      }}\n",
+        operand(st, 0), operand(st, 1), operand(st, 2), float_literal(st.p0), float_literal(st.p1),
+        st.opd[1] != kAbsent, st.opd[2] != kAbsent, expr ? expr : "x");
+  }
+  s += "      out.s[e] = st(cur);\n    }\n";
+  s += fmt::format("    *(uint4*)((S*)a.w[{}] + i) = out.u;\n  }}\n}}\n", w.kY);
+  return s;
+}
+
 // The program of a node, and which node input each program input is. False (with a reason)
 // when the node is not a float program.
 bool build_program(const Node& n, Program* p, std::vector<int>* slots, std::string* why) {
@@ -560,8 +614,9 @@ bool is_float_program(const LayerDesc& d, std::string* why) {
 
 class ProgramLayer final : public Layer {
  public:
-  ProgramLayer(const Node* n, const Program& p, std::vector<int> slots)
-      : node_(n), prog_(p), slots_(std::move(slots)) {}
+  // gen: the program's generated kernel (rtc.h), or nullptr to run the interpreter only.
+  ProgramLayer(const Node* n, const Program& p, std::vector<int> slots, cudaKernel_t gen = nullptr)
+      : node_(n), prog_(p), slots_(std::move(slots)), gen_(gen) {}
 
   Expected<size_t> configure(const RunContext&, std::span<const DeviceTensor> in,
                              std::span<const DeviceTensor> out) override {
@@ -601,6 +656,7 @@ class ProgramLayer final : public Layer {
       return KILN_ERROR("{}: broadcast needs {} dims, at most {} are supported", node_->label(),
                         dims.size(), kMaxDims);
     n_ = y.numel();
+    out_dtype_ = static_cast<uint8_t>(y.dtype);
     const int r = static_cast<int>(dims.size());
     prog_.rank = r;
     prog_.small = n_ < (int64_t(1) << 31);
@@ -635,6 +691,10 @@ class ProgramLayer final : public Layer {
       p.in[k] = static_cast<const char*>(in[slots_[k]].data) +
                 col_offset_[k] * static_cast<int64_t>(dtype_size(in[slots_[k]].dtype));
     for (int s = 0; s < p.cparts; ++s) p.cptr[s] = in[static_cast<size_t>(s)].data;
+    if (gen_ && vec_ok_ && p.small && aligned(p, out[0].data)) {
+      KILN_CUDA_CHECK(run_generated(rc, p, out[0].data));
+      return Status::Ok();
+    }
     const bool ok = dispatch_float(out[0].dtype, [&](auto tag) {
       using T = decltype(tag);
       T* y = static_cast<T*>(out[0].data);
@@ -709,16 +769,60 @@ class ProgramLayer final : public Layer {
     return s;
   }
 
+  // Whether every vector the vector path loads or stores is 16-byte aligned.
+  static bool aligned(const Program& p, const void* y) {
+    bool a = reinterpret_cast<uintptr_t>(y) % 16 == 0;
+    for (int k = 0; k < p.nin; ++k)
+      a &= p.strides[k][p.rank - 1] == 0 || reinterpret_cast<uintptr_t>(p.in[k]) % 16 == 0;
+    for (int s = 0; s < p.cparts; ++s) a &= reinterpret_cast<uintptr_t>(p.cptr[s]) % 16 == 0;
+    return a;
+  }
+
+  // The generated kernel's launch: its parameter words (GenWords) from the configured program.
+  cudaError_t run_generated(const RunContext& rc, const Program& p, void* y) const {
+    const GenWords w{p.nin, p.cparts};
+    int64_t words[GenWords{kMaxIn, kMaxParts}.count()] = {};
+    const int64_t V = 16 / static_cast<int64_t>(dtype_size(static_cast<DataType>(out_dtype_)));
+    words[w.kN] = n_ / V;
+    words[w.kRank] = p.rank;
+    words[w.kY] = reinterpret_cast<int64_t>(y);
+    for (int d = 0; d < p.rank; ++d) {
+      words[w.kDims + d] = p.dims[d];
+      words[w.kDivs + d] = pack_div(p.divs[d]);
+    }
+    for (int k = 0; k < p.nin; ++k) {
+      words[w.input(k)] = reinterpret_cast<int64_t>(p.in[k]);
+      words[w.input(k) + 1] = p.strides[k][p.rank - 1] != 0;
+      for (int d = 0; d < p.rank; ++d) words[w.input(k) + 2 + d] = p.strides[k][d];
+    }
+    if (p.cparts) {
+      const int c = w.concat();
+      words[c] = p.cinner;
+      words[c + 1] = pack_div(p.cinner_div);
+      words[c + 2] = pack_div(p.cwidth_div);
+      words[c + 3] = p.cstart[p.cparts];
+      for (int s = 0; s <= p.cparts; ++s) words[c + 4 + s] = p.cstart[s];
+      for (int s = 0; s < p.cparts; ++s)
+        words[c + 5 + p.cparts + s] = reinterpret_cast<int64_t>(p.cptr[s]);
+    }
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(grid_for(n_ / V));
+    cfg.blockDim = dim3(kBlock);
+    cfg.stream = rc.stream;
+    cfg.attrs = rc.pdl ? attr : nullptr;
+    cfg.numAttrs = rc.pdl ? 1 : 0;
+    void* args[] = {words};
+    return cudaLaunchKernelExC(&cfg, reinterpret_cast<const void*>(gen_), args);
+  }
+
   template <typename T, int NIN>
   void launch(const RunContext& rc, const Program& p, T* y) const {
     if constexpr (NIN <= 4) {  // with more inputs the vectors would spill registers
       constexpr int V = 16 / sizeof(T);
-      bool aligned = reinterpret_cast<uintptr_t>(y) % 16 == 0;
-      for (int k = 0; k < p.nin; ++k)
-        aligned &= p.strides[k][p.rank - 1] == 0 || reinterpret_cast<uintptr_t>(p.in[k]) % 16 == 0;
-      for (int s = 0; s < p.cparts; ++s)
-        aligned &= reinterpret_cast<uintptr_t>(p.cptr[s]) % 16 == 0;
-      if (vec_ok_ && aligned) {
+      if (vec_ok_ && aligned(p, y)) {
         (void)launch_kernel(rc, program_vec_kernel<T, NIN, V>, dim3(grid_for(n_ / V)),
                             dim3(kBlock), 0, p, y, n_);  // an error stays for the caller's check
         return;
@@ -731,7 +835,9 @@ class ProgramLayer final : public Layer {
   Program prog_;
   std::vector<int> slots_;  // node input of each program input
   std::vector<int64_t> col_offset_;  // per program input: its first column (col_slices)
+  cudaKernel_t gen_ = nullptr;  // the generated kernel, if any (run_generated)
   int64_t n_ = 0;
+  uint8_t out_dtype_ = 0;   // the output's DataType (configure)
   bool vec_ok_ = false;     // the vector kernel applies (configure)
 };
 
@@ -801,6 +907,57 @@ Expected<std::unique_ptr<Layer>> ew_create(const LayerDesc& d) {
   return std::unique_ptr<Layer>(new ProgramLayer(d.node, p, std::move(slots)));
 }
 
+// The generated tactics: chains whose inputs all have the output's float type (the vector path's
+// need; otherwise the interpreter is all the layer would run). The variant is the kernel's key.
+bool gen_applies(const LayerDesc& d, std::string* why) {
+  if (d.node->domain != "kiln") return *why = "generated kernels are for chains", false;
+  const DataType t = d.out.empty() ? DataType::kUndefined : d.out[0].dtype;
+  if (t != DataType::kFloat32 && t != DataType::kFloat16 && t != DataType::kBFloat16)
+    return *why = "generated kernels store float32, float16 or bfloat16", false;
+  for (size_t i = 0; i < d.in.size(); ++i)
+    if (d.in[i].present() && d.in[i].dtype != t)
+      return *why = fmt::format("input {} is not stored as the output is", i), false;
+  if (!rtc::compiler_available(why)) return false;
+  return true;
+}
+
+// The program and the source of its generated kernel.
+Expected<std::pair<Program, std::vector<int>>> gen_program(const LayerDesc& d, std::string* key) {
+  std::string why;
+  std::pair<Program, std::vector<int>> r;
+  if (!build_program(*d.node, &r.first, &r.second, &why))
+    return KILN_ERROR("{}: {}", d.node->label(), why);
+  inline_scalar_constants(d, &r.first, &r.second);
+  *key = rtc::add_source(generate_source(r.first, d.out[0].dtype));
+  return r;
+}
+
+std::vector<std::string> gen_variants(const LayerDesc& d) {
+  std::string key;
+  return gen_program(d, &key).ok() ? std::vector<std::string>{key} : std::vector<std::string>{};
+}
+
+bool nhwc_supports(const LayerDesc& d, std::string* why);  // below
+
+bool gen_supports(const LayerDesc& d, std::string* why) {
+  return gen_applies(d, why) && ew_supports(d, why);
+}
+bool gen_nhwc_supports(const LayerDesc& d, std::string* why) {
+  return gen_applies(d, why) && nhwc_supports(d, why);
+}
+
+Expected<std::unique_ptr<Layer>> gen_create(const LayerDesc& d) {
+  std::string key;
+  KILN_ASSIGN_OR_RETURN(auto prog, gen_program(d, &key));
+  // The engine's kernel is the one this kiln generates for the layer (its cubin may come from
+  // the engine, compiled where the engine was built).
+  if (!d.variant.empty() && d.variant != key)
+    return KILN_ERROR("{}: the engine's generated kernel {} is not this kiln's ({})",
+                      d.node->label(), d.variant, key);
+  KILN_ASSIGN_OR_RETURN(cudaKernel_t k, rtc::kernel(key, "kiln_ew"));
+  return std::unique_ptr<Layer>(new ProgramLayer(d.node, prog.first, std::move(prog.second), k));
+}
+
 // The NHWC variants take a broadcast that kAnyLayout cannot (per-channel scale/bias, SE gates,
 // Clip's scalar bounds): only when the output is NHWC and some input is a [.., C, 1, 1]
 // per-channel operand, so that scalar broadcasts (attention scores / sqrt(d)) do not pull
@@ -837,6 +994,8 @@ bool nhwc_supports(const LayerDesc& d, std::string* why) {
 
 constexpr uint32_t kCaps = kF32 | kF16 | kF64 | kAnyLayout;
 constexpr uint32_t kNhwcCaps = kF32 | kF16 | kF64 | kNHWC;
+constexpr uint32_t kGenCaps = kF32 | kF16 | kAnyLayout;
+constexpr uint32_t kGenNhwcCaps = kF32 | kF16 | kNHWC;
 
 #define KILN_EW(op, name) {"", op, name, kCaps, 0, ew_supports, ew_create}
 const TacticDef kTactics[] = {
@@ -880,6 +1039,9 @@ const TacticDef kTactics[] = {
     {"", "PRelu", "ew.prelu.nhwc", kNhwcCaps, 0, nhwc_supports, ew_create},
     {"", "Clip", "ew.clip.nhwc", kNhwcCaps, 0, nhwc_supports, ew_create},
     {"kiln", "ElementwiseChain", "ew.chain.nhwc", kNhwcCaps, 0, nhwc_supports, ew_create},
+    {"kiln", "ElementwiseChain", "ew.chain.gen", kGenCaps, 0, gen_supports, gen_create, gen_variants},
+    {"kiln", "ElementwiseChain", "ew.chain.gen.nhwc", kGenNhwcCaps, 0, gen_nhwc_supports, gen_create,
+     gen_variants},
 };
 #undef KILN_EW
 
