@@ -438,10 +438,43 @@ std::string generate_source(const Program& p, DataType t) {
          "asm(\"cvt.rn.bf16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f)); return h; }\n";
   }
   s += fmt::format("constexpr int V = {};\nunion Vec {{ uint4 u; S s[V]; }};\n", V);
+  // The chain on one element: v0..v(nin-1) are its inputs' values.
+  auto operand = [&](const Step& st, int i) -> std::string {
+    const int o = st.opd[i];
+    if (o == kImm) return float_literal(st.imm[i]);
+    if (o == kAbsent) return "C(0)";
+    if (o < 0) return "cur";
+    return fmt::format("v{}", o);
+  };
+  s += "__device__ __forceinline__ C eval_chain(";
+  for (int k = 0; k < p.nin; ++k) s += fmt::format("{}const C v{}", k ? ", " : "", k);
+  s += ") {\n  C cur = v0;\n";
+  for (int i = 0; i < p.nsteps; ++i) {
+    const Step& st = p.steps[i];
+    const char* expr = nullptr;
+    for (const auto& se : kStepExprs)
+      if (se.op == st.op) expr = se.expr;
+    s += fmt::format(
+        "  {{\n    const C x = {}, y = {}, z = {};\n"
+        "    const C p0 = {}, p1 = {};\n"
+        "    const bool has_lo = {}, has_hi = {};\n"
+        "    (void)y; (void)z; (void)p0; (void)p1; (void)has_lo; (void)has_hi;\n"
+        "    cur = ({});\n  }}\n",
+        operand(st, 0), operand(st, 1), operand(st, 2), float_literal(st.p0), float_literal(st.p1),
+        st.opd[1] != kAbsent, st.opd[2] != kAbsent, expr ? expr : "x");
+  }
+  s += "  return cur;\n}\n";
+  auto call = [&](const char* pattern) {
+    std::string c = "eval_chain(";
+    for (int k = 0; k < p.nin; ++k)
+      c += (k ? ", " : "") + fmt::format(fmt::runtime(pattern), k);
+    return c + ")";
+  };
   s += "extern \"C\" __global__ void __launch_bounds__(256) kiln_ew(const __grid_constant__ Args a) {\n"
        "  asm volatile(\"griddepcontrol.wait;\" ::: \"memory\");\n"
        "  asm volatile(\"griddepcontrol.launch_dependents;\" :::);\n";
-  s += fmt::format("  const i64 nv = a.w[{}];\n  const int rank = int(a.w[{}]);\n", w.kN, w.kRank);
+  s += fmt::format("  const i64 n = a.w[{}], nv = n / V;\n  const int rank = int(a.w[{}]);\n", w.kN,
+                   w.kRank);
   s += "  for (i64 j = i64(blockIdx.x) * 256 + threadIdx.x; j < nv; j += i64(gridDim.x) * 256) {\n";
   s += "    const u32 i = u32(j) * V;\n";
   const int first = p.cparts ? 1 : 0;  // input 0 of a concatenation is read from its parts
@@ -482,30 +515,20 @@ std::string generate_source(const Program& p, DataType t) {
     }
     s += fmt::format("#pragma unroll\n      for (int e = 0; e < V; ++e) v{}[e] = ld(t.s[e]);\n    }}\n", k);
   }
-  s += "    Vec out;\n#pragma unroll\n    for (int e = 0; e < V; ++e) {\n      C cur = v0[e];\n";
-  auto operand = [&](const Step& st, int i) -> std::string {
-    const int o = st.opd[i];
-    if (o == kImm) return float_literal(st.imm[i]);
-    if (o == kAbsent) return "C(0)";
-    if (o < 0) return "cur";
-    return fmt::format("v{}[e]", o);
-  };
-  for (int i = 0; i < p.nsteps; ++i) {
-    const Step& st = p.steps[i];
-    const char* expr = nullptr;
-    for (const auto& se : kStepExprs)
-      if (se.op == st.op) expr = se.expr;
-    s += fmt::format(
-        "      {{\n        const C x = {}, y = {}, z = {};\n"
-        "        const C p0 = {}, p1 = {};\n"
-        "        const bool has_lo = {}, has_hi = {};\n"
-        "        (void)y; (void)z; (void)p0; (void)p1; (void)has_lo; (void)has_hi;\n"
-        "        cur = ({});\n      }}\n",
-        operand(st, 0), operand(st, 1), operand(st, 2), float_literal(st.p0), float_literal(st.p1),
-        st.opd[1] != kAbsent, st.opd[2] != kAbsent, expr ? expr : "x");
+  s += "    Vec out;\n#pragma unroll\n";
+  s += "    for (int e = 0; e < V; ++e) out.s[e] = st(" + call("v{}[e]") + ");\n";
+  s += fmt::format("    *(uint4*)((S*)a.w[{}] + i) = out.u;\n  }}\n", w.kY);
+  // The last n % V elements of a 1-D walk (only a 1-D walk has them; never a concatenation's):
+  // one element per thread of block 0, each input at i times its stride.
+  if (!p.cparts) {
+    s += "  if (blockIdx.x == 0 && threadIdx.x < n - nv * V) {\n"
+         "    const i64 i = nv * V + threadIdx.x;\n";
+    for (int k = 0; k < p.nin; ++k)
+      s += fmt::format("    const C t{} = ld(((const S*)a.w[{}])[i * a.w[{}]]);\n", k, w.input(k),
+                       w.input(k) + 2);
+    s += fmt::format("    ((S*)a.w[{}])[i] = st({});\n  }}\n", w.kY, call("t{}"));
   }
-  s += "      out.s[e] = st(cur);\n    }\n";
-  s += fmt::format("    *(uint4*)((S*)a.w[{}] + i) = out.u;\n  }}\n}}\n", w.kY);
+  s += "}\n";
   return s;
 }
 
@@ -691,7 +714,8 @@ class ProgramLayer final : public Layer {
       p.in[k] = static_cast<const char*>(in[slots_[k]].data) +
                 col_offset_[k] * static_cast<int64_t>(dtype_size(in[slots_[k]].dtype));
     for (int s = 0; s < p.cparts; ++s) p.cptr[s] = in[static_cast<size_t>(s)].data;
-    if (gen_ && vec_ok_ && p.small && aligned(p, out[0].data)) {
+    const int64_t V = 16 / static_cast<int64_t>(dtype_size(out[0].dtype));
+    if (gen_ && vec_ok_ && p.small && (!p.cparts || n_ % V == 0) && aligned(p, out[0].data)) {
       KILN_CUDA_CHECK(run_generated(rc, p, out[0].data));
       return Status::Ok();
     }
@@ -783,7 +807,7 @@ class ProgramLayer final : public Layer {
     const GenWords w{p.nin, p.cparts};
     int64_t words[GenWords{kMaxIn, kMaxParts}.count()] = {};
     const int64_t V = 16 / static_cast<int64_t>(dtype_size(static_cast<DataType>(out_dtype_)));
-    words[w.kN] = n_ / V;
+    words[w.kN] = n_;
     words[w.kRank] = p.rank;
     words[w.kY] = reinterpret_cast<int64_t>(y);
     for (int d = 0; d < p.rank; ++d) {
@@ -907,10 +931,10 @@ Expected<std::unique_ptr<Layer>> ew_create(const LayerDesc& d) {
   return std::unique_ptr<Layer>(new ProgramLayer(d.node, p, std::move(slots)));
 }
 
-// The generated tactics: chains whose inputs all have the output's float type (the vector path's
+// The generated tactics: chains, and the binary ops that stand alone between other layers (a
+// squeeze-excitation's scale, a residual add), whose inputs all have the output's float type (the vector path's
 // need; otherwise the interpreter is all the layer would run). The variant is the kernel's key.
 bool gen_applies(const LayerDesc& d, std::string* why) {
-  if (d.node->domain != "kiln") return *why = "generated kernels are for chains", false;
   const DataType t = d.out.empty() ? DataType::kUndefined : d.out[0].dtype;
   if (t != DataType::kFloat32 && t != DataType::kFloat16 && t != DataType::kBFloat16)
     return *why = "generated kernels store float32, float16 or bfloat16", false;
@@ -998,6 +1022,9 @@ constexpr uint32_t kGenCaps = kF32 | kF16 | kAnyLayout;
 constexpr uint32_t kGenNhwcCaps = kF32 | kF16 | kNHWC;
 
 #define KILN_EW(op, name) {"", op, name, kCaps, 0, ew_supports, ew_create}
+#define KILN_GEN(op, name)                                                                   \
+  {"", op, name, kGenCaps, 0, gen_supports, gen_create, gen_variants},                       \
+      {"", op, name ".nhwc", kGenNhwcCaps, 0, gen_nhwc_supports, gen_create, gen_variants}
 const TacticDef kTactics[] = {
     KILN_EW("Abs", "ew.abs"), KILN_EW("Neg", "ew.neg"), KILN_EW("Exp", "ew.exp"),
     KILN_EW("Log", "ew.log"), KILN_EW("Sqrt", "ew.sqrt"), KILN_EW("Reciprocal", "ew.reciprocal"),
@@ -1042,7 +1069,10 @@ const TacticDef kTactics[] = {
     {"kiln", "ElementwiseChain", "ew.chain.gen", kGenCaps, 0, gen_supports, gen_create, gen_variants},
     {"kiln", "ElementwiseChain", "ew.chain.gen.nhwc", kGenNhwcCaps, 0, gen_nhwc_supports, gen_create,
      gen_variants},
+    KILN_GEN("Add", "ew.add.gen"), KILN_GEN("Sub", "ew.sub.gen"), KILN_GEN("Mul", "ew.mul.gen"),
+    KILN_GEN("Div", "ew.div.gen"),
 };
+#undef KILN_GEN
 #undef KILN_EW
 
 }  // namespace
