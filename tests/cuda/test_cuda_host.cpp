@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <set>
 
 #include "backends/backend.h"
 #include "backends/cuda/device_util_host.h"
@@ -509,6 +510,105 @@ TEST(CudaHost, GeneratedKernelCubinsRoundTripThroughTheTimingCache) {
   ASSERT_FALSE(c.ok());
   EXPECT_NE(c.status().message().find("rtc:0000000000000004"), std::string::npos);
   std::filesystem::remove(path);
+}
+
+// The kernels generated for elementwise chains (ew.*.gen) compile for sm_90 with NVRTC, which
+// needs no GPU: chains through every step the generator writes, at each float storage type, a
+// chain reading a concatenation in place, and a lone Mul. The GPU tests (test-backend-ops) check
+// what they compute.
+TEST(CudaHost, GeneratedElementwiseKernelsCompile) {
+  std::string why;
+  if (!rtc::compiler_available(&why)) GTEST_SKIP() << why;
+  const std::vector<std::string> unary = {
+      "Abs", "Neg", "Exp", "Log", "Sqrt", "Reciprocal", "Floor", "Ceil", "Round", "Sign", "Sin",
+      "Cos", "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "Erf",
+      "Relu", "LeakyRelu", "Sigmoid", "Tanh", "Elu", "Selu", "Celu", "HardSigmoid", "HardSwish",
+      "Softplus", "Softsign", "Gelu", "ThresholdedRelu", "Shrink", "Mish", "Swish"};
+  const std::vector<std::string> binary = {"Add", "Sub", "Mul", "Div", "Mod", "Pow", "Max", "Min",
+                                           "PRelu"};
+  Graph g;
+  auto input = [&](const char* name, std::vector<Dim> dims) {
+    Value* v = g.add_value(name, TensorType(DataType::kFloat32, std::move(dims)));
+    g.add_input(v);
+    return v;
+  };
+  Value* x = input("x", {2, 16, 4, 4});
+  Value* c = input("c", {1, 16, 1, 1});
+  Value* lo = g.add_constant("lo", Tensor::from<float>({}, {-0.5f}));
+  Value* hi = g.add_constant("hi", Tensor::from<float>({}, {0.7f}));
+  // One chain per up to 30 steps: unary steps on the running value, binary ones with the
+  // per-channel input, Clip with the two scalar constants (immediates), Gelu's tanh form too.
+  std::vector<Node*> chains;
+  std::vector<std::string> all = unary;
+  all.insert(all.end(), binary.begin(), binary.end());
+  all.push_back("Clip");
+  all.push_back("Gelu");  // again, approximate = tanh
+  for (size_t begin = 0; begin < all.size(); begin += 30) {
+    std::vector<std::string> ops;
+    std::vector<int64_t> arity, operands;
+    Node* n = g.add_node("ElementwiseChain", "chain" + std::to_string(begin), {x, c, lo, hi},
+                         {"y" + std::to_string(begin)}, "kiln");
+    for (size_t i = begin; i < std::min(all.size(), begin + 30); ++i) {
+      const std::string& op = all[i];
+      const int64_t first = ops.empty() ? 0 : -1;
+      const std::string pre = "s" + std::to_string(ops.size()) + "_";
+      ops.push_back(op);
+      if (op == "Clip") {
+        arity.push_back(3);
+        operands.insert(operands.end(), {first, 2, 3});
+      } else if (std::find(binary.begin(), binary.end(), op) != binary.end()) {
+        arity.push_back(2);
+        operands.insert(operands.end(), {first, 1});
+      } else {
+        arity.push_back(1);
+        operands.push_back(first);
+      }
+      if (op == "Gelu" && i + 1 == all.size()) n->attrs.set(pre + "approximate", Attribute::String("tanh"));
+    }
+    n->attrs.set("ops", Attribute::Strings(ops));
+    n->attrs.set("arity", Attribute::Ints(arity));
+    n->attrs.set("operands", Attribute::Ints(operands));
+    chains.push_back(n);
+  }
+  // BatchNorm and ReLU over a concatenation of three parts, read in place.
+  Value* p0 = input("p0", {2, 8, 4, 4});
+  Value* p1 = input("p1", {2, 16, 4, 4});
+  Value* p2 = input("p2", {2, 8, 4, 4});
+  Value* s = input("s", {1, 32, 1, 1});
+  Node* cat = g.add_node("ElementwiseChain", "bn_relu", {p0, p1, p2, s, s}, {"z"}, "kiln");
+  cat->attrs.set("ops", Attribute::Strings({"Mul", "Add", "Relu"}));
+  cat->attrs.set("arity", Attribute::Ints({2, 2, 1}));
+  cat->attrs.set("operands", Attribute::Ints({0, 3, -1, 4, -1}));
+  cat->attrs.set("concat_parts", Attribute::Int(3));
+  cat->attrs.set("concat_axis", Attribute::Int(1));
+  chains.push_back(cat);
+  Node* mul = g.add_node("Mul", "se_scale", {x, c}, {"m"});
+  chains.push_back(mul);
+
+  const TacticDef* chain_gen = find_tactic("ew.chain.gen");
+  const TacticDef* mul_gen = find_tactic("ew.mul.gen");
+  ASSERT_TRUE(chain_gen && chain_gen->variants && mul_gen && mul_gen->variants);
+  std::set<std::string> keys;
+  for (DataType t : {DataType::kFloat16, DataType::kFloat32, DataType::kBFloat16}) {
+    for (Node* n : chains) {
+      LayerDesc d;
+      d.node = n;
+      d.in.assign(n->num_inputs(), TensorFormat{t, Layout::kNHWC});
+      d.out = {TensorFormat{t, Layout::kNHWC}};
+      d.precision = t == DataType::kFloat32 ? Precision::kFP32 : Precision::kFP16;
+      const TacticDef* tactic = n == mul ? mul_gen : chain_gen;
+      const std::vector<std::string> v = tactic->variants(d);
+      ASSERT_EQ(v.size(), 1u) << n->name;
+      ASSERT_EQ(v[0].rfind("rtc:", 0), 0u) << v[0];
+      keys.insert(v[0]);
+      auto size = rtc::compile_check(v[0], 90);
+      EXPECT_TRUE(size.ok()) << n->name << " " << dtype_name(t) << ": " << size.status().message();
+      if (size.ok()) {
+        EXPECT_GT(*size, 0u);
+      }
+    }
+  }
+  EXPECT_EQ(keys.size(), 3 * chains.size());  // a source per chain and storage type
 }
 
 // The INT8 epilogues quantize by multiplying with 1 / scale and divide only near a rounding

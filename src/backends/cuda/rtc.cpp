@@ -56,16 +56,11 @@ const Nvrtc& nvrtc() {
   return n;
 }
 
-// The cubin of `source` for the current device.
-Expected<std::string> compile(const std::string& source, const std::string& key) {
+// The cubin of `source` for compute capability `sm` (90: sm_90).
+Expected<std::string> compile(const std::string& source, const std::string& key, int sm) {
   const Nvrtc& n = nvrtc();
   if (!n.why.empty()) return KILN_ERROR("{}: {}", key, n.why);
-  int dev = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
-    return KILN_ERROR("{}: no CUDA device to compile for", key);
-  const std::string arch = fmt::format("--gpu-architecture=sm_{}{}", major, minor);
+  const std::string arch = fmt::format("--gpu-architecture=sm_{}", sm);
   const char* opts[] = {arch.c_str(), "-std=c++17", "--extra-device-vectorization"};
   nvrtcProgram prog = nullptr;
   nvrtcResult r = n.create(&prog, source.c_str(), "kiln_generated.cu", 0, nullptr, nullptr);
@@ -162,7 +157,12 @@ std::map<std::string, Module>& store() {
 Status ensure_cubin(const std::string& key, Module& m) {
   if (!m.cubin.empty()) return Status::Ok();
   if (m.source.empty()) return KILN_ERROR("{}: no cubin and no source for this kernel", key);
-  KILN_ASSIGN_OR_RETURN(m.cubin, compile(m.source, key));
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
+    return KILN_ERROR("{}: no CUDA device to compile for", key);
+  KILN_ASSIGN_OR_RETURN(m.cubin, compile(m.source, key, major * 10 + minor));
   return Status::Ok();
 }
 
@@ -241,6 +241,19 @@ Status import_cubins(const nlohmann::json& j) {
     if (m.cubin.empty()) m.cubin = std::move(cubin);
   }
   return Status::Ok();
+}
+
+Expected<size_t> compile_check(const std::string& key, int sm) {
+  std::string source;
+  {
+    std::lock_guard<std::mutex> lock(mu());
+    auto it = store().find(key);
+    if (it == store().end() || it->second.source.empty())
+      return KILN_ERROR("{}: no source for this kernel", key);
+    source = it->second.source;
+  }
+  KILN_ASSIGN_OR_RETURN(std::string cubin, compile(source, key, sm));
+  return cubin.size();
 }
 
 bool compiler_available(std::string* why) {

@@ -38,6 +38,10 @@ nlohmann::json export_all();
 // Adds cubins written by export_*(): an entry that is not base64 is an error naming its key.
 Status import_cubins(const nlohmann::json& j);
 
+// Compiles the key's source for compute capability `sm` (90: sm_90) and returns the cubin's
+// size without keeping it: a test that generated sources compile, on a machine without a GPU.
+Expected<size_t> compile_check(const std::string& key, int sm);
+
 // Whether NVRTC can be opened here (a machine without the CUDA toolkit's libnvrtc can still run
 // engines whose cubins are stored, but cannot build new kernels).
 bool compiler_available(std::string* why = nullptr);
