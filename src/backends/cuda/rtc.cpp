@@ -94,8 +94,8 @@ std::string to_base64(const std::string& in) {
   out.reserve((in.size() + 2) / 3 * 4);
   size_t i = 0;
   for (; i + 2 < in.size(); i += 3) {
-    const uint32_t v = uint32_t(uint8_t(in[i])) << 16 | uint32_t(uint8_t(in[i + 1])) << 8 |
-                       uint8_t(in[i + 2]);
+    const uint32_t v =
+        uint32_t(uint8_t(in[i])) << 16 | uint32_t(uint8_t(in[i + 1])) << 8 | uint8_t(in[i + 2]);
     for (int s = 18; s >= 0; s -= 6) out += kB64[(v >> s) & 63];
   }
   if (i < in.size()) {
@@ -197,8 +197,9 @@ Expected<cudaKernel_t> kernel(const std::string& key, const char* name) {
         cudaLibraryLoadData(&m.library, m.cubin.data(), nullptr, nullptr, 0, nullptr, nullptr, 0);
     if (e != cudaSuccess) {
       m.library = nullptr;
-      return KILN_ERROR("{}: the generated kernel's cubin does not load ({}): built for another GPU?",
-                        key, cudaGetErrorString(e));
+      return KILN_ERROR(
+          "{}: the generated kernel's cubin does not load ({}): built for another GPU?", key,
+          cudaGetErrorString(e));
     }
   }
   cudaKernel_t k = nullptr;
@@ -234,8 +235,8 @@ Status import_cubins(const nlohmann::json& j) {
   std::lock_guard<std::mutex> lock(mu());
   for (const auto& [key, v] : j.items()) {
     std::string cubin;
-    if (key.rfind(kKeyPrefix, 0) != 0 || !v.is_string() || !from_base64(v.get<std::string>(), &cubin) ||
-        cubin.empty())
+    if (key.rfind(kKeyPrefix, 0) != 0 || !v.is_string() ||
+        !from_base64(v.get<std::string>(), &cubin) || cubin.empty())
       return KILN_ERROR("generated kernel '{}': not a base64 cubin", key);
     Module& m = store()[key];
     if (m.cubin.empty()) m.cubin = std::move(cubin);

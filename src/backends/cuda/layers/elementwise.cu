@@ -373,13 +373,13 @@ bool is_float_storage(DataType t) {
 }
 
 // --- generated kernels (NVRTC, rtc.h) -----------------------------------------------------------
-// The tactics "ew.chain.gen" write one kernel per chain: its steps as straight-line code (the
-// expressions of kernels/ew_math.cuh with the operands, parameters and immediates in place), its
-// inputs' loads unrolled, the vector path only. Shapes stay run-time values, so one kernel serves
-// every shape of a dynamic profile. Its parameters are one array of 64-bit words laid out as
-// GenWords says, filled by ProgramLayer::run_generated. Where the vector path does not apply
-// (odd inner sizes, mixed input types, unaligned data, indices beyond 32 bits) the layer runs
-// the interpreter kernels above.
+// The tactics "ew.*.gen" write one kernel per layer (a chain, or a lone Add/Sub/Mul/Div): its
+// steps as straight-line code (the expressions of kernels/ew_math.cuh with the operands,
+// parameters and immediates in place), its inputs' loads unrolled, the vector path and a scalar
+// tail only. Shapes stay run-time values, so one kernel serves every shape of a dynamic profile.
+// Its parameters are one array of 64-bit words laid out as GenWords says, filled by
+// ProgramLayer::run_generated. Where the vector path does not apply (odd inner sizes, mixed
+// input types, unaligned data, indices beyond 32 bits) the layer runs the interpreter kernels.
 const char* const kEwMathText =
 #include "ew_math_text.inc"
     ;
@@ -396,8 +396,10 @@ const StepExpr kStepExprs[] = {KILN_EW_STEP_LIST(KILN_EXPR)};
 struct GenWords {
   int nin = 1, parts = 0;
   static constexpr int kN = 0, kRank = 1, kY = 2, kDims = 3, kDivs = kDims + kMaxDims;
-  constexpr int input(int k) const { return kDivs + kMaxDims + k * (2 + kMaxDims); }  // ptr, vec, strides
-  constexpr int concat() const { return input(nin); }  // cinner, cinner_div, cwidth_div, A, starts, ptrs
+  // Input k: its address, whether it moves along the innermost dim (vector loads), its strides.
+  constexpr int input(int k) const { return kDivs + kMaxDims + k * (2 + kMaxDims); }
+  // A concatenation: cinner, cinner_div, cwidth_div, its width A, the parts' starts and addresses.
+  constexpr int concat() const { return input(nin); }
   constexpr int count() const { return concat() + (parts ? 4 + 2 * parts + 1 : 0); }
 };
 
@@ -470,7 +472,8 @@ std::string generate_source(const Program& p, DataType t) {
       c += (k ? ", " : "") + fmt::format(fmt::runtime(pattern), k);
     return c + ")";
   };
-  s += "extern \"C\" __global__ void __launch_bounds__(256) kiln_ew(const __grid_constant__ Args a) {\n"
+  s += "extern \"C\" __global__ void __launch_bounds__(256)\n"
+       "kiln_ew(const __grid_constant__ Args a) {\n"
        "  asm volatile(\"griddepcontrol.wait;\" ::: \"memory\");\n"
        "  asm volatile(\"griddepcontrol.launch_dependents;\" :::);\n";
   s += fmt::format("  const i64 n = a.w[{}], nv = n / V;\n  const int rank = int(a.w[{}]);\n", w.kN,
@@ -482,7 +485,8 @@ std::string generate_source(const Program& p, DataType t) {
   s += "    u32 r = i;\n#pragma unroll\n";
   s += fmt::format("    for (int d = {}; d > 0; --d) {{\n      if (d < rank) {{\n", kMaxDims - 1);
   s += fmt::format("        const u32 q = fdiv(r, a.w[{} + d]);\n", w.kDivs);
-  s += fmt::format("        const i64 c = i64(r - q * u32(a.w[{} + d]));\n        r = q;\n", w.kDims);
+  s += fmt::format("        const i64 c = i64(r - q * u32(a.w[{} + d]));\n", w.kDims);
+  s += "        r = q;\n";
   for (int k = first; k < p.nin; ++k)
     s += fmt::format("        o{} += c * a.w[{} + d];\n", k, w.input(k) + 2);
   s += "      }\n    }\n";
@@ -513,7 +517,8 @@ std::string generate_source(const Program& p, DataType t) {
           "        for (int e = 0; e < V; ++e) t.s[e] = b;\n      }}\n",
           w.input(k), k, w.input(k) + 1);
     }
-    s += fmt::format("#pragma unroll\n      for (int e = 0; e < V; ++e) v{}[e] = ld(t.s[e]);\n    }}\n", k);
+    s += fmt::format("#pragma unroll\n      for (int e = 0; e < V; ++e) v{}[e] = ld(t.s[e]);\n", k);
+    s += "    }\n";
   }
   s += "    Vec out;\n#pragma unroll\n";
   s += "    for (int e = 0; e < V; ++e) out.s[e] = st(" + call("v{}[e]") + ");\n";
@@ -932,8 +937,9 @@ Expected<std::unique_ptr<Layer>> ew_create(const LayerDesc& d) {
 }
 
 // The generated tactics: chains, and the binary ops that stand alone between other layers (a
-// squeeze-excitation's scale, a residual add), whose inputs all have the output's float type (the vector path's
-// need; otherwise the interpreter is all the layer would run). The variant is the kernel's key.
+// squeeze-excitation's scale, a residual add), whose inputs all have the output's float type
+// (the vector path's need; otherwise the interpreter is all the layer would run). The variant is
+// the kernel's key.
 bool gen_applies(const LayerDesc& d, std::string* why) {
   const DataType t = d.out.empty() ? DataType::kUndefined : d.out[0].dtype;
   if (t != DataType::kFloat32 && t != DataType::kFloat16 && t != DataType::kBFloat16)
@@ -1066,9 +1072,10 @@ const TacticDef kTactics[] = {
     {"", "PRelu", "ew.prelu.nhwc", kNhwcCaps, 0, nhwc_supports, ew_create},
     {"", "Clip", "ew.clip.nhwc", kNhwcCaps, 0, nhwc_supports, ew_create},
     {"kiln", "ElementwiseChain", "ew.chain.nhwc", kNhwcCaps, 0, nhwc_supports, ew_create},
-    {"kiln", "ElementwiseChain", "ew.chain.gen", kGenCaps, 0, gen_supports, gen_create, gen_variants},
-    {"kiln", "ElementwiseChain", "ew.chain.gen.nhwc", kGenNhwcCaps, 0, gen_nhwc_supports, gen_create,
+    {"kiln", "ElementwiseChain", "ew.chain.gen", kGenCaps, 0, gen_supports, gen_create,
      gen_variants},
+    {"kiln", "ElementwiseChain", "ew.chain.gen.nhwc", kGenNhwcCaps, 0, gen_nhwc_supports,
+     gen_create, gen_variants},
     KILN_GEN("Add", "ew.add.gen"), KILN_GEN("Sub", "ew.sub.gen"), KILN_GEN("Mul", "ew.mul.gen"),
     KILN_GEN("Div", "ew.div.gen"),
 };
