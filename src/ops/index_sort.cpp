@@ -125,6 +125,7 @@ Status arg_infer(InferContext& ctx) {
     ctx.set_output(0, TensorType::unknown_rank(DataType::kInt64));
     return Status::Ok();
   }
+  if (x.rank() == 0) return KILN_ERROR("{}: input must have rank >= 1", ctx.node().label());
   KILN_ASSIGN_OR_RETURN(int64_t axis, normalize_axis(ctx.attrs().get_int("axis", 0), x.rank(), ctx.node()));
   std::vector<Dim> dims = *x.dims;
   if (ctx.attrs().get_int("keepdims", 1) != 0) dims[axis] = Dim(1);

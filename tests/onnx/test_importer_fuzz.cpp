@@ -142,6 +142,20 @@ TEST(ImporterFuzz, SplitOfAScalarIsRefused) {
       << st.message();
 }
 
+// ArgMax of a declared scalar: shape inference indexed the axis of an empty shape (UBSan: a
+// reference bound to null in arg_infer). The CPU kernel refused it already; inference does now.
+TEST(ImporterFuzz, ArgMaxOfAScalarIsRefused) {
+  auto m = model_with_graph();
+  auto* g = m.mutable_graph();
+  add_input(g, "x", {});
+  add_op(g, "ArgMax", {"x"}, "y");
+  g->add_output()->set_name("y");
+  const Status st = import_status(m);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("(ArgMax, #0): input must have rank >= 1"), std::string::npos)
+      << st.message();
+}
+
 // Tile of a [10753,1,1,2] tensor by [576460752303423489,0,3,4]: dim x repeats overflowed int64
 // in tile_infer (UBSan). Checked now, as are the other products of a dim and a number from the
 // model in shape inference (Conv's and ConvTranspose's group, DepthToSpace's block, Attention's
