@@ -376,6 +376,14 @@ TEST(CudaHost, PlanRecordsRoundTripAndAreValidated) {
   EXPECT_NE(m.find("unknown tactic 'no.such.tactic'"), std::string::npos) << m;
   EXPECT_NE(m.find("relu"), std::string::npos) << m;
   EXPECT_FALSE(plan_from_json(*g, nlohmann::json::array()).ok());
+  // A damaged generated-kernel entry (rtc.h) is refused at load, naming its key.
+  nlohmann::json bad_kernel = j;
+  bad_kernel["kernels"] = {{"rtc:00000000000000c0", "not base64!"}};
+  const std::string k = plan_from_json(*g, bad_kernel).status().message();
+  EXPECT_NE(k.find("backend plan: generated kernel 'rtc:00000000000000c0'"), std::string::npos)
+      << k;
+  bad_kernel["kernels"] = "x";
+  EXPECT_FALSE(plan_from_json(*g, bad_kernel).ok());
 }
 
 // A dynamic profile's further tuning points and the layers' alternates survive the engine's

@@ -34,14 +34,12 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
-// kernel<<<grid, block, smem, rc.stream>>>(args...), with the programmatic-serialization
-// attribute where rc.pdl is set. Only for kernels that keep the rule above.
-template <typename... Params, typename... Args>
-cudaError_t launch_kernel(const RunContext& rc, void (*kernel)(Params...), dim3 grid, dim3 block,
-                          size_t smem, Args&&... args) {
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+// A launch on rc.stream with the programmatic-serialization attribute (held in *attr) where
+// rc.pdl is set.
+inline cudaLaunchConfig_t launch_config(const RunContext& rc, dim3 grid, dim3 block, size_t smem,
+                                        cudaLaunchAttribute* attr) {
+  attr->id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr->val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;
@@ -49,7 +47,25 @@ cudaError_t launch_kernel(const RunContext& rc, void (*kernel)(Params...), dim3 
   cfg.stream = rc.stream;
   cfg.attrs = rc.pdl ? attr : nullptr;
   cfg.numAttrs = rc.pdl ? 1 : 0;
+  return cfg;
+}
+
+// kernel<<<grid, block, smem, rc.stream>>>(args...), with the programmatic-serialization
+// attribute where rc.pdl is set. Only for kernels that keep the rule above.
+template <typename... Params, typename... Args>
+cudaError_t launch_kernel(const RunContext& rc, void (*kernel)(Params...), dim3 grid, dim3 block,
+                          size_t smem, Args&&... args) {
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t cfg = launch_config(rc, grid, block, smem, &attr);
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+// The same for a kernel loaded at run time (a cudaKernel_t, rtc.h), its parameters as pointers.
+inline cudaError_t launch_kernel(const RunContext& rc, cudaKernel_t kernel, dim3 grid, dim3 block,
+                                 size_t smem, void** args) {
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t cfg = launch_config(rc, grid, block, smem, &attr);
+  return cudaLaunchKernelExC(&cfg, reinterpret_cast<const void*>(kernel), args);
 }
 
 }  // namespace kiln::gpu

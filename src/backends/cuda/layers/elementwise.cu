@@ -684,7 +684,6 @@ class ProgramLayer final : public Layer {
       return KILN_ERROR("{}: broadcast needs {} dims, at most {} are supported", node_->label(),
                         dims.size(), kMaxDims);
     n_ = y.numel();
-    out_dtype_ = static_cast<uint8_t>(y.dtype);
     const int r = static_cast<int>(dims.size());
     prog_.rank = r;
     prog_.small = n_ < (int64_t(1) << 31);
@@ -721,7 +720,7 @@ class ProgramLayer final : public Layer {
     for (int s = 0; s < p.cparts; ++s) p.cptr[s] = in[static_cast<size_t>(s)].data;
     const int64_t V = 16 / static_cast<int64_t>(dtype_size(out[0].dtype));
     if (gen_ && vec_ok_ && p.small && (!p.cparts || n_ % V == 0) && aligned(p, out[0].data)) {
-      KILN_CUDA_CHECK(run_generated(rc, p, out[0].data));
+      KILN_CUDA_CHECK(run_generated(rc, p, out[0].data, V));
       return Status::Ok();
     }
     const bool ok = dispatch_float(out[0].dtype, [&](auto tag) {
@@ -808,10 +807,10 @@ class ProgramLayer final : public Layer {
   }
 
   // The generated kernel's launch: its parameter words (GenWords) from the configured program.
-  cudaError_t run_generated(const RunContext& rc, const Program& p, void* y) const {
+  // V: the output elements in 16 bytes.
+  cudaError_t run_generated(const RunContext& rc, const Program& p, void* y, int64_t V) const {
     const GenWords w{p.nin, p.cparts};
     int64_t words[GenWords{kMaxIn, kMaxParts}.count()] = {};
-    const int64_t V = 16 / static_cast<int64_t>(dtype_size(static_cast<DataType>(out_dtype_)));
     words[w.kN] = n_;
     words[w.kRank] = p.rank;
     words[w.kY] = reinterpret_cast<int64_t>(y);
@@ -834,17 +833,8 @@ class ProgramLayer final : public Layer {
       for (int s = 0; s < p.cparts; ++s)
         words[c + 5 + p.cparts + s] = reinterpret_cast<int64_t>(p.cptr[s]);
     }
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(grid_for(n_ / V));
-    cfg.blockDim = dim3(kBlock);
-    cfg.stream = rc.stream;
-    cfg.attrs = rc.pdl ? attr : nullptr;
-    cfg.numAttrs = rc.pdl ? 1 : 0;
     void* args[] = {words};
-    return cudaLaunchKernelExC(&cfg, reinterpret_cast<const void*>(gen_), args);
+    return launch_kernel(rc, gen_, dim3(grid_for(n_ / V)), dim3(kBlock), 0, args);
   }
 
   template <typename T, int NIN>
@@ -866,7 +856,6 @@ class ProgramLayer final : public Layer {
   std::vector<int64_t> col_offset_;  // per program input: its first column (col_slices)
   cudaKernel_t gen_ = nullptr;  // the generated kernel, if any (run_generated)
   int64_t n_ = 0;
-  uint8_t out_dtype_ = 0;   // the output's DataType (configure)
   bool vec_ok_ = false;     // the vector kernel applies (configure)
 };
 
