@@ -67,9 +67,11 @@ std::vector<OpCase> conv_cases() {
                      attrs({{"group", Attribute::Int(16)}, {"strides", ints_attr({s, s})},
                             {"pads", ints_attr({k / 2, k / 2, k / 2, k / 2})}})));
   }
-  // Larger depthwise layers: channel counts that are not a power of two, taller maps, three images.
+  // Larger depthwise layers: channel counts that are not a power of two, taller maps, three images;
+  // channels not a multiple of the tile kernels' 32 (their last channel block is part empty).
   for (const auto& [C, k, s, H] : {std::tuple<int64_t, int, int, int64_t>{40, 7, 1, 37},
-                                   {96, 3, 2, 35}, {64, 5, 1, 19}}) {
+                                   {96, 3, 2, 35}, {64, 5, 1, 19}, {24, 3, 1, 11},
+                                   {40, 5, 2, 13}, {8, 7, 1, 9}}) {
     v.push_back(conv("dw_c" + std::to_string(C) + "_k" + std::to_string(k) + "_s" +
                          std::to_string(s),
                      {3, C, H, 19}, {C, 1, k, k},

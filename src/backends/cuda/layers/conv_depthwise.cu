@@ -5,8 +5,8 @@
 // layer at batch 32, 20x the memory floor). The direct kernel: each thread makes V adjacent
 // output channels of one output pixel with 16-byte stores, the V / K input channels under them
 // one vector load a tap from L1, and the weights are float [tap][M] for vector loads. The strip
-// kernel (variants strip4, strip8; K = 1) makes a row of outputs a thread from inputs held in
-// registers.
+// kernels (variants strip4/8, stream4/8, reg4/8; K = 1) make a row of outputs a thread from
+// inputs held in registers, the tile kernels (tile8/16) from a patch in shared memory.
 #include <algorithm>
 #include <map>
 #include <vector>
@@ -223,11 +223,154 @@ __global__ void __launch_bounds__(256, TW <= 4 ? 2 : 1)
   }
 }
 
+// The tile form (variants tile8, tile16): a block makes TH x TWB outputs of 32 channels. It
+// copies the input patch under them (with the halo, zero outside the image) and the 32 channels'
+// filters into shared memory with 16-byte loads, then each thread makes a strip of SW outputs
+// along a row for 2 channels from shared memory: per filter row the row's KW weight pairs, and
+// the SPAN input pairs under the strip each read and converted once. The strip and stream forms
+// above read inputs and weights from global memory each filter row and wait on them; here the
+// global reads are issued together at the start and everything after runs from shared memory.
+// The two half-warps take vertically adjacent strips, and the patch's rows are padded so that
+// their reads fall in different banks. Square strides S (both axes), dilation 1, C a multiple of 8.
+constexpr int kTileC = 32;  // channels a block
+template <typename T, int KH, int KW, int S, int TH, int TWB, int SW>
+struct DwTile {
+  static constexpr int NSC = TWB / SW;             // strips a row
+  static constexpr int kThreads = 16 * TH * NSC;   // 16 channel pairs x TH x NSC strips
+  static constexpr int RIN = (TH - 1) * S + KH;    // patch rows
+  static constexpr int CIN = (TWB - 1) * S + KW;   // patch columns
+  // The patch's row stride in elements: its row plus the least padding (whole 16-byte chunks)
+  // that puts the two half-warps' reads, S rows apart, 64 bytes apart modulo 128: other banks.
+  static constexpr int row_stride() {
+    constexpr int chunk = 16 / sizeof(T);
+    for (int e = 0;; e += chunk)
+      if ((S * (CIN * kTileC + e) * int(sizeof(T))) % 128 == 64) return CIN * kTileC + e;
+  }
+  static constexpr int RS = row_stride();
+  static constexpr int SPAN = (SW - 1) * S + KW;
+  static constexpr size_t kWeightBytes = size_t(KH) * KW * kTileC * sizeof(float);
+  static constexpr size_t kSmem = kWeightBytes + size_t(RIN) * RS * sizeof(T);
+  static_assert(TH % 2 == 0 && TWB % SW == 0, "pairs of strip rows");
+};
+
+template <typename T, int KH, int KW, int S, int TH, int TWB, int SW>
+__global__ void __launch_bounds__(DwTile<T, KH, KW, S, TH, TWB, SW>::kThreads)
+    dwconv_nhwc_tile(const T* __restrict__ x, const float* __restrict__ w,
+                     const float* __restrict__ bias, const T* __restrict__ z,
+                     T* __restrict__ y, DwParams p, ActParams act) {
+  using G = DwTile<T, KH, KW, S, TH, TWB, SW>;
+  constexpr int CB = kTileC, CH = 16 / sizeof(T), CPP = CB / CH;  // 16-byte chunks a pixel
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* ws = reinterpret_cast<float*>(smem);                 // [KH * KW][CB]
+  T* xs = reinterpret_cast<T*>(smem + G::kWeightBytes);       // [RIN][RS: CIN x CB, padding]
+  int b = blockIdx.x;
+  const int cblocks = (p.C + CB - 1) / CB, tq = (p.Q + TWB - 1) / TWB, tp = (p.P + TH - 1) / TH;
+  const int c0 = (b % cblocks) * CB;
+  b /= cblocks;
+  const int ow0 = (b % tq) * TWB;
+  b /= tq;
+  const int oh0 = (b % tp) * TH, n = b / tp;
+  for (int i = threadIdx.x; i < KH * KW * CB; i += G::kThreads) {
+    const int c = c0 + i % CB;
+    ws[i] = c < p.C ? w[(i / CB) * p.C + c] : 0.f;
+  }
+  const int ih0 = oh0 * S - p.ph, iw0 = ow0 * S - p.pw;
+  for (int i = threadIdx.x; i < G::RIN * G::CIN * CPP; i += G::kThreads) {
+    const int ch = i % CPP, pix = i / CPP;
+    const int r = pix / G::CIN, c = pix % G::CIN;
+    const int ih = ih0 + r, iw = iw0 + c, cc = c0 + ch * CH;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (ih >= 0 && ih < p.H && iw >= 0 && iw < p.W && cc < p.C)
+      v = *reinterpret_cast<const uint4*>(x + ((int64_t(n) * p.H + ih) * p.W + iw) * p.C + cc);
+    *reinterpret_cast<uint4*>(xs + r * G::RS + c * CB + ch * CH) = v;
+  }
+  __syncthreads();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int cp = lane & 15, srow = (warp / G::NSC) * 2 + (lane >> 4), scol = (warp % G::NSC) * SW;
+  const int op = oh0 + srow, c = c0 + 2 * cp;
+  if (op >= p.P || c >= p.C) return;
+  float acc[SW][2];
+#pragma unroll
+  for (int t = 0; t < SW; ++t) {
+    acc[t][0] = bias ? bias[c] : 0.f;
+    acc[t][1] = bias ? bias[c + 1] : 0.f;
+  }
+#pragma unroll
+  for (int a = 0; a < KH; ++a) {
+    float2 wr[KW];
+#pragma unroll
+    for (int k = 0; k < KW; ++k) wr[k] = *reinterpret_cast<const float2*>(ws + (a * KW + k) * CB + 2 * cp);
+    const T* xr = xs + (srow * S + a) * G::RS + scol * S * CB + 2 * cp;
+#pragma unroll
+    for (int j = 0; j < G::SPAN; ++j) {
+      const Pack<T, 2> xv = *reinterpret_cast<const Pack<T, 2>*>(xr + j * CB);
+      const float x0 = load(xv.v, 0), x1 = load(xv.v, 1);
+#pragma unroll
+      for (int t = 0; t < SW; ++t) {
+        const int k = j - t * S;  // the tap of output t that input j is under
+        if (k < 0 || k >= KW) continue;
+        acc[t][0] += x0 * wr[k].x;
+        acc[t][1] += x1 * wr[k].y;
+      }
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < SW; ++t) {
+    const int q = ow0 + scol + t;
+    if (q >= p.Q) break;
+    const int64_t yo = ((int64_t(n) * p.P + op) * p.Q + q) * p.C + c;
+    if (z) {
+      const Pack<T, 2> zv = *reinterpret_cast<const Pack<T, 2>*>(z + yo);
+      acc[t][0] += load(zv.v, 0);
+      acc[t][1] += load(zv.v, 1);
+    }
+    Pack<T, 2> out;
+    store(out.v, 0, apply_act(acc[t][0], act));
+    store(out.v, 1, apply_act(acc[t][1], act));
+    *reinterpret_cast<Pack<T, 2>*>(y + yo) = out;
+  }
+}
+
+template <typename T, int KH, int KW, int S, int TH, int TWB, int SW>
+bool launch_tile_shape(const T* x, const float* w, const float* b, const T* z, T* y,
+                       const DwParams& p, const ActParams& act, cudaStream_t stream) {
+  using G = DwTile<T, KH, KW, S, TH, TWB, SW>;
+  auto kernel = dwconv_nhwc_tile<T, KH, KW, S, TH, TWB, SW>;
+  // Above 48 KB of shared memory a kernel has to ask for it; once a process per instantiation.
+  static const bool smem_ok =
+      G::kSmem <= 48 * 1024 ||
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(G::kSmem)) == cudaSuccess;
+  if (!smem_ok) return false;
+  const int64_t blocks = int64_t(p.N) * ((p.P + TH - 1) / TH) * ((p.Q + TWB - 1) / TWB) *
+                         ((p.C + kTileC - 1) / kTileC);
+  if (blocks >= (int64_t(1) << 31)) return false;
+  kernel<<<static_cast<unsigned>(blocks), G::kThreads, G::kSmem, stream>>>(x, w, b, z, y, p, act);
+  return true;
+}
+
+// The tile kernels compiled: square 3x3, 5x5 and 7x7 filters at strides 1 and 2; tile8 is a
+// block of 8 x 8 outputs (small maps: ConvNeXt's and EfficientNet's 7x7 and 14x14 stages), tile16
+// 8 x 16; strips of 8 outputs at stride 1, 4 at stride 2.
+template <typename T, int TWB>
+bool launch_tile(const T* x, const float* w, const float* b, const T* z, T* y, const DwParams& p,
+                 const ActParams& act, cudaStream_t stream) {
+  if (p.kh != p.kw || p.sh != p.sw || p.C % (16 / int(sizeof(T))) != 0) return false;
+#define KILN_DW_TILE(K, S, SW)                                                               \
+  if (p.kw == K && p.sw == S)                                                                \
+    return launch_tile_shape<T, K, K, S, 8, TWB, SW>(x, w, b, z, y, p, act, stream);
+  KILN_DW_TILE(3, 1, 8) KILN_DW_TILE(5, 1, 8) KILN_DW_TILE(7, 1, 8)
+  KILN_DW_TILE(3, 2, 4) KILN_DW_TILE(5, 2, 4) KILN_DW_TILE(7, 2, 4)
+#undef KILN_DW_TILE
+  return false;
+}
+
 // The strip and stream kernels compiled: filter widths 3, 5, 7 at strides 1 and 2, strips of 4
 // or 8.
 template <typename T, int V, int TW, bool STREAM>
 bool launch_strip(const T* x, const float* w, const float* b, const T* z, T* y, const DwParams& p,
                   const ActParams& act, cudaStream_t stream) {
+  if (p.C % V != 0) return false;
   const int64_t threads = int64_t(p.N) * p.P * ((p.Q + TW - 1) / TW) * (p.C / V);
   const unsigned grid = grid_for(threads);
 #define KILN_DW_STRIP(KW, S)                                                                   \
@@ -280,10 +423,13 @@ class DepthwiseConvLayer final : public Layer {
  public:
   explicit DepthwiseConvLayer(const LayerDesc& d)
       : node_(d.node),
-        strip_(d.variant == "strip4" || d.variant == "stream4"   ? 4
-               : d.variant == "strip8" || d.variant == "stream8" ? 8
-                                                                 : 0),
-        stream_(d.variant.rfind("stream", 0) == 0) {
+        strip_(d.variant == "strip4" || d.variant == "stream4"                        ? 4
+               : d.variant == "strip8" || d.variant == "stream8" || d.variant == "tile8" ? 8
+               : d.variant == "tile16"                                                   ? 16
+                                                                                         : 0),
+        form_(d.variant.rfind("stream", 0) == 0 ? Form::kStream
+              : d.variant.rfind("tile", 0) == 0 ? Form::kTile
+                                                : Form::kStrip) {
     if (d.node->op_type == "FusedConv") read_activation(d.node->attrs, &act_);
     // Weights [M,1,kh,kw] -> float [kh*kw][M]; bias float [M]. Uploaded at the first configure.
     const Tensor& w = *d.in_const(1);
@@ -336,15 +482,8 @@ class DepthwiseConvLayer final : public Layer {
         T* y = static_cast<T*>(out[0].data);
         const T* zp = z ? static_cast<const T*>(z->data) : nullptr;
         const int64_t pixels = int64_t(p_.N) * p_.P * p_.Q;
-        const bool strip_ok = vec_ok && p_.K == 1 && p_.C % V == 0 && p_.dh == 1 && p_.dw == 1;
-        if (strip_ok && strip_ == 4 &&
-            (stream_ ? launch_strip<T, V, 4, true>(x, w, b, zp, y, p_, act_, rc.stream)
-                     : launch_strip<T, V, 4, false>(x, w, b, zp, y, p_, act_, rc.stream)))
-          return;
-        if (strip_ok && strip_ == 8 &&
-            (stream_ ? launch_strip<T, V, 8, true>(x, w, b, zp, y, p_, act_, rc.stream)
-                     : launch_strip<T, V, 8, false>(x, w, b, zp, y, p_, act_, rc.stream)))
-          return;
+        const bool strip_ok = vec_ok && p_.K == 1 && p_.dh == 1 && p_.dw == 1;
+        if (strip_ok && strip_ > 0 && launch_strips<T, V>(x, w, b, zp, y, rc.stream)) return;
         // Vector paths: K = 1 and K = 2 (FastViT's), each V outputs reading V / K inputs.
         const bool vec = vec_ok && p_.M % V == 0;
         if (vec && p_.K == 1)
@@ -369,8 +508,25 @@ class DepthwiseConvLayer final : public Layer {
     return reinterpret_cast<float*>(static_cast<char*>(weights_.get()) + off);
   }
   const Node* node_;
-  int strip_;    // outputs a thread makes along a row (strip4 / stream4: 4); 0: the direct kernel
-  bool stream_;  // the stream form of the strip kernel
+  template <typename T, int V>
+  bool launch_strips(const T* x, const float* w, const float* b, const T* z, T* y,
+                     cudaStream_t s) const {
+    switch (form_) {
+      case Form::kStrip:
+        return strip_ == 4 ? launch_strip<T, V, 4, false>(x, w, b, z, y, p_, act_, s)
+                           : launch_strip<T, V, 8, false>(x, w, b, z, y, p_, act_, s);
+      case Form::kStream:
+        return strip_ == 4 ? launch_strip<T, V, 4, true>(x, w, b, z, y, p_, act_, s)
+                           : launch_strip<T, V, 8, true>(x, w, b, z, y, p_, act_, s);
+      case Form::kTile:
+        return strip_ == 8 ? launch_tile<T, 8>(x, w, b, z, y, p_, act_, s)
+                           : launch_tile<T, 16>(x, w, b, z, y, p_, act_, s);
+    }
+    return false;
+  }
+  enum class Form { kStrip, kStream, kTile };
+  int strip_;  // outputs a thread makes along a row (strip4 / stream4: 4), a tile's width (tile8: 8); 0: the direct kernel
+  Form form_;  // which strip kernel
   ActParams act_;
   std::vector<float> host_w_, host_b_;
   DeviceMemory weights_;
@@ -382,11 +538,14 @@ class DepthwiseConvLayer final : public Layer {
 bool depthwise_conv_supports(const LayerDesc& d, std::string* why) {
   return depthwise_supports(d, why);
 }
-// The tuner times the direct kernel ("") and, where they apply, the strip and stream kernels with
-// 4 and 8 outputs a thread (a run whose tensors are not 16-byte aligned takes the direct kernel).
+// The tuner times the direct kernel ("") and, where they apply, the strip, stream and
+// tile kernels (4 and 8 outputs a thread; tiles 8 and 16 wide) (a run whose tensors are not 16-byte
+// aligned takes the direct kernel).
 std::vector<std::string> depthwise_conv_variants(const LayerDesc& d) {
   if (!strip_applies(d)) return {""};
-  return {"", "strip4", "strip8", "stream4", "stream8"};
+  const Tensor* w = d.in_const(1);
+  if (w->shape()[2] != w->shape()[3]) return {"", "strip4", "strip8", "stream4", "stream8"};
+  return {"", "strip4", "strip8", "stream4", "stream8", "tile8", "tile16"};
 }
 Expected<std::unique_ptr<Layer>> create_depthwise_conv(const LayerDesc& d) {
   return std::unique_ptr<Layer>(new DepthwiseConvLayer(d));
