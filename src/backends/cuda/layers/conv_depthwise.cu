@@ -14,6 +14,7 @@
 #include "device_util_host.h"
 #include "tactics/check.h"
 #include "kernels/device_util.cuh"
+#include "kernels/mma.cuh"
 #include "layers/conv_common.h"
 
 namespace kiln::gpu {
@@ -225,13 +226,14 @@ __global__ void __launch_bounds__(256, TW <= 4 ? 2 : 1)
 
 // The tile form (variants tile8, tile16): a block makes TH x TWB outputs of 32 channels. It
 // copies the input patch under them (with the halo, zero outside the image) and the 32 channels'
-// filters into shared memory with 16-byte loads, then each thread makes a strip of SW outputs
-// along a row for 2 channels from shared memory: per filter row the row's KW weight pairs, and
-// the SPAN input pairs under the strip each read and converted once. The strip and stream forms
-// above read inputs and weights from global memory each filter row and wait on them; here the
-// global reads are issued together at the start and everything after runs from shared memory.
-// The two half-warps take vertically adjacent strips, and the patch's rows are padded so that
-// their reads fall in different banks. Square strides S (both axes), dilation 1, C a multiple of 8.
+// filters into shared memory with 16-byte asynchronous copies, then each thread makes a strip of
+// SW outputs along a row for 2 channels from shared memory: per filter row the row's KW weight
+// pairs, and the SPAN input pairs under the strip each read and converted once. The strip and
+// stream forms above read inputs and weights from global memory each filter row and wait on
+// them; here the global reads are issued together at the start and everything after runs from
+// shared memory. The two half-warps take vertically adjacent strips, and the patch's rows are
+// padded so that their reads fall in different banks. Square strides S (both axes), dilation 1,
+// C a multiple of 8.
 constexpr int kTileC = 32;  // channels a block
 template <typename T, int KH, int KW, int S, int TH, int TWB, int SW>
 struct DwTile {
@@ -270,20 +272,23 @@ __global__ void __launch_bounds__(DwTile<T, KH, KW, S, TH, TWB, SW>::kThreads)
   const int ow0 = (b % tq) * TWB;
   b /= tq;
   const int oh0 = (b % tp) * TH, n = b / tp;
-  for (int i = threadIdx.x; i < KH * KW * CB; i += G::kThreads) {
-    const int c = c0 + i % CB;
-    ws[i] = c < p.C ? w[(i / CB) * p.C + c] : 0.f;
+  // Every copy is issued before any is waited for (cp.async, zeros where a chunk lies outside
+  // the image or past the last channel): one trip to memory a block, not one a loop round.
+  for (int i = threadIdx.x; i < KH * KW * (CB / 4); i += G::kThreads) {
+    const int tap = i / (CB / 4), c = c0 + (i % (CB / 4)) * 4;  // 4 floats a chunk
+    cp_async16(ws + tap * CB + c - c0, c < p.C ? w + tap * p.C + c : w, c < p.C);
   }
   const int ih0 = oh0 * S - p.ph, iw0 = ow0 * S - p.pw;
   for (int i = threadIdx.x; i < G::RIN * G::CIN * CPP; i += G::kThreads) {
     const int ch = i % CPP, pix = i / CPP;
     const int r = pix / G::CIN, c = pix % G::CIN;
     const int ih = ih0 + r, iw = iw0 + c, cc = c0 + ch * CH;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (ih >= 0 && ih < p.H && iw >= 0 && iw < p.W && cc < p.C)
-      v = *reinterpret_cast<const uint4*>(x + ((int64_t(n) * p.H + ih) * p.W + iw) * p.C + cc);
-    *reinterpret_cast<uint4*>(xs + r * G::RS + c * CB + ch * CH) = v;
+    const bool in = ih >= 0 && ih < p.H && iw >= 0 && iw < p.W && cc < p.C;
+    cp_async16(xs + r * G::RS + c * CB + ch * CH,
+               in ? x + ((int64_t(n) * p.H + ih) * p.W + iw) * p.C + cc : x, in);
   }
+  cp_async_commit();
+  cp_async_wait<0>();
   __syncthreads();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int cp = lane & 15, srow = (warp / G::NSC) * 2 + (lane >> 4), scol = (warp % G::NSC) * SW;
