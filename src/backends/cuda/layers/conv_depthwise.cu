@@ -5,8 +5,8 @@
 // layer at batch 32, 20x the memory floor). The direct kernel: each thread makes V adjacent
 // output channels of one output pixel with 16-byte stores, the V / K input channels under them
 // one vector load a tap from L1, and the weights are float [tap][M] for vector loads. The strip
-// kernels (variants strip4/8, stream4/8, reg4/8; K = 1) make a row of outputs a thread from
-// inputs held in registers, the tile kernels (tile8/16) from a patch in shared memory.
+// kernels (variants strip4/8, stream4/8; K = 1) make a row of outputs a thread from inputs held
+// in registers, the tile kernels (tile8/16) from a patch in shared memory.
 #include <algorithm>
 #include <map>
 #include <vector>
@@ -304,7 +304,8 @@ __global__ void __launch_bounds__(DwTile<T, KH, KW, S, TH, TWB, SW>::kThreads)
   for (int a = 0; a < KH; ++a) {
     float2 wr[KW];
 #pragma unroll
-    for (int k = 0; k < KW; ++k) wr[k] = *reinterpret_cast<const float2*>(ws + (a * KW + k) * CB + 2 * cp);
+    for (int k = 0; k < KW; ++k)
+      wr[k] = *reinterpret_cast<const float2*>(ws + (a * KW + k) * CB + 2 * cp);
     const T* xr = xs + (srow * S + a) * G::RS + scol * S * CB + 2 * cp;
 #pragma unroll
     for (int j = 0; j < G::SPAN; ++j) {
@@ -341,12 +342,13 @@ bool launch_tile_shape(const T* x, const float* w, const float* b, const T* z, T
                        const DwParams& p, const ActParams& act, cudaStream_t stream) {
   using G = DwTile<T, KH, KW, S, TH, TWB, SW>;
   auto kernel = dwconv_nhwc_tile<T, KH, KW, S, TH, TWB, SW>;
-  // Above 48 KB of shared memory a kernel has to ask for it; once a process per instantiation.
-  static const bool smem_ok =
-      G::kSmem <= 48 * 1024 ||
+  // Above 48 KB of shared memory a kernel has to ask for it, on each device it runs on: asked at
+  // every launch of those few shapes (7x7 at stride 2 in tile16, some float32 ones), a host call
+  // that graph replays do not repeat.
+  if (G::kSmem > 48 * 1024 &&
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(G::kSmem)) == cudaSuccess;
-  if (!smem_ok) return false;
+                           static_cast<int>(G::kSmem)) != cudaSuccess)
+    return false;
   const int64_t blocks = int64_t(p.N) * ((p.P + TH - 1) / TH) * ((p.Q + TWB - 1) / TWB) *
                          ((p.C + kTileC - 1) / kTileC);
   if (blocks >= (int64_t(1) << 31)) return false;
@@ -530,8 +532,8 @@ class DepthwiseConvLayer final : public Layer {
     return false;
   }
   enum class Form { kStrip, kStream, kTile };
-  int strip_;  // outputs a thread makes along a row (strip4 / stream4: 4), a tile's width (tile8: 8); 0: the direct kernel
-  Form form_;  // which strip kernel
+  int strip_;  // strip4/stream4: 4 outputs a thread along a row; tile8: 8 wide; 0: direct kernel
+  Form form_;  // which of the strip, stream and tile kernels
   ActParams act_;
   std::vector<float> host_w_, host_b_;
   DeviceMemory weights_;
