@@ -83,9 +83,10 @@ __global__ void dwconv_nhwc(const T* __restrict__ x, const float* __restrict__ w
   }
 }
 
-// The strip and stream kernels' common parts: thread i's place (batch, output row, first
+// The strip, stream and tile kernels' common parts: thread i's place (batch, output row, first
 // output column of its strip, first channel), its accumulators set to the bias, and the
-// epilogue: residual, activation and 16-byte stores of the strip's outputs inside the row.
+// epilogue: residual, activation and V-channel vector stores of the strip's outputs inside the
+// row (16 bytes in the strip and stream kernels, 2 channels in the tile kernels).
 struct StripAt {
   int n, op, q0, c0;
 };
@@ -295,11 +296,7 @@ __global__ void __launch_bounds__(DwTile<T, KH, KW, S, TH, TWB, SW>::kThreads)
   const int op = oh0 + srow, c = c0 + 2 * cp;
   if (op >= p.P || c >= p.C) return;
   float acc[SW][2];
-#pragma unroll
-  for (int t = 0; t < SW; ++t) {
-    acc[t][0] = bias ? bias[c] : 0.f;
-    acc[t][1] = bias ? bias[c + 1] : 0.f;
-  }
+  strip_init<2, SW>(acc, bias, c);
 #pragma unroll
   for (int a = 0; a < KH; ++a) {
     float2 wr[KW];
@@ -320,21 +317,7 @@ __global__ void __launch_bounds__(DwTile<T, KH, KW, S, TH, TWB, SW>::kThreads)
       }
     }
   }
-#pragma unroll
-  for (int t = 0; t < SW; ++t) {
-    const int q = ow0 + scol + t;
-    if (q >= p.Q) break;
-    const int64_t yo = ((int64_t(n) * p.P + op) * p.Q + q) * p.C + c;
-    if (z) {
-      const Pack<T, 2> zv = *reinterpret_cast<const Pack<T, 2>*>(z + yo);
-      acc[t][0] += load(zv.v, 0);
-      acc[t][1] += load(zv.v, 1);
-    }
-    Pack<T, 2> out;
-    store(out.v, 0, apply_act(acc[t][0], act));
-    store(out.v, 1, apply_act(acc[t][1], act));
-    *reinterpret_cast<Pack<T, 2>*>(y + yo) = out;
-  }
+  strip_store<T, 2, SW>(acc, StripAt{n, op, ow0 + scol, c}, z, y, p, act);
 }
 
 template <typename T, int KH, int KW, int S, int TH, int TWB, int SW>
