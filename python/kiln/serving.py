@@ -850,23 +850,49 @@ async def _malformed_request(request, exc):
                         content={"error": "malformed request: " + "; ".join(problems)})
 
 
+class _CallDetails:
+    """grpc.HandlerCallDetails of one call, for interceptors run by _intercepted."""
+    __slots__ = ("method", "invocation_metadata")
+
+    def __init__(self, method: str, invocation_metadata):
+        self.method, self.invocation_metadata = method, invocation_metadata
+
+
+async def _intercept_chain(interceptors: tuple, handler, details):
+    """The method handler that grpc.aio's interceptor chain makes of `handler`: each of
+    `interceptors` in order, its continuation the rest (as grpc.aio runs them)."""
+    if not interceptors:
+        return handler
+    return await interceptors[0].intercept_service(
+        functools.partial(_intercept_chain, interceptors[1:], handler), details)
+
+
+def _intercepted(method: str, handler, interceptors: tuple):
+    """A unary-unary method handler whose every call first runs `interceptors` (grpc.aio
+    ServerInterceptors) as the server would, then the handler they return. The interceptors are
+    given to the methods this way, each call, rather than to the server: a grpc.aio server runs
+    its interceptors for every method, ModelInfer included, two coroutines and a continuation
+    each per call (about an eighth of grpc.aio's CPU per request; bench/grpc_floor.py
+    --interceptors 2 with uvloop)."""
+    import grpc
+
+    async def behaviour(request, context):
+        details = _CallDetails(method, context.invocation_metadata())
+        h = await _intercept_chain(interceptors, handler, details)
+        if h is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"method {method} is not served")
+        return await h.unary_unary(request, context)
+
+    return grpc.unary_unary_rpc_method_handler(
+        behaviour, request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer)
+
+
 @functools.lru_cache(maxsize=None)
-def _not_for_infer():
-    from grpc.aio import ServerInterceptor
+def _kserve_logger():
+    from kserve.logging import logger
 
-    class _NotForInfer(ServerInterceptor):
-        """Runs the interceptor `inner` for every gRPC method but ModelInfer (with `skip`; else
-        for all)."""
-
-        def __init__(self, inner, skip: bool = True):
-            self.inner, self.skip = inner, skip
-
-        async def intercept_service(self, continuation, details):
-            if self.skip and details.method == GRPC_MODEL_INFER:
-                return await continuation(details)
-            return await self.inner.intercept_service(continuation, details)
-
-    return _NotForInfer
+    return logger
 
 
 @functools.lru_cache(maxsize=None)
@@ -891,6 +917,7 @@ def _inference_servicer():
             super().__init__(data_plane, model_repository_extension)
             self._errors = errors  # KServe's ExceptionToStatusInterceptor
             self._fixed_models = fixed_models  # a worker of kiln serve --workers
+            self.log_requests = False  # --log-requests: ModelInfer logged as KServe logs calls
 
         async def RepositoryModelLoad(self, request, context):
             if self._fixed_models:
@@ -906,6 +933,8 @@ def _inference_servicer():
             """`body`: the serialized request (the method is registered without a
             deserializer: split_grpc_request); the response goes out serialized."""
             request = None
+            if self.log_requests:  # as KServe's LoggingInterceptor, which the others go through
+                _kserve_logger().info(f"grpc method: {GRPC_MODEL_INFER}")
             try:
                 request, raw = split_grpc_request(body)
                 model = self._data_plane.model_registry.get_model(request.model_name)
@@ -927,10 +956,12 @@ def _inference_servicer():
                 error = e
             await self._errors.handle_exception(error, request, context, GRPC_MODEL_INFER)
 
-        def register(self, server) -> None:
+        def register(self, server, interceptors: tuple = ()) -> None:
             """Adds the service to a grpc.aio server, as the generated
             add_GRPCInferenceServiceServicer_to_server does, but ModelInfer without protobuf's
-            (de)serialization: it takes and returns bytes."""
+            (de)serialization (it takes and returns bytes) and every other method through
+            `interceptors` (_intercepted; ModelInfer maps its own errors, and the server is made
+            without interceptors)."""
             from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc as pb_grpc
 
             handlers = {}
@@ -943,8 +974,12 @@ def _inference_servicer():
                     handlers.update(methods)
 
             pb_grpc.add_GRPCInferenceServiceServicer_to_server(self, _Capture())
-            handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(self.ModelInfer)
             service = "inference.GRPCInferenceService"
+            if interceptors:
+                for name, h in list(handlers.items()):
+                    if h.unary_unary is not None:
+                        handlers[name] = _intercepted(f"/{service}/{name}", h, interceptors)
+            handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(self.ModelInfer)
             server.add_generic_rpc_handlers(
                 (grpc.method_handlers_generic_handler(service, handlers),))
             if hasattr(server, "add_registered_method_handlers"):
@@ -978,23 +1013,23 @@ def make_server(host: str, http_port: int, grpc_port: int, max_request_bytes: in
                                                            LoggingInterceptor)
 
             # KServe's interceptors for every method but ModelInfer, which maps its own errors
-            # (_InferenceServicer) and is logged only with --log-requests.
+            # (_InferenceServicer) and is logged only with --log-requests; given to the
+            # methods, not the server (_intercepted).
             errors = ExceptionToStatusInterceptor()
-            _NotForInfer = _not_for_infer()
             options = [("grpc.max_send_message_length", max_request_bytes),
                        ("grpc.max_receive_message_length", max_request_bytes)]
             if worker is not None:
                 options.append(("grpc.so_reuseport", 1))
-            self._server = aio.server(
-                futures.ThreadPoolExecutor(max_workers=max_workers),
-                interceptors=(_NotForInfer(LoggingInterceptor(), skip=not log_requests),
-                              _NotForInfer(errors)),
-                options=options)
-            _inference_servicer()(self._data_plane, self._model_repository_extension, errors,
-                                  fixed_models=worker is not None).register(self._server)
+            self._server = aio.server(futures.ThreadPoolExecutor(max_workers=max_workers),
+                                      options=options)
+            servicer = _inference_servicer()(self._data_plane, self._model_repository_extension,
+                                             errors, fixed_models=worker is not None)
+            servicer.log_requests = log_requests
+            servicer.register(self._server, (LoggingInterceptor(), errors))
             address = f"[{host}]:{self._port}" if ":" in host else f"{host}:{self._port}"
             self._server.add_insecure_port(address)
-            log.info("gRPC (Open Inference Protocol v2) on %s", address)
+            log.info("gRPC (Open Inference Protocol v2) on %s (event loop: %s)", address,
+                     type(asyncio.get_running_loop()).__module__.split(".")[0])
             await self._server.start()
             self.started = True
             await self._server.wait_for_termination()
@@ -1026,6 +1061,10 @@ def make_server(host: str, http_port: int, grpc_port: int, max_request_bytes: in
             if worker is not None:
                 self.servers.append(self._announce_ready())
             self.servers.append(self._background())
+            try:  # as asyncio's own policy does (uvloop's leaves get_event_loop to raise)
+                asyncio.get_event_loop()
+            except RuntimeError:
+                asyncio.set_event_loop(asyncio.new_event_loop())
             self.setup_event_loop()
             self.register_signal_handler()
             asyncio.run(self._serve())
@@ -1126,6 +1165,24 @@ def tune_malloc() -> bool:
     return bool(libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
                 and libc.mallopt(_M_TRIM_THRESHOLD, _MMAP_THRESHOLD)
                 and (arenas <= 0 or libc.mallopt(_M_ARENA_MAX, arenas)))
+
+
+def use_uvloop() -> bool:
+    """Runs this process's event loops on uvloop (libuv, its loop, handles and transports in
+    Cython) where it is installed, unless KILN_SERVE_UVLOOP=0: asyncio's own loop is Python
+    (every callback a Handle, _run_once, selectors), and the front end's every request passes
+    through it several times (grpc.aio's completion-queue callbacks, the RPC's tasks, the
+    batcher's futures; uvicorn's protocol). On the cpu backend's MLP (bench/serve_cpu.sh, 2
+    cores) uvloop cut grpc.aio's CPU per request by about a quarter. True when in use; call it
+    before the loop is made (asyncio.run)."""
+    if os.environ.get("KILN_SERVE_UVLOOP", "1") == "0":
+        return False
+    try:
+        import uvloop
+    except ImportError:
+        return False
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    return True
 
 
 def rss_bytes() -> int:
@@ -1320,6 +1377,7 @@ def main(argv=None) -> int:
     # Set when this process is a worker of `kiln serve --workers` (serve_workers.Supervisor).
     worker = WorkerLink.from_env()
     tune_malloc()
+    use_uvloop()
 
     def fail(message: str) -> int:
         if worker is not None:

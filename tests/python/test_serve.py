@@ -504,3 +504,72 @@ def test_bad_rest_requests_name_what_is_wrong(server, body, header_length, messa
     assert message in json.loads(text)["error"], text
     status, _, text = post_raw(server, "/v2/models/small_cnn/infer", rest_body())
     assert status == 200, text
+
+
+def test_use_uvloop_and_its_switch():
+    """kiln serve runs its event loop on uvloop where it is installed; KILN_SERVE_UVLOOP=0 keeps
+    asyncio's own (each in a process of its own: the choice is the process's loop policy)."""
+    code = ("import asyncio; from kiln.serving import use_uvloop; "
+            "print(use_uvloop(), type(asyncio.new_event_loop()).__module__)")
+    have = importlib.util.find_spec("uvloop") is not None
+    for switch, want in (("1", have), ("0", False)):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             env=dict(serve_env(), KILN_SERVE_UVLOOP=switch), timeout=120)
+        assert out.returncode == 0, out.stderr
+        used, module = out.stdout.split()
+        assert used == str(want), out.stdout
+        assert module.startswith("uvloop" if want else "asyncio"), out.stdout
+
+
+def test_log_requests_on_asyncio_loop(models_dir, tmp_path):
+    """With --log-requests every gRPC call is logged as KServe's LoggingInterceptor logs it,
+    ModelInfer included (the server has no interceptors: the other methods go through KServe's
+    per method, ModelInfer maps its own errors); errors keep their status. On asyncio's own
+    event loop (KILN_SERVE_UVLOOP=0), which serves as uvloop does."""
+    import grpc
+    from tritonclient.grpc import service_pb2
+
+    (tmp_path / "repo").mkdir()
+    repo = serve_repo(models_dir, tmp_path / "repo", max_batch=4)
+    http_port, grpc_port = free_port(), free_port()
+    log = open(tmp_path / "serve.log", "w+")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kiln.cli", "serve", str(repo), "--host", "127.0.0.1",
+         "--http-port", str(http_port), "--grpc-port", str(grpc_port), "--log-requests",
+         "--no-warmup"], stdout=log, stderr=subprocess.STDOUT,
+        env=dict(serve_env(), KILN_SERVE_UVLOOP="0"))
+    server = {"grpc": f"127.0.0.1:{grpc_port}"}
+    try:
+        channel, stub = grpc_stub(server)
+        deadline = time.time() + 90
+        while True:
+            try:
+                assert stub.ServerLive(service_pb2.ServerLiveRequest(), timeout=2).live
+                break
+            except grpc.RpcError:
+                if proc.poll() is not None or time.time() > deadline:
+                    log.seek(0)
+                    pytest.fail(f"kiln serve did not start:\n{log.read()[-4000:]}")
+                time.sleep(0.5)
+        x = cnn_input(1, 0)
+        code, message, response = grpc_call(stub, grpc_request(
+            inputs=[("input", "FP32", x.shape)], raw=[x.tobytes()]))
+        assert code == "OK", message
+        assert raw_outputs(response)["probabilities"].shape == (1, 10)
+        code, message, _ = grpc_call(stub, grpc_request(
+            inputs=[("input", "FP32", [1, 3, 32, 31])], raw=[b"\0" * (3 * 32 * 31 * 4)]))
+        assert code == "INVALID_ARGUMENT" and "shape [1, 3, 32, 31]" in message, message
+        with pytest.raises(grpc.RpcError) as e:
+            stub.ModelMetadata(service_pb2.ModelMetadataRequest(name="nope"), timeout=30)
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND, e.value
+        channel.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    log.seek(0)
+    text = log.read()
+    for method in ("ServerLive", "ModelInfer", "ModelMetadata"):
+        assert f"grpc method: /inference.GRPCInferenceService/{method}" in text, text[-4000:]
