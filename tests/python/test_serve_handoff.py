@@ -102,3 +102,25 @@ def test_check_request_dtypes(cnn_engine):
         check_request(cnn_engine, {"input": x.astype(np.float64)}, True)
     with pytest.raises(RequestError, match="datatype FP16, the model takes FP32"):
         check_request(cnn_engine, {"input": x.astype(np.float16)}, True)
+
+
+def test_close_runs_the_inferences_handed_over(cnn_engine):
+    """close() stops the inference threads after the inferences already handed to them, whose
+    requests get their outputs; the threads are gone after it."""
+    ctx = cnn_engine.create_context()
+    batcher = Batcher(cnn_engine, contexts=1, max_batch=2, max_delay_s=0.001)
+    xs = [_x(2, k) for k in range(6)]  # full batches: each handed over at once
+
+    async def main():
+        waiting = [batcher.submit({"input": x}) for x in xs]  # handed over here
+        closing = asyncio.get_running_loop().run_in_executor(None, batcher.close)
+        outs = await asyncio.gather(*waiting)
+        await closing
+        return outs
+
+    outs = _run(main())
+    for x, out in zip(xs, outs):
+        want = ctx.run({"input": x})["probabilities"]
+        assert np.abs(out["probabilities"] - want).max() < 1e-5
+    assert not any(t.is_alive() for t in batcher._threads)
+    batcher.close()  # a second close does nothing
