@@ -310,8 +310,10 @@ void register_all() {
       {"matmul.cublaslt", {"h0", "h1"}},
       {"fused_gemm.cutlass_sm90", {"coop256x128", "pp128x128", "pp128x64", "coop128x192"}},
       {"mha.flash", {"", "rows128", "split", "w32"}},
-      {"kiln.dwconv", {"", "strip4", "strip8", "stream4", "stream8", "tile8", "tile16"}},
-      {"kiln.dwconv.fused", {"", "strip4", "strip8", "stream4", "stream8", "tile8", "tile16"}},
+      {"kiln.dwconv",
+       {"", "strip4", "strip8", "stream4", "stream8", "tile8", "tile16", "tile8r2", "tile16r2"}},
+      {"kiln.dwconv.fused",
+       {"", "strip4", "strip8", "stream4", "stream8", "tile8", "tile16", "tile8r2", "tile16r2"}},
   };
   for (const auto& [family, fn] : families) {
     for (const OpCase& c : fn()) {

@@ -6,7 +6,7 @@
 // output channels of one output pixel with 16-byte stores, the V / K input channels under them
 // one vector load a tap from L1, and the weights are float [tap][M] for vector loads. The strip
 // kernels (variants strip4/8, stream4/8; K = 1) make a row of outputs a thread from inputs held
-// in registers, the tile kernels (tile8/16) from a patch in shared memory.
+// in registers, the tile kernels (tile8/16, tile8r2/16r2) from a patch in shared memory.
 #include <algorithm>
 #include <map>
 #include <vector>
@@ -108,14 +108,13 @@ __device__ __forceinline__ void strip_init(float (&acc)[TW][V], const float* bia
     for (int t = 0; t < TW; ++t) acc[t][l] = b0;
   }
 }
-template <typename T, int V, int TW>
-__device__ __forceinline__ void strip_store(float (&acc)[TW][V], const StripAt& at, const T* z,
-                                            T* y, const DwParams& p, const ActParams& act) {
+template <typename T, int V, int TW, typename F>
+__device__ __forceinline__ void strip_store_with(float (&acc)[TW][V], const StripAt& at,
+                                                 const T* z, T* y, const DwParams& p, F f) {
+  int64_t yo = ((static_cast<int64_t>(at.n) * p.P + at.op) * p.Q + at.q0) * p.C + at.c0;
 #pragma unroll
-  for (int t = 0; t < TW; ++t) {
+  for (int t = 0; t < TW; ++t, yo += p.C) {
     if (at.q0 + t >= p.Q) break;
-    const int64_t yo =
-        ((static_cast<int64_t>(at.n) * p.P + at.op) * p.Q + at.q0 + t) * p.C + at.c0;
     if (z) {
       const Pack<T, V> zv = *reinterpret_cast<const Pack<T, V>*>(z + yo);
 #pragma unroll
@@ -123,9 +122,18 @@ __device__ __forceinline__ void strip_store(float (&acc)[TW][V], const StripAt& 
     }
     Pack<T, V> out;
 #pragma unroll
-    for (int l = 0; l < V; ++l) store(out.v, l, apply_act(acc[t][l], act));
+    for (int l = 0; l < V; ++l) store(out.v, l, f(acc[t][l]));
     *reinterpret_cast<Pack<T, V>*>(y + yo) = out;
   }
+}
+// The activation chosen once a thread, not per output (apply_act switches on its code).
+template <typename T, int V, int TW>
+__device__ __forceinline__ void strip_store(float (&acc)[TW][V], const StripAt& at, const T* z,
+                                            T* y, const DwParams& p, const ActParams& act) {
+  if (act.act == Act::kNone)
+    strip_store_with<T, V, TW>(acc, at, z, y, p, [](float v) { return v; });
+  else
+    strip_store_with<T, V, TW>(acc, at, z, y, p, [&](float v) { return apply_act(v, act); });
 }
 
 // The strip form: a thread makes TW outputs along a row for V adjacent channels. Per filter row
@@ -225,43 +233,47 @@ __global__ void __launch_bounds__(256, TW <= 4 ? 2 : 1)
   }
 }
 
-// The tile form (variants tile8, tile16): a block makes TH x TWB outputs of 32 channels. It
-// copies the input patch under them (with the halo, zero outside the image) and the 32 channels'
-// filters into shared memory with 16-byte asynchronous copies, then each thread makes a strip of
-// SW outputs along a row for 2 channels from shared memory: per filter row the row's KW weight
-// pairs, and the SPAN input pairs under the strip each read and converted once. The strip and
+// The tile form (variants tile8, tile16, tile8r2, tile16r2): a block makes TH x TWB outputs of
+// 32 channels. It copies the input patch under them (with the halo, zero outside the image) and
+// the 32 channels' filters into shared memory with 16-byte asynchronous copies, then each thread
+// makes R strips of SW outputs along R adjacent rows for 2 channels from shared memory: per input
+// row the filter rows' KW weight pairs, and the SPAN input pairs under the strips each read and
+// converted once for all R strips (R = 2: about a fifth fewer instructions an output, the loads
+// and conversions shared, for twice the accumulators). The strip and
 // stream forms above read inputs and weights from global memory each filter row and wait on
 // them; here the global reads are issued together at the start and everything after runs from
 // shared memory. The two half-warps take vertically adjacent strips, and the patch's rows are
 // padded so that their reads fall in different banks. Square strides S (both axes), dilation 1,
 // C a multiple of 8.
 constexpr int kTileC = 32;  // channels a block
-template <typename T, int KH, int KW, int S, int TH, int TWB, int SW>
+template <typename T, int KH, int KW, int S, int TH, int TWB, int SW, int R>
 struct DwTile {
-  static constexpr int NSC = TWB / SW;             // strips a row
-  static constexpr int kThreads = 16 * TH * NSC;   // 16 channel pairs x TH x NSC strips
-  static constexpr int RIN = (TH - 1) * S + KH;    // patch rows
-  static constexpr int CIN = (TWB - 1) * S + KW;   // patch columns
+  static constexpr int NSC = TWB / SW;               // strips a row
+  static constexpr int kThreads = 16 * TH / R * NSC;  // 16 channel pairs x TH / R x NSC strips
+  static constexpr int RIN = (TH - 1) * S + KH;      // patch rows
+  static constexpr int CIN = (TWB - 1) * S + KW;     // patch columns
   // The patch's row stride in elements: its row plus the least padding (whole 16-byte chunks)
-  // that puts the two half-warps' reads, S rows apart, 64 bytes apart modulo 128: other banks.
+  // that puts the two half-warps' reads, R x S rows apart, 64 bytes apart modulo 128: other
+  // banks.
   static constexpr int row_stride() {
     constexpr int chunk = 16 / sizeof(T);
     for (int e = 0;; e += chunk)
-      if ((S * (CIN * kTileC + e) * int(sizeof(T))) % 128 == 64) return CIN * kTileC + e;
+      if ((R * S * (CIN * kTileC + e) * int(sizeof(T))) % 128 == 64) return CIN * kTileC + e;
   }
   static constexpr int RS = row_stride();
   static constexpr int SPAN = (SW - 1) * S + KW;
   static constexpr size_t kWeightBytes = size_t(KH) * KW * kTileC * sizeof(float);
   static constexpr size_t kSmem = kWeightBytes + size_t(RIN) * RS * sizeof(T);
-  static_assert(TH % 2 == 0 && TWB % SW == 0, "pairs of strip rows");
+  static_assert(TH % (2 * R) == 0 && TWB % SW == 0, "pairs of strips of R rows");
 };
 
-template <typename T, int KH, int KW, int S, int TH, int TWB, int SW>
-__global__ void __launch_bounds__(DwTile<T, KH, KW, S, TH, TWB, SW>::kThreads)
+template <typename T, int KH, int KW, int S, int TH, int TWB, int SW, int R>
+__global__ void __launch_bounds__(DwTile<T, KH, KW, S, TH, TWB, SW, R>::kThreads,
+                                  R == 1 ? 5 : 1)
     dwconv_nhwc_tile(const T* __restrict__ x, const float* __restrict__ w,
                      const float* __restrict__ bias, const T* __restrict__ z,
                      T* __restrict__ y, DwParams p, ActParams act) {
-  using G = DwTile<T, KH, KW, S, TH, TWB, SW>;
+  using G = DwTile<T, KH, KW, S, TH, TWB, SW, R>;
   constexpr int CB = kTileC, CH = 16 / sizeof(T), CPP = CB / CH;  // 16-byte chunks a pixel
   extern __shared__ __align__(16) unsigned char smem[];
   float* ws = reinterpret_cast<float*>(smem);                 // [KH * KW][CB]
@@ -279,52 +291,75 @@ __global__ void __launch_bounds__(DwTile<T, KH, KW, S, TH, TWB, SW>::kThreads)
     const int tap = i / (CB / 4), c = c0 + (i % (CB / 4)) * 4;  // 4 floats a chunk
     cp_async16(ws + tap * CB + c - c0, c < p.C ? w + tap * p.C + c : w, c < p.C);
   }
+  // A thread copies one 16-byte chunk (ch) of every PSTEP-th pixel: the chunk's channel and
+  // its bounds test once, a pixel's place from its row and column in the patch.
+  constexpr int PSTEP = G::kThreads / CPP;
+  static_assert(G::kThreads % CPP == 0, "whole pixels a pass");
+  const int ch = threadIdx.x % CPP, cc = c0 + ch * CH;
   const int ih0 = oh0 * S - p.ph, iw0 = ow0 * S - p.pw;
-  for (int i = threadIdx.x; i < G::RIN * G::CIN * CPP; i += G::kThreads) {
-    const int ch = i % CPP, pix = i / CPP;
-    const int r = pix / G::CIN, c = pix % G::CIN;
-    const int ih = ih0 + r, iw = iw0 + c, cc = c0 + ch * CH;
-    const bool in = ih >= 0 && ih < p.H && iw >= 0 && iw < p.W && cc < p.C;
-    cp_async16(xs + r * G::RS + c * CB + ch * CH,
-               in ? x + ((int64_t(n) * p.H + ih) * p.W + iw) * p.C + cc : x, in);
+  const T* xn = x + int64_t(n) * p.H * p.W * p.C + cc;
+  T* xd = xs + ch * CH;
+  for (int pix = threadIdx.x / CPP; pix < G::RIN * G::CIN; pix += PSTEP) {
+    const int r = pix / G::CIN, c = pix - r * G::CIN;
+    const int ih = ih0 + r, iw = iw0 + c;
+    const bool in = cc < p.C && unsigned(ih) < unsigned(p.H) && unsigned(iw) < unsigned(p.W);
+    cp_async16(xd + r * G::RS + c * CB, in ? xn + int64_t(ih * p.W + iw) * p.C : x, in);
   }
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int cp = lane & 15, srow = (warp / G::NSC) * 2 + (lane >> 4), scol = (warp % G::NSC) * SW;
+  const int cp = lane & 15, scol = (warp % G::NSC) * SW;
+  const int srow = ((warp / G::NSC) * 2 + (lane >> 4)) * R;  // the strips' first row
   const int op = oh0 + srow, c = c0 + 2 * cp;
-  if (op >= p.P || c >= p.C) return;
-  float acc[SW][2];
-  strip_init<2, SW>(acc, bias, c);
+  // A warp's strips share a column: one wholly right of the map (Q = 56 in tiles of 16) skips.
+  if (op >= p.P || c >= p.C || ow0 + scol >= p.Q) return;
+  float acc[R][SW][2];
 #pragma unroll
-  for (int a = 0; a < KH; ++a) {
-    float2 wr[KW];
+  for (int r = 0; r < R; ++r) strip_init<2, SW>(acc[r], bias, c);
+  // Input row i of the strips' window feeds strip r through filter row i - r x S: with R = 2
+  // each input row is read and converted once for two strips.
 #pragma unroll
-    for (int k = 0; k < KW; ++k)
-      wr[k] = *reinterpret_cast<const float2*>(ws + (a * KW + k) * CB + 2 * cp);
-    const T* xr = xs + (srow * S + a) * G::RS + scol * S * CB + 2 * cp;
+  for (int i = 0; i < (R - 1) * S + KH; ++i) {
+    float2 wr[R][KW];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int a = i - r * S;
+      if (a < 0 || a >= KH) continue;
+#pragma unroll
+      for (int k = 0; k < KW; ++k)
+        wr[r][k] = *reinterpret_cast<const float2*>(ws + (a * KW + k) * CB + 2 * cp);
+    }
+    const T* xr = xs + (srow * S + i) * G::RS + scol * S * CB + 2 * cp;
 #pragma unroll
     for (int j = 0; j < G::SPAN; ++j) {
       const Pack<T, 2> xv = *reinterpret_cast<const Pack<T, 2>*>(xr + j * CB);
       const float x0 = load(xv.v, 0), x1 = load(xv.v, 1);
 #pragma unroll
-      for (int t = 0; t < SW; ++t) {
-        const int k = j - t * S;  // the tap of output t that input j is under
-        if (k < 0 || k >= KW) continue;
-        acc[t][0] += x0 * wr[k].x;
-        acc[t][1] += x1 * wr[k].y;
+      for (int r = 0; r < R; ++r) {
+        const int a = i - r * S;
+        if (a < 0 || a >= KH) continue;
+#pragma unroll
+        for (int t = 0; t < SW; ++t) {
+          const int k = j - t * S;  // the tap of output t that input j is under
+          if (k < 0 || k >= KW) continue;
+          acc[r][t][0] += x0 * wr[r][k].x;
+          acc[r][t][1] += x1 * wr[r][k].y;
+        }
       }
     }
   }
-  strip_store<T, 2, SW>(acc, StripAt{n, op, ow0 + scol, c}, z, y, p, act);
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+    if (op + r < p.P)
+      strip_store<T, 2, SW>(acc[r], StripAt{n, op + r, ow0 + scol, c}, z, y, p, act);
 }
 
-template <typename T, int KH, int KW, int S, int TH, int TWB, int SW>
+template <typename T, int KH, int KW, int S, int TH, int TWB, int SW, int R>
 bool launch_tile_shape(const T* x, const float* w, const float* b, const T* z, T* y,
                        const DwParams& p, const ActParams& act, cudaStream_t stream) {
-  using G = DwTile<T, KH, KW, S, TH, TWB, SW>;
-  auto kernel = dwconv_nhwc_tile<T, KH, KW, S, TH, TWB, SW>;
+  using G = DwTile<T, KH, KW, S, TH, TWB, SW, R>;
+  auto kernel = dwconv_nhwc_tile<T, KH, KW, S, TH, TWB, SW, R>;
   // Above 48 KB of shared memory a kernel has to ask for it, on each device it runs on: asked at
   // every launch of those few shapes (7x7 at stride 2 in tile16, some float32 ones), a host call
   // that graph replays do not repeat.
@@ -341,14 +376,15 @@ bool launch_tile_shape(const T* x, const float* w, const float* b, const T* z, T
 
 // The tile kernels compiled: square 3x3, 5x5 and 7x7 filters at strides 1 and 2; tile8 is a
 // block of 8 x 8 outputs (small maps: ConvNeXt's and EfficientNet's 7x7 and 14x14 stages), tile16
-// 8 x 16; strips of 8 outputs at stride 1, 4 at stride 2.
-template <typename T, int TWB>
+// 8 x 16, tile8r2 8 x 8 and tile16r2 16 x 16 with two rows a thread; strips of 8 outputs at
+// stride 1, 4 at stride 2.
+template <typename T, int TH, int TWB, int R>
 bool launch_tile(const T* x, const float* w, const float* b, const T* z, T* y, const DwParams& p,
                  const ActParams& act, cudaStream_t stream) {
   if (p.kh != p.kw || p.sh != p.sw || p.C % (16 / int(sizeof(T))) != 0) return false;
 #define KILN_DW_TILE(K, S, SW)                                                               \
   if (p.kw == K && p.sw == S)                                                                \
-    return launch_tile_shape<T, K, K, S, 8, TWB, SW>(x, w, b, z, y, p, act, stream);
+    return launch_tile_shape<T, K, K, S, TH, TWB, SW, R>(x, w, b, z, y, p, act, stream);
   KILN_DW_TILE(3, 1, 8) KILN_DW_TILE(5, 1, 8) KILN_DW_TILE(7, 1, 8)
   KILN_DW_TILE(3, 2, 4) KILN_DW_TILE(5, 2, 4) KILN_DW_TILE(7, 2, 4)
 #undef KILN_DW_TILE
@@ -414,9 +450,12 @@ class DepthwiseConvLayer final : public Layer {
   explicit DepthwiseConvLayer(const LayerDesc& d)
       : node_(d.node),
         strip_(d.variant == "strip4" || d.variant == "stream4"                        ? 4
-               : d.variant == "strip8" || d.variant == "stream8" || d.variant == "tile8" ? 8
-               : d.variant == "tile16"                                                   ? 16
-                                                                                         : 0),
+               : d.variant == "strip8" || d.variant == "stream8" || d.variant.rfind("tile8", 0) == 0
+                   ? 8
+               : d.variant.rfind("tile16", 0) == 0 ? 16
+                                                   : 0),
+        rows_(d.variant.size() > 2 && d.variant.compare(d.variant.size() - 2, 2, "r2") == 0 ? 2
+                                                                                          : 1),
         form_(d.variant.rfind("stream", 0) == 0 ? Form::kStream
               : d.variant.rfind("tile", 0) == 0 ? Form::kTile
                                                 : Form::kStrip) {
@@ -509,14 +548,18 @@ class DepthwiseConvLayer final : public Layer {
         return strip_ == 4 ? launch_strip<T, V, 4, true>(x, w, b, z, y, p_, act_, s)
                            : launch_strip<T, V, 8, true>(x, w, b, z, y, p_, act_, s);
       case Form::kTile:
-        return strip_ == 8 ? launch_tile<T, 8>(x, w, b, z, y, p_, act_, s)
-                           : launch_tile<T, 16>(x, w, b, z, y, p_, act_, s);
+        if (rows_ == 2)
+          return strip_ == 8 ? launch_tile<T, 8, 8, 2>(x, w, b, z, y, p_, act_, s)
+                             : launch_tile<T, 16, 16, 2>(x, w, b, z, y, p_, act_, s);
+        return strip_ == 8 ? launch_tile<T, 8, 8, 1>(x, w, b, z, y, p_, act_, s)
+                           : launch_tile<T, 8, 16, 1>(x, w, b, z, y, p_, act_, s);
     }
     return false;
   }
   enum class Form { kStrip, kStream, kTile };
   int strip_;  // strip4/stream4: 4 outputs a thread along a row; tile8: 8 wide; 0: direct kernel
   Form form_;  // which of the strip, stream and tile kernels
+  int rows_;   // tile kernels: output rows a thread (the variants ending in r2: 2)
   ActParams act_;
   std::vector<float> host_w_, host_b_;
   DeviceMemory weights_;
@@ -529,13 +572,13 @@ bool depthwise_conv_supports(const LayerDesc& d, std::string* why) {
   return depthwise_supports(d, why);
 }
 // The tuner times the direct kernel ("") and, where they apply, the strip, stream and
-// tile kernels (4 and 8 outputs a thread; tiles 8 and 16 wide) (a run whose tensors are not 16-byte
-// aligned takes the direct kernel).
+// tile kernels (4 and 8 outputs a thread; tiles 8 and 16 wide, one or two rows a thread) (a run
+// whose tensors are not 16-byte aligned takes the direct kernel).
 std::vector<std::string> depthwise_conv_variants(const LayerDesc& d) {
   if (!strip_applies(d)) return {""};
   const Tensor* w = d.in_const(1);
   if (w->shape()[2] != w->shape()[3]) return {"", "strip4", "strip8", "stream4", "stream8"};
-  return {"", "strip4", "strip8", "stream4", "stream8", "tile8", "tile16"};
+  return {"", "strip4", "strip8", "stream4", "stream8", "tile8", "tile16", "tile8r2", "tile16r2"};
 }
 Expected<std::unique_ptr<Layer>> create_depthwise_conv(const LayerDesc& d) {
   return std::unique_ptr<Layer>(new DepthwiseConvLayer(d));
