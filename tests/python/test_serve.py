@@ -521,11 +521,23 @@ def test_use_uvloop_and_its_switch():
         assert module.startswith("uvloop" if want else "asyncio"), out.stdout
 
 
-def test_log_requests_on_asyncio_loop(models_dir, tmp_path):
+def _thread_policies(pid):
+    """{thread id: Linux scheduling policy (0 normal, 3 batch)} of a process's threads."""
+    import os
+
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            out[int(tid)] = int(f.read().rsplit(")", 1)[1].split()[38])  # field 41, policy
+    return out
+
+
+def test_log_requests_and_sched_batch_on_asyncio_loop(models_dir, tmp_path):
     """With --log-requests every gRPC call is logged as KServe's LoggingInterceptor logs it,
     ModelInfer included (the server has no interceptors: the other methods go through KServe's
     per method, ModelInfer maps its own errors); errors keep their status. On asyncio's own
-    event loop (KILN_SERVE_UVLOOP=0), which serves as uvloop does."""
+    event loop (KILN_SERVE_UVLOOP=0), which serves as uvloop does. With --sched-batch the event
+    loop's thread runs under SCHED_BATCH and the inference threads (2 contexts) do not."""
     import grpc
     from tritonclient.grpc import service_pb2
 
@@ -536,7 +548,7 @@ def test_log_requests_on_asyncio_loop(models_dir, tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "kiln.cli", "serve", str(repo), "--host", "127.0.0.1",
          "--http-port", str(http_port), "--grpc-port", str(grpc_port), "--log-requests",
-         "--no-warmup"], stdout=log, stderr=subprocess.STDOUT,
+         "--no-warmup", "--contexts", "2", "--sched-batch"], stdout=log, stderr=subprocess.STDOUT,
         env=dict(serve_env(), KILN_SERVE_UVLOOP="0"))
     server = {"grpc": f"127.0.0.1:{grpc_port}"}
     try:
@@ -563,6 +575,10 @@ def test_log_requests_on_asyncio_loop(models_dir, tmp_path):
             stub.ModelMetadata(service_pb2.ModelMetadataRequest(name="nope"), timeout=30)
         assert e.value.code() == grpc.StatusCode.NOT_FOUND, e.value
         channel.close()
+        if sys.platform.startswith("linux"):
+            policies = _thread_policies(proc.pid)
+            assert policies[proc.pid] == 3, policies  # the event loop's thread: SCHED_BATCH
+            assert sum(p == 0 for p in policies.values()) >= 2, policies
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
