@@ -6,6 +6,7 @@ import asyncio
 import os
 import queue
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Optional, Sequence, Union
 
@@ -313,13 +314,18 @@ class Batcher:
         # The inference threads, one a context, take (loop, take, batches, run) jobs from
         # _jobs (None: stop); a ThreadPoolExecutor's submit (a Future, a work item, a lock and
         # its thread count checked per batch) took 4% of the event loop's time under load.
-        # Daemon threads: close() stops them, after the jobs already handed over.
+        # Only the jobs hold the batcher (until run), so one that is dropped unclosed is
+        # collected and its threads stopped (_stop_threads), as an executor's were; at exit
+        # they finish the inferences handed over before the interpreter goes (weakref.finalize
+        # runs at exit), as an executor's did.
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._closed = False
-        self._threads = [threading.Thread(target=self._serve_jobs, name=f"kiln-infer_{i}",
-                                          daemon=True) for i in range(total)]
+        self._threads = [threading.Thread(target=_serve_jobs, args=(self._jobs,),
+                                          name=f"kiln-infer_{i}", daemon=True)
+                         for i in range(total)]
         for t in self._threads:
             t.start()
+        self._stop = weakref.finalize(self, _stop_threads, self._jobs, self._threads)
         self._pending: dict[tuple, list] = {}
         self._out_names = [t.name for t in self.engine.outputs]
 
@@ -427,15 +433,7 @@ class Batcher:
         if self._closed:
             self._deliver(take, batches, run, None, None, RuntimeError(_CLOSED))
         else:
-            self._jobs.put((loop, take, batches, run))
-
-    def _serve_jobs(self) -> None:
-        """An inference thread: runs the jobs _dispatch hands over until told to stop."""
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            self._work(*job)
+            self._jobs.put((self, loop, take, batches, run))
 
     def _work(self, loop, take: list, batches: list, run: int) -> None:
         """In an inference thread: runs the requests `take` and hands the outputs (or the
@@ -476,18 +474,14 @@ class Batcher:
         if self._closed:
             return
         self._closed = True
-        for _ in self._threads:
-            self._jobs.put(None)
-        for t in self._threads:
-            if t is not threading.current_thread():
-                t.join()
+        self._stop()
         while True:  # handed over by another thread as this one closed: answered, not lost
             try:
                 job = self._jobs.get_nowait()
             except queue.Empty:
                 return
             if job is not None:
-                loop, take, batches, run = job
+                _, loop, take, batches, run = job
                 try:
                     loop.call_soon_threadsafe(self._deliver, take, batches, run, None, None,
                                               RuntimeError(_CLOSED))
@@ -496,6 +490,26 @@ class Batcher:
 
 
 _CLOSED = "the batcher is closed: no new inferences"
+
+
+def _serve_jobs(jobs: queue.SimpleQueue) -> None:
+    """A Batcher's inference thread: runs the jobs _dispatch hands over ((batcher, loop, take,
+    batches, run) each) until told to stop."""
+    while True:
+        job = jobs.get()
+        if job is None:
+            return
+        job[0]._work(*job[1:])
+        del job  # the batcher, which a job alone keeps
+
+
+def _stop_threads(jobs: queue.SimpleQueue, threads: list) -> None:
+    """Stops a Batcher's inference threads once the jobs handed over before have run."""
+    for _ in threads:
+        jobs.put(None)
+    for t in threads:
+        if t is not threading.current_thread():
+            t.join()
 
 
 def device_label(engine: Engine, index: int) -> str:

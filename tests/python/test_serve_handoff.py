@@ -124,3 +124,21 @@ def test_close_runs_the_inferences_handed_over(cnn_engine):
         assert np.abs(out["probabilities"] - want).max() < 1e-5
     assert not any(t.is_alive() for t in batcher._threads)
     batcher.close()  # a second close does nothing
+
+
+def test_a_dropped_batcher_stops_its_threads(cnn_engine):
+    """A batcher dropped without close() is collected (its inference threads do not keep it)
+    and its threads stop, as a ThreadPoolExecutor's did."""
+    import gc
+    import weakref
+
+    batcher = Batcher(cnn_engine, contexts=2, max_batch=2, max_delay_s=0.001)
+    out = _run(batcher.infer({"input": _x(2, 0)}))
+    assert out["probabilities"].shape == (2, 10)
+    threads, ref = batcher._threads, weakref.ref(batcher)
+    del batcher, out
+    gc.collect()
+    assert ref() is None
+    for t in threads:
+        t.join(timeout=30)
+    assert not any(t.is_alive() for t in threads)
