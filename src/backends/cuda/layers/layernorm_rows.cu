@@ -1,5 +1,6 @@
 // LayerNormalization and RMSNormalization over the last axis and kiln.SkipLayerNorm (ops/fused.h):
-// a warp per row,
+// a group of L lanes per row (a warp for rows of 32 vectors or more; 4, 8 or 16 lanes for
+// shorter rows, so that ConvNeXt's and Swin's rows of 96 to 384 channels keep every lane busy),
 // the row held in registers as 16-byte vectors (8 float16 or 4 float32 per load), statistics in
 // float32 from the registers (mean, then the centred sum of squares), so an FP16 engine never
 // overflows here whatever the residual stream holds. SkipLayerNorm adds Skip to X first and
@@ -55,9 +56,11 @@ __device__ __forceinline__ uint4 pack(const float (&f)[kVec<T>]) {
   return u;
 }
 
-__device__ __forceinline__ float warp_total(float v) {
+// The sum over each aligned group of L lanes (every lane of the warp takes part).
+template <int L>
+__device__ __forceinline__ float group_total(float v) {
 #pragma unroll
-  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  for (int o = L / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
 
@@ -74,14 +77,18 @@ struct RowsArgs {
 // Skip, Scale, B) is issued before the first is used, so that the loads of Scale and B do not
 // wait behind the two reductions.
 // kRms: y = x / sqrt(mean(x^2) + eps) * Scale (RMSNormalization).
-template <typename T, int CHUNKS, bool kSkip, bool kPrefetch = false, bool kRms = false>
+// L lanes a row, 32 / L rows a warp: a group past the last row loads and stores nothing but
+// stays for the warp's shuffles.
+template <typename T, int CHUNKS, bool kSkip, bool kPrefetch, bool kRms, int L>
 __global__ void __launch_bounds__(32 * kRowsPerBlock) layernorm_rows(RowsArgs a) {
   constexpr int E = kVec<T>;
   pdl_wait();  // kernels/pdl.cuh: launched with programmatic dependent launch
   pdl_launch_dependents();
-  const int lane = threadIdx.x;
-  const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.y;
-  if (row >= a.rows) return;
+  const int lane = threadIdx.x % L;
+  const int64_t row =
+      (int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.y) * (32 / L) + threadIdx.x / L;
+  if (L == 32 && row >= a.rows) return;
+  const int vectors = row < a.rows ? a.vectors : 0;
   const uint4* x = static_cast<const uint4*>(a.x) + row * a.vectors;
   const uint4* skip = kSkip ? static_cast<const uint4*>(a.skip) + row * a.vectors : nullptr;
   const uint4* gamma = static_cast<const uint4*>(a.gamma);
@@ -91,8 +98,8 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock) layernorm_rows(RowsArgs a)
     const uint4 zero = make_uint4(0, 0, 0, 0);
 #pragma unroll
     for (int j = 0; j < CHUNKS; ++j) {
-      const int c = lane + 32 * j;
-      const bool in = c < a.vectors;
+      const int c = lane + L * j;
+      const bool in = c < vectors;
       px[j] = in ? x[c] : zero;
       if constexpr (kSkip) ps[j] = in ? skip[c] : zero;
       pg[j] = in ? gamma[c] : zero;
@@ -103,8 +110,8 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock) layernorm_rows(RowsArgs a)
   float s = 0.f;
 #pragma unroll
   for (int j = 0; j < CHUNKS; ++j) {
-    const int c = lane + 32 * j;
-    if (c >= a.vectors) break;
+    const int c = lane + L * j;
+    if (c >= vectors) break;
     unpack<T>(kPrefetch ? px[j] : x[c], v[j]);
     if constexpr (kSkip) {
       float w[E];
@@ -117,20 +124,20 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock) layernorm_rows(RowsArgs a)
     for (int e = 0; e < E; ++e) s += v[j][e];
   }
   const float n = static_cast<float>(a.vectors * E);
-  const float mean = kRms ? 0.f : warp_total(s) / n;
+  const float mean = kRms ? 0.f : group_total<L>(s) / n;
   float q = 0.f;
 #pragma unroll
   for (int j = 0; j < CHUNKS; ++j) {
-    if (lane + 32 * j >= a.vectors) break;
+    if (lane + L * j >= vectors) break;
 #pragma unroll
     for (int e = 0; e < E; ++e) q += (v[j][e] - mean) * (v[j][e] - mean);
   }
-  const float inv = rsqrtf(warp_total(q) / n + a.eps);
+  const float inv = rsqrtf(group_total<L>(q) / n + a.eps);
   uint4* y = static_cast<uint4*>(a.y) + row * a.vectors;
 #pragma unroll
   for (int j = 0; j < CHUNKS; ++j) {
-    const int c = lane + 32 * j;
-    if (c >= a.vectors) break;
+    const int c = lane + L * j;
+    if (c >= vectors) break;
     float g[E], b[E];
     unpack<T>(kPrefetch ? pg[j] : gamma[c], g);
     if (a.beta) unpack<T>(kPrefetch ? pb[j] : beta[c], b);
@@ -142,19 +149,52 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock) layernorm_rows(RowsArgs a)
 
 using RowsKernel = void (*)(RowsArgs);
 
-template <typename T, bool kSkip, bool kRms = false>
-RowsKernel pick(int chunks, bool prefetch) {
-  if (prefetch && chunks <= kPrefetchChunks) {  // the fewest chunks that hold the row
-    if (chunks <= 1) return layernorm_rows<T, 1, kSkip, true, kRms>;
-    if (chunks <= 2) return layernorm_rows<T, 2, kSkip, true, kRms>;
-    if (chunks <= 3) return layernorm_rows<T, 3, kSkip, true, kRms>;
-    return layernorm_rows<T, 4, kSkip, true, kRms>;
+// Lanes a row: the group of 4 to 32 lanes that leaves the fewest lanes idle over a row of
+// `vectors` (ties: the wider group), shorter groups holding at most 4 vectors a lane. ConvNeXt's
+// and Swin's 96, 192, 384 and 768 float16 channels: 4, 8, 16 and 32 lanes of 3 vectors each.
+int lanes_for(int vectors) {
+  int best = 32;
+  double best_use = 0;
+  for (int l : {32, 16, 8, 4}) {
+    const int chunks = (vectors + l - 1) / l;
+    if (l < 32 && chunks > kPrefetchChunks) continue;
+    const double use = double(vectors) / (double(l) * chunks);
+    if (use > best_use + 1e-9) best = l, best_use = use;
   }
-  if (chunks <= 1) return layernorm_rows<T, 1, kSkip, false, kRms>;
-  if (chunks <= 2) return layernorm_rows<T, 2, kSkip, false, kRms>;
-  if (chunks <= 4) return layernorm_rows<T, 4, kSkip, false, kRms>;
-  if (chunks <= 8) return layernorm_rows<T, 8, kSkip, false, kRms>;
-  return layernorm_rows<T, kMaxChunks, kSkip, false, kRms>;
+  return best;
+}
+
+template <typename T, bool kSkip, bool kRms, int L>
+RowsKernel pick_short(int chunks, bool prefetch) {  // L < 32: at most 4 vectors a lane
+  if (prefetch) {
+    if (chunks <= 1) return layernorm_rows<T, 1, kSkip, true, kRms, L>;
+    if (chunks <= 2) return layernorm_rows<T, 2, kSkip, true, kRms, L>;
+    if (chunks <= 3) return layernorm_rows<T, 3, kSkip, true, kRms, L>;
+    return layernorm_rows<T, 4, kSkip, true, kRms, L>;
+  }
+  if (chunks <= 1) return layernorm_rows<T, 1, kSkip, false, kRms, L>;
+  if (chunks <= 2) return layernorm_rows<T, 2, kSkip, false, kRms, L>;
+  if (chunks <= 3) return layernorm_rows<T, 3, kSkip, false, kRms, L>;
+  return layernorm_rows<T, 4, kSkip, false, kRms, L>;
+}
+
+template <typename T, bool kSkip, bool kRms = false>
+RowsKernel pick(int vectors, int lanes, bool prefetch) {
+  const int chunks = (vectors + lanes - 1) / lanes;
+  if (lanes == 4) return pick_short<T, kSkip, kRms, 4>(chunks, prefetch);
+  if (lanes == 8) return pick_short<T, kSkip, kRms, 8>(chunks, prefetch);
+  if (lanes == 16) return pick_short<T, kSkip, kRms, 16>(chunks, prefetch);
+  if (prefetch && chunks <= kPrefetchChunks) {  // the fewest chunks that hold the row
+    if (chunks <= 1) return layernorm_rows<T, 1, kSkip, true, kRms, 32>;
+    if (chunks <= 2) return layernorm_rows<T, 2, kSkip, true, kRms, 32>;
+    if (chunks <= 3) return layernorm_rows<T, 3, kSkip, true, kRms, 32>;
+    return layernorm_rows<T, 4, kSkip, true, kRms, 32>;
+  }
+  if (chunks <= 1) return layernorm_rows<T, 1, kSkip, false, kRms, 32>;
+  if (chunks <= 2) return layernorm_rows<T, 2, kSkip, false, kRms, 32>;
+  if (chunks <= 4) return layernorm_rows<T, 4, kSkip, false, kRms, 32>;
+  if (chunks <= 8) return layernorm_rows<T, 8, kSkip, false, kRms, 32>;
+  return layernorm_rows<T, kMaxChunks, kSkip, false, kRms, 32>;
 }
 
 bool skip_op(const Node& n) { return n.domain == "kiln" && n.op_type == "SkipLayerNorm"; }
@@ -211,13 +251,14 @@ class LayerNormRows final : public Layer {
     const int64_t len = x.shape.back(), e = 16 / static_cast<int64_t>(dtype_size(x.dtype));
     vectors_ = static_cast<int>(len / e);
     rows_ = len == 0 ? 0 : x.numel() / len;
-    const int chunks = (vectors_ + 31) / 32;
+    lanes_ = lanes_for(vectors_);
+    const int v = vectors_, l = lanes_;
     const bool f16 = x.dtype == DataType::kFloat16;
     const bool p = prefetch_;
-    kernel_ = skip_ ? (f16 ? pick<__half, true>(chunks, p) : pick<float, true>(chunks, p))
-              : rms_ ? (f16 ? pick<__half, false, true>(chunks, p)
-                            : pick<float, false, true>(chunks, p))
-                     : (f16 ? pick<__half, false>(chunks, p) : pick<float, false>(chunks, p));
+    kernel_ = skip_ ? (f16 ? pick<__half, true>(v, l, p) : pick<float, true>(v, l, p))
+              : rms_ ? (f16 ? pick<__half, false, true>(v, l, p)
+                            : pick<float, false, true>(v, l, p))
+                     : (f16 ? pick<__half, false>(v, l, p) : pick<float, false>(v, l, p));
     return size_t{0};
   }
 
@@ -241,7 +282,8 @@ class LayerNormRows final : public Layer {
                             static_cast<const void*>(a.sum)})
       if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0)
         return KILN_ERROR("{}: a tensor is not 16-byte aligned", node_->label());
-    const int64_t blocks = (rows_ + kRowsPerBlock - 1) / kRowsPerBlock;
+    const int64_t per_block = int64_t(kRowsPerBlock) * (32 / lanes_);
+    const int64_t blocks = (rows_ + per_block - 1) / per_block;
     if (blocks > INT32_MAX) return KILN_ERROR("{}: too many rows", node_->label());
     const dim3 grid(static_cast<unsigned>(blocks)), block(32, kRowsPerBlock);
     KILN_CUDA_CHECK(launch_kernel(rc, kernel_, grid, block, 0, a));
@@ -255,6 +297,7 @@ class LayerNormRows final : public Layer {
   bool prefetch_;
   float eps_;
   int vectors_ = 0;
+  int lanes_ = 32;  // a row's lanes (lanes_for)
   int64_t rows_ = 0;
   RowsKernel kernel_ = nullptr;
 };
