@@ -13,8 +13,8 @@ time per request: what grpc.aio alone costs, against which `kiln serve`'s front 
 grpc.aio's. --raw: ModelInfer registered without protobuf's (de)serialization, taking and
 returning bytes, as `kiln serve` registers it (the response serialized once). --option NAME=VALUE
 (repeatable): a server channel argument (an integer value where it parses as one).
---interceptors N: N grpc.aio interceptors that pass every call on (kiln serve installs two, which
-let ModelInfer through untouched: serving._not_for_infer).
+--interceptors N: N grpc.aio interceptors that pass every call on (kiln serve installs none: it
+wraps KServe's two around each method but ModelInfer, serving._intercepted).
 """
 from __future__ import annotations
 
