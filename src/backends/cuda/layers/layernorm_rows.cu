@@ -164,32 +164,28 @@ int lanes_for(int vectors) {
   return best;
 }
 
+// The kernel with the fewest of 1 to 4 vectors a lane that hold the row: every group of fewer
+// than 32 lanes, and a warp's prefetch variant.
+template <typename T, bool kSkip, bool kRms, bool kPrefetch, int L>
+RowsKernel pick_few(int chunks) {
+  if (chunks <= 1) return layernorm_rows<T, 1, kSkip, kPrefetch, kRms, L>;
+  if (chunks <= 2) return layernorm_rows<T, 2, kSkip, kPrefetch, kRms, L>;
+  if (chunks <= 3) return layernorm_rows<T, 3, kSkip, kPrefetch, kRms, L>;
+  return layernorm_rows<T, 4, kSkip, kPrefetch, kRms, L>;
+}
 template <typename T, bool kSkip, bool kRms, int L>
-RowsKernel pick_short(int chunks, bool prefetch) {  // L < 32: at most 4 vectors a lane
-  if (prefetch) {
-    if (chunks <= 1) return layernorm_rows<T, 1, kSkip, true, kRms, L>;
-    if (chunks <= 2) return layernorm_rows<T, 2, kSkip, true, kRms, L>;
-    if (chunks <= 3) return layernorm_rows<T, 3, kSkip, true, kRms, L>;
-    return layernorm_rows<T, 4, kSkip, true, kRms, L>;
-  }
-  if (chunks <= 1) return layernorm_rows<T, 1, kSkip, false, kRms, L>;
-  if (chunks <= 2) return layernorm_rows<T, 2, kSkip, false, kRms, L>;
-  if (chunks <= 3) return layernorm_rows<T, 3, kSkip, false, kRms, L>;
-  return layernorm_rows<T, 4, kSkip, false, kRms, L>;
+RowsKernel pick_few(int chunks, bool prefetch) {
+  return prefetch ? pick_few<T, kSkip, kRms, true, L>(chunks)
+                  : pick_few<T, kSkip, kRms, false, L>(chunks);
 }
 
 template <typename T, bool kSkip, bool kRms = false>
 RowsKernel pick(int vectors, int lanes, bool prefetch) {
   const int chunks = (vectors + lanes - 1) / lanes;
-  if (lanes == 4) return pick_short<T, kSkip, kRms, 4>(chunks, prefetch);
-  if (lanes == 8) return pick_short<T, kSkip, kRms, 8>(chunks, prefetch);
-  if (lanes == 16) return pick_short<T, kSkip, kRms, 16>(chunks, prefetch);
-  if (prefetch && chunks <= kPrefetchChunks) {  // the fewest chunks that hold the row
-    if (chunks <= 1) return layernorm_rows<T, 1, kSkip, true, kRms, 32>;
-    if (chunks <= 2) return layernorm_rows<T, 2, kSkip, true, kRms, 32>;
-    if (chunks <= 3) return layernorm_rows<T, 3, kSkip, true, kRms, 32>;
-    return layernorm_rows<T, 4, kSkip, true, kRms, 32>;
-  }
+  if (lanes == 4) return pick_few<T, kSkip, kRms, 4>(chunks, prefetch);
+  if (lanes == 8) return pick_few<T, kSkip, kRms, 8>(chunks, prefetch);
+  if (lanes == 16) return pick_few<T, kSkip, kRms, 16>(chunks, prefetch);
+  if (prefetch && chunks <= kPrefetchChunks) return pick_few<T, kSkip, kRms, true, 32>(chunks);
   if (chunks <= 1) return layernorm_rows<T, 1, kSkip, false, kRms, 32>;
   if (chunks <= 2) return layernorm_rows<T, 2, kSkip, false, kRms, 32>;
   if (chunks <= 4) return layernorm_rows<T, 4, kSkip, false, kRms, 32>;
