@@ -24,7 +24,11 @@ def free_port():
         return s.getsockname()[1]
 
 
-def test_two_replicas(models_dir, tmp_path):
+def test_two_replicas(models_dir, tmp_path, monkeypatch):
+    # Serve gives its HTTP proxy 5 s to start and then kills it, which fails serve.start on a
+    # loaded 2-core machine (CI builds the fuzzers beside these tests). The Ray processes that
+    # ray.init starts inherit this environment, the controller that checks the proxy included.
+    monkeypatch.setenv("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
     import ray
     from ray import serve
 
@@ -38,7 +42,8 @@ def test_two_replicas(models_dir, tmp_path):
     port = free_port()
     # Ray's workers import kiln from where this process does.
     pkg = os.path.dirname(os.path.dirname(kiln.__file__))
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (pkg, os.environ.get("PYTHONPATH")) if p)
+    monkeypatch.setenv("PYTHONPATH",
+                       os.pathsep.join(p for p in (pkg, os.environ.get("PYTHONPATH")) if p))
     ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
              log_to_driver=False)
     try:
