@@ -70,6 +70,8 @@ import numpy as np
 from kiln.batching import RequestError, Stats
 
 WORKER_ENV = "KILN_SERVE_WORKER"
+SHM_DIR_ENV = "KILN_SERVE_SHM_DIR"  # kiln.shm.REGISTRY_ENV (not imported: the supervisor
+                                    # imports no more than it needs)
 MAX_RESTARTS, RESTART_WINDOW_S = 5, 60.0
 STOP_GRACE_S = 30.0  # how long the workers may take to stop before they are killed
 WORKER_DEVICE_MODES = ("split", "all")
@@ -898,9 +900,10 @@ class Supervisor:
     the workers (front ends, no devices) once every batcher is ready."""
 
     def __init__(self, argv: list, count: int, devices_of: list, metrics_dir: str, where: str,
-                 batcher_devices: Optional[list] = None, run_dir: str = ""):
+                 batcher_devices: Optional[list] = None, run_dir: str = "", shm_dir: str = ""):
         self.argv, self.count, self.devices_of = list(argv), count, devices_of
         self.metrics_dir, self.where = metrics_dir, where
+        self.shm_dir = shm_dir  # the workers' shared memory registrations (kiln.shm)
         self.batcher_devices = batcher_devices or []
         self.batcher_paths = [os.path.join(run_dir, f"batcher{i}.sock")
                               for i in range(len(self.batcher_devices))]
@@ -936,6 +939,8 @@ class Supervisor:
         env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=self.metrics_dir,
                    PYTHONPATH=os.pathsep.join(p for p in (package_root,
                                                           os.environ.get("PYTHONPATH")) if p))
+        if self.shm_dir:
+            env[SHM_DIR_ENV] = self.shm_dir
         link = {"index": index, "count": self._counts(role), "fd": theirs.fileno(),
                 "role": role}
         if role == "batcher":
@@ -1132,10 +1137,14 @@ def supervise(argv: list, host: str, http_port: int, grpc_port: Optional[int],
     where = f"REST on {host}:{http_port}" + (f", gRPC on {host}:{grpc_port}" if grpc_port else "")
     metrics_dir = tempfile.mkdtemp(prefix="kiln-serve-metrics-")
     run_dir = tempfile.mkdtemp(prefix="kiln-serve-run-") if batcher_devices else ""
+    # Shared memory regions registered through any worker, for every worker (kiln.shm's
+    # records; the folder outlives a worker that dies, so its successor sees them too).
+    shm_dir = tempfile.mkdtemp(prefix="kiln-serve-shm-")
     try:
         return Supervisor(argv, len(devices_of), devices_of, metrics_dir, where,
-                          batcher_devices, run_dir).run()
+                          batcher_devices, run_dir, shm_dir).run()
     finally:
         shutil.rmtree(metrics_dir, ignore_errors=True)
+        shutil.rmtree(shm_dir, ignore_errors=True)
         if run_dir:
             shutil.rmtree(run_dir, ignore_errors=True)

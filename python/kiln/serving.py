@@ -41,6 +41,7 @@ from typing import Optional
 
 import numpy as np
 
+from kiln import shm
 from kiln._kiln import KilnError
 from kiln.batching import (V2_DATATYPES, Batcher, RequestError, batch_limit, check_request,
                            default_contexts, parse_devices, parse_pad_sizes, set_gpu_wait)
@@ -256,11 +257,22 @@ def decode_grpc_request(request, engine: Engine, batching: bool,
     if raw is None:
         raw = request.raw_input_contents
     n_raw = len(raw)
-    if n_raw and n_raw != len(request.inputs):
-        raise RequestError(f"{len(request.inputs)} inputs and {n_raw} raw_input_contents: with "
+    inputs = request.inputs
+    # Inputs in shared memory (the system shared memory extension) take no raw_input_contents:
+    # those are the other inputs', in order, as Triton reads them.
+    regions = [shm.grpc_params(t.parameters) if t.parameters else None for t in inputs]
+    n_shm = len(regions) - regions.count(None)
+    if n_raw and n_raw != len(inputs) - n_shm:
+        if n_shm and n_raw > len(inputs) - n_shm:
+            first = next(t.name for t, r in zip(inputs, regions) if r is not None)
+            raise RequestError(f"input '{first}': both raw_input_contents and "
+                               f"{shm.REGION} given ({len(inputs)} inputs, {n_shm} in shared "
+                               f"memory, and {n_raw} raw_input_contents)")
+        raise RequestError(f"{len(inputs)} inputs and {n_raw} raw_input_contents: with "
                            "raw contents there must be one per input, in the inputs' order")
     feeds = {}
-    for i, t in enumerate(request.inputs):
+    next_raw = 0
+    for i, t in enumerate(inputs):
         name, datatype = t.name, t.datatype
         dtype = _NP_OF_V2.get(datatype)
         if dtype is None:
@@ -271,10 +283,16 @@ def decode_grpc_request(request, engine: Engine, batching: bool,
         if shape and min(shape) < 0:  # (a generator here cost 1.5% of the event loop's time)
             raise RequestError(f"input '{name}': shape {shape} is not a list of sizes")
         count = _element_count(name, shape, dtype.itemsize)
-        if n_raw:
+        if regions[i] is not None:
+            if t.HasField("contents"):
+                raise RequestError(f"input '{name}': both contents and {shm.REGION} given")
+            a = shm.registry().input_array(f"input '{name}'", regions[i], dtype, shape, count,
+                                           datatype)
+        elif n_raw:
             if t.HasField("contents"):
                 raise RequestError(f"input '{name}': both contents and raw_input_contents given")
-            data = raw[i]
+            data = raw[next_raw]
+            next_raw += 1
             if len(data) != count * dtype.itemsize:
                 raise RequestError(f"input '{name}': {len(data)} bytes of raw_input_contents, "
                                    f"shape {shape} of {datatype} takes {count * dtype.itemsize}")
@@ -362,11 +380,30 @@ def _output_field(name: str, datatype: str, shape: tuple) -> bytes:
     return field
 
 
-def encode_grpc_response_bytes(request, out: dict[str, np.ndarray], model_name: str) -> bytes:
+def grpc_output_regions(request) -> Optional[dict]:
+    """{output name: (region, byte_size, offset)} for the outputs a ModelInferRequest asks to
+    be written into shared memory, each checked to lie within its region (before the
+    inference: a bad region costs none); None when none is."""
+    found = None
+    for o in request.outputs:
+        params = shm.grpc_params(o.parameters) if o.parameters else None
+        if params is not None:
+            shm.registry().check_output(f"output '{o.name}'", params)
+            if found is None:
+                found = {}
+            found[o.name] = params
+    return found
+
+
+def encode_grpc_response_bytes(request, out: dict[str, np.ndarray], model_name: str,
+                               regions: Optional[dict] = None) -> bytes:
     """encode_grpc_response(...).SerializeToString(), the same bytes, written directly: each
     output's InferOutputTensor is serialized once per name, datatype and shape and kept, and
     each output's data is copied once, into the response (not into a bytes object first, then
-    into protobuf's message, then into its serialization). The message ModelInfer returns."""
+    into protobuf's message, then into its serialization). The message ModelInfer returns.
+    An output in `regions` (grpc_output_regions) is written into its shared memory region and
+    answered with its name, datatype and shape and empty raw contents, as Triton answers (its
+    clients index raw_output_contents by the output's place among the outputs)."""
     names = request.outputs
     wanted = [o.name for o in names] if names else list(out)
     parts = [_string_field(1, model_name), _string_field(3, request.id)]
@@ -375,8 +412,13 @@ def encode_grpc_response_bytes(request, out: dict[str, np.ndarray], model_name: 
         if name not in out:
             raise RequestError(f"unknown output '{name}' (the model's outputs: {', '.join(out)})")
         arr = np.ascontiguousarray(out[name])
-        parts.append(_output_field(name, _v2_datatype(arr.dtype), arr.shape))
+        datatype = _v2_datatype(arr.dtype)
+        parts.append(_output_field(name, datatype, arr.shape))
         data.append(_RESPONSE_RAW_TAG)
+        if regions is not None and name in regions:
+            shm.registry().write_output(f"output '{name}'", regions[name], arr, datatype)
+            data.append(b"\x00")  # empty raw contents
+            continue
         data.append(_put_varint(arr.nbytes))
         if arr.nbytes:
             data.append(arr.reshape(-1).view(np.uint8))  # bytes.join reads it in place
@@ -410,7 +452,14 @@ def decode_rest_request(header, body: bytes, start: int, engine: Engine,
         params = t.get("parameters")
         size = params.get("binary_data_size") if isinstance(params, dict) else None
         data = t.get("data")
-        if data is not None:
+        region = shm.rest_params(params)
+        if region is not None:
+            if data is not None or size is not None:
+                given = "data" if data is not None else "binary_data_size"
+                raise RequestError(f"input '{name}': both {given} and {shm.REGION} given")
+            a = shm.registry().input_array(f"input '{name}'", region, dtype, shape, count,
+                                           datatype)
+        elif data is not None:
             if size is not None:
                 raise RequestError(f"input '{name}': both data and binary_data_size given")
             try:
@@ -437,11 +486,34 @@ def decode_rest_request(header, body: bytes, start: int, engine: Engine,
     return feeds
 
 
-def encode_rest_response(header, out: dict[str, np.ndarray],
-                         model_name: str) -> tuple[bytes, Optional[int]]:
+def rest_output_regions(header) -> Optional[dict]:
+    """{output name: (region, byte_size, offset)} for the outputs a REST request asks to be
+    written into shared memory, each checked to lie within its region (before the inference);
+    None when none is."""
+    asked = header.get("outputs") if isinstance(header, dict) else None
+    if not isinstance(asked, list):
+        return None
+    found = None
+    for o in asked:
+        params = shm.rest_params(o.get("parameters")) if isinstance(o, dict) else None
+        if params is not None:
+            name = o.get("name")
+            if o["parameters"].get("binary_data") is True:
+                raise RequestError(f"output '{name}': both binary_data and {shm.REGION} given")
+            shm.registry().check_output(f"output '{name}'", params)
+            if found is None:
+                found = {}
+            found[name] = params
+    return found
+
+
+def encode_rest_response(header, out: dict[str, np.ndarray], model_name: str,
+                         regions: Optional[dict] = None) -> tuple[bytes, Optional[int]]:
     """A v2 REST response body with the outputs the request asked for (all when it names none):
     each binary (after the JSON part) when its parameters.binary_data says so, else as the
-    request's parameters.binary_data_output says (default JSON data), as Triton answers.
+    request's parameters.binary_data_output says (default JSON data), as Triton answers; an
+    output in `regions` (rest_output_regions) is written into its shared memory region and
+    answered with its name, datatype and shape only.
     Returns (body, the JSON part's length when any output is binary, else None)."""
     params = header.get("parameters")
     binary_all = bool(params.get("binary_data_output", False)) if isinstance(params, dict) else False
@@ -459,7 +531,10 @@ def encode_rest_response(header, out: dict[str, np.ndarray],
         binary = p.get("binary_data", binary_all) if isinstance(p, dict) else binary_all
         arr = np.ascontiguousarray(out[name])
         entry = {"name": name, "datatype": _v2_datatype(arr.dtype), "shape": list(arr.shape)}
-        if binary:
+        if regions is not None and name in regions:
+            shm.registry().write_output(f"output '{name}'", regions[name], arr,
+                                        entry["datatype"])
+        elif binary:
             entry["parameters"] = {"binary_data_size": arr.nbytes}
             raw.append(arr.tobytes())
         else:
@@ -492,6 +567,8 @@ class _LeanRest:
         self.app, self.data_plane, self.limit, self.scrape = app, data_plane, limit, scrape
 
     async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope.get("path", "").startswith(shm.REST_PREFIXES):
+            return await self._shared_memory(scope, receive, send)
         if scope["type"] != "http" or scope.get("method") != "POST":
             if (self.scrape is not None and scope["type"] == "http"
                     and scope.get("method") == "GET" and scope.get("path") == "/metrics"):
@@ -540,6 +617,17 @@ class _LeanRest:
                     "headers": extra + [(b"content-length", str(len(out_body)).encode())]})
         await send({"type": "http.response.body", "body": out_body})
 
+    async def _shared_memory(self, scope, receive, send):
+        """The system shared memory extension's endpoints (shm.rest_call)."""
+        body, seen = await _read_body(receive, self.limit)
+        if body is None:
+            return await _refuse_too_large(send, seen, self.limit)
+        status, out = shm.rest_call(scope.get("method", ""), scope.get("path", ""), body)
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(out)).encode())]})
+        await send({"type": "http.response.body", "body": out})
+
     async def _metrics(self, scope, send):
         accept = dict(scope.get("headers") or []).get(b"accept", b"").decode("latin-1")
         body, content_type = self.scrape(accept)
@@ -552,8 +640,9 @@ class _LeanRest:
     async def _infer(model, body: bytes, headers: dict):
         header, start = read_rest_body(body, headers.get(b"inference-header-content-length"))
         feeds = decode_rest_request(header, body, start, model.engine, model.batcher.max_batch > 1)
+        regions = rest_output_regions(header)
         out = await model.batcher.infer(feeds)
-        return encode_rest_response(header, out, model.name)
+        return encode_rest_response(header, out, model.name, regions)
 
 
 def read_rest_body(body: bytes, header_length: Optional[bytes]) -> tuple[object, int]:
@@ -574,6 +663,24 @@ def read_rest_body(body: bytes, header_length: Optional[bytes]) -> tuple[object,
         return orjson.loads(body[:start] if start < len(body) else body), start
     except orjson.JSONDecodeError as e:
         raise RequestError(f"malformed request: {e}") from None
+
+
+async def _read_body(receive, limit: int) -> tuple:
+    """(a request's whole body, its length), or (None, the length read) once it passes `limit`
+    (the rest read and dropped: _drain)."""
+    chunks, seen = [], 0
+    while True:
+        message = await receive()
+        if message.get("type") != "http.request":
+            return b"", seen  # the client went away
+        chunk = message.get("body", b"")
+        seen += len(chunk)
+        if seen > limit:
+            await _drain(receive)
+            return None, seen
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks), seen
 
 
 async def _send_json(send, status: int, obj) -> None:
@@ -959,8 +1066,9 @@ def _inference_servicer():
                     return response.SerializeToString()
                 feeds = decode_grpc_request(request, model.engine, model.batcher.max_batch > 1,
                                             raw)
+                regions = grpc_output_regions(request) if request.outputs else None
                 out = await model.batcher.infer(feeds)
-                return encode_grpc_response_bytes(request, out, model.name)
+                return encode_grpc_response_bytes(request, out, model.name, regions)
             except aio.AbortError:
                 raise
             except RequestError as e:
@@ -968,6 +1076,16 @@ def _inference_servicer():
             except Exception as e:  # noqa: BLE001 - mapped to a status below
                 error = e
             await self._errors.handle_exception(error, request, context, GRPC_MODEL_INFER)
+
+        async def shared_memory(self, method, body, context):
+            """The system shared memory extension's gRPC methods (shm.grpc_call); CUDA's are
+            UNIMPLEMENTED."""
+            if method in shm.CUDA_GRPC_METHODS:
+                await context.abort(grpc.StatusCode.UNIMPLEMENTED, shm.CUDA_UNSUPPORTED)
+            try:
+                return shm.grpc_call(method, body)
+            except shm.RegionError as e:
+                await context.abort(getattr(grpc.StatusCode, e.grpc_code), str(e))
 
         def register(self, server, interceptors: tuple = ()) -> None:
             """Adds the service to a grpc.aio server, as the generated
@@ -988,6 +1106,11 @@ def _inference_servicer():
 
             pb_grpc.add_GRPCInferenceServiceServicer_to_server(self, _Capture())
             service = "inference.GRPCInferenceService"
+            # Triton's shared memory methods, which KServe's service has not: bytes in and out
+            # (their messages are shm.grpc_messages', in a descriptor pool of their own).
+            for method in shm.GRPC_METHODS + shm.CUDA_GRPC_METHODS:
+                handlers[method] = grpc.unary_unary_rpc_method_handler(
+                    functools.partial(self.shared_memory, method))
             if interceptors:
                 for name, h in list(handlers.items()):
                     if h.unary_unary is not None:
@@ -1123,7 +1246,20 @@ def make_server(host: str, http_port: int, grpc_port: int, max_request_bytes: in
     dp = server.dataplane
     dp.decode_inference_request = _refuse_malformed(
         _keep_binary_tensors(dp.decode_inference_request))
+    dp.metadata = _with_shared_memory(dp.metadata)
     return server
+
+
+def _with_shared_memory(metadata):
+    """The data plane's server metadata with the system shared memory extension among its
+    extensions (Triton's name for it: clients look for it there)."""
+
+    @functools.wraps(metadata)
+    def with_shm():
+        meta = dict(metadata())
+        meta["extensions"] = list(meta.get("extensions", [])) + ["system_shared_memory"]
+        return meta
+    return with_shm
 
 
 # glibc's mallopt parameters
@@ -1295,7 +1431,20 @@ def background() -> list:
     trim = float(os.environ.get("KILN_SERVE_TRIM_S", "0") or 0)
     if trim > 0 and os.environ.get("KILN_SERVE_MALLOC", "1") != "0" and _libc() is not None:
         tasks.append(trim_memory(trim))
+    if shm.registry().records is not None:  # a worker: regions unregistered by the others
+        tasks.append(sweep_regions(shm.SWEEP_S))
     return tasks
+
+
+async def sweep_regions(every: float) -> None:
+    """Every `every` seconds, unmaps the shared memory regions that another worker of
+    `kiln serve --workers` unregistered (shm.Registry.sweep)."""
+    while True:
+        await asyncio.sleep(every)
+        try:
+            shm.registry().sweep()
+        except Exception:  # noqa: BLE001 - a region whose object went away: dropped at its use
+            log.debug("shared memory sweep", exc_info=True)
 
 
 async def trim_memory(every: float) -> None:
