@@ -8,7 +8,9 @@
 #
 #   PYTHONPATH=build/python bench/serve_cpu.sh [OUT_DIR]
 #
-# Knobs: KILN_SERVE_CLIENTS (1,8,32,128), KILN_SERVE_PROTOCOLS (grpc,http), KILN_LOAD_S (4,
+# Knobs: KILN_SERVE_CLIENTS (1,8,32,128), KILN_SERVE_PROTOCOLS (grpc,http; grpc-shm and
+# http-shm send the tensors through Triton's system shared memory extension, rows beside the
+# plain ones: KILN_SERVE_PROTOCOLS=grpc,grpc-shm,http,http-shm), KILN_LOAD_S (4,
 # seconds measured per row after 1 s of warm-up), KILN_LOAD_PROCS (1: client processes; on a
 # 2-core machine the clients and the server share the cores), KILN_SERVE_WORKERS (1: `kiln serve
 # --workers`, front-end processes; the server's CPU is counted over all of them), KILN_SERVE_ARGS

@@ -38,7 +38,10 @@
 # the tables run one after another on the same machine, ';'-separated LABEL=FLAGS, e.g.
 # "block=;spin=--spin-wait": each table row set once per variant, labelled with it; default one
 # variant with no extra flags), KILN_SERVE_CLIENTS (the tables' client counts, default
-# serve_load.py's 1,8,32,128). Per-GPU batcher processes against per-worker batching, for
+# serve_load.py's 1,8,32,128), KILN_SERVE_SHM (1: every table also runs its protocols through
+# Triton's system shared memory extension, grpc-shm and http-shm rows beside grpc and http on the
+# same server, and the soak's clients use all four; the protocol names can also be given in
+# KILN_SERVE_PROTOCOLS). Per-GPU batcher processes against per-worker batching, for
 # example: KILN_SERVE_VARIANTS="worker=--batcher worker;device=--batcher device".
 set -uo pipefail
 T0=$(date +%s)
@@ -54,6 +57,16 @@ BUDGET=${KILN_SERVE_BUDGET:-540}
 CONTEXTS=${KILN_SERVE_CONTEXTS:-2}
 TABLE_DEVICES=${KILN_SERVE_DEVICES:-0 0,1}
 PROTOCOLS=${KILN_SERVE_PROTOCOLS:-grpc,http}
+SOAK_PROTOCOLS=grpc,http
+with_shm() {  # with_shm PROTOCOLS: each protocol and, with KILN_SERVE_SHM=1, its -shm variant
+  local out=$1 p
+  if [ "${KILN_SERVE_SHM:-0}" = 1 ]; then
+    for p in ${1//,/ }; do [[ $p == *-shm ]] || [[ ,$1, == *",$p-shm,"* ]] || out+=",$p-shm"; done
+  fi
+  echo "$out"
+}
+PROTOCOLS=$(with_shm "$PROTOCOLS")
+SOAK_PROTOCOLS=$(with_shm "$SOAK_PROTOCOLS")
 WORKER_COUNTS=${KILN_SERVE_WORKERS:-1}
 FIRST_WORKERS=${WORKER_COUNTS%% *}
 WORKER_DEVICES=${KILN_SERVE_WORKER_DEVICES:-split}
@@ -256,14 +269,15 @@ fi
 if [[ " $PARTS " == *" tables "* ]]; then
   for m in $MODELS; do
     protos=$PROTOCOLS
-    [ "$m" = bert ] && protos=grpc
+    [ "$m" = bert ] && protos=$(with_shm grpc)
     for devs in $TABLE_DEVICES; do
       if [ "$devs" = 0,1 ] && [ "$NGPU" -lt 2 ]; then say "one GPU: no two-GPU table"; continue; fi
       for nw in $WORKER_COUNTS; do
        for variant in "${VARIANTS[@]}"; do
         vlabel=${variant%%=*}
         read -r -a VFLAGS <<<"${variant#*=}"
-        need=$(( 25 + 5 * nw + (${#protos} > 4 ? 8 : 4) * (LOAD_S + 2) ))
+        nprot=$(( $(tr -cd , <<<"$protos" | wc -c) + 1 ))
+        need=$(( 25 + 5 * nw + 4 * nprot * (LOAD_S + 2) ))
         fits "$need" "$m table on GPUs $devs, $nw worker(s) ${vlabel}" || continue
         say "$m, --devices $devs --workers $nw ${PAD_FLAG[*]} ${VFLAGS[*]}"
         echo "### $m, --devices $devs --workers $nw --worker-devices $WORKER_DEVICES ${PAD_FLAG[*]} ${EXTRA_ARGS[*]} ${VFLAGS[*]}" >>"$W/tables.md"
@@ -292,6 +306,7 @@ if [[ " $PARTS " == *" soak "* ]] && [[ " $MODELS " == *" resnet50 "* ]] && fits
   if start_server resnet50 "soak" --workers "$FIRST_WORKERS" --worker-devices "$WORKER_DEVICES" "${PAD_FLAG[@]}"; then
     python3 bench/serve_load.py soak --http "$HTTP" --grpc "$GRPC" --model resnet50 \
       --engine "${ENGINE[resnet50]}" --label "every GPU, $FIRST_WORKERS worker(s)${PAD_FLAG:+, padded}" --clients 64 \
+      --protocols "$SOAK_PROTOCOLS" \
       --duration "$SOAK_S" --bad-rate 0.05 --server-pid "$SPID" --sample-every 5 --procs 8 \
       --settle "$((SOAK_S < 120 ? SOAK_S / 2 : 60))" ${FP32:+--reference-engine "$FP32"} \
       --mismatches "$OUT/mismatches.npz" \

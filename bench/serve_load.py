@@ -54,6 +54,14 @@ would otherwise share one (grpc's global subchannel pool), which `kiln serve --w
 kernel spreads connections over the workers) could not spread (--grpc-shared-connection: as
 before). --server-pid counts the server's worker processes too (its process tree). Results go
 to --json (and a Markdown table on stdout / --md).
+
+--shm, or the protocols grpc-shm and http-shm (beside grpc and http in one run, for rows with
+and without it): Triton's system shared memory extension. Each client thread makes its own input
+and output regions in /dev/shm (tritonclient.utils.shared_memory) and registers them with the
+server once; each request then names the region, offset and size of its inputs and outputs
+(ShmClient). A load client sends one input, placed once; a soak client writes each request's
+input into its region first. Answers are read from the output region and checked as any
+other. The regions are unregistered and removed when the clients end.
 The driver on the GPU machine is bench/serve_gpu.sh.
 """
 from __future__ import annotations
@@ -86,6 +94,7 @@ GRPC_CLIENT_ERRORS = {"INVALID_ARGUMENT", "NOT_FOUND", "OUT_OF_RANGE", "FAILED_P
 BAD_KINDS = ["wrong_shape", "wrong_datatype", "unknown_input", "truncated_body", "huge_body",
              "unknown_model"]
 HUGE_BYTES = 100 << 20
+PROTOCOLS = ("grpc", "http", "grpc-shm", "http-shm")
 NP_OF_V2 = {"BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32,
             "UINT64": np.uint64, "INT8": np.int8, "INT16": np.int16, "INT32": np.int32,
             "INT64": np.int64, "FP16": np.float16, "FP32": np.float32, "FP64": np.float64}
@@ -236,11 +245,106 @@ def _infer(mod, client, model, feeds, dtypes=None, timeout=None):
     return client.infer(model, ins)
 
 
+class ShmClient:
+    """--shm (protocols grpc-shm, http-shm): one client thread's input and output regions in
+    POSIX shared memory, made with tritonclient.utils.shared_memory and registered with the
+    server once; a request carries the region, offset and size of each input and output and no
+    tensor bytes. The input region holds one request's inputs, written by the client before a
+    request whose inputs differ from the last one's (load: a client sends one input, written
+    once, so the rows measure the server's side; soak: each request's, as a producer would);
+    the output region holds every output at batch 1 (sized from one ordinary inference,
+    `probe`). 602 KB a client for ResNet-50: /dev/shm must hold clients x that."""
+
+    def __init__(self, mod, client, feeds: dict, probe: dict, tag: str):
+        import tritonclient.utils.shared_memory as shm
+
+        self.shm, self.mod, self.client = shm, mod, client
+        self.names, self.handles = [], []
+        self.inputs, self.outputs = {}, {}  # name -> (offset in its region, nbytes, dtype)
+        self.h_in = self._region(f"{tag}_in", self._layout(feeds, self.inputs))
+        self.h_out = self._region(f"{tag}_out", self._layout(probe, self.outputs))
+        self.ins = []
+        for name, (off, nbytes, dtype) in self.inputs.items():
+            i = mod.InferInput(name, list(feeds[name].shape), _v2(dtype))
+            i.set_shared_memory(f"{tag}_in", nbytes, offset=off)
+            self.ins.append(i)
+        self.outs = []
+        for name, (off, nbytes, _) in self.outputs.items():
+            o = mod.InferRequestedOutput(name)
+            o.set_shared_memory(f"{tag}_out", nbytes, offset=off)
+            self.outs.append(o)
+        self.last = None  # the inputs in the region now
+
+    @staticmethod
+    def _layout(arrays: dict, places: dict) -> int:
+        off = 0
+        for name, a in arrays.items():
+            places[name] = (off, a.nbytes, a.dtype)
+            off += (a.nbytes + 63) // 64 * 64
+        return max(off, 64)
+
+    def _region(self, name: str, size: int):
+        key = f"/{name}"
+        h = self.shm.create_shared_memory_region(name, key, size)
+        self.handles.append(h)
+        self.client.register_system_shared_memory(name, key, size)
+        self.names.append(name)
+        return h
+
+    def infer(self, model: str, feeds: dict):
+        if feeds is not self.last:
+            for name, (off, _, _) in self.inputs.items():
+                self.shm.set_shared_memory_region(self.h_in, [np.ascontiguousarray(feeds[name])],
+                                                  offset=off)
+            self.last = feeds
+        return self.client.infer(model, self.ins, outputs=self.outs)
+
+    def answer(self, res) -> dict:
+        """The outputs of the last request, read (copied) from the output region."""
+        got = {}
+        for name, (off, _, dtype) in self.outputs.items():
+            o = res.get_output(name)
+            shape = list(o["shape"] if isinstance(o, dict) else o.shape)
+            got[name] = np.array(self.shm.get_contents_as_numpy(self.h_out, dtype, shape,
+                                                                offset=off))
+        return got
+
+    def close(self) -> None:
+        for name in self.names:
+            try:
+                self.client.unregister_system_shared_memory(name)
+            except Exception:  # noqa: BLE001 - the server may be gone; the objects go below
+                pass
+        for h in self.handles:
+            self.shm.destroy_shared_memory_region(h)
+        self.names, self.handles = [], []
+
+
+def shm_room(feeds: dict, clients: int) -> Optional[str]:
+    """Why /dev/shm cannot hold `clients` clients' input regions (ShmClient), or None."""
+    need = clients * sum(a.nbytes for a in feeds.values())
+    try:
+        st = os.statvfs("/dev/shm")
+    except OSError as e:
+        return f"/dev/shm: {e}"
+    free = st.f_bavail * st.f_frsize
+    if need > free:
+        return (f"{clients} shared-memory clients need about {need / 2**20:.0f} MB of /dev/shm, "
+                f"which has {free / 2**20:.0f} MB free")
+    return None
+
+
 def _v2(dtype) -> str:
     for k, v in NP_OF_V2.items():
         if np.dtype(v) == np.dtype(dtype):
             return k
     raise ValueError(f"no v2 datatype for {dtype}")
+
+
+def _output_names(res, proto: str) -> list:
+    """The output names of a tritonclient result."""
+    r = res.get_response()
+    return [o["name"] for o in r["outputs"]] if proto == "http" else [o.name for o in r.outputs]
 
 
 def _status(e) -> tuple[str, str]:
@@ -409,8 +513,8 @@ def worker(args, index, threads, barrier, results):
     clients = []
     for t in range(threads):
         proto = protos[(index * threads + t) % len(protos)]
-        clients.append((proto, *_client(proto, args[proto], args.get("grpc_shared_connection",
-                                                                    False))))
+        clients.append((proto, *_client(proto.split("-")[0], args[proto.split("-")[0]],
+                                        args.get("grpc_shared_connection", False))))
     barrier.wait()
     start = time.perf_counter()
     measure_from = start + args["warmup"]
@@ -418,6 +522,21 @@ def worker(args, index, threads, barrier, results):
 
     def run(t):
         proto, mod, client = clients[t]
+        shm_client = None
+        if proto.endswith("-shm"):
+            # In the thread that uses the client (tritonclient.http's connections are
+            # gevent's, bound to the thread that first uses them); before the measured window
+            # (--warmup): one ordinary inference for the outputs' sizes, and the registrations.
+            try:
+                res = _infer(mod, client, args["model"], inputs[0])
+                probe = {o: res.as_numpy(o) for o in _output_names(res, proto.split("-")[0])}
+                shm_client = ShmClient(mod, client, inputs[0], probe,
+                                       f"kiln_load_{os.getpid()}_{t}")
+            except Exception as e:  # noqa: BLE001 - counted once; this client sends nothing
+                with lock:
+                    out["errors"]["shm_setup"] = out["errors"].get("shm_setup", 0) + 1
+                    out["error_samples"].append(f"{proto}: shared memory setup: {e!r}"[:300])
+                return
         rng = np.random.default_rng(7919 * index + t)
         n = 0
         bad_turn = (index * threads + t) % len(kinds)
@@ -430,8 +549,8 @@ def worker(args, index, threads, barrier, results):
                 kind = kinds[bad_turn % len(kinds)]
                 bad_turn += 1
                 feeds = refs[n % len(refs)][0] if refs else inputs[n % len(inputs)]
-                cls, text = _bad_request(kind, proto, mod, client, args["http"], args["model"],
-                                         feeds, huge)
+                cls, text = _bad_request(kind, proto.split("-")[0], mod, client, args["http"],
+                                         args["model"], feeds, huge)
                 has_msg = len(text.split(" ", 1)[-1].strip()) > 0 and cls == "4xx"
                 key = cls if cls != "4xx" or has_msg else "4xx_no_message"
                 bad[kind][key] = bad[kind].get(key, 0) + 1
@@ -442,14 +561,22 @@ def worker(args, index, threads, barrier, results):
                 ref = n % len(refs)
                 feeds, want = refs[ref][0], refs[ref][1]
                 allowed = refs[ref][2] if len(refs[ref]) > 2 else args["tolerance"]
-            else:
-                feeds, want = inputs[n % len(inputs)], None
+            else:  # (a shared-memory client sends one input: ShmClient)
+                feeds = inputs[t % len(inputs)] if shm_client else inputs[n % len(inputs)]
+                want = None
             t0 = time.perf_counter()
             try:
-                res = _infer(mod, client, args["model"], feeds)
+                if shm_client is not None:
+                    res = shm_client.infer(args["model"], feeds)
+                else:
+                    res = _infer(mod, client, args["model"], feeds)
                 t1 = time.perf_counter()
                 if want is not None:
-                    got = {name: res.as_numpy(name) for name in want}
+                    if shm_client is not None:
+                        got = shm_client.answer(res)
+                        got = {name: got[name] for name in want}
+                    else:
+                        got = {name: res.as_numpy(name) for name in want}
                     errors = {name: rel_l2(got[name], w) for name, w in want.items()}
                     e = max(errors.values())
                     worst = max(worst, e)
@@ -495,6 +622,8 @@ def worker(args, index, threads, barrier, results):
                 for k, v in d.items():
                     out["bad"][kind][k] = out["bad"][kind].get(k, 0) + v
             out["bad_samples"].extend(bad_samples[: 5 - len(out["bad_samples"])])
+        if shm_client is not None:
+            shm_client.close()  # in this thread (tritonclient.http's connection is bound to it)
 
     ts = [threading.Thread(target=run, args=(t,), daemon=True) for t in range(threads)]
     for t in ts:
@@ -1061,7 +1190,13 @@ def parse(argv=None):
     p.add_argument("--http", default="127.0.0.1:8080", help="the server's REST address (local)")
     p.add_argument("--grpc", default="127.0.0.1:8081", help="the server's gRPC address (local)")
     p.add_argument("--model", required=True)
-    p.add_argument("--protocols", default="grpc,http")
+    p.add_argument("--protocols", default="grpc,http",
+                   help="some of grpc, http, grpc-shm, http-shm: -shm sends the inputs and "
+                        "takes the outputs through registered system shared memory regions "
+                        "(Triton's extension; the server must be on this machine)")
+    p.add_argument("--shm", action="store_true",
+                   help="every protocol through shared memory (grpc -> grpc-shm, ...): each "
+                        "client registers its own input and output regions once")
     p.add_argument("--clients", default=None, help="load: 1,8,32,128; soak: 64")
     p.add_argument("--procs", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 4)),
                    help="client processes (threads spread over them)")
@@ -1109,8 +1244,12 @@ def parse(argv=None):
     a = p.parse_args(argv)
     a.http, a.grpc = local_address(a.http), local_address(a.grpc)
     a.protocols = [x for x in a.protocols.split(",") if x]
-    if any(x not in ("grpc", "http") for x in a.protocols) or not a.protocols:
-        p.error("--protocols takes grpc, http or both")
+    if a.shm:
+        a.protocols = [x if x.endswith("-shm") else x + "-shm" for x in a.protocols]
+    if any(x not in PROTOCOLS for x in a.protocols) or not a.protocols:
+        p.error(f"--protocols takes some of {','.join(PROTOCOLS)}")
+    if any(x.endswith("-shm") for x in a.protocols) and not os.path.isdir("/dev/shm"):
+        p.error("--shm needs POSIX shared memory (/dev/shm), which this machine has not")
     default_clients = "64" if a.mode == "soak" else "1,8,32,128"
     a.clients = [int(x) for x in (a.clients or default_clients).split(",") if x]
     if a.duration is None:
@@ -1129,6 +1268,10 @@ def main(argv=None) -> int:
     a = parse(argv)
     wait_ready(a.http, a.ready_timeout)
     specs = model_inputs(a.http, a.model, a.seq)
+    if any(x.endswith("-shm") for x in a.protocols):
+        problem = shm_room(make_inputs(specs, 0, a.int_high), max(a.clients))
+        if problem:
+            raise SystemExit(f"serve_load: --shm: {problem}")
     result = load_mode(a, specs) if a.mode == "load" else soak_mode(a, specs)
     if a.mode == "load":
         md = table(result["rows"])

@@ -346,6 +346,41 @@ def test_soak_bad_requests_are_4xx_and_answers_match(padded_server, tmp_path):
     assert padded_server["proc"].poll() is None
 
 
+def test_load_and_soak_through_shared_memory(padded_server, tmp_path):
+    """serve_load.py's -shm protocols (Triton's system shared memory extension, kiln.shm):
+    rows beside the plain ones, no errors; a short soak with --shm whose every answer, read
+    from the client's output region, matches the engine's, with the bad requests still 4xx;
+    no region left registered or in /dev/shm."""
+    import glob
+
+    out = tmp_path / "load.json"
+    p = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "bench", "serve_load.py"), "load",
+         "--http", padded_server["http"], "--grpc", padded_server["grpc"], "--model", "small_cnn",
+         "--protocols", "grpc,grpc-shm,http-shm", "--clients", "2", "--duration", "1",
+         "--warmup", "0.3", "--max-requests", "200", "--procs", "1", "--json", str(out)],
+        capture_output=True, text=True, env=_env(), timeout=240)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["protocol"] for r in rows] == ["grpc", "grpc-shm", "http-shm"]
+    assert all(r["requests"] > 0 and not r["errors"] for r in rows), rows
+    out = tmp_path / "soak.json"
+    p = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "bench", "serve_load.py"), "soak", "--shm",
+         "--http", padded_server["http"], "--grpc", padded_server["grpc"], "--model", "small_cnn",
+         "--engine", str(padded_server["engine"]), "--clients", "4", "--duration", "3",
+         "--bad-rate", "0.2", "--procs", "1", "--sample-every", "1", "--settle", "1",
+         "--tolerance", "1e-4", "--json", str(out)],
+        capture_output=True, text=True, env=_env(), timeout=300)
+    s = json.loads(out.read_text())
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert s["passed"] and s["good_ok"] > 0 and s["good_mismatch"] == 0 and s["responses_5xx"] == 0
+    import tritonclient.http as httpclient
+
+    status = httpclient.InferenceServerClient(padded_server["http"]).get_system_shared_memory_status()
+    assert status == [] and not glob.glob("/dev/shm/kiln_load_*")
+
+
 def test_memory_log_and_trims(padded_server):
     """The server of the tests above logs its memory and trims malloc's arenas every second
     (KILN_SERVE_MEMORY_LOG=1, KILN_SERVE_TRIM_S=1) and goes on serving."""
