@@ -164,6 +164,45 @@ def check_encoded_response_is_protobufs_serialization():
         encode_grpc_response_bytes(request, {"y": np.zeros(3, np.float32)}, "m")
 
 
+def check_inputs_in_shared_memory_beside_raw_ones():
+    """A request with one input in a registered shared memory region (kiln.shm) and one in
+    raw_input_contents: the raw contents are the other input's (as Triton reads them), the
+    region's input is an array over the mapping; a raw content too many for the inputs not in
+    shared memory is a RequestError naming the input in shared memory."""
+    import mmap
+
+    from kiln import shm
+    from kiln.serve_workers import EngineInfo
+    from kiln.serving import decode_grpc_request
+
+    pb = _pb()
+    engine = EngineInfo({"inputs": [("x", "float32", [-1, 4]), ("mask", "int64", [-1, 4])],
+                         "outputs": [], "profile": {}, "backend": "cpu"})
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    mask = np.ones((2, 4), np.int64)
+    reg = shm.Registry()
+    mm = mmap.mmap(-1, 4096)
+    mm[64:64 + x.nbytes] = x.tobytes()
+    reg.regions["r"] = shm.Region("r", "/r", 0, 4096, mm)
+    shm.registry.cache_clear()
+    shm.registry = lambda: reg  # this process's registry, without /dev/shm
+    request = pb.ModelInferRequest(model_name="m")
+    t = request.inputs.add(name="x", datatype="FP32", shape=[2, 4])
+    t.parameters[shm.REGION].string_param = "r"
+    t.parameters[shm.SIZE].int64_param = x.nbytes
+    t.parameters[shm.OFFSET].int64_param = 64
+    request.inputs.add(name="mask", datatype="INT64", shape=[2, 4])
+    request.raw_input_contents.append(mask.tobytes())
+    feeds = decode_grpc_request(request, engine, True)
+    np.testing.assert_array_equal(feeds["x"], x)
+    np.testing.assert_array_equal(feeds["mask"], mask)
+    assert feeds["x"].base is not None  # a view of the mapping, not a copy
+    request.raw_input_contents.append(x.tobytes())
+    with pytest.raises(RequestError, match="input 'x': both raw_input_contents and "
+                                           "shared_memory_region given"):
+        decode_grpc_request(request, engine, True)
+
+
 def _in_subprocess(check: str) -> None:
     here = os.path.dirname(os.path.abspath(__file__))
     root = os.path.abspath(os.path.join(here, "..", ".."))
@@ -185,3 +224,7 @@ def test_mutated_bodies_are_request_errors_or_parse_as_protobuf_does():
 
 def test_encoded_response_is_protobufs_serialization():
     _in_subprocess("check_encoded_response_is_protobufs_serialization")
+
+
+def test_inputs_in_shared_memory_beside_raw_ones():
+    _in_subprocess("check_inputs_in_shared_memory_beside_raw_ones")
