@@ -14,7 +14,9 @@ serialized message (no deserializer), reads the raw tensors out of it in place a
 the rest (split_grpc_request), decodes it itself (decode_grpc_request) and writes the serialized
 response directly (encode_grpc_response_bytes), and REST POST /v2/models/NAME/infer is answered
 in front of FastAPI (_LeanRest: read_rest_body, decode_rest_request, encode_rest_response); the
-rest of the protocol is KServe's.
+rest of the protocol is KServe's, but for Triton's system shared memory extension (kiln.shm:
+regions registered once, then inputs read from and outputs written into them), which KServe
+has not.
 
 The process keeps freed blocks of up to 32 MB for reuse (tune_malloc): request tensors are
 otherwise an mmap, page faults and a munmap each (bench/serve_cost.py measures the front end's

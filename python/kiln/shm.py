@@ -153,8 +153,9 @@ class Registry:
 
     # ---- the extension's endpoints
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
-        if not isinstance(name, str) or not name:
-            raise RegionError(f"shared memory region name {name!r} is not a non-empty string")
+        if not isinstance(name, str) or not name or "\0" in name:
+            raise RegionError(f"shared memory region name {name!r} is not a non-empty string "
+                              "(without NUL)")
         if len(name) > _MAX_NAME:
             raise RegionError(f"shared memory region name '{name[:40]}...' is over "
                               f"{_MAX_NAME} characters")
@@ -321,7 +322,7 @@ class Registry:
             with open(self._record(name)) as f:
                 st = os.fstat(f.fileno())
                 d = json.load(f)
-        except (FileNotFoundError, ValueError):
+        except (OSError, ValueError):  # gone meanwhile (unregistered)
             return None
         return Region(d["name"], d["key"], d["offset"], d["byte_size"],
                       ident=(st.st_ino, st.st_ctime_ns))
@@ -332,7 +333,7 @@ class Registry:
         cached = self.regions.get(name)
         try:
             st = os.stat(self._record(name))
-        except (FileNotFoundError, ValueError):  # ValueError: a name with a NUL
+        except (OSError, ValueError):  # not there; a name too long or with a NUL: never one
             st = None
         if cached is not None:
             if st is not None and cached.ident == (st.st_ino, st.st_ctime_ns):
