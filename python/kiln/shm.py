@@ -75,6 +75,7 @@ class Region:
     mm: Optional[mmap.mmap] = None
     ident: tuple = ()  # its record's (inode, ctime) in the workers' folder
     writable: bool = True
+    fd: int = -1  # the object, kept open to see its size at each use (span); -1: none
 
     def status(self) -> dict:
         return {"name": self.name, "key": self.key, "offset": self.offset,
@@ -89,6 +90,9 @@ class Region:
             except BufferError:
                 pass
             self.mm = None
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 def object_path(key: str) -> str:
@@ -104,9 +108,9 @@ def object_path(key: str) -> str:
 
 
 def map_object(key: str) -> tuple:
-    """(mapping of the whole object `key`, whether it is writable); RegionError when it does
-    not exist or cannot be mapped. Read-write where the object allows it (outputs are written
-    into it), else read-only."""
+    """(mapping of the whole object `key`, whether it is writable, its open descriptor: the
+    caller's to close); RegionError when it does not exist or cannot be mapped. Read-write where
+    the object allows it (outputs are written into it), else read-only."""
     path = object_path(key)
     writable = True
     try:
@@ -129,11 +133,13 @@ def map_object(key: str) -> tuple:
             raise RegionError(f"shared memory object '{key}' ({path}) is empty")
         mm = mmap.mmap(fd, size, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
     except OSError as e:
+        os.close(fd)
         raise RegionError(f"cannot map shared memory object '{key}' ({path}): "
                           f"{e.strerror or e}") from None
-    finally:
+    except BaseException:
         os.close(fd)
-    return mm, writable
+        raise
+    return mm, writable, fd
 
 
 def _whole(value, what: str) -> int:
@@ -163,18 +169,18 @@ class Registry:
         byte_size = _whole(byte_size, "byte_size")
         if self._exists(name):
             raise self._taken(name)
-        mm, writable = map_object(key)
+        mm, writable, fd = map_object(key)
+        region = Region(name, key, offset, byte_size, mm, writable=writable, fd=fd)
         if offset + byte_size > len(mm):
             size = len(mm)
-            mm.close()
+            region.release()
             raise RegionError(f"shared memory region '{name}': offset {offset} + byte_size "
                               f"{byte_size} is beyond object '{key}' of {size} bytes")
-        region = Region(name, key, offset, byte_size, mm, writable=writable)
         if self.records is not None:
             try:
                 region.ident = self._write_record(region)
             except BaseException:
-                mm.close()
+                region.release()
                 raise
         self.regions[name] = region
 
@@ -231,6 +237,19 @@ class Registry:
         byte_size = _whole(byte_size, f"{what}: {SIZE}")
         offset = _whole(offset, f"{what}: {OFFSET}")
         region = self.get(name)
+        # A client that shrinks its object after registering it would make the mapping's pages
+        # past the new end fault (SIGBUS, the whole server): its size is checked at each use.
+        fd = region.fd  # once: another thread's unregister may close it meanwhile
+        if fd >= 0:
+            try:
+                size = os.fstat(fd).st_size
+            except OSError:
+                raise RegionError(f"{what}: shared memory region '{name}' was unregistered "
+                                  "meanwhile") from None
+            if size < region.offset + region.byte_size:
+                raise RegionError(f"{what}: shared memory object '{region.key}' of region "
+                                  f"'{name}' is now {size} bytes, under the "
+                                  f"{region.offset + region.byte_size} it was registered with")
         if offset + byte_size > region.byte_size:
             raise RegionError(f"{what}: {OFFSET} {offset} + {SIZE} {byte_size} is beyond "
                               f"shared memory region '{name}' of {region.byte_size} bytes")
@@ -346,7 +365,7 @@ class Registry:
         if region is None:
             return None
         try:
-            region.mm, region.writable = map_object(region.key)
+            region.mm, region.writable, region.fd = map_object(region.key)
         except RegionError as e:  # its object went away after it was registered
             raise RegionError(f"shared memory region '{name}': {e}") from None
         if region.offset + region.byte_size > len(region.mm):

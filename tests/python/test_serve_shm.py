@@ -334,6 +334,18 @@ def test_bad_grpc_inferences(server, bad_setup, kwargs, message):
     assert e.status() == "StatusCode.INVALID_ARGUMENT" and message in e.message(), e
 
 
+def test_a_shrunk_object_is_refused_not_a_crash(server, bad_setup):
+    """A client that truncates its object after registering it: reading the mapping past the
+    new end would fault (SIGBUS) and kill the server; it is a 400, and the server lives on."""
+    os.truncate(os.path.join("/dev/shm", bad_setup["in"].lstrip("/")), 16)
+    status, text = rest(server, "POST", "/v2/models/small_cnn/infer",
+                        infer_body(region("in", CNN_IN), region("out", CNN_OUT)))
+    assert status == 400, text
+    assert "is now 16 bytes, under the 12288 it was registered with" in json.loads(text)["error"]
+    status, text = rest(server, "GET", "/v2/health/live")
+    assert status == 200, text
+
+
 @pytest.mark.parametrize("proto", ["grpc", "http"])
 def test_bad_registrations(server, bad_setup, regions, proto):
     _, c = client(proto, server)
