@@ -16,7 +16,8 @@ namespace {
 bool cpu_supports(const LayerCapabilityQuery& q) {
   // Kernel-shaped layers: their CPU kernels are the references for other backends; on the CPU
   // the fusion saves nothing.
-  if (q.domain == "kiln" && (q.op_type == "FusedConvPool" || q.op_type == "FusedConvPair"))
+  if (q.domain == "kiln" && (q.op_type == "FusedConvPool" || q.op_type == "FusedConvPair" ||
+                             q.op_type == "FusedConvMean"))
     return false;
   const OpDef* def = find_op(q.domain, q.op_type);
   if (!def || !def->cpu || !def->infer) return false;

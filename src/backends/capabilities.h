@@ -25,9 +25,9 @@ struct LayerCapabilityQuery {
 
 // True when `backend` can run the described layer as one kernel at the query's precision.
 // cpu: every kiln fused op it has a kernel for (float32/float64 data; activation and chain
-// steps it knows), and every ai.onnx op with a registry kernel; not FusedConvPool or
-// FusedConvPair (their kernels are the references for other backends; on the CPU the fusion
-// saves nothing). cuda: every op with a tactic in the GPU tactic table
+// steps it knows), and every ai.onnx op with a registry kernel; not FusedConvPool,
+// FusedConvPair or FusedConvMean (their kernels are the references for other backends; on the
+// CPU the fusion saves nothing). cuda: every op with a tactic in the GPU tactic table
 // (backends/cuda/tactic_table.cpp), the table lowering dispatches from; with `node`, a tactic
 // whose supports() takes it at the build precision (int8: an INT8 tactic, in the formats of an
 // INT8 candidate).

@@ -1,4 +1,5 @@
-// kiln's fused layers: the op table, FusedConv, FusedConvPool, FusedConvPair and FusedGemm, and
+// kiln's fused layers: the op table, FusedConv, FusedConvMean, FusedConvPool, FusedConvPair and
+// FusedGemm, and
 // the helpers shared with fused_chain.cpp and fused_int8.cpp. Kernels compose the registry's
 // reference kernels (see fused_util.h).
 #include "ops/fused.h"
@@ -46,7 +47,7 @@ bool chain_op_supported(const std::string& op_type) {
 
 bool fused_layer_supported(const std::string& op_type, const Attributes& attrs) {
   if (op_type == "FusedConv" || op_type == "FusedGemm" || op_type == "FusedConvPool" ||
-      op_type == "FusedConvPair")
+      op_type == "FusedConvPair" || op_type == "FusedConvMean")
     return fused_activation_supported(attrs.get_string("activation", ""));
   if (op_type == "ElementwiseChain") {
     const auto ops = attrs.get_strings("ops");
@@ -141,6 +142,35 @@ Status cpu_fused_conv(KernelContext& ctx) {
   }
   KILN_ASSIGN_OR_RETURN(y, fused::apply_activation(n, std::move(y)));
   ctx.set_output(0, std::move(y));
+  return Status::Ok();
+}
+
+// --- kiln.FusedConvMean: FusedConv, and as output 1 the mean of its output over the spatial axes
+// (GlobalAveragePool of output 0: a squeeze-excitation block's pool, made by the convolution's
+// kernel as it writes output 0 instead of a pass reading it back)
+// -------------------------------------------------------------------------------
+
+Status infer_fused_conv_mean(InferContext& ctx) {
+  std::vector<TensorType> conv(1);
+  InferContext c(ctx.node(), conv);
+  KILN_RETURN_IF_ERROR(base_op("Conv").infer(c));
+  TensorType mean = conv[0];
+  if (mean.dims)
+    for (size_t i = 2; i < mean.dims->size(); ++i) (*mean.dims)[i] = Dim(int64_t{1});
+  ctx.set_output(0, conv[0]);
+  ctx.set_output(1, mean);
+  return Status::Ok();
+}
+
+Status cpu_fused_conv_mean(KernelContext& ctx) {
+  const Node& n = ctx.node();
+  if (quant::runs_int8(n)) return KILN_ERROR("{}: FusedConvMean has no INT8 form", n.label());
+  std::vector<Tensor> outs(1);
+  KernelContext conv(n, {ctx.input(0), ctx.input(1), ctx.input(2), ctx.input(3)}, outs);
+  KILN_RETURN_IF_ERROR(cpu_fused_conv(conv));
+  KILN_ASSIGN_OR_RETURN(Tensor mean, fused::run_op(n, "GlobalAveragePool", {}, {&outs[0]}));
+  ctx.set_output(0, std::move(outs[0]));
+  ctx.set_output(1, std::move(mean));
   return Status::Ok();
 }
 
@@ -303,9 +333,31 @@ Status cpu_reformat(KernelContext& ctx) {
 
 Status unfuse_attention_rotary(Graph& g, Node* n);  // fused_transformer.cpp
 
+// FusedConvMean -> FusedConv, and GlobalAveragePool of its output writing output 1.
+Status unfuse_conv_mean(Graph& g, Node* n) {
+  if (n->num_outputs() < 2 || !n->output(0) || !n->output(1))
+    return KILN_ERROR("{}: FusedConvMean without its two outputs", n->label());
+  const std::vector<Value*> ins(n->inputs().begin(), n->inputs().end());
+  Node* conv = g.insert_node_before(n, "FusedConv", g.unique_name(n->name), ins, {}, "kiln");
+  conv->attrs = n->attrs;
+  Node* pool = g.insert_node_before(n, "GlobalAveragePool", g.unique_name(n->name + "/mean"),
+                                    {n->output(0)}, {});
+  for (Node* p : {conv, pool}) {
+    p->origin = n->origin.empty() ? "unfuse" : n->origin + "+unfuse";
+    p->onnx_nodes = n->onnx_nodes;
+  }
+  Value* y = n->output(0);
+  Value* mean = n->output(1);
+  KILN_RETURN_IF_ERROR(g.remove_node(n, /*force=*/true));
+  g.set_node_output(conv, 0, y);
+  g.set_node_output(pool, 0, mean);
+  return Status::Ok();
+}
+
 Status unfuse_layer(Graph& g, Node* n) {
   if (n->domain == "kiln" && n->op_type == "MultiHeadAttention" && mha_has_rotary(*n))
     return unfuse_attention_rotary(g, n);
+  if (n->domain == "kiln" && n->op_type == "FusedConvMean") return unfuse_conv_mean(g, n);
   const bool conv = n->domain == "kiln" && n->op_type == "FusedConv";
   const bool gemm = n->domain == "kiln" && n->op_type == "FusedGemm";
   if ((!conv && !gemm) || quant::runs_int8(*n) || !n->output(0))
@@ -364,6 +416,7 @@ Status cpu_attention(KernelContext& ctx);
 std::span<const OpDef> fused_ops() {
   static const OpDef kOps[] = {
       {"kiln", "FusedConv", infer_fused_conv, cpu_fused_conv, nullptr},
+      {"kiln", "FusedConvMean", infer_fused_conv_mean, cpu_fused_conv_mean, nullptr},
       {"kiln", "FusedConvPool", infer_fused_conv_pool, cpu_fused_conv_pool, nullptr},
       {"kiln", "FusedConvPair", infer_fused_conv_pair, cpu_fused_conv_pair, nullptr},
       {"kiln", "FusedGemm", infer_fused_gemm, cpu_fused_gemm, nullptr},

@@ -109,7 +109,8 @@ bool mha_has_rotary(const Node& n);
 // Splits a float kiln.FusedConv or kiln.FusedGemm back into the ops it fuses, in its CPU
 // kernel's order (Conv | MatMul [+ Add(C)] | Gemm, then Add(Z or R), then the activation), in its
 // place; the last op writes the layer's output value. A kiln.MultiHeadAttention with the rotary
-// (mha_has_rotary) becomes the RotaryEmbedding(s) on Q and K and the attention without it. For a
+// (mha_has_rotary) becomes the RotaryEmbedding(s) on Q and K and the attention without it; a
+// kiln.FusedConvMean the FusedConv and a GlobalAveragePool of its output. For a
 // backend that has no kernel for the fused form (a residual that broadcasts, an activation no
 // epilogue computes, a rotary only one attention kernel applies).
 Status unfuse_layer(Graph& g, Node* n);

@@ -84,7 +84,7 @@ struct PassEntry {
 //   projection can take goes into the GEMM's epilogue; the Adds left in front of a LayerNorm
 //   (embeddings) join the norm.
 // - fuse_conv_pool after fuse_conv_act: the stem's max-pool joins a convolution that already
-//   carries its activation.
+//   carries its activation; fuse_conv_mean likewise (the pooled map is the activation's).
 // - batchnorm_to_affine after every fusion that could take a BatchNorm (fold_batchnorm folds
 //   it into its producer; here one no producer took becomes a per-channel Mul and Add), and
 //   fuse_elementwise last: it takes the elementwise chains the specific fusions left.
@@ -121,6 +121,7 @@ constexpr PassEntry kPipeline[] = {
     {"fuse_skip_layernorm", 2, passes::fuse_skip_layernorm},
     {"fuse_conv_act", 2, passes::fuse_conv_act},
     {"fuse_conv_pool", 2, passes::fuse_conv_pool},
+    {"fuse_conv_mean", 2, passes::fuse_conv_mean},
     {"batchnorm_to_affine", 2, passes::batchnorm_to_affine},
     {"fuse_elementwise", 2, passes::fuse_elementwise},
     {"eliminate_dead_code", 2, passes::eliminate_dead_code},

@@ -108,6 +108,29 @@ std::vector<OpCase> conv_cases() {
     c.inputs.push_back(in({2, 32, 9, 10}));
     v.push_back(c);
   }
+  // kiln.FusedConvMean (a squeeze-excitation block's pool as the depthwise layer's second
+  // output, made by the tile kernels): 3x3, 5x5 and 7x7 at strides 1 and 2, channels in part
+  // blocks of 32 (40, 24) and whole ones, maps of many tiles and odd sizes, three images, SiLU,
+  // ReLU, none, a residual. The tuner runs each several times first, so a mean's sums left
+  // behind by one run would show in the next.
+  for (const auto& [C, k, s, H, W, act, res] :
+       {std::tuple<int64_t, int, int, int64_t, int64_t, const char*, bool>{40, 3, 1, 37, 19, "Swish", false},
+        {24, 5, 2, 29, 30, "Swish", false},
+        {64, 7, 1, 15, 15, "Relu", true},
+        {96, 3, 2, 17, 9, "", false},
+        {8, 5, 1, 7, 5, "Sigmoid", false}}) {
+    OpCase c = conv("dw_mean_c" + std::to_string(C) + "_k" + std::to_string(k) + "_s" +
+                        std::to_string(s),
+                    {3, C, H, W}, {C, 1, k, k},
+                    attrs({{"group", Attribute::Int(C)}, {"strides", ints_attr({s, s})},
+                           {"pads", ints_attr({k / 2, k / 2, k / 2, k / 2})}}));
+    c.op_type = "FusedConvMean";
+    c.domain = "kiln";
+    c.num_outputs = 2;
+    if (*act) c.attrs.set("activation", Attribute::String(act));
+    if (res) c.inputs.push_back(in({3, C, (H - 1) / s + 1, (W - 1) / s + 1}));
+    v.push_back(c);
+  }
   v.push_back(conv("depthwise_dilated_nobias", {1, 16, 9, 9}, {16, 1, 3, 3},
                    attrs({{"group", Attribute::Int(16)}, {"dilations", ints_attr({2, 2})},
                           {"pads", ints_attr({2, 2, 2, 2})}}), false));

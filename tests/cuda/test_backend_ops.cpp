@@ -314,6 +314,7 @@ void register_all() {
        {"", "strip4", "strip8", "stream4", "stream8", "tile8", "tile16", "tile8r2", "tile16r2"}},
       {"kiln.dwconv.fused",
        {"", "strip4", "strip8", "stream4", "stream8", "tile8", "tile16", "tile8r2", "tile16r2"}},
+      {"kiln.dwconv.mean", {"tile8", "tile16", "tile8r2", "tile16r2"}},
   };
   for (const auto& [family, fn] : families) {
     for (const OpCase& c : fn()) {

@@ -555,19 +555,25 @@ bool some_tactic_takes(const Node& n, const GpuBuildOptions& o) {
 
 // A fused float layer that no tactic takes (a residual that broadcasts, an activation no
 // epilogue computes, an attention with the rotary that mha.flash cannot run: not FP16, another
-// head size) is split back into the ops it fuses (unfuse_layer, ops/fused.h), which the GPU
-// runs, rather than failing the build.
+// head size, a FusedConvMean at a shape the depthwise kernel lacks) is split back into the ops
+// it fuses (unfuse_layer, ops/fused.h), which the GPU runs, rather than failing the build. A
+// split's parts are checked in turn (FusedConvMean's FusedConv may split again).
 Status split_untaken_layers(Graph& g, const GpuBuildOptions& o) {
   bool split = false;
-  for (Node* n : std::vector<Node*>(g.nodes())) {
-    const bool splits =
-        n->domain == "kiln" && (n->op_type == "FusedConv" || n->op_type == "FusedGemm" ||
-                                (n->op_type == "MultiHeadAttention" && mha_has_rotary(*n)));
-    if (!splits || quant::runs_int8(*n) || some_tactic_takes(*n, o)) continue;
-    if (o.log)
-      *o.log << n->label() << ": no GPU kernel takes the fused layer; split into its ops\n";
-    KILN_RETURN_IF_ERROR(unfuse_layer(g, n));
-    split = true;
+  for (bool again = true; again;) {
+    again = false;
+    for (Node* n : std::vector<Node*>(g.nodes())) {
+      const bool splits =
+          n->domain == "kiln" &&
+          (n->op_type == "FusedConv" || n->op_type == "FusedGemm" ||
+           n->op_type == "FusedConvMean" ||
+           (n->op_type == "MultiHeadAttention" && mha_has_rotary(*n)));
+      if (!splits || quant::runs_int8(*n) || some_tactic_takes(*n, o)) continue;
+      if (o.log)
+        *o.log << n->label() << ": no GPU kernel takes the fused layer; split into its ops\n";
+      KILN_RETURN_IF_ERROR(unfuse_layer(g, n));
+      split = again = true;
+    }
   }
   if (!split) return Status::Ok();
   KILN_RETURN_IF_ERROR(g.topo_sort());

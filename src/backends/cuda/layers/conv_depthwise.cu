@@ -108,9 +108,12 @@ __device__ __forceinline__ void strip_init(float (&acc)[TW][V], const float* bia
     for (int t = 0; t < TW; ++t) acc[t][l] = b0;
   }
 }
-template <typename T, int V, int TW, typename F>
+// kSum: the stored outputs (after the activation, before rounding to T) are also added to
+// sum[V] (FusedConvMean's spatial mean).
+template <typename T, int V, int TW, bool kSum, typename F>
 __device__ __forceinline__ void strip_store_with(float (&acc)[TW][V], const StripAt& at,
-                                                 const T* z, T* y, const DwParams& p, F f) {
+                                                 const T* z, T* y, const DwParams& p, F f,
+                                                 float* sum) {
   int64_t yo = ((static_cast<int64_t>(at.n) * p.P + at.op) * p.Q + at.q0) * p.C + at.c0;
 #pragma unroll
   for (int t = 0; t < TW; ++t, yo += p.C) {
@@ -122,18 +125,24 @@ __device__ __forceinline__ void strip_store_with(float (&acc)[TW][V], const Stri
     }
     Pack<T, V> out;
 #pragma unroll
-    for (int l = 0; l < V; ++l) store(out.v, l, f(acc[t][l]));
+    for (int l = 0; l < V; ++l) {
+      const float v = f(acc[t][l]);
+      store(out.v, l, v);
+      if constexpr (kSum) sum[l] += v;
+    }
     *reinterpret_cast<Pack<T, V>*>(y + yo) = out;
   }
 }
 // The activation chosen once a thread, not per output (apply_act switches on its code).
-template <typename T, int V, int TW>
+template <typename T, int V, int TW, bool kSum = false>
 __device__ __forceinline__ void strip_store(float (&acc)[TW][V], const StripAt& at, const T* z,
-                                            T* y, const DwParams& p, const ActParams& act) {
+                                            T* y, const DwParams& p, const ActParams& act,
+                                            float* sum = nullptr) {
   if (act.act == Act::kNone)
-    strip_store_with<T, V, TW>(acc, at, z, y, p, [](float v) { return v; });
+    strip_store_with<T, V, TW, kSum>(acc, at, z, y, p, [](float v) { return v; }, sum);
   else
-    strip_store_with<T, V, TW>(acc, at, z, y, p, [&](float v) { return apply_act(v, act); });
+    strip_store_with<T, V, TW, kSum>(acc, at, z, y, p,
+                                     [&](float v) { return apply_act(v, act); }, sum);
 }
 
 // The strip form: a thread makes TW outputs along a row for V adjacent channels. Per filter row
@@ -246,6 +255,54 @@ __global__ void __launch_bounds__(256, TW <= 4 ? 2 : 1)
 // padded so that their reads fall in different banks. Square strides S (both axes), dilation 1,
 // C a multiple of 8.
 constexpr int kTileC = 32;  // channels a block
+
+// FusedConvMean's second output, the mean of Y over its P x Q positions ([N, C], T), made by the
+// tile kernels as they store Y: each block adds its 32 channels' sums into `sums` (float atomics),
+// counts itself done in `done`, and the last block of an image's channel block writes the means
+// and zeroes its sums and count again, so the next run (a graph replay too) finds them zero. Both
+// arrays belong to the layer (one per execution context, zeroed when made), not to the shared
+// workspace, which nothing zeroes. The order of the atomic adds varies: a mean may differ
+// between runs in its last bits.
+template <typename T>
+struct DwMean {
+  float* sums = nullptr;      // [N][C]
+  unsigned* done = nullptr;   // [N][channel blocks]
+  T* mean = nullptr;          // [N][C]
+  float inv_area = 0;         // 1 / (P x Q)
+};
+
+// The block's part of the mean: thread sums of channels c0 + 2 x (lane % 16) + {0, 1}, meeting in
+// shared memory `red` (kThreads / 32 x kTileC floats and a flag, free again: the caller
+// synchronized after its last read of it).
+template <typename T, int kThreads>
+__device__ __forceinline__ void dw_block_mean(float (&sum)[2], float* red, int n, int c0,
+                                              int tiles, const DwParams& p, const DwMean<T>& m) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  unsigned* last = reinterpret_cast<unsigned*>(red + kThreads / 32 * kTileC);
+#pragma unroll
+  for (int j = 0; j < 2; ++j) sum[j] += __shfl_xor_sync(0xffffffffu, sum[j], 16);
+  if (lane < 16) {
+    red[warp * kTileC + 2 * lane] = sum[0];
+    red[warp * kTileC + 2 * lane + 1] = sum[1];
+  }
+  __syncthreads();
+  const int t = threadIdx.x, c = c0 + t;
+  const int64_t nc = int64_t(n) * p.C + c;
+  if (t < kTileC && c < p.C) {
+    float s = 0.f;
+#pragma unroll
+    for (int w = 0; w < kThreads / 32; ++w) s += red[w * kTileC + t];
+    atomicAdd(m.sums + nc, s);
+  }
+  __threadfence();  // the adds reach memory before the block counts itself done
+  __syncthreads();
+  unsigned* done = m.done + int64_t(n) * ((p.C + kTileC - 1) / kTileC) + c0 / kTileC;
+  if (t == 0) *last = atomicAdd(done, 1u) == unsigned(tiles - 1);
+  __syncthreads();
+  if (!*last) return;
+  if (t < kTileC && c < p.C) store(m.mean, nc, atomicExch(m.sums + nc, 0.f) * m.inv_area);
+  if (t == 0) *done = 0;
+}
 template <typename T, int KH, int KW, int S, int TH, int TWB, int SW, int R>
 struct DwTile {
   static constexpr int NSC = TWB / SW;               // strips a row
@@ -267,12 +324,14 @@ struct DwTile {
   static_assert(TH % (2 * R) == 0 && TWB % SW == 0, "pairs of strips of R rows");
 };
 
-template <typename T, int KH, int KW, int S, int TH, int TWB, int SW, int R>
+template <typename T, int KH, int KW, int S, int TH, int TWB, int SW, int R, bool kMean>
 __global__ void __launch_bounds__(DwTile<T, KH, KW, S, TH, TWB, SW, R>::kThreads,
-                                  R == 1 ? 5 : 1)
+                                  R == 1 && DwTile<T, KH, KW, S, TH, TWB, SW, R>::kThreads <= 256
+                                      ? 5
+                                      : 1)
     dwconv_nhwc_tile(const T* __restrict__ x, const float* __restrict__ w,
                      const float* __restrict__ bias, const T* __restrict__ z,
-                     T* __restrict__ y, DwParams p, ActParams act) {
+                     T* __restrict__ y, DwParams p, ActParams act, DwMean<T> mean) {
   using G = DwTile<T, KH, KW, S, TH, TWB, SW, R>;
   constexpr int CB = kTileC, CH = 16 / sizeof(T), CPP = CB / CH;  // 16-byte chunks a pixel
   extern __shared__ __align__(16) unsigned char smem[];
@@ -312,8 +371,12 @@ __global__ void __launch_bounds__(DwTile<T, KH, KW, S, TH, TWB, SW, R>::kThreads
   const int cp = lane & 15, scol = (warp % G::NSC) * SW;
   const int srow = ((warp / G::NSC) * 2 + (lane >> 4)) * R;  // the strips' first row
   const int op = oh0 + srow, c = c0 + 2 * cp;
-  // A warp's strips share a column: one wholly right of the map (Q = 56 in tiles of 16) skips.
-  if (op >= p.P || c >= p.C || ow0 + scol >= p.Q) return;
+  // A warp's strips share a column: one wholly right of the map (Q = 56 in tiles of 16) skips
+  // (with kMean it still meets the block for the mean).
+  const bool live = op < p.P && c < p.C && ow0 + scol < p.Q;
+  if (!kMean && !live) return;
+  float sum[2] = {0.f, 0.f};
+  if (live) {
   float acc[R][SW][2];
 #pragma unroll
   for (int r = 0; r < R; ++r) strip_init<2, SW>(acc[r], bias, c);
@@ -352,14 +415,23 @@ __global__ void __launch_bounds__(DwTile<T, KH, KW, S, TH, TWB, SW, R>::kThreads
 #pragma unroll
   for (int r = 0; r < R; ++r)
     if (op + r < p.P)
-      strip_store<T, 2, SW>(acc[r], StripAt{n, op + r, ow0 + scol, c}, z, y, p, act);
+      strip_store<T, 2, SW, kMean>(acc[r], StripAt{n, op + r, ow0 + scol, c}, z, y, p, act, sum);
+  }
+  if constexpr (kMean) {
+    __syncthreads();  // every warp is done with the filters and the patch: reused below
+    dw_block_mean<T, G::kThreads>(sum, ws, n, c0, tp * tq, p, mean);
+  }
 }
 
 template <typename T, int KH, int KW, int S, int TH, int TWB, int SW, int R>
 bool launch_tile_shape(const T* x, const float* w, const float* b, const T* z, T* y,
-                       const DwParams& p, const ActParams& act, cudaStream_t stream) {
+                       const DwParams& p, const ActParams& act, const DwMean<T>& mean,
+                       cudaStream_t stream) {
   using G = DwTile<T, KH, KW, S, TH, TWB, SW, R>;
-  auto kernel = dwconv_nhwc_tile<T, KH, KW, S, TH, TWB, SW, R>;
+  static_assert(G::kSmem >= (G::kThreads / 32 + 1) * kTileC * sizeof(float),
+                "room for the mean's sums");
+  auto kernel = mean.sums ? dwconv_nhwc_tile<T, KH, KW, S, TH, TWB, SW, R, true>
+                          : dwconv_nhwc_tile<T, KH, KW, S, TH, TWB, SW, R, false>;
   // Above 48 KB of shared memory a kernel has to ask for it, on each device it runs on: asked at
   // every launch of those few shapes (7x7 at stride 2 in tile16, some float32 ones), a host call
   // that graph replays do not repeat.
@@ -370,7 +442,8 @@ bool launch_tile_shape(const T* x, const float* w, const float* b, const T* z, T
   const int64_t blocks = int64_t(p.N) * ((p.P + TH - 1) / TH) * ((p.Q + TWB - 1) / TWB) *
                          ((p.C + kTileC - 1) / kTileC);
   if (blocks >= (int64_t(1) << 31)) return false;
-  kernel<<<static_cast<unsigned>(blocks), G::kThreads, G::kSmem, stream>>>(x, w, b, z, y, p, act);
+  kernel<<<static_cast<unsigned>(blocks), G::kThreads, G::kSmem, stream>>>(x, w, b, z, y, p, act,
+                                                                           mean);
   return true;
 }
 
@@ -380,11 +453,11 @@ bool launch_tile_shape(const T* x, const float* w, const float* b, const T* z, T
 // stride 1, 4 at stride 2.
 template <typename T, int TH, int TWB, int R>
 bool launch_tile(const T* x, const float* w, const float* b, const T* z, T* y, const DwParams& p,
-                 const ActParams& act, cudaStream_t stream) {
+                 const ActParams& act, const DwMean<T>& mean, cudaStream_t stream) {
   if (p.kh != p.kw || p.sh != p.sw || p.C % (16 / int(sizeof(T))) != 0) return false;
-#define KILN_DW_TILE(K, S, SW)                                                               \
-  if (p.kw == K && p.sw == S)                                                                \
-    return launch_tile_shape<T, K, K, S, TH, TWB, SW, R>(x, w, b, z, y, p, act, stream);
+#define KILN_DW_TILE(K, S, SW)                                                                \
+  if (p.kw == K && p.sw == S)                                                                 \
+    return launch_tile_shape<T, K, K, S, TH, TWB, SW, R>(x, w, b, z, y, p, act, mean, stream);
   KILN_DW_TILE(3, 1, 8) KILN_DW_TILE(5, 1, 8) KILN_DW_TILE(7, 1, 8)
   KILN_DW_TILE(3, 2, 4) KILN_DW_TILE(5, 2, 4) KILN_DW_TILE(7, 2, 4)
 #undef KILN_DW_TILE
@@ -436,7 +509,7 @@ bool depthwise_supports(const LayerDesc& d, std::string* why) {
   const int64_t group = n.attrs.get_int("group", 1);
   if (group < 2 || w->rank() != 4 || w->shape()[0] % group != 0 || w->shape()[1] != 1)
     return *why = "not depthwise (group = C, M a multiple of C)", false;
-  if (n.op_type == "FusedConv") {
+  if (n.op_type == "FusedConv" || n.op_type == "FusedConvMean") {
     ActParams a;
     if (!read_activation(n.attrs, &a)) return *why = "unknown activation", false;
     if (n.input(3) && d.in_type(3).dims != d.out_type(0).dims)
@@ -456,10 +529,11 @@ class DepthwiseConvLayer final : public Layer {
                                                    : 0),
         rows_(d.variant.size() > 2 && d.variant.compare(d.variant.size() - 2, 2, "r2") == 0 ? 2
                                                                                           : 1),
+        mean_(d.node->op_type == "FusedConvMean"),
         form_(d.variant.rfind("stream", 0) == 0 ? Form::kStream
               : d.variant.rfind("tile", 0) == 0 ? Form::kTile
                                                 : Form::kStrip) {
-    if (d.node->op_type == "FusedConv") read_activation(d.node->attrs, &act_);
+    if (d.node->op_type != "Conv") read_activation(d.node->attrs, &act_);
     // Weights [M,1,kh,kw] -> float [kh*kw][M]; bias float [M]. Uploaded at the first configure.
     const Tensor& w = *d.in_const(1);
     const int64_t C = w.shape()[0], taps = w.shape()[2] * w.shape()[3];
@@ -492,6 +566,16 @@ class DepthwiseConvLayer final : public Layer {
       KILN_RETURN_IF_ERROR(cuda::upload(weights_.get(), host_w_.data(), wb, "depthwise weights"));
       KILN_RETURN_IF_ERROR(cuda::upload(bias_ptr(), host_b_.data(), bb, "depthwise bias"));
     }
+    if (mean_) {  // the mean's running sums and block counts (DwMean): zero, and grown, here
+      const size_t sums = size_t(p_.N) * p_.C * sizeof(float);
+      const size_t bytes = sums + size_t(p_.N) * ((p_.C + kTileC - 1) / kTileC) * sizeof(unsigned);
+      if (bytes > mean_bytes_) {
+        KILN_RETURN_IF_ERROR(mean_state_.reserve(bytes, "depthwise mean sums"));
+        if (cudaMemset(mean_state_.get(), 0, bytes) != cudaSuccess)
+          return KILN_ERROR("{}: cannot zero the mean's sums", node_->label());
+        mean_bytes_ = bytes;
+      }
+    }
     return size_t{0};
   }
 
@@ -503,6 +587,7 @@ class DepthwiseConvLayer final : public Layer {
     const float* b = host_b_.empty() ? nullptr : bias_ptr();
     const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
     const bool vec_ok = aligned(in[0].data) && aligned(out[0].data) && (!z || aligned(z->data));
+    bool launched = true;
     const bool ok = dispatch_float(in[0].dtype, [&](auto tag) {
       using T = decltype(tag);
       if constexpr (std::is_same_v<T, __half> || std::is_same_v<T, float>) {
@@ -512,7 +597,17 @@ class DepthwiseConvLayer final : public Layer {
         const T* zp = z ? static_cast<const T*>(z->data) : nullptr;
         const int64_t pixels = int64_t(p_.N) * p_.P * p_.Q;
         const bool strip_ok = vec_ok && p_.K == 1 && p_.dh == 1 && p_.dw == 1;
-        if (strip_ok && strip_ > 0 && launch_strips<T, V>(x, w, b, zp, y, rc.stream)) return;
+        DwMean<T> mean;
+        if (mean_) {
+          mean.sums = static_cast<float*>(mean_state_.get());
+          mean.done = reinterpret_cast<unsigned*>(mean.sums + int64_t(p_.N) * p_.C);
+          mean.mean = static_cast<T*>(out[1].data);
+          mean.inv_area = 1.f / static_cast<float>(int64_t(p_.P) * p_.Q);
+          // Only the tile kernels make the mean (the variants offered: tile ones).
+          launched = strip_ok && form_ == Form::kTile && launch_strips<T, V>(x, w, b, zp, y, mean, rc.stream);
+          return;
+        }
+        if (strip_ok && strip_ > 0 && launch_strips<T, V>(x, w, b, zp, y, mean, rc.stream)) return;
         // Vector paths: K = 1 and K = 2 (FastViT's), each V outputs reading V / K inputs.
         const bool vec = vec_ok && p_.M % V == 0;
         if (vec && p_.K == 1)
@@ -526,6 +621,8 @@ class DepthwiseConvLayer final : public Layer {
       }
     });
     if (!ok) return KILN_ERROR("{}: unsupported type {}", node_->label(), dtype_name(in[0].dtype));
+    if (!launched)
+      return KILN_ERROR("{}: no tile kernel for this shape, which the mean needs", node_->label());
     KILN_CUDA_LAUNCH_CHECK("depthwise conv kernel");
     return Status::Ok();
   }
@@ -539,7 +636,7 @@ class DepthwiseConvLayer final : public Layer {
   const Node* node_;
   template <typename T, int V>
   bool launch_strips(const T* x, const float* w, const float* b, const T* z, T* y,
-                     cudaStream_t s) const {
+                     const DwMean<T>& m, cudaStream_t s) const {
     switch (form_) {
       case Form::kStrip:
         return strip_ == 4 ? launch_strip<T, V, 4, false>(x, w, b, z, y, p_, act_, s)
@@ -549,10 +646,10 @@ class DepthwiseConvLayer final : public Layer {
                            : launch_strip<T, V, 8, true>(x, w, b, z, y, p_, act_, s);
       case Form::kTile:
         if (rows_ == 2)
-          return strip_ == 8 ? launch_tile<T, 8, 8, 2>(x, w, b, z, y, p_, act_, s)
-                             : launch_tile<T, 16, 16, 2>(x, w, b, z, y, p_, act_, s);
-        return strip_ == 8 ? launch_tile<T, 8, 8, 1>(x, w, b, z, y, p_, act_, s)
-                           : launch_tile<T, 8, 16, 1>(x, w, b, z, y, p_, act_, s);
+          return strip_ == 8 ? launch_tile<T, 8, 8, 2>(x, w, b, z, y, p_, act_, m, s)
+                             : launch_tile<T, 16, 16, 2>(x, w, b, z, y, p_, act_, m, s);
+        return strip_ == 8 ? launch_tile<T, 8, 8, 1>(x, w, b, z, y, p_, act_, m, s)
+                           : launch_tile<T, 8, 16, 1>(x, w, b, z, y, p_, act_, m, s);
     }
     return false;
   }
@@ -560,9 +657,12 @@ class DepthwiseConvLayer final : public Layer {
   int strip_;  // strip4/stream4: 4 outputs a thread along a row; tile8: 8 wide; 0: direct kernel
   Form form_;  // which of the strip, stream and tile kernels
   int rows_;   // tile kernels: output rows a thread (the variants ending in r2: 2)
+  bool mean_;  // FusedConvMean: output 1 is Y's spatial mean (DwMean)
   ActParams act_;
   std::vector<float> host_w_, host_b_;
   DeviceMemory weights_;
+  DeviceMemory mean_state_;  // DwMean's sums and counts, mean_bytes_ of them zeroed
+  size_t mean_bytes_ = 0;
   DwParams p_{};
 };
 
@@ -570,6 +670,27 @@ class DepthwiseConvLayer final : public Layer {
 
 bool depthwise_conv_supports(const LayerDesc& d, std::string* why) {
   return depthwise_supports(d, why);
+}
+// FusedConvMean: what the tile kernels take (one filter a channel, square 3x3, 5x5 or 7x7 at
+// stride 1 or 2, dilation 1, C a multiple of the 16-byte vector). Gated until test-backend-ops
+// has run its cases (conv.dw_mean_*) on a GPU: while it is, fuse_conv_mean does not fire.
+bool depthwise_mean_supports(const LayerDesc& d, std::string* why) {
+  if (!unverified_tactics_enabled(why)) return false;
+  if (!depthwise_supports(d, why)) return false;
+  const Tensor& w = *d.in_const(1);
+  if (w.shape()[0] != d.node->attrs.get_int("group", 1)) return *why = "a channel multiplier", false;
+  if (!strip_applies(d) || w.shape()[2] != w.shape()[3])
+    return *why = "not a square 3x3, 5x5 or 7x7 filter at stride 1 or 2, dilation 1", false;
+  const std::vector<int64_t> str = d.node->attrs.get_ints("strides");
+  if (str.size() == 2 && str[0] != str[1]) return *why = "unequal strides", false;
+  const Dim& c = (*d.in_type(0).dims)[1];
+  const int64_t vec = d.in[0].dtype == DataType::kFloat16 ? 8 : 4;
+  if (!c.is_static() || c.value % vec != 0)
+    return *why = "channels not a known multiple of the 16-byte vector", false;
+  return true;
+}
+std::vector<std::string> depthwise_mean_variants(const LayerDesc&) {
+  return {"tile8", "tile16", "tile8r2", "tile16r2"};
 }
 // The tuner times the direct kernel ("") and, where they apply, the strip, stream and
 // tile kernels (4 and 8 outputs a thread; tiles 8 and 16 wide, one or two rows a thread) (a run

@@ -20,6 +20,8 @@ bool cublaslt_conv_supports(const LayerDesc& d, std::string* why);
 bool depthwise_conv_supports(const LayerDesc& d, std::string* why);
 Expected<std::unique_ptr<Layer>> create_depthwise_conv(const LayerDesc& d);
 std::vector<std::string> depthwise_conv_variants(const LayerDesc& d);
+bool depthwise_mean_supports(const LayerDesc& d, std::string* why);
+std::vector<std::string> depthwise_mean_variants(const LayerDesc& d);
 // conv_int8.cu: kiln's INT8 FusedConv / FusedGemm (int8 = 1) with the fused float epilogue.
 bool int8_conv_supports(const LayerDesc& d, std::string* why);
 Expected<std::unique_ptr<Layer>> create_int8_conv(const LayerDesc& d);  // tensor cores
@@ -327,6 +329,9 @@ const TacticDef kConvTactics[] = {
      conv_pool_direct_supports, create_conv_pool_direct},
     {"kiln", "FusedConv", "kiln.dwconv.fused", kF32 | kF16 | kNHWC, 0, depthwise_conv_supports,
      create_depthwise_conv, depthwise_conv_variants},
+    // ... with its output's spatial mean as a second output (squeeze-excitation's pool).
+    {"kiln", "FusedConvMean", "kiln.dwconv.mean", kF32 | kF16 | kNHWC, 0, depthwise_mean_supports,
+     create_depthwise_conv, depthwise_mean_variants},
     // INT8 layers (docs/quantization.md): int8 storage (kI8), float32/float16 float tensors.
     {"kiln", "FusedConv", "conv_int8", kI8 | kF32 | kF16 | kNHWC, 0, int8_conv_supports,
      create_int8_conv},
