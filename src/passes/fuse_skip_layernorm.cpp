@@ -3,6 +3,9 @@
 // a and b of the same shape, normalized over the last axis. When the sum is read elsewhere too
 // (a pre-norm transformer's residual stream), the layer also writes it as its second output.
 // The backend computes the sum and the statistics in float32 (no overflow in FP16 engines).
+// A Reshape between the Add and the LayerNorm that keeps the last axis (Swin's blocks add on
+// [B, H, W, C] and normalize [B, H*W, C]) moves onto the operands: the layer then adds
+// Reshape(a) and Reshape(b), views that launch nothing, and its sum is the Reshape's output.
 #include "passes/passes.h"
 
 namespace kiln::passes {
@@ -13,11 +16,29 @@ struct FuseSkipLayerNorm {
     Node* add;
     Node* ln;
     bool keep_sum;
+    Node* reshape = nullptr;  // between the Add and the LayerNorm, keeping the last axis
   };
+
+  // The Reshape r feeding the LayerNorm when it keeps the last axis of an Add's sum that only r
+  // reads, and its shape input exists before the Add (the operands' Reshapes go there).
+  static Node* last_axis_reshape(PassContext& ctx, Value* x) {
+    Node* r = producer_if(x, "Reshape");
+    if (!r || !r->input(0) || !r->input(1)) return nullptr;
+    Node* add = producer_if(r->input(0), "Add");
+    if (!add || !single_use(ctx.g, add->output(0))) return nullptr;
+    const TensorType &in = r->input(0)->type, &out = r->output(0)->type;
+    if (!in.dims || !out.dims || in.dims->empty() || out.dims->empty()) return nullptr;
+    const Dim &c_in = in.dims->back(), &c_out = out.dims->back();
+    if (!c_in.is_static() || !(c_in == c_out)) return nullptr;
+    const Node* shape = r->input(1)->producer;
+    if (shape && shape->index > add->index) return nullptr;
+    return r;
+  }
 
   static std::optional<Match> match(PassContext& ctx, Node& ln) {
     if (!is_op(&ln, "LayerNormalization")) return std::nullopt;
-    Node* add = producer_if(ln.input(0), "Add");
+    Node* reshape = last_axis_reshape(ctx, ln.input(0));
+    Node* add = producer_if(reshape ? reshape->input(0) : ln.input(0), "Add");
     if (!add || add->num_inputs() != 2) return std::nullopt;
     const Value *a = add->input(0), *b = add->input(1), *s = add->output(0);
     const int64_t rank = s->type.rank();
@@ -41,25 +62,44 @@ struct FuseSkipLayerNorm {
                                ln.output(0));
     if (!ctx.backend_supports("kiln", "SkipLayerNorm", attrs, s->type.dtype, layer->nodes()[0]))
       return std::nullopt;
-    const bool keep = !single_use(ctx.g, s);
-    return Match{add, &ln, keep};
+    const bool keep = !single_use(ctx.g, reshape ? reshape->output(0) : s);
+    return Match{add, &ln, keep, reshape};
+  }
+
+  // Reshape(v) as `r` reshapes, placed before the Add (r's shape input exists there).
+  static Value* reshaped(PassContext& ctx, const Match& m, Value* v) {
+    const std::string name = ctx.g.unique_name(v->name + "/reshaped");
+    Node* r = ctx.g.insert_node_before(m.add, "Reshape", name, {v, m.reshape->input(1)}, {name});
+    r->attrs = m.reshape->attrs;
+    r->origin = ctx.pass;
+    r->onnx_nodes = m.reshape->onnx_nodes;
+    r->output(0)->type = m.reshape->output(0)->type;
+    r->output(0)->type.dtype = v->type.dtype;
+    return r->output(0);
   }
 
   static Status rewrite(PassContext& ctx, const Match& m) {
     Graph& g = ctx.g;
     Attributes a = m.ln->attrs;
     a.set("axis", Attribute::Int(-1));
-    Value* sum = m.add->output(0);
+    Value* sum = m.reshape ? m.reshape->output(0) : m.add->output(0);
     Value* y = m.ln->output(0);
-    Node* n = g.insert_node_before(
-        m.ln, "SkipLayerNorm", g.unique_name(m.ln->name),
-        {m.add->input(0), m.add->input(1), m.ln->input(1), m.ln->input(2)}, {}, "kiln");
+    Value* a0 = m.add->input(0);
+    Value* a1 = m.add->input(1);
+    if (m.reshape) {
+      a0 = reshaped(ctx, m, a0);
+      a1 = reshaped(ctx, m, a1);
+    }
+    Node* n = g.insert_node_before(m.ln, "SkipLayerNorm", g.unique_name(m.ln->name),
+                                   {a0, a1, m.ln->input(1), m.ln->input(2)}, {}, "kiln");
     n->attrs = std::move(a);
     n->origin = ctx.pass;
     merge_onnx_nodes(*n, *m.add);
+    if (m.reshape) merge_onnx_nodes(*n, *m.reshape);
     merge_onnx_nodes(*n, *m.ln);
     const std::string name = m.ln->name;
     KILN_RETURN_IF_ERROR(g.remove_node(m.ln, /*force=*/true));
+    if (m.reshape) KILN_RETURN_IF_ERROR(g.remove_node(m.reshape, /*force=*/true));
     KILN_RETURN_IF_ERROR(g.remove_node(m.add, /*force=*/true));
     g.set_node_output(n, 0, y);
     if (m.keep_sum) g.set_node_output(n, 1, sum);
