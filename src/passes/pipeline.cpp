@@ -61,6 +61,10 @@ struct PassEntry {
 //   becomes the [B, S, N] FusedGemm the later patterns expect.
 // - fold_patch_conv before fuse_conv_act: a ViT's patch embedding must still be a plain Conv
 //   (its bias not yet fused) to become the GEMM it is.
+// - fold_channel_scale after fuse_matmul_add (a Linear's bias is in its FusedGemm, scaled with
+//   its weights) and before fuse_residual_add, fuse_skip_layernorm, fuse_conv_act and
+//   fuse_elementwise: a layer scale must go into the product before the product takes a
+//   residual or activation, or a chain takes the Mul.
 // - fuse_matmul_add and fuse_residual_add before fuse_conv_act: the layer computes
 //   act(conv(x) + bias + residual), so bias and residual must join before the activation does.
 // - pack_gemm after fuse_matmul_add (the products carry their biases) and before
@@ -111,6 +115,7 @@ constexpr PassEntry kPipeline[] = {
     {"fold_gemm_reshape", 2, passes::fold_gemm_reshape},
     {"fold_patch_conv", 2, passes::fold_patch_conv},
     {"fuse_matmul_add", 2, passes::fuse_matmul_add},
+    {"fold_channel_scale", 2, passes::fold_channel_scale},
     {"pack_gemm", 2, passes::pack_gemm},
     {"pack_qkv", 2, passes::pack_qkv},
     {"fuse_attention_rotary", 2, passes::fuse_attention_rotary},
