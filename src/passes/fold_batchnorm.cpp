@@ -2,8 +2,12 @@
 //   Conv|ConvTranspose(x, W, b) -> BN  =>  Conv|ConvTranspose(x, W * s, (b - mean) * s + beta)
 //   Gemm(a, B, C) -> BN  =>  Gemm(a, B * s, beta*C*s + t)       (per output column)
 //   MatMul(a [M,K], B [K,N] const) -> BN  =>  Gemm(a, B * s, t)
+//   MatMul(a [..., K], B [K, N] const) -> Flatten|Reshape to [M, N] -> BN
+//     =>  MatMul(a, B * s) -> Add(t) -> the Flatten|Reshape     (LeViT's Linear + BatchNorm1d
+//         over its tokens: the view keeps the channel axis last, so the BN's channels are the
+//         product's columns)
 // with s = scale / sqrt(var + eps), t = beta - mean * s. Needs constant weights and BN
-// parameters, and the producer's output used by the BN only.
+// parameters, and the producer's output used by the BN (or the view) only.
 #include <cmath>
 
 #include "passes/passes.h"
@@ -25,7 +29,22 @@ struct FoldBatchNorm {
   struct Match {
     Node* producer;
     Node* bn;
+    Node* view = nullptr;  // a Flatten/Reshape between a MatMul and the BN
   };
+
+  // A Flatten or Reshape of a MatMul's output to the BN's 2-D input that keeps the last axis (the
+  // MatMul's columns stay the BN's channels), read by the BN alone: the MatMul, else nullptr.
+  static Node* matmul_behind_view(PassContext& ctx, Node* view, const Node& bn) {
+    if (!view || !(is_op(view, "Flatten") || is_op(view, "Reshape")) || !view->input(0))
+      return nullptr;
+    Node* mm = view->input(0)->producer;
+    const TensorType &in = view->input(0)->type, &out = view->output(0)->type;
+    if (!is_op(mm, "MatMul") || !single_use(ctx.g, view->output(0)) || !in.dims || !out.dims ||
+        out.dims->size() != 2 || in.dims->empty())
+      return nullptr;
+    const Dim& c = in.dims->back();
+    return c.is_static() && c == out.dims->back() ? mm : nullptr;
+  }
 
   static bool const_input(const Node& n, size_t i) {
     return n.input(i) && n.input(i)->is_constant();
@@ -34,6 +53,8 @@ struct FoldBatchNorm {
   static std::optional<Match> match(PassContext& ctx, Node& bn) {
     if (!is_op(&bn, "BatchNormalization")) return std::nullopt;
     Node* p = bn.input(0) ? bn.input(0)->producer : nullptr;
+    Node* view = nullptr;
+    if (Node* mm = matmul_behind_view(ctx, p, bn)) view = p, p = mm;
     if (!p || !(is_op(p, "Conv") || is_op(p, "ConvTranspose") || is_op(p, "Gemm") ||
                 is_op(p, "MatMul"))) {
       ctx.note(
@@ -65,7 +86,8 @@ struct FoldBatchNorm {
         (w.rank() < 3 || w.dim(1) * p->attrs.get_int("group", 1) != channels))
       return reject("channel count differs");
     if (p->op_type == "Gemm" || p->op_type == "MatMul") {
-      if (w.rank() != 2 || p->output(0)->type.rank() != 2) return reject("not a 2-D product");
+      if (w.rank() != 2 || (!view && p->output(0)->type.rank() != 2))
+        return reject("not a 2-D product");
       const bool tb = p->op_type == "Gemm" && p->attrs.get_int("transB", 0) != 0;
       if ((tb ? w.dim(0) : w.dim(1)) != channels) return reject("channel count differs");
       if (p->input(2)) {
@@ -75,7 +97,7 @@ struct FoldBatchNorm {
           return reject("Gemm C is not per-column");
       }
     }
-    return Match{p, &bn};
+    return Match{p, &bn, view};
   }
 
   static Status rewrite(PassContext& ctx, const Match& m) {
@@ -123,6 +145,8 @@ struct FoldBatchNorm {
     }
     std::vector<double> bv(C);
     for (size_t c = 0; c < C; ++c) bv[c] = bias[c] * s[c] + t[c];
+    if (m.view) return fold_through_view(ctx, m, make_like(w, w.shape(), wv),
+                                         make_like(w, {static_cast<int64_t>(C)}, bv));
     Value* w2 =
         ctx.g.add_constant(ctx.g.unique_name(p.name + "_w_bn"), make_like(w, w.shape(), wv));
     Value* b2 = ctx.g.add_constant(ctx.g.unique_name(p.name + "_b_bn"),
@@ -130,6 +154,26 @@ struct FoldBatchNorm {
     KILN_ASSIGN_OR_RETURN(Node * n, replace_with_layer(ctx, {&p, &bn}, "", op, {p.input(0), w2, b2},
                                                        attrs, bn.output(0)));
     (void)n;
+    return Status::Ok();
+  }
+
+  // MatMul(a, B) -> view -> BN  =>  MatMul(a, w) -> Add(b) -> view, in place.
+  static Status fold_through_view(PassContext& ctx, const Match& m, Tensor w, Tensor b) {
+    Graph& g = ctx.g;
+    Node& mm = *m.producer;
+    g.set_input(&mm, 1, g.add_constant(g.unique_name(mm.name + "_w_bn"), std::move(w)));
+    const std::string name = g.unique_name(mm.name + "/bn_shift");
+    Node* add = g.insert_node_before(m.view, "Add", name,
+                                     {mm.output(0), g.add_constant(name + "_b", std::move(b))},
+                                     {name});
+    add->origin = ctx.pass;
+    add->onnx_nodes = m.bn->onnx_nodes;
+    add->output(0)->type = mm.output(0)->type;
+    g.set_input(m.view, 0, add->output(0));
+    merge_onnx_nodes(mm, *m.bn);
+    KILN_ASSIGN_OR_RETURN(bool bypassed,
+                          bypass_node(g, m.bn, m.bn->output(0), m.view->output(0)));
+    if (!bypassed) return KILN_ERROR("{}: cannot remove {}", ctx.pass, m.bn->label());
     return Status::Ok();
   }
 };

@@ -92,6 +92,26 @@ TEST(FoldBatchNorm, MatMulWithBatchDimsDoesNotFold) {
   EXPECT_EQ(count(*opt, "BatchNormalization"), 1);
 }
 
+// LeViT's Linear + BatchNorm1d over its tokens: MatMul [B, N, C] x [C, D] -> Flatten to
+// [B*N, D] -> BN -> Reshape back. The view keeps D last, so the BN folds into the MatMul's
+// columns and a bias Add; the Flatten stays (a view). Not through a view that moves D.
+TEST(FoldBatchNorm, MatMulThroughAViewThatKeepsItsColumns) {
+  G b;
+  Value* y = b.op("MatMul", {b.in("a", {2, 3, 5}), b.c(rand_t({5, 4}))});
+  Value* flat = b.op("Flatten", {y}, attrs({{"axis", Attribute::Int(2)}}));
+  b.out(b.op("Reshape", {batchnorm(b, flat, 4), b.c(ints({2, 3, 4}))}));
+  auto opt = optimize_checked(b.g, {"fold_batchnorm"});
+  EXPECT_EQ(count(*opt, "BatchNormalization"), 0);
+  EXPECT_EQ(count(*opt, "Add"), 1);
+  EXPECT_EQ(count(*opt, "Flatten"), 1);
+
+  G c;
+  Value* z = c.op("MatMul", {c.in("a", {2, 3, 5}), c.c(rand_t({5, 4}))});
+  Value* moved = c.op("Reshape", {z, c.c(ints({4, 6}))});  // [2, 3, 4] -> [4, 6]: not by column
+  c.out(batchnorm(c, moved, 6));
+  EXPECT_EQ(count(*optimize_checked(c.g, {"fold_batchnorm"}), "BatchNormalization"), 1);
+}
+
 }  // namespace
 }  // namespace kiln::test
 
