@@ -136,6 +136,30 @@ TEST(FuseResidualAdd, ActivationBeforeAddOrBroadcastingAddDoesNotFuse) {
   EXPECT_EQ(count(*opt, "FusedConv"), 1);  // conv + Relu only
 }
 
+// ConvNeXt's block end: the MLP on [N, H, W, C] permuted back to NCHW, plus the block's input.
+// The residual goes into the GEMM's epilogue, permuted the other way; the result is permuted
+// back. Not when the permuted product is read elsewhere too.
+TEST(FuseResidualAdd, ThroughThePermuteAfterTheProduct) {
+  for (bool shared : {false, true}) {
+    G b;
+    Value* x = b.in("x", {2, 6, 3, 4});
+    Value* y = b.op("MatMul", {b.in("h", {2, 3, 4, 8}), b.c(rand_t({8, 6}))});
+    Value* t = b.op("Transpose", {y}, attrs({{"perm", Attribute::Ints({0, 3, 1, 2})}}));
+    b.out(b.op("Add", {t, x}));
+    if (shared) b.out(t);
+    auto opt = optimize_checked(b.g, {"fuse_matmul_add", "fuse_residual_add"});
+    EXPECT_EQ(count(*opt, "Add"), shared ? 1 : 0) << shared;
+    if (shared) continue;
+    const Node* f = find_op(*opt, "FusedGemm");
+    ASSERT_NE(f, nullptr);
+    ASSERT_NE(f->input(3), nullptr);
+    EXPECT_EQ(f->input(3)->producer->op_type, "Transpose");
+    EXPECT_EQ(f->input(3)->producer->attrs.get_ints("perm", {}),
+              (std::vector<int64_t>{0, 2, 3, 1}));
+    EXPECT_EQ(count(*opt, "Transpose"), 2);
+  }
+}
+
 TEST(FuseElementwise, ChainBecomesOneLayer) {
   G b;
   Value* x = b.in("x", {2, 3, 4, 4});
