@@ -17,6 +17,7 @@ Expected<bool> fold_batchnorm(PassContext& ctx);
 Expected<bool> reduce_to_global_pool(PassContext& ctx);
 Expected<bool> fuse_layernorm(PassContext& ctx);
 Expected<bool> fuse_rmsnorm(PassContext& ctx);
+Expected<bool> fuse_groupnorm(PassContext& ctx);
 Expected<bool> fuse_gelu(PassContext& ctx);
 Expected<bool> fuse_swish(PassContext& ctx);
 Expected<bool> fold_periodic_add(PassContext& ctx);

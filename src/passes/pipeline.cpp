@@ -105,6 +105,7 @@ constexpr PassEntry kPipeline[] = {
     {"eliminate_dead_code", 1, passes::eliminate_dead_code},
     {"fuse_layernorm", 2, passes::fuse_layernorm},
     {"fuse_rmsnorm", 2, passes::fuse_rmsnorm},
+    {"fuse_groupnorm", 2, passes::fuse_groupnorm},
     {"fuse_gelu", 2, passes::fuse_gelu},
     {"fuse_swish", 2, passes::fuse_swish},
     {"fold_periodic_add", 2, passes::fold_periodic_add},

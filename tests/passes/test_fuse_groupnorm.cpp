@@ -1,0 +1,44 @@
+// fuse_groupnorm: nn.GroupNorm as PyTorch's TorchScript exporter writes it (a view to
+// [N, G, -1], InstanceNormalization with unit scale and zero bias, the view back, the per-channel
+// affine) becomes GroupNormalization with the affine; the graph computes what it did.
+#include "pass_test_util.h"
+
+namespace kiln::test {
+namespace {
+
+std::unique_ptr<Graph> group_norm(bool affine, bool plain_instance_norm = true) {
+  G b;
+  Value* x = b.in("x", {2, 6, 4, 5});
+  Value* r = b.op("Reshape", {x, b.c(ints({0, 3, -1}))});
+  Value* n = b.op("InstanceNormalization",
+                  {r, b.c(plain_instance_norm ? passes::ones({3}, DataType::kFloat32) : rand_t({3})),
+                   b.c(Tensor::from<float>({3}, {0.f, 0.f, 0.f}))},
+                  attrs({{"epsilon", Attribute::Float(1e-5f)}}));
+  Value* y = b.op("Reshape", {n, b.c(ints({2, 6, 4, 5}))});
+  if (affine) {
+    y = b.op("Mul", {y, b.c(rand_t({6, 1, 1}))});
+    y = b.op("Add", {y, b.c(rand_t({6, 1, 1}))});
+  }
+  b.out(b.op("Relu", {y}));
+  return b.g.clone();
+}
+
+TEST(FuseGroupNorm, TorchScriptsGroupNormBecomesOneLayer) {
+  for (bool affine : {true, false}) {
+    const auto g = group_norm(affine);
+    auto opt = optimize_checked(*g, {"fuse_groupnorm"});
+    ASSERT_EQ(count(*opt, "GroupNormalization"), 1) << affine;
+    EXPECT_EQ(find_op(*opt, "GroupNormalization")->attrs.get_int("num_groups", 0), 3);
+    EXPECT_EQ(count(*opt, "InstanceNormalization"), 0);
+    EXPECT_EQ(count(*opt, "Reshape"), 0);
+    EXPECT_EQ(count(*opt, "Mul"), 0);
+  }
+}
+
+TEST(FuseGroupNorm, NotWithTheInstanceNormsOwnScale) {
+  auto opt = optimize_checked(*group_norm(true, false), {"fuse_groupnorm"});
+  EXPECT_EQ(count(*opt, "GroupNormalization"), 0);
+}
+
+}  // namespace
+}  // namespace kiln::test
