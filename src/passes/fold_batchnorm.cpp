@@ -15,12 +15,6 @@
 namespace kiln::passes {
 namespace {
 
-std::vector<double> values_of(const Tensor& t) {
-  std::vector<double> v(static_cast<size_t>(t.numel()));
-  for (int64_t i = 0; i < t.numel(); ++i) v[static_cast<size_t>(i)] = t.at_double(i);
-  return v;
-}
-
 Tensor make_like(const Tensor& like, std::vector<int64_t> shape, const std::vector<double>& v) {
   return Tensor::from<double>(std::move(shape), v).cast(like.dtype());
 }
@@ -104,8 +98,8 @@ struct FoldBatchNorm {
     Node& p = *m.producer;
     Node& bn = *m.bn;
     const double eps = bn.attrs.get_float("epsilon", 1e-5f);
-    const auto scale = values_of(*bn.input(1)->constant), beta = values_of(*bn.input(2)->constant),
-               mean = values_of(*bn.input(3)->constant), var = values_of(*bn.input(4)->constant);
+    const auto scale = tensor_values(*bn.input(1)->constant), beta = tensor_values(*bn.input(2)->constant),
+               mean = tensor_values(*bn.input(3)->constant), var = tensor_values(*bn.input(4)->constant);
     const size_t C = scale.size();
     std::vector<double> s(C), t(C);
     for (size_t c = 0; c < C; ++c) {
@@ -113,7 +107,7 @@ struct FoldBatchNorm {
       t[c] = beta[c] - mean[c] * s[c];
     }
     const Tensor& w = *p.input(1)->constant;
-    std::vector<double> wv = values_of(w);
+    std::vector<double> wv = tensor_values(w);
     std::vector<double> bias(C, 0.0);
     if (p.input(2)) {
       const Tensor& b = *p.input(2)->constant;

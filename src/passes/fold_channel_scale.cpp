@@ -18,12 +18,6 @@
 namespace kiln::passes {
 namespace {
 
-std::vector<double> values_of(const Tensor& t) {
-  std::vector<double> v(static_cast<size_t>(t.numel()));
-  for (int64_t i = 0; i < t.numel(); ++i) v[static_cast<size_t>(i)] = t.at_double(i);
-  return v;
-}
-
 bool const_or_absent(const Node& n, size_t i) { return !n.input(i) || n.input(i)->is_constant(); }
 
 // The product's kind, its output channel axis and count, or nullopt (with the reason) when it
@@ -123,7 +117,7 @@ struct FoldChannelScale {
         return reject("the bias does not run along the product's columns");
     }
     std::vector<double> s(static_cast<size_t>(kind->channels));
-    const std::vector<double> cv = values_of(c);
+    const std::vector<double> cv = tensor_values(c);
     for (size_t i = 0; i < s.size(); ++i) s[i] = cv[varying < 0 ? 0 : i];
     if (loses_half_precision(ctx, *p->input(1)->constant, *kind, s))
       return reject("the scaled weights would fall below float16's normal range");
@@ -142,7 +136,7 @@ struct FoldChannelScale {
                       w.dtype() == DataType::kBFloat16;
     if (!half) return false;
     constexpr double kFloor = 1.0 / 4096;  // 2^-12
-    const std::vector<double> wv = values_of(w);
+    const std::vector<double> wv = tensor_values(w);
     const size_t C = s.size(), per = wv.size() / C, cols = static_cast<size_t>(w.dim(1));
     std::vector<double> top(C, 0.0);
     for (size_t i = 0; i < wv.size(); ++i) {
@@ -159,7 +153,7 @@ struct FoldChannelScale {
     Node& p = *m.product;
     const size_t C = m.scale.size();
     const Tensor& w = *p.input(1)->constant;
-    std::vector<double> wv = values_of(w);
+    std::vector<double> wv = tensor_values(w);
     if (m.kind.conv) {
       const size_t per = wv.size() / C;
       for (size_t i = 0; i < wv.size(); ++i) wv[i] *= m.scale[i / per];
@@ -172,7 +166,7 @@ struct FoldChannelScale {
                                Tensor::from<double>(w.shape(), wv).cast(w.dtype())));
     if (const Value* b = p.input(m.kind.bias_slot)) {
       const Tensor& bt = *b->constant;
-      std::vector<double> bv = values_of(bt);
+      std::vector<double> bv = tensor_values(bt);
       if (bt.numel() == 1) {
         bv[0] *= m.scale[0];  // uniform: c is a scalar (match)
       } else {

@@ -45,6 +45,12 @@ std::unique_ptr<Graph> scratch_layer(const std::string& domain, const std::strin
   return g;
 }
 
+std::vector<double> tensor_values(const Tensor& t) {
+  std::vector<double> v(static_cast<size_t>(t.numel()));
+  for (int64_t i = 0; i < t.numel(); ++i) v[static_cast<size_t>(i)] = t.at_double(i);
+  return v;
+}
+
 bool is_op(const Node* n, const char* op_type) {
   return n && n->domain.empty() && n->op_type == op_type;
 }

@@ -67,6 +67,8 @@ Node* producer_if(const Value* v, const char* op_type);
 bool single_use(const Graph& g, const Value* v);
 // The only consumer of v (nullptr unless single_use).
 Node* sole_consumer(const Graph& g, const Value* v);
+// A tensor's elements as doubles (weights rewritten by folding passes).
+std::vector<double> tensor_values(const Tensor& t);
 // Constant scalar (any numel-1 tensor) value as double.
 std::optional<double> scalar_const(const Value* v);
 bool is_scalar_const(const Value* v, double expected, double rel_tol = 1e-4);

@@ -155,6 +155,14 @@ inline OptimizeOptions only(std::vector<std::string> passes, bool verbose = fals
 
 // Runs `passes` to their fixed point on a copy of g, checks that a second run changes nothing
 // (idempotence) and that outputs match the original on random inputs. Returns the result.
+// The CPU backend's outputs of two graphs on the same random inputs agree (relative L2).
+inline void expect_same_outputs(const Graph& g, const Graph& opt, double tol = 1e-6) {
+  const auto ins = random_inputs(g);
+  const auto a = run_cpu(g, ins), b = run_cpu(opt, ins);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_LT(rel_l2(b[i], a[i]), tol) << "output " << i;
+}
+
 inline std::unique_ptr<Graph> optimize_checked(const Graph& g, std::vector<std::string> passes,
                                                double tol = 1e-5) {
   auto opt = g.clone();

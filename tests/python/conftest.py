@@ -4,10 +4,13 @@ them on the cpu backend; and what the `kiln serve` tests share: a model reposito
 (serve_repo), free ports, the environment a server subprocess runs in, and a server of several
 processes started and waited for (start_serve)."""
 import os
+import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 
 import numpy as np
 import pytest
@@ -72,6 +75,35 @@ def serve_env():
     """The environment of a `kiln serve` subprocess: this kiln package first on PYTHONPATH."""
     return dict(os.environ, PYTHONPATH=os.pathsep.join(
         [os.path.dirname(os.path.dirname(kiln.__file__)), os.environ.get("PYTHONPATH", "")]))
+
+
+def wait_ready(proc, http, log, timeout=90):
+    """Waits for `kiln serve` (`proc`, HTTP on `http`, output in the file `log`) to answer
+    /v2/health/ready; fails the test with the log's end when it exits first or is not ready
+    within `timeout` s."""
+    deadline = time.time() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://{http}/v2/health/ready", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, OSError):
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            log.seek(0)
+            pytest.fail(f"kiln serve did not start:\n{log.read()[-4000:]}")
+        time.sleep(0.3)
+
+
+def stop_serve(proc):
+    """SIGTERM, then a failed test unless the server has exited within 60 s."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail("kiln serve did not stop within 60 s of SIGTERM")
 
 
 def read_log(server):

@@ -13,7 +13,8 @@ import urllib.request
 
 import numpy as np
 import pytest
-from conftest import free_port, ort_outputs, rel_l2, serve_env, serve_repo
+from conftest import (free_port, ort_outputs, rel_l2, serve_env, serve_repo, stop_serve,
+                      wait_ready)
 
 import kiln
 
@@ -40,26 +41,9 @@ def server(models_dir, tmp_path_factory):
          "--batch-delay-ms", "50", "--max-request-bytes", str(LIMIT)],
         stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"127.0.0.1:{http_port}"
-    deadline = time.time() + 90
-    while True:
-        try:
-            with urllib.request.urlopen(f"http://{url}/v2/health/ready", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except (urllib.error.URLError, ConnectionError, OSError):
-            pass
-        if proc.poll() is not None or time.time() > deadline:
-            log.seek(0)
-            proc.kill()
-            pytest.fail(f"kiln serve did not start:\n{log.read()[-4000:]}")
-        time.sleep(0.5)
+    wait_ready(proc, url, log)
     yield {"http": url, "grpc": f"127.0.0.1:{grpc_port}", "proc": proc, "log": log}
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        pytest.fail("kiln serve did not stop within 60 s of SIGTERM")
+    stop_serve(proc)
 
 
 def cnn_input(batch, seed):

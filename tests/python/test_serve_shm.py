@@ -8,17 +8,16 @@ import importlib.util
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 
 import numpy as np
 import pytest
-from conftest import free_port, serve_env, serve_repo, start_serve
+from conftest import (free_port, serve_env, serve_repo, start_serve, stop_serve,
+                      wait_ready)
 
 import kiln
 
@@ -37,31 +36,6 @@ CNN_IN = 3 * 32 * 32 * 4  # bytes of one small_cnn sample
 CNN_OUT = 10 * 4
 
 
-def _wait_ready(proc, http, log, timeout=90):
-    deadline = time.time() + timeout
-    while True:
-        try:
-            with urllib.request.urlopen(f"http://{http}/v2/health/ready", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError, OSError):
-            pass
-        if proc.poll() is not None or time.time() > deadline:
-            proc.kill()
-            log.seek(0)
-            pytest.fail(f"kiln serve did not start:\n{log.read()[-4000:]}")
-        time.sleep(0.3)
-
-
-def _stop(proc):
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        pytest.fail("kiln serve did not stop within 60 s of SIGTERM")
-
-
 @pytest.fixture(scope="module")
 def repo(models_dir, tmp_path_factory):
     return serve_repo(models_dir, tmp_path_factory.mktemp("repo"), max_batch=8)
@@ -75,10 +49,10 @@ def server(repo, tmp_path_factory):
         [sys.executable, "-m", "kiln.cli", "serve", str(repo), "--host", "127.0.0.1",
          "--http-port", str(http), "--grpc-port", str(grpc_port), "--contexts", "1",
          "--batch-delay-ms", "20"], stdout=log, stderr=subprocess.STDOUT, env=serve_env())
-    _wait_ready(proc, f"127.0.0.1:{http}", log)
+    wait_ready(proc, f"127.0.0.1:{http}", log)
     yield {"http": f"127.0.0.1:{http}", "grpc": f"127.0.0.1:{grpc_port}", "proc": proc,
            "log": log}
-    _stop(proc)
+    stop_serve(proc)
 
 
 @pytest.fixture(scope="module")
@@ -462,5 +436,5 @@ def test_workers_share_registrations(repo, engine, regions, tmp_path):
         with pytest.raises(InferenceServerException, match="already registered"):
             fresh("grpc")[1].register_system_shared_memory("in", key_in, x.nbytes)
     finally:
-        _stop(server["proc"])
+        stop_serve(server["proc"])
         server["log"].close()
