@@ -119,22 +119,21 @@ struct FoldChannelScale {
     std::vector<double> s(static_cast<size_t>(kind->channels));
     const std::vector<double> cv = tensor_values(c);
     for (size_t i = 0; i < s.size(); ++i) s[i] = cv[varying < 0 ? 0 : i];
-    if (loses_half_precision(ctx, *p->input(1)->constant, *kind, s))
+    if (loses_half_precision(*p->input(1)->constant, *kind, s))
       return reject("the scaled weights would fall below float16's normal range");
     return Match{p, &mul, *kind, std::move(s)};
   }
 
-  // Weights stored in float16 (an FP16 or INT8 build, or a model.half() export) keep 11 bits
-  // relative to themselves only down to 2^-14; below, the step is a fixed 2^-24. A small layer
-  // scale (ConvNeXt's starts at 1e-6) would push a channel's weights there, where the unfolded
-  // Mul scales the product's float32 sums instead. The fold is refused when a channel shrinks
-  // (|s| < 1) and its largest scaled weight is under 2^-12: above that, the fixed step is at
-  // most 2^-12 of the channel's largest weight, half float16's own rounding step of it.
-  static bool loses_half_precision(const PassContext& ctx, const Tensor& w, const Product& kind,
+  // Weights stored in float16 (an FP16 or INT8 build's float layers, a model.half() export)
+  // keep 11 bits relative to themselves only down to 2^-14; below, the step is a fixed 2^-24. A
+  // small layer scale (ConvNeXt's and DeiT III's start at 1e-6) would push a channel's weights
+  // there, where the unfolded Mul scales the product's float32 sums instead. The fold is refused
+  // when a channel shrinks (|s| < 1) and its largest scaled weight is under 2^-12: above that,
+  // the fixed step is at most 2^-12 of the channel's largest weight, half float16's own rounding
+  // step of it. Whatever the build's precision: INT8 calibration optimizes the model at FP32 and
+  // its graph serves the FP16 and INT8 builds too.
+  static bool loses_half_precision(const Tensor& w, const Product& kind,
                                    const std::vector<double>& s) {
-    const bool half = ctx.opts.precision != "fp32" || w.dtype() == DataType::kFloat16 ||
-                      w.dtype() == DataType::kBFloat16;
-    if (!half) return false;
     constexpr double kFloor = 1.0 / 4096;  // 2^-12
     const std::vector<double> wv = tensor_values(w);
     const size_t C = s.size(), per = wv.size() / C, cols = static_cast<size_t>(w.dim(1));
