@@ -39,6 +39,7 @@ import json
 import mmap
 import os
 import re
+import stat
 import tempfile
 import urllib.parse
 from dataclasses import dataclass, field
@@ -113,12 +114,15 @@ def map_object(key: str) -> tuple:
     the object allows it (outputs are written into it), else read-only."""
     path = object_path(key)
     writable = True
+    # As shm_open(3) opens it: never through a symbolic link (one in /dev/shm could otherwise
+    # aim the server's writes at any file its user may write).
+    flags = os.O_CLOEXEC | os.O_NOFOLLOW
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDWR | flags)
     except PermissionError:
         writable = False
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(path, os.O_RDONLY | flags)
         except OSError as e:
             raise RegionError(f"cannot open shared memory object '{key}' ({path}): "
                               f"{e.strerror}") from None
@@ -128,7 +132,10 @@ def map_object(key: str) -> tuple:
         raise RegionError(f"cannot open shared memory object '{key}' ({path}): "
                           f"{e.strerror}") from None
     try:
-        size = os.fstat(fd).st_size
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise RegionError(f"shared memory key '{key}' ({path}) is not a shared memory object")
+        size = st.st_size
         if size == 0:
             raise RegionError(f"shared memory object '{key}' ({path}) is empty")
         mm = mmap.mmap(fd, size, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)

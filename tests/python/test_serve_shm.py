@@ -308,6 +308,22 @@ def test_bad_grpc_inferences(server, bad_setup, kwargs, message):
     assert e.status() == "StatusCode.INVALID_ARGUMENT" and message in e.message(), e
 
 
+def test_a_symbolic_link_in_dev_shm_is_not_followed(server, tmp_path):
+    """As shm_open(3): a link in /dev/shm could otherwise aim the server's output writes at any
+    file its user may write."""
+    target = tmp_path / "not_shared_memory"
+    target.write_bytes(b"\0" * 4096)
+    link = os.path.join("/dev/shm", f"kiln_test_link_{os.getpid()}")
+    os.symlink(target, link)
+    try:
+        status, text = rest(server, "POST", "/v2/systemsharedmemory/region/link/register",
+                            {"key": os.path.basename(link), "offset": 0, "byte_size": 64})
+    finally:
+        os.unlink(link)
+    assert status == 400, text
+    assert "cannot open shared memory object" in json.loads(text)["error"], text
+
+
 def test_a_shrunk_object_is_refused_not_a_crash(server, bad_setup):
     """A client that truncates its object after registering it: reading the mapping past the
     new end would fault (SIGBUS) and kill the server; it is a 400, and the server lives on."""
