@@ -27,8 +27,14 @@ struct Product {
   bool trans_b = false;
   int64_t axis = 0;   // of its output
   int64_t channels = 0;
-  size_t bias_slot = 2;
+  // The output channel of weight element i (of `w`, this product's weights).
+  size_t channel_of(size_t i, const Tensor& w) const {
+    const size_t cols = static_cast<size_t>(w.dim(1));
+    if (conv) return i / (static_cast<size_t>(w.numel()) / static_cast<size_t>(channels));
+    return trans_b ? i / cols : i % cols;
+  }
 };
+constexpr size_t kBiasSlot = 2;  // Conv's B, Gemm's C, FusedConv's and FusedGemm's bias
 
 std::optional<Product> product_of(const Node& p, std::string* why) {
   const bool conv = is_op(&p, "Conv") || is_kiln_op(&p, "FusedConv");
@@ -110,7 +116,7 @@ struct FoldChannelScale {
     }
     // Gemm's C (or FusedGemm's bias) must be scalable per column: of the columns' length, or
     // uniform when c is not.
-    if (const Value* b = p->input(kind->bias_slot); b && !kind->conv) {
+    if (const Value* b = p->input(kBiasSlot); b && !kind->conv) {
       const Tensor& bt = *b->constant;
       const bool per_col = bt.rank() >= 1 && bt.dim(bt.rank() - 1) == kind->channels;
       if (!per_col && !(bt.numel() == 1 && varying < 0))
@@ -136,13 +142,12 @@ struct FoldChannelScale {
                                    const std::vector<double>& s) {
     constexpr double kFloor = 1.0 / 4096;  // 2^-12
     const std::vector<double> wv = tensor_values(w);
-    const size_t C = s.size(), per = wv.size() / C, cols = static_cast<size_t>(w.dim(1));
-    std::vector<double> top(C, 0.0);
+    std::vector<double> top(s.size(), 0.0);
     for (size_t i = 0; i < wv.size(); ++i) {
-      const size_t ch = kind.conv ? i / per : kind.trans_b ? i / cols : i % cols;
+      const size_t ch = kind.channel_of(i, w);
       top[ch] = std::max(top[ch], std::abs(wv[i] * s[ch]));
     }
-    for (size_t ch = 0; ch < C; ++ch)
+    for (size_t ch = 0; ch < s.size(); ++ch)
       if (std::abs(s[ch]) < 1 && top[ch] < kFloor) return true;
     return false;
   }
@@ -153,17 +158,11 @@ struct FoldChannelScale {
     const size_t C = m.scale.size();
     const Tensor& w = *p.input(1)->constant;
     std::vector<double> wv = tensor_values(w);
-    if (m.kind.conv) {
-      const size_t per = wv.size() / C;
-      for (size_t i = 0; i < wv.size(); ++i) wv[i] *= m.scale[i / per];
-    } else {
-      const size_t cols = static_cast<size_t>(w.dim(1));
-      for (size_t i = 0; i < wv.size(); ++i) wv[i] *= m.scale[m.kind.trans_b ? i / cols : i % cols];
-    }
+    for (size_t i = 0; i < wv.size(); ++i) wv[i] *= m.scale[m.kind.channel_of(i, w)];
     g.set_input(&p, 1,
                 g.add_constant(g.unique_name(p.name + "_w_scaled"),
                                Tensor::from<double>(w.shape(), wv).cast(w.dtype())));
-    if (const Value* b = p.input(m.kind.bias_slot)) {
+    if (const Value* b = p.input(kBiasSlot)) {
       const Tensor& bt = *b->constant;
       std::vector<double> bv = tensor_values(bt);
       if (bt.numel() == 1) {
@@ -171,7 +170,7 @@ struct FoldChannelScale {
       } else {
         for (size_t i = 0; i < bv.size(); ++i) bv[i] *= m.scale[i % C];
       }
-      g.set_input(&p, m.kind.bias_slot,
+      g.set_input(&p, kBiasSlot,
                   g.add_constant(g.unique_name(p.name + "_b_scaled"),
                                  Tensor::from<double>(bt.shape(), bv).cast(bt.dtype())));
     }
