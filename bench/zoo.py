@@ -6,6 +6,8 @@ torch.compile(mode="reduce-overhead") at batch 1 and 32 in the same run.
   python3 bench/zoo.py --kiln .deps/kiln --out OUT [--models a,b] [--batches 1,32]
                        [--iters 200] [--deadline SECONDS] [--no-torch] [--profile]
 
+--models takes the zoo's names below or any other timm architecture (timm.is_model).
+
 Per model (random weights; BatchNorm statistics recalibrated on random images first, as an
 untrained network's running statistics would overflow FP16 in deep stacks):
   1. export: torch.onnx.export (TorchScript) with a dynamic batch; the dynamo exporter where
@@ -62,7 +64,7 @@ def torch_model(name):
     """The model in float32 on the GPU, eval mode, and its input shape [3, H, W]."""
     import torch
     torch.manual_seed(0)
-    source, side = MODELS[name]
+    source, side = MODELS.get(name, ("timm", None))  # any other name: a timm architecture
     if source == "torchvision":
         import torchvision
         m = getattr(torchvision.models, name[len("tv_"):])(weights=None)
@@ -252,9 +254,6 @@ def main():
     ap.add_argument("--profile", action="store_true", help="kiln's per-layer profile at the largest batch")
     a = ap.parse_args()
     a.batches = [int(b) for b in a.batches.split(",")]
-    unknown = [m for m in a.models.split(",") if m not in MODELS]
-    if unknown:
-        sys.exit(f"zoo: unknown model(s) {', '.join(unknown)} (known: {', '.join(MODELS)})")
     if not os.access(a.kiln, os.X_OK):
         sys.exit(f"zoo: --kiln {a.kiln} is not an executable")
     try:
@@ -265,6 +264,11 @@ def main():
     except ImportError as e:
         sys.exit(f"zoo: {e}: the zoo needs PyTorch, torchvision, timm and ONNX Runtime "
                  "(a GPU machine; KILN_WITH_TORCH=1 scripts/setup.sh for PyTorch)")
+    # Beyond the zoo's own list, any timm architecture by its name (models not tuned on).
+    unknown = [m for m in a.models.split(",") if m not in MODELS and not timm.is_model(m)]
+    if unknown:
+        sys.exit(f"zoo: unknown model(s) {', '.join(unknown)}: neither the zoo's "
+                 f"({', '.join(MODELS)}) nor timm architectures")
     os.makedirs(a.out, exist_ok=True)
     os.makedirs(a.work, exist_ok=True)
     env = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,

@@ -2,7 +2,6 @@
 // that convolution's second output (kiln.FusedConvMean) where the cuda backend's depthwise tile
 // kernels take the layer; the layer's CPU kernel computes what the two layers did, and
 // unfuse_layer splits it back into the FusedConv and the pool.
-#include <cstdlib>
 
 #include "ops/fused.h"
 #include "pass_test_util.h"
@@ -46,12 +45,6 @@ TEST(FuseConvMean, SqueezeExcitationPoolJoinsTheDepthwiseConvolution) {
 #ifndef KILN_WITH_CUDA
   GTEST_SKIP() << "built without the CUDA backend";
 #else
-  // The depthwise mean kernel is gated until it has run on a GPU (KILN_UNVERIFIED_TACTICS).
-  const char* old = std::getenv("KILN_UNVERIFIED_TACTICS");
-  const std::string saved = old ? old : "";
-  unsetenv("KILN_UNVERIFIED_TACTICS");
-  EXPECT_EQ(count(*fuse(*se_block(16, 5, 2, false), "cuda", "fp16"), "FusedConvMean"), 0);
-  setenv("KILN_UNVERIFIED_TACTICS", "1", 1);
   for (bool reduce_mean : {false, true}) {
     const auto g = se_block(16, 5, 2, reduce_mean);
     auto opt = fuse(*g, "cuda", "fp16");
@@ -81,8 +74,6 @@ TEST(FuseConvMean, SqueezeExcitationPoolJoinsTheDepthwiseConvolution) {
   EXPECT_EQ(count(*fuse(*se_block(8, 3, 1, false, 2), "cuda", "fp16"), "FusedConvMean"), 0);
   EXPECT_EQ(count(*fuse(*se_block(16, 5, 1, false, 1, 3), "cuda", "fp16"), "FusedConvMean"), 0);
   EXPECT_EQ(count(*fuse(*se_block(12, 3, 1, false), "cuda", "fp16"), "FusedConvMean"), 0);
-  if (old) setenv("KILN_UNVERIFIED_TACTICS", saved.c_str(), 1);
-  else unsetenv("KILN_UNVERIFIED_TACTICS");
 #endif
 }
 

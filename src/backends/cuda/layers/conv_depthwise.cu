@@ -672,10 +672,9 @@ bool depthwise_conv_supports(const LayerDesc& d, std::string* why) {
   return depthwise_supports(d, why);
 }
 // FusedConvMean: what the tile kernels take (one filter a channel, square 3x3, 5x5 or 7x7 at
-// stride 1 or 2, dilation 1, C a multiple of the 16-byte vector). Gated until test-backend-ops
-// has run its cases (conv.dw_mean_*) on a GPU: while it is, fuse_conv_mean does not fire.
+// stride 1 or 2, dilation 1, C a multiple of the 16-byte vector); test-backend-ops' cases
+// conv.dw_mean_* check it against the CPU backend.
 bool depthwise_mean_supports(const LayerDesc& d, std::string* why) {
-  if (!unverified_tactics_enabled(why)) return false;
   if (!depthwise_supports(d, why)) return false;
   const Tensor& w = *d.in_const(1);
   if (w.shape()[0] != d.node->attrs.get_int("group", 1)) return *why = "a channel multiplier", false;
