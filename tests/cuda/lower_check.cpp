@@ -10,7 +10,8 @@
 //   kiln_lower_check [--no-tf32] [--fp16] [--opt-level N] [--shapes S | --min-shapes S
 //                    --opt-shapes S --max-shapes S] [--gpu-memory FREE,TOTAL] [--print] MODEL.onnx...
 // S as kiln build takes it (input_ids:1x128,attention_mask:1x128); --print lists each layer's
-// op, tactic and precision (untuned: the first candidate), and the count of kernel layers.
+// op, tactic, precision and formats (untuned: the first candidate), and the count of kernel
+// layers.
 // --gpu-memory (MiB) checks the build's memory against a GPU with that much free and in all
 // (without it, against the GPU here, if any).
 #include <cstdio>
@@ -72,8 +73,15 @@ kiln::Status lower(const std::string& path, const kiln::BuildConfig& c) {
       const char* kind = tactic == "host" ? "host" : t && t->alias_input >= 0 ? "alias" : "kernel";
       const std::string op =
           (nodes[k]->domain.empty() ? "" : nodes[k]->domain + ".") + nodes[k]->op_type;
-      std::printf("  %-6s %-28s %-32s %s\n", kind, op.c_str(), tactic.c_str(),
-                  l.value("precision", "").c_str());
+      // Then its formats, inputs -> outputs (float16/nhwc; host: read on the host).
+      auto formats = [&](const char* key) {
+        std::string f;
+        if (l.contains(key))
+          for (const auto& v : l[key]) f += (f.empty() ? "" : ",") + v.get<std::string>();
+        return f;
+      };
+      std::printf("  %-6s %-28s %-32s %-5s %s -> %s\n", kind, op.c_str(), tactic.c_str(),
+                  l.value("precision", "").c_str(), formats("in").c_str(), formats("out").c_str());
     }
   }
   return kiln::Status::Ok();
