@@ -101,6 +101,12 @@ void reduce_op_cases(std::vector<OpCase>& v) {
                    {in({2, 300, 7, 7}), ints({2, 3})}, kNhwc));
   v.push_back(make("ReduceSum_leading_axis", "ReduceSum", {}, {in({3000, 33}), ints({0})}, kF));
   v.push_back(make("ReduceSum_leading_few", "ReduceSum", {}, {in({5000, 3}), ints({0})}, kF));
+  // Few rows with the reduced axes strided, split into pieces (mode 1's chunks): ConvNeXt-V2's
+  // GRN (an L2 norm over H and W of a channels-last tensor), a long leading axis, an NHWC mean.
+  v.push_back(make("ReduceL2_grn_split", "ReduceL2", {}, {in({2, 40, 40, 96}), ints({1, 2})}, kF));
+  v.push_back(make("ReduceSum_leading_split", "ReduceSum", {}, {in({4000, 40}), ints({0})}, kF));
+  v.push_back(make("ReduceMean_spatial_nhwc_split", "ReduceMean", {}, {in({2, 64, 40, 40}), ints({2, 3})},
+                   kNhwc));
   // Large whole-tensor reductions (grid-stride loops). A zero-mean float16 sum is dominated by
   // the inputs' rounding, so the float16 build is checked on a mean of positive values.
   v.push_back(make("ReduceSum_whole_large", "ReduceSum", attrs({{"keepdims", I(0)}}), {in({300000})}, kExact));
@@ -163,6 +169,10 @@ void index_cases(std::vector<OpCase>& v) {
     }
     v.push_back(make(n + "_ties_last_inner", n, attrs({{"axis", I(0)}, {"select_last_index", I(1)}}),
                      {in({30, 4, 3}, kI32, 0, 2)}, kExact));
+    // A long leading axis split into pieces: ties across pieces keep the first (or last) index.
+    v.push_back(make(n + "_leading_split", n, attrs({{"axis", I(0)}}), {in({3000, 20}, kI32, 0, 50)}, kExact));
+    v.push_back(make(n + "_leading_split_ties_last", n, attrs({{"axis", I(0)}, {"select_last_index", I(1)}}),
+                     {in({3000, 20}, kI32, 0, 50)}, kExact));
     v.push_back(make(n + "_bool", n, attrs({{"axis", I(1)}}), {in({4, 9}, DataType::kBool)}, kExact));
     v.push_back(make(n + "_empty_outer", n, attrs({{"axis", I(1)}}), {in({0, 5})}, kExact));
   }

@@ -177,11 +177,17 @@ struct ReduceGeom {
   int64_t red_stride = 0;  // red is one dimension of this stride (red_1d)
   bool red_1d = false, out_contig = false;
   int mode = 0;
-  int64_t chunks = 1;  // pieces per row (mode 2 only)
+  int64_t chunks = 1;  // pieces per row
+  int vec = 1;         // mode 1: rows a thread, read as one 16-byte vector (reduce_rows_vec)
 };
 
 // Splitting few long rows: at most this many pieces in all, each at least kMinPiece long.
 constexpr int64_t kMaxPieces = 1024, kMinPiece = 4096;
+// Mode 1 (a thread per row, reduced axes strided) splits its rows when they make fewer than
+// kMinBlocks blocks of 32, into pieces of at least kMinPiece1: ConvNeXt-V2's GRN, an L2 norm
+// over H and W of an NHWC [32, 56, 56, 96] tensor, is 3072 rows of 3136 — 96 blocks for 132
+// multiprocessors without the split.
+constexpr int64_t kMinBlocks = 512, kMinPiece1 = 256;
 
 // Combines v over the threads that share a row; every one of them gets the result. All
 // threads of the block call it (it may synchronize).
@@ -211,8 +217,10 @@ __device__ A group_reduce(A v, int mode, A* sm) {
   return v;
 }
 
-// Rows are split into `chunks` pieces when there are few long rows (mode 2): each block then
-// writes its piece's accumulator to `partial` and reduce_finish combines them.
+// Rows are split into `chunks` pieces when there are few long rows: each block then writes its
+// piece's accumulator to `partial` (row-major over rows, then pieces) and reduce_finish combines
+// them. Virtual row v is row v / chunks, piece v % chunks in mode 2; in mode 1 it is row v % M,
+// piece v / M, so the 32 threads of a warp still read 32 adjacent rows.
 template <typename Op, typename T, bool kLogSumExp>
 __global__ void __launch_bounds__(256) reduce_kernel(const T* __restrict__ x, void* y, ReduceGeom g,
                                                      typename Op::A* partial) {
@@ -228,7 +236,8 @@ __global__ void __launch_bounds__(256) reduce_kernel(const T* __restrict__ x, vo
   for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int64_t vrow = tile * per_tile + (g.mode == 0 ? ty : g.mode == 1 ? tx : 0);
     const bool live = vrow < g.M * g.chunks;
-    const int64_t o = vrow / g.chunks, piece = vrow % g.chunks;
+    const int64_t o = g.mode == 1 ? vrow % g.M : vrow / g.chunks;
+    const int64_t piece = g.mode == 1 ? vrow / g.M : vrow % g.chunks;
     const T* xr = x + (live ? g.kept.offset(o) : 0);
     const int64_t begin = piece * len, end = live ? std::min(g.R, begin + len) : 0;
     auto at = [&](int64_t r) { return load(xr, g.red_1d ? r * g.red_stride : g.red.offset(r)); };
@@ -250,8 +259,56 @@ __global__ void __launch_bounds__(256) reduce_kernel(const T* __restrict__ x, vo
       s = group_reduce<SumOp<A>>(s, g.mode, sm);
     }
     if (!live || rt != 0) continue;
-    if (g.chunks > 1) partial[vrow] = a;
+    if (g.chunks > 1) partial[o * g.chunks + piece] = a;
     else Op::finish(y, g.out_contig ? o : g.out.offset(o), a, s, g.R);
+  }
+}
+
+// Mode 1 with `vec` adjacent rows a thread, read together as one 16-byte vector (the kept
+// innermost axis contiguous, every other stride a whole number of vectors): ConvNeXt-V2's GRN
+// reads its [32, 56, 56, 384] float16 tensor 16 bytes a load instead of 2. Floats only; the
+// layout of threads, pieces and partial results is mode 1's.
+template <typename Op, typename T>
+__global__ void __launch_bounds__(256) reduce_rows_vec(const T* __restrict__ x, void* y, ReduceGeom g,
+                                                       typename Op::A* partial) {
+  using A = typename Op::A;
+  constexpr int V = 16 / sizeof(T);
+  struct alignas(16) Vec { T v[V]; };
+  __shared__ A sm[8 * 32 * V];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t Mv = g.M / V;
+  const int64_t tiles = (Mv * g.chunks + 31) / 32;
+  const int64_t len = (g.R + g.chunks - 1) / g.chunks;
+  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int64_t vrow = tile * 32 + tx;
+    const bool live = vrow < Mv * g.chunks;
+    const int64_t o0 = (vrow % Mv) * V, piece = vrow / Mv;
+    const T* xr = x + (live ? g.kept.offset(o0) : 0);
+    const int64_t begin = piece * len, end = live ? std::min(g.R, begin + len) : 0;
+    A a[V];
+#pragma unroll
+    for (int j = 0; j < V; ++j) a[j] = Op::init();
+#pragma unroll 4
+    for (int64_t r = begin + ty; r < end; r += 8) {
+      const Vec q = *reinterpret_cast<const Vec*>(xr + (g.red_1d ? r * g.red_stride : g.red.offset(r)));
+#pragma unroll
+      for (int j = 0; j < V; ++j) a[j] = Op::combine(a[j], Op::map(load(q.v, j), r));
+    }
+#pragma unroll
+    for (int j = 0; j < V; ++j) sm[(ty * 32 + tx) * V + j] = a[j];
+    __syncthreads();
+    if (ty == 0 && live) {
+      for (int k = 1; k < 8; ++k)
+#pragma unroll
+        for (int j = 0; j < V; ++j) a[j] = Op::combine(a[j], sm[(k * 32 + tx) * V + j]);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const int64_t o = o0 + j;
+        if (g.chunks > 1) partial[o * g.chunks + piece] = a[j];
+        else Op::finish(y, g.out_contig ? o : g.out.offset(o), a[j], A{}, g.R);
+      }
+    }
+    __syncthreads();
   }
 }
 
@@ -308,6 +365,25 @@ Expected<ReduceGeom> make_geom(const DeviceTensor& x, const DeviceTensor& y,
       g.M *= x.shape[d];
     }
   }
+  // Axes in order of falling input stride: the reduced walk then ends on the unit stride where
+  // one is reduced (NHWC storage of a logical [B, H, W, C] tensor reduced over H and W makes the
+  // channels-first axis the innermost), and adjacent rows are nearest in memory. Reduction
+  // order does not change the result beyond rounding; ArgMax/ArgMin reduce one axis.
+  auto by_stride = [](std::vector<int64_t>& dims, std::vector<std::vector<int64_t>>& st) {
+    std::vector<size_t> order(dims.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return st[0][a] > st[0][b]; });
+    auto permute = [&](std::vector<int64_t>& v) {
+      std::vector<int64_t> w;
+      for (size_t i : order) w.push_back(v[i]);
+      v = std::move(w);
+    };
+    permute(dims);
+    for (auto& v : st) permute(v);
+  };
+  by_stride(kd, ks);
+  by_stride(red_dims, rs);
   coalesce_dims(kd, ks);
   coalesce_dims(red_dims, rs);
   if (kd.size() > size_t(kMaxDims) || red_dims.size() > size_t(kMaxDims))
@@ -321,8 +397,22 @@ Expected<ReduceGeom> make_geom(const DeviceTensor& x, const DeviceTensor& y,
   const bool unit = !red_dims.empty() && rs[0].back() == 1 && g.R > 1;
   if (unit) g.mode = (g.R > 2048 || g.M < 64) ? 2 : 0;
   else g.mode = g.M >= 256 ? 1 : 2;
-  if (g.mode == 2 && g.M < kMaxPieces / 4 && g.R >= 2 * kMinPiece)
+  if (g.mode == 2 && g.M > 0 && g.M < kMaxPieces / 4 && g.R >= 2 * kMinPiece)
     g.chunks = std::max<int64_t>(1, std::min(g.R / kMinPiece, kMaxPieces / g.M));
+  // Mode 1 reads `vec` adjacent rows a thread as one 16-byte vector where every vector is whole
+  // and aligned: floats, the kept innermost axis contiguous and a whole number of vectors long,
+  // every other stride (kept or reduced) a whole number of vectors.
+  if (g.mode == 1 && dtype_is_float(x.dtype) && dtype_size(x.dtype) <= 8 && !kd.empty()) {
+    const int64_t v = 16 / static_cast<int64_t>(dtype_size(x.dtype));
+    bool ok = ks[0].back() == 1 && kd.back() % v == 0;
+    for (size_t i = 0; i + 1 < kd.size(); ++i) ok = ok && ks[0][i] % v == 0;
+    for (int64_t st : rs[0]) ok = ok && st % v == 0;
+    if (ok) g.vec = static_cast<int>(v);
+  }
+  const int64_t thread_rows = g.M / g.vec;
+  if (g.mode == 1 && thread_rows > 0 && thread_rows < 32 * kMinBlocks && g.R >= 2 * kMinPiece1)
+    g.chunks = std::max<int64_t>(
+        1, std::min(g.R / kMinPiece1, (32 * kMinBlocks + thread_rows - 1) / thread_rows));
   return g;
 }
 
@@ -337,6 +427,15 @@ void launch(const DeviceTensor& x, void* y, ReduceGeom g, void* ws, cudaStream_t
   const int64_t tiles = (g.M * g.chunks + per_tile - 1) / per_tile;
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, 65535 * 8));
   A* partial = static_cast<A*>(ws);
+  if constexpr (is_float_v<T> && std::is_arithmetic_v<A> && !kLse) {
+    if (g.vec > 1 && reinterpret_cast<uintptr_t>(x.data) % 16 == 0) {
+      const int64_t vtiles = (g.M / g.vec * g.chunks + 31) / 32;
+      reduce_rows_vec<Op, T><<<static_cast<unsigned>(std::min<int64_t>(vtiles, 65535 * 8)), dim3(32, 8), 0,
+                               s>>>(static_cast<const T*>(x.data), y, g, partial);
+      if (g.chunks > 1) reduce_finish<Op><<<grid_for(g.M), kBlock, 0, s>>>(partial, y, g);
+      return;
+    }
+  }
   reduce_kernel<Op, T, kLse>
       <<<grid, dim3(32, 8), 0, s>>>(static_cast<const T*>(x.data), y, g, partial);
   if (g.chunks > 1) reduce_finish<Op><<<grid_for(g.M), kBlock, 0, s>>>(partial, y, g);
