@@ -272,6 +272,21 @@ void norm_cases(std::vector<OpCase>& v) {
                    {in({2, 4, 3, 3}), in({2}), in({2})}, kF));
   v.push_back(make("GroupNorm_large", gn, attrs({{"num_groups", I(4)}}), {in({2, 16, 24, 24}), in({16}), in({16})}, kF));
   v.push_back(make("GroupNorm_f64", gn, attrs({{"num_groups", I(2)}}), {in({2, 4, 5}, kF64), in({4}, kF64), in({4}, kF64)}, kExact));
+  // Few long rows split over blocks (norm_split_*), on values away from 0 so that combining the
+  // pieces' centred sums matters: rows of whole 16-byte vectors and of an odd length (the
+  // scalar path); one group in NHWC storage (the row the whole image, the channel innermost),
+  // also split; LayerNormalization's Mean and InvStdDev outputs from it.
+  v.push_back(make("GroupNorm_split", gn, attrs({{"num_groups", I(2)}}),
+                   {in({2, 8, 64, 64}, DataType::kFloat32, 3, 5), in({8}), in({8})}, kF));
+  v.push_back(make("GroupNorm_g1_nhwc", gn, attrs({{"num_groups", I(1)}}), {in({2, 16, 5, 6}), in({16}), in({16})},
+                   kNhwc));
+  v.push_back(make("GroupNorm_g1_nhwc_split", gn, attrs({{"num_groups", I(1)}}),
+                   {in({2, 24, 40, 40}, DataType::kFloat32, 1, 3), in({24}), in({24})}, kNhwc));
+  v.push_back(make("InstanceNorm_split", inn, {}, {in({1, 2, 128, 128}), in({2}), in({2})}, kF));
+  v.push_back(make("GroupNorm_split_odd_rows", gn, attrs({{"num_groups", I(1)}}),
+                   {in({2, 3, 71, 73}, DataType::kFloat32, -3, -1), in({3}), in({3})}, kF));
+  v.push_back(make("LayerNorm_split", ln, attrs({{"axis", I(1)}}),
+                   {in({2, 8, 48, 48}, DataType::kFloat32, -2, 0), in({8, 48, 48}), in({8, 48, 48})}, kF, 3));
 
   const std::string lp = "LpNormalization";
   v.push_back(make("LpNorm_l2_last", lp, {}, {in({3, 10})}, kF));

@@ -333,7 +333,9 @@ class SoftmaxLayer final : public Layer {
 enum class Stat { kMeanVar, kRms, kL1, kL2 };
 
 // How an element (row o, position r in the row) finds its scale or bias element.
-enum class PMode : int { kNone, kByR, kChannel, kGroupChan, kGroupRow, kFull };
+// kGroupChanMinor: kGroupChan with the row's channel innermost (NHWC storage: GroupNormalization
+// and InstanceNormalization rows walk (h, w, channel of the group)).
+enum class PMode : int { kNone, kByR, kChannel, kGroupChan, kGroupChanMinor, kGroupRow, kFull };
 struct ParamMap {
   PMode mode = PMode::kNone;
   bool ident = false;  // kByR / kFull: the index is r itself
@@ -345,6 +347,7 @@ struct ParamMap {
       case PMode::kByR: return ident ? r : ix.offset(r);
       case PMode::kChannel: return o % C;
       case PMode::kGroupChan: return (o % G) * (C / G) + r / inner;
+      case PMode::kGroupChanMinor: return (o % G) * (C / G) + r % (C / G);
       case PMode::kGroupRow: return o % G;
       case PMode::kFull: return ix.offset(o * R + r);
       default: return 0;
@@ -354,15 +357,16 @@ struct ParamMap {
   // of a group (GroupNormalization).
   bool simple(bool group_ok) const {
     return mode != PMode::kFull && (mode != PMode::kByR || ident) &&
-           (group_ok || mode != PMode::kGroupChan);
+           (group_ok || (mode != PMode::kGroupChan && mode != PMode::kGroupChanMinor));
   }
 };
 
-// A parameter of the fast paths, resolved for one row: element p[r / div] (div 0: p[0]).
+// A parameter of the fast paths, resolved for one row: element p[r / div] (div 0: p[0]), or
+// p[r % mod] where mod is set.
 template <typename T>
 struct RowParam {
   const T* p = nullptr;  // nullptr: absent
-  uint32_t div = 1;
+  uint32_t div = 1, mod = 0;
   __device__ RowParam(const ParamMap& m, int64_t o) {
     int64_t b = 0;
     switch (m.mode) {
@@ -372,6 +376,9 @@ struct RowParam {
       case PMode::kGroupChan:
         b = (o % m.G) * (m.C / m.G), div = static_cast<uint32_t>(m.inner);
         break;
+      case PMode::kGroupChanMinor:
+        b = (o % m.G) * (m.C / m.G), mod = static_cast<uint32_t>(m.C / m.G);
+        break;
       default: break;
     }
     p = static_cast<const T*>(m.p.p) + b;
@@ -379,6 +386,7 @@ struct RowParam {
   template <typename A>
   __device__ __forceinline__ A at(uint32_t r, A none) const {
     if (!p) return none;
+    if (mod) return static_cast<A>(load(p, r % mod));
     return static_cast<A>(load(p, div == 0 ? 0u : div == 1 ? r : r / div));
   }
 };
@@ -392,6 +400,7 @@ struct NormGeom {
   void* mean_out = nullptr;  // LayerNormalization's optional Mean / InvStdDev (index o)
   void* inv_out = nullptr;
   DataType mean_t = DataType::kUndefined, inv_t = DataType::kUndefined;
+  int pieces = 1;  // > 1: each row split over this many blocks (norm_split_*)
   __device__ int64_t base(int64_t o) const { return contig ? o * R : kept.offset(o); }
   __device__ int64_t elem(int64_t r) const { return contig ? r : red.offset(r); }
 };
@@ -535,12 +544,173 @@ __global__ void __launch_bounds__(1024) norm_block(const T* __restrict__ x, T* _
   }
 }
 
+// Few long rows (GroupNormalization with few groups, InstanceNormalization of large images, at
+// small batches): a block per row would leave most of the GPU idle (PoolFormer's 32 images of
+// 64x56x56 made 32 blocks), so each row is split over `pieces` blocks. norm_split_stats writes
+// each piece's sum and, for mean/variance, its centred sum of squares (two passes over the
+// piece, the second from cache); norm_split_apply combines its row's pieces (Chan et al.'s
+// pairwise update, exact to rounding) and normalises its own piece. kVec: contiguous rows whose
+// length is a multiple of the 16-byte vector, read and written 16 bytes a thread at a time
+// (2-byte loads leave too few bytes in flight to reach memory speed).
+constexpr int64_t kMinSplitPiece = 4096, kPieceAlign = 8;
+constexpr int kSplitThreads = 256;
+
+// The pieces of a norm over `rows` rows of R: enough blocks to fill the GPU, none shorter
+// than kMinSplitPiece; 1 where a block per row already does.
+int split_pieces(int64_t rows, int64_t R) {
+  if (rows >= 256 || R < 2 * kMinSplitPiece) return 1;
+  return static_cast<int>(std::min<int64_t>({(1024 + rows - 1) / rows, R / kMinSplitPiece, 64}));
+}
+
+// Piece p of a row of R: [begin, end), a whole number of kPieceAlign elements (so of vectors)
+// except at the row's end; the last pieces may be empty.
+struct Piece {
+  int64_t begin, end;
+  __host__ __device__ Piece(int64_t R, int pieces, int p) {
+    const int64_t len = ((R + pieces - 1) / pieces + kPieceAlign - 1) / kPieceAlign * kPieceAlign;
+    begin = len * p < R ? len * p : R;
+    end = begin + len < R ? begin + len : R;
+  }
+};
+
+template <typename T>
+struct alignas(16) Vec16 {
+  static constexpr int kN = 16 / sizeof(T);
+  T v[kN];
+};
+
+// Calls f(r, value) for each element of [begin, end) of the row at x + base, kUnroll loads in
+// flight a thread (kVec: 16-byte vectors, begin and end multiples of the vector).
+template <bool kVec, typename T, typename A, typename F>
+__device__ __forceinline__ void for_piece(const T* __restrict__ x, int64_t base, const NormGeom& g,
+                                          int64_t begin, int64_t end, F&& f) {
+  if constexpr (kVec) {
+    constexpr int V = Vec16<T>::kN;
+    const auto* xv = reinterpret_cast<const Vec16<T>*>(x + base);
+#pragma unroll 4
+    for (int64_t u = begin / V + threadIdx.x; u < end / V; u += blockDim.x) {
+      const Vec16<T> q = xv[u];
+#pragma unroll
+      for (int j = 0; j < V; ++j) f(u * V + j, static_cast<A>(load(q.v, j)));
+    }
+  } else {
+    const int64_t step = int64_t(kUnroll) * blockDim.x;
+    for (int64_t r0 = begin + threadIdx.x; r0 < end; r0 += step) {
+      A v[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t r = r0 + u * int64_t(blockDim.x);
+        v[u] = r < end ? static_cast<A>(load(x, base + g.elem(r))) : A(0);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+        if (r0 + u * int64_t(blockDim.x) < end) f(r0 + u * int64_t(blockDim.x), v[u]);
+    }
+  }
+}
+
+template <Stat S, bool kVec, typename T>
+__global__ void __launch_bounds__(kSplitThreads) norm_split_stats(const T* __restrict__ x, NormGeom g,
+                                                                  Acc<T>* __restrict__ ws) {
+  using A = Acc<T>;
+  __shared__ A sm[32];
+  const int64_t o = blockIdx.y, base = g.base(o);
+  const Piece pc(g.R, g.pieces, blockIdx.x);
+  A s1 = 0, s2 = 0;
+  for_piece<kVec, T, A>(x, base, g, pc.begin, pc.end, [&](int64_t, A v) { s1 += moment<S>(v); });
+  s1 = block_reduce<false>(s1, sm);
+  if constexpr (S == Stat::kMeanVar) {
+    const A mean = s1 / static_cast<A>(pc.end > pc.begin ? pc.end - pc.begin : 1);
+    for_piece<kVec, T, A>(x, base, g, pc.begin, pc.end,
+                          [&](int64_t, A v) { s2 += (v - mean) * (v - mean); });
+    s2 = block_reduce<false>(s2, sm);
+  }
+  if (threadIdx.x == 0) {
+    ws[2 * (o * g.pieces + blockIdx.x)] = s1;
+    ws[2 * (o * g.pieces + blockIdx.x) + 1] = s2;
+  }
+}
+
+template <Stat S, bool kFast, bool kVec, typename T>
+__global__ void __launch_bounds__(kSplitThreads) norm_split_apply(const T* __restrict__ x, T* __restrict__ y,
+                                                                  NormGeom g, const Acc<T>* __restrict__ ws) {
+  using A = Acc<T>;
+  const int64_t o = blockIdx.y, base = g.base(o);
+  // The row's statistics from its pieces (every thread alike; at most 64 pieces).
+  A s1 = 0, mean = 0, m2 = 0, n = 0;
+  for (int q = 0; q < g.pieces; ++q) {
+    const Piece pq(g.R, g.pieces, q);
+    if (pq.end <= pq.begin) continue;
+    const A ps1 = ws[2 * (o * g.pieces + q)];
+    s1 += ps1;
+    if constexpr (S == Stat::kMeanVar) {
+      const A c = static_cast<A>(pq.end - pq.begin), d = ps1 / c - mean, tot = n + c;
+      mean += d * (c / tot);
+      m2 += ws[2 * (o * g.pieces + q) + 1] + d * d * (n * c / tot);
+      n = tot;
+    }
+  }
+  if constexpr (S != Stat::kMeanVar) mean = 0;
+  const A inv = finalize<S>(s1, m2, g);
+  const Piece pc(g.R, g.pieces, blockIdx.x);
+  const RowParam<T> sc = kFast ? RowParam<T>(g.scale, o) : RowParam<T>(ParamMap{}, o);
+  const RowParam<T> bi = kFast ? RowParam<T>(g.bias, o) : RowParam<T>(ParamMap{}, o);
+  auto value = [&](int64_t r, A v) {
+    A sv = 1, bv = 0;
+    if constexpr (kFast) {
+      sv = sc.at(static_cast<uint32_t>(r), A(1));
+      bv = bi.at(static_cast<uint32_t>(r), A(0));
+    } else {
+      if (g.scale.mode != PMode::kNone) sv = g.scale.p.get<A>(g.scale.index(o, r, g.R));
+      if (g.bias.mode != PMode::kNone) bv = g.bias.p.get<A>(g.bias.index(o, r, g.R));
+    }
+    return normalize<S>(v, mean, inv, sv, bv);
+  };
+  if constexpr (kVec) {
+    constexpr int V = Vec16<T>::kN;
+    const auto* xv = reinterpret_cast<const Vec16<T>*>(x + base);
+    auto* yv = reinterpret_cast<Vec16<T>*>(y + base);
+#pragma unroll 2
+    for (int64_t u = pc.begin / V + threadIdx.x; u < pc.end / V; u += blockDim.x) {
+      const Vec16<T> q = xv[u];
+      Vec16<T> w;
+#pragma unroll
+      for (int j = 0; j < V; ++j) store(w.v, j, value(u * V + j, static_cast<A>(load(q.v, j))));
+      yv[u] = w;
+    }
+  } else {
+    for_piece<false, T, A>(x, base, g, pc.begin, pc.end,
+                           [&](int64_t r, A v) { store(y, base + g.elem(r), value(r, v)); });
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) write_stats(g, o, mean, inv);
+}
+
+// Bytes of the split path's workspace: a sum and a centred sum of squares a piece.
+size_t split_ws_bytes(const NormGeom& g) {
+  return g.pieces > 1 ? size_t(g.rows) * size_t(g.pieces) * 2 * sizeof(double) : 0;
+}
+
 template <Stat S, typename T>
-void launch_norm(const T* x, T* y, DataType dtype, const NormGeom& g, cudaStream_t s) {
+void launch_norm(const T* x, T* y, DataType dtype, const NormGeom& g, void* ws, cudaStream_t s) {
   const bool typed = (g.scale.mode == PMode::kNone || g.scale.p.t == dtype) &&
                      (g.bias.mode == PMode::kNone || g.bias.p.t == dtype);
   const bool fast = typed && g.contig && g.R < (int64_t(1) << 32) && g.scale.simple(true) &&
                     g.bias.simple(true);
+  if (g.pieces > 1) {
+    const dim3 grid(static_cast<unsigned>(g.pieces), static_cast<unsigned>(g.rows));
+    auto* acc = static_cast<Acc<T>*>(ws);
+    const bool vec = fast && g.R % Vec16<T>::kN == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                     reinterpret_cast<uintptr_t>(y) % 16 == 0;
+    if (vec) {
+      norm_split_stats<S, true, T><<<grid, kSplitThreads, 0, s>>>(x, g, acc);
+      norm_split_apply<S, true, true, T><<<grid, kSplitThreads, 0, s>>>(x, y, g, acc);
+    } else {
+      norm_split_stats<S, false, T><<<grid, kSplitThreads, 0, s>>>(x, g, acc);
+      if (fast) norm_split_apply<S, true, false, T><<<grid, kSplitThreads, 0, s>>>(x, y, g, acc);
+      else norm_split_apply<S, false, false, T><<<grid, kSplitThreads, 0, s>>>(x, y, g, acc);
+    }
+    return;
+  }
   const bool warp = fast && g.scale.simple(false) && g.bias.simple(false) && g.R <= kWarpRow;
   if (!warp) {
     // Few rows: bigger blocks, so that more of the GPU works on each row.
@@ -684,6 +854,12 @@ class NormLayer final : public Layer {
                             shape_str(in[i].shape), want);
       g.rows = N * G;
       g.R = C / G * inner;
+      // NHWC storage (one group only, norm_supports): the row is the image, channel innermost.
+      if (x.layout == Layout::kNHWC) {
+        if (G != 1 || rank != 4)
+          return KILN_ERROR("{}: NHWC storage takes one group of a 4-D tensor", n.label());
+        if (mode == PMode::kGroupChan) mode = PMode::kGroupChanMinor;
+      }
       for (ParamMap* m : {&g.scale, &g.bias}) m->mode = mode, m->C = C, m->G = G, m->inner = inner;
       g.scale.p = param(in[1]);
       g.bias.p = param(in[2]);
@@ -705,8 +881,9 @@ class NormLayer final : public Layer {
       if (g.kept.rank > kMaxDims || g.red.rank > kMaxDims)
         return KILN_ERROR("{}: too many non-contiguous axes in {}", n.label(), shape_str(s));
     }
+    g.pieces = split_pieces(g.rows, g.R);
     g_ = g;
-    return size_t{0};
+    return split_ws_bytes(g);
   }
 
   Status run(const RunContext& rc, std::span<const DeviceTensor> in,
@@ -723,10 +900,10 @@ class NormLayer final : public Layer {
       const T* x = static_cast<const T*>(in[0].data);
       T* y = static_cast<T*>(out[0].data);
       switch (stat_) {
-        case Stat::kMeanVar: launch_norm<Stat::kMeanVar>(x, y, in[0].dtype, g, rc.stream); break;
-        case Stat::kRms: launch_norm<Stat::kRms>(x, y, in[0].dtype, g, rc.stream); break;
-        case Stat::kL1: launch_norm<Stat::kL1>(x, y, in[0].dtype, g, rc.stream); break;
-        case Stat::kL2: launch_norm<Stat::kL2>(x, y, in[0].dtype, g, rc.stream); break;
+        case Stat::kMeanVar: launch_norm<Stat::kMeanVar>(x, y, in[0].dtype, g, rc.workspace, rc.stream); break;
+        case Stat::kRms: launch_norm<Stat::kRms>(x, y, in[0].dtype, g, rc.workspace, rc.stream); break;
+        case Stat::kL1: launch_norm<Stat::kL1>(x, y, in[0].dtype, g, rc.workspace, rc.stream); break;
+        case Stat::kL2: launch_norm<Stat::kL2>(x, y, in[0].dtype, g, rc.workspace, rc.stream); break;
       }
     });
     if (!ok) return KILN_ERROR("{}: unsupported type {}", node_->label(), dtype_name(in[0].dtype));
@@ -851,6 +1028,12 @@ bool norm_supports(const LayerDesc& d, std::string* why) {
     const int64_t p = d.node->attrs.get_int("p", 2);
     if (p != 1 && p != 2) return *why = "p must be 1 or 2", false;
   }
+  // NHWC (GroupNormalization's and InstanceNormalization's candidates): where a row is the whole
+  // image, contiguous in NHWC too (one group: PoolFormer's and ConvFormer's GroupNorm(1, C));
+  // rows of several channels would be strided there.
+  if (!d.in.empty() && d.in[0].layout == Layout::kNHWC &&
+      (d.node->op_type != "GroupNormalization" || d.node->attrs.get_int("num_groups", 0) != 1))
+    return *why = "NHWC rows are contiguous only for GroupNormalization with one group", false;
   return true;
 }
 
@@ -869,7 +1052,8 @@ const TacticDef kNormTactics[] = {
     {"", "RMSNormalization", "norm.rms", kFloatCaps, 0, norm_supports, create<NormLayer>},
     {"", "InstanceNormalization", "norm.instance", kFloatCaps, 0, norm_supports,
      create<NormLayer>},
-    {"", "GroupNormalization", "norm.group", kFloatCaps, 0, norm_supports, create<NormLayer>},
+    {"", "GroupNormalization", "norm.group", kFloatCaps | kNHWC, 0, norm_supports,
+     create<NormLayer>},
     {"", "LpNormalization", "norm.lp", kFloatCaps, 0, norm_supports, create<NormLayer>},
     {"", "MeanVarianceNormalization", "norm.mvn", kFloatCaps, 0, norm_supports,
      create<NormLayer>},
