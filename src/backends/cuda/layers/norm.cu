@@ -429,6 +429,22 @@ __device__ __forceinline__ A normalize(A v, A mean, A inv, A scale, A bias) {
   else return (v - mean) * inv * scale + bias;
 }
 
+// Element r of row o with value v normalised, its scale and bias from the row's resolved
+// parameters (kFast: RowParam) or through the generic index of any float type.
+template <Stat S, bool kFast, typename T, typename A>
+__device__ __forceinline__ A normalize_at(const NormGeom& g, const RowParam<T>& sc, const RowParam<T>& bi,
+                                          int64_t o, int64_t r, A v, A mean, A inv) {
+  A s = 1, b = 0;
+  if constexpr (kFast) {
+    s = sc.at(static_cast<uint32_t>(r), A(1));
+    b = bi.at(static_cast<uint32_t>(r), A(0));
+  } else {
+    if (g.scale.mode != PMode::kNone) s = g.scale.p.get<A>(g.scale.index(o, r, g.R));
+    if (g.bias.mode != PMode::kNone) b = g.bias.p.get<A>(g.bias.index(o, r, g.R));
+  }
+  return normalize<S>(v, mean, inv, s, b);
+}
+
 template <typename A>
 __device__ void write_stats(const NormGeom& g, int64_t o, A mean, A inv) {
   if (g.mean_out) store_as(g.mean_out, g.mean_t, o, mean);
@@ -524,15 +540,7 @@ __global__ void __launch_bounds__(1024) norm_block(const T* __restrict__ x, T* _
       for (int u = 0; u < kUnroll; ++u) {
         const int64_t r = r0 + u * int64_t(blockDim.x);
         if (r >= g.R) continue;
-        A s = 1, b = 0;
-        if constexpr (kFast) {
-          s = sc.at(static_cast<uint32_t>(r), A(1));
-          b = bi.at(static_cast<uint32_t>(r), A(0));
-        } else {
-          if (g.scale.mode != PMode::kNone) s = g.scale.p.get<A>(g.scale.index(o, r, g.R));
-          if (g.bias.mode != PMode::kNone) b = g.bias.p.get<A>(g.bias.index(o, r, g.R));
-        }
-        v[u] = normalize<S>(at(r), mean, inv, s, b);
+        v[u] = normalize_at<S, kFast>(g, sc, bi, o, r, at(r), mean, inv);
       }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
@@ -655,17 +663,7 @@ __global__ void __launch_bounds__(kSplitThreads) norm_split_apply(const T* __res
   const Piece pc(g.R, g.pieces, blockIdx.x);
   const RowParam<T> sc = kFast ? RowParam<T>(g.scale, o) : RowParam<T>(ParamMap{}, o);
   const RowParam<T> bi = kFast ? RowParam<T>(g.bias, o) : RowParam<T>(ParamMap{}, o);
-  auto value = [&](int64_t r, A v) {
-    A sv = 1, bv = 0;
-    if constexpr (kFast) {
-      sv = sc.at(static_cast<uint32_t>(r), A(1));
-      bv = bi.at(static_cast<uint32_t>(r), A(0));
-    } else {
-      if (g.scale.mode != PMode::kNone) sv = g.scale.p.get<A>(g.scale.index(o, r, g.R));
-      if (g.bias.mode != PMode::kNone) bv = g.bias.p.get<A>(g.bias.index(o, r, g.R));
-    }
-    return normalize<S>(v, mean, inv, sv, bv);
-  };
+  auto value = [&](int64_t r, A v) { return normalize_at<S, kFast>(g, sc, bi, o, r, v, mean, inv); };
   if constexpr (kVec) {
     constexpr int V = Vec16<T>::kN;
     const auto* xv = reinterpret_cast<const Vec16<T>*>(x + base);
