@@ -184,9 +184,9 @@ struct ReduceGeom {
 // Splitting few long rows: at most this many pieces in all, each at least kMinPiece long.
 constexpr int64_t kMaxPieces = 1024, kMinPiece = 4096;
 // Mode 1 (a thread per row, reduced axes strided) splits its rows when they make fewer than
-// kMinBlocks blocks of 32, into pieces of at least kMinPiece1: ConvNeXt-V2's GRN, an L2 norm
-// over H and W of an NHWC [32, 56, 56, 96] tensor, is 3072 rows of 3136 — 96 blocks for 132
-// multiprocessors without the split.
+// kMinBlocks blocks of 32 threads, into pieces of at least kMinPiece1: ConvNeXt-V2's GRN, an L2
+// norm over H and W of a channels-last [32, 56, 56, 384] tensor, is 12288 rows of 3136, which
+// read as 16-byte vectors are 48 blocks for 132 multiprocessors without the split.
 constexpr int64_t kMinBlocks = 512, kMinPiece1 = 256;
 
 // Combines v over the threads that share a row; every one of them gets the result. All
