@@ -35,6 +35,12 @@ __device__ __forceinline__ void store(T* p, int64_t i, V v) {
   else if constexpr (std::is_same_v<T, __nv_bfloat16>) p[i] = __float2bfloat16_rn(static_cast<float>(v));
   else p[i] = static_cast<T>(v);
 }
+// 16 bytes of T, loaded or stored as one vector (the address 16-byte aligned).
+template <typename T>
+struct alignas(16) Vec16 {
+  static constexpr int kN = 16 / sizeof(T);
+  T v[kN];
+};
 // float16 -inf in both halves (a max-pool's padding).
 __device__ __forceinline__ __half2 half2_neg_inf() {
   const __half h = __ushort_as_half(0xFC00u);

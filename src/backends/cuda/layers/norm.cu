@@ -333,8 +333,8 @@ class SoftmaxLayer final : public Layer {
 enum class Stat { kMeanVar, kRms, kL1, kL2 };
 
 // How an element (row o, position r in the row) finds its scale or bias element.
-// kGroupChanMinor: kGroupChan with the row's channel innermost (NHWC storage: GroupNormalization
-// and InstanceNormalization rows walk (h, w, channel of the group)).
+// kGroupChanMinor: kGroupChan with the row's channel innermost (NHWC storage of
+// GroupNormalization with one group: a row walks h, w, channel).
 enum class PMode : int { kNone, kByR, kChannel, kGroupChan, kGroupChanMinor, kGroupRow, kFull };
 struct ParamMap {
   PMode mode = PMode::kNone;
@@ -580,12 +580,6 @@ struct Piece {
     begin = len * p < R ? len * p : R;
     end = begin + len < R ? begin + len : R;
   }
-};
-
-template <typename T>
-struct alignas(16) Vec16 {
-  static constexpr int kN = 16 / sizeof(T);
-  T v[kN];
 };
 
 // Calls f(r, value) for each element of [begin, end) of the row at x + base, kUnroll loads in

@@ -272,8 +272,8 @@ template <typename Op, typename T>
 __global__ void __launch_bounds__(256) reduce_rows_vec(const T* __restrict__ x, void* y, ReduceGeom g,
                                                        typename Op::A* partial) {
   using A = typename Op::A;
-  constexpr int V = 16 / sizeof(T);
-  struct alignas(16) Vec { T v[V]; };
+  using Vec = Vec16<T>;
+  constexpr int V = Vec::kN;
   __shared__ A sm[8 * 32 * V];
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t Mv = g.M / V;
