@@ -213,6 +213,22 @@ std::vector<OpCase> conv_cases() {
     c.inputs.push_back(in({2, 16, 8, 8}));
     v.push_back(c);
   }
+  // Epilogues without a bias (MetaFormer's bias-free 1x1 convolutions: ReLU before StarReLU's
+  // square, the residual add after the token mixer; a 3x3 with GELU): the library tactics run
+  // them with a bias of zeros.
+  for (const char* act : {"Relu", "", "Gelu"}) {
+    const bool one = std::string(act) != "Gelu";
+    OpCase c = conv(std::string("fused_nobias_") + (one ? "1x1_" : "3x3_") + (act[0] ? act : "residual"),
+                    {2, 16, 8, 8}, {32, 16, one ? 1 : 3, one ? 1 : 3},
+                    attrs({{"pads", ints_attr(one ? std::vector<int64_t>{0, 0, 0, 0}
+                                                  : std::vector<int64_t>{1, 1, 1, 1})}}),
+                    /*bias=*/false);
+    c.op_type = "FusedConv";
+    c.domain = "kiln";
+    if (act[0]) c.attrs.set("activation", Attribute::String(act));
+    if (!act[0]) c.inputs.insert(c.inputs.end(), {absent(), in({2, 32, 8, 8})});
+    v.push_back(c);
+  }
   {
     OpCase c = conv("fused_s2_resnet_shape", {4, 64, 28, 28}, {128, 64, 3, 3},
                     attrs({{"pads", ints_attr({1, 1, 1, 1})}, {"strides", ints_attr({2, 2})},

@@ -30,12 +30,13 @@ bool describe_problem(const LayerDesc& d, cuda::ConvProblem* p, std::string* why
   if (p->shape.groups > 1 && d.in_const(1)->shape().size() == 4 && d.in_const(1)->shape()[1] == 1)
     return *why = "depthwise (kiln.dwconv and cudnn.conv take it)", false;
   const bool bias = n.input(2) != nullptr, residual = n.input(3) != nullptr;
-  if (!bias) {  // a plain convolution (FastViT's, NFNet's grouped ones): no epilogue at all
-    if (residual || !n.attrs.get_string("activation", "").empty())
-      return *why = "an epilogue without a bias", false;
+  if (!bias && !residual && n.attrs.get_string("activation", "").empty()) {
+    // a plain convolution (FastViT's, NFNet's grouped ones): no epilogue at all
     p->epilogue = cuda::Epilogue::kNone;
     return true;
   }
+  // An epilogue without a bias (MetaFormer's bias-free 1x1 convolutions before StarReLU or a
+  // residual add) runs with a bias of zeros that the layer keeps (FusedConvLayer::zero_bias_).
   if (residual && d.in_type(3).dims != d.out_type(0).dims)
     return *why = "broadcast residual", false;
   // ReLU6 (Clip to [0, hi]) is a clipped ReLU in cuDNN's graph, but not after a residual add.
@@ -83,12 +84,21 @@ class FusedConvLayer final : public Layer {
       return cublaslt_ ? cuda::make_cublaslt_source() : cuda::make_cudnn_graph_source();
     };
     KILN_ASSIGN_OR_RETURN(current_, tactics_.get(p, rc, source, weights));
+    const bool has_bias = in.size() > 2 && in[2].present();
+    if (!has_bias && p.epilogue != cuda::Epilogue::kNone && !zero_bias_.get()) {
+      // The bias type is the layer's storage type (half in FP16, float in TF32); zero bits are
+      // 0 in both.
+      const std::vector<uint8_t> zeros(size_t(p.shape.k) * dtype_size(out[0].dtype), 0);
+      KILN_RETURN_IF_ERROR(zero_bias_.reserve(std::max<size_t>(zeros.size(), 256), "zero bias"));
+      KILN_RETURN_IF_ERROR(cuda::upload(zero_bias_.get(), zeros.data(), zeros.size(), "zero bias"));
+    }
     return current_->workspace_size();
   }
 
   Status run(const RunContext& rc, std::span<const DeviceTensor> in,
              std::span<const DeviceTensor> out) override {
-    return run_library_conv(current_, in.size() > 2 && in[2].present() ? in[2].data : nullptr, rc,
+    return run_library_conv(current_,
+                            in.size() > 2 && in[2].present() ? in[2].data : zero_bias_.get(), rc,
                             in, out);
   }
 
@@ -97,6 +107,7 @@ class FusedConvLayer final : public Layer {
   bool cublaslt_;
   RankedConvTactics tactics_;
   cuda::ConvTactic* current_ = nullptr;
+  DeviceMemory zero_bias_;  // the bias of a layer with an epilogue and no bias input
 };
 
 }  // namespace
