@@ -39,7 +39,7 @@ bool tactic_takes(const std::vector<const gpu::TacticDef*>& tactics, const Node&
       std::string why;
       if (!(t->caps & gpu::kI8)) continue;
       const gpu::LayerChoice c = gpu::make_int8_choice(n, *t, DataType::kFloat16);
-      if (!t->supports || t->supports(c.desc(&n), &why)) return true;
+      if (gpu::tactic_supports(*t, c.desc(&n), &why)) return true;
     }
     return false;
   }
@@ -52,7 +52,7 @@ bool tactic_takes(const std::vector<const gpu::TacticDef*>& tactics, const Node&
       for (bool nhwc : {true, false}) {
         std::string why;
         const gpu::LayerChoice c = gpu::float_choice(n, *t, p, nhwc);
-        if (!t->supports || t->supports(c.desc(&n), &why)) return true;
+        if (gpu::tactic_supports(*t, c.desc(&n), &why)) return true;
       }
   }
   return false;

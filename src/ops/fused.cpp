@@ -45,8 +45,25 @@ bool chain_op_supported(const std::string& op_type) {
   return std::find(k.begin(), k.end(), op_type) != k.end() && find_op("", op_type) != nullptr;
 }
 
+bool post_op_binary(const std::string& op_type) {
+  static const std::vector<std::string> k = {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min"};
+  return std::find(k.begin(), k.end(), op_type) != k.end();
+}
+
+bool post_op_supported(const std::string& op_type) {
+  static const std::vector<std::string> k = {"Relu", "Sigmoid", "Tanh", "Neg",
+                                             "Abs",  "Exp",     "Sqrt", "Erf"};
+  return post_op_binary(op_type) || std::find(k.begin(), k.end(), op_type) != k.end();
+}
+
 bool fused_layer_supported(const std::string& op_type, const Attributes& attrs) {
-  if (op_type == "FusedConv" || op_type == "FusedGemm" || op_type == "FusedConvPool" ||
+  if (op_type == "FusedConv") {
+    const auto ops = attrs.get_strings("post_ops");
+    return fused_activation_supported(attrs.get_string("activation", "")) &&
+           std::all_of(ops.begin(), ops.end(), post_op_supported) &&
+           attrs.get_floats("post_values").size() == ops.size();
+  }
+  if (op_type == "FusedGemm" || op_type == "FusedConvPool" ||
       op_type == "FusedConvPair" || op_type == "FusedConvMean")
     return fused_activation_supported(attrs.get_string("activation", ""));
   if (op_type == "ElementwiseChain") {
@@ -112,6 +129,24 @@ Expected<Tensor> add_same_shape(const Node& n, const Tensor& y, const Tensor& z,
   return s;
 }
 
+Expected<Tensor> apply_post(const Node& n, Tensor y) {
+  const auto ops = n.attrs.get_strings("post_ops");
+  const auto values = n.attrs.get_floats("post_values");
+  if (values.size() != ops.size())
+    return KILN_ERROR("{}: {} post_ops but {} post_values", n.label(), ops.size(), values.size());
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (!post_op_supported(ops[i]))
+      return KILN_ERROR("{}: unsupported post step '{}'", n.label(), ops[i]);
+    if (post_op_binary(ops[i])) {
+      const Tensor c = Tensor::scalar<float>(values[i]).cast(y.dtype());
+      KILN_ASSIGN_OR_RETURN(y, run_op(n, ops[i], {}, {&y, &c}));
+    } else {
+      KILN_ASSIGN_OR_RETURN(y, run_op(n, ops[i], {}, {&y}));
+    }
+  }
+  return y;
+}
+
 Status check_pair_shapes(const Node& n, const Tensor& y1, const Tensor& y2) {
   if (y1.shape() != y2.shape())
     return KILN_ERROR("{}: the two convolutions' outputs differ in shape: {} and {}", n.label(),
@@ -141,6 +176,7 @@ Status cpu_fused_conv(KernelContext& ctx) {
     KILN_ASSIGN_OR_RETURN(y, fused::add_same_shape(n, y, *z, "residual input"));
   }
   KILN_ASSIGN_OR_RETURN(y, fused::apply_activation(n, std::move(y)));
+  KILN_ASSIGN_OR_RETURN(y, fused::apply_post(n, std::move(y)));
   ctx.set_output(0, std::move(y));
   return Status::Ok();
 }
@@ -366,7 +402,8 @@ Status unfuse_layer(Graph& g, Node* n) {
   if (gemm) KILN_RETURN_IF_ERROR(check_base(*n, &base));
   Attributes base_attrs;
   for (const auto& [k, v] : n->attrs.all())
-    if (k != "activation" && k != "base" && k.rfind("act_", 0) != 0) base_attrs.set(k, v);
+    if (k != "activation" && k != "base" && k.rfind("act_", 0) != 0 && k.rfind("post_", 0) != 0)
+      base_attrs.set(k, v);
   const DataType dt = n->output(0)->type.dtype;
   Value* y = nullptr;
   // Each part is placed before the layer and named after it; the last part takes over its output.
@@ -398,6 +435,17 @@ Status unfuse_layer(Graph& g, Node* n) {
     part("Clip", clip);
   } else if (!act.empty()) {
     part(act, {y}, fused::strip_prefix(n->attrs, "act_"));
+  }
+  const auto post = n->attrs.get_strings("post_ops");
+  const auto values = n->attrs.get_floats("post_values");
+  for (size_t i = 0; i < post.size() && i < values.size(); ++i) {
+    if (!post_op_binary(post[i])) {
+      part(post[i], {y});
+      continue;
+    }
+    Value* c = g.add_constant(g.unique_name(n->name + "/post" + std::to_string(i)),
+                              Tensor::scalar<float>(values[i]).cast(dt));
+    part(post[i], {y, c});
   }
   Value* out = n->output(0);
   KILN_RETURN_IF_ERROR(g.remove_node(n, /*force=*/true));

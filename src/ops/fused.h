@@ -1,7 +1,12 @@
 // kiln's fused layers (domain "kiln"), produced by the optimizer (src/passes) and run by every
 // backend that declares them (backends/capabilities.h):
 //
-//   kiln.FusedConv(X, W, B?, Z?)        Y = act(Conv(X, W, B) + Z)   Conv's attributes
+//   kiln.FusedConv(X, W, B?, Z?)        Y = post(act(Conv(X, W, B) + Z))   Conv's attributes;
+//                                       post: the steps post_ops (strings) with post_values
+//                                       (floats, one a step) in order, y = op(y, value) for a
+//                                       binary op, op(y) for a unary one (post_op_supported):
+//                                       an elementwise tail with scalar constants (StarReLU's
+//                                       square, scale and bias) computed in the epilogue
 //   kiln.FusedConvPool(X, W, B?)        Y = MaxPool(act(Conv(X, W, B)))   Conv's attributes, and
 //                                       MaxPool's prefixed "pool_" (pool_kernel_shape,
 //                                       pool_strides, pool_pads): a CNN's stem with its max-pool
@@ -89,6 +94,11 @@ namespace kiln {
 // Activations fused layers apply (ONNX op types).
 const std::vector<std::string>& fused_activation_names();
 bool fused_activation_supported(const std::string& op_type);
+// Ops a FusedConv's post step may be, and whether one takes a scalar operand (post_values).
+bool post_op_supported(const std::string& op_type);
+bool post_op_binary(const std::string& op_type);
+// Whether n (a kiln.FusedConv) has post steps: nothing more joins its epilogue after them.
+inline bool has_post_steps(const Node& n) { return n.attrs.has("post_ops"); }
 // Ops an ElementwiseChain step may be.
 bool chain_op_supported(const std::string& op_type);
 // The most parts a chain's absorbed concatenation may have (ElementwiseChain's concat_parts).

@@ -16,6 +16,8 @@ Expected<Tensor> run_op(const Node& owner, const std::string& op_type, const Att
 Attributes strip_prefix(const Attributes& a, const std::string& prefix);
 // Applies n's `activation` (with its act_* attributes) to y; no activation returns y.
 Expected<Tensor> apply_activation(const Node& n, Tensor y);
+// Applies a FusedConv's post steps (post_ops, post_values; ops/fused.h) to y in order.
+Expected<Tensor> apply_post(const Node& n, Tensor y);
 // y + z where z broadcasts into y without changing y's shape.
 Expected<Tensor> add_same_shape(const Node& n, const Tensor& y, const Tensor& z, const char* what);
 // kiln.FusedConvPair adds its two convolutions' outputs without broadcasting: an error naming

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "ops/fused.h"
 #include "passes/passes.h"
 
 namespace kiln::passes {
@@ -41,7 +42,7 @@ std::optional<Product> product_of(const Node& p, std::string* why) {
   const bool gemm = is_op(&p, "Gemm") || is_op(&p, "MatMul") || is_kiln_op(&p, "FusedGemm");
   if (!conv && !gemm) return *why = "not a convolution or matrix product", std::nullopt;
   if (p.domain == "kiln" && (!p.attrs.get_string("activation", "").empty() ||
-                             (p.num_inputs() > 3 && p.input(3))))
+                             has_post_steps(p) || (p.num_inputs() > 3 && p.input(3))))
     return *why = "the layer already applies an activation or adds a residual", std::nullopt;
   if (p.attrs.get_int("int8", 0) != 0) return *why = "an INT8 layer", std::nullopt;
   if (!p.input(1) || !p.input(1)->is_constant() || !const_or_absent(p, 2))

@@ -15,7 +15,8 @@ namespace {
 std::string target_of(const Node* p) {
   if (!p) return "";
   const bool has_act = !p->attrs.get_string("activation", "").empty();
-  if (is_op(p, "Conv") || (is_kiln_op(p, "FusedConv") && !has_act)) return "FusedConv";
+  if (is_op(p, "Conv") || (is_kiln_op(p, "FusedConv") && !has_act && !has_post_steps(*p)))
+    return "FusedConv";
   if (is_op(p, "Gemm") || is_op(p, "MatMul") || (is_kiln_op(p, "FusedGemm") && !has_act))
     return "FusedGemm";
   return "";

@@ -10,6 +10,7 @@
 // layer), and only where the backend has a kernel for this very layer (the capability query sees
 // the filter and strides); a layer no kernel takes at the formats lowering picks is split back
 // (unfuse_layer).
+#include "ops/fused.h"
 #include "passes/passes.h"
 
 namespace kiln::passes {
@@ -34,6 +35,8 @@ struct FuseConvMean {
     };
     if (ctx.opts.precision == "int8") return reject("INT8 builds keep the pool a layer");
     if (y->producer_index != 0 || conv->num_outputs() != 1) return reject("not the conv's output");
+    if (is_kiln_op(conv, "FusedConv") && has_post_steps(*conv))
+      return reject("the convolution has post steps");
     if (!is_float_type(y->type.dtype) || y->type.rank() != 4) return reject("not a 2-D float map");
     const Value* w = conv->input(1);
     const int64_t group = conv->attrs.get_int("group", 1);

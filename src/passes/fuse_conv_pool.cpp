@@ -6,6 +6,7 @@
 // and the target backend has a kernel that takes this very layer (the capability query sees the
 // layer's weights and shapes, since kernels for it exist only for some: cuda's stem kernel takes
 // few input channels in FP16).
+#include "ops/fused.h"
 #include "passes/passes.h"
 
 namespace kiln::passes {
@@ -29,6 +30,7 @@ struct FuseConvPool {
       return std::nullopt;
     };
     if (conv->num_inputs() > 3 && conv->input(3)) return reject("the convolution adds a residual");
+    if (has_post_steps(*conv)) return reject("the convolution has post steps");
     if (!single_use(ctx.g, y)) return reject("the convolution's output has another consumer");
     if (y->type.rank() != 4 || !pool.output(0)) return reject("not a 2-D max-pool");
     Attributes a = conv->attrs;

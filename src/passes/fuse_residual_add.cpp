@@ -11,6 +11,7 @@
 // Only when the product's output has no other consumer and carries no activation yet (the
 // layer computes act(conv + z)); z must not broadcast the result to a bigger shape (for
 // FusedGemm it has the result's shape exactly: the GEMM epilogue reads it as a matrix).
+#include "ops/fused.h"
 #include "passes/passes.h"
 
 namespace kiln::passes {
@@ -20,7 +21,7 @@ namespace {
 bool plain_conv(const Node* n) {
   if (is_op(n, "Conv")) return true;
   return is_kiln_op(n, "FusedConv") && !n->input(3) &&
-         n->attrs.get_string("activation", "").empty();
+         n->attrs.get_string("activation", "").empty() && !has_post_steps(*n);
 }
 
 struct FuseResidualAdd {

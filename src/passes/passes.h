@@ -40,6 +40,7 @@ Expected<bool> fuse_skip_layernorm(PassContext& ctx);
 Expected<bool> fuse_conv_act(PassContext& ctx);
 Expected<bool> fuse_conv_pool(PassContext& ctx);  // after fuse_conv_act: the stem's activation first
 Expected<bool> fuse_conv_mean(PassContext& ctx);  // after fuse_conv_act: the conv's activation first
+Expected<bool> fuse_conv_tail(PassContext& ctx);  // after fuse_conv_act: the activation first
 Expected<bool> batchnorm_to_affine(PassContext& ctx);
 Expected<bool> fuse_elementwise(PassContext& ctx);
 Expected<bool> fuse_relayout(PassContext& ctx);

@@ -89,6 +89,8 @@ struct PassEntry {
 //   (embeddings) join the norm.
 // - fuse_conv_pool after fuse_conv_act: the stem's max-pool joins a convolution that already
 //   carries its activation; fuse_conv_mean likewise (the pooled map is the activation's).
+//   fuse_conv_tail after them: its post steps go after the activation, and a layer with post
+//   steps takes nothing more (the passes before check has_post_steps).
 // - batchnorm_to_affine after every fusion that could take a BatchNorm (fold_batchnorm folds
 //   it into its producer; here one no producer took becomes a per-channel Mul and Add), and
 //   fuse_elementwise last: it takes the elementwise chains the specific fusions left.
@@ -128,6 +130,7 @@ constexpr PassEntry kPipeline[] = {
     {"fuse_conv_act", 2, passes::fuse_conv_act},
     {"fuse_conv_pool", 2, passes::fuse_conv_pool},
     {"fuse_conv_mean", 2, passes::fuse_conv_mean},
+    {"fuse_conv_tail", 2, passes::fuse_conv_tail},
     {"batchnorm_to_affine", 2, passes::batchnorm_to_affine},
     {"fuse_elementwise", 2, passes::fuse_elementwise},
     {"eliminate_dead_code", 2, passes::eliminate_dead_code},

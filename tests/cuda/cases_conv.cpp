@@ -229,6 +229,35 @@ std::vector<OpCase> conv_cases() {
     if (!act[0]) c.inputs.insert(c.inputs.end(), {absent(), in({2, 32, 8, 8})});
     v.push_back(c);
   }
+  // Post steps (fuse_conv_tail): StarReLU's square, scale and bias after a bias-free 1x1 with
+  // ReLU; NFNet's gain after SiLU on a 3x3; and every other step kind on 1x1s (cuDNN's graph in
+  // its epilogue, cuBLASLt as a pass over its output), one with a residual.
+  struct Post {
+    const char* name;
+    int k;
+    bool bias, residual;
+    const char* act;
+    std::vector<std::string> ops;
+    std::vector<float> values;
+  };
+  for (const Post& t : std::vector<Post>{
+           {"star_relu", 1, false, false, "Relu", {"Pow", "Mul", "Add"}, {2.f, 0.8f, -0.25f}},
+           {"gain_3x3", 3, true, false, "Swish", {"Mul"}, {1.7f}},
+           {"steps_a", 1, true, true, "", {"Tanh", "Mul", "Abs", "Sqrt", "Sub", "Div", "Max", "Min"},
+            {0.f, 2.f, 0.f, 0.f, 0.5f, 1.5f, -0.2f, 0.9f}},
+           {"steps_b", 1, true, false, "Sigmoid", {"Neg", "Exp", "Erf", "Relu", "Add"},
+            {0.f, 0.f, 0.f, 0.f, 0.1f}}}) {
+    OpCase c = conv(std::string("fused_post_") + t.name, {2, 16, 8, 8}, {32, 16, t.k, t.k},
+                    attrs({{"pads", ints_attr(std::vector<int64_t>(4, t.k / 2))}}), t.bias);
+    c.op_type = "FusedConv";
+    c.domain = "kiln";
+    if (t.act[0]) c.attrs.set("activation", Attribute::String(t.act));
+    if (std::string(t.act) == "Swish") c.attrs.set("act_alpha", Attribute::Float(1.f));
+    c.attrs.set("post_ops", Attribute::Strings(t.ops));
+    c.attrs.set("post_values", Attribute::Floats(t.values));
+    if (t.residual) c.inputs.push_back(in({2, 32, 8, 8}));
+    v.push_back(c);
+  }
   {
     OpCase c = conv("fused_s2_resnet_shape", {4, 64, 28, 28}, {128, 64, 3, 3},
                     attrs({{"pads", ints_attr({1, 1, 1, 1})}, {"strides", ints_attr({2, 2})},

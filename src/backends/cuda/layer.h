@@ -154,6 +154,8 @@ enum FormatCaps : uint32_t {
                             // channels-last (perm 0,2,3,1 or 0,3,1,2): its candidate stores the
                             // channels-first side NHWC and the other row-major, so both hold the
                             // same bytes and the layer relabels memory (lower.cpp)
+  kPostSteps = 1u << 13,    // takes a kiln.FusedConv's post steps (post_ops, ops/fused.h); a
+                            // tactic without it is not offered a layer that has them
 };
 
 using SupportsFn = bool (*)(const LayerDesc&, std::string* why_not);
@@ -172,6 +174,11 @@ struct TacticDef {
   VariantsFn variants = nullptr;  // candidates the tuner times; nullptr: one, variant ""
   int alias_input = -1;        // output 0 may be input k's memory (Reshape family): no kernel
 };
+
+// Whether tactic t takes layer d: t's supports() check, and a FusedConv's post steps only where t
+// declares kPostSteps (another would drop them). Every place that offers a layer to a tactic asks
+// this, not supports() alone.
+bool tactic_supports(const TacticDef& t, const LayerDesc& d, std::string* why);
 
 // The one table of GPU tactics (tactic_table.cpp), and the lookups built on it.
 std::span<const TacticDef> all_tactics();

@@ -251,7 +251,7 @@ struct Lowering {
     const TacticDef* t = c.tactic;
     std::string why;
     LayerDesc d = c.desc(&n);
-    if (!caps_allow(c, &why) || (t->supports && !t->supports(d, &why))) {
+    if (!caps_allow(c, &why) || !tactic_supports(*t, d, &why)) {
       *reasons += fmt::format("{}{} ({}): {}", reasons->empty() ? "" : "; ", t->name,
                               precision_name(c.precision), why.empty() ? "not supported" : why);
       return;
@@ -548,7 +548,7 @@ bool some_tactic_takes(const Node& n, const GpuBuildOptions& o) {
       for (bool nhwc : {true, false}) {
         const LayerChoice c = float_choice(n, *t, p, nhwc);
         std::string why;
-        if (caps_allow(c, &why) && (!t->supports || t->supports(c.desc(&n), &why))) return true;
+        if (caps_allow(c, &why) && tactic_supports(*t, c.desc(&n), &why)) return true;
       }
   return false;
 }

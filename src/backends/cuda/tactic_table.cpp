@@ -45,6 +45,12 @@ bool unverified_tactics_enabled(std::string* why, const char* reason) {
   return false;
 }
 
+bool tactic_supports(const TacticDef& t, const LayerDesc& d, std::string* why) {
+  if (!(t.caps & kPostSteps) && d.node && d.node->attrs.has("post_ops"))
+    return *why = "no post steps (post_ops)", false;
+  return !t.supports || t.supports(d, why);
+}
+
 const TacticDef* find_tactic(std::string_view name) {
   for (const TacticDef& d : table())
     if (d.name == name) return &d;

@@ -12,7 +12,34 @@
 #include "tactics/conv_tactic.h"
 
 namespace kiln::gpu {
+
+// conv_post.cu: a FusedConv's post steps as a pass over y (n elements of `dtype`), in place.
+Status launch_post_steps(void* y, int64_t n, DataType dtype,
+                         const std::vector<cuda::PostStep>& steps, cudaStream_t stream);
+
 namespace {
+
+// The layer's post steps (post_ops, post_values: ops/fused.h) as the tactics' PostSteps.
+bool post_steps(const Node& n, std::vector<cuda::PostStep>* out, std::string* why) {
+  using cuda::PostOp;
+  static constexpr std::pair<std::string_view, PostOp> kOps[] = {
+      {"Add", PostOp::kAdd},   {"Sub", PostOp::kSub},         {"Mul", PostOp::kMul},
+      {"Div", PostOp::kDiv},   {"Pow", PostOp::kPow},         {"Max", PostOp::kMax},
+      {"Min", PostOp::kMin},   {"Relu", PostOp::kRelu},       {"Sigmoid", PostOp::kSigmoid},
+      {"Tanh", PostOp::kTanh}, {"Neg", PostOp::kNeg},         {"Abs", PostOp::kAbs},
+      {"Exp", PostOp::kExp},   {"Sqrt", PostOp::kSqrt},       {"Erf", PostOp::kErf}};
+  const auto ops = n.attrs.get_strings("post_ops");
+  const auto values = n.attrs.get_floats("post_values");
+  if (ops.size() != values.size() || ops.size() > size_t(cuda::kMaxPostSteps))
+    return *why = "malformed post steps", false;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const auto* m = std::find_if(std::begin(kOps), std::end(kOps),
+                                 [&](const auto& e) { return e.first == ops[i]; });
+    if (m == std::end(kOps)) return *why = "post step " + ops[i], false;
+    out->push_back({m->second, values[i]});
+  }
+  return true;
+}
 
 // The problem a FusedConv node describes, or why it is not one the fused tactics take.
 bool describe_problem(const LayerDesc& d, cuda::ConvProblem* p, std::string* why) {
@@ -30,7 +57,8 @@ bool describe_problem(const LayerDesc& d, cuda::ConvProblem* p, std::string* why
   if (p->shape.groups > 1 && d.in_const(1)->shape().size() == 4 && d.in_const(1)->shape()[1] == 1)
     return *why = "depthwise (kiln.dwconv and cudnn.conv take it)", false;
   const bool bias = n.input(2) != nullptr, residual = n.input(3) != nullptr;
-  if (!bias && !residual && n.attrs.get_string("activation", "").empty()) {
+  if (!post_steps(n, &p->post, why)) return false;
+  if (!bias && !residual && n.attrs.get_string("activation", "").empty() && p->post.empty()) {
     // a plain convolution (FastViT's, NFNet's grouped ones): no epilogue at all
     p->epilogue = cuda::Epilogue::kNone;
     return true;
@@ -84,6 +112,7 @@ class FusedConvLayer final : public Layer {
       return cublaslt_ ? cuda::make_cublaslt_source() : cuda::make_cudnn_graph_source();
     };
     KILN_ASSIGN_OR_RETURN(current_, tactics_.get(p, rc, source, weights));
+    post_ = p.post;
     const bool has_bias = in.size() > 2 && in[2].present();
     if (!has_bias && p.epilogue != cuda::Epilogue::kNone && !zero_bias_.get()) {
       // The bias type is the layer's storage type (half in FP16, float in TF32); zero bits are
@@ -97,9 +126,11 @@ class FusedConvLayer final : public Layer {
 
   Status run(const RunContext& rc, std::span<const DeviceTensor> in,
              std::span<const DeviceTensor> out) override {
-    return run_library_conv(current_,
-                            in.size() > 2 && in[2].present() ? in[2].data : zero_bias_.get(), rc,
-                            in, out);
+    KILN_RETURN_IF_ERROR(run_library_conv(
+        current_, in.size() > 2 && in[2].present() ? in[2].data : zero_bias_.get(), rc, in, out));
+    // cuBLASLt's epilogue stops at the activation: the post steps are a pass over y.
+    if (!cublaslt_ || post_.empty() || out[0].numel() == 0) return Status::Ok();
+    return launch_post_steps(out[0].data, out[0].numel(), out[0].dtype, post_, rc.stream);
   }
 
  private:
@@ -108,13 +139,17 @@ class FusedConvLayer final : public Layer {
   RankedConvTactics tactics_;
   cuda::ConvTactic* current_ = nullptr;
   DeviceMemory zero_bias_;  // the bias of a layer with an epilogue and no bias input
+  std::vector<cuda::PostStep> post_;  // the layer's post steps (cuBLASLt: run as a second pass)
 };
 
 }  // namespace
 
 bool fused_conv_supports(const LayerDesc& d, std::string* why) {
   cuda::ConvProblem p;
-  return describe_problem(d, &p, why);
+  if (!describe_problem(d, &p, why)) return false;
+  for (const cuda::PostStep& s : p.post)  // cuDNN's POW is exp(b log(a)): a square only
+    if (s.op == cuda::PostOp::kPow && s.value != 2.f) return *why = "Pow other than a square", false;
+  return true;
 }
 
 bool cublaslt_conv_supports(const LayerDesc& d, std::string* why) {

@@ -79,6 +79,18 @@ struct ConvShape {
 // (HardSwish, which has none, as x * min(max(x + 3, 0), 6) / 6 in four of them).
 enum class Activation { kRelu, kSwish, kSigmoid, kTanh, kGelu, kGeluTanh, kLeakyRelu, kHardSwish };
 
+// A FusedConv's post steps after the activation (ops/fused.h): y = op(y, value) for the binary
+// ops, op(y) for the others, in float32. cuDNN's graph API computes them in its epilogue (Pow only
+// as a square); cuBLASLt's 1x1 tactic as a pass over its output (launch_post_steps).
+enum class PostOp {
+  kAdd, kSub, kMul, kDiv, kPow, kMax, kMin, kRelu, kSigmoid, kTanh, kNeg, kAbs, kExp, kSqrt, kErf
+};
+struct PostStep {
+  PostOp op = PostOp::kAdd;
+  float value = 0.f;
+};
+constexpr int kMaxPostSteps = 8;
+
 struct ConvProblem {
   ConvShape shape;
   Precision precision = Precision::kFP16;
@@ -91,6 +103,7 @@ struct ConvProblem {
   std::vector<float> channel_scale;
   float residual_scale = 0.f;  // > 0: the residual is int8 with this scale; 0: it is half
   float output_scale = 0.f;    // > 0: y is int8 with this scale; 0: y is half
+  std::vector<PostStep> post;  // float epilogues only, after the activation (or the sum)
 };
 
 // The INT8 epilogue of a problem with the per-tensor path expressed in the general form.

@@ -58,6 +58,7 @@ enum Uid : int64_t {
   kOutScale = 8,  // INT8: residual scale / output scale (each 1 when absent), when not 1
   kHsOffset = 9,  // HardSwish: 3 per channel
   kHsScale = 10,  // HardSwish: 1/6 per channel
+  kPost = 20,     // post step i's scalar, per channel: kPost + i
 };
 
 struct Dims {
@@ -180,6 +181,40 @@ Status hard_swish_steps(const ConvProblem& p, OpGraph* g, std::vector<Step>* cha
   return upload_scale(g, kHsScale, std::vector<float>(k, 1.f / 6.f));
 }
 
+// A FusedConv's post steps after the chain so far (ConvProblem::post): a binary step's scalar as
+// a [1,K,1,1] float tensor, a square as the previous output times itself.
+Status post_steps(const ConvProblem& p, OpGraph* g, std::vector<Step>* chain) {
+  static constexpr std::pair<PostOp, cudnnPointwiseMode_t> kModes[] = {
+      {PostOp::kAdd, CUDNN_POINTWISE_ADD},         {PostOp::kSub, CUDNN_POINTWISE_SUB},
+      {PostOp::kMul, CUDNN_POINTWISE_MUL},         {PostOp::kDiv, CUDNN_POINTWISE_DIV},
+      {PostOp::kMax, CUDNN_POINTWISE_MAX},         {PostOp::kMin, CUDNN_POINTWISE_MIN},
+      {PostOp::kRelu, CUDNN_POINTWISE_RELU_FWD},   {PostOp::kSigmoid, CUDNN_POINTWISE_SIGMOID_FWD},
+      {PostOp::kTanh, CUDNN_POINTWISE_TANH_FWD},   {PostOp::kNeg, CUDNN_POINTWISE_NEG},
+      {PostOp::kAbs, CUDNN_POINTWISE_ABS},         {PostOp::kExp, CUDNN_POINTWISE_EXP},
+      {PostOp::kSqrt, CUDNN_POINTWISE_SQRT},       {PostOp::kErf, CUDNN_POINTWISE_ERF}};
+  for (size_t i = 0; i < p.post.size(); ++i) {
+    const PostStep& s = p.post[i];
+    if (s.op == PostOp::kPow) {  // only a square (post_supported)
+      const int prev = int(chain->size()) - 1;
+      chain->push_back({CUDNN_POINTWISE_MUL, 0, CUDNN_DATA_FLOAT, true, 0.0, 0.0, prev});
+      continue;
+    }
+    const auto* m = std::find_if(std::begin(kModes), std::end(kModes),
+                                 [&](const auto& e) { return e.first == s.op; });
+    if (m == std::end(kModes)) return Status::Error("a post step cuDNN has no mode for");
+    const bool binary = s.op == PostOp::kAdd || s.op == PostOp::kSub || s.op == PostOp::kMul ||
+                        s.op == PostOp::kDiv || s.op == PostOp::kMax || s.op == PostOp::kMin;
+    if (!binary) {
+      chain->push_back({m->second, 0, CUDNN_DATA_FLOAT, true, 0.0});
+      continue;
+    }
+    const int64_t uid = kPost + int64_t(i);
+    chain->push_back({m->second, uid, CUDNN_DATA_FLOAT, true, 0.0});
+    KILN_TRY(upload_scale(g, uid, std::vector<float>(size_t(p.shape.k), s.value)));
+  }
+  return {};
+}
+
 // The INT8 chain. An int8 residual z enters as (y / sz + z) * sz: the chain's operands are
 // plain tensors (no scaled-residual branch, which the fusion engines may not take), the bias
 // stays the caller's, and the ReLU clip and final scale absorb sz. Scales uploaded here.
@@ -283,6 +318,7 @@ Status build_graph(const ConvProblem& p, cudnnHandle_t handle, OpGraph* g) {
       KILN_TRY(hard_swish_steps(p, g, &chain));
     else if (epilogue_has_relu(p.epilogue))
       chain.push_back(activation_step(p, io));
+    KILN_TRY(post_steps(p, g, &chain));
   }
   const Desc* cur = conv_y;
   std::vector<const Desc*> step_out;  // each step's output, for a later step's b_step
@@ -465,7 +501,7 @@ class CudnnGraphConvTactic final : public ConvTactic {
     KILN_CUDNN(cudnnSetStream(handle_, stream));
     std::vector<int64_t> uids = {kX, kW, kY};
     std::vector<void*> ptrs = {const_cast<void*>(b.x), weights_.get(), b.y};
-    for (const auto& [uid, buf] : graph_->scales) {  // INT8's scales, HardSwish's constants
+    for (const auto& [uid, buf] : graph_->scales) {  // INT8's scales, HardSwish's and post steps' constants
       uids.push_back(uid);
       ptrs.push_back(buf.get());
     }
