@@ -297,15 +297,14 @@ const TacticDef kConvTactics[] = {
      conv_variants},
     {"kiln", "FusedConv", "cudnn.conv.fused", kF32 | kF16 | kF64 | kNHWC, 0, conv_supports,
      create_conv, conv_variants},
-    {"kiln", "FusedConv", "cudnn_graph.fused", kF32 | kF16 | kNHWC | kPostSteps, 0, fused_conv_supports,
-     create_cudnn_graph_conv, cudnn_graph_variants},
+    {"kiln", "FusedConv", "cudnn_graph.fused", kF32 | kF16 | kNHWC | kPostSteps, 0,
+     fused_conv_supports, create_cudnn_graph_conv, cudnn_graph_variants},
     // Swish after cuDNN's legacy convolution, as a second pass: for a FusedConv with Swish that
     // cuDNN's graph API has no engine for (kFallback: never a reason to fuse it).
     {"kiln", "FusedConv", "cudnn.conv.fused.swish", kF32 | kF16 | kF64 | kNHWC | kFallback, 0,
      conv_swish_supports, create_conv, conv_variants},
     {"kiln", "FusedConv", "cublaslt.conv1x1", kF32 | kF16 | kNHWC | kPostSteps, 0,
-     cublaslt_conv_supports,
-     create_cublaslt_conv, cublaslt_variants},
+     cublaslt_conv_supports, create_cublaslt_conv, cublaslt_variants},
     // A plain Conv with a bias (BatchNorm folded, nothing else fused) takes the same fused
     // tactics with a bias-only epilogue.
     {"", "Conv", "cudnn_graph.conv", kF32 | kF16 | kNHWC, 0, fused_conv_supports,
