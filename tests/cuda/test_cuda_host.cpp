@@ -289,6 +289,49 @@ TEST(CudaHost, PooledStemReadsTheModelsImagesItself) {
   EXPECT_NE(why.find("3x3/2"), std::string::npos) << why;
 }
 
+// A FusedConv with post steps (fuse_conv_tail) is offered only to the tactics that compute them
+// (kPostSteps: cuDNN's graph API, cuBLASLt's 1x1); every other conv tactic would drop them, so
+// tactic_supports() refuses it there whatever that tactic's own supports() says. cuDNN's graph
+// takes Pow only as a square.
+TEST(CudaHost, PostStepsReachOnlyTheTacticsThatComputeThem) {
+  Graph g;
+  Value* x = g.add_value("x", TensorType(DataType::kFloat32, {2, 16, 8, 8}));
+  g.add_input(x);
+  Value* w = g.add_constant("w", Tensor(DataType::kFloat32, {32, 16, 1, 1}));
+  Node* n = g.add_node("FusedConv", "pw", {x, w}, {"y"}, "kiln");
+  n->attrs.set("activation", Attribute::String("Relu"));
+  n->attrs.set("post_ops", Attribute::Strings({"Pow", "Mul", "Add"}));
+  n->attrs.set("post_values", Attribute::Floats({2.f, 0.8f, -0.25f}));
+  g.add_output(n->output(0));
+  ASSERT_TRUE(infer_shapes(g).ok());
+  int takers = 0;
+  for (const TacticDef* t : tactics_for("kiln", "FusedConv")) {
+    const LayerChoice c = float_choice(*n, *t, Precision::kFP16, /*nhwc=*/true);
+    std::string why;
+    const bool takes = tactic_supports(*t, c.desc(n), &why);
+    if (!(t->caps & kPostSteps)) {
+      EXPECT_FALSE(takes) << t->name;
+      EXPECT_NE(why.find("post"), std::string::npos) << t->name << ": " << why;
+    }
+    takers += takes;
+  }
+  EXPECT_EQ(takers, 2);  // cudnn_graph.fused and cublaslt.conv1x1
+  const TacticDef* graph = find_tactic("cudnn_graph.fused");
+  const TacticDef* lt = find_tactic("cublaslt.conv1x1");
+  ASSERT_TRUE(graph && lt);
+  auto takes = [&](const TacticDef* t, std::string* why) {
+    return tactic_supports(*t, float_choice(*n, *t, Precision::kFP16, true).desc(n), why);
+  };
+  n->attrs.set("post_values", Attribute::Floats({3.f, 0.8f, -0.25f}));
+  std::string why;
+  EXPECT_FALSE(takes(graph, &why));
+  EXPECT_NE(why.find("square"), std::string::npos) << why;
+  EXPECT_TRUE(takes(lt, &why)) << why;
+  n->attrs.set("post_ops", Attribute::Strings({"Pow", "Mul", "Floor"}));
+  EXPECT_FALSE(takes(lt, &why));
+  EXPECT_NE(why.find("Floor"), std::string::npos) << why;
+}
+
 TEST(CudaHost, ShapeArithmeticRunsOnTheHost) {
   auto g = reshape_by_shape_graph();
   const std::vector<bool> host = host_nodes(*g);
