@@ -82,10 +82,13 @@ Status constant_of_shape_infer(InferContext& ctx) {
     std::vector<Dim> dims;
     for (const SymInt& e : *shape) dims.push_back(e.dim());
     ctx.set_output(0, TensorType(v.dtype(), std::move(dims)));
-  } else if (st.rank() == 1 && (*st.dims)[0].is_static())
-    ctx.set_output(0, TensorType(v.dtype(), std::vector<Dim>((*st.dims)[0].value)));
-  else
+  } else if (st.rank() == 1 && (*st.dims)[0].is_static()) {
+    KILN_ASSIGN_OR_RETURN(auto dims,
+                          unknown_dims((*st.dims)[0].value, ctx.node(), "the shape's length"));
+    ctx.set_output(0, TensorType(v.dtype(), std::move(dims)));
+  } else {
     ctx.set_output(0, TensorType::unknown_rank(v.dtype()));
+  }
   return Status::Ok();
 }
 

@@ -104,10 +104,13 @@ Status reshape_infer(InferContext& ctx) {
     }
     return Status::Ok();
   }
-  if (st.rank() == 1 && (*st.dims)[0].is_static())
-    ctx.set_output(0, TensorType(x.dtype, std::vector<Dim>((*st.dims)[0].value)));
-  else
+  if (st.rank() == 1 && (*st.dims)[0].is_static()) {
+    KILN_ASSIGN_OR_RETURN(auto dims,
+                          unknown_dims((*st.dims)[0].value, ctx.node(), "the shape's length"));
+    ctx.set_output(0, TensorType(x.dtype, std::move(dims)));
+  } else {
     ctx.set_output(0, TensorType::unknown_rank(x.dtype));
+  }
   return Status::Ok();
 }
 
@@ -251,10 +254,13 @@ Status squeeze_infer(InferContext& ctx) {
     const Tensor* a = ctx.input_const(1);
     if (!a || !x.has_rank()) {
       const TensorType& at = ctx.input_type(1);
-      if (x.has_rank() && at.rank() == 1 && (*at.dims)[0].is_static())
-        ctx.set_output(0, TensorType(x.dtype, std::vector<Dim>(x.rank() - (*at.dims)[0].value)));
-      else
+      if (x.has_rank() && at.rank() == 1 && (*at.dims)[0].is_static()) {
+        KILN_ASSIGN_OR_RETURN(auto dims, unknown_dims(x.rank() - (*at.dims)[0].value, ctx.node(),
+                                                      "squeezing as many axes as axes holds"));
+        ctx.set_output(0, TensorType(x.dtype, std::move(dims)));
+      } else {
         ctx.set_output(0, TensorType::unknown_rank(x.dtype));
+      }
       return Status::Ok();
     }
     KILN_ASSIGN_OR_RETURN(axes, int_values(*a, ctx.node(), "axes"));
@@ -304,10 +310,13 @@ Status unsqueeze_infer(InferContext& ctx) {
   const Tensor* a = ctx.input_const(1);
   if (!a || !x.has_rank()) {
     const TensorType& at = ctx.input_type(1);
-    if (x.has_rank() && at.rank() == 1 && (*at.dims)[0].is_static())
-      ctx.set_output(0, TensorType(x.dtype, std::vector<Dim>(x.rank() + (*at.dims)[0].value)));
-    else
+    if (x.has_rank() && at.rank() == 1 && (*at.dims)[0].is_static()) {
+      KILN_ASSIGN_OR_RETURN(auto dims, unknown_dims(x.rank() + (*at.dims)[0].value, ctx.node(),
+                                                    "inserting as many axes as axes holds"));
+      ctx.set_output(0, TensorType(x.dtype, std::move(dims)));
+    } else {
       ctx.set_output(0, TensorType::unknown_rank(x.dtype));
+    }
     return Status::Ok();
   }
   KILN_ASSIGN_OR_RETURN(auto axes, int_values(*a, ctx.node(), "axes"));

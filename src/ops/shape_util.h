@@ -41,6 +41,15 @@ int64_t product(std::span<const int64_t> dims);
 Expected<std::vector<int64_t>> int_values(const Tensor& t, const Node& n, const char* what);
 
 // Shape of a tensor as dims.
+// `rank` dims of unknown size, for an output whose rank comes from another input's declared
+// length (a shape or axes input read only as a type); a malformed model may declare any length,
+// so a rank below 0 or above 1024 is an error naming the node, not an allocation.
+inline Expected<std::vector<Dim>> unknown_dims(int64_t rank, const Node& n, const char* what) {
+  if (rank < 0 || rank > 1024)
+    return KILN_ERROR("{}: {} makes the output rank {} (0 to 1024)", n.label(), what, rank);
+  return std::vector<Dim>(static_cast<size_t>(rank));
+}
+
 inline std::vector<Dim> to_dims(const std::vector<int64_t>& s) {
   return std::vector<Dim>(s.begin(), s.end());
 }

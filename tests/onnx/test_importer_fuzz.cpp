@@ -193,5 +193,33 @@ TEST(ImporterFuzz, ConvGroupOverflowingInt64IsRefused) {
   EXPECT_EQ(st.message().find('\n'), std::string::npos) << st.message();
 }
 
+// Squeeze of a scalar by an axes input that is a graph input of length 1 (the fuzzer's input):
+// the output's rank, 0 - 1, made a std::vector of -1 elements (std::length_error, an abort in the
+// fuzzer). Unsqueeze and Reshape read a rank from an input's declared length the same way.
+TEST(ImporterFuzz, RankFromAnInputsDeclaredLengthIsBounded) {
+  struct Case {
+    const char* op;
+    std::vector<int64_t> x, len;
+    const char* what;
+  };
+  for (const Case& c : {Case{"Squeeze", {}, {1}, "squeezing"},
+                        Case{"Unsqueeze", {2}, {int64_t{1} << 40}, "inserting"},
+                        Case{"Reshape", {2}, {int64_t{1} << 40}, "the shape's length"}}) {
+    auto m = model_with_graph();
+    auto* g = m.mutable_graph();
+    add_input(g, "x", c.x);
+    add_input(g, "a", c.len);
+    g->mutable_input(1)->mutable_type()->mutable_tensor_type()->set_elem_type(
+        onnx::TensorProto::INT64);
+    add_op(g, c.op, {"x", "a"}, "y");
+    g->add_output()->set_name("y");
+    const Status st = import_status(m);
+    ASSERT_FALSE(st.ok()) << c.op;
+    EXPECT_NE(st.message().find(c.what), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find("(0 to 1024)"), std::string::npos) << st.message();
+    EXPECT_EQ(st.message().find('\n'), std::string::npos) << st.message();
+  }
+}
+
 }  // namespace
 }  // namespace kiln
