@@ -28,9 +28,13 @@ def test_two_replicas(models_dir, tmp_path, monkeypatch):
     # Serve gives its HTTP proxy 5 s to start and then kills it, which fails serve.start on a
     # loaded 2-core machine (CI builds the fuzzers beside these tests). The Ray processes that
     # ray.init starts inherit this environment, the controller that checks the proxy included.
-    monkeypatch.setenv("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
+    monkeypatch.setenv("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "240")
     import ray
     from ray import serve
+    # serve.start then waits for that proxy in this process, for a fixed 60 s (HTTP_PROXY_TIMEOUT,
+    # no setting reads it); under CI's load the proxy once took longer. Wait as long as the check.
+    import ray.serve._private.api as serve_api
+    monkeypatch.setattr(serve_api, "HTTP_PROXY_TIMEOUT", 240, raising=False)
 
     from kiln.ray_serve import deployment
 
