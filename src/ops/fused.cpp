@@ -45,16 +45,17 @@ bool chain_op_supported(const std::string& op_type) {
   return std::find(k.begin(), k.end(), op_type) != k.end() && find_op("", op_type) != nullptr;
 }
 
-bool post_op_binary(const std::string& op_type) {
-  static const std::vector<std::string> k = {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min"};
-  return std::find(k.begin(), k.end(), op_type) != k.end();
+int post_op_index(std::string_view op_type) {
+  const auto* it = std::find(std::begin(kPostOps), std::end(kPostOps), op_type);
+  return it == std::end(kPostOps) ? -1 : static_cast<int>(it - std::begin(kPostOps));
 }
 
-bool post_op_supported(const std::string& op_type) {
-  static const std::vector<std::string> k = {"Relu", "Sigmoid", "Tanh", "Neg",
-                                             "Abs",  "Exp",     "Sqrt", "Erf"};
-  return post_op_binary(op_type) || std::find(k.begin(), k.end(), op_type) != k.end();
+bool post_op_binary(const std::string& op_type) {
+  const int i = post_op_index(op_type);
+  return i >= 0 && i < kPostOpsBinary;
 }
+
+bool post_op_supported(const std::string& op_type) { return post_op_index(op_type) >= 0; }
 
 bool fused_layer_supported(const std::string& op_type, const Attributes& attrs) {
   if (op_type == "FusedConv") {

@@ -87,6 +87,8 @@
 #include <string>
 #include <vector>
 
+#include <string_view>
+
 #include "ir/graph.h"
 
 namespace kiln {
@@ -94,7 +96,14 @@ namespace kiln {
 // Activations fused layers apply (ONNX op types).
 const std::vector<std::string>& fused_activation_names();
 bool fused_activation_supported(const std::string& op_type);
-// Ops a FusedConv's post step may be, and whether one takes a scalar operand (post_values).
+// Ops a FusedConv's post step may be: the first kPostOpsBinary take a scalar operand
+// (post_values). The GPU tactics number their steps by position in this table (cuda::PostOp).
+inline constexpr std::string_view kPostOps[] = {"Add",  "Sub",     "Mul",  "Div", "Pow",
+                                                "Max",  "Min",     "Relu", "Sigmoid", "Tanh",
+                                                "Neg",  "Abs",     "Exp",  "Sqrt", "Erf"};
+inline constexpr int kPostOpsBinary = 7;
+// op_type's position in kPostOps, or -1 where a post step cannot be that op.
+int post_op_index(std::string_view op_type);
 bool post_op_supported(const std::string& op_type);
 bool post_op_binary(const std::string& op_type);
 // Whether n (a kiln.FusedConv) has post steps: nothing more joins its epilogue after them.

@@ -8,6 +8,7 @@
 #include "tactics/check.h"
 #include "layers/conv_common.h"
 #include "layers/conv_ranked.h"
+#include "ops/fused.h"
 #include "tactics/conv_sources.h"
 #include "tactics/conv_tactic.h"
 
@@ -22,21 +23,17 @@ namespace {
 // The layer's post steps (post_ops, post_values: ops/fused.h) as the tactics' PostSteps.
 bool post_steps(const Node& n, std::vector<cuda::PostStep>* out, std::string* why) {
   using cuda::PostOp;
-  static constexpr std::pair<std::string_view, PostOp> kOps[] = {
-      {"Add", PostOp::kAdd},   {"Sub", PostOp::kSub},         {"Mul", PostOp::kMul},
-      {"Div", PostOp::kDiv},   {"Pow", PostOp::kPow},         {"Max", PostOp::kMax},
-      {"Min", PostOp::kMin},   {"Relu", PostOp::kRelu},       {"Sigmoid", PostOp::kSigmoid},
-      {"Tanh", PostOp::kTanh}, {"Neg", PostOp::kNeg},         {"Abs", PostOp::kAbs},
-      {"Exp", PostOp::kExp},   {"Sqrt", PostOp::kSqrt},       {"Erf", PostOp::kErf}};
+  static_assert(std::size(kPostOps) == static_cast<size_t>(PostOp::kErf) + 1 &&
+                    static_cast<int>(PostOp::kMin) + 1 == kPostOpsBinary,
+                "cuda::PostOp numbers the steps of ops/fused.h's kPostOps in its order");
   const auto ops = n.attrs.get_strings("post_ops");
   const auto values = n.attrs.get_floats("post_values");
   if (ops.size() != values.size() || ops.size() > size_t(cuda::kMaxPostSteps))
     return *why = "malformed post steps", false;
   for (size_t i = 0; i < ops.size(); ++i) {
-    const auto* m = std::find_if(std::begin(kOps), std::end(kOps),
-                                 [&](const auto& e) { return e.first == ops[i]; });
-    if (m == std::end(kOps)) return *why = "post step " + ops[i], false;
-    out->push_back({m->second, values[i]});
+    const int op = post_op_index(ops[i]);
+    if (op < 0) return *why = "post step " + ops[i], false;
+    out->push_back({static_cast<PostOp>(op), values[i]});
   }
   return true;
 }

@@ -81,7 +81,8 @@ enum class Activation { kRelu, kSwish, kSigmoid, kTanh, kGelu, kGeluTanh, kLeaky
 
 // A FusedConv's post steps after the activation (ops/fused.h): y = op(y, value) for the binary
 // ops, op(y) for the others, in float32. cuDNN's graph API computes them in its epilogue (Pow only
-// as a square); cuBLASLt's 1x1 tactic as a pass over its output (launch_post_steps).
+// as a square); cuBLASLt's 1x1 tactic as a pass over its output (launch_post_steps). In the
+// order of ops/fused.h's kPostOps, the binary ops first.
 enum class PostOp {
   kAdd, kSub, kMul, kDiv, kPow, kMax, kMin, kRelu, kSigmoid, kTanh, kNeg, kAbs, kExp, kSqrt, kErf
 };
