@@ -11,8 +11,8 @@ weights back in with seeded random values. For every model:
     two shapes (batch 1 with 7 tokens; batch 3 with 16 tokens and padding): relative L2 < 1e-4;
   - with a CUDA build (no GPU needed): the cuda build step (kiln_lower_check, FP16, a batch
     1-8 x sequence 1-64 profile) must give every layer a GPU tactic and, for BERT, GPT-2,
-    transformers' ViT, timm's ViT and torchvision's ViT, at most 8 kernel-launching layers per
-    transformer block (counted from one attention layer to the next; the Llama decoder at most 9).
+    transformers' ViT, timm's ViT, torchvision's ViT and the Llama decoder, at most 8
+    kernel-launching layers per transformer block (counted from one attention layer to the next).
 Exit status 1 on any failure.
 """
 import argparse
@@ -29,14 +29,12 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "scripts"))
 import transformer_export as tx  # noqa: E402
 
 MAX_KERNEL_LAYERS_PER_BLOCK = 8
-# The exports held to a budget of kernel layers a block (their attention reaches
-# kiln.MultiHeadAttention): MAX_KERNEL_LAYERS_PER_BLOCK, or the model's own limit below. The
-# Llama-architecture decoder is 8 a block: RMSNorm, the packed Q/K/V GEMM, the attention
+# The exports held to that budget of kernel layers a block (their attention reaches
+# kiln.MultiHeadAttention). The Llama-architecture decoder is 8 a block: RMSNorm, the packed Q/K/V GEMM, the attention
 # rotating its Q and K heads itself (mha.flash: fuse_attention_rotary), the output projection
 # with the residual, RMSNorm, the packed gate and up GEMM, silu(gate) * up reading both halves in
 # place, the down projection.
 FUSED_FORMS = ("bert", "gpt2", "vit", "timm_vit", "tv_vit", "llama")
-BLOCK_LIMITS = {"llama": 8}
 VOCAB = 1000  # the --tiny models' vocabulary
 
 
@@ -115,10 +113,8 @@ def check_gpu_layers(lower_check, model, onnx_path):
     if len(attn) < 2:
         raise RuntimeError(f"{len(attn)} attention layers folded into kiln.MultiHeadAttention (want 2)")
     block = sum(1 for l in layers[attn[0]:attn[1]] if l[0] == "kernel")
-    limit = next((v for k, v in BLOCK_LIMITS.items() if model.startswith(k)),
-                 MAX_KERNEL_LAYERS_PER_BLOCK)
-    if block > limit:
-        raise RuntimeError(f"{block} kernel layers per block (at most {limit})")
+    if block > MAX_KERNEL_LAYERS_PER_BLOCK:
+        raise RuntimeError(f"{block} kernel layers per block (at most {MAX_KERNEL_LAYERS_PER_BLOCK})")
     return f"{block} kernel layers per block"
 
 
