@@ -1,7 +1,7 @@
 # The libFuzzer harnesses (KILN_FUZZ=ON, clang): included by cmake/sanitizers.cmake once the
 # top-level CMakeLists.txt has defined libkiln. scripts/fuzz.sh builds and runs them;
 # tests/fuzz/README.md says how.
-foreach(_name fuzz_onnx_import fuzz_engine_load)
+foreach(_name fuzz_onnx_import fuzz_engine_load fuzz_build)
   add_executable(${_name} ${CMAKE_CURRENT_LIST_DIR}/${_name}.cpp)
   target_link_libraries(${_name} PRIVATE kiln_internal)
   target_link_options(${_name} PRIVATE -fsanitize=fuzzer)
