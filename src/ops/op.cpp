@@ -52,7 +52,8 @@ std::optional<std::vector<SymInt>> InferContext::input_value(size_t i) const {
 
 Expected<int64_t> normalize_axis(int64_t axis, int64_t rank, const Node& n) {
   const int64_t a = axis < 0 ? axis + rank : axis;
-  if (a < 0 || a >= std::max<int64_t>(rank, 1) || (rank == 0 && a != 0))
+  if (rank == 0) return KILN_ERROR("{}: axis {} of a scalar (rank 0)", n.label(), axis);
+  if (a < 0 || a >= rank)
     return KILN_ERROR("{}: axis {} is out of range for rank {}", n.label(), axis, rank);
   return a;
 }

@@ -125,7 +125,8 @@ std::vector<std::string> duplicate_op_definitions();
 Status infer_shapes(Graph& g);
 
 // --- helpers shared by op families ------------------------------------------------------------
-// Normalises a possibly negative axis into [0, rank); error names the node.
+// Normalises a possibly negative axis into [0, rank); error names the node. A scalar (rank 0) has
+// no axis: every axis of one is an error, so a caller may index the dims with the result.
 Expected<int64_t> normalize_axis(int64_t axis, int64_t rank, const Node& n);
 // Multidirectional (numpy) broadcasting of concrete shapes.
 Expected<std::vector<int64_t>> broadcast_shapes(const std::vector<std::vector<int64_t>>& shapes,

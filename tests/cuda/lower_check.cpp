@@ -8,7 +8,8 @@
 // about the numbers a GPU computes: that is the GPU conformance run's job.
 //
 //   kiln_lower_check [--no-tf32] [--fp16] [--opt-level N] [--shapes S | --min-shapes S
-//                    --opt-shapes S --max-shapes S] [--gpu-memory FREE,TOTAL] [--print] MODEL.onnx...
+//                    --opt-shapes S --max-shapes S] [--gpu-memory FREE,TOTAL] [--print] [--verbose]
+//                    MODEL.onnx...
 // S as kiln build takes it (input_ids:1x128,attention_mask:1x128); --print lists each layer's
 // op, tactic, precision and formats (untuned: the first candidate), and the count of kernel
 // layers.
@@ -60,6 +61,7 @@ kiln::Status lower(const std::string& path, const kiln::BuildConfig& c) {
   opt.opt_level = c.opt_level;
   opt.backend = "cuda";
   opt.precision = c.fp16 ? "fp16" : "fp32";
+  opt.verbose = c.verbose;
   KILN_RETURN_IF_ERROR(kiln::optimize_graph(*g, opt));
   KILN_ASSIGN_OR_RETURN(nlohmann::json plan, kiln::gpu::build_cuda_plan(*g, c, profile));
   if (!plan.is_object() && !plan.is_array()) return kiln::Status::Error("empty plan");
@@ -112,6 +114,8 @@ int main(int argc, char** argv) {
       c.gpu_memory_total = static_cast<size_t>(total_mib) << 20;
     } else if (!std::strcmp(argv[i], "--print")) {
       print_plan = true;
+    } else if (!std::strcmp(argv[i], "--verbose")) {
+      c.verbose = true;  // the optimizer's and the tactics' explanations, on stderr
     } else if ((!std::strcmp(argv[i], "--shapes") || !std::strcmp(argv[i], "--min-shapes") ||
                 !std::strcmp(argv[i], "--opt-shapes") || !std::strcmp(argv[i], "--max-shapes")) &&
                i + 1 < argc) {

@@ -156,6 +156,41 @@ TEST(ImporterFuzz, ArgMaxOfAScalarIsRefused) {
       << st.message();
 }
 
+// TopK of a declared scalar along axis 0 (found by tests/fuzz/fuzz_build): topk_infer indexed
+// the axis of an empty shape (UBSan: a reference bound to null), because normalize_axis took
+// axis 0 of a scalar. A scalar has no axis now, for every op that names one: each of these is
+// refused with a message naming the node and the scalar, not indexed.
+TEST(ImporterFuzz, AnAxisOfAScalarIsRefused) {
+  for (const char* op : {"TopK", "Softmax", "LogSoftmax", "Hardmax", "CumSum", "Concat", "Gather"}) {
+    auto m = model_with_graph();
+    auto* g = m.mutable_graph();
+    add_input(g, "x", {});
+    onnx::NodeProto* n = nullptr;
+    const std::string o = op;
+    if (o == "TopK") {
+      add_int64_constant(g, "k", {1});
+      n = add_op(g, op, {"x", "k"}, "y");
+      n->add_output("i");
+    } else if (o == "CumSum") {
+      add_int64_constant(g, "axis", {0});
+      n = add_op(g, op, {"x", "axis"}, "y");
+    } else if (o == "Gather") {
+      add_int64_constant(g, "i", {0});
+      n = add_op(g, op, {"x", "i"}, "y");
+    } else {
+      n = add_op(g, op, {"x"}, "y");
+    }
+    auto* axis = n->add_attribute();
+    axis->set_name("axis");
+    axis->set_type(onnx::AttributeProto::INT);
+    axis->set_i(0);
+    g->add_output()->set_name("y");
+    const Status st = import_status(m);
+    ASSERT_FALSE(st.ok()) << op;
+    EXPECT_NE(st.message().find(std::string("(") + op + ", #"), std::string::npos) << st.message();
+  }
+}
+
 // Tile of a [10753,1,1,2] tensor by [576460752303423489,0,3,4]: dim x repeats overflowed int64
 // in tile_infer (UBSan). Checked now, as are the other products of a dim and a number from the
 // model in shape inference (Conv's and ConvTranspose's group, DepthToSpace's block, Attention's
