@@ -85,9 +85,8 @@
 #pragma once
 
 #include <string>
-#include <vector>
-
 #include <string_view>
+#include <vector>
 
 #include "ir/graph.h"
 

@@ -14,9 +14,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <optional>
@@ -87,6 +87,7 @@ struct Reach {
 void check_message(const kiln::Status& s) {
   if (s.message().empty()) std::abort();  // an error says what is wrong
 }
+
 // Builds and runs the model at opt_level; nullopt where a step refused it (with a message).
 std::optional<std::vector<kiln::Tensor>> build_and_run(std::unique_ptr<kiln::Graph> g, int opt_level,
                                                       const std::map<std::string, kiln::Tensor>& feeds) {
@@ -102,10 +103,10 @@ std::optional<std::vector<kiln::Tensor>> build_and_run(std::unique_ptr<kiln::Gra
   return std::move(*out);
 }
 
-// The optimized engine must compute what the graph as imported (-O0) does (KILN_FUZZ_DIFF=0
-// leaves this out):
-// the same outputs' types and shapes, integers and booleans exactly, float32 elements within
-// 1e-3 of the output's largest magnitude where both are finite (the passes reassociate sums).
+// The optimized engine must compute what the graph as imported (-O0) does: the same outputs'
+// types and shapes, integers and booleans exactly, float32 elements within 1e-3 of the output's
+// largest magnitude where both are finite (the passes reassociate sums). KILN_FUZZ_DIFF=0 leaves
+// the comparison out.
 void check_same(const std::vector<kiln::Tensor>& opt, const std::vector<kiln::Tensor>& ref) {
   auto fail = [](const char* what, size_t o) {
     std::fprintf(stdout, "fuzz_build: -O2 and -O0 differ at output %zu: %s\n", o, what);
