@@ -254,7 +254,8 @@ Dim mul_dims(const Dim& a, const Dim& b) {
   Factors fa = factors_of(a), fb = factors_of(b);
   if ((a.is_static() && a.value == 0) || (b.is_static() && b.value == 0)) return Dim(0);
   if (!fa.ok || !fb.ok) return Dim();
-  fa.coef *= fb.coef;
+  // A product past int64 is no size (fuzz_build: a Reshape of an input declared with huge dims).
+  if (__builtin_mul_overflow(fa.coef, fb.coef, &fa.coef)) return Dim();
   fa.syms.insert(fa.syms.end(), fb.syms.begin(), fb.syms.end());
   std::sort(fa.syms.begin(), fa.syms.end());
   return dim_of(fa);

@@ -110,6 +110,24 @@ TEST(ImporterFuzz, ReshapeToAHugeShapeIsRefused) {
             std::string::npos) << st.message();
 }
 
+// Reshape of a [1,9,4,4] input to [-1, 2^40, 2^40] (found by tests/fuzz/fuzz_build): the product
+// of the requested dims overflowed int64 in mul_dims while inferring the -1 (UBSan: signed
+// overflow). A product past int64 is no size now, as in static_product, and the output's type is
+// refused for its element count.
+TEST(ImporterFuzz, ReshapeWhoseShapeProductOverflowsIsRefused) {
+  auto m = model_with_graph();
+  auto* g = m.mutable_graph();
+  add_input(g, "x", {1, 9, 4, 4});
+  add_int64_constant(g, "shape", {-1, int64_t(1) << 40, int64_t(1) << 40});
+  add_op(g, "Reshape", {"x", "shape"}, "y");
+  g->add_output()->set_name("y");
+  const Status st = import_status(m);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("(Reshape, #0): output 'y' has type float32[?,1099511627776,"
+                              "1099511627776], more than 2^48 elements"),
+            std::string::npos) << st.message();
+}
+
 // A graph input declared with dims whose product passes 2^48 elements is refused before any op
 // computes with them.
 TEST(ImporterFuzz, HugeDeclaredInputIsRefused) {
