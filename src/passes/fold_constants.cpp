@@ -146,9 +146,17 @@ struct FoldConstant {
         ctx.note(fmt::format("{}: output {} has no static shape", n.label(), i));
         return std::nullopt;
       }
-      int64_t numel = 1;
-      for (int64_t d : *shape) numel *= d;
-      out_bytes += static_cast<size_t>(numel) * dtype_size(types[i].dtype);
+      // Checked: an output whose size passes int64 (fuzz_build: a Reshape whose shape input
+      // became constant after the import's checks) is never folded.
+      int64_t numel = 1, bytes = 0;
+      bool overflow = false;
+      for (int64_t d : *shape) overflow |= __builtin_mul_overflow(numel, d, &numel);
+      overflow |= __builtin_mul_overflow(numel, int64_t(dtype_size(types[i].dtype)), &bytes);
+      if (overflow) {
+        ctx.note(fmt::format("{}: output {} would hold more than 2^63 bytes", n.label(), i));
+        return std::nullopt;
+      }
+      out_bytes += static_cast<size_t>(bytes);
     }
     if (out_bytes > kMaxFoldBytes && out_bytes > in_bytes) {
       ctx.note(fmt::format("{}: its output would be larger than {} MiB and than its inputs",
