@@ -24,20 +24,11 @@
 #include <vector>
 
 #include "kiln/engine.h"
-#include "onnx/importer.h"
+#include "fuzz_onnx_common.h"
 
 namespace {
 constexpr size_t kMaxNodes = 64;
 constexpr int64_t kMaxElements = int64_t(1) << 16;
-
-std::string empty_dir() {
-  static const std::string dir = [] {
-    char tmpl[] = "/tmp/kiln-fuzz-build-XXXXXX";
-    const char* d = mkdtemp(tmpl);
-    return std::string(d ? d : "/nonexistent");
-  }();
-  return dir;
-}
 
 // The element count of a static type, or -1 where it is not static or over the bound.
 int64_t bounded_numel(const kiln::TensorType& t) {
@@ -134,19 +125,13 @@ void check_same(const std::vector<kiln::Tensor>& opt, const std::vector<kiln::Te
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  // The importer's and the optimizer's warnings would flood the log; file descriptor 2, where
-  // libFuzzer and the sanitizers report, stays open.
-  if (FILE* null = std::fopen("/dev/null", "w")) stderr = null;
+  kiln::fuzz::quiet_stderr();
   return 0;
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const std::string bytes(reinterpret_cast<const char*>(data), size);
-  auto g = kiln::import_onnx_bytes(bytes, empty_dir(), "fuzz.onnx");
-  if (!g.ok()) {
-    check_message(g.status());
-    return 0;
-  }
+  auto g = kiln::fuzz::import_fuzzed(data, size);
+  if (!g.ok()) return 0;
   ++reach.imported;
   const kiln::Graph& graph = **g;
   if (graph.nodes().size() > kMaxNodes) return 0;
@@ -164,7 +149,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return !e || std::string(e) != "0";
   }();
   if (!diff) return 0;
-  auto g0 = kiln::import_onnx_bytes(bytes, empty_dir(), "fuzz.onnx");
+  auto g0 = kiln::fuzz::import_fuzzed(data, size);
   if (!g0.ok()) std::abort();  // it imported a moment ago
   auto ref = build_and_run(std::move(*g0), 0, feeds);
   if (ref) check_same(*out, *ref);

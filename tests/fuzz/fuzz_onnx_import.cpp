@@ -13,35 +13,16 @@
 #include <vector>
 
 #include "engine/plan_format.h"
-#include "onnx/importer.h"
-
-namespace {
-std::string empty_dir() {
-  // External data is resolved relative to the model's folder: an empty one, so a fuzzed model
-  // can only name files that are not there (the path checks are exercised all the same).
-  static const std::string dir = [] {
-    char tmpl[] = "/tmp/kiln-fuzz-onnx-XXXXXX";
-    const char* d = mkdtemp(tmpl);
-    return std::string(d ? d : "/nonexistent");
-  }();
-  return dir;
-}
-}  // namespace
+#include "fuzz_onnx_common.h"
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  // The importer's warnings (a newer opset) would flood the log. Only the stdio stream moves:
-  // file descriptor 2, where libFuzzer and the sanitizers report, stays open.
-  if (FILE* null = std::fopen("/dev/null", "w")) stderr = null;
+  kiln::fuzz::quiet_stderr();
   return 0;
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const std::string bytes(reinterpret_cast<const char*>(data), size);
-  auto g = kiln::import_onnx_bytes(bytes, empty_dir(), "fuzz.onnx");
-  if (!g.ok()) {
-    if (g.status().message().empty()) std::abort();  // an error says what is wrong
-    return 0;
-  }
+  auto g = kiln::fuzz::import_fuzzed(data, size);
+  if (!g.ok()) return 0;
   kiln::EngineMetadata meta;
   meta.backend = "cpu";
   meta.target = "fuzz";
