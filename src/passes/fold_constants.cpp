@@ -15,6 +15,7 @@
 #include <set>
 
 #include "ops/op.h"
+#include "ops/shape_util.h"
 #include "passes/passes.h"
 
 namespace kiln::passes {
@@ -141,18 +142,15 @@ struct FoldConstant {
       if (v && v->is_constant()) in_bytes += v->constant->nbytes();
     for (size_t i = 0; i < types.size(); ++i) {
       if (!n.output(i)) continue;
-      auto shape = types[i].static_shape();
-      if (!shape) {
+      if (!types[i].is_static()) {
         ctx.note(fmt::format("{}: output {} has no static shape", n.label(), i));
         return std::nullopt;
       }
       // Checked: an output whose size passes int64 (fuzz_build: a Reshape whose shape input
       // became constant after the import's checks) is never folded.
-      int64_t numel = 1, bytes = 0;
-      bool overflow = false;
-      for (int64_t d : *shape) overflow |= __builtin_mul_overflow(numel, d, &numel);
-      overflow |= __builtin_mul_overflow(numel, int64_t(dtype_size(types[i].dtype)), &bytes);
-      if (overflow) {
+      const std::optional<int64_t> numel = shape_detail::static_product(*types[i].dims);
+      int64_t bytes = 0;
+      if (!numel || __builtin_mul_overflow(*numel, int64_t(dtype_size(types[i].dtype)), &bytes)) {
         ctx.note(fmt::format("{}: output {} would hold more than 2^63 bytes", n.label(), i));
         return std::nullopt;
       }
