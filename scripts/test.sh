@@ -48,6 +48,7 @@ echo "== model tests (kiln vs ONNX Runtime) =="
 python3 tests/models/run_model_tests.py --kiln "$BUILD_DIR/kiln"
 python3 tests/models/run_int8_tests.py --kiln "$BUILD_DIR/kiln"
 python3 tests/models/run_transformer_tests.py --kiln "$BUILD_DIR/kiln"
+python3 tests/models/run_control_flow_tests.py --kiln "$BUILD_DIR/kiln"   # If, Loop, Scan
 python3 tests/models/run_keras_tests.py --kiln "$BUILD_DIR/kiln"   # tf2onnx conversions of Keras models
 
 echo "== CLI tests (bad input gives one line and exit status 1) =="

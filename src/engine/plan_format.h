@@ -34,7 +34,7 @@ struct LoadedPlan {
   EngineMetadata meta;
 };
 
-inline constexpr uint32_t kPlanFormatVersion = 3;
+inline constexpr uint32_t kPlanFormatVersion = 4;
 
 // Encodes a graph and its metadata as an engine image. Refuses graphs that the reader would
 // refuse (unnamed or duplicate value names, tensors of unsupported types, inconsistent producers).
@@ -74,8 +74,11 @@ enum class AttrCode : uint8_t {
   kTensor = 3,
   kFloats = 4,
   kInts = 5,
-  kStrings = 6
+  kStrings = 6,
+  kGraph = 7  // format 4: a subgraph (If, Loop, Scan), its own values over the file's tensors
 };
+// Subgraphs nest at most this deep in an engine file (ONNX sets no limit; models use a few).
+inline constexpr int kMaxSubgraphDepth = 32;
 
 // The rules a value's INT8 scales follow (writer and reader): every scale finite and > 0; one
 // scale (per tensor, axis -1) or one per channel of `quant_axis`, which must be a dimension of

@@ -41,6 +41,16 @@ class GraphDecoder {
     tensors_.reserve(n);
     for (uint32_t i = 0; i < n; ++i) KILN_RETURN_IF_ERROR(tensor(i));
 
+    KILN_RETURN_IF_ERROR(body());
+    KILN_RETURN_IF_ERROR(r_.finish());
+    return std::move(g_);
+  }
+
+ private:
+  // The values, inputs, outputs and nodes of the current graph (g_: the main graph or a
+  // subgraph; value references index its own value table).
+  Status body() {
+    uint32_t n = 0;
     KILN_RETURN_IF_ERROR(r_.count(n, kMinValueBytes, "value count"));
     values_.reserve(n);
     for (uint32_t i = 0; i < n; ++i) KILN_RETURN_IF_ERROR(value(i));
@@ -54,11 +64,41 @@ class GraphDecoder {
     KILN_RETURN_IF_ERROR(r_.count(n, kMinNodeBytes, "node count"));
     produced_.assign(values_.size(), false);
     for (uint32_t i = 0; i < n; ++i) KILN_RETURN_IF_ERROR(node());
-    KILN_RETURN_IF_ERROR(r_.finish());
-    return std::move(g_);
+    return Status::Ok();
   }
 
- private:
+  // A graph attribute (format 4): a subgraph's name and body, nested at most kMaxSubgraphDepth.
+  Status subgraph(Attribute& a) {
+    if (depth_ >= kMaxSubgraphDepth)
+      return r_.error(fmt::format("subgraphs nest deeper than {} levels", kMaxSubgraphDepth));
+    std::string name;
+    KILN_RETURN_IF_ERROR(r_.str(name, "subgraph name"));
+    const int opset = g_->opset;
+    std::unique_ptr<Graph> saved_g = std::move(g_);
+    std::vector<Value*> saved_values = std::move(values_);
+    std::set<std::string> saved_names = std::move(names_);
+    std::vector<bool> saved_produced = std::move(produced_);
+    // The decoder owns the graph it fills; the subgraph is handed to the attribute after.
+    g_ = std::make_unique<Graph>();
+    g_->name = std::move(name);
+    g_->opset = opset;
+    values_.clear();
+    names_.clear();
+    produced_.clear();
+    ++depth_;
+    Status st = body();
+    --depth_;
+    std::unique_ptr<Graph> done = std::move(g_);
+    g_ = std::move(saved_g);
+    values_ = std::move(saved_values);
+    names_ = std::move(saved_names);
+    produced_ = std::move(saved_produced);
+    KILN_RETURN_IF_ERROR(st);
+    a.kind = Attribute::Kind::kGraph;
+    a.g = std::shared_ptr<Graph>(std::move(done));
+    return Status::Ok();
+  }
+
   Status tensor(uint32_t i) {
     uint32_t code = 0, rank = 0;
     KILN_RETURN_IF_ERROR(r_.u32(code, "tensor element type"));
@@ -249,6 +289,9 @@ class GraphDecoder {
         a.strings.resize(n);
         for (std::string& s : a.strings) KILN_RETURN_IF_ERROR(r_.str(s, "string attribute"));
         break;
+      case AttrCode::kGraph:
+        KILN_RETURN_IF_ERROR(subgraph(a));
+        break;
       default:
         return r_.error(
             fmt::format("attribute '{}' has an invalid kind code {}", printable(name), code));
@@ -266,6 +309,7 @@ class GraphDecoder {
   std::vector<Value*> values_;
   std::set<std::string> names_;
   std::vector<bool> produced_;
+  int depth_ = 0;
 };
 
 }  // namespace

@@ -29,6 +29,8 @@ AttrCode attr_code(Attribute::Kind k) {
       return AttrCode::kInts;
     case Attribute::Kind::kStrings:
       return AttrCode::kStrings;
+    case Attribute::Kind::kGraph:
+      return AttrCode::kGraph;
   }
   return AttrCode::kInt;
 }
@@ -36,13 +38,12 @@ AttrCode attr_code(Attribute::Kind k) {
 class GraphEncoder {
  public:
   GraphEncoder(const Graph& g, std::vector<uint8_t>& out, std::vector<WeightEntry>& weights)
-      : g_(g), out_(out), w_(out), weights_(weights) {}
+      : g_(&g), out_(out), w_(out), weights_(weights) {}
 
   Expected<uint64_t> run() {
-    KILN_RETURN_IF_ERROR(index_values());
-    KILN_RETURN_IF_ERROR(collect_tensors());
-    KILN_RETURN_IF_ERROR(str(g_.name, "graph name"));
-    w_.i64(g_.opset);
+    KILN_RETURN_IF_ERROR(collect_tensors(*g_, 0));
+    KILN_RETURN_IF_ERROR(str(g_->name, "graph name"));
+    w_.i64(g_->opset);
     w_.u32(static_cast<uint32_t>(weights_.size()));
     for (const WeightEntry& e : weights_) {
       w_.u32(static_cast<uint32_t>(e.tensor->dtype()));
@@ -51,12 +52,7 @@ class GraphEncoder {
       w_.u64(e.offset);
       w_.u64(e.tensor->nbytes());
     }
-    w_.u32(static_cast<uint32_t>(values_.size()));
-    for (const Value* v : values_) KILN_RETURN_IF_ERROR(value(*v));
-    KILN_RETURN_IF_ERROR(refs(g_.inputs(), "graph inputs"));
-    KILN_RETURN_IF_ERROR(refs(g_.outputs(), "graph outputs"));
-    KILN_RETURN_IF_ERROR(count(g_.nodes().size(), "nodes"));
-    for (const Node* n : g_.nodes()) KILN_RETURN_IF_ERROR(node(*n));
+    KILN_RETURN_IF_ERROR(body());
     return weights_size_;
   }
 
@@ -72,8 +68,36 @@ class GraphEncoder {
     return Status::Ok();
   }
 
+  // The values, inputs, outputs and nodes of the current graph (the main graph, or a subgraph
+  // with its own value table over the file's one tensor table).
+  Status body() {
+    KILN_RETURN_IF_ERROR(index_values());
+    w_.u32(static_cast<uint32_t>(values_.size()));
+    for (const Value* v : values_) KILN_RETURN_IF_ERROR(value(*v));
+    KILN_RETURN_IF_ERROR(refs(g_->inputs(), "graph inputs"));
+    KILN_RETURN_IF_ERROR(refs(g_->outputs(), "graph outputs"));
+    KILN_RETURN_IF_ERROR(count(g_->nodes().size(), "nodes"));
+    for (const Node* n : g_->nodes()) KILN_RETURN_IF_ERROR(node(*n));
+    return Status::Ok();
+  }
+
+  Status subgraph(const Graph& sub) {
+    const Graph* saved_g = g_;
+    std::vector<Value*> saved_values = std::move(values_);
+    std::unordered_map<const Value*, uint32_t> saved_index = std::move(index_);
+    g_ = &sub;
+    values_.clear();
+    index_.clear();
+    KILN_RETURN_IF_ERROR(str(sub.name, "subgraph name"));
+    Status st = body();
+    g_ = saved_g;
+    values_ = std::move(saved_values);
+    index_ = std::move(saved_index);
+    return st;
+  }
+
   Status index_values() {
-    values_ = g_.values();
+    values_ = g_->values();
     if (values_.size() > kMaxCount) return KILN_ERROR("too many values ({})", values_.size());
     std::set<std::string> names;
     for (size_t i = 0; i < values_.size(); ++i) {
@@ -90,7 +114,7 @@ class GraphEncoder {
       index_[v] = static_cast<uint32_t>(i);
     }
     // Producers are rebuilt from node outputs on load, so they must agree with them.
-    for (const Node* n : g_.nodes())
+    for (const Node* n : g_->nodes())
       for (size_t i = 0; i < n->num_outputs(); ++i) {
         const Value* o = n->output(i);
         if (o && (o->producer != n || o->producer_index != static_cast<int>(i)))
@@ -123,15 +147,23 @@ class GraphEncoder {
     return Status::Ok();
   }
 
-  Status collect_tensors() {
-    for (const Value* v : values_)
+  // The tensors of `g` and of its subgraphs, in one table.
+  Status collect_tensors(const Graph& g, int depth) {
+    if (depth > kMaxSubgraphDepth)
+      return KILN_ERROR("subgraphs nest deeper than {} levels", kMaxSubgraphDepth);
+    for (const Value* v : g.values())
       if (v->constant)
         KILN_RETURN_IF_ERROR(add_tensor(v->constant.get(), "value '" + v->name + "'"));
-    for (const Node* n : g_.nodes())
-      for (const auto& [name, a] : n->attrs.all())
+    for (const Node* n : g.nodes())
+      for (const auto& [name, a] : n->attrs.all()) {
         if (a.kind == Attribute::Kind::kTensor && a.t)
           KILN_RETURN_IF_ERROR(
               add_tensor(a.t.get(), fmt::format("{} attribute '{}'", n->label(), name)));
+        if (a.kind == Attribute::Kind::kGraph) {
+          if (!a.g) return KILN_ERROR("{}: graph attribute '{}' holds no graph", n->label(), name);
+          KILN_RETURN_IF_ERROR(collect_tensors(*a.g, depth + 1));
+        }
+      }
     return Status::Ok();
   }
 
@@ -219,11 +251,14 @@ class GraphEncoder {
         KILN_RETURN_IF_ERROR(count(a.strings.size(), "strings"));
         for (const std::string& s : a.strings) KILN_RETURN_IF_ERROR(str(s, "attribute string"));
         break;
+      case AttrCode::kGraph:
+        KILN_RETURN_IF_ERROR(subgraph(*a.g));
+        break;
     }
     return Status::Ok();
   }
 
-  const Graph& g_;
+  const Graph* g_;  // the graph being written (a subgraph while one is)
   std::vector<uint8_t>& out_;
   ByteWriter w_;
   std::vector<WeightEntry>& weights_;

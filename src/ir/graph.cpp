@@ -47,6 +47,8 @@ std::string Attribute::str() const {
     case Kind::kFloats: return fmt::format("[{}]", fmt::join(floats, ","));
     case Kind::kInts: return fmt::format("[{}]", fmt::join(ints, ","));
     case Kind::kStrings: return fmt::format("[{}]", fmt::join(strings, ","));
+    case Kind::kGraph:
+      return g ? fmt::format("graph '{}' ({} nodes)", g->name, g->nodes().size()) : "graph";
   }
   return "";
 }
@@ -298,6 +300,18 @@ void Graph::renumber() {
   for (size_t i = 0; i < order_.size(); ++i) order_[i]->index = static_cast<int>(i);
 }
 
+Graph* Attributes::get_graph(const std::string& name) const {
+  const Attribute* a = find(name);
+  return a && a->kind == Attribute::Kind::kGraph ? a->g.get() : nullptr;
+}
+
+std::vector<Graph*> Attributes::subgraphs() const {
+  std::vector<Graph*> out;
+  for (const auto& [name, a] : map_)
+    if (a.kind == Attribute::Kind::kGraph && a.g) out.push_back(a.g.get());
+  return out;
+}
+
 std::unique_ptr<Graph> Graph::clone() const {
   auto g = std::make_unique<Graph>();
   g->name = name;
@@ -322,6 +336,10 @@ std::unique_ptr<Graph> Graph::clone() const {
     for (Value* v : n->inputs_) ins.push_back(map_v(v));
     Node* c = g->create_node(n->op_type, n->name, ins, {}, n->domain);
     c->attrs = n->attrs;
+    // A subgraph is part of its node: the copy gets its own (inference retypes its values).
+    for (const auto& [an, a] : n->attrs.all())
+      if (a.kind == Attribute::Kind::kGraph && a.g)
+        c->attrs.set(an, Attribute::Subgraph(std::shared_ptr<Graph>(a.g->clone())));
     c->onnx_nodes = n->onnx_nodes;
     c->origin = n->origin;
     for (size_t i = 0; i < n->outputs_.size(); ++i) g->set_node_output(c, i, map_v(n->outputs_[i]));

@@ -94,9 +94,14 @@ struct Value {
   std::vector<std::pair<Node*, int>> uses_;
 };
 
-// An attribute value, as in ONNX. Graph-valued attributes are not supported.
+class Graph;
+
+// An attribute value, as in ONNX. A graph-valued attribute (If's branches, Loop's and Scan's
+// body) holds a subgraph that reads no value of an enclosing graph: the importer turns every
+// outer-scope name it reads into an input of its own, fed by an input of the node (captures,
+// ops/control_flow.h).
 struct Attribute {
-  enum class Kind { kFloat, kInt, kString, kTensor, kFloats, kInts, kStrings };
+  enum class Kind { kFloat, kInt, kString, kTensor, kFloats, kInts, kStrings, kGraph };
   Kind kind = Kind::kInt;
   float f = 0;
   int64_t i = 0;
@@ -105,6 +110,7 @@ struct Attribute {
   std::vector<float> floats;
   std::vector<int64_t> ints;
   std::vector<std::string> strings;
+  std::shared_ptr<Graph> g;  // kGraph; owned by the attribute (a cloned node clones it)
 
   static Attribute Float(float v) { Attribute a; a.kind = Kind::kFloat; a.f = v; return a; }
   static Attribute Int(int64_t v) { Attribute a; a.kind = Kind::kInt; a.i = v; return a; }
@@ -113,6 +119,7 @@ struct Attribute {
   static Attribute Floats(std::vector<float> v) { Attribute a; a.kind = Kind::kFloats; a.floats = std::move(v); return a; }
   static Attribute Strings(std::vector<std::string> v) { Attribute a; a.kind = Kind::kStrings; a.strings = std::move(v); return a; }
   static Attribute TensorValue(Tensor v) { Attribute a; a.kind = Kind::kTensor; a.t = std::make_shared<const Tensor>(std::move(v)); return a; }
+  static Attribute Subgraph(std::shared_ptr<Graph> v) { Attribute a; a.kind = Kind::kGraph; a.g = std::move(v); return a; }
   std::string str() const;
 };
 
@@ -133,6 +140,10 @@ class Attributes {
   std::vector<float> get_floats(const std::string& name, std::vector<float> def = {}) const;
   std::vector<std::string> get_strings(const std::string& name) const;
   const Tensor* get_tensor(const std::string& name) const;
+  // A graph attribute's subgraph, or nullptr. Not const: inference types a subgraph's values.
+  Graph* get_graph(const std::string& name) const;
+  // Every graph attribute's subgraph, in attribute-name order.
+  std::vector<Graph*> subgraphs() const;
 
  private:
   std::map<std::string, Attribute> map_;
@@ -183,6 +194,9 @@ class Graph {
   // Gives `v` a name no other value has (fails if one does).
   Status rename_value(Value* v, const std::string& new_name);
   void add_input(Value* v) { inputs_.push_back(v); }
+  // Replaces the input list (values of this graph without producers: a subgraph's inputs are
+  // put in the order its node feeds them).
+  void set_inputs(std::vector<Value*> vs) { inputs_ = std::move(vs); }
   void add_output(Value* v) { outputs_.push_back(v); }
   const std::vector<Value*>& inputs() const { return inputs_; }
   const std::vector<Value*>& outputs() const { return outputs_; }

@@ -86,7 +86,20 @@ std::string graph_to_text(const Graph& g) {
   for (const Value* v : g.values())
     if (v->is_constant()) s += fmt::format("  %{}: {}\n", v->name, constant_summary(*v));
   s += "nodes:\n";
-  for (const Node* n : g.nodes()) s += "  " + node_line(*n) + "\n";
+  for (const Node* n : g.nodes()) {
+    s += "  " + node_line(*n) + "\n";
+    // A subgraph is listed under its node, indented.
+    for (const auto& [name, a] : n->attrs.all()) {
+      if (a.kind != Attribute::Kind::kGraph || !a.g) continue;
+      s += fmt::format("    {}:\n", name);
+      const std::string sub = graph_to_text(*a.g);
+      for (size_t b = 0, e; b < sub.size(); b = e + 1) {
+        e = sub.find('\n', b);
+        if (e == std::string::npos) e = sub.size();
+        s += "      " + sub.substr(b, e - b) + "\n";
+      }
+    }
+  }
   s += "outputs:\n";
   for (const Value* v : g.outputs())
     if (v) s += fmt::format("  %{}: {}\n", v->name, v->type.str());

@@ -28,6 +28,7 @@ class Checker {
     check_nodes();
     check_values();
     check_graph_io();
+    check_subgraphs();
     if (problems_.empty()) return Status::Ok();
     std::string msg = fmt::format("graph '{}' is malformed: ", g_.name);
     for (size_t i = 0; i < problems_.size() && i < kMaxReported; ++i)
@@ -159,6 +160,20 @@ class Checker {
             "nor a constant",
             v->name);
     }
+  }
+
+  // A subgraph is checked as a graph of its own (it reads no outer value: captures are inputs).
+  void check_subgraphs() {
+    for (const Node* n : g_.nodes())
+      for (const auto& [name, a] : n->attrs.all()) {
+        if (a.kind != Attribute::Kind::kGraph) continue;
+        if (!a.g) {
+          report("{}: graph attribute '{}' holds no graph", n->label(), name);
+          continue;
+        }
+        Status st = Checker(*a.g).run();
+        if (!st.ok()) report("{}: attribute '{}': {}", n->label(), name, st.message());
+      }
   }
 
   const Graph& g_;

@@ -13,7 +13,8 @@ namespace kiln {
 // - producers agree with Node::outputs, and no value has two producers;
 // - graph inputs have no producer; graph outputs are produced, inputs or constants;
 // - use lists agree with node inputs in both directions;
-// - Node::index is the node's position.
+// - Node::index is the node's position;
+// - every subgraph (a graph attribute) passes the same checks.
 // The error lists the problems found (up to a few), each naming the node (label()) or value.
 Status verify_graph(const Graph& g);
 

@@ -64,10 +64,19 @@ class InferContext {
 };
 
 // --- CPU reference kernels ---------------------------------------------------------------------
+// Runs a subgraph (an If branch, a Loop or Scan body) on its inputs: what a control-flow op's
+// kernel asks of the executor that runs it (the CPU executor; ops do not depend on backends).
+class SubgraphRunner {
+ public:
+  virtual ~SubgraphRunner() = default;
+  virtual Expected<std::vector<Tensor>> run(const Graph& g, const std::vector<Tensor>& inputs) = 0;
+};
+
 class KernelContext {
  public:
-  KernelContext(const Node& n, std::vector<const Tensor*> inputs, std::vector<Tensor>& outputs)
-      : node_(n), inputs_(std::move(inputs)), outputs_(outputs) {}
+  KernelContext(const Node& n, std::vector<const Tensor*> inputs, std::vector<Tensor>& outputs,
+                SubgraphRunner* subgraphs = nullptr)
+      : node_(n), inputs_(std::move(inputs)), outputs_(outputs), subgraphs_(subgraphs) {}
   const Node& node() const { return node_; }
   const Attributes& attrs() const { return node_.attrs; }
   size_t num_inputs() const { return inputs_.size(); }
@@ -77,11 +86,14 @@ class KernelContext {
   void set_output(size_t i, Tensor t) {
     if (i < outputs_.size()) outputs_[i] = std::move(t);
   }
+  // The executor's subgraph runner; nullptr where a kernel runs alone (constant folding).
+  SubgraphRunner* subgraphs() const { return subgraphs_; }
 
  private:
   const Node& node_;
   std::vector<const Tensor*> inputs_;
   std::vector<Tensor>& outputs_;
+  SubgraphRunner* subgraphs_ = nullptr;
 };
 
 using ImportFn = Status (*)(ImportContext&);
@@ -158,6 +170,7 @@ std::span<const OpDef> scatter_ops();      // ScatterND, ScatterElements, NonZer
 std::span<const OpDef> einsum_ops();       // Einsum
 std::span<const OpDef> attention_ops();    // Attention (ONNX's, opset 23-25)
 std::span<const OpDef> rotary_ops();       // RotaryEmbedding
+std::span<const OpDef> control_flow_ops(); // If, Loop, Scan
 std::span<const OpDef> fused_ops();        // kiln's fused layers (the optimizer's output)
 std::span<const OpDef> transformer_ops();  // kiln.MultiHeadAttention, kiln.SkipLayerNorm
 

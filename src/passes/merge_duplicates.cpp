@@ -47,7 +47,8 @@ Expected<bool> merge_duplicates(PassContext& ctx) {
   std::unordered_map<std::string, Node*> seen;
   std::vector<std::pair<Node*, Node*>> dup;  // (duplicate, original)
   for (Node* n : g.nodes()) {
-    if (!deterministic(*n) || n->num_outputs() == 0) continue;
+    // Subgraphs are not compared: two Ifs with the same inputs may branch differently.
+    if (!deterministic(*n) || n->num_outputs() == 0 || !n->attrs.subgraphs().empty()) continue;
     auto [it, fresh] = seen.emplace(node_key(*n), n);
     if (!fresh) dup.emplace_back(n, it->second);
   }

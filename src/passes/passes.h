@@ -7,6 +7,7 @@
 namespace kiln::passes {
 
 Expected<bool> fold_constants(PassContext& ctx);
+Expected<bool> fold_if(PassContext& ctx);
 Expected<bool> remove_noops(PassContext& ctx);
 Expected<bool> detach_shapes(PassContext& ctx);
 Expected<bool> merge_duplicates(PassContext& ctx);

@@ -27,7 +27,9 @@ struct PassEntry {
 // (each pass is idempotent, so a round without changes is the fixed point). Why this order:
 // - fold_constants first: with the profile's input shapes applied, Shape -> Gather -> Concat
 //   -> Reshape chains become constants, which turns dynamic Reshapes into static ones that the
-//   no-op and pair rules can then judge.
+//   no-op and pair rules can then judge. fold_if right after it: an If whose condition folded
+//   (torchvision's `boxes.numel() == 0` at a profile's static shapes) becomes its branch's
+//   nodes, which the rest of the list then optimizes like any others.
 // - detach_shapes after fold_constants: a Shape of an activation whose dims the inputs
 //   determine reads the inputs' shapes instead, so it no longer counts as a consumer of the
 //   activation (fold_constants folds it outright when the profile fixes every dim).
@@ -97,6 +99,7 @@ struct PassEntry {
 // - eliminate_dead_code after folding and at the end of each round.
 constexpr PassEntry kPipeline[] = {
     {"fold_constants", 1, passes::fold_constants},
+    {"fold_if", 1, passes::fold_if},
     {"remove_noops", 1, passes::remove_noops},
     {"detach_shapes", 1, passes::detach_shapes},
     {"merge_duplicates", 1, passes::merge_duplicates},

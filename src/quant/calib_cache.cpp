@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "engine/plan_format.h"
+#include "ir/printer.h"
 #include "quant/calib_io.h"
 
 namespace kiln::quant {
@@ -39,6 +40,7 @@ uint64_t graph_fingerprint(const Graph& g) {
     for (const auto& [name, a] : n->attrs.all()) {
       s += " " + name + "=" + a.str();
       if (a.kind == Attribute::Kind::kTensor && a.t) add_tensor(s, *a.t);
+      if (a.kind == Attribute::Kind::kGraph && a.g) s += "{" + graph_to_text(*a.g) + "}";
     }
   }
   return plan_internal::xxh64(s.data(), s.size());

@@ -33,6 +33,21 @@ Status check_input(const Value& decl, const Tensor& t, std::map<std::string, int
   return Status::Ok();
 }
 
+// Runs the subgraphs of a node (ops/op.h) with the executors made for them at create().
+class CpuExecutor::Subgraphs final : public SubgraphRunner {
+ public:
+  explicit Subgraphs(const CpuExecutor& ex) : ex_(ex) {}
+  Expected<std::vector<Tensor>> run(const Graph& g, const std::vector<Tensor>& inputs) override {
+    auto it = ex_.subgraphs_.find(&g);
+    if (it == ex_.subgraphs_.end())
+      return KILN_ERROR("subgraph '{}' has no executor (the graph changed after create())", g.name);
+    return it->second->run_impl(inputs, nullptr, nullptr, nullptr, /*nested=*/true);
+  }
+
+ private:
+  const CpuExecutor& ex_;
+};
+
 Expected<std::unique_ptr<CpuExecutor>> CpuExecutor::create(const Graph& g, bool float64) {
   std::unique_ptr<CpuExecutor> ex(new CpuExecutor(g, float64));
   std::unordered_map<const Value*, int> slot;
@@ -55,6 +70,11 @@ Expected<std::unique_ptr<CpuExecutor>> CpuExecutor::create(const Graph& g, bool 
     const OpDef* def = find_op(n->domain, n->op_type);
     if (!def || !def->cpu)
       return KILN_ERROR("{}: the cpu backend has no kernel for op '{}'", n->label(), n->op_type);
+    for (const Graph* sub : n->attrs.subgraphs()) {
+      auto sx = create(*sub, float64);
+      if (!sx) return sx.status().with_context(n->label());
+      ex->subgraphs_[sub] = std::move(*sx);
+    }
     Step s{n, def, {}, {}, {}};
     for (const Value* v : n->inputs()) {
       s.inputs.push_back(v ? slot_of(v) : -1);
@@ -89,6 +109,13 @@ Expected<std::vector<std::pair<int, std::string>>> CpuExecutor::debug_slots(
 Expected<std::vector<Tensor>> CpuExecutor::run(const std::vector<Tensor>& inputs,
                                                std::vector<LayerTiming>* timings,
                                                Debug* debug, const Observer* observe) const {
+  return run_impl(inputs, timings, debug, observe, /*nested=*/false);
+}
+
+Expected<std::vector<Tensor>> CpuExecutor::run_impl(const std::vector<Tensor>& inputs,
+                                                    std::vector<LayerTiming>* timings,
+                                                    Debug* debug, const Observer* observe,
+                                                    bool nested) const {
   if (inputs.size() != input_slots_.size())
     return KILN_ERROR("expected {} inputs but got {}", input_slots_.size(), inputs.size());
   std::vector<Tensor> slots(static_cast<size_t>(num_slots_));
@@ -98,8 +125,8 @@ Expected<std::vector<Tensor>> CpuExecutor::run(const std::vector<Tensor>& inputs
     return float64_ && t.dtype() == DataType::kFloat32 ? t.cast(DataType::kFloat64) : t;
   };
   for (size_t i = 0; i < inputs.size(); ++i) {
-    KILN_RETURN_IF_ERROR(check_input(*graph_.inputs()[i], inputs[i], dims_seen));
-    slots[input_slots_[i]] = widen(inputs[i]);
+    if (!nested) KILN_RETURN_IF_ERROR(check_input(*graph_.inputs()[i], inputs[i], dims_seen));
+    slots[input_slots_[i]] = nested ? inputs[i] : widen(inputs[i]);
     set[input_slots_[i]] = true;
   }
   for (const auto& [s, t] : constants_) {
@@ -123,7 +150,8 @@ Expected<std::vector<Tensor>> CpuExecutor::run(const std::vector<Tensor>& inputs
       ins.push_back(s >= 0 ? &slots[s] : nullptr);
     }
     std::vector<Tensor> outs(st.outputs.size());
-    KernelContext ctx(*st.node, std::move(ins), outs);
+    Subgraphs subs(*this);
+    KernelContext ctx(*st.node, std::move(ins), outs, subgraphs_.empty() ? nullptr : &subs);
     const auto t0 = std::chrono::steady_clock::now();
     Status status = static_cast<const OpDef*>(st.def)->cpu(ctx);
     if (timings) {
@@ -152,7 +180,8 @@ Expected<std::vector<Tensor>> CpuExecutor::run(const std::vector<Tensor>& inputs
     if (!set[s]) return KILN_ERROR("graph output '{}' was not computed", graph_.outputs()[i]->name);
     const Value* decl = graph_.outputs()[i];
     Tensor t = slots[s];
-    if (float64_ && t.dtype() == DataType::kFloat64 && decl->type.dtype == DataType::kFloat32)
+    if (!nested && float64_ && t.dtype() == DataType::kFloat64 &&
+        decl->type.dtype == DataType::kFloat32)
       t = t.cast(DataType::kFloat32);
     result.push_back(std::move(t));
   }

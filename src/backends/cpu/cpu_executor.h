@@ -38,7 +38,13 @@ class CpuExecutor {
                                     Debug* debug = nullptr, const Observer* observe = nullptr) const;
 
  private:
+  class Subgraphs;
   explicit CpuExecutor(const Graph& g, bool float64) : graph_(g), float64_(float64) {}
+  // `nested`: a subgraph's run, whose inputs come from the enclosing graph's run (already
+  // widened in float64 mode, typed by inference) and whose outputs stay as computed.
+  Expected<std::vector<Tensor>> run_impl(const std::vector<Tensor>& inputs,
+                                         std::vector<LayerTiming>* timings, Debug* debug,
+                                         const Observer* observe, bool nested) const;
   struct Step {
     const Node* node;
     const void* def;                  // const OpDef*
@@ -53,6 +59,8 @@ class CpuExecutor {
   std::vector<std::pair<int, std::shared_ptr<const Tensor>>> constants_;
   int num_slots_ = 0;
   std::map<std::string, int> slot_by_name_;
+  // An executor per subgraph of this graph's nodes (If branches, Loop and Scan bodies).
+  std::map<const Graph*, std::unique_ptr<CpuExecutor>> subgraphs_;
 };
 
 // Checks a runtime input against its declared type; `dims_seen` binds symbolic dims.
