@@ -421,7 +421,7 @@ TEST(PlanCorruption, RefusesOtherFormatVersions) {
   auto r = load(image);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().message(),
-            "E.kiln: engine format version 7 is not supported by this kiln (supports 3); rebuild "
+            "E.kiln: engine format version 7 is not supported by this kiln (supports 4); rebuild "
             "the engine with `kiln build`");
   reseal(image);  // refused even with a valid checksum
   EXPECT_FALSE(load(image).ok());
@@ -725,7 +725,33 @@ TEST(PlanForged, ChecksValuesNodesAndAttributes) {
   expect_error(decode(node_section(1, kNoValue, kNoValue, 5)), "node input refers to value 1 of 1");
   expect_error(decode(node_section(0, 7, kNoValue, 5)), "node output refers to value 7 of 1");
   expect_error(decode(node_section(kNoValue, 0, 0, 5)), "output of two nodes");
-  expect_error(decode(node_section(0, kNoValue, kNoValue, 7)), "invalid kind code 7");
+  expect_error(decode(node_section(0, kNoValue, kNoValue, 8)), "invalid kind code 8");
+  // Kind 7, a subgraph: the empty graph that the attribute's zero name length starts reads
+  // past the end; subgraphs nested deeper than kMaxSubgraphDepth are refused.
+  expect_error(decode(node_section(0, kNoValue, kNoValue, 7)), "truncated");
+  Section deep = value_section("v", 1, 0, 0, kNoValue);
+  auto empty_lists = [&](Section& s, uint32_t nodes) {
+    s.w().u32(0);  // graph inputs
+    s.w().u32(0);  // graph outputs
+    s.w().u32(nodes);
+  };
+  auto graph_node = [&](Section& s) {
+    for (const char* str : {"n", "If", "", "import"}) s.w().str(str);
+    s.w().u32(0);  // onnx nodes
+    s.w().u32(0);  // inputs
+    s.w().u32(0);  // outputs
+    s.w().u32(1);  // attributes
+    s.w().str("then_branch");
+    s.w().u8(7);
+    s.w().str("sub");
+    s.w().u32(0);  // the subgraph's values
+  };
+  empty_lists(deep, 1);
+  for (int level = 0; level < kMaxSubgraphDepth + 2; ++level) {
+    graph_node(deep);
+    empty_lists(deep, 1);
+  }
+  expect_error(decode(deep), "subgraphs nest deeper than 32 levels");
   expect_error(decode(node_section(0, kNoValue, kNoValue, 3)), "refers to tensor 0 of 0");
   Section big_string = node_section(0, kNoValue, kNoValue, 2);
   store_u32(big_string.bytes.data() + big_string.bytes.size() - 4, 0xfffffff0);
