@@ -109,6 +109,10 @@ struct OpDef {
   // The newest ONNX version of the op that kiln runs; 0: every version up to kNewestKnownOpset
   // (src/ops/op_versions.inc lists them). A model whose opset selects a newer version is refused.
   int max_version = 0;
+  // For an op whose output sizes depend on the data (NonZero's count, NonMaxSuppression's
+  // selections): inference at the largest sizes the data can give, from static input shapes.
+  // An executor that sizes memory before the data is known (the cuda backend) allocates these.
+  InferFn bound = nullptr;
 };
 
 // --- ONNX op versions ---------------------------------------------------------------------------

@@ -163,6 +163,16 @@ Status infer_nonzero(InferContext& ctx) {
   return Status::Ok();
 }
 
+// At most every element is non-zero.
+Status bound_nonzero(InferContext& ctx) {
+  const auto x = ctx.input_type(0).static_shape();
+  if (!x) return KILN_ERROR("{}: the input's shape is not known", ctx.node().label());
+  int64_t numel = 1;
+  for (int64_t d : *x) numel *= d;
+  ctx.set_output(0, TensorType(DataType::kInt64, {Dim(std::max<int64_t>(x->size(), 1)), Dim(numel)}));
+  return Status::Ok();
+}
+
 Status cpu_nonzero(KernelContext& ctx) {
   const Node& n = ctx.node();
   const Tensor* x = ctx.input(0);
@@ -189,7 +199,7 @@ Status cpu_nonzero(KernelContext& ctx) {
 constexpr OpDef kOps[] = {
     {"", "ScatterND", infer_scatter, cpu_scatter_nd, nullptr},
     {"", "ScatterElements", infer_scatter, cpu_scatter_elements, nullptr},
-    {"", "NonZero", infer_nonzero, cpu_nonzero, nullptr},
+    {"", "NonZero", infer_nonzero, cpu_nonzero, nullptr, 0, bound_nonzero},
 };
 
 }  // namespace

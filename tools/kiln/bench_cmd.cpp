@@ -206,9 +206,14 @@ Status bench_shapes(const BenchOpts& o, Engine& e, ExecutionContext& ctx,
   std::vector<double> lat, h2d, comp, d2h;
   double throughput = 0;
   std::vector<LayerTiming> profile;
-  if (e.backend() != "cuda") {
-    if (o.graph_flag)
+  // A cuda engine whose sizes the data decides runs through execute() (its outputs come back at
+  // their real shapes), layer by layer, without a CUDA graph.
+  const nlohmann::json plan = nlohmann::json::parse(e.backend_plan_json(), nullptr, false);
+  const bool dynamic = plan.is_object() && plan.value("dynamic_region", false);
+  if (e.backend() != "cuda" || dynamic) {
+    if (o.graph_flag && !dynamic)
       return Status::Error("--use-cuda-graph needs an engine for the cuda backend");
+    if (dynamic) report["cuda_graph"] = false;
     std::map<std::string, Tensor> inputs;
     for (size_t i = 0; i < shapes.size(); ++i) inputs[e.inputs()[i].name] = host_in[i];
     for (int i = 0; i < o.warmup; ++i) KILN_RETURN_IF_ERROR(ctx.execute(inputs).status());
@@ -224,7 +229,9 @@ Status bench_shapes(const BenchOpts& o, Engine& e, ExecutionContext& ctx,
     comp = lat;
     throughput = 1000.0 * static_cast<double>(batch) / stats_of(lat).median;
     if (o.profile) KILN_RETURN_IF_ERROR(ctx.execute(inputs, &profile).status());
-    report["gpu"] = "none (cpu backend; wall-clock times)";
+    report["gpu"] = dynamic ? "cuda (data-dependent shapes: execute() wall-clock times, inputs and "
+                              "outputs through the host)"
+                            : "none (cpu backend; wall-clock times)";
   } else {
 #ifdef KILN_WITH_CUDA
     auto check = [](cudaError_t e, const char* what) {
@@ -368,7 +375,9 @@ Status bench_shapes(const BenchOpts& o, Engine& e, ExecutionContext& ctx,
   else {
     std::cout << fmt::format("kiln bench: {} ({} backend), batch {}, {} timed inferences{}{}",
                              report["engine"].get<std::string>(), e.backend(), batch, lat.size(),
-                             o.graph(e) ? ", CUDA graphs" : e.backend() == "cuda" ? ", no CUDA graph" : "",
+                             report["cuda_graph"].get<bool>() ? ", CUDA graphs"
+                             : e.backend() == "cuda"           ? ", no CUDA graph"
+                                                               : "",
                              o.no_transfers ? ", no data transfers" : "")
               << "\n";
     if (report.contains("gpu"))

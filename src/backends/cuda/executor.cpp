@@ -10,6 +10,7 @@
 
 #include "backends/cpu/cpu_executor.h"
 #include "backends/memory_planner.h"
+#include "dynamic.h"
 #include "shape_eval.h"
 #include "tactics/check.h"
 
@@ -108,6 +109,13 @@ class CudaContext final : public ExecutionContext {
       return KILN_ERROR("cublasSetWorkspace failed");
     bound_stream_ = stream_;
     const auto& nodes = g_.nodes();
+    host_in_ = plan_host_inputs();
+    // An engine with shapes that the data decides runs in its dynamic region (dynamic.h).
+    for (size_t k = 0; k < nodes.size(); ++k) {
+      const LayerChoice& c = e_->plan().layers[k];
+      if (!c.is_host() && ((c.tactic->caps & kDataDependent) || !c.subplans.empty())) dynamic_ = true;
+    }
+    if (dynamic_) return init_dynamic();
     for (size_t k = 0; k < nodes.size(); ++k) {
       const LayerChoice& c = e_->plan().layers[k];
       if (c.is_host()) continue;
@@ -124,7 +132,6 @@ class CudaContext final : public ExecutionContext {
       }
       runs_.push_back(std::move(r));
     }
-    host_in_ = plan_host_inputs();
     host_vals_.assign(g_.inputs().size(), nullptr);
     input_shapes_.resize(g_.inputs().size());
     input_set_.assign(g_.inputs().size(), false);
@@ -155,6 +162,8 @@ class CudaContext final : public ExecutionContext {
 
   Expected<std::vector<Tensor>> execute(const std::map<std::string, Tensor>& inputs,
                                         std::vector<LayerTiming>* timings) override;
+  Status init_dynamic();
+  Expected<std::vector<Tensor>> execute_dynamic(const std::map<std::string, Tensor>& inputs);
   Status set_input_shape(const std::string& name, const std::vector<int64_t>& dims) override;
   Expected<std::vector<int64_t>> tensor_shape(const std::string& name) override;
   Status set_tensor_address(const std::string& name, void* ptr) override;
@@ -162,6 +171,7 @@ class CudaContext final : public ExecutionContext {
   Status enqueue_read(CUstream_st* stream, std::vector<LayerTiming>* layer_times);
   Status launch(Instance& inst, cudaStream_t s, std::vector<LayerTiming>* layer_times);
   Expected<MemoryInfo> plan_device_memory() override {
+    if (dynamic_) return memory_info();  // its memory comes and goes with the data
     for (size_t i = 0; i < g_.inputs().size(); ++i)
       if (!input_set_[i]) return KILN_ERROR("input '{}': shape not set", g_.inputs()[i]->name);
     KILN_RETURN_IF_ERROR(read_host_inputs());
@@ -193,7 +203,8 @@ class CudaContext final : public ExecutionContext {
   MemoryInfo memory_info() const override {
     MemoryInfo m;
     m.weights = e_->weight_bytes();
-    m.activations = current_ ? current_->arena_bytes : arena_.bytes();
+    m.activations = dynamic_ ? dyn_rt_.pool.held_bytes()
+                    : current_ ? current_->arena_bytes : arena_.bytes();
     m.workspace = current_ ? current_->workspace_bytes : workspace_.bytes();
     return m;
   }
@@ -324,6 +335,11 @@ class CudaContext final : public ExecutionContext {
   std::map<const Value*, std::string> debug_;
   std::map<std::string, Tensor> debug_out_;
   Status keep_debug(const Instance& inst, size_t run);
+  // An engine whose shapes the data decides (dynamic.h): its graph runs as one dynamic region.
+  bool dynamic_ = false;
+  DynamicRuntime dyn_rt_;
+  std::unique_ptr<DynamicGraph> dyn_graph_;
+  std::vector<std::vector<int64_t>> dyn_out_shapes_;  // the last inference's output shapes
 };
 
 Expected<size_t> CudaContext::index_of(const std::string& name, bool input) const {
@@ -351,6 +367,11 @@ Expected<std::vector<int64_t>> CudaContext::tensor_shape(const std::string& name
       return input_shapes_[i];
     }
   KILN_ASSIGN_OR_RETURN(size_t o, index_of(name, false));
+  if (dynamic_) {
+    if (o < dyn_out_shapes_.size()) return dyn_out_shapes_[o];
+    return KILN_ERROR("output '{}': the engine's shapes depend on the data; they are known after "
+                      "an inference", name);
+  }
   for (size_t i = 0; i < input_set_.size(); ++i)
     if (!input_set_[i])
       return KILN_ERROR("output '{}': set the shape of input '{}' first", name, g_.inputs()[i]->name);
@@ -728,6 +749,10 @@ Status CudaContext::copy_outputs(Instance& inst, cudaStream_t s) {
 }
 
 Status CudaContext::enqueue(CUstream_st* stream, std::vector<LayerTiming>* layer_times) {
+  if (dynamic_)
+    return KILN_ERROR("the engine's output sizes depend on the data (data-dependent ops or control "
+                      "flow): run it with execute() (kiln run, Python's Context.execute), which "
+                      "returns outputs of their real shapes");
   for (size_t i = 0; i < g_.inputs().size(); ++i) {
     if (!input_set_[i]) return KILN_ERROR("input '{}': shape not set", g_.inputs()[i]->name);
     if (!in_addr_[i] && !input_shapes_[i].empty() &&
@@ -835,9 +860,68 @@ Status CudaContext::launch(Instance& instance, cudaStream_t s,
   return Status::Ok();
 }
 
+Status CudaContext::init_dynamic() {
+  dyn_rt_.rc = &rc_;
+  dyn_rt_.workspace = &workspace_;
+  std::shared_ptr<CudaEngineState> e = e_;
+  dyn_rt_.engine_weight = [e](const Value* v, const TensorFormat& f) -> void* {
+    return static_cast<uint8_t*>(e->weights()) + e->weight_offset(v, f);
+  };
+  KILN_ASSIGN_OR_RETURN(dyn_graph_, DynamicGraph::create(g_, e_->plan(), /*engine_weights=*/true));
+  input_shapes_.resize(g_.inputs().size());
+  input_set_.assign(g_.inputs().size(), false);
+  in_addr_.assign(g_.inputs().size(), nullptr);
+  out_addr_.assign(g_.outputs().size(), nullptr);
+  return Status::Ok();
+}
+
+// The host path of an engine with a dynamic region: inputs staged on the device (and kept on the
+// host where a layer reads them there), one dynamic run, outputs copied back at their shapes.
+Expected<std::vector<Tensor>> CudaContext::execute_dynamic(const std::map<std::string, Tensor>& inputs) {
+  std::map<std::string, int64_t> dims_seen;
+  std::vector<DynValue> ins;
+  for (size_t i = 0; i < g_.inputs().size(); ++i) {
+    const Value* v = g_.inputs()[i];
+    auto it = inputs.find(v->name);
+    if (it == inputs.end()) return KILN_ERROR("input '{}' was not given", v->name);
+    KILN_RETURN_IF_ERROR(check_input(*v, it->second, dims_seen));
+    KILN_RETURN_IF_ERROR(e_->profile().check(v->name, it->second.shape()));
+    DynValue d;
+    d.t.dtype = v->type.dtype;
+    d.t.shape = it->second.shape();
+    KILN_ASSIGN_OR_RETURN(d.block, dyn_rt_.pool.get(it->second.nbytes(), "input '" + v->name + "'"));
+    d.t.data = d.block.get();
+    if (it->second.nbytes())
+      KILN_CUDA_CHECK(cudaMemcpyAsync(d.t.data, it->second.raw(), it->second.nbytes(),
+                                      cudaMemcpyHostToDevice, stream_));
+    if (host_in_[i]) d.host = std::make_shared<const Tensor>(it->second);
+    set_shape(i, it->second.shape());
+    ins.push_back(std::move(d));
+  }
+  if (bound_stream_ != stream_) {
+    cudnnSetStream(rc_.cudnn, stream_);
+    cublasSetStream(rc_.cublas, stream_);
+    bound_stream_ = stream_;
+  }
+  rc_.stream = stream_;
+  KILN_ASSIGN_OR_RETURN(std::vector<DynValue> outs, dyn_graph_->run(dyn_rt_, std::move(ins)));
+  std::vector<Tensor> result;
+  dyn_out_shapes_.clear();
+  for (size_t j = 0; j < outs.size(); ++j) {
+    const DataType dt = g_.outputs()[j]->type.dtype;
+    KILN_ASSIGN_OR_RETURN(auto t, dyn_rt_.read_back(outs[j], dt));
+    Tensor out = t->dtype() == dt ? *t : t->cast(dt);
+    dyn_out_shapes_.push_back(out.shape());
+    result.push_back(std::move(out));
+  }
+  KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return result;
+}
+
 Expected<std::vector<Tensor>> CudaContext::execute(const std::map<std::string, Tensor>& inputs,
                                                    std::vector<LayerTiming>* timings) {
   for (const auto& [name, t] : inputs) KILN_RETURN_IF_ERROR(index_of(name, true).status());
+  if (dynamic_) return execute_dynamic(inputs);
   std::map<std::string, int64_t> dims_seen;
   std::vector<const void*> host_src(g_.inputs().size(), nullptr);
   for (size_t i = 0; i < g_.inputs().size(); ++i) {

@@ -75,7 +75,12 @@ struct RunContext {
   // layer that follows a Layer::programmatic() one, where the GPU has it (sm_90+) and KILN_PDL
   // is not 0; only kernels that keep pdl.cuh's rule read it.
   bool pdl = false;
+  // For a kDataDependent layer: where its kernels write each output's actual dims (output o's at
+  // out_dims[kMaxDynRank * o], as many as its rank), in host memory mapped into the device, which
+  // the executor reads once the stream has reached the layer. nullptr for other layers.
+  int64_t* out_dims = nullptr;
 };
+inline constexpr int kMaxDynRank = 8;
 
 // Whether the current device runs programmatic dependent launch and KILN_PDL is not "0".
 bool pdl_available();
@@ -156,6 +161,10 @@ enum FormatCaps : uint32_t {
                             // same bytes and the layer relabels memory (lower.cpp)
   kPostSteps = 1u << 13,    // takes a kiln.FusedConv's post steps (post_ops, ops/fused.h); a
                             // tactic without it is not offered a layer that has them
+  kDataDependent = 1u << 14,  // output sizes depend on the data (NonZero, NonMaxSuppression):
+                              // configured and given memory at the op's bound (OpDef::bound), the
+                              // layer writes the actual dims to RunContext::out_dims and its
+                              // outputs row-major at those dims; the executor reads them back
 };
 
 using SupportsFn = bool (*)(const LayerDesc&, std::string* why_not);

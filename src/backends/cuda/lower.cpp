@@ -7,6 +7,9 @@
 #include <unordered_set>
 
 #include "format_choice.h"
+#include <sstream>
+
+#include "ops/control_flow.h"
 #include "ops/fused.h"
 #include "ops/op.h"
 #include "quant/int8.h"
@@ -353,7 +356,8 @@ std::vector<bool> host_nodes(const Graph& g, const std::vector<bool>& host_input
   for (size_t k = 0; k < g.nodes().size(); ++k) {
     const Node* n = g.nodes()[k];
     bool h = is_shape_op(n->domain, n->op_type);
-    if (!h) {
+    // Control flow is the executor's: its subgraphs have GPU plans of their own.
+    if (!h && n->attrs.subgraphs().empty()) {
       h = true;
       for (size_t i = 0; i < n->num_inputs(); ++i) {
         const Value* v = n->input(i);
@@ -582,6 +586,53 @@ Status split_untaken_layers(Graph& g, const GpuBuildOptions& o) {
 }
 }  // namespace
 
+namespace {
+// A control-flow layer's subgraphs, each lowered into a plan of its own whose inputs arrive and
+// outputs leave in the formats of the layer's own slots (ops/control_flow.h maps them). Their
+// shapes are known only at run time (a Loop's carried values may change from one iteration to
+// the next): every layer there takes its first supported tactic.
+Status lower_subgraphs(const Node& n, const GpuBuildOptions& o, LayerChoice* c) {
+  const TensorFormat scalar_i64{DataType::kInt64, Layout::kLinear};
+  const TensorFormat scalar_bool{DataType::kBool, Layout::kLinear};
+  for (Graph* sg : n.attrs.subgraphs()) {
+    std::string name;
+    for (const auto& [an, a] : n.attrs.all())
+      if (a.kind == Attribute::Kind::kGraph && a.g.get() == sg) name = an;
+    GpuBuildOptions so = o;
+    so.extra_points.clear();
+    so.input_formats.clear();
+    so.output_formats.clear();
+    const size_t caps = static_cast<size_t>(capture_count(n));
+    const size_t formal = n.num_inputs() - caps;
+    if (n.op_type == "If") {
+      so.input_formats.assign(c->in.begin() + 1, c->in.end());
+      so.output_formats = c->out;
+    } else if (n.op_type == "Loop") {
+      const size_t carried = formal - 2;
+      so.input_formats = {scalar_i64, scalar_bool};
+      so.input_formats.insert(so.input_formats.end(), c->in.begin() + 2, c->in.end());
+      so.output_formats = {scalar_bool};
+      so.output_formats.insert(so.output_formats.end(), c->out.begin(), c->out.end());
+      (void)carried;
+    } else {  // Scan: states, slices of the scanned inputs and captures, as the node's
+      so.input_formats = c->in;
+      so.output_formats = c->out;
+    }
+    for (TensorFormat& f : so.input_formats)
+      if (!f.present()) f = TensorFormat{DataType::kUndefined, Layout::kLinear};
+    std::vector<std::vector<int64_t>> unknown(sg->inputs().size());
+    std::ostringstream sublog;
+    so.log = o.log ? &sublog : nullptr;
+    auto plan = lower_for_gpu(*sg, unknown, so);
+    if (!plan.ok()) return plan.status().with_context(fmt::format("{}: '{}'", n.label(), name));
+    if (o.log)
+      *o.log << n.label() << ": subgraph '" << name << "' planned:\n" << sublog.str();
+    c->subplans.emplace_back(name, std::make_shared<Plan>(std::move(plan).value()));
+  }
+  return Status::Ok();
+}
+}  // namespace
+
 Expected<Plan> lower_for_gpu(Graph& g, const std::vector<std::vector<int64_t>>& opt_shapes,
                              const GpuBuildOptions& o) {
   KILN_RETURN_IF_ERROR(split_untaken_layers(g, o));
@@ -591,7 +642,9 @@ Expected<Plan> lower_for_gpu(Graph& g, const std::vector<std::vector<int64_t>>& 
   // layers are not timed (each takes its first supported tactic).
   bool tune = o.tune;
   ShapeResult shapes;
-  auto evaluated = evaluate_shapes(g, L.host, opt_shapes);
+  // Shapes that the data decides (data-dependent ops, control flow and what follows them) are
+  // known only at run time: those layers take their first supported tactic, untimed.
+  auto evaluated = evaluate_shapes(g, L.host, opt_shapes, {}, /*partial=*/true);
   if (evaluated.ok()) {
     shapes = std::move(evaluated).value();
   } else if (std::find(host_in.begin(), host_in.end(), true) != host_in.end()) {
@@ -631,9 +684,18 @@ Expected<Plan> lower_for_gpu(Graph& g, const std::vector<std::vector<int64_t>>& 
   std::unordered_set<const Value*> host_vals;
   for (size_t i = 0; i < g.inputs().size(); ++i) {
     Value* v = g.inputs()[i];
-    L.produced[v] = TensorFormat{v->type.dtype, Layout::kLinear};
+    L.produced[v] = i < o.input_formats.size() ? o.input_formats[i]
+                                               : TensorFormat{v->type.dtype, Layout::kLinear};
     if (host_in[i]) host_vals.insert(v);
   }
+  // A layer that reads or writes a value the data sizes runs in the executor's dynamic region.
+  auto dynamic_layer = [&](const Node& n) {
+    for (const Value* v : n.inputs())
+      if (v && shapes.dynamic.count(v)) return true;
+    for (const Value* v : n.outputs())
+      if (v && shapes.dynamic.count(v)) return true;
+    return false;
+  };
   // 1. Per node, its candidates, each timed (the provisional pick, the fastest, decides the
   //    formats later nodes see). 2. The format choice (format_choice.h) moves picks where that
   //    saves reformats. 3. The picks are placed, with kiln.Reformat layers where formats differ.
@@ -658,14 +720,17 @@ Expected<Plan> lower_for_gpu(Graph& g, const std::vector<std::vector<int64_t>>& 
           return c.tactic->alias_input >= 0 && !(c.tactic->caps & kLayoutSwap);
         }))
       std::erase_if(cands[k], [](const LayerChoice& c) { return c.tactic->alias_input < 0; });
+    const bool dyn = dynamic_layer(*n);
     for (size_t i = 0; i < n->num_inputs(); ++i) {
       const Value* v = n->input(i);
-      if (v && (cands[k][0].tactic->host_inputs >> i) & 1u && !v->is_constant() && !host_vals.count(v))
+      // In the dynamic region the executor reads such a value back when the layer needs it.
+      if (v && (cands[k][0].tactic->host_inputs >> i) & 1u && !v->is_constant() &&
+          !host_vals.count(v) && !dyn)
         return KILN_ERROR("{}: input {} ('{}') must be known before the layer runs (a constant "
                           "or computed from shapes), but it is computed on the GPU",
                           n->label(), i, v->name);
     }
-    if (cands[k].size() > 1 && tune) {
+    if (cands[k].size() > 1 && tune && !dyn) {
       if (!tuner) {
         KILN_ASSIGN_OR_RETURN(tuner, Tuner::create(&cache, o.workspace_limit));
       }
@@ -715,6 +780,7 @@ Expected<Plan> lower_for_gpu(Graph& g, const std::vector<std::vector<int64_t>>& 
     LayerChoice c = std::move(cands[k][pick[k]]);
     if (c.time_ms >= 0) c.timed = std::move(timed);
     c.alternates = std::move(alternates[k]);
+    if (!n->attrs.subgraphs().empty()) KILN_RETURN_IF_ERROR(lower_subgraphs(*n, o, &c));
     for (size_t i = 0; i < n->num_inputs(); ++i) {
       Value* v = n->input(i);
       if (!v || c.in[i].dtype == DataType::kUndefined) continue;
@@ -729,7 +795,9 @@ Expected<Plan> lower_for_gpu(Graph& g, const std::vector<std::vector<int64_t>>& 
   // output's name on the reformatted value.
   for (size_t i = 0; i < g.outputs().size(); ++i) {
     Value* v = g.outputs()[i];
-    const TensorFormat want{v->type.dtype, Layout::kLinear};
+    const TensorFormat want = i < o.output_formats.size()
+                                  ? o.output_formats[i]
+                                  : TensorFormat{v->type.dtype, Layout::kLinear};
     KILN_ASSIGN_OR_RETURN(Value * r, L.in_format(v, want, nullptr));
     if (r == v) continue;
     const std::string name = v->name;

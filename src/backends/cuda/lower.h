@@ -34,6 +34,9 @@ struct GpuBuildOptions {
   // Tests: the free and total device memory the build is checked against (memory_check.h);
   // unset: what the GPU says (no check where none answers).
   std::optional<GpuMemory> gpu_memory;
+  // A subgraph's plan (control flow): the formats its inputs arrive in and its outputs must
+  // leave in, those of the control-flow layer's own slots; empty: declared type, row-major.
+  std::vector<TensorFormat> input_formats, output_formats;
 };
 
 // The further tuning points of a profile (per graph input, in order, its min/opt/max): the opt

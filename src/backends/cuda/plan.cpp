@@ -116,10 +116,22 @@ nlohmann::json plan_to_json(const Plan& p, const Graph& g) {
                         {"time_ms", a.time_ms}});
       r["alternates"] = std::move(alts);
     }
+    if (!c.subplans.empty()) {
+      nlohmann::json subs = nlohmann::json::object();
+      const Node* n = g.nodes()[k];
+      for (const auto& [name, sub] : c.subplans)
+        if (const Graph* sg = n->attrs.get_graph(name)) subs[name] = plan_to_json(*sub, *sg);
+      r["subplans"] = std::move(subs);
+    }
     layers.push_back(std::move(r));
   }
   nlohmann::json j = {
       {"layers", layers}, {"workspace_limit", p.workspace_limit}, {"kernel_layers", kernel_layers}};
+  // Layers whose sizes the data decides: the executor runs the engine as a dynamic region.
+  bool dynamic = false;
+  for (const LayerChoice& c : p.layers)
+    dynamic |= !c.is_host() && ((c.tactic->caps & kDataDependent) || !c.subplans.empty());
+  if (dynamic) j["dynamic_region"] = true;
   if (!p.points.empty()) j["points"] = p.points;
   return j;
 }
@@ -146,6 +158,8 @@ std::vector<std::string> generated_kernels(const Plan& p) {
   for (const LayerChoice& c : p.layers) {
     add(c.variant);
     for (const Alternate& a : c.alternates) add(a.variant);
+    for (const auto& [name, sub] : c.subplans)
+      for (std::string& k : generated_kernels(*sub)) keys.push_back(std::move(k));
   }
   return keys;
 }
@@ -237,6 +251,21 @@ Expected<Plan> plan_from_json(const Graph& g, const nlohmann::json& j) {
           if (a.contains("time_ms") && a["time_ms"].is_number()) alt.time_ms = a["time_ms"];
           c.alternates.push_back(std::move(alt));
         }
+      }
+      if (r.contains("subplans")) {
+        if (!r["subplans"].is_object()) return fail(KILN_ERROR("'subplans' is not an object"));
+        for (const auto& [name, sj] : r["subplans"].items()) {
+          const Graph* sg = n->attrs.get_graph(name);
+          if (!sg) return fail(KILN_ERROR("a plan for '{}', which is no subgraph of the node", name));
+          auto sub = plan_from_json(*sg, sj);
+          if (!sub.ok()) return fail(sub.status().with_context(fmt::format("subgraph '{}'", name)));
+          c.subplans.emplace_back(name, std::make_shared<Plan>(std::move(sub).value()));
+        }
+      }
+      for (const Graph* sg : n->attrs.subgraphs()) {
+        bool planned = false;
+        for (const auto& sp : c.subplans) planned |= n->attrs.get_graph(sp.first) == sg;
+        if (!planned) return fail(KILN_ERROR("a subgraph has no plan"));
       }
     }
     p.layers.push_back(std::move(c));

@@ -22,6 +22,8 @@ struct Alternate {
   double time_ms = -1;  // its tuned time at that point
 };
 
+struct Plan;
+
 struct LayerChoice {
   const TacticDef* tactic = nullptr;  // nullptr: a host node (evaluated when shapes are set)
   std::string variant;
@@ -30,6 +32,9 @@ struct LayerChoice {
   double time_ms = -1;                // tuned time at the opt shape (-1: not timed)
   std::vector<std::pair<std::string, double>> timed;  // every candidate timed, "name/variant"
   std::vector<Alternate> alternates;  // at most one per tuning point other than the opt shapes
+  // A control-flow layer's subgraphs, each lowered into a plan of its own (graph attribute name,
+  // plan of that subgraph), which the executor runs when the condition or trip count is known.
+  std::vector<std::pair<std::string, std::shared_ptr<Plan>>> subplans;
   bool is_host() const { return tactic == nullptr; }
   LayerDesc desc(const Node* n) const { return {n, in, out, precision, variant}; }
   LayerDesc desc(const Node* n, const Alternate& a) const {

@@ -5,9 +5,7 @@
 #include "ops/op.h"
 
 namespace kiln::gpu {
-namespace {
 
-// Shape and Size need only their input's shape, never its data (which lives on the GPU).
 Tensor eval_shape_op(const Node& n, const std::vector<int64_t>& dims) {
   if (n.op_type == "Size") {
     int64_t numel = 1;
@@ -23,21 +21,32 @@ Tensor eval_shape_op(const Node& n, const std::vector<int64_t>& dims) {
   return Tensor::from<int64_t>({static_cast<int64_t>(v.size())}, v);
 }
 
-}  // namespace
+bool data_dependent(const Node& n) {
+  if (!n.attrs.subgraphs().empty()) return true;
+  const OpDef* def = find_op(n.domain, n.op_type);
+  return def && def->bound;
+}
 
 Expected<ShapeResult> evaluate_shapes(const Graph& g, const std::vector<bool>& host_nodes,
                                       const std::vector<std::vector<int64_t>>& input_shapes,
-                                      const std::vector<std::shared_ptr<const Tensor>>& input_values) {
+                                      const std::vector<std::shared_ptr<const Tensor>>& input_values,
+                                      bool partial) {
   if (input_shapes.size() != g.inputs().size())
     return KILN_ERROR("expected {} input shapes, got {}", g.inputs().size(), input_shapes.size());
   // Inference reads types and constants off the graph's values, so it runs on a private copy
   // whose inputs are made static and whose host values become constants as they are computed.
   std::unique_ptr<Graph> c = g.clone();
+  ShapeResult r;
   for (size_t i = 0; i < input_shapes.size(); ++i) {
+    // A rank-0 input has an empty shape too: only an input whose declared rank is not 0 is
+    // taken as unknown.
+    if (partial && input_shapes[i].empty() && g.inputs()[i]->type.rank() != 0) {
+      r.dynamic.insert(g.inputs()[i]);
+      continue;
+    }
     std::vector<Dim> dims(input_shapes[i].begin(), input_shapes[i].end());
     c->inputs()[i]->type = TensorType(g.inputs()[i]->type.dtype, dims);
   }
-  ShapeResult r;
   for (size_t i = 0; i < input_values.size() && i < input_shapes.size(); ++i) {
     if (!input_values[i]) continue;
     c->inputs()[i]->constant = input_values[i];
@@ -45,6 +54,17 @@ Expected<ShapeResult> evaluate_shapes(const Graph& g, const std::vector<bool>& h
   }
   for (size_t k = 0; k < c->nodes().size(); ++k) {
     Node* n = c->nodes()[k];
+    const Node* orig = g.nodes()[k];
+    if (partial) {
+      // Control flow runs its subgraphs when the run reaches it: its outputs are the run's.
+      bool dyn = !orig->attrs.subgraphs().empty();
+      for (const Value* v : orig->inputs()) dyn |= v && r.dynamic.count(v);
+      if (dyn) {  // known only at run time, and so is everything this node makes
+        for (const Value* v : orig->outputs())
+          if (v) r.dynamic.insert(v);
+        continue;
+      }
+    }
     const OpDef* def = find_op(n->domain, n->op_type);
     if (!def || !def->infer) return KILN_ERROR("{}: no shape inference", n->label());
     std::vector<TensorType> outs(n->num_outputs());
@@ -91,6 +111,10 @@ Expected<ShapeResult> evaluate_shapes(const Graph& g, const std::vector<bool>& h
       const Value* v = n->output(o);
       if (!v) continue;
       auto s = v->type.static_shape();
+      if (!s && partial && data_dependent(*orig)) {
+        r.dynamic.insert(orig->output(o));
+        continue;
+      }
       if (!s)
         return KILN_ERROR("{}: the shape of output '{}' is not known for these input shapes "
                           "({}); data-dependent shapes are not supported by the cuda backend",
@@ -98,7 +122,8 @@ Expected<ShapeResult> evaluate_shapes(const Graph& g, const std::vector<bool>& h
       r.shapes[g.nodes()[k]->output(o)] = *s;
     }
   }
-  for (size_t i = 0; i < g.inputs().size(); ++i) r.shapes[g.inputs()[i]] = input_shapes[i];
+  for (size_t i = 0; i < g.inputs().size(); ++i)
+    if (!r.dynamic.count(g.inputs()[i])) r.shapes[g.inputs()[i]] = input_shapes[i];
   for (const Value* v : g.values())
     if (v->is_constant()) r.shapes[v] = v->constant->shape();
   return r;

@@ -26,6 +26,8 @@ std::span<const TacticDef> conv_tactics();         // layers/conv*.cpp: Conv, Co
 std::span<const TacticDef> int8_library_conv_tactics();  // layers/conv_int8_lib.cpp: the
                                                    // library INT8 convs (after kiln's own)
 std::span<const TacticDef> pool_tactics();         // layers/pool.cu
+std::span<const TacticDef> data_dependent_tactics();  // layers/data_dependent.cu: NonZero
+                                                   // (sizes read back), If, Loop, Scan
 std::span<const TacticDef> gemm_tactics();         // layers/gemm.cpp: Gemm, MatMul, FusedGemm,
                                                    // kiln.Attention, ONNX Attention
 

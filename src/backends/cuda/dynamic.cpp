@@ -1,0 +1,423 @@
+#include "dynamic.h"
+
+#include <fmt/format.h>
+
+#include <cstring>
+#include <limits>
+
+#include "ops/control_flow.h"
+#include "ops/op.h"
+#include "shape_eval.h"
+#include "tactics/check.h"
+
+namespace kiln::gpu {
+namespace {
+
+constexpr size_t kMinBlock = 256;
+
+std::string op_label(const Node& n) { return n.label(); }
+
+DeviceTensor host_only(const Tensor& t) {
+  DeviceTensor d;
+  d.dtype = t.dtype();
+  d.shape = t.shape();
+  return d;
+}
+
+DynValue host_scalar_i64(int64_t v) {
+  auto t = std::make_shared<const Tensor>(Tensor::scalar<int64_t>(v));
+  return {host_only(*t), nullptr, t};
+}
+
+DynValue host_scalar_bool(bool v) {
+  auto t = std::make_shared<const Tensor>(Tensor::scalar<bool>(v));
+  return {host_only(*t), nullptr, t};
+}
+
+}  // namespace
+
+// --- DevicePool -----------------------------------------------------------------------------
+
+DevicePool::~DevicePool() {
+  free_->pool_alive = false;
+  for (auto& [bytes, p] : free_->blocks) cudaFree(p);
+  free_->blocks.clear();
+}
+
+Expected<std::shared_ptr<void>> DevicePool::get(size_t bytes, const std::string& what) {
+  bytes = std::max(kMinBlock, (bytes + kMinBlock - 1) / kMinBlock * kMinBlock);
+  void* p = nullptr;
+  size_t size = bytes;
+  // The smallest free block that fits and wastes at most half of itself.
+  auto it = free_->blocks.lower_bound(bytes);
+  if (it != free_->blocks.end() && it->first <= 2 * bytes) {
+    p = it->second;
+    size = it->first;
+    free_->blocks.erase(it);
+  } else {
+    if (cudaMalloc(&p, bytes) != cudaSuccess) {
+      cudaGetLastError();
+      // Free blocks the pool holds back may be what is missing.
+      for (auto& [b, q] : free_->blocks) cudaFree(q);
+      held_ = 0;
+      free_->blocks.clear();
+      if (cudaMalloc(&p, bytes) != cudaSuccess) {
+        cudaGetLastError();
+        size_t free_bytes = 0, total = 0;
+        cudaMemGetInfo(&free_bytes, &total);
+        return KILN_ERROR("out of GPU memory: {} needs {} MiB ({} MiB free of {} MiB)", what,
+                          bytes >> 20, free_bytes >> 20, total >> 20);
+      }
+    }
+    held_ += bytes;
+  }
+  std::shared_ptr<Free> f = free_;
+  return std::shared_ptr<void>(p, [f, size](void* q) {
+    if (f->pool_alive)
+      f->blocks.emplace(size, q);
+    else
+      cudaFree(q);
+  });
+}
+
+// --- DynamicRuntime -------------------------------------------------------------------------
+
+DynamicRuntime::~DynamicRuntime() {
+  if (dims) cudaFreeHost(dims);
+}
+
+Status DynamicRuntime::ensure_dims(size_t outputs) {
+  if (outputs <= dims_outputs) return Status::Ok();
+  if (dims) cudaFreeHost(dims);
+  dims = nullptr;
+  // Host memory the device writes through (UVA: the same address on both sides).
+  KILN_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&dims),
+                                outputs * kMaxDynRank * sizeof(int64_t), cudaHostAllocMapped));
+  dims_outputs = outputs;
+  return Status::Ok();
+}
+
+Expected<std::shared_ptr<const Tensor>> DynamicRuntime::read_back(const DynValue& v, DataType to) {
+  if (v.host) return v.host;
+  if (!v.t.data && v.t.numel() != 0) return KILN_ERROR("a value to read back has no data");
+  KILN_ASSIGN_OR_RETURN(Tensor t, copy_to_host(v.t, to, rc->stream));
+  return std::make_shared<const Tensor>(std::move(t));
+}
+
+// --- DynamicGraph ---------------------------------------------------------------------------
+
+Expected<std::unique_ptr<DynamicGraph>> DynamicGraph::create(const Graph& g, const Plan& plan,
+                                                             bool engine_weights) {
+  if (plan.layers.size() != g.nodes().size())
+    return KILN_ERROR("graph '{}': {} plan records for {} nodes", g.name, plan.layers.size(),
+                      g.nodes().size());
+  std::unique_ptr<DynamicGraph> d(new DynamicGraph(g, plan, engine_weights));
+  d->scratch_ = g.clone();
+  for (const Value* v : g.values()) {
+    d->index_[v] = d->scratch_value_.size();
+    d->scratch_value_.push_back(d->scratch_->find_value(v->name));
+    if (!d->scratch_value_.back())
+      return KILN_ERROR("graph '{}': value '{}' has no copy", g.name, v->name);
+  }
+  d->uses_.assign(d->scratch_value_.size(), 0);
+  for (const Node* n : g.nodes())
+    for (const Value* v : n->inputs())
+      if (v) ++d->uses_[d->index_.at(v)];
+  for (const Value* v : g.outputs()) ++d->uses_[d->index_.at(v)];
+  d->configured_.resize(g.nodes().size());
+  for (size_t k = 0; k < g.nodes().size(); ++k) {
+    const Node* n = g.nodes()[k];
+    const LayerChoice& c = plan.layers[k];
+    if (c.is_host()) {
+      d->layers_.emplace_back();
+      continue;
+    }
+    if (!c.subplans.empty()) {
+      for (const auto& [name, sp] : c.subplans) {
+        const Graph* sg = n->attrs.get_graph(name);
+        if (!sg) return KILN_ERROR("{}: no subgraph '{}' for its plan", n->label(), name);
+        auto sub = create(*sg, *sp, /*engine_weights=*/false);
+        if (!sub.ok()) return sub.status().with_context(n->label());
+        d->subs_[{k, name}] = std::move(sub).value();
+      }
+      d->layers_.emplace_back();
+      continue;
+    }
+    auto layer = c.tactic->create(c.desc(n));
+    if (!layer.ok()) return layer.status().with_context(n->label());
+    d->layers_.push_back(std::move(layer).value());
+  }
+  return d;
+}
+
+DynamicGraph* DynamicGraph::sub(size_t k, const std::string& name) {
+  auto it = subs_.find({k, name});
+  return it == subs_.end() ? nullptr : it->second.get();
+}
+
+void DynamicGraph::learn(size_t idx, const DynValue& v) {
+  Value* sv = scratch_value_[idx];
+  const Value* orig = g_.values()[idx];
+  if (!sv || orig->is_constant()) return;
+  std::vector<Dim> dims(v.t.shape.begin(), v.t.shape.end());
+  sv->type = TensorType(orig->type.dtype, std::move(dims));
+  sv->constant = v.host;
+}
+
+Expected<std::shared_ptr<const Tensor>> DynamicGraph::host_value(DynamicRuntime& rt,
+                                                                 const Value* v,
+                                                                 std::vector<DynValue>& val) {
+  if (v->is_constant()) return v->constant;
+  DynValue& dv = val[index_.at(v)];
+  if (!dv.known()) return KILN_ERROR("'{}' was not computed", v->name);
+  if (!dv.host) {
+    KILN_ASSIGN_OR_RETURN(dv.host, rt.read_back(dv, v->type.dtype));
+  }
+  return dv.host;
+}
+
+Expected<DeviceTensor> DynamicGraph::device_input(DynamicRuntime& rt, size_t k, size_t i,
+                                                  std::vector<DynValue>& val) {
+  const Node* n = g_.nodes()[k];
+  const TensorFormat& f = plan_.layers[k].in[i];
+  const Value* v = n->input(i);
+  DeviceTensor t;
+  if (!v) return t;
+  if (!f.present()) {  // read on the host only
+    KILN_ASSIGN_OR_RETURN(auto h, host_value(rt, v, val));
+    t = host_only(*h);
+    t.dtype = v->type.dtype;
+    t.host = h.get();
+    return t;
+  }
+  auto upload = [&](const Tensor& h, std::shared_ptr<void>& block) -> Status {
+    KILN_ASSIGN_OR_RETURN(Tensor d, to_device_format(h, f));
+    KILN_ASSIGN_OR_RETURN(block, rt.pool.get(d.nbytes(), "'" + v->name + "'"));
+    return cuda::upload(block.get(), d.raw(), d.nbytes(), "a value computed on the host");
+  };
+  if (v->is_constant()) {
+    t.shape = v->constant->shape();
+    t.dtype = f.dtype;
+    t.layout = f.layout;
+    t.host = v->constant.get();
+    if (engine_weights_ && rt.engine_weight) {
+      t.data = rt.engine_weight(v, f);
+      return t;
+    }
+    auto key = std::make_pair(v, f.str());
+    auto it = consts_.find(key);
+    if (it == consts_.end()) {
+      std::shared_ptr<void> block;
+      KILN_RETURN_IF_ERROR(upload(*v->constant, block));
+      it = consts_.emplace(key, std::move(block)).first;
+    }
+    t.data = it->second.get();
+    return t;
+  }
+  DynValue& dv = val[index_.at(v)];
+  if (!dv.known()) return KILN_ERROR("{}: input '{}' was not computed", n->label(), v->name);
+  if (dv.t.data && dv.t.dtype == f.dtype && dv.t.layout == f.layout) {
+    t = dv.t;
+    t.host = dv.host.get();
+    return t;
+  }
+  if (!dv.host)
+    return KILN_ERROR("{}: input '{}' is stored as {} but the layer reads {}", n->label(), v->name,
+                      TensorFormat{dv.t.dtype, dv.t.layout}.str(), f.str());
+  // A value computed on the host (or given as one): uploaded in this format for this run.
+  std::shared_ptr<void> block;
+  KILN_RETURN_IF_ERROR(upload(*dv.host, block));
+  if (!dv.t.data) {
+    dv.t.data = block.get();
+    dv.t.dtype = f.dtype;
+    dv.t.layout = f.layout;
+    dv.block = block;
+  }
+  t = host_only(*dv.host);
+  t.data = block.get();
+  t.dtype = f.dtype;
+  t.layout = f.layout;
+  t.host = dv.host.get();
+  keep_.push_back(std::move(block));
+  return t;
+}
+
+Expected<std::vector<DynValue>> DynamicGraph::run(DynamicRuntime& rt, std::vector<DynValue> inputs) {
+  if (inputs.size() != g_.inputs().size())
+    return KILN_ERROR("graph '{}' takes {} inputs, not {}", g_.name, g_.inputs().size(),
+                      inputs.size());
+  keep_.clear();
+  std::vector<DynValue> val(scratch_value_.size());
+  std::vector<int> left = uses_;
+  for (size_t s = 0; s < scratch_value_.size(); ++s) {
+    const Value* orig = g_.values()[s];
+    if (orig->is_constant()) continue;
+    scratch_value_[s]->constant.reset();
+    scratch_value_[s]->type = orig->type;
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const size_t idx = index_.at(g_.inputs()[i]);
+    val[idx] = std::move(inputs[i]);
+    learn(idx, val[idx]);
+  }
+  for (size_t k = 0; k < g_.nodes().size(); ++k) {
+    const Node* n = g_.nodes()[k];
+    const LayerChoice& c = plan_.layers[k];
+    Status st;
+    if (c.is_host()) st = run_host(rt, k, val);
+    else if (n->op_type == "If" && !c.subplans.empty()) st = run_if(rt, k, val);
+    else if (n->op_type == "Loop" && !c.subplans.empty()) st = run_loop(rt, k, val);
+    else if (n->op_type == "Scan" && !c.subplans.empty()) st = run_scan(rt, k, val);
+    else st = run_layer(rt, k, val);
+    if (!st.ok())
+      return st.message().find(n->label()) != std::string::npos ? st : st.with_context(n->label());
+    for (const Value* v : n->inputs()) {
+      if (!v || v->is_constant()) continue;
+      const size_t idx = index_.at(v);
+      if (--left[idx] == 0) val[idx] = DynValue{};
+    }
+  }
+  std::vector<DynValue> out;
+  for (const Value* v : g_.outputs()) {
+    if (v->is_constant()) {
+      out.push_back({host_only(*v->constant), nullptr, v->constant});
+      continue;
+    }
+    out.push_back(val[index_.at(v)]);
+    if (!out.back().known()) return KILN_ERROR("graph output '{}' was not computed", v->name);
+  }
+  return out;
+}
+
+Status DynamicGraph::run_host(DynamicRuntime& rt, size_t k, std::vector<DynValue>& val) {
+  const Node* n = g_.nodes()[k];
+  std::vector<Tensor> results(n->num_outputs());
+  if (is_shape_op(n->domain, n->op_type)) {
+    const Value* x = n->input(0);
+    const std::vector<int64_t> shape =
+        x->is_constant() ? x->constant->shape() : val[index_.at(x)].t.shape;
+    results[0] = eval_shape_op(*n, shape);
+  } else {
+    const OpDef* def = find_op(n->domain, n->op_type);
+    if (!def || !def->cpu) return KILN_ERROR("no host kernel");
+    std::vector<std::shared_ptr<const Tensor>> held;
+    std::vector<const Tensor*> ins;
+    for (size_t i = 0; i < n->num_inputs(); ++i) {
+      const Value* v = n->input(i);
+      if (!v) {
+        ins.push_back(nullptr);
+        continue;
+      }
+      KILN_ASSIGN_OR_RETURN(auto h, host_value(rt, v, val));
+      held.push_back(h);
+      ins.push_back(h.get());
+    }
+    KernelContext kctx(*n, ins, results);
+    KILN_RETURN_IF_ERROR(def->cpu(kctx));
+  }
+  for (size_t o = 0; o < n->num_outputs(); ++o) {
+    const Value* v = n->output(o);
+    if (!v) continue;
+    auto t = std::make_shared<const Tensor>(std::move(results[o]));
+    const size_t idx = index_.at(v);
+    val[idx] = DynValue{host_only(*t), nullptr, t};
+    learn(idx, val[idx]);
+  }
+  return Status::Ok();
+}
+
+Status DynamicGraph::run_layer(DynamicRuntime& rt, size_t k, std::vector<DynValue>& val) {
+  const Node* n = g_.nodes()[k];
+  const LayerChoice& c = plan_.layers[k];
+  Node* sn = scratch_->nodes()[k];
+  const OpDef* def = find_op(n->domain, n->op_type);
+  if (!def || !def->infer) return KILN_ERROR("no shape inference");
+  std::vector<DeviceTensor> ins(n->num_inputs()), outs(n->num_outputs());
+  std::string key;
+  for (size_t i = 0; i < n->num_inputs(); ++i) {
+    KILN_ASSIGN_OR_RETURN(ins[i], device_input(rt, k, i, val));
+    key += shape_str(ins[i].shape);
+    if (ins[i].host && !n->input(i)->is_constant())
+      key.append(static_cast<const char*>(ins[i].host->raw()), ins[i].host->nbytes());
+    key += '|';
+  }
+  // Output shapes: inference on the scratch copy, whose inputs carry what this run learned; a
+  // data-dependent layer's at the op's bound, its real ones read back after it ran.
+  const bool dds = c.tactic->caps & kDataDependent;
+  std::vector<TensorType> types(n->num_outputs());
+  InferContext ictx(*sn, types);
+  KILN_RETURN_IF_ERROR(dds && def->bound ? def->bound(ictx) : def->infer(ictx));
+  std::vector<std::shared_ptr<void>> blocks(n->num_outputs());
+  const int alias = c.tactic->alias_input;
+  for (size_t o = 0; o < n->num_outputs(); ++o) {
+    if (!n->output(o)) continue;
+    auto shape = types[o].static_shape();
+    if (!shape)
+      return KILN_ERROR("the shape of output '{}' is not known when the run reaches it ({})",
+                        n->output(o)->name, types[o].str());
+    outs[o].shape = *shape;
+    outs[o].dtype = c.out[o].dtype;
+    outs[o].layout = c.out[o].layout;
+    key += shape_str(*shape) + '|';
+    // An alias layer (the Reshape family) relabels its input's memory where the formats agree.
+    if (o == 0 && alias >= 0 && ins[alias].data && ins[alias].dtype == outs[o].dtype &&
+        ins[alias].layout == outs[o].layout) {
+      outs[o].data = ins[alias].data;
+      const Value* src = n->input(alias);
+      if (!src->is_constant()) blocks[o] = val[index_.at(src)].block;
+      continue;
+    }
+    KILN_ASSIGN_OR_RETURN(blocks[o], rt.pool.get(outs[o].nbytes(), "'" + n->output(o)->name + "'"));
+    outs[o].data = blocks[o].get();
+  }
+  const bool aliased = alias >= 0 && outs[0].data == ins[alias].data && outs[0].data;
+  Layer& layer = *layers_[k];
+  if (!aliased) {
+    if (configured_[k] != key) {
+      auto need = layer.configure(*rt.rc, ins, outs);
+      if (!need.ok()) return need.status();
+      if (*need > rt.rc->workspace_limit)
+        return KILN_ERROR("needs {} MiB of workspace, over the engine's limit of {} MiB",
+                          *need >> 20, rt.rc->workspace_limit >> 20);
+      if (*need > rt.workspace->bytes()) {
+        KILN_CUDA_CHECK(cudaStreamSynchronize(rt.rc->stream));
+        KILN_RETURN_IF_ERROR(rt.workspace->reserve(*need, "layer workspace"));
+      }
+      configured_[k] = key;
+    }
+    rt.rc->workspace = rt.workspace->get();
+    rt.rc->workspace_bytes = rt.workspace->bytes();
+    rt.rc->pdl = false;
+    rt.rc->out_dims = nullptr;
+    if (dds) {
+      KILN_RETURN_IF_ERROR(rt.ensure_dims(n->num_outputs()));
+      rt.rc->out_dims = rt.dims;
+    }
+    Status st = layer.run(*rt.rc, ins, outs);
+    rt.rc->out_dims = nullptr;
+    KILN_RETURN_IF_ERROR(st);
+  }
+  if (dds) {  // the sizes the data gave, once the stream has reached the layer
+    KILN_CUDA_CHECK(cudaStreamSynchronize(rt.rc->stream));
+    for (size_t o = 0; o < n->num_outputs(); ++o) {
+      if (!n->output(o)) continue;
+      for (size_t d = 0; d < outs[o].shape.size(); ++d) {
+        const int64_t got = rt.dims[kMaxDynRank * o + d];
+        if (got < 0 || got > outs[o].shape[d])
+          return KILN_ERROR("output '{}' dim {} came back as {}, outside [0, {}]",
+                            n->output(o)->name, d, got, outs[o].shape[d]);
+        outs[o].shape[d] = got;
+      }
+    }
+  }
+  for (size_t o = 0; o < n->num_outputs(); ++o) {
+    if (!n->output(o)) continue;
+    const size_t idx = index_.at(n->output(o));
+    outs[o].host = nullptr;
+    val[idx] = DynValue{outs[o], blocks[o], nullptr};
+    learn(idx, val[idx]);
+  }
+  return Status::Ok();
+}
+
+}  // namespace kiln::gpu

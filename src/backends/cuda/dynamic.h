@@ -1,0 +1,119 @@
+// The dynamic region of a CUDA engine: layers whose shapes the data decides (data-dependent ops
+// such as NonZero, control flow, and everything computed from them; ShapeResult::dynamic). They
+// run layer by layer with shapes learned as the run goes, as ONNX Runtime runs every kernel:
+// per node, shape inference on a private copy of the graph, outputs from a device pool, the layer
+// configured where its shapes changed, then run; a data-dependent layer's sizes are read back
+// once the stream reaches it (one synchronisation); If, Loop and Scan read their condition or
+// trip count on the host and run their subgraphs' own plans (lower.cpp: subplans) the same way.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "device_util_host.h"
+#include "plan.h"
+
+namespace kiln::gpu {
+
+// Device memory for a dynamic run's tensors. A block goes back to the pool when the last
+// shared_ptr to it goes, and is handed out again: every user runs on the context's one stream,
+// so a block freed there is free in stream order (as PyTorch's caching allocator has it).
+class DevicePool {
+ public:
+  DevicePool() = default;
+  DevicePool(const DevicePool&) = delete;
+  DevicePool& operator=(const DevicePool&) = delete;
+  ~DevicePool();
+  Expected<std::shared_ptr<void>> get(size_t bytes, const std::string& what);
+  size_t held_bytes() const { return held_; }
+
+ private:
+  struct Free {
+    std::multimap<size_t, void*> blocks;
+    bool pool_alive = true;
+  };
+  std::shared_ptr<Free> free_ = std::make_shared<Free>();
+  size_t held_ = 0;
+};
+
+// One value during a dynamic run: on the device (t.data), on the host (host), or both.
+struct DynValue {
+  DeviceTensor t;                      // shape and storage format; data null where not on device
+  std::shared_ptr<void> block;         // what t.data points into, kept alive with the value
+  std::shared_ptr<const Tensor> host;  // the logical value on the host, where known
+  bool known() const { return t.data || host || t.dtype == DataType::kUndefined; }
+};
+
+// What every dynamic graph of a context shares: the stream and library handles (rc), the
+// workspace, the pool, the host-mapped buffer data-dependent layers write their sizes to, and the
+// engine's weights (for the main graph's constants).
+struct DynamicRuntime {
+  RunContext* rc = nullptr;
+  DeviceMemory* workspace = nullptr;
+  DevicePool pool;
+  int64_t* dims = nullptr;  // host-mapped, kMaxDynRank per output of the running layer
+  size_t dims_outputs = 0;
+  // The engine's copy of constant `v` in format `f` (main graph), or nullptr (a subgraph's own
+  // constants are uploaded by its DynamicGraph).
+  std::function<void*(const Value*, const TensorFormat&)> engine_weight;
+  ~DynamicRuntime();
+  Status ensure_dims(size_t outputs);
+  // Copies a device value to the host (synchronising the stream) as logical type `to`.
+  Expected<std::shared_ptr<const Tensor>> read_back(const DynValue& v, DataType to);
+};
+
+class DynamicGraph {
+ public:
+  // `g` and `plan` must outlive the DynamicGraph; `engine_weights`: g's constants are in the
+  // engine's weights (the main graph), else uploaded here at first use.
+  static Expected<std::unique_ptr<DynamicGraph>> create(const Graph& g, const Plan& plan,
+                                                        bool engine_weights);
+  // Runs the graph on `inputs` (one per graph input, each in the format the plan's first
+  // consumers expect) and returns its outputs.
+  Expected<std::vector<DynValue>> run(DynamicRuntime& rt, std::vector<DynValue> inputs);
+
+ private:
+  DynamicGraph(const Graph& g, const Plan& plan, bool engine_weights)
+      : g_(g), plan_(plan), engine_weights_(engine_weights) {}
+  struct Step;
+  Status run_layer(DynamicRuntime& rt, size_t k, std::vector<DynValue>& val);
+  Status run_host(DynamicRuntime& rt, size_t k, std::vector<DynValue>& val);
+  Status run_if(DynamicRuntime& rt, size_t k, std::vector<DynValue>& val);
+  Status run_loop(DynamicRuntime& rt, size_t k, std::vector<DynValue>& val);
+  Status run_scan(DynamicRuntime& rt, size_t k, std::vector<DynValue>& val);
+  Expected<DeviceTensor> device_input(DynamicRuntime& rt, size_t k, size_t i,
+                                      std::vector<DynValue>& val);
+  Expected<std::shared_ptr<const Tensor>> host_value(DynamicRuntime& rt, const Value* v,
+                                                     std::vector<DynValue>& val);
+  void learn(size_t idx, const DynValue& v);  // the scratch graph's type (and value) of idx
+  DynamicGraph* sub(size_t k, const std::string& name);
+  DynValue pass(const Value* v, const std::vector<DynValue>& val) const;  // a node input as is
+  void set_output(size_t k, size_t o, DynValue v, std::vector<DynValue>& val);
+
+  const Graph& g_;
+  const Plan& plan_;
+  bool engine_weights_;
+  std::unique_ptr<Graph> scratch_;          // inference's copy, retyped as values are learned
+  std::unordered_map<const Value*, size_t> index_;  // value -> slot
+  std::vector<Value*> scratch_value_;       // slot -> the scratch graph's value
+  std::vector<int> uses_;                   // slot -> node inputs and graph outputs reading it
+  std::vector<std::unique_ptr<Layer>> layers_;  // per node; null: host node or control flow
+  std::vector<std::string> configured_;     // per node: the shapes it was last configured for
+  std::map<std::pair<size_t, std::string>, std::unique_ptr<DynamicGraph>> subs_;
+  std::map<std::pair<const Value*, std::string>, std::shared_ptr<void>> consts_;
+  std::vector<std::shared_ptr<void>> keep_;  // this run's uploads of host values
+};
+
+// Stacks same-shaped device values along a new axis `axis` (a Loop's or Scan's scan outputs),
+// in reverse order if `reverse`; `empty_dims` shapes the result of no parts (unknown dims as 0).
+Expected<DynValue> stack_values(DynamicRuntime& rt, std::vector<DynValue>& parts, int64_t axis,
+                                bool reverse, const TensorFormat& f,
+                                const std::vector<int64_t>& empty_dims, const std::string& what);
+// Slice t of a row-major device value along `axis`, the axis removed (a view where it can be).
+Expected<DynValue> slice_value(DynamicRuntime& rt, const DynValue& x, int64_t axis, int64_t t);
+
+}  // namespace kiln::gpu
