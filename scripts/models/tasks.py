@@ -215,6 +215,60 @@ def keypointrcnn():
                         extra=("keypoints", "keypoints_scores"), spread=_RCNN_SPREAD)
 
 
+def _tiny_rcnn(name, kind):
+    """torchvision's FasterRCNN / MaskRCNN / KeypointRCNN classes around a two-conv backbone
+    with 8 channels and heads of a few channels: the same graph (transform, RPN, NMS, RoIAlign,
+    box decoding, mask pasting or keypoint decoding) at a size the repository can hold."""
+    import torch.nn as nn
+    from torchvision.models.detection import FasterRCNN, KeypointRCNN, MaskRCNN
+    from torchvision.models.detection.anchor_utils import AnchorGenerator
+    from torchvision.models.detection.faster_rcnn import FastRCNNPredictor, TwoMLPHead
+    from torchvision.models.detection.keypoint_rcnn import KeypointRCNNHeads, KeypointRCNNPredictor
+    from torchvision.models.detection.mask_rcnn import MaskRCNNHeads, MaskRCNNPredictor
+    from torchvision.ops import MultiScaleRoIAlign
+    _seed(0)
+    c, classes = 8, 5
+    backbone = nn.Sequential(nn.Conv2d(3, c, 3, 2, 1), nn.BatchNorm2d(c), nn.ReLU(),
+                             nn.Conv2d(c, c, 3, 2, 1), nn.BatchNorm2d(c), nn.ReLU(),
+                             nn.Conv2d(c, c, 3, 2, 1), nn.BatchNorm2d(c), nn.ReLU())
+    backbone.out_channels = c
+    common = dict(min_size=96, max_size=128, rpn_pre_nms_top_n_test=100, rpn_post_nms_top_n_test=30,
+                  box_detections_per_img=20,
+                  rpn_anchor_generator=AnchorGenerator(sizes=((16, 32, 64),), aspect_ratios=((0.5, 1.0, 2.0),)),
+                  box_roi_pool=MultiScaleRoIAlign(["0"], 7, 2), box_head=TwoMLPHead(c * 49, 16),
+                  box_predictor=FastRCNNPredictor(16, classes if kind != "keypoint" else 2))
+    extra = ()
+    if kind == "faster":
+        build = lambda: FasterRCNN(backbone, **common)  # noqa: E731
+    elif kind == "mask":
+        build = lambda: MaskRCNN(backbone, mask_roi_pool=MultiScaleRoIAlign(["0"], 14, 2),  # noqa: E731
+                                 mask_head=MaskRCNNHeads(c, [8], 1), mask_predictor=MaskRCNNPredictor(8, 8, classes),
+                                 **common)
+        extra = ("masks",)
+    else:
+        build = lambda: KeypointRCNN(backbone, keypoint_roi_pool=MultiScaleRoIAlign(["0"], 14, 2),  # noqa: E731
+                                     keypoint_head=KeypointRCNNHeads(c, [8]),
+                                     keypoint_predictor=KeypointRCNNPredictor(8, 17), **common)
+        extra = ("keypoints", "keypoints_scores")
+    return _tv_detector(name, build, extra=extra, spread=_RCNN_SPREAD, hw=(96, 128),
+                        note=f"torchvision's {kind} R-CNN classes around a tiny backbone, one image 96x128")
+
+
+@model("fasterrcnn_tiny")
+def fasterrcnn_tiny():
+    return _tiny_rcnn("fasterrcnn_tiny", "faster")
+
+
+@model("maskrcnn_tiny")
+def maskrcnn_tiny():
+    return _tiny_rcnn("maskrcnn_tiny", "mask")
+
+
+@model("keypointrcnn_tiny")
+def keypointrcnn_tiny():
+    return _tiny_rcnn("keypointrcnn_tiny", "keypoint")
+
+
 # ---------------------------------------------------------------------------------------------
 # a YOLO-style detector with NMS in the graph
 
@@ -341,6 +395,45 @@ def raft():
     return Task("raft_small", LastFlow().eval(), specs, ["flow"],
                 {"image1": {0: "batch"}, "image2": {0: "batch"}, "flow": {0: "batch"}},
                 note=f"two frames [N, 3, {h}, {w}] in [-1, 1]; 12 flow updates (GridSample), the last flow out")
+
+
+@model("flow_lookup_tiny")
+def flow_lookup_tiny():
+    """RAFT's correlation lookup at a tiny size: features of both frames, their all-pairs
+    correlation, sampled (F.grid_sample, bilinear, align_corners=True: ONNX GridSample) in a
+    3x3 window around each pixel moved by a first flow guess, and a conv head to the flow."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+    _seed(0)
+
+    class FlowLookup(nn.Module):
+        def __init__(self, c=8, r=1):
+            super().__init__()
+            self.r = r
+            self.feat = nn.Sequential(nn.Conv2d(3, c, 3, 2, 1), nn.ReLU(), nn.Conv2d(c, c, 3, 2, 1))
+            self.guess = nn.Conv2d(c, 2, 3, 1, 1)
+            self.head = nn.Conv2d((2 * r + 1) ** 2, 2, 3, 1, 1)
+
+        def forward(self, image1, image2):
+            f1, f2 = self.feat(image1), self.feat(image2)
+            n, c, h, w = f1.shape
+            corr = torch.matmul(f1.flatten(2).transpose(1, 2), f2.flatten(2)) / c ** 0.5  # [N, HW, HW]
+            corr = corr.reshape(n * h * w, 1, h, w)
+            ys, xs = torch.meshgrid(torch.arange(h, dtype=f1.dtype), torch.arange(w, dtype=f1.dtype), indexing="ij")
+            coords = torch.stack([xs, ys], -1).unsqueeze(0) + 2.0 * torch.tanh(self.guess(f1)).permute(0, 2, 3, 1)
+            d = torch.arange(-self.r, self.r + 1, dtype=f1.dtype)
+            dy, dx = torch.meshgrid(d, d, indexing="ij")
+            delta = torch.stack([dx, dy], -1).reshape(1, 2 * self.r + 1, 2 * self.r + 1, 2)
+            grid = coords.reshape(n * h * w, 1, 1, 2) + delta
+            scale = torch.tensor([2.0 / (w - 1), 2.0 / (h - 1)], dtype=f1.dtype)
+            sampled = F.grid_sample(corr, grid * scale - 1, mode="bilinear", align_corners=True)
+            return self.head(sampled.reshape(n, h, w, -1).permute(0, 3, 1, 2))
+
+    specs = {f"image{i + 1}": {"recipe": "frames", "shape": ["N", 3, 32, 48], "which": i} for i in (0, 1)}
+    return Task("flow_lookup_tiny", FlowLookup().eval(), specs, ["flow"],
+                {"image1": {0: "batch"}, "image2": {0: "batch"}, "flow": {0: "batch"}},
+                note="RAFT's all-pairs correlation lookup (GridSample) at 32x48, 8 channels")
 
 
 # ---------------------------------------------------------------------------------------------
