@@ -83,12 +83,17 @@ def torch_inputs(feeds, dtype):
                  for v in feeds.values())
 
 
-def time_module(fn, args, iters):
-    """time_torch (CUDA events) on the GPU; wall-clock medians with --cpu."""
+def time_module(fn, args, iters, warmup=5):
+    """time_torch (CUDA events) on the GPU after `warmup` untimed calls; wall-clock medians
+    with --cpu."""
+    import torch
+    with torch.inference_mode():
+        for _ in range(warmup):
+            fn(*args)
     if DEVICE == "cuda":
+        torch.cuda.synchronize()
         return time_torch(fn, args, iters)
     import statistics
-    import torch
     times = []
     with torch.inference_mode():
         for _ in range(iters):
