@@ -56,7 +56,14 @@ def model_files(onnx_dir, name, export_missing):
     return tasks.export_to(tasks.MODELS[name](), onnx_dir)
 
 
+# The ops that decide what a task model needs beyond a CNN or a transformer (counted inside If
+# and Loop bodies too): the status table lists those each model has.
+WATCH = ("If", "Loop", "Scan", "NonMaxSuppression", "RoiAlign", "GridSample", "LSTM", "GRU", "RNN", "TopK",
+         "NonZero", "Resize", "ConvTranspose", "InstanceNormalization", "GroupNormalization")
+
+
 def onnx_ops(path):
+    """{op type: count} over the graph and every subgraph (If branches, Loop bodies)."""
     import onnx
     m = onnx.load(path, load_external_data=False)
     ops = {}
@@ -65,8 +72,8 @@ def onnx_ops(path):
         for n in g.node:
             ops[n.op_type] = ops.get(n.op_type, 0) + 1
             for a in n.attribute:
-                if a.g and a.g.node:
-                    walk(a.g)
+                for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                    walk(sub)
     walk(m.graph)
     return ops
 
@@ -116,18 +123,20 @@ def one(a, name):
 
 
 def table(rows):
-    lines = ["| model | exporter (opset) | builds | first error | outputs vs ONNX Runtime |", "|---|---|---|---|---|"]
+    lines = ["| model | exporter (opset) | ops of note (in subgraphs too) | builds | first error | outputs vs ONNX Runtime |",
+             "|---|---|---|---|---|---|"]
     for r in rows:
         exp = f"{r.get('exporter', '-')} ({r.get('opset', '-')})"
         if r.get("torchscript_error"):
             exp += "; TorchScript failed"
         if "exception" in r:
-            lines.append(f"| {r['model']} | - | - | harness: {r['exception'][:150]} | - |")
+            lines.append(f"| {r['model']} | - | - | - | harness: {r['exception'][:150]} | - |")
             continue
         built = "yes" if r.get("builds") else "no"
-        err = r.get("error", "").replace("|", "\\|")
+        err = r.get("error", "").split(": error: ")[-1].split(".onnx: ", 1)[-1].replace("|", "\\|")
         agrees = ("yes: " if r.get("agrees") else "NO: ") + r["detail"] if "agrees" in r else "-"
-        lines.append(f"| {r['model']} | {exp} | {built} | {err or '-'} | {agrees} |")
+        note = ", ".join(f"{k} {r['ops'][k]}" for k in WATCH if r.get("ops", {}).get(k)) or "-"
+        lines.append(f"| {r['model']} | {exp} | {note} | {built} | {err or '-'} | {agrees} |")
     return "\n".join(lines) + "\n"
 
 
@@ -141,7 +150,15 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--timeout", type=int, default=3600, help="seconds per kiln build or run")
     ap.add_argument("--no-export", action="store_true", help="use existing exports only (no PyTorch)")
+    ap.add_argument("--table", nargs="+", metavar="JSON", help="only print the table of earlier runs' task_status.json")
     a = ap.parse_args()
+    if a.table:
+        rows = []
+        for p in a.table:
+            with open(p) as f:
+                rows += json.load(f)
+        print(table(rows))
+        return 0
     rows = []
     for name in a.models.split(","):
         t0 = time.time()
