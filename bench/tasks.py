@@ -175,7 +175,11 @@ def check(a, row, task, onnx, engines, feeds, m32, m16):
     ref = dict(zip(names, sess.run(None, feeds)))
     outs = {}
     for key, engine in engines.items():
-        outs[key] = kiln_run(a, engine, feeds, names, f"{task.name}_{key}")
+        try:
+            outs[key] = kiln_run(a, engine, feeds, names, f"{task.name}_{key}")
+        except RuntimeError as e:  # an engine that builds but does not run is a result
+            row[f"{key}_run_error"] = one_line(e)
+            log(f"  kiln run {key}: {row[f'{key}_run_error']}")
     if m32 is not None:
         outs["torch32"] = dict(zip(names, torch_outputs(m32, torch_inputs(feeds, torch.float32))))
     if m16 is not None:
@@ -203,7 +207,7 @@ def check(a, row, task, onnx, engines, feeds, m32, m16):
             row[f"{key}_ok"] = r["ok"]
         else:
             row[f"{key}_det"] = tc.compare_matched(rref, g)
-    if "fp32" in engines and not row["fp32_ok"] and a.strict_check:
+    if "fp32" in outs and not row["fp32_ok"] and a.strict_check:
         strict = os.path.join(a.work, f"{task.name}_strict.kiln")
         if build(a, onnx, strict, row["_profile"], ["--no-tf32"] + (["--backend", "cpu"] if a.cpu else []), row,
                  "strict"):
@@ -290,7 +294,12 @@ def one_model(a, name):
     for b in batches:
         feeds = task.feeds(b)
         for key, engine in engines.items():
-            ms, graphs = kiln_bench(a, engine, shape_arg(feeds), f"{name}_{key}_b{b}")
+            try:
+                ms, graphs = kiln_bench(a, engine, shape_arg(feeds), f"{name}_{key}_b{b}")
+            except RuntimeError as e:
+                row[f"kiln_{key}_b{b}_error"] = one_line(e)
+                log(f"  kiln bench {key} b{b}: {row[f'kiln_{key}_b{b}_error']}")
+                continue
             row[f"kiln_{key}_b{b}"] = ms
             if graphs is not None:
                 row["cuda_graphs"] = graphs and row.get("cuda_graphs", True)
@@ -348,6 +357,9 @@ def table(rows, batches):
             cells.append(f"{g(f'kiln_fp16_b{b}')} / {g(f'eager16_b{b}')} / {g(f'compile16_b{b}')} "
                          f"({g(f'kiln_fp32_b{b}')} / {g(f'eager32_b{b}')})")
         lines.append("| " + " | ".join(cells) + " |")
+        for k in sorted(r):
+            if k.endswith("_run_error") or (k.startswith("kiln_") and k.endswith("_error")):
+                notes.append(f"- {r['model']}: {k[:-len('_error')].replace('_', ' ')}: {r[k]}")
         if r.get("compile_error"):
             notes.append(f"- {r['model']}: torch.compile failed: {r['compile_error']}")
         if r.get("cuda_graphs") is False:
