@@ -81,6 +81,7 @@ def onnx_ops(path):
 def one(a, name):
     row = {"model": name}
     path, meta = model_files(a.onnx_dir, name, not a.no_export)
+    row["_path"] = path
     feeds = ti.feeds(meta["inputs"], 1)
     row.update({k: meta.get(k) for k in ("exporter", "torchscript_error", "opset", "kind")})
     row["ops"] = onnx_ops(path)
@@ -95,6 +96,8 @@ def one(a, name):
         row.update(builds=False, error=first_error(out))
         return row
     row["builds"] = True
+    if a.lower_check:
+        lower_check(a, row, meta)
     cmd = [a.kiln, "run", "--engine", engine, "--save-outputs", os.path.join(work, "out")]
     for k, v in feeds.items():
         np.save(os.path.join(work, k + ".npy"), v)
@@ -122,9 +125,27 @@ def one(a, name):
     return row
 
 
+def lower_check(a, row, meta):
+    """The cuda build step (kiln_lower_check: lowering with tuning off, no GPU needed) at FP32
+    (TF32) and FP16 with bench/tasks.py's profile (batch 1..8 where the model has a batch axis),
+    against an H100's 80 GB."""
+    if meta["batchable"]:
+        lo, hi = ti.feeds(meta["inputs"], 1), ti.feeds(meta["inputs"], 8)
+        sh = lambda f: ",".join(f"{k}:{'x'.join(map(str, v.shape)) or '1'}" for k, v in f.items())  # noqa: E731
+        profile = ["--min-shapes", sh(lo), "--opt-shapes", sh(hi), "--max-shapes", sh(hi)]
+    else:
+        profile = ["--shapes", ",".join(f"{k}:{'x'.join(map(str, v.shape)) or '1'}"
+                                        for k, v in ti.feeds(meta["inputs"], 1).items())]
+    for key, flags in (("cuda_fp32", []), ("cuda_fp16", ["--fp16"])):
+        ok, out, _ = kiln([a.lower_check, "--gpu-memory", "80000,81559"] + flags + profile + [row["_path"]], a.timeout)
+        last = (out.strip().splitlines() or ["(no output)"])[-1]
+        row[key] = "ok" if ok and last.startswith("ok") else (last.split("\t")[-1] if "\t" in last else last)
+
+
 def table(rows):
-    lines = ["| model | exporter (opset) | ops of note (in subgraphs too) | builds | first error | outputs vs ONNX Runtime |",
-             "|---|---|---|---|---|---|"]
+    cuda = any("cuda_fp32" in r for r in rows)
+    lines = ["| model | exporter (opset) | ops of note (in subgraphs too) | builds | first error | outputs vs ONNX Runtime |"
+             + (" cuda build step FP32 / FP16 |" if cuda else ""), "|---|---|---|---|---|---|" + ("---|" if cuda else "")]
     for r in rows:
         exp = f"{r.get('exporter', '-')} ({r.get('opset', '-')})"
         if r.get("torchscript_error"):
@@ -136,7 +157,8 @@ def table(rows):
         err = r.get("error", "").split(": error: ")[-1].split(".onnx: ", 1)[-1].replace("|", "\\|")
         agrees = ("yes: " if r.get("agrees") else "NO: ") + r["detail"] if "agrees" in r else "-"
         note = ", ".join(f"{k} {r['ops'][k]}" for k in WATCH if r.get("ops", {}).get(k)) or "-"
-        lines.append(f"| {r['model']} | {exp} | {note} | {built} | {err or '-'} | {agrees} |")
+        lines.append(f"| {r['model']} | {exp} | {note} | {built} | {err or '-'} | {agrees} |"
+                     + (f" {r.get('cuda_fp32', '-')} / {r.get('cuda_fp16', '-')} |" if cuda else ""))
     return "\n".join(lines) + "\n"
 
 
@@ -150,6 +172,9 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--timeout", type=int, default=3600, help="seconds per kiln build or run")
     ap.add_argument("--no-export", action="store_true", help="use existing exports only (no PyTorch)")
+    ap.add_argument("--lower-check", default=None,
+                    help="kiln_lower_check of a CUDA build (build/tests/cuda/kiln_lower_check): also the cuda "
+                         "build step at FP32 and FP16 with bench/tasks.py's profile, no GPU needed")
     ap.add_argument("--table", nargs="+", metavar="JSON", help="only print the table of earlier runs' task_status.json")
     a = ap.parse_args()
     if a.table:
@@ -167,6 +192,7 @@ def main():
         except Exception as e:  # noqa: BLE001 - one model's failure is its row
             row = {"model": name, "exception": f"{type(e).__name__}: {str(e).strip()[:300]}"}
         row["seconds"] = round(time.time() - t0, 1)
+        row.pop("_path", None)
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "ops"}), flush=True)
         if a.out:
