@@ -226,7 +226,7 @@ def time_torch_variants(a, row, task, m32, m16, b, feeds):
             row[f"{key}_b{b}"] = time_module(m, args, a.iters)
         except Exception as e:  # noqa: BLE001
             row[f"{key}_b{b}_error"] = one_line(e)
-    if a.no_compile or m16 is None or row.get("compile_error"):
+    if a.no_compile or m16 is None or row.get("compile_error") or (a.compile_batches and b not in a.compile_batches):
         return
     torch._dynamo.reset()
     try:
@@ -387,6 +387,9 @@ def main():
     ap.add_argument("--deadline", type=float, default=0, help="stop starting models after this many seconds")
     ap.add_argument("--no-torch", action="store_true", help="kiln only (no PyTorch timings or checks)")
     ap.add_argument("--no-compile", action="store_true", help="no torch.compile")
+    ap.add_argument("--compile-batches", default="",
+                    help="torch.compile at these batches only (default: every batch; compiling the SD UNet "
+                         "takes a minute or two a batch)")
     ap.add_argument("--torch-when-refused", action="store_true",
                     help="time PyTorch also for models kiln refuses (default: skip them)")
     ap.add_argument("--no-strict-check", dest="strict_check", action="store_false",
@@ -404,6 +407,7 @@ def main():
         DEVICE, a.no_compile = "cpu", True
     a.batches = [int(b) for b in a.batches.split(",")]
     a.precisions = [p for p in a.precisions.split(",") if p]
+    a.compile_batches = [int(b) for b in a.compile_batches.split(",") if b]
     if any(p not in ("fp32", "fp16") for p in a.precisions):
         sys.exit(f"tasks: --precisions takes fp32 and fp16, not {','.join(a.precisions)}")
     if not os.access(a.kiln, os.X_OK):
