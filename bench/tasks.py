@@ -264,7 +264,7 @@ def one_model(a, name):
     if meta.get("torchscript_error"):
         row["torchscript_error"] = meta["torchscript_error"]
     acc_batch = a.check_batch if task.batchable else 1
-    row["opset"] = task.opset
+    row["opset"] = meta.get("opset", task.opset)
     row["export_s"] = round(time.time() - t0, 1)
     batches = [b for b in a.batches if task.batchable or b == 1]
     row["batches"] = batches

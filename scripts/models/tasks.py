@@ -551,6 +551,9 @@ def export_to(task, out_dir, exporter=None):
     t0 = time.time()
     how, why = export(task, path, exporter)
     meta = dict(task.manifest(), exporter=how, torchscript_error=why, export_s=round(time.time() - t0, 1))
+    import onnx
+    m = onnx.load(path, load_external_data=False)
+    meta["opset"] = next(o.version for o in m.opset_import if o.domain in ("", "ai.onnx"))  # dynamo: 18 or more
     with open(path + ".json", "w") as f:
         json.dump(meta, f, indent=1)
     return path, meta
