@@ -268,9 +268,9 @@ def one_model(a, name):
     row["export_s"] = round(time.time() - t0, 1)
     batches = [b for b in a.batches if task.batchable or b == 1]
     row["batches"] = batches
-    if task.batchable:
-        lo, hi = task.feeds(1), task.feeds(max(batches))
-        profile = ["--min-shapes", shape_arg(lo), "--opt-shapes", shape_arg(hi), "--max-shapes", shape_arg(hi)]
+    if task.batchable:  # tuned at the largest timed batch; the accuracy check's batch inside the profile too
+        lo, opt, hi = task.feeds(1), task.feeds(max(batches)), task.feeds(max(batches + [acc_batch]))
+        profile = ["--min-shapes", shape_arg(lo), "--opt-shapes", shape_arg(opt), "--max-shapes", shape_arg(hi)]
     else:
         profile = ["--shapes", shape_arg(task.feeds(1))]
     row["_profile"] = profile
