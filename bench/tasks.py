@@ -245,9 +245,11 @@ def time_torch_variants(a, row, task, m32, m16, b, feeds):
     torch._dynamo.reset()
 
 
-def one_model(a, name):
+def one_model(a, name, save):
+    """One model's row; save(row) after each stage, so a run killed at its time limit keeps what
+    the model got to (the row says "partial")."""
     import torch
-    row = {"model": name}
+    row = {"model": name, "partial": True}
     t0 = time.time()
     task = tasks.MODELS[name]()
     row["note"] = task.note
@@ -281,7 +283,9 @@ def one_model(a, name):
         engine = os.path.join(a.work, f"{name}_{key}.kiln")
         if build(a, onnx, engine, profile, extra, row, key):
             engines[key] = engine
+        save(row)
     if not engines and not a.torch_when_refused:
+        row.pop("partial")
         return row
 
     m32 = m16 = None
@@ -291,6 +295,7 @@ def one_model(a, name):
         m16 = None if a.cpu else copy.deepcopy(m32).half()
     if engines:
         check(a, row, task, onnx, engines, task.feeds(acc_batch), m32, m16)
+        save(row)
     for b in batches:
         feeds = task.feeds(b)
         for key, engine in engines.items():
@@ -305,7 +310,9 @@ def one_model(a, name):
                 row["cuda_graphs"] = graphs and row.get("cuda_graphs", True)
         if not a.no_torch:
             time_torch_variants(a, row, task, m32, m16, b, feeds)
+        save(row)
     del m32, m16, task
+    row.pop("partial")
     torch._dynamo.reset()
     if not a.cpu:
         torch.cuda.empty_cache()
@@ -335,6 +342,8 @@ def table(rows, batches):
             lines.append(f"| {r['model']} | harness: {r['error'][:150]} |" + " |" * (len(head) - 2))
             continue
         exp = r.get("exporter", "-") + (" (TorchScript failed)" if r.get("torchscript_error") else "")
+        if r.get("partial"):
+            notes.append(f"- {r['model']}: partial row (the run stopped inside this model)")
         if "fp32_build_s" not in r and "fp16_build_s" not in r:
             lines.append(f"| {r['model']} | {exp} | refused: {r.get('fp32_error') or r.get('fp16_error')} |"
                          + " - |" * (len(head) - 3))
@@ -401,6 +410,14 @@ def main():
     ap.add_argument("--cpu", action="store_true",
                     help="a check of the harness on a machine without a GPU: kiln's CPU backend (FP32 "
                          "engines only), PyTorch float32 on the CPU, no torch.compile")
+    ap.add_argument("--table", nargs="+", metavar="JSON",
+                    help="only print the table of earlier runs' tasks.json (partial rows too), in order")
+    if "--table" in sys.argv:  # no --kiln or --out needed
+        j = [json.load(open(p)) for p in sys.argv[sys.argv.index("--table") + 1:]]
+        rows = [r for x in j for r in x["rows"]]
+        batches = sorted({b for r in rows for b in r.get("batches", [])}) or [1]
+        print(table(rows, batches))
+        return 0
     a = ap.parse_args()
     global DEVICE
     if a.cpu:
@@ -434,8 +451,12 @@ def main():
             rows.append({"model": name, "error": "not run (deadline)"})
             continue
         t0 = time.time()
+
+        def save(partial):
+            with open(os.path.join(a.out, "tasks.json"), "w") as f:
+                json.dump({"env": env, "rows": rows + [partial]}, f, indent=1, default=str)
         try:
-            row = one_model(a, name)
+            row = one_model(a, name, save)
         except Exception as e:  # noqa: BLE001 - a failing model is a row of the table
             traceback.print_exc()
             row = {"model": name, "error": f"{type(e).__name__}: {one_line(e)}"}
