@@ -30,7 +30,12 @@ detectors' class-logit layers are rescaled):
      FP16 and torch.compile(mode="reduce-overhead") FP16 (where it compiles; the first error
      line where not), medians of --iters runs (CUDA events), all in this process.
      Stable Diffusion's UNet also gets kiln FP16 against PyTorch eager FP32 (target 2.5x).
-Writes OUT/tasks.json and OUT/tasks.md (the table for docs/perf.md).
+Writes OUT/tasks.json (after each stage of each model: a run killed at the device's time limit
+keeps the rows it got to, the last marked partial) and OUT/tasks.md (the table for
+docs/perf.md); `bench/tasks.py --table OUT1/tasks.json OUT2/tasks.json` prints the table of
+several runs. --cpu checks the harness itself on a machine without a GPU (kiln's CPU backend,
+PyTorch on the CPU; e.g. --models sd15_unet_tiny,yolo_like_tiny --batches 1,2 --iters 3).
+On the GPU machine through bench/tasks.sh (which installs the carried diffusers wheel).
 """
 import argparse
 import json

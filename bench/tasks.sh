@@ -7,6 +7,14 @@
 # KILN_TASKS_MODELS (a comma-separated list; default: what kiln builds today), KILN_TASKS_ARGS
 # (more bench/tasks.py flags, e.g. "--batches 1,8 --iters 100 --no-compile"), KILN_TASKS_TIMEOUT
 # (seconds, default 540: a device call's command has 600).
+# Each call exports its models afresh (the SD UNet: about 2-3 minutes of CPU), so a call holds a
+# few models; suggested, one line per call:
+#   KILN_TASKS_MODELS=sd15_unet KILN_TASKS_ARGS="--batches 1,8 --iters 30 --check-batch 1 --compile-batches 1"
+#   KILN_TASKS_MODELS=sd15_text_encoder,sd15_vae_decoder,lraspp_mobilenet_v3_large KILN_TASKS_ARGS="--batches 1,8 --iters 30 --check-batch 1"
+#   KILN_TASKS_MODELS=fcn_resnet50,deeplabv3_mobilenet_v3_large,r3d_18,s3d KILN_TASKS_ARGS="--batches 1,8 --iters 50"
+# and, as kiln learns their ops: ssdlite320_mobilenet_v3_large,retinanet_resnet50_fpn,fcos_resnet50_fpn,
+# fasterrcnn_mobilenet_v3_large_320_fpn,maskrcnn_resnet50_fpn,keypointrcnn_resnet50_fpn,yolo_like (batch 1: one
+# image a call, but yolo_like), raft_small, lstm_classifier, gru_tagger.
 set -uo pipefail
 . "$(dirname "$0")/device_env.sh" /tmp/kiln-tasks-out
 if ls .whl/diffusers-*.whl >/dev/null 2>&1; then
