@@ -24,6 +24,8 @@ TINY = {
     "maskrcnn_tiny": "torchvision Mask R-CNN (also Loop: mask pasting)",
     "keypointrcnn_tiny": "torchvision Keypoint R-CNN (also Loop: heatmaps to keypoints)",
     "flow_lookup_tiny": "RAFT's correlation lookup (GridSample)",
+    "segmentation_tiny": "torchvision's LRASPP head (global-pool gate, bilinear upsampling)",
+    "video3d_tiny": "r3d/S3D layers (Conv3d stem, residual 3x3x3, separable (1,3,3)+(3,1,1), MaxPool3d)",
     "lstm_classifier_tiny": "bidirectional 2-layer LSTM text classifier (LSTM)",
     "gru_tagger_tiny": "bidirectional 2-layer GRU tagger (GRU)",
     "sd15_unet_tiny": "SD 1.5 UNet blocks: ResNet, cross-attention transformer, up/down sampling",

@@ -373,6 +373,58 @@ def s3d():
     return _dense_vision("s3d", v.s3d(weights=None), _clips(16, 224))
 
 
+@model("segmentation_tiny")
+def segmentation_tiny():
+    """torchvision's LRASPP class (its head: 1x1 convs, the global-pool gate, bilinear upsampling
+    of both branches to the input size) on a backbone of three strided conv-BN-ReLU stages."""
+    import torch
+    import torch.nn as nn
+    from torchvision.models.segmentation.lraspp import LRASPP
+    _seed(0)
+
+    def cbr(i, o, s=1, d=1):
+        return nn.Sequential(nn.Conv2d(i, o, 3, s, d, dilation=d, bias=False), nn.BatchNorm2d(o), nn.ReLU())
+
+    class Backbone(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.low = nn.Sequential(cbr(3, 8, 2), cbr(8, 8, 2), cbr(8, 12, 2))  # stride 8
+            self.high = nn.Sequential(cbr(12, 16, 2), cbr(16, 16, 1, 2))       # stride 16, dilated
+
+        def forward(self, x):
+            low = self.low(x)
+            return {"low": low, "high": self.high(low)}
+
+    m = DictOut.wrap(LRASPP(Backbone(), 12, 16, 5, inter_channels=8))
+    return _dense_vision("segmentation_tiny", m, {"recipe": "scenes", "shape": ["N", 3, 64, 96], "normalize": True},
+                         "out", note="torchvision's LRASPP head on a 3-stage backbone, 64x96")
+
+
+@model("video3d_tiny")
+def video3d_tiny():
+    """The video models' layers at a tiny size: r3d's (3, 7, 7) stem and residual 3x3x3 block, an
+    S3D-style separable block (1, 3, 3) then (3, 1, 1), 3-D max pooling, global average pooling."""
+    import torch.nn as nn
+    _seed(0)
+
+    class Block(nn.Module):
+        def __init__(self, c):
+            super().__init__()
+            self.a = nn.Sequential(nn.Conv3d(c, c, 3, 1, 1, bias=False), nn.BatchNorm3d(c), nn.ReLU())
+            self.b = nn.Sequential(nn.Conv3d(c, c, 3, 1, 1, bias=False), nn.BatchNorm3d(c))
+
+        def forward(self, x):
+            return (x + self.b(self.a(x))).relu()
+
+    m = nn.Sequential(
+        nn.Conv3d(3, 8, (3, 7, 7), (1, 2, 2), (1, 3, 3), bias=False), nn.BatchNorm3d(8), nn.ReLU(), Block(8),
+        nn.MaxPool3d((1, 3, 3), (1, 2, 2), (0, 1, 1)),
+        nn.Conv3d(8, 12, (1, 3, 3), 1, (0, 1, 1), bias=False), nn.BatchNorm3d(12), nn.ReLU(),
+        nn.Conv3d(12, 12, (3, 1, 1), (2, 1, 1), (1, 0, 0), bias=False), nn.BatchNorm3d(12), nn.ReLU(),
+        nn.AdaptiveAvgPool3d(1), nn.Flatten(), nn.Linear(12, 10))
+    return _dense_vision("video3d_tiny", m, _clips(8, 32), note="r3d/S3D layers on 8-frame 32x32 clips")
+
+
 @model("raft_small")
 def raft():
     import torch
