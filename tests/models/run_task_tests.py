@@ -6,6 +6,8 @@ its outputs) through kiln's CPU backend against ONNX Runtime. No PyTorch needed.
 Models kiln supports: one engine at -O2 (batch 1-3 where the model has a batch axis, else its
 one image's shape), compared at batch 1 and 3: dense outputs relative L2 < 1e-4; detections the
 same count as ONNX Runtime and every box and score within 1e-3 (scripts/models/task_checks.py).
+With a CUDA build (no GPU needed), each such model also goes through the cuda build step
+(kiln_lower_check, FP32/TF32 and FP16, the same profile): every layer must get a GPU tactic.
 Any failure is exit status 1.
 
 Models kiln does not support yet are in UNSUPPORTED with the error they gave when they were
@@ -55,14 +57,28 @@ def shapes(meta, batch):
     return ",".join(f"{k}:{'x'.join(map(str, v.shape)) or '1'}" for k, v in ti.feeds(meta["inputs"], batch).items())
 
 
+def profile_args(meta):
+    return (["--min-shapes", shapes(meta, 1), "--opt-shapes", shapes(meta, 2), "--max-shapes", shapes(meta, 3)]
+            if meta["batchable"] else ["--shapes", shapes(meta, 1)])
+
+
+def check_cuda(lower_check, name, meta):
+    """The cuda build step at FP32/TF32 and FP16; raises RuntimeError with its error."""
+    for flags in ([], ["--fp16"]):
+        out = run([lower_check] + flags + profile_args(meta) + [os.path.join(DIR, name + ".onnx")])
+        last = out.strip().splitlines()[-1]
+        if not last.startswith("ok"):
+            raise RuntimeError(f"cuda build step{' (FP16)' if flags else ''}: {last.split(chr(9))[-1]}")
+    return "cuda build step ok (FP32, FP16)"
+
+
 def check(kiln, name, meta, tmp):
     """Builds and compares; returns a one-line description, raises RuntimeError on a failure."""
     import onnxruntime as ort
     path = os.path.join(DIR, name + ".onnx")
     engine = os.path.join(tmp, name + ".kiln")
     batches = (1, 3) if meta["batchable"] else (1,)
-    profile = (["--min-shapes", shapes(meta, 1), "--opt-shapes", shapes(meta, 2), "--max-shapes", shapes(meta, 3)]
-               if meta["batchable"] else ["--shapes", shapes(meta, 1)])
+    profile = profile_args(meta)
     run([kiln, "build", "--backend", "cpu", "--onnx", path, "--save-engine", engine] + profile)
     sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
@@ -96,7 +112,13 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kiln", default="build/kiln")
     ap.add_argument("--models", default=None, help="a comma-separated subset (default: all in the manifest)")
+    ap.add_argument("--lower-check", default=None,
+                    help="kiln_lower_check (default: next to --kiln, when built with CUDA)")
     a = ap.parse_args()
+    lower_check = a.lower_check or os.path.join(os.path.dirname(a.kiln), "tests", "cuda", "kiln_lower_check")
+    if not os.path.exists(lower_check):
+        print("task model tests: no kiln_lower_check (a build without CUDA): the cuda build step is skipped")
+        lower_check = None
     try:
         import onnxruntime  # noqa: F401
     except ImportError:
@@ -111,6 +133,8 @@ def main():
             meta = models[name]
             try:
                 said = check(a.kiln, name, meta, tmp)
+                if lower_check and name not in UNSUPPORTED:
+                    said += "; " + check_cuda(lower_check, name, meta)
             except RuntimeError as e:
                 err = str(e).split(": error: ")[-1]
                 err = err.split(".onnx: ", 1)[-1]
