@@ -145,7 +145,7 @@ class TorchvisionDetector:
 
 def _tv_detector(name, build, extra=(), spread=(), hw=(480, 640), note=""):
     import torch
-    import torchvision  # noqa: F401
+    import torchvision  # noqa: F401 - imported before tracing: its first import inside a trace records an op
     _seed(0)
     m = build().eval()
     w = TorchvisionDetector.wrap(m, extra)
@@ -377,7 +377,6 @@ def s3d():
 def segmentation_tiny():
     """torchvision's LRASPP class (its head: 1x1 convs, the global-pool gate, bilinear upsampling
     of both branches to the input size) on a backbone of three strided conv-BN-ReLU stages."""
-    import torch
     import torch.nn as nn
     from torchvision.models.segmentation.lraspp import LRASPP
     _seed(0)
