@@ -64,8 +64,8 @@ bool fused_layer_supported(const std::string& op_type, const Attributes& attrs) 
            std::all_of(ops.begin(), ops.end(), post_op_supported) &&
            attrs.get_floats("post_values").size() == ops.size();
   }
-  if (op_type == "FusedGemm" || op_type == "FusedConvPool" ||
-      op_type == "FusedConvPair" || op_type == "FusedConvMean")
+  if (op_type == "FusedGemm" || op_type == "FusedConvPool" || op_type == "FusedConvPair" ||
+      op_type == "FusedConvMean" || op_type == "FusedGroupNorm")
     return fused_activation_supported(attrs.get_string("activation", ""));
   if (op_type == "ElementwiseChain") {
     const auto ops = attrs.get_strings("ops");
@@ -369,6 +369,7 @@ Status cpu_reformat(KernelContext& ctx) {
 }  // namespace
 
 Status unfuse_attention_rotary(Graph& g, Node* n);  // fused_transformer.cpp
+Status unfuse_groupnorm(Graph& g, Node* n);         // fused_norm.cpp
 
 // FusedConvMean -> FusedConv, and GlobalAveragePool of its output writing output 1.
 Status unfuse_conv_mean(Graph& g, Node* n) {
@@ -395,6 +396,7 @@ Status unfuse_layer(Graph& g, Node* n) {
   if (n->domain == "kiln" && n->op_type == "MultiHeadAttention" && mha_has_rotary(*n))
     return unfuse_attention_rotary(g, n);
   if (n->domain == "kiln" && n->op_type == "FusedConvMean") return unfuse_conv_mean(g, n);
+  if (n->domain == "kiln" && n->op_type == "FusedGroupNorm") return unfuse_groupnorm(g, n);
   const bool conv = n->domain == "kiln" && n->op_type == "FusedConv";
   const bool gemm = n->domain == "kiln" && n->op_type == "FusedGemm";
   if ((!conv && !gemm) || quant::runs_int8(*n) || !n->output(0))

@@ -57,6 +57,12 @@
 //   kiln.Relayout(x0, x1, ...)          a region of layout ops (Transpose, Reshape, Squeeze,
 //                                       Unsqueeze, Flatten, Slice, Concat, Pad, Expand) with one
 //                                       result, as one layer (see below)
+//   kiln.FusedGroupNorm(X, scale, bias, addend?)
+//                                       Y = act(GroupNormalization(X + addend, scale, bias))
+//                                       num_groups, epsilon (scale and bias per channel, as
+//                                       opset 21); the addend broadcasts over the spatial axes
+//                                       only ([N or 1, C or 1, 1, ...]: a diffusion UNet's
+//                                       timestep embedding); activation as below (fused_norm.cpp)
 //   kiln.Reformat(X)                    Y = X; placed by a backend where the storage format
 //                                       (type, layout) changes between layers
 //
@@ -128,7 +134,8 @@ bool mha_has_rotary(const Node& n);
 // kernel's order (Conv | MatMul [+ Add(C)] | Gemm, then Add(Z or R), then the activation), in its
 // place; the last op writes the layer's output value. A kiln.MultiHeadAttention with the rotary
 // (mha_has_rotary) becomes the RotaryEmbedding(s) on Q and K and the attention without it; a
-// kiln.FusedConvMean the FusedConv and a GlobalAveragePool of its output. For a
+// kiln.FusedConvMean the FusedConv and a GlobalAveragePool of its output; a kiln.FusedGroupNorm
+// its Add, GroupNormalization and activation. For a
 // backend that has no kernel for the fused form (a residual that broadcasts, an activation no
 // epilogue computes, a rotary only one attention kernel applies).
 Status unfuse_layer(Graph& g, Node* n);

@@ -177,5 +177,6 @@ std::span<const OpDef> rotary_ops();       // RotaryEmbedding
 std::span<const OpDef> control_flow_ops(); // If, Loop, Scan
 std::span<const OpDef> fused_ops();        // kiln's fused layers (the optimizer's output)
 std::span<const OpDef> transformer_ops();  // kiln.MultiHeadAttention, kiln.SkipLayerNorm
+std::span<const OpDef> fused_norm_ops();   // kiln.FusedGroupNorm
 
 }  // namespace kiln

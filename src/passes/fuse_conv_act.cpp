@@ -46,18 +46,8 @@ struct FuseConvAct {
     if (!is_float_type(y->type.dtype)) return reject("not a float type");
     Attributes a = p->attrs;
     if (p->domain.empty() && op == "FusedGemm") a.set("base", Attribute::String(p->op_type));
-    a.set("activation", Attribute::String(act.op_type));
-    if (act.op_type == "Clip") {
-      for (size_t i = 1; i <= 2; ++i) {
-        if (!act.input(i)) continue;
-        auto bound = scalar_const(act.input(i));
-        if (!bound) return reject("Clip bounds are not constant scalars");
-        a.set(i == 1 ? "act_min" : "act_max", Attribute::Float(static_cast<float>(*bound)));
-      }
-    } else {
-      if (act.num_inputs() > 1) return reject("the activation has extra inputs");
-      copy_attrs_prefixed(act.attrs, a, "act_");
-    }
+    std::string why;
+    if (!activation_attrs(act, a, &why)) return reject(why);
     // Swish joins only a layer whose own kernel computes it (kiln's depthwise convolution,
     // cuDNN's graph API in FP16/TF32; not cuBLASLt or cuDNN's legacy layer, where it would be a
     // second pass): the backend judges the would-be layer, not just its attributes.

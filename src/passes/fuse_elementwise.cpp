@@ -3,8 +3,9 @@
 //   e1(x, ...) -> e2(., ...) -> ... -> en(., ...)  =>  kiln.ElementwiseChain(x, ...)
 // Each link's value must have no other consumer and not be a graph output, every step must
 // keep the chain's shape (an operand that broadcasts the chain to a bigger shape ends it) and
-// element type. Needs two or more steps, or one that reads a part of a last-axis Split (which
-// the chain then reads in place: AbsorbSplit below).
+// element type. Needs two or more steps, or one that reads a part of a last-axis Split or Slice
+// (which the chain then reads in place: AbsorbSplit below).
+#include <algorithm>
 #include <map>
 
 #include "ops/fused.h"
@@ -22,13 +23,30 @@ bool is_chain_op(const Node* n) {
 }
 
 // The column range [start, start + width) of x that `v` is when v is an output of a Split of x's
-// last axis with static widths.
+// last axis with static widths, or a step-1 Slice of x's last axis with constant bounds
+// (torch.chunk as the TorchScript exporter writes it: diffusers' GEGLU halves its projection so).
 struct SplitPart {
   Node* split;
   Value* x;
   int64_t start, width;
 };
+std::optional<SplitPart> slice_part(const Value* v) {
+  Node* s = producer_if(v, "Slice");
+  if (!s || !s->input(0) || !s->input(0)->type.has_rank() || !v->type.has_rank()) return std::nullopt;
+  Value* x = s->input(0);
+  const int64_t r = x->type.rank();
+  const auto sl = axis_slice(s, r);
+  if (r < 1 || !sl || sl->axis != r - 1 || sl->step != 1 || v->type.rank() != r ||
+      !x->type.dims->back().is_static() || !v->type.dims->back().is_static())
+    return std::nullopt;
+  const int64_t d = x->type.dims->back().value;
+  auto clamp = [d](int64_t i) { return std::clamp<int64_t>(i < 0 ? i + d : i, 0, d); };
+  const int64_t start = clamp(sl->start), end = std::max(start, clamp(sl->end));
+  if (end - start != v->type.dims->back().value) return std::nullopt;
+  return SplitPart{s, x, start, end - start};
+}
 std::optional<SplitPart> split_part(const Value* v) {
+  if (auto p = slice_part(v)) return p;
   Node* s = producer_if(v, "Split");
   if (!s || !s->input(0) || !s->input(0)->type.has_rank()) return std::nullopt;
   const Value* x = s->input(0);
@@ -221,8 +239,10 @@ struct AbsorbConcat {
 // x in place (col_slices), so the Split's copy is not made for it:
 //   (p0, .., pm-1) = Split(x, last axis) -> kiln.ElementwiseChain(.., pj, ..)
 //     =>  kiln.ElementwiseChain(.., x, ..; col_slices: x's columns of pj)
-// Llama's silu(gate) * up on pack_gemm's packed gate and up projections. The Split stays for
-// its other readers (it goes when none is left). Not for a concatenation's parts.
+// Llama's silu(gate) * up on pack_gemm's packed gate and up projections; a step-1 Slice of the
+// last axis likewise (diffusers' GEGLU: hidden * gelu(gate) on the two chunks of one
+// projection). The Split or Slice stays for its other readers (it goes when none is left). Not
+// for a concatenation's parts.
 struct AbsorbSplit {
   struct Match {
     Node* chain;
@@ -254,7 +274,7 @@ struct AbsorbSplit {
     auto scratch = scratch_layer("kiln", "ElementwiseChain", ins, a, chain.output(0));
     if (!ctx.backend_supports("kiln", "ElementwiseChain", a, chain.output(0)->type.dtype,
                               scratch->nodes().back())) {
-      ctx.note(fmt::format("{}: the backend cannot read the chain's Split parts in place",
+      ctx.note(fmt::format("{}: the backend cannot read the chain's column slices in place",
                            chain.label()));
       return std::nullopt;
     }

@@ -21,6 +21,7 @@ Expected<bool> fuse_rmsnorm(PassContext& ctx);
 Expected<bool> fuse_groupnorm(PassContext& ctx);
 Expected<bool> fuse_gelu(PassContext& ctx);
 Expected<bool> fuse_swish(PassContext& ctx);
+Expected<bool> fuse_groupnorm_act(PassContext& ctx);
 Expected<bool> fold_periodic_add(PassContext& ctx);
 Expected<bool> fuse_attention(PassContext& ctx);
 Expected<bool> map_onnx_attention(PassContext& ctx);

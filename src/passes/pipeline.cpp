@@ -50,6 +50,9 @@ struct PassEntry {
 //   own Attention op becomes the same kiln.Attention layer (its Where/Add for the mask are
 //   left to the later passes). fuse_rmsnorm after fuse_layernorm: a LayerNorm's tail
 //   (x - mean) / sqrt(mean((x - mean)^2) + eps) has RMSNorm's shape and belongs to LayerNorm.
+// - fuse_groupnorm_act after fuse_groupnorm and fuse_swish (the norm and its SiLU exist as ops)
+//   and before fuse_residual_add: the timestep term added in front of a norm belongs to the
+//   norm's kernel, not to the convolution before it as a residual that broadcasts.
 // - fold_periodic_add just before fuse_attention: a constant added per group of rows through a
 //   split and a merge of axis 0 (Swin's shifted-window mask) becomes a plain Add of the constant
 //   tiled over the groups, which fuse_attention takes as one more additive term of the scores.
@@ -113,6 +116,7 @@ constexpr PassEntry kPipeline[] = {
     {"fuse_groupnorm", 2, passes::fuse_groupnorm},
     {"fuse_gelu", 2, passes::fuse_gelu},
     {"fuse_swish", 2, passes::fuse_swish},
+    {"fuse_groupnorm_act", 2, passes::fuse_groupnorm_act},
     {"fold_periodic_add", 2, passes::fold_periodic_add},
     {"fuse_attention", 2, passes::fuse_attention},
     {"map_onnx_attention", 2, passes::map_onnx_attention},

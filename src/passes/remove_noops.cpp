@@ -6,6 +6,11 @@
 //   Pad(x) by constant zeros  =>  x   Slice(x) of step 1 giving x's own shape  =>  x
 //   (Swin pads to a multiple of its window and slices the padding off again; the amounts come
 //   from shape arithmetic and fold to zero wherever the image already is such a multiple)
+//   Mul(x, 1), Mul(1, x), Div(x, 1), Add(x, 0), Add(0, x), Sub(x, 0)  =>  x
+//   (constants of ones or zeros that do not widen x or change its type: diffusers divides every
+//   attention's and ResNet block's output by rescale_output_factor / output_scale_factor, 1 in
+//   Stable Diffusion; removed, the residual Adds behind them meet the GEMMs and norms)
+#include <algorithm>
 #include <numeric>
 
 #include "passes/passes.h"
@@ -18,9 +23,38 @@ bool is_reshape_like(const Node& n) {
                               n.op_type == "Squeeze" || n.op_type == "Unsqueeze");
 }
 
+bool all_equal(const Value* v, double c) {
+  if (!v || !v->is_constant()) return false;
+  const Tensor& t = *v->constant;
+  for (int64_t i = 0; i < t.numel(); ++i)
+    if (t.at_double(i) != c) return false;
+  return true;
+}
+
+// For an arithmetic identity (x * 1, x / 1, x + 0, x - 0, either operand order where it
+// commutes): the input that is x, or -1. x must be a float tensor of the result's shape and type
+// (x + 0 may turn -0 into +0, which no layer after it tells apart).
+int identity_operand(const Node& n) {
+  if (!n.domain.empty() || n.num_inputs() != 2 || !n.input(0) || !n.input(1) || !n.output(0))
+    return -1;
+  const bool mul = n.op_type == "Mul", add = n.op_type == "Add";
+  const bool div = n.op_type == "Div", sub = n.op_type == "Sub";
+  if (!mul && !add && !div && !sub) return -1;
+  const double unit = mul || div ? 1.0 : 0.0;
+  for (int k = 0; k < 2; ++k) {
+    if (k == 1 && (div || sub)) break;  // 1 / x and 0 - x are not x
+    const Value *x = n.input(k), *c = n.input(1 - k);
+    if (all_equal(c, unit) && is_float_type(x->type.dtype) &&
+        x->type.dtype == n.output(0)->type.dtype && same_dims(x->type, n.output(0)->type))
+      return k;
+  }
+  return -1;
+}
+
 // Why `n` is a no-op, or "" when it is not one.
 std::string noop_reason(PassContext& ctx, const Node& n) {
   if (!n.domain.empty() || n.num_inputs() == 0 || !n.input(0) || !n.output(0)) return "";
+  if (identity_operand(n) >= 0) return "arithmetic identity";
   const Value* x = n.input(0);
   const Value* y = n.output(0);
   if (n.op_type == "Identity") return "Identity";
@@ -82,7 +116,7 @@ struct RemoveNoop {
   static std::optional<Match> match(PassContext& ctx, Node& n) {
     if (noop_reason(ctx, n).empty()) return std::nullopt;
     Value* y = n.output(0);
-    Value* x = n.input(0);
+    Value* x = n.input(std::max(identity_operand(n), 0));
     if (ctx.g.is_graph_output(y) &&
         (!x->producer || ctx.g.is_graph_output(x) || ctx.g.is_graph_input(x))) {
       ctx.note(
@@ -92,8 +126,8 @@ struct RemoveNoop {
     return Match{&n};
   }
   static Status rewrite(PassContext& ctx, const Match& m) {
-    KILN_ASSIGN_OR_RETURN(bool done,
-                          bypass_node(ctx.g, m.node, m.node->output(0), m.node->input(0)));
+    Value* x = m.node->input(std::max(identity_operand(*m.node), 0));
+    KILN_ASSIGN_OR_RETURN(bool done, bypass_node(ctx.g, m.node, m.node->output(0), x));
     if (!done) return KILN_ERROR("{}: could not bypass", m.node->label());
     return Status::Ok();
   }

@@ -167,6 +167,22 @@ bool mask_fits_scores(const Node& mha, const TensorType& mask) {
       mask, TensorType(mask.dtype, {qd[sf], Dim(1), qd[1 - sf], (*k->type.dims)[1 - sf]}));
 }
 
+bool activation_attrs(const Node& act, Attributes& to, std::string* why) {
+  to.set("activation", Attribute::String(act.op_type));
+  if (act.op_type != "Clip") {
+    if (act.num_inputs() > 1) return *why = "the activation has extra inputs", false;
+    copy_attrs_prefixed(act.attrs, to, "act_");
+    return true;
+  }
+  for (size_t i = 1; i <= 2; ++i) {
+    if (act.num_inputs() <= i || !act.input(i)) continue;
+    auto bound = scalar_const(act.input(i));
+    if (!bound) return *why = "Clip bounds are not constant scalars", false;
+    to.set(i == 1 ? "act_min" : "act_max", Attribute::Float(static_cast<float>(*bound)));
+  }
+  return true;
+}
+
 void copy_attrs_prefixed(const Attributes& from, Attributes& to, const std::string& prefix) {
   for (const auto& [k, a] : from.all()) to.set(prefix + k, a);
 }

@@ -139,6 +139,11 @@ Expected<Node*> replace_with_layer(PassContext& ctx, const std::vector<Node*>& g
 // graph output's name. False (graph unchanged) when `out` is a graph output that `in` cannot
 // stand for (a graph input, constant or another graph output).
 Expected<bool> bypass_node(Graph& g, Node* n, Value* out, Value* in);
+// The attributes a fused layer carries for activation node `act` (ops/fused.h): activation =
+// its op type, Clip's constant scalar bounds as act_min / act_max, any other op's attributes
+// prefixed act_. False (with `why`) for a Clip whose bounds are not constant scalars or another
+// op with inputs besides its operand.
+bool activation_attrs(const Node& act, Attributes& to, std::string* why);
 // Copies every attribute of `from` into `to` with `prefix` prepended to its name.
 void copy_attrs_prefixed(const Attributes& from, Attributes& to, const std::string& prefix);
 // Appends the onnx_nodes of `from` to `to` (no duplicates).

@@ -38,7 +38,8 @@ struct OpCase {
   std::vector<CaseInput> inputs;
   int num_outputs = 1;
   // Modes to build: "fp32" (strict), "tf32", "fp16", "nhwc16" (fp16 with NHWC preferred for
-  // 4-D tensors). Float64/integer cases use "fp32" only.
+  // 4-D tensors), "nhwc32" (tf32 with NHWC preferred: float32 NHWC kernels). Float64/integer
+  // cases use "fp32" only.
   std::vector<std::string> modes = {"fp32", "fp16"};
   double tolerance = 0;           // relative L2 override for float outputs (0: per-mode default)
   // INT8 layers (int8 = 1, cases_int8.cpp; modes "int8" and "int8fp16", the latter with float16

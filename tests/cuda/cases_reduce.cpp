@@ -283,6 +283,40 @@ void norm_cases(std::vector<OpCase>& v) {
   v.push_back(make("GroupNorm_g1_nhwc_split", gn, attrs({{"num_groups", I(1)}}),
                    {in({2, 24, 40, 40}, DataType::kFloat32, 1, 3), in({24}), in({24})}, kNhwc));
   v.push_back(make("InstanceNorm_split", inn, {}, {in({1, 2, 128, 128}), in({2}), in({2})}, kF));
+  // Channels-last GroupNorm of any group count (groupnorm.nhwc): groups whose channels straddle
+  // 16-byte vectors (SD's 320 channels in 32 groups of 10), channels past one block's 256 vectors
+  // (2560: a group split between two passes), channel counts that allow no vector (12: the
+  // scalar path), one group, many pixel tiles, values far from 0 (the shifted sums), odd N.
+  const Modes kNhwcGn = {"nhwc16", "nhwc32"};
+  v.push_back(make("GroupNorm_nhwc_sd320", gn, attrs({{"num_groups", I(32)}}),
+                   {in({2, 320, 9, 7}), in({320}), in({320})}, kNhwcGn));
+  v.push_back(make("GroupNorm_nhwc_2560", gn, attrs({{"num_groups", I(32)}, {"epsilon", Attribute::Float(1e-6f)}}),
+                   {in({2, 2560, 3, 5}), in({2560}), in({2560})}, kNhwcGn));
+  v.push_back(make("GroupNorm_nhwc_scalar", gn, attrs({{"num_groups", I(3)}}),
+                   {in({3, 12, 5, 7}), in({12}), in({12})}, kNhwcGn));
+  v.push_back(make("GroupNorm_nhwc_tiles_offset", gn, attrs({{"num_groups", I(4)}}),
+                   {in({1, 64, 67, 61}, DataType::kFloat32, 3, 5), in({64}), in({64})}, kNhwcGn));
+  v.push_back(make("GroupNorm_nhwc_g1", gn, attrs({{"num_groups", I(1)}}),
+                   {in({2, 40, 11, 13}, DataType::kFloat32, -4, -2), in({40}), in({40})}, kNhwcGn));
+  // kiln.FusedGroupNorm: act(GroupNorm(X + addend)), the addend [N, C, 1, 1], [1, C, 1, 1] or
+  // [C, 1, 1] (a UNet's timestep embedding); SiLU (its own path), GELU (the generic one).
+  auto fgn = [&](const char* name, std::vector<int64_t> x, int64_t g, std::vector<int64_t> t,
+                 const char* act, double lo = -1, double hi = 1) {
+    Attributes a = attrs({{"num_groups", I(g)}});
+    if (*act) a.set("activation", Attribute::String(act));
+    const int64_t c = x[1];
+    std::vector<CaseInput> ins = {in(x, DataType::kFloat32, lo, hi), konst_random({c}, 1),
+                                  konst_random({c}, 1)};
+    if (!t.empty()) ins.push_back(in(t, DataType::kFloat32, -2, 2));
+    v.push_back(make_case(name, "FusedGroupNorm", a, ins, kNhwcGn, "kiln"));
+  };
+  fgn("FusedGroupNorm_silu", {2, 320, 8, 8}, 32, {}, "Swish");
+  fgn("FusedGroupNorm_silu_addend", {2, 640, 5, 6}, 32, {2, 640, 1, 1}, "Swish", 2, 4);
+  fgn("FusedGroupNorm_shared_addend", {3, 96, 7, 5}, 8, {1, 96, 1, 1}, "Swish");
+  fgn("FusedGroupNorm_channel_addend", {2, 48, 9, 9}, 6, {48, 1, 1}, "");
+  fgn("FusedGroupNorm_gelu_scalar", {2, 20, 6, 5}, 5, {2, 20, 1, 1}, "Gelu");
+  fgn("FusedGroupNorm_2560_addend", {2, 2560, 4, 4}, 32, {2, 2560, 1, 1}, "Swish");
+  fgn("FusedGroupNorm_vae_tiles", {1, 128, 96, 80}, 32, {}, "Swish", -3, 5);
   v.push_back(make("GroupNorm_split_odd_rows", gn, attrs({{"num_groups", I(1)}}),
                    {in({2, 3, 71, 73}, DataType::kFloat32, -3, -1), in({3}), in({3})}, kF));
   v.push_back(make("LayerNorm_split", ln, attrs({{"axis", I(1)}}),

@@ -1,5 +1,6 @@
 // Transformer layers: kiln.MultiHeadAttention (layers/attention_mha.cu: packed and separate Q, K,
-// V; grouped-query attention; head sizes 32, 64 and 128 for mha.flash, others for mha.unfused;
+// V; grouped-query attention; head sizes that are multiples of 8 up to 256 for mha.flash (other
+// than 32, 64 and 128 gated until run on a GPU), others for mha.unfused;
 // no mask, a padding mask, a full [B, 1, Sq, Sk] mask, causal -inf masks, fully masked rows; the
 // rotary on Q and K (mha.flash only); sequence tails and several key
 // tiles; cross attention), kiln.SkipLayerNorm and the last-axis LayerNorm and RMSNorm
@@ -300,6 +301,39 @@ void mha_cases(std::vector<OpCase>& v) {
                    .mask = padding(3, 70)}));
   v.push_back(mha({.name = "mqa_d32_cross", .B = 2, .Sq = 9, .Sk = 40, .H = 4, .D = 32, .Hkv = 1}));
   v.push_back(mha({.name = "gqa_d48_unfused", .B = 2, .Sq = 11, .Sk = 11, .H = 4, .D = 48, .Hkv = 2}));
+  // Head sizes other than 32, 64 and 128 (mha.flash at the padded width: 24 in 32, 40 in 48,
+  // 56 in 64, 80, 104 in 128, 160, 200 in 256, 256): Stable Diffusion's self-attention (packed,
+  // several key tiles and a tail) and cross-attention over 77 tokens, masks read element by
+  // element and staged, grouped-query heads, a grid small enough for one-warp blocks, and the
+  // split kernel (a variant of every case).
+  v.push_back(mha({.name = "d40_sd_self", .B = 2, .Sq = 300, .Sk = 300, .H = 3, .D = 40, .packed = true}));
+  v.push_back(mha({.name = "d40_sd_cross", .B = 2, .Sq = 130, .Sk = 77, .H = 2, .D = 40}));
+  v.push_back(mha({.name = "d80_sd_self", .B = 2, .Sq = 150, .Sk = 150, .H = 2, .D = 80, .packed = true}));
+  v.push_back(mha({.name = "d80_cross_padding",
+                   .B = 2,
+                   .Sq = 70,
+                   .Sk = 77,
+                   .H = 2,
+                   .D = 80,
+                   .mask = padding(2, 77)}));
+  v.push_back(mha({.name = "d160_sd_self", .B = 2, .Sq = 70, .Sk = 70, .H = 2, .D = 160, .packed = true}));
+  v.push_back(mha({.name = "d160_cross", .B = 2, .Sq = 64, .Sk = 77, .H = 2, .D = 160}));
+  v.push_back(mha({.name = "d96_causal", .B = 2, .Sq = 90, .Sk = 90, .H = 2, .D = 96, .mask = causal(90)}));
+  v.push_back(mha({.name = "d24_packed", .B = 2, .Sq = 37, .Sk = 37, .H = 3, .D = 24, .packed = true}));
+  v.push_back(mha({.name = "d56_full_mask",
+                   .B = 2,
+                   .Sq = 33,
+                   .Sk = 33,
+                   .H = 2,
+                   .D = 56,
+                   .mask = in({2, 1, 33, 33})}));
+  v.push_back(mha({.name = "d104_cross", .B = 2, .Sq = 20, .Sk = 45, .H = 2, .D = 104}));
+  v.push_back(mha({.name = "d200_packed", .B = 2, .Sq = 70, .Sk = 70, .H = 2, .D = 200, .packed = true}));
+  v.push_back(mha({.name = "d256_padding", .B = 2, .Sq = 65, .Sk = 65, .H = 2, .D = 256, .mask = padding(2, 65)}));
+  v.push_back(mha({.name = "d8_packed", .B = 2, .Sq = 19, .Sk = 19, .H = 2, .D = 8, .packed = true}));
+  v.push_back(mha({.name = "gqa_d40", .B = 2, .Sq = 67, .Sk = 67, .H = 4, .D = 40, .Hkv = 2}));
+  v.push_back(mha({.name = "d80_one_warp_blocks", .B = 1, .Sq = 20, .Sk = 20, .H = 1, .D = 80}));
+  v.push_back(mha({.name = "seq_first_d80_cross", .B = 2, .Sq = 9, .Sk = 40, .H = 2, .D = 80, .seq_first = true}));
   // Sequence-first (nn.MultiheadAttention's layout): packed with a padding mask, separate
   // cross attention at head size 32, and the unfused tactic's copies at head size 48.
   v.push_back(mha({.name = "seq_first_d64_packed_padding",

@@ -144,7 +144,7 @@ std::string compare_codes(const Tensor& got, const Tensor& ref, float sy, double
 
 double default_tol(const std::string& mode) {
   if (mode == "fp32" || mode == "int8") return 1e-5;
-  if (mode == "tf32" || mode == "int8fp16") return 1e-3;
+  if (mode == "tf32" || mode == "nhwc32" || mode == "int8fp16") return 1e-3;
   return 1e-2;
 }
 
@@ -206,7 +206,7 @@ void run_case(const OpCase& c, const std::string& tactic, const std::string& mod
   cfg.force_tactic = tactic;
   cfg.tf32 = mode != "fp32";
   cfg.fp16 = mode == "fp16" || mode == "nhwc16" || mode == "int8fp16";
-  cfg.layout = mode == "nhwc16" ? "nhwc" : c.int8() ? "auto" : "linear";
+  cfg.layout = mode == "nhwc16" || mode == "nhwc32" ? "nhwc" : c.int8() ? "auto" : "linear";
   auto engine = Engine::build_from_graph(g->clone(), cfg, c.name);
   if (!engine.ok() && engine.status().message().find("cannot run on the GPU") != std::string::npos)
     GTEST_SKIP() << "not applicable: " << engine.status().message();

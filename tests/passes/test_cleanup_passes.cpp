@@ -156,6 +156,30 @@ TEST(RemoveNoops, ZeroPadAndWholeSliceGoButRealOnesStay) {
   EXPECT_EQ(count(*opt, "Slice"), 2);
 }
 
+TEST(RemoveNoops, ArithmeticIdentitiesGoOthersStay) {
+  // diffusers divides attention and ResNet outputs by a rescale factor of 1.
+  G b;
+  Value* x = b.in("x", {2, 3, 4});
+  Value* v = b.op("Relu", {x});
+  v = b.op("Div", {v, b.cf(1.f)});
+  v = b.op("Mul", {b.c(Tensor::from<float>({4}, {1, 1, 1, 1})), v});  // ones of a row
+  v = b.op("Add", {v, b.cf(0.f)});
+  v = b.op("Sub", {v, b.c(Tensor::from<float>({3, 1}, {0, 0, 0}))});
+  b.out(b.op("Neg", {v}));
+  b.out(b.op("Sub", {b.cf(0.f), x}));  // -x
+  b.out(b.op("Div", {b.cf(1.f), x}));  // 1 / x
+  b.out(b.op("Mul", {x, b.cf(2.f)}));
+  b.out(b.op("Add", {x, b.c(Tensor::from<float>({2, 2, 3, 4}, std::vector<float>(48, 0.f)))}));
+  auto opt = optimize_checked(b.g, {"remove_noops"});
+  const Node* neg = find_op(*opt, "Neg");
+  ASSERT_NE(neg, nullptr);
+  EXPECT_EQ(neg->input(0)->producer->op_type, "Relu");
+  EXPECT_EQ(count(*opt, "Sub"), 1);  // 0 - x
+  EXPECT_EQ(count(*opt, "Div"), 1);  // 1 / x
+  EXPECT_EQ(count(*opt, "Mul"), 1);  // x * 2
+  EXPECT_EQ(count(*opt, "Add"), 1);  // widens x to [2, 2, 3, 4]
+}
+
 TEST(RemoveNoops, IdentityFromGraphInputToOutputStays) {
   G b;
   b.out(b.op("Identity", {b.in("x", {2})}));

@@ -2,6 +2,7 @@
 #include "pass_test_util.h"
 
 #include <cstdlib>
+#include <limits>
 
 namespace kiln::test {
 namespace {
@@ -219,6 +220,31 @@ TEST(FuseElementwise, ConcatJoinsTheChainThatReadsIt) {
     EXPECT_EQ(n->attrs.get_int("concat_axis", 0), 1);
     EXPECT_EQ(n->num_inputs(), 5u);  // three parts, scale, shift
   }
+}
+
+// diffusers' GEGLU: the projection chunked in two by last-axis Slices (torch.chunk as the
+// TorchScript exporter writes it), hidden * gelu(gate): the chain reads both halves in place.
+TEST(FuseElementwise, ChainReadsLastAxisSlicesInPlace) {
+  G b;
+  Value* p = b.op("Relu", {b.in("x", {2, 5, 12})});
+  Value* h = b.op("Slice", {p, b.c(ints({0})), b.c(ints({6})), b.c(ints({-1}))});
+  Value* gate = b.op("Slice", {p, b.c(ints({6})), b.c(ints({std::numeric_limits<int64_t>::max()})), b.c(ints({2}))});
+  b.out(b.op("Mul", {h, b.op("Gelu", {gate})}));
+  Value* odd = b.op("Slice", {p, b.c(ints({0})), b.c(ints({12})), b.c(ints({2})), b.c(ints({2}))});
+  b.out(b.op("Sigmoid", {odd}));  // step 2: a real copy, not a column range
+  b.out(b.op("Tanh", {b.op("Slice", {p, b.c(ints({1})), b.c(ints({2})), b.c(ints({1}))})}));
+  auto opt = optimize_checked(b.g, {"fuse_elementwise", "eliminate_dead_code"});
+  EXPECT_EQ(count(*opt, "Slice"), 2);  // the step-2 one and the one of another axis
+  bool found = false;
+  for (const Node* n : opt->nodes()) {
+    if (n->op_type != "ElementwiseChain" || n->attrs.get_strings("ops").size() != 2) continue;
+    found = true;
+    const auto cols = n->attrs.get_ints("col_slices");
+    EXPECT_TRUE(cols == (std::vector<int64_t>{0, 6, 6, 6}) || cols == (std::vector<int64_t>{6, 6, 0, 6}))
+        << cols.size();
+    EXPECT_EQ(n->input(0), n->input(1));
+  }
+  EXPECT_TRUE(found);
 }
 
 TEST(FuseElementwise, ConcatWithAnotherReaderStays) {

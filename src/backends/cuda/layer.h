@@ -36,6 +36,10 @@ namespace kiln::gpu {
 // 4-D tensor whose logical (ONNX) shape is [N,C,H,W] as N,H,W,C (channels last).
 enum class Layout : uint8_t { kLinear = 0, kNHWC = 1 };
 const char* layout_name(Layout l);
+// Whether a tensor of type t holds the same bytes in both layouts, for every shape its dims
+// allow: 4-D with one channel, or with H = W = 1 (a per-channel term [N, C, 1, 1], a
+// squeeze-excitation gate). Its reformat between layouts only relabels memory.
+bool layouts_share_bytes(const TensorType& t);
 
 // The storage format of one tensor on the device.
 struct TensorFormat {

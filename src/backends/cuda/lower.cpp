@@ -289,7 +289,9 @@ struct Lowering {
     // scale too (the INT8 layer consuming it reads X's and the residual's scales there).
     r->output(0)->quant_scales = v->quant_scales;
     r->output(0)->quant_axis = v->quant_axis;
-    const TacticDef* t = find_tactic("reformat");
+    // Between layouts that hold the same bytes ([N, C, 1, 1]) the reformat relabels memory.
+    const bool relabel = it->second.dtype == want.dtype && layouts_share_bytes(v->type);
+    const TacticDef* t = find_tactic(relabel ? "reformat.relabel" : "reformat");
     LayerChoice c;
     c.tactic = t;
     c.precision = Precision::kFP32;
@@ -550,6 +552,10 @@ bool some_tactic_takes(const Node& n, const GpuBuildOptions& o) {
   for (const TacticDef* t : tactics_for(n.domain, n.op_type))
     for (Precision p : precisions)
       for (bool nhwc : {true, false}) {
+        // NHWC candidates only where lowering offers them (Lowering::candidates): an FP32
+        // build keeps row-major layers unless --layout nhwc.
+        if (nhwc && !(o.layout == "nhwc" || (o.layout == "auto" && p != Precision::kFP32)))
+          continue;
         const LayerChoice c = float_choice(n, *t, p, nhwc);
         std::string why;
         if (caps_allow(c, &why) && tactic_supports(*t, c.desc(&n), &why)) return true;
@@ -559,7 +565,8 @@ bool some_tactic_takes(const Node& n, const GpuBuildOptions& o) {
 
 // A fused float layer that no tactic takes (a residual that broadcasts, an activation no
 // epilogue computes, an attention with the rotary that mha.flash cannot run: not FP16, another
-// head size, a FusedConvMean at a shape the depthwise kernel lacks) is split back into the ops
+// head size, a FusedConvMean at a shape the depthwise kernel lacks, a FusedGroupNorm outside an
+// FP16 NHWC build) is split back into the ops
 // it fuses (unfuse_layer, ops/fused.h), which the GPU runs, rather than failing the build. A
 // split's parts are checked in turn (FusedConvMean's FusedConv may split again).
 Status split_untaken_layers(Graph& g, const GpuBuildOptions& o) {
@@ -570,7 +577,7 @@ Status split_untaken_layers(Graph& g, const GpuBuildOptions& o) {
       const bool splits =
           n->domain == "kiln" &&
           (n->op_type == "FusedConv" || n->op_type == "FusedGemm" ||
-           n->op_type == "FusedConvMean" ||
+           n->op_type == "FusedConvMean" || n->op_type == "FusedGroupNorm" ||
            (n->op_type == "MultiHeadAttention" && mha_has_rotary(*n)));
       if (!splits || quant::runs_int8(*n) || some_tactic_takes(*n, o)) continue;
       if (o.log)

@@ -12,8 +12,8 @@ namespace {
 using FamilyFn = std::span<const TacticDef> (*)();
 constexpr FamilyFn kFamilies[] = {
     reformat_tactics,       elementwise_tactics, movement_tactics,          reduce_tactics,
-    layernorm_rows_tactics, conv_tactics,        int8_library_conv_tactics, pool_tactics,
-    gemm_tactics,           relayout_tactics,    data_dependent_tactics,
+    groupnorm_tactics,      layernorm_rows_tactics, conv_tactics,   int8_library_conv_tactics,
+    pool_tactics,           gemm_tactics,        relayout_tactics,          data_dependent_tactics,
 };
 
 const std::vector<TacticDef>& table() {
@@ -62,6 +62,12 @@ bool is_shape_op(std::string_view domain, std::string_view op_type) {
 }
 
 const char* layout_name(Layout l) { return l == Layout::kNHWC ? "nhwc" : "linear"; }
+
+bool layouts_share_bytes(const TensorType& t) {
+  if (t.rank() != 4) return false;
+  auto one = [&](size_t i) { return (*t.dims)[i].is_static() && (*t.dims)[i].value == 1; };
+  return one(1) || (one(2) && one(3));
+}
 
 const char* precision_name(Precision p) {
   switch (p) {

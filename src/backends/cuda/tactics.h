@@ -19,6 +19,8 @@ std::span<const TacticDef> relayout_tactics();     // layers/relayout.cu: kiln.R
                                                    // of layout ops as one gather)
 std::span<const TacticDef> reduce_tactics();       // layers/reduce*.cu: Reduce*, ArgMax/Min,
                                                    // Softmax family, norms, TopK, CumSum, Q/DQ
+std::span<const TacticDef> groupnorm_tactics();  // layers/groupnorm_nhwc.cu: GroupNormalization
+                                                 // and kiln.FusedGroupNorm in NHWC
 std::span<const TacticDef> layernorm_rows_tactics();  // layers/layernorm_rows.cu: LayerNorm
                                                       // over the last axis, kiln.SkipLayerNorm
 std::span<const TacticDef> conv_tactics();         // layers/conv*.cpp: Conv, ConvTranspose,

@@ -187,8 +187,36 @@ Expected<std::unique_ptr<Layer>> create_reformat(const LayerDesc& d) {
   return std::unique_ptr<Layer>(new ReformatLayer(codes, codes ? v->quant_scales[0] : 1.f));
 }
 
+// A change of layout alone of a tensor whose two layouts hold the same bytes
+// (layouts_share_bytes): the executor relabels its input's memory (alias, kLayoutSwap); where
+// it cannot (a graph output), run() copies.
+class RelabelLayer final : public Layer {
+ public:
+  Status run(const RunContext& rc, std::span<const DeviceTensor> in,
+             std::span<const DeviceTensor> out) override {
+    if (out[0].data != in[0].data && out[0].nbytes() > 0)
+      KILN_CUDA_CHECK(cudaMemcpyAsync(out[0].data, in[0].data, out[0].nbytes(),
+                                      cudaMemcpyDeviceToDevice, rc.stream));
+    return Status::Ok();
+  }
+};
+
+bool relabel_supports(const LayerDesc& d, std::string* why) {
+  if (d.in.empty() || d.out.empty() || d.in[0].dtype != d.out[0].dtype)
+    return *why = "a change of layout only", false;
+  if (!layouts_share_bytes(d.in_type(0)))
+    return *why = "the two layouts of this tensor differ in memory", false;
+  return true;
+}
+
+Expected<std::unique_ptr<Layer>> create_relabel(const LayerDesc&) {
+  return std::unique_ptr<Layer>(new RelabelLayer());
+}
+
 const TacticDef kReformatTactics[] = {
     {"kiln", "Reformat", "reformat", kF32 | kF16 | kF64 | kNHWC | kI8, 0, nullptr, create_reformat},
+    {"kiln", "Reformat", "reformat.relabel", kF32 | kF16 | kF64 | kNHWC | kI8 | kLayoutSwap, 0,
+     relabel_supports, create_relabel, nullptr, /*alias_input=*/0},
 };
 
 }  // namespace
