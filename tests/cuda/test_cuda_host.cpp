@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <set>
 
@@ -959,6 +960,72 @@ TEST(BuildMemory, BuildRefusesShapesThatCannotFit) {
   auto profile2 = Profile::from_config(*g2, c2);
   ASSERT_TRUE(profile2.ok()) << profile2.status().message();
   EXPECT_TRUE(build_cuda_plan(*g2, c2, *profile2).ok());
+}
+
+// A channels-last FP16 build keeps a convolution, its GroupNorm (with SiLU and the per-image
+// term of a UNet's timestep embedding) and the next convolution NHWC with no reformat between
+// them: groupnorm.nhwc.fused takes the norm, and the [N, C, 1, 1] term, row-major from its
+// GEMM, reaches it through reformat.relabel (both layouts the same bytes), which launches
+// nothing. Without KILN_UNVERIFIED_TACTICS (the kernel not yet run on a GPU) lowering splits
+// the norm back into its ops.
+TEST(CudaHost, ChannelsLastGroupNormTakesItsTimestepTermWithoutReformats) {
+  auto build = [](bool gated_on) {
+    auto g = std::make_unique<Graph>();
+    Value* x = g->add_value("x", TensorType(DataType::kFloat32, {2, 16, 8, 8}));
+    Value* e = g->add_value("e", TensorType(DataType::kFloat32, {2, 32}));
+    g->add_input(x);
+    g->add_input(e);
+    Value* w = g->add_constant("w", Tensor(DataType::kFloat32, {16, 16, 3, 3}));
+    Value* b = g->add_constant("b", Tensor(DataType::kFloat32, {16}));
+    Node* c1 = g->add_node("Conv", "c1", {x, w, b}, {"h"});
+    c1->attrs.set("pads", Attribute::Ints({1, 1, 1, 1}));
+    Value* pw = g->add_constant("pw", Tensor(DataType::kFloat32, {16, 32}));
+    Node* proj = g->add_node("Gemm", "proj", {e, pw, b}, {"t2"});
+    proj->attrs.set("transB", Attribute::Int(1));
+    Value* axes = g->add_constant("axes", Tensor::from<int64_t>({2}, {2, 3}));
+    Node* un = g->add_node("Unsqueeze", "un", {proj->output(0), axes}, {"t"});
+    Node* gn = g->add_node("FusedGroupNorm", "gn", {c1->output(0), b, b, un->output(0)}, {"n"},
+                           "kiln");
+    gn->attrs.set("num_groups", Attribute::Int(4));
+    gn->attrs.set("activation", Attribute::String("Swish"));
+    Node* c2 = g->add_node("Conv", "c2", {gn->output(0), w, b}, {"y"});
+    c2->attrs.set("pads", Attribute::Ints({1, 1, 1, 1}));
+    g->add_output(c2->output(0));
+    EXPECT_TRUE(infer_shapes(*g).ok());
+    const char* old = std::getenv("KILN_UNVERIFIED_TACTICS");
+    const std::string saved = old ? old : "";
+    if (gated_on) setenv("KILN_UNVERIFIED_TACTICS", "1", 1);
+    else unsetenv("KILN_UNVERIFIED_TACTICS");
+    BuildConfig c;
+    c.backend = "cuda";
+    c.tune = false;
+    c.fp16 = true;
+    c.gpu_memory_free = size_t(1) << 30;
+    c.gpu_memory_total = size_t(2) << 30;
+    auto profile = Profile::from_config(*g, c);
+    EXPECT_TRUE(profile.ok());
+    auto plan = build_cuda_plan(*g, c, *profile);
+    if (old) setenv("KILN_UNVERIFIED_TACTICS", saved.c_str(), 1);
+    else unsetenv("KILN_UNVERIFIED_TACTICS");
+    EXPECT_TRUE(plan.ok()) << plan.status().message();
+    std::map<std::string, std::string> tactic;  // op type (last of its kind) -> tactic
+    std::vector<std::string> reformats;
+    for (size_t k = 0; plan.ok() && k < g->nodes().size(); ++k) {
+      const Node* n = g->nodes()[k];
+      const std::string t = (*plan)["layers"][k].value("tactic", "");
+      tactic[n->op_type] = t;
+      if (n->op_type == "Reformat") reformats.push_back(t);
+    }
+    return std::make_pair(tactic, reformats);
+  };
+  auto [on, on_reformats] = build(true);
+  EXPECT_EQ(on["FusedGroupNorm"], "groupnorm.nhwc.fused");
+  // x and e in, y out convert type; the term only relabels.
+  EXPECT_EQ(std::count(on_reformats.begin(), on_reformats.end(), "reformat.relabel"), 1);
+  EXPECT_EQ(on_reformats.size(), 4u);
+  auto [off, off_reformats] = build(false);
+  EXPECT_EQ(off.count("FusedGroupNorm"), 0u);  // split: Add, GroupNormalization, Swish
+  EXPECT_EQ(off.count("GroupNormalization"), 1u);
 }
 
 }  // namespace

@@ -13,12 +13,16 @@
 //             to 0 for the next run (the counts belong to the layer, zeroed when made).
 //   gn_apply  the same tiles: per channel y = act(x * s + t) with s = gamma / stddev and
 //             t = beta + (addend - mean) * s, read from cache where the tile still is.
-// The addend (a [N or 1, C or 1, 1, 1] term) joins the element as it is read.
+// The addend (a [N or 1, C or 1, 1, 1] term) joins the element as it is read. Both kernels keep
+// kernels/pdl.cuh's rule: gn_apply is launched programmatically after gn_stats (its blocks are
+// scheduled while gn_stats' last wave runs, and wait for it), and the layer after this one may be
+// launched so after gn_apply.
 #include <algorithm>
 
 #include "device_util_host.h"
 #include "kernels/activation.cuh"
 #include "kernels/device_util.cuh"
+#include "kernels/pdl.cuh"
 #include "ops/op.h"
 #include "tactics.h"
 
@@ -100,6 +104,8 @@ __global__ void __launch_bounds__(kThreads) gn_stats(GnArgs<T> a) {
   __shared__ float e1[kThreads * kMaxV], e2[kThreads * kMaxV];  // each thread's element sums
   __shared__ float gs1[kMaxGroups], gs2[kMaxGroups];             // the block's group sums
   __shared__ unsigned last;
+  pdl_wait();
+  pdl_launch_dependents();
   const int n = blockIdx.y, tile = blockIdx.x, tid = threadIdx.x;
   const int warp = tid / 32, lane = tid % 32;
   const int p0 = tile * a.tile_p, p1 = min(a.HW, p0 + a.tile_p);
@@ -184,6 +190,8 @@ __global__ void __launch_bounds__(kThreads) gn_stats(GnArgs<T> a) {
 // kAct: 0 none, 1 Swish (SiLU), 2 any other (apply_act's switch).
 template <typename T, int V, int kAct>
 __global__ void __launch_bounds__(kThreads) gn_apply(GnArgs<T> a) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int n = blockIdx.y, tile = blockIdx.x, tid = threadIdx.x;
   const int p0 = tile * a.tile_p, p1 = min(a.HW, p0 + a.tile_p);
   const int lc = tid % a.cvb, pl = tid / a.cvb;
@@ -217,23 +225,25 @@ __global__ void __launch_bounds__(kThreads) gn_apply(GnArgs<T> a) {
 }
 
 template <typename T, int V>
-void launch(const GnArgs<T>& a, int N, cudaStream_t stream) {
+cudaError_t launch(const GnArgs<T>& a, int N, const RunContext& rc) {
   const dim3 grid(static_cast<unsigned>(a.tiles), static_cast<unsigned>(N));
-  gn_stats<T, V><<<grid, kThreads, 0, stream>>>(a);
-  if (a.act.act == Act::kNone) gn_apply<T, V, 0><<<grid, kThreads, 0, stream>>>(a);
-  else if (a.act.act == Act::kSwish) gn_apply<T, V, 1><<<grid, kThreads, 0, stream>>>(a);
-  else gn_apply<T, V, 2><<<grid, kThreads, 0, stream>>>(a);
+  cudaError_t e = launch_kernel(rc, gn_stats<T, V>, grid, dim3(kThreads), 0, a);
+  if (e != cudaSuccess) return e;
+  RunContext apply = rc;  // after this layer's own gn_stats, which triggers
+  apply.pdl = pdl_available();
+  if (a.act.act == Act::kNone) return launch_kernel(apply, gn_apply<T, V, 0>, grid, dim3(kThreads), 0, a);
+  if (a.act.act == Act::kSwish) return launch_kernel(apply, gn_apply<T, V, 1>, grid, dim3(kThreads), 0, a);
+  return launch_kernel(apply, gn_apply<T, V, 2>, grid, dim3(kThreads), 0, a);
 }
 
 // V: a 16-byte vector of T where the channels and addresses allow, else one value.
 template <typename T>
-void launch_any(GnArgs<T> a, int N, cudaStream_t stream) {
+cudaError_t launch_any(GnArgs<T> a, int N, const RunContext& rc) {
   constexpr int kV = 16 / sizeof(T);
   const bool vec = a.C % kV == 0 && aligned16(a.x) && aligned16(a.y);
   a.cvb = std::min(a.C / (vec ? kV : 1), kThreads);
   a.lanes = kThreads / a.cvb;
-  if (vec) launch<T, kV>(a, N, stream);
-  else launch<T, 1>(a, N, stream);
+  return vec ? launch<T, kV>(a, N, rc) : launch<T, 1>(a, N, rc);
 }
 
 // The addend's strides over (image, channel) from its shape, right-aligned against
@@ -337,6 +347,7 @@ class GroupNormNhwcLayer final : public Layer {
   Status run(const RunContext& rc, std::span<const DeviceTensor> in,
              std::span<const DeviceTensor> out) override {
     if (N_ == 0 || geo_.HW == 0 || geo_.C == 0) return Status::Ok();
+    cudaError_t err = cudaSuccess;
     const bool ok = dispatch_float(in[0].dtype, [&](auto tag) {
       using T = decltype(tag);
       if constexpr (std::is_same_v<T, __half> || std::is_same_v<T, float>) {
@@ -350,14 +361,16 @@ class GroupNormNhwcLayer final : public Layer {
         a.part = static_cast<float2*>(rc.workspace);
         a.stats = reinterpret_cast<float2*>(static_cast<char*>(rc.workspace) + part_bytes_);
         a.done = static_cast<unsigned*>(done_.get());
-        launch_any(a, static_cast<int>(N_), rc.stream);
+        err = launch_any(a, static_cast<int>(N_), rc);
       }
     });
     if (!ok || (in[0].dtype != DataType::kFloat16 && in[0].dtype != DataType::kFloat32))
       return KILN_ERROR("{}: unsupported type {}", node_->label(), dtype_name(in[0].dtype));
-    KILN_CUDA_LAUNCH_CHECK("GroupNorm NHWC kernels");
+    KILN_CUDA_CHECK(err);
     return Status::Ok();
   }
+
+  bool programmatic() const override { return true; }  // kernels/pdl.cuh
 
  private:
   const Node* node_;
