@@ -48,7 +48,13 @@
 //                                       kiln_head_begin = 0, kiln_head_end = H + Hkv), i.e. Q's
 //                                       and K's heads; else RotaryEmbedding(Q, num_heads = H)
 //                                       and RotaryEmbedding(K, num_heads = Hkv). Not with
-//                                       seq_first (fuse_rotary's RotaryIntoAttention makes it)
+//                                       seq_first (fuse_rotary's RotaryIntoAttention makes it).
+//                                       col_slices (ints, two per Q, K, V: start, width; not
+//                                       packed, no rotary): input i is read as its last axis'
+//                                       columns [start, start + width) (width 0: all of it), a
+//                                       part of a wider tensor read in place (pack_qkv's
+//                                       ReadPartsInPlace: cross-attention K and V of one GEMM
+//                                       packing every layer's K and V projections)
 //   kiln.SkipLayerNorm(X, Skip, Scale, B?) -> (Y, Sum?)
 //                                       Sum = X + Skip (same shape); Y = LayerNormalization(Sum,
 //                                       Scale, B) over the last axis (epsilon, stash_type as
@@ -129,6 +135,9 @@ bool fused_layer_supported(const std::string& op_type, const Attributes& attrs);
 // Whether kiln.MultiHeadAttention `n` applies the rotary embedding to Q and K (its cos_cache
 // and sin_cache, inputs 4 and 5, are present).
 bool mha_has_rotary(const Node& n);
+// kiln.MultiHeadAttention `n`'s columns of input `slot` (0 Q, 1 K, 2 V): {start, width} from
+// its col_slices, or {0, 0} (the whole input).
+std::pair<int64_t, int64_t> mha_col_slice(const Node& n, int slot);
 
 // Splits a float kiln.FusedConv or kiln.FusedGemm back into the ops it fuses, in its CPU
 // kernel's order (Conv | MatMul [+ Add(C)] | Gemm, then Add(Z or R), then the activation), in its

@@ -57,6 +57,12 @@ Expected<MhaDims> mha_dims(const Node& n, const Dim& q_last, const Dim& v_last) 
 // Inputs 4, 5 and 6: the rotary embedding's caches and position ids (ops/fused.h).
 bool mha_has_rotary(const Node& n) { return n.num_inputs() > 4 && n.input(4) != nullptr; }
 
+std::pair<int64_t, int64_t> mha_col_slice(const Node& n, int slot) {
+  const std::vector<int64_t> c = n.attrs.get_ints("col_slices");
+  if (c.size() != 6 || slot < 0 || slot > 2) return {0, 0};
+  return {c[2 * slot], c[2 * slot + 1]};
+}
+
 namespace {
 
 // The attributes of the RotaryEmbedding that rotates the heads of input `slot` (0: Q, or packed
@@ -108,7 +114,12 @@ Status infer_mha(InferContext& ctx) {
   };
   KILN_RETURN_IF_ERROR(check_mha_rotary(n, ctx.has_input(4), ctx.has_input(5), q.dtype, type_of(4),
                                         type_of(5), type_of(6), ctx.has_input(6)));
-  KILN_ASSIGN_OR_RETURN(MhaDims m, mha_dims(n, q.dims->back(), v.dims->back()));
+  // A column slice (col_slices) is as wide as it says.
+  auto last = [&](const TensorType& t, int slot) {
+    const int64_t w = packed ? 0 : mha_col_slice(n, slot).second;
+    return w > 0 ? Dim(w) : t.dims->back();
+  };
+  KILN_ASSIGN_OR_RETURN(MhaDims m, mha_dims(n, last(q, 0), last(v, 2)));
   ctx.set_output(0, TensorType(q.dtype, {(*q.dims)[0], (*q.dims)[1], Dim(m.heads * m.dv)}));
   return Status::Ok();
 }
@@ -136,9 +147,19 @@ Status cpu_mha(KernelContext& ctx) {
   const Node& n = ctx.node();
   const bool packed = n.attrs.get_int("packed", 0) != 0;
   const bool seq_first = n.attrs.get_int("seq_first", 0) != 0;
-  const Tensor* q_in = ctx.input(0);
-  const Tensor* v_in = ctx.input(packed ? 0 : 2);
-  if (!q_in || !v_in || (!packed && !ctx.input(1)))
+  // Q, K and V as the attention reads them: col_slices' columns of the inputs (unpacked).
+  Tensor cols[3];
+  const Tensor* qkv[3] = {ctx.input(0), ctx.input(1), ctx.input(2)};
+  for (int i = 0; i < 3 && !packed; ++i) {
+    const auto [start, width] = mha_col_slice(n, i);
+    if (width <= 0 || !qkv[i]) continue;
+    const Tensor starts = ints({start}), ends = ints({start + width}), axes = ints({-1});
+    KILN_ASSIGN_OR_RETURN(cols[i], fused::run_op(n, "Slice", {}, {qkv[i], &starts, &ends, &axes}));
+    qkv[i] = &cols[i];
+  }
+  const Tensor* q_in = qkv[0];
+  const Tensor* v_in = packed ? q_in : qkv[2];
+  if (!q_in || !v_in || (!packed && !qkv[1]))
     return KILN_ERROR("{}: Q, K and V are required", n.label());
   if (q_in->rank() != 3 || v_in->rank() != 3)
     return KILN_ERROR("{}: Q, K and V must be 3-D", n.label());
@@ -149,7 +170,7 @@ Status cpu_mha(KernelContext& ctx) {
   std::vector<Tensor> batch_first;
   if (seq_first) {
     for (int i = 0; i < (packed ? 1 : 3); ++i) {
-      KILN_ASSIGN_OR_RETURN(Tensor t, fused::run_op(n, "Transpose", swap, {ctx.input(i)}));
+      KILN_ASSIGN_OR_RETURN(Tensor t, fused::run_op(n, "Transpose", swap, {qkv[i]}));
       batch_first.push_back(std::move(t));
     }
     q_in = &batch_first[0];
@@ -172,7 +193,7 @@ Status cpu_mha(KernelContext& ctx) {
   if (rotary) {
     KILN_ASSIGN_OR_RETURN(q_in, rotate(q_in, 0));
   }
-  const Tensor* k_in = packed ? nullptr : ctx.input(1);
+  const Tensor* k_in = packed ? nullptr : qkv[1];
   if (rotary && !packed) {
     KILN_ASSIGN_OR_RETURN(k_in, rotate(k_in, 1));
   }
@@ -189,7 +210,7 @@ Status cpu_mha(KernelContext& ctx) {
     q = std::move(parts[0]), k = std::move(parts[1]), v = std::move(parts[2]);
   } else {
     k = seq_first ? batch_first[1] : *k_in;
-    v = seq_first ? batch_first[2] : *ctx.input(2);
+    v = seq_first ? batch_first[2] : *qkv[2];
   }
   const int64_t rep = m.heads / m.kv_heads;
   KILN_ASSIGN_OR_RETURN(Tensor q4, split_heads(n, q, m.heads, false));

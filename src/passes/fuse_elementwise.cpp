@@ -22,49 +22,6 @@ bool is_chain_op(const Node* n) {
   return is_float_type(n->output(0)->type.dtype) && n->output(0)->type.has_rank();
 }
 
-// The column range [start, start + width) of x that `v` is when v is an output of a Split of x's
-// last axis with static widths, or a step-1 Slice of x's last axis with constant bounds
-// (torch.chunk as the TorchScript exporter writes it: diffusers' GEGLU halves its projection so).
-struct SplitPart {
-  Node* split;
-  Value* x;
-  int64_t start, width;
-};
-std::optional<SplitPart> slice_part(const Value* v) {
-  Node* s = producer_if(v, "Slice");
-  if (!s || !s->input(0) || !s->input(0)->type.has_rank() || !v->type.has_rank()) return std::nullopt;
-  Value* x = s->input(0);
-  const int64_t r = x->type.rank();
-  const auto sl = axis_slice(s, r);
-  if (r < 1 || !sl || sl->axis != r - 1 || sl->step != 1 || v->type.rank() != r ||
-      !x->type.dims->back().is_static() || !v->type.dims->back().is_static())
-    return std::nullopt;
-  const int64_t d = x->type.dims->back().value;
-  auto clamp = [d](int64_t i) { return std::clamp<int64_t>(i < 0 ? i + d : i, 0, d); };
-  const int64_t start = clamp(sl->start), end = std::max(start, clamp(sl->end));
-  if (end - start != v->type.dims->back().value) return std::nullopt;
-  return SplitPart{s, x, start, end - start};
-}
-std::optional<SplitPart> split_part(const Value* v) {
-  if (auto p = slice_part(v)) return p;
-  Node* s = producer_if(v, "Split");
-  if (!s || !s->input(0) || !s->input(0)->type.has_rank()) return std::nullopt;
-  const Value* x = s->input(0);
-  const int64_t r = x->type.rank();
-  const int64_t axis = s->attrs.get_int("axis", 0);
-  if (r < 1 || (axis != -1 && axis != r - 1)) return std::nullopt;
-  int64_t start = 0;
-  for (size_t i = 0; i < s->num_outputs(); ++i) {
-    const Value* o = s->output(i);
-    if (!o || !o->type.has_rank() || o->type.rank() != r || !o->type.dims->back().is_static())
-      return std::nullopt;
-    const int64_t w = o->type.dims->back().value;
-    if (o == v) return SplitPart{s, s->input(0), start, w};
-    start += w;
-  }
-  return std::nullopt;
-}
-
 struct FuseElementwise {
   struct Match {
     std::vector<Node*> chain;
@@ -102,7 +59,7 @@ struct FuseElementwise {
     if (chain.size() < 2) {
       bool reads_part = false;
       for (const Value* v : first.inputs()) {
-        const auto part = v ? split_part(v) : std::nullopt;
+        const auto part = v ? column_part(v) : std::nullopt;
         reads_part |= part && part->x->type.dtype == first.output(0)->type.dtype;
       }
       if (!reads_part) return std::nullopt;
@@ -260,7 +217,7 @@ struct AbsorbSplit {
     bool any = false;
     for (size_t j = static_cast<size_t>(parts); j < ins.size(); ++j) {
       if (!ins[j] || slices[2 * j + 1] != 0) continue;
-      const auto part = split_part(ins[j]);
+      const auto part = column_part(ins[j]);
       if (!part) continue;
       if (part->x->type.dtype != ins[j]->type.dtype) continue;
       slices[2 * j] = part->start;

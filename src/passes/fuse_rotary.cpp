@@ -364,7 +364,7 @@ struct RotaryIntoAttention {
 
   static std::optional<Match> match(PassContext& ctx, Node& mha) {
     if (!is_kiln_op(&mha, "MultiHeadAttention") || mha_has_rotary(mha) ||
-        mha.attrs.get_int("seq_first", 0) != 0)
+        mha.attrs.get_int("seq_first", 0) != 0 || mha.attrs.has("col_slices"))
       return std::nullopt;
     const bool packed = mha.attrs.get_int("packed", 0) != 0;
     std::vector<Node*> rots;

@@ -7,8 +7,10 @@
 // them into the attention: the rotary stays in it, over the packed Q and K heads). The attention
 // layer reads the three parts through strides, so no Split runs. Each part must be used by the
 // attention only.
+// Then (ReadPartsInPlace below) the attention reads K and V parts of other Splits in place.
 #include <algorithm>
 
+#include "ops/fused.h"
 #include "ops/shape_values.h"
 #include "passes/passes.h"
 
@@ -77,8 +79,68 @@ struct PackQkv {
   }
 };
 
+// K and V (and Q) that are parts of last-axis Splits of other tensors, read in place:
+//   MHA(q, Split(x)[i], Split(x)[j])  =>  MHA(q, x, x)[col_slices: x's columns of each part]
+// The cross-attention of a decoder or a diffusion UNet, where pack_gemm made every layer's K and
+// V projections of the one encoder output a single GEMM: without this, the Split would copy
+// them apart. Only once PackQkv has had its chance (Q, K and V parts of one three-way Split
+// pack), for unpacked attention without the rotary; both K and V must be parts (a rotary on K,
+// which fuse_attention_rotary may yet take into the attention, keeps the layer as it is).
+struct ReadPartsInPlace {
+  struct Match {
+    Node* mha;
+    std::vector<Value*> ins;
+    Attributes attrs;
+  };
+
+  static std::optional<Match> match(PassContext& ctx, Node& mha) {
+    if (!is_kiln_op(&mha, "MultiHeadAttention") || mha.attrs.get_int("packed", 0) != 0 ||
+        mha_has_rotary(mha) || mha.attrs.has("col_slices") || mha.num_inputs() < 3)
+      return std::nullopt;
+    std::optional<ColumnPart> parts[3];
+    for (int i = 0; i < 3; ++i) {
+      const Value* v = mha.input(i);
+      parts[i] = column_part(v);
+      // A part of the same rank and type, its other dims x's (a last-axis Split or Slice).
+      if (parts[i] && (parts[i]->x->type.dtype != v->type.dtype || v->type.rank() != 3))
+        parts[i].reset();
+    }
+    if (!parts[1] || !parts[2]) return std::nullopt;
+    std::vector<Value*> ins(mha.inputs().begin(), mha.inputs().end());
+    std::vector<int64_t> cols(6, 0);
+    for (int i = 0; i < 3; ++i) {
+      if (!parts[i]) continue;
+      ins[i] = parts[i]->x;
+      cols[2 * i] = parts[i]->start;
+      cols[2 * i + 1] = parts[i]->width;
+    }
+    Attributes a = mha.attrs;
+    a.set("col_slices", Attribute::Ints(cols));
+    auto layer = scratch_layer("kiln", "MultiHeadAttention", ins, a, mha.output(0));
+    if (!ctx.backend_supports("kiln", "MultiHeadAttention", a, ins[0]->type.dtype,
+                              layer->nodes()[0])) {
+      ctx.note(fmt::format("{}: the backend cannot read K and V as columns of wider tensors",
+                           mha.label()));
+      return std::nullopt;
+    }
+    return Match{&mha, std::move(ins), std::move(a)};
+  }
+
+  static Status rewrite(PassContext& ctx, const Match& m) {
+    for (size_t i = 0; i < 3; ++i)
+      if (m.mha->input(i) != m.ins[i]) ctx.g.set_input(m.mha, i, m.ins[i]);
+    m.mha->attrs = m.attrs;
+    m.mha->origin = ctx.pass;
+    return Status::Ok();
+  }
+};
+
 }  // namespace
 
-Expected<bool> pack_qkv(PassContext& ctx) { return apply_pattern<PackQkv>(ctx); }
+Expected<bool> pack_qkv(PassContext& ctx) {
+  KILN_ASSIGN_OR_RETURN(bool packed, apply_pattern<PackQkv>(ctx));
+  KILN_ASSIGN_OR_RETURN(bool parts, apply_pattern<ReadPartsInPlace>(ctx));
+  return packed || parts;
+}
 
 }  // namespace kiln::passes

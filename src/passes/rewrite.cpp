@@ -193,6 +193,45 @@ void merge_onnx_nodes(Node& to, const Node& from) {
       to.onnx_nodes.push_back(s);
 }
 
+namespace {
+std::optional<ColumnPart> slice_part(const Value* v) {
+  Node* s = producer_if(v, "Slice");
+  if (!s || !s->input(0) || !s->input(0)->type.has_rank() || !v->type.has_rank()) return std::nullopt;
+  Value* x = s->input(0);
+  const int64_t r = x->type.rank();
+  const auto sl = axis_slice(s, r);
+  if (r < 1 || !sl || sl->axis != r - 1 || sl->step != 1 || v->type.rank() != r ||
+      !x->type.dims->back().is_static() || !v->type.dims->back().is_static())
+    return std::nullopt;
+  const int64_t d = x->type.dims->back().value;
+  auto clamp = [d](int64_t i) { return std::clamp<int64_t>(i < 0 ? i + d : i, 0, d); };
+  const int64_t start = clamp(sl->start), end = std::max(start, clamp(sl->end));
+  if (end - start != v->type.dims->back().value) return std::nullopt;
+  return ColumnPart{s, x, start, end - start};
+}
+}  // namespace
+
+std::optional<ColumnPart> column_part(const Value* v) {
+  if (!v) return std::nullopt;
+  if (auto p = slice_part(v)) return p;
+  Node* s = producer_if(v, "Split");
+  if (!s || !s->input(0) || !s->input(0)->type.has_rank()) return std::nullopt;
+  Value* x = s->input(0);
+  const int64_t r = x->type.rank();
+  const int64_t axis = s->attrs.get_int("axis", 0);
+  if (r < 1 || (axis != -1 && axis != r - 1)) return std::nullopt;
+  int64_t start = 0;
+  for (size_t i = 0; i < s->num_outputs(); ++i) {
+    const Value* o = s->output(i);
+    if (!o || !o->type.has_rank() || o->type.rank() != r || !o->type.dims->back().is_static())
+      return std::nullopt;
+    const int64_t w = o->type.dims->back().value;
+    if (o == v) return ColumnPart{s, x, start, w};
+    start += w;
+  }
+  return std::nullopt;
+}
+
 // The ReduceMean's axes as positive numbers, when it keeps dims and they are the trailing axes.
 std::optional<AxisSlice> axis_slice(const Node* s, int64_t rank) {
   if (!is_op(s, "Slice")) return std::nullopt;

@@ -101,6 +101,17 @@ Value* other_input(const Node* n, const Value* v);
 Value* operand_besides_const(const Node* n, const char* op_type, double c,
                              std::optional<bool> c_first = std::nullopt);
 
+// The column range [start, start + width) of x that `v` is: an output of a Split of x's last
+// axis with static widths (pack_gemm's packed projections), or a step-1 Slice of x's last axis
+// with constant bounds (torch.chunk as the TorchScript exporter writes it). `node` is the Split
+// or Slice. Readers that take column ranges read such a part in place.
+struct ColumnPart {
+  Node* node;
+  Value* x;
+  int64_t start, width;
+};
+std::optional<ColumnPart> column_part(const Value* v);
+
 // A Slice of one axis with constant inputs: its axis (normalised for `rank`; axis 0 where axes is
 // absent), and its start, end and step as written (step 1 where absent). nullopt otherwise.
 struct AxisSlice {

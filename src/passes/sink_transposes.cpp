@@ -102,7 +102,7 @@ struct AttentionBatchFirst {
   };
   static std::optional<Match> match(PassContext& ctx, Node& mha) {
     if (!is_kiln_op(&mha, "MultiHeadAttention") || mha.attrs.get_int("seq_first", 0) == 0 ||
-        ctx.g.is_graph_output(mha.output(0)))
+        mha.attrs.has("col_slices") || ctx.g.is_graph_output(mha.output(0)))
       return std::nullopt;
     const int parts = mha.attrs.get_int("packed", 0) ? 1 : 3;
     std::vector<Node*> ts;

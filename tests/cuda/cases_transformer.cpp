@@ -334,6 +334,24 @@ void mha_cases(std::vector<OpCase>& v) {
   v.push_back(mha({.name = "gqa_d40", .B = 2, .Sq = 67, .Sk = 67, .H = 4, .D = 40, .Hkv = 2}));
   v.push_back(mha({.name = "d80_one_warp_blocks", .B = 1, .Sq = 20, .Sk = 20, .H = 1, .D = 80}));
   v.push_back(mha({.name = "seq_first_d80_cross", .B = 2, .Sq = 9, .Sk = 40, .H = 2, .D = 80, .seq_first = true}));
+  // col_slices: Q, K and V read as column ranges of wider tensors (pack_qkv's
+  // ReadPartsInPlace: cross-attention K and V in one GEMM's result, every layer's side by side).
+  auto cols = [&](const char* name, int64_t sq, int64_t sk, int64_t h, int64_t d, int64_t qw,
+                  int64_t kvw, std::vector<int64_t> slices, CaseInput mask) {
+    Attributes a = attrs({{"num_heads", I(h)},
+                          {"scale", F(1.f / std::sqrt(static_cast<float>(d)))},
+                          {"nan_to_zero", I(0)},
+                          {"col_slices", Attribute::Ints(std::move(slices))}});
+    std::vector<CaseInput> ins = {in({2, sq, qw}, DataType::kFloat32, -2, 2),
+                                  in({2, sk, kvw}, DataType::kFloat32, -2, 2),
+                                  in({2, sk, kvw}, DataType::kFloat32, -2, 2)};
+    if (!mask.absent) ins.push_back(mask);
+    v.push_back(make_case(name, "MultiHeadAttention", std::move(a), std::move(ins),
+                          Modes{"fp32", "fp16"}, "kiln"));
+  };
+  cols("mha_cols_cross_d40", 50, 77, 2, 40, 80, 320, {0, 0, 80, 80, 240, 80}, absent());
+  cols("mha_cols_qkv_d64_padding", 33, 40, 2, 64, 256, 256, {128, 128, 0, 128, 128, 128},
+       padding(2, 40));
   // Sequence-first (nn.MultiheadAttention's layout): packed with a padding mask, separate
   // cross attention at head size 32, and the unfused tactic's copies at head size 48.
   v.push_back(mha({.name = "seq_first_d64_packed_padding",

@@ -187,3 +187,73 @@ TEST(PackGemm, RotariesWithDifferentCachesKeepTheirProductsApart) {
 
 }  // namespace
 }  // namespace kiln::test
+
+namespace kiln::test {
+namespace {
+
+// A kiln.MultiHeadAttention of two heads on q, k, v (layer n: its own names), its output a
+// graph output.
+void mha2(G& b, Value* q, Value* k, Value* v, int n) {
+  const std::string s = std::to_string(n);
+  Node* m = b.g.add_node("MultiHeadAttention", "mha" + s, {q, k, v}, {"att" + s}, "kiln");
+  m->attrs.set("num_heads", Attribute::Int(2));
+  m->attrs.set("scale", Attribute::Float(0.5f));
+  m->onnx_nodes = {m->name};
+  b.out(m->output(0));
+}
+
+// Cross-attention in two layers (a decoder's, a diffusion UNet's): every K and V projection reads
+// the one encoder output, so pack_gemm makes them one GEMM; each attention then reads its K and
+// V (and Q, whose projections of h pack as well) as columns of those GEMMs' results in place
+// (pack_qkv's ReadPartsInPlace), and no Split copies them apart.
+TEST(PackQkv, CrossAttentionReadsItsKeysAndValuesInPlace) {
+  G b;
+  Value* ctx = b.in("ctx", {kB, 7, kK});
+  Value* h = b.in("h", {kB, kS, kK});
+  for (int layer = 0; layer < 2; ++layer) {
+    Value* q = matmul(b, h, 8);
+    Value* k = matmul(b, ctx, 8), *v = matmul(b, ctx, 8);
+    mha2(b, q, k, v, layer);
+  }
+  auto opt = optimize_checked(b.g, {"pack_gemm", "pack_qkv", "eliminate_dead_code"});
+  EXPECT_EQ(count(*opt, "Split"), 0);
+  int read = 0;
+  for (const Node* n : opt->nodes()) {
+    if (n->op_type != "MultiHeadAttention") continue;
+    const auto cols = n->attrs.get_ints("col_slices");
+    ASSERT_EQ(cols.size(), 6u);
+    EXPECT_EQ(cols[1], 8);  // the layers' Q projections of h are one GEMM too
+    EXPECT_EQ(n->input(0)->type.dims->back().value, 16);
+    EXPECT_EQ(cols[3], 8);
+    EXPECT_EQ(cols[5], 8);
+    EXPECT_EQ(n->input(1), n->input(2));
+    EXPECT_EQ(n->input(1)->type.dims->back().value, 32);  // both layers' K and V
+    ++read;
+  }
+  EXPECT_EQ(read, 2);
+}
+
+// Q, K and V parts of one three-way Split still pack (PackQkv first); with only V a part (K from
+// elsewhere) the attention is left as it is.
+TEST(PackQkv, SelfAttentionStillPacksAndLoneValueStays) {
+  G b;
+  Value* x = b.in("x", {kB, kS, kK});
+  Value* q = matmul(b, x, 8), *k = matmul(b, x, 8), *v = matmul(b, x, 8);
+  mha2(b, q, k, v, 0);
+  auto opt = optimize_checked(b.g, {"pack_gemm", "pack_qkv", "eliminate_dead_code"});
+  const Node* mha = find_kiln(*opt, "MultiHeadAttention");
+  ASSERT_NE(mha, nullptr);
+  EXPECT_EQ(mha->attrs.get_int("packed", 0), 1);
+  EXPECT_FALSE(mha->attrs.has("col_slices"));
+
+  G c;
+  Value* y = c.in("y", {kB, kS, kK});
+  Node* split = c.node("Split", {y, c.c(ints({8, 8}))}, attrs({{"axis", Attribute::Int(-1)}}), 2);
+  mha2(c, c.in("q", {kB, kS, 8}), c.in("k", {kB, kS, 8}), split->output(1), 0);
+  c.out(split->output(0));
+  auto opt2 = optimize_checked(c.g, {"pack_qkv"});
+  EXPECT_FALSE(find_kiln(*opt2, "MultiHeadAttention")->attrs.has("col_slices"));
+}
+
+}  // namespace
+}  // namespace kiln::test

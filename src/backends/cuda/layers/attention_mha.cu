@@ -69,17 +69,29 @@ Expected<MhaShape> mha_shape(const Node& n, std::span<const DeviceTensor> in,
     s.v_off = (s.H + s.Hkv) * s.D;
   } else {
     const DeviceTensor &k = in[1], &v = in[2];
-    if (k.rank() != 3 || v.rank() != 3 || k.shape[bx] != s.B || v.shape[bx] != s.B ||
-        k.shape[sx] != v.shape[sx] || q.shape[2] % s.H || k.shape[2] * s.H != q.shape[2] * s.Hkv ||
-        v.shape[2] % s.Hkv)
+    if (k.rank() != 3 || v.rank() != 3)
+      return KILN_ERROR("{}: K and V must be 3-D", n.label());
+    // Each input's columns (col_slices: a part of a wider tensor read in place).
+    int64_t width[3], off[3];
+    for (int i = 0; i < 3; ++i) {
+      const auto [start, w] = mha_col_slice(n, i);
+      width[i] = w > 0 ? w : in[i].shape[2];
+      off[i] = w > 0 ? start : 0;
+      if (off[i] < 0 || off[i] + width[i] > in[i].shape[2])
+        return KILN_ERROR("{}: columns [{}, {}) of input {} are past its {} columns", n.label(),
+                          off[i], off[i] + width[i], i, in[i].shape[2]);
+    }
+    if (k.shape[bx] != s.B || v.shape[bx] != s.B || k.shape[sx] != v.shape[sx] ||
+        width[0] % s.H || width[1] * s.H != width[0] * s.Hkv || width[2] % s.Hkv)
       return KILN_ERROR("{}: Q {}, K {} and V {} do not fit {} heads ({} for K and V)", n.label(),
                         shape_str(q.shape), shape_str(k.shape), shape_str(v.shape), s.H, s.Hkv);
     s.Sk = k.shape[sx];
-    s.D = q.shape[2] / s.H;
-    s.Dv = v.shape[2] / s.Hkv;
+    s.D = width[0] / s.H;
+    s.Dv = width[2] / s.Hkv;
     s.q_row = q.shape[2];
     s.k_row = k.shape[2];
     s.v_row = v.shape[2];
+    s.q_off = off[0], s.k_off = off[1], s.v_off = off[2];
   }
   std::vector<int64_t> want = {s.B, s.Sq, s.H * s.Dv};
   if (s.seq_first) std::swap(want[0], want[1]);
@@ -118,12 +130,15 @@ bool mha_f16_head_sizes(const LayerDesc& d, int64_t* dq, int64_t* dv, std::strin
   const int64_t h = n.attrs.get_int("num_heads", 0), hkv = n.attrs.get_int("kv_heads", h);
   if (q.rank() != 3 || !q.dims->back().is_static() || h <= 0 || hkv <= 0 || h % hkv)
     return *why = "Q's head size is unknown", false;
-  *dq = *dv = q.dims->back().value / (packed ? h + 2 * hkv : h);
+  // A column slice (col_slices) is as wide as it says.
+  const int64_t qw = packed ? 0 : mha_col_slice(n, 0).second;
+  *dq = *dv = (qw > 0 ? qw : q.dims->back().value) / (packed ? h + 2 * hkv : h);
   if (!packed) {
     const TensorType& v = d.in_type(2);
-    if (v.rank() != 3 || !v.dims->back().is_static())
+    const int64_t vw = mha_col_slice(n, 2).second;
+    if (vw <= 0 && (v.rank() != 3 || !v.dims->back().is_static()))
       return *why = "V's head size is unknown", false;
-    *dv = v.dims->back().value / hkv;
+    *dv = (vw > 0 ? vw : v.dims->back().value) / hkv;
   }
   if (d.in.size() > 3 && d.in[3].present() && d.in[3].dtype != DataType::kFloat16 &&
       d.in[3].dtype != DataType::kFloat32)
