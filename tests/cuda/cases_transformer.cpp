@@ -438,6 +438,20 @@ void gemm_cases(std::vector<OpCase>& v) {
       {in({4, 16, 64}, DataType::kFloat32, -3, 3), konst_random({64, 256}, 0.3),
        konst_random({256}, 1.0)},
       kModes, "kiln"));
+  // Swish in the epilogue (fused_gemm.cutlass_sm90): CLIP's quick GELU x * sigmoid(1.702 x),
+  // and SiLU with a residual; values wide enough for both tails.
+  v.push_back(make_case(
+      "fused_matmul_quick_gelu_bias", "FusedGemm",
+      attrs({{"base", S("MatMul")}, {"activation", S("Swish")}, {"act_alpha", F(1.702f)}}),
+      {in({2, 77, 64}, DataType::kFloat32, -3, 3), konst_random({64, 256}, 0.3),
+       konst_random({256}, 1.0)},
+      kModes, "kiln"));
+  v.push_back(make_case(
+      "fused_matmul_silu_residual", "FusedGemm",
+      attrs({{"base", S("MatMul")}, {"activation", S("Swish")}}),
+      {in({3, 40, 96}, DataType::kFloat32, -3, 3), konst_random({96, 128}, 0.3),
+       konst_random({128}, 1.0), in({3, 40, 128})},
+      kModes, "kiln"));
   v.push_back(make_case("matmul_const_weight", "MatMul", attrs({}),
                         {in({2, 33, 64}), konst_random({64, 100}, 0.2)}, kModes));
   // N = 37 is not a 16-byte multiple in either type: matmul.cublaslt runs the GEMM at N padded

@@ -1,6 +1,7 @@
 // kiln.FusedGemm in FP16 on CUTLASS's Hopper GEMMs (tactics/cutlass_sm90_gemm_f16.cu): the bias,
 // the residual and an erf or tanh GELU in the GEMM's epilogue, so a BERT or ViT FFN's first GEMM
-// writes its GELU output directly (cuBLASLt's epilogues have only the tanh form). Base MatMul
+// writes its GELU output directly (cuBLASLt's epilogues have only the tanh form), and Swish
+// (SiLU; CLIP's quick GELU x * sigmoid(1.702 x)), which no cuBLAS epilogue has. Base MatMul
 // with a constant [K, N] weight (GPT-2's Conv1D folded by fold_gemm_reshape, every projection);
 // A's leading dims are the GEMM's M. Variants are the compiled tiles, timed at the profile's opt
 // shape; at a shape where the 256x128 tile would not give every SM a tile (a dynamic engine at
@@ -25,6 +26,8 @@ bool act_of(const Node& n, cuda::F16GemmAct* act) {
   else if (a == "Gelu")
     *act = n.attrs.get_string("act_approximate", "none") == "tanh" ? cuda::F16GemmAct::kGeluTanh
                                                                    : cuda::F16GemmAct::kGelu;
+  else if (a == "Swish")  // x * sigmoid(alpha x): SiLU, CLIP's quick GELU
+    *act = cuda::F16GemmAct::kSwish;
   else
     return false;
   return true;
@@ -41,7 +44,10 @@ bool cutlass_supports(const LayerDesc& d, std::string* why) {
   if (n.attrs.get_string("base", "") != "MatMul" || n.attrs.get_int("int8", 0) != 0)
     return *why = "base MatMul only", false;
   cuda::F16GemmAct act;
-  if (!act_of(n, &act)) return *why = "activations: none, erf or tanh GELU", false;
+  if (!act_of(n, &act)) return *why = "activations: none, erf or tanh GELU, Swish", false;
+  if (act == cuda::F16GemmAct::kSwish &&
+      !unverified_tactics_enabled(why, "the Swish epilogue: not yet run on a GPU"))
+    return false;
   const Tensor* w = d.in_const(1);
   if (!w || w->rank() != 2) return *why = "the weight is not a constant 2-D matrix", false;
   if (w->dim(0) % 8 != 0 || w->dim(1) % 8 != 0)
@@ -85,7 +91,7 @@ class GemmCutlassLayer final : public Layer {
     const std::string tile =
         tile_ == "coop256x128" && big_tiles < sm_count() ? "pp128x64" : tile_;
     auto& g = gemms_[tile];
-    if (!g) g = cuda::make_f16_gemm(act_, tile);
+    if (!g) g = cuda::make_f16_gemm(act_, tile, node_->attrs.get_float("act_alpha", 1.f));
     if (!g) return KILN_ERROR("{}: no CUTLASS tile '{}'", n.label(), tile);
     gemm_ = g.get();
     size_t ws = 0;

@@ -1,7 +1,8 @@
 // CUTLASS's Hopper GEMMs in FP16 with a fused epilogue (cutlass_sm90_gemm_f16.cu), for the
 // FusedGemm layers of transformers: Y [M, N] = act(A [M, K] W [K, N] + bias [N] + R [M, N]),
-// float16 in and out, float accumulation, every matrix row-major; act none, erf GELU or tanh
-// GELU (the erf form is what cuBLASLt's epilogues lack: BERT's and ViT's FFN). C++17 and free of
+// float16 in and out, float accumulation, every matrix row-major; act none, erf GELU, tanh GELU
+// (the erf form is what cuBLASLt's epilogues lack: BERT's and ViT's FFN) or Swish
+// x * sigmoid(alpha x) (SiLU; CLIP's quick GELU, alpha 1.702). C++17 and free of
 // CUTLASS types, so that layers/gemm_cutlass.cpp can use it; built only with CUTLASS.
 #pragma once
 
@@ -15,7 +16,7 @@
 
 namespace kiln::cuda {
 
-enum class F16GemmAct { kNone, kGelu, kGeluTanh };
+enum class F16GemmAct { kNone, kGelu, kGeluTanh, kSwish };
 
 class F16Gemm {
  public:
@@ -31,7 +32,7 @@ class F16Gemm {
 
 // The compiled tile configurations (the tactic's variants), fastest-for-large-M first.
 const std::vector<std::string>& f16_gemm_tiles();
-// nullptr for a tile that is not compiled.
-std::unique_ptr<F16Gemm> make_f16_gemm(F16GemmAct act, const std::string& tile);
+// nullptr for a tile that is not compiled. alpha: Swish's.
+std::unique_ptr<F16Gemm> make_f16_gemm(F16GemmAct act, const std::string& tile, float alpha = 1.f);
 
 }  // namespace kiln::cuda

@@ -8,7 +8,10 @@
 // waves), ping-pong 128 x 128 x 64 and 128 x 64 x 64 (one warp group's epilogue under the
 // other's math; the narrow one for N = 768 at small M). Built only when CUTLASS's headers are
 // found (src/backends/cuda/CMakeLists.txt).
+#include <cmath>
 #include <cstdint>
+#include <type_traits>
+#include <utility>
 
 // Grid dependency control compiled into these kernels (they may be launched with programmatic
 // dependent launch, kernels/pdl.cuh): in every block the producer warps wait for the kernel
@@ -56,6 +59,42 @@ struct GeluErfTanh<cutlass::Array<float, N>> {
     return y;
   }
 };
+// Swish x * sigmoid(alpha x), alpha a run-time argument of the epilogue (CUTLASS passes a
+// functor's Arguments to it): SiLU (1), CLIP's quick GELU (1.702).
+__host__ __device__ inline float swish(float x, float alpha) {
+#ifdef __CUDA_ARCH__
+  return x / (1.f + __expf(-alpha * x));
+#else
+  return x / (1.f + std::exp(-alpha * x));
+#endif
+}
+template <class T>
+struct SwishAlpha {
+  struct Arguments {
+    float alpha = 1.f;
+  };
+  CUTLASS_HOST_DEVICE T operator()(T const& x, Arguments const& a = Arguments()) const {
+    return T(swish(float(x), a.alpha));
+  }
+};
+template <int N>
+struct SwishAlpha<cutlass::Array<float, N>> {
+  using Arguments = typename SwishAlpha<float>::Arguments;
+  CUTLASS_HOST_DEVICE cutlass::Array<float, N> operator()(cutlass::Array<float, N> const& x,
+                                                          Arguments const& a = Arguments()) const {
+    cutlass::Array<float, N> y;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < N; ++i) y[i] = swish(x[i], a.alpha);
+    return y;
+  }
+};
+
+// Whether an epilogue's activation arguments carry an alpha (SwishAlpha's).
+template <class A, class = void>
+struct HasAlpha : std::false_type {};
+template <class A>
+struct HasAlpha<A, std::void_t<decltype(std::declval<A&>().alpha)>> : std::true_type {};
+
 template <class TileShape, class KernelSchedule, class EpiSchedule, template <class> class Act>
 struct Config {
   using E = cutlass::half_t;
@@ -85,6 +124,10 @@ using PingPongEpi = cutlass::epilogue::TmaWarpSpecialized;
 
 template <class Cfg>
 class GemmF16 final : public F16Gemm {
+ public:
+  explicit GemmF16(float alpha = 1.f) : alpha_(alpha) {}
+
+ private:
   using Gemm = typename Cfg::Gemm;
   using E = typename Cfg::E;
   using StrideA = typename Gemm::GemmKernel::StrideA;
@@ -136,9 +179,12 @@ class GemmF16 final : public F16Gemm {
     args.epilogue.thread.alpha = 1.f;
     args.epilogue.thread.beta = r ? 1.f : 0.f;  // beta 0: C is never read
     args.epilogue.thread.bias_ptr = static_cast<const E*>(bias);
+    if constexpr (HasAlpha<decltype(args.epilogue.thread.activation)>::value)
+      args.epilogue.thread.activation.alpha = alpha_;
     return args;
   }
 
+  float alpha_ = 1.f;  // SwishAlpha's
   int m_ = 0, n_ = 0, k_ = 0;
   StrideA sa_{};
   StrideB sb_{};
@@ -151,15 +197,17 @@ class GemmF16 final : public F16Gemm {
 };
 
 template <template <class> class Act>
-std::unique_ptr<F16Gemm> make(const std::string& tile) {
+std::unique_ptr<F16Gemm> make(const std::string& tile, float alpha = 1.f) {
   if (tile == "coop256x128")
-    return std::make_unique<GemmF16<Config<Shape<_256, _128, _64>, Coop, CoopEpi, Act>>>();
+    return std::make_unique<GemmF16<Config<Shape<_256, _128, _64>, Coop, CoopEpi, Act>>>(alpha);
   if (tile == "coop128x192")
-    return std::make_unique<GemmF16<Config<Shape<_128, _192, _64>, Coop, CoopEpi, Act>>>();
+    return std::make_unique<GemmF16<Config<Shape<_128, _192, _64>, Coop, CoopEpi, Act>>>(alpha);
   if (tile == "pp128x128")
-    return std::make_unique<GemmF16<Config<Shape<_128, _128, _64>, PingPong, PingPongEpi, Act>>>();
+    return std::make_unique<GemmF16<Config<Shape<_128, _128, _64>, PingPong, PingPongEpi, Act>>>(
+        alpha);
   if (tile == "pp128x64")
-    return std::make_unique<GemmF16<Config<Shape<_128, _64, _64>, PingPong, PingPongEpi, Act>>>();
+    return std::make_unique<GemmF16<Config<Shape<_128, _64, _64>, PingPong, PingPongEpi, Act>>>(
+        alpha);
   return nullptr;
 }
 
@@ -171,7 +219,7 @@ const std::vector<std::string>& f16_gemm_tiles() {
   return k;
 }
 
-std::unique_ptr<F16Gemm> make_f16_gemm(F16GemmAct act, const std::string& tile) {
+std::unique_ptr<F16Gemm> make_f16_gemm(F16GemmAct act, const std::string& tile, float alpha) {
   switch (act) {
     case F16GemmAct::kNone:
       return make<cutlass::epilogue::thread::Identity>(tile);
@@ -179,6 +227,8 @@ std::unique_ptr<F16Gemm> make_f16_gemm(F16GemmAct act, const std::string& tile) 
       return make<GeluErfTanh>(tile);
     case F16GemmAct::kGeluTanh:
       return make<cutlass::epilogue::thread::GELU_taylor>(tile);
+    case F16GemmAct::kSwish:
+      return make<SwishAlpha>(tile, alpha);
   }
   return nullptr;
 }
