@@ -69,14 +69,14 @@ Expected<Profile> Profile::from_config(const Graph& g, const BuildConfig& c) {
 }
 
 Status Profile::apply_static_shapes(Graph& g) const {
+  // The symbols of dims the profile fixes (min == max), from every input that has them.
   std::map<std::string, int64_t> fixed_symbols;
   for (const auto& [name, r] : ranges_) {
-    if (r.min != r.max) continue;
     const Value* v = find_input(g, name);
-    if (!v || !v->type.dims) continue;
+    if (!v || !v->type.dims || v->type.dims->size() != r.min.size()) continue;
     for (size_t i = 0; i < r.min.size(); ++i) {
       const Dim& d = (*v->type.dims)[i];
-      if (d.is_static() || d.symbol.empty()) continue;
+      if (r.min[i] != r.max[i] || d.is_static() || d.symbol.empty()) continue;
       auto [it, fresh] = fixed_symbols.emplace(d.symbol, r.min[i]);
       if (!fresh && it->second != r.min[i])
         return KILN_ERROR("--shapes: dimension '{}' is {} in one input and {} in another", d.symbol,
@@ -85,14 +85,14 @@ Status Profile::apply_static_shapes(Graph& g) const {
   }
   for (Value* v : g.inputs()) {
     auto it = ranges_.find(v->name);
-    const bool fixed = it != ranges_.end() && it->second.min == it->second.max;
+    const Range* r = it != ranges_.end() ? &it->second : nullptr;
     if (!v->type.dims) {
-      if (fixed) v->type.dims = std::vector<Dim>(it->second.min.begin(), it->second.min.end());
+      if (r && r->min == r->max) v->type.dims = std::vector<Dim>(r->min.begin(), r->min.end());
       continue;
     }
     for (size_t i = 0; i < v->type.dims->size(); ++i) {
       Dim& d = (*v->type.dims)[i];
-      if (fixed) d = Dim(it->second.min[i]);
+      if (r && i < r->min.size() && r->min[i] == r->max[i]) d = Dim(r->min[i]);
       else if (!d.is_static() && fixed_symbols.count(d.symbol)) d = Dim(fixed_symbols[d.symbol]);
     }
   }

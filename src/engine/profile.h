@@ -20,8 +20,10 @@ class Profile {
   // Validates --shapes / --min/opt/max-shapes against the graph inputs.
   static Expected<Profile> from_config(const Graph& g, const BuildConfig& config);
   static Expected<Profile> from_json(const Graph& g, const std::string& options_json);
-  // Inputs whose profile has min == max get static dims (symbolic dims they share with other
-  // inputs are fixed too), so that shape-dependent subgraphs can be folded.
+  // Every input dim whose profile has min == max becomes static, and so does every other dim
+  // of the same symbol (a dynamic batch with a fixed image size: a UNet's height and width), so
+  // that shape-dependent subgraphs fold and the passes see static sizes where the profile
+  // allows only one.
   Status apply_static_shapes(Graph& g) const;
   // Checks a runtime input shape against the profile (inputs without a profile: any shape the
   // graph's declared dims allow).
