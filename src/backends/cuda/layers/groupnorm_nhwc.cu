@@ -387,8 +387,8 @@ Expected<std::unique_ptr<Layer>> create_gn(const LayerDesc& d) {
 }
 
 const TacticDef kGroupNormTactics[] = {
-    {"", "GroupNormalization", "groupnorm.nhwc", kF16 | kNHWC, 0, gn_supports, create_gn},
-    {"kiln", "FusedGroupNorm", "groupnorm.nhwc.fused", kF16 | kNHWC, 0, gn_supports, create_gn},
+    {"", "GroupNormalization", "groupnorm.nhwc", kF32 | kF16 | kNHWC, 0, gn_supports, create_gn},
+    {"kiln", "FusedGroupNorm", "groupnorm.nhwc.fused", kF32 | kF16 | kNHWC, 0, gn_supports, create_gn},
 };
 
 }  // namespace
