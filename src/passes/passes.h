@@ -27,6 +27,7 @@ Expected<bool> fuse_attention(PassContext& ctx);
 Expected<bool> map_onnx_attention(PassContext& ctx);
 Expected<bool> fold_gemm_reshape(PassContext& ctx);
 Expected<bool> fold_patch_conv(PassContext& ctx);
+Expected<bool> sink_spatial_flatten(PassContext& ctx);
 Expected<bool> fuse_matmul_add(PassContext& ctx);
 Expected<bool> fold_channel_scale(PassContext& ctx);
 Expected<bool> fuse_rotary(PassContext& ctx);

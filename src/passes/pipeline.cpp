@@ -66,6 +66,9 @@ struct PassEntry {
 //   becomes the [B, S, N] FusedGemm the later patterns expect.
 // - fold_patch_conv before fuse_conv_act: a ViT's patch embedding must still be a plain Conv
 //   (its bias not yet fused) to become the GEMM it is.
+// - sink_spatial_flatten after fold_patch_conv: a ViT's patch embedding (Conv, flatten,
+//   transpose) becomes fold_patch_conv's GEMM first; the flattenings and transposes left (a VAE's
+//   attention, small patch stems) become views of channels-last memory.
 // - fold_channel_scale after fuse_matmul_add (a Linear's bias is in its FusedGemm, scaled with
 //   its weights) and before fuse_residual_add, fuse_skip_layernorm, fuse_conv_act and
 //   fuse_elementwise: a layer scale must go into the product before the product takes a
@@ -124,6 +127,7 @@ constexpr PassEntry kPipeline[] = {
     {"fold_attention_heads", 2, passes::fold_attention_heads},
     {"fold_gemm_reshape", 2, passes::fold_gemm_reshape},
     {"fold_patch_conv", 2, passes::fold_patch_conv},
+    {"sink_spatial_flatten", 2, passes::sink_spatial_flatten},
     {"fuse_matmul_add", 2, passes::fuse_matmul_add},
     {"fold_channel_scale", 2, passes::fold_channel_scale},
     {"pack_gemm", 2, passes::pack_gemm},
