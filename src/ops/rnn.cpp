@@ -375,6 +375,11 @@ Status cpu_rnn(KernelContext& ctx) {
   KILN_ASSIGN_OR_RETURN(RnnShape z, rnn_shape(n, s, shapes));
   const int64_t S = z.seq, Bn = z.batch, I = z.input, H = z.hidden, D = s.num_dirs;
   const int64_t G = s.gates();
+  // X of input size 0 holds no elements whatever S and B say: Y's size is checked, not assumed.
+  int64_t y_elems = 0;
+  if (__builtin_mul_overflow(S, D, &y_elems) || __builtin_mul_overflow(y_elems, Bn, &y_elems) ||
+      __builtin_mul_overflow(y_elems, H, &y_elems))
+    return KILN_ERROR("{}: Y of {}x{}x{}x{} elements is too large", n.label(), S, D, Bn, H);
   const Tensor* x = ctx.input(0);
   const Tensor* lens_t = ctx.input(4);
   std::vector<int64_t> lens(static_cast<size_t>(Bn), S);
