@@ -1,7 +1,8 @@
 // Recurrent family: LSTM, GRU and RNN (ops/rnn.h has the equations and the attributes, shared
 // with the CPU reference). Every tactic first multiplies the input projection X W^T of all time
 // steps and both directions as one cuBLAS GEMM into a float32 workspace (X and W in the
-// layer's storage type, float accumulation); what differs is the recurrence:
+// layer's storage type, float accumulation); what differs is the recurrence (cuDNN's tactic
+// does both itself):
 //
 //   <op>.cublas      per step, H R^T for both directions as one strided-batched cuBLAS GEMM and
 //                    one gate kernel (GRU with linear_before_reset 0: two of each, as (r * H)
@@ -11,6 +12,8 @@
 //                    and R too where it fits (else it streams R's rows from L2 every step); a
 //                    warp per R row, each lane holding a 16-byte slice of H in registers.
 //                    Hidden sizes up to 1024.
+//   <op>.cudnn       cuDNN's RNN (rnn_cudnn.cu) where its cells compute the ONNX layer: default
+//                    activations, no clip, peepholes or sequence_lens, GRU linear_before_reset 1.
 //
 // Gates, states and the cell math are float in every precision (FP16 stores X, W, R, B, the
 // states given and the outputs as float16; the per-step GEMM of <op>.cublas reads H rounded to
@@ -32,6 +35,37 @@
 #include "tactics.h"
 
 namespace kiln::gpu {
+
+// Types and layouts every recurrent tactic needs (the cuDNN one too: rnn_cudnn.cu).
+bool rnn_common_supports(const LayerDesc& d, std::string* why) {
+  auto spec = read_rnn_spec(*d.node);
+  if (!spec.ok()) return *why = spec.status().message(), false;
+  if (d.in.size() < 3 || !d.in[1].present() || !d.in[2].present())
+    return *why = "X, W and R are required", false;
+  const DataType t = d.in[0].dtype;
+  if (t != DataType::kFloat32 && t != DataType::kFloat16)
+    return *why = "float32 or float16 storage only", false;
+  for (size_t i = 0; i < d.in.size(); ++i) {
+    const TensorFormat& f = d.in[i];
+    if (!f.present()) continue;
+    if (f.layout != Layout::kLinear) return *why = "linear layouts only", false;
+    if (i == 4) {
+      if (f.dtype != DataType::kInt32 && f.dtype != DataType::kInt64)
+        return *why = "sequence_lens must be int32 or int64", false;
+    } else if (f.dtype != t) {
+      return *why = "every float input in X's storage type", false;
+    }
+  }
+  for (const TensorFormat& f : d.out)
+    if (f.present() && (f.dtype != t || f.layout != Layout::kLinear))
+      return *why = "outputs in X's storage type, linear", false;
+  return true;
+}
+
+// rnn_cudnn.cu
+bool rnn_cudnn_supports(const LayerDesc& d, std::string* why);
+Expected<std::unique_ptr<Layer>> create_rnn_cudnn(const LayerDesc& d);
+
 namespace {
 
 using namespace rnn;
@@ -295,34 +329,9 @@ Status RnnLayer::run_typed(const RunContext& rc, std::span<const DeviceTensor> i
 
 // --- supports ----------------------------------------------------------------------------------
 
-bool common_supports(const LayerDesc& d, std::string* why) {
-  auto spec = read_rnn_spec(*d.node);
-  if (!spec.ok()) return *why = spec.status().message(), false;
-  if (d.in.size() < 3 || !d.in[1].present() || !d.in[2].present())
-    return *why = "X, W and R are required", false;
-  const DataType t = d.in[0].dtype;
-  if (t != DataType::kFloat32 && t != DataType::kFloat16)
-    return *why = "float32 or float16 storage only", false;
-  for (size_t i = 0; i < d.in.size(); ++i) {
-    const TensorFormat& f = d.in[i];
-    if (!f.present()) continue;
-    if (f.layout != Layout::kLinear) return *why = "linear layouts only", false;
-    if (i == 4) {
-      if (f.dtype != DataType::kInt32 && f.dtype != DataType::kInt64)
-        return *why = "sequence_lens must be int32 or int64", false;
-    } else if (f.dtype != t) {
-      return *why = "every float input in X's storage type", false;
-    }
-  }
-  for (const TensorFormat& f : d.out)
-    if (f.present() && (f.dtype != t || f.layout != Layout::kLinear))
-      return *why = "outputs in X's storage type, linear", false;
-  return true;
-}
-
 bool cublas_supports(const LayerDesc& d, std::string* why) {
   if (!unverified_tactics_enabled(why)) return false;
-  return common_supports(d, why);
+  return rnn_common_supports(d, why);
 }
 
 // The hidden size from R's type, where static.
@@ -333,7 +342,7 @@ int64_t static_hidden(const LayerDesc& d) {
 
 bool persistent_supports(const LayerDesc& d, std::string* why) {
   if (!unverified_tactics_enabled(why)) return false;
-  if (!common_supports(d, why)) return false;
+  if (!rnn_common_supports(d, why)) return false;
   const int64_t H = static_hidden(d);
   if (H <= 0) return *why = "R's hidden size must be known at build time", false;
   if (!persist_fits(1, H, dtype_size(d.in[0].dtype)))
@@ -363,12 +372,15 @@ const TacticDef kRnnTactics[] = {
     {"", "LSTM", "lstm.persistent", kCaps, 0, persistent_supports,
      create_rnn<Recurrence::kPersistent>, persistent_variants},
     {"", "LSTM", "lstm.cublas", kCaps, 0, cublas_supports, create_rnn<Recurrence::kCublas>},
+    {"", "LSTM", "lstm.cudnn", kCaps, 0, rnn_cudnn_supports, create_rnn_cudnn},
     {"", "GRU", "gru.persistent", kCaps, 0, persistent_supports,
      create_rnn<Recurrence::kPersistent>, persistent_variants},
     {"", "GRU", "gru.cublas", kCaps, 0, cublas_supports, create_rnn<Recurrence::kCublas>},
+    {"", "GRU", "gru.cudnn", kCaps, 0, rnn_cudnn_supports, create_rnn_cudnn},
     {"", "RNN", "rnn.persistent", kCaps, 0, persistent_supports,
      create_rnn<Recurrence::kPersistent>, persistent_variants},
     {"", "RNN", "rnn.cublas", kCaps, 0, cublas_supports, create_rnn<Recurrence::kCublas>},
+    {"", "RNN", "rnn.cudnn", kCaps, 0, rnn_cudnn_supports, create_rnn_cudnn},
 };
 
 }  // namespace
