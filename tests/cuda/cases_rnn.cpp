@@ -4,7 +4,8 @@
 // linear_before_reset 0 and 1, LSTM's peepholes, clip, input_forget and activations with their
 // alpha/beta, B absent, LSTM without Y_c. Weights are constants uniform in +-1/sqrt(hidden), as
 // PyTorch initialises them. Hidden 33 keeps R in the persistent kernel's shared memory, 128 too
-// in FP16 (over 48 KiB: the opt-in), 256 streams it from L2; hidden 7 and 33 pad R's rows.
+// in FP16 (over 48 KiB: the opt-in), 256 streams it from L2; hidden 7 and 33 pad R's rows. The
+// cases without sequence_lens, peepholes, clip or other activations also run cuDNN's tactic.
 #include <cmath>
 
 #include "backend_ops.h"
@@ -104,6 +105,13 @@ std::vector<OpCase> rnn_cases() {
                                     {"activation_alpha", Floats({0.3f, 0.05f, 0.9f})},
                                     {"activation_beta", Floats({0.45f, 1.1f})}})}));
   v.push_back(make({.name = "lstm_h33_y_and_y_h_only", .hidden = 33, .outputs = 2}));
+  // What cuDNN's tactic takes (no sequence_lens): its transposed Y and states, no B.
+  v.push_back(make({.name = "lstm_h33_bidir_layout1_states",
+                    .hidden = 33,
+                    .direction = "bidirectional",
+                    .layout = 1,
+                    .states = true}));
+  v.push_back(make({.name = "lstm_h7_bidir_no_bias", .direction = "bidirectional", .bias = false}));
   // GRU
   v.push_back(make({.name = "gru_h1_s1_b1", .op = "GRU", .hidden = 1, .seq = 1, .batch = 1}));
   for (int lbr : {0, 1}) {
@@ -130,6 +138,12 @@ std::vector<OpCase> rnn_cases() {
                       .states = true,
                       .extra = a}));
   }
+  v.push_back(make({.name = "gru_h7_bidir_layout1_states_lbr1",
+                    .op = "GRU",
+                    .direction = "bidirectional",
+                    .layout = 1,
+                    .states = true,
+                    .extra = attrs({{"linear_before_reset", Attribute::Int(1)}})}));
   v.push_back(make({.name = "gru_h7_clip_b1_lens",
                     .op = "GRU",
                     .batch = 1,
@@ -142,6 +156,11 @@ std::vector<OpCase> rnn_cases() {
                     .hidden = 33,
                     .direction = "bidirectional",
                     .lens = lens3,
+                    .states = true,
+                    .extra = attrs({{"activations", Strs({"Relu", "Relu"})}})}));
+  v.push_back(make({.name = "rnn_h7_relu_bidir_states",
+                    .op = "RNN",
+                    .direction = "bidirectional",
                     .states = true,
                     .extra = attrs({{"activations", Strs({"Relu", "Relu"})}})}));
   v.push_back(
