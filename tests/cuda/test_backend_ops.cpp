@@ -294,7 +294,7 @@ void register_all() {
       {"reduce", reduce_cases},           {"conv", conv_cases},
       {"gemm_pool", gemm_pool_cases},     {"types", types_cases},
       {"attention", attention_cases},     {"int8", int8_cases},
-      {"transformer", transformer_cases},
+      {"transformer", transformer_cases}, {"rnn", rnn_cases},
   };
   // Tactics whose variants are different kernels (tile shapes): each variant is a test of its own
   // (forced as NAME/VARIANT); an untuned build would only ever run the first.
@@ -315,6 +315,9 @@ void register_all() {
       {"kiln.dwconv.fused",
        {"", "strip4", "strip8", "stream4", "stream8", "tile8", "tile16", "tile8r2", "tile16r2"}},
       {"kiln.dwconv.mean", {"tile8", "tile16", "tile8r2", "tile16r2"}},
+      {"lstm.persistent", {"nb1", "nb2", "nb4"}},
+      {"gru.persistent", {"nb1", "nb2", "nb4"}},
+      {"rnn.persistent", {"nb1", "nb2", "nb4"}},
   };
   for (const auto& [family, fn] : families) {
     for (const OpCase& c : fn()) {
