@@ -158,6 +158,8 @@ std::span<const OpDef> scatter_ops();      // ScatterND, ScatterElements, NonZer
 std::span<const OpDef> einsum_ops();       // Einsum
 std::span<const OpDef> attention_ops();    // Attention (ONNX's, opset 23-25)
 std::span<const OpDef> rotary_ops();       // RotaryEmbedding
+std::span<const OpDef> sampling_ops();     // GridSample
+std::span<const OpDef> detection_ops();    // RoiAlign, NonMaxSuppression
 std::span<const OpDef> fused_ops();        // kiln's fused layers (the optimizer's output)
 std::span<const OpDef> transformer_ops();  // kiln.MultiHeadAttention, kiln.SkipLayerNorm
 
