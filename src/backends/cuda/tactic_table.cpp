@@ -13,7 +13,7 @@ using FamilyFn = std::span<const TacticDef> (*)();
 constexpr FamilyFn kFamilies[] = {
     reformat_tactics,       elementwise_tactics, movement_tactics,          reduce_tactics,
     layernorm_rows_tactics, conv_tactics,        int8_library_conv_tactics, pool_tactics,
-    gemm_tactics,           relayout_tactics,
+    gemm_tactics,           relayout_tactics,    sampling_tactics,
 };
 
 const std::vector<TacticDef>& table() {

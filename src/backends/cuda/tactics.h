@@ -28,5 +28,7 @@ std::span<const TacticDef> int8_library_conv_tactics();  // layers/conv_int8_lib
 std::span<const TacticDef> pool_tactics();         // layers/pool.cu
 std::span<const TacticDef> gemm_tactics();         // layers/gemm.cpp: Gemm, MatMul, FusedGemm,
                                                    // kiln.Attention, ONNX Attention
+std::span<const TacticDef> sampling_tactics();     // layers/grid_sample.cu, roi_align.cu:
+                                                   // GridSample, RoiAlign
 
 }  // namespace kiln::gpu
