@@ -46,6 +46,7 @@ fi
 
 echo "== model tests (kiln vs ONNX Runtime) =="
 python3 tests/models/run_model_tests.py --kiln "$BUILD_DIR/kiln"
+python3 tests/models/run_sampling_ops_tests.py --kiln "$BUILD_DIR/kiln"   # GridSample, RoiAlign, NMS
 python3 tests/models/run_int8_tests.py --kiln "$BUILD_DIR/kiln"
 python3 tests/models/run_transformer_tests.py --kiln "$BUILD_DIR/kiln"
 python3 tests/models/run_keras_tests.py --kiln "$BUILD_DIR/kiln"   # tf2onnx conversions of Keras models
