@@ -27,6 +27,9 @@ struct CaseInput {
   bool constant = false;          // an initializer of the graph (weights, axes, shapes, ...)
   std::optional<Tensor> value;    // fixed value (indices, axes, ...); else random in [lo, hi]
   double lo = -1, hi = 1;         // integers: uniform integers in [lo, hi]; bool: random bits
+  double step = 0;                // > 0: random floats rounded to multiples of it (values that
+                                  // float16 stores exactly: coordinates whose rounding would
+                                  // move a sample, not just perturb a value)
   bool absent = false;            // an omitted optional input ("" in ONNX)
 };
 
@@ -79,5 +82,6 @@ std::vector<OpCase> int8_cases();       // INT8 FusedConv / FusedGemm (layers/co
 std::vector<OpCase>
 transformer_cases();  // MultiHeadAttention, SkipLayerNorm, LayerNorm rows, GEMM epilogues
 std::vector<OpCase> rnn_cases();  // LSTM, GRU, RNN (layers/rnn.cu)
+std::vector<OpCase> sampling_cases();   // GridSample, RoiAlign (layers/grid_sample.cu, roi_align.cu)
 
 }  // namespace kiln::gpu::test

@@ -85,6 +85,7 @@ Tensor random_tensor(const CaseInput& c, std::mt19937_64& rng) {
     double v = u(rng);
     if (c.dtype == DataType::kBool) v = (rng() & 1) ? 1 : 0;
     else if (!dtype_is_float(c.dtype)) v = std::round(v);
+    else if (c.step > 0) v = std::round(v / c.step) * c.step;
     f.data<double>()[i] = v;
   }
   return f.cast(c.dtype);
@@ -294,7 +295,7 @@ void register_all() {
       {"reduce", reduce_cases},           {"conv", conv_cases},
       {"gemm_pool", gemm_pool_cases},     {"types", types_cases},
       {"attention", attention_cases},     {"int8", int8_cases},
-      {"transformer", transformer_cases}, {"rnn", rnn_cases},
+      {"transformer", transformer_cases}, {"rnn", rnn_cases}, {"sampling", sampling_cases},
   };
   // Tactics whose variants are different kernels (tile shapes): each variant is a test of its own
   // (forced as NAME/VARIANT); an untuned build would only ever run the first.

@@ -327,7 +327,8 @@ std::vector<bool> host_value_inputs(const Graph& g) {
     if (is_shape_op(n->domain, n->op_type)) continue;
     // An op whose output shape depends on its input's values has no GPU layer: with small
     // inputs it runs on the host.
-    if ((n->domain.empty() || n->domain == "ai.onnx") && n->op_type == "NonZero")
+    if ((n->domain.empty() || n->domain == "ai.onnx") &&
+        (n->op_type == "NonZero" || n->op_type == "NonMaxSuppression"))
       for (const Value* v : n->inputs()) work.emplace_back(v, true);
     for (const TacticDef* t : tactics_for(n->domain, n->op_type))
       for (size_t s = 0; s < n->num_inputs(); ++s)
