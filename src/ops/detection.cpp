@@ -256,6 +256,21 @@ Status infer_nms(InferContext& ctx) {
   return Status::Ok();
 }
 
+// At most max_output_boxes_per_class (where it is a constant; else every box) of each batch and
+// class.
+Status bound_nms(InferContext& ctx) {
+  const auto boxes = ctx.input_type(0).static_shape();
+  const auto scores = ctx.input_type(1).static_shape();
+  if (!boxes || !scores || boxes->size() != 3 || scores->size() != 3)
+    return KILN_ERROR("{}: the shapes of boxes and scores are not known", ctx.node().label());
+  int64_t per = (*boxes)[1];
+  if (!ctx.has_input(2)) per = 0;  // absent: no boxes
+  else if (const Tensor* m = ctx.input_const(2); m && m->numel() > 0)
+    per = std::clamp<int64_t>(m->at_int(0), 0, per);
+  ctx.set_output(0, TensorType(DataType::kInt64, {Dim((*boxes)[0] * (*scores)[1] * per), Dim(3)}));
+  return Status::Ok();
+}
+
 // onnxruntime's std::max / std::min (first argument on ties and NaN), so NaN coordinates flow
 // through the comparisons exactly as there.
 template <typename Cp>
@@ -387,7 +402,7 @@ Status cpu_nms(KernelContext& ctx) {
 
 constexpr OpDef kOps[] = {
     {"", "RoiAlign", infer_roi_align, cpu_roi_align, upgrade_roi_align},
-    {"", "NonMaxSuppression", infer_nms, cpu_nms, nullptr},
+    {"", "NonMaxSuppression", infer_nms, cpu_nms, nullptr, 0, bound_nms},
 };
 
 }  // namespace

@@ -81,6 +81,7 @@ std::vector<OpCase> attention_cases();  // ONNX Attention (layers/attention_onnx
 std::vector<OpCase> int8_cases();       // INT8 FusedConv / FusedGemm (layers/conv_int8.cu)
 std::vector<OpCase>
 transformer_cases();  // MultiHeadAttention, SkipLayerNorm, LayerNorm rows, GEMM epilogues
+std::vector<OpCase> dynamic_cases();  // NonZero, NonMaxSuppression (data-dependent sizes)
 std::vector<OpCase> rnn_cases();  // LSTM, GRU, RNN (layers/rnn.cu)
 std::vector<OpCase> sampling_cases();   // GridSample, RoiAlign (layers/grid_sample.cu, roi_align.cu)
 

@@ -296,6 +296,7 @@ void register_all() {
       {"gemm_pool", gemm_pool_cases},     {"types", types_cases},
       {"attention", attention_cases},     {"int8", int8_cases},
       {"transformer", transformer_cases}, {"rnn", rnn_cases}, {"sampling", sampling_cases},
+      {"dynamic", dynamic_cases},
   };
   // Tactics whose variants are different kernels (tile shapes): each variant is a test of its own
   // (forced as NAME/VARIANT); an untuned build would only ever run the first.

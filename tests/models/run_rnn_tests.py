@@ -261,12 +261,19 @@ def main():
             onnx.save(kiln_model, path)
             sess = ort.InferenceSession((ort_model or kiln_model).SerializeToString(),
                                         providers=["CPUExecutionProvider"])
+            # The cuda backend builds at a profile: the two shapes the runs below use.
+            profile = []
+            if "cuda" in args.build_flags:
+                spec = lambda f: ",".join(f"{k}:{'x'.join(map(str, v.shape))}" for k, v in f.items())
+                small = spec(feeds_for(kiln_model, 1, 1, np.random.default_rng(1), bf))
+                large = spec(feeds_for(kiln_model, 6, 3, np.random.default_rng(1), bf))
+                profile = ["--min-shapes", small, "--opt-shapes", large, "--max-shapes", large]
             for opt_level in (0, 2):
                 engine = os.path.join(tmp, f"{name}_O{opt_level}.kiln")
                 label = f"{name} -O{opt_level}"
                 try:
                     run([args.kiln, "build", "--onnx", path, "--save-engine", engine, "--opt-level",
-                         str(opt_level), *args.build_flags.split()])
+                         str(opt_level), *args.build_flags.split(), *profile])
                 except RuntimeError as e:
                     print(f"FAIL {label}: build: {e}")
                     failures += 1

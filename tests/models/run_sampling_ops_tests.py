@@ -39,7 +39,9 @@ def model(op, inputs, attrs, opset):
         [node], op.lower(),
         [helper.make_tensor_value_info(n, t, None) for n, t in (i for i in inputs if i)],
         [helper.make_tensor_value_info("Y", I64 if op == "NonMaxSuppression" else F32, None)])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 10  # what ONNX Runtime 1.30 (the GPU machine's) reads, opsets up to 22
+    return m
 
 
 def grid_sample_cases(rng):
@@ -144,6 +146,9 @@ def run_kiln(kiln, backend, opt_level, model_path, feeds, tmp):
     out_dir = os.path.join(tmp, "out")
     cmd = [kiln, "run", "--onnx", model_path, "--backend", backend, "--opt-level", str(opt_level),
            "--save-outputs", out_dir]
+    if backend == "cuda":  # it builds at a profile: the inputs' own shapes
+        cmd += ["--shapes", ",".join(f"{k}:{'x'.join(map(str, v.shape)) or '1'}" for k, v in feeds.items()
+                                     if v.ndim > 0)]
     for k, v in feeds.items():
         path = os.path.join(tmp, f"{k}.npy")
         np.save(path, v)

@@ -97,6 +97,15 @@ Status DynamicRuntime::ensure_dims(size_t outputs) {
   return Status::Ok();
 }
 
+// In stream order: the block may have been another value's, still read by queued kernels. The
+// host copy stays alive until the run ends (a pageable copy may read it after the call returns).
+Status DynamicRuntime::upload(void* dst, Tensor host) {
+  if (host.nbytes())
+    KILN_CUDA_CHECK(cudaMemcpyAsync(dst, host.raw(), host.nbytes(), cudaMemcpyHostToDevice, rc->stream));
+  staged.push_back(std::move(host));
+  return Status::Ok();
+}
+
 Expected<std::shared_ptr<const Tensor>> DynamicRuntime::read_back(const DynValue& v, DataType to) {
   if (v.host) return v.host;
   if (!v.t.data && v.t.numel() != 0) return KILN_ERROR("a value to read back has no data");
@@ -193,7 +202,7 @@ Expected<DeviceTensor> DynamicGraph::device_input(DynamicRuntime& rt, size_t k, 
   auto upload = [&](const Tensor& h, std::shared_ptr<void>& block) -> Status {
     KILN_ASSIGN_OR_RETURN(Tensor d, to_device_format(h, f));
     KILN_ASSIGN_OR_RETURN(block, rt.pool.get(d.nbytes(), "'" + v->name + "'"));
-    return cuda::upload(block.get(), d.raw(), d.nbytes(), "a value computed on the host");
+    return rt.upload(block.get(), std::move(d));
   };
   if (v->is_constant()) {
     t.shape = v->constant->shape();
@@ -336,6 +345,10 @@ Status DynamicGraph::run_layer(DynamicRuntime& rt, size_t k, std::vector<DynValu
   std::string key;
   for (size_t i = 0; i < n->num_inputs(); ++i) {
     KILN_ASSIGN_OR_RETURN(ins[i], device_input(rt, k, i, val));
+    // A value read back for the host (Resize's sizes computed on the GPU) is one that inference
+    // needs too.
+    if (const Value* v = n->input(i); v && !v->is_constant() && !c.in[i].present())
+      learn(index_.at(v), val[index_.at(v)]);
     key += shape_str(ins[i].shape);
     if (ins[i].host && !n->input(i)->is_constant())
       key.append(static_cast<const char*>(ins[i].host->raw()), ins[i].host->nbytes());

@@ -60,8 +60,11 @@ struct DynamicRuntime {
   // The engine's copy of constant `v` in format `f` (main graph), or nullptr (a subgraph's own
   // constants are uploaded by its DynamicGraph).
   std::function<void*(const Value*, const TensorFormat&)> engine_weight;
+  std::vector<Tensor> staged;  // host copies uploaded during the run (upload)
   ~DynamicRuntime();
   Status ensure_dims(size_t outputs);
+  // Copies a host tensor (already in device format) to `dst` on the stream.
+  Status upload(void* dst, Tensor host);
   // Copies a device value to the host (synchronising the stream) as logical type `to`.
   Expected<std::shared_ptr<const Tensor>> read_back(const DynValue& v, DataType to);
 };

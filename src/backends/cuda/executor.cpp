@@ -904,7 +904,13 @@ Expected<std::vector<Tensor>> CudaContext::execute_dynamic(const std::map<std::s
     bound_stream_ = stream_;
   }
   rc_.stream = stream_;
-  KILN_ASSIGN_OR_RETURN(std::vector<DynValue> outs, dyn_graph_->run(dyn_rt_, std::move(ins)));
+  auto ran = dyn_graph_->run(dyn_rt_, std::move(ins));
+  if (!ran.ok()) {
+    cudaStreamSynchronize(stream_);  // what was queued may still read the staged copies
+    dyn_rt_.staged.clear();
+    return ran.status();
+  }
+  std::vector<DynValue> outs = std::move(ran).value();
   std::vector<Tensor> result;
   dyn_out_shapes_.clear();
   for (size_t j = 0; j < outs.size(); ++j) {
@@ -915,6 +921,7 @@ Expected<std::vector<Tensor>> CudaContext::execute_dynamic(const std::map<std::s
     result.push_back(std::move(out));
   }
   KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  dyn_rt_.staged.clear();
   return result;
 }
 

@@ -600,6 +600,7 @@ Status lower_subgraphs(const Node& n, const GpuBuildOptions& o, LayerChoice* c) 
     for (const auto& [an, a] : n.attrs.all())
       if (a.kind == Attribute::Kind::kGraph && a.g.get() == sg) name = an;
     GpuBuildOptions so = o;
+    so.subgraph = true;
     so.extra_points.clear();
     so.input_formats.clear();
     so.output_formats.clear();
@@ -724,9 +725,10 @@ Expected<Plan> lower_for_gpu(Graph& g, const std::vector<std::vector<int64_t>>& 
     const bool dyn = dynamic_layer(*n);
     for (size_t i = 0; i < n->num_inputs(); ++i) {
       const Value* v = n->input(i);
-      // In the dynamic region the executor reads such a value back when the layer needs it.
+      // An engine with a dynamic region runs as one (dynamic.h), and so does a subgraph: the
+      // executor reads such a value back when the layer needs it.
       if (v && (cands[k][0].tactic->host_inputs >> i) & 1u && !v->is_constant() &&
-          !host_vals.count(v) && !dyn)
+          !host_vals.count(v) && !dyn && !o.subgraph && shapes.dynamic.empty())
         return KILN_ERROR("{}: input {} ('{}') must be known before the layer runs (a constant "
                           "or computed from shapes), but it is computed on the GPU",
                           n->label(), i, v->name);
@@ -781,6 +783,7 @@ Expected<Plan> lower_for_gpu(Graph& g, const std::vector<std::vector<int64_t>>& 
     LayerChoice c = std::move(cands[k][pick[k]]);
     if (c.time_ms >= 0) c.timed = std::move(timed);
     c.alternates = std::move(alternates[k]);
+    c.dynamic = dynamic_layer(*n);
     if (!n->attrs.subgraphs().empty()) KILN_RETURN_IF_ERROR(lower_subgraphs(*n, o, &c));
     for (size_t i = 0; i < n->num_inputs(); ++i) {
       Value* v = n->input(i);

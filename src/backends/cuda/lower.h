@@ -37,6 +37,7 @@ struct GpuBuildOptions {
   // A subgraph's plan (control flow): the formats its inputs arrive in and its outputs must
   // leave in, those of the control-flow layer's own slots; empty: declared type, row-major.
   std::vector<TensorFormat> input_formats, output_formats;
+  bool subgraph = false;  // a control-flow layer's subgraph: it runs in the dynamic region
 };
 
 // The further tuning points of a profile (per graph input, in order, its min/opt/max): the opt

@@ -195,7 +195,6 @@ class GridSampleLayer final : public Layer {
 };
 
 bool supports_grid_sample(const LayerDesc& d, std::string* why) {
-  if (!unverified_tactics_enabled(why, "sampling.grid_sample: not yet run on a GPU")) return false;
   const DataType t = d.in[0].dtype;
   if (t != DataType::kFloat32 && t != DataType::kFloat16 && t != DataType::kBFloat16 &&
       t != DataType::kFloat64)

@@ -330,7 +330,6 @@ Status RnnLayer::run_typed(const RunContext& rc, std::span<const DeviceTensor> i
 // --- supports ----------------------------------------------------------------------------------
 
 bool cublas_supports(const LayerDesc& d, std::string* why) {
-  if (!unverified_tactics_enabled(why)) return false;
   return rnn_common_supports(d, why);
 }
 
@@ -341,7 +340,6 @@ int64_t static_hidden(const LayerDesc& d) {
 }
 
 bool persistent_supports(const LayerDesc& d, std::string* why) {
-  if (!unverified_tactics_enabled(why)) return false;
   if (!rnn_common_supports(d, why)) return false;
   const int64_t H = static_hidden(d);
   if (H <= 0) return *why = "R's hidden size must be known at build time", false;

@@ -276,7 +276,6 @@ Status RnnCudnnLayer::run(const RunContext& rc, std::span<const DeviceTensor> in
 }  // namespace
 
 bool rnn_cudnn_supports(const LayerDesc& d, std::string* why) {
-  if (!unverified_tactics_enabled(why)) return false;
   if (!rnn_common_supports(d, why)) return false;
   auto spec = read_rnn_spec(*d.node);
   const RnnSpec& s = *spec;

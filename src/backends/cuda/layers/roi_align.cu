@@ -174,7 +174,6 @@ class RoiAlignLayer final : public Layer {
 };
 
 bool supports_roi_align(const LayerDesc& d, std::string* why) {
-  if (!unverified_tactics_enabled(why, "detection.roi_align: not yet run on a GPU")) return false;
   const DataType t = d.in[0].dtype;
   if (t != DataType::kFloat32 && t != DataType::kFloat16 && t != DataType::kBFloat16 &&
       t != DataType::kFloat64)
