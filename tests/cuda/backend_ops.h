@@ -44,6 +44,9 @@ struct OpCase {
   // 4-D tensors). Float64/integer cases use "fp32" only.
   std::vector<std::string> modes = {"fp32", "fp16"};
   double tolerance = 0;           // relative L2 override for float outputs (0: per-mode default)
+  // The engine's workspace limit in bytes (--mem-pool-size workspace:N; 0: the default, 1 GiB):
+  // small limits make the attention layers run their scores in chunks (the *_chunked cases).
+  size_t workspace_limit = 0;
   // INT8 layers (int8 = 1, cases_int8.cpp; modes "int8" and "int8fp16", the latter with float16
   // storage for float tensors): the scales put on the case's values (input slot -> scales, the
   // weights' per output channel; Y's scale, empty: Y float). Such a case runs only the tactics

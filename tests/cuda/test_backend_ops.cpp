@@ -208,6 +208,7 @@ void run_case(const OpCase& c, const std::string& tactic, const std::string& mod
   cfg.tf32 = mode != "fp32";
   cfg.fp16 = mode == "fp16" || mode == "nhwc16" || mode == "int8fp16";
   cfg.layout = mode == "nhwc16" ? "nhwc" : c.int8() ? "auto" : "linear";
+  cfg.workspace_limit = c.workspace_limit;
   auto engine = Engine::build_from_graph(g->clone(), cfg, c.name);
   if (!engine.ok() && engine.status().message().find("cannot run on the GPU") != std::string::npos)
     GTEST_SKIP() << "not applicable: " << engine.status().message();

@@ -683,6 +683,7 @@ Expected<Plan> lower_for_gpu(Graph& g, const std::vector<std::vector<int64_t>>& 
     *o.log << "timing cache " << o.timing_cache
            << " is from another GPU, library version or kiln tuner: its times are not used\n";
   std::unique_ptr<Tuner> tuner;
+  bool timed = false;  // some layer's candidates were timed (the format choice needs times)
   std::unordered_set<const Value*> host_vals;
   for (size_t i = 0; i < g.inputs().size(); ++i) {
     Value* v = g.inputs()[i];
@@ -739,6 +740,7 @@ Expected<Plan> lower_for_gpu(Graph& g, const std::vector<std::vector<int64_t>>& 
       }
       std::vector<std::string> failed;
       KILN_ASSIGN_OR_RETURN(pick[k], tuner->choose(*n, cands[k], shapes, &failed));
+      timed = true;
       if (o.log) {
         *o.log << fmt::format("{}: {} candidates, fastest {}/{} ({:.4f} ms)\n", n->label(),
                               cands[k].size(), cands[k][pick[k]].tactic->name,
@@ -750,18 +752,29 @@ Expected<Plan> lower_for_gpu(Graph& g, const std::vector<std::vector<int64_t>>& 
                                   c.out.empty() ? "" : c.out[0].str(), c.time_ms);
         for (const auto& f : failed) *o.log << "    failed " << f << "\n";
       }
-    } else if (o.log) {
-      *o.log << fmt::format("{}: {} ({}, {})\n", n->label(), cands[k][0].tactic->name,
-                            precision_name(cands[k][0].precision),
-                            cands[k][0].out.empty() ? "" : cands[k][0].out[0].str());
+    } else {
+      // A single candidate is not timed, but it must still fit at these shapes (SD 1.5's FP32
+      // attention outgrew the workspace limit and failed only when the engine first ran). A
+      // build without timing takes the first candidate untried: the engine checks it at load.
+      // Not control flow: its subplans are made below, and its bodies' shapes known as it runs.
+      if (tune && !dyn && n->attrs.subgraphs().empty()) {
+        if (!tuner) {
+          KILN_ASSIGN_OR_RETURN(tuner, Tuner::create(&cache, o.workspace_limit));
+        }
+        KILN_RETURN_IF_ERROR(tuner->check(*n, cands[k][0], shapes));
+      }
+      if (o.log)
+        *o.log << fmt::format("{}: {} ({}, {})\n", n->label(), cands[k][0].tactic->name,
+                              precision_name(cands[k][0].precision),
+                              cands[k][0].out.empty() ? "" : cands[k][0].out[0].str());
     }
     for (size_t out = 0; out < n->num_outputs(); ++out)
       if (const Value* v = n->output(out)) L.produced[v] = cands[k][pick[k]].out[out];
   }
-  if (tuner) choose_formats(g, nodes, L.host, shapes, *tuner, cands, pick, o.log);
+  if (timed) choose_formats(g, nodes, L.host, shapes, *tuner, cands, pick, o.log);
   std::vector<InputShapes> points;
   std::vector<std::vector<Alternate>> alternates(nodes.size());
-  if (tuner && !o.extra_points.empty()) {
+  if (timed && !o.extra_points.empty()) {
     points.push_back(opt_shapes);
     for (const InputShapes& pt : o.extra_points) {
       points.push_back(pt);
