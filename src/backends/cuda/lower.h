@@ -62,6 +62,10 @@ std::vector<bool> host_nodes(const Graph& g, const std::vector<bool>& host_input
 // executor reads them on the host before planning an inference.
 std::vector<bool> host_value_inputs(const Graph& g);
 
+// A control-flow layer's subgraphs, each lowered into a plan of its own (LayerChoice::subplans)
+// whose inputs arrive and outputs leave in the formats of the layer's own slots.
+Status lower_subgraphs(const Node& n, const GpuBuildOptions& o, LayerChoice* c);
+
 // A float candidate's formats for node `n` under tactic `t`: every device tensor in precision
 // `p`'s storage type, 4-D tensors NHWC when `nhwc`, inputs the tactic reads on the host without
 // a format. Lowering's candidates, and what the capability query asks a tactic about.
