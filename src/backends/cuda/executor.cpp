@@ -904,6 +904,7 @@ Expected<std::vector<Tensor>> CudaContext::execute_dynamic(const std::map<std::s
     bound_stream_ = stream_;
   }
   rc_.stream = stream_;
+  dyn_rt_.dims_used = 0;  // a run that failed may have left sizes unread
   auto ran = dyn_graph_->run(dyn_rt_, std::move(ins));
   if (!ran.ok()) {
     cudaStreamSynchronize(stream_);  // what was queued may still read the staged copies
