@@ -231,7 +231,7 @@ Status cpu_roi_align(KernelContext& ctx) {
 // Per batch and class, boxes by descending score (equal scores: lower index first), each kept
 // unless it overlaps a kept one by IoU > iou_threshold, at most max_output_boxes_per_class.
 // As onnxruntime: a box whose score is NaN is never selected; a box with a NaN coordinate
-// takes the IoU arithmetic below, whose comparisons are then false (it neither suppresses nor
+// takes the IoU arithmetic of sampling::suppresses (ops/sampling_math.h), whose comparisons are then false (it neither suppresses nor
 // is suppressed); a negative max_output_boxes_per_class selects nothing.
 Status infer_nms(InferContext& ctx) {
   const Node& n = ctx.node();
@@ -271,51 +271,6 @@ Status bound_nms(InferContext& ctx) {
   return Status::Ok();
 }
 
-// onnxruntime's std::max / std::min (first argument on ties and NaN), so NaN coordinates flow
-// through the comparisons exactly as there.
-template <typename Cp>
-Cp max_of(Cp a, Cp b) {
-  return a < b ? b : a;
-}
-template <typename Cp>
-Cp min_of(Cp a, Cp b) {
-  return b < a ? b : a;
-}
-
-// Whether box j suppresses box i: IoU > threshold, in onnxruntime's arithmetic and order.
-template <typename Cp>
-bool suppresses(const Cp* b1, const Cp* b2, bool center, Cp threshold) {
-  Cp x1_min, x1_max, x2_min, x2_max, y1_min, y1_max, y2_min, y2_max;
-  auto min_max = [](Cp a, Cp b, Cp& lo, Cp& hi) {
-    if (a >= b)
-      lo = b, hi = a;
-    else
-      lo = a, hi = b;
-  };
-  if (!center) {  // [y1, x1, y2, x2], corners in either order
-    min_max(b1[1], b1[3], x1_min, x1_max);
-    min_max(b2[1], b2[3], x2_min, x2_max);
-    min_max(b1[0], b1[2], y1_min, y1_max);
-    min_max(b2[0], b2[2], y2_min, y2_max);
-  } else {  // [x_center, y_center, width, height]
-    x1_min = b1[0] - b1[2] / 2, x1_max = b1[0] + b1[2] / 2;
-    x2_min = b2[0] - b2[2] / 2, x2_max = b2[0] + b2[2] / 2;
-    y1_min = b1[1] - b1[3] / 2, y1_max = b1[1] + b1[3] / 2;
-    y2_min = b2[1] - b2[3] / 2, y2_max = b2[1] + b2[3] / 2;
-  }
-  const Cp ix_min = max_of(x1_min, x2_min), ix_max = min_of(x1_max, x2_max);
-  if (ix_max <= ix_min) return false;
-  const Cp iy_min = max_of(y1_min, y2_min), iy_max = min_of(y1_max, y2_max);
-  if (iy_max <= iy_min) return false;
-  const Cp inter = (ix_max - ix_min) * (iy_max - iy_min);
-  if (inter <= 0) return false;
-  const Cp area1 = (x1_max - x1_min) * (y1_max - y1_min);
-  const Cp area2 = (x2_max - x2_min) * (y2_max - y2_min);
-  const Cp uni = area1 + area2 - inter;
-  if (area1 <= 0 || area2 <= 0 || uni <= 0) return false;
-  return inter / uni > threshold;
-}
-
 template <typename Cp>
 Status nms(const Node& n, const Tensor& boxes, const Tensor& scores, int64_t max_out,
            Cp iou_threshold, const Tensor* score_threshold, std::vector<int64_t>& out) {
@@ -339,7 +294,7 @@ Status nms(const Node& n, const Tensor& boxes, const Tensor& scores, int64_t max
         if (static_cast<int64_t>(kept.size()) >= max_out) break;
         const Cp* bi = bv.data() + (b * N + i) * 4;
         const bool drop = std::any_of(kept.begin(), kept.end(), [&](int64_t k) {
-          return suppresses(bi, bv.data() + (b * N + k) * 4, center, iou_threshold);
+          return sampling::suppresses(bi, bv.data() + (b * N + k) * 4, center, iou_threshold);
         });
         if (drop) continue;
         kept.push_back(i);

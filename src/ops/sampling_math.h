@@ -1,6 +1,6 @@
-// The per-sample arithmetic of GridSample and RoiAlign, written once for the CPU reference
-// (src/ops/sampling.cpp, detection.cpp) and the CUDA kernels (backends/cuda/layers/grid_sample.cu,
-// roi_align.cu): every function is __host__ __device__ under nvcc, templated on the compute type
+// The per-sample arithmetic of GridSample and RoiAlign, and NonMaxSuppression's overlap test,
+// written once for the CPU reference (src/ops/sampling.cpp, detection.cpp) and the CUDA kernels
+// (backends/cuda/layers/grid_sample.cu, roi_align.cu, nms.cu): every function is __host__ __device__ under nvcc, templated on the compute type
 // C — float for float32 and 16-bit tensors, as onnxruntime computes, double in the CPU backend's
 // float64 mode — so the GPU samples the same taps with the same weights as the reference.
 //
@@ -263,6 +263,52 @@ KILN_HD inline bool roi_bilinear(C y, C x, int64_t H, int64_t W, int64_t row_str
   t.p3 = y1 * row_stride + x0 * col_stride;
   t.p4 = y1 * row_stride + x1 * col_stride;
   return true;
+}
+
+// onnxruntime's std::max / std::min (first argument on ties and NaN), so NaN coordinates flow
+// through the comparisons exactly as there.
+template <typename Cp>
+KILN_HD inline Cp max_of(Cp a, Cp b) {
+  return a < b ? b : a;
+}
+template <typename Cp>
+KILN_HD inline Cp min_of(Cp a, Cp b) {
+  return b < a ? b : a;
+}
+
+// NonMaxSuppression (detection.cpp, backends/cuda/layers/nms.cu): whether kept box b2 removes
+// candidate b1, IoU > threshold, in onnxruntime's arithmetic and order.
+template <typename Cp>
+KILN_HD inline bool suppresses(const Cp* b1, const Cp* b2, bool center, Cp threshold) {
+  Cp x1_min, x1_max, x2_min, x2_max, y1_min, y1_max, y2_min, y2_max;
+  auto min_max = [](Cp a, Cp b, Cp& lo, Cp& hi) {
+    if (a >= b)
+      lo = b, hi = a;
+    else
+      lo = a, hi = b;
+  };
+  if (!center) {  // [y1, x1, y2, x2], corners in either order
+    min_max(b1[1], b1[3], x1_min, x1_max);
+    min_max(b2[1], b2[3], x2_min, x2_max);
+    min_max(b1[0], b1[2], y1_min, y1_max);
+    min_max(b2[0], b2[2], y2_min, y2_max);
+  } else {  // [x_center, y_center, width, height]
+    x1_min = b1[0] - b1[2] / 2, x1_max = b1[0] + b1[2] / 2;
+    x2_min = b2[0] - b2[2] / 2, x2_max = b2[0] + b2[2] / 2;
+    y1_min = b1[1] - b1[3] / 2, y1_max = b1[1] + b1[3] / 2;
+    y2_min = b2[1] - b2[3] / 2, y2_max = b2[1] + b2[3] / 2;
+  }
+  const Cp ix_min = max_of(x1_min, x2_min), ix_max = min_of(x1_max, x2_max);
+  if (ix_max <= ix_min) return false;
+  const Cp iy_min = max_of(y1_min, y2_min), iy_max = min_of(y1_max, y2_max);
+  if (iy_max <= iy_min) return false;
+  const Cp inter = (ix_max - ix_min) * (iy_max - iy_min);
+  if (inter <= 0) return false;
+  const Cp area1 = (x1_max - x1_min) * (y1_max - y1_min);
+  const Cp area2 = (x2_max - x2_min) * (y2_max - y2_min);
+  const Cp uni = area1 + area2 - inter;
+  if (area1 <= 0 || area2 <= 0 || uni <= 0) return false;
+  return inter / uni > threshold;
 }
 
 }  // namespace kiln::sampling

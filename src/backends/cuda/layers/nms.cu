@@ -11,7 +11,8 @@
 //      own bits applied as boxes are kept), then every thread ORs the kept rows into the removed
 //      bits, until max_output_boxes_per_class are kept;
 //   5. one block lays the segments' kept boxes out in order and writes the count.
-// The IoU arithmetic is the reference's (`suppresses`), in float (double for float64 boxes).
+// The IoU test is the reference's own code (`sampling::suppresses`, ops/sampling_math.h), in float
+// (double for float64 boxes).
 #include <cub/device/device_segmented_radix_sort.cuh>
 #include <cuda_fp16.h>
 
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "kernels/device_util.cuh"
+#include "ops/sampling_math.h"
 #include "tactics.h"
 
 namespace kiln::gpu {
@@ -54,43 +56,6 @@ __global__ void nms_keys(const T* __restrict__ scores, int64_t segments, int64_t
   }
 }
 
-template <typename Cp>
-__device__ __forceinline__ Cp max_of(Cp a, Cp b) { return a < b ? b : a; }
-template <typename Cp>
-__device__ __forceinline__ Cp min_of(Cp a, Cp b) { return b < a ? b : a; }
-
-// detection.cpp's suppresses(b1, b2): whether kept box b2 removes candidate b1.
-template <typename Cp>
-__device__ bool suppresses(const Cp* b1, const Cp* b2, bool center, Cp threshold) {
-  Cp x1_min, x1_max, x2_min, x2_max, y1_min, y1_max, y2_min, y2_max;
-  auto min_max = [](Cp a, Cp b, Cp& lo, Cp& hi) {
-    if (a >= b) lo = b, hi = a;
-    else lo = a, hi = b;
-  };
-  if (!center) {
-    min_max(b1[1], b1[3], x1_min, x1_max);
-    min_max(b2[1], b2[3], x2_min, x2_max);
-    min_max(b1[0], b1[2], y1_min, y1_max);
-    min_max(b2[0], b2[2], y2_min, y2_max);
-  } else {
-    x1_min = b1[0] - b1[2] / 2, x1_max = b1[0] + b1[2] / 2;
-    x2_min = b2[0] - b2[2] / 2, x2_max = b2[0] + b2[2] / 2;
-    y1_min = b1[1] - b1[3] / 2, y1_max = b1[1] + b1[3] / 2;
-    y2_min = b2[1] - b2[3] / 2, y2_max = b2[1] + b2[3] / 2;
-  }
-  const Cp ix_min = max_of(x1_min, x2_min), ix_max = min_of(x1_max, x2_max);
-  if (ix_max <= ix_min) return false;
-  const Cp iy_min = max_of(y1_min, y2_min), iy_max = min_of(y1_max, y2_max);
-  if (iy_max <= iy_min) return false;
-  const Cp inter = (ix_max - ix_min) * (iy_max - iy_min);
-  if (inter <= 0) return false;
-  const Cp area1 = (x1_max - x1_min) * (y1_max - y1_min);
-  const Cp area2 = (x2_max - x2_min) * (y2_max - y2_min);
-  const Cp uni = area1 + area2 - inter;
-  if (area1 <= 0 || area2 <= 0 || uni <= 0) return false;
-  return inter / uni > threshold;
-}
-
 // Grid (column tiles, row tiles, segments); a block of 64 threads: row i of the tile against the
 // tile's 64 columns, one word of the mask.
 template <typename T, typename Cp>
@@ -117,7 +82,7 @@ __global__ void nms_mask(const T* __restrict__ boxes, const int* __restrict__ or
   uint64_t bits = 0;
   const int64_t cols_here = min(int64_t(64), v - col0);
   for (int c = 0; c < cols_here; ++c)
-    if (col0 + c > i && suppresses<Cp>(&cols[c * 4], row, center, threshold)) bits |= 1ull << c;
+    if (col0 + c > i && sampling::suppresses<Cp>(&cols[c * 4], row, center, threshold)) bits |= 1ull << c;
   mask[(seg * n + i) * words + blockIdx.x] = bits;
 }
 
