@@ -230,9 +230,10 @@ Status cpu_roi_align(KernelContext& ctx) {
 //     iou_threshold?, score_threshold?) -> selected_indices int64 [num_selected, 3] -----------
 // Per batch and class, boxes by descending score (equal scores: lower index first), each kept
 // unless it overlaps a kept one by IoU > iou_threshold, at most max_output_boxes_per_class.
-// As onnxruntime: a box whose score is NaN is never selected; a box with a NaN coordinate
-// takes the IoU arithmetic of sampling::suppresses (ops/sampling_math.h), whose comparisons are then false (it neither suppresses nor
-// is suppressed); a negative max_output_boxes_per_class selects nothing.
+// As onnxruntime: a box whose score is NaN is never selected; a box with a NaN coordinate takes
+// the IoU arithmetic of sampling::suppresses (ops/sampling_math.h), whose comparisons are then
+// false (it neither suppresses nor is suppressed); a negative max_output_boxes_per_class selects
+// nothing.
 Status infer_nms(InferContext& ctx) {
   const Node& n = ctx.node();
   const int64_t cpb = n.attrs.get_int("center_point_box", 0);
