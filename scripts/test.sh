@@ -46,6 +46,8 @@ fi
 
 echo "== model tests (kiln vs ONNX Runtime) =="
 python3 tests/models/run_model_tests.py --kiln "$BUILD_DIR/kiln"
+python3 tests/models/run_rnn_tests.py --kiln "$BUILD_DIR/kiln"   # LSTM/GRU/RNN graphs (onnx.helper)
+python3 tests/models/run_sampling_ops_tests.py --kiln "$BUILD_DIR/kiln"   # GridSample, RoiAlign, NMS
 python3 tests/models/run_int8_tests.py --kiln "$BUILD_DIR/kiln"
 python3 tests/models/run_transformer_tests.py --kiln "$BUILD_DIR/kiln"
 python3 tests/models/run_control_flow_tests.py --kiln "$BUILD_DIR/kiln"   # If, Loop, Scan

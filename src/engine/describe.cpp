@@ -1,6 +1,7 @@
 #include "engine/describe.h"
 
 #include <algorithm>
+#include <set>
 
 #include "backends/backend_info.h"
 #include "kiln/tools.h"
@@ -86,13 +87,33 @@ nlohmann::json describe_graph(const Graph& g, const std::string& kind, const nlo
       // cuda: what the layer runs in (int8 for an INT8 tactic; an INT8-marked layer that fell
       // back to a float tactic shows fp16/tf32 next to its scales).
       if (r.contains("precision")) l["precision"] = r["precision"];
-      for (const char* key : {"variant", "in", "out", "time_ms", "timed", "launches", "alternates"})
+      for (const char* key :
+           {"variant", "in", "out", "time_ms", "timed", "launches", "alternates", "dynamic"})
         if (r.contains(key)) l[key] = r[key];
     }
     j["layers"].push_back(l);
   }
   // How many layers launch a kernel (the rest relabel memory or run on the host).
   if (has_plan && plan.contains("kernel_layers")) j["kernel_layers"] = plan["kernel_layers"];
+  // Sizes the data decides (cuda): the layers that read or write them, the outputs whose shape
+  // is known only after an inference, and why the engine runs without a CUDA graph.
+  if (has_plan && plan.value("dynamic_region", false)) {
+    size_t count = 0;
+    std::set<std::string> dynamic_values;
+    for (size_t k = 0; k < g.nodes().size(); ++k)
+      if (plan["layers"][k].value("dynamic", false)) {
+        ++count;
+        for (const Value* v : g.nodes()[k]->outputs())
+          if (v) dynamic_values.insert(v->name);
+      }
+    for (auto& o : j["outputs"])
+      if (dynamic_values.count(o["name"].get<std::string>())) o["data_dependent"] = true;
+    j["dynamic_region"] = {
+        {"layers", count},
+        {"cuda_graph", false},
+        {"why", "a layer's output size depends on the data (data-dependent ops, control flow): "
+                "the engine runs layer by layer, reading sizes back where the data decides them"}};
+  }
   // The input shapes the layers were tuned at (cuda, dynamic profiles): the opt shapes first.
   if (has_plan && plan.contains("points")) j["tuning_points"] = plan["points"];
   size_t weight_bytes = 0, weight_count = 0;

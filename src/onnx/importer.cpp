@@ -145,8 +145,13 @@ struct Importer {
       std::vector<std::pair<Value*, Value*>> captures;
     };
     std::vector<Sub> subs;
+    const bool control = (n->domain.empty() || n->domain == "ai.onnx") &&
+                         (n->op_type == "If" || n->op_type == "Loop" || n->op_type == "Scan");
     for (const auto& a : np.attribute()) {
       if (a.type() != onnx::AttributeProto::GRAPH) continue;
+      if (!control)
+        return KILN_ERROR("{}: attribute '{}' is a graph, which op {} does not take", n->label(),
+                          a.name(), n->op_type);
       auto sub = std::make_shared<Graph>();
       sub->opset = opset;
       Scope ss{*sub, &scope, {}, {}};

@@ -175,6 +175,9 @@ std::span<const OpDef> einsum_ops();       // Einsum
 std::span<const OpDef> attention_ops();    // Attention (ONNX's, opset 23-25)
 std::span<const OpDef> rotary_ops();       // RotaryEmbedding
 std::span<const OpDef> control_flow_ops(); // If, Loop, Scan
+std::span<const OpDef> rnn_ops();          // LSTM, GRU, RNN
+std::span<const OpDef> sampling_ops();     // GridSample
+std::span<const OpDef> detection_ops();    // RoiAlign, NonMaxSuppression
 std::span<const OpDef> fused_ops();        // kiln's fused layers (the optimizer's output)
 std::span<const OpDef> transformer_ops();  // kiln.MultiHeadAttention, kiln.SkipLayerNorm
 std::span<const OpDef> fused_norm_ops();   // kiln.FusedGroupNorm

@@ -27,6 +27,9 @@ struct CaseInput {
   bool constant = false;          // an initializer of the graph (weights, axes, shapes, ...)
   std::optional<Tensor> value;    // fixed value (indices, axes, ...); else random in [lo, hi]
   double lo = -1, hi = 1;         // integers: uniform integers in [lo, hi]; bool: random bits
+  double step = 0;                // > 0: random floats rounded to multiples of it (values that
+                                  // float16 stores exactly: coordinates whose rounding would
+                                  // move a sample, not just perturb a value)
   bool absent = false;            // an omitted optional input ("" in ONNX)
 };
 
@@ -42,6 +45,9 @@ struct OpCase {
   // cases use "fp32" only.
   std::vector<std::string> modes = {"fp32", "fp16"};
   double tolerance = 0;           // relative L2 override for float outputs (0: per-mode default)
+  // The engine's workspace limit in bytes (--mem-pool-size workspace:N; 0: the default, 1 GiB):
+  // small limits make the attention layers run their scores in chunks (the *_chunked cases).
+  size_t workspace_limit = 0;
   // INT8 layers (int8 = 1, cases_int8.cpp; modes "int8" and "int8fp16", the latter with float16
   // storage for float tensors): the scales put on the case's values (input slot -> scales, the
   // weights' per output channel; Y's scale, empty: Y float). Such a case runs only the tactics
@@ -79,5 +85,8 @@ std::vector<OpCase> attention_cases();  // ONNX Attention (layers/attention_onnx
 std::vector<OpCase> int8_cases();       // INT8 FusedConv / FusedGemm (layers/conv_int8.cu)
 std::vector<OpCase>
 transformer_cases();  // MultiHeadAttention, SkipLayerNorm, LayerNorm rows, GEMM epilogues
+std::vector<OpCase> dynamic_cases();  // NonZero, NonMaxSuppression (data-dependent sizes)
+std::vector<OpCase> rnn_cases();  // LSTM, GRU, RNN (layers/rnn.cu)
+std::vector<OpCase> sampling_cases();   // GridSample, RoiAlign (layers/grid_sample.cu, roi_align.cu)
 
 }  // namespace kiln::gpu::test

@@ -2,8 +2,8 @@
 // kiln.Attention): 3-D and 4-D inputs, grouped-query heads, additive and boolean masks (also
 // shorter than the keys), is_causal, past key/value with present outputs, softcap, left/right
 // windows, nonpad_kv_seqlen, softmax_precision, every qk_matmul_output_mode, fully masked rows,
-// long rows, float16/bfloat16/float64; and the 16-bit Softmax and kiln.Attention paths that round
-// like the CPU reference.
+// long rows, float16/bfloat16/float64; the 16-bit Softmax and kiln.Attention paths that round
+// like the CPU reference; and kiln.Attention under workspace limits its scores exceed (chunks).
 #include <limits>
 
 #include "backend_ops.h"
@@ -49,6 +49,67 @@ CaseInput fixed(Tensor t) {
 
 Attribute I(int64_t v) { return Attribute::Int(v); }
 Attribute F(float v) { return Attribute::Float(v); }
+
+// kiln.Attention under a workspace limit its scores exceed (layers/attention_chunks.h; the
+// pieces each limit makes are test_attention_chunks.cpp's): Q, Kt, V of type `t` and the mask.
+OpCase chunked(std::string name, std::vector<int64_t> q, std::vector<int64_t> kt,
+               std::vector<int64_t> vv, CaseInput mask, size_t limit, Modes modes = kFloatModes,
+               DataType t = DataType::kFloat32, int nan_to_zero = 0) {
+  OpCase c;
+  c.name = "kiln_attention_chunked_" + name;
+  c.op_type = "Attention";
+  c.domain = "kiln";
+  c.attrs = attrs({{"scale", F(0.35f)}, {"nan_to_zero", I(nan_to_zero)}});
+  c.inputs = {in(std::move(q), t, -2, 2), in(std::move(kt), t, -2, 2), in(std::move(vv), t)};
+  if (!mask.absent) {
+    if (!mask.value) mask.dtype = t;
+    c.inputs.push_back(std::move(mask));
+  }
+  c.modes = std::move(modes);
+  c.workspace_limit = limit;
+  return c;
+}
+
+// A causal mask [1, 1, S, S] (-inf above the diagonal) with row `full_row` masked entirely.
+CaseInput causal_mask(int64_t s, int64_t full_row) {
+  const float ninf = -std::numeric_limits<float>::infinity();
+  std::vector<double> m(static_cast<size_t>(s * s), 0.0);
+  for (int64_t i = 0; i < s; ++i)
+    for (int64_t j = 0; j < s; ++j)
+      if (j > i || i == full_row) m[static_cast<size_t>(i * s + j)] = ninf;
+  return fixed(Tensor::from<double>({1, 1, s, s}, m).cast(DataType::kFloat32));
+}
+
+// The scores of each case outgrow its limit: batch x heads in even pieces of whole heads, or,
+// where one head's scores do not fit, pieces of its query rows (shorter last pieces included).
+void chunked_cases(std::vector<OpCase>& v) {
+  // 3 heads of 37 x 45 scores (6.5 KiB in float32) under 16 KiB: 2 + 1 heads a piece (fp16,
+  // with its float16 probabilities beside the scores: 1 head).
+  v.push_back(chunked("heads", {2, 3, 37, 8}, {2, 3, 8, 45}, {2, 3, 45, 5}, absent(), 16 << 10));
+  // A key-padding mask [B, 1, 1, Sk]; 300 keys, 6 query rows (fp16: 4) a piece.
+  v.push_back(chunked("rows_padding", {2, 2, 53, 16}, {2, 2, 16, 300}, {2, 2, 300, 7},
+                      in({2, 1, 1, 300}, DataType::kFloat32, -6, 0), 8 << 10));
+  // A full mask [B, H, Sq, Sk], 2 heads a piece.
+  v.push_back(chunked("full_mask", {3, 4, 29, 8}, {3, 4, 8, 31}, {3, 4, 31, 7}, in({3, 4, 29, 31}),
+                      8 << 10));
+  // Causal, 14 rows a piece, row 40 fully masked (0 with nan_to_zero, NaN without).
+  for (int nz : {0, 1})
+    v.push_back(chunked(nz ? "causal_rows_nan_to_zero" : "causal_rows", {1, 2, 70, 8},
+                        {1, 2, 8, 70}, {1, 2, 70, 3}, causal_mask(70, 40), 4 << 10, kFloatModes,
+                        DataType::kFloat32, nz));
+  // V wider than the scores (batch [1, 3] and Y's [2, 3]); Kt shared by the heads; 3-D.
+  v.push_back(chunked("v_wider", {1, 3, 11, 8}, {1, 3, 8, 13}, {2, 3, 13, 4}, absent(), 1 << 10));
+  v.push_back(chunked("kt_shared_row_mask", {2, 3, 17, 8}, {2, 1, 8, 19}, {2, 1, 19, 5}, in({19}),
+                      2 << 10));
+  v.push_back(chunked("3d_mask", {5, 33, 12}, {5, 12, 41}, {5, 41, 9}, in({33, 41}), 12 << 10));
+  // float64 scores; bfloat16 (float32 scores, bfloat16 probabilities, rounded as the reference).
+  v.push_back(chunked("float64", {2, 4, 19, 6}, {2, 4, 6, 23}, {2, 4, 23, 3}, in({2, 4, 19, 23}),
+                      4 << 10, kExact, DataType::kFloat64));
+  OpCase bf16 = chunked("bf16", {2, 3, 21, 8}, {2, 3, 8, 26}, {2, 3, 26, 4}, in({2, 1, 21, 26}),
+                        4 << 10, kExact, DataType::kBFloat16);
+  bf16.tolerance = 1e-2;
+  v.push_back(bf16);
+}
 
 }  // namespace
 
@@ -174,6 +235,7 @@ std::vector<OpCase> attention_cases() {
     c.tolerance = 1e-2;
     v.push_back(c);
   }
+  chunked_cases(v);
   return v;
 }
 

@@ -3,7 +3,8 @@
 // than 32, 64 and 128 gated until run on a GPU), others for mha.unfused;
 // no mask, a padding mask, a full [B, 1, Sq, Sk] mask, causal -inf masks, fully masked rows; the
 // rotary on Q and K (mha.flash only); sequence tails and several key
-// tiles; cross attention), kiln.SkipLayerNorm and the last-axis LayerNorm and RMSNorm
+// tiles; cross attention; mha.unfused's scores in chunks under small workspace limits),
+// kiln.SkipLayerNorm and the last-axis LayerNorm and RMSNorm
 // (layers/layernorm_rows.cu), and kiln.FusedGemm with a residual and MatMul by a constant weight
 // (layers/gemm_lt.cpp, and the cuBLAS layer with its epilogue; CUTLASS's layers/gemm_cutlass.cpp
 // with the erf GELU).
@@ -35,6 +36,9 @@ struct Mha {
   int64_t cache_batch = 0;
   bool pos = false;
   bool interleaved = false;
+  // The engine's workspace limit (0: the default): mha.unfused's copies of the heads plus less
+  // than its scores need, so that they run in chunks (layers/attention_chunks.h).
+  size_t workspace = 0;
 };
 
 OpCase mha(const Mha& m) {
@@ -75,8 +79,10 @@ OpCase mha(const Mha& m) {
   for (size_t i = 0; i < ins.size() && i < 4; ++i)
     if (!ins[i].absent && !ins[i].value) ins[i].lo = -2, ins[i].hi = 2;
   // With the rotary only mha.flash runs the layer (FP16); the others refuse it.
-  return make_case("mha_" + m.name, "MultiHeadAttention", std::move(a), std::move(ins),
-                   m.rotary ? Modes{"fp16"} : Modes{"fp32", "fp16"}, "kiln");
+  OpCase c = make_case("mha_" + m.name, "MultiHeadAttention", std::move(a), std::move(ins),
+                       m.rotary ? Modes{"fp16"} : Modes{"fp32", "fp16"}, "kiln");
+  c.workspace_limit = m.workspace;
+  return c;
 }
 
 // A key-padding mask [B, 1, 1, S] as BERT's export adds it, random in [-6, 0].
@@ -368,6 +374,50 @@ void mha_cases(std::vector<OpCase>& v) {
       {.name = "seq_first_d48_unfused", .B = 2, .Sq = 7, .Sk = 7, .H = 2, .D = 48, .seq_first = true}));
 }
 
+// mha.unfused's scores over a workspace limit they exceed (what failed SD 1.5's FP32 UNet: its
+// heads' copies and 1 GiB of scores over a 1 GiB limit). Each limit is the copies of Q, K, V and
+// Y (4 tensors of B·H·S·D elements, 256-byte aligned) plus the scores' share noted.
+void mha_chunked_cases(std::vector<OpCase>& v) {
+  // SD's head size 40 at 96 tokens, 2 x 8 heads; 4 heads' float32 scores (fp32: 4 heads a
+  // piece; fp16, whose copies are half the size: 8).
+  v.push_back(mha({.name = "chunked_d40_sd",
+                   .B = 2,
+                   .Sq = 96,
+                   .Sk = 96,
+                   .H = 8,
+                   .D = 40,
+                   .workspace = 4 * 245760 + 4 * 36864}));
+  // A key-padding mask over 300 keys, 8 KiB for the scores: 6 query rows a piece (fp16: 100).
+  v.push_back(mha({.name = "chunked_rows_padding",
+                   .B = 2,
+                   .Sq = 300,
+                   .Sk = 300,
+                   .H = 2,
+                   .D = 24,
+                   .mask = padding(2, 300),
+                   .workspace = 4 * 115200 + (8 << 10)}));
+  // Causal with row 60 fully masked (0 by nan_to_zero): 44 query rows a piece (fp16: a head).
+  v.push_back(mha({.name = "chunked_causal_nan_to_zero",
+                   .B = 1,
+                   .Sq = 130,
+                   .Sk = 130,
+                   .H = 3,
+                   .D = 40,
+                   .mask = causal(130, 60),
+                   .nan_to_zero = 1,
+                   .workspace = 4 * 62464 + (32 << 10)}));
+  // Grouped-query heads with a full [B, H, Sq, Sk] mask: 2 heads a piece (fp16: 4).
+  v.push_back(mha({.name = "chunked_gqa_full_mask",
+                   .B = 2,
+                   .Sq = 33,
+                   .Sk = 47,
+                   .H = 4,
+                   .D = 20,
+                   .Hkv = 2,
+                   .mask = in({2, 4, 33, 47}),
+                   .workspace = 2 * 21248 + 2 * 30208 + 12800}));
+}
+
 void norm_cases(std::vector<OpCase>& v) {
   // 96, 192 and 384 (ConvNeXt's and Swin's channels): rows of 4, 8 and 16 lanes in FP16, with
   // row counts that leave a warp's last groups past the end.
@@ -473,6 +523,7 @@ std::vector<OpCase> transformer_cases() {
   std::vector<OpCase> v;
   mha_cases(v);
   mha_rotary_cases(v);
+  mha_chunked_cases(v);
   norm_cases(v);
   gemm_cases(v);
   return v;

@@ -85,6 +85,7 @@ Tensor random_tensor(const CaseInput& c, std::mt19937_64& rng) {
     double v = u(rng);
     if (c.dtype == DataType::kBool) v = (rng() & 1) ? 1 : 0;
     else if (!dtype_is_float(c.dtype)) v = std::round(v);
+    else if (c.step > 0) v = std::round(v / c.step) * c.step;
     f.data<double>()[i] = v;
   }
   return f.cast(c.dtype);
@@ -207,6 +208,7 @@ void run_case(const OpCase& c, const std::string& tactic, const std::string& mod
   cfg.tf32 = mode != "fp32";
   cfg.fp16 = mode == "fp16" || mode == "nhwc16" || mode == "int8fp16";
   cfg.layout = mode == "nhwc16" || mode == "nhwc32" ? "nhwc" : c.int8() ? "auto" : "linear";
+  cfg.workspace_limit = c.workspace_limit;
   auto engine = Engine::build_from_graph(g->clone(), cfg, c.name);
   if (!engine.ok() && engine.status().message().find("cannot run on the GPU") != std::string::npos)
     GTEST_SKIP() << "not applicable: " << engine.status().message();
@@ -294,7 +296,8 @@ void register_all() {
       {"reduce", reduce_cases},           {"conv", conv_cases},
       {"gemm_pool", gemm_pool_cases},     {"types", types_cases},
       {"attention", attention_cases},     {"int8", int8_cases},
-      {"transformer", transformer_cases},
+      {"transformer", transformer_cases}, {"rnn", rnn_cases}, {"sampling", sampling_cases},
+      {"dynamic", dynamic_cases},
   };
   // Tactics whose variants are different kernels (tile shapes): each variant is a test of its own
   // (forced as NAME/VARIANT); an untuned build would only ever run the first.
@@ -315,6 +318,9 @@ void register_all() {
       {"kiln.dwconv.fused",
        {"", "strip4", "strip8", "stream4", "stream8", "tile8", "tile16", "tile8r2", "tile16r2"}},
       {"kiln.dwconv.mean", {"tile8", "tile16", "tile8r2", "tile16r2"}},
+      {"lstm.persistent", {"nb1", "nb2", "nb4"}},
+      {"gru.persistent", {"nb1", "nb2", "nb4"}},
+      {"rnn.persistent", {"nb1", "nb2", "nb4"}},
   };
   for (const auto& [family, fn] : families) {
     for (const OpCase& c : fn()) {

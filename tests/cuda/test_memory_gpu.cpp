@@ -1,10 +1,14 @@
 // Out of GPU memory at build time: shapes whose activations cannot fit fail in seconds with one
 // line naming what the build needs and what the GPU has; on a GPU another process has nearly
-// filled, the error says out of memory (never "every candidate tactic failed").
+// filled, the error says out of memory (never "every candidate tactic failed"). A layer that
+// cannot fit the workspace limit (--mem-pool-size workspace:N) at the profile's shapes fails the
+// build, even when it has one candidate and nothing is timed, never the engine's first run.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "../compare/compare_test_net.h"
@@ -84,6 +88,58 @@ TEST(MemoryGpu, NearlyFullGpuSaysOutOfMemory) {
   EXPECT_EQ(s.message().find("every candidate tactic failed"), std::string::npos) << s.message();
   EXPECT_EQ(s.message().find('\n'), std::string::npos) << s.message();
   EXPECT_TRUE(build_stem(64, true).ok());  // with the memory back, the same build succeeds
+}
+
+// kiln.Attention over `keys` keys: Q [1, 2, 4, 8], Kt [1, 2, 8, keys], V [1, 2, keys, 8].
+Expected<std::unique_ptr<Engine>> build_attention(int64_t keys, size_t workspace_limit) {
+  auto g = std::make_unique<Graph>();
+  std::vector<Value*> ins;
+  for (auto [name, shape] : {std::pair<const char*, std::vector<int64_t>>{"q", {1, 2, 4, 8}},
+                             {"kt", {1, 2, 8, keys}},
+                             {"v", {1, 2, keys, 8}}}) {
+    ins.push_back(g->add_value(
+        name, TensorType(DataType::kFloat32, std::vector<Dim>(shape.begin(), shape.end()))));
+    g->add_input(ins.back());
+  }
+  Node* n = g->add_node("Attention", "attn", ins, {"y"}, "kiln");
+  n->attrs.set("scale", Attribute::Float(0.35f));
+  g->add_output(n->output(0));
+  EXPECT_TRUE(infer_shapes(*g).ok());
+  BuildConfig c;
+  c.backend = "cuda";
+  c.tf32 = false;
+  c.workspace_limit = workspace_limit;
+  return Engine::build_from_graph(std::move(g), c, "attention");
+}
+
+TEST(MemoryGpu, WorkspaceLimitIsCheckedAtBuild) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU here: GPU test skipped";
+  // One query row's scores over 4096 keys are 16 KiB of float32: no chunk fits 8 KiB, and the
+  // layer's only tactic, untimed, must still fail the build.
+  auto refused = build_attention(4096, 8 << 10);
+  ASSERT_FALSE(refused.ok());
+  const std::string m = refused.status().message();
+  EXPECT_NE(m.find("node 'attn' (Attention"), std::string::npos) << m;
+  EXPECT_NE(m.find("attention.cublas"), std::string::npos) << m;
+  EXPECT_NE(m.find("one query row's scores over 4096 keys need 16.0 KiB of workspace, over the "
+                   "limit of 8.0 KiB"),
+            std::string::npos)
+      << m;
+  EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+  // 64 KiB holds 4 rows at a time: the layer runs in chunks.
+  auto chunked = build_attention(4096, 64 << 10);
+  ASSERT_TRUE(chunked.ok()) << chunked.status().message();
+  auto ctx = (*chunked)->create_context();
+  ASSERT_TRUE(ctx.ok()) << ctx.status().message();
+  std::map<std::string, Tensor> feeds;
+  feeds["q"] = Tensor(DataType::kFloat32, {1, 2, 4, 8});
+  feeds["kt"] = Tensor(DataType::kFloat32, {1, 2, 8, 4096});
+  feeds["v"] = Tensor(DataType::kFloat32, {1, 2, 4096, 8});
+  for (auto& [name, t] : feeds)
+    for (int64_t i = 0; i < t.numel(); ++i)
+      t.data<float>()[i] = 0.001f * static_cast<float>(i % 97);
+  auto y = (*ctx)->execute(feeds);
+  ASSERT_TRUE(y.ok()) << y.status().message();
 }
 
 }  // namespace

@@ -6,10 +6,12 @@
 // and so is an optimized engine whose outputs differ from those of the graph as imported (-O0:
 // a pass that changed what the model computes).
 //
-// Bounds (a harness's, not kiln's): graphs of at most 64 nodes whose inputs and inferred values
-// all have static shapes of at most 64 Ki elements are built and run; others stop after the
-// import (fuzz_onnx_import's ground). Inputs hold small deterministic values (floats in [-2, 2],
-// integers 0..2, so that indices stay in range as often as not).
+// Bounds (a harness's, not kiln's): graphs of at most 64 nodes (subgraphs' counted) whose inputs
+// and inferred values all have static shapes of at most 64 Ki elements, and whose Loops have
+// constant trip counts, at most 1024 iterations nested ones together (a model may loop for as
+// long as it says), are built and run; others stop after the import (fuzz_onnx_import's
+// ground). Inputs hold small deterministic values (floats in [-2, 2], integers 0..2, so that
+// indices stay in range as often as not).
 // tests/fuzz/README.md says how to build and run it.
 #include <algorithm>
 #include <cmath>
@@ -28,6 +30,28 @@
 
 namespace {
 constexpr size_t kMaxNodes = 64;
+constexpr int64_t kMaxTrips = 1024;
+
+// The nodes of `g` and of its subgraphs, or kMaxNodes + 1 once over the bound or where a Loop's
+// trip count is not a constant, or the iterations of nested Loops multiply past kMaxTrips.
+size_t bounded_nodes(const kiln::Graph& g, int64_t trips = 1) {
+  size_t n = g.nodes().size();
+  for (const kiln::Node* node : g.nodes()) {
+    int64_t inner = trips;
+    if (node->op_type == "Loop") {
+      const kiln::Value* m = node->input(0);
+      if (!m || !m->is_constant() || m->constant->numel() != 1) return kMaxNodes + 1;
+      const int64_t t = std::max<int64_t>(m->constant->at_int(0), 1);
+      if (t > kMaxTrips / trips) return kMaxNodes + 1;
+      inner = trips * t;
+    }
+    for (const kiln::Graph* sub : node->attrs.subgraphs()) {
+      if (n > kMaxNodes) return kMaxNodes + 1;
+      n += bounded_nodes(*sub, inner);
+    }
+  }
+  return n;
+}
 constexpr int64_t kMaxElements = int64_t(1) << 16;
 
 // The element count of a static type, or -1 where it is not static or over the bound.
@@ -134,7 +158,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!g.ok()) return 0;
   ++reach.imported;
   const kiln::Graph& graph = **g;
-  if (graph.nodes().size() > kMaxNodes) return 0;
+  if (bounded_nodes(graph) > kMaxNodes) return 0;
   for (const kiln::Value* v : graph.values())
     if (!v->is_constant() && bounded_numel(v->type) < 0) return 0;
   std::map<std::string, kiln::Tensor> feeds;

@@ -4,7 +4,8 @@
   tests/fuzz/make_corpus.py --kiln build-fuzz/kiln --out build-fuzz/fuzz-corpus
 
 writes OUT/onnx/ (every model.onnx of the ONNX backend test data, libonnx-testdata, as
-scripts/conformance.py finds it, plus scripts/models/small_models.py's models) and OUT/engine/
+scripts/conformance.py finds it, plus scripts/models/small_models.py's models and the control-flow
+models of tests/models/run_control_flow_tests.py) and OUT/engine/
 (engines that `kiln build --backend cpu` makes of the small models, at -O0 and -O2, and of a
 spread of the conformance models).
 Seeds larger than --max-bytes are left out (they slow the fuzzers down and add little).
@@ -22,6 +23,7 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 sys.path.insert(0, os.path.join(ROOT, "scripts", "models"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "models"))
 
 
 def add(out_dir: str, data: bytes, max_bytes: int) -> bool:
@@ -70,12 +72,13 @@ def main() -> int:
             n_onnx += add(onnx_dir, f.read(), args.max_bytes)
 
     import onnx
+    import run_control_flow_tests  # If, Loop and Scan in the forms exporters write
     import small_models
 
     n_engine = 0
     with tempfile.TemporaryDirectory(prefix="kiln-corpus-") as tmp:
         small = []
-        for name, fn in small_models.MODELS.items():
+        for name, fn in {**small_models.MODELS, **run_control_flow_tests.MODELS}.items():
             path = os.path.join(tmp, name + ".onnx")
             onnx.save(fn(), path)
             small.append(path)

@@ -32,17 +32,7 @@ DIR = os.path.join(HERE, "tasks")
 DENSE_RTOL = 1e-4
 # name: the error kiln gave when it was listed (less the file's path); a different one is printed
 # beside it. The ops behind the If and Loop nodes (NonMaxSuppression, TopK, NonZero) come next.
-UNSUPPORTED = {
-    "yolo_like_tiny": "unsupported operator: If (node If_840)",
-    "fasterrcnn_tiny": "unsupported operators: If (nodes If_884, If_1162); RoiAlign (node /m/roi_heads/box_roi_pool/RoiAlign)",
-    "maskrcnn_tiny": "unsupported operators: If (nodes If_930, If_1208); Loop (node Loop_1412); RoiAlign (nodes "
-                     "/m/roi_heads/box_roi_pool/RoiAlign, /m/roi_heads/mask_roi_pool/RoiAlign)",
-    "keypointrcnn_tiny": "unsupported operators: If (nodes If_913, If_1191); Loop (node Loop_1291); RoiAlign (nodes "
-                         "/m/roi_heads/box_roi_pool/RoiAlign, /m/roi_heads/keypoint_roi_pool/RoiAlign)",
-    "flow_lookup_tiny": "unsupported operator: GridSample (node /GridSample)",
-    "lstm_classifier_tiny": "unsupported operator: LSTM (nodes /rnn/LSTM, /rnn/LSTM_1)",
-    "gru_tagger_tiny": "unsupported operator: GRU (nodes /rnn/GRU, /rnn/GRU_1)",
-}
+UNSUPPORTED = {}
 
 
 def run(cmd):
@@ -72,14 +62,14 @@ def check_cuda(lower_check, name, meta):
     return "cuda build step ok (FP32, FP16)"
 
 
-def check(kiln, name, meta, tmp):
+def check(kiln, name, meta, tmp, build_flags=("--backend", "cpu")):
     """Builds and compares; returns a one-line description, raises RuntimeError on a failure."""
     import onnxruntime as ort
     path = os.path.join(DIR, name + ".onnx")
     engine = os.path.join(tmp, name + ".kiln")
     batches = (1, 3) if meta["batchable"] else (1,)
     profile = profile_args(meta)
-    run([kiln, "build", "--backend", "cpu", "--onnx", path, "--save-engine", engine] + profile)
+    run([kiln, "build", *build_flags, "--onnx", path, "--save-engine", engine] + profile)
     sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
     said = []
@@ -111,6 +101,9 @@ def check(kiln, name, meta, tmp):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kiln", default="build/kiln")
+    ap.add_argument("--build-flags", default="--backend cpu",
+                    help="kiln build flags; on the GPU machine '--backend cuda --no-tf32' (strict FP32: "
+                         "the same limits hold)")
     ap.add_argument("--models", default=None, help="a comma-separated subset (default: all in the manifest)")
     ap.add_argument("--lower-check", default=None,
                     help="kiln_lower_check (default: next to --kiln, when built with CUDA)")
@@ -132,7 +125,7 @@ def main():
         for name in chosen:
             meta = models[name]
             try:
-                said = check(a.kiln, name, meta, tmp)
+                said = check(a.kiln, name, meta, tmp, a.build_flags.split())
                 if lower_check and name not in UNSUPPORTED:
                     said += "; " + check_cuda(lower_check, name, meta)
             except RuntimeError as e:

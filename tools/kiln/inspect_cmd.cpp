@@ -23,7 +23,13 @@ void print_text(const nlohmann::json& j) {
   if (j.contains("build_options")) std::cout << "build options: " << j["build_options"].dump() << "\n";
   std::cout << "opset " << j["opset"] << "\n";
   for (const auto& v : j["inputs"]) std::cout << "input  " << v["name"].get<std::string>() << ": " << v["type"].get<std::string>() << "\n";
-  for (const auto& v : j["outputs"]) std::cout << "output " << v["name"].get<std::string>() << ": " << v["type"].get<std::string>() << "\n";
+  for (const auto& v : j["outputs"])
+    std::cout << "output " << v["name"].get<std::string>() << ": " << v["type"].get<std::string>()
+              << (v.value("data_dependent", false) ? " (shape decided by the data)" : "") << "\n";
+  if (j.contains("dynamic_region"))
+    std::cout << fmt::format("dynamic region: {} layers marked '(dynamic)'; no CUDA graph: {}\n",
+                             j["dynamic_region"]["layers"].get<size_t>(),
+                             j["dynamic_region"]["why"].get<std::string>());
   std::cout << fmt::format("weights: {} tensors, {} bytes", j["weights"]["count"].get<size_t>(), j["weights"]["bytes"].get<size_t>()) << "\n";
   if (j.contains("tuning_points")) {
     // "point0 input_ids:32x128,attention_mask:32x128; point1 ..." in input order.
@@ -60,6 +66,7 @@ void print_text(const nlohmann::json& j) {
       if (l.contains("time_ms") && l["time_ms"].get<double>() >= 0)
         std::cout << fmt::format(" tuned={:.4f}ms", l["time_ms"].get<double>());
       if (l.contains("launches") && !l["launches"].get<bool>()) std::cout << " (no launch)";
+      if (l.value("dynamic", false)) std::cout << " (dynamic)";
       if (l.contains("alternates"))
         for (const auto& a : l["alternates"]) {
           std::cout << fmt::format(" point{}={}", a.value("point", size_t{0}),

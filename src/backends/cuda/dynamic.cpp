@@ -86,6 +86,13 @@ DynamicRuntime::~DynamicRuntime() {
   if (dims) cudaFreeHost(dims);
 }
 
+int64_t* DynamicRuntime::take_dims(size_t outputs) {
+  if (dims_used + outputs > dims_outputs) return nullptr;
+  int64_t* d = dims + dims_used * kMaxDynRank;
+  dims_used += outputs;
+  return d;
+}
+
 Status DynamicRuntime::ensure_dims(size_t outputs) {
   if (outputs <= dims_outputs) return Status::Ok();
   if (dims) cudaFreeHost(dims);
@@ -94,6 +101,15 @@ Status DynamicRuntime::ensure_dims(size_t outputs) {
   KILN_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&dims),
                                 outputs * kMaxDynRank * sizeof(int64_t), cudaHostAllocMapped));
   dims_outputs = outputs;
+  return Status::Ok();
+}
+
+// In stream order: the block may have been another value's, still read by queued kernels. The
+// host copy stays alive until the run ends (a pageable copy may read it after the call returns).
+Status DynamicRuntime::upload(void* dst, Tensor host) {
+  if (host.nbytes())
+    KILN_CUDA_CHECK(cudaMemcpyAsync(dst, host.raw(), host.nbytes(), cudaMemcpyHostToDevice, rc->stream));
+  staged.push_back(std::move(host));
   return Status::Ok();
 }
 
@@ -193,7 +209,7 @@ Expected<DeviceTensor> DynamicGraph::device_input(DynamicRuntime& rt, size_t k, 
   auto upload = [&](const Tensor& h, std::shared_ptr<void>& block) -> Status {
     KILN_ASSIGN_OR_RETURN(Tensor d, to_device_format(h, f));
     KILN_ASSIGN_OR_RETURN(block, rt.pool.get(d.nbytes(), "'" + v->name + "'"));
-    return cuda::upload(block.get(), d.raw(), d.nbytes(), "a value computed on the host");
+    return rt.upload(block.get(), std::move(d));
   };
   if (v->is_constant()) {
     t.shape = v->constant->shape();
@@ -260,22 +276,32 @@ Expected<std::vector<DynValue>> DynamicGraph::run(DynamicRuntime& rt, std::vecto
     val[idx] = std::move(inputs[i]);
     learn(idx, val[idx]);
   }
-  for (size_t k = 0; k < g_.nodes().size(); ++k) {
-    const Node* n = g_.nodes()[k];
-    const LayerChoice& c = plan_.layers[k];
-    Status st;
-    if (c.is_host()) st = run_host(rt, k, val);
-    else if (n->op_type == "If" && !c.subplans.empty()) st = run_if(rt, k, val);
-    else if (n->op_type == "Loop" && !c.subplans.empty()) st = run_loop(rt, k, val);
-    else if (n->op_type == "Scan" && !c.subplans.empty()) st = run_scan(rt, k, val);
-    else st = run_layer(rt, k, val);
-    if (!st.ok())
-      return st.message().find(n->label()) != std::string::npos ? st : st.with_context(n->label());
-    for (const Value* v : n->inputs()) {
-      if (!v || v->is_constant()) continue;
-      const size_t idx = index_.at(v);
-      if (--left[idx] == 0) val[idx] = DynValue{};
+  // Waves: nodes run in order while their inputs' sizes are known; a node that reads a value a
+  // data-dependent layer sized only on the device waits, and once no node can run, one
+  // synchronisation reads every pending size (SSDlite's 90 per-class NonZeros: one read, not 90).
+  awaiting_.clear();
+  sized_.assign(scratch_value_.size(), true);
+  std::vector<size_t> todo(g_.nodes().size());
+  for (size_t k = 0; k < todo.size(); ++k) todo[k] = k;
+  while (!todo.empty()) {
+    std::vector<size_t> waiting;
+    for (size_t k : todo) {
+      if (!ready(k)) {
+        waiting.push_back(k);
+        continue;
+      }
+      KILN_RETURN_IF_ERROR(run_node(rt, k, val));
+      for (const Value* v : g_.nodes()[k]->inputs()) {
+        if (!v || v->is_constant()) continue;
+        const size_t idx = index_.at(v);
+        if (--left[idx] == 0) val[idx] = DynValue{};
+      }
     }
+    if (!waiting.empty() && awaiting_.empty())
+      return KILN_ERROR("graph '{}': {} nodes wait for sizes no layer computes", g_.name,
+                        waiting.size());
+    KILN_RETURN_IF_ERROR(resolve(rt, val));
+    todo = std::move(waiting);
   }
   std::vector<DynValue> out;
   for (const Value* v : g_.outputs()) {
@@ -287,6 +313,54 @@ Expected<std::vector<DynValue>> DynamicGraph::run(DynamicRuntime& rt, std::vecto
     if (!out.back().known()) return KILN_ERROR("graph output '{}' was not computed", v->name);
   }
   return out;
+}
+
+bool DynamicGraph::ready(size_t k) const {
+  for (const Value* v : g_.nodes()[k]->inputs())
+    if (v && !v->is_constant() && !sized_[index_.at(v)]) return false;
+  return true;
+}
+
+Status DynamicGraph::run_node(DynamicRuntime& rt, size_t k, std::vector<DynValue>& val) {
+  const Node* n = g_.nodes()[k];
+  const LayerChoice& c = plan_.layers[k];
+  Status st;
+  // A subgraph's run takes the sizes buffer from its start: what is pending here is read first.
+  if (!c.is_host() && !c.subplans.empty()) KILN_RETURN_IF_ERROR(resolve(rt, val));
+  if (c.is_host()) st = run_host(rt, k, val);
+  else if (n->op_type == "If" && !c.subplans.empty()) st = run_if(rt, k, val);
+  else if (n->op_type == "Loop" && !c.subplans.empty()) st = run_loop(rt, k, val);
+  else if (n->op_type == "Scan" && !c.subplans.empty()) st = run_scan(rt, k, val);
+  else st = run_layer(rt, k, val);
+  if (st.ok() || st.message().find(n->label()) != std::string::npos) return st;
+  return st.with_context(n->label());
+}
+
+// The sizes of the data-dependent layers in flight, after one synchronisation.
+Status DynamicGraph::resolve(DynamicRuntime& rt, std::vector<DynValue>& val) {
+  if (awaiting_.empty()) return Status::Ok();
+  KILN_CUDA_CHECK(cudaStreamSynchronize(rt.rc->stream));
+  for (const Awaiting& a : awaiting_) {
+    const Node* n = g_.nodes()[a.node];
+    for (size_t o = 0; o < n->num_outputs(); ++o) {
+      const Value* y = n->output(o);
+      if (!y) continue;
+      const size_t idx = index_.at(y);
+      DynValue& v = val[idx];
+      for (size_t d = 0; d < v.t.shape.size(); ++d) {
+        const int64_t got = a.dims[kMaxDynRank * o + d];
+        if (got < 0 || got > v.t.shape[d])
+          return KILN_ERROR("{}: output '{}' dim {} came back as {}, outside [0, {}]", n->label(),
+                            y->name, d, got, v.t.shape[d]);
+        v.t.shape[d] = got;
+      }
+      sized_[idx] = true;
+      learn(idx, v);
+    }
+  }
+  awaiting_.clear();
+  rt.dims_used = 0;
+  return Status::Ok();
 }
 
 Status DynamicGraph::run_host(DynamicRuntime& rt, size_t k, std::vector<DynValue>& val) {
@@ -336,6 +410,10 @@ Status DynamicGraph::run_layer(DynamicRuntime& rt, size_t k, std::vector<DynValu
   std::string key;
   for (size_t i = 0; i < n->num_inputs(); ++i) {
     KILN_ASSIGN_OR_RETURN(ins[i], device_input(rt, k, i, val));
+    // A value read back for the host (Resize's sizes computed on the GPU) is one that inference
+    // needs too.
+    if (const Value* v = n->input(i); v && !v->is_constant() && !c.in[i].present())
+      learn(index_.at(v), val[index_.at(v)]);
     key += shape_str(ins[i].shape);
     if (ins[i].host && !n->input(i)->is_constant())
       key.append(static_cast<const char*>(ins[i].host->raw()), ins[i].host->nbytes());
@@ -390,31 +468,29 @@ Status DynamicGraph::run_layer(DynamicRuntime& rt, size_t k, std::vector<DynValu
     rt.rc->pdl = false;
     rt.rc->out_dims = nullptr;
     if (dds) {
-      KILN_RETURN_IF_ERROR(rt.ensure_dims(n->num_outputs()));
-      rt.rc->out_dims = rt.dims;
+      // Its sizes go to a slot of their own, read with the other layers' in flight.
+      int64_t* slot = rt.take_dims(n->num_outputs());
+      if (!slot) {
+        KILN_RETURN_IF_ERROR(resolve(rt, val));
+        KILN_RETURN_IF_ERROR(rt.ensure_dims(std::max<size_t>(n->num_outputs(), 256)));
+        slot = rt.take_dims(n->num_outputs());
+      }
+      rt.rc->out_dims = slot;
+      awaiting_.push_back({k, slot});
     }
     Status st = layer.run(*rt.rc, ins, outs);
     rt.rc->out_dims = nullptr;
     KILN_RETURN_IF_ERROR(st);
-  }
-  if (dds) {  // the sizes the data gave, once the stream has reached the layer
-    KILN_CUDA_CHECK(cudaStreamSynchronize(rt.rc->stream));
-    for (size_t o = 0; o < n->num_outputs(); ++o) {
-      if (!n->output(o)) continue;
-      for (size_t d = 0; d < outs[o].shape.size(); ++d) {
-        const int64_t got = rt.dims[kMaxDynRank * o + d];
-        if (got < 0 || got > outs[o].shape[d])
-          return KILN_ERROR("output '{}' dim {} came back as {}, outside [0, {}]",
-                            n->output(o)->name, d, got, outs[o].shape[d]);
-        outs[o].shape[d] = got;
-      }
-    }
   }
   for (size_t o = 0; o < n->num_outputs(); ++o) {
     if (!n->output(o)) continue;
     const size_t idx = index_.at(n->output(o));
     outs[o].host = nullptr;
     val[idx] = DynValue{outs[o], blocks[o], nullptr};
+    if (dds) {
+      sized_[idx] = false;  // its bound until resolve()
+      continue;
+    }
     learn(idx, val[idx]);
   }
   return Status::Ok();

@@ -55,13 +55,22 @@ struct DynamicRuntime {
   RunContext* rc = nullptr;
   DeviceMemory* workspace = nullptr;
   DevicePool pool;
-  int64_t* dims = nullptr;  // host-mapped, kMaxDynRank per output of the running layer
-  size_t dims_outputs = 0;
+  // Host-mapped memory the data-dependent layers in flight write their sizes to: kMaxDynRank
+  // entries per output, a slot per layer until the run reads them (DynamicGraph::run).
+  int64_t* dims = nullptr;
+  size_t dims_outputs = 0;  // capacity, in outputs
+  size_t dims_used = 0;     // outputs given to layers whose sizes are not read yet
   // The engine's copy of constant `v` in format `f` (main graph), or nullptr (a subgraph's own
   // constants are uploaded by its DynamicGraph).
   std::function<void*(const Value*, const TensorFormat&)> engine_weight;
+  std::vector<Tensor> staged;  // host copies uploaded during the run (upload)
   ~DynamicRuntime();
   Status ensure_dims(size_t outputs);
+  // Copies a host tensor (already in device format) to `dst` on the stream.
+  Status upload(void* dst, Tensor host);
+  // kMaxDynRank entries for each of `outputs` outputs of a layer in flight, or nullptr when the
+  // buffer is full (the caller reads the pending sizes first, which frees it).
+  int64_t* take_dims(size_t outputs);
   // Copies a device value to the host (synchronising the stream) as logical type `to`.
   Expected<std::shared_ptr<const Tensor>> read_back(const DynValue& v, DataType to);
 };
@@ -80,6 +89,15 @@ class DynamicGraph {
   DynamicGraph(const Graph& g, const Plan& plan, bool engine_weights)
       : g_(g), plan_(plan), engine_weights_(engine_weights) {}
   struct Step;
+  // A data-dependent layer that ran but whose sizes are not read yet: its outputs' values hold the
+  // op's bound until resolve() reads the sizes, after one synchronisation for all of them.
+  struct Awaiting {
+    size_t node;
+    const int64_t* dims;
+  };
+  Status resolve(DynamicRuntime& rt, std::vector<DynValue>& val);
+  bool ready(size_t k) const;  // every input of node k has its size
+  Status run_node(DynamicRuntime& rt, size_t k, std::vector<DynValue>& val);
   Status run_layer(DynamicRuntime& rt, size_t k, std::vector<DynValue>& val);
   Status run_host(DynamicRuntime& rt, size_t k, std::vector<DynValue>& val);
   Status run_if(DynamicRuntime& rt, size_t k, std::vector<DynValue>& val);
@@ -106,6 +124,8 @@ class DynamicGraph {
   std::map<std::pair<size_t, std::string>, std::unique_ptr<DynamicGraph>> subs_;
   std::map<std::pair<const Value*, std::string>, std::shared_ptr<void>> consts_;
   std::vector<std::shared_ptr<void>> keep_;  // this run's uploads of host values
+  std::vector<Awaiting> awaiting_;           // this run's layers whose sizes are not read yet
+  std::vector<bool> sized_;                  // per slot: the value's shape is its real one
 };
 
 // Stacks same-shaped device values along a new axis `axis` (a Loop's or Scan's scan outputs),

@@ -25,7 +25,7 @@ Status to_device(DynamicRuntime& rt, DynValue& v, const TensorFormat& f, const s
   if (v.t.data || !v.host) return Status::Ok();
   KILN_ASSIGN_OR_RETURN(Tensor d, to_device_format(*v.host, f));
   KILN_ASSIGN_OR_RETURN(v.block, rt.pool.get(d.nbytes(), what));
-  KILN_RETURN_IF_ERROR(cuda::upload(v.block.get(), d.raw(), d.nbytes(), "a value computed on the host"));
+  KILN_RETURN_IF_ERROR(rt.upload(v.block.get(), std::move(d)));
   v.t.data = v.block.get();
   v.t.dtype = f.dtype;
   v.t.layout = f.layout;

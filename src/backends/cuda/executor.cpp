@@ -164,6 +164,7 @@ class CudaContext final : public ExecutionContext {
                                         std::vector<LayerTiming>* timings) override;
   Status init_dynamic();
   Expected<std::vector<Tensor>> execute_dynamic(const std::map<std::string, Tensor>& inputs);
+  Expected<std::vector<const Tensor*>> checked_inputs(const std::map<std::string, Tensor>& inputs) const;
   Status set_input_shape(const std::string& name, const std::vector<int64_t>& dims) override;
   Expected<std::vector<int64_t>> tensor_shape(const std::string& name) override;
   Status set_tensor_address(const std::string& name, void* ptr) override;
@@ -877,25 +878,36 @@ Status CudaContext::init_dynamic() {
 
 // The host path of an engine with a dynamic region: inputs staged on the device (and kept on the
 // host where a layer reads them there), one dynamic run, outputs copied back at their shapes.
-Expected<std::vector<Tensor>> CudaContext::execute_dynamic(const std::map<std::string, Tensor>& inputs) {
+// The caller's tensors in graph-input order, each checked against its declaration and the profile.
+Expected<std::vector<const Tensor*>> CudaContext::checked_inputs(
+    const std::map<std::string, Tensor>& inputs) const {
   std::map<std::string, int64_t> dims_seen;
-  std::vector<DynValue> ins;
-  for (size_t i = 0; i < g_.inputs().size(); ++i) {
-    const Value* v = g_.inputs()[i];
+  std::vector<const Tensor*> out;
+  for (const Value* v : g_.inputs()) {
     auto it = inputs.find(v->name);
     if (it == inputs.end()) return KILN_ERROR("input '{}' was not given", v->name);
     KILN_RETURN_IF_ERROR(check_input(*v, it->second, dims_seen));
     KILN_RETURN_IF_ERROR(e_->profile().check(v->name, it->second.shape()));
+    out.push_back(&it->second);
+  }
+  return out;
+}
+
+Expected<std::vector<Tensor>> CudaContext::execute_dynamic(const std::map<std::string, Tensor>& inputs) {
+  KILN_ASSIGN_OR_RETURN(std::vector<const Tensor*> given, checked_inputs(inputs));
+  std::vector<DynValue> ins;
+  for (size_t i = 0; i < g_.inputs().size(); ++i) {
+    const Value* v = g_.inputs()[i];
+    const Tensor& x = *given[i];
     DynValue d;
     d.t.dtype = v->type.dtype;
-    d.t.shape = it->second.shape();
-    KILN_ASSIGN_OR_RETURN(d.block, dyn_rt_.pool.get(it->second.nbytes(), "input '" + v->name + "'"));
+    d.t.shape = x.shape();
+    KILN_ASSIGN_OR_RETURN(d.block, dyn_rt_.pool.get(x.nbytes(), "input '" + v->name + "'"));
     d.t.data = d.block.get();
-    if (it->second.nbytes())
-      KILN_CUDA_CHECK(cudaMemcpyAsync(d.t.data, it->second.raw(), it->second.nbytes(),
-                                      cudaMemcpyHostToDevice, stream_));
-    if (host_in_[i]) d.host = std::make_shared<const Tensor>(it->second);
-    set_shape(i, it->second.shape());
+    if (x.nbytes())
+      KILN_CUDA_CHECK(cudaMemcpyAsync(d.t.data, x.raw(), x.nbytes(), cudaMemcpyHostToDevice, stream_));
+    if (host_in_[i]) d.host = std::make_shared<const Tensor>(x);
+    set_shape(i, x.shape());
     ins.push_back(std::move(d));
   }
   if (bound_stream_ != stream_) {
@@ -904,7 +916,14 @@ Expected<std::vector<Tensor>> CudaContext::execute_dynamic(const std::map<std::s
     bound_stream_ = stream_;
   }
   rc_.stream = stream_;
-  KILN_ASSIGN_OR_RETURN(std::vector<DynValue> outs, dyn_graph_->run(dyn_rt_, std::move(ins)));
+  dyn_rt_.dims_used = 0;  // a run that failed may have left sizes unread
+  auto ran = dyn_graph_->run(dyn_rt_, std::move(ins));
+  if (!ran.ok()) {
+    cudaStreamSynchronize(stream_);  // what was queued may still read the staged copies
+    dyn_rt_.staged.clear();
+    return ran.status();
+  }
+  std::vector<DynValue> outs = std::move(ran).value();
   std::vector<Tensor> result;
   dyn_out_shapes_.clear();
   for (size_t j = 0; j < outs.size(); ++j) {
@@ -915,6 +934,7 @@ Expected<std::vector<Tensor>> CudaContext::execute_dynamic(const std::map<std::s
     result.push_back(std::move(out));
   }
   KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  dyn_rt_.staged.clear();
   return result;
 }
 
@@ -922,24 +942,21 @@ Expected<std::vector<Tensor>> CudaContext::execute(const std::map<std::string, T
                                                    std::vector<LayerTiming>* timings) {
   for (const auto& [name, t] : inputs) KILN_RETURN_IF_ERROR(index_of(name, true).status());
   if (dynamic_) return execute_dynamic(inputs);
-  std::map<std::string, int64_t> dims_seen;
+  KILN_ASSIGN_OR_RETURN(std::vector<const Tensor*> given, checked_inputs(inputs));
   std::vector<const void*> host_src(g_.inputs().size(), nullptr);
   for (size_t i = 0; i < g_.inputs().size(); ++i) {
     const Value* v = g_.inputs()[i];
-    auto it = inputs.find(v->name);
-    if (it == inputs.end()) return KILN_ERROR("input '{}' was not given", v->name);
-    KILN_RETURN_IF_ERROR(check_input(*v, it->second, dims_seen));
-    KILN_RETURN_IF_ERROR(e_->profile().check(v->name, it->second.shape()));
-    set_shape(i, it->second.shape());
+    const Tensor& x = *given[i];
+    set_shape(i, x.shape());
     if (staging_in_.size() <= i) staging_in_.push_back(std::make_unique<DeviceMemory>());
-    KILN_RETURN_IF_ERROR(staging_in_[i]->reserve(std::max<size_t>(it->second.nbytes(), 256),
+    KILN_RETURN_IF_ERROR(staging_in_[i]->reserve(std::max<size_t>(x.nbytes(), 256),
                                                  "input '" + v->name + "'"));
     KILN_RETURN_IF_ERROR(set_tensor_address(v->name, staging_in_[i]->get()));
     // An input read on the host may feed GPU layers too, so it is staged like the others; its
     // host value is read from the caller's tensor.
-    if (host_in_[i]) host_src[i] = it->second.raw();
-    if (it->second.nbytes())
-      KILN_CUDA_CHECK(cudaMemcpyAsync(staging_in_[i]->get(), it->second.raw(), it->second.nbytes(),
+    if (host_in_[i]) host_src[i] = x.raw();
+    if (x.nbytes())
+      KILN_CUDA_CHECK(cudaMemcpyAsync(staging_in_[i]->get(), x.raw(), x.nbytes(),
                                       cudaMemcpyHostToDevice, stream_));
   }
   KILN_RETURN_IF_ERROR(read_host_inputs(&host_src));

@@ -7,9 +7,6 @@
 #include <unordered_set>
 
 #include "format_choice.h"
-#include <sstream>
-
-#include "ops/control_flow.h"
 #include "ops/fused.h"
 #include "ops/op.h"
 #include "quant/int8.h"
@@ -307,74 +304,6 @@ struct Lowering {
 }  // namespace
 
 namespace {
-// Shape arithmetic, not activations: a value this small may be computed on the host.
-constexpr int64_t kMaxHostValueElements = 1024;
-bool small_value(const Value& v) {
-  const auto s = v.type.static_shape();
-  if (!s) return false;
-  int64_t n = 1;
-  for (int64_t d : *s) n *= d;
-  return n <= kMaxHostValueElements;
-}
-}  // namespace
-
-std::vector<bool> host_value_inputs(const Graph& g) {
-  // The values some layer reads on the host (shape, axes, pads, ...), then, walking back through
-  // the nodes that compute them, those nodes' inputs while they stay small: a Range whose limit
-  // is Cast(size) of a graph input `size` makes `size` an input read on the host (so the Cast
-  // runs on the host too, see host_nodes) instead of a value computed on the GPU too late.
-  std::unordered_set<const Value*> needed;
-  std::vector<std::pair<const Value*, bool>> work;  // value, reached through a producer
-  for (const Node* n : g.nodes()) {
-    if (is_shape_op(n->domain, n->op_type)) continue;
-    // An op whose output shape depends on its input's values has no GPU layer: with small
-    // inputs it runs on the host.
-    if ((n->domain.empty() || n->domain == "ai.onnx") && n->op_type == "NonZero")
-      for (const Value* v : n->inputs()) work.emplace_back(v, true);
-    for (const TacticDef* t : tactics_for(n->domain, n->op_type))
-      for (size_t s = 0; s < n->num_inputs(); ++s)
-        if ((t->host_inputs >> s) & 1u) work.emplace_back(n->input(s), false);
-  }
-  while (!work.empty()) {
-    auto [v, derived] = work.back();
-    work.pop_back();
-    if (!v || v->is_constant() || (derived && !small_value(*v)) || !needed.insert(v).second)
-      continue;
-    const Node* p = v->producer;
-    if (!p || is_shape_op(p->domain, p->op_type) || !small_value(*v)) continue;
-    for (size_t i = 0; i < p->num_inputs(); ++i)
-      if (!input_is_type_only(*p, i)) work.emplace_back(p->input(i), true);
-  }
-  std::vector<bool> out(g.inputs().size(), false);
-  for (size_t i = 0; i < g.inputs().size(); ++i) out[i] = needed.count(g.inputs()[i]) > 0;
-  return out;
-}
-
-std::vector<bool> host_nodes(const Graph& g, const std::vector<bool>& host_inputs) {
-  std::vector<bool> host(g.nodes().size(), false);
-  std::unordered_set<const Value*> host_vals;
-  for (size_t i = 0; i < host_inputs.size() && i < g.inputs().size(); ++i)
-    if (host_inputs[i]) host_vals.insert(g.inputs()[i]);
-  for (size_t k = 0; k < g.nodes().size(); ++k) {
-    const Node* n = g.nodes()[k];
-    bool h = is_shape_op(n->domain, n->op_type);
-    // Control flow is the executor's: its subgraphs have GPU plans of their own.
-    if (!h && n->attrs.subgraphs().empty()) {
-      h = true;
-      for (size_t i = 0; i < n->num_inputs(); ++i) {
-        const Value* v = n->input(i);
-        if (v && !v->is_constant() && !host_vals.count(v) && !input_is_type_only(*n, i)) h = false;
-      }
-    }
-    host[k] = h;
-    if (h)
-      for (const Value* v : n->outputs())
-        if (v) host_vals.insert(v);
-  }
-  return host;
-}
-
-namespace {
 std::string choice_name(const LayerChoice& c) {
   return fmt::format("{}/{} ({}, {})", c.tactic->name, c.variant, precision_name(c.precision),
                      c.out.empty() ? "" : c.out[0].str());
@@ -593,52 +522,6 @@ Status split_untaken_layers(Graph& g, const GpuBuildOptions& o) {
 }
 }  // namespace
 
-namespace {
-// A control-flow layer's subgraphs, each lowered into a plan of its own whose inputs arrive and
-// outputs leave in the formats of the layer's own slots (ops/control_flow.h maps them). Their
-// shapes are known only at run time (a Loop's carried values may change from one iteration to
-// the next): every layer there takes its first supported tactic.
-Status lower_subgraphs(const Node& n, const GpuBuildOptions& o, LayerChoice* c) {
-  const TensorFormat scalar_i64{DataType::kInt64, Layout::kLinear};
-  const TensorFormat scalar_bool{DataType::kBool, Layout::kLinear};
-  for (Graph* sg : n.attrs.subgraphs()) {
-    std::string name;
-    for (const auto& [an, a] : n.attrs.all())
-      if (a.kind == Attribute::Kind::kGraph && a.g.get() == sg) name = an;
-    GpuBuildOptions so = o;
-    so.extra_points.clear();
-    so.input_formats.clear();
-    so.output_formats.clear();
-    const size_t caps = static_cast<size_t>(capture_count(n));
-    const size_t formal = n.num_inputs() - caps;
-    if (n.op_type == "If") {
-      so.input_formats.assign(c->in.begin() + 1, c->in.end());
-      so.output_formats = c->out;
-    } else if (n.op_type == "Loop") {
-      const size_t carried = formal - 2;
-      so.input_formats = {scalar_i64, scalar_bool};
-      so.input_formats.insert(so.input_formats.end(), c->in.begin() + 2, c->in.end());
-      so.output_formats = {scalar_bool};
-      so.output_formats.insert(so.output_formats.end(), c->out.begin(), c->out.end());
-      (void)carried;
-    } else {  // Scan: states, slices of the scanned inputs and captures, as the node's
-      so.input_formats = c->in;
-      so.output_formats = c->out;
-    }
-    for (TensorFormat& f : so.input_formats)
-      if (!f.present()) f = TensorFormat{DataType::kUndefined, Layout::kLinear};
-    std::vector<std::vector<int64_t>> unknown(sg->inputs().size());
-    std::ostringstream sublog;
-    so.log = o.log ? &sublog : nullptr;
-    auto plan = lower_for_gpu(*sg, unknown, so);
-    if (!plan.ok()) return plan.status().with_context(fmt::format("{}: '{}'", n.label(), name));
-    if (o.log)
-      *o.log << n.label() << ": subgraph '" << name << "' planned:\n" << sublog.str();
-    c->subplans.emplace_back(name, std::make_shared<Plan>(std::move(plan).value()));
-  }
-  return Status::Ok();
-}
-}  // namespace
 
 Expected<Plan> lower_for_gpu(Graph& g, const std::vector<std::vector<int64_t>>& opt_shapes,
                              const GpuBuildOptions& o) {
@@ -688,6 +571,7 @@ Expected<Plan> lower_for_gpu(Graph& g, const std::vector<std::vector<int64_t>>& 
     *o.log << "timing cache " << o.timing_cache
            << " is from another GPU, library version or kiln tuner: its times are not used\n";
   std::unique_ptr<Tuner> tuner;
+  bool timed = false;  // some layer's candidates were timed (the format choice needs times)
   std::unordered_set<const Value*> host_vals;
   for (size_t i = 0; i < g.inputs().size(); ++i) {
     Value* v = g.inputs()[i];
@@ -730,9 +614,10 @@ Expected<Plan> lower_for_gpu(Graph& g, const std::vector<std::vector<int64_t>>& 
     const bool dyn = dynamic_layer(*n);
     for (size_t i = 0; i < n->num_inputs(); ++i) {
       const Value* v = n->input(i);
-      // In the dynamic region the executor reads such a value back when the layer needs it.
+      // An engine with a dynamic region runs as one (dynamic.h), and so does a subgraph: the
+      // executor reads such a value back when the layer needs it.
       if (v && (cands[k][0].tactic->host_inputs >> i) & 1u && !v->is_constant() &&
-          !host_vals.count(v) && !dyn)
+          !host_vals.count(v) && !dyn && !o.subgraph && shapes.dynamic.empty())
         return KILN_ERROR("{}: input {} ('{}') must be known before the layer runs (a constant "
                           "or computed from shapes), but it is computed on the GPU",
                           n->label(), i, v->name);
@@ -743,6 +628,7 @@ Expected<Plan> lower_for_gpu(Graph& g, const std::vector<std::vector<int64_t>>& 
       }
       std::vector<std::string> failed;
       KILN_ASSIGN_OR_RETURN(pick[k], tuner->choose(*n, cands[k], shapes, &failed));
+      timed = true;
       if (o.log) {
         *o.log << fmt::format("{}: {} candidates, fastest {}/{} ({:.4f} ms)\n", n->label(),
                               cands[k].size(), cands[k][pick[k]].tactic->name,
@@ -754,18 +640,29 @@ Expected<Plan> lower_for_gpu(Graph& g, const std::vector<std::vector<int64_t>>& 
                                   c.out.empty() ? "" : c.out[0].str(), c.time_ms);
         for (const auto& f : failed) *o.log << "    failed " << f << "\n";
       }
-    } else if (o.log) {
-      *o.log << fmt::format("{}: {} ({}, {})\n", n->label(), cands[k][0].tactic->name,
-                            precision_name(cands[k][0].precision),
-                            cands[k][0].out.empty() ? "" : cands[k][0].out[0].str());
+    } else {
+      // A single candidate is not timed, but it must still fit at these shapes (SD 1.5's FP32
+      // attention outgrew the workspace limit and failed only when the engine first ran). A
+      // build without timing takes the first candidate untried: the engine checks it at load.
+      // Not control flow: its subplans are made below, and its bodies' shapes known as it runs.
+      if (tune && !dyn && n->attrs.subgraphs().empty()) {
+        if (!tuner) {
+          KILN_ASSIGN_OR_RETURN(tuner, Tuner::create(&cache, o.workspace_limit));
+        }
+        KILN_RETURN_IF_ERROR(tuner->check(*n, cands[k][0], shapes));
+      }
+      if (o.log)
+        *o.log << fmt::format("{}: {} ({}, {})\n", n->label(), cands[k][0].tactic->name,
+                              precision_name(cands[k][0].precision),
+                              cands[k][0].out.empty() ? "" : cands[k][0].out[0].str());
     }
     for (size_t out = 0; out < n->num_outputs(); ++out)
       if (const Value* v = n->output(out)) L.produced[v] = cands[k][pick[k]].out[out];
   }
-  if (tuner) choose_formats(g, nodes, L.host, shapes, *tuner, cands, pick, o.log);
+  if (timed) choose_formats(g, nodes, L.host, shapes, *tuner, cands, pick, o.log);
   std::vector<InputShapes> points;
   std::vector<std::vector<Alternate>> alternates(nodes.size());
-  if (tuner && !o.extra_points.empty()) {
+  if (timed && !o.extra_points.empty()) {
     points.push_back(opt_shapes);
     for (const InputShapes& pt : o.extra_points) {
       points.push_back(pt);
@@ -787,6 +684,7 @@ Expected<Plan> lower_for_gpu(Graph& g, const std::vector<std::vector<int64_t>>& 
     LayerChoice c = std::move(cands[k][pick[k]]);
     if (c.time_ms >= 0) c.timed = std::move(timed);
     c.alternates = std::move(alternates[k]);
+    c.dynamic = dynamic_layer(*n);
     if (!n->attrs.subgraphs().empty()) KILN_RETURN_IF_ERROR(lower_subgraphs(*n, o, &c));
     for (size_t i = 0; i < n->num_inputs(); ++i) {
       Value* v = n->input(i);

@@ -37,6 +37,7 @@ struct GpuBuildOptions {
   // A subgraph's plan (control flow): the formats its inputs arrive in and its outputs must
   // leave in, those of the control-flow layer's own slots; empty: declared type, row-major.
   std::vector<TensorFormat> input_formats, output_formats;
+  bool subgraph = false;  // a control-flow layer's subgraph: it runs in the dynamic region
 };
 
 // The further tuning points of a profile (per graph input, in order, its min/opt/max): the opt
@@ -60,6 +61,10 @@ std::vector<bool> host_nodes(const Graph& g, const std::vector<bool>& host_input
 // that compute such a value (Range's limit = Cast(size)). Their values decide shapes, so the
 // executor reads them on the host before planning an inference.
 std::vector<bool> host_value_inputs(const Graph& g);
+
+// A control-flow layer's subgraphs, each lowered into a plan of its own (LayerChoice::subplans)
+// whose inputs arrive and outputs leave in the formats of the layer's own slots.
+Status lower_subgraphs(const Node& n, const GpuBuildOptions& o, LayerChoice* c);
 
 // A float candidate's formats for node `n` under tactic `t`: every device tensor in precision
 // `p`'s storage type, 4-D tensors NHWC when `nhwc`, inputs the tactic reads on the host without

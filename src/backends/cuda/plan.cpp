@@ -116,6 +116,7 @@ nlohmann::json plan_to_json(const Plan& p, const Graph& g) {
                         {"time_ms", a.time_ms}});
       r["alternates"] = std::move(alts);
     }
+    if (c.dynamic) r["dynamic"] = true;
     if (!c.subplans.empty()) {
       nlohmann::json subs = nlohmann::json::object();
       const Node* n = g.nodes()[k];
@@ -252,6 +253,7 @@ Expected<Plan> plan_from_json(const Graph& g, const nlohmann::json& j) {
           c.alternates.push_back(std::move(alt));
         }
       }
+      c.dynamic = r.contains("dynamic") && r["dynamic"].is_boolean() && r["dynamic"].get<bool>();
       if (r.contains("subplans")) {
         if (!r["subplans"].is_object()) return fail(KILN_ERROR("'subplans' is not an object"));
         for (const auto& [name, sj] : r["subplans"].items()) {

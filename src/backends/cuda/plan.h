@@ -35,6 +35,8 @@ struct LayerChoice {
   // A control-flow layer's subgraphs, each lowered into a plan of its own (graph attribute name,
   // plan of that subgraph), which the executor runs when the condition or trip count is known.
   std::vector<std::pair<std::string, std::shared_ptr<Plan>>> subplans;
+  // In the dynamic region: the layer reads or writes a value whose size the data decides.
+  bool dynamic = false;
   bool is_host() const { return tactic == nullptr; }
   LayerDesc desc(const Node* n) const { return {n, in, out, precision, variant}; }
   LayerDesc desc(const Node* n, const Alternate& a) const {

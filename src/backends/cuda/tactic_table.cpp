@@ -14,6 +14,7 @@ constexpr FamilyFn kFamilies[] = {
     reformat_tactics,       elementwise_tactics, movement_tactics,          reduce_tactics,
     groupnorm_tactics,      layernorm_rows_tactics, conv_tactics,   int8_library_conv_tactics,
     pool_tactics,           gemm_tactics,        relayout_tactics,          data_dependent_tactics,
+    rnn_tactics,            sampling_tactics,
 };
 
 const std::vector<TacticDef>& table() {

@@ -32,5 +32,8 @@ std::span<const TacticDef> data_dependent_tactics();  // layers/data_dependent.c
                                                    // (sizes read back), If, Loop, Scan
 std::span<const TacticDef> gemm_tactics();         // layers/gemm.cpp: Gemm, MatMul, FusedGemm,
                                                    // kiln.Attention, ONNX Attention
+std::span<const TacticDef> rnn_tactics();          // layers/rnn.cu: LSTM, GRU, RNN
+std::span<const TacticDef> sampling_tactics();     // layers/grid_sample.cu, roi_align.cu:
+                                                   // GridSample, RoiAlign
 
 }  // namespace kiln::gpu

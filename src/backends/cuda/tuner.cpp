@@ -51,6 +51,12 @@ Tuner::~Tuner() {
   if (stream_) cudaStreamDestroy(stream_);
 }
 
+std::string Tuner::key(const Node& n, const LayerChoice& c, const ShapeResult& shapes) const {
+  std::string k = signature(n, c, shapes);
+  if (workspace_limit_ != RunContext{}.workspace_limit) k += fmt::format("|ws{}", workspace_limit_);
+  return k;
+}
+
 std::string Tuner::signature(const Node& n, const LayerChoice& c, const ShapeResult& shapes) {
   std::string s = n.domain + "." + n.op_type + "{";
   for (const auto& [name, a] : n.attrs.all()) s += name + "=" + a.str() + ";";
@@ -72,12 +78,72 @@ std::string Tuner::signature(const Node& n, const LayerChoice& c, const ShapeRes
   return s;
 }
 
+void Tuner::describe(const Node& n, const LayerChoice& c, const ShapeResult& shapes,
+                     std::vector<DeviceTensor>* in, std::vector<DeviceTensor>* out) {
+  in->assign(n.num_inputs(), DeviceTensor{});
+  out->assign(n.num_outputs(), DeviceTensor{});
+  for (size_t i = 0; i < n.num_inputs(); ++i) {
+    const Value* v = n.input(i);
+    if (!v) continue;
+    DeviceTensor& t = (*in)[i];
+    t.shape = shapes.shapes.at(v);
+    auto host = shapes.host.find(v);
+    t.host = v->is_constant()            ? v->constant.get()
+             : host != shapes.host.end() ? host->second.get()
+                                         : nullptr;
+    if (c.in[i].dtype == DataType::kUndefined) {  // read on the host only: its own type
+      t.dtype = v->type.dtype;
+      continue;
+    }
+    t.dtype = c.in[i].dtype;
+    t.layout = c.in[i].layout;
+  }
+  for (size_t o = 0; o < n.num_outputs(); ++o) {
+    const Value* v = n.output(o);
+    if (!v) continue;
+    DeviceTensor& t = (*out)[o];
+    t.shape = shapes.shapes.at(v);
+    t.dtype = c.out[o].dtype;
+    t.layout = c.out[o].layout;
+  }
+}
+
+Status Tuner::check(const Node& n, const LayerChoice& c, const ShapeResult& shapes) {
+  auto fail = [&](const Status& s) {
+    // The layer's message names the node already, mostly: name it once.
+    std::string m = s.message();
+    const std::string label = n.label() + ": ";
+    if (m.rfind(label, 0) == 0) m.erase(0, label.size());
+    return KILN_ERROR("{}: {}{}{} cannot run at the profile's shapes: {}", n.label(),
+                      c.tactic->name, c.variant.empty() ? "" : "/", c.variant, m);
+  };
+  if (c.tactic->alias_input >= 0) return Status::Ok();  // launches nothing
+  for (const std::vector<Value*>* vs : {&n.inputs(), &n.outputs()})
+    for (const Value* v : *vs)
+      if (v && !shapes.shapes.count(v)) return Status::Ok();  // shapes known only at run time
+  auto layer = c.tactic->create(c.desc(&n));  // as the engine makes it (not `tuning`)
+  if (!layer.ok()) return fail(layer.status());
+  std::vector<DeviceTensor> in, out;
+  describe(n, c, shapes, &in, &out);
+  RunContext rc;
+  rc.stream = stream_;
+  handles_->bind(rc);
+  rc.workspace_limit = workspace_limit_;
+  auto ws = (*layer)->configure(rc, in, out);
+  if (!ws.ok()) return fail(ws.status());
+  if (*ws > workspace_limit_)
+    return fail(KILN_ERROR("needs {} bytes of workspace, over the limit of {} bytes", *ws,
+                           workspace_limit_));
+  return Status::Ok();
+}
+
 Expected<double> Tuner::time_candidate(const Node& n, const LayerChoice& c,
                                        const ShapeResult& shapes, double best_so_far) {
   LayerDesc desc = c.desc(&n);
   desc.tuning = true;
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Layer> layer, c.tactic->create(desc));
-  std::vector<DeviceTensor> in(n.num_inputs()), out(n.num_outputs());
+  std::vector<DeviceTensor> in, out;
+  describe(n, c, shapes, &in, &out);
   size_t next = 0;
   auto buffer = [&](size_t bytes) -> Expected<void*> {
     if (next == buffers_.size()) buffers_.push_back(std::make_unique<DeviceMemory>());
@@ -88,23 +154,11 @@ Expected<double> Tuner::time_candidate(const Node& n, const LayerChoice& c,
   std::vector<Tensor> converted;  // keeps host views alive
   converted.reserve(n.num_inputs());
   for (size_t i = 0; i < n.num_inputs(); ++i) {
-    const Value* v = n.input(i);
-    if (!v) continue;
     DeviceTensor& t = in[i];
-    t.shape = shapes.shapes.at(v);
-    auto host = shapes.host.find(v);
-    const Tensor* hv = v->is_constant() ? v->constant.get()
-                       : host != shapes.host.end() ? host->second.get() : nullptr;
-    t.host = hv;
-    if (c.in[i].dtype == DataType::kUndefined) {  // read on the host only
-      t.dtype = v->type.dtype;
-      continue;
-    }
-    t.dtype = c.in[i].dtype;
-    t.layout = c.in[i].layout;
+    if (!n.input(i) || c.in[i].dtype == DataType::kUndefined) continue;  // read on the host only
     KILN_ASSIGN_OR_RETURN(t.data, buffer(t.nbytes()));
-    if (hv) {
-      KILN_ASSIGN_OR_RETURN(Tensor d, to_device_format(*hv, c.in[i]));
+    if (t.host) {
+      KILN_ASSIGN_OR_RETURN(Tensor d, to_device_format(*t.host, c.in[i]));
       KILN_CUDA_CHECK(cudaMemcpyAsync(t.data, d.raw(), d.nbytes(), cudaMemcpyHostToDevice, stream_));
       converted.push_back(std::move(d));
     } else {
@@ -112,13 +166,8 @@ Expected<double> Tuner::time_candidate(const Node& n, const LayerChoice& c,
     }
   }
   for (size_t o = 0; o < n.num_outputs(); ++o) {
-    const Value* v = n.output(o);
-    if (!v) continue;
-    DeviceTensor& t = out[o];
-    t.shape = shapes.shapes.at(v);
-    t.dtype = c.out[o].dtype;
-    t.layout = c.out[o].layout;
-    KILN_ASSIGN_OR_RETURN(t.data, buffer(t.nbytes()));
+    if (!n.output(o)) continue;
+    KILN_ASSIGN_OR_RETURN(out[o].data, buffer(out[o].nbytes()));
   }
   RunContext rc;
   rc.stream = stream_;
@@ -197,7 +246,7 @@ Expected<double> Tuner::reformat_ms(const Value& v, const TensorFormat& from,
   c.precision = Precision::kFP32;
   c.in = {from};
   c.out = {to};
-  const std::string key = signature(*r, c, s);
+  const std::string key = this->key(*r, c, s);
   if (std::optional<double> ms = cache_ ? cache_->find(key) : std::nullopt; ms && *ms >= 0)
     return *ms;
   KILN_ASSIGN_OR_RETURN(double ms, time_candidate(*r, c, s, -1));
@@ -209,6 +258,7 @@ Expected<size_t> Tuner::choose(const Node& n, std::vector<LayerChoice>& candidat
                                const ShapeResult& shapes, std::vector<std::string>* why) {
   size_t best = candidates.size();
   std::string out_of_memory;  // the first candidate that failed for want of memory
+  std::string first_failure;  // the first that failed at all
   for (size_t i = 0; i < candidates.size(); ++i) {
     LayerChoice& c = candidates[i];
     // An alias candidate relabels its input's memory: the executor launches nothing for it.
@@ -217,7 +267,7 @@ Expected<size_t> Tuner::choose(const Node& n, std::vector<LayerChoice>& candidat
       if (best == candidates.size() || candidates[best].time_ms > 0) best = i;
       continue;
     }
-    const std::string key = signature(n, c, shapes);
+    const std::string key = this->key(n, c, shapes);
     std::optional<double> ms = cache_ ? cache_->find(key) : std::nullopt;
     if (!ms) {
       auto t = time_candidate(n, c, shapes, best < candidates.size() ? candidates[best].time_ms : -1);
@@ -225,6 +275,8 @@ Expected<size_t> Tuner::choose(const Node& n, std::vector<LayerChoice>& candidat
         ms = *t;
         if (cache_) cache_->put(key, *ms);
       } else {
+        if (first_failure.empty())
+          first_failure = fmt::format("{}/{}: {}", c.tactic->name, c.variant, t.status().message());
         if (out_of_memory.empty() && is_out_of_memory(t.status().message()))
           out_of_memory = fmt::format("{}/{}: {}", c.tactic->name, c.variant, t.status().message());
         if (why) why->push_back(fmt::format("{}/{}: {}", c.tactic->name, c.variant, t.status().message()));
@@ -243,8 +295,11 @@ Expected<size_t> Tuner::choose(const Node& n, std::vector<LayerChoice>& candidat
                       "first: {})", n.label(), m ? m->free / 1048576.0 : 0.0,
                       m ? m->total / 1048576.0 : 0.0, out_of_memory);
   }
+  if (best == candidates.size() && first_failure.empty())
+    return KILN_ERROR("{}: every candidate tactic failed (so the timing cache remembers)",
+                      n.label());
   if (best == candidates.size())
-    return KILN_ERROR("{}: every candidate tactic failed", n.label());
+    return KILN_ERROR("{}: every candidate tactic failed (first: {})", n.label(), first_failure);
   return best;
 }
 

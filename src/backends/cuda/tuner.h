@@ -27,6 +27,11 @@ class Tuner {
   // candidate's time_ms (-1 when it failed). `why` gets, per failed candidate, the reason.
   Expected<size_t> choose(const Node& n, std::vector<LayerChoice>& candidates,
                           const ShapeResult& shapes, std::vector<std::string>* why);
+  // Configures the layer's only candidate at the shapes, as the engine will (no data, no run):
+  // an error naming the node and tactic where it cannot run there, or needs more workspace than
+  // the limit. choose() does this for each candidate it times; a layer with one candidate is not
+  // timed, and without this check would fail only when the engine first runs.
+  Status check(const Node& n, const LayerChoice& c, const ShapeResult& shapes);
   // The cache key of a candidate: op, attributes, shapes and formats, precision, tactic.
   static std::string signature(const Node& n, const LayerChoice& c, const ShapeResult& shapes);
   // The time of a kiln.Reformat of value `v` (its shape in `shapes`, its INT8 scale) from one
@@ -37,6 +42,13 @@ class Tuner {
 
  private:
   Tuner() = default;
+  // signature(), and the workspace limit where it is not the default: a time (or failure) found
+  // under another limit says nothing of whether the candidate fits this one.
+  std::string key(const Node& n, const LayerChoice& c, const ShapeResult& shapes) const;
+  // The node's tensors at the shapes in the candidate's formats, as configure() sees them (host
+  // values of constants and shape-computed values; no device data).
+  static void describe(const Node& n, const LayerChoice& c, const ShapeResult& shapes,
+                       std::vector<DeviceTensor>* in, std::vector<DeviceTensor>* out);
   // `best_so_far` (ms, or <= 0): a candidate over 3x that is timed once only.
   Expected<double> time_candidate(const Node& n, const LayerChoice& c, const ShapeResult& shapes,
                                   double best_so_far);

@@ -461,10 +461,18 @@ class MhaUnfusedLayer final : public Layer {
       d.out = {desc_.out[0]};
       KILN_ASSIGN_OR_RETURN(attention_, create_attention(d));
     }
-    std::vector<DeviceTensor> ain = {q4_, kt4_, v4_, mask_};
-    KILN_ASSIGN_OR_RETURN(attention_ws_, attention_->configure(rc, ain, std::span(&y4_, 1)));
     bytes_ = 0;
     for (const DeviceTensor* t : {&q4_, &kt4_, &v4_, &y4_}) bytes_ += align256(t->nbytes());
+    if (bytes_ > rc.workspace_limit)
+      return KILN_ERROR(
+          "{}: the heads copied out for mha.unfused need {} bytes of workspace, "
+          "over the limit of {} bytes",
+          n.label(), bytes_, rc.workspace_limit);
+    // The attention's scores share the limit with the copies: it chunks them to fit the rest.
+    RunContext arc = rc;
+    arc.workspace_limit = rc.workspace_limit - bytes_;
+    std::vector<DeviceTensor> ain = {q4_, kt4_, v4_, mask_};
+    KILN_ASSIGN_OR_RETURN(attention_ws_, attention_->configure(arc, ain, std::span(&y4_, 1)));
     return bytes_ + attention_ws_;
   }
 

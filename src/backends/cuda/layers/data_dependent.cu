@@ -1,5 +1,5 @@
 // Layers whose output sizes depend on the data, and control flow: the executor's dynamic region
-// runs them (dynamic.h). NonZero writes its coordinates row-major at the count the data gives
+// runs them (dynamic.h). NonMaxSuppression is layers/nms.cu. NonZero writes its coordinates row-major at the count the data gives
 // and the count to RunContext::out_dims; If, Loop and Scan launch nothing themselves (the
 // executor runs their subgraphs' plans), so their tactics only carry the formats of their slots.
 #include <cuda_bf16.h>
@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "kernels/device_util.cuh"
 #include "tactics.h"
@@ -214,6 +215,15 @@ const TacticDef kTactics[] = {
 
 }  // namespace
 
-std::span<const TacticDef> data_dependent_tactics() { return kTactics; }
+std::span<const TacticDef> nms_tactics();  // layers/nms.cu
+
+std::span<const TacticDef> data_dependent_tactics() {
+  static const std::vector<TacticDef> all = [] {
+    std::vector<TacticDef> v(std::begin(kTactics), std::end(kTactics));
+    for (const TacticDef& t : nms_tactics()) v.push_back(t);
+    return v;
+  }();
+  return all;
+}
 
 }  // namespace kiln::gpu

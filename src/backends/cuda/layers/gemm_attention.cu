@@ -1,22 +1,23 @@
 // kiln.Attention(Q, Kt, V, mask?): Y = Softmax(Q @ Kt * scale + mask, axis=-1) @ V (ops/fused.h),
 // as batched GEMM (scores into the workspace, in float; double for float64) -> a row softmax
 // kernel that adds the mask (and with nan_to_zero turns NaN probabilities into 0) -> batched
-// GEMM with V. Batch dims broadcast as the unfused MatMul / Add / MatMul do. Float16/bfloat16
-// round after each step where the CPU reference (ops/fused_chain.cpp) rounds, so the 16-bit
-// results differ from it only by the order of the GEMM sums: the product, the scaled scores, the
-// biased scores and each softmax step.
+// GEMM with V. Batch dims broadcast as the unfused MatMul / Add / MatMul do. Where the scores
+// would outgrow the workspace limit, the three steps run over chunks of the batch (or of the
+// query rows), each chunk's scores in the same workspace (layers/attention_chunks.h).
+// Float16/bfloat16 round after each step where the CPU reference (ops/fused_chain.cpp) rounds, so
+// the 16-bit results differ from it only by the order of the GEMM sums: the product, the scaled
+// scores, the biased scores and each softmax step.
 #include <algorithm>
 #include <cmath>
 
 #include "kernels/device_util.cuh"
+#include "layers/attention_chunks.h"
 #include "layers/gemm_common.h"
 #include "ops/op.h"
 #include "tactics.h"
 
 namespace kiln::gpu {
 namespace {
-
-size_t align256(size_t b) { return (b + 255) / 256 * 256; }
 
 template <typename A>
 __device__ __forceinline__ A warp_max(A v) {
@@ -160,109 +161,147 @@ class AttentionLayer final : public Layer {
     if (q.rank() < 2 || k.rank() < 2 || v.rank() < 2)
       return KILN_ERROR("{}: Q, Kt and V must have rank >= 2", n.label());
     dtype_ = q.dtype;
-    const int64_t S = q.shape[q.rank() - 2], D = q.shape.back();
-    const int64_t T = k.shape.back(), Dv = v.shape.back();
+    const int64_t D = q.shape.back(), T = k.shape.back();
     if (k.shape[k.rank() - 2] != D || v.shape[v.rank() - 2] != T)
       return KILN_ERROR("{}: Q {}, Kt {} and V {} do not chain", n.label(), shape_str(q.shape),
                         shape_str(k.shape), shape_str(v.shape));
-    const std::vector<int64_t> qb(q.shape.begin(), q.shape.end() - 2);
-    const std::vector<int64_t> kb(k.shape.begin(), k.shape.end() - 2);
-    const std::vector<int64_t> vb(v.shape.begin(), v.shape.end() - 2);
+    AttentionShapes whole{q.shape, k.shape, v.shape, {}, out[0].shape, mask != nullptr};
+    if (mask) whole.mask = mask->shape;
+    std::vector<int64_t> want;
+    KILN_ASSIGN_OR_RETURN(full_, plan_piece(whole, &want));
+    if (out[0].shape != want)
+      return KILN_ERROR("{}: output shape {} differs from {}", n.label(), shape_str(out[0].shape),
+                        shape_str(want));
+    len_ = T;
+    numel_ = out[0].numel();
+    acc_ = dtype_ == DataType::kFloat64 ? DataType::kFloat64 : DataType::kFloat32;
+    const size_t prob_size = acc_ == dtype_ ? 0 : dtype_size(dtype_);
+    KILN_ASSIGN_OR_RETURN(chunks_, plan_attention_chunks(whole, dtype_size(acc_), prob_size,
+                                                         rc.workspace_limit, n.label()));
+    if (chunks_.chunked()) {  // the pieces' own plans (the whole's, above, only checked it)
+      KILN_ASSIGN_OR_RETURN(full_, plan_piece(chunks_.full, nullptr));
+      if (chunks_.last != chunks_.step) {
+        KILN_ASSIGN_OR_RETURN(tail_, plan_piece(chunks_.tail, nullptr));
+      }
+    }
+    scores_bytes_ = attention_workspace(chunks_.full_cells, dtype_size(acc_), 0);
+    probs_bytes_ = prob_size ? attention_workspace(chunks_.full_cells, prob_size, 0) : 0;
+    return chunks_.workspace;
+  }
+
+  Status run(const RunContext& rc, std::span<const DeviceTensor> in,
+             std::span<const DeviceTensor> out) override {
+    if (numel_ == 0) return Status::Ok();
+    const int64_t es = static_cast<int64_t>(dtype_size(dtype_));
+    auto at = [es](const void* p, int64_t off) -> const void* {
+      return p ? static_cast<const uint8_t*>(p) + off * es : nullptr;
+    };
+    const void* mask = in.size() > 3 && in[3].present() ? in[3].data : nullptr;
+    auto* y = static_cast<uint8_t*>(out[0].data);
+    for (int64_t i = 0; i < chunks_.count(); ++i) {
+      const AttentionChunks::Offsets o = chunks_.at(i);
+      KILN_RETURN_IF_ERROR(run_piece(rc, o.tail ? tail_ : full_, at(in[0].data, o.q),
+                                     at(in[1].data, o.k), at(in[2].data, o.v), at(mask, o.mask),
+                                     y + o.y * es));
+    }
+    return Status::Ok();
+  }
+
+ private:
+  // The plan of one piece (attention_chunks.h): the whole problem, or a chunk of it.
+  struct Piece {
+    BatchedGemm qk, pv;
+    StridedIndex mix;  // the mask's offset of each score, over the piece's scores
+    int64_t rows = 0;  // score rows (softmax rows)
+  };
+
+  // The piece's products and mask broadcast from its shapes; `y_shape` (if not null) gets the
+  // output shape they make. Errors name the node.
+  Expected<Piece> plan_piece(const AttentionShapes& s, std::vector<int64_t>* y_shape) const {
+    const Node& n = *node_;
+    const int64_t S = s.q[s.q.size() - 2], D = s.q.back();
+    const int64_t T = s.k.back(), Dv = s.v.back();
+    const std::vector<int64_t> qb(s.q.begin(), s.q.end() - 2);
+    const std::vector<int64_t> kb(s.k.begin(), s.k.end() - 2);
+    const std::vector<int64_t> vb(s.v.begin(), s.v.end() - 2);
     KILN_ASSIGN_OR_RETURN(std::vector<int64_t> sb, broadcast_shapes({qb, kb}, n));
     std::vector<int64_t> scores = sb;
     scores.push_back(S);
     scores.push_back(T);
-    if (mask) {  // the mask may widen the batch, never the [S, T] rows
-      KILN_ASSIGN_OR_RETURN(std::vector<int64_t> wide, broadcast_shapes({scores, mask->shape}, n));
+    if (s.masked) {  // the mask may widen the batch, never the [S, T] rows
+      KILN_ASSIGN_OR_RETURN(std::vector<int64_t> wide, broadcast_shapes({scores, s.mask}, n));
       if (wide[wide.size() - 2] != S || wide.back() != T)
         return KILN_ERROR("{}: mask {} would broadcast the scores {} to {}", n.label(),
-                          shape_str(mask->shape), shape_str(scores), shape_str(wide));
+                          shape_str(s.mask), shape_str(scores), shape_str(wide));
       scores = wide;
       sb.assign(scores.begin(), scores.end() - 2);
     }
     KILN_ASSIGN_OR_RETURN(std::vector<int64_t> yb, broadcast_shapes({sb, vb}, n));
     if (sb.size() > static_cast<size_t>(kMaxDims) || yb.size() > static_cast<size_t>(kMaxDims))
       return KILN_ERROR("{}: more than {} batch dims", n.label(), kMaxDims);
-    std::vector<int64_t> want = yb;
-    want.push_back(S);
-    want.push_back(Dv);
-    if (out[0].shape != want)
-      return KILN_ERROR("{}: output shape {} differs from {}", n.label(), shape_str(out[0].shape),
-                        shape_str(want));
-    qk_ = plan_batched_gemm(qb, kb, sb, S, T, D);
-    pv_ = plan_batched_gemm(sb, vb, yb, S, Dv, T);
-    KILN_RETURN_IF_ERROR(check_gemm_dims(qk_, n));
-    KILN_RETURN_IF_ERROR(check_gemm_dims(pv_, n));
-    rows_ = 1;
-    for (int64_t d : sb) rows_ *= d;
-    rows_ *= S;
-    len_ = T;
-    numel_ = out[0].numel();
-    mix_ = StridedIndex{};
-    if (mask) {
-      const StridedIndex bi = broadcast_index(mask->shape, scores);
+    if (y_shape) {
+      *y_shape = yb;
+      y_shape->push_back(S);
+      y_shape->push_back(Dv);
+    }
+    Piece p;
+    p.qk = plan_batched_gemm(qb, kb, sb, S, T, D);
+    p.pv = plan_batched_gemm(sb, vb, yb, S, Dv, T);
+    KILN_RETURN_IF_ERROR(check_gemm_dims(p.qk, n));
+    KILN_RETURN_IF_ERROR(check_gemm_dims(p.pv, n));
+    p.rows = S;
+    for (int64_t d : sb) p.rows *= d;
+    if (s.masked) {
+      const StridedIndex bi = broadcast_index(s.mask, scores);
       std::vector<int64_t> dims(bi.dims, bi.dims + bi.rank);
       std::vector<std::vector<int64_t>> st = {
           std::vector<int64_t>(bi.strides, bi.strides + bi.rank), row_major_strides(scores)};
       coalesce_dims(dims, st);
       if (dims.size() > static_cast<size_t>(kMaxDims))
         return KILN_ERROR("{}: the mask's broadcast has too many dims", n.label());
-      mix_.rank = static_cast<int>(dims.size());
+      p.mix.rank = static_cast<int>(dims.size());
       for (size_t d = 0; d < dims.size(); ++d) {
-        mix_.dims[d] = dims[d];
-        mix_.strides[d] = st[0][d];
+        p.mix.dims[d] = dims[d];
+        p.mix.strides[d] = st[0][d];
       }
     }
-    acc_ = dtype_ == DataType::kFloat64 ? DataType::kFloat64 : DataType::kFloat32;
-    const size_t cells = static_cast<size_t>(rows_ * len_);
-    scores_bytes_ = align256(cells * dtype_size(acc_));
-    probs_bytes_ = acc_ == dtype_ ? 0 : align256(cells * dtype_size(dtype_));
-    const size_t need = scores_bytes_ + probs_bytes_;
-    if (need > rc.workspace_limit)
-      return KILN_ERROR("{}: the attention scores need {} MiB of workspace, over the limit of {} MiB",
-                        n.label(), need >> 20, rc.workspace_limit >> 20);
-    return need;
+    return p;
   }
 
-  Status run(const RunContext& rc, std::span<const DeviceTensor> in,
-             std::span<const DeviceTensor> out) override {
-    if (numel_ == 0) return Status::Ok();
+  // GEMM -> softmax (with the mask) -> GEMM over one piece, its scores at the workspace's start.
+  Status run_piece(const RunContext& rc, const Piece& p, const void* q, const void* k,
+                   const void* v, const void* mask, void* y) const {
     void* scores = rc.workspace;
     void* probs = probs_bytes_ ? static_cast<uint8_t*>(rc.workspace) + scores_bytes_ : scores;
-    const bool has_mask = in.size() > 3 && in[3].present();
-    if (rows_ * len_ > 0) {
+    if (p.rows * len_ > 0) {
       // 16-bit types scale in the softmax kernel, after rounding the product (as the reference).
       const bool round_steps = dtype_ == DataType::kFloat16 || dtype_ == DataType::kBFloat16;
-      KILN_RETURN_IF_ERROR(run_batched_gemm(rc, qk_, dtype_, acc_, precision_,
-                                            round_steps ? 1.f : scale_, in[0].data, in[1].data,
-                                            scores));
+      KILN_RETURN_IF_ERROR(run_batched_gemm(rc, p.qk, dtype_, acc_, precision_,
+                                            round_steps ? 1.f : scale_, q, k, scores));
       const bool wide = len_ > 1024;  // a block per row; else a warp per row
       const dim3 block = wide ? dim3(256, 1) : dim3(32, 8);
-      const int64_t blocks = (rows_ + block.y - 1) / block.y;
+      const int64_t blocks = (p.rows + block.y - 1) / block.y;
       const unsigned grid = static_cast<unsigned>(std::min<int64_t>(blocks, 65535 * 8));
       dispatch_float(dtype_, [&](auto tag) {
         using T = decltype(tag);
         using A = std::conditional_t<std::is_same_v<T, double>, double, float>;
         attention_softmax<A, T><<<grid, block, 0, rc.stream>>>(
-            static_cast<const A*>(scores), static_cast<T*>(probs),
-            has_mask ? static_cast<const T*>(in[3].data) : nullptr, mix_, rows_, len_,
-            nan_to_zero_, round_steps ? scale_ : 1.f);
+            static_cast<const A*>(scores), static_cast<T*>(probs), static_cast<const T*>(mask),
+            p.mix, p.rows, len_, nan_to_zero_, round_steps ? scale_ : 1.f);
       });
       KILN_CUDA_LAUNCH_CHECK("attention softmax");
     }
-    return run_batched_gemm(rc, pv_, dtype_, dtype_, precision_, 1.0, probs, in[2].data,
-                            out[0].data);
+    return run_batched_gemm(rc, p.pv, dtype_, dtype_, precision_, 1.0, probs, v, y);
   }
 
- private:
   const Node* node_;
   Precision precision_;
   float scale_ = 1.f;
   bool nan_to_zero_ = false;
   DataType dtype_ = DataType::kUndefined, acc_ = DataType::kFloat32;
-  BatchedGemm qk_, pv_;
-  StridedIndex mix_;
-  int64_t rows_ = 0, len_ = 0, numel_ = 0;
+  AttentionChunks chunks_;
+  Piece full_, tail_;  // a chunk of chunks_.step entries, and the last, shorter one
+  int64_t len_ = 0, numel_ = 0;
   size_t scores_bytes_ = 0, probs_bytes_ = 0;
 };
 
