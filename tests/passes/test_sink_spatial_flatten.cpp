@@ -40,8 +40,11 @@ TEST(SinkSpatialFlatten, OtherViewsAndSharedValuesStay) {
   b.out(b.op("Transpose", {f}, attrs({{"perm", Attribute::Ints({0, 2, 1})}})));
   b.out(b.op("Neg", {f}));
   auto opt = optimize_checked(b.g, {"sink_spatial_flatten"});
-  for (const Node* t : opt->nodes())
-    if (t->op_type == "Transpose") EXPECT_EQ(t->attrs.get_ints("perm"), (std::vector<int64_t>{0, 2, 1}));
+  for (const Node* t : opt->nodes()) {
+    if (t->op_type == "Transpose") {
+      EXPECT_EQ(t->attrs.get_ints("perm"), (std::vector<int64_t>{0, 2, 1}));
+    }
+  }
 }
 
 }  // namespace
