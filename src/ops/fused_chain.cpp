@@ -179,14 +179,27 @@ Status cpu_elementwise_chain(KernelContext& ctx) {
 // --- kiln.Attention
 // -------------------------------------------------------------------------------
 
+// Y = softmax(scale * Q Kt + mask) V: its batch dims are Q's, Kt's, the mask's and V's broadcast,
+// as the two MatMuls and the Add compute them.
 Status infer_attention(InferContext& ctx) {
   const TensorType& q = ctx.input_type(0);
   const TensorType& v = ctx.input_type(2);
-  if (!q.has_rank() || !v.has_rank() || q.rank() != v.rank() || q.rank() < 2) {
+  if (!q.has_rank() || !v.has_rank() || q.rank() < 2 || v.rank() < 2) {
     ctx.set_output(0, TensorType::unknown_rank(q.dtype));
     return Status::Ok();
   }
-  std::vector<Dim> out(q.dims->begin(), q.dims->end() - 1);
+  std::vector<std::vector<Dim>> batches;
+  for (size_t i : {size_t{0}, size_t{1}, size_t{2}, size_t{3}}) {
+    if (!ctx.has_input(i)) continue;
+    const TensorType& t = ctx.input_type(i);
+    if (!t.has_rank()) {
+      ctx.set_output(0, TensorType::unknown_rank(q.dtype));
+      return Status::Ok();
+    }
+    if (t.rank() >= 2) batches.emplace_back(t.dims->begin(), t.dims->end() - 2);
+  }
+  KILN_ASSIGN_OR_RETURN(std::vector<Dim> out, broadcast_dims(batches, ctx.node()));
+  out.push_back((*q.dims)[q.dims->size() - 2]);
   out.push_back(v.dims->back());
   ctx.set_output(0, TensorType(q.dtype, std::move(out)));
   return Status::Ok();

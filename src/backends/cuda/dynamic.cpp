@@ -174,6 +174,7 @@ DynamicGraph* DynamicGraph::sub(size_t k, const std::string& name) {
 void DynamicGraph::learn(size_t idx, const DynValue& v) {
   Value* sv = scratch_value_[idx];
   const Value* orig = g_.values()[idx];
+  sized_[idx] = true;
   if (!sv || orig->is_constant()) return;
   std::vector<Dim> dims(v.t.shape.begin(), v.t.shape.end());
   sv->type = TensorType(orig->type.dtype, std::move(dims));
@@ -271,6 +272,9 @@ Expected<std::vector<DynValue>> DynamicGraph::run(DynamicRuntime& rt, std::vecto
     scratch_value_[s]->constant.reset();
     scratch_value_[s]->type = orig->type;
   }
+  // A value is sized once it is made (learn()); a data-dependent layer's outputs only once
+  // resolve() has read their sizes. Nodes wait for their inputs to be sized (ready()).
+  sized_.assign(scratch_value_.size(), false);
   for (size_t i = 0; i < inputs.size(); ++i) {
     const size_t idx = index_.at(g_.inputs()[i]);
     val[idx] = std::move(inputs[i]);
@@ -280,7 +284,6 @@ Expected<std::vector<DynValue>> DynamicGraph::run(DynamicRuntime& rt, std::vecto
   // data-dependent layer sized only on the device waits, and once no node can run, one
   // synchronisation reads every pending size (SSDlite's 90 per-class NonZeros: one read, not 90).
   awaiting_.clear();
-  sized_.assign(scratch_value_.size(), true);
   std::vector<size_t> todo(g_.nodes().size());
   for (size_t k = 0; k < todo.size(); ++k) todo[k] = k;
   while (!todo.empty()) {
