@@ -14,6 +14,11 @@ using json = nlohmann::json;
 // How the Python server printed a JSON value in a message (its repr): 'text' or the JSON.
 std::string repr(const json& v) {
   if (v.is_string()) return fmt::format("'{}'", v.get<std::string>());
+  if (v.is_array()) {
+    std::string out = "[";
+    for (size_t i = 0; i < v.size() && out.size() < 200; ++i) out += (i ? ", " : "") + repr(v[i]);
+    return out + "]";
+  }
   return v.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
