@@ -1,8 +1,12 @@
 #include "serve/http_server.h"
 
 #include <httplib.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 #include <future>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -240,6 +244,26 @@ void HttpServer::Impl::shared_memory(const httplib::Request& req, httplib::Respo
                                     size.get<uint64_t>()))
     return reply_error(res, *c);
   reply_json(res, 200, "");
+}
+
+std::string port_problem(const std::string& host, int port, const char* what) {
+  addrinfo hints{}, *found = nullptr;
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  const std::string service = std::to_string(port);
+  if (const int e = getaddrinfo(host.c_str(), service.c_str(), &hints, &found); e != 0)
+    return fmt::format("cannot listen on {}:{} ({}): {}", host, port, what, gai_strerror(e));
+  std::string problem;
+  const int fd = socket(found->ai_family, found->ai_socktype, found->ai_protocol);
+  int yes = 1;
+  // As the servers bind: SO_REUSEADDR, so a port in TIME_WAIT is not taken, one listened on is.
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  if (fd < 0 || ::bind(fd, found->ai_addr, found->ai_addrlen) != 0)
+    problem = fmt::format("cannot listen on {}:{} ({}): {}", host, port, what, std::strerror(errno));
+  if (fd >= 0) close(fd);
+  freeaddrinfo(found);
+  return problem;
 }
 
 HttpServer::HttpServer(Core& core, HttpOptions options)

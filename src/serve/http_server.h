@@ -19,6 +19,10 @@ struct HttpOptions {
   bool log_requests = false;
 };
 
+// Why `host`:`port` cannot be listened on ("cannot listen on HOST:PORT (WHAT): Address already
+// in use"), or "" when it can: checked before the models load, so a taken port costs no wait.
+std::string port_problem(const std::string& host, int port, const char* what);
+
 class HttpServer {
  public:
   HttpServer(Core& core, HttpOptions options);

@@ -10,6 +10,7 @@
 #include "cli.h"
 #include "serve/device.h"
 #include "serve/http_server.h"
+#include "serve/memory.h"
 #include "serve/server.h"
 #ifdef KILN_SERVE_GRPC
 #include "serve/grpc_server.h"
@@ -64,7 +65,13 @@ Status run_serve(const ServeFlags& f) {
   co.batcher.warm = !f.no_warmup;
   KILN_ASSIGN_OR_RETURN(co.batcher.preferred, parse_sizes(f.preferred, "--preferred-batch-sizes"));
   auto log = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
+  for (auto [port, what] : {std::pair{f.http_port, "REST"}, std::pair{f.no_grpc ? -1 : f.grpc_port, "gRPC"}}) {
+    if (port < 0) continue;
+    const std::string problem = serve::port_problem(f.host, port, what);
+    if (!problem.empty()) return Status::Error(problem);
+  }
   KILN_ASSIGN_OR_RETURN(auto core, serve::Core::load(co, log));
+  serve::MemoryWatch memory(log);
 
   serve::HttpServer http(*core, {f.host, f.http_port, f.max_request_bytes, f.http_threads,
                                  f.log_requests});
