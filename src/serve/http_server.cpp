@@ -281,11 +281,17 @@ HttpServer::HttpServer(Core& core, HttpOptions options)
 HttpServer::~HttpServer() = default;
 
 Status HttpServer::bind() {
-  if (!impl_->svr.bind_to_port(impl_->opts.host, impl_->opts.port))
+  if (impl_->opts.port == 0) {
+    impl_->opts.port = impl_->svr.bind_to_any_port(impl_->opts.host);
+    if (impl_->opts.port > 0) return Status::Ok();
+  }
+  if (impl_->opts.port <= 0 || !impl_->svr.bind_to_port(impl_->opts.host, impl_->opts.port))
     return KILN_ERROR("cannot listen on {}:{} (REST): the port is taken or the address is not "
                       "this machine's", impl_->opts.host, impl_->opts.port);
   return Status::Ok();
 }
+
+int HttpServer::port() const { return impl_->opts.port; }
 
 void HttpServer::serve() { impl_->svr.listen_after_bind(); }
 

@@ -27,8 +27,10 @@ class HttpServer {
  public:
   HttpServer(Core& core, HttpOptions options);
   ~HttpServer();
-  // Binds the port; an error says why not.
+  // Binds the port (0: any free one); an error says why not.
   Status bind();
+  // The port bound.
+  int port() const;
   // Serves until stop(); call from its own thread after bind().
   void serve();
   // Stops taking connections; requests being answered finish first (serve() returns then).
