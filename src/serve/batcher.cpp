@@ -167,7 +167,8 @@ std::vector<Batcher::JobPtr> Batcher::take(Clock::time_point now, Clock::time_po
                     (!opts_.preferred.empty() && total >= opts_.preferred.back());
   const auto deadline =
       head.arrival + std::chrono::microseconds(static_cast<int64_t>(opts_.max_delay_ms * 1000));
-  if (!full && now < deadline && !closed_) {
+  const bool idle = running_ == 0 && !opts_.delay_when_idle;
+  if (!full && now < deadline && !closed_ && !idle) {
     *wake = deadline;
     return out;
   }
@@ -206,10 +207,15 @@ void Batcher::work(Slot& slot) {
         cv_.wait_until(lk, wake);
       }
       const bool more = !queue_.empty();
+      ++running_;
       lk.unlock();
       if (more) cv_.notify_one();  // another free context may take what is left
     }
     run(slot, jobs);
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      --running_;
+    }
   }
 }
 

@@ -30,6 +30,10 @@ struct BatcherOptions {
   std::vector<int> pad_sizes;        // run each batch padded to the smallest that holds it
   size_t max_queue = 4096;           // requests waiting; more get 429
   bool warm = true;                  // run each context at the sizes it will see first
+  // Wait out the delay even when no context of the model is running (Triton's way). Off: a
+  // request that finds every context idle runs at once, as no running batch is there to make
+  // others queue behind it; under load the contexts are busy and batches form as before.
+  bool delay_when_idle = false;
 };
 
 // Counters for /metrics (Prometheus), per model; times in microseconds.
@@ -97,6 +101,7 @@ class Batcher {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::list<JobPtr> queue_;
+  int running_ = 0;  // workers running a batch now
   bool closed_ = false;
   ModelStats stats_;
 };

@@ -119,6 +119,7 @@ TEST(ServeBatcher, JoinsConcurrentRequestsAndSplitsTheOutputs) {
   BatcherOptions o;
   o.contexts = 1;
   o.max_delay_ms = 300;  // all six arrive well within it
+  o.delay_when_idle = true;  // the first waits for the others too
   auto b = Batcher::create(*m, o);
   ASSERT_TRUE(b.ok()) << b.status().message();
   std::vector<Answers> answers(6);
@@ -146,6 +147,7 @@ TEST(ServeBatcher, PreferredSizeIsHandedOverWithoutWaiting) {
   BatcherOptions o;
   o.contexts = 1;
   o.max_delay_ms = 10000;  // far longer than the test waits
+  o.delay_when_idle = true;
   o.preferred = {4};
   auto b = Batcher::create(*m, o);
   ASSERT_TRUE(b.ok());
@@ -168,6 +170,7 @@ TEST(ServeBatcher, PadsToTheNextSizeAndDropsThePadding) {
   BatcherOptions o;
   o.contexts = 1;
   o.max_delay_ms = 200;
+  o.delay_when_idle = true;
   auto sizes = parse_pad_sizes("4", m->max_batch());
   ASSERT_TRUE(sizes.ok());
   EXPECT_EQ(*sizes, (std::vector<int>{4, 8}));
@@ -187,6 +190,7 @@ TEST(ServeBatcher, PadsToTheNextSizeAndDropsThePadding) {
     EXPECT_EQ((*g)[0].data<float>()[0], 6.f);
   }
   EXPECT_EQ((*b)->stats().padded_samples, 1u);
+  EXPECT_EQ((*b)->stats().inferences, 1u);
   EXPECT_FALSE(parse_pad_sizes("a,b", 8).ok());
   EXPECT_FALSE(parse_pad_sizes("0", 8).ok());
   EXPECT_EQ(pad_target(5, {1, 2, 4, 8}), 8);
@@ -198,6 +202,7 @@ TEST(ServeBatcher, FullQueueIs429AndDrainAnswersTheQueued) {
   BatcherOptions o;
   o.contexts = 1;
   o.max_delay_ms = 60000;  // nothing runs before the drain
+  o.delay_when_idle = true;
   o.max_queue = 2;
   auto b = Batcher::create(*m, o);
   ASSERT_TRUE(b.ok());
@@ -218,6 +223,22 @@ TEST(ServeBatcher, FullQueueIs429AndDrainAnswersTheQueued) {
   (*b)->submit(request("twice", std::vector<float>(4, 1.f), 1), 1, late.done());
   ASSERT_TRUE(late.wait(1, 5));
   EXPECT_EQ(late.got[0].error().status, 503);
+}
+
+TEST(ServeBatcher, IdleContextsRunARequestAtOnce) {
+  auto m = load_twice();
+  BatcherOptions o;
+  o.contexts = 1;
+  o.max_delay_ms = 10000;  // the request must not wait it out
+  auto b = Batcher::create(*m, o);
+  ASSERT_TRUE(b.ok());
+  Answers a;
+  const auto t0 = std::chrono::steady_clock::now();
+  InferRequest r = request("twice", std::vector<float>(4, 1.f), 1);
+  ASSERT_TRUE(m->check_request(r).ok());
+  (*b)->submit(std::move(r), 1, a.done());
+  ASSERT_TRUE(a.wait(1, 5));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
 }
 
 TEST(ServeBatcher, UnbatchedModelRunsEachRequestAlone) {

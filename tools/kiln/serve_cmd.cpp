@@ -25,6 +25,7 @@ struct ServeFlags {
   double delay_ms = 2.0;
   size_t max_request_bytes = 64u << 20, max_queue = 4096;
   bool no_grpc = false, log_requests = false, no_warmup = false, spin_wait = false;
+  bool delay_when_idle = false;
   CLI::Option* pad = nullptr;
 };
 
@@ -63,6 +64,7 @@ Status run_serve(const ServeFlags& f) {
   co.batcher.max_delay_ms = f.delay_ms;
   co.batcher.max_queue = f.max_queue;
   co.batcher.warm = !f.no_warmup;
+  co.batcher.delay_when_idle = f.delay_when_idle;
   KILN_ASSIGN_OR_RETURN(co.batcher.preferred, parse_sizes(f.preferred, "--preferred-batch-sizes"));
   auto log = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
   for (auto [port, what] : {std::pair{f.http_port, "REST"}, std::pair{f.no_grpc ? -1 : f.grpc_port, "gRPC"}}) {
@@ -130,6 +132,10 @@ Runner add_serve_command(CLI::App& app) {
   cmd->add_option("--batch-delay-ms", f->delay_ms,
                   "How long the oldest request waits for others to join its batch (default 2)")
       ->check(CLI::Range(0.0, 10000.0));
+  cmd->add_flag("--delay-when-idle", f->delay_when_idle,
+                "Wait out --batch-delay-ms even when no context of the model is running (by "
+                "default such a request runs at once: nothing is running for others to queue "
+                "behind)");
   cmd->add_option("--preferred-batch-sizes", f->preferred,
                   "Hand a batch over as soon as it reaches the largest of these sizes, and cut "
                   "one at a size of these when the delay ends (Triton's preferred_batch_size)");
