@@ -1,250 +1,172 @@
 #include "serve/http_server.h"
 
-#include <httplib.h>
 #include <netdb.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
+#include <boost/asio.hpp>
+#include <boost/beast.hpp>
 #include <cstdio>
 #include <cstring>
-#include <future>
-#include <nlohmann/json.hpp>
-#include <regex>
+#include <limits>
+#include <thread>
 
-#include "serve/rest.h"
+#include "serve/http_api.h"
 
 namespace kiln::serve {
 namespace {
 
-using json = nlohmann::json;
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
 
-const char* kModelPath = R"(/v2/models/([^/]+)(?:/versions/([^/]+))?)";
+constexpr auto kIdle = std::chrono::seconds(120);  // a keep-alive connection with no request
+constexpr auto kIo = std::chrono::seconds(60);     // one request's reading or its answer's writing
 
-json tensor_list(const std::vector<TensorInfo>& ts) {
-  json a = json::array();
-  for (const TensorInfo& t : ts)
-    a.push_back({{"name", t.name}, {"datatype", v2_datatype(t.dtype)}, {"shape", t.dims}});
-  return a;
-}
+struct Shared {
+  HttpApi api;
+  Core& core;
+  bool log;
+  std::atomic<int> in_flight{0};  // requests read and not yet answered
+};
 
-// A model's configuration as Triton's model_config JSON says it (what perf_analyzer and
-// tritonclient's get_model_config read): dims past the batch when the model batches.
-json triton_config(const ServedModel& m, const BatcherOptions& bo) {
-  const bool batching = m.max_batch() > 1;
-  auto tensors = [&](const std::vector<TensorInfo>& ts) {
-    json a = json::array();
-    for (const TensorInfo& t : ts) {
-      std::vector<int64_t> dims = t.dims;
-      if (batching && !dims.empty()) dims.erase(dims.begin());
-      a.push_back({{"name", t.name}, {"data_type", fmt::format("TYPE_{}", v2_datatype(t.dtype))},
-                   {"dims", dims}});
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(tcp::socket socket, Shared& s) : stream_(std::move(socket)), s_(s) {}
+  void start() { net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->read(); }); }
+
+ private:
+  void read() {
+    parser_.emplace();
+    parser_->header_limit(64 * 1024);
+    // No limit while the header is read (Beast would refuse a long Content-Length there, before
+    // the 413 could be answered); the length is checked in on_header, a chunked body as it comes.
+    parser_->body_limit(std::numeric_limits<std::uint64_t>::max());
+    stream_.expires_after(kIdle);
+    http::async_read_header(stream_, buffer_, *parser_,
+                            [self = shared_from_this()](beast::error_code ec, size_t) { self->on_header(ec); });
+  }
+
+  void on_header(beast::error_code ec) {
+    if (ec) return close();
+    const auto length = parser_->content_length();
+    if (length && *length > s_.api.limit()) return refuse(s_.api.too_large(*length));
+    parser_->body_limit(s_.api.limit());
+    stream_.expires_after(kIo);
+    http::async_read(stream_, buffer_, *parser_,
+                     [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
+  }
+
+  void on_read(beast::error_code ec) {
+    if (ec == http::error::body_limit) return refuse(s_.api.too_large(0));
+    if (ec) return close();
+    auto& m = parser_->get();
+    HttpRequest req;
+    req.method = std::string(m.method_string());
+    req.target = std::string(m.target());
+    for (const auto& f : m) {
+      std::string name(f.name_string());
+      std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
+      req.headers[name] = std::string(f.value());
     }
-    return a;
-  };
-  json c = {{"name", m.name()}, {"platform", "kiln"}, {"backend", "kiln"},
-            {"max_batch_size", batching ? m.max_batch() : 0},
-            {"input", tensors(m.engine().inputs())}, {"output", tensors(m.outputs())}};
-  if (batching)
-    c["dynamic_batching"] = {
-        {"preferred_batch_size", bo.preferred},
-        {"max_queue_delay_microseconds", static_cast<int64_t>(bo.max_delay_ms * 1000)}};
-  return c;
-}
+    keep_alive_ = m.keep_alive();
+    version_ = m.version();
+    req.body = std::move(m.body());
+    if (s_.log) std::fprintf(stderr, "kiln serve: %s %s\n", req.method.c_str(), req.target.c_str());
+    s_.in_flight++;
+    stream_.expires_never();  // an inference may wait in the queue
+    // Answered now or from a batcher's worker: either way on this connection's strand.
+    s_.api.handle(std::move(req), [self = shared_from_this()](HttpReply reply) {
+      net::post(self->stream_.get_executor(),
+                [self, reply = std::move(reply)]() mutable { self->write(std::move(reply), false); });
+    });
+  }
 
-void reply_json(httplib::Response& res, int status, const std::string& body) {
-  res.status = status;
-  res.set_content(body, "application/json");
-}
+  // Answers a body over the limit, then reads and drops the rest of it (a lingering close), so
+  // the client, still sending, reads the 413 and not a reset connection.
+  void refuse(HttpReply reply) {
+    keep_alive_ = false;
+    version_ = parser_->get().version();
+    s_.in_flight++;
+    write(std::move(reply), true);
+  }
 
-void reply_error(httplib::Response& res, const ApiError& e) {
-  reply_json(res, e.status, error_json(e.message));
-}
+  void write(HttpReply reply, bool linger) {
+    auto res = std::make_shared<http::response<http::string_body>>(
+        static_cast<http::status>(reply.status), version_ ? version_ : 11);
+    res->set(http::field::server, "kiln");
+    res->set(http::field::content_type, reply.content_type);
+    for (auto& [k, v] : reply.headers) res->set(k, v);
+    res->body() = std::move(reply.body);
+    res->keep_alive(keep_alive_);
+    res->prepare_payload();
+    s_.core.count_response("http", reply.status);
+    stream_.expires_after(kIo);
+    http::async_write(stream_, *res, [self = shared_from_this(), res, linger](beast::error_code ec, size_t) {
+      self->s_.in_flight--;
+      if (linger && !ec) return self->drain();
+      if (ec || !self->keep_alive_) return self->close();
+      self->read();
+    });
+  }
 
-std::string match(const httplib::Request& req, size_t i) {
-  return i < req.matches.size() ? req.matches[i].str() : std::string();
-}
+  void drain() {
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+    stream_.expires_after(std::chrono::seconds(30));
+    scratch_.resize(64 * 1024);
+    stream_.async_read_some(net::buffer(scratch_), [self = shared_from_this()](beast::error_code ec, size_t) {
+      if (ec) return self->close();
+      self->drain_more();
+    });
+  }
+  void drain_more() {
+    stream_.async_read_some(net::buffer(scratch_), [self = shared_from_this()](beast::error_code ec, size_t) {
+      if (ec) return self->close();
+      self->drain_more();
+    });
+  }
+
+  void close() {
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
+    stream_.close();
+  }
+
+  beast::tcp_stream stream_;
+  beast::flat_buffer buffer_{1 << 20};  // up to 1 MiB of a body read at a time
+  std::optional<http::request_parser<http::string_body>> parser_;
+  std::vector<char> scratch_;
+  bool keep_alive_ = true;
+  unsigned version_ = 11;
+  Shared& s_;
+};
 
 }  // namespace
 
 struct HttpServer::Impl {
-  Core& core;
   HttpOptions opts;
-  httplib::Server svr;
-  Impl(Core& c, HttpOptions o) : core(c), opts(std::move(o)) {}
+  Shared shared;
+  net::io_context ioc;
+  tcp::acceptor acceptor{ioc};
+  std::vector<std::thread> threads;
+  Impl(Core& core, HttpOptions o)
+      : opts(std::move(o)), shared{HttpApi(core, opts.max_request_bytes), core, opts.log_requests} {}
 
-  void routes();
-  void infer(const httplib::Request& req, httplib::Response& res);
-  void shared_memory(const httplib::Request& req, httplib::Response& res);
-  ModelEntry* model_or_reply(const httplib::Request& req, httplib::Response& res) {
-    auto e = core.find(match(req, 1), match(req, 2));
-    if (!e.ok()) {
-      reply_error(res, e.error());
-      return nullptr;
-    }
-    return *e;
+  void accept() {
+    acceptor.async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
+      if (!acceptor.is_open()) return;
+      if (!ec) {
+        socket.set_option(tcp::no_delay(true), ec);
+        std::make_shared<Session>(std::move(socket), shared)->start();
+      }
+      accept();
+    });
   }
 };
-
-void HttpServer::Impl::routes() {
-  svr.Get("/v2/health/live", [](const httplib::Request&, httplib::Response& res) {
-    reply_json(res, 200, "{\"live\":true}");
-  });
-  svr.Get("/v2/health/ready", [this](const httplib::Request&, httplib::Response& res) {
-    if (core.ready()) reply_json(res, 200, "{\"ready\":true}");
-    else reply_error(res, {503, "the server is shutting down"});
-  });
-  svr.Get("/v2", [](const httplib::Request&, httplib::Response& res) {
-    json meta = {{"name", "kiln"}, {"version", KILN_VERSION_STRING},
-                 {"extensions", {"binary_tensor_data", "system_shared_memory", "model_configuration"}}};
-    reply_json(res, 200, meta.dump());
-  });
-  svr.Get(kModelPath, [this](const httplib::Request& req, httplib::Response& res) {
-    ModelEntry* e = model_or_reply(req, res);
-    if (!e) return;
-    const ServedModel& m = *e->model;
-    json meta = {{"name", m.name()}, {"versions", core.versions(m.name())}, {"platform", "kiln"},
-                 {"inputs", tensor_list(m.engine().inputs())},
-                 {"outputs", tensor_list(m.outputs())}};
-    reply_json(res, 200, meta.dump());
-  });
-  svr.Get(fmt::format("{}/ready", kModelPath), [this](const httplib::Request& req, httplib::Response& res) {
-    if (model_or_reply(req, res)) reply_json(res, core.ready() ? 200 : 503, "{}");
-  });
-  svr.Get(fmt::format("{}/config", kModelPath), [this](const httplib::Request& req, httplib::Response& res) {
-    if (ModelEntry* e = model_or_reply(req, res))
-      reply_json(res, 200, triton_config(*e->model, e->batcher->options()).dump());
-  });
-  svr.Post(fmt::format("{}/infer", kModelPath),
-           [this](const httplib::Request& req, httplib::Response& res) { infer(req, res); });
-  svr.Post("/v2/repository/index", [this](const httplib::Request&, httplib::Response& res) {
-    json index = json::array();
-    for (const auto& [name, versions] : core.models())
-      for (const auto& [v, e] : versions)
-        index.push_back({{"name", name}, {"version", std::to_string(v)}, {"state", "READY"}});
-    reply_json(res, 200, index.dump());
-  });
-  auto shm = [this](const httplib::Request& req, httplib::Response& res) { shared_memory(req, res); };
-  for (const char* p : {R"(/v2/systemsharedmemory(/.*)?)", R"(/v2/cudasharedmemory(/.*)?)"}) {
-    svr.Get(p, shm);
-    svr.Post(p, shm);
-  }
-  svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(core.metrics_text(), "text/plain; version=0.0.4");
-  });
-  svr.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return;
-    if (res.status == 413) {
-      const std::string length = req.get_header_value("Content-Length");
-      reply_json(res, 413, error_json(fmt::format(
-          "request body{} is over this server's limit of {} bytes (kiln serve "
-          "--max-request-bytes)", length.empty() ? std::string() : fmt::format(" of {} bytes", length),
-          opts.max_request_bytes)));
-    } else if (res.status == 404) {
-      reply_json(res, 404, error_json(fmt::format("no such endpoint: {} {}", req.method,
-                                                  req.path.substr(0, 200))));
-    } else {
-      reply_json(res, res.status, error_json(fmt::format("HTTP status {}", res.status)));
-    }
-  });
-  svr.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-    core.count_response("http", res.status);
-    if (opts.log_requests)
-      std::fprintf(stderr, "kiln serve: %s %s %d\n", req.method.c_str(), req.path.c_str(), res.status);
-  });
-}
-
-void HttpServer::Impl::infer(const httplib::Request& req, httplib::Response& res) {
-  auto found = core.find(match(req, 1), match(req, 2));
-  if (!found.ok()) return reply_error(res, found.error());
-  // The body is this handler's to keep: binary tensors are read where they lie in it, and the
-  // request holds it until the batch that reads them has run (no copy).
-  auto body = std::make_shared<const std::string>(std::move(const_cast<httplib::Request&>(req).body));
-  std::optional<std::string> header_length;
-  if (req.has_header("Inference-Header-Content-Length"))
-    header_length = req.get_header_value("Inference-Header-Content-Length");
-  auto decoded = decode_rest_infer(body, header_length, core.shm());
-  if (!decoded.ok()) return reply_error(res, decoded.error());
-  InferRequest r = std::move(decoded).value();
-  r.model = match(req, 1);
-  r.version = match(req, 2);
-  struct Answer {
-    InferRequest req;
-    Result<Outputs> outputs = Outputs{};
-  };
-  std::promise<Answer> promise;
-  auto future = promise.get_future();
-  core.infer(std::move(r), [&promise](InferRequest& rq, Result<Outputs> out) {
-    promise.set_value(Answer{std::move(rq), std::move(out)});
-  });
-  Answer a = future.get();
-  if (!a.outputs.ok()) return reply_error(res, a.outputs.error());
-  auto entry = core.find(a.req.model, a.req.version);
-  auto encoded = encode_rest_infer(a.req, *(*entry)->model, *a.outputs, core.shm());
-  if (!encoded.ok()) return reply_error(res, encoded.error());
-  res.status = 200;
-  if (encoded->json_length) {
-    res.set_header("Inference-Header-Content-Length", std::to_string(*encoded->json_length));
-    res.set_content(std::move(encoded->body), "application/octet-stream");
-  } else {
-    res.set_content(std::move(encoded->body), "application/json");
-  }
-}
-
-void HttpServer::Impl::shared_memory(const httplib::Request& req, httplib::Response& res) {
-  static const std::regex kPath(
-      R"(/v2/(systemsharedmemory|cudasharedmemory)(?:/region/([^/]+))?/(status|register|unregister))");
-  std::smatch m;
-  if (!std::regex_match(req.path, m, kPath))
-    return reply_error(res, {404, fmt::format("no such shared memory endpoint: {}", req.path.substr(0, 200))});
-  const std::string kind = m[1], name = m[2], action = m[3];
-  const std::string want = action == "status" ? "GET" : "POST";
-  if (req.method != want)
-    return reply_error(res, {405, fmt::format("{} takes {}, not {}", req.path, want, req.method)});
-  if (kind == "cudasharedmemory") return reply_error(res, {400, kCudaShmUnsupported});
-  ShmRegistry& reg = core.shm();
-  if (action == "status") {
-    auto st = reg.status(name);
-    if (!st.ok()) return reply_error(res, st.error());
-    json a = json::array();
-    for (const RegionStatus& r : *st)
-      a.push_back({{"name", r.name}, {"key", r.key}, {"offset", r.offset}, {"byte_size", r.byte_size}});
-    return reply_json(res, 200, a.dump(-1, ' ', false, json::error_handler_t::replace));
-  }
-  if (action == "unregister") {
-    reg.unregister(name);
-    return reply_json(res, 200, "");
-  }
-  if (name.empty())
-    return reply_error(res, {404, "register takes a region name: "
-                                  "/v2/systemsharedmemory/region/NAME/register"});
-  json body;
-  try {
-    body = json::parse(req.body.empty() ? std::string("null") : req.body);
-  } catch (const json::exception& e) {
-    return reply_error(res, {400, fmt::format("malformed register request: {}", e.what())});
-  }
-  if (!body.is_object() || !body.contains("key") || !body.contains("byte_size"))
-    return reply_error(res, {400, "malformed register request: the body must be a JSON object with "
-                                  "\"key\" and \"byte_size\" (and \"offset\")"});
-  auto whole = [](const json& v) {
-    return v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0);
-  };
-  auto repr = [](const json& v) {
-    return v.is_string() ? fmt::format("'{}'", v.get<std::string>()) : v.dump();
-  };
-  const json& size = body["byte_size"];
-  const json offset = body.contains("offset") ? body["offset"] : json(0);
-  if (!body["key"].is_string())
-    return reply_error(res, {400, fmt::format("shared memory key {} is not a string", repr(body["key"]))});
-  if (!whole(size))
-    return reply_error(res, {400, fmt::format("byte_size {} is not a whole number of bytes", repr(size))});
-  if (!whole(offset))
-    return reply_error(res, {400, fmt::format("offset {} is not a whole number of bytes", repr(offset))});
-  if (Check c = reg.register_region(name, body["key"].get<std::string>(), offset.get<uint64_t>(),
-                                    size.get<uint64_t>()))
-    return reply_error(res, *c);
-  reply_json(res, 200, "");
-}
 
 std::string port_problem(const std::string& host, int port, const char* what) {
   addrinfo hints{}, *found = nullptr;
@@ -267,34 +189,51 @@ std::string port_problem(const std::string& host, int port, const char* what) {
 }
 
 HttpServer::HttpServer(Core& core, HttpOptions options)
-    : impl_(std::make_unique<Impl>(core, std::move(options))) {
-  Impl& s = *impl_;
-  const int threads = std::max(s.opts.threads, 1);
-  s.svr.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
-  s.svr.set_payload_max_length(s.opts.max_request_bytes);
-  s.svr.set_keep_alive_max_count(1000);
-  s.svr.set_keep_alive_timeout(5);
-  s.svr.set_tcp_nodelay(true);
-  s.routes();
-}
+    : impl_(std::make_unique<Impl>(core, std::move(options))) {}
 
 HttpServer::~HttpServer() = default;
 
 Status HttpServer::bind() {
-  if (impl_->opts.port == 0) {
-    impl_->opts.port = impl_->svr.bind_to_any_port(impl_->opts.host);
-    if (impl_->opts.port > 0) return Status::Ok();
-  }
-  if (impl_->opts.port <= 0 || !impl_->svr.bind_to_port(impl_->opts.host, impl_->opts.port))
-    return KILN_ERROR("cannot listen on {}:{} (REST): the port is taken or the address is not "
-                      "this machine's", impl_->opts.host, impl_->opts.port);
+  Impl& s = *impl_;
+  beast::error_code ec;
+  tcp::resolver resolver(s.ioc);
+  auto found = resolver.resolve(s.opts.host, std::to_string(s.opts.port), tcp::resolver::passive, ec);
+  if (ec || found.empty())
+    return KILN_ERROR("cannot listen on {}:{} (REST): {}", s.opts.host, s.opts.port, ec.message());
+  const tcp::endpoint at = found.begin()->endpoint();
+  s.acceptor.open(at.protocol(), ec);
+  if (!ec) s.acceptor.set_option(net::socket_base::reuse_address(true), ec);
+  if (!ec) s.acceptor.bind(at, ec);
+  if (!ec) s.acceptor.listen(net::socket_base::max_listen_connections, ec);
+  if (ec) return KILN_ERROR("cannot listen on {}:{} (REST): {}", s.opts.host, s.opts.port, ec.message());
+  s.opts.port = s.acceptor.local_endpoint().port();
   return Status::Ok();
 }
 
 int HttpServer::port() const { return impl_->opts.port; }
 
-void HttpServer::serve() { impl_->svr.listen_after_bind(); }
+void HttpServer::serve() {
+  Impl& s = *impl_;
+  int n = s.opts.threads;
+  if (n <= 0) n = std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 4, 2, 8);
+  auto guard = net::make_work_guard(s.ioc);  // run() returns at stop(), not when idle
+  s.accept();
+  for (int i = 1; i < n; ++i) s.threads.emplace_back([&s] { s.ioc.run(); });
+  s.ioc.run();
+  for (std::thread& t : s.threads) t.join();
+}
 
-void HttpServer::stop() { impl_->svr.stop(); }
+void HttpServer::stop() {
+  Impl& s = *impl_;
+  net::post(s.ioc, [&s] {
+    beast::error_code ignored;
+    s.acceptor.close(ignored);
+  });
+  // Requests read and not yet answered are answered first (their batches run: Core::drain).
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (s.shared.in_flight > 0 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  s.ioc.stop();
+}
 
 }  // namespace kiln::serve

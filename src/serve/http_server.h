@@ -1,7 +1,9 @@
-// The Open Inference Protocol's HTTP/REST front end (cpp-httplib): health, server and model
-// metadata and readiness, the repository index, infer (JSON and binary tensors), Triton's system
-// shared memory endpoints, and /metrics. Each connection is served by a thread of a pool; an
-// infer request waits on its thread for the batcher to answer it.
+// The HTTP/REST front end's transport: Boost.Beast on an Asio io_context run by a few threads.
+// Each connection reads requests one after another; an infer request is handed to the core and
+// the connection waits without a thread (the batcher's worker posts the answer back), so the
+// number of connections is not bounded by threads. Bodies are read in large chunks; a body over
+// the limit is answered 413 and the rest of it read and dropped (so the client reads the 413).
+// The protocol itself is HttpApi's (http_api.h).
 #pragma once
 
 #include <memory>
@@ -15,7 +17,7 @@ struct HttpOptions {
   std::string host = "0.0.0.0";
   int port = 8080;
   size_t max_request_bytes = 64 << 20;
-  int threads = 64;       // connections served at once (more wait for a thread)
+  int threads = 0;  // I/O threads; 0: a quarter of the cores, 2 to 8
   bool log_requests = false;
 };
 
@@ -27,13 +29,14 @@ class HttpServer {
  public:
   HttpServer(Core& core, HttpOptions options);
   ~HttpServer();
-  // Binds the port (0: any free one); an error says why not.
+  // Binds and listens (port 0: any free one); an error says why not.
   Status bind();
   // The port bound.
   int port() const;
   // Serves until stop(); call from its own thread after bind().
   void serve();
-  // Stops taking connections; requests being answered finish first (serve() returns then).
+  // Stops taking connections; requests being answered finish first (up to 30 s), then serve()
+  // returns. Idle connections are closed.
   void stop();
 
  private:

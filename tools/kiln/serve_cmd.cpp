@@ -21,7 +21,7 @@ namespace {
 
 struct ServeFlags {
   std::string repository, host = "0.0.0.0", devices, pad_batches, preferred;
-  int http_port = 8080, grpc_port = 8081, contexts = 2, max_batch = 0, http_threads = 64;
+  int http_port = 8080, grpc_port = 8081, contexts = 2, max_batch = 0, http_threads = 0;
   double delay_ms = 2.0;
   size_t max_request_bytes = 64u << 20, max_queue = 4096;
   bool no_grpc = false, log_requests = false, no_warmup = false, spin_wait = false;
@@ -146,8 +146,9 @@ Runner add_serve_command(CLI::App& app) {
                   "Requests a model may hold waiting (default 4096; more get 429)")
       ->check(CLI::Range(static_cast<size_t>(1), static_cast<size_t>(1) << 24));
   cmd->add_option("--http-threads", f->http_threads,
-                  "HTTP connections served at once (default 64; more wait for a thread)")
-      ->check(CLI::Range(1, 4096));
+                  "Threads of the HTTP front end's I/O (default: a quarter of the cores, 2 to 8; "
+                  "connections are not bound to threads)")
+      ->check(CLI::Range(0, 256));
   cmd->add_flag("--no-grpc", f->no_grpc, "REST only");
   cmd->add_option("--devices", f->devices,
                   "GPUs to serve from, e.g. 0,1: each loads every engine and keeps --contexts "
