@@ -1,4 +1,4 @@
-"""`kiln serve` on the cpu backend, driven by Triton's clients (tritonclient) over the Open
+"""`kiln serve` (the C++ server) on the cpu backend, driven by Triton's clients (tritonclient) over the Open
 Inference Protocol's REST and gRPC: outputs equal ONNX Runtime's, concurrent requests share
 inferences, bad requests get a 4xx with a clear message and the server keeps serving."""
 import importlib.util
@@ -21,10 +21,11 @@ import kiln
 httpclient = pytest.importorskip("tritonclient.http", reason="tritonclient is not installed "
                                  "(scripts/setup.sh installs it)")
 grpcclient = pytest.importorskip("tritonclient.grpc")
-# The server runs in its own process: kserve and tritonclient.grpc register the same protobuf
-# messages and cannot share one.
-if importlib.util.find_spec("kserve") is None:
-    pytest.skip("kserve is not installed (scripts/setup.sh installs it)", allow_module_level=True)
+# `kiln serve` is the C++ server (src/serve) and needs no KServe; the last tests here run the
+# Python server (kiln.serving: its --sched-batch, uvloop), which does. A server runs in its own
+# process: kserve and tritonclient.grpc register the same protobuf messages and cannot share one.
+needs_kserve = pytest.mark.skipif(importlib.util.find_spec("kserve") is None,
+                                  reason="kserve is not installed (scripts/setup.sh installs it)")
 
 LIMIT = 1 << 20  # --max-request-bytes of the server under test
 
@@ -490,6 +491,7 @@ def test_bad_rest_requests_name_what_is_wrong(server, body, header_length, messa
     assert status == 200, text
 
 
+@needs_kserve
 def test_use_uvloop_and_its_switch():
     """kiln serve runs its event loop on uvloop where it is installed; KILN_SERVE_UVLOOP=0 keeps
     asyncio's own (each in a process of its own: the choice is the process's loop policy)."""
@@ -516,6 +518,7 @@ def _thread_policies(pid):
     return out
 
 
+@needs_kserve
 def test_log_requests_and_sched_batch_on_asyncio_loop(models_dir, tmp_path):
     """With --log-requests every gRPC call is logged as KServe's LoggingInterceptor logs it,
     ModelInfer included (the server has no interceptors: the other methods go through KServe's

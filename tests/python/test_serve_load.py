@@ -239,8 +239,6 @@ def _free_port():
 @pytest.fixture(scope="module")
 def padded_server(models_dir, tmp_path_factory):
     pytest.importorskip("tritonclient.grpc", reason="tritonclient is not installed")
-    if importlib.util.find_spec("kserve") is None:
-        pytest.skip("kserve is not installed (scripts/setup.sh installs it)")
     repo = tmp_path_factory.mktemp("repo")
     engine = repo / "small_cnn.kiln"
     kiln.build(str(models_dir / "small_cnn.onnx"), backend="cpu",
