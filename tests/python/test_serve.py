@@ -576,3 +576,51 @@ def test_log_requests_and_sched_batch_on_asyncio_loop(models_dir, tmp_path):
     text = log.read()
     for method in ("ServerLive", "ModelInfer", "ModelMetadata"):
         assert f"grpc method: /inference.GRPCInferenceService/{method}" in text, text[-4000:]
+
+
+def test_full_queue_is_429_and_sigterm_drains(models_dir, tmp_path):
+    """The C++ server with one context, a queue of 2 and a 5 s delay (waited out even when idle):
+    of four concurrent requests two wait in the queue and two get a 429 saying so; SIGTERM then
+    answers the two queued at once (their batch runs without waiting out the delay), and the
+    process exits 0."""
+    (tmp_path / "repo").mkdir()
+    repo = serve_repo(models_dir, tmp_path / "repo", max_batch=4)
+    http_port = free_port()
+    log = open(tmp_path / "serve.log", "w+")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kiln.cli", "serve", str(repo), "--host", "127.0.0.1",
+         "--http-port", str(http_port), "--no-grpc", "--contexts", "1", "--max-queue", "2",
+         "--batch-delay-ms", "5000", "--delay-when-idle", "--no-warmup"],
+        stdout=log, stderr=subprocess.STDOUT, env=serve_env())
+    server = {"http": f"127.0.0.1:{http_port}", "proc": proc}
+    try:
+        wait_ready(proc, server["http"], log)
+        results = [None] * 4
+
+        def one(i):
+            results[i] = post(server, "/v2/models/mlp/infer",
+                              v2_body([1, 64], name="x", data=[0.1 * i] * 64))
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        deadline = time.time() + 30
+        while sum(r is not None for r in results) < 2 and time.time() < deadline:
+            time.sleep(0.05)
+        refused = [r for r in results if r is not None]
+        assert len(refused) == 2 and all(r[0] == 429 for r in refused), results
+        assert all("--max-queue" in json.loads(r[1])["error"] for r in refused), refused
+        t0 = time.time()
+        proc.send_signal(signal.SIGTERM)
+        for t in threads:
+            t.join(timeout=30)
+        assert time.time() - t0 < 4, "the drain waited out the batch delay"
+        answered = [r for r in results if r[0] == 200]
+        assert len(answered) == 2, results
+        assert all(json.loads(r[1])["outputs"][0]["shape"] == [1, 10] for r in answered)
+        assert proc.wait(timeout=30) == 0
+        log.seek(0)
+        assert "draining" in log.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
