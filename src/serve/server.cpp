@@ -19,7 +19,6 @@ Expected<std::unique_ptr<Core>> Core::load(const CoreOptions& options,
     auto m = ServedModel::load(e.name, e.version, e.path, options.devices, options.max_batch_cap);
     if (!m.ok()) {
       errors.push_back(fmt::format("model {}: {}", e.name, m.status().message()));
-      log("kiln: error: " + errors.back());
       continue;
     }
     BatcherOptions bo = options.batcher;
@@ -31,7 +30,6 @@ Expected<std::unique_ptr<Core>> Core::load(const CoreOptions& options,
     auto b = Batcher::create(**m, bo);
     if (!b.ok()) {
       errors.push_back(b.status().message());
-      log("kiln: error: " + errors.back());
       continue;
     }
     ServedModel& sm = **m;
@@ -43,8 +41,11 @@ Expected<std::unique_ptr<Core>> Core::load(const CoreOptions& options,
                                                             fmt::join((*b)->pad_sizes(), ", "))));
     core->models_[e.name][std::stol(e.version)] = ModelEntry{std::move(m).value(), std::move(b).value()};
   }
+  // The models that did not load are named once: in the error when none did (one line, as the
+  // CLI's errors are), else as warnings beside the ones that did.
   if (core->models_.empty())
     return KILN_ERROR("no model could be loaded ({})", fmt::join(errors, "; "));
+  for (const std::string& e : errors) log("kiln serve: warning: not serving " + e);
   return core;
 }
 
