@@ -1,6 +1,7 @@
 #include "serve/grpc_server.h"
 
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/support/proto_buffer_reader.h>
 
 #include <chrono>
 #include <cstdio>
@@ -128,12 +129,17 @@ class Service final : public Base {
                                  grpc::ByteBuffer* response) override {
     auto* reactor = ctx->DefaultReactor();
     auto msg = std::make_shared<pb::ModelInferRequest>();
-    grpc::Slice slice;
-    if (!body->DumpToSingleSlice(&slice).ok() ||
-        !msg->ParseFromArray(slice.begin(), static_cast<int>(slice.size()))) {
+    // Parsed from gRPC's slices as they are (no copy of the whole message into one first); the
+    // bytes are gathered only to say why a message does not parse.
+    grpc::ByteBuffer view(*body);  // shares the slices: the reader consumes its own copy
+    grpc::ProtoBufferReader reader(&view);
+    if (!reader.status().ok() || !msg->ParseFromZeroCopyStream(&reader)) {
+      grpc::Slice slice;
+      const bool dumped = body->DumpToSingleSlice(&slice).ok();
       finish(reactor, "ModelInfer",
              to_status({400, fmt::format("malformed request: {}",
-                                         why_not_a_message(slice.begin(), slice.size()))}));
+                                         dumped ? why_not_a_message(slice.begin(), slice.size())
+                                                : std::string("the message cannot be read"))}));
       return reactor;
     }
     auto decoded = decode_grpc_infer(msg, core_.shm());
@@ -150,10 +156,11 @@ class Service final : public Base {
                   pb::ModelInferResponse r;
                   Check c = encode_grpc_infer(req, *(*entry)->model, *outputs, core_.shm(), &r);
                   if (c) return finish(reactor, "ModelInfer", to_status(*c));
-                  std::string bytes = r.SerializeAsString();
-                  grpc::Slice out(std::move(bytes));
-                  *response = grpc::ByteBuffer(&out, 1);
-                  finish(reactor, "ModelInfer", grpc::Status::OK);
+                  // Serialized into gRPC's own slices (no string in between).
+                  bool own = false;
+                  grpc::Status st = grpc::SerializationTraits<pb::ModelInferResponse>::Serialize(
+                      r, response, &own);
+                  finish(reactor, "ModelInfer", st);
                 });
     return reactor;
   }
