@@ -71,8 +71,9 @@ Expected<std::unique_ptr<Batcher>> Batcher::create(ServedModel& model, BatcherOp
                           ctx.status().message());
       slot->ctx = std::move(ctx).value();
       slot->buffers.resize(model.inputs().size());
-      if (b->opts_.warm) KILN_RETURN_IF_ERROR(b->warm(*slot).with_context(
-          fmt::format("model {}: warming context {} on {}", model.name(), i, de.label)));
+      if (b->opts_.warm)
+        KILN_RETURN_IF_ERROR(b->warm(*slot).with_context(
+            fmt::format("model {}: warming context {} on {}", model.name(), i, de.label)));
       b->slots_.push_back(std::move(slot));
     }
   }
@@ -132,8 +133,11 @@ void Batcher::submit(InferRequest req, int batch, Done done) {
   if (queue_.size() >= opts_.max_queue) {
     lk.unlock();
     stats_.rejected++;
-    job->done(job->req, api_error(429, "model {}: {} requests are queued, this server's limit (kiln serve "
-                        "--max-queue); try again later", model_.name(), opts_.max_queue));
+    job->done(job->req,
+              api_error(429,
+                        "model {}: {} requests are queued, this server's limit (kiln serve "
+                        "--max-queue); try again later",
+                        model_.name(), opts_.max_queue));
     return;
   }
   stats_.requests++;
@@ -163,8 +167,8 @@ std::vector<Batcher::JobPtr> Batcher::take(Clock::time_point now, Clock::time_po
     picked.push_back(it);
     sums.push_back(total);
   }
-  const bool full = total >= max_batch_ ||
-                    (!opts_.preferred.empty() && total >= opts_.preferred.back());
+  const bool full =
+      total >= max_batch_ || (!opts_.preferred.empty() && total >= opts_.preferred.back());
   const auto deadline =
       head.arrival + std::chrono::microseconds(static_cast<int64_t>(opts_.max_delay_ms * 1000));
   const bool idle = running_ == 0 && !opts_.delay_when_idle;
@@ -243,7 +247,8 @@ void Batcher::run(Slot& slot, std::vector<JobPtr>& jobs) {
     std::shared_ptr<Tensor>& buf = slot.buffers[i];
     std::vector<int64_t> cap = shape;
     if (batching && !cap.empty()) cap[0] = std::max(rows, max_batch_);
-    bool fits = buf && buf->dtype() == first.dtype && buf->rank() == static_cast<int64_t>(cap.size());
+    bool fits =
+        buf && buf->dtype() == first.dtype && buf->rank() == static_cast<int64_t>(cap.size());
     for (size_t d = batching ? 1 : 0; fits && d < cap.size(); ++d) fits = buf->dim(d) == cap[d];
     if (fits && batching && !cap.empty()) fits = buf->dim(0) >= rows;
     if (!fits) buf = std::make_shared<Tensor>(first.dtype, cap);
@@ -265,7 +270,7 @@ void Batcher::run(Slot& slot, std::vector<JobPtr>& jobs) {
     stats_.failures += jobs.size();
     for (JobPtr& j : jobs)
       j->done(j->req, api_error(500, "model {}: the inference failed: {}", model_.name(),
-                        result.status().message()));
+                                result.status().message()));
     return;
   }
   std::vector<Tensor> outs = std::move(result).value();
@@ -276,7 +281,8 @@ void Batcher::run(Slot& slot, std::vector<JobPtr>& jobs) {
   stats_.inferences++;
   stats_.samples += total;
   stats_.padded_samples += rows - total;
-  for (uint64_t seen = stats_.largest_batch; static_cast<uint64_t>(total) > seen &&
+  for (uint64_t seen = stats_.largest_batch;
+       static_cast<uint64_t>(total) > seen &&
        !stats_.largest_batch.compare_exchange_weak(seen, total);) {
   }
   if (jobs.size() > 1) stats_.batched_requests += jobs.size();
@@ -294,8 +300,8 @@ void Batcher::run(Slot& slot, std::vector<JobPtr>& jobs) {
   for (const Tensor& o : outs) {
     if (o.rank() == 0 || o.dim(0) != rows) {
       for (JobPtr& j : jobs)
-        j->done(j->req, api_error(500, "model {}: an output has {} rows for a batch of {}", model_.name(),
-                          o.rank() ? o.dim(0) : 0, rows));
+        j->done(j->req, api_error(500, "model {}: an output has {} rows for a batch of {}",
+                                  model_.name(), o.rank() ? o.dim(0) : 0, rows));
       return;
     }
   }

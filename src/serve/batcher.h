@@ -24,12 +24,12 @@
 namespace kiln::serve {
 
 struct BatcherOptions {
-  int contexts = 2;                  // execution contexts per device
-  double max_delay_ms = 2.0;         // how long the oldest request waits for others
-  std::vector<int> preferred;        // hand a batch over once it reaches the largest of these
-  std::vector<int> pad_sizes;        // run each batch padded to the smallest that holds it
-  size_t max_queue = 4096;           // requests waiting; more get 429
-  bool warm = true;                  // run each context at the sizes it will see first
+  int contexts = 2;            // execution contexts per device
+  double max_delay_ms = 2.0;   // how long the oldest request waits for others
+  std::vector<int> preferred;  // hand a batch over once it reaches the largest of these
+  std::vector<int> pad_sizes;  // run each batch padded to the smallest that holds it
+  size_t max_queue = 4096;     // requests waiting; more get 429
+  bool warm = true;            // run each context at the sizes it will see first
   // Wait out the delay even when no context of the model is running (Triton's way). Off: a
   // request that finds every context idle runs at once, as no running batch is there to make
   // others queue behind it; under load the contexts are busy and batches form as before.
@@ -41,9 +41,9 @@ struct ModelStats {
   std::atomic<uint64_t> requests{0}, failures{0}, inferences{0}, batched_requests{0};
   std::atomic<uint64_t> samples{0}, padded_samples{0}, largest_batch{0}, rejected{0};
   std::atomic<uint64_t> queue_us{0}, compute_us{0}, request_us{0};
-  std::mutex mu;  // the maps below
-  std::map<int, uint64_t> per_batch;               // inferences per batch size run (padded)
-  std::map<std::string, uint64_t> per_device;      // inferences per device
+  std::mutex mu;                               // the maps below
+  std::map<int, uint64_t> per_batch;           // inferences per batch size run (padded)
+  std::map<std::string, uint64_t> per_device;  // inferences per device
   std::map<std::string, uint64_t> device_compute_us;
 };
 

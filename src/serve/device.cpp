@@ -43,8 +43,8 @@ std::string set_gpu_wait(bool spin) {
     // cudaSetDevice makes the primary context in CUDA 12; cudaInitDevice sets its flags first.
     const cudaError_t e = cudaInitDevice(d, flags, 0);
 #else
-    const cudaError_t e = cudaSetDevice(d) == cudaSuccess ? cudaSetDeviceFlags(flags)
-                                                          : cudaErrorInvalidDevice;
+    const cudaError_t e =
+        cudaSetDevice(d) == cudaSuccess ? cudaSetDeviceFlags(flags) : cudaErrorInvalidDevice;
 #endif
     if (e != cudaSuccess) {
       cudaGetLastError();

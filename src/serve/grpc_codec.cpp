@@ -64,22 +64,34 @@ Check typed_contents(const InferTensorContents& c, DataType dtype, int64_t count
                        shape, count);
     return std::nullopt;
   };
-#define KILN_CONTENTS(T, FIELD)                                               \
-  KILN_SERVE_CHECK(check(c.FIELD().size(), #FIELD));                          \
+#define KILN_CONTENTS(T, FIELD)                      \
+  KILN_SERVE_CHECK(check(c.FIELD().size(), #FIELD)); \
   return copy_values(c.FIELD(), static_cast<T*>(out), what, dt)
   switch (dtype) {
-    case DataType::kBool: KILN_CONTENTS(bool, bool_contents);
-    case DataType::kUInt8: KILN_CONTENTS(uint8_t, uint_contents);
-    case DataType::kUInt16: KILN_CONTENTS(uint16_t, uint_contents);
-    case DataType::kUInt32: KILN_CONTENTS(uint32_t, uint_contents);
-    case DataType::kUInt64: KILN_CONTENTS(uint64_t, uint64_contents);
-    case DataType::kInt8: KILN_CONTENTS(int8_t, int_contents);
-    case DataType::kInt16: KILN_CONTENTS(int16_t, int_contents);
-    case DataType::kInt32: KILN_CONTENTS(int32_t, int_contents);
-    case DataType::kInt64: KILN_CONTENTS(int64_t, int64_contents);
-    case DataType::kFloat32: KILN_CONTENTS(float, fp32_contents);
-    case DataType::kFloat64: KILN_CONTENTS(double, fp64_contents);
-    default: return api_error(400, "{}: {} data must come in raw_input_contents", what, dt);
+    case DataType::kBool:
+      KILN_CONTENTS(bool, bool_contents);
+    case DataType::kUInt8:
+      KILN_CONTENTS(uint8_t, uint_contents);
+    case DataType::kUInt16:
+      KILN_CONTENTS(uint16_t, uint_contents);
+    case DataType::kUInt32:
+      KILN_CONTENTS(uint32_t, uint_contents);
+    case DataType::kUInt64:
+      KILN_CONTENTS(uint64_t, uint64_contents);
+    case DataType::kInt8:
+      KILN_CONTENTS(int8_t, int_contents);
+    case DataType::kInt16:
+      KILN_CONTENTS(int16_t, int_contents);
+    case DataType::kInt32:
+      KILN_CONTENTS(int32_t, int_contents);
+    case DataType::kInt64:
+      KILN_CONTENTS(int64_t, int64_contents);
+    case DataType::kFloat32:
+      KILN_CONTENTS(float, fp32_contents);
+    case DataType::kFloat64:
+      KILN_CONTENTS(double, fp64_contents);
+    default:
+      return api_error(400, "{}: {} data must come in raw_input_contents", what, dt);
   }
 #undef KILN_CONTENTS
 }
@@ -105,14 +117,19 @@ std::string why_not_a_message(const uint8_t* p, size_t n) {
       case 0:
         if (const char* e = varint(&len)) return e;
         break;
-      case 1: pos += 8; break;
-      case 5: pos += 4; break;
+      case 1:
+        pos += 8;
+        break;
+      case 5:
+        pos += 4;
+        break;
       case 2:
         if (const char* e = varint(&len)) return e;
         if (len > n - pos) return "the protobuf message is truncated";
         pos += len;
         break;
-      default: return fmt::format("protobuf wire type {} is not one a ModelInferRequest has", key & 7);
+      default:
+        return fmt::format("protobuf wire type {} is not one a ModelInferRequest has", key & 7);
     }
     if (pos > n) return "the protobuf message is truncated";
   }
@@ -141,12 +158,15 @@ Result<InferRequest> decode_grpc_infer(std::shared_ptr<const inference::ModelInf
     if (n_shm && n_raw > n_inputs - n_shm) {
       for (int i = 0; i < n_inputs; ++i)
         if (regions[static_cast<size_t>(i)])
-          return api_error(400, "input '{}': both raw_input_contents and shared_memory_region "
+          return api_error(400,
+                           "input '{}': both raw_input_contents and shared_memory_region "
                            "given ({} inputs, {} in shared memory, and {} raw_input_contents)",
                            m.inputs(i).name(), n_inputs, n_shm, n_raw);
     }
-    return api_error(400, "{} inputs and {} raw_input_contents: with raw contents there must be "
-                     "one per input, in the inputs' order", n_inputs, n_raw);
+    return api_error(400,
+                     "{} inputs and {} raw_input_contents: with raw contents there must be "
+                     "one per input, in the inputs' order",
+                     n_inputs, n_raw);
   }
   int next_raw = 0;
   for (int i = 0; i < n_inputs; ++i) {
@@ -161,7 +181,8 @@ Result<InferRequest> decode_grpc_infer(std::shared_ptr<const inference::ModelInf
       if (other.name == in.name) return api_error(400, "input '{}' given twice", in.name);
     in.shape.assign(t.shape().begin(), t.shape().end());
     for (int64_t d : in.shape)
-      if (d < 0) return api_error(400, "{}: shape {} is not a list of sizes", what, shape_text(in.shape));
+      if (d < 0)
+        return api_error(400, "{}: shape {} is not a list of sizes", what, shape_text(in.shape));
     auto count = element_count(what, in.shape, dtype_size(in.dtype));
     if (!count.ok()) return count.error();
     const size_t need = static_cast<size_t>(*count) * dtype_size(in.dtype);
@@ -182,8 +203,8 @@ Result<InferRequest> decode_grpc_infer(std::shared_ptr<const inference::ModelInf
       in.owner = msg;
     } else {
       auto tensor = std::make_shared<Tensor>(in.dtype, in.shape);
-      KILN_SERVE_CHECK(typed_contents(t.contents(), in.dtype, *count, tensor->raw(), what,
-                                      t.datatype(), shape));
+      KILN_SERVE_CHECK(
+          typed_contents(t.contents(), in.dtype, *count, tensor->raw(), what, t.datatype(), shape));
       in.data = static_cast<const uint8_t*>(tensor->raw());
       in.bytes = need;
       in.owner = tensor;

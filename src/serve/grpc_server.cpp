@@ -103,9 +103,9 @@ class Service final : public Base {
     Check c = core_.shm().register_region(req->name(), req->key(), req->offset(), req->byte_size());
     return done(ctx, "SystemSharedMemoryRegister", c ? to_status(*c) : grpc::Status::OK);
   }
-  ServerUnaryReactor* SystemSharedMemoryUnregister(CallbackServerContext* ctx,
-                                                   const pb::SystemSharedMemoryUnregisterRequest* req,
-                                                   pb::SystemSharedMemoryUnregisterResponse*) override {
+  ServerUnaryReactor* SystemSharedMemoryUnregister(
+      CallbackServerContext* ctx, const pb::SystemSharedMemoryUnregisterRequest* req,
+      pb::SystemSharedMemoryUnregisterResponse*) override {
     core_.shm().unregister(req->name());
     return done(ctx, "SystemSharedMemoryUnregister", grpc::Status::OK);
   }
@@ -151,7 +151,8 @@ class Service final : public Base {
     // finished, with no thread of gRPC's waiting meanwhile.
     core_.infer(std::move(decoded).value(),
                 [this, reactor, response](InferRequest& req, Result<Outputs> outputs) {
-                  if (!outputs.ok()) return finish(reactor, "ModelInfer", to_status(outputs.error()));
+                  if (!outputs.ok())
+                    return finish(reactor, "ModelInfer", to_status(outputs.error()));
                   auto entry = core_.find(req.model, req.version);
                   pb::ModelInferResponse r;
                   Check c = encode_grpc_infer(req, *(*entry)->model, *outputs, core_.shm(), &r);
@@ -217,8 +218,10 @@ Status GrpcServer::start() {
   b.RegisterService(s.service.get());
   s.server = b.BuildAndStart();
   if (!s.server || bound == 0)
-    return KILN_ERROR("cannot listen on {} (gRPC): the port is taken or the address is not this "
-                      "machine's", address);
+    return KILN_ERROR(
+        "cannot listen on {} (gRPC): the port is taken or the address is not this "
+        "machine's",
+        address);
   return Status::Ok();
 }
 

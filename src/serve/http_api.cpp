@@ -11,7 +11,9 @@ namespace {
 
 using json = nlohmann::json;
 
-HttpReply reply_json(int status, std::string body) { return HttpReply{status, "application/json", std::move(body), {}}; }
+HttpReply reply_json(int status, std::string body) {
+  return HttpReply{status, "application/json", std::move(body), {}};
+}
 HttpReply reply_error(const ApiError& e) { return reply_json(e.status, error_json(e.message)); }
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
@@ -32,14 +34,18 @@ json triton_config(const ServedModel& m, const BatcherOptions& bo) {
     for (const TensorInfo& t : ts) {
       std::vector<int64_t> dims = t.dims;
       if (batching && !dims.empty()) dims.erase(dims.begin());
-      a.push_back({{"name", t.name}, {"data_type", fmt::format("TYPE_{}", v2_datatype(t.dtype))},
+      a.push_back({{"name", t.name},
+                   {"data_type", fmt::format("TYPE_{}", v2_datatype(t.dtype))},
                    {"dims", dims}});
     }
     return a;
   };
-  json c = {{"name", m.name()}, {"platform", "kiln"}, {"backend", "kiln"},
+  json c = {{"name", m.name()},
+            {"platform", "kiln"},
+            {"backend", "kiln"},
             {"max_batch_size", batching ? m.max_batch() : 0},
-            {"input", tensors(m.engine().inputs())}, {"output", tensors(m.outputs())}};
+            {"input", tensors(m.engine().inputs())},
+            {"output", tensors(m.outputs())}};
   if (batching)
     c["dynamic_batching"] = {
         {"preferred_batch_size", bo.preferred},
@@ -76,9 +82,11 @@ bool path_segments(const std::string& target, std::vector<std::string>* out) {
 }
 
 HttpReply HttpApi::too_large(uint64_t length) const {
-  return reply_json(413, error_json(fmt::format(
-      "request body{} is over this server's limit of {} bytes (kiln serve --max-request-bytes)",
-      length ? fmt::format(" of {} bytes", length) : std::string(), limit_)));
+  return reply_json(
+      413,
+      error_json(fmt::format(
+          "request body{} is over this server's limit of {} bytes (kiln serve --max-request-bytes)",
+          length ? fmt::format(" of {} bytes", length) : std::string(), limit_)));
 }
 
 void HttpApi::handle(HttpRequest req, std::function<void(HttpReply)> send) {
@@ -94,8 +102,10 @@ void HttpApi::handle(HttpRequest req, std::function<void(HttpReply)> send) {
     return send(HttpReply{200, "text/plain; version=0.0.4", core_.metrics_text(), {}});
   if (p.empty() || p[0] != "v2") return not_found();
   if (p.size() == 1 && get) {
-    json meta = {{"name", "kiln"}, {"version", KILN_VERSION_STRING},
-                 {"extensions", {"binary_tensor_data", "system_shared_memory", "model_configuration"}}};
+    json meta = {
+        {"name", "kiln"},
+        {"version", KILN_VERSION_STRING},
+        {"extensions", {"binary_tensor_data", "system_shared_memory", "model_configuration"}}};
     return send(reply_json(200, dump(meta)));
   }
   if (p.size() == 3 && p[1] == "health" && get) {
@@ -127,9 +137,13 @@ void HttpApi::handle(HttpRequest req, std::function<void(HttpReply)> send) {
     if (!e.ok()) return send(reply_error(e.error()));
     const ServedModel& m = *(*e)->model;
     if (action == "ready") return send(reply_json(core_.ready() ? 200 : 503, "{}"));
-    if (action == "config") return send(reply_json(200, dump(triton_config(m, (*e)->batcher->options()))));
-    json meta = {{"name", m.name()}, {"versions", core_.versions(m.name())}, {"platform", "kiln"},
-                 {"inputs", tensor_list(m.engine().inputs())}, {"outputs", tensor_list(m.outputs())}};
+    if (action == "config")
+      return send(reply_json(200, dump(triton_config(m, (*e)->batcher->options()))));
+    json meta = {{"name", m.name()},
+                 {"versions", core_.versions(m.name())},
+                 {"platform", "kiln"},
+                 {"inputs", tensor_list(m.engine().inputs())},
+                 {"outputs", tensor_list(m.outputs())}};
     return send(reply_json(200, dump(meta)));
   }
   not_found();
@@ -174,7 +188,9 @@ HttpReply HttpApi::shared_memory(const HttpRequest& req, const std::string& path
   if (p.size() == 5) name = p[3];
   const std::string action = ok ? p.back() : "";
   ok = ok && (action == "status" || action == "register" || action == "unregister");
-  if (!ok) return reply_error({404, fmt::format("no such shared memory endpoint: {}", path.substr(0, 200))});
+  if (!ok)
+    return reply_error(
+        {404, fmt::format("no such shared memory endpoint: {}", path.substr(0, 200))});
   const std::string want = action == "status" ? "GET" : "POST";
   if (req.method != want)
     return reply_error({405, fmt::format("{} takes {}, not {}", path.substr(0, 200), want,
@@ -186,7 +202,8 @@ HttpReply HttpApi::shared_memory(const HttpRequest& req, const std::string& path
     if (!st.ok()) return reply_error(st.error());
     json a = json::array();
     for (const RegionStatus& r : *st)
-      a.push_back({{"name", r.name}, {"key", r.key}, {"offset", r.offset}, {"byte_size", r.byte_size}});
+      a.push_back(
+          {{"name", r.name}, {"key", r.key}, {"offset", r.offset}, {"byte_size", r.byte_size}});
     return reply_json(200, dump(a));
   }
   if (action == "unregister") {
@@ -194,7 +211,8 @@ HttpReply HttpApi::shared_memory(const HttpRequest& req, const std::string& path
     return reply_json(200, "");
   }
   if (name.empty())
-    return reply_error({404, "register takes a region name: /v2/systemsharedmemory/region/NAME/register"});
+    return reply_error(
+        {404, "register takes a region name: /v2/systemsharedmemory/region/NAME/register"});
   json body;
   try {
     body = json::parse(req.body.empty() ? std::string("null") : req.body);
@@ -202,8 +220,9 @@ HttpReply HttpApi::shared_memory(const HttpRequest& req, const std::string& path
     return reply_error({400, fmt::format("malformed register request: {}", e.what())});
   }
   if (!body.is_object() || !body.contains("key") || !body.contains("byte_size"))
-    return reply_error({400, "malformed register request: the body must be a JSON object with "
-                             "\"key\" and \"byte_size\" (and \"offset\")"});
+    return reply_error({400,
+                        "malformed register request: the body must be a JSON object with "
+                        "\"key\" and \"byte_size\" (and \"offset\")"});
   auto whole = [](const json& v) {
     return v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0);
   };
@@ -213,11 +232,14 @@ HttpReply HttpApi::shared_memory(const HttpRequest& req, const std::string& path
   const json& size = body["byte_size"];
   const json offset = body.contains("offset") ? body["offset"] : json(0);
   if (!body["key"].is_string())
-    return reply_error({400, fmt::format("shared memory key {} is not a string", repr(body["key"]))});
+    return reply_error(
+        {400, fmt::format("shared memory key {} is not a string", repr(body["key"]))});
   if (!whole(size))
-    return reply_error({400, fmt::format("byte_size {} is not a whole number of bytes", repr(size))});
+    return reply_error(
+        {400, fmt::format("byte_size {} is not a whole number of bytes", repr(size))});
   if (!whole(offset))
-    return reply_error({400, fmt::format("offset {} is not a whole number of bytes", repr(offset))});
+    return reply_error(
+        {400, fmt::format("offset {} is not a whole number of bytes", repr(offset))});
   if (Check c = reg.register_region(name, body["key"].get<std::string>(), offset.get<uint64_t>(),
                                     size.get<uint64_t>()))
     return reply_error(*c);

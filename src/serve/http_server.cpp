@@ -41,7 +41,9 @@ class Session : public std::enable_shared_from_this<Session> {
     // body took 1,180 reads of about 500 bytes (and as many timer updates).
     buffer_.reserve(kReadChunk);
   }
-  void start() { net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->read(); }); }
+  void start() {
+    net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->read(); });
+  }
 
  private:
   void read() {
@@ -51,8 +53,9 @@ class Session : public std::enable_shared_from_this<Session> {
     // the 413 could be answered); the length is checked in on_header, a chunked body as it comes.
     parser_->body_limit(std::numeric_limits<std::uint64_t>::max());
     stream_.expires_after(kIdle);
-    http::async_read_header(stream_, buffer_, *parser_,
-                            [self = shared_from_this()](beast::error_code ec, size_t) { self->on_header(ec); });
+    http::async_read_header(
+        stream_, buffer_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->on_header(ec); });
   }
 
   void on_header(beast::error_code ec) {
@@ -61,8 +64,9 @@ class Session : public std::enable_shared_from_this<Session> {
     if (length && *length > s_.api.limit()) return refuse(s_.api.too_large(*length));
     parser_->body_limit(s_.api.limit());
     stream_.expires_after(kIo);
-    http::async_read(stream_, buffer_, *parser_,
-                     [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
+    http::async_read(
+        stream_, buffer_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
   }
 
   void on_read(beast::error_code ec) {
@@ -74,7 +78,8 @@ class Session : public std::enable_shared_from_this<Session> {
     req.target = std::string(m.target());
     for (const auto& f : m) {
       std::string name(f.name_string());
-      std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
+      std::transform(name.begin(), name.end(), name.begin(),
+                     [](unsigned char c) { return std::tolower(c); });
       req.headers[name] = std::string(f.value());
     }
     keep_alive_ = m.keep_alive();
@@ -85,8 +90,9 @@ class Session : public std::enable_shared_from_this<Session> {
     stream_.expires_never();  // an inference may wait in the queue
     // Answered now or from a batcher's worker: either way on this connection's strand.
     s_.api.handle(std::move(req), [self = shared_from_this()](HttpReply reply) {
-      net::post(self->stream_.get_executor(),
-                [self, reply = std::move(reply)]() mutable { self->write(std::move(reply), false); });
+      net::post(self->stream_.get_executor(), [self, reply = std::move(reply)]() mutable {
+        self->write(std::move(reply), false);
+      });
     });
   }
 
@@ -110,12 +116,13 @@ class Session : public std::enable_shared_from_this<Session> {
     res->prepare_payload();
     s_.core.count_response("http", reply.status);
     stream_.expires_after(kIo);
-    http::async_write(stream_, *res, [self = shared_from_this(), res, linger](beast::error_code ec, size_t) {
-      self->s_.in_flight--;
-      if (linger && !ec) return self->drain();
-      if (ec || !self->keep_alive_) return self->close();
-      self->read();
-    });
+    http::async_write(stream_, *res,
+                      [self = shared_from_this(), res, linger](beast::error_code ec, size_t) {
+                        self->s_.in_flight--;
+                        if (linger && !ec) return self->drain();
+                        if (ec || !self->keep_alive_) return self->close();
+                        self->read();
+                      });
   }
 
   void drain() {
@@ -123,16 +130,18 @@ class Session : public std::enable_shared_from_this<Session> {
     stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
     stream_.expires_after(std::chrono::seconds(30));
     scratch_.resize(64 * 1024);
-    stream_.async_read_some(net::buffer(scratch_), [self = shared_from_this()](beast::error_code ec, size_t) {
-      if (ec) return self->close();
-      self->drain_more();
-    });
+    stream_.async_read_some(net::buffer(scratch_),
+                            [self = shared_from_this()](beast::error_code ec, size_t) {
+                              if (ec) return self->close();
+                              self->drain_more();
+                            });
   }
   void drain_more() {
-    stream_.async_read_some(net::buffer(scratch_), [self = shared_from_this()](beast::error_code ec, size_t) {
-      if (ec) return self->close();
-      self->drain_more();
-    });
+    stream_.async_read_some(net::buffer(scratch_),
+                            [self = shared_from_this()](beast::error_code ec, size_t) {
+                              if (ec) return self->close();
+                              self->drain_more();
+                            });
   }
 
   void close() {
@@ -159,7 +168,8 @@ struct HttpServer::Impl {
   tcp::acceptor acceptor{ioc};
   std::vector<std::thread> threads;
   Impl(Core& core, HttpOptions o)
-      : opts(std::move(o)), shared{HttpApi(core, opts.max_request_bytes), core, opts.log_requests} {}
+      : opts(std::move(o)),
+        shared{HttpApi(core, opts.max_request_bytes), core, opts.log_requests} {}
 
   void accept() {
     acceptor.async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
@@ -187,7 +197,8 @@ std::string port_problem(const std::string& host, int port, const char* what) {
   // As the servers bind: SO_REUSEADDR, so a port in TIME_WAIT is not taken, one listened on is.
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
   if (fd < 0 || ::bind(fd, found->ai_addr, found->ai_addrlen) != 0)
-    problem = fmt::format("cannot listen on {}:{} ({}): {}", host, port, what, std::strerror(errno));
+    problem =
+        fmt::format("cannot listen on {}:{} ({}): {}", host, port, what, std::strerror(errno));
   if (fd >= 0) close(fd);
   freeaddrinfo(found);
   return problem;
@@ -202,7 +213,8 @@ Status HttpServer::bind() {
   Impl& s = *impl_;
   beast::error_code ec;
   tcp::resolver resolver(s.ioc);
-  auto found = resolver.resolve(s.opts.host, std::to_string(s.opts.port), tcp::resolver::passive, ec);
+  auto found =
+      resolver.resolve(s.opts.host, std::to_string(s.opts.port), tcp::resolver::passive, ec);
   if (ec || found.empty())
     return KILN_ERROR("cannot listen on {}:{} (REST): {}", s.opts.host, s.opts.port, ec.message());
   const tcp::endpoint at = found.begin()->endpoint();
@@ -210,7 +222,8 @@ Status HttpServer::bind() {
   if (!ec) s.acceptor.set_option(net::socket_base::reuse_address(true), ec);
   if (!ec) s.acceptor.bind(at, ec);
   if (!ec) s.acceptor.listen(net::socket_base::max_listen_connections, ec);
-  if (ec) return KILN_ERROR("cannot listen on {}:{} (REST): {}", s.opts.host, s.opts.port, ec.message());
+  if (ec)
+    return KILN_ERROR("cannot listen on {}:{} (REST): {}", s.opts.host, s.opts.port, ec.message());
   s.opts.port = s.acceptor.local_endpoint().port();
   return Status::Ok();
 }

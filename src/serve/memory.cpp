@@ -28,7 +28,8 @@ size_t rss_bytes() {
 }
 
 MemoryWatch::MemoryWatch(std::function<void(const std::string&)> log) : log_(std::move(log)) {
-  const double log_s = env_seconds("KILN_SERVE_MEMORY_LOG"), trim_s = env_seconds("KILN_SERVE_TRIM_S");
+  const double log_s = env_seconds("KILN_SERVE_MEMORY_LOG"),
+               trim_s = env_seconds("KILN_SERVE_TRIM_S");
   if (log_s > 0 || trim_s > 0) thread_ = std::thread([=, this] { run(log_s, trim_s); });
 }
 
@@ -43,11 +44,15 @@ MemoryWatch::~MemoryWatch() {
 
 void MemoryWatch::run(double log_s, double trim_s) {
   using Clock = std::chrono::steady_clock;
-  auto every = [](double s) { return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s)); };
+  auto every = [](double s) {
+    return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+  };
   auto next_log = Clock::now() + every(log_s), next_trim = Clock::now() + every(trim_s);
   std::unique_lock<std::mutex> lk(mu_);
   while (!stop_) {
-    const auto wake = log_s <= 0 ? next_trim : trim_s <= 0 ? next_log : std::min(next_log, next_trim);
+    const auto wake = log_s <= 0    ? next_trim
+                      : trim_s <= 0 ? next_log
+                                    : std::min(next_log, next_trim);
     cv_.wait_until(lk, wake, [&] { return stop_; });
     if (stop_) return;
     const auto now = Clock::now();
@@ -62,9 +67,10 @@ void MemoryWatch::run(double log_s, double trim_s) {
     }
     if (log_s > 0 && now >= next_log) {
       const struct mallinfo2 mi = mallinfo2();
-      log_(fmt::format("kiln serve: memory (pid {}): rss {:.1f} MB, malloc in use {:.1f} MB, free "
-                       "in arenas {:.1f} MB, mmapped {:.1f} MB", getpid(), rss_bytes() / kMB,
-                       mi.uordblks / kMB, mi.fordblks / kMB, mi.hblkhd / kMB));
+      log_(fmt::format(
+          "kiln serve: memory (pid {}): rss {:.1f} MB, malloc in use {:.1f} MB, free "
+          "in arenas {:.1f} MB, mmapped {:.1f} MB",
+          getpid(), rss_bytes() / kMB, mi.uordblks / kMB, mi.fordblks / kMB, mi.hblkhd / kMB));
       next_log = now + every(log_s);
     }
   }

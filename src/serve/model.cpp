@@ -66,8 +66,8 @@ Expected<std::unique_ptr<ServedModel>> ServedModel::load(const std::string& name
   if (!use_device(first)) return KILN_ERROR("model {}: cannot use CUDA device {}", name, first);
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Engine> e, Engine::load(path));
   const bool gpu = e->backend() == "cuda";
-  m->engines_.push_back({gpu ? first : -1, gpu ? fmt::format("cuda:{}", std::max(first, 0)) : "cpu",
-                         std::move(e)});
+  m->engines_.push_back(
+      {gpu ? first : -1, gpu ? fmt::format("cuda:{}", std::max(first, 0)) : "cpu", std::move(e)});
   // Each GPU holds its own weights and contexts; a cpu engine is one "device" however many
   // GPUs there are.
   for (size_t i = 1; gpu && i < devices.size(); ++i) {
@@ -115,12 +115,13 @@ Result<int> ServedModel::check_request(InferRequest& req) const {
     for (size_t i = 0; fits && i < s.dims.size(); ++i)
       fits = s.dims[i] < 0 || s.dims[i] == t.shape[i];
     if (!fits)
-      return api_error(400, "input '{}': shape {}, the model takes {}", s.name,
-                       shape_text(t.shape), shape_text(s.dims));
+      return api_error(400, "input '{}': shape {}, the model takes {}", s.name, shape_text(t.shape),
+                       shape_text(s.dims));
     if (!s.min.empty()) {
       for (size_t i = 0; i < s.dims.size(); ++i)
         if (t.shape[i] < s.min[i] || t.shape[i] > s.max[i])
-          return api_error(400, "input '{}': shape {} is outside the model's range (min {}, max {})",
+          return api_error(400,
+                           "input '{}': shape {} is outside the model's range (min {}, max {})",
                            s.name, shape_text(t.shape), shape_text(s.min), shape_text(s.max));
     }
     if (max_batch_ > 1) {
@@ -137,7 +138,8 @@ Result<int> ServedModel::check_request(InferRequest& req) const {
 
 Check ServedModel::check_outputs(InferRequest& req) const {
   if (req.outputs.empty()) {
-    for (const TensorInfo& t : outputs()) req.outputs.push_back({t.name, std::nullopt, std::nullopt});
+    for (const TensorInfo& t : outputs())
+      req.outputs.push_back({t.name, std::nullopt, std::nullopt});
     return std::nullopt;
   }
   for (const OutputRequest& o : req.outputs) {
@@ -176,7 +178,8 @@ Expected<std::vector<RepositoryEntry>> find_models(const std::string& repository
           versions.emplace_back(std::stol(vn), v.path() / "model.kiln");
       }
       std::sort(versions.begin(), versions.end());
-      for (const auto& [n, path] : versions) found.push_back({file, std::to_string(n), path.string()});
+      for (const auto& [n, path] : versions)
+        found.push_back({file, std::to_string(n), path.string()});
     }
   }
   return found;

@@ -17,7 +17,7 @@ namespace kiln::serve {
 struct InputSpec {
   std::string name;
   DataType dtype = DataType::kUndefined;
-  std::vector<int64_t> dims;  // -1: dynamic
+  std::vector<int64_t> dims;           // -1: dynamic
   std::vector<int64_t> min, opt, max;  // empty without a profile
 };
 

@@ -22,7 +22,9 @@ std::string repr(const json& v) {
   return v.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-bool whole(const json& v) { return v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0); }
+bool whole(const json& v) {
+  return v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0);
+}
 
 // Flattens `data` (a value, or lists nested up to 32 deep) into `out`.
 Check flatten(const json& data, std::vector<const json*>& out, const std::string& what, int depth) {
@@ -61,9 +63,8 @@ Check convert(const std::vector<const json*>& values, T* out, const std::string&
           fits = v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max());
         else
           fits = v.get<int64_t>() >= static_cast<int64_t>(std::numeric_limits<T>::min()) &&
-                 (v.get<int64_t>() < 0 ||
-                  static_cast<uint64_t>(v.get<int64_t>()) <=
-                      static_cast<uint64_t>(std::numeric_limits<T>::max()));
+                 (v.get<int64_t>() < 0 || static_cast<uint64_t>(v.get<int64_t>()) <=
+                                              static_cast<uint64_t>(std::numeric_limits<T>::max()));
         if (!fits)
           return api_error(400, "{}: value {} is out of range for {}", what, v.dump(), datatype);
         out[i] = v.is_number_unsigned() ? T(v.get<uint64_t>()) : T(v.get<int64_t>());
@@ -89,17 +90,28 @@ Check convert(const std::vector<const json*>& values, T* out, const std::string&
 Check convert_values(const std::vector<const json*>& values, DataType dt, void* out,
                      const std::string& what, std::string_view datatype) {
   switch (dt) {
-    case DataType::kBool: return convert(values, static_cast<bool*>(out), what, datatype);
-    case DataType::kUInt8: return convert(values, static_cast<uint8_t*>(out), what, datatype);
-    case DataType::kUInt16: return convert(values, static_cast<uint16_t*>(out), what, datatype);
-    case DataType::kUInt32: return convert(values, static_cast<uint32_t*>(out), what, datatype);
-    case DataType::kUInt64: return convert(values, static_cast<uint64_t*>(out), what, datatype);
-    case DataType::kInt8: return convert(values, static_cast<int8_t*>(out), what, datatype);
-    case DataType::kInt16: return convert(values, static_cast<int16_t*>(out), what, datatype);
-    case DataType::kInt32: return convert(values, static_cast<int32_t*>(out), what, datatype);
-    case DataType::kInt64: return convert(values, static_cast<int64_t*>(out), what, datatype);
-    case DataType::kFloat32: return convert(values, static_cast<float*>(out), what, datatype);
-    case DataType::kFloat64: return convert(values, static_cast<double*>(out), what, datatype);
+    case DataType::kBool:
+      return convert(values, static_cast<bool*>(out), what, datatype);
+    case DataType::kUInt8:
+      return convert(values, static_cast<uint8_t*>(out), what, datatype);
+    case DataType::kUInt16:
+      return convert(values, static_cast<uint16_t*>(out), what, datatype);
+    case DataType::kUInt32:
+      return convert(values, static_cast<uint32_t*>(out), what, datatype);
+    case DataType::kUInt64:
+      return convert(values, static_cast<uint64_t*>(out), what, datatype);
+    case DataType::kInt8:
+      return convert(values, static_cast<int8_t*>(out), what, datatype);
+    case DataType::kInt16:
+      return convert(values, static_cast<int16_t*>(out), what, datatype);
+    case DataType::kInt32:
+      return convert(values, static_cast<int32_t*>(out), what, datatype);
+    case DataType::kInt64:
+      return convert(values, static_cast<int64_t*>(out), what, datatype);
+    case DataType::kFloat32:
+      return convert(values, static_cast<float*>(out), what, datatype);
+    case DataType::kFloat64:
+      return convert(values, static_cast<double*>(out), what, datatype);
     case DataType::kFloat16: {
       std::vector<float> f(values.size());
       KILN_SERVE_CHECK(convert(values, f.data(), what, datatype));
@@ -107,7 +119,8 @@ Check convert_values(const std::vector<const json*>& values, DataType dt, void* 
       for (size_t i = 0; i < f.size(); ++i) h[i] = float_to_half(f[i]);
       return std::nullopt;
     }
-    default: return api_error(400, "{}: datatype {} is not one kiln takes", what, datatype);
+    default:
+      return api_error(400, "{}: datatype {} is not one kiln takes", what, datatype);
   }
 }
 
@@ -154,7 +167,8 @@ Check decode_input(const json& t, const std::string& body, size_t& start, const 
     if (other.name == in.name) return api_error(400, "input '{}' given twice", in.name);
   const json& shape = t.contains("shape") ? t["shape"] : json();
   bool sizes = shape.is_array();
-  for (size_t i = 0; sizes && i < shape.size(); ++i) sizes = whole(shape[i]) && shape[i] <= INT64_MAX;
+  for (size_t i = 0; sizes && i < shape.size(); ++i)
+    sizes = whole(shape[i]) && shape[i] <= INT64_MAX;
   if (!sizes) return api_error(400, "{}: shape {} is not a list of sizes", what, repr(shape));
   for (const json& d : shape) in.shape.push_back(d.get<int64_t>());
   auto count = element_count(what, in.shape, dtype_size(in.dtype));
@@ -162,7 +176,8 @@ Check decode_input(const json& t, const std::string& body, size_t& start, const 
   const size_t need = static_cast<size_t>(*count) * dtype_size(in.dtype);
   const json params = t.contains("parameters") ? t["parameters"] : json();
   const json* size = params.is_object() && params.contains("binary_data_size")
-                         ? &params["binary_data_size"] : nullptr;
+                         ? &params["binary_data_size"]
+                         : nullptr;
   const json* data = t.contains("data") && !t["data"].is_null() ? &t["data"] : nullptr;
   auto region = shm_params(params, what);
   if (!region.ok()) return region.error();
@@ -214,11 +229,14 @@ Result<InferRequest> decode_rest_infer(std::shared_ptr<const std::string> body,
   size_t start = b.size();
   if (header_length) {
     const std::string& h = *header_length;
-    const bool digits = !h.empty() && h.size() < 19 &&
-                        std::all_of(h.begin(), h.end(), [](char c) { return c >= '0' && c <= '9'; });
+    const bool digits = !h.empty() && h.size() < 19 && std::all_of(h.begin(), h.end(), [](char c) {
+      return c >= '0' && c <= '9';
+    });
     if (!digits || std::stoull(h) > b.size())
-      return api_error(400, "inference-header-content-length {} is not within the body of {} "
-                       "bytes", h.substr(0, 40), b.size());
+      return api_error(400,
+                       "inference-header-content-length {} is not within the body of {} "
+                       "bytes",
+                       h.substr(0, 40), b.size());
     start = std::stoull(h);
   }
   json header;
@@ -228,7 +246,8 @@ Result<InferRequest> decode_rest_infer(std::shared_ptr<const std::string> body,
     return api_error(400, "malformed request: {}", e.what());
   }
   if (!header.is_object() || !header.contains("inputs") || !header["inputs"].is_array())
-    return api_error(400, "malformed request: the body must be a JSON object with an 'inputs' list");
+    return api_error(400,
+                     "malformed request: the body must be a JSON object with an 'inputs' list");
   InferRequest req;
   if (header.contains("id") && header["id"].is_string()) req.id = header["id"].get<std::string>();
   const json& params = header.contains("parameters") ? header["parameters"] : json();
@@ -279,17 +298,39 @@ json values_json(const Tensor& t) {
     for (int64_t i = 0; i < n; ++i) a.push_back(p[i]);
   };
   switch (t.dtype()) {
-    case DataType::kBool: put(t.data<bool>()); break;
-    case DataType::kUInt8: put(t.data<uint8_t>()); break;
-    case DataType::kUInt16: put(t.data<uint16_t>()); break;
-    case DataType::kUInt32: put(t.data<uint32_t>()); break;
-    case DataType::kUInt64: put(t.data<uint64_t>()); break;
-    case DataType::kInt8: put(t.data<int8_t>()); break;
-    case DataType::kInt16: put(t.data<int16_t>()); break;
-    case DataType::kInt32: put(t.data<int32_t>()); break;
-    case DataType::kInt64: put(t.data<int64_t>()); break;
-    case DataType::kFloat32: put(t.data<float>()); break;
-    case DataType::kFloat64: put(t.data<double>()); break;
+    case DataType::kBool:
+      put(t.data<bool>());
+      break;
+    case DataType::kUInt8:
+      put(t.data<uint8_t>());
+      break;
+    case DataType::kUInt16:
+      put(t.data<uint16_t>());
+      break;
+    case DataType::kUInt32:
+      put(t.data<uint32_t>());
+      break;
+    case DataType::kUInt64:
+      put(t.data<uint64_t>());
+      break;
+    case DataType::kInt8:
+      put(t.data<int8_t>());
+      break;
+    case DataType::kInt16:
+      put(t.data<int16_t>());
+      break;
+    case DataType::kInt32:
+      put(t.data<int32_t>());
+      break;
+    case DataType::kInt64:
+      put(t.data<int64_t>());
+      break;
+    case DataType::kFloat32:
+      put(t.data<float>());
+      break;
+    case DataType::kFloat64:
+      put(t.data<double>());
+      break;
     default:
       for (int64_t i = 0; i < n; ++i) a.push_back(t.at_double(i));
   }
@@ -319,8 +360,10 @@ Result<RestBody> encode_rest_infer(const InferRequest& req, const ServedModel& m
     }
     outs.push_back(std::move(entry));
   }
-  json doc = {{"model_name", model.name()}, {"model_version", model.version()},
-              {"id", req.id}, {"outputs", std::move(outs)}};
+  json doc = {{"model_name", model.name()},
+              {"model_version", model.version()},
+              {"id", req.id},
+              {"outputs", std::move(outs)}};
   RestBody r;
   r.body = doc.dump(-1, ' ', false, json::error_handler_t::replace);
   if (!binary.empty()) {
@@ -328,8 +371,7 @@ Result<RestBody> encode_rest_infer(const InferRequest& req, const ServedModel& m
     size_t total = r.body.size();
     for (const Tensor* t : binary) total += t->nbytes();
     r.body.reserve(total);
-    for (const Tensor* t : binary)
-      r.body.append(static_cast<const char*>(t->raw()), t->nbytes());
+    for (const Tensor* t : binary) r.body.append(static_cast<const char*>(t->raw()), t->nbytes());
   }
   return r;
 }

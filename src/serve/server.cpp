@@ -34,12 +34,13 @@ Expected<std::unique_ptr<Core>> Core::load(const CoreOptions& options,
     }
     ServedModel& sm = **m;
     log(fmt::format("model {} version {}: {} on {}, {} contexts each, batches up to {}{}", e.name,
-                    e.version, e.path, fmt::join((*b)->devices(), ", "),
-                    std::max(bo.contexts, 1), sm.max_batch(),
-                    (*b)->pad_sizes().empty() ? std::string()
-                                              : fmt::format(", padded to [{}]",
-                                                            fmt::join((*b)->pad_sizes(), ", "))));
-    core->models_[e.name][std::stol(e.version)] = ModelEntry{std::move(m).value(), std::move(b).value()};
+                    e.version, e.path, fmt::join((*b)->devices(), ", "), std::max(bo.contexts, 1),
+                    sm.max_batch(),
+                    (*b)->pad_sizes().empty()
+                        ? std::string()
+                        : fmt::format(", padded to [{}]", fmt::join((*b)->pad_sizes(), ", "))));
+    core->models_[e.name][std::stol(e.version)] =
+        ModelEntry{std::move(m).value(), std::move(b).value()};
   }
   // The models that did not load are named once: in the error when none did (one line, as the
   // CLI's errors are), else as warnings beside the ones that did.
@@ -53,14 +54,12 @@ Core::~Core() { drain(); }
 
 Result<ModelEntry*> Core::find(const std::string& name, const std::string& version) {
   auto it = models_.find(name);
-  if (it == models_.end() || it->second.empty())
-    return api_error(404, "unknown model '{}'", name);
+  if (it == models_.end() || it->second.empty()) return api_error(404, "unknown model '{}'", name);
   if (version.empty()) return &it->second.rbegin()->second;
   const bool digits = !version.empty() && version.size() < 10 &&
                       std::all_of(version.begin(), version.end(), ::isdigit);
   auto v = digits ? it->second.find(std::stol(version)) : it->second.end();
-  if (v == it->second.end())
-    return api_error(404, "model '{}' has no version '{}'", name, version);
+  if (v == it->second.end()) return api_error(404, "model '{}' has no version '{}'", name, version);
   return &v->second;
 }
 
@@ -159,20 +158,24 @@ std::string Core::metrics_text() {
     for (auto& [v, e] : versions) {
       std::lock_guard<std::mutex> lk(e.batcher->stats().mu);
       for (const auto& [b, n] : e.batcher->stats().per_batch)
-        out += fmt::format("kiln_batch_inferences_total{{model=\"{}\",version=\"{}\",batch=\"{}\"}} {}\n",
-                           name, v, b, n);
+        out += fmt::format(
+            "kiln_batch_inferences_total{{model=\"{}\",version=\"{}\",batch=\"{}\"}} {}\n", name, v,
+            b, n);
     }
   family("kiln_device_inferences_total", "counter", "Inferences run per device");
-  family("kiln_device_compute_duration_us_total", "counter", "Microseconds of inference per device");
+  family("kiln_device_compute_duration_us_total", "counter",
+         "Microseconds of inference per device");
   for (auto& [name, versions] : models_)
     for (auto& [v, e] : versions) {
       ModelStats& st = e.batcher->stats();
       std::lock_guard<std::mutex> lk(st.mu);
       for (const std::string& d : e.batcher->devices()) {
-        out += fmt::format("kiln_device_inferences_total{{model=\"{}\",version=\"{}\",device=\"{}\"}} {}\n",
-                           name, v, d, st.per_device[d]);
         out += fmt::format(
-            "kiln_device_compute_duration_us_total{{model=\"{}\",version=\"{}\",device=\"{}\"}} {}\n",
+            "kiln_device_inferences_total{{model=\"{}\",version=\"{}\",device=\"{}\"}} {}\n", name,
+            v, d, st.per_device[d]);
+        out += fmt::format(
+            "kiln_device_compute_duration_us_total{{model=\"{}\",version=\"{}\",device=\"{}\"}} "
+            "{}\n",
             name, v, d, st.device_compute_us[d]);
       }
     }

@@ -30,26 +30,32 @@ Result<std::string> object_path(const std::string& key) {
   while (!name.empty() && name.front() == '/') name.erase(0, 1);
   if (name.empty() || name.find('/') != std::string::npos || name == "." || name == ".." ||
       name.find('\0') != std::string::npos)
-    return api_error(400, "shared memory key '{}' is not the name of a POSIX shared memory "
-                     "object ('/name' or 'name')", key);
+    return api_error(400,
+                     "shared memory key '{}' is not the name of a POSIX shared memory "
+                     "object ('/name' or 'name')",
+                     key);
   return "/dev/shm/" + name;
 }
 
 }  // namespace
 
-Check ShmRegistry::register_region(const std::string& name, const std::string& key,
-                                   uint64_t offset, uint64_t byte_size) {
+Check ShmRegistry::register_region(const std::string& name, const std::string& key, uint64_t offset,
+                                   uint64_t byte_size) {
   if (name.empty() || name.find('\0') != std::string::npos)
-    return api_error(400, "shared memory region name '{}' is not a non-empty string (without "
-                     "NUL)", name);
+    return api_error(400,
+                     "shared memory region name '{}' is not a non-empty string (without "
+                     "NUL)",
+                     name);
   if (name.size() > kMaxName)
     return api_error(400, "shared memory region name '{}...' is over {} characters",
                      name.substr(0, 40), kMaxName);
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (regions_.count(name))
-      return api_error(409, "shared memory region '{}' is already registered (unregister it "
-                       "first)", name);
+      return api_error(409,
+                       "shared memory region '{}' is already registered (unregister it "
+                       "first)",
+                       name);
   }
   auto path = object_path(key);
   if (!path.ok()) return path.error();
@@ -70,8 +76,7 @@ Check ShmRegistry::register_region(const std::string& name, const std::string& k
   struct stat st {};
   if (fstat(m->fd, &st) != 0 || !S_ISREG(st.st_mode))
     return api_error(400, "shared memory key '{}' ({}) is not a shared memory object", key, *path);
-  if (st.st_size == 0)
-    return api_error(400, "shared memory object '{}' ({}) is empty", key, *path);
+  if (st.st_size == 0) return api_error(400, "shared memory object '{}' ({}) is empty", key, *path);
   m->size = static_cast<size_t>(st.st_size);
   void* p = mmap(nullptr, m->size, m->writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED,
                  m->fd, 0);
@@ -80,8 +85,10 @@ Check ShmRegistry::register_region(const std::string& name, const std::string& k
                      std::strerror(errno));
   m->base = static_cast<uint8_t*>(p);
   if (offset > m->size || byte_size > m->size - offset)
-    return api_error(400, "shared memory region '{}': offset {} + byte_size {} is beyond object "
-                     "'{}' of {} bytes", name, offset, byte_size, key, m->size);
+    return api_error(400,
+                     "shared memory region '{}': offset {} + byte_size {} is beyond object "
+                     "'{}' of {} bytes",
+                     name, offset, byte_size, key, m->size);
   std::lock_guard<std::mutex> lk(mu_);
   if (regions_.count(name))
     return api_error(409, "shared memory region '{}' is already registered (unregister it first)",
@@ -92,8 +99,10 @@ Check ShmRegistry::register_region(const std::string& name, const std::string& k
 
 void ShmRegistry::unregister(const std::string& name) {
   std::lock_guard<std::mutex> lk(mu_);
-  if (name.empty()) regions_.clear();
-  else regions_.erase(name);
+  if (name.empty())
+    regions_.clear();
+  else
+    regions_.erase(name);
 }
 
 Result<std::vector<RegionStatus>> ShmRegistry::status(const std::string& name) const {
@@ -117,8 +126,10 @@ Result<std::pair<ShmRegistry::Region, uint8_t*>> ShmRegistry::span(const std::st
     std::lock_guard<std::mutex> lk(mu_);
     auto it = regions_.find(ref.region);
     if (it == regions_.end())
-      return api_error(400, "unknown shared memory region '{}' (register it first: "
-                       "register_system_shared_memory)", ref.region);
+      return api_error(400,
+                       "unknown shared memory region '{}' (register it first: "
+                       "register_system_shared_memory)",
+                       ref.region);
     r = it->second;
   }
   // A client that shrinks its object after registering it would make the pages past its new
@@ -129,13 +140,15 @@ Result<std::pair<ShmRegistry::Region, uint8_t*>> ShmRegistry::span(const std::st
     return api_error(400, "{}: shared memory region '{}' cannot be read: {}", what, ref.region,
                      std::strerror(errno));
   if (static_cast<uint64_t>(st.st_size) < registered)
-    return api_error(400, "{}: shared memory object '{}' of region '{}' is now {} bytes, under "
-                     "the {} it was registered with", what, r.status.key, ref.region,
-                     st.st_size, registered);
+    return api_error(400,
+                     "{}: shared memory object '{}' of region '{}' is now {} bytes, under "
+                     "the {} it was registered with",
+                     what, r.status.key, ref.region, st.st_size, registered);
   if (ref.offset > r.status.byte_size || ref.byte_size > r.status.byte_size - ref.offset)
-    return api_error(400, "{}: shared_memory_offset {} + shared_memory_byte_size {} is beyond "
-                     "shared memory region '{}' of {} bytes", what, ref.offset, ref.byte_size,
-                     ref.region, r.status.byte_size);
+    return api_error(400,
+                     "{}: shared_memory_offset {} + shared_memory_byte_size {} is beyond "
+                     "shared memory region '{}' of {} bytes",
+                     what, ref.offset, ref.byte_size, ref.region, r.status.byte_size);
   uint8_t* at = r.map->base + r.status.offset + ref.offset;
   return std::make_pair(std::move(r), at);
 }
@@ -169,9 +182,10 @@ Check ShmRegistry::write_output(const std::string& what, const ShmRef& ref, cons
   auto s = span(what, ref);
   if (!s.ok()) return s.error();
   if (bytes > ref.byte_size)
-    return api_error(400, "{}: shared_memory_byte_size {} of region '{}' is too small for shape "
-                     "{} of {}, which takes {} bytes", what, ref.byte_size, ref.region, shape,
-                     datatype, bytes);
+    return api_error(400,
+                     "{}: shared_memory_byte_size {} of region '{}' is too small for shape "
+                     "{} of {}, which takes {} bytes",
+                     what, ref.byte_size, ref.region, shape, datatype, bytes);
   if (!s->first.map->writable)
     return api_error(400, "{}: shared memory region '{}' is read-only to the server", what,
                      ref.region);

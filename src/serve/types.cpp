@@ -57,14 +57,22 @@ Result<int64_t> element_count(const std::string& what, const std::vector<int64_t
 
 int grpc_code(int http_status) {
   switch (http_status) {
-    case 400: return 3;   // INVALID_ARGUMENT
-    case 404: return 5;   // NOT_FOUND
-    case 409: return 6;   // ALREADY_EXISTS
-    case 413: return 8;   // RESOURCE_EXHAUSTED (a message over the limit)
-    case 429: return 8;   // RESOURCE_EXHAUSTED (the queue is full)
-    case 501: return 12;  // UNIMPLEMENTED
-    case 503: return 14;  // UNAVAILABLE
-    default: return http_status < 500 ? 3 : 13;  // INVALID_ARGUMENT / INTERNAL
+    case 400:
+      return 3;  // INVALID_ARGUMENT
+    case 404:
+      return 5;  // NOT_FOUND
+    case 409:
+      return 6;  // ALREADY_EXISTS
+    case 413:
+      return 8;  // RESOURCE_EXHAUSTED (a message over the limit)
+    case 429:
+      return 8;  // RESOURCE_EXHAUSTED (the queue is full)
+    case 501:
+      return 12;  // UNIMPLEMENTED
+    case 503:
+      return 14;  // UNAVAILABLE
+    default:
+      return http_status < 500 ? 3 : 13;  // INVALID_ARGUMENT / INTERNAL
   }
 }
 

@@ -50,10 +50,10 @@ class Result {
 // Nothing, or an ApiError.
 using Check = std::optional<ApiError>;
 
-#define KILN_SERVE_CHECK(expr)          \
-  do {                                  \
-    ::kiln::serve::Check _c = (expr);   \
-    if (_c) return std::move(*_c);      \
+#define KILN_SERVE_CHECK(expr)        \
+  do {                                \
+    ::kiln::serve::Check _c = (expr); \
+    if (_c) return std::move(*_c);    \
   } while (0)
 
 // The v2 datatype of a kiln element type ("FP32"), "" where the protocol has none.

@@ -3,7 +3,6 @@
 #pragma once
 
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <cstdlib>
@@ -18,7 +17,8 @@ namespace kiln::serve::testing {
 
 inline std::unique_ptr<Graph> twice_graph(bool dynamic) {
   auto g = std::make_unique<Graph>();
-  Value* x = g->add_value("x", TensorType(DataType::kFloat32, {dynamic ? Dim::sym("N") : Dim(1), 4}));
+  Value* x =
+      g->add_value("x", TensorType(DataType::kFloat32, {dynamic ? Dim::sym("N") : Dim(1), 4}));
   g->add_input(x);
   Value* two = g->add_constant("two", Tensor::from<float>({}, {2.f}));
   Node* n = g->add_node("Mul", "mul", {x, two}, {"y"});
@@ -36,8 +36,8 @@ inline std::filesystem::path& repository_dir() {
 // when the test program exits.
 inline std::string make_repository() {
   namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() /
-                       ("kiln_serve_test_" + std::to_string(::getpid()));
+  const fs::path dir =
+      fs::temp_directory_path() / ("kiln_serve_test_" + std::to_string(::getpid()));
   if (repository_dir().empty()) {
     repository_dir() = dir;
     std::atexit([] {

@@ -22,8 +22,8 @@ InferRequest request(const std::string& model, std::vector<float> values, int64_
   auto t = std::make_shared<Tensor>(Tensor::from<float>({rows, 4}, values));
   InferRequest r;
   r.model = model;
-  r.inputs.push_back({"x", DataType::kFloat32, {rows, 4},
-                      static_cast<const uint8_t*>(t->raw()), t->nbytes(), t});
+  r.inputs.push_back(
+      {"x", DataType::kFloat32, {rows, 4}, static_cast<const uint8_t*>(t->raw()), t->nbytes(), t});
   return r;
 }
 
@@ -118,7 +118,7 @@ TEST(ServeBatcher, JoinsConcurrentRequestsAndSplitsTheOutputs) {
   auto m = load_twice();
   BatcherOptions o;
   o.contexts = 1;
-  o.max_delay_ms = 300;  // all six arrive well within it
+  o.max_delay_ms = 300;      // all six arrive well within it
   o.delay_when_idle = true;  // the first waits for the others too
   auto b = Batcher::create(*m, o);
   ASSERT_TRUE(b.ok()) << b.status().message();

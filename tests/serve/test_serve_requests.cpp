@@ -52,7 +52,8 @@ class ServeHttp : public ::testing::Test {
     beast::tcp_stream stream(ioc);
     beast::error_code ec;
     stream.connect(boost::asio::ip::tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"),
-                                                  static_cast<unsigned short>(http_->port())), ec);
+                                                  static_cast<unsigned short>(http_->port())),
+                   ec);
     if (ec) return {0, ec.message()};
     http::request<http::string_body> req{http::verb::post, path, 11};
     req.set(http::field::host, "127.0.0.1");
@@ -75,8 +76,12 @@ class ServeHttp : public ::testing::Test {
   }
   static std::string body(const std::string& name, const std::string& datatype,
                           const std::vector<int64_t>& shape, size_t values) {
-    return json{{"inputs", {{{"name", name}, {"datatype", datatype}, {"shape", shape},
-                             {"data", std::vector<float>(values, 0.5f)}}}}}.dump();
+    return json{{"inputs",
+                 {{{"name", name},
+                   {"datatype", datatype},
+                   {"shape", shape},
+                   {"data", std::vector<float>(values, 0.5f)}}}}}
+        .dump();
   }
   static constexpr size_t kLimit = 4096;
   static inline Core* core_ = nullptr;
@@ -146,12 +151,15 @@ TEST_F(ServeHttp, SharedMemoryRegionOutOfRangeIs400) {
                             json{{"key", key}, {"offset", 32}, {"byte_size", 64}}.dump());
   EXPECT_EQ(beyond, 400);
   EXPECT_NE(why.find("offset 32 + byte_size 64 is beyond object"), std::string::npos) << why;
-  const std::string in = R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1,4],"parameters":)"
-                         R"({"shared_memory_region":"r","shared_memory_byte_size":16,"shared_memory_offset":56}}]})";
+  const std::string in =
+      R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1,4],"parameters":)"
+      R"({"shared_memory_region":"r","shared_memory_byte_size":16,"shared_memory_offset":56}}]})";
   auto [s1, m1] = post("/v2/models/twice/infer", in);
   EXPECT_EQ(s1, 400);
   EXPECT_NE(m1.find("shared_memory_offset 56 + shared_memory_byte_size 16 is beyond shared memory "
-                    "region 'r' of 64 bytes"), std::string::npos) << m1;
+                    "region 'r' of 64 bytes"),
+            std::string::npos)
+      << m1;
   // In range: read in place, the output written into the region.
   const std::string ok = R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1,4],"parameters":)"
                          R"({"shared_memory_region":"r","shared_memory_byte_size":16}}],)"

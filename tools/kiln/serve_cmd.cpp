@@ -67,7 +67,8 @@ Status run_serve(const ServeFlags& f) {
   co.batcher.delay_when_idle = f.delay_when_idle;
   KILN_ASSIGN_OR_RETURN(co.batcher.preferred, parse_sizes(f.preferred, "--preferred-batch-sizes"));
   auto log = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
-  for (auto [port, what] : {std::pair{f.http_port, "REST"}, std::pair{f.no_grpc ? -1 : f.grpc_port, "gRPC"}}) {
+  for (auto [port, what] :
+       {std::pair{f.http_port, "REST"}, std::pair{f.no_grpc ? -1 : f.grpc_port, "gRPC"}}) {
     if (port < 0) continue;
     const std::string problem = serve::port_problem(f.host, port, what);
     if (!problem.empty()) return Status::Error(problem);
@@ -75,19 +76,20 @@ Status run_serve(const ServeFlags& f) {
   KILN_ASSIGN_OR_RETURN(auto core, serve::Core::load(co, log));
   serve::MemoryWatch memory(log);
 
-  serve::HttpServer http(*core, {f.host, f.http_port, f.max_request_bytes, f.http_threads,
-                                 f.log_requests});
+  serve::HttpServer http(
+      *core, {f.host, f.http_port, f.max_request_bytes, f.http_threads, f.log_requests});
   KILN_RETURN_IF_ERROR(http.bind());
 #ifdef KILN_SERVE_GRPC
   std::unique_ptr<serve::GrpcServer> grpc;
   if (!f.no_grpc) {
-    grpc = std::make_unique<serve::GrpcServer>(*core, serve::GrpcOptions{
-        f.host, f.grpc_port, f.max_request_bytes, f.log_requests});
+    grpc = std::make_unique<serve::GrpcServer>(
+        *core, serve::GrpcOptions{f.host, f.grpc_port, f.max_request_bytes, f.log_requests});
     KILN_RETURN_IF_ERROR(grpc->start());
     log(fmt::format("gRPC (Open Inference Protocol v2) on {}:{}", f.host, f.grpc_port));
   }
 #else
-  if (!f.no_grpc) log("kiln serve: this build has no gRPC front end (grpc++ was not found): REST only");
+  if (!f.no_grpc)
+    log("kiln serve: this build has no gRPC front end (grpc++ was not found): REST only");
 #endif
   std::thread http_thread([&] { http.serve(); });
   log(fmt::format("REST (Open Inference Protocol v2) on {}:{}", f.host, f.http_port));
@@ -113,14 +115,17 @@ Status run_serve(const ServeFlags& f) {
 
 Runner add_serve_command(CLI::App& app) {
   auto* cmd = app.add_subcommand(
-      "serve", "Serve every engine in a model repository over the Open Inference Protocol (v2), "
-               "HTTP/REST and gRPC");
+      "serve",
+      "Serve every engine in a model repository over the Open Inference Protocol (v2), "
+      "HTTP/REST and gRPC");
   auto f = std::make_shared<ServeFlags>();
   cmd->add_option("model_repository", f->repository,
                   "Folder of engines: NAME.kiln, NAME/model.kiln or NAME/VERSION/model.kiln")
       ->required();
-  cmd->add_option("--http-port", f->http_port, "REST port (default 8080)")->check(CLI::Range(0, 65535));
-  cmd->add_option("--grpc-port", f->grpc_port, "gRPC port (default 8081)")->check(CLI::Range(0, 65535));
+  cmd->add_option("--http-port", f->http_port, "REST port (default 8080)")
+      ->check(CLI::Range(0, 65535));
+  cmd->add_option("--grpc-port", f->grpc_port, "gRPC port (default 8081)")
+      ->check(CLI::Range(0, 65535));
   cmd->add_option("--host", f->host, "Address to listen on (default 0.0.0.0: every one)");
   if (const char* env = std::getenv("KILN_SERVE_CONTEXTS")) f->contexts = std::atoi(env);
   cmd->add_option("--contexts", f->contexts,
@@ -128,7 +133,8 @@ Runner add_serve_command(CLI::App& app) {
       ->check(CLI::Range(1, 64));
   cmd->add_option("--max-batch-size", f->max_batch,
                   "Join concurrent requests up to this many samples (default: the engine "
-                  "profile's maximum batch, else 32)")->check(CLI::Range(1, 1 << 20));
+                  "profile's maximum batch, else 32)")
+      ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--batch-delay-ms", f->delay_ms,
                   "How long the oldest request waits for others to join its batch (default 2)")
       ->check(CLI::Range(0.0, 10000.0));
