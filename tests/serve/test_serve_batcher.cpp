@@ -80,6 +80,19 @@ TEST(ServeRepository, CoreFindsVersionsAndSaysWhatIsUnknown) {
   (*core)->infer(request("nosuch", std::vector<float>(4, 1.f), 1), a.done());
   ASSERT_TRUE(a.wait(1));
   EXPECT_EQ(a.got[0].error().status, 404);
+  // A good one through infer, then counted on /metrics.
+  Answers b;
+  (*core)->infer(request("twice", std::vector<float>(8, 1.f), 2), b.done());
+  ASSERT_TRUE(b.wait(1));
+  ASSERT_TRUE(b.got[0].ok()) << b.got[0].error().message;
+  const std::string text = (*core)->metrics_text();
+  for (const char* line :
+       {"kiln_requests_total{model=\"twice\",version=\"1\"} 1",
+        "kiln_samples_total{model=\"twice\",version=\"1\"} 2",
+        "kiln_batch_inferences_total{model=\"twice\",version=\"1\",batch=\"2\"} 1",
+        "kiln_device_inferences_total{model=\"twice\",version=\"1\",device=\"cpu\"} 1",
+        "# TYPE kiln_queue_duration_us_total counter"})
+    EXPECT_NE(text.find(line), std::string::npos) << line << "\n" << text;
 }
 
 TEST(ServeModel, ChecksRequestsAgainstTheEngine) {
