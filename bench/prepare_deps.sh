@@ -30,6 +30,15 @@ for t in $TESTS; do
   for d in tests/cuda bench/kernels; do [ -x "$BUILD/$d/$t" ] && cp "$BUILD/$d/$t" "$STAGE/"; done
 done
 for lib in libprotobuf.so.32 libfmt.so.9 libstb.so.0; do cp -L "/lib/x86_64-linux-gnu/$lib" "$STAGE/"; done
+# Every other system library the CLI loads (`kiln serve`'s grpc++ with abseil, re2, c-ares, upb
+# and OpenSSL), but the C and C++ runtimes', which the GPU machine has; CUDA's resolve outside
+# these folders and stay behind.
+for lib in $(ldd "$BUILD/kiln" | awk '$3 ~ /^\/(usr\/)?lib\/x86_64-linux-gnu\// {print $3}'); do
+  case $(basename "$lib") in
+    libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libgcc_s.so*|libstdc++.so*) ;;
+    *) cp -L "$lib" "$STAGE/$(basename "$lib")" ;;
+  esac
+done
 # libkiln.so.X.Y (the SONAME the programs load) and its links; none when kiln is built static
 # (KILN_SHARED=OFF), as each program then holds it.
 if ls "$BUILD"/libkiln.so* >/dev/null 2>&1; then

@@ -17,7 +17,9 @@
 # (extra `kiln serve` flags), KILN_LOAD_ARGS (extra serve_load.py flags, e.g.
 # --grpc-shared-connection), KILN_SERVE_MODEL (mlp, small_cnn, or slice224: a
 # ResNet-50-sized input, [N,3,224,224] FP32, of which one Slice keeps a pixel: made here).
-# Outputs in OUT_DIR (default /tmp/kiln-serve-cpu): serve.log, load.json, load.md.
+# KILN_SERVE_IMPL (cpp: the C++ `kiln serve`, src/serve; python: the Python server, kiln.serving,
+# which --workers other than 1 also picks). Outputs in OUT_DIR (default /tmp/kiln-serve-cpu):
+# serve.log, load.json, load.md.
 #
 # KILN_SERVE_MODE=soak runs serve_load.py's soak instead (64 clients, 5% bad requests of the six
 # kinds, the 100 MB bodies included; every answer checked against the engine run directly):
@@ -74,9 +76,14 @@ PY
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 HTTP_PORT=$(free_port)
 GRPC_PORT=$(free_port)
+# --workers (any value) runs the Python server (python/kiln/cli.py); without it the C++ one.
+WORKER_ARGS=()
+if [ "${KILN_SERVE_IMPL:-cpp}" = python ] || [ "$WORKERS" != 1 ]; then
+  WORKER_ARGS=(--workers "$WORKERS")
+fi
 # shellcheck disable=SC2086
 timeout 1800 python3 -m kiln.cli serve "$OUT/repo" --host 127.0.0.1 --http-port "$HTTP_PORT" \
-  --grpc-port "$GRPC_PORT" --workers "$WORKERS" ${KILN_SERVE_ARGS:-} >"$OUT/serve.log" 2>&1 &
+  --grpc-port "$GRPC_PORT" "${WORKER_ARGS[@]}" ${KILN_SERVE_ARGS:-} >"$OUT/serve.log" 2>&1 &
 SERVER=$!
 trap 'kill "$SERVER" 2>/dev/null || true; wait "$SERVER" 2>/dev/null || true' EXIT
 sleep 1
@@ -97,4 +104,4 @@ rm -f "$OUT/load.md"
 python3 bench/serve_load.py load --model "$MODEL" --http "127.0.0.1:$HTTP_PORT" \
   --grpc "127.0.0.1:$GRPC_PORT" --protocols "$PROTOCOLS" --clients "$CLIENTS" \
   --duration "$LOAD_S" --warmup 1 --procs "$PROCS" --max-requests 200000 --server-pid "${SERVER_PID:-0}" \
-  --label "cpu $MODEL, $WORKERS worker(s)" --json "$OUT/load.json" --md "$OUT/load.md" ${KILN_LOAD_ARGS:-}
+  --label "cpu $MODEL, ${KILN_SERVE_IMPL:-cpp} server, $WORKERS worker(s)" --json "$OUT/load.json" --md "$OUT/load.md" ${KILN_LOAD_ARGS:-}

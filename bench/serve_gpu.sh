@@ -23,7 +23,9 @@
 #   bench/serve_wheels.sh                                           # .whl: kserve, tritonclient, ...
 # The call (kind nvidia-h100-x2; on one GPU the two-GPU parts are skipped):
 #   run(command="bench/serve_gpu.sh", carry=[".deps", ".whl"], kind="nvidia-h100-x2")
-# Knobs: KILN_SERVE_PARTS ("compare tables soak"; add "cost" for bench/serve_cost.py: the
+# Knobs: KILN_SERVE_IMPL (cpp: the C++ `kiln serve`, src/serve, one process for every GPU, the
+# default; python: the Python server, kiln.serving, with the --workers knobs below),
+# KILN_SERVE_PARTS ("compare tables soak"; add "cost" for bench/serve_cost.py: the
 # front end's CPU per request on a cpu-backend model of ResNet-50's input size, per
 # KILN_SERVE_WORKERS count, KILN_COST_CLIENTS (1,8,32,128) and KILN_COST_PROCS (8)),
 # KILN_SERVE_MODELS ("resnet50 bert"), KILN_SOAK_S (120), KILN_LOAD_S (3, seconds measured per row), KILN_SERVE_BUDGET (540 s: parts
@@ -67,7 +69,9 @@ with_shm() {  # with_shm PROTOCOLS: each protocol and, with KILN_SERVE_SHM=1, it
 }
 PROTOCOLS=$(with_shm "$PROTOCOLS")
 SOAK_PROTOCOLS=$(with_shm "$SOAK_PROTOCOLS")
+IMPL=${KILN_SERVE_IMPL:-cpp}
 WORKER_COUNTS=${KILN_SERVE_WORKERS:-1}
+[ "$IMPL" = cpp ] && WORKER_COUNTS=1
 FIRST_WORKERS=${WORKER_COUNTS%% *}
 WORKER_DEVICES=${KILN_SERVE_WORKER_DEVICES:-split}
 read -r -a EXTRA_ARGS <<<"${KILN_SERVE_ARGS:-}"
@@ -147,6 +151,18 @@ ready() { python3 -c "import urllib.request as u; u.urlopen('http://$HTTP/v2/hea
 start_server() {  # start_server MODEL LABEL [kiln serve options...]: sets SPID (the server's PID)
   local m=$1 label=$2
   shift 2
+  # The C++ server (KILN_SERVE_IMPL=cpp, the default) is one process for every GPU: the Python
+  # server's --workers and --worker-devices are dropped (any --workers would pick the Python one).
+  if [ "$IMPL" = cpp ]; then
+    local kept=() skip=0 a
+    for a in "$@"; do
+      if [ $skip = 1 ]; then skip=0; continue; fi
+      case $a in --workers|--worker-devices) skip=1 ;; --workers=*|--worker-devices=*) ;; *) kept+=("$a") ;; esac
+    done
+    set -- "${kept[@]}"
+  elif [[ " $* " != *" --workers "* ]]; then
+    set -- "$@" --workers 1
+  fi
   echo "=== $label: kiln serve $(dirname "${ENGINE[$m]}") $* (${SERVER_ENV:-})" >>"$SLOG"
   # The server itself in the background (its PID for the soak's RSS samples and the rows'
   # CPU use, its workers' counted with it), bounded by a watchdog: at most 800 s, and stopped by

@@ -8,7 +8,8 @@
 # $KILN_FUZZ_BUILD_DIR (default build-fuzz): libkiln, the kiln CLI, the unit tests and the three
 # libFuzzer harnesses, one tree for all. Then runs the CPU unit tests under the sanitizers, makes
 # the seed corpora (tests/fuzz/make_corpus.py) and runs each harness for N seconds (default 60):
-# fuzz_onnx_import, fuzz_engine_load, fuzz_build, and the Python driver of `kiln serve`'s request decoding
+# fuzz_onnx_import, fuzz_engine_load, fuzz_build, fuzz_serve_requests (the C++ `kiln serve`'s
+# REST and gRPC request decoding), and the Python driver of `kiln serve`'s request decoding
 # (tests/fuzz/fuzz_serving.py, with the Python extension of $KILN_BUILD_DIR, default build, when
 # it is built). Any crash, sanitizer report, leak, hang (-timeout) or finding fails the script;
 # the input that caused it is in $KILN_FUZZ_BUILD_DIR/fuzz-artifacts/. scripts/test.sh calls it.
@@ -61,7 +62,7 @@ if [ $fuzz = 1 ]; then
   python3 tests/fuzz/make_corpus.py --kiln "$B/kiln" --out "$B/fuzz-corpus"
   took "the corpora"
   mkdir -p "$B/fuzz-artifacts"
-  for h in fuzz_onnx_import:onnx fuzz_engine_load:engine fuzz_build:onnx; do
+  for h in fuzz_onnx_import:onnx fuzz_engine_load:engine fuzz_build:onnx fuzz_serve_requests:serve; do
     name=${h%%:*} seeds=$B/fuzz-corpus/${h#*:}
     step "$name for $SECONDS_EACH s"
     mkdir -p "$B/fuzz-work/$name"

@@ -10,6 +10,8 @@ APT_PACKAGES=(
   libonnx-testdata                       # the ONNX backend test data (conformance suite)
   libgtest-dev libgmock-dev              # unit tests
   libcli11-dev nlohmann-json3-dev libfmt-dev
+  libboost-dev                           # kiln serve: the HTTP/REST front end (Boost.Beast, src/serve)
+  libgrpc++-dev protobuf-compiler-grpc   # kiln serve: the gRPC front end and its generated code
   libstb-dev                             # image inputs (stb_image, stb_image_resize, stb_image_write)
   zlib1g-dev                             # gzip-compressed IDX datasets (kiln compare --dataset)
   clang libclang-rt-dev                  # scripts/fuzz.sh: sanitizer build, libFuzzer harnesses

@@ -176,6 +176,8 @@ def main():
         expect_error(args, "corrupt npy", "bad.npy", "run", "--engine", p("cnn.kiln"), "--input", f"input={p('bad.npy')}")
         expect_error(args, "save-outputs onto a file", "save-outputs", "run", "--engine", p("cnn.kiln"), "--save-outputs", p("cnn.onnx"))
 
+        serve_cases(args, p)
+
         # GPU backend without a GPU says so
         has_gpu = subprocess.run(["sh", "-c", "nvidia-smi -L"], capture_output=True).returncode == 0
         if not has_gpu:
@@ -184,6 +186,30 @@ def main():
         int8_cases(args, p)
     print(f"cli tests: {'all behave' if not FAILURES else str(len(FAILURES)) + ' FAILED: ' + ', '.join(FAILURES)}")
     return 1 if FAILURES else 0
+
+
+def serve_cases(args, p):
+    """kiln serve refuses what it cannot serve before it takes a request (localhost only)."""
+    import shutil
+    import socket
+
+    os.makedirs(p("serve_repo"), exist_ok=True)
+    shutil.copy(p("cnn.kiln"), p("serve_repo/cnn.kiln"))
+    os.makedirs(p("serve_empty"), exist_ok=True)
+    os.makedirs(p("serve_broken"), exist_ok=True)
+    open(p("serve_broken/bad.kiln"), "wb").write(b"not an engine")
+    expect_error(args, "serve: no such repository", "is not a folder", "serve", p("nope"))
+    expect_error(args, "serve: empty repository", "no engines", "serve", p("serve_empty"))
+    expect_error(args, "serve: no engine loads", "no model could be loaded (model bad:", "serve", p("serve_broken"),
+                 "--host", "127.0.0.1", "--http-port", "0", "--no-grpc")
+    expect_error(args, "serve: bad --devices", "GPU indices", "serve", p("serve_repo"), "--devices", "gpu0")
+    expect_error(args, "serve: bad --pad-batches", "pad-batches", "serve", p("serve_repo"), "--pad-batches", "a,b")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        expect_error(args, "serve: port in use", f"cannot listen on 127.0.0.1:{port} (REST)", "serve",
+                     p("serve_repo"), "--host", "127.0.0.1", "--http-port", port, "--no-grpc")
 
 
 def int8_cases(args, p):

@@ -35,6 +35,44 @@ def add(out_dir: str, data: bytes, max_bytes: int) -> bool:
     return True
 
 
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    return bytes(out + bytes([n]))
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def serve_seeds(out_dir: str) -> int:
+    """Seeds of fuzz_serve_requests: REST bodies (mode byte 0, or 2 with a two-byte JSON length
+    and binary tensors after it) and gRPC ModelInferRequests (mode byte 1), protobuf written by
+    hand (its field numbers: src/serve/grpc_predict_v2.proto)."""
+    import json
+
+    os.makedirs(out_dir, exist_ok=True)
+    x = [0.5] * 4
+    rest = [{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": x}]},
+            {"id": "r", "parameters": {"binary_data_output": True},
+             "inputs": [{"name": "x", "datatype": "INT8", "shape": [2, 2], "data": [[1, 2], [3, 4]]}],
+             "outputs": [{"name": "y", "parameters": {"binary_data": False}}]},
+            {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "parameters": {
+                "shared_memory_region": "r", "shared_memory_byte_size": 16}}]}]
+    seeds = [b"\0" + json.dumps(r).encode() for r in rest]
+    header = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4],
+                                     "parameters": {"binary_data_size": 16}}]}).encode()
+    seeds.append(b"\2" + len(header).to_bytes(2, "little") + header + bytes(16))
+    shape = _field(3, b"".join(_varint(d) for d in (1, 4)))
+    tensor = _field(1, b"x") + _field(2, b"FP32") + shape
+    seeds.append(b"\1" + _field(1, b"twice") + _field(5, tensor) + _field(7, bytes(16)))
+    contents = _field(6, b"".join(bytes(4) for _ in range(4)))  # fp32_contents, packed
+    seeds.append(b"\1" + _field(1, b"twice") + _field(5, tensor + _field(5, contents)))
+    return sum(add(out_dir, s, 1 << 16) for s in seeds)
+
+
 def build_engine(kiln: str, onnx_path: str, engine: str, extra: list[str]) -> bool:
     cmd = [kiln, "build", "--onnx", onnx_path, "--save-engine", engine, "--backend", "cpu", *extra]
     r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -93,7 +131,9 @@ def main() -> int:
             if build_engine(args.kiln, path, engine, extra):
                 with open(engine, "rb") as f:
                     n_engine += add(engine_dir, f.read(), args.max_bytes)
-    print(f"make_corpus: {n_onnx} ONNX models in {onnx_dir}, {n_engine} engines in {engine_dir}")
+    n_serve = serve_seeds(os.path.join(args.out, "serve"))
+    print(f"make_corpus: {n_onnx} ONNX models in {onnx_dir}, {n_engine} engines in {engine_dir}, "
+          f"{n_serve} kiln serve requests in {os.path.join(args.out, 'serve')}")
     return 0 if n_onnx and n_engine else 1
 
 

@@ -1,4 +1,4 @@
-"""`kiln serve` on the cpu backend, driven by Triton's clients (tritonclient) over the Open
+"""`kiln serve` (the C++ server) on the cpu backend, driven by Triton's clients (tritonclient) over the Open
 Inference Protocol's REST and gRPC: outputs equal ONNX Runtime's, concurrent requests share
 inferences, bad requests get a 4xx with a clear message and the server keeps serving."""
 import importlib.util
@@ -21,10 +21,11 @@ import kiln
 httpclient = pytest.importorskip("tritonclient.http", reason="tritonclient is not installed "
                                  "(scripts/setup.sh installs it)")
 grpcclient = pytest.importorskip("tritonclient.grpc")
-# The server runs in its own process: kserve and tritonclient.grpc register the same protobuf
-# messages and cannot share one.
-if importlib.util.find_spec("kserve") is None:
-    pytest.skip("kserve is not installed (scripts/setup.sh installs it)", allow_module_level=True)
+# `kiln serve` is the C++ server (src/serve) and needs no KServe; the last tests here run the
+# Python server (kiln.serving: its --sched-batch, uvloop), which does. A server runs in its own
+# process: kserve and tritonclient.grpc register the same protobuf messages and cannot share one.
+needs_kserve = pytest.mark.skipif(importlib.util.find_spec("kserve") is None,
+                                  reason="kserve is not installed (scripts/setup.sh installs it)")
 
 LIMIT = 1 << 20  # --max-request-bytes of the server under test
 
@@ -379,7 +380,7 @@ X1 = np.zeros((1, 3, 32, 32), np.float32)
     (dict(inputs=[("input", "FP16", [1, 3, 32, 32])]),
      "INVALID_ARGUMENT", "FP16 data must come in raw_input_contents"),
     (dict(inputs=[("input", "INT8", [1, 3, 32, 32], {"int_contents": [300] * 3072})]),
-     "INVALID_ARGUMENT", "input 'input': Python integer 300 out of bounds for int8"),
+     "INVALID_ARGUMENT", "input 'input': value 300 is out of range for INT8"),
     (dict(inputs=[("input", "FP32", [1, 3, 32, 32])] * 2, raw=[X1.tobytes()] * 2),
      "INVALID_ARGUMENT", "input 'input' given twice"),
     (dict(inputs=[]), "INVALID_ARGUMENT", "input 'input' is missing"),
@@ -475,7 +476,7 @@ def rest_body(inputs=None, **extra):
     (rest_body([{"name": "input", "shape": [1, 3, 32, 32], "datatype": "FP32"}]), None,
      "input 'input' has neither 'data' nor binary_data_size"),
     (rest_body([{"name": "input", "shape": [1, 3, 32, 32], "datatype": "INT8",
-                 "data": [300] * 3072}]), None, "input 'input': Python integer 300 out of bounds"),
+                 "data": [300] * 3072}]), None, "input 'input': value 300 is out of range for INT8"),
     (rest_body([[1, 2]]), None, "malformed request: each input must be a JSON object"),
     (b'{"inputs": 5}', None, "malformed request"),
     (rest_body(), "100000", "inference-header-content-length 100000 is not within the body"),
@@ -490,6 +491,7 @@ def test_bad_rest_requests_name_what_is_wrong(server, body, header_length, messa
     assert status == 200, text
 
 
+@needs_kserve
 def test_use_uvloop_and_its_switch():
     """kiln serve runs its event loop on uvloop where it is installed; KILN_SERVE_UVLOOP=0 keeps
     asyncio's own (each in a process of its own: the choice is the process's loop policy)."""
@@ -516,6 +518,7 @@ def _thread_policies(pid):
     return out
 
 
+@needs_kserve
 def test_log_requests_and_sched_batch_on_asyncio_loop(models_dir, tmp_path):
     """With --log-requests every gRPC call is logged as KServe's LoggingInterceptor logs it,
     ModelInfer included (the server has no interceptors: the other methods go through KServe's
@@ -573,3 +576,51 @@ def test_log_requests_and_sched_batch_on_asyncio_loop(models_dir, tmp_path):
     text = log.read()
     for method in ("ServerLive", "ModelInfer", "ModelMetadata"):
         assert f"grpc method: /inference.GRPCInferenceService/{method}" in text, text[-4000:]
+
+
+def test_full_queue_is_429_and_sigterm_drains(models_dir, tmp_path):
+    """The C++ server with one context, a queue of 2 and a 5 s delay (waited out even when idle):
+    of four concurrent requests two wait in the queue and two get a 429 saying so; SIGTERM then
+    answers the two queued at once (their batch runs without waiting out the delay), and the
+    process exits 0."""
+    (tmp_path / "repo").mkdir()
+    repo = serve_repo(models_dir, tmp_path / "repo", max_batch=4)
+    http_port = free_port()
+    log = open(tmp_path / "serve.log", "w+")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kiln.cli", "serve", str(repo), "--host", "127.0.0.1",
+         "--http-port", str(http_port), "--no-grpc", "--contexts", "1", "--max-queue", "2",
+         "--batch-delay-ms", "5000", "--delay-when-idle", "--no-warmup"],
+        stdout=log, stderr=subprocess.STDOUT, env=serve_env())
+    server = {"http": f"127.0.0.1:{http_port}", "proc": proc}
+    try:
+        wait_ready(proc, server["http"], log)
+        results = [None] * 4
+
+        def one(i):
+            results[i] = post(server, "/v2/models/mlp/infer",
+                              v2_body([1, 64], name="x", data=[0.1 * i] * 64))
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        deadline = time.time() + 30
+        while sum(r is not None for r in results) < 2 and time.time() < deadline:
+            time.sleep(0.05)
+        refused = [r for r in results if r is not None]
+        assert len(refused) == 2 and all(r[0] == 429 for r in refused), results
+        assert all("--max-queue" in json.loads(r[1])["error"] for r in refused), refused
+        t0 = time.time()
+        proc.send_signal(signal.SIGTERM)
+        for t in threads:
+            t.join(timeout=30)
+        assert time.time() - t0 < 4, "the drain waited out the batch delay"
+        answered = [r for r in results if r[0] == 200]
+        assert len(answered) == 2, results
+        assert all(json.loads(r[1])["outputs"][0]["shape"] == [1, 10] for r in answered)
+        assert proc.wait(timeout=30) == 0
+        log.seek(0)
+        assert "draining" in log.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()

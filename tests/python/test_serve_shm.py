@@ -25,8 +25,9 @@ httpclient = pytest.importorskip("tritonclient.http", reason="tritonclient is no
                                  "(scripts/setup.sh installs it)")
 grpcclient = pytest.importorskip("tritonclient.grpc")
 shmlib = pytest.importorskip("tritonclient.utils.shared_memory")
-if importlib.util.find_spec("kserve") is None:
-    pytest.skip("kserve is not installed (scripts/setup.sh installs it)", allow_module_level=True)
+# `kiln serve` is the C++ server; --workers (the last test) runs the Python one, which needs KServe.
+needs_kserve = pytest.mark.skipif(importlib.util.find_spec("kserve") is None,
+                                  reason="kserve is not installed (scripts/setup.sh installs it)")
 if not os.path.isdir("/dev/shm"):
     pytest.skip("no /dev/shm (POSIX shared memory) here", allow_module_level=True)
 
@@ -392,6 +393,7 @@ def worker_requests(server):
         text, re.M)}
 
 
+@needs_kserve
 def test_workers_share_registrations(repo, engine, regions, tmp_path):
     """Registered through one connection, used through new connections (the kernel gives each
     to either worker) until both workers have answered from the region; unregistered through

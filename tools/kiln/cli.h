@@ -60,5 +60,6 @@ Runner add_inspect_command(CLI::App& app);
 Runner add_bench_command(CLI::App& app);
 Runner add_compare_command(CLI::App& app);
 Runner add_report_command(CLI::App& app);
+Runner add_serve_command(CLI::App& app);
 
 }  // namespace kiln::cli

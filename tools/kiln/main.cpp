@@ -1,4 +1,4 @@
-// kiln: build, run, bench, inspect, compare and report on inference engines. Subcommands live in one file each.
+// kiln: build, run, bench, inspect, compare, report on and serve inference engines. Subcommands live in one file each.
 #include <cstdio>
 #include <iostream>
 #include <new>
@@ -34,7 +34,8 @@ int main(int argc, char** argv) {
     std::map<CLI::App*, kiln::cli::Runner> runners;
     for (auto add : {kiln::cli::add_build_command, kiln::cli::add_run_command,
                      kiln::cli::add_inspect_command, kiln::cli::add_bench_command,
-                     kiln::cli::add_compare_command, kiln::cli::add_report_command}) {
+                     kiln::cli::add_compare_command, kiln::cli::add_report_command,
+                     kiln::cli::add_serve_command}) {
       const size_t before = app.get_subcommands({}).size();
       kiln::cli::Runner r = add(app);
       runners[app.get_subcommands({})[before]] = std::move(r);
@@ -44,7 +45,7 @@ int main(int argc, char** argv) {
       for (auto& [sub, run] : runners) known = known || sub->get_name() == argv[1];
       if (!known)
         return fail(std::string("unknown subcommand '") + argv[1] +
-                    "' (subcommands: build, run, bench, inspect, compare, report; try --help)");
+                    "' (subcommands: build, run, bench, inspect, compare, report, serve; try --help)");
     }
     try {
       app.parse(argc, argv);

@@ -1,0 +1,372 @@
+#include "serve/batcher.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "serve/device.h"
+
+namespace kiln::serve {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+uint64_t micros(Clock::duration d) {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(d).count());
+}
+
+// The shapes of a request's inputs past the first dimension, as bytes: requests with equal keys
+// can be joined along the first dimension.
+std::string join_key(const InferRequest& req) {
+  std::string key;
+  for (const InputTensor& t : req.inputs) {
+    const uint64_t rank = t.shape.size();
+    key.append(reinterpret_cast<const char*>(&rank), sizeof rank);
+    if (t.shape.size() > 1)
+      key.append(reinterpret_cast<const char*>(t.shape.data() + 1),
+                 (t.shape.size() - 1) * sizeof(int64_t));
+  }
+  return key;
+}
+
+bool within(const void* p, const Tensor& t) {
+  const auto* b = static_cast<const uint8_t*>(t.raw());
+  const auto* q = static_cast<const uint8_t*>(p);
+  return b && q >= b && q < b + t.nbytes();
+}
+
+}  // namespace
+
+struct Batcher::Slot {
+  int device = -1;
+  std::string label;
+  std::unique_ptr<ExecutionContext> ctx;
+  // Per input: a buffer of at least max_batch rows whose first rows each inference uses, so a
+  // joined batch costs one copy per request and no allocation (remade when the shapes past the
+  // first dimension change: another sequence length, say).
+  std::vector<std::shared_ptr<Tensor>> buffers;
+};
+
+Batcher::Batcher(ServedModel& model, BatcherOptions options)
+    : model_(model), opts_(std::move(options)), max_batch_(model.max_batch()) {}
+
+Expected<std::unique_ptr<Batcher>> Batcher::create(ServedModel& model, BatcherOptions options) {
+  auto b = std::unique_ptr<Batcher>(new Batcher(model, std::move(options)));
+  std::sort(b->opts_.preferred.begin(), b->opts_.preferred.end());
+  for (int& p : b->opts_.preferred) p = std::min(p, b->max_batch_);
+  if (b->max_batch_ <= 1) b->opts_.pad_sizes.clear();
+  const int per = std::max(b->opts_.contexts, 1);
+  // Contexts interleaved by device, so that with few requests every device gets work.
+  for (int i = 0; i < per; ++i) {
+    for (DeviceEngine& de : model.engines()) {
+      if (!use_device(de.device))
+        return KILN_ERROR("model {}: cannot use CUDA device {}", model.name(), de.device);
+      auto slot = std::make_unique<Slot>();
+      slot->device = de.device;
+      slot->label = de.label;
+      auto ctx = de.engine->create_context();
+      if (!ctx.ok())
+        return KILN_ERROR("model {}: execution context {} on {}: {}", model.name(), i, de.label,
+                          ctx.status().message());
+      slot->ctx = std::move(ctx).value();
+      slot->buffers.resize(model.inputs().size());
+      if (b->opts_.warm)
+        KILN_RETURN_IF_ERROR(b->warm(*slot).with_context(
+            fmt::format("model {}: warming context {} on {}", model.name(), i, de.label)));
+      b->slots_.push_back(std::move(slot));
+    }
+  }
+  for (DeviceEngine& de : model.engines()) b->devices_.push_back(de.label);
+  for (auto& s : b->slots_) b->threads_.emplace_back([p = b.get(), s = s.get()] { p->work(*s); });
+  return b;
+}
+
+Batcher::~Batcher() { drain(); }
+
+Status Batcher::warm(Slot& slot) {
+  // At the largest batch first: the largest arena and staging buffers are allocated once, so
+  // later batches keep their addresses (and their CUDA graphs); then each padded size three
+  // times (run layer by layer, captured, replayed).
+  std::vector<int> sizes = {max_batch_};
+  int repeat = 1;
+  if (!opts_.pad_sizes.empty()) {
+    sizes = opts_.pad_sizes;
+    std::sort(sizes.rbegin(), sizes.rend());
+    repeat = 3;
+  }
+  for (int b : sizes) {
+    std::map<std::string, Tensor> feeds;
+    for (const InputSpec& s : model_.inputs()) {
+      std::vector<int64_t> shape = s.dims;
+      for (size_t i = 0; i < shape.size(); ++i) {
+        if (shape[i] >= 0) continue;
+        if (s.opt.empty()) return Status::Ok();  // no profile to take a size from: not warmed
+        shape[i] = s.opt[i];
+      }
+      if (max_batch_ > 1 && !shape.empty()) shape[0] = b;
+      feeds.emplace(s.name, Tensor(s.dtype, shape));
+    }
+    for (int r = 0; r < repeat; ++r) KILN_RETURN_IF_ERROR(slot.ctx->execute(feeds).status());
+  }
+  return Status::Ok();
+}
+
+size_t Batcher::queued() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return queue_.size();
+}
+
+void Batcher::submit(InferRequest req, int batch, Done done) {
+  auto job = std::make_unique<Job>();
+  job->batch = batch;
+  job->key = max_batch_ > 1 ? join_key(req) : std::string();
+  job->req = std::move(req);
+  job->arrival = Clock::now();
+  job->done = std::move(done);
+  std::unique_lock<std::mutex> lk(mu_);
+  if (closed_) {
+    lk.unlock();
+    job->done(job->req, api_error(503, "model {}: the server is shutting down", model_.name()));
+    return;
+  }
+  if (queue_.size() >= opts_.max_queue) {
+    lk.unlock();
+    stats_.rejected++;
+    job->done(job->req,
+              api_error(429,
+                        "model {}: {} requests are queued, this server's limit (kiln serve "
+                        "--max-queue); try again later",
+                        model_.name(), opts_.max_queue));
+    return;
+  }
+  stats_.requests++;
+  queue_.push_back(std::move(job));
+  lk.unlock();
+  cv_.notify_one();
+}
+
+std::vector<Batcher::JobPtr> Batcher::take(Clock::time_point now, Clock::time_point* wake) {
+  std::vector<JobPtr> out;
+  const Job& head = *queue_.front();
+  // A request that cannot be joined (no batching, a batch as large as the limit, or empty)
+  // runs alone.
+  if (max_batch_ <= 1 || head.batch <= 0 || head.batch >= max_batch_) {
+    out.push_back(std::move(queue_.front()));
+    queue_.pop_front();
+    return out;
+  }
+  std::vector<std::list<JobPtr>::iterator> picked;
+  std::vector<int> sums;
+  int total = 0, scanned = 0;
+  for (auto it = queue_.begin(); it != queue_.end() && total < max_batch_ && scanned < 4096;
+       ++it, ++scanned) {
+    const Job& j = **it;
+    if (j.key != head.key || j.batch <= 0 || total + j.batch > max_batch_) continue;
+    total += j.batch;
+    picked.push_back(it);
+    sums.push_back(total);
+  }
+  const bool full =
+      total >= max_batch_ || (!opts_.preferred.empty() && total >= opts_.preferred.back());
+  const auto deadline =
+      head.arrival + std::chrono::microseconds(static_cast<int64_t>(opts_.max_delay_ms * 1000));
+  const bool idle = running_ == 0 && !opts_.delay_when_idle;
+  if (!full && now < deadline && !closed_ && !idle) {
+    *wake = deadline;
+    return out;
+  }
+  // Cut at the largest preferred size the requests add up to exactly, when one does.
+  size_t n = picked.size();
+  if (!opts_.preferred.empty() && total < max_batch_) {
+    for (size_t k = sums.size(); k-- > 0;) {
+      if (std::binary_search(opts_.preferred.begin(), opts_.preferred.end(), sums[k])) {
+        n = k + 1;
+        break;
+      }
+    }
+  }
+  for (size_t k = 0; k < n; ++k) {
+    out.push_back(std::move(*picked[k]));
+    queue_.erase(picked[k]);
+  }
+  return out;
+}
+
+void Batcher::work(Slot& slot) {
+  use_device(slot.device);
+  for (;;) {
+    std::vector<JobPtr> jobs;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      for (;;) {
+        if (queue_.empty()) {
+          if (closed_) return;
+          cv_.wait(lk);
+          continue;
+        }
+        auto wake = Clock::time_point::max();
+        jobs = take(Clock::now(), &wake);
+        if (!jobs.empty()) break;
+        cv_.wait_until(lk, wake);
+      }
+      const bool more = !queue_.empty();
+      ++running_;
+      lk.unlock();
+      if (more) cv_.notify_one();  // another free context may take what is left
+    }
+    run(slot, jobs);
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      --running_;
+    }
+  }
+}
+
+void Batcher::run(Slot& slot, std::vector<JobPtr>& jobs) {
+  const auto start = Clock::now();
+  int total = 0;
+  for (const JobPtr& j : jobs) {
+    total += std::max(j->batch, 0);
+    stats_.queue_us += micros(start - j->arrival);
+  }
+  const bool batching = max_batch_ > 1;
+  const int rows = batching ? pad_target(total, opts_.pad_sizes) : total;
+  const auto& specs = model_.inputs();
+  std::map<std::string, Tensor> feeds;
+  const bool alone = jobs.size() == 1 && rows == total;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const InputTensor& first = jobs[0]->req.inputs[i];
+    std::vector<int64_t> shape = first.shape;
+    if (batching && !shape.empty()) shape[0] = rows;
+    // A request that runs alone runs from its own bytes where they are aligned as a tensor's.
+    if (alone && reinterpret_cast<uintptr_t>(first.data) % 64 == 0) {
+      feeds.emplace(specs[i].name, Tensor::view(first.dtype, shape, first.data, first.owner));
+      continue;
+    }
+    std::shared_ptr<Tensor>& buf = slot.buffers[i];
+    std::vector<int64_t> cap = shape;
+    if (batching && !cap.empty()) cap[0] = std::max(rows, max_batch_);
+    bool fits =
+        buf && buf->dtype() == first.dtype && buf->rank() == static_cast<int64_t>(cap.size());
+    for (size_t d = batching ? 1 : 0; fits && d < cap.size(); ++d) fits = buf->dim(d) == cap[d];
+    if (fits && batching && !cap.empty()) fits = buf->dim(0) >= rows;
+    if (!fits) buf = std::make_shared<Tensor>(first.dtype, cap);
+    auto* dst = static_cast<uint8_t*>(buf->raw());
+    for (const JobPtr& j : jobs) {
+      const InputTensor& t = j->req.inputs[i];
+      if (t.bytes) std::memcpy(dst, t.data, t.bytes);
+      dst += t.bytes;
+    }
+    // Padding rows keep what the buffer held (zeros, or earlier samples): their outputs are
+    // dropped.
+    feeds.emplace(specs[i].name, Tensor::view(first.dtype, shape, buf->raw(), buf));
+  }
+  auto result = slot.ctx->execute(feeds);
+  const auto end = Clock::now();
+  const uint64_t compute = micros(end - start);
+  stats_.compute_us += compute;
+  if (!result.ok()) {
+    stats_.failures += jobs.size();
+    for (JobPtr& j : jobs)
+      j->done(j->req, api_error(500, "model {}: the inference failed: {}", model_.name(),
+                                result.status().message()));
+    return;
+  }
+  std::vector<Tensor> outs = std::move(result).value();
+  // An output that is an input's memory (an Identity) would change under the next batch.
+  for (Tensor& o : outs)
+    for (const auto& [name, in] : feeds)
+      if (within(o.raw(), in)) o = o.clone();
+  stats_.inferences++;
+  stats_.samples += total;
+  stats_.padded_samples += rows - total;
+  for (uint64_t seen = stats_.largest_batch;
+       static_cast<uint64_t>(total) > seen &&
+       !stats_.largest_batch.compare_exchange_weak(seen, total);) {
+  }
+  if (jobs.size() > 1) stats_.batched_requests += jobs.size();
+  {
+    std::lock_guard<std::mutex> lk(stats_.mu);
+    stats_.per_batch[rows]++;
+    stats_.per_device[slot.label]++;
+    stats_.device_compute_us[slot.label] += compute;
+  }
+  if (!batching || (jobs.size() == 1 && rows == total)) {
+    stats_.request_us += micros(end - jobs[0]->arrival);
+    jobs[0]->done(jobs[0]->req, std::move(outs));
+    return;
+  }
+  for (const Tensor& o : outs) {
+    if (o.rank() == 0 || o.dim(0) != rows) {
+      for (JobPtr& j : jobs)
+        j->done(j->req, api_error(500, "model {}: an output has {} rows for a batch of {}",
+                                  model_.name(), o.rank() ? o.dim(0) : 0, rows));
+      return;
+    }
+  }
+  auto keep = std::make_shared<std::vector<Tensor>>(std::move(outs));
+  int64_t row = 0;
+  for (JobPtr& j : jobs) {
+    Outputs mine;
+    for (const Tensor& o : *keep) {
+      std::vector<int64_t> shape = o.shape();
+      shape[0] = j->batch;
+      const size_t row_bytes = o.nbytes() / static_cast<size_t>(rows);
+      mine.push_back(Tensor::view(o.dtype(), shape,
+                                  static_cast<const uint8_t*>(o.raw()) + row * row_bytes, keep));
+    }
+    row += j->batch;
+    stats_.request_us += micros(end - j->arrival);
+    j->done(j->req, std::move(mine));
+  }
+}
+
+void Batcher::drain() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    closed_ = true;
+  }
+  cv_.notify_all();
+  for (std::thread& t : threads_)
+    if (t.joinable()) t.join();
+}
+
+Expected<std::vector<int>> parse_pad_sizes(const std::string& text, int max_batch) {
+  std::vector<int> sizes;
+  if (text.empty() || text == "pow2") {
+    for (int b = 1; b < max_batch; b *= 2) sizes.push_back(b);
+  } else {
+    size_t pos = 0;
+    while (pos <= text.size()) {
+      const size_t comma = std::min(text.find(',', pos), text.size());
+      const std::string item = text.substr(pos, comma - pos);
+      pos = comma + 1;
+      if (item.empty()) continue;
+      char* end = nullptr;
+      const long v = std::strtol(item.c_str(), &end, 10);
+      if (*end != '\0')
+        return KILN_ERROR("--pad-batches takes batch sizes such as 1,2,4,8 or 'pow2', not '{}'",
+                          text);
+      if (v < 1 || v > (1 << 20))
+        return KILN_ERROR("--pad-batches: batch sizes are whole numbers >= 1, not '{}'", text);
+      sizes.push_back(static_cast<int>(v));
+    }
+    if (sizes.empty()) return KILN_ERROR("--pad-batches: no batch size in '{}'", text);
+  }
+  std::vector<int> out;
+  for (int b : sizes)
+    if (b < max_batch) out.push_back(b);
+  out.push_back(max_batch);
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+int pad_target(int total, const std::vector<int>& sizes) {
+  for (int b : sizes)
+    if (b >= total) return b;
+  return total;
+}
+
+}  // namespace kiln::serve

@@ -1,0 +1,79 @@
+#include "serve/types.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <limits>
+
+namespace kiln::serve {
+namespace {
+
+struct V2Name {
+  DataType dtype;
+  std::string_view name;
+};
+constexpr V2Name kV2Names[] = {
+    {DataType::kBool, "BOOL"},     {DataType::kUInt8, "UINT8"},   {DataType::kUInt16, "UINT16"},
+    {DataType::kUInt32, "UINT32"}, {DataType::kUInt64, "UINT64"}, {DataType::kInt8, "INT8"},
+    {DataType::kInt16, "INT16"},   {DataType::kInt32, "INT32"},   {DataType::kInt64, "INT64"},
+    {DataType::kFloat16, "FP16"},  {DataType::kFloat32, "FP32"},  {DataType::kFloat64, "FP64"},
+    {DataType::kBFloat16, "BF16"},
+};
+
+}  // namespace
+
+std::string_view v2_datatype(DataType t) {
+  for (const V2Name& n : kV2Names)
+    if (n.dtype == t) return n.name;
+  return "";
+}
+
+std::optional<DataType> dtype_of_v2(std::string_view datatype) {
+  // BF16 has a v2 name but no host type a client could send that kiln checks against; BYTES
+  // (strings) no kiln engine takes.
+  for (const V2Name& n : kV2Names)
+    if (n.name == datatype && n.dtype != DataType::kBFloat16) return n.dtype;
+  return std::nullopt;
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
+
+Result<int64_t> element_count(const std::string& what, const std::vector<int64_t>& shape,
+                              size_t itemsize) {
+  // The nonzero sizes times the element size must stay within int64, as NumPy requires of an
+  // array (the Python server refused such a shape before; the messages stay the same).
+  constexpr auto kMax = static_cast<unsigned __int128>(std::numeric_limits<int64_t>::max());
+  unsigned __int128 count = 1, nonzero = itemsize;
+  for (int64_t d : shape) {
+    count *= static_cast<unsigned __int128>(d);
+    nonzero *= static_cast<unsigned __int128>(d > 0 ? d : 1);
+    if (nonzero > kMax || count > kMax)
+      return api_error(400, "{}: shape {} is too large", what, shape_text(shape));
+  }
+  return static_cast<int64_t>(count);
+}
+
+int grpc_code(int http_status) {
+  switch (http_status) {
+    case 400:
+      return 3;  // INVALID_ARGUMENT
+    case 404:
+      return 5;  // NOT_FOUND
+    case 409:
+      return 6;  // ALREADY_EXISTS
+    case 413:
+      return 8;  // RESOURCE_EXHAUSTED (a message over the limit)
+    case 429:
+      return 8;  // RESOURCE_EXHAUSTED (the queue is full)
+    case 501:
+      return 12;  // UNIMPLEMENTED
+    case 503:
+      return 14;  // UNAVAILABLE
+    default:
+      return http_status < 500 ? 3 : 13;  // INVALID_ARGUMENT / INTERNAL
+  }
+}
+
+}  // namespace kiln::serve
