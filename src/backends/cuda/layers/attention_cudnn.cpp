@@ -181,8 +181,6 @@ bool mha_cudnn_supports(const LayerDesc& d, std::string* why) {
     return *why = "head sizes up to 256, multiples of 8, V's as Q's", false;
   // cuDNN 9's SDPA takes heads up to 256 on Hopper (up to 128 on older GPUs: the graph's
   // support check then fails at configure, and the tuner drops the candidate).
-  if (dq > 128 && !unverified_tactics_enabled(why, "head sizes past 128: not yet run on a GPU"))
-    return false;
   // cuDNN writes 0 for a row the mask removes entirely (test-backend-ops' mha_masked_row_nan):
   // kiln's nan_to_zero, where ONNX's softmax gives NaN.
   // A constant mask of finite values (a relative-position bias: Swin, BEiT) removes no row, so

@@ -192,9 +192,6 @@ bool flash_supports(const LayerDesc& d, std::string* why) {
   if (!mha_f16_head_sizes(d, &dq, &dv, why)) return false;
   if (dq % 8 != 0 || dq < 8 || dq > 256 || dv != dq)
     return *why = "head sizes that are multiples of 8 up to 256 only", false;
-  if (dq != 32 && dq != 64 && dq != 128 &&
-      !unverified_tactics_enabled(why, "head sizes other than 32, 64 and 128: not yet run on a GPU"))
-    return false;
   if (mha_has_rotary(*d.node) && dq != 32 && dq != 64 && dq != 128)
     return *why = "the rotary at head sizes 32, 64 and 128 only", false;
   if (mha_has_rotary(*d.node)) {  // the rotary's caches float16, its position ids int64

@@ -45,9 +45,6 @@ bool cutlass_supports(const LayerDesc& d, std::string* why) {
     return *why = "base MatMul only", false;
   cuda::F16GemmAct act;
   if (!act_of(n, &act)) return *why = "activations: none, erf or tanh GELU, Swish", false;
-  if (act == cuda::F16GemmAct::kSwish &&
-      !unverified_tactics_enabled(why, "the Swish epilogue: not yet run on a GPU"))
-    return false;
   const Tensor* w = d.in_const(1);
   if (!w || w->rank() != 2) return *why = "the weight is not a constant 2-D matrix", false;
   if (w->dim(0) % 8 != 0 || w->dim(1) % 8 != 0)

@@ -260,7 +260,6 @@ bool addend_strides(const std::vector<int64_t>& s, int64_t N, int64_t C, int64_t
 }
 
 bool gn_supports(const LayerDesc& d, std::string* why) {
-  if (!unverified_tactics_enabled(why, "not yet run on a GPU")) return false;
   const Node& n = *d.node;
   if (d.in.empty() || d.out.empty() ||
       (d.in[0].dtype != DataType::kFloat16 && d.in[0].dtype != DataType::kFloat32) ||
