@@ -966,10 +966,10 @@ TEST(BuildMemory, BuildRefusesShapesThatCannotFit) {
 // term of a UNet's timestep embedding) and the next convolution NHWC with no reformat between
 // them: groupnorm.nhwc.fused takes the norm, and the [N, C, 1, 1] term, row-major from its
 // GEMM, reaches it through reformat.relabel (both layouts the same bytes), which launches
-// nothing. Without KILN_UNVERIFIED_TACTICS (the kernel not yet run on a GPU) lowering splits
-// the norm back into its ops.
+// nothing. With scale and bias per group (opset 18's form, which groupnorm.nhwc does not take)
+// lowering splits the norm back into its ops.
 TEST(CudaHost, ChannelsLastGroupNormTakesItsTimestepTermWithoutReformats) {
-  auto build = [](bool gated_on) {
+  auto build = [](bool per_group) {
     auto g = std::make_unique<Graph>();
     Value* x = g->add_value("x", TensorType(DataType::kFloat32, {2, 16, 8, 8}));
     Value* e = g->add_value("e", TensorType(DataType::kFloat32, {2, 32}));
@@ -984,18 +984,16 @@ TEST(CudaHost, ChannelsLastGroupNormTakesItsTimestepTermWithoutReformats) {
     proj->attrs.set("transB", Attribute::Int(1));
     Value* axes = g->add_constant("axes", Tensor::from<int64_t>({2}, {2, 3}));
     Node* un = g->add_node("Unsqueeze", "un", {proj->output(0), axes}, {"t"});
-    Node* gn = g->add_node("FusedGroupNorm", "gn", {c1->output(0), b, b, un->output(0)}, {"n"},
+    Value* gb = per_group ? g->add_constant("gb", Tensor(DataType::kFloat32, {4})) : b;
+    Node* gn = g->add_node("FusedGroupNorm", "gn", {c1->output(0), gb, gb, un->output(0)}, {"n"},
                            "kiln");
     gn->attrs.set("num_groups", Attribute::Int(4));
+    if (per_group) gn->attrs.set("kiln_per_group", Attribute::Int(1));
     gn->attrs.set("activation", Attribute::String("Swish"));
     Node* c2 = g->add_node("Conv", "c2", {gn->output(0), w, b}, {"y"});
     c2->attrs.set("pads", Attribute::Ints({1, 1, 1, 1}));
     g->add_output(c2->output(0));
     EXPECT_TRUE(infer_shapes(*g).ok());
-    const char* old = std::getenv("KILN_UNVERIFIED_TACTICS");
-    const std::string saved = old ? old : "";
-    if (gated_on) setenv("KILN_UNVERIFIED_TACTICS", "1", 1);
-    else unsetenv("KILN_UNVERIFIED_TACTICS");
     BuildConfig c;
     c.backend = "cuda";
     c.tune = false;
@@ -1005,8 +1003,6 @@ TEST(CudaHost, ChannelsLastGroupNormTakesItsTimestepTermWithoutReformats) {
     auto profile = Profile::from_config(*g, c);
     EXPECT_TRUE(profile.ok());
     auto plan = build_cuda_plan(*g, c, *profile);
-    if (old) setenv("KILN_UNVERIFIED_TACTICS", saved.c_str(), 1);
-    else unsetenv("KILN_UNVERIFIED_TACTICS");
     EXPECT_TRUE(plan.ok()) << plan.status().message();
     std::map<std::string, std::string> tactic;  // op type (last of its kind) -> tactic
     std::vector<std::string> reformats;
@@ -1018,12 +1014,12 @@ TEST(CudaHost, ChannelsLastGroupNormTakesItsTimestepTermWithoutReformats) {
     }
     return std::make_pair(tactic, reformats);
   };
-  auto [on, on_reformats] = build(true);
+  auto [on, on_reformats] = build(false);
   EXPECT_EQ(on["FusedGroupNorm"], "groupnorm.nhwc.fused");
   // x and e in, y out convert type; the term only relabels.
   EXPECT_EQ(std::count(on_reformats.begin(), on_reformats.end(), "reformat.relabel"), 1);
   EXPECT_EQ(on_reformats.size(), 4u);
-  auto [off, off_reformats] = build(false);
+  auto [off, off_reformats] = build(true);
   EXPECT_EQ(off.count("FusedGroupNorm"), 0u);  // split: Add, GroupNormalization, Swish
   EXPECT_EQ(off.count("GroupNormalization"), 1u);
 }
