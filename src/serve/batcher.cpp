@@ -49,7 +49,11 @@ struct Batcher::Slot {
 };
 
 Batcher::Batcher(ServedModel& model, BatcherOptions options)
-    : model_(model), opts_(std::move(options)), max_batch_(model.max_batch()) {}
+    : model_(model), opts_(std::move(options)), max_batch_(model.max_batch()) {
+  if (opts_.priority_levels > 0 &&
+      (opts_.default_priority <= 0 || opts_.default_priority > opts_.priority_levels))
+    opts_.default_priority = (opts_.priority_levels + 1) / 2;
+}
 
 Expected<std::unique_ptr<Batcher>> Batcher::create(ServedModel& model, BatcherOptions options) {
   auto b = std::unique_ptr<Batcher>(new Batcher(model, std::move(options)));
@@ -124,6 +128,17 @@ void Batcher::submit(InferRequest req, int batch, Done done) {
   job->req = std::move(req);
   job->arrival = Clock::now();
   job->done = std::move(done);
+  if (opts_.priority_levels > 0) {
+    const uint64_t p = job->req.priority;
+    if (p > static_cast<uint64_t>(opts_.priority_levels)) {
+      job->done(job->req, api_error(400,
+                                    "model {}: priority {} is not a level of this server's 1 to "
+                                    "{} (kiln serve --priority-levels; 0 is the default level)",
+                                    model_.name(), p, opts_.priority_levels));
+      return;
+    }
+    job->level = p ? p : static_cast<uint64_t>(opts_.default_priority);
+  }
   std::unique_lock<std::mutex> lk(mu_);
   if (closed_) {
     lk.unlock();
@@ -141,13 +156,48 @@ void Batcher::submit(InferRequest req, int batch, Done done) {
     return;
   }
   stats_.requests++;
-  queue_.push_back(std::move(job));
+  // Behind every job of its level or a higher one (a lower number): in arrival order within
+  // a level.
+  auto at = queue_.end();
+  while (at != queue_.begin() && (*std::prev(at))->level > job->level) --at;
+  queue_.insert(at, std::move(job));
   lk.unlock();
   cv_.notify_one();
 }
 
-std::vector<Batcher::JobPtr> Batcher::take(Clock::time_point now, Clock::time_point* wake) {
+void Batcher::answer_dropped(std::vector<JobPtr>& dropped) {
+  for (JobPtr& j : dropped) {
+    if (!j->timed_out) {
+      stats_.cancelled++;
+      j->done(j->req, api_error(499, "model {}: the client went away before the request ran",
+                                model_.name()));
+    } else {
+      stats_.timed_out++;
+      j->done(j->req,
+              api_error(408, "model {}: the request's timeout passed while it waited in the queue",
+                        model_.name()));
+    }
+  }
+  dropped.clear();
+}
+
+std::vector<Batcher::JobPtr> Batcher::take(Clock::time_point now, Clock::time_point* wake,
+                                           std::vector<JobPtr>* dropped) {
   std::vector<JobPtr> out;
+  auto next_deadline = Clock::time_point::max();  // of the jobs that stay
+  for (auto it = queue_.begin(); it != queue_.end();) {
+    const InferRequest& r = (*it)->req;
+    // (A gRPC call past its deadline is cancelled too: the deadline is asked first.)
+    (*it)->timed_out = r.deadline && *r.deadline <= now;
+    if ((*it)->timed_out || (r.cancelled && r.cancelled())) {
+      dropped->push_back(std::move(*it));
+      it = queue_.erase(it);
+      continue;
+    }
+    if (r.deadline) next_deadline = std::min(next_deadline, *r.deadline);
+    ++it;
+  }
+  if (queue_.empty()) return out;
   const Job& head = *queue_.front();
   // A request that cannot be joined (no batching, a batch as large as the limit, or empty)
   // runs alone.
@@ -173,7 +223,7 @@ std::vector<Batcher::JobPtr> Batcher::take(Clock::time_point now, Clock::time_po
       head.arrival + std::chrono::microseconds(static_cast<int64_t>(opts_.max_delay_ms * 1000));
   const bool idle = running_ == 0 && !opts_.delay_when_idle;
   if (!full && now < deadline && !closed_ && !idle) {
-    *wake = deadline;
+    *wake = std::min(deadline, next_deadline);
     return out;
   }
   // Cut at the largest preferred size the requests add up to exactly, when one does.
@@ -196,7 +246,7 @@ std::vector<Batcher::JobPtr> Batcher::take(Clock::time_point now, Clock::time_po
 void Batcher::work(Slot& slot) {
   use_device(slot.device);
   for (;;) {
-    std::vector<JobPtr> jobs;
+    std::vector<JobPtr> jobs, dropped;
     {
       std::unique_lock<std::mutex> lk(mu_);
       for (;;) {
@@ -206,15 +256,17 @@ void Batcher::work(Slot& slot) {
           continue;
         }
         auto wake = Clock::time_point::max();
-        jobs = take(Clock::now(), &wake);
-        if (!jobs.empty()) break;
+        jobs = take(Clock::now(), &wake, &dropped);
+        if (!jobs.empty() || !dropped.empty()) break;
         cv_.wait_until(lk, wake);
       }
       const bool more = !queue_.empty();
-      ++running_;
+      if (!jobs.empty()) ++running_;
       lk.unlock();
       if (more) cv_.notify_one();  // another free context may take what is left
     }
+    answer_dropped(dropped);
+    if (jobs.empty()) continue;
     run(slot, jobs);
     {
       std::lock_guard<std::mutex> lk(mu_);

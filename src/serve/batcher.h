@@ -34,12 +34,18 @@ struct BatcherOptions {
   // request that finds every context idle runs at once, as no running batch is there to make
   // others queue behind it; under load the contexts are busy and batches form as before.
   bool delay_when_idle = false;
+  // Triton's priority levels: 0 (the default) queues every request alike; N > 0 takes requests
+  // of level 1 first, then 2, ... N (oldest first within a level); a request's priority 0 is
+  // `default_priority` (0: the middle level), one past N a 400.
+  int priority_levels = 0;
+  int default_priority = 0;
 };
 
 // Counters for /metrics (Prometheus), per model; times in microseconds.
 struct ModelStats {
   std::atomic<uint64_t> requests{0}, failures{0}, inferences{0}, batched_requests{0};
   std::atomic<uint64_t> samples{0}, padded_samples{0}, largest_batch{0}, rejected{0};
+  std::atomic<uint64_t> timed_out{0}, cancelled{0};  // dropped from the queue
   std::atomic<uint64_t> queue_us{0}, compute_us{0}, request_us{0};
   std::mutex mu;                               // the maps below
   std::map<int, uint64_t> per_batch;           // inferences per batch size run (padded)
@@ -59,8 +65,10 @@ class Batcher {
   ~Batcher();
 
   // Queues a checked request (ServedModel::check_request: `batch` is its first dimension, 0
-  // for an empty batch). `done` is called once, from a worker thread, or here with an error
-  // (queue full: 429; closed: 503).
+  // for an empty batch) behind those of its priority level and above. `done` is called once,
+  // from a worker thread, or here with an error (a priority past the levels: 400; queue full:
+  // 429; closed: 503). A request whose deadline passes, or whose client goes, while it is
+  // queued is answered 408 or 499 and not run.
   void submit(InferRequest req, int batch, Done done);
   // Stops taking requests; the queued ones still run. Waits for the workers to finish them.
   void drain();
@@ -78,6 +86,8 @@ class Batcher {
     int batch = 1;
     std::string key;  // the shapes past the first dimension: requests alike can be joined
     std::chrono::steady_clock::time_point arrival;
+    uint64_t level = 0;  // priority level: lower runs first
+    bool timed_out = false;  // dropped: its deadline passed (else its client went)
     Done done;
   };
   using JobPtr = std::unique_ptr<Job>;
@@ -86,9 +96,12 @@ class Batcher {
   Batcher(ServedModel& model, BatcherOptions options);
   void work(Slot& slot);
   // Under the lock: the jobs to run next (taken out of the queue), or none yet; `wake` is when
-  // to look again.
+  // to look again. Queued jobs past their deadline or cancelled go to `dropped`.
   std::vector<JobPtr> take(std::chrono::steady_clock::time_point now,
-                           std::chrono::steady_clock::time_point* wake);
+                           std::chrono::steady_clock::time_point* wake,
+                           std::vector<JobPtr>* dropped);
+  // Answers the dropped jobs (outside the lock).
+  void answer_dropped(std::vector<JobPtr>& dropped);
   void run(Slot& slot, std::vector<JobPtr>& jobs);
   Status warm(Slot& slot);
 

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <limits>
 
 namespace kiln::serve {
@@ -143,6 +144,22 @@ Result<InferRequest> decode_grpc_infer(std::shared_ptr<const inference::ModelInf
   req.model = m.model_name();
   req.version = m.model_version();
   req.id = m.id();
+  std::optional<int64_t> sched[2];  // Triton's request parameters: priority, timeout
+  const char* sched_names[2] = {"priority", "timeout"};
+  for (int k = 0; k < 2; ++k) {
+    auto it = m.parameters().find(sched_names[k]);
+    if (it == m.parameters().end()) continue;
+    const inference::InferParameter& p = it->second;
+    if (p.has_int64_param())
+      sched[k] = p.int64_param();
+    else if (p.has_uint64_param())
+      sched[k] = static_cast<int64_t>(
+          std::min<uint64_t>(p.uint64_param(), std::numeric_limits<int64_t>::max()));
+    else
+      return api_error(400, "parameter '{}' must be an int64_param or uint64_param",
+                       sched_names[k]);
+  }
+  KILN_SERVE_CHECK(set_scheduling(req, sched[0], sched[1]));
   const int n_inputs = m.inputs_size(), n_raw = m.raw_input_contents_size();
   // Inputs in shared memory take no raw_input_contents: those are the other inputs', in order.
   std::vector<std::optional<ShmRef>> regions(static_cast<size_t>(n_inputs));

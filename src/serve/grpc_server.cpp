@@ -147,9 +147,20 @@ class Service final : public Base {
       finish(reactor, "ModelInfer", to_status(decoded.error()));
       return reactor;
     }
+    InferRequest req = std::move(decoded).value();
+    // The client's deadline bounds the time in the queue as the timeout parameter does; a call
+    // the client cancelled (or whose connection closed) is dropped from the queue.
+    const auto client_deadline = ctx->deadline();
+    if (client_deadline != std::chrono::system_clock::time_point::max()) {
+      const auto left = client_deadline - std::chrono::system_clock::now();
+      const auto at = std::chrono::steady_clock::now() +
+                      std::chrono::duration_cast<std::chrono::steady_clock::duration>(left);
+      if (!req.deadline || at < *req.deadline) req.deadline = at;
+    }
+    req.cancelled = [ctx] { return ctx->IsCancelled(); };
     // Answered from the batcher's worker thread: the response is encoded there and the call
     // finished, with no thread of gRPC's waiting meanwhile.
-    core_.infer(std::move(decoded).value(),
+    core_.infer(std::move(req),
                 [this, reactor, response](InferRequest& req, Result<Outputs> outputs) {
                   if (!outputs.ok())
                     return finish(reactor, "ModelInfer", to_status(outputs.error()));

@@ -164,6 +164,7 @@ void HttpApi::infer(HttpRequest& req, const std::string& model, const std::strin
   InferRequest r = std::move(decoded).value();
   r.model = model;
   r.version = version;
+  r.cancelled = std::move(req.gone);
   core_.infer(std::move(r), [this, send = std::move(send)](InferRequest& rq, Result<Outputs> out) {
     if (!out.ok()) return send(reply_error(out.error()));
     auto entry = core_.find(rq.model, rq.version);

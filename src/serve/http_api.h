@@ -19,6 +19,9 @@ struct HttpRequest {
   std::string target;  // the request target as sent: path (percent-encoded) and query
   std::map<std::string, std::string> headers;  // names in lower case
   std::string body;
+  // True once the client has closed its connection (the transport watches it while the
+  // request waits); empty when the transport cannot tell.
+  std::function<bool()> gone;
 };
 
 struct HttpReply {

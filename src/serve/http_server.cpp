@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <algorithm>
 #include <atomic>
 #include <boost/asio.hpp>
@@ -88,12 +89,33 @@ class Session : public std::enable_shared_from_this<Session> {
     if (s_.log) std::fprintf(stderr, "kiln serve: %s %s\n", req.method.c_str(), req.target.c_str());
     s_.in_flight++;
     stream_.expires_never();  // an inference may wait in the queue
+    auto gone = std::make_shared<std::atomic<bool>>(false);
+    req.gone = [gone] { return gone->load(std::memory_order_relaxed); };
+    answered_ = false;
+    watch(gone);
     // Answered now or from a batcher's worker: either way on this connection's strand.
     s_.api.handle(std::move(req), [self = shared_from_this()](HttpReply reply) {
       net::post(self->stream_.get_executor(), [self, reply = std::move(reply)]() mutable {
+        self->answered_ = true;
+        beast::error_code ignored;
+        self->stream_.socket().cancel(ignored);  // the watch below
         self->write(std::move(reply), false);
       });
     });
+  }
+
+  // While a request waits for its answer: a connection the client closed (the socket turns
+  // readable and holds no byte) marks it gone, so the batcher drops it instead of running it.
+  // Bytes of a next request (pipelining) are left for read() after the answer.
+  void watch(std::shared_ptr<std::atomic<bool>> gone) {
+    stream_.socket().async_wait(
+        tcp::socket::wait_read, [self = shared_from_this(), gone](beast::error_code ec) {
+          if (ec || self->answered_) return;
+          char byte;
+          const ssize_t n =
+              ::recv(self->stream_.socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+          if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) gone->store(true);
+        });
   }
 
   // Answers a body over the limit, then reads and drops the rest of it (a lingering close), so
@@ -155,6 +177,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::optional<http::request_parser<http::string_body>> parser_;
   std::vector<char> scratch_;
   bool keep_alive_ = true;
+  bool answered_ = true;  // the request read last has been answered (watch() stops)
   unsigned version_ = 11;
   Shared& s_;
 };

@@ -255,6 +255,19 @@ Result<InferRequest> decode_rest_infer(std::shared_ptr<const std::string> body,
     req.binary_outputs = params["binary_data_output"].is_boolean()
                              ? params["binary_data_output"].get<bool>()
                              : !params["binary_data_output"].is_null();
+  std::optional<int64_t> sched[2];  // priority, timeout
+  const char* sched_names[2] = {"priority", "timeout"};
+  for (int k = 0; k < 2 && params.is_object(); ++k) {
+    if (!params.contains(sched_names[k])) continue;
+    const json& v = params[sched_names[k]];
+    if (!v.is_number_integer())
+      return api_error(400, "parameter '{}' must be a whole number, not {}", sched_names[k],
+                       repr(v));
+    sched[k] = v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max())
+                   ? std::numeric_limits<int64_t>::max()
+                   : v.get<int64_t>();
+  }
+  KILN_SERVE_CHECK(set_scheduling(req, sched[0], sched[1]));
   for (const json& t : header["inputs"]) KILN_SERVE_CHECK(decode_input(t, b, start, shm, req));
   for (InputTensor& in : req.inputs)
     if (!in.owner) in.owner = body;  // binary inputs view the body

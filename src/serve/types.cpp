@@ -55,18 +55,39 @@ Result<int64_t> element_count(const std::string& what, const std::vector<int64_t
   return static_cast<int64_t>(count);
 }
 
+Check set_scheduling(InferRequest& req, std::optional<int64_t> priority,
+                     std::optional<int64_t> timeout_us) {
+  if (priority) {
+    if (*priority < 0)
+      return api_error(400, "parameter 'priority' must be a whole number >= 0, not {}", *priority);
+    req.priority = static_cast<uint64_t>(*priority);
+  }
+  if (timeout_us) {
+    if (*timeout_us < 0)
+      return api_error(400, "parameter 'timeout' must be microseconds >= 0, not {}", *timeout_us);
+    // Past a year is no deadline at all (and keeps the sum within the clock's range).
+    if (*timeout_us < int64_t{365} * 24 * 3600 * 1000000)
+      req.deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(*timeout_us);
+  }
+  return std::nullopt;
+}
+
 int grpc_code(int http_status) {
   switch (http_status) {
     case 400:
       return 3;  // INVALID_ARGUMENT
     case 404:
       return 5;  // NOT_FOUND
+    case 408:
+      return 4;  // DEADLINE_EXCEEDED
     case 409:
       return 6;  // ALREADY_EXISTS
     case 413:
       return 8;  // RESOURCE_EXHAUSTED (a message over the limit)
     case 429:
       return 8;  // RESOURCE_EXHAUSTED (the queue is full)
+    case 499:
+      return 1;  // CANCELLED (nginx's "client closed request")
     case 501:
       return 12;  // UNIMPLEMENTED
     case 503:

@@ -3,7 +3,9 @@
 // the Open Inference Protocol's datatypes.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -91,7 +93,20 @@ struct InferRequest {
   std::vector<InputTensor> inputs;
   std::vector<OutputRequest> outputs;  // empty: every output of the model
   bool binary_outputs = false;         // REST: parameters.binary_data_output
+  // Triton's request parameters "priority" (1 is the highest level; 0 the model's default) and
+  // "timeout" (microseconds: a request still queued when it has passed is answered 408), and
+  // the gRPC client's own deadline, whichever is sooner.
+  uint64_t priority = 0;
+  std::optional<std::chrono::steady_clock::time_point> deadline;
+  // True once the client has gone (its connection closed, its call cancelled): the request is
+  // then dropped from the queue instead of run. Empty: the front end cannot tell.
+  std::function<bool()> cancelled;
 };
+
+// Sets `req`'s priority and deadline from the request parameters "priority" and "timeout"
+// (whole numbers >= 0; nullopt when absent); 400 naming the parameter otherwise.
+Check set_scheduling(InferRequest& req, std::optional<int64_t> priority,
+                     std::optional<int64_t> timeout_us);
 
 // The outputs of one request, in the model's output order (views of the batch's outputs).
 using Outputs = std::vector<Tensor>;
@@ -104,7 +119,8 @@ std::string shape_text(const std::vector<int64_t>& shape);
 Result<int64_t> element_count(const std::string& what, const std::vector<int64_t>& shape,
                               size_t itemsize);
 
-// The gRPC status code (grpc::StatusCode's number) of an HTTP status.
+// The gRPC status code (grpc::StatusCode's number) of an HTTP status (408: DEADLINE_EXCEEDED,
+// 499, a client that went away: CANCELLED).
 int grpc_code(int http_status);
 
 }  // namespace kiln::serve

@@ -254,6 +254,83 @@ TEST(ServeBatcher, IdleContextsRunARequestAtOnce) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
 }
 
+// With priority levels a request of a higher level (a lower number) runs before an older one
+// of a lower level; a priority past the levels is a 400.
+TEST(ServeBatcher, HigherPriorityRunsFirst) {
+  auto m = load_twice();
+  BatcherOptions o;
+  o.contexts = 1;
+  o.max_delay_ms = 300;  // the first request waits for others: the second arrives meanwhile
+  o.delay_when_idle = true;
+  o.priority_levels = 2;
+  auto b = Batcher::create(*m, o);
+  ASSERT_TRUE(b.ok());
+  std::mutex mu;
+  std::vector<float> order;  // each answer's first value, as they come
+  Answers a;
+  auto note = [&](InferRequest& r, Result<Outputs> out) {
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      order.push_back(out.ok() ? (*out)[0].data<float>()[0] : -1.f);
+    }
+    a.done()(r, std::move(out));
+  };
+  InferRequest low = request("twice", std::vector<float>(16, 1.f), 4);
+  low.priority = 2;
+  ASSERT_TRUE(m->check_request(low).ok());
+  (*b)->submit(std::move(low), 4, note);
+  // 8 rows: it cannot join the first (the batch limit is 8) and is a full batch of its own.
+  InferRequest high = request("twice", std::vector<float>(32, 5.f), 8);
+  high.priority = 1;
+  ASSERT_TRUE(m->check_request(high).ok());
+  (*b)->submit(std::move(high), 8, note);
+  ASSERT_TRUE(a.wait(2, 10));
+  EXPECT_EQ(order, (std::vector<float>{10.f, 2.f}));
+  Answers bad;
+  InferRequest past = request("twice", std::vector<float>(4, 1.f), 1);
+  past.priority = 3;
+  (*b)->submit(std::move(past), 1, bad.done());
+  ASSERT_TRUE(bad.wait(1, 5));
+  ASSERT_FALSE(bad.got[0].ok());
+  EXPECT_EQ(bad.got[0].error().status, 400);
+  EXPECT_NE(bad.got[0].error().message.find("priority 3 is not a level"), std::string::npos);
+}
+
+// A request whose timeout passes in the queue is answered 408 and not run; one whose client
+// went away, 499; both counted; the others run.
+TEST(ServeBatcher, TimedOutAndCancelledRequestsAreDropped) {
+  auto m = load_twice();
+  BatcherOptions o;
+  o.contexts = 1;
+  o.max_delay_ms = 200;  // every request waits this long for others
+  o.delay_when_idle = true;
+  auto b = Batcher::create(*m, o);
+  ASSERT_TRUE(b.ok());
+  Answers late, gone, fine;
+  InferRequest r1 = request("twice", std::vector<float>(4, 1.f), 1);
+  ASSERT_FALSE(set_scheduling(r1, std::nullopt, 1000).has_value());  // 1 ms: over before 200
+  (*b)->submit(std::move(r1), 1, late.done());
+  InferRequest r2 = request("twice", std::vector<float>(4, 1.f), 1);
+  r2.cancelled = [] { return true; };
+  (*b)->submit(std::move(r2), 1, gone.done());
+  InferRequest r3 = request("twice", std::vector<float>(4, 3.f), 1);
+  ASSERT_FALSE(set_scheduling(r3, std::nullopt, 60 * 1000000).has_value());
+  (*b)->submit(std::move(r3), 1, fine.done());
+  ASSERT_TRUE(late.wait(1, 5) && gone.wait(1, 5) && fine.wait(1, 5));
+  ASSERT_FALSE(late.got[0].ok());
+  EXPECT_EQ(late.got[0].error().status, 408);
+  EXPECT_NE(late.got[0].error().message.find("timeout passed"), std::string::npos);
+  ASSERT_FALSE(gone.got[0].ok());
+  EXPECT_EQ(gone.got[0].error().status, 499);
+  ASSERT_TRUE(fine.got[0].ok()) << fine.got[0].error().message;
+  EXPECT_EQ((*fine.got[0])[0].data<float>()[0], 6.f);
+  EXPECT_EQ((*b)->stats().timed_out, 1u);
+  EXPECT_EQ((*b)->stats().cancelled, 1u);
+  EXPECT_EQ((*b)->stats().samples, 1u);  // only the third ran
+  EXPECT_EQ(grpc_code(408), 4);          // DEADLINE_EXCEEDED
+  EXPECT_EQ(grpc_code(499), 1);          // CANCELLED
+}
+
 TEST(ServeBatcher, UnbatchedModelRunsEachRequestAlone) {
   auto m = ServedModel::load("fixed", "1", repo() + "/fixed/model.kiln", {}, 0);
   ASSERT_TRUE(m.ok()) << m.status().message();

@@ -201,6 +201,37 @@ TEST(ServeRestDecode, BinaryTensorsAndTheirLimits) {
   EXPECT_EQ(range.error().message, "input 'x': value 300 is out of range for INT8");
 }
 
+// Triton's request parameters priority and timeout (microseconds): set on the request, and a
+// value that is not a whole number >= 0 is a 400 naming the parameter.
+TEST(ServeRestDecode, PriorityAndTimeoutParameters) {
+  ShmRegistry shm;
+  auto decode = [&](const std::string& params) {
+    return decode_rest_infer(
+        std::make_shared<const std::string>(
+            R"({"parameters":)" + params +
+            R"(,"inputs":[{"name":"x","datatype":"FP32","shape":[1,4],"data":[1,2,3,4]}]})"),
+        std::nullopt, shm);
+  };
+  const auto before = std::chrono::steady_clock::now();
+  auto r = decode(R"({"priority": 2, "timeout": 5000000})");
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r->priority, 2u);
+  ASSERT_TRUE(r->deadline.has_value());
+  EXPECT_GE(*r->deadline, before + std::chrono::seconds(5));
+  EXPECT_LE(*r->deadline, std::chrono::steady_clock::now() + std::chrono::seconds(5));
+  auto none = decode("{}");
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->priority, 0u);
+  EXPECT_FALSE(none->deadline.has_value());
+  auto text = decode(R"({"priority": "high"})");
+  ASSERT_FALSE(text.ok());
+  EXPECT_EQ(text.error().status, 400);
+  EXPECT_EQ(text.error().message, "parameter 'priority' must be a whole number, not 'high'");
+  auto negative = decode(R"({"timeout": -1})");
+  ASSERT_FALSE(negative.ok());
+  EXPECT_EQ(negative.error().message, "parameter 'timeout' must be microseconds >= 0, not -1");
+}
+
 #ifdef KILN_SERVE_GRPC
 TEST(ServeGrpcDecode, NamesWhatIsWrong) {
   ShmRegistry shm;

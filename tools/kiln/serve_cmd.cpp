@@ -26,6 +26,7 @@ struct ServeFlags {
   size_t max_request_bytes = 64u << 20, max_queue = 4096;
   bool no_grpc = false, log_requests = false, no_warmup = false, spin_wait = false;
   bool delay_when_idle = false;
+  int priority_levels = 0, default_priority = 0;
   CLI::Option* pad = nullptr;
 };
 
@@ -65,6 +66,11 @@ Status run_serve(const ServeFlags& f) {
   co.batcher.max_queue = f.max_queue;
   co.batcher.warm = !f.no_warmup;
   co.batcher.delay_when_idle = f.delay_when_idle;
+  co.batcher.priority_levels = f.priority_levels;
+  co.batcher.default_priority = f.default_priority;
+  if (f.default_priority > f.priority_levels)
+    return KILN_ERROR("--default-priority-level {} is past --priority-levels {}",
+                      f.default_priority, f.priority_levels);
   KILN_ASSIGN_OR_RETURN(co.batcher.preferred, parse_sizes(f.preferred, "--preferred-batch-sizes"));
   auto log = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
   for (auto [port, what] :
@@ -145,6 +151,13 @@ Runner add_serve_command(CLI::App& app) {
   cmd->add_option("--preferred-batch-sizes", f->preferred,
                   "Hand a batch over as soon as it reaches the largest of these sizes, and cut "
                   "one at a size of these when the delay ends (Triton's preferred_batch_size)");
+  cmd->add_option("--priority-levels", f->priority_levels,
+                  "Queue requests by their 'priority' parameter: level 1 runs first, then 2, "
+                  "... up to this (Triton's priority_levels; default 0: one level for all)")
+      ->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("--default-priority-level", f->default_priority,
+                  "The level of a request without a priority (default: the middle level)")
+      ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--max-request-bytes", f->max_request_bytes,
                   "Largest request body, REST and gRPC (default 64 MiB; more gets 413)")
       ->check(CLI::Range(static_cast<size_t>(1024), static_cast<size_t>(1) << 40));
