@@ -240,16 +240,21 @@ Status infer_loop(InferContext& ctx) {
   // A carried value's type holds for every iteration once joining the body's result changes it
   // no more (each join only forgets: a few rounds reach it).
   std::vector<TensorType> outs;
-  for (int round = 0; round < 8; ++round) {
+  bool stable = false;
+  for (int round = 0; round < 8 && !stable; ++round) {
     KILN_ASSIGN_OR_RETURN(outs, infer_subgraph(*body, types, svs));
-    bool stable = true;
+    stable = true;
     for (size_t i = 0; i < s.carried; ++i) {
       KILN_ASSIGN_OR_RETURN(TensorType j, join_types(types[2 + i], outs[1 + i], n,
                                                      fmt::format("loop-carried value {}", i)));
       if (!same_type(j, types[2 + i])) stable = false;
       types[2 + i] = std::move(j);
     }
-    if (stable) break;
+  }
+  // The body is left typed at the joined types (the optimizer reads its shapes as ones that
+  // hold for every iteration).
+  if (!stable) {
+    KILN_ASSIGN_OR_RETURN(outs, infer_subgraph(*body, types, svs));
   }
   for (size_t i = 0; i < s.carried; ++i) ctx.set_output(i, types[2 + i]);
   // The iteration count is known only for a constant M without a condition.
@@ -368,9 +373,10 @@ Status infer_scan(InferContext& ctx) {
   }
   for (size_t i = 0; i < s.states; ++i) svs[i].reset();
   std::vector<TensorType> outs;
-  for (int round = 0; round < 8; ++round) {
+  bool stable = false;
+  for (int round = 0; round < 8 && !stable; ++round) {
     KILN_ASSIGN_OR_RETURN(outs, infer_subgraph(*body, types, svs));
-    bool stable = true;
+    stable = true;
     for (size_t i = 0; i < s.states; ++i) {
       KILN_ASSIGN_OR_RETURN(TensorType j, join_types(types[i], outs[i], n,
                                                      fmt::format("state variable {}", i)));

@@ -270,6 +270,30 @@ Expected<int> run_rounds(Graph& g, std::span<const PassEntry> list, const Optimi
   return round;
 }
 
+// The branches and bodies that are left (If, Loop, Scan) get the same pipeline as the graph
+// holding them: closed graphs (importer.cpp), typed by the last inference of the main graph
+// (a Loop body at its carried values' types joined over iterations), so a pass sees shapes
+// that hold for every run of the subgraph. The main graph is inferred and verified again.
+Status optimize_subgraphs(Graph& g, const OptimizeOptions& options) {
+  bool any = false;
+  for (Node* n : g.nodes()) {
+    for (Graph* sub : n->attrs.subgraphs()) {
+      OptimizeOptions o = options;
+      if (!o.dump_dir.empty())
+        o.dump_dir = fmt::format("{}/subgraph_{}_{}", options.dump_dir, n->name, sub->name);
+      if (options.verbose)
+        std::cerr << fmt::format("optimizer: subgraph '{}' of {}:\n", sub->name, n->label());
+      Status st = optimize_graph(*sub, o);
+      if (!st.ok())
+        return st.with_context(fmt::format("subgraph '{}' of {}", sub->name, n->label()));
+      any = true;
+    }
+  }
+  if (!any) return Status::Ok();
+  KILN_RETURN_IF_ERROR(infer_shapes(g));
+  return verify_graph(g);
+}
+
 Status check_opt_level(const OptimizeOptions& options) {
   if (options.opt_level < 0 || options.opt_level > 2)
     return KILN_ERROR("--opt-level must be 0, 1 or 2 (got {})", options.opt_level);
@@ -305,6 +329,7 @@ Status optimize_graph(Graph& g, const OptimizeOptions& options) {
   const size_t before = g.nodes().size();
   KILN_ASSIGN_OR_RETURN(const int rounds, run_rounds(g, kPipeline, options, step));
   KILN_RETURN_IF_ERROR(run_rounds(g, kRegionPipeline, options, step).status());
+  KILN_RETURN_IF_ERROR(optimize_subgraphs(g, options));
   if (options.verbose)
     std::cerr << fmt::format("optimizer: {} nodes -> {} layers in {} round{} (opt level {})\n",
                              before, g.nodes().size(), rounds, rounds == 1 ? "" : "s",

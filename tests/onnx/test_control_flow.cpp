@@ -170,8 +170,8 @@ TEST(ControlFlow, FoldIfInlinesTheTakenBranch) {
   Value* k = g->add_constant("c_true", Tensor::scalar<bool>(true));
   g->replace_all_uses(c, k);
   ASSERT_TRUE(infer_shapes(*g).ok());
-  // fold_if runs on the main graph only: the If sits in the body, so lift it by folding the
-  // body's If through the pass on the body graph itself.
+  // The If sits in the body: the pass runs on the body graph itself (as optimize_subgraphs
+  // runs the pipeline on it).
   Graph* body = g->nodes().back()->attrs.get_graph("body");
   ASSERT_TRUE(body);
   // The body reads the capture for c: give it the constant in the body too.
@@ -185,6 +185,29 @@ TEST(ControlFlow, FoldIfInlinesTheTakenBranch) {
   for (const Node* n : body->nodes()) EXPECT_NE(n->op_type, "If") << n->label();
   ASSERT_TRUE(infer_shapes(*g).ok());
   EXPECT_EQ(run_cpu(*g, false), (std::vector<float>{2.f, 40.f, 600.f}));
+}
+
+// The optimizer runs on the branches and bodies too (optimize_subgraphs), at any depth: the
+// then-branch's Mul and Add, two levels down, become one fused layer, and the model computes
+// what it did.
+TEST(ControlFlow, OptimizerReachesNestedSubgraphs) {
+  auto g = import_nested();
+  ASSERT_TRUE(g);
+  OptimizeOptions opts;
+  Status st = optimize_graph(*g, opts);
+  ASSERT_TRUE(st.ok()) << st.message();
+  Graph* body = g->nodes().back()->attrs.get_graph("body");
+  ASSERT_TRUE(body);
+  const Node* iff = nullptr;
+  for (const Node* n : body->nodes())
+    if (n->op_type == "If") iff = n;
+  ASSERT_TRUE(iff);
+  const Graph* then_g = iff->attrs.get_graph("then_branch");
+  ASSERT_TRUE(then_g);
+  ASSERT_EQ(then_g->nodes().size(), 1u);
+  EXPECT_EQ(then_g->nodes()[0]->domain, "kiln") << then_g->nodes()[0]->label();
+  EXPECT_EQ(run_cpu(*g, true), (std::vector<float>{2.f, 40.f, 600.f}));
+  EXPECT_EQ(run_cpu(*g, false), (std::vector<float>{-2.f, -20.f, -200.f}));
 }
 
 }  // namespace
