@@ -48,7 +48,8 @@ class Service final : public Base {
                                      pb::ServerMetadataResponse* res) override {
     res->set_name("kiln");
     res->set_version(KILN_VERSION_STRING);
-    for (const char* x : {"binary_tensor_data", "system_shared_memory", "model_configuration"})
+    for (const char* x : {"binary_tensor_data", "system_shared_memory", "cuda_shared_memory",
+                          "model_configuration"})
       res->add_extensions(x);
     return done(ctx, "ServerMetadata", grpc::Status::OK);
   }
@@ -110,19 +111,30 @@ class Service final : public Base {
     return done(ctx, "SystemSharedMemoryUnregister", grpc::Status::OK);
   }
   ServerUnaryReactor* CudaSharedMemoryStatus(CallbackServerContext* ctx,
-                                             const pb::CudaSharedMemoryStatusRequest*,
-                                             pb::CudaSharedMemoryStatusResponse*) override {
-    return done(ctx, "CudaSharedMemoryStatus", unsupported());
+                                             const pb::CudaSharedMemoryStatusRequest* req,
+                                             pb::CudaSharedMemoryStatusResponse* res) override {
+    auto st = core_.shm().status(req->name(), true);
+    if (!st.ok()) return done(ctx, "CudaSharedMemoryStatus", to_status(st.error()));
+    for (const RegionStatus& r : *st) {
+      auto& x = (*res->mutable_regions())[r.name];
+      x.set_name(r.name);
+      x.set_device_id(r.device_id);
+      x.set_byte_size(r.byte_size);
+    }
+    return done(ctx, "CudaSharedMemoryStatus", grpc::Status::OK);
   }
   ServerUnaryReactor* CudaSharedMemoryRegister(CallbackServerContext* ctx,
-                                               const pb::CudaSharedMemoryRegisterRequest*,
+                                               const pb::CudaSharedMemoryRegisterRequest* req,
                                                pb::CudaSharedMemoryRegisterResponse*) override {
-    return done(ctx, "CudaSharedMemoryRegister", unsupported());
+    Check c = core_.shm().register_cuda_region(req->name(), req->raw_handle(), req->device_id(),
+                                               req->byte_size());
+    return done(ctx, "CudaSharedMemoryRegister", c ? to_status(*c) : grpc::Status::OK);
   }
-  ServerUnaryReactor* CudaSharedMemoryUnregister(CallbackServerContext* ctx,
-                                                 const pb::CudaSharedMemoryUnregisterRequest*,
-                                                 pb::CudaSharedMemoryUnregisterResponse*) override {
-    return done(ctx, "CudaSharedMemoryUnregister", unsupported());
+  ServerUnaryReactor* CudaSharedMemoryUnregister(
+      CallbackServerContext* ctx, const pb::CudaSharedMemoryUnregisterRequest* req,
+      pb::CudaSharedMemoryUnregisterResponse*) override {
+    core_.shm().unregister(req->name(), true);
+    return done(ctx, "CudaSharedMemoryUnregister", grpc::Status::OK);
   }
 
   ServerUnaryReactor* ModelInfer(CallbackServerContext* ctx, const grpc::ByteBuffer* body,
@@ -178,9 +190,6 @@ class Service final : public Base {
   }
 
  private:
-  static grpc::Status unsupported() {
-    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, kCudaShmUnsupported);
-  }
   ServerUnaryReactor* done(CallbackServerContext* ctx, const char* method, const grpc::Status& st) {
     auto* r = ctx->DefaultReactor();
     finish(r, method, st);

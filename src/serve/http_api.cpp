@@ -105,7 +105,8 @@ void HttpApi::handle(HttpRequest req, std::function<void(HttpReply)> send) {
     json meta = {
         {"name", "kiln"},
         {"version", KILN_VERSION_STRING},
-        {"extensions", {"binary_tensor_data", "system_shared_memory", "model_configuration"}}};
+        {"extensions", {"binary_tensor_data", "system_shared_memory", "cuda_shared_memory",
+                        "model_configuration"}}};
     return send(reply_json(200, dump(meta)));
   }
   if (p.size() == 3 && p[1] == "health" && get) {
@@ -180,6 +181,58 @@ void HttpApi::infer(HttpRequest& req, const std::string& model, const std::strin
   });
 }
 
+namespace {
+
+// Base64 (RFC 4648, padding optional); nullopt for a character outside the alphabet.
+std::optional<std::string> base64_decode(const std::string& in) {
+  std::string out;
+  uint32_t acc = 0;
+  int bits = 0;
+  for (const char c : in) {
+    int v;
+    if (c >= 'A' && c <= 'Z') v = c - 'A';
+    else if (c >= 'a' && c <= 'z') v = c - 'a' + 26;
+    else if (c >= '0' && c <= '9') v = c - '0' + 52;
+    else if (c == '+' || c == '-') v = 62;
+    else if (c == '/' || c == '_') v = 63;
+    else if (c == '=') break;
+    else return std::nullopt;
+    acc = (acc << 6) | static_cast<uint32_t>(v);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out.push_back(static_cast<char>((acc >> bits) & 0xff));
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+// /v2/cudasharedmemory/region/NAME/register: {"raw_handle": {"b64": BASE64}, "device_id": D,
+// "byte_size": N}, as Triton's clients send it.
+HttpReply HttpApi::register_cuda(ShmRegistry& reg, const std::string& name, const json& body) {
+  const bool shaped = body.is_object() && body.contains("raw_handle") &&
+                      body["raw_handle"].is_object() && body["raw_handle"].contains("b64") &&
+                      body["raw_handle"]["b64"].is_string() && body.contains("device_id") &&
+                      body.contains("byte_size");
+  if (!shaped)
+    return reply_error({400,
+                        "malformed register request: the body must be a JSON object with "
+                        "\"raw_handle\": {\"b64\": ...}, \"device_id\" and \"byte_size\""});
+  const json& dev = body["device_id"];
+  const json& size = body["byte_size"];
+  if (!dev.is_number_integer() || dev.get<int64_t>() < 0)
+    return reply_error({400, fmt::format("device_id {} is not a device number", dump(dev))});
+  if (!size.is_number_unsigned() && !(size.is_number_integer() && size.get<int64_t>() >= 0))
+    return reply_error({400, fmt::format("byte_size {} is not a whole number of bytes", dump(size))});
+  auto handle = base64_decode(body["raw_handle"]["b64"].get<std::string>());
+  if (!handle) return reply_error({400, "raw_handle's b64 is not base64"});
+  if (Check c = reg.register_cuda_region(name, *handle, dev.get<int64_t>(), size.get<uint64_t>()))
+    return reply_error(*c);
+  return reply_json(200, "");
+}
+
 HttpReply HttpApi::shared_memory(const HttpRequest& req, const std::string& path) {
   // /v2/{systemsharedmemory,cudasharedmemory}[/region/NAME]/{status,register,unregister}
   std::vector<std::string> p;
@@ -196,40 +249,43 @@ HttpReply HttpApi::shared_memory(const HttpRequest& req, const std::string& path
   if (req.method != want)
     return reply_error({405, fmt::format("{} takes {}, not {}", path.substr(0, 200), want,
                                          req.method.substr(0, 10))});
-  if (p[1] == "cudasharedmemory") return reply_error({400, kCudaShmUnsupported});
+  const bool cuda = p[1] == "cudasharedmemory";
   ShmRegistry& reg = core_.shm();
   if (action == "status") {
-    auto st = reg.status(name);
+    auto st = reg.status(name, cuda);
     if (!st.ok()) return reply_error(st.error());
     json a = json::array();
     for (const RegionStatus& r : *st)
-      a.push_back(
-          {{"name", r.name}, {"key", r.key}, {"offset", r.offset}, {"byte_size", r.byte_size}});
+      a.push_back(cuda ? json{{"name", r.name}, {"device_id", r.device_id},
+                              {"byte_size", r.byte_size}}
+                       : json{{"name", r.name}, {"key", r.key}, {"offset", r.offset},
+                              {"byte_size", r.byte_size}});
     return reply_json(200, dump(a));
   }
   if (action == "unregister") {
-    reg.unregister(name);
+    reg.unregister(name, cuda);
     return reply_json(200, "");
   }
   if (name.empty())
-    return reply_error(
-        {404, "register takes a region name: /v2/systemsharedmemory/region/NAME/register"});
+    return reply_error({404, fmt::format("register takes a region name: /v2/{}/region/NAME/register",
+                                         p[1])});
   json body;
   try {
     body = json::parse(req.body.empty() ? std::string("null") : req.body);
   } catch (const json::exception& e) {
     return reply_error({400, fmt::format("malformed register request: {}", e.what())});
   }
-  if (!body.is_object() || !body.contains("key") || !body.contains("byte_size"))
-    return reply_error({400,
-                        "malformed register request: the body must be a JSON object with "
-                        "\"key\" and \"byte_size\" (and \"offset\")"});
   auto whole = [](const json& v) {
     return v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0);
   };
   auto repr = [](const json& v) {
     return v.is_string() ? fmt::format("'{}'", v.get<std::string>()) : dump(v);
   };
+  if (cuda) return register_cuda(reg, name, body);
+  if (!body.is_object() || !body.contains("key") || !body.contains("byte_size"))
+    return reply_error({400,
+                        "malformed register request: the body must be a JSON object with "
+                        "\"key\" and \"byte_size\" (and \"offset\")"});
   const json& size = body["byte_size"];
   const json offset = body.contains("offset") ? body["offset"] : json(0);
   if (!body["key"].is_string())

@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
@@ -44,6 +45,7 @@ class HttpApi {
   void infer(HttpRequest& req, const std::string& model, const std::string& version,
              std::function<void(HttpReply)> send);
   HttpReply shared_memory(const HttpRequest& req, const std::string& path);
+  HttpReply register_cuda(ShmRegistry& reg, const std::string& name, const nlohmann::json& body);
   Core& core_;
   size_t limit_;
 };

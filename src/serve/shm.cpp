@@ -97,41 +97,43 @@ Check ShmRegistry::register_region(const std::string& name, const std::string& k
   return std::nullopt;
 }
 
-void ShmRegistry::unregister(const std::string& name) {
+void ShmRegistry::unregister(const std::string& name, bool cuda) {
   std::lock_guard<std::mutex> lk(mu_);
-  if (name.empty())
-    regions_.clear();
-  else
-    regions_.erase(name);
+  for (auto it = regions_.begin(); it != regions_.end();) {
+    if ((name.empty() || it->first == name) && (it->second.cuda != nullptr) == cuda)
+      it = regions_.erase(it);
+    else
+      ++it;
+  }
 }
 
-Result<std::vector<RegionStatus>> ShmRegistry::status(const std::string& name) const {
+Result<std::vector<RegionStatus>> ShmRegistry::status(const std::string& name, bool cuda) const {
   std::lock_guard<std::mutex> lk(mu_);
   std::vector<RegionStatus> out;
-  if (!name.empty()) {
-    auto it = regions_.find(name);
-    if (it == regions_.end())
-      return api_error(404, "no shared memory region '{}' is registered", name);
-    out.push_back(it->second.status);
-    return out;
-  }
-  for (const auto& [n, r] : regions_) out.push_back(r.status);
+  for (const auto& [n, r] : regions_)
+    if ((name.empty() || n == name) && (r.cuda != nullptr) == cuda) out.push_back(r.status);
+  if (!name.empty() && out.empty())
+    return api_error(404, "no {}shared memory region '{}' is registered", cuda ? "CUDA " : "",
+                     name);
   return out;
+}
+
+Result<ShmRegistry::Region> ShmRegistry::find(const std::string& name) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = regions_.find(name);
+  if (it == regions_.end())
+    return api_error(400,
+                     "unknown shared memory region '{}' (register it first: "
+                     "register_system_shared_memory or register_cuda_shared_memory)",
+                     name);
+  return it->second;
 }
 
 Result<std::pair<ShmRegistry::Region, uint8_t*>> ShmRegistry::span(const std::string& what,
                                                                    const ShmRef& ref) const {
-  Region r;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    auto it = regions_.find(ref.region);
-    if (it == regions_.end())
-      return api_error(400,
-                       "unknown shared memory region '{}' (register it first: "
-                       "register_system_shared_memory)",
-                       ref.region);
-    r = it->second;
-  }
+  auto found = find(ref.region);
+  if (!found.ok()) return found.error();
+  Region r = std::move(found).value();
   // A client that shrinks its object after registering it would make the pages past its new
   // end fault (SIGBUS, the whole server): its size is checked at each use.
   struct stat st {};
@@ -156,6 +158,14 @@ Result<std::pair<ShmRegistry::Region, uint8_t*>> ShmRegistry::span(const std::st
 Check ShmRegistry::input(const std::string& what, const ShmRef& ref, size_t need,
                          const std::string& shape, std::string_view datatype,
                          InputTensor& t) const {
+  auto r = find(ref.region);
+  if (!r.ok()) return r.error();
+  if (r->cuda) {
+    if (ref.byte_size != need)
+      return api_error(400, "{}: shared_memory_byte_size {}, shape {} of {} takes {}", what,
+                       ref.byte_size, shape, datatype, need);
+    return cuda_input(what, *r, ref, need, t);
+  }
   auto s = span(what, ref);
   if (!s.ok()) return s.error();
   if (ref.byte_size != need)
@@ -168,6 +178,9 @@ Check ShmRegistry::input(const std::string& what, const ShmRef& ref, size_t need
 }
 
 Check ShmRegistry::check_output(const std::string& what, const ShmRef& ref) const {
+  auto r = find(ref.region);
+  if (!r.ok()) return r.error();
+  if (r->cuda) return cuda_write(what, *r, ref, nullptr, 0);  // the span's checks only
   auto s = span(what, ref);
   if (!s.ok()) return s.error();
   if (!s->first.map->writable)
@@ -179,6 +192,14 @@ Check ShmRegistry::check_output(const std::string& what, const ShmRef& ref) cons
 Check ShmRegistry::write_output(const std::string& what, const ShmRef& ref, const void* data,
                                 size_t bytes, const std::string& shape,
                                 std::string_view datatype) const {
+  auto r = find(ref.region);
+  if (!r.ok()) return r.error();
+  if (r->cuda && bytes > ref.byte_size)
+    return api_error(400,
+                     "{}: shared_memory_byte_size {} of region '{}' is too small for shape "
+                     "{} of {}, which takes {} bytes",
+                     what, ref.byte_size, ref.region, shape, datatype, bytes);
+  if (r->cuda) return cuda_write(what, *r, ref, data, bytes);
   auto s = span(what, ref);
   if (!s.ok()) return s.error();
   if (bytes > ref.byte_size)

@@ -20,12 +20,14 @@
 
 namespace kiln::serve {
 
-inline constexpr const char* kCudaShmUnsupported =
-    "kiln serve supports system shared memory, not CUDA shared memory";
-
+// Triton's CUDA shared memory extension too: a client registers a device allocation of its own
+// process by its CUDA IPC handle (cudaIpcGetMemHandle's 64 bytes) and device; the server opens
+// it (cudaIpcOpenMemHandle) and copies a request's inputs from it and its outputs into it
+// (shm_cuda.cpp). Region names are one namespace over both kinds, as Triton's.
 struct RegionStatus {
-  std::string name, key;
+  std::string name, key;  // key: system regions only
   uint64_t offset = 0, byte_size = 0;
+  int device_id = -1;  // CUDA regions: the device holding it
 };
 
 class ShmRegistry {
@@ -34,11 +36,17 @@ class ShmRegistry {
   // in /dev/shm). 409 when the name is taken, 400 for a key or span that does not fit.
   Check register_region(const std::string& name, const std::string& key, uint64_t offset,
                         uint64_t byte_size);
-  // Drops `name`, or every region when it is empty (a name not registered is no error, as
-  // Triton's). A request still reading a region keeps its mapping until it is done.
-  void unregister(const std::string& name);
-  // The status of `name` (404 when not registered), or of every region.
-  Result<std::vector<RegionStatus>> status(const std::string& name) const;
+  // Registers CUDA region `name`: `byte_size` bytes of the allocation whose IPC handle is
+  // `raw_handle`, on `device_id`. 409 when the name is taken; 400 for a handle that is not one
+  // or does not open (a build or machine without CUDA says so).
+  Check register_cuda_region(const std::string& name, const std::string& raw_handle,
+                             int64_t device_id, uint64_t byte_size);
+  // Drops region `name` of the kind (system, or CUDA with `cuda`), or every region of the kind
+  // when it is empty (a name not registered is no error, as Triton's). A request still reading
+  // a region keeps its mapping until it is done.
+  void unregister(const std::string& name, bool cuda = false);
+  // The status of `name` (404 when no region of the kind has it), or of every region of the kind.
+  Result<std::vector<RegionStatus>> status(const std::string& name, bool cuda = false) const;
 
   // An input's bytes: `ref` checked to lie within its region and to be `need` bytes; `what`
   // names the tensor in messages ("input 'x'"). The tensor's data, kept alive by its owner.
@@ -51,11 +59,20 @@ class ShmRegistry {
                      const std::string& shape, std::string_view datatype) const;
 
  private:
-  struct Mapping;  // an open, mapped object (unmapped with its last user)
+  struct Mapping;      // an open, mapped object (unmapped with its last user)
+  struct CudaMapping;  // an opened IPC handle (closed with its last user)
   struct Region {
     RegionStatus status;
-    std::shared_ptr<Mapping> map;
+    std::shared_ptr<Mapping> map;        // system regions
+    std::shared_ptr<CudaMapping> cuda;   // CUDA regions
   };
+  // A registered region of either kind, by name; 400 naming it when there is none.
+  Result<Region> find(const std::string& name) const;
+  // The span's checks of a CUDA region, and the copies (shm_cuda.cpp).
+  Check cuda_input(const std::string& what, const Region& r, const ShmRef& ref, size_t need,
+                   InputTensor& t) const;
+  Check cuda_write(const std::string& what, const Region& r, const ShmRef& ref, const void* data,
+                   size_t bytes) const;
   // The region and the address of the span's first byte; 400 when out of range.
   Result<std::pair<Region, uint8_t*>> span(const std::string& what, const ShmRef& ref) const;
 

@@ -4,6 +4,7 @@ written into registered regions equal the engine run directly, the registration 
 answer as Triton's, each bad use is a 4xx naming the problem, and with --workers 2 a region
 registered through one worker is used, and unregistered, through the other. Localhost only;
 every loop bounded."""
+import base64
 import importlib.util
 import json
 import os
@@ -337,6 +338,11 @@ def test_a_shrunk_object_is_refused_not_a_crash(server, bad_setup):
     assert status == 200, text
 
 
+def b64(n):
+    """A CUDA IPC handle of n zero bytes as Triton's clients take one (base64 text)."""
+    return base64.b64encode(b"\0" * n).decode()
+
+
 @pytest.mark.parametrize("proto", ["grpc", "http"])
 def test_bad_registrations(server, bad_setup, regions, proto):
     _, c = client(proto, server)
@@ -352,11 +358,15 @@ def test_bad_registrations(server, bad_setup, regions, proto):
          "StatusCode.INVALID_ARGUMENT", 400, "is not the name of a POSIX shared memory object"),
         (lambda: c.get_system_shared_memory_status("nosuch"),
          "StatusCode.NOT_FOUND", 404, "no shared memory region 'nosuch' is registered"),
-        (lambda: c.register_cuda_shared_memory("gpu", b"\0" * 64, 0, 64),
-         "StatusCode.UNIMPLEMENTED", 400, "kiln serve supports system shared memory, not CUDA "
-                                          "shared memory"),
-        (lambda: c.get_cuda_shared_memory_status(),
-         "StatusCode.UNIMPLEMENTED", 400, "not CUDA shared memory"),
+        # a handle of zeros opens nowhere (and this machine may have no device: said so)
+        (lambda: c.register_cuda_shared_memory("gpu", b64(64), 0, 64),
+         "StatusCode.INVALID_ARGUMENT", 400, "CUDA shared memory region 'gpu': "),
+        (lambda: c.register_cuda_shared_memory("gpu", b64(10), 0, 64),
+         "StatusCode.INVALID_ARGUMENT", 400, "raw_handle holds 10 bytes; a CUDA IPC handle"),
+        (lambda: c.register_cuda_shared_memory("in", b64(64), 0, 64),
+         "StatusCode.ALREADY_EXISTS", 409, "shared memory region 'in' is already registered"),
+        (lambda: c.get_cuda_shared_memory_status("nosuch"),
+         "StatusCode.NOT_FOUND", 404, "no CUDA shared memory region 'nosuch' is registered"),
     ]
     for call, grpc_status, http_status, message in cases:
         with pytest.raises(InferenceServerException) as e:
@@ -376,11 +386,17 @@ def test_bad_registrations(server, bad_setup, regions, proto):
         ("POST", "/v2/systemsharedmemory/region/x/register",
          {"key": bad_setup["out"], "byte_size": "8"}, 400, "byte_size '8' is not a whole number"),
         ("GET", "/v2/systemsharedmemory/region/x/register", None, 405, "takes POST"),
-        ("POST", "/v2/cudasharedmemory/region/x/register", {}, 400, "not CUDA shared memory"),
+        ("POST", "/v2/cudasharedmemory/region/x/register", {}, 400, '"raw_handle": {"b64"'),
+        ("POST", "/v2/cudasharedmemory/region/x/register",
+         {"raw_handle": {"b64": "*"}, "device_id": 0, "byte_size": 8}, 400, "is not base64"),
+        ("POST", "/v2/cudasharedmemory/region/x/register",
+         {"raw_handle": {"b64": "AAAA"}, "device_id": -1, "byte_size": 8}, 400,
+         "device_id -1 is not a device number"),
     ]:
         got, text = rest(server, method, path, body)
         assert got == status and message in json.loads(text)["error"], (path, got, text)
     assert names(c.get_system_shared_memory_status()) == ["in", "out"]
+    assert names(c.get_cuda_shared_memory_status()) == []  # the system regions are not CUDA ones
     assert server["proc"].poll() is None
 
 
