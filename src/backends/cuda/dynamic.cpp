@@ -481,6 +481,9 @@ Status DynamicGraph::run_layer(DynamicRuntime& rt, size_t k, std::vector<DynValu
       rt.rc->out_dims = slot;
       awaiting_.push_back({k, slot});
     }
+    if (poison_workspace() && rt.rc->workspace && rt.rc->workspace_bytes)
+      KILN_CUDA_CHECK(
+          cudaMemsetAsync(rt.rc->workspace, 0xA5, rt.rc->workspace_bytes, rt.rc->stream));
     Status st = layer.run(*rt.rc, ins, outs);
     rt.rc->out_dims = nullptr;
     KILN_RETURN_IF_ERROR(st);

@@ -681,6 +681,10 @@ Status CudaContext::run_layers(Instance& inst, std::vector<LayerTiming>* times) 
     if (!inst.skip[s]) {
       Layer& layer = layer_of(inst, s);
       rc_.pdl = pdl_ && after_trigger;
+      if (poison_workspace() && rc_.workspace && rc_.workspace_bytes) {
+        KILN_CUDA_CHECK(cudaMemsetAsync(rc_.workspace, 0xA5, rc_.workspace_bytes, rc_.stream));
+        rc_.pdl = false;  // a memset, not a kernel, comes before it
+      }
       Status st = layer.run(rc_, inst.ins[s], inst.outs[s]);
       if (!st.ok()) return st.with_context(runs_[s].node->label());
       after_trigger = layer.programmatic();

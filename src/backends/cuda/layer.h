@@ -204,6 +204,11 @@ const TacticDef* find_tactic(std::string_view name);
 // are slower. Their supports() asks this first with the reason, so no engine picks them by default.
 bool unverified_tactics_enabled(std::string* why, const char* reason = "not yet run on a GPU");
 
+// KILN_POISON_WORKSPACE=1 (test-backend-ops sets it): the executors fill the workspace with
+// 0xA5 bytes before each layer runs, so a layer that counts on what it (or another layer) left
+// there in an earlier run fails its tests instead of a model's second inference. Read once.
+bool poison_workspace();
+
 // Ops whose nodes run on the host when shapes are set (Shape, Size), whatever their inputs.
 bool is_shape_op(std::string_view domain, std::string_view op_type);
 

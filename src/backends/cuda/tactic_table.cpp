@@ -46,6 +46,14 @@ bool unverified_tactics_enabled(std::string* why, const char* reason) {
   return false;
 }
 
+bool poison_workspace() {
+  static const bool on = [] {
+    const char* v = std::getenv("KILN_POISON_WORKSPACE");
+    return v && std::string_view(v) == "1";
+  }();
+  return on;
+}
+
 bool tactic_supports(const TacticDef& t, const LayerDesc& d, std::string* why) {
   if (!(t.caps & kPostSteps) && d.node && d.node->attrs.has("post_ops"))
     return *why = "no post steps (post_ops)", false;

@@ -56,6 +56,12 @@ __global__ void nms_keys(const T* __restrict__ scores, int64_t segments, int64_t
   }
 }
 
+// The sort's segment offsets, s * n, made on the device at every run: the workspace is every
+// layer's scratch, so nothing written to it outlives the run that wrote it.
+__global__ void nms_offsets(int* __restrict__ offsets, int64_t segments, int64_t n) {
+  KILN_GRID_STRIDE(s, segments + 1) offsets[s] = static_cast<int>(s * n);
+}
+
 // Grid (column tiles, row tiles, segments); a block of 64 threads: row i of the tile against the
 // tile's 64 columns, one word of the mask.
 template <typename T, typename Cp>
@@ -200,9 +206,6 @@ class NmsLayer final : public Layer {
     kept_ = take(items * 4);
     count_ = take(segments_ * 4);
     sort_ = take(sort_bytes_);
-    offsets_host_.resize(segments_ + 1);
-    for (int64_t s = 0; s <= segments_; ++s) offsets_host_[s] = static_cast<int>(s * n_);
-    uploaded_ = false;
     return off;
   }
 
@@ -219,13 +222,6 @@ class NmsLayer final : public Layer {
       return KILN_ERROR("iou_threshold must be in [0, 1], got {}", iou);
     const bool has_st = in.size() > 4 && in[4].host && in[4].host->numel() > 0;
     const float st = has_st ? static_cast<float>(in[4].host->at_double(0)) : 0.f;
-    if (!uploaded_ || offsets_ptr_ != ws + offsets_) {
-      KILN_CUDA_CHECK(cudaMemcpyAsync(ws + offsets_, offsets_host_.data(), offsets_host_.size() * 4,
-                                      cudaMemcpyHostToDevice, rc.stream));
-      KILN_CUDA_CHECK(cudaStreamSynchronize(rc.stream));  // the host vector may change later
-      uploaded_ = true;
-      offsets_ptr_ = ws + offsets_;
-    }
     auto* y = static_cast<int64_t*>(out[0].data);
     int* valid = reinterpret_cast<int*>(ws + valid_);
     int* count = reinterpret_cast<int*>(ws + count_);
@@ -264,6 +260,7 @@ class NmsLayer final : public Layer {
     auto* mask = reinterpret_cast<uint64_t*>(ws + mask_);
     auto* kept = reinterpret_cast<int*>(ws + kept_);
     auto* count = reinterpret_cast<int*>(ws + count_);
+    nms_offsets<<<grid_for(segments_ + 1), kThreads, 0, rc.stream>>>(offsets, segments_, n_);
     nms_keys<T><<<grid_for(items), kThreads, 0, rc.stream>>>(
         static_cast<const T*>(in[1].data), segments_, n_, has_st, st, keys, idx, valid);
     size_t sort_bytes = sort_bytes_;
@@ -290,9 +287,6 @@ class NmsLayer final : public Layer {
   size_t sort_bytes_ = 0;
   size_t keys_ = 0, keys_sorted_ = 0, idx_ = 0, order_ = 0, valid_ = 0, offsets_ = 0, mask_ = 0,
          kept_ = 0, count_ = 0, sort_ = 0;
-  std::vector<int> offsets_host_;
-  bool uploaded_ = false;
-  const uint8_t* offsets_ptr_ = nullptr;
 };
 
 bool nms_supports(const LayerDesc& d, std::string* why) {
