@@ -139,6 +139,34 @@ def test_grpc_outputs_equal_the_engine_run_directly(server, repo):
     assert rel_l2(got, direct(repo, "mlp", {"x": x})["y"]) < 1e-6
 
 
+def test_concurrent_requests_each_get_their_own_answer(server, repo):
+    """12 clients at once over the model's 2 contexts: every answer is its own input's."""
+    import threading
+
+    xs = [cnn_input(1 + i % 3, 100 + i) for i in range(12)]
+    ctx = kiln.load(repo / "small_cnn.kiln").create_context()
+    want = [ctx.run({"input": x})["probabilities"] for x in xs]
+    got, errors = [None] * len(xs), []
+
+    def one(i):
+        try:
+            c = httpclient.InferenceServerClient(server["http"])
+            inp = httpclient.InferInput("input", list(xs[i].shape), "FP32")
+            inp.set_data_from_numpy(xs[i])
+            got[i] = c.infer("small_cnn", [inp]).as_numpy("probabilities")
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(xs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    for g, w in zip(got, want):
+        assert g is not None and g.shape == w.shape and rel_l2(g, w) < 1e-6
+
+
 def test_json_request_and_the_cli(server, repo, tmp_path):
     """A plain JSON request gets what `kiln run` gives for the same input."""
     x = cnn_input(1, 3)
