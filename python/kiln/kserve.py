@@ -2,6 +2,9 @@
 engine on the Open Inference Protocol's (v2) requests, so that KServe's own `ModelServer` serves
 it (REST and gRPC, health, metadata, its metrics); kiln has no protocol code of its own here.
 
+`python -m kiln.kserve` also makes a body that KServe's decoding cannot read a 400 with one line
+(refuse_malformed) where KServe alone answers 500.
+
 As KServe's custom predictors run (the container's command in an InferenceService)::
 
     python -m kiln.kserve --model_dir /mnt/models [--model_name resnet50] [--contexts 2]
@@ -15,10 +18,10 @@ called NAME). Every option of KServe's ModelServer (`--http_port`, `--grpc_port`
 From Python::
 
     from kserve import ModelServer
-    from kiln.kserve import KilnModel
+    from kiln.kserve import KilnModel, refuse_malformed
     model = KilnModel("resnet50", "resnet50.kiln", contexts=2)
     model.load()
-    ModelServer().start([model])
+    refuse_malformed(ModelServer()).start([model])
 
 A request runs on one of the model's `contexts` execution contexts, on a thread of the event
 loop's executor, as it comes: KServe's server does not join requests into batches. For
@@ -31,11 +34,12 @@ import asyncio
 import logging
 import os
 import queue
+import struct
 import sys
 from typing import Optional
 
 import kserve
-from kserve.errors import InvalidInput
+from kserve.errors import InferenceError, InvalidInput
 
 from kiln._kiln import KilnError, KilnTypeError, KilnValueError
 from kiln._v2 import RequestError, decode_request, encode_response, find_models, tensor_metadata
@@ -97,6 +101,32 @@ class KilnModel(kserve.Model):
             raise InvalidInput(str(e)) from None
 
 
+# What KServe's own decoding of a REST body raises on a malformed one (a binary_data_size that
+# is not a number or runs past the body, an input without a name, a shape of floats, ...),
+# which KServe answers with a 500.
+_MALFORMED = (ValueError, TypeError, KeyError, AttributeError, IndexError, struct.error,
+              InferenceError)
+
+
+def refuse_malformed(server: kserve.ModelServer) -> kserve.ModelServer:
+    """Makes `server` answer a request body its decoding cannot read with a 400 and one line
+    ("malformed request: ...", KServe's InvalidInput) instead of KServe's 500: the request, not
+    the server, is at fault. Wraps KServe's own decoding; decodes nothing itself."""
+    decode = server.dataplane.decode_inference_request
+
+    def checked(body, headers, model_name):
+        try:
+            return decode(body, headers, model_name)
+        except InvalidInput:
+            raise
+        except _MALFORMED as e:
+            text = " ".join(str(e).split())
+            raise InvalidInput(f"malformed request: {type(e).__name__}: {text}") from None
+
+    server.dataplane.decode_inference_request = checked
+    return server
+
+
 def models_in(model_dir: str, model_name: str, contexts: int = 2,
               device: Optional[int] = None) -> list[KilnModel]:
     """The models of `model_dir`: an engine file or a folder holding model.kiln is one model
@@ -142,10 +172,11 @@ def main(argv: Optional[list] = None) -> int:
     except (OSError, KilnError) as e:
         print(f"kiln.kserve: error: {e}", file=sys.stderr)
         return 1
-    kserve.ModelServer(http_port=args.http_port, grpc_port=args.grpc_port,
-                       workers=args.workers, max_threads=args.max_threads,
-                       max_asyncio_workers=args.max_asyncio_workers,
-                       enable_grpc=args.enable_grpc).start(models)
+    server = kserve.ModelServer(http_port=args.http_port, grpc_port=args.grpc_port,
+                                workers=args.workers, max_threads=args.max_threads,
+                                max_asyncio_workers=args.max_asyncio_workers,
+                                enable_grpc=args.enable_grpc)
+    refuse_malformed(server).start(models)
     return 0
 
 

@@ -225,6 +225,43 @@ def test_bad_rest_requests_are_4xx_naming_what_is_wrong(server, body, status, me
     assert got == 200, text  # and the server goes on serving
 
 
+def _binary(header, tail=b""):
+    """A REST body of the binary-tensor extension: a JSON header, then raw bytes."""
+    head = header if isinstance(header, bytes) else json.dumps(header).encode()
+    return head + tail, str(len(head))
+
+
+def _input(**fields):
+    return {"inputs": [{"name": "input", "shape": [1, 3, 32, 32], "datatype": "FP32",
+                        "parameters": {"binary_data_size": 12288}, **fields}]}
+
+
+@pytest.mark.parametrize("body_length, message", [
+    (_binary(_input(), b"\0" * 100), "malformed request: ValueError: cannot reshape array"),
+    ((_binary(_input(), b"\0" * 12288)[0], "x"), "malformed request: ValueError: invalid literal"),
+    (_binary({"inputs": [{"shape": [1], "datatype": "FP32",
+                          "parameters": {"binary_data_size": 4}}]}, b"\0" * 4),
+     "malformed request: KeyError: 'name'"),
+    (_binary(_input(datatype=5), b"\0" * 12288), "malformed request: AttributeError: "),
+    (_binary(_input(shape=[1e308]), b"\0" * 12288), "malformed request: TypeError: "),
+    (_binary(_input(parameters={"binary_data_size": "many"}), b"\0" * 12288),
+     "malformed request: TypeError: "),
+    (_binary(b'"just a string"'), "malformed request: TypeError: "),
+    (_binary({"outputs": []}), "malformed request: KeyError: 'inputs'"),
+])
+def test_malformed_binary_bodies_are_400_not_500(server, body_length, message):
+    """Bodies KServe's own decoding raises on (answered 500 by KServe alone) are a 400 with
+    one line naming the problem (kiln.kserve.refuse_malformed)."""
+    body, length = body_length
+    req = urllib.request.Request(f"http://{server['http']}/v2/models/small_cnn/infer", data=body,
+                                 method="POST", headers={"Inference-Header-Content-Length": length})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=60)
+    text = e.value.read().decode()
+    assert e.value.code == 400 and json.loads(text)["error"].startswith(message), text
+    assert "\n" not in json.loads(text)["error"]
+
+
 def test_unknown_model_and_bad_grpc_requests(server):
     got, text = post(server, "/v2/models/nosuch/infer", v2([]))
     assert got == 404 and "nosuch" in text, text
