@@ -5,6 +5,7 @@ tensors to an engine's inputs and outputs and says in one line what does not fit
 from __future__ import annotations
 
 import os
+import struct
 
 import numpy as np
 
@@ -18,6 +19,21 @@ V2_DATATYPES = {
 
 class RequestError(ValueError):
     """A request the model cannot take (unknown input, wrong datatype or shape): a 400."""
+
+
+def malformed_errors() -> tuple:
+    """What KServe's own decoding of a REST body raises on a malformed one (a binary_data_size
+    that is not a number or runs past the body, an input without a name, a shape of floats,
+    ...), each the request's fault: a 400, where KServe alone answers 500."""
+    from kserve.errors import InferenceError
+
+    return (ValueError, TypeError, KeyError, AttributeError, IndexError, struct.error,
+            InferenceError)
+
+
+def malformed_message(e: Exception) -> str:
+    """One line for a body KServe could not decode."""
+    return f"malformed request: {type(e).__name__}: {' '.join(str(e).split())}"
 
 
 def find_models(repository: str) -> dict[str, str]:

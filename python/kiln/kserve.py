@@ -34,15 +34,15 @@ import asyncio
 import logging
 import os
 import queue
-import struct
 import sys
 from typing import Optional
 
 import kserve
-from kserve.errors import InferenceError, InvalidInput
+from kserve.errors import InvalidInput
 
 from kiln._kiln import KilnError, KilnTypeError, KilnValueError
-from kiln._v2 import RequestError, decode_request, encode_response, find_models, tensor_metadata
+from kiln._v2 import (RequestError, decode_request, encode_response, find_models,
+                      malformed_errors, malformed_message, tensor_metadata)
 from kiln.engine import Engine, load
 
 log = logging.getLogger("kiln.kserve")
@@ -101,27 +101,20 @@ class KilnModel(kserve.Model):
             raise InvalidInput(str(e)) from None
 
 
-# What KServe's own decoding of a REST body raises on a malformed one (a binary_data_size that
-# is not a number or runs past the body, an input without a name, a shape of floats, ...),
-# which KServe answers with a 500.
-_MALFORMED = (ValueError, TypeError, KeyError, AttributeError, IndexError, struct.error,
-              InferenceError)
-
-
 def refuse_malformed(server: kserve.ModelServer) -> kserve.ModelServer:
     """Makes `server` answer a request body its decoding cannot read with a 400 and one line
     ("malformed request: ...", KServe's InvalidInput) instead of KServe's 500: the request, not
     the server, is at fault. Wraps KServe's own decoding; decodes nothing itself."""
     decode = server.dataplane.decode_inference_request
+    malformed = malformed_errors()
 
     def checked(body, headers, model_name):
         try:
             return decode(body, headers, model_name)
         except InvalidInput:
             raise
-        except _MALFORMED as e:
-            text = " ".join(str(e).split())
-            raise InvalidInput(f"malformed request: {type(e).__name__}: {text}") from None
+        except malformed as e:
+            raise InvalidInput(malformed_message(e)) from None
 
     server.dataplane.decode_inference_request = checked
     return server

@@ -23,7 +23,9 @@ from ray import serve
 
 import numpy as np
 
-from kiln._v2 import RequestError, decode_request, encode_response, find_models, tensor_metadata
+from kiln._kiln import KilnTypeError, KilnValueError
+from kiln._v2 import (RequestError, decode_request, encode_response, find_models,
+                      malformed_errors, malformed_message, tensor_metadata)
 from kiln.engine import load
 
 app = FastAPI()
@@ -159,9 +161,13 @@ class KilnDeployment:
         try:
             req = InferRequest.from_bytes(body, int(header) if header else len(body), name)
             feeds = decode_request(req, self.models[name], self.limits[name] > 1)
-        except (RequestError, InvalidInput, ValueError) as e:
+        except (RequestError, InvalidInput) as e:
             return _error(400, str(e))
+        except malformed_errors() as e:  # KServe's decoding of a body it cannot read
+            return _error(400, malformed_message(e))
         out = await self._infer_batch((name, feeds))
+        if isinstance(out, (KilnValueError, KilnTypeError)):  # what the engine itself refuses
+            return _error(400, str(out))
         if isinstance(out, Exception):
             return _error(500, str(out))
         try:
