@@ -112,7 +112,7 @@ fi
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || { echo "serve_gpu: the wheels did not install"; exit 1; }
 export PYTHONPATH=/tmp/kiln-py:/tmp/site KILN_CLI=$KILN
-python3 -c "import kiln, tritonclient; print('kiln', kiln.__version__, 'GPUs', kiln.device_count())" || exit 1
+python3 -c "import kiln, tritonclient.grpc, tritonclient.http, tritonclient.utils.shared_memory; print('kiln', kiln.__version__, 'GPUs', kiln.device_count())" || exit 1
 
 say "engines (kiln build, FP16, timing cache models/timing.cache)"
 declare -A ENGINE MODEL_NAME
