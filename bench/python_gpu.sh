@@ -2,9 +2,8 @@
 # The Python package on the GPU machine (Python 3.12 there; an extension built elsewhere for
 # another Python does not load): builds kiln's extension against the carried kiln build, runs the
 # GPU cases of tests/python, and measures docs/perf.md's Python numbers on ResNet-50 FP16:
-# ctx.run on PyTorch CUDA tensors against `kiln bench` at batch 1 and 32. (kiln serve's gRPC
-# throughput is measured on the CPU backend instead: the CPython 3.12 wheels of kserve and
-# tritonclient[grpc] with their dependencies are 80 MB, over the 64 MiB a call carries.)
+# ctx.run on PyTorch CUDA tensors against `kiln bench` at batch 1 and 32. (kiln serve under
+# load on the GPU is bench/serve_gpu.sh's, with Triton's clients carried as wheels.)
 # Logs and JSON under $OUT.
 #
 # Here, before the call:  KILN_DEPS_LEAN=1 KILN_DEPS_PYTHON=1 bench/prepare_deps.sh

@@ -6,10 +6,10 @@ package and built for the cpu backend; `kiln serve` started on 127.0.0.1 only, t
 gRPC clients (batch-1 requests, each on its own connection, each loop bounded in count and
 time) for every N of --clients. Per N, over a steady window after --warmup (not the clients'
 start-up): requests/s, the server's CPU seconds per request (user and system, from
-/proc/PID/stat of the server and every process under it: `--workers` counts them all), the
+/proc/PID/stat of the server and every process under it), the
 requests an inference joined on average (its /metrics), and whether every answer was right.
 
-  PYTHONPATH=build/python python3 bench/serve_cost.py [--clients 1,8,32] [--workers 1]
+  PYTHONPATH=build/python python3 bench/serve_cost.py [--clients 1,8,32]
       [--duration 5] [--server-path DIR] [--serve-args '--pad-batches'] [--json F]
 
 --server-path runs the server from another copy of the kiln package (a folder holding kiln/),
@@ -33,7 +33,7 @@ import urllib.request
 
 import numpy as np
 
-from serve_load import process_tree  # bench/: the server and its workers
+from serve_load import process_tree  # bench/: the server and any process under it
 
 SHAPE = [3, 224, 224]
 
@@ -175,7 +175,6 @@ def measure(a, grpc: str, http: str, server: int, n: int) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--clients", default="1,8,32")
-    p.add_argument("--workers", default="1")
     p.add_argument("--duration", type=float, default=5.0, help="seconds measured per row")
     p.add_argument("--warmup", type=float, default=1.5)
     p.add_argument("--procs", type=int, default=1, help="client processes")
@@ -195,7 +194,7 @@ def main(argv=None) -> int:
     budget = 120 + len(a.clients.split(",")) * (a.warmup + a.duration + 30)
     srv = subprocess.Popen(["timeout", str(int(budget)), sys.executable, "-m", "kiln.cli", "serve",
                             repo, "--host", "127.0.0.1", "--http-port", str(hp), "--grpc-port",
-                            str(gp), "--workers", a.workers, *a.serve_args.split()],
+                            str(gp), *a.serve_args.split()],
                            env=env, stdout=log, stderr=subprocess.STDOUT)
     http, grpc = f"127.0.0.1:{hp}", f"127.0.0.1:{gp}"
     rows = []
@@ -212,7 +211,7 @@ def main(argv=None) -> int:
                 time.sleep(0.3)
         time.sleep(0.5)
         server = int(open(f"/proc/{srv.pid}/task/{srv.pid}/children").read().split()[0])
-        print(f"kiln serve --workers {a.workers} {a.serve_args} (from "
+        print(f"kiln serve {a.serve_args} (from "
               f"{a.server_path or 'this checkout'}), slice224, gRPC:")
         for n in (int(c) for c in a.clients.split(",")):
             rows.append(measure(a, grpc, http, server, n))
@@ -221,7 +220,7 @@ def main(argv=None) -> int:
         srv.wait(30)
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"workers": a.workers, "serve_args": a.serve_args, "rows": rows}, f, indent=1)
+            json.dump({"serve_args": a.serve_args, "rows": rows}, f, indent=1)
     return 0 if all(r["wrong"] == 0 and r["errors"] == 0 for r in rows) else 1
 
 

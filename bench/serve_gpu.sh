@@ -20,31 +20,26 @@
 #
 # Here, before the call (once kiln is built, with libkiln.so: KILN_SHARED=ON, the default):
 #   KILN_DEPS_LEAN=1 KILN_DEPS_PYTHON=1 bench/prepare_deps.sh      # .deps: CLI, libkiln.so, fmt
-#   bench/serve_wheels.sh                                           # .whl: kserve, tritonclient, ...
+#   bench/serve_wheels.sh                                           # .whl: tritonclient, ...
 # The call (kind nvidia-h100-x2; on one GPU the two-GPU parts are skipped):
 #   run(command="bench/serve_gpu.sh", carry=[".deps", ".whl"], kind="nvidia-h100-x2")
-# Knobs: KILN_SERVE_IMPL (cpp: the C++ `kiln serve`, src/serve, one process for every GPU, the
-# default; python: the Python server, kiln.serving, with the --workers knobs below),
-# KILN_SERVE_PARTS ("compare tables soak"; add "cost" for bench/serve_cost.py: the
-# front end's CPU per request on a cpu-backend model of ResNet-50's input size, per
-# KILN_SERVE_WORKERS count, KILN_COST_CLIENTS (1,8,32,128) and KILN_COST_PROCS (8)),
+# Knobs: KILN_SERVE_PARTS ("compare tables soak"; add "cost" for bench/serve_cost.py: the
+# front end's CPU per request on a cpu-backend model of ResNet-50's input size,
+# KILN_COST_CLIENTS (1,8,32,128) and KILN_COST_PROCS (8)),
 # KILN_SERVE_MODELS ("resnet50 bert"), KILN_SOAK_S (120), KILN_LOAD_S (3, seconds measured per row), KILN_SERVE_BUDGET (540 s: parts
 # that would not fit are skipped and say so), KILN_SERVE_CONTEXTS (2 per GPU), KILN_SERVE_PAD
 # (1: the tables and the soak with --pad-batches, 0: without; unset: as the comparison decides,
 # without when it does not run), KILN_SERVE_DEVICES ("0 0,1": the tables' --devices),
-# KILN_SERVE_PROTOCOLS (ResNet-50's tables: grpc,http; BERT's are gRPC only), KILN_SERVE_WORKERS
-# ("1": `kiln serve --workers`, front-end processes; a list such as "1 4" runs every table once
-# per count, and the comparison and the soak with the first), KILN_SERVE_WORKER_DEVICES (split:
-# worker i on GPU i mod D; all: every worker on every GPU of --devices), KILN_SERVE_ARGS (extra
-# `kiln serve` flags for every server, e.g. --spin-wait), KILN_SERVE_VARIANTS (server variants
+# KILN_SERVE_PROTOCOLS (ResNet-50's tables: grpc,http; BERT's are gRPC only), KILN_SERVE_ARGS
+# (extra `kiln serve` flags for every server, e.g. --spin-wait), KILN_SERVE_VARIANTS (server variants
 # the tables run one after another on the same machine, ';'-separated LABEL=FLAGS, e.g.
 # "block=;spin=--spin-wait": each table row set once per variant, labelled with it; default one
 # variant with no extra flags), KILN_SERVE_CLIENTS (the tables' client counts, default
 # serve_load.py's 1,8,32,128), KILN_SERVE_SHM (1: every table also runs its protocols through
 # Triton's system shared memory extension, grpc-shm and http-shm rows beside grpc and http on the
 # same server, and the soak's clients use all four; the protocol names can also be given in
-# KILN_SERVE_PROTOCOLS). Per-GPU batcher processes against per-worker batching, for
-# example: KILN_SERVE_VARIANTS="worker=--batcher worker;device=--batcher device".
+# KILN_SERVE_PROTOCOLS). Batch delays against each other, for example:
+# KILN_SERVE_VARIANTS="d1=--batch-delay-ms 1;d4=--batch-delay-ms 4".
 set -uo pipefail
 T0=$(date +%s)
 . "$(dirname "$0")/device_env.sh" "${OUT:-/tmp/kiln-serve-gpu}"
@@ -69,11 +64,6 @@ with_shm() {  # with_shm PROTOCOLS: each protocol and, with KILN_SERVE_SHM=1, it
 }
 PROTOCOLS=$(with_shm "$PROTOCOLS")
 SOAK_PROTOCOLS=$(with_shm "$SOAK_PROTOCOLS")
-IMPL=${KILN_SERVE_IMPL:-cpp}
-WORKER_COUNTS=${KILN_SERVE_WORKERS:-1}
-[ "$IMPL" = cpp ] && WORKER_COUNTS=1
-FIRST_WORKERS=${WORKER_COUNTS%% *}
-WORKER_DEVICES=${KILN_SERVE_WORKER_DEVICES:-split}
 read -r -a EXTRA_ARGS <<<"${KILN_SERVE_ARGS:-}"
 IFS=';' read -r -a VARIANTS <<<"${KILN_SERVE_VARIANTS:-=}"
 HTTP=127.0.0.1:18080
@@ -94,8 +84,8 @@ if [ ! -e .deps/libkiln.so ]; then
   echo "serve_gpu: .deps/libkiln.so is missing (KILN_DEPS_LEAN=1 KILN_DEPS_PYTHON=1 bench/prepare_deps.sh)"
   exit 1
 fi
-if ! ls .whl/kserve-*.whl >/dev/null 2>&1; then
-  echo "serve_gpu: .whl has no kserve wheel (bench/serve_wheels.sh here, then carry .whl)"
+if ! ls .whl/tritonclient-*.whl >/dev/null 2>&1; then
+  echo "serve_gpu: .whl has no tritonclient wheel (bench/serve_wheels.sh here, then carry .whl)"
   exit 1
 fi
 
@@ -122,7 +112,7 @@ fi
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || { echo "serve_gpu: the wheels did not install"; exit 1; }
 export PYTHONPATH=/tmp/kiln-py:/tmp/site KILN_CLI=$KILN
-python3 -c "import kiln, kserve, tritonclient; print('kiln', kiln.__version__, 'GPUs', kiln.device_count())" || exit 1
+python3 -c "import kiln, tritonclient.grpc, tritonclient.http, tritonclient.utils.shared_memory; print('kiln', kiln.__version__, 'GPUs', kiln.device_count())" || exit 1
 
 say "engines (kiln build, FP16, timing cache models/timing.cache)"
 declare -A ENGINE MODEL_NAME
@@ -151,21 +141,9 @@ ready() { python3 -c "import urllib.request as u; u.urlopen('http://$HTTP/v2/hea
 start_server() {  # start_server MODEL LABEL [kiln serve options...]: sets SPID (the server's PID)
   local m=$1 label=$2
   shift 2
-  # The C++ server (KILN_SERVE_IMPL=cpp, the default) is one process for every GPU: the Python
-  # server's --workers and --worker-devices are dropped (any --workers would pick the Python one).
-  if [ "$IMPL" = cpp ]; then
-    local kept=() skip=0 a
-    for a in "$@"; do
-      if [ $skip = 1 ]; then skip=0; continue; fi
-      case $a in --workers|--worker-devices) skip=1 ;; --workers=*|--worker-devices=*) ;; *) kept+=("$a") ;; esac
-    done
-    set -- "${kept[@]}"
-  elif [[ " $* " != *" --workers "* ]]; then
-    set -- "$@" --workers 1
-  fi
   echo "=== $label: kiln serve $(dirname "${ENGINE[$m]}") $* (${SERVER_ENV:-})" >>"$SLOG"
   # The server itself in the background (its PID for the soak's RSS samples and the rows'
-  # CPU use, its workers' counted with it), bounded by a watchdog: at most 800 s, and stopped by
+  # CPU use), bounded by a watchdog: at most 800 s, and stopped by
   # stop_server after its part.
   (exec env ${SERVER_ENV:-} python3 -m kiln.cli serve "$(dirname "${ENGINE[$m]}")" \
     --host 127.0.0.1 --http-port "${HTTP##*:}" --grpc-port "${GRPC##*:}" --contexts "$CONTEXTS" \
@@ -184,7 +162,7 @@ start_server() {  # start_server MODEL LABEL [kiln serve options...]: sets SPID 
 stop_server() {
   [ -n "$SPID" ] || return 0
   kill -TERM "$SPID" 2>/dev/null
-  # up to 40 s: with --workers the supervisor waits for each worker to stop
+  # up to 40 s: the server drains the requests it has taken
   for _ in $(seq 1 80); do kill -0 "$SPID" 2>/dev/null || break; sleep 0.5; done
   kill -KILL "$SPID" 2>/dev/null
   wait "$SPID" 2>/dev/null
@@ -208,8 +186,16 @@ for m in $MODELS; do
 import json, sys
 import numpy as np
 import kiln
-from kiln.batching import zero_sample
 e = kiln.load(sys.argv[1], device=0)
+def zero_sample(e):  # a batch-1 request of zeros at the profile's opt shape
+    feeds = {}
+    for t in e.inputs:
+        prof = e.profile.get(t.name)
+        shape = [d if isinstance(d, int) else int(prof["opt"][i]) for i, d in enumerate(t.shape)]
+        if not isinstance(t.shape[0], int):
+            shape[0] = 1
+        feeds[t.name] = np.zeros(shape, dtype=np.dtype(t.dtype))
+    return feeds
 plain, graphs = e.create_context(), e.create_context()
 plain.set_use_cuda_graph(False)
 rng = np.random.default_rng(0)
@@ -236,15 +222,14 @@ if [[ " $PARTS " == *" cost "* ]]; then
   # The front end alone: bench/serve_cost.py's model (ResNet-50's input, one Slice, cpu
   # backend), so the rows say what this machine's cores spend per request, GPU aside.
   if python3 -c "import onnx" 2>/dev/null; then
-    for nw in $WORKER_COUNTS; do
-      fits $((40 + 4 * (LOAD_S + 6))) "front-end cost, $nw worker(s)" || continue
-      say "front end's CPU per request (bench/serve_cost.py, cpu backend), --workers $nw"
-      { echo "### front end's CPU per request, --workers $nw (bench/serve_cost.py)"; echo '```'
-        python3 bench/serve_cost.py --clients "${KILN_COST_CLIENTS:-1,8,32,128}" --workers "$nw" \
-          --duration "$LOAD_S" --procs "${KILN_COST_PROCS:-8}" --json "$W/cost_w$nw.json"
+    if fits $((40 + 4 * (LOAD_S + 6))) "front-end cost"; then
+      say "front end's CPU per request (bench/serve_cost.py, cpu backend)"
+      { echo "### front end's CPU per request (bench/serve_cost.py)"; echo '```'
+        python3 bench/serve_cost.py --clients "${KILN_COST_CLIENTS:-1,8,32,128}" \
+          --duration "$LOAD_S" --procs "${KILN_COST_PROCS:-8}" --json "$W/cost.json"
         echo '```'; } | tee -a "$W/tables.md"
-      JSONS+=("$W/cost_w$nw.json")
-    done
+      JSONS+=("$W/cost.json")
+    fi
   else
     say "skipped: front-end cost (no onnx package here)"
   fi
@@ -261,8 +246,8 @@ if [[ " $PARTS " == *" compare "* ]] && [[ " $MODELS " == *" resnet50 "* ]] && f
       graphs) SERVER_ENV=""; FLAGS=() ;;
       pad_graphs) SERVER_ENV=""; FLAGS=(--pad-batches) ;;
     esac
-    start_server resnet50 "compare $mode" --devices 0 --workers "$FIRST_WORKERS" "${FLAGS[@]}" || continue
-    load resnet50 "$mode, $FIRST_WORKERS worker(s)" "$W/compare_$mode.json" --protocols grpc --clients 32,128
+    start_server resnet50 "compare $mode" --devices 0 "${FLAGS[@]}" || continue
+    load resnet50 "$mode" "$W/compare_$mode.json" --protocols grpc --clients 32,128
     stop_server
   done
   SERVER_ENV=""
@@ -288,22 +273,20 @@ if [[ " $PARTS " == *" tables "* ]]; then
     [ "$m" = bert ] && protos=$(with_shm grpc)
     for devs in $TABLE_DEVICES; do
       if [ "$devs" = 0,1 ] && [ "$NGPU" -lt 2 ]; then say "one GPU: no two-GPU table"; continue; fi
-      for nw in $WORKER_COUNTS; do
-       for variant in "${VARIANTS[@]}"; do
+      for variant in "${VARIANTS[@]}"; do
         vlabel=${variant%%=*}
         read -r -a VFLAGS <<<"${variant#*=}"
         nprot=$(( $(tr -cd , <<<"$protos" | wc -c) + 1 ))
-        need=$(( 25 + 5 * nw + 4 * nprot * (LOAD_S + 2) ))
-        fits "$need" "$m table on GPUs $devs, $nw worker(s) ${vlabel}" || continue
-        say "$m, --devices $devs --workers $nw ${PAD_FLAG[*]} ${VFLAGS[*]}"
-        echo "### $m, --devices $devs --workers $nw --worker-devices $WORKER_DEVICES ${PAD_FLAG[*]} ${EXTRA_ARGS[*]} ${VFLAGS[*]}" >>"$W/tables.md"
-        start_server "$m" "$m devices $devs workers $nw $vlabel" --devices "$devs" --workers "$nw" \
-          --worker-devices "$WORKER_DEVICES" "${PAD_FLAG[@]}" "${VFLAGS[@]}" || continue
-        load "$m" "GPUs $devs, $nw worker(s)${PAD_FLAG:+ padded}${vlabel:+, $vlabel}" \
-          "$W/load_${m}_${devs/,/_}_w$nw${vlabel:+_$vlabel}.json" --protocols "$protos" \
+        need=$(( 30 + 4 * nprot * (LOAD_S + 2) ))
+        fits "$need" "$m table on GPUs $devs ${vlabel}" || continue
+        say "$m, --devices $devs ${PAD_FLAG[*]} ${VFLAGS[*]}"
+        echo "### $m, --devices $devs ${PAD_FLAG[*]} ${EXTRA_ARGS[*]} ${VFLAGS[*]}" >>"$W/tables.md"
+        start_server "$m" "$m devices $devs $vlabel" --devices "$devs" "${PAD_FLAG[@]}" \
+          "${VFLAGS[@]}" || continue
+        load "$m" "GPUs $devs${PAD_FLAG:+ padded}${vlabel:+, $vlabel}" \
+          "$W/load_${m}_${devs/,/_}${vlabel:+_$vlabel}.json" --protocols "$protos" \
           ${KILN_SERVE_CLIENTS:+--clients "$KILN_SERVE_CLIENTS"}
         stop_server
-       done
       done
     done
   done
@@ -317,11 +300,11 @@ if [[ " $PARTS " == *" soak "* ]] && [[ " $MODELS " == *" resnet50 "* ]] && fits
   [ -f "$FP32" ] || "$KILN" build --onnx models/resnet50.onnx --save-engine "$FP32" \
     --min-shapes input:1x3x224x224 --opt-shapes input:1x3x224x224 --max-shapes input:1x3x224x224 \
     --timing-cache models/timing.cache >>"$BLOG" 2>&1 || { say "no FP32 reference engine"; FP32=""; }
-  # Each worker logs its RSS and malloc's arenas (in use / free) every 30 s into servers.log.
+  # The server logs its RSS and glibc's heap every 30 s into servers.log.
   SERVER_ENV="KILN_SERVE_MEMORY_LOG=30 ${SERVER_ENV:-}"
-  if start_server resnet50 "soak" --workers "$FIRST_WORKERS" --worker-devices "$WORKER_DEVICES" "${PAD_FLAG[@]}"; then
+  if start_server resnet50 "soak" "${PAD_FLAG[@]}"; then
     python3 bench/serve_load.py soak --http "$HTTP" --grpc "$GRPC" --model resnet50 \
-      --engine "${ENGINE[resnet50]}" --label "every GPU, $FIRST_WORKERS worker(s)${PAD_FLAG:+, padded}" --clients 64 \
+      --engine "${ENGINE[resnet50]}" --label "every GPU${PAD_FLAG:+, padded}" --clients 64 \
       --protocols "$SOAK_PROTOCOLS" \
       --duration "$SOAK_S" --bad-rate 0.05 --server-pid "$SPID" --sample-every 5 --procs 8 \
       --settle "$((SOAK_S < 120 ? SOAK_S / 2 : 60))" ${FP32:+--reference-engine "$FP32"} \

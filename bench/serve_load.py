@@ -13,8 +13,8 @@ to a server on this machine only (127.0.0.1 / [::1] / localhost).
         body, a 100 MB body, a model that does not exist. Every good answer is checked against
         the engine run directly on the same input (kiln.load + Context.run, here); every bad
         one must be a 4xx (gRPC: a client-error status) with a message, never a 5xx. The
-        server's resident memory (--server-pid; in total and per kind of process: the
-        supervisor 'main', the 'worker's, the 'batcher's) and the GPUs' memory (nvidia-smi) are
+        server's resident memory (--server-pid, with any process under it) and the GPUs' memory
+        (nvidia-smi) are
         sampled every --sample-every seconds into a CSV and a PNG plot (matplotlib).
 
 The soak's verdict (PASSED: exit status 0, else 2):
@@ -50,9 +50,8 @@ The soak's verdict (PASSED: exit status 0, else 2):
 
 Clients run as threads in --procs processes (spawned; the GIL of one process would be the
 bottleneck at 128 clients), each client on its own connection: gRPC's clients in one process
-would otherwise share one (grpc's global subchannel pool), which `kiln serve --workers` (the
-kernel spreads connections over the workers) could not spread (--grpc-shared-connection: as
-before). --server-pid counts the server's worker processes too (its process tree). Results go
+would otherwise share one (grpc's global subchannel pool; --grpc-shared-connection: as
+before). --server-pid counts any process under the server too (its process tree). Results go
 to --json (and a Markdown table on stdout / --md).
 
 --shm, or the protocols grpc-shm and http-shm (beside grpc and http in one run, for rows with
@@ -166,7 +165,7 @@ _METRIC = re.compile(r'^(kiln_[a-z_]+)\{([^}]*)\}\s+([0-9.eE+-]+)$')
 def scrape(http: str, model: str) -> dict:
     """kiln's counters for `model`: {name: value} and {name: {label: value}} for the
     per-batch and per-device families."""
-    out: dict = {"batch": {}, "device": {}, "worker": {}}
+    out: dict = {"batch": {}, "device": {}}
     try:
         text = http_get(http, "/metrics")
     except Exception:  # noqa: BLE001 - metrics are optional for the numbers
@@ -183,8 +182,6 @@ def scrape(http: str, model: str) -> dict:
             out["batch"][int(labels["batch"])] = value
         elif name == "kiln_device_inferences_total":
             out["device"][labels["device"]] = value
-        elif name == "kiln_worker_requests_total":  # kiln serve --workers
-            out["worker"][labels["worker"]] = value
         else:
             out[name] = value
     return out
@@ -198,13 +195,11 @@ def formed(before: dict, after: dict) -> dict:
     per_batch = {b: n - before["batch"].get(b, 0.0) for b, n in after["batch"].items()}
     per_batch = {b: int(n) for b, n in sorted(per_batch.items()) if n > 0}
     per_device = {k: int(v - before["device"].get(k, 0.0)) for k, v in after["device"].items()}
-    per_worker = {k: int(v - before.get("worker", {}).get(k, 0.0))
-                  for k, v in sorted(after.get("worker", {}).items())}
     mode = max(per_batch, key=lambda b: b * per_batch[b]) if per_batch else None
     return {"inferences": int(inf), "formed_batch_mean": round(samples / inf, 2) if inf else None,
             "padded_samples": int(d("kiln_padded_samples_total")), "run_batch_mode": mode,
             "requests_served": int(d("kiln_requests_total")),
-            "per_batch": per_batch, "per_device": per_device, "per_worker": per_worker}
+            "per_batch": per_batch, "per_device": per_device}
 
 
 # ---- clients ----------------------------------------------------------------------------------
@@ -724,8 +719,7 @@ def base_args(a, mode: str, specs) -> dict:
 
 
 def process_tree(pid: int) -> list[int]:
-    """`pid` and its descendants alive now (kiln serve --workers: the supervisor and its
-    workers)."""
+    """`pid` and its descendants alive now (`python -m kiln.cli serve` under `timeout`, say)."""
     out, todo = [], [pid]
     while todo:
         p = todo.pop()
@@ -741,7 +735,7 @@ def process_tree(pid: int) -> list[int]:
 
 def cpu_seconds(pid: int):
     """User + system CPU seconds so far of process `pid` and its descendants alive (None
-    without one): a worker that exits in between takes its seconds with it."""
+    without one): a process that exits in between takes its seconds with it."""
     if not pid:
         return None
     total, seen = 0.0, False
@@ -771,60 +765,14 @@ def rss_mb(pid: int):
     return total if seen else None
 
 
-def rss_by_role(pid: int) -> dict:
-    """Resident memory (MB) of `pid` and its descendants, summed per _role."""
-    out: dict = {}
-    for p in process_tree(pid):
-        try:
-            with open(f"/proc/{p}/status") as f:
-                kb = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
-        except (OSError, StopIteration, ValueError):
-            continue
-        role = _role(p)
-        out[role] = out.get(role, 0.0) + kb / 1024.0
-    return out
-
-
-def _role(pid: int) -> str:
-    """What process `pid` of kiln serve is: 'batcher' or 'worker' (its KILN_SERVE_WORKER, as
-    the supervisor started it), else 'main' (the supervisor, or a server of one process)."""
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            for item in f.read().split(b"\0"):
-                if item.startswith(b"KILN_SERVE_WORKER="):
-                    return json.loads(item.split(b"=", 1)[1]).get("role", "worker")
-    except (OSError, ValueError):
-        pass
-    return "main"
-
-
-def cpu_by_role(pid: int) -> dict:
-    """CPU seconds so far of `pid` and its descendants alive, per _role."""
-    out: dict = {}
-    if not pid:
-        return out
-    for p in process_tree(pid):
-        try:
-            with open(f"/proc/{p}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            sec = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        except (OSError, ValueError, IndexError):
-            continue
-        role = _role(p)
-        out[role] = out.get(role, 0.0) + sec
-    return out
-
-
 def load_mode(a, specs) -> dict:
     rows = []
     for proto in a.protocols:
         for n in a.clients:
             before = scrape(a.http, a.model)
-            roles0 = cpu_by_role(a.server_pid)
             cpu0, t0 = cpu_seconds(a.server_pid), time.perf_counter()
             r = run_clients(dict(base_args(a, "load", specs), protocols=[proto]), n, a.procs)
             cpu1, t1 = cpu_seconds(a.server_pid), time.perf_counter()
-            roles1 = cpu_by_role(a.server_pid)
             after = scrape(a.http, a.model)
             f = formed(before, after)
             # The server's CPU use over the run (warm-up and client start included), in cores,
@@ -833,9 +781,6 @@ def load_mode(a, specs) -> dict:
             f["server_cores"] = round((cpu1 - cpu0) / (t1 - t0), 2) if have_cpu else None
             f["server_cpu_us_per_request"] = (round((cpu1 - cpu0) / f["requests_served"] * 1e6)
                                               if have_cpu and f["requests_served"] else None)
-            # per kind of process (kiln serve --batcher device: front ends and batchers)
-            f["server_cores_by_role"] = {k: round((v - roles0.get(k, 0.0)) / (t1 - t0), 2)
-                                         for k, v in sorted(roles1.items())}
             lat = r["latencies"]
             row = {"label": a.label, "model": a.model, "protocol": proto, "clients": n,
                    "requests": r["ok"], "errors": r["errors"], "error_samples": r["error_samples"][:3],
@@ -846,10 +791,9 @@ def load_mode(a, specs) -> dict:
             print(f"  {a.label} {a.model} {proto} {n:4d} clients: {row['throughput_per_s']} req/s, "
                   f"p50 {fmt(row['p50_ms'])} ms, p99 {fmt(row['p99_ms'])} ms, batch "
                   f"{row['formed_batch_mean']} (runs at {row['run_batch_mode']}), server CPU "
-                  f"{row['server_cores']} cores {row['server_cores_by_role']}, "
+                  f"{row['server_cores']} cores, "
                   f"{row['server_cpu_us_per_request']} us/request, "
-                  f"devices {row['per_device']}"
-                  f"{', workers ' + str(row['per_worker']) if row['per_worker'] else ''}, errors "
+                  f"devices {row['per_device']}, errors "
                   f"{r['errors'] or 0}", flush=True)
     bench = kiln_bench(a.kiln, a.engine, [r["run_batch_mode"] for r in rows if r["run_batch_mode"]],
                        specs, a.bench_duration)
@@ -867,27 +811,18 @@ def fmt(x, nd=2):
     return "-" if x is None else f"{x:.{nd}f}"
 
 
-def _by_role(r) -> str:
-    """' (front ends 6.1, batchers 4.2)' where the server had batcher processes."""
-    roles = r.get("server_cores_by_role") or {}
-    if "batcher" not in roles:
-        return ""
-    return f" (front ends {fmt(roles.get('worker', 0.0))}, batchers {fmt(roles['batcher'])})"
-
-
 def table(rows) -> str:
     lines = ["| setup | model | protocol | clients | req/s | p50 ms | p99 ms | batch formed (mean; runs at) "
              "| kiln bench at that batch, samples/s | server / bench | server CPU (cores) "
-             "| server CPU µs/request | requests per worker | errors |",
-             "|---|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---|---|"]
+             "| server CPU µs/request | errors |",
+             "|---|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---|"]
     for r in rows:
         lines.append(
             f"| {r['label']} | {r['model']} | {r['protocol']} | {r['clients']} | "
             f"{fmt(r['throughput_per_s'], 1)} | {fmt(r['p50_ms'])} | {fmt(r['p99_ms'])} | "
             f"{r['formed_batch_mean']}; {r['run_batch_mode']} | {fmt(r['bench_throughput_per_s'], 0)} | "
-            f"{fmt(r['server_over_bench'], 3)} | {fmt(r.get('server_cores'))}{_by_role(r)} | "
+            f"{fmt(r['server_over_bench'], 3)} | {fmt(r.get('server_cores'))} | "
             f"{fmt(r.get('server_cpu_us_per_request'), 0)} | "
-            f"{' / '.join(str(n) for n in (r.get('per_worker') or {}).values()) or '-'} | "
             f"{sum(r['errors'].values()) if r['errors'] else 0} |")
     return "\n".join(lines)
 
@@ -906,10 +841,7 @@ class Sampler(threading.Thread):
     def sample(self, t0):
         row = {"t_s": round(time.time() - t0, 2), "rss_mb": None, "gpu_used_mb": None}
         if self.pid:
-            roles = rss_by_role(self.pid)
-            row["rss_mb"] = sum(roles.values()) if roles else None
-            for role, mb in sorted(roles.items()):  # the supervisor (main), workers, batchers
-                row[f"rss_{role}_mb"] = round(mb, 1)
+            row["rss_mb"] = rss_mb(self.pid)
         if self.smi:
             try:
                 p = subprocess.run([self.smi, "--query-gpu=index,memory.used",
@@ -974,9 +906,9 @@ def plot(rows, png, title, settle):
 def _batch_sizes(e) -> list[int]:
     """Powers of two up to the engine's largest batch (its profile's first dimension), and
     that maximum: the sizes `kiln serve --pad-batches` runs."""
-    from kiln.batching import batch_limit
-
-    hi = batch_limit(e, None)
+    first, prof = e.inputs[0], e.profile.get(e.inputs[0].name)
+    hi = 1 if not first.shape or isinstance(first.shape[0], int) else (
+        int(prof["max"][0]) if prof else 32)
     sizes, b = [], 1
     while b < hi:
         sizes.append(b)
@@ -1127,8 +1059,6 @@ def soak_mode(a, specs) -> dict:
         "bad_samples": r["bad_samples"][:5], **formed(before, after),
         "settle_s": settle, "rss_growth_after_settle_mb": growth(rows, "rss_mb", settle),
         "gpu_growth_after_settle_mb": growth(rows, "gpu_used_mb", settle),
-        "rss_growth_by_role_mb": {k[4:-3]: growth(rows, k, settle) for k in sorted(
-            {k for row in rows for k in row if k.startswith("rss_") and k != "rss_mb"})},
         "samples": rows,
     }
     flat, slope, window = memory_verdict(rows, "rss_mb", settle, a.rss_slope, a.min_memory_window)
@@ -1170,8 +1100,8 @@ def soak_mode(a, specs) -> dict:
           f"{r['over_base_tolerance']} over {a.tolerance:g}, max rel L2 {r['max_rel_l2']:.2e}; "
           f"{len(mism)} kept{' in ' + a.mismatches if mism and a.mismatches else ''}), errors "
           f"{r['errors'] or 0}; bad sent {bad_total}, not a 4xx with a message: {bad_fail}; "
-          f"5xx: {five}; RSS +{summary['rss_growth_after_settle_mb']} MB after {settle:.0f} s "
-          f"{summary['rss_growth_by_role_mb']}, {slope} MB/min over the last {window} s "
+          f"5xx: {five}; RSS +{summary['rss_growth_after_settle_mb']} MB after {settle:.0f} s, "
+          f"{slope} MB/min over the last {window} s "
           f"({judged}); GPU +{summary['gpu_growth_after_settle_mb']} MB; "
           f"{'PASSED' if summary['passed'] else 'FAILED'}", flush=True)
     for m in summary.get("mismatch_records", [])[:5]:
@@ -1233,10 +1163,10 @@ def parse(argv=None):
     p.add_argument("--reference-device", type=int, default=0)
     p.add_argument("--server-pid", type=int, default=0,
                    help="the server's process: soak samples its RSS, load reports its CPU use "
-                        "(with its descendants: kiln serve --workers' worker processes)")
+                        "(with its descendants)")
     p.add_argument("--grpc-shared-connection", action="store_true",
-                   help="the gRPC clients of one process share one connection (grpc's default, "
-                        "and this tool's before kiln serve --workers), instead of one each")
+                   help="the gRPC clients of one process share one connection (grpc's default), "
+                        "instead of one each")
     p.add_argument("--sample-every", type=float, default=5.0)
     p.add_argument("--settle", type=float, default=60.0, help="soak: memory must be flat after this")
     p.add_argument("--ready-timeout", type=float, default=120.0)

@@ -3,7 +3,8 @@
 # `pip install '.[serve]'`, in a fresh virtual environment with pip's default build isolation
 # (pip fetches scikit-build-core, nanobind and numpy into a temporary build environment). Then,
 # from outside the repository, the installed package builds and runs an engine, the installed
-# `kiln` runs the C++ CLI, and `kiln serve` answers one request over REST and one over gRPC.
+# `kiln` runs the C++ CLI, `kiln serve` answers one request over REST and one over gRPC, and
+# KServe's predictor (`python -m kiln.kserve`, what '.[serve]' installs KServe for) starts.
 #
 #   scripts/check_install.sh [BUILD_DIR]
 #
@@ -140,6 +141,15 @@ finally:
         proc.wait(timeout=60)
     except subprocess.TimeoutExpired:
         proc.kill()
+# kiln.kserve with the KServe '.[serve]' installed (in a process of its own: kserve and
+# tritonclient.grpc register the same protobuf messages); an empty folder is its one-line error.
+empty = os.path.join(work, "no_engines")
+os.makedirs(empty)
+r = subprocess.run([sys.executable, "-m", "kiln.kserve", "--model_dir", empty, "--http_port",
+                    str(free_port()), "--grpc_port", str(free_port())], capture_output=True,
+                   text=True, timeout=300)
+assert r.returncode == 1 and r.stderr.strip().startswith("kiln.kserve: error: ") \
+    and "holds no engine" in r.stderr, r.stdout + r.stderr
 print(f"check_install: the installed kiln {kiln.__version__} builds and runs an engine; "
-      "`kiln inspect` and `kiln serve` (REST and gRPC) work")
+      "`kiln inspect`, `kiln serve` (REST and gRPC) and `python -m kiln.kserve` work")
 PY

@@ -8,15 +8,12 @@
 # $KILN_FUZZ_BUILD_DIR (default build-fuzz): libkiln, the kiln CLI, the unit tests and the three
 # libFuzzer harnesses, one tree for all. Then runs the CPU unit tests under the sanitizers, makes
 # the seed corpora (tests/fuzz/make_corpus.py) and runs each harness for N seconds (default 60):
-# fuzz_onnx_import, fuzz_engine_load, fuzz_build, fuzz_serve_requests (the C++ `kiln serve`'s
-# REST and gRPC request decoding), and the Python driver of `kiln serve`'s request decoding
-# (tests/fuzz/fuzz_serving.py, with the Python extension of $KILN_BUILD_DIR, default build, when
-# it is built). Any crash, sanitizer report, leak, hang (-timeout) or finding fails the script;
+# fuzz_onnx_import, fuzz_engine_load, fuzz_build and fuzz_serve_requests (the C++ `kiln serve`'s
+# REST and gRPC request decoding). Any crash, sanitizer report, leak, hang (-timeout) or finding fails the script;
 # the input that caused it is in $KILN_FUZZ_BUILD_DIR/fuzz-artifacts/. scripts/test.sh calls it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${KILN_FUZZ_BUILD_DIR:-build-fuzz}
-MAIN_BUILD=${KILN_BUILD_DIR:-build}
 JOBS=${KILN_JOBS:-$(nproc)}
 SECONDS_EACH=60
 build=1 unit=1 fuzz=1
@@ -78,22 +75,4 @@ if [ $fuzz = 1 ]; then
     grep -E '^stat::number_of_executed_units|^Done' "$log"
     took "$name"
   done
-  step "kiln serve request decoding (tests/fuzz/fuzz_serving.py) for $SECONDS_EACH s"
-  # Against an engine of the Python extension in $MAIN_BUILD/python, else a stand-in (the driver
-  # says which).
-  if python3 -c "import kserve" 2>/dev/null; then
-    log=$B/fuzz-work/fuzz_serving.log
-    mkdir -p "$B/fuzz-work"
-    if ! PYTHONPATH="$MAIN_BUILD/python${PYTHONPATH:+:$PYTHONPATH}" python3 tests/fuzz/fuzz_serving.py \
-        --artifact-dir "$B/fuzz-artifacts" --max-seconds "$SECONDS_EACH" \
-        -max_total_time="$SECONDS_EACH" -timeout=10 -print_final_stats=1 >"$log" 2>&1; then
-      grep -v '^#[0-9]' "$log" | tail -80
-      echo "fuzz.sh: fuzz_serving found a problem (above; the input is in $B/fuzz-artifacts/)" >&2
-      exit 1
-    fi
-    grep -E '^stat::number_of_executed_units|^Done|^fuzz_serving:' "$log"
-    took "fuzz_serving"
-  else
-    echo "note: kserve is not installed (scripts/setup.sh installs it): fuzz_serving.py skipped"
-  fi
 fi

@@ -50,15 +50,12 @@ pip_install_missing() {
 }
 pip_install_missing "${PIP_PACKAGES[@]}"
 
-# The Python package (python/: nanobind, scikit-build-core) and its tests: pytest, KServe and
-# Triton's clients (kiln serve), Ray Serve (kiln.ray_serve), Polygraphy (kiln.polygraphy).
+# The Python package (python/: nanobind, scikit-build-core) and its tests: pytest, Triton's
+# clients (against kiln serve), KServe (kiln.kserve), Ray Serve (kiln.ray_serve), Polygraphy
+# (kiln.polygraphy).
 # import name:pip requirement
 pip_install_missing nanobind:nanobind scikit_build_core:scikit-build-core pytest:pytest \
   kserve:kserve tritonclient.grpc:"tritonclient[http,grpc]" ray.serve:"ray[serve]" polygraphy:polygraphy
-
-# Coverage-guided fuzzing of `kiln serve`'s request decoding (tests/fuzz/fuzz_serving.py); without
-# a wheel for this Python the driver's seeded random mutator runs instead.
-pip_install_missing atheris:atheris || echo "setup: atheris did not install: fuzz_serving.py uses its random mutator"
 
 # Optional: PyTorch for the model export scripts (scripts/export_resnet50.py, export_bert.py).
 # Large; only on request.

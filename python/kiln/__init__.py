@@ -6,8 +6,9 @@
     ctx = engine.create_context()
     outputs = ctx.run({"input": x})                     # NumPy arrays, or PyTorch CUDA tensors
 
-docs/python.md describes the package; `kiln serve` serves engines over KServe's Open Inference
-Protocol (kiln.serving) and Ray Serve (kiln.ray_serve).
+docs/python.md describes the package. `kiln serve` (the CLI's C++ server) serves engines over the
+Open Inference Protocol; kiln.kserve is a predictor for KServe's ModelServer, and kiln.ray_serve
+a Ray Serve deployment, both on kiln.Context.
 """
 from kiln._kiln import (
     KilnError,
@@ -19,12 +20,12 @@ from kiln._kiln import (
     default_backend,
 )
 from kiln.context import Context
-from kiln.engine import Engine, build, device_count, load
+from kiln.engine import Engine, build, device_count, load, set_gpu_wait
 from kiln.session import InferenceSession, NodeArg
 from kiln.tools import bench, compare
 
 __all__ = [
     "Context", "Engine", "InferenceSession", "KilnError", "KilnTypeError", "KilnValueError",
     "NodeArg", "TensorInfo", "__version__", "backend_unavailable_reason", "bench", "build",
-    "compare", "default_backend", "device_count", "load",
+    "compare", "default_backend", "device_count", "load", "set_gpu_wait",
 ]

@@ -1,29 +1,14 @@
 """The `kiln` command of the Python package: every subcommand (build, run, bench, inspect, compare,
-report, serve) by the kiln CLI installed with it. `kiln serve` is the CLI's C++ server
-(src/serve/); the Python server it replaces (kiln.serving: KServe's ModelServer) still runs for
-the options only it has (--workers, --batcher, --worker-devices, --sched-batch) and as
-`python -m kiln.serving`, until the C++ server has them too."""
+report, serve) is the kiln CLI installed with it, run in this process's place. `kiln serve` is
+the CLI's C++ server (src/serve/)."""
 from __future__ import annotations
 
 import os
 import sys
 
-# Options of the Python server that the C++ `kiln serve` has not (yet): a command line with any
-# of them is served by kiln.serving.
-PYTHON_SERVE_OPTIONS = ("--workers", "--batcher", "--worker-devices", "--sched-batch")
-
-
-def _python_serve(argv: list) -> bool:
-    return any(a == o or a.startswith(o + "=") for a in argv for o in PYTHON_SERVE_OPTIONS)
-
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "serve" and (_python_serve(argv[1:])
-                                        or os.environ.get("KILN_SERVE_PYTHON") == "1"):
-        from kiln.serving import main as serve_main
-
-        return serve_main(argv[1:])
     from kiln.tools import cli_path
 
     try:

@@ -126,6 +126,19 @@ def device_count() -> int:
     return int(_kiln.cuda_device_count())
 
 
+def set_gpu_wait(mode: str) -> int:
+    """How this process's threads wait for the GPUs (a CUDA context's scheduling flag): 'block'
+    (cudaDeviceScheduleBlockingSync: the waiting thread sleeps until the GPU is done, as
+    trtexec and `kiln serve` wait by default), 'spin' (it spins on its core: trtexec's
+    --useSpinWait, `kiln serve --spin-wait`), 'yield' (spins, yielding) or 'auto' (CUDA's
+    default: spin while the process has fewer CUDA contexts than the machine has cores). It
+    must come before this process loads an engine or makes a context on a GPU (a KilnError says
+    which device's context exists already, with another mode); an unknown mode is a
+    KilnValueError. Returns the number of GPUs set: 0 without a GPU or CUDA, where it does
+    nothing (the cpu backend never waits for a device)."""
+    return int(_kiln.set_gpu_wait(mode))
+
+
 def _shapes(arg: ShapeArg, what: str) -> dict[str, list[int]]:
     if arg is None:
         return {}

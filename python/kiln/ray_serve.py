@@ -21,12 +21,46 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from ray import serve
 
-from kiln.batching import RequestError, batch_limit, join, split
+import numpy as np
+
+from kiln._kiln import KilnTypeError, KilnValueError
+from kiln._v2 import (RequestError, decode_request, encode_response, find_models,
+                      malformed_errors, malformed_message, tensor_metadata)
 from kiln.engine import load
-from kiln.serving import decode_request, encode_response, find_models, tensor_metadata
 
 app = FastAPI()
 _HEADER = "inference-header-content-length"
+
+
+def batch_limit(engine, cap: int) -> int:
+    """The largest batch one inference may take: the profile's maximum of the first dimension,
+    at most `cap`, where every input's and output's first dimension is dynamic; else 1."""
+    if any(not t.shape or isinstance(t.shape[0], int) for t in [*engine.inputs, *engine.outputs]):
+        return 1
+    limit = cap
+    for t in engine.inputs:
+        prof = engine.profile.get(t.name)
+        if prof:
+            limit = min(limit, int(prof["max"][0]))
+    return max(limit, 1)
+
+
+def join(requests: list[dict]) -> dict:
+    """Requests' inputs joined along the first dimension (one request: as it is)."""
+    if len(requests) == 1:
+        return requests[0]
+    return {n: np.concatenate([r[n] for r in requests], axis=0) for n in requests[0]}
+
+
+def split(out: dict, batches: list[int]) -> list[dict]:
+    """The outputs of a joined inference, split back per request (views of them)."""
+    if len(batches) == 1:
+        return [out]
+    parts, start = [], 0
+    for b in batches:
+        parts.append({n: v[start:start + b] for n, v in out.items()})
+        start += b
+    return parts
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -127,9 +161,13 @@ class KilnDeployment:
         try:
             req = InferRequest.from_bytes(body, int(header) if header else len(body), name)
             feeds = decode_request(req, self.models[name], self.limits[name] > 1)
-        except (RequestError, InvalidInput, ValueError) as e:
+        except (RequestError, InvalidInput) as e:
             return _error(400, str(e))
+        except malformed_errors() as e:  # KServe's decoding of a body it cannot read
+            return _error(400, malformed_message(e))
         out = await self._infer_batch((name, feeds))
+        if isinstance(out, (KilnValueError, KilnTypeError)):  # what the engine itself refuses
+            return _error(400, str(out))
         if isinstance(out, Exception):
             return _error(500, str(out))
         try:

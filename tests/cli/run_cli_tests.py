@@ -204,6 +204,10 @@ def serve_cases(args, p):
                  "--host", "127.0.0.1", "--http-port", "0", "--no-grpc")
     expect_error(args, "serve: bad --devices", "GPU indices", "serve", p("serve_repo"), "--devices", "gpu0")
     expect_error(args, "serve: bad --pad-batches", "pad-batches", "serve", p("serve_repo"), "--pad-batches", "a,b")
+    # The deleted Python server's options (docs/python.md: --contexts, --devices and the dynamic
+    # batcher's options replace them): the CLI's error for an unknown option, nothing served.
+    for opt in (["--workers", "2"], ["--worker-devices", "all"], ["--batcher", "device"], ["--sched-batch"]):
+        expect_error(args, f"serve: the Python server's {opt[0]}", opt[0], "serve", p("serve_repo"), *opt)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

@@ -1,8 +1,8 @@
 """Shared fixtures of the Python package's tests: the package from the build tree (or an
 installed one), the small ONNX models of scripts/models/small_models.py, and engines built from
 them on the cpu backend; and what the `kiln serve` tests share: a model repository
-(serve_repo), free ports, the environment a server subprocess runs in, and a server of several
-processes started and waited for (start_serve)."""
+(serve_repo), free ports, the environment a server subprocess runs in, waiting for it to be
+ready and stopping it."""
 import os
 import signal
 import socket
@@ -60,11 +60,6 @@ def serve_repo(models_dir, repo, max_batch):
     return repo
 
 
-# how long `kiln serve --workers 2` may take to start: two workers importing KServe and loading
-# on a busy 2-core machine
-SERVE_START_S = 120
-
-
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -104,36 +99,6 @@ def stop_serve(proc):
     except subprocess.TimeoutExpired:
         proc.kill()
         pytest.fail("kiln serve did not stop within 60 s of SIGTERM")
-
-
-def read_log(server):
-    """Everything a server started by start_serve has written so far (stdout and stderr)."""
-    server["log"].flush()
-    with open(server["log"].name) as f:
-        return f.read()
-
-
-def start_serve(repo, log_path, *args):
-    """`kiln serve REPO` with `args` (--workers 2 ...) on free ports of 127.0.0.1, its output in
-    `log_path`; returns {"http", "grpc": addresses, "proc", "log"} once the supervisor says
-    'workers ready' (every worker takes connections), or fails the test with the log's end when
-    the server exits first or is not ready within SERVE_START_S."""
-    http, grpc_port = free_port(), free_port()
-    log = open(log_path, "w+")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kiln.cli", "serve", str(repo), "--host", "127.0.0.1",
-         "--http-port", str(http), "--grpc-port", str(grpc_port), *args],
-        stdout=log, stderr=subprocess.STDOUT, env=serve_env())
-    server = {"http": f"127.0.0.1:{http}", "grpc": f"127.0.0.1:{grpc_port}", "proc": proc,
-              "log": log}
-    deadline = time.time() + SERVE_START_S
-    while "workers ready" not in read_log(server):
-        if proc.poll() is not None or time.time() > deadline:
-            proc.kill()
-            pytest.fail(f"kiln serve {' '.join(args)} did not start:\n"
-                        f"{read_log(server)[-4000:]}")
-        time.sleep(0.3)
-    return server
 
 
 def feeds_for(name, batch, rng):

@@ -96,6 +96,22 @@ def test_two_replicas(models_dir, tmp_path, monkeypatch):
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(bad, timeout=30)
         assert e.value.code == 400
+        # a body KServe's decoding cannot read (an input without a name) and a shape the
+        # engine does not take: each a 400 with one line
+        head = json.dumps({"inputs": [{"shape": [1], "datatype": "FP32",
+                                       "parameters": {"binary_data_size": 4}}]}).encode()
+        for body, headers, says in (
+                (head + b"\0" * 4, {"Inference-Header-Content-Length": str(len(head))},
+                 "malformed request: KeyError: 'name'"),
+                (json.dumps({"inputs": [{"name": "input", "shape": [1, 3, 16, 16],
+                                         "datatype": "FP32", "data": [0.0] * 768}]}).encode(),
+                 {"Content-Type": "application/json"}, "shape [1, 3, 16, 16]")):
+            req = urllib.request.Request(f"{base}/v2/models/small_cnn/infer", data=body,
+                                         headers=headers)
+            with pytest.raises(urllib.error.HTTPError) as e:
+                urllib.request.urlopen(req, timeout=30)
+            text = e.value.read().decode()
+            assert e.value.code == 400 and says in json.loads(text)["error"], text
     finally:
         serve.shutdown()
         ray.shutdown()

@@ -1,7 +1,6 @@
 """`kiln serve` (the C++ server) on the cpu backend, driven by Triton's clients (tritonclient) over the Open
 Inference Protocol's REST and gRPC: outputs equal ONNX Runtime's, concurrent requests share
 inferences, bad requests get a 4xx with a clear message and the server keeps serving."""
-import importlib.util
 import json
 import signal
 import subprocess
@@ -21,11 +20,8 @@ import kiln
 httpclient = pytest.importorskip("tritonclient.http", reason="tritonclient is not installed "
                                  "(scripts/setup.sh installs it)")
 grpcclient = pytest.importorskip("tritonclient.grpc")
-# `kiln serve` is the C++ server (src/serve) and needs no KServe; the last tests here run the
-# Python server (kiln.serving: its --sched-batch, uvloop), which does. A server runs in its own
-# process: kserve and tritonclient.grpc register the same protobuf messages and cannot share one.
-needs_kserve = pytest.mark.skipif(importlib.util.find_spec("kserve") is None,
-                                  reason="kserve is not installed (scripts/setup.sh installs it)")
+# `kiln serve` is the C++ server (src/serve), run through the package's `kiln` command
+# (python -m kiln.cli), each in a process of its own.
 
 LIMIT = 1 << 20  # --max-request-bytes of the server under test
 
@@ -167,9 +163,8 @@ def binary_body(x, size=None):
 
 
 def test_binary_rest_bodies(server, models_dir):
-    """Binary tensors are read as bytes (serving._request_from_bytes; KServe's own decoding made
-    a Python list of them, ~0.1 s for ResNet-50's input), and a binary_data_size past the end of
-    the body or a header length past it is a 400 saying so."""
+    """Binary tensors (the binary-tensor extension) give what ONNX Runtime gives, and a
+    binary_data_size past the end of the body or a header length past it is a 400 saying so."""
     x = cnn_input(3, 11)
     body, n = binary_body(x)
     binary = {"Content-Type": "application/octet-stream"}
@@ -225,7 +220,7 @@ def test_still_serving_after_bad_requests(server, models_dir):
     assert server["proc"].poll() is None
 
 
-# ---- gRPC ModelInfer's own decoding (serving.decode_grpc_request, encode_grpc_response) --------
+# ---- gRPC ModelInfer's decoding and encoding (src/serve/grpc_codec.*) ---------------------------
 def grpc_stub(server):
     import grpc
     from tritonclient.grpc import service_pb2_grpc
@@ -307,9 +302,8 @@ def _raw_field(data: bytes) -> bytes:
 
 
 def test_grpc_request_split_by_hand(server):
-    """ModelInfer reads raw_input_contents out of the serialized message itself
-    (serving.split_grpc_request): raw tensors placed before the other fields (protobuf allows
-    any order) decode as usual; a body that is not a ModelInferRequest (truncated, a wire type
+    """ModelInfer's reading of the serialized message: raw tensors placed before the other
+    fields (protobuf allows any order) decode as usual; a body that is not a ModelInferRequest (truncated, a wire type
     it has not, a length past its end) is INVALID_ARGUMENT saying so, and the server goes on."""
     import grpc
 
@@ -404,7 +398,7 @@ def test_bad_grpc_requests_get_a_client_error_naming_what_is_wrong(server, reque
     assert server["proc"].poll() is None
 
 
-# ---- REST infer's own decoding (serving._LeanRest: read_rest_body, decode_rest_request, ...) ----
+# ---- REST infer's decoding and encoding (src/serve/rest.*, http_api.*) ---------------------------
 def test_rest_outputs_binary_or_json_as_asked(server, models_dir):
     """Triton's HTTP client asking for binary or JSON outputs, and raw bodies with
     binary_data_output, nested JSON data and an id, all get what the engine gives."""
@@ -491,40 +485,9 @@ def test_bad_rest_requests_name_what_is_wrong(server, body, header_length, messa
     assert status == 200, text
 
 
-@needs_kserve
-def test_use_uvloop_and_its_switch():
-    """kiln serve runs its event loop on uvloop where it is installed; KILN_SERVE_UVLOOP=0 keeps
-    asyncio's own (each in a process of its own: the choice is the process's loop policy)."""
-    code = ("import asyncio; from kiln.serving import use_uvloop; "
-            "print(use_uvloop(), type(asyncio.new_event_loop()).__module__)")
-    have = importlib.util.find_spec("uvloop") is not None
-    for switch, want in (("1", have), ("0", False)):
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             env=dict(serve_env(), KILN_SERVE_UVLOOP=switch), timeout=120)
-        assert out.returncode == 0, out.stderr
-        used, module = out.stdout.split()
-        assert used == str(want), out.stdout
-        assert module.startswith("uvloop" if want else "asyncio"), out.stdout
-
-
-def _thread_policies(pid):
-    """{thread id: Linux scheduling policy (0 normal, 3 batch)} of a process's threads."""
-    import os
-
-    out = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{tid}/stat") as f:
-            out[int(tid)] = int(f.read().rsplit(")", 1)[1].split()[38])  # field 41, policy
-    return out
-
-
-@needs_kserve
-def test_log_requests_and_sched_batch_on_asyncio_loop(models_dir, tmp_path):
-    """With --log-requests every gRPC call is logged as KServe's LoggingInterceptor logs it,
-    ModelInfer included (the server has no interceptors: the other methods go through KServe's
-    per method, ModelInfer maps its own errors); errors keep their status. On asyncio's own
-    event loop (KILN_SERVE_UVLOOP=0), which serves as uvloop does. With --sched-batch the event
-    loop's thread runs under SCHED_BATCH and the inference threads (2 contexts) do not."""
+def test_log_requests(models_dir, tmp_path):
+    """With --log-requests every gRPC call is logged on stderr with its method and status,
+    ModelInfer included, errors with theirs; and every REST request with its method and path."""
     import grpc
     from tritonclient.grpc import service_pb2
 
@@ -535,21 +498,12 @@ def test_log_requests_and_sched_batch_on_asyncio_loop(models_dir, tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "kiln.cli", "serve", str(repo), "--host", "127.0.0.1",
          "--http-port", str(http_port), "--grpc-port", str(grpc_port), "--log-requests",
-         "--no-warmup", "--contexts", "2", "--sched-batch"], stdout=log, stderr=subprocess.STDOUT,
-        env=dict(serve_env(), KILN_SERVE_UVLOOP="0"))
+         "--no-warmup", "--contexts", "2"], stdout=log, stderr=subprocess.STDOUT, env=serve_env())
     server = {"grpc": f"127.0.0.1:{grpc_port}"}
     try:
+        wait_ready(proc, f"127.0.0.1:{http_port}", log)
         channel, stub = grpc_stub(server)
-        deadline = time.time() + 90
-        while True:
-            try:
-                assert stub.ServerLive(service_pb2.ServerLiveRequest(), timeout=2).live
-                break
-            except grpc.RpcError:
-                if proc.poll() is not None or time.time() > deadline:
-                    log.seek(0)
-                    pytest.fail(f"kiln serve did not start:\n{log.read()[-4000:]}")
-                time.sleep(0.5)
+        assert stub.ServerLive(service_pb2.ServerLiveRequest(), timeout=30).live
         x = cnn_input(1, 0)
         code, message, response = grpc_call(stub, grpc_request(
             inputs=[("input", "FP32", x.shape)], raw=[x.tobytes()]))
@@ -562,20 +516,28 @@ def test_log_requests_and_sched_batch_on_asyncio_loop(models_dir, tmp_path):
             stub.ModelMetadata(service_pb2.ModelMetadataRequest(name="nope"), timeout=30)
         assert e.value.code() == grpc.StatusCode.NOT_FOUND, e.value
         channel.close()
-        if sys.platform.startswith("linux"):
-            policies = _thread_policies(proc.pid)
-            assert policies[proc.pid] == 3, policies  # the event loop's thread: SCHED_BATCH
-            assert sum(p == 0 for p in policies.values()) >= 2, policies
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_serve(proc)
     log.seek(0)
     text = log.read()
     for method in ("ServerLive", "ModelInfer", "ModelMetadata"):
         assert f"grpc method: /inference.GRPCInferenceService/{method}" in text, text[-4000:]
+    assert "GET /v2/health/ready" in text, text[-4000:]
+
+
+@pytest.mark.parametrize("option", [["--workers", "2"], ["--workers=auto"], ["--batcher", "device"],
+                                    ["--worker-devices", "all"], ["--sched-batch"]])
+def test_the_python_servers_options_are_unknown_options(tmp_path, cnn_engine, option):
+    """The options of the Python server that `kiln serve` was (deleted: the C++ server has
+    --contexts, --devices and its dynamic batcher instead) get the CLI's one-line error for an
+    unknown option, before any model loads."""
+    cnn_engine.save(tmp_path / "m.kiln")
+    p = subprocess.run([sys.executable, "-m", "kiln.cli", "serve", str(tmp_path), *option],
+                       capture_output=True, text=True, env=serve_env(), timeout=120)
+    assert p.returncode == 1, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kiln: error: ") and "not expected" in lines[0]
+    assert option[0].split("=")[0] in lines[0], lines
 
 
 def test_full_queue_is_429_and_sigterm_drains(models_dir, tmp_path):

@@ -1,6 +1,6 @@
-"""How `kiln serve`'s threads wait for the GPU (kiln.batching.set_gpu_wait, `--spin-wait`): the
-mode is checked, it does nothing without a GPU, the server sets it before it loads anything, and
-on a GPU it lands on the device's context and is refused once that context exists."""
+"""How this process's threads wait for the GPU (kiln.set_gpu_wait; `kiln serve --spin-wait` is the
+C++ server's): the mode is checked, it does nothing without a GPU, and on a GPU it lands on the
+device's context and is refused once that context exists."""
 import subprocess
 import sys
 import textwrap
@@ -10,7 +10,7 @@ from conftest import gpu_reason
 
 import kiln
 from kiln import _kiln
-from kiln.batching import set_gpu_wait
+from kiln import set_gpu_wait
 
 
 def test_unknown_mode_is_a_value_error():
@@ -46,7 +46,7 @@ def test_on_a_gpu_it_sets_the_context_and_is_refused_once_made():
     code = textwrap.dedent("""
         import kiln
         from kiln import _kiln
-        from kiln.batching import set_gpu_wait
+        from kiln import set_gpu_wait
         n = kiln.device_count()
         assert set_gpu_wait("block") == n, n
         assert _kiln.gpu_wait(0) == "block", _kiln.gpu_wait(0)
@@ -71,30 +71,3 @@ def _env():
 
     return dict(os.environ, PYTHONPATH=os.pathsep.join(
         [os.path.dirname(os.path.dirname(kiln.__file__)), os.environ.get("PYTHONPATH", "")]))
-
-
-def test_serve_flag_parses():
-    from kiln.serving import parse_args
-
-    assert parse_args(["repo"]).spin_wait is False
-    assert parse_args(["repo", "--spin-wait"]).spin_wait is True
-
-
-@pytest.mark.parametrize("flags, mode", [([], "block"), (["--spin-wait"], "spin")])
-def test_serve_sets_the_mode_before_anything_else(monkeypatch, capsys, tmp_path, flags, mode):
-    """kiln serve asks for its mode first (before it reads the repository or loads a model),
-    and an error there is one line and exit status 1."""
-    import kiln.serving as serving
-
-    asked = []
-
-    def refuse(m):
-        asked.append(m)
-        raise kiln.KilnError("CUDA device 0 already has its context")
-
-    monkeypatch.setattr(serving, "set_gpu_wait", refuse)
-    monkeypatch.setattr(sys, "argv", ["kiln"])
-    assert serving.main([str(tmp_path / "no-such-repo"), *flags]) == 1
-    assert asked == [mode]
-    err = capsys.readouterr().err
-    assert err == "kiln: error: CUDA device 0 already has its context\n", err
