@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 namespace kiln::perf {
 namespace {
 
@@ -9,11 +11,21 @@ using json = nlohmann::json;
 
 bool rate_mode(const PerfOptions& o) { return o.mode == LoadMode::kRequestRate; }
 
-// "1x12 2x40 4x3": inferences per batch size.
+// "1x12 2x40 4x3": inferences per batch size, the kMaxBatchSizes most frequent sizes (the JSON
+// has them all).
+constexpr size_t kMaxBatchSizes = 8;
 std::string batch_text(const ServerCounters& c) {
+  std::vector<std::pair<double, int64_t>> by_count;
+  for (const auto& [size, n] : c.batches) by_count.emplace_back(n, size);
+  std::sort(by_count.begin(), by_count.end(), [](auto& a, auto& b) { return a.first > b.first; });
+  std::map<int64_t, double> shown;
+  for (size_t i = 0; i < by_count.size() && i < kMaxBatchSizes; ++i)
+    shown[by_count[i].second] = by_count[i].first;
   std::string s;
-  for (const auto& [size, n] : c.batches)
+  for (const auto& [size, n] : shown)
     s += fmt::format("{}{}x{:.0f}", s.empty() ? "" : " ", size, n);
+  if (by_count.size() > shown.size())
+    s += fmt::format(" (+{} sizes)", by_count.size() - shown.size());
   return s.empty() ? "-" : s;
 }
 

@@ -2,6 +2,8 @@
 // mean the same): a concurrency sweep or request rates over HTTP or gRPC, with or without
 // system shared memory; throughput, latency percentiles and the server's own queue and compute
 // time from /metrics (src/perf/).
+#include <signal.h>
+
 #include <fstream>
 #include <iostream>
 
@@ -98,6 +100,7 @@ Status write_file(const std::string& path, const std::string& text, const char* 
 
 Status run_perf_command(const PerfFlags& f) {
   KILN_ASSIGN_OR_RETURN(perf::PerfOptions o, to_options(f));
+  signal(SIGPIPE, SIG_IGN);  // a server that goes away mid-request is an error counted, not death
   // Refuse an unwritable report before the load, not after it.
   for (auto [path, flag] : {std::pair{f.csv, "-f"}, std::pair{f.json, "--json"}}) {
     if (path.empty() || path == "-") continue;
