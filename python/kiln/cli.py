@@ -1,5 +1,5 @@
 """The `kiln` command of the Python package: every subcommand (build, run, bench, inspect, compare,
-report, serve) by the kiln CLI installed with it. `kiln serve` is the CLI's C++ server
+report, serve, perf) by the kiln CLI installed with it. `kiln serve` is the CLI's C++ server
 (src/serve/); the Python server it replaces (kiln.serving: KServe's ModelServer) still runs for
 the options only it has (--workers, --batcher, --worker-devices, --sched-batch) and as
 `python -m kiln.serving`, until the C++ server has them too."""

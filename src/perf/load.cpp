@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <thread>
 
@@ -195,31 +196,47 @@ LevelResult closed_loop(Workers& workers, int concurrency, const PerfOptions& o,
   return merge(concurrency, tallies, start);
 }
 
+// The start times of an open loop's requests, in seconds from the level's start: k / rate, or
+// sums of exponential gaps; handed out one at a time to the threads that send them.
+class Schedule {
+ public:
+  Schedule(double rate, bool poisson, uint64_t seed, uint64_t max_requests)
+      : rate_(rate), poisson_(poisson), rng_(seed), gap_(rate), max_(max_requests) {}
+  // The next request's start, or a negative number when max_requests have been handed out.
+  double next() {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (max_ && count_ >= max_) return -1;
+    const double t = poisson_ ? at_ : static_cast<double>(count_) / rate_;
+    if (poisson_) at_ += gap_(rng_);
+    ++count_;
+    return t;
+  }
+
+ private:
+  std::mutex mu_;
+  double rate_;
+  bool poisson_;
+  std::mt19937_64 rng_;
+  std::exponential_distribution<double> gap_;
+  uint64_t max_, count_ = 0;
+  double at_ = 0;
+};
+
 // Requests started at `rate` a second (evenly, or with exponential gaps), by max_threads
 // clients; a request whose time comes while every thread is busy starts late (`delayed`).
 LevelResult open_loop(Workers& workers, double rate, const PerfOptions& o,
                       Clock::time_point deadline) {
   const auto start = Clock::now();
-  const double window_s = std::chrono::duration<double>(deadline - start).count();
-  // The schedule: request k starts at start + at[k] seconds.
-  std::vector<double> at;
-  std::mt19937_64 rng(o.seed + static_cast<uint64_t>(rate * 1000));
-  std::exponential_distribution<double> gap(rate);
-  for (double t = 0; t < window_s;) {
-    at.push_back(t);
-    if (o.max_requests && at.size() >= o.max_requests) break;
-    t = o.poisson ? t + gap(rng) : static_cast<double>(at.size()) / rate;
-  }
-  const int threads_n = o.max_threads;
-  std::vector<ThreadTally> tallies(static_cast<size_t>(threads_n));
-  std::atomic<size_t> next{0};
+  Schedule schedule(rate, o.poisson, o.seed + static_cast<uint64_t>(rate * 1000), o.max_requests);
+  std::vector<ThreadTally> tallies(static_cast<size_t>(o.max_threads));
   std::vector<std::thread> threads;
-  for (int i = 0; i < threads_n; ++i)
+  for (int i = 0; i < o.max_threads; ++i)
     threads.emplace_back([&, i] {
       ThreadTally& t = tallies[static_cast<size_t>(i)];
-      for (size_t k = next++; k < at.size(); k = next++) {
-        const auto when = start + std::chrono::duration_cast<Clock::duration>(
-                                      std::chrono::duration<double>(at[k]));
+      for (double at = schedule.next(); at >= 0; at = schedule.next()) {
+        const auto when =
+            start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(at));
+        if (when >= deadline) break;
         while (!g_interrupted && Clock::now() < when)
           std::this_thread::sleep_for(
               std::min<Clock::duration>(when - Clock::now(), std::chrono::milliseconds(50)));
