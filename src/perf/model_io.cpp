@@ -4,49 +4,15 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <random>
 
-#include "kiln/types.h"
+#include "perf/input_data.h"
 
 namespace kiln::perf {
 namespace {
 
 std::string shape_text(const std::vector<int64_t>& s) {
   return fmt::format("[{}]", fmt::join(s, ","));
-}
-
-// Random values of the datatype: floats in [-1, 1), integers in [0, 64) (valid as indices
-// and token ids of small vocabularies), booleans 0 or 1.
-void fill_random(const std::string& dt, std::string& out, std::mt19937_64& rng) {
-  const size_t n = out.size() / datatype_size(dt);
-  std::uniform_real_distribution<float> real(-1.f, 1.f);
-  std::uniform_int_distribution<int> small(0, 63);
-  auto put = [&](auto value, size_t i) {
-    std::memcpy(out.data() + i * sizeof(value), &value, sizeof(value));
-  };
-  for (size_t i = 0; i < n; ++i) {
-    if (dt == "FP32")
-      put(real(rng), i);
-    else if (dt == "FP64")
-      put(static_cast<double>(real(rng)), i);
-    else if (dt == "FP16")
-      put(float_to_half(real(rng)), i);
-    else if (dt == "BF16")
-      put(float_to_bfloat16(real(rng)), i);
-    else if (dt == "BOOL")
-      put(static_cast<uint8_t>(small(rng) & 1), i);
-    else if (dt == "INT8" || dt == "UINT8")
-      put(static_cast<uint8_t>(small(rng)), i);
-    else if (dt == "INT16" || dt == "UINT16")
-      put(static_cast<uint16_t>(small(rng)), i);
-    else if (dt == "INT32" || dt == "UINT32")
-      put(static_cast<uint32_t>(small(rng)), i);
-    else
-      put(static_cast<uint64_t>(small(rng)), i);  // INT64, UINT64
-  }
 }
 
 }  // namespace
@@ -110,12 +76,9 @@ Expected<RequestPlan> make_plan(const ModelMeta& meta, const std::string& versio
                         meta.name, fmt::join(names, ", "));
     }
   }
-  const bool random = input_data == "random", zero = input_data == "zero";
-  if (!random && !zero && !std::filesystem::is_directory(input_data))
-    return KILN_ERROR(
-        "--input-data takes random, zero or a folder of raw files named after the "
-        "inputs; '{}' is none of them",
-        input_data);
+  KILN_ASSIGN_OR_RETURN(InputSource source, InputSource::open(input_data));
+  std::map<std::string, std::vector<int64_t>> all_shapes = shapes;
+  all_shapes.insert(source.shapes().begin(), source.shapes().end());  // --shape comes first
   std::mt19937_64 rng(seed);
   for (const TensorMeta& t : meta.inputs) {
     const size_t item = datatype_size(t.datatype);
@@ -124,27 +87,15 @@ Expected<RequestPlan> make_plan(const ModelMeta& meta, const std::string& versio
                         t.datatype);
     InputPlan in;
     in.tensor = t;
-    KILN_ASSIGN_OR_RETURN(in.tensor.shape, resolve_shape(t, batch, shapes));
+    KILN_ASSIGN_OR_RETURN(in.tensor.shape, resolve_shape(t, batch, all_shapes));
     uint64_t count = 1;
     for (int64_t d : in.tensor.shape) count *= static_cast<uint64_t>(d);
     if (count * item > (uint64_t{1} << 32))
       return KILN_ERROR("input '{}' of shape {} is over 4 GiB a request", t.name,
                         shape_text(in.tensor.shape));
     in.data.assign(count * item, '\0');
-    if (random) {
-      fill_random(t.datatype, in.data, rng);
-    } else if (!zero) {
-      const auto path = std::filesystem::path(input_data) / t.name;
-      std::ifstream f(path, std::ios::binary);
-      if (!f) return KILN_ERROR("--input-data: no file '{}' for input '{}'", path.string(), t.name);
-      const std::string bytes((std::istreambuf_iterator<char>(f)),
-                              std::istreambuf_iterator<char>());
-      if (bytes.size() != in.data.size())
-        return KILN_ERROR("--input-data: '{}' holds {} bytes, input '{}' of shape {} {} takes {}",
-                          path.string(), bytes.size(), t.name, shape_text(in.tensor.shape),
-                          t.datatype, in.data.size());
-      in.data = bytes;
-    }
+    const bool batching = !t.shape.empty() && t.shape[0] == -1;
+    KILN_RETURN_IF_ERROR(source.fill(t, batching ? static_cast<uint64_t>(batch) : 1, in.data, rng));
     plan.inputs.push_back(std::move(in));
   }
   for (const TensorMeta& t : meta.outputs) {

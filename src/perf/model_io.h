@@ -48,8 +48,8 @@ struct RequestPlan {
 Expected<std::vector<int64_t>> resolve_shape(
     const TensorMeta& t, int batch, const std::map<std::string, std::vector<int64_t>>& shapes);
 
-// The plan of a run: shapes resolved, input data made (`input_data`: random, zero, or a folder
-// holding one raw file per input, named after it, as perf_analyzer reads one).
+// The plan of a run: shapes resolved, input data made (`input_data`: random, zero, a folder of
+// raw files named after the inputs, or a JSON file: input_data.h).
 Expected<RequestPlan> make_plan(const ModelMeta& meta, const std::string& version, int batch,
                                 const std::map<std::string, std::vector<int64_t>>& shapes,
                                 const std::string& input_data, uint64_t output_shm_size,

@@ -251,6 +251,18 @@ def main():
                 check("--shape: the input's shape", rep["inputs"][0]["shape"] == [1, 16] and
                       rep["results"][0]["requests"] > 0 and rep["results"][0]["errors"] == 0,
                       json.dumps(rep)[:300])
+            # perf_analyzer's JSON input data: the shape past the batch from the file, one
+            # sample repeated over the batch.
+            data = os.path.join(d, "seq.json")
+            with open(data, "w") as f:
+                json.dump({"data": [{"x": {"content": [1, 2, 3, 4, 5], "shape": [5]}}]}, f)
+            p = perf.run("-m", "seq", *perf.url_args("grpc"), "--input-data", data, "-b", "3",
+                         "-p", "200", "--json", "-")
+            if check("--input-data JSON: exit 0", p.returncode == 0, p.stderr.strip()):
+                rep = json.loads(p.stdout)
+                check("--input-data JSON: the input's shape", rep["inputs"][0]["shape"] == [3, 5] and
+                      rep["results"][0]["requests"] > 0 and rep["results"][0]["errors"] == 0,
+                      json.dumps(rep)[:300])
             # The time limit ends a sweep early, with the levels measured reported.
             p = perf.run("-m", "mlp", *perf.url_args("grpc"), "--concurrency-range", "1:8",
                          "-p", "400", "--time-limit", "1", "--json", "-")

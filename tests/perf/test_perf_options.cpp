@@ -1,6 +1,7 @@
 // kiln perf's flag values: ranges, URLs and the localhost rule, --shape, and the request plan
 // made from a model's metadata (the batch dim, dynamic dims, input data).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -170,6 +171,44 @@ TEST(PerfModelIo, PlanReadsAFolderOfRawFiles) {
   ASSERT_FALSE(wrong.ok());
   EXPECT_NE(wrong.status().message().find("holds 32 bytes"), std::string::npos)
       << wrong.status().message();
+  std::filesystem::remove_all(dir);
+}
+
+TEST(PerfModelIo, PlanRepeatsOneSampleAndReadsPerfAnalyzersJson) {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("kiln_perf_json_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  // One sample of "a" (4 floats) is repeated over a batch of 3.
+  std::ofstream(dir / "a", std::ios::binary) << std::string(16, '\x03');
+  std::ofstream(dir / "ids", std::ios::binary) << std::string(3 * 2 * 8, '\x04');
+  auto p = make_plan(two_inputs(), "", 3, {{"ids", {2}}}, dir.string(), 1, 0);
+  ASSERT_TRUE(p.ok()) << p.status().message();
+  EXPECT_EQ(p->inputs[0].data, std::string(48, '\x03'));
+  // perf_analyzer's JSON: a flat list, or content with the dims past the batch.
+  const auto file = dir / "data.json";
+  std::ofstream(file)
+      << R"({"data": [{"a": [1, 2, 3, 4], "ids": {"content": [[5, 6, 7]], "shape": [3]}},
+                                      {"a": [9, 9, 9, 9]}]})";
+  p = make_plan(two_inputs(), "", 2, {}, file.string(), 1, 0);
+  ASSERT_TRUE(p.ok()) << p.status().message();
+  EXPECT_EQ(p->inputs[1].tensor.shape, (std::vector<int64_t>{2, 3}));
+  const auto* a = reinterpret_cast<const float*>(p->inputs[0].data.data());
+  EXPECT_EQ(std::vector<float>(a, a + 8), (std::vector<float>{1, 2, 3, 4, 1, 2, 3, 4}));
+  const auto* ids = reinterpret_cast<const int64_t*>(p->inputs[1].data.data());
+  EXPECT_EQ(std::vector<int64_t>(ids, ids + 6), (std::vector<int64_t>{5, 6, 7, 5, 6, 7}));
+  // --shape wins over the file's shape, and then the data does not fit.
+  auto wrong = make_plan(two_inputs(), "", 2, {{"ids", {4}}}, file.string(), 1, 0);
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.status().message().find("input 'ids'"), std::string::npos)
+      << wrong.status().message();
+  std::ofstream(file) << R"({"data": [{"a": [1, 2, 3, 4]}]})";
+  wrong = make_plan(two_inputs(), "", 1, {{"ids", {2}}}, file.string(), 1, 0);
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.status().message().find("no data for input 'ids'"), std::string::npos);
+  std::ofstream(file) << "{\"inputs\": 1}";
+  wrong = make_plan(two_inputs(), "", 1, {{"ids", {2}}}, file.string(), 1, 0);
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.status().message().find("perf_analyzer's form"), std::string::npos);
   std::filesystem::remove_all(dir);
 }
 

@@ -185,7 +185,9 @@ Runner add_perf_command(CLI::App& app) {
                   "Samples a request: the dynamic leading dimension (default 1)")
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--input-data", f->input_data,
-                  "random (default), zero, or a folder of raw files named after the inputs");
+                  "random (default), zero, a folder of raw files named after the inputs, or a "
+                  "JSON file as perf_analyzer's ({\"data\": [{\"INPUT\": [values]}]}); one "
+                  "sample's data is repeated over the batch");
   cmd->add_option("--shape", f->shapes,
                   "NAME:D1,D2,...: an input's dims past the batch where the model leaves them "
                   "dynamic (repeat per input)");
