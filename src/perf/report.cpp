@@ -39,7 +39,7 @@ ServerSplit server_split(const ServerCounters& c) {
   }
   if (c.inferences > 0) {
     s.compute_us = c.compute_us / c.inferences;
-    s.avg_batch = c.requests / c.inferences;
+    s.avg_batch = c.samples / c.inferences;
   }
   return s;
 }
@@ -135,7 +135,8 @@ json to_json(const PerfOptions& o, const RunResult& run) {
   for (const InputPlan& in : run.plan.inputs)
     inputs.push_back(
         {{"name", in.tensor.name}, {"datatype", in.tensor.datatype}, {"shape", in.tensor.shape}});
-  return {{"model", o.model},
+  return {{"kiln_version", KILN_VERSION_STRING},
+          {"model", o.model},
           {"model_version", o.version},
           {"protocol", o.protocol == Protocol::kGrpc ? "grpc" : "http"},
           {"url", o.url.text()},

@@ -15,7 +15,7 @@ struct ServerSplit {
   double queue_us = 0;    // a request's wait in the queue
   double compute_us = 0;  // an inference's compute (which each request in it waited for)
   double request_us = 0;  // a request from queueing to its outputs
-  double avg_batch = 0;   // requests per inference
+  double avg_batch = 0;   // samples per inference (padding aside), as `batches formed` counts
 };
 ServerSplit server_split(const ServerCounters& c);
 

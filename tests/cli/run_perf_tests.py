@@ -161,7 +161,7 @@ def check_levels(label, report, rows, levels, batch, max_requests=None, key="con
               sum(int(b) * n for b, n in formed.items()) == s["samples"] + s["padded_samples"], str(s))
         check(f"{at}: queue and compute times", s["queue_us_per_request"] >= 0 and
               s["compute_us_per_inference"] > 0 and s["failed"] == 0, str(s))
-        check(f"{at}: average batch", abs(s["avg_batch"] - s["requests"] / s["inferences"]) < 1e-9,
+        check(f"{at}: average batch", abs(s["avg_batch"] - s["samples"] / s["inferences"]) < 1e-9,
               str(s))
 
 

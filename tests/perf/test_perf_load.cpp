@@ -115,6 +115,8 @@ class PerfLoad : public ::testing::Test {
       EXPECT_EQ(inferences, l.server.inferences);
       EXPECT_EQ(samples, l.server.samples + l.server.padded_samples);
       EXPECT_GT(l.server.compute_us, 0);
+      EXPECT_DOUBLE_EQ(server_split(l.server).avg_batch, l.server.samples / l.server.inferences);
+      EXPECT_GE(server_split(l.server).avg_batch, o.batch);
     }
     auto status = core_->shm().status("");
     EXPECT_TRUE(status.ok() && status->empty()) << "a region is left registered";

@@ -68,6 +68,7 @@ TEST(PerfMetrics, CountersOfOneModel) {
   ServerCounters before = v1;
   before.requests = 4;
   before.inferences = 2;
+  before.samples = 4;
   before.queue_us = 400;
   before.compute_us = 100;
   before.request_us = 1200;
@@ -101,25 +102,26 @@ TEST(PerfReport, CsvJsonAndTable) {
   r.has_server = true;
   r.server.requests = 100;
   r.server.inferences = 50;
+  r.server.samples = 200;
   r.server.queue_us = 2000;
   r.server.compute_us = 500;
-  r.server.batches = {{2, 50}};
+  r.server.batches = {{4, 50}};
   run.levels.push_back(r);
   EXPECT_DOUBLE_EQ(throughput(o, r), 400);  // 100 requests of 2 samples in 0.5 s
   const std::string csv = to_csv(o, run);
   EXPECT_EQ(csv.substr(0, csv.find('\n')),
             "Concurrency,Inferences/Second,Requests,Errors,Server Queue,Server Compute Infer,"
             "Server Request,Avg Batch,p50 latency,p90 latency,p95 latency,p99 latency,Avg latency");
-  EXPECT_NE(csv.find("\n4,400.00,100,1,20.0,10.0,0.0,2.000,10.0,0.0,0.0,30.0,0.0\n"),
+  EXPECT_NE(csv.find("\n4,400.00,100,1,20.0,10.0,0.0,4.000,10.0,0.0,0.0,30.0,0.0\n"),
             std::string::npos)
       << csv;
   const nlohmann::json j = to_json(o, run);
   EXPECT_EQ(j["mode"], "concurrency");
   EXPECT_EQ(j["results"][0]["concurrency"], 4);
-  EXPECT_EQ(j["results"][0]["server"]["batch_inferences"]["2"], 50);
+  EXPECT_EQ(j["results"][0]["server"]["batch_inferences"]["4"], 50);
   EXPECT_EQ(j["results"][0]["error_messages"][0]["message"], "HTTP 400: bad");
   const std::string row = table_row(o, r);
-  EXPECT_NE(row.find("2x50"), std::string::npos) << row;
+  EXPECT_NE(row.find("4.00  4x50"), std::string::npos) << row;
   o.mode = LoadMode::kRequestRate;
   r.has_server = false;
   run.levels[0] = r;
