@@ -179,7 +179,8 @@ Runner add_perf_command(CLI::App& app) {
                   "none, or system: inputs and outputs in a POSIX shared memory region per client "
                   "(Triton's system shared memory), unregistered and unlinked at exit");
   cmd->add_option("--output-shared-memory-size", f->output_shm_size,
-                  "Bytes reserved per output whose size the metadata leaves open (default 102400)")
+                  "Shared memory: bytes reserved per output, at least (default 102400; more where "
+                  "the metadata makes an output larger)")
       ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 34));
   cmd->add_option("-b,--batch-size", f->batch,
                   "Samples a request: the dynamic leading dimension (default 1)")
