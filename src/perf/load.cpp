@@ -35,7 +35,7 @@ class InterruptGuard {
  public:
   InterruptGuard() {
     g_interrupted = false;
-    struct sigaction sa {};
+    SigAction sa{};
     sa.sa_handler = on_interrupt;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, &old_int_);
@@ -47,8 +47,8 @@ class InterruptGuard {
   }
 
  private:
-  struct sigaction old_int_ {
-  }, old_term_{};
+  using SigAction = struct sigaction;
+  SigAction old_int_{}, old_term_{};
 };
 
 uint64_t align64(uint64_t v) { return (v + 63) / 64 * 64; }
