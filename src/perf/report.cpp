@@ -91,7 +91,8 @@ json to_json(const PerfOptions& o, const RunResult& run) {
   json levels = json::array();
   for (const LevelResult& r : run.levels) {
     json l = {
-        {rate_mode(o) ? "request_rate" : "concurrency", r.level},
+        {rate_mode(o) ? "request_rate" : "concurrency",
+         rate_mode(o) ? json(r.level) : json(static_cast<int64_t>(r.level))},
         {"requests", r.requests},
         {"errors", r.errors},
         {"duration_s", r.duration_s},

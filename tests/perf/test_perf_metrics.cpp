@@ -117,6 +117,7 @@ TEST(PerfReport, CsvJsonAndTable) {
       << csv;
   const nlohmann::json j = to_json(o, run);
   EXPECT_EQ(j["mode"], "concurrency");
+  EXPECT_TRUE(j["results"][0]["concurrency"].is_number_integer());
   EXPECT_EQ(j["results"][0]["concurrency"], 4);
   EXPECT_EQ(j["results"][0]["server"]["batch_inferences"]["4"], 50);
   EXPECT_EQ(j["results"][0]["error_messages"][0]["message"], "HTTP 400: bad");
