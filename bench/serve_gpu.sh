@@ -23,9 +23,10 @@
 #   bench/serve_wheels.sh                                           # .whl: tritonclient, ...
 # The call (kind nvidia-h100-x2; on one GPU the two-GPU parts are skipped):
 #   run(command="bench/serve_gpu.sh", carry=[".deps", ".whl"], kind="nvidia-h100-x2")
-# Knobs: KILN_SERVE_PARTS ("compare tables soak"; add "cost" for bench/serve_cost.py: the
-# front end's CPU per request on a cpu-backend model of ResNet-50's input size,
-# KILN_COST_CLIENTS (1,8,32,128) and KILN_COST_PROCS (8)),
+# Knobs: KILN_SERVE_PARTS ("compare tables soak"; add "perf" for kiln perf's sweeps, the C++ load
+# generator, KILN_PERF_CONCURRENCY (1:256:x2) clients per protocol; add "cost" for
+# bench/serve_cost.py: the front end's CPU per request on a cpu-backend model of ResNet-50's input
+# size, KILN_COST_CLIENTS (1,8,32,128) and KILN_COST_PROCS (8)),
 # KILN_SERVE_MODELS ("resnet50 bert"), KILN_SOAK_S (120), KILN_LOAD_S (3, seconds measured per row), KILN_SERVE_BUDGET (540 s: parts
 # that would not fit are skipped and say so), KILN_SERVE_CONTEXTS (2 per GPU), KILN_SERVE_PAD
 # (1: the tables and the soak with --pad-batches, 0: without; unset: as the comparison decides,
@@ -288,6 +289,42 @@ if [[ " $PARTS " == *" tables "* ]]; then
           ${KILN_SERVE_CLIENTS:+--clients "$KILN_SERVE_CLIENTS"}
         stop_server
       done
+    done
+  done
+fi
+
+if [[ " $PARTS " == *" perf "* ]]; then
+  # kiln perf (the C++ load generator, src/perf) in place of serve_load.py's Python clients:
+  # batch-1 requests at KILN_PERF_CONCURRENCY (default 1:256:x2) clients, LOAD_S seconds a
+  # level, per protocol of the tables (grpc-shm, http-shm: --shared-memory system); BERT at
+  # sequence 128, its attention mask all ones (perf_analyzer's JSON input data). Rows in
+  # tables.md, CSV and JSON per run in $W (the JSON joins results.json).
+  python3 -c "import json; json.dump({'data': [{'input_ids': {'content': [101] + [2000] * 126 + [102], 'shape': [128]},
+    'attention_mask': {'content': [1] * 128, 'shape': [128]}}]}, open('$W/bert_input.json', 'w'))"
+  for m in $MODELS; do
+    protos=$PROTOCOLS
+    data=()
+    [ "$m" = bert ] && protos=$(with_shm grpc) && data=(--input-data "$W/bert_input.json")
+    for devs in $TABLE_DEVICES; do
+      if [ "$devs" = 0,1 ] && [ "$NGPU" -lt 2 ]; then say "one GPU: no two-GPU kiln perf run"; continue; fi
+      nprot=$(( $(tr -cd , <<<"$protos" | wc -c) + 1 ))
+      fits $(( 25 + 9 * nprot * (LOAD_S + 1) )) "kiln perf, $m on GPUs $devs" || continue
+      start_server "$m" "$m perf devices $devs" --devices "$devs" "${PAD_FLAG[@]}" || continue
+      for proto in ${protos//,/ }; do
+        i=${proto%-shm}; shm=none; [[ $proto == *-shm ]] && shm=system
+        url=$HTTP; [ "$i" = grpc ] && url=$GRPC
+        out="$W/perf_${m}_${devs/,/_}_$proto"
+        say "kiln perf: $m, --devices $devs, $proto"
+        echo "### kiln perf: $m, --devices $devs ${PAD_FLAG[*]}, $proto" >>"$W/tables.md"
+        { echo '```'
+          "$KILN" perf -m "${MODEL_NAME[$m]}" -i "$i" -u "$url" --metrics-url "$HTTP" \
+            --shared-memory "$shm" --concurrency-range "${KILN_PERF_CONCURRENCY:-1:256:x2}" \
+            -p $((LOAD_S * 1000)) --time-limit $((10 * (LOAD_S + 1))) "${data[@]}" \
+            --json "$out.json" -f "$out.csv" 2>&1
+          echo '```'; } | tee -a "$W/tables.md"
+        JSONS+=("$out.json")
+      done
+      stop_server
     done
   done
 fi

@@ -57,6 +57,7 @@ python3 tests/models/run_task_tests.py --kiln "$BUILD_DIR/kiln"    # detection, 
 echo "== CLI tests (bad input gives one line and exit status 1) =="
 python3 tests/cli/run_cli_tests.py --kiln "$BUILD_DIR/kiln"
 python3 tests/cli/run_compare_tests.py --kiln "$BUILD_DIR/kiln"   # images, compare, report
+python3 tests/cli/run_perf_tests.py --kiln "$BUILD_DIR/kiln"   # kiln perf against kiln serve (localhost)
 
 echo "== C++ SDK: cmake --install into $BUILD_DIR/install, examples/ built against it, example tests =="
 if grep -q '^KILN_SHARED:BOOL=OFF' "$BUILD_DIR/CMakeCache.txt"; then

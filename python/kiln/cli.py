@@ -1,5 +1,5 @@
 """The `kiln` command of the Python package: every subcommand (build, run, bench, inspect, compare,
-report, serve) is the kiln CLI installed with it, run in this process's place. `kiln serve` is
+report, serve, perf) is the kiln CLI installed with it, run in this process's place. `kiln serve` is
 the CLI's C++ server (src/serve/)."""
 from __future__ import annotations
 

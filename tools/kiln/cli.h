@@ -61,5 +61,6 @@ Runner add_bench_command(CLI::App& app);
 Runner add_compare_command(CLI::App& app);
 Runner add_report_command(CLI::App& app);
 Runner add_serve_command(CLI::App& app);
+Runner add_perf_command(CLI::App& app);
 
 }  // namespace kiln::cli

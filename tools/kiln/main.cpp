@@ -1,4 +1,4 @@
-// kiln: build, run, bench, inspect, compare, report on and serve inference engines. Subcommands live in one file each.
+// kiln: build, run, bench, inspect, compare, report on, serve and load inference engines. Subcommands live in one file each.
 #include <cstdio>
 #include <iostream>
 #include <new>
@@ -35,7 +35,7 @@ int main(int argc, char** argv) {
     for (auto add : {kiln::cli::add_build_command, kiln::cli::add_run_command,
                      kiln::cli::add_inspect_command, kiln::cli::add_bench_command,
                      kiln::cli::add_compare_command, kiln::cli::add_report_command,
-                     kiln::cli::add_serve_command}) {
+                     kiln::cli::add_serve_command, kiln::cli::add_perf_command}) {
       const size_t before = app.get_subcommands({}).size();
       kiln::cli::Runner r = add(app);
       runners[app.get_subcommands({})[before]] = std::move(r);
@@ -45,7 +45,7 @@ int main(int argc, char** argv) {
       for (auto& [sub, run] : runners) known = known || sub->get_name() == argv[1];
       if (!known)
         return fail(std::string("unknown subcommand '") + argv[1] +
-                    "' (subcommands: build, run, bench, inspect, compare, report, serve; try --help)");
+                    "' (subcommands: build, run, bench, inspect, compare, report, serve, perf; try --help)");
     }
     try {
       app.parse(argc, argv);
