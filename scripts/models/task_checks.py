@@ -6,8 +6,8 @@ Dense outputs: relative L2. Detections (a variable number K of them):
     with K rows beside them, or one [K, 7] tensor of image, box, score, class rows) into one
     dict of arrays;
   - match: each reference detection (by falling score) pairs with the detection of the same
-    image and class that overlaps it most (IoU >= a limit); a box of zero width or height (a box
-    clipped flat at the image border: its IoU with anything is 0) pairs with the nearest box
+    image and class that overlaps it most (IoU >= a limit); where either box has zero width or
+    height (clipped flat at the image border: its IoU with anything is 0), with the nearest box
     whose every coordinate is within 1% of its axis's scale (box_errors);
   - compare_exact (FP32): every detection paired, each box coordinate within `rtol` of the
     reference's relative to its axis's scale (box_errors: max(|x1|, |x2|, 1) for x1 and x2: box
@@ -73,24 +73,30 @@ def box_errors(rb, gb):
 FLAT_CLOSE = 1e-2  # a flat box pairs with a box whose coordinates are this close (box_errors)
 
 
+def flat(boxes):
+    """Boxes [K, 4] of zero width or height (IoU 0 with anything)."""
+    boxes = np.asarray(boxes).reshape(-1, 4)
+    return (boxes[:, 2] <= boxes[:, 0]) | (boxes[:, 3] <= boxes[:, 1])
+
+
 def match(ref, got, iou_min):
     """Greedy matching, the reference's detections by falling score: each takes the unmatched
     detection of `got` with the same image and class that overlaps it most, if IoU >= iou_min;
-    a reference box of zero width or height (IoU 0 with anything) takes the nearest one whose
-    box_errors are all within FLAT_CLOSE. Returns (pairs [(ref index, got index)], unmatched ref
-    indices, unmatched got indices)."""
+    where the reference box or a candidate is flat (zero width or height: IoU 0 with anything),
+    the nearest such candidate whose box_errors are all within FLAT_CLOSE. Returns (pairs [(ref
+    index, got index)], unmatched ref indices, unmatched got indices)."""
     used = np.zeros(len(got["scores"]), bool)
     pairs, lost = [], []
     for i in np.argsort(-ref["scores"], kind="stable"):
         cand = np.nonzero(~used & (got["labels"] == ref["labels"][i]) & (got["image"] == ref["image"][i]))[0]
         if len(cand):
-            b = ref["boxes"][i]
-            if b[2] > b[0] and b[3] > b[1]:
-                o = iou(b, got["boxes"][cand])
-                j = int(np.argmax(o))
-                ok = o[j] >= iou_min
-            else:
-                e = box_errors(np.repeat(b[None], len(cand), 0), got["boxes"][cand]).max(1)
+            b, cb = ref["boxes"][i], got["boxes"][cand]
+            o = iou(b, cb)
+            j = int(np.argmax(o))
+            ok = o[j] >= iou_min
+            near = flat(b[None])[0] | flat(cb)
+            if not ok and near.any():
+                e = np.where(near, box_errors(np.repeat(b[None], len(cand), 0), cb).max(1), np.inf)
                 j = int(np.argmin(e))
                 ok = e[j] <= FLAT_CLOSE
             if ok:

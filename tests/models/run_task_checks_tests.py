@@ -75,6 +75,11 @@ def main():
     got["boxes"][4, 1] -= 1.2e-4
     r = exact(flat, got)
     check("a flat box with rounding pairs and passes (FCOS)", r["ok"] and r["paired"] == 20, tc.summary_exact(r))
+    got["boxes"][4, 2] += 1e-4  # flat in the reference only (x2 - x1 rounded apart by 1e-4 px)
+    r = exact(flat, got)
+    check("a box flat on one side only pairs and passes", r["ok"] and r["paired"] == 20, tc.summary_exact(r))
+    r = exact(got, flat)
+    check("... and the other way round", r["ok"] and r["paired"] == 20, tc.summary_exact(r))
     got["boxes"][4, [0, 2]] += 10.0
     r = exact(flat, got)
     check("a flat box moved 10 px fails", not r["ok"] and r["paired"] == 19, r.get("why", ""))
