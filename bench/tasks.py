@@ -26,8 +26,9 @@ detectors' class-logit layers are rescaled):
        unpaired ones only as tie-breaks at the cut); where kiln misses that, both kiln and ONNX
        Runtime against the PyTorch model in float64 (kiln passes within the same rule of it: ONNX
        Runtime's own FP32 error is then said), and where the TF32 engine still misses, a strict
-       `--no-tf32` engine is checked too, so TF32 rounding and a kiln bug are told apart; FP16 detections matched by class
-       with IoU >= 0.9, kiln's and PyTorch FP16's alike, listing those that differ;
+       `--no-tf32` engine is checked too, so TF32 rounding and a kiln bug are told apart; FP16
+       detections matched by class with IoU >= 0.9, kiln's and PyTorch FP16's alike, listing
+       those that differ;
   4. speed at each batch: `kiln bench --use-cuda-graph --no-data-transfers` of both engines
      (without CUDA graphs where capture is refused, said in the row), PyTorch eager FP32 and
      FP16 and torch.compile(mode="reduce-overhead") FP16 (where it compiles; the first error

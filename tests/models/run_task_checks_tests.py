@@ -134,7 +134,7 @@ def main():
     a = tc.arbitrate(ort, kiln, f64)
     check("arbitrate: kiln off float64 fails", not a["ok"], a["why"])
 
-    print(f"task_checks tests: {'all pass' if not FAILURES else str(len(FAILURES)) + ' FAILED: ' + ', '.join(FAILURES)}")
+    print("task_checks tests: " + ("all pass" if not FAILURES else f"{len(FAILURES)} FAILED: " + ", ".join(FAILURES)))
     return 1 if FAILURES else 0
 
 
