@@ -52,6 +52,7 @@ python3 tests/models/run_int8_tests.py --kiln "$BUILD_DIR/kiln"
 python3 tests/models/run_transformer_tests.py --kiln "$BUILD_DIR/kiln"
 python3 tests/models/run_control_flow_tests.py --kiln "$BUILD_DIR/kiln"   # If, Loop, Scan
 python3 tests/models/run_keras_tests.py --kiln "$BUILD_DIR/kiln"   # tf2onnx conversions of Keras models
+python3 tests/models/run_task_checks_tests.py   # the detections rule (scripts/models/task_checks.py)
 python3 tests/models/run_task_tests.py --kiln "$BUILD_DIR/kiln"    # detection, RNN, SD 1.5 (tests/models/tasks)
 
 echo "== CLI tests (bad input gives one line and exit status 1) =="

@@ -107,6 +107,20 @@ def compare_tests(args, p):
     expect_error(args, "compare --tolerance exceeded", "tolerance exceeded", "compare", p("cnn.onnx"),
                  "--engines", p("bad.kiln"), "--tolerance", "1e-3")
     expect_ok(args, "compare --tolerance met", "compare", p("cnn.onnx"), "--tolerance", "1e-5")
+    # --save-outputs: the float64 reference's outputs and each engine's, under DIR/reference and
+    # DIR/<engine file's name>; the engine built from the corrupted model is far from the reference.
+    np.save(p("x.npy"), np.random.default_rng(3).uniform(-1, 1, (1, 3, 32, 32)).astype(np.float32))
+    expect_ok(args, "compare --save-outputs", "compare", p("cnn.onnx"), "--engines", f"{p('cnn.kiln')},{p('bad.kiln')}",
+              "--input", f"{m.graph.input[0].name}={p('x.npy')}", "--save-outputs", p("saved"))
+    out = m.graph.output[0].name
+    try:
+        r64, good32, bad32 = (np.load(p(f"saved/{d}/{out}.npy")) for d in ("reference", "cnn", "bad"))
+        check("compare --save-outputs: float64 reference, engines near it and the corrupted one not",
+              r64.dtype == np.float64 and good32.dtype == np.float32 and
+              np.abs(good32 - r64).max() < 1e-4 * np.abs(r64).max() < np.abs(bad32 - r64).max(),
+              f"{r64.dtype} {good32.dtype} {np.abs(good32 - r64).max()} {np.abs(bad32 - r64).max()}")
+    except OSError as e:
+        check("compare --save-outputs: files written", False, str(e))
     expect_error(args, "compare unknown precision", "unknown precision", "compare", p("cnn.onnx"), "--precisions", "fp8")
     has_gpu = subprocess.run(["sh", "-c", "nvidia-smi -L"], capture_output=True).returncode == 0
     if not has_gpu:

@@ -106,6 +106,35 @@ TEST(ComparePerLayer, NamesTheCorruptedLayer) {
   }
 }
 
+// The float64 reference widens what kernels make in float32 from other types (a Cast from
+// int64, as torchvision's exports do with shapes), so a later float op sees one type; and a Cast
+// of a float64 value to float32 keeps the value unrounded.
+TEST(CompareReference, Float64ThroughCasts) {
+  auto g = std::make_unique<Graph>();
+  Value* n = g->add_value("n", TensorType(DataType::kInt64, {3}));
+  Value* x = g->add_value("x", TensorType(DataType::kFloat32, {3}));
+  g->add_input(n);
+  g->add_input(x);
+  Node* c = g->add_node("Cast", "cast_n", {n}, {"nf"});
+  c->attrs.set("to", Attribute::Int(1));  // FLOAT
+  Value* three = g->add_constant("three", Tensor::from<float>({1}, {3.f}));
+  Value* q = g->add_node("Div", "div", {c->output(0), three}, {"q"})->output(0);
+  Value* s = g->add_node("Add", "add", {q, x}, {"s"})->output(0);
+  Node* back = g->add_node("Cast", "cast_s", {s}, {"y"});
+  back->attrs.set("to", Attribute::Int(1));
+  g->add_output(back->output(0));
+  ASSERT_TRUE(infer_shapes(*g).ok());
+  auto ref = Reference::from_graph(std::move(g));
+  ASSERT_TRUE(ref.ok()) << ref.status().message();
+  auto out = (*ref)->run({{"n", Tensor::from<int64_t>({3}, {1, 2, 4})},
+                          {"x", Tensor::from<float>({3}, {0.f, 1e-9f, 0.f})}});
+  ASSERT_TRUE(out.ok()) << out.status().message();
+  ASSERT_EQ((*out)[0].dtype(), DataType::kFloat64);
+  EXPECT_EQ((*out)[0].at_double(0), 1.0 / 3.0);  // float32 would round 1/3
+  EXPECT_EQ((*out)[0].at_double(1), 2.0 / 3.0 + static_cast<double>(1e-9f));
+  EXPECT_EQ((*out)[0].at_double(2), 4.0 / 3.0);
+}
+
 TEST(CompareDataset, IdxFilesAndErrors) {
   const std::string dir = ::testing::TempDir() + "/kiln_idx";
   std::filesystem::create_directories(dir);

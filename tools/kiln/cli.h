@@ -17,6 +17,8 @@ namespace kiln::cli {
 // separates the dims).
 // The non-empty items of a comma-separated flag value ("a,,b" -> a, b).
 std::vector<std::string> split_list(const std::string& s);
+// Characters other than letters, digits, '.', '_' and '-' as '_' (DIR/NAME.npy).
+std::string safe_file_name(const std::string& name);
 Expected<ShapeMap> parse_shapes(const std::string& spec, const std::string& flag);
 
 // The build options `build`, `run --onnx` and `bench --onnx` share (trtexec's names).

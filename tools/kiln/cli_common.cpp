@@ -2,9 +2,20 @@
 
 #include <unistd.h>
 
+#include <cctype>
 #include <iostream>
 
 namespace kiln::cli {
+
+// A tensor name as a file name: characters other than letters, digits, '.', '_' and '-'
+// become '_' (outputs saved as DIR/NAME.npy).
+std::string safe_file_name(const std::string& name) {
+  std::string s = name;
+  for (char& ch : s)
+    if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '_' || ch == '-')) ch = '_';
+  if (s.empty() || s == "." || s == "..") s = "_" + s;
+  return s;
+}
 
 std::vector<std::string> split_list(const std::string& s) {
   std::vector<std::string> out;

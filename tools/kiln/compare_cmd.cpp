@@ -3,6 +3,7 @@
 // error, relative L2, cosine similarity and top-1 agreement; --per-layer localises the first
 // layer where the error jumps; --dataset reports real top-1/top-5 per engine.
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -12,13 +13,14 @@
 #include "compare/compare.h"
 #include "compare/dataset.h"
 #include "compare_report.h"
+#include "core/npy.h"
 #include "inputs.h"
 
 namespace kiln::cli {
 namespace {
 
 struct Opts {
-  std::string model, engines, precisions = "", backend, shapes, json, dataset, timing_cache;
+  std::string model, engines, precisions = "", backend, shapes, json, dataset, timing_cache, save_dir;
   InputFlags in;
   unsigned seed = 1;
   bool per_layer = false;
@@ -137,6 +139,19 @@ Status run_dataset(const Opts& o, std::vector<CompareEngine>& engines) {
   return Status::Ok();
 }
 
+// --save-outputs: DIR/reference/NAME.npy (float64) and DIR/<engine>/NAME.npy, <engine> the
+// precision of a build made here or the engine file's name without .kiln.
+Status save_outputs(const std::string& dir, const std::string& sub,
+                    const std::vector<std::string>& names, const std::vector<Tensor>& outs) {
+  const std::string folder = dir + "/" + safe_file_name(sub);
+  std::error_code ec;
+  std::filesystem::create_directories(folder, ec);
+  if (ec) return KILN_ERROR("--save-outputs: cannot create folder '{}': {}", folder, ec.message());
+  for (size_t i = 0; i < outs.size() && i < names.size(); ++i)
+    KILN_RETURN_IF_ERROR(write_npy(folder + "/" + safe_file_name(names[i]) + ".npy", outs[i]));
+  return Status::Ok();
+}
+
 Status run_compare(const Opts& o) {
   if (o.batch < 1 || o.dataset_limit < 1)
     return Status::Error("--batch and --dataset-limit must be at least 1");
@@ -157,6 +172,11 @@ Status run_compare(const Opts& o) {
   }
   std::map<std::string, Tensor> ref_kept;
   KILN_ASSIGN_OR_RETURN(std::vector<Tensor> ref_out, ref->run(inputs, keep, &ref_kept));
+  if (!o.save_dir.empty()) {
+    std::vector<std::string> names;
+    for (const Value* v : ref->graph().outputs()) names.push_back(v->name);
+    KILN_RETURN_IF_ERROR(save_outputs(o.save_dir, "reference", names, ref_out));
+  }
   for (auto& ce : engines) {
     KILN_ASSIGN_OR_RETURN(std::unique_ptr<ExecutionContext> ctx, ce.engine->create_context());
     std::vector<std::string> names;
@@ -164,6 +184,14 @@ Status run_compare(const Opts& o) {
     if (!names.empty()) KILN_RETURN_IF_ERROR(ctx->set_debug_tensors(names));
     auto outs = ctx->execute(inputs);
     if (!outs.ok()) return outs.status().with_context(ce.label);
+    if (!o.save_dir.empty()) {
+      std::vector<std::string> names;
+      for (const auto& t : ce.engine->outputs()) names.push_back(t.name);
+      const std::string sub = ce.file.empty()
+                                  ? ce.precision
+                                  : std::filesystem::path(ce.file).stem().string();
+      KILN_RETURN_IF_ERROR(save_outputs(o.save_dir, sub, names, *outs));
+    }
     for (size_t i = 0; i < outs->size(); ++i) {
       const std::string& name = ce.engine->outputs()[i].name;
       KILN_ASSIGN_OR_RETURN(TensorMetrics m,
@@ -221,6 +249,9 @@ Runner add_compare_command(CLI::App& app) {
                   "(default by precision: fp32 1e-4, tf32/fp16 1e-2, int8 0.1)");
   cmd->add_option("--tolerance", o->tolerance,
                   "Exit status 1 when any output's relative L2 error exceeds this");
+  cmd->add_option("--save-outputs", o->save_dir,
+                  "Save the outputs as DIR/reference/NAME.npy (float64) and DIR/ENGINE/NAME.npy "
+                  "(ENGINE: the precision built here, or the engine file's name)");
   cmd->add_option("--export-json", o->json,
                   "Write every number to this JSON file (docs/report.md)");
   cmd->add_option("--dataset", o->dataset,

@@ -12,14 +12,6 @@
 namespace kiln::cli {
 namespace {
 
-std::string safe_file_name(const std::string& name) {
-  std::string s = name;
-  for (char& c : s)
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-')) c = '_';
-  if (s.empty() || s == "." || s == "..") s = "_" + s;
-  return s;
-}
-
 std::string preview(const Tensor& t) {
   std::vector<std::string> v;
   const int64_t n = std::min<int64_t>(t.numel(), 6);

@@ -166,6 +166,15 @@ Expected<std::vector<Tensor>> CpuExecutor::run_impl(const std::vector<Tensor>& i
       if (st.outputs[k] < 0) continue;
       if (outs[k].empty_storage())
         return KILN_ERROR("{}: kernel produced no value for output {}", st.node->label(), k);
+      // Float64 mode: values a kernel makes in float32 from other types (Cast from integers,
+      // ConstantOfShape) are widened, so later kernels see one float type; a Cast of a float64
+      // value to float32 keeps it as it is (the reference does not round midway).
+      if (float64_ && outs[k].dtype() == DataType::kFloat32) {
+        const Tensor* in0 = ctx.input(0);
+        outs[k] = st.node->op_type == "Cast" && in0 && in0->dtype() == DataType::kFloat64
+                      ? *in0
+                      : outs[k].cast(DataType::kFloat64);
+      }
       slots[st.outputs[k]] = std::move(outs[k]);
       set[st.outputs[k]] = true;
       for (auto [it, end] = keep.equal_range(st.outputs[k]); it != end; ++it)
