@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <limits>
 
 namespace kiln::serve {
@@ -53,6 +54,21 @@ Result<int64_t> element_count(const std::string& what, const std::vector<int64_t
       return api_error(400, "{}: shape {} is too large", what, shape_text(shape));
   }
   return static_cast<int64_t>(count);
+}
+
+std::string ApiError::one_line(std::string m) {
+  if (std::none_of(m.begin(), m.end(),
+                   [](unsigned char c) { return c < 0x20 || c == 0x7f; }))
+    return m;
+  std::string out;
+  for (const unsigned char c : m) {
+    if (c == '\n') out += "\\n";
+    else if (c == '\r') out += "\\r";
+    else if (c == '\t') out += "\\t";
+    else if (c < 0x20 || c == 0x7f) out += fmt::format("\\x{:02x}", c);
+    else out += static_cast<char>(c);
+  }
+  return out;
 }
 
 Check set_scheduling(InferRequest& req, std::optional<int64_t> priority,

@@ -25,6 +25,11 @@ namespace kiln::serve {
 struct ApiError {
   int status = 400;
   std::string message;
+  ApiError() = default;
+  // The message is kept to one line: a control character (a newline in a name the client
+  // sent, say) is written as an escape, \n or \xNN.
+  ApiError(int s, std::string m) : status(s), message(one_line(std::move(m))) {}
+  static std::string one_line(std::string m);
 };
 
 template <typename... Args>

@@ -232,6 +232,19 @@ TEST(ServeRestDecode, PriorityAndTimeoutParameters) {
   EXPECT_EQ(negative.error().message, "parameter 'timeout' must be microseconds >= 0, not -1");
 }
 
+// A name the client sent with a newline in it stays on the message's one line (escaped): found
+// by fuzz_serve_requests, an input named "x\022\004FP64\032\002\000\n(...".
+TEST(ServeRestDecode, ClientNamesWithControlCharactersStayOnOneLine) {
+  ShmRegistry shm;
+  auto r = decode_rest_infer(
+      std::make_shared<const std::string>(
+          "{\"inputs\":[{\"name\":\"x\\nFP64\",\"datatype\":\"FP65\",\"shape\":[1],\"data\":[1]}]}"),
+      std::nullopt, shm);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().message, "input 'x\\nFP64': datatype FP65 is not one kiln takes");
+  EXPECT_EQ(ApiError(400, "a\tb\x01").message, "a\\tb\\x01");
+}
+
 #ifdef KILN_SERVE_GRPC
 TEST(ServeGrpcDecode, NamesWhatIsWrong) {
   ShmRegistry shm;
