@@ -58,6 +58,9 @@ struct PassEntry {
 //   tiled over the groups, which fuse_attention takes as one more additive term of the scores.
 // - fuse_rotary before fold_attention_heads: it moves a rotary embedding applied to the heads in
 //   front of the head split, which then is the plain split fold_attention_heads folds.
+// - slices_to_split after fuse_rotary (which reads rotate_half's two Slices of a head) and before
+//   fold_attention_heads: Slices that cut a packed projection into parts (Phi-3's qkv_proj) become
+//   the Split that pack_gemm writes, so RotaryOverSplit and pack_qkv pack them in later rounds.
 // - fold_attention_heads after fuse_attention (it folds the head split and merge around a
 //   kiln.Attention) and before fold_gemm_reshape: the attention output's merge Reshape is then
 //   the flattening of a [B, S, H*D] tensor, which fold_gemm_reshape folds with the output
@@ -124,6 +127,7 @@ constexpr PassEntry kPipeline[] = {
     {"fuse_attention", 2, passes::fuse_attention},
     {"map_onnx_attention", 2, passes::map_onnx_attention},
     {"fuse_rotary", 2, passes::fuse_rotary},
+    {"slices_to_split", 2, passes::slices_to_split},
     {"fold_attention_heads", 2, passes::fold_attention_heads},
     {"fold_gemm_reshape", 2, passes::fold_gemm_reshape},
     {"fold_patch_conv", 2, passes::fold_patch_conv},
