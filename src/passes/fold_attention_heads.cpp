@@ -382,28 +382,33 @@ std::optional<Choice> choose(const Heads& q, const Heads& k, const Heads& v, con
   return Choice{&q, &k, &v, packed};
 }
 
-// The attention, its output's Transpose t and the layout chains of the choice, when every value
-// the chains make is read inside the group only (the chains of a packed projection share their
-// first ops); else empty and why.
-std::vector<Node*> closed_group(const Graph& g, Node& attn, Node& t, const Choice& c,
-                                const char** why) {
+// The nodes the layer replaces: the attention, its output's Transpose t and the ops of the
+// layout chains of the choice whose results are read inside the group only. An op whose result is
+// also read elsewhere or is a graph output (a decoder's present K and V heads, returned for the
+// cache) stays for those readers, and so do the ops before it; the layer reads the projection in
+// place all the same.
+std::vector<Node*> layer_group(const Graph& g, Node& attn, Node& t, const Choice& c) {
   std::vector<Node*> group = {&attn, &t};
   for (const Heads* hs : {c.q, c.k, c.v})
     for (Node* n : hs->nodes)
       if (std::find(group.begin(), group.end(), n) == group.end()) group.push_back(n);
-  for (Node* n : group)
-    for (const Value* o : n->outputs()) {
-      if (!o || o == t.output(0)) continue;
-      if (g.is_graph_output(o)) {
-        *why = "a layout op's result is a graph output";
-        return {};
+  auto inside = [&](const Node* n) { return std::find(group.begin(), group.end(), n) != group.end(); };
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (size_t i = 2; i < group.size(); ++i) {
+      bool outside = false;
+      for (const Value* o : group[i]->outputs()) {
+        if (!o) continue;
+        outside |= g.is_graph_output(o);
+        for (const auto& [user, slot] : o->uses()) outside |= !inside(user);
       }
-      for (const auto& [user, slot] : o->uses())
-        if (std::find(group.begin(), group.end(), user) == group.end()) {
-          *why = "a layout op's result is read outside the attention";
-          return {};
-        }
+      if (outside) {
+        group.erase(group.begin() + static_cast<std::ptrdiff_t>(i));
+        changed = true;
+        break;
+      }
     }
+  }
   return group;
 }
 
@@ -433,17 +438,14 @@ struct FoldAttentionHeads {
     if (!is_op(r, "Reshape")) return reject("the transposed output is not reshaped");
     const char* why = "Q, K and V split differently";
     std::optional<Choice> c;
-    std::vector<Node*> group;
     for (const bool want_packed : {true, false})  // one packed tensor rather than three
       for (size_t i = 0; i < qs.size() && !c; ++i)
         for (size_t j = 0; j < ks.size() && !c; ++j)
-          for (size_t l = 0; l < vs.size() && !c; ++l) {
-            auto ch = choose(qs[i], ks[j], vs[l], &why);
-            if (!ch || ch->packed != want_packed) continue;
-            group = closed_group(ctx.g, attn, *t, *ch, &why);
-            if (!group.empty()) c = ch;
-          }
+          for (size_t l = 0; l < vs.size() && !c; ++l)
+            if (auto ch = choose(qs[i], ks[j], vs[l], &why); ch && ch->packed == want_packed)
+              c = ch;
     if (!c) return reject(why);
+    const std::vector<Node*> group = layer_group(ctx.g, attn, *t, *c);
     const Heads *q = c->q, *k = c->k, *v = c->v;
     const bool packed = c->packed, sf = q->seq_first;
     const TensorType& qt = q->x->type;

@@ -119,9 +119,7 @@ struct FuseRotary {
   };
 
   static std::optional<Match> match(PassContext& ctx, Node& add) {
-    if (!is_op(&add, "Add") || add.num_inputs() != 2 || !add.output(0) ||
-        ctx.g.is_graph_output(add.output(0)))
-      return std::nullopt;
+    if (!is_op(&add, "Add") || add.num_inputs() != 2 || !add.output(0)) return std::nullopt;
     // One product is x * cos, the other rotate_half(x) * sin.
     for (int order = 0; order < 2; ++order) {
       Node* pc = add.input(order) ? add.input(order)->producer : nullptr;
@@ -248,9 +246,14 @@ struct FuseRotary {
       n->origin = ctx.pass;
       n->onnx_nodes = m.add->onnx_nodes;
     }
-    g.replace_all_uses(m.add->output(0), t->output(0));
+    // The rotated heads keep their value (and their name, where they are a graph output: a
+    // decoder's present K returned for the cache): the new Transpose makes it.
+    Value* out = m.add->output(0);
+    const bool graph_output = g.is_graph_output(out);
+    if (!graph_output) g.replace_all_uses(out, t->output(0));
     for (Node* n : m.dead)  // consumers before producers
       KILN_RETURN_IF_ERROR(g.remove_node(n, /*force=*/true));
+    if (graph_output) g.set_node_output(t, 0, out);
     for (Node* n : {m.transpose, m.reshape})  // the old head split, unless read elsewhere
       if (n->output(0)->uses().empty() && !g.is_graph_output(n->output(0)))
         KILN_RETURN_IF_ERROR(g.remove_node(n, /*force=*/true));

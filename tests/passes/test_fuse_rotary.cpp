@@ -60,6 +60,25 @@ TEST(FuseRotary, RotateHalfOnHeadsBecomesOneRotaryEmbedding) {
   }
 }
 
+TEST(FuseRotary, RotatedHeadsThatAreAGraphOutputKeepTheirName) {
+  // A decoder's present K: the rotated heads are returned for the cache and read by the
+  // attention. The rotary moves in front of the head split all the same; the output keeps its
+  // name (its producer is now the head split's Transpose).
+  G b;
+  Value* k = b.in("k", {kB, kS, kH * kD});
+  auto [cos, sin] = caches(b, b.in("freqs", {1, kS, kD / 2}));
+  Value* present = rotated_heads(b, k, cos, sin, false);
+  b.out(present);
+  b.out(b.op("Relu", {present}));
+  const std::string name = present->name;
+  auto opt = optimize_checked(b.g, {"fuse_rotary", "eliminate_dead_code"});
+  EXPECT_EQ(count(*opt, "RotaryEmbedding"), 1);
+  EXPECT_EQ(count(*opt, "Neg"), 0);
+  ASSERT_EQ(opt->outputs().size(), 2u);
+  EXPECT_EQ(opt->outputs()[0]->name, name);
+  EXPECT_EQ(opt->outputs()[0]->producer->op_type, "Transpose");
+}
+
 TEST(FuseRotary, CachesWithoutEqualHalvesStay) {
   G b;
   Value* q = b.in("q", {kB, kS, kH * kD});
