@@ -61,12 +61,15 @@ struct PassEntry {
 // - slices_to_split after fuse_rotary (which reads rotate_half's two Slices of a head) and before
 //   fold_attention_heads: Slices that cut a packed projection into parts (Phi-3's qkv_proj) become
 //   the Split that pack_gemm writes, so RotaryOverSplit and pack_qkv pack them in later rounds.
-// - fold_attention_heads after fuse_attention (it folds the head split and merge around a
-//   kiln.Attention) and before fold_gemm_reshape: the attention output's merge Reshape is then
-//   the flattening of a [B, S, H*D] tensor, which fold_gemm_reshape folds with the output
-//   projection (GPT-2).
-// - fold_gemm_reshape before fuse_matmul_add: a product over flattened rows (GPT-2's Conv1D)
-//   becomes the [B, S, N] FusedGemm the later patterns expect.
+// - fold_attention_heads after fuse_attention: it folds the head split and merge around a
+//   kiln.Attention.
+// - fold_gemm_reshape before fuse_rotary and fold_attention_heads, and before fuse_matmul_add: a
+//   product over flattened rows (GPT-2's Conv1D; torch 2.5's dynamo export, whose head split
+//   reshapes the flat product) becomes the [B, S, N] FusedGemm the later patterns expect, in the
+//   round the rotary and the heads are first matched (later, fuse_elementwise would have taken
+//   the rotary's pieces). The attention output's merge Reshape, read by the output projection
+//   flattened, folds in the next round, once fold_attention_heads has made it the flattening of
+//   a [B, S, H*D] tensor (GPT-2).
 // - fold_patch_conv before fuse_conv_act: a ViT's patch embedding must still be a plain Conv
 //   (its bias not yet fused) to become the GEMM it is.
 // - sink_spatial_flatten after fold_patch_conv: a ViT's patch embedding (Conv, flatten,
@@ -126,10 +129,10 @@ constexpr PassEntry kPipeline[] = {
     {"fold_periodic_add", 2, passes::fold_periodic_add},
     {"fuse_attention", 2, passes::fuse_attention},
     {"map_onnx_attention", 2, passes::map_onnx_attention},
+    {"fold_gemm_reshape", 2, passes::fold_gemm_reshape},
     {"fuse_rotary", 2, passes::fuse_rotary},
     {"slices_to_split", 2, passes::slices_to_split},
     {"fold_attention_heads", 2, passes::fold_attention_heads},
-    {"fold_gemm_reshape", 2, passes::fold_gemm_reshape},
     {"fold_patch_conv", 2, passes::fold_patch_conv},
     {"sink_spatial_flatten", 2, passes::sink_spatial_flatten},
     {"fuse_matmul_add", 2, passes::fuse_matmul_add},
