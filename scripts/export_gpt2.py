@@ -38,7 +38,7 @@ def main():
     model, args, ins, outs, dyn = build(a.tiny, a.layers, a.seed)
     cfg = model.config
     with torch.no_grad():
-        how = tx.export(model, args, a.path, ins, outs, dyn, a.exporter)
+        how = tx.export(model, args, a.path, ins, outs, dyn, a.exporter, static=a.static)
     tx.finish(a, f"GPT-2 ({cfg.n_layer} layers, hidden {cfg.n_embd}, vocabulary {cfg.vocab_size})", how)
 
 

@@ -7,7 +7,7 @@ cache) to ONNX with dynamic batch and sequence; inputs input_ids and attention_m
 heads, 2 key/value heads, SwiGLU 344, vocabulary 1000.
 
   python3 scripts/export_llama.py [models/llama.onnx] [--exporter torchscript|dynamo] [--tiny]
-                                  [--skeleton]
+                                  [--skeleton] [--static]
 
 See scripts/transformer_export.py for the exporters.
 """
@@ -40,7 +40,7 @@ def main():
     model, args, ins, outs, dyn = build(a.tiny, a.seed)
     cfg = model.config
     with torch.no_grad():
-        how = tx.export(model, args, a.path, ins, outs, dyn, a.exporter)
+        how = tx.export(model, args, a.path, ins, outs, dyn, a.exporter, static=a.static)
     tx.finish(a, f"Llama ({cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
                  f"{cfg.num_attention_heads} heads, {cfg.num_key_value_heads} key/value heads)", how)
 
