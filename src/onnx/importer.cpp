@@ -1,6 +1,7 @@
 #include "onnx/importer.h"
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -53,6 +54,15 @@ struct Importer {
   std::unique_ptr<Graph> g = std::make_unique<Graph>();
   int opset = -1;
 
+  // A dim_param is a name, even one made of digits (torch 2.6's dynamo exporter names a dynamic
+  // dim after its example size: "16"); the symbol algebra reads digits as a number
+  // (src/ops/shape_values.cpp), so such a name gets a prefix ("dim16"), the same for every use.
+  static Dim symbolic_dim(const std::string& name) {
+    const bool digits = std::all_of(name.begin(), name.end(),
+                                    [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
+    return Dim::sym(digits ? "dim" + name : name);
+  }
+
   TensorType type_from_value_info(const onnx::ValueInfoProto& vi) {
     TensorType t;
     if (!vi.type().has_tensor_type()) return t;
@@ -62,7 +72,7 @@ struct Importer {
     std::vector<Dim> dims;
     for (const auto& d : tt.shape().dim()) {
       if (d.has_dim_value() && d.dim_value() >= 0) dims.emplace_back(d.dim_value());
-      else if (d.has_dim_param() && !d.dim_param().empty()) dims.push_back(Dim::sym(d.dim_param()));
+      else if (d.has_dim_param() && !d.dim_param().empty()) dims.push_back(symbolic_dim(d.dim_param()));
       else dims.emplace_back();
     }
     t.dims = std::move(dims);

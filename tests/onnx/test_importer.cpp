@@ -63,6 +63,22 @@ TEST(Importer, SymbolicDimsPropagate) {
   EXPECT_EQ((*r)->nodes()[0]->onnx_nodes, std::vector<std::string>{"relu"});
 }
 
+TEST(Importer, DimParamMadeOfDigitsStaysSymbolic) {
+  // torch 2.6's dynamo exporter names a dynamic dim after its example size ("16"): a name, not
+  // the size 16, which the symbol algebra would read it as.
+  auto m = make_model(17);
+  auto* g = m.mutable_graph();
+  add_io(g->add_input(), "x", onnx::TensorProto::FLOAT, {"N", "3"});
+  g->mutable_input(0)->mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim(0)->set_dim_param("16");
+  add_node(g, "Relu", {"x"}, {"y"}, "relu");
+  add_io(g->add_output(), "y", onnx::TensorProto::FLOAT, {"N", "3"});
+  auto r = import(m);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  const Value* x = (*r)->inputs()[0];
+  EXPECT_FALSE((*x->type.dims)[0].is_static());
+  EXPECT_EQ(x->type.str(), "float32[dim16,3]");
+}
+
 TEST(Importer, UnsortedNodesAreOrdered) {
   auto m = make_model(17);
   auto* g = m.mutable_graph();
