@@ -15,6 +15,7 @@
 
 #include "ir/verifier.h"
 #include "onnx/onnx.pb.h"
+#include "onnx/sequences.h"
 #include "onnx/tensor_proto.h"
 #include "ops/op.h"
 
@@ -340,6 +341,10 @@ Expected<std::unique_ptr<Graph>> import_onnx_bytes(const std::string& bytes,
   coded.SetTotalBytesLimit(std::numeric_limits<int>::max());
   if (!model.ParseFromCodedStream(&coded) || !coded.ConsumedEntireMessage())
     return KILN_ERROR("{}: not a valid ONNX model (protobuf parse failed)", source_name);
+  if (model.has_graph()) {
+    Status st = lower_split_to_sequence(*model.mutable_graph(), base_dir);
+    if (!st.ok()) return st.with_context(source_name);
+  }
   Importer imp{model, base_dir, source_name, std::make_unique<Graph>()};
   Status st = imp.run();
   if (!st.ok()) return st.with_context(source_name);

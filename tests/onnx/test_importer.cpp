@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <filesystem>
 #include <fstream>
 
@@ -77,6 +79,60 @@ TEST(Importer, DimParamMadeOfDigitsStaysSymbolic) {
   const Value* x = (*r)->inputs()[0];
   EXPECT_FALSE((*x->type.dims)[0].is_static());
   EXPECT_EQ(x->type.str(), "float32[dim16,3]");
+}
+
+// An int64 initializer of the given dims (none: a scalar).
+void add_ints(onnx::GraphProto* g, const std::string& name, std::vector<int64_t> v,
+              std::vector<int64_t> dims) {
+  auto* t = g->add_initializer();
+  t->set_name(name);
+  t->set_data_type(onnx::TensorProto::INT64);
+  for (int64_t d : dims) t->add_dims(d);
+  for (int64_t x : v) t->add_int64_data(x);
+}
+
+// SplitToSequence(x [2, 5], split) read by SequenceAt at positions 0 and -1 (or 1).
+std::vector<std::string> sequence_parts(const std::vector<int64_t>& split, bool scalar,
+                                        int64_t keepdims, std::vector<std::string>* shapes) {
+  auto m = make_model(17);
+  auto* g = m.mutable_graph();
+  add_io(g->add_input(), "x", onnx::TensorProto::FLOAT, {"2", "5"});
+  std::vector<std::string> ins = {"x"};
+  if (!split.empty()) {
+    add_ints(g, "split", split, scalar ? std::vector<int64_t>{} : std::vector<int64_t>{int64_t(split.size())});
+    ins.push_back("split");
+  }
+  auto* s = add_node(g, "SplitToSequence", ins, {"seq"}, "s");
+  auto* ax = s->add_attribute();
+  ax->set_name("axis"), ax->set_type(onnx::AttributeProto::INT), ax->set_i(1);
+  auto* kd = s->add_attribute();
+  kd->set_name("keepdims"), kd->set_type(onnx::AttributeProto::INT), kd->set_i(keepdims);
+  add_ints(g, "p0", {0}, {});
+  add_ints(g, "p1", {scalar || split.empty() ? 1 : -1}, {});
+  add_node(g, "SequenceAt", {"seq", "p0"}, {"a"}, "at0");
+  add_node(g, "SequenceAt", {"seq", "p1"}, {"b"}, "at1");
+  add_io(g->add_output(), "a", onnx::TensorProto::FLOAT, {});
+  add_io(g->add_output(), "b", onnx::TensorProto::FLOAT, {});
+  auto r = import(m);
+  EXPECT_TRUE(r.ok()) << r.status().message();
+  std::vector<std::string> ops;
+  if (!r.ok()) return ops;
+  for (const Node* n : (*r)->nodes()) ops.push_back(n->op_type);
+  for (const Value* o : (*r)->outputs()) shapes->push_back(o->type.str());
+  return ops;
+}
+
+TEST(Importer, SplitToSequenceReadAtConstantPositionsIsSlices) {
+  std::vector<std::string> shapes;
+  EXPECT_EQ(sequence_parts({2, 3}, false, 1, &shapes), (std::vector<std::string>{"Slice", "Slice"}));
+  EXPECT_EQ(shapes, (std::vector<std::string>{"float32[2,2]", "float32[2,3]"}));
+  shapes.clear();  // chunks of 3: the last one shorter
+  EXPECT_EQ(sequence_parts({3}, true, 1, &shapes), (std::vector<std::string>{"Slice", "Slice"}));
+  EXPECT_EQ(shapes, (std::vector<std::string>{"float32[2,3]", "float32[2,2]"}));
+  shapes.clear();  // unbind: parts of 1, squeezed
+  auto ops = sequence_parts({}, false, 0, &shapes);
+  EXPECT_EQ(std::count(ops.begin(), ops.end(), "Squeeze"), 2);
+  EXPECT_EQ(shapes, (std::vector<std::string>{"float32[2]", "float32[2]"}));
 }
 
 TEST(Importer, UnsortedNodesAreOrdered) {
