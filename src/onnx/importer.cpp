@@ -59,8 +59,9 @@ struct Importer {
   // dim after its example size: "16"); the symbol algebra reads digits as a number
   // (src/ops/shape_values.cpp), so such a name gets a prefix ("dim16"), the same for every use.
   static Dim symbolic_dim(const std::string& name) {
-    const bool digits = std::all_of(name.begin(), name.end(),
-                                    [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
+    const bool digits = std::all_of(name.begin(), name.end(), [](char c) {
+      return std::isdigit(static_cast<unsigned char>(c));
+    });
     return Dim::sym(digits ? "dim" + name : name);
   }
 
@@ -73,7 +74,8 @@ struct Importer {
     std::vector<Dim> dims;
     for (const auto& d : tt.shape().dim()) {
       if (d.has_dim_value() && d.dim_value() >= 0) dims.emplace_back(d.dim_value());
-      else if (d.has_dim_param() && !d.dim_param().empty()) dims.push_back(symbolic_dim(d.dim_param()));
+      else if (d.has_dim_param() && !d.dim_param().empty())
+        dims.push_back(symbolic_dim(d.dim_param()));
       else dims.emplace_back();
     }
     t.dims = std::move(dims);

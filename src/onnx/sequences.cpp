@@ -13,9 +13,7 @@
 namespace kiln {
 namespace {
 
-bool onnx_domain(const onnx::NodeProto& n) {
-  return n.domain().empty() || n.domain() == "ai.onnx";
-}
+bool onnx_domain(const onnx::NodeProto& n) { return n.domain().empty() || n.domain() == "ai.onnx"; }
 
 struct IntConst {
   std::vector<int64_t> values;

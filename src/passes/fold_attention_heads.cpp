@@ -16,11 +16,11 @@
 // repeat_interleave as a Gather of head indices; Tile or a Concat of copies of one K/V head), and
 // the layer reads the Hkv heads in place with kv_heads = Hkv (query head h reads K/V head
 // h / (H / Hkv)). Each of Q, K and V may be read from any tensor along its chain (a part of a
-// packed projection, or the part itself): the layer takes the nearest-to-the-projection choice
-// that makes them one packed tensor or three whole ones. Dims are compared symbolically, so the
-// fold holds for every shape of the profile. The output's Reshape stays (it costs nothing: the output has the transposed
-// result's element order, whatever shape s gives it, [B, S, H*Dv] or GPT-2's [B*S, H*Dv]);
-// remove_noops drops it when it is the identity.
+// packed projection, or the part itself): the layer takes a choice that makes them one packed
+// tensor, else one that makes them three whole ones. Dims are compared symbolically, so the
+// fold holds for every shape of the profile. The output's Reshape stays (it costs nothing: the
+// output has the transposed result's element order, whatever shape s gives it, [B, S, H*Dv] or
+// GPT-2's [B*S, H*Dv]); remove_noops drops it when it is the identity.
 #include <algorithm>
 
 #include "ops/shape_values.h"
@@ -50,7 +50,7 @@ struct Factor {
   int axis = 0;      // x's axis whose stride this is a multiple of; -1: a repetition
   int64_t mult = 0;  // the stride in units of that axis's stride (0 for a repetition)
 };
-constexpr int kRepeat = -1;  // the axis of a stride-0 factor (Expand, Tile, copies)
+constexpr int kRepeat = -1;           // the axis of a stride-0 factor (Expand, Tile, copies)
 using ViewDim = std::vector<Factor>;  // no factors: size 1
 
 struct View {
@@ -392,7 +392,9 @@ std::vector<Node*> layer_group(const Graph& g, Node& attn, Node& t, const Choice
   for (const Heads* hs : {c.q, c.k, c.v})
     for (Node* n : hs->nodes)
       if (std::find(group.begin(), group.end(), n) == group.end()) group.push_back(n);
-  auto inside = [&](const Node* n) { return std::find(group.begin(), group.end(), n) != group.end(); };
+  auto inside = [&](const Node* n) {
+    return std::find(group.begin(), group.end(), n) != group.end();
+  };
   for (bool changed = true; changed;) {
     changed = false;
     for (size_t i = 2; i < group.size(); ++i) {

@@ -1,7 +1,7 @@
 // A 2-D product over flattened rows becomes the batched product it stands for:
 //   Reshape(Gemm(Reshape(x [.., K], [P, K]), W, C), [.., N])  =>  FusedGemm[MatMul](x, W', C')
-//   Reshape(Gemm(...), [.., h, d]) with h*d = N  =>  Reshape(FusedGemm[MatMul](x, W', C'), [.., h, d])
-//   (also FusedGemm[Gemm] with its activation, and MatMul without C)
+//   Reshape(Gemm(...), [.., h, d]) with h*d = N  =>  Reshape(FusedGemm[MatMul](x, W', C'), [.., h,
+//   d]) (also FusedGemm[Gemm] with its activation, and MatMul without C)
 // W' is W, or W transposed at build time for transB = 1; C' is C as the bias [N]. GPT-2's
 // Conv1D exports this way (x.view(-1, K) -> addmm -> view back); folded, the layers around it
 // see the [B, S, N] tensors every other transformer has, and the residual and attention
@@ -98,8 +98,8 @@ struct FoldGemmReshape {
       bias = g.add_constant(g.unique_name(bias->name + "_1d"), std::move(b));
     }
     if (!m.split)
-      return replace_with_layer(ctx, {m.gemm, m.r2}, "kiln", "FusedGemm", {m.x, wv, bias},
-                                m.attrs, m.r2->output(0))
+      return replace_with_layer(ctx, {m.gemm, m.r2}, "kiln", "FusedGemm", {m.x, wv, bias}, m.attrs,
+                                m.r2->output(0))
           .status();
     const std::string name = g.unique_name(m.gemm->name);
     Node* fused = g.insert_node_before(m.gemm, "FusedGemm", name, {m.x, wv, bias}, {name}, "kiln");

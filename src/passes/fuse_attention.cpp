@@ -239,7 +239,8 @@ struct FuseAttention {
       Graph& g = ctx.g;
       const DataType t = m.nodes[0]->output(0)->type.dtype;
       const double f = *scalar_const(m.fill->input(static_cast<size_t>(3 - m.fill_side)));
-      Value* zero = g.add_constant(g.unique_name(m.fill->name + "_zero"), Tensor::scalar(0.0).cast(t));
+      Value* zero =
+          g.add_constant(g.unique_name(m.fill->name + "_zero"), Tensor::scalar(0.0).cast(t));
       Value* fv = g.add_constant(g.unique_name(m.fill->name + "_fill"), Tensor::scalar(f).cast(t));
       const std::string name = g.unique_name(m.fill->name + "_term");
       Node* term = g.insert_node_before(

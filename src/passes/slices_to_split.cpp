@@ -33,7 +33,9 @@ struct SlicesToSplit {
     if (!sl || sl->axis < 0 || sl->axis >= r || sl->step != 1) return std::nullopt;
     const Dim& n = (*x->type.dims)[sl->axis];
     if (!n.is_static()) return std::nullopt;
-    auto clamp = [&](int64_t i) { return std::clamp<int64_t>(i < 0 ? i + n.value : i, 0, n.value); };
+    auto clamp = [&](int64_t i) {
+      return std::clamp<int64_t>(i < 0 ? i + n.value : i, 0, n.value);
+    };
     std::vector<Part> parts;
     for (const auto& [user, slot] : x->uses()) {
       if (slot != 0 || !is_op(user, "Slice")) continue;
@@ -44,9 +46,8 @@ struct SlicesToSplit {
       parts.push_back({user, clamp(u->start), std::max(clamp(u->start), clamp(u->end))});
     }
     // The first of them in the graph's order opens the match (the others would find the same).
-    if (parts.size() < 2 || std::any_of(parts.begin(), parts.end(), [&](const Part& p) {
-          return p.slice->index < s.index;
-        }))
+    if (parts.size() < 2 || std::any_of(parts.begin(), parts.end(),
+                                        [&](const Part& p) { return p.slice->index < s.index; }))
       return std::nullopt;
     std::sort(parts.begin(), parts.end(),
               [](const Part& a, const Part& b) { return a.begin < b.begin; });

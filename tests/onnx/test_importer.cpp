@@ -1,7 +1,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-
 #include <filesystem>
 #include <fstream>
 
@@ -71,7 +70,12 @@ TEST(Importer, DimParamMadeOfDigitsStaysSymbolic) {
   auto m = make_model(17);
   auto* g = m.mutable_graph();
   add_io(g->add_input(), "x", onnx::TensorProto::FLOAT, {"N", "3"});
-  g->mutable_input(0)->mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim(0)->set_dim_param("16");
+  g->mutable_input(0)
+      ->mutable_type()
+      ->mutable_tensor_type()
+      ->mutable_shape()
+      ->mutable_dim(0)
+      ->set_dim_param("16");
   add_node(g, "Relu", {"x"}, {"y"}, "relu");
   add_io(g->add_output(), "y", onnx::TensorProto::FLOAT, {"N", "3"});
   auto r = import(m);
@@ -99,7 +103,8 @@ std::vector<std::string> sequence_parts(const std::vector<int64_t>& split, bool 
   add_io(g->add_input(), "x", onnx::TensorProto::FLOAT, {"2", "5"});
   std::vector<std::string> ins = {"x"};
   if (!split.empty()) {
-    add_ints(g, "split", split, scalar ? std::vector<int64_t>{} : std::vector<int64_t>{int64_t(split.size())});
+    add_ints(g, "split", split,
+             scalar ? std::vector<int64_t>{} : std::vector<int64_t>{int64_t(split.size())});
     ins.push_back("split");
   }
   auto* s = add_node(g, "SplitToSequence", ins, {"seq"}, "s");
@@ -124,7 +129,8 @@ std::vector<std::string> sequence_parts(const std::vector<int64_t>& split, bool 
 
 TEST(Importer, SplitToSequenceReadAtConstantPositionsIsSlices) {
   std::vector<std::string> shapes;
-  EXPECT_EQ(sequence_parts({2, 3}, false, 1, &shapes), (std::vector<std::string>{"Slice", "Slice"}));
+  EXPECT_EQ(sequence_parts({2, 3}, false, 1, &shapes),
+            (std::vector<std::string>{"Slice", "Slice"}));
   EXPECT_EQ(shapes, (std::vector<std::string>{"float32[2,2]", "float32[2,3]"}));
   shapes.clear();  // chunks of 3: the last one shorter
   EXPECT_EQ(sequence_parts({3}, true, 1, &shapes), (std::vector<std::string>{"Slice", "Slice"}));

@@ -87,8 +87,8 @@ TEST(FuseRotary, HalvesAsASplit) {
   auto [cos, sin] = caches(b, b.in("freqs", {1, kS, kD / 2}));
   Value* x = b.op("Reshape", {q, b.c(ints({kB, kS, kH, kD}))});
   x = b.op("Transpose", {x}, attrs({{"perm", Attribute::Ints({0, 2, 1, 3})}}));
-  Node* halves = b.node("Split", {x, b.c(ints({kD / 2, kD / 2}))},
-                        attrs({{"axis", Attribute::Int(-1)}}), 2);
+  Node* halves =
+      b.node("Split", {x, b.c(ints({kD / 2, kD / 2}))}, attrs({{"axis", Attribute::Int(-1)}}), 2);
   Value* rot = b.op("Concat", {b.op("Neg", {halves->output(1)}), halves->output(0)},
                     attrs({{"axis", Attribute::Int(-1)}}));
   Value* c = b.op("Unsqueeze", {cos, b.c(ints({1}))});

@@ -23,11 +23,11 @@ Value* heads(G& b, Value* x, int64_t n) {
 
 // How the K/V heads [B, G, S, D] are repeated to [B, G*rep, S, D].
 enum class Repeat {
-  kExpand,       // repeat_kv: Unsqueeze, Expand, Reshape (copies at `axis`)
-  kGather,       // repeat_interleave: Gather of head indices 0,0,..,1,1,..
+  kExpand,         // repeat_kv: Unsqueeze, Expand, Reshape (copies at `axis`)
+  kGather,         // repeat_interleave: Gather of head indices 0,0,..,1,1,..
   kUnsqueezeTile,  // Unsqueeze, Tile of the new axis, Reshape
-  kTile,         // Tile of the head axis: heads in Tile's order (h % G)
-  kConcat,       // Concat of rep copies on the head axis (Tile's order)
+  kTile,           // Tile of the head axis: heads in Tile's order (h % G)
+  kConcat,         // Concat of rep copies on the head axis (Tile's order)
 };
 
 Value* repeat_kv(G& b, Value* x, int64_t g, int64_t rep, Repeat how, int64_t axis = 2) {
@@ -74,8 +74,8 @@ void build(G& b, int64_t axis, Repeat how = Repeat::kExpand, int64_t kv = kKv,
   Value* q = heads(b, proj(kH * kD), kH);
   Value* k = repeat_kv(b, heads(b, proj(kv * kD), kv), kv, kH / kv, how, axis);
   Value* v = repeat_kv(b, heads(b, proj(kv * kD), kv), kv, kH / kv, how, axis);
-  Value* s = b.op("Add", {b.op("Mul", {b.op("MatMul", {q, key_t(b, k, merged_kt)}), b.cf(0.5f)}),
-                          mask});
+  Value* s =
+      b.op("Add", {b.op("Mul", {b.op("MatMul", {q, key_t(b, k, merged_kt)}), b.cf(0.5f)}), mask});
   Value* p = b.op("Softmax", {s}, attrs({{"axis", Attribute::Int(-1)}}));
   Value* y = perm(b, b.op("MatMul", {p, v}), {0, 2, 1, 3});
   b.out(b.op("Reshape", {y, b.c(ints({kB, kS, kH * kD}))}));
@@ -112,8 +112,8 @@ TEST(GroupedQueryAttention, KeyTransposedThroughMergedDims) {
   build(b, 2, Repeat::kExpand, kKv, /*merged_kt=*/true);
   expect_folded(b, kKv);
   // and after the level-1 cleanup has merged those Reshapes
-  auto opt = optimize_checked(b.g, {"cancel_transposes", "fuse_attention",
-                                    "fold_attention_heads", "eliminate_dead_code"});
+  auto opt = optimize_checked(
+      b.g, {"cancel_transposes", "fuse_attention", "fold_attention_heads", "eliminate_dead_code"});
   EXPECT_EQ(count(*opt, "MultiHeadAttention"), 1);
 }
 

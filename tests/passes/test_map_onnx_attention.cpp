@@ -110,8 +110,8 @@ TEST(MapOnnxAttention, GroupedHeadsAreRepeatedInTheExportersForm) {
   Attributes heads =
       attrs({{"q_num_heads", Attribute::Int(4)}, {"kv_num_heads", Attribute::Int(2)}});
   p.out(attention(p, {proj(16), proj(8), proj(8)}, heads)->output(0));
-  auto folded = optimize_checked(p.g, {"map_onnx_attention", "fold_attention_heads",
-                                       "eliminate_dead_code"});
+  auto folded =
+      optimize_checked(p.g, {"map_onnx_attention", "fold_attention_heads", "eliminate_dead_code"});
   ASSERT_EQ(count(*folded, "MultiHeadAttention"), 1);
   EXPECT_EQ(count(*folded, "Tile"), 0);
   EXPECT_EQ(find_op(*folded, "MultiHeadAttention")->attrs.get_int("kv_heads", 0), 2);

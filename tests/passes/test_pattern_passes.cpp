@@ -172,7 +172,8 @@ TEST(FuseAttention, DivScaleAndFilledScores) {
     Value* causal = b.c(tri.cast(DataType::kBool));
     Value* s = b.op("MatMul", {b.op("Div", {q, b.cf(2.f)}), b.op("Mul", {kt, b.cf(0.5f)})});
     Value* filled = b.op("Where", {causal, s, b.cf(fill)});
-    Value* p = b.op("Softmax", {b.op("Add", {filled, mask})}, attrs({{"axis", Attribute::Int(-1)}}));
+    Value* p =
+        b.op("Softmax", {b.op("Add", {filled, mask})}, attrs({{"axis", Attribute::Int(-1)}}));
     b.out(b.op("MatMul", {p, v}));
     auto opt = optimize_checked(b.g, {"fuse_attention"});
     if (fill > -1e30f) {

@@ -67,8 +67,8 @@ TEST(SlicesToSplit, PackedProjectionSlicedIntoQkvIsOnePackedAttention) {
   Value* q = heads(part(0, N), H);
   Value* k = repeat(heads(part(N, N + KV * D), KV));
   Value* v = repeat(heads(part(N + KV * D, N + 2 * KV * D), KV));
-  Value* s = b.op("Add", {b.op("Mul", {b.op("MatMul", {q, perm(k, {0, 1, 3, 2})}), b.cf(0.3f)}),
-                          mask});
+  Value* s =
+      b.op("Add", {b.op("Mul", {b.op("MatMul", {q, perm(k, {0, 1, 3, 2})}), b.cf(0.3f)}), mask});
   Value* p = b.op("Softmax", {s}, attrs({{"axis", Attribute::Int(-1)}}));
   Value* y = perm(b.op("MatMul", {p, v}), {0, 2, 1, 3});
   b.out(b.op("Reshape", {y, b.c(ints({B, S, N}))}));
