@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Export the transformer test matrix with the PyTorch and transformers of the Python running
-this script: the Llama, Qwen2, Phi-3, ViT, DeiT and BERT architectures (tiny, random weights)
+this script: the Llama, Qwen2, Phi-3, ViT, DeiT and BERT architectures (tiny, random weights;
+transformers' SDPA attention, and for Llama and GPT-2 also its eager attention: llama-eager,
+gpt2-eager)
 with both exporters (TorchScript opset 17, dynamo opset 18), as skeletons
 (scripts/transformer_export.py --skeleton) named
 
@@ -23,6 +25,8 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 ARCHS = {  # arch -> (script, extra arguments)
     "llama": ("export_llama.py", []),
+    "llama-eager": ("export_llama.py", ["--attn", "eager"]),
+    "gpt2-eager": ("export_gpt2.py", ["--attn", "eager"]),
     "qwen2": ("export_qwen2.py", []),
     "phi3": ("export_phi3.py", []),
     "vit": ("export_vit.py", ["--arch", "vit"]),
