@@ -14,6 +14,7 @@
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 
 #include "ir/verifier.h"
+#include "onnx/functions.h"
 #include "onnx/onnx.pb.h"
 #include "onnx/sequences.h"
 #include "onnx/tensor_proto.h"
@@ -344,7 +345,8 @@ Expected<std::unique_ptr<Graph>> import_onnx_bytes(const std::string& bytes,
   if (!model.ParseFromCodedStream(&coded) || !coded.ConsumedEntireMessage())
     return KILN_ERROR("{}: not a valid ONNX model (protobuf parse failed)", source_name);
   if (model.has_graph()) {
-    Status st = lower_split_to_sequence(*model.mutable_graph(), base_dir);
+    Status st = inline_local_functions(model);
+    if (st.ok()) st = lower_split_to_sequence(*model.mutable_graph(), base_dir);
     if (!st.ok()) return st.with_context(source_name);
   }
   Importer imp{model, base_dir, source_name, std::make_unique<Graph>()};

@@ -141,6 +141,47 @@ TEST(Importer, SplitToSequenceReadAtConstantPositionsIsSlices) {
   EXPECT_EQ(shapes, (std::vector<std::string>{"float32[2]", "float32[2]"}));
 }
 
+// A model-local function (torch 2.5's onnxscript helpers): each call becomes the body, its values
+// renamed per call, an attribute of the body that refers to the call's taking the call's value.
+TEST(Importer, LocalFunctionsAreInlined) {
+  auto m = make_model(18);
+  auto* f = m.add_functions();
+  f->set_domain("pkg.test");
+  f->set_name("scaled_relu");
+  f->add_input("a");
+  f->add_output("r");
+  f->add_attribute("alpha");
+  auto* body = f->add_node();
+  body->set_op_type("LeakyRelu");
+  body->add_input("a");
+  body->add_output("t");
+  auto* ref = body->add_attribute();
+  ref->set_name("alpha"), ref->set_type(onnx::AttributeProto::FLOAT), ref->set_ref_attr_name("alpha");
+  auto* neg = f->add_node();
+  neg->set_op_type("Neg");
+  neg->add_input("t");
+  neg->add_output("r");
+  auto* os = f->add_opset_import();
+  os->set_domain(""), os->set_version(18);
+  auto* g = m.mutable_graph();
+  add_io(g->add_input(), "x", onnx::TensorProto::FLOAT, {"N", "3"});
+  for (const char* call : {"c1", "c2"}) {
+    auto* n = add_node(g, "scaled_relu", {call == std::string("c1") ? "x" : "y1"},
+                       {call == std::string("c1") ? "y1" : "y2"}, call);
+    n->set_domain("pkg.test");
+    auto* a = n->add_attribute();
+    a->set_name("alpha"), a->set_type(onnx::AttributeProto::FLOAT), a->set_f(0.25f);
+  }
+  add_io(g->add_output(), "y2", onnx::TensorProto::FLOAT, {"N", "3"});
+  auto r = import(m);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  std::vector<std::string> ops;
+  for (const Node* n : (*r)->nodes()) ops.push_back(n->op_type);
+  EXPECT_EQ(ops, (std::vector<std::string>{"LeakyRelu", "Neg", "LeakyRelu", "Neg"}));
+  EXPECT_FLOAT_EQ((*r)->nodes()[2]->attrs.get_float("alpha", 0.f), 0.25f);
+  EXPECT_EQ((*r)->outputs()[0]->type.str(), "float32[N,3]");
+}
+
 TEST(Importer, UnsortedNodesAreOrdered) {
   auto m = make_model(17);
   auto* g = m.mutable_graph();
