@@ -23,6 +23,7 @@ Expected<bool> fuse_gelu(PassContext& ctx);
 Expected<bool> fuse_swish(PassContext& ctx);
 Expected<bool> fuse_groupnorm_act(PassContext& ctx);
 Expected<bool> fold_periodic_add(PassContext& ctx);
+Expected<bool> unflatten_batched_matmul(PassContext& ctx);
 Expected<bool> fuse_attention(PassContext& ctx);
 Expected<bool> map_onnx_attention(PassContext& ctx);
 Expected<bool> fold_gemm_reshape(PassContext& ctx);

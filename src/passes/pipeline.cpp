@@ -53,6 +53,9 @@ struct PassEntry {
 // - fuse_groupnorm_act after fuse_groupnorm and fuse_swish (the norm and its SiLU exist as ops)
 //   and before fuse_residual_add: the timestep term added in front of a norm belongs to the
 //   norm's kernel, not to the convolution before it as a residual that broadcasts.
+// - unflatten_batched_matmul just before fuse_attention: a product over merged batch dims
+//   (PyTorch's matmul decomposition as torch 2.5's dynamo exports it) becomes the 4-D MatMul
+//   that fuse_attention matches.
 // - fold_periodic_add just before fuse_attention: a constant added per group of rows through a
 //   split and a merge of axis 0 (Swin's shifted-window mask) becomes a plain Add of the constant
 //   tiled over the groups, which fuse_attention takes as one more additive term of the scores.
@@ -127,6 +130,7 @@ constexpr PassEntry kPipeline[] = {
     {"fuse_swish", 2, passes::fuse_swish},
     {"fuse_groupnorm_act", 2, passes::fuse_groupnorm_act},
     {"fold_periodic_add", 2, passes::fold_periodic_add},
+    {"unflatten_batched_matmul", 2, passes::unflatten_batched_matmul},
     {"fuse_attention", 2, passes::fuse_attention},
     {"map_onnx_attention", 2, passes::map_onnx_attention},
     {"fold_gemm_reshape", 2, passes::fold_gemm_reshape},

@@ -3,6 +3,7 @@
 //   Reshape/Flatten/Squeeze/Unsqueeze(x) giving x's own shape  =>  x
 //   Transpose(x, perm = identity)  =>  x          Cast(x, to = x's type)  =>  x
 //   Concat(x) of one input  =>  x   (torchvision's DenseNet starts each block with one)
+//   Expand(x) to x's own shape  =>  x   (PyTorch's matmul decomposition expands both operands)
 //   Concat(x, e...) where every e is empty along the axis  =>  x   (Phi-3's partial rotary,
 //   cat([rotated, x[..., rotary_dim:]]), exported at rotary_dim = D: the pass-through part is
 //   empty, and the rotary's own pattern then ends at `rotated`)
@@ -113,6 +114,8 @@ std::string noop_reason(PassContext& ctx, const Node& n) {
     return "identity permutation";
   }
   if (n.op_type == "Concat" && n.num_inputs() == 1) return "concatenation of one input";
+  if (n.op_type == "Expand" && same_dims(x->type, y->type) && x->type.dtype == y->type.dtype)
+    return "expansion to its own shape";
   if (const int k = sole_nonempty_operand(n); k >= 0) {
     const Value* kept = n.input(k);
     if (same_dims(kept->type, y->type) && kept->type.dtype == y->type.dtype)
