@@ -6,13 +6,17 @@ torch.compile(mode="reduce-overhead") in FP16, in one run. Models (--models):
   vit       ViT-B/16 (transformers' ViTModel)
   llama     a Llama-architecture decoder (transformers' LlamaForCausalLM: hidden 768, 12 layers,
             12 heads, 4 key/value heads, SwiGLU 2048, vocabulary 32000; logits for every position)
+  qwen2     a Qwen2-architecture decoder (transformers' Qwen2ForCausalLM: biased Q/K/V, hidden 768,
+            12 layers, 12 heads, 2 key/value heads; scripts/export_qwen2.py)
+  phi3      a Phi-3-architecture decoder (transformers' Phi3ForCausalLM: packed qkv_proj and
+            gate_up_proj, hidden 768, 12 layers, 12 heads, 4 key/value heads; scripts/export_phi3.py)
   tv_vit    torchvision's ViT-B/16 (nn.MultiheadAttention); dynamo only: its TorchScript export
             fails in PyTorch, so the torchscript exporter is skipped for it (said on stdout)
   timm_vit  timm's ViT/DeiT (--timm-model, default vit_small_patch16_224: DeiT-S's shape)
 Each is the model its scripts/export_<model>.py build()s (random weights, seed 0); the text
 models take input_ids and attention_mask [batch, --seq], the ViTs pixel_values [batch, 3, 224, 224].
 
-  bench/transformer_bench.py --kiln .deps/kiln --out OUT [--models bert,gpt2,vit,llama,tv_vit,timm_vit]
+  bench/transformer_bench.py --kiln .deps/kiln --out OUT [--models bert,gpt2,vit,llama,qwen2,phi3,tv_vit,timm_vit]
                         [--parts export,speed,dynamic,floor,accuracy] [--batches 1,32] [--seq 128]
                         [--iters 300] [--exporters torchscript,dynamo] [--rounds N] [--duration S]
                         [--fp16-io] [--timm-model NAME] [--tiny] [--cpu] [--onnx-dir DIR]
@@ -63,11 +67,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 MODELS = {"bert": "BERT-base", "gpt2": "GPT-2 (124M)", "vit": "ViT-B/16", "llama": "Llama decoder",
+          "qwen2": "Qwen2 decoder", "phi3": "Phi-3 decoder",
           "tv_vit": "torchvision ViT-B/16", "timm_vit": "timm vit_small_patch16_224"}
 VISION = ("vit", "tv_vit", "timm_vit")  # pixel_values [batch, 3, 224, 224] in, no sequence
 # The dynamic engine's longest sequence: the model's positions (BERT's 512; GPT-2's and the Llama
 # decoder's profile stops at 1024, the issue's 1-1024).
-MAX_SEQ = {"bert": 512, "gpt2": 1024, "llama": 1024}
+MAX_SEQ = {"bert": 512, "gpt2": 1024, "llama": 1024, "qwen2": 1024, "phi3": 1024}
 # The exporters a model has where not both, and why (the others are skipped, and said so).
 EXPORTERS = {"tv_vit": (("dynamo",), "torchvision's ViT: its TorchScript export fails in PyTorch, dynamo only")}
 # bench/gemm_floor.py's geometry with the same GEMMs (torchvision's ViT-B/16 has ViT-B/16's).

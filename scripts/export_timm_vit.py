@@ -35,7 +35,7 @@ def main():
     import torch
     model, args, ins, outs, dyn = build(a.tiny, a.seed, a.model)
     with torch.no_grad():
-        how = tx.export(model, args, a.path, ins, outs, dyn, a.exporter)
+        how = tx.export(model, args, a.path, ins, outs, dyn, a.exporter, static=a.static)
     tx.finish(a, f"timm {a.model} ({len(model.blocks)} blocks, hidden {model.embed_dim})", how)
 
 

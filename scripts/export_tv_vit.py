@@ -39,7 +39,7 @@ def main():
     import torch
     model, args, ins, outs, dyn = build(a.tiny, a.seed)
     with torch.no_grad():
-        how = tx.export(model, args, a.path, ins, outs, dyn, a.exporter)
+        how = tx.export(model, args, a.path, ins, outs, dyn, a.exporter, static=a.static)
     tx.finish(a, f"torchvision ViT ({model.config['num_layers']} layers, hidden "
                  f"{model.config['hidden_dim']}, nn.MultiheadAttention)", how)
 

@@ -18,7 +18,10 @@ import sys
 import numpy as np
 
 SKELETON_TAG = "kiln-random"
-SKELETON_MIN_ELEMENTS = 64  # smaller initializers (shapes, indices, scalars) stay as they are
+# Smaller initializers stay as they are: shapes, indices, scalars, norms, and the rotary caches
+# and masks an export at static shapes folds into constants (16 positions x 32 in a tiny
+# decoder), whose values the graph depends on (a rotary's two equal halves).
+SKELETON_MIN_ELEMENTS = 1025
 
 
 def add_arguments(ap, default_path):
@@ -28,11 +31,17 @@ def add_arguments(ap, default_path):
     ap.add_argument("--skeleton", action="store_true",
                     help="keep only small initializers (tests/models/transformers)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--static", action="store_true",
+                    help="no dynamic axes: the example inputs' shapes are fixed in the graph (what "
+                         "torch.onnx.export writes without dynamic_axes or dynamic_shapes)")
 
 
-def export(module, args, path, input_names, output_names, dynamic, exporter):
+def export(module, args, path, input_names, output_names, dynamic, exporter, static=False,
+           max_sequence=4096):
     """Exports `module` (plain tensors in and out); `dynamic` maps each input name to
-    {axis: "batch" | "sequence"}. Returns a one-line description of the exporter."""
+    {axis: "batch" | "sequence"} (static: no dynamic axes, the example inputs' shapes;
+    max_sequence: the upper end of dynamo's range for "sequence", which the ONNX graph does not
+    record). Returns a one-line description of the exporter."""
     import torch
     os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
     if exporter == "torchscript":
@@ -40,16 +49,18 @@ def export(module, args, path, input_names, output_names, dynamic, exporter):
         for o in output_names:
             axes[o] = {0: "batch"}
         torch.onnx.export(module, args, path, opset_version=17, input_names=input_names,
-                          output_names=output_names, dynamic_axes=axes, do_constant_folding=False,
-                          dynamo=False)
-        return "torch.onnx.export(dynamo=False), opset 17"
+                          output_names=output_names, dynamic_axes=None if static else axes,
+                          do_constant_folding=False, dynamo=False)
+        return "torch.onnx.export(dynamo=False), opset 17" + (", static shapes" if static else "")
     from torch.export import Dim
-    dims = {"batch": Dim("batch", min=1, max=1024), "sequence": Dim("sequence", min=1, max=4096)}
+    dims = {"batch": Dim("batch", min=1, max=1024),
+            "sequence": Dim("sequence", min=1, max=max_sequence)}
     shapes = tuple({axis: dims[name] for axis, name in dynamic.get(n, {}).items()} for n in input_names)
     torch.onnx.export(module, args, path, opset_version=18, input_names=input_names,
-                      output_names=output_names, dynamic_shapes=shapes, dynamo=True,
-                      external_data=True)
-    return "torch.onnx.export(dynamo=True), opset 18, external data"
+                      output_names=output_names, dynamic_shapes=None if static else shapes,
+                      dynamo=True, external_data=True)
+    return "torch.onnx.export(dynamo=True), opset 18, external data" + \
+        (", static shapes" if static else "")
 
 
 def causal_lm(model, cfg):
@@ -89,10 +100,19 @@ def skeletonize(path):
         empty.name, empty.data_type, empty.doc_string = t.name, t.data_type, doc
         empty.dims.extend(t.dims)
         t.CopyFrom(empty)
+    strip_metadata(m)
     for f in os.listdir(os.path.dirname(os.path.abspath(path))):  # drop its external data
         if f.startswith(os.path.basename(path)) and f != os.path.basename(path):
             os.remove(os.path.join(os.path.dirname(os.path.abspath(path)), f))
     onnx.save(m, path)
+
+
+def strip_metadata(m):
+    """Drops the nodes' doc strings and metadata (older dynamo exporters record a stack trace on
+    every node, most of a skeleton's size); the graph is unchanged."""
+    for n in m.graph.node:
+        n.doc_string = ""
+        del n.metadata_props[:]
 
 
 def materialize(path, out, seed=0):

@@ -1,6 +1,7 @@
 #include "onnx/importer.h"
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -13,7 +14,9 @@
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 
 #include "ir/verifier.h"
+#include "onnx/functions.h"
 #include "onnx/onnx.pb.h"
+#include "onnx/sequences.h"
 #include "onnx/tensor_proto.h"
 #include "ops/op.h"
 
@@ -53,6 +56,16 @@ struct Importer {
   std::unique_ptr<Graph> g = std::make_unique<Graph>();
   int opset = -1;
 
+  // A dim_param is a name, even one made of digits (torch 2.6's dynamo exporter names a dynamic
+  // dim after its example size: "16"); the symbol algebra reads digits as a number
+  // (src/ops/shape_values.cpp), so such a name gets a prefix ("dim16"), the same for every use.
+  static Dim symbolic_dim(const std::string& name) {
+    const bool digits = std::all_of(name.begin(), name.end(), [](char c) {
+      return std::isdigit(static_cast<unsigned char>(c));
+    });
+    return Dim::sym(digits ? "dim" + name : name);
+  }
+
   TensorType type_from_value_info(const onnx::ValueInfoProto& vi) {
     TensorType t;
     if (!vi.type().has_tensor_type()) return t;
@@ -62,7 +75,8 @@ struct Importer {
     std::vector<Dim> dims;
     for (const auto& d : tt.shape().dim()) {
       if (d.has_dim_value() && d.dim_value() >= 0) dims.emplace_back(d.dim_value());
-      else if (d.has_dim_param() && !d.dim_param().empty()) dims.push_back(Dim::sym(d.dim_param()));
+      else if (d.has_dim_param() && !d.dim_param().empty())
+        dims.push_back(symbolic_dim(d.dim_param()));
       else dims.emplace_back();
     }
     t.dims = std::move(dims);
@@ -330,6 +344,11 @@ Expected<std::unique_ptr<Graph>> import_onnx_bytes(const std::string& bytes,
   coded.SetTotalBytesLimit(std::numeric_limits<int>::max());
   if (!model.ParseFromCodedStream(&coded) || !coded.ConsumedEntireMessage())
     return KILN_ERROR("{}: not a valid ONNX model (protobuf parse failed)", source_name);
+  if (model.has_graph()) {
+    Status st = inline_local_functions(model);
+    if (st.ok()) st = lower_split_to_sequence(*model.mutable_graph(), base_dir);
+    if (!st.ok()) return st.with_context(source_name);
+  }
   Importer imp{model, base_dir, source_name, std::make_unique<Graph>()};
   Status st = imp.run();
   if (!st.ok()) return st.with_context(source_name);

@@ -158,6 +158,8 @@ SymInt arith(const std::string& op, const SymInt& a, const SymInt& b) {
   if (op == "Mul") return SymInt::of(mul_dims(da, db));
   if (op == "Div") return SymInt::of(div_dims(da, db));
   if ((op == "Add" || op == "Sub") && b.value == 0) return a;
+  // A size less itself (GPT-2's causal-mask slice starts at key_length - query_length).
+  if (op == "Sub" && !da.symbol.empty() && same_dim(da, db)) return SymInt::known(0);
   if (op == "Add" && a.value == 0) return b;
   if ((op == "Max" || op == "Min") && same_dim(da, db)) return a;
   return SymInt{};

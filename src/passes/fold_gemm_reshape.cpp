@@ -1,10 +1,14 @@
 // A 2-D product over flattened rows becomes the batched product it stands for:
 //   Reshape(Gemm(Reshape(x [.., K], [P, K]), W, C), [.., N])  =>  FusedGemm[MatMul](x, W', C')
-//   (also FusedGemm[Gemm] with its activation, and MatMul without C)
+//   Reshape(Gemm(...), [.., h, d]) with h*d = N  =>  Reshape(FusedGemm[MatMul](x, W', C'), [.., h,
+//   d]) (also FusedGemm[Gemm] with its activation, and MatMul without C)
 // W' is W, or W transposed at build time for transB = 1; C' is C as the bias [N]. GPT-2's
 // Conv1D exports this way (x.view(-1, K) -> addmm -> view back); folded, the layers around it
 // see the [B, S, N] tensors every other transformer has, and the residual and attention
-// patterns apply. The leading dims are compared symbolically (every shape of a profile).
+// patterns apply. The leading dims are compared symbolically (every shape of a profile). The
+// second form is the head split written onto the flat product (torch 2.5's dynamo export at
+// static shapes: [B*S, N] reshaped to [B, S, H, D] at once): the head split then reads a
+// [B, S, N] tensor, as fold_attention_heads expects.
 #include <cstring>
 
 #include "ops/shape_values.h"
@@ -31,6 +35,7 @@ struct FoldGemmReshape {
     Value* x;
     bool trans_b;
     Attributes attrs;
+    bool split;  // the last Reshape splits N: it stays, reading the batched product
   };
 
   static bool gemm_like(const Node* n) {
@@ -63,9 +68,13 @@ struct FoldGemmReshape {
               (c->constant->rank() == 2 && c->constant->dim(0) != 1) || c->constant->rank() > 2))
       return reject("C is not a constant bias of N values");
     const TensorType &x = r1->input(0)->type, &flat = r1->output(0)->type, &y = r2.output(0)->type;
-    if (x.rank() < 3 || flat.rank() != 2 || y.rank() != x.rank() ||
-        !same_dim((*flat.dims)[1], x.dims->back()) || !same_dim(y.dims->back(), Dim(N)))
+    if (x.rank() < 3 || flat.rank() != 2 || y.rank() < x.rank() ||
+        !same_dim((*flat.dims)[1], x.dims->back()))
       return reject("the reshapes do not flatten and restore the leading dims");
+    int64_t tail = 1;  // y's dims past the leading ones: N, or N split
+    for (int64_t i = x.rank() - 1; i < y.rank(); ++i)
+      tail = (*y.dims)[i].is_static() ? tail * (*y.dims)[i].value : -1;
+    if (tail != N) return reject("the last reshape does not restore N (or split it)");
     for (int64_t i = 0; i + 1 < x.rank(); ++i)
       if (!same_dim((*x.dims)[i], (*y.dims)[i]))
         return reject("the leading dims are not provably restored");
@@ -75,7 +84,7 @@ struct FoldGemmReshape {
       if (k == "activation" || k.rfind("act_", 0) == 0) a.set(k, v);
     a.set("base", Attribute::String("MatMul"));
     if (!ctx.backend_supports("kiln", "FusedGemm", a, x.dtype)) return std::nullopt;
-    return Match{g, &r2, r1->input(0), tb, std::move(a)};
+    return Match{g, &r2, r1->input(0), tb, std::move(a), y.rank() > x.rank()};
   }
 
   static Status rewrite(PassContext& ctx, const Match& m) {
@@ -88,9 +97,17 @@ struct FoldGemmReshape {
       KILN_ASSIGN_OR_RETURN(Tensor b, bias->constant->reshaped({bias->constant->numel()}));
       bias = g.add_constant(g.unique_name(bias->name + "_1d"), std::move(b));
     }
-    return replace_with_layer(ctx, {m.gemm, m.r2}, "kiln", "FusedGemm", {m.x, wv, bias}, m.attrs,
-                              m.r2->output(0))
-        .status();
+    if (!m.split)
+      return replace_with_layer(ctx, {m.gemm, m.r2}, "kiln", "FusedGemm", {m.x, wv, bias}, m.attrs,
+                                m.r2->output(0))
+          .status();
+    const std::string name = g.unique_name(m.gemm->name);
+    Node* fused = g.insert_node_before(m.gemm, "FusedGemm", name, {m.x, wv, bias}, {name}, "kiln");
+    fused->attrs = m.attrs;
+    fused->origin = ctx.pass;
+    merge_onnx_nodes(*fused, *m.gemm);
+    g.set_input(m.r2, 0, fused->output(0));
+    return g.remove_node(m.gemm);
   }
 };
 

@@ -1,9 +1,12 @@
 // Scaled dot-product attention recognised as one layer:
-//   MatMul(Q [*a], Kt [*b]) [/c | *c] [+ mask] -> Softmax(axis=-1) [-> Where(IsNaN(p), 0, p)]
-//     -> MatMul(., V)
+//   MatMul(Q [*a | /a], Kt [*b | /b]) [/c | *c] [+ mask] -> Softmax(axis=-1)
+//     [-> Where(IsNaN(p), 0, p)] -> MatMul(., V)
 //     =>  kiln.Attention(Q, Kt, V, mask?, scale = a * b / c [, nan_to_zero])
-// (a and b: the sqrt-scale form of PyTorch's scaled_dot_product_attention export; c: the
-// classic "/ sqrt(d)"). Every intermediate must stay inside the pattern.
+// (a and b: the sqrt-scale form of PyTorch's scaled_dot_product_attention export, a Div being a
+// factor 1/a; c: the classic "/ sqrt(d)"). Every intermediate must stay inside the pattern.
+// Scores masked by Where(c, scores, f) with f = -inf or finfo.min (eager attention's
+// masked_fill, before or under the mask Add) become scores + Where(c, 0, f), one more additive
+// term of the mask.
 // Two additive terms, (scores + m1) + m2 (Swin's relative position bias, then its shifted-window
 // mask tiled by fold_periodic_add), make one mask Add(m1, m2): neither term may widen the
 // scores. The first sum may already be kiln.FusedGemm[base=MatMul](Q', Kt', m1) (fuse_matmul_add
@@ -17,7 +20,8 @@
 namespace kiln::passes {
 namespace {
 
-// v = Mul(u, scalar const) -> (u, scalar, node); else (v, 1, nullptr).
+// v = Mul(u, scalar const) or Div(u, scalar const) -> (u, the factor, node); else (v, 1,
+// nullptr). A Div by c is a Mul by 1 / c.
 std::tuple<Value*, double, Node*> strip_scalar_mul(Value* v) {
   Node* n = v ? v->producer : nullptr;
   if (is_op(n, "Mul") && n->num_inputs() == 2) {
@@ -25,6 +29,8 @@ std::tuple<Value*, double, Node*> strip_scalar_mul(Value* v) {
       if (auto c = scalar_const(n->input(static_cast<size_t>(s))))
         return {n->input(static_cast<size_t>(1 - s)), *c, n};
   }
+  if (is_op(n, "Div") && n->num_inputs() == 2)
+    if (auto c = scalar_const(n->input(1)); c && *c != 0.0) return {n->input(0), 1.0 / *c, n};
   return {v, 1.0, nullptr};
 }
 
@@ -50,7 +56,24 @@ struct FuseAttention {
     Value* mask2 = nullptr;     // a second additive term: the layer's mask is Add(mask, mask2)
     Node* outer_add = nullptr;  // (scores + mask) + mask2
     bool nan_to_zero = false;
+    Node* fill = nullptr;  // Where(c, scores, f) or Where(c, f, scores): the term Where(c, 0, f)
+    int fill_side = 0;     // the input of `fill` that is the scores
   };
+
+  // Where(c, s, f) (or Where(c, f, s)) with a scalar constant f of -inf or at most -1e30 (the
+  // fill of eager attention's masked_fill / torch.where with finfo.min): s + Where(c, 0, f) gives
+  // the same probabilities, a masked score being f or -inf either way (|s| is far below f's
+  // spacing, 2e31 at -3.4e38). Returns the node and sets *side to the scores' input.
+  static Node* filled_scores(Value* s, int* side) {
+    Node* w = producer_if(s, "Where");
+    if (!w || w->num_inputs() != 3 || w->input(0)->type.dtype != DataType::kBool) return nullptr;
+    for (int k : {1, 2})
+      if (auto f = scalar_const(w->input(static_cast<size_t>(3 - k))); f && *f <= -1e30) {
+        *side = k;
+        return w;
+      }
+    return nullptr;
+  }
 
   // Where(IsNaN(p), 0, p): SDPA's guard for rows that the mask removed entirely.
   static Node* nan_guard(Value* w, Node** isnan) {
@@ -65,19 +88,22 @@ struct FuseAttention {
 
   // Scores feeding the Softmax: [mask add] <- [scale] <- MatMul(q', k').
   static bool match_scores(Value* s, Match& m) {
+    int side = 0;
+    Node* w = m.fill ? nullptr : filled_scores(s, &side);
+    if (w) s = w->input(static_cast<size_t>(side));
     Node* n = s ? s->producer : nullptr;
-    if (is_op(n, "Div") && n->num_inputs() == 2) {
-      if (auto c = scalar_const(n->input(1)); c && *c != 0.0) {
-        m.scale /= *c;
-        m.nodes.push_back(n);
-        n = n->input(0) ? n->input(0)->producer : nullptr;
-      }
-    } else if (auto [u, c, mul] = strip_scalar_mul(s); mul) {
+    if (auto [u, c, op] = strip_scalar_mul(s); op) {
       m.scale *= c;
-      m.nodes.push_back(mul);
+      m.nodes.push_back(op);
       n = u ? u->producer : nullptr;
     }
     if (!is_op(n, "MatMul")) return false;
+    if (w) {  // the condition must not widen the scores
+      if (!fits(w->input(0)->type, n->output(0)->type)) return false;
+      m.fill = w;
+      m.fill_side = side;
+      m.nodes.push_back(w);
+    }
     take_product(n, m);
     return true;
   }
@@ -198,18 +224,39 @@ struct FuseAttention {
     a.set("scale", Attribute::Float(static_cast<float>(m.scale)));
     if (m.nan_to_zero) a.set("nan_to_zero", Attribute::Int(1));
     std::vector<Value*> ins = {m.q, m.kt, m.v};
+    Value* mask = m.mask;
     if (m.mask2) {
       // The joint mask, placed where the outer Add was (both terms exist there).
       const std::string name = ctx.g.unique_name(m.outer_add->name + "_mask");
       Node* sum = ctx.g.insert_node_before(m.outer_add, "Add", name, {m.mask, m.mask2}, {name});
       sum->origin = ctx.pass;
-      ins.push_back(sum->output(0));
-    } else if (m.mask) {
-      ins.push_back(m.mask);
+      mask = sum->output(0);
     }
     // Name it after the first MatMul (the scores), the node that opens the pattern.
     std::vector<Node*> nodes = m.nodes;
     std::sort(nodes.begin(), nodes.end(), [](Node* x, Node* y) { return x->index < y->index; });
+    if (m.fill) {  // the filled scores' term Where(c, 0, f), added to the mask
+      Graph& g = ctx.g;
+      const DataType t = m.nodes[0]->output(0)->type.dtype;
+      const double f = *scalar_const(m.fill->input(static_cast<size_t>(3 - m.fill_side)));
+      Value* zero =
+          g.add_constant(g.unique_name(m.fill->name + "_zero"), Tensor::scalar(0.0).cast(t));
+      Value* fv = g.add_constant(g.unique_name(m.fill->name + "_fill"), Tensor::scalar(f).cast(t));
+      const std::string name = g.unique_name(m.fill->name + "_term");
+      Node* term = g.insert_node_before(
+          nodes.back(), "Where", name,
+          {m.fill->input(0), m.fill_side == 1 ? zero : fv, m.fill_side == 1 ? fv : zero}, {name});
+      term->origin = ctx.pass;
+      if (mask) {
+        const std::string sn = g.unique_name(m.fill->name + "_mask");
+        Node* sum = g.insert_node_before(nodes.back(), "Add", sn, {mask, term->output(0)}, {sn});
+        sum->origin = ctx.pass;
+        mask = sum->output(0);
+      } else {
+        mask = term->output(0);
+      }
+    }
+    if (mask) ins.push_back(mask);
     return replace_with_layer(ctx, nodes, "kiln", "Attention", ins, std::move(a),
                               m.nodes[0]->output(0))
         .status();

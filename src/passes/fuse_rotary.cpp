@@ -54,6 +54,19 @@ std::optional<std::pair<int64_t, int64_t>> last_axis_range(const Node* s, const 
   return std::make_pair(clamp(sl->start), clamp(sl->end));
 }
 
+// [begin, end) of x's last axis (of length d) that v is: a step-1 Slice of x, or a part of a
+// last-axis Split of x; else nullopt.
+std::optional<std::pair<int64_t, int64_t>> last_axis_half(const Value* v, const Value* x,
+                                                          int64_t d) {
+  if (!v || !v->producer) return std::nullopt;
+  if (is_op(v->producer, "Slice")) return last_axis_range(v->producer, x, d);
+  const auto part = column_part(v);
+  if (!part || part->x != x || !is_op(part->node, "Split") || !x->type.has_rank() ||
+      !same_dim(x->type.dims->back(), Dim(d)))
+    return std::nullopt;
+  return std::make_pair(part->start, part->start + part->width);
+}
+
 // Whether v's last axis is two equal halves: Concat(f, f) on it, through ops that map each
 // element alone (Cos, Sin, Cast, Neg, products and sums with a scalar).
 bool halves_equal(const Value* v, int depth = 0) {
@@ -119,9 +132,7 @@ struct FuseRotary {
   };
 
   static std::optional<Match> match(PassContext& ctx, Node& add) {
-    if (!is_op(&add, "Add") || add.num_inputs() != 2 || !add.output(0) ||
-        ctx.g.is_graph_output(add.output(0)))
-      return std::nullopt;
+    if (!is_op(&add, "Add") || add.num_inputs() != 2 || !add.output(0)) return std::nullopt;
     // One product is x * cos, the other rotate_half(x) * sin.
     for (int order = 0; order < 2; ++order) {
       Node* pc = add.input(order) ? add.input(order)->producer : nullptr;
@@ -151,8 +162,9 @@ struct FuseRotary {
     if (cat_axis != -1 && cat_axis != 3) return std::nullopt;
     Node* neg = cat->input(0) ? cat->input(0)->producer : nullptr;
     if (!is_op(neg, "Neg")) return std::nullopt;
-    const auto hi = last_axis_range(neg->input(0) ? neg->input(0)->producer : nullptr, x, d);
-    const auto lo = last_axis_range(cat->input(1) ? cat->input(1)->producer : nullptr, x, d);
+    // The halves: two Slices of x, or the two parts of a Split of x (slices_to_split's form).
+    const auto hi = last_axis_half(neg->input(0), x, d);
+    const auto lo = last_axis_half(cat->input(1), x, d);
     if (!hi || !lo || *hi != std::make_pair(h, d) || *lo != std::make_pair(int64_t{0}, h))
       return std::nullopt;
     auto reject = [&](const std::string& why) {
@@ -176,15 +188,20 @@ struct FuseRotary {
     const TensorType& xt = x->type;
     if (!is_float_type(xt.dtype) || cos->type.dtype != xt.dtype || sin->type.dtype != xt.dtype)
       return reject("x, cos and sin are not of one float type");
-    for (const Node* n : {pc, ps, cat, neg, neg->input(0)->producer, cat->input(1)->producer})
-      if (!single_use(ctx.g, n->output(0)))
+    for (const Value* v : {pc->output(0), ps->output(0), cat->output(0), neg->output(0),
+                           neg->input(0), cat->input(1)})
+      if (!single_use(ctx.g, v))
         return reject("an intermediate has another reader or is a graph output");
+    Node* p_hi = neg->input(0)->producer;
+    Node* p_lo = cat->input(1)->producer;
+    if (p_hi == p_lo && p_hi->num_outputs() != 2)
+      return reject("the halves' Split has other parts");
     Attributes a;
     a.set("num_heads", Attribute::Int(split->first));
     if (!ctx.backend_supports("", "RotaryEmbedding", a, xt.dtype))
       return reject("the backend has no RotaryEmbedding at this type");
-    std::vector<Node*> dead = {
-        &add, pc, ps, cat, neg, neg->input(0)->producer, cat->input(1)->producer};
+    std::vector<Node*> dead = {&add, pc, ps, cat, neg, p_hi};
+    if (p_lo != p_hi) dead.push_back(p_lo);
     return Match{&add, t, r, std::move(dead), cos, sin, split->first, d};
   }
 
@@ -248,9 +265,14 @@ struct FuseRotary {
       n->origin = ctx.pass;
       n->onnx_nodes = m.add->onnx_nodes;
     }
-    g.replace_all_uses(m.add->output(0), t->output(0));
+    // The rotated heads keep their value (and their name, where they are a graph output: a
+    // decoder's present K returned for the cache): the new Transpose makes it.
+    Value* out = m.add->output(0);
+    const bool graph_output = g.is_graph_output(out);
+    if (!graph_output) g.replace_all_uses(out, t->output(0));
     for (Node* n : m.dead)  // consumers before producers
       KILN_RETURN_IF_ERROR(g.remove_node(n, /*force=*/true));
+    if (graph_output) g.set_node_output(t, 0, out);
     for (Node* n : {m.transpose, m.reshape})  // the old head split, unless read elsewhere
       if (n->output(0)->uses().empty() && !g.is_graph_output(n->output(0)))
         KILN_RETURN_IF_ERROR(g.remove_node(n, /*force=*/true));

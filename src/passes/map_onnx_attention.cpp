@@ -8,9 +8,10 @@
 // constant [q_len, kv_len] triangle of 0 / -inf (static lengths only). nan_to_zero gives rows
 // that the bias removes entirely zeros, as ONNX specifies.
 // 3-D inputs (heads packed in the last dim) are split into heads by Reshape + Transpose and
-// joined again after. Grouped-query heads (G q heads per kv head) become one more batch dim
-// that broadcasts: Q [B, Hkv, G, S, D], Kt [B, Hkv, 1, D, L], V [B, Hkv, 1, L, Dv]; a mask
-// with a heads dim must have 1 there.
+// joined again after. With grouped-query heads (G q heads per kv head) each K and V head is
+// repeated G times in a row (Unsqueeze, Tile, Reshape to H heads), the form the exporters write:
+// fold_attention_heads reads it in place (kiln.MultiHeadAttention's kv_heads) where Q, K and V
+// are head splits of projections.
 #include <array>
 #include <cmath>
 #include <limits>
@@ -79,11 +80,15 @@ std::array<Value*, 4> layer_inputs(Emit& e, const Node& n, const Heads& h) {
   } else {
     kt = e.op("Transpose", {n.input(1)}, perm({0, 1, 3, 2}));
   }
-  if (const int64_t G = h.hq / h.hkv; G > 1) {  // K and V broadcast over the group dim
-    q = e.op("Reshape", {q, e.ints({0, h.hkv, G, -1, h.d})});
-    kt = e.op("Unsqueeze", {kt, e.ints({2})});
-    v = e.op("Unsqueeze", {v, e.ints({2})});
-    if (mask && mask->type.rank() == 4) mask = e.op("Unsqueeze", {mask, e.ints({1})});
+  if (const int64_t G = h.hq / h.hkv; G > 1) {
+    // Each K and V head repeated G times in a row (Unsqueeze, Tile, Reshape: the form the
+    // exporters write, which fold_attention_heads reads in place as kv_heads).
+    auto repeat = [&](Value* x, std::vector<int64_t> to) {  // [B, Hkv, a, b] -> [B, H, a, b]
+      Value* t = e.op("Tile", {e.op("Unsqueeze", {x, e.ints({2})}), e.ints({1, 1, G, 1, 1})});
+      return e.op("Reshape", {t, e.ints(std::move(to))});
+    };
+    kt = repeat(kt, {0, h.hq, h.d, -1});
+    v = repeat(v, {0, h.hq, -1, h.dv});
   }
   return {q, kt, v, mask};
 }
@@ -103,11 +108,10 @@ Value* additive_bias(Emit& e, const Value* orig_mask, Value* mask, const MapMatc
   return bias ? e.op("Add", {bias, c}) : c;
 }
 
-// The layer's output back in Y's form: groups joined into heads, then a 3-D Y's heads packed.
+// The layer's output back in Y's form: a 3-D Y's heads packed.
 Status join_heads(Emit& e, Node* layer, const Heads& h) {
   Graph& g = e.ctx.g;
   std::vector<std::tuple<const char*, Value*, Attributes>> steps;
-  if (h.hq != h.hkv) steps.emplace_back("Reshape", e.ints({0, h.hq, -1, h.dv}), Attributes{});
   if (h.packed) {
     steps.emplace_back("Transpose", nullptr, perm({0, 2, 1, 3}));
     steps.emplace_back("Reshape", e.ints({0, 0, h.hq * h.dv}), Attributes{});
@@ -191,8 +195,6 @@ struct MapOnnxAttention {
         return reject(ctx, n, "the mask is neither boolean nor of the input type");
       if (!mt.has_rank() || mt.rank() < 1 || mt.rank() > 4 || !same_dim(mt.dims->back(), skv))
         return reject(ctx, n, "the mask's last dim may be shorter than the keys (padded)");
-      if (h.hq != h.hkv && mt.rank() >= 3 && !((*mt.dims)[mt.rank() - 3] == Dim(1)))
-        return reject(ctx, n, "a per-head mask with grouped-query heads");
     }
     if (m.causal) {
       if (!sq.is_static() || !skv.is_static())

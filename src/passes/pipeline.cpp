@@ -53,17 +53,26 @@ struct PassEntry {
 // - fuse_groupnorm_act after fuse_groupnorm and fuse_swish (the norm and its SiLU exist as ops)
 //   and before fuse_residual_add: the timestep term added in front of a norm belongs to the
 //   norm's kernel, not to the convolution before it as a residual that broadcasts.
+// - unflatten_batched_matmul just before fuse_attention: a product over merged batch dims
+//   (PyTorch's matmul decomposition as torch 2.5's dynamo exports it) becomes the 4-D MatMul
+//   that fuse_attention matches.
 // - fold_periodic_add just before fuse_attention: a constant added per group of rows through a
 //   split and a merge of axis 0 (Swin's shifted-window mask) becomes a plain Add of the constant
 //   tiled over the groups, which fuse_attention takes as one more additive term of the scores.
 // - fuse_rotary before fold_attention_heads: it moves a rotary embedding applied to the heads in
 //   front of the head split, which then is the plain split fold_attention_heads folds.
-// - fold_attention_heads after fuse_attention (it folds the head split and merge around a
-//   kiln.Attention) and before fold_gemm_reshape: the attention output's merge Reshape is then
-//   the flattening of a [B, S, H*D] tensor, which fold_gemm_reshape folds with the output
-//   projection (GPT-2).
-// - fold_gemm_reshape before fuse_matmul_add: a product over flattened rows (GPT-2's Conv1D)
-//   becomes the [B, S, N] FusedGemm the later patterns expect.
+// - slices_to_split after fuse_rotary (which reads rotate_half's two Slices of a head) and before
+//   fold_attention_heads: Slices that cut a packed projection into parts (Phi-3's qkv_proj) become
+//   the Split that pack_gemm writes, so RotaryOverSplit and pack_qkv pack them in later rounds.
+// - fold_attention_heads after fuse_attention: it folds the head split and merge around a
+//   kiln.Attention.
+// - fold_gemm_reshape before fuse_rotary and fold_attention_heads, and before fuse_matmul_add: a
+//   product over flattened rows (GPT-2's Conv1D; torch 2.5's dynamo export, whose head split
+//   reshapes the flat product) becomes the [B, S, N] FusedGemm the later patterns expect, in the
+//   round the rotary and the heads are first matched (later, fuse_elementwise would have taken
+//   the rotary's pieces). The attention output's merge Reshape, read by the output projection
+//   flattened, folds in the next round, once fold_attention_heads has made it the flattening of
+//   a [B, S, H*D] tensor (GPT-2).
 // - fold_patch_conv before fuse_conv_act: a ViT's patch embedding must still be a plain Conv
 //   (its bias not yet fused) to become the GEMM it is.
 // - sink_spatial_flatten after fold_patch_conv: a ViT's patch embedding (Conv, flatten,
@@ -121,11 +130,13 @@ constexpr PassEntry kPipeline[] = {
     {"fuse_swish", 2, passes::fuse_swish},
     {"fuse_groupnorm_act", 2, passes::fuse_groupnorm_act},
     {"fold_periodic_add", 2, passes::fold_periodic_add},
+    {"unflatten_batched_matmul", 2, passes::unflatten_batched_matmul},
     {"fuse_attention", 2, passes::fuse_attention},
     {"map_onnx_attention", 2, passes::map_onnx_attention},
-    {"fuse_rotary", 2, passes::fuse_rotary},
-    {"fold_attention_heads", 2, passes::fold_attention_heads},
     {"fold_gemm_reshape", 2, passes::fold_gemm_reshape},
+    {"fuse_rotary", 2, passes::fuse_rotary},
+    {"slices_to_split", 2, passes::slices_to_split},
+    {"fold_attention_heads", 2, passes::fold_attention_heads},
     {"fold_patch_conv", 2, passes::fold_patch_conv},
     {"sink_spatial_flatten", 2, passes::sink_spatial_flatten},
     {"fuse_matmul_add", 2, passes::fuse_matmul_add},

@@ -3,6 +3,10 @@
 //   Reshape/Flatten/Squeeze/Unsqueeze(x) giving x's own shape  =>  x
 //   Transpose(x, perm = identity)  =>  x          Cast(x, to = x's type)  =>  x
 //   Concat(x) of one input  =>  x   (torchvision's DenseNet starts each block with one)
+//   Expand(x) to x's own shape  =>  x   (PyTorch's matmul decomposition expands both operands)
+//   Concat(x, e...) where every e is empty along the axis  =>  x   (Phi-3's partial rotary,
+//   cat([rotated, x[..., rotary_dim:]]), exported at rotary_dim = D: the pass-through part is
+//   empty, and the rotary's own pattern then ends at `rotated`)
 //   Pad(x) by constant zeros  =>  x   Slice(x) of step 1 giving x's own shape  =>  x
 //   (Swin pads to a multiple of its window and slices the padding off again; the amounts come
 //   from shape arithmetic and fold to zero wherever the image already is such a multiple)
@@ -51,6 +55,32 @@ int identity_operand(const Node& n) {
   return -1;
 }
 
+// For a Concat whose inputs but one are provably empty along its axis (a static 0 there): that
+// one's index; else -1.
+int sole_nonempty_operand(const Node& n) {
+  if (n.op_type != "Concat" || !n.domain.empty() || n.num_inputs() < 2 || !n.output(0)) return -1;
+  const int64_t r = n.output(0)->type.rank();
+  int64_t axis = n.attrs.get_int("axis", 0);
+  if (r < 1) return -1;
+  if (axis < 0) axis += r;
+  int kept = -1;
+  for (size_t i = 0; i < n.num_inputs(); ++i) {
+    const Value* v = n.input(i);
+    if (!v || !v->type.has_rank() || v->type.rank() != r) return -1;
+    const Dim& d = (*v->type.dims)[axis];
+    if (d.is_static() && d.value == 0) continue;
+    if (kept >= 0) return -1;
+    kept = static_cast<int>(i);
+  }
+  return kept;
+}
+
+// The input a no-op passes on.
+int noop_operand(const Node& n) {
+  if (int k = identity_operand(n); k >= 0) return k;
+  return std::max(sole_nonempty_operand(n), 0);
+}
+
 // Why `n` is a no-op, or "" when it is not one.
 std::string noop_reason(PassContext& ctx, const Node& n) {
   if (!n.domain.empty() || n.num_inputs() == 0 || !n.input(0) || !n.output(0)) return "";
@@ -84,6 +114,13 @@ std::string noop_reason(PassContext& ctx, const Node& n) {
     return "identity permutation";
   }
   if (n.op_type == "Concat" && n.num_inputs() == 1) return "concatenation of one input";
+  if (n.op_type == "Expand" && same_dims(x->type, y->type) && x->type.dtype == y->type.dtype)
+    return "expansion to its own shape";
+  if (const int k = sole_nonempty_operand(n); k >= 0) {
+    const Value* kept = n.input(k);
+    if (same_dims(kept->type, y->type) && kept->type.dtype == y->type.dtype)
+      return "concatenation with empty tensors";
+  }
   if (n.op_type == "Pad") {
     const Value* pads = n.input(1);
     if (!pads || !pads->is_constant()) return "";
@@ -116,7 +153,7 @@ struct RemoveNoop {
   static std::optional<Match> match(PassContext& ctx, Node& n) {
     if (noop_reason(ctx, n).empty()) return std::nullopt;
     Value* y = n.output(0);
-    Value* x = n.input(std::max(identity_operand(n), 0));
+    Value* x = n.input(noop_operand(n));
     if (ctx.g.is_graph_output(y) &&
         (!x->producer || ctx.g.is_graph_output(x) || ctx.g.is_graph_input(x))) {
       ctx.note(
@@ -126,7 +163,7 @@ struct RemoveNoop {
     return Match{&n};
   }
   static Status rewrite(PassContext& ctx, const Match& m) {
-    Value* x = m.node->input(std::max(identity_operand(*m.node), 0));
+    Value* x = m.node->input(noop_operand(*m.node));
     KILN_ASSIGN_OR_RETURN(bool done, bypass_node(ctx.g, m.node, m.node->output(0), x));
     if (!done) return KILN_ERROR("{}: could not bypass", m.node->label());
     return Status::Ok();

@@ -232,14 +232,23 @@ std::optional<ColumnPart> column_part(const Value* v) {
   return std::nullopt;
 }
 
-// The ReduceMean's axes as positive numbers, when it keeps dims and they are the trailing axes.
+// A Slice of one axis, its bounds known (see rewrite.h).
 std::optional<AxisSlice> axis_slice(const Node* s, int64_t rank) {
   if (!is_op(s, "Slice")) return std::nullopt;
+  // Constants, or values whose every element shape inference knows (a start computed from a
+  // static dim: TorchScript's x[..., x.shape[-1] // 2:]).
   auto ints = [&](size_t i) -> std::optional<std::vector<int64_t>> {
     const Value* v = s->num_inputs() > i ? s->input(i) : nullptr;
     if (!v) return std::vector<int64_t>{};
-    if (!v->is_constant()) return std::nullopt;
-    return v->constant->to_int64_vector();
+    if (v->is_constant()) return v->constant->to_int64_vector();
+    const auto known = known_shape_value(v);
+    if (!known) return std::nullopt;
+    std::vector<int64_t> r;
+    for (const SymInt& e : *known) {
+      if (!e.value) return std::nullopt;
+      r.push_back(*e.value);
+    }
+    return r;
   };
   const auto starts = ints(1), ends = ints(2), axes = ints(3), steps = ints(4);
   if (!starts || !ends || !axes || !steps || starts->size() != 1 || ends->size() != 1 ||

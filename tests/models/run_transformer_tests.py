@@ -2,17 +2,26 @@
 """Transformer model tests: BERT, GPT-2 and ViT (transformers), torchvision's ViT (dynamo only: its
 TorchScript export fails in PyTorch), timm's ViT and a Llama-architecture decoder with
 grouped-query attention, each exported the ways users export them (TorchScript opset 17 and
-dynamo opset 18), at 2 layers and hidden size 128 with random weights.
+dynamo opset 18), at 2 layers and hidden size 128 with random weights; and the attention matrix
+(tests/models/transformers/matrix: scripts/export_transformer_matrix.py): the Llama, Qwen2,
+Phi-3, ViT, DeiT and BERT architectures x TorchScript, dynamo (and, for the decoders, dynamo
+without dynamic shapes) x the transformers/PyTorch versions that exported them (in the file name:
+llama_dynamo_tf5.17_pt2.11.onnx), so that attention reaches one form whatever the exporter.
 
-The graphs live in tests/models/transformers/*.onnx as skeletons (scripts/transformer_export.py
+The graphs live in tests/models/transformers/ as skeletons (scripts/transformer_export.py
 --tiny --skeleton: the exporters' own graphs without their large weights); each run fills the
-weights back in with seeded random values. For every model:
+weights back in with seeded random values. No PyTorch is needed; with --export-python PY (a
+Python with torch and transformers, repeatable) the matrix is also exported afresh by that
+Python's versions and those cells run too. For every model:
   - kiln's CPU backend, one engine with dynamic batch and sequence at -O2, against ONNX Runtime at
-    two shapes (batch 1 with 7 tokens; batch 3 with 16 tokens and padding): relative L2 < 1e-4;
+    two shapes (batch 1 with 7 tokens; batch 3 with 16 tokens and padding): relative L2 < 1e-4
+    (an export with static shapes: its own shape, once without and once with padding);
   - with a CUDA build (no GPU needed): the cuda build step (kiln_lower_check, FP16, a batch
-    1-8 x sequence 1-64 profile) must give every layer a GPU tactic and, for BERT, GPT-2,
-    transformers' ViT, timm's ViT, torchvision's ViT and the Llama decoder, at most 8
-    kernel-launching layers per transformer block (counted from one attention layer to the next).
+    1-8 x sequence 1-64 profile) must give every layer a GPU tactic and, for every model of
+    FUSED_FORMS, put each attention on kiln.MultiHeadAttention with a fused tactic (mha.flash or
+    mha.cudnn) and run at most 8 kernel-launching layers per transformer block (counted from one
+    attention layer to the next).
+Ends with the matrix: kernel layers a block per architecture, exporter and versions.
 Exit status 1 on any failure.
 """
 import argparse
@@ -34,7 +43,8 @@ MAX_KERNEL_LAYERS_PER_BLOCK = 8
 # rotating its Q and K heads itself (mha.flash: fuse_attention_rotary), the output projection
 # with the residual, RMSNorm, the packed gate and up GEMM, silu(gate) * up reading both halves in
 # place, the down projection.
-FUSED_FORMS = ("bert", "gpt2", "vit", "timm_vit", "tv_vit", "llama")
+FUSED_FORMS = ("bert", "gpt2", "vit", "timm_vit", "tv_vit", "llama", "qwen2", "phi3", "deit")
+FUSED_ATTENTION_TACTICS = ("mha.flash", "mha.cudnn")
 VOCAB = 1000  # the --tiny models' vocabulary
 
 
@@ -44,14 +54,26 @@ def rel_l2(a, b):
 
 
 def is_vision(model):
-    return "vit" in model
+    return "vit" in model or model.startswith("deit")
 
 
-def feeds_for(model, batch, seq, rng):
+def static_shape(onnx_path):
+    """The first input's dims when the export fixed them (no dynamic axes), else None."""
+    import onnx
+    m = onnx.load(onnx_path, load_external_data=False)
+    inits = {t.name for t in m.graph.initializer}
+    first = next(i for i in m.graph.input if i.name not in inits)
+    dims = first.type.tensor_type.shape.dim
+    if all(d.HasField("dim_value") for d in dims):
+        return tuple(d.dim_value for d in dims)
+    return None
+
+
+def feeds_for(model, batch, seq, rng, pad=True):
     if is_vision(model):
         return {"pixel_values": rng.standard_normal((batch, 3, 224, 224)).astype(np.float32)}
     mask = np.ones((batch, seq), np.int64)
-    if batch > 1:
+    if batch > 1 and pad:
         mask[-1, seq - 3:] = 0  # the last sequence is padded
     return {"input_ids": rng.integers(0, VOCAB, (batch, seq)).astype(np.int64), "attention_mask": mask}
 
@@ -71,15 +93,25 @@ def run(cmd):
 
 def check_cpu(kiln, model, onnx_path, tmp, rng):
     import onnxruntime as ort
-    sess = ort.InferenceSession(onnx_path, providers=["CPUExecutionProvider"])
+    so = ort.SessionOptions()
+    so.log_severity_level = 3  # errors only (dynamo's unused initializers are warned about)
+    sess = ort.InferenceSession(onnx_path, so, providers=["CPUExecutionProvider"])
     engine = os.path.join(tmp, model + ".kiln")
-    lo, opt, hi = shapes_arg(model, (1, 1), (2, 16), (4, 32))
+    fixed = static_shape(onnx_path)
+    if fixed:
+        b, s = fixed[0], fixed[1] if len(fixed) > 1 else 1
+        lo = opt = hi = (b, s)
+        runs = [(b, s, False), (b, s, True)]
+    else:
+        lo, opt, hi = (1, 1), (2, 16), (4, 32)
+        runs = [(1, 7, True), (3, 16, True)]
+    lo, opt, hi = shapes_arg(model, lo, opt, hi)
     run([kiln, "build", "--onnx", onnx_path, "--save-engine", engine, "--backend", "cpu",
          "--min-shapes", lo, "--opt-shapes", opt, "--max-shapes", hi])
     worst = 0.0
-    for batch, seq in ((1, 7), (3, 16)):
-        feeds = feeds_for(model, batch, seq, rng)
-        out_dir = os.path.join(tmp, f"{model}_{batch}_{seq}")
+    for batch, seq, pad in runs:
+        feeds = feeds_for(model, batch, seq, rng, pad)
+        out_dir = os.path.join(tmp, f"{model}_{batch}_{seq}_{int(pad)}")
         cmd = [kiln, "run", "--engine", engine, "--save-outputs", out_dir]
         for name, value in feeds.items():
             path = os.path.join(tmp, f"{model}_{name}.npy")
@@ -98,9 +130,15 @@ def check_cpu(kiln, model, onnx_path, tmp, rng):
 
 
 def check_gpu_layers(lower_check, model, onnx_path):
-    lo, opt, hi = shapes_arg(model, (1, 1), (4, 16), (8, 64))
-    out = run([lower_check, "--fp16", "--print", "--min-shapes", lo, "--opt-shapes", opt,
-               "--max-shapes", hi, onnx_path])
+    """The kernel layers a block (None where the model is not held to the budget) and a note."""
+    fixed = static_shape(onnx_path)
+    if fixed:
+        shape = shapes_arg(model, fixed[:2], fixed[:2], fixed[:2])[0]
+        prof = ["--shapes", shape]
+    else:
+        lo, opt, hi = shapes_arg(model, (1, 1), (4, 16), (8, 64))
+        prof = ["--min-shapes", lo, "--opt-shapes", opt, "--max-shapes", hi]
+    out = run([lower_check, "--fp16", "--print"] + prof + [onnx_path])
     if not out.strip().splitlines()[-1].startswith("ok"):
         raise RuntimeError("the cuda build step failed: " + out.strip().splitlines()[-1])
     layers = [line.split() for line in out.splitlines() if line.startswith("  ")]
@@ -108,14 +146,53 @@ def check_gpu_layers(lower_check, model, onnx_path):
         # Attention forms the optimizer does not fold yet: the cuda build must succeed; the
         # kernel layers are reported, not held to the budget.
         kernels = sum(1 for l in layers if l[0] == "kernel")
-        return f"{kernels} kernel layers in all (not yet held to {MAX_KERNEL_LAYERS_PER_BLOCK} a block)"
+        return None, f"{kernels} kernel layers in all (not yet held to {MAX_KERNEL_LAYERS_PER_BLOCK} a block)"
+    generic = [l for l in layers if l[1] == "kiln.Attention"]
+    if generic:
+        raise RuntimeError(f"{len(generic)} attention layers left as generic kiln.Attention "
+                           f"({generic[0][2]}), not kiln.MultiHeadAttention")
     attn = [i for i, l in enumerate(layers) if l[1] == "kiln.MultiHeadAttention"]
     if len(attn) < 2:
         raise RuntimeError(f"{len(attn)} attention layers folded into kiln.MultiHeadAttention (want 2)")
+    unfused = sorted({layers[i][2] for i in attn if layers[i][2] not in FUSED_ATTENTION_TACTICS})
+    if unfused:
+        raise RuntimeError(f"attention on {', '.join(unfused)}, not a fused tactic "
+                           f"({', '.join(FUSED_ATTENTION_TACTICS)})")
     block = sum(1 for l in layers[attn[0]:attn[1]] if l[0] == "kernel")
     if block > MAX_KERNEL_LAYERS_PER_BLOCK:
         raise RuntimeError(f"{block} kernel layers per block (at most {MAX_KERNEL_LAYERS_PER_BLOCK})")
-    return f"{block} kernel layers per block"
+    return block, f"{block} kernel layers per block, attention on {layers[attn[0]][2]}"
+
+
+def matrix_cell(model):
+    """(architecture, exporter, versions) of a matrix file's name, else None."""
+    parts = model.split("_")
+    if len(parts) != 4 or not parts[2].startswith("tf") or not parts[3].startswith("pt"):
+        return None
+    return parts[0], parts[1], f"transformers {parts[2][2:]}, torch {parts[3][2:]}"
+
+
+def print_matrix(cells):
+    """Kernel layers a block per architecture (rows) and exporter + versions (columns)."""
+    if not cells:
+        return
+    cols = sorted({(exp, ver) for (_, exp, ver) in cells})
+    rows = sorted({arch for (arch, _, _) in cells})
+    print("\nattention matrix (kernel layers a block in the cuda build step; FAIL: see above):")
+    print("| architecture | " + " | ".join(f"{e}, {v}" for e, v in cols) + " |")
+    print("|---" * (len(cols) + 1) + "|")
+    for r in rows:
+        print(f"| {r} | " + " | ".join(cells.get((r, e, v), "-") for e, v in cols) + " |")
+
+
+def export_matrix(python, out):
+    """Exports the matrix with `python`'s torch and transformers into `out`; the files made."""
+    script = os.path.join(HERE, "..", "..", "scripts", "export_transformer_matrix.py")
+    p = subprocess.run([python, script, out], capture_output=True, text=True, timeout=3600)
+    print(p.stdout.strip())
+    if p.returncode != 0:
+        print(f"transformer tests: some exports by {python} failed (above)")
+    return sorted(glob.glob(os.path.join(out, "*.onnx")))
 
 
 def main():
@@ -123,28 +200,53 @@ def main():
     ap.add_argument("--kiln", default="build/kiln")
     ap.add_argument("--lower-check", default=None,
                     help="kiln_lower_check (default: next to --kiln, when built with CUDA)")
+    ap.add_argument("--export-python", action="append", default=[],
+                    help="a Python with torch and transformers: export the matrix with its "
+                         "versions too (repeatable)")
+    ap.add_argument("--filter", default="", help="only models whose name contains this")
     args = ap.parse_args()
     lower_check = args.lower_check or os.path.join(os.path.dirname(args.kiln), "tests", "cuda",
                                                    "kiln_lower_check")
     if not os.path.exists(lower_check):
         print("transformer tests: no kiln_lower_check (a build without CUDA): GPU layer counts skipped")
         lower_check = None
+    if not args.export_python:
+        print("transformer tests: the committed exports only (--export-python PY exports the "
+              "matrix afresh with PY's torch and transformers)")
     failures = 0
+    cells = {}
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as tmp:
-        for skeleton in sorted(glob.glob(os.path.join(HERE, "transformers", "*.onnx"))):
+        skeletons = sorted(glob.glob(os.path.join(HERE, "transformers", "*.onnx")) +
+                           glob.glob(os.path.join(HERE, "transformers", "matrix", "*.onnx")))
+        for i, py in enumerate(args.export_python):
+            fresh = export_matrix(py, os.path.join(tmp, f"fresh{i}"))
+            skeletons += [f for f in fresh
+                          if os.path.basename(f) not in {os.path.basename(s) for s in skeletons}]
+        for skeleton in skeletons:
             model = os.path.splitext(os.path.basename(skeleton))[0]
+            if args.filter and args.filter not in model:
+                continue
             path = os.path.join(tmp, model + ".onnx")
             tx.materialize(skeleton, path, seed=int(rng.integers(1 << 30)))
+            cell = matrix_cell(model)
             try:
                 err = check_cpu(args.kiln, model, path, tmp, rng)
                 msg = f"ok   {model}: CPU engine vs ONNX Runtime rel L2 {err:.2e}"
                 if lower_check:
-                    msg += f"; {check_gpu_layers(lower_check, model, path)} on cuda"
+                    block, note = check_gpu_layers(lower_check, model, path)
+                    msg += f"; {note} on cuda"
+                    if cell:
+                        cells[cell] = str(block)
+                elif cell:
+                    cells[cell] = "ok (CPU)"
                 print(msg)
-            except RuntimeError as e:
-                print(f"FAIL {model}: {e}")
+            except Exception as e:  # noqa: BLE001 (ONNX Runtime's errors too)
+                print(f"FAIL {model}: {' '.join(str(e).split())[:600]}")
+                if cell:
+                    cells[cell] = "FAIL"
                 failures += 1
+    print_matrix(cells)
     print("transformer tests: " + ("all pass" if failures == 0 else f"{failures} failed"))
     return 1 if failures else 0
 

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -61,6 +62,124 @@ TEST(Importer, SymbolicDimsPropagate) {
   const Value* y = (*r)->outputs()[0];
   EXPECT_EQ(y->type.str(), "float32[N,3]");
   EXPECT_EQ((*r)->nodes()[0]->onnx_nodes, std::vector<std::string>{"relu"});
+}
+
+TEST(Importer, DimParamMadeOfDigitsStaysSymbolic) {
+  // torch 2.6's dynamo exporter names a dynamic dim after its example size ("16"): a name, not
+  // the size 16, which the symbol algebra would read it as.
+  auto m = make_model(17);
+  auto* g = m.mutable_graph();
+  add_io(g->add_input(), "x", onnx::TensorProto::FLOAT, {"N", "3"});
+  g->mutable_input(0)
+      ->mutable_type()
+      ->mutable_tensor_type()
+      ->mutable_shape()
+      ->mutable_dim(0)
+      ->set_dim_param("16");
+  add_node(g, "Relu", {"x"}, {"y"}, "relu");
+  add_io(g->add_output(), "y", onnx::TensorProto::FLOAT, {"N", "3"});
+  auto r = import(m);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  const Value* x = (*r)->inputs()[0];
+  EXPECT_FALSE((*x->type.dims)[0].is_static());
+  EXPECT_EQ(x->type.str(), "float32[dim16,3]");
+}
+
+// An int64 initializer of the given dims (none: a scalar).
+void add_ints(onnx::GraphProto* g, const std::string& name, std::vector<int64_t> v,
+              std::vector<int64_t> dims) {
+  auto* t = g->add_initializer();
+  t->set_name(name);
+  t->set_data_type(onnx::TensorProto::INT64);
+  for (int64_t d : dims) t->add_dims(d);
+  for (int64_t x : v) t->add_int64_data(x);
+}
+
+// SplitToSequence(x [2, 5], split) read by SequenceAt at positions 0 and -1 (or 1).
+std::vector<std::string> sequence_parts(const std::vector<int64_t>& split, bool scalar,
+                                        int64_t keepdims, std::vector<std::string>* shapes) {
+  auto m = make_model(17);
+  auto* g = m.mutable_graph();
+  add_io(g->add_input(), "x", onnx::TensorProto::FLOAT, {"2", "5"});
+  std::vector<std::string> ins = {"x"};
+  if (!split.empty()) {
+    add_ints(g, "split", split,
+             scalar ? std::vector<int64_t>{} : std::vector<int64_t>{int64_t(split.size())});
+    ins.push_back("split");
+  }
+  auto* s = add_node(g, "SplitToSequence", ins, {"seq"}, "s");
+  auto* ax = s->add_attribute();
+  ax->set_name("axis"), ax->set_type(onnx::AttributeProto::INT), ax->set_i(1);
+  auto* kd = s->add_attribute();
+  kd->set_name("keepdims"), kd->set_type(onnx::AttributeProto::INT), kd->set_i(keepdims);
+  add_ints(g, "p0", {0}, {});
+  add_ints(g, "p1", {scalar || split.empty() ? 1 : -1}, {});
+  add_node(g, "SequenceAt", {"seq", "p0"}, {"a"}, "at0");
+  add_node(g, "SequenceAt", {"seq", "p1"}, {"b"}, "at1");
+  add_io(g->add_output(), "a", onnx::TensorProto::FLOAT, {});
+  add_io(g->add_output(), "b", onnx::TensorProto::FLOAT, {});
+  auto r = import(m);
+  EXPECT_TRUE(r.ok()) << r.status().message();
+  std::vector<std::string> ops;
+  if (!r.ok()) return ops;
+  for (const Node* n : (*r)->nodes()) ops.push_back(n->op_type);
+  for (const Value* o : (*r)->outputs()) shapes->push_back(o->type.str());
+  return ops;
+}
+
+TEST(Importer, SplitToSequenceReadAtConstantPositionsIsSlices) {
+  std::vector<std::string> shapes;
+  EXPECT_EQ(sequence_parts({2, 3}, false, 1, &shapes),
+            (std::vector<std::string>{"Slice", "Slice"}));
+  EXPECT_EQ(shapes, (std::vector<std::string>{"float32[2,2]", "float32[2,3]"}));
+  shapes.clear();  // chunks of 3: the last one shorter
+  EXPECT_EQ(sequence_parts({3}, true, 1, &shapes), (std::vector<std::string>{"Slice", "Slice"}));
+  EXPECT_EQ(shapes, (std::vector<std::string>{"float32[2,3]", "float32[2,2]"}));
+  shapes.clear();  // unbind: parts of 1, squeezed
+  auto ops = sequence_parts({}, false, 0, &shapes);
+  EXPECT_EQ(std::count(ops.begin(), ops.end(), "Squeeze"), 2);
+  EXPECT_EQ(shapes, (std::vector<std::string>{"float32[2]", "float32[2]"}));
+}
+
+// A model-local function (torch 2.5's onnxscript helpers): each call becomes the body, its values
+// renamed per call, an attribute of the body that refers to the call's taking the call's value.
+TEST(Importer, LocalFunctionsAreInlined) {
+  auto m = make_model(18);
+  auto* f = m.add_functions();
+  f->set_domain("pkg.test");
+  f->set_name("scaled_relu");
+  f->add_input("a");
+  f->add_output("r");
+  f->add_attribute("alpha");
+  auto* body = f->add_node();
+  body->set_op_type("LeakyRelu");
+  body->add_input("a");
+  body->add_output("t");
+  auto* ref = body->add_attribute();
+  ref->set_name("alpha"), ref->set_type(onnx::AttributeProto::FLOAT), ref->set_ref_attr_name("alpha");
+  auto* neg = f->add_node();
+  neg->set_op_type("Neg");
+  neg->add_input("t");
+  neg->add_output("r");
+  auto* os = f->add_opset_import();
+  os->set_domain(""), os->set_version(18);
+  auto* g = m.mutable_graph();
+  add_io(g->add_input(), "x", onnx::TensorProto::FLOAT, {"N", "3"});
+  for (const char* call : {"c1", "c2"}) {
+    auto* n = add_node(g, "scaled_relu", {call == std::string("c1") ? "x" : "y1"},
+                       {call == std::string("c1") ? "y1" : "y2"}, call);
+    n->set_domain("pkg.test");
+    auto* a = n->add_attribute();
+    a->set_name("alpha"), a->set_type(onnx::AttributeProto::FLOAT), a->set_f(0.25f);
+  }
+  add_io(g->add_output(), "y2", onnx::TensorProto::FLOAT, {"N", "3"});
+  auto r = import(m);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  std::vector<std::string> ops;
+  for (const Node* n : (*r)->nodes()) ops.push_back(n->op_type);
+  EXPECT_EQ(ops, (std::vector<std::string>{"LeakyRelu", "Neg", "LeakyRelu", "Neg"}));
+  EXPECT_FLOAT_EQ((*r)->nodes()[2]->attrs.get_float("alpha", 0.f), 0.25f);
+  EXPECT_EQ((*r)->outputs()[0]->type.str(), "float32[N,3]");
 }
 
 TEST(Importer, UnsortedNodesAreOrdered) {

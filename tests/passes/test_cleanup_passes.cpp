@@ -37,6 +37,22 @@ TEST(FoldConstants, ShapeChainFoldsWhenInputShapeIsKnown) {
   EXPECT_EQ(r->output(0)->type.str(), "float32[2,12]");
 }
 
+// GPT-2's causal buffer sliced at [key_length - query_length, key_length): with both lengths the
+// symbol S, the start is provably 0, folds, and the slice is [1, 1, S, 8] for every S.
+TEST(FoldConstants, SizeLessItselfIsZero) {
+  G b;
+  Value* x = b.g.add_value("x", TensorType(DataType::kFloat32, {Dim::sym("N"), Dim::sym("S"), Dim(4)}));
+  b.g.add_input(x);
+  Value* s = b.op("Gather", {b.op("Shape", {x}), b.c(ints({1}))});
+  Value* start = b.op("Sub", {s, s});
+  Value* mask = b.c(rand_t({1, 1, 8, 8}));
+  b.out(b.op("Slice", {mask, start, s, b.c(ints({2}))}));
+  auto opt = b.g.clone();
+  ASSERT_TRUE(optimize_graph(*opt, only({"fold_constants"})).ok());
+  EXPECT_EQ(count(*opt, "Sub"), 0);
+  EXPECT_EQ(opt->outputs()[0]->type.str(), "float32[1,1,S,8]");
+}
+
 TEST(FoldConstants, ShapeChainStaysWithSymbolicBatch) {
   G b;
   Value* x = b.g.add_value("x", TensorType(DataType::kFloat32, {Dim::sym("N"), Dim(3), Dim(4)}));

@@ -60,6 +60,46 @@ TEST(FuseRotary, RotateHalfOnHeadsBecomesOneRotaryEmbedding) {
   }
 }
 
+TEST(FuseRotary, RotatedHeadsThatAreAGraphOutputKeepTheirName) {
+  // A decoder's present K: the rotated heads are returned for the cache and read by the
+  // attention. The rotary moves in front of the head split all the same; the output keeps its
+  // name (its producer is now the head split's Transpose).
+  G b;
+  Value* k = b.in("k", {kB, kS, kH * kD});
+  auto [cos, sin] = caches(b, b.in("freqs", {1, kS, kD / 2}));
+  Value* present = rotated_heads(b, k, cos, sin, false);
+  b.out(present);
+  b.out(b.op("Relu", {present}));
+  const std::string name = present->name;
+  auto opt = optimize_checked(b.g, {"fuse_rotary", "eliminate_dead_code"});
+  EXPECT_EQ(count(*opt, "RotaryEmbedding"), 1);
+  EXPECT_EQ(count(*opt, "Neg"), 0);
+  ASSERT_EQ(opt->outputs().size(), 2u);
+  EXPECT_EQ(opt->outputs()[0]->name, name);
+  EXPECT_EQ(opt->outputs()[0]->producer->op_type, "Transpose");
+}
+
+TEST(FuseRotary, HalvesAsASplit) {
+  // rotate_half's halves as the two parts of one Split (slices_to_split's canonical form of two
+  // Slices, or an exporter's chunk).
+  G b;
+  Value* q = b.in("q", {kB, kS, kH * kD});
+  auto [cos, sin] = caches(b, b.in("freqs", {1, kS, kD / 2}));
+  Value* x = b.op("Reshape", {q, b.c(ints({kB, kS, kH, kD}))});
+  x = b.op("Transpose", {x}, attrs({{"perm", Attribute::Ints({0, 2, 1, 3})}}));
+  Node* halves =
+      b.node("Split", {x, b.c(ints({kD / 2, kD / 2}))}, attrs({{"axis", Attribute::Int(-1)}}), 2);
+  Value* rot = b.op("Concat", {b.op("Neg", {halves->output(1)}), halves->output(0)},
+                    attrs({{"axis", Attribute::Int(-1)}}));
+  Value* c = b.op("Unsqueeze", {cos, b.c(ints({1}))});
+  Value* s = b.op("Unsqueeze", {sin, b.c(ints({1}))});
+  b.out(b.op("Relu", {b.op("Add", {b.op("Mul", {x, c}), b.op("Mul", {rot, s})})}));
+  auto opt = optimize_checked(b.g, {"fuse_rotary", "eliminate_dead_code"});
+  EXPECT_EQ(count(*opt, "RotaryEmbedding"), 1);
+  EXPECT_EQ(count(*opt, "Split"), 0);
+  EXPECT_EQ(count(*opt, "Neg"), 0);
+}
+
 TEST(FuseRotary, CachesWithoutEqualHalvesStay) {
   G b;
   Value* q = b.in("q", {kB, kS, kH * kD});

@@ -78,21 +78,43 @@ TEST(MapOnnxAttention, OtherFormsStayAsTheyAre) {
   Value* q = b.in("q", {1, 4, 3, 4});
   Value* k4 = b.in("k4", {1, 4, 3, 4});
   Value* v4 = b.in("v4", {1, 4, 3, 4});
-  Value* k2 = b.in("k2", {1, 2, 3, 4});
   Value* pk = b.in("pk", {1, 4, 2, 4});
   Value* pv = b.in("pv", {1, 4, 2, 4});
-  Value* head_mask = b.in("head_mask", {1, 4, 3, 3});
   Value* short_mask = b.in("short_mask", {3, 2});
   b.out(attention(b, {q, k4, v4, nullptr, pk, pv}, {}, 3)->output(0));  // past key/value
   b.out(attention(b, {q, k4, v4}, attrs({{"softcap", Attribute::Float(2.f)}}))->output(0));
-  b.out(attention(b, {q, k2, k2, head_mask})->output(0));   // per-head mask, grouped heads
   b.out(attention(b, {q, k4, v4, short_mask})->output(0));  // mask padded to the keys
   Node* qk = attention(b, {q, k4, v4}, attrs({{"qk_matmul_output_mode", Attribute::Int(0)}}), 4);
   b.out(qk->output(0));
   b.out(qk->output(3));  // scores are an output
   auto opt = optimize_checked(b.g, {"map_onnx_attention"});
   EXPECT_EQ(count_kiln_attention(*opt), 0);
-  EXPECT_EQ(count(*opt, "Attention"), 5);
+  EXPECT_EQ(count(*opt, "Attention"), 4);
+}
+
+// Grouped-query heads: K and V repeated to Q's heads (Unsqueeze, Tile, Reshape), so a mask per
+// query head applies as it is; 3-D inputs whose heads are split from projections then fold into
+// one kiln.MultiHeadAttention reading the K/V heads in place.
+TEST(MapOnnxAttention, GroupedHeadsAreRepeatedInTheExportersForm) {
+  G b;
+  Value* q = b.in("q", {1, 4, 3, 4});
+  Value* k2 = b.in("k2", {1, 2, 3, 4});
+  b.out(attention(b, {q, k2, k2, b.in("head_mask", {1, 4, 3, 3})})->output(0));
+  auto opt = optimize_checked(b.g, {"map_onnx_attention"});
+  EXPECT_EQ(count_kiln_attention(*opt), 1);
+  EXPECT_EQ(count(*opt, "Tile"), 2);
+
+  G p;  // projections of one x, heads packed in the last dim
+  Value* x = p.in("x", {2, 5, 16});
+  auto proj = [&](int64_t n) { return p.op("MatMul", {x, p.c(rand_t({16, n}))}); };
+  Attributes heads =
+      attrs({{"q_num_heads", Attribute::Int(4)}, {"kv_num_heads", Attribute::Int(2)}});
+  p.out(attention(p, {proj(16), proj(8), proj(8)}, heads)->output(0));
+  auto folded =
+      optimize_checked(p.g, {"map_onnx_attention", "fold_attention_heads", "eliminate_dead_code"});
+  ASSERT_EQ(count(*folded, "MultiHeadAttention"), 1);
+  EXPECT_EQ(count(*folded, "Tile"), 0);
+  EXPECT_EQ(find_op(*folded, "MultiHeadAttention")->attrs.get_int("kv_heads", 0), 2);
 }
 
 // 16-bit Attention stays on the exact ONNX kernel, which rounds Q and K and every step as the ONNX

@@ -155,6 +155,39 @@ TEST(FuseAttention, SdpaFormWithNanGuard) {
   EXPECT_EQ(n->onnx_nodes.size(), 8u);
 }
 
+// Eager attention: q / a and kt * b, the scores filled by Where(causal, s, finfo.min) before the
+// padding mask is added: one kiln.Attention whose mask is the padding mask plus
+// Where(causal, 0, finfo.min). A fill that is not far below any score (-1e4) stays.
+TEST(FuseAttention, DivScaleAndFilledScores) {
+  for (const float fill : {-3.4028235e38f, -1e4f}) {
+    G b;
+    const int64_t S = 5;
+    Value* q = b.in("q", {2, 3, S, 4});
+    Value* kt = b.in("kt", {2, 3, 4, S});
+    Value* v = b.in("v", {2, 3, S, 4});
+    Value* mask = b.in("mask", {2, 1, 1, S});
+    Tensor tri(DataType::kFloat64, {1, 1, S, S});
+    for (int64_t i = 0; i < S; ++i)
+      for (int64_t j = 0; j < S; ++j) tri.data<double>()[i * S + j] = j <= i ? 1.0 : 0.0;
+    Value* causal = b.c(tri.cast(DataType::kBool));
+    Value* s = b.op("MatMul", {b.op("Div", {q, b.cf(2.f)}), b.op("Mul", {kt, b.cf(0.5f)})});
+    Value* filled = b.op("Where", {causal, s, b.cf(fill)});
+    Value* p =
+        b.op("Softmax", {b.op("Add", {filled, mask})}, attrs({{"axis", Attribute::Int(-1)}}));
+    b.out(b.op("MatMul", {p, v}));
+    auto opt = optimize_checked(b.g, {"fuse_attention"});
+    if (fill > -1e30f) {
+      EXPECT_EQ(count(*opt, "Attention"), 0);
+      continue;
+    }
+    ASSERT_EQ(count(*opt, "Attention"), 1);
+    const Node* n = find_op(*opt, "Attention");
+    EXPECT_NEAR(n->attrs.get_float("scale", 0), 0.25f, 1e-6);
+    ASSERT_EQ(n->num_inputs(), 4u);
+    EXPECT_EQ(n->input(3)->producer->op_type, "Add");
+  }
+}
+
 TEST(FuseAttention, SoftmaxNotOnLastAxisOrSharedProbabilitiesDoNotFuse) {
   G b;
   Value* q = b.in("q", {2, 5, 4});
