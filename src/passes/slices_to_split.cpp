@@ -37,8 +37,9 @@ struct SlicesToSplit {
       return std::clamp<int64_t>(i < 0 ? i + n.value : i, 0, n.value);
     };
     std::vector<Part> parts;
-    for (const auto& [user, slot] : x->uses()) {
-      if (slot != 0 || !is_op(user, "Slice")) continue;
+    for (const auto& use : x->uses()) {
+      Node* const user = use.first;  // captured below: clang before 16 cannot capture a binding
+      if (use.second != 0 || !is_op(user, "Slice")) continue;
       const auto u = axis_slice(user, r);
       if (!u || u->axis != sl->axis || u->step != 1) continue;
       if (std::any_of(parts.begin(), parts.end(), [&](const Part& p) { return p.slice == user; }))

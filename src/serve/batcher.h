@@ -86,7 +86,7 @@ class Batcher {
     int batch = 1;
     std::string key;  // the shapes past the first dimension: requests alike can be joined
     std::chrono::steady_clock::time_point arrival;
-    uint64_t level = 0;  // priority level: lower runs first
+    uint64_t level = 0;      // priority level: lower runs first
     bool timed_out = false;  // dropped: its deadline passed (else its client went)
     Done done;
   };

@@ -49,7 +49,7 @@ class Service final : public Base {
     res->set_name("kiln");
     res->set_version(KILN_VERSION_STRING);
     for (const char* x : {"binary_tensor_data", "system_shared_memory", "cuda_shared_memory",
-                          "model_configuration"})
+                          "schedule_policy", "model_configuration"})
       res->add_extensions(x);
     return done(ctx, "ServerMetadata", grpc::Status::OK);
   }
@@ -130,9 +130,9 @@ class Service final : public Base {
                                                req->byte_size());
     return done(ctx, "CudaSharedMemoryRegister", c ? to_status(*c) : grpc::Status::OK);
   }
-  ServerUnaryReactor* CudaSharedMemoryUnregister(
-      CallbackServerContext* ctx, const pb::CudaSharedMemoryUnregisterRequest* req,
-      pb::CudaSharedMemoryUnregisterResponse*) override {
+  ServerUnaryReactor* CudaSharedMemoryUnregister(CallbackServerContext* ctx,
+                                                 const pb::CudaSharedMemoryUnregisterRequest* req,
+                                                 pb::CudaSharedMemoryUnregisterResponse*) override {
     core_.shm().unregister(req->name(), true);
     return done(ctx, "CudaSharedMemoryUnregister", grpc::Status::OK);
   }
@@ -172,20 +172,19 @@ class Service final : public Base {
     req.cancelled = [ctx] { return ctx->IsCancelled(); };
     // Answered from the batcher's worker thread: the response is encoded there and the call
     // finished, with no thread of gRPC's waiting meanwhile.
-    core_.infer(std::move(req),
-                [this, reactor, response](InferRequest& req, Result<Outputs> outputs) {
-                  if (!outputs.ok())
-                    return finish(reactor, "ModelInfer", to_status(outputs.error()));
-                  auto entry = core_.find(req.model, req.version);
-                  pb::ModelInferResponse r;
-                  Check c = encode_grpc_infer(req, *(*entry)->model, *outputs, core_.shm(), &r);
-                  if (c) return finish(reactor, "ModelInfer", to_status(*c));
-                  // Serialized into gRPC's own slices (no string in between).
-                  bool own = false;
-                  grpc::Status st = grpc::SerializationTraits<pb::ModelInferResponse>::Serialize(
-                      r, response, &own);
-                  finish(reactor, "ModelInfer", st);
-                });
+    core_.infer(
+        std::move(req), [this, reactor, response](InferRequest& req, Result<Outputs> outputs) {
+          if (!outputs.ok()) return finish(reactor, "ModelInfer", to_status(outputs.error()));
+          auto entry = core_.find(req.model, req.version);
+          pb::ModelInferResponse r;
+          Check c = encode_grpc_infer(req, *(*entry)->model, *outputs, core_.shm(), &r);
+          if (c) return finish(reactor, "ModelInfer", to_status(*c));
+          // Serialized into gRPC's own slices (no string in between).
+          bool own = false;
+          grpc::Status st =
+              grpc::SerializationTraits<pb::ModelInferResponse>::Serialize(r, response, &own);
+          finish(reactor, "ModelInfer", st);
+        });
     return reactor;
   }
 

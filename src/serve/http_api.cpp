@@ -102,11 +102,11 @@ void HttpApi::handle(HttpRequest req, std::function<void(HttpReply)> send) {
     return send(HttpReply{200, "text/plain; version=0.0.4", core_.metrics_text(), {}});
   if (p.empty() || p[0] != "v2") return not_found();
   if (p.size() == 1 && get) {
-    json meta = {
-        {"name", "kiln"},
-        {"version", KILN_VERSION_STRING},
-        {"extensions", {"binary_tensor_data", "system_shared_memory", "cuda_shared_memory",
-                        "model_configuration"}}};
+    json meta = {{"name", "kiln"},
+                 {"version", KILN_VERSION_STRING},
+                 {"extensions",
+                  {"binary_tensor_data", "system_shared_memory", "cuda_shared_memory",
+                   "schedule_policy", "model_configuration"}}};
     return send(reply_json(200, dump(meta)));
   }
   if (p.size() == 3 && p[1] == "health" && get) {
@@ -190,13 +190,20 @@ std::optional<std::string> base64_decode(const std::string& in) {
   int bits = 0;
   for (const char c : in) {
     int v;
-    if (c >= 'A' && c <= 'Z') v = c - 'A';
-    else if (c >= 'a' && c <= 'z') v = c - 'a' + 26;
-    else if (c >= '0' && c <= '9') v = c - '0' + 52;
-    else if (c == '+' || c == '-') v = 62;
-    else if (c == '/' || c == '_') v = 63;
-    else if (c == '=') break;
-    else return std::nullopt;
+    if (c >= 'A' && c <= 'Z')
+      v = c - 'A';
+    else if (c >= 'a' && c <= 'z')
+      v = c - 'a' + 26;
+    else if (c >= '0' && c <= '9')
+      v = c - '0' + 52;
+    else if (c == '+' || c == '-')
+      v = 62;
+    else if (c == '/' || c == '_')
+      v = 63;
+    else if (c == '=')
+      break;
+    else
+      return std::nullopt;
     acc = (acc << 6) | static_cast<uint32_t>(v);
     bits += 6;
     if (bits >= 8) {
@@ -225,7 +232,8 @@ HttpReply HttpApi::register_cuda(ShmRegistry& reg, const std::string& name, cons
   if (!dev.is_number_integer() || dev.get<int64_t>() < 0)
     return reply_error({400, fmt::format("device_id {} is not a device number", dump(dev))});
   if (!size.is_number_unsigned() && !(size.is_number_integer() && size.get<int64_t>() >= 0))
-    return reply_error({400, fmt::format("byte_size {} is not a whole number of bytes", dump(size))});
+    return reply_error(
+        {400, fmt::format("byte_size {} is not a whole number of bytes", dump(size))});
   auto handle = base64_decode(body["raw_handle"]["b64"].get<std::string>());
   if (!handle) return reply_error({400, "raw_handle's b64 is not base64"});
   if (Check c = reg.register_cuda_region(name, *handle, dev.get<int64_t>(), size.get<uint64_t>()))
@@ -256,10 +264,12 @@ HttpReply HttpApi::shared_memory(const HttpRequest& req, const std::string& path
     if (!st.ok()) return reply_error(st.error());
     json a = json::array();
     for (const RegionStatus& r : *st)
-      a.push_back(cuda ? json{{"name", r.name}, {"device_id", r.device_id},
-                              {"byte_size", r.byte_size}}
-                       : json{{"name", r.name}, {"key", r.key}, {"offset", r.offset},
-                              {"byte_size", r.byte_size}});
+      a.push_back(
+          cuda ? json{{"name", r.name}, {"device_id", r.device_id}, {"byte_size", r.byte_size}}
+               : json{{"name", r.name},
+                      {"key", r.key},
+                      {"offset", r.offset},
+                      {"byte_size", r.byte_size}});
     return reply_json(200, dump(a));
   }
   if (action == "unregister") {
@@ -267,8 +277,8 @@ HttpReply HttpApi::shared_memory(const HttpRequest& req, const std::string& path
     return reply_json(200, "");
   }
   if (name.empty())
-    return reply_error({404, fmt::format("register takes a region name: /v2/{}/region/NAME/register",
-                                         p[1])});
+    return reply_error(
+        {404, fmt::format("register takes a region name: /v2/{}/region/NAME/register", p[1])});
   json body;
   try {
     body = json::parse(req.body.empty() ? std::string("null") : req.body);

@@ -263,9 +263,10 @@ Result<InferRequest> decode_rest_infer(std::shared_ptr<const std::string> body,
     if (!v.is_number_integer())
       return api_error(400, "parameter '{}' must be a whole number, not {}", sched_names[k],
                        repr(v));
-    sched[k] = v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max())
-                   ? std::numeric_limits<int64_t>::max()
-                   : v.get<int64_t>();
+    sched[k] =
+        v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max())
+            ? std::numeric_limits<int64_t>::max()
+            : v.get<int64_t>();
   }
   KILN_SERVE_CHECK(set_scheduling(req, sched[0], sched[1]));
   for (const json& t : header["inputs"]) KILN_SERVE_CHECK(decode_input(t, b, start, shm, req));

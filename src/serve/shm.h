@@ -63,8 +63,8 @@ class ShmRegistry {
   struct CudaMapping;  // an opened IPC handle (closed with its last user)
   struct Region {
     RegionStatus status;
-    std::shared_ptr<Mapping> map;        // system regions
-    std::shared_ptr<CudaMapping> cuda;   // CUDA regions
+    std::shared_ptr<Mapping> map;       // system regions
+    std::shared_ptr<CudaMapping> cuda;  // CUDA regions
   };
   // A registered region of either kind, by name; 400 naming it when there is none.
   Result<Region> find(const std::string& name) const;

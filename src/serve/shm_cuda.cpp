@@ -80,8 +80,7 @@ Check ShmRegistry::register_cuda_region(const std::string& name, const std::stri
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (regions_.count(name))
-      return api_error(409,
-                       "shared memory region '{}' is already registered (unregister it first)",
+      return api_error(409, "shared memory region '{}' is already registered (unregister it first)",
                        name);
   }
 #ifdef KILN_WITH_CUDA
@@ -160,8 +159,8 @@ Check ShmRegistry::cuda_write(const std::string& what, const Region& r, const Sh
   const cudaError_t e = on_device(
       r.cuda->device, [&] { return cudaMemcpy(dst, data, bytes, cudaMemcpyHostToDevice); });
   if (e != cudaSuccess)
-    return api_error(400, "{}: cannot write CUDA shared memory region '{}': {}", what,
-                     ref.region, cudaGetErrorString(e));
+    return api_error(400, "{}: cannot write CUDA shared memory region '{}': {}", what, ref.region,
+                     cudaGetErrorString(e));
   return std::nullopt;
 #else
   (void)data;

@@ -57,16 +57,20 @@ Result<int64_t> element_count(const std::string& what, const std::vector<int64_t
 }
 
 std::string ApiError::one_line(std::string m) {
-  if (std::none_of(m.begin(), m.end(),
-                   [](unsigned char c) { return c < 0x20 || c == 0x7f; }))
+  if (std::none_of(m.begin(), m.end(), [](unsigned char c) { return c < 0x20 || c == 0x7f; }))
     return m;
   std::string out;
   for (const unsigned char c : m) {
-    if (c == '\n') out += "\\n";
-    else if (c == '\r') out += "\\r";
-    else if (c == '\t') out += "\\t";
-    else if (c < 0x20 || c == 0x7f) out += fmt::format("\\x{:02x}", c);
-    else out += static_cast<char>(c);
+    if (c == '\n')
+      out += "\\n";
+    else if (c == '\r')
+      out += "\\r";
+    else if (c == '\t')
+      out += "\\t";
+    else if (c < 0x20 || c == 0x7f)
+      out += fmt::format("\\x{:02x}", c);
+    else
+      out += static_cast<char>(c);
   }
   return out;
 }
@@ -81,8 +85,9 @@ Check set_scheduling(InferRequest& req, std::optional<int64_t> priority,
   if (timeout_us) {
     if (*timeout_us < 0)
       return api_error(400, "parameter 'timeout' must be microseconds >= 0, not {}", *timeout_us);
-    // Past a year is no deadline at all (and keeps the sum within the clock's range).
-    if (*timeout_us < int64_t{365} * 24 * 3600 * 1000000)
+    // 0 is no timeout (Triton's default); past a year is none either (and keeps the sum within
+    // the clock's range).
+    if (*timeout_us > 0 && *timeout_us < int64_t{365} * 24 * 3600 * 1000000)
       req.deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(*timeout_us);
   }
   return std::nullopt;

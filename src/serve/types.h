@@ -99,7 +99,8 @@ struct InferRequest {
   std::vector<OutputRequest> outputs;  // empty: every output of the model
   bool binary_outputs = false;         // REST: parameters.binary_data_output
   // Triton's request parameters "priority" (1 is the highest level; 0 the model's default) and
-  // "timeout" (microseconds: a request still queued when it has passed is answered 408), and
+  // "timeout" (microseconds, 0 none: a request still queued when it has passed is answered 408),
+  // and
   // the gRPC client's own deadline, whichever is sooner.
   uint64_t priority = 0;
   std::optional<std::chrono::steady_clock::time_point> deadline;

@@ -223,6 +223,9 @@ TEST(ServeRestDecode, PriorityAndTimeoutParameters) {
   ASSERT_TRUE(none.ok());
   EXPECT_EQ(none->priority, 0u);
   EXPECT_FALSE(none->deadline.has_value());
+  auto zero = decode(R"({"timeout": 0})");  // Triton's default: no timeout
+  ASSERT_TRUE(zero.ok());
+  EXPECT_FALSE(zero->deadline.has_value());
   auto text = decode(R"({"priority": "high"})");
   ASSERT_FALSE(text.ok());
   EXPECT_EQ(text.error().status, 400);
