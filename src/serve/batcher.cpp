@@ -389,20 +389,14 @@ Expected<std::vector<int>> parse_pad_sizes(const std::string& text, int max_batc
   if (text.empty() || text == "pow2") {
     for (int b = 1; b < max_batch; b *= 2) sizes.push_back(b);
   } else {
-    size_t pos = 0;
-    while (pos <= text.size()) {
-      const size_t comma = std::min(text.find(',', pos), text.size());
-      const std::string item = text.substr(pos, comma - pos);
-      pos = comma + 1;
-      if (item.empty()) continue;
-      char* end = nullptr;
-      const long v = std::strtol(item.c_str(), &end, 10);
-      if (*end != '\0')
-        return KILN_ERROR("--pad-batches takes batch sizes such as 1,2,4,8 or 'pow2', not '{}'",
-                          text);
+    const auto items = parse_int_list(text);
+    if (!items)
+      return KILN_ERROR("--pad-batches takes batch sizes such as 1,2,4,8 or 'pow2', not '{}'",
+                        text);
+    for (const int v : *items) {
       if (v < 1 || v > (1 << 20))
         return KILN_ERROR("--pad-batches: batch sizes are whole numbers >= 1, not '{}'", text);
-      sizes.push_back(static_cast<int>(v));
+      sizes.push_back(v);
     }
     if (sizes.empty()) return KILN_ERROR("--pad-batches: no batch size in '{}'", text);
   }

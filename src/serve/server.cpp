@@ -203,23 +203,16 @@ Expected<std::vector<int>> parse_devices(const std::string& text, int visible) {
     for (int d = 0; d < visible; ++d) out.push_back(d);
     return out;
   }
+  const auto items = parse_int_list(text);
+  if (!items) return KILN_ERROR("--devices takes GPU indices such as 0,1 or 'all', not '{}'", text);
   std::set<int> seen;
-  size_t pos = 0;
-  while (pos <= text.size()) {
-    const size_t comma = std::min(text.find(',', pos), text.size());
-    const std::string item = text.substr(pos, comma - pos);
-    pos = comma + 1;
-    if (item.empty()) continue;
-    char* end = nullptr;
-    const long d = std::strtol(item.c_str(), &end, 10);
-    if (*end != '\0' || item.size() > 6)
-      return KILN_ERROR("--devices takes GPU indices such as 0,1 or 'all', not '{}'", text);
-    if (!seen.insert(static_cast<int>(d)).second)
+  for (const int d : *items) {
+    if (!seen.insert(d).second)
       return KILN_ERROR("--devices: a device is named twice in '{}'", text);
     if (d < 0 || d >= visible)
       return KILN_ERROR("--devices: GPU {} does not exist (this machine shows {}{})", d, visible,
                         visible ? fmt::format(": 0..{}", visible - 1) : "");
-    out.push_back(static_cast<int>(d));
+    out.push_back(d);
   }
   if (out.empty()) return KILN_ERROR("--devices: no device given");
   return out;

@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <limits>
 
 namespace kiln::serve {
@@ -54,6 +55,22 @@ Result<int64_t> element_count(const std::string& what, const std::vector<int64_t
       return api_error(400, "{}: shape {} is too large", what, shape_text(shape));
   }
   return static_cast<int64_t>(count);
+}
+
+std::optional<std::vector<int>> parse_int_list(const std::string& text) {
+  std::vector<int> out;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    const size_t comma = std::min(text.find(',', pos), text.size());
+    const std::string item = text.substr(pos, comma - pos);
+    pos = comma + 1;
+    if (item.empty()) continue;
+    char* end = nullptr;
+    const long v = std::strtol(item.c_str(), &end, 10);
+    if (*end != '\0' || item.size() > 9) return std::nullopt;
+    out.push_back(static_cast<int>(v));
+  }
+  return out;
 }
 
 std::string ApiError::one_line(std::string m) {

@@ -109,6 +109,10 @@ struct InferRequest {
   std::function<bool()> cancelled;
 };
 
+// The whole numbers of a comma-separated list such as "1,2,4" (empty items skipped; each at
+// most 9 digits, so it fits an int); nullopt when an item is not one.
+std::optional<std::vector<int>> parse_int_list(const std::string& text);
+
 // Sets `req`'s priority and deadline from the request parameters "priority" and "timeout"
 // (whole numbers >= 0; nullopt when absent); 400 naming the parameter otherwise.
 Check set_scheduling(InferRequest& req, std::optional<int64_t> priority,
