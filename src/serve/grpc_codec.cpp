@@ -57,8 +57,11 @@ Check copy_values(const Field& values, T* out, const std::string& what, std::str
 
 // Converts the typed contents of `dtype` into `out` (count elements); 400 when the field the
 // datatype uses holds another number of values.
-Check typed_contents(const InferTensorContents& c, DataType dtype, int64_t count, void* out,
-                     const std::string& what, std::string_view dt, const std::string& shape) {
+// The tensor of `dims` made from the contents field of its type; the field's count is checked
+// first, so a shape larger than the values sent allocates nothing.
+Check typed_contents(const InferTensorContents& c, DataType dtype, const std::vector<int64_t>& dims,
+                     int64_t count, std::shared_ptr<Tensor>* tensor, const std::string& what,
+                     std::string_view dt, const std::string& shape) {
   auto check = [&](int n, const char* field) -> Check {
     if (n != count)
       return api_error(400, "{}: {} values in contents.{}, shape {} takes {}", what, n, field,
@@ -67,7 +70,8 @@ Check typed_contents(const InferTensorContents& c, DataType dtype, int64_t count
   };
 #define KILN_CONTENTS(T, FIELD)                      \
   KILN_SERVE_CHECK(check(c.FIELD().size(), #FIELD)); \
-  return copy_values(c.FIELD(), static_cast<T*>(out), what, dt)
+  *tensor = std::make_shared<Tensor>(dtype, dims);   \
+  return copy_values(c.FIELD(), static_cast<T*>((*tensor)->raw()), what, dt)
   switch (dtype) {
     case DataType::kBool:
       KILN_CONTENTS(bool, bool_contents);
@@ -219,9 +223,9 @@ Result<InferRequest> decode_grpc_infer(std::shared_ptr<const inference::ModelInf
       in.bytes = need;
       in.owner = msg;
     } else {
-      auto tensor = std::make_shared<Tensor>(in.dtype, in.shape);
-      KILN_SERVE_CHECK(
-          typed_contents(t.contents(), in.dtype, *count, tensor->raw(), what, t.datatype(), shape));
+      std::shared_ptr<Tensor> tensor;
+      KILN_SERVE_CHECK(typed_contents(t.contents(), in.dtype, in.shape, *count, &tensor, what,
+                                      t.datatype(), shape));
       in.data = static_cast<const uint8_t*>(tensor->raw());
       in.bytes = need;
       in.owner = tensor;

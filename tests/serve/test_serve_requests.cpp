@@ -249,6 +249,22 @@ TEST(ServeRestDecode, ClientNamesWithControlCharactersStayOnOneLine) {
 }
 
 #ifdef KILN_SERVE_GRPC
+// A shape far larger than the contents sent is refused before anything is allocated (found by
+// fuzz_serve_requests: a shape of 10^18 bytes with empty contents).
+TEST(ServeGrpcDecode, ContentsShorterThanAHugeShapeAllocateNothing) {
+  ShmRegistry shm;
+  auto msg = std::make_shared<inference::ModelInferRequest>();
+  auto* in = msg->add_inputs();
+  in->set_name("x");
+  in->set_datatype("FP32");
+  for (int64_t d : {int64_t{1} << 30, int64_t{1} << 28}) in->add_shape(d);
+  in->mutable_contents()->add_fp32_contents(1.f);
+  auto r = decode_grpc_infer(msg, shm);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("1 values in contents.fp32_contents"), std::string::npos)
+      << r.error().message;
+}
+
 TEST(ServeGrpcDecode, NamesWhatIsWrong) {
   ShmRegistry shm;
   auto msg = std::make_shared<inference::ModelInferRequest>();
