@@ -131,23 +131,28 @@ def kiln_run(a, engine, feeds, names, tag):
     return {n: np.load(os.path.join(d, "out", n + ".npy")) for n in names}
 
 
-def kiln_bench(a, engine, shapes, tag):
-    """Median ms and whether CUDA graphs were used (retried without them where refused)."""
+def kiln_bench(a, engine, feeds, tag):
+    """Median ms and whether CUDA graphs were used (retried without them where refused). The
+    engine runs on the feeds PyTorch is timed on (`kiln bench --load-inputs`): a detector's
+    time depends on how many boxes pass its threshold, which random data would not give."""
     out = os.path.join(a.work, tag + ".json")
-    base = [a.kiln, "bench", "--engine", engine, "--shapes", shapes, "--no-data-transfers",
+    loads = []
+    for n, v in feeds.items():
+        path = os.path.join(a.work, f"{tag}_{n}.npy")
+        np.save(path, v)
+        loads += ["--load-inputs", f"{n}:{path}"]
+    base = [a.kiln, "bench", "--engine", engine, *loads, "--no-data-transfers",
             "--iterations", str(a.iters), "--warmup", "20", "--duration", "1", "--export-json", out]
-    graphs = None  # the CPU backend (--cpu) has no CUDA graphs
-    if DEVICE == "cpu":
+    if DEVICE == "cpu":  # the CPU backend has no CUDA graphs
         run(base, timeout=600)
-        return _median(out), graphs
+        return _median(out), None
     try:
         run(base + ["--use-cuda-graph"], timeout=600)
-        graphs = True
     except RuntimeError as e:
         log(f"  kiln bench with CUDA graphs failed ({one_line(e)}); without")
         run(base + ["--no-cuda-graph"], timeout=600)
-        graphs = False
-    return _median(out), graphs
+    with open(out) as f:  # an engine whose sizes the data decides runs without them
+        return _median(out), bool(json.load(f).get("cuda_graph"))
 
 
 def _median(path):
@@ -330,7 +335,7 @@ def one_model(a, name, save):
         feeds = task.feeds(b)
         for key, engine in engines.items():
             try:
-                ms, graphs = kiln_bench(a, engine, shape_arg(feeds), f"{name}_{key}_b{b}")
+                ms, graphs = kiln_bench(a, engine, feeds, f"{name}_{key}_b{b}")
             except RuntimeError as e:
                 row[f"kiln_{key}_b{b}_error"] = one_line(e)
                 log(f"  kiln bench {key} b{b}: {row[f'kiln_{key}_b{b}_error']}")

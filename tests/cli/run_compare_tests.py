@@ -203,6 +203,17 @@ def bench_tests(args, p):
     check("bench on a cpu engine reports no CUDA graph", json.load(open(p("nograph.json")))["cuda_graph"] is False)
     expect_error(args, "bench --use-cuda-graph --no-cuda-graph", "excludes", "bench", "--engine", p("static.kiln"),
                  "--use-cuda-graph", "--no-cuda-graph")
+    # --load-inputs (trtexec's --loadInputs): the file's shape is the run's shape
+    np.save(p("in3.npy"), np.random.default_rng(0).uniform(-1, 1, (3, 3, 32, 32)).astype(np.float32))
+    expect_ok(args, "bench --load-inputs", "bench", "--engine", p("dyn.kiln"), "--load-inputs", f"input:{p('in3.npy')}",
+              "--iterations", "2", "--duration", "0", "--export-json", p("loaded.json"))
+    check("bench --load-inputs runs at the file's shape", json.load(open(p("loaded.json")))["batch"] == 3)
+    expect_error(args, "bench --load-inputs of an unknown input", "nosuch", "bench", "--engine", p("dyn.kiln"),
+                 "--load-inputs", f"nosuch:{p('in3.npy')}")
+    expect_error(args, "bench --load-inputs without NAME:", "is not NAME:FILE", "bench", "--engine", p("dyn.kiln"),
+                 "--load-inputs", p("in3.npy").replace(":", ""))
+    expect_error(args, "bench --load-inputs with --batch", "cannot be used with --batch", "bench", "--engine",
+                 p("dyn.kiln"), "--load-inputs", f"input:{p('in3.npy')}", "--batch", "1,2")
 
 
 def report_tests(args, p):

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <random>
+#include <set>
 #include <thread>
 
 #include <fmt/format.h>
@@ -665,6 +666,38 @@ TEST(CudaEngine, ShapeTensorInputs) {
     EXPECT_NEAR(y[i], want, 1e-5);
   }
   for (void* p : {dx, ds, da, dy}) cudaFree(p);
+}
+
+// An engine with a dynamic region (NonZero) profiles each layer too: kiln bench --dump-profile.
+TEST(CudaEngine, DynamicRegionProfilesEachLayer) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU here: GPU test skipped";
+  auto g = std::make_unique<Graph>();
+  // Large enough to run on the GPU (a handful of values would be computed on the host).
+  Value* x = g->add_value("x", TensorType(DataType::kFloat32, {64, 256}));
+  g->add_input(x);
+  Node* relu = g->add_node("Relu", "relu", {x}, {"r"});
+  Node* nz = g->add_node("NonZero", "nz", {relu->output(0)}, {"idx"});
+  g->add_output(nz->output(0));
+  ASSERT_TRUE(infer_shapes(*g).ok());
+  BuildConfig c;
+  c.backend = "cuda";
+  auto e = Engine::build_from_graph(std::move(g), c, "nonzero_net");
+  ASSERT_TRUE(e.ok()) << e.status().message();
+  auto ctx = e.value()->create_context();
+  ASSERT_TRUE(ctx.ok()) << ctx.status().message();
+  std::vector<LayerTiming> t;
+  const Tensor in = random({64, 256}, 3);
+  auto got = ctx.value()->execute({{"x", in}}, &t);
+  ASSERT_TRUE(got.ok()) << got.status().message();
+  int64_t positive = 0;
+  for (int64_t i = 0; i < in.numel(); ++i) positive += in.data<float>()[i] > 0;
+  EXPECT_EQ(got.value()[0].shape(), (std::vector<int64_t>{2, positive}));
+  std::set<std::string> names;
+  for (const auto& l : t) {
+    names.insert(l.name);
+    EXPECT_GE(l.ms, 0.0) << l.name;
+  }
+  EXPECT_TRUE(names.count("relu") && names.count("nz")) << fmt::format("{}", fmt::join(names, ", "));
 }
 
 }  // namespace

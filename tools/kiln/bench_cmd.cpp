@@ -17,6 +17,7 @@
 
 #include "cli.h"
 #include "compare/compare.h"
+#include "inputs.h"
 
 #ifdef KILN_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -110,6 +111,8 @@ struct BenchOpts {
   bool graph_flag = false, no_graph = false, no_transfers = false, profile = false;
   bool graph(const Engine& e) const { return !no_graph && e.backend() == "cuda"; }
   std::string batches;  // --batch 1,8,32: a sweep over the first dimension
+  std::vector<std::string> load;  // --load-inputs NAME:FILE (trtexec's --loadInputs)
+  std::map<std::string, Tensor> loaded;  // their tensors, read once
 };
 
 // Parses --batch 1,8,32; the engine's inputs must have a dynamic first dimension.
@@ -185,14 +188,31 @@ std::string model_name(const Engine& e, const std::string& fallback) {
   return std::filesystem::path(src).stem().string();
 }
 
+// Each layer's time, the mean of 10 profiled runs of `run_once` (which fills its argument).
+template <typename RunOnce>
+Status mean_profile(RunOnce run_once, std::vector<LayerTiming>& profile) {
+  std::map<std::pair<std::string, std::string>, double> sum;
+  const int reps = 10;
+  for (int r = 0; r < reps; ++r) {
+    std::vector<LayerTiming> t;
+    KILN_RETURN_IF_ERROR(run_once(&t));
+    for (const auto& l : t) sum[{l.name, l.op_type}] += l.ms / reps;
+  }
+  for (const auto& [k, ms] : sum) profile.push_back({k.first, k.second, ms});
+  return Status::Ok();
+}
+
 // One measurement at `shapes`: prints the numbers (one line when `brief`) and fills `report`.
 Status bench_shapes(const BenchOpts& o, Engine& e, ExecutionContext& ctx,
                     const std::vector<std::vector<int64_t>>& shapes, bool brief,
                     nlohmann::json& report) {
   std::mt19937 rng(1);
   std::vector<Tensor> host_in;
-  for (size_t i = 0; i < shapes.size(); ++i)
-    host_in.push_back(random_tensor(e.inputs()[i].dtype, shapes[i], rng));
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    auto it = o.loaded.find(e.inputs()[i].name);
+    host_in.push_back(it != o.loaded.end() ? it->second
+                                           : random_tensor(e.inputs()[i].dtype, shapes[i], rng));
+  }
   const int64_t batch = shapes.empty() || shapes[0].empty() ? 1 : shapes[0][0];
   report = {{"engine", o.engine.empty() ? o.onnx : o.engine},
             {"backend", e.backend()},
@@ -228,7 +248,9 @@ Status bench_shapes(const BenchOpts& o, Engine& e, ExecutionContext& ctx,
     }
     comp = lat;
     throughput = 1000.0 * static_cast<double>(batch) / stats_of(lat).median;
-    if (o.profile) KILN_RETURN_IF_ERROR(ctx.execute(inputs, &profile).status());
+    if (o.profile)  // kernels and host work, each layer between two synchronisations
+      KILN_RETURN_IF_ERROR(mean_profile(
+          [&](std::vector<LayerTiming>* t) { return ctx.execute(inputs, t).status(); }, profile));
     report["gpu"] = dynamic ? "cuda (data-dependent shapes: execute() wall-clock times, inputs and "
                               "outputs through the host)"
                             : "none (cpu backend; wall-clock times)";
@@ -331,16 +353,9 @@ Status bench_shapes(const BenchOpts& o, Engine& e, ExecutionContext& ctx,
     float total = 0;
     cudaEventElapsedTime(&total, ev[0], ev[3]);
     throughput = 1000.0 * static_cast<double>(batch) * n / total;
-    if (o.profile) {
-      std::map<std::pair<std::string, std::string>, double> sum;
-      const int reps = 10;
-      for (int r = 0; r < reps; ++r) {
-        std::vector<LayerTiming> t;
-        KILN_RETURN_IF_ERROR(ctx.enqueue(s, &t));
-        for (const auto& l : t) sum[{l.name, l.op_type}] += l.ms / reps;
-      }
-      for (const auto& [k, ms] : sum) profile.push_back({k.first, k.second, ms});
-    }
+    if (o.profile)
+      KILN_RETURN_IF_ERROR(
+          mean_profile([&](std::vector<LayerTiming>* t) { return ctx.enqueue(s, t); }, profile));
     int dev_id = 0;
     cudaDeviceProp p{};
     cudaGetDevice(&dev_id);
@@ -448,10 +463,33 @@ Runner add_bench_command(CLI::App& app) {
                   "Sweep these batch sizes (1,8,32,256) over one engine with a dynamic batch "
                   "profile; --export-json writes one record per batch");
   cmd->add_flag("--dump-profile", o->profile, "Per-layer times, sorted, with their share");
+  cmd->add_option("--load-inputs", o->load,
+                  "Inputs from files (trtexec's --loadInputs): NAME:FILE (.npy or ONNX .pb), "
+                  "comma-separated or repeated; their shapes are the run's, the other inputs get "
+                  "random data")
+      ->delimiter(',');
   return [o]() -> Status {
     KILN_ASSIGN_OR_RETURN(ShapeMap given, parse_shapes(o->flags.shapes, "--shapes"));
     KILN_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
                           engine_from_flags(o->onnx, o->engine, o->flags));
+    if (!o->load.empty()) {
+      if (!o->batches.empty())
+        return Status::Error("--load-inputs fixes the batch: it cannot be used with --batch");
+      InputFlags f;
+      for (const auto& spec : o->load) {
+        const size_t colon = spec.find(':');
+        if (colon == std::string::npos || colon == 0 || colon + 1 == spec.size())
+          return KILN_ERROR("--load-inputs '{}' is not NAME:FILE", spec);
+        f.inputs.push_back(spec.substr(0, colon) + "=" + spec.substr(colon + 1));
+      }
+      std::mt19937 rng(1);
+      KILN_ASSIGN_OR_RETURN(auto all, load_inputs(engine->inputs(), f, given, rng));
+      for (const auto& spec : f.inputs) {  // the loaded ones; their shapes size the run
+        const std::string name = spec.substr(0, spec.find('='));
+        o->loaded[name] = all.at(name);
+        given[name] = all.at(name).shape();
+      }
+    }
     KILN_ASSIGN_OR_RETURN(auto shapes, run_shapes(*engine, given));
     KILN_ASSIGN_OR_RETURN(std::vector<int64_t> batches, parse_batches(o->batches, *engine));
     KILN_ASSIGN_OR_RETURN(std::unique_ptr<ExecutionContext> ctx, engine->create_context());

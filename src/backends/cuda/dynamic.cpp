@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
 #include <cstring>
 #include <limits>
 
@@ -330,11 +331,24 @@ Status DynamicGraph::run_node(DynamicRuntime& rt, size_t k, std::vector<DynValue
   Status st;
   // A subgraph's run takes the sizes buffer from its start: what is pending here is read first.
   if (!c.is_host() && !c.subplans.empty()) KILN_RETURN_IF_ERROR(resolve(rt, val));
+  const bool timed = rt.times && (c.is_host() || c.subplans.empty());
+  std::chrono::steady_clock::time_point t0;
+  if (timed) {
+    KILN_CUDA_CHECK(cudaStreamSynchronize(rt.rc->stream));
+    t0 = std::chrono::steady_clock::now();
+  }
   if (c.is_host()) st = run_host(rt, k, val);
   else if (n->op_type == "If" && !c.subplans.empty()) st = run_if(rt, k, val);
   else if (n->op_type == "Loop" && !c.subplans.empty()) st = run_loop(rt, k, val);
   else if (n->op_type == "Scan" && !c.subplans.empty()) st = run_scan(rt, k, val);
   else st = run_layer(rt, k, val);
+  if (timed && st.ok()) {
+    KILN_CUDA_CHECK(cudaStreamSynchronize(rt.rc->stream));
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const std::string type = n->domain.empty() ? n->op_type : n->domain + "." + n->op_type;
+    rt.times->push_back({n->name, c.is_host() ? type + " (host)" : type, ms});
+  }
   if (st.ok() || st.message().find(n->label()) != std::string::npos) return st;
   return st.with_context(n->label());
 }

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "device_util_host.h"
+#include "kiln/engine.h"
 #include "plan.h"
 
 namespace kiln::gpu {
@@ -64,6 +65,10 @@ struct DynamicRuntime {
   // constants are uploaded by its DynamicGraph).
   std::function<void*(const Value*, const TensorFormat&)> engine_weight;
   std::vector<Tensor> staged;  // host copies uploaded during the run (upload)
+  // Where a profile is asked for: each node's wall-clock time, the stream synchronised before
+  // and after it (its kernels, host work and size read-backs); control flow's bodies are timed
+  // node by node instead of the If/Loop/Scan node as a whole.
+  std::vector<LayerTiming>* times = nullptr;
   ~DynamicRuntime();
   Status ensure_dims(size_t outputs);
   // Copies a host tensor (already in device format) to `dst` on the stream.

@@ -163,7 +163,8 @@ class CudaContext final : public ExecutionContext {
   Expected<std::vector<Tensor>> execute(const std::map<std::string, Tensor>& inputs,
                                         std::vector<LayerTiming>* timings) override;
   Status init_dynamic();
-  Expected<std::vector<Tensor>> execute_dynamic(const std::map<std::string, Tensor>& inputs);
+  Expected<std::vector<Tensor>> execute_dynamic(const std::map<std::string, Tensor>& inputs,
+                                                std::vector<LayerTiming>* timings);
   Expected<std::vector<const Tensor*>> checked_inputs(const std::map<std::string, Tensor>& inputs) const;
   Status set_input_shape(const std::string& name, const std::vector<int64_t>& dims) override;
   Expected<std::vector<int64_t>> tensor_shape(const std::string& name) override;
@@ -897,7 +898,8 @@ Expected<std::vector<const Tensor*>> CudaContext::checked_inputs(
   return out;
 }
 
-Expected<std::vector<Tensor>> CudaContext::execute_dynamic(const std::map<std::string, Tensor>& inputs) {
+Expected<std::vector<Tensor>> CudaContext::execute_dynamic(const std::map<std::string, Tensor>& inputs,
+                                                           std::vector<LayerTiming>* timings) {
   KILN_ASSIGN_OR_RETURN(std::vector<const Tensor*> given, checked_inputs(inputs));
   std::vector<DynValue> ins;
   for (size_t i = 0; i < g_.inputs().size(); ++i) {
@@ -921,7 +923,9 @@ Expected<std::vector<Tensor>> CudaContext::execute_dynamic(const std::map<std::s
   }
   rc_.stream = stream_;
   dyn_rt_.dims_used = 0;  // a run that failed may have left sizes unread
+  dyn_rt_.times = timings;
   auto ran = dyn_graph_->run(dyn_rt_, std::move(ins));
+  dyn_rt_.times = nullptr;
   if (!ran.ok()) {
     cudaStreamSynchronize(stream_);  // what was queued may still read the staged copies
     dyn_rt_.staged.clear();
@@ -945,7 +949,7 @@ Expected<std::vector<Tensor>> CudaContext::execute_dynamic(const std::map<std::s
 Expected<std::vector<Tensor>> CudaContext::execute(const std::map<std::string, Tensor>& inputs,
                                                    std::vector<LayerTiming>* timings) {
   for (const auto& [name, t] : inputs) KILN_RETURN_IF_ERROR(index_of(name, true).status());
-  if (dynamic_) return execute_dynamic(inputs);
+  if (dynamic_) return execute_dynamic(inputs, timings);
   KILN_ASSIGN_OR_RETURN(std::vector<const Tensor*> given, checked_inputs(inputs));
   std::vector<const void*> host_src(g_.inputs().size(), nullptr);
   for (size_t i = 0; i < g_.inputs().size(); ++i) {
