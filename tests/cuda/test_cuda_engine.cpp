@@ -700,5 +700,54 @@ TEST(CudaEngine, DynamicRegionProfilesEachLayer) {
   EXPECT_TRUE(names.count("relu") && names.count("nz")) << fmt::format("{}", fmt::join(names, ", "));
 }
 
+// small_net, then NonZero of its output: the convolutions are the dynamic region's prefix.
+std::unique_ptr<Graph> prefix_net() {
+  auto g = small_net();
+  Value* y = g->outputs()[0];
+  Node* nz = g->add_node("NonZero", "nz", {y}, {"idx"});
+  g->add_output(nz->output(0));
+  EXPECT_TRUE(infer_shapes(*g).ok());
+  return g;
+}
+
+// The prefix replays as a CUDA graph per input shape (first run layer by layer, second captured,
+// later ones replayed) and gives bit for bit what layer-by-layer runs give, for new data at
+// every run and shapes that alternate.
+TEST(CudaEngine, DynamicRegionPrefixReplaysAsAGraph) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU here: GPU test skipped";
+  // The prefix's captures are gated until verified on a GPU; the other tests run without.
+  struct Gate {
+    Gate() { setenv("KILN_UNVERIFIED_TACTICS", "1", 1); }
+    ~Gate() { unsetenv("KILN_UNVERIFIED_TACTICS"); }
+  } gate;
+  BuildConfig c;
+  c.backend = "cuda";
+  c.tf32 = false;
+  c.min_shapes = {{"x", {2, 8, 10, 10}}};
+  c.opt_shapes = {{"x", {4, 8, 10, 10}}};
+  c.max_shapes = {{"x", {8, 8, 10, 10}}};
+  auto e = Engine::build_from_graph(prefix_net(), c, "prefix_net");
+  ASSERT_TRUE(e.ok()) << e.status().message();
+  auto plain = e.value()->create_context();
+  auto graphs = e.value()->create_context();
+  ASSERT_TRUE(plain.ok() && graphs.ok());
+  ASSERT_TRUE(plain.value()->set_use_cuda_graph(false).ok());
+  for (int run = 0; run < 8; ++run) {
+    const int64_t n = run % 2 ? 2 : 4;
+    std::map<std::string, Tensor> in = {{"x", random({n, 8, 10, 10}, 100 + run)}};
+    auto want = plain.value()->execute(in);
+    auto got = graphs.value()->execute(in);
+    ASSERT_TRUE(want.ok()) << want.status().message();
+    ASSERT_TRUE(got.ok()) << got.status().message();
+    for (size_t o = 0; o < 2; ++o) {
+      ASSERT_EQ(got.value()[o].shape(), want.value()[o].shape()) << "run " << run << " output " << o;
+      EXPECT_EQ(std::memcmp(got.value()[o].raw(), want.value()[o].raw(), got.value()[o].nbytes()), 0)
+          << "run " << run << " output " << o;
+    }
+  }
+  EXPECT_EQ(plain.value()->cuda_graph_count(), 0u);
+  EXPECT_EQ(graphs.value()->cuda_graph_count(), 2u);  // one capture per input shape
+}
+
 }  // namespace
 }  // namespace kiln

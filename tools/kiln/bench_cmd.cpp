@@ -254,6 +254,8 @@ Status bench_shapes(const BenchOpts& o, Engine& e, ExecutionContext& ctx,
     report["gpu"] = dynamic ? "cuda (data-dependent shapes: execute() wall-clock times, inputs and "
                               "outputs through the host)"
                             : "none (cpu backend; wall-clock times)";
+    // The layers before the first size the data decides, replayed as a graph per input shape.
+    if (dynamic) report["prefix_cuda_graphs"] = ctx.cuda_graph_count();
   } else {
 #ifdef KILN_WITH_CUDA
     auto check = [](cudaError_t e, const char* what) {

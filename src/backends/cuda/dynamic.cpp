@@ -164,6 +164,7 @@ Expected<std::unique_ptr<DynamicGraph>> DynamicGraph::create(const Graph& g, con
     if (!layer.ok()) return layer.status().with_context(n->label());
     d->layers_.push_back(std::move(layer).value());
   }
+  if (engine_weights) d->plan_prefix();  // the main graph's
   return d;
 }
 
@@ -210,7 +211,7 @@ Expected<DeviceTensor> DynamicGraph::device_input(DynamicRuntime& rt, size_t k, 
   }
   auto upload = [&](const Tensor& h, std::shared_ptr<void>& block) -> Status {
     KILN_ASSIGN_OR_RETURN(Tensor d, to_device_format(h, f));
-    KILN_ASSIGN_OR_RETURN(block, rt.pool.get(d.nbytes(), "'" + v->name + "'"));
+    KILN_ASSIGN_OR_RETURN(block, rt.pool_now().get(d.nbytes(), "'" + v->name + "'"));
     return rt.upload(block.get(), std::move(d));
   };
   if (v->is_constant()) {
@@ -285,8 +286,11 @@ Expected<std::vector<DynValue>> DynamicGraph::run(DynamicRuntime& rt, std::vecto
   // data-dependent layer sized only on the device waits, and once no node can run, one
   // synchronisation reads every pending size (SSDlite's 90 per-class NonZeros: one read, not 90).
   awaiting_.clear();
-  std::vector<size_t> todo(g_.nodes().size());
-  for (size_t k = 0; k < todo.size(); ++k) todo[k] = k;
+  std::vector<size_t> todo;
+  const bool prefix = prefix_on(rt);
+  if (prefix) KILN_RETURN_IF_ERROR(run_prefix(rt, val, left));
+  for (size_t k = 0; k < g_.nodes().size(); ++k)
+    if (!prefix || !in_prefix_[k]) todo.push_back(k);
   while (!todo.empty()) {
     std::vector<size_t> waiting;
     for (size_t k : todo) {
@@ -295,11 +299,7 @@ Expected<std::vector<DynValue>> DynamicGraph::run(DynamicRuntime& rt, std::vecto
         continue;
       }
       KILN_RETURN_IF_ERROR(run_node(rt, k, val));
-      for (const Value* v : g_.nodes()[k]->inputs()) {
-        if (!v || v->is_constant()) continue;
-        const size_t idx = index_.at(v);
-        if (--left[idx] == 0) val[idx] = DynValue{};
-      }
+      consumed(k, val, left);
     }
     if (!waiting.empty() && awaiting_.empty())
       return KILN_ERROR("graph '{}': {} nodes wait for sizes no layer computes", g_.name,
@@ -317,6 +317,14 @@ Expected<std::vector<DynValue>> DynamicGraph::run(DynamicRuntime& rt, std::vecto
     if (!out.back().known()) return KILN_ERROR("graph output '{}' was not computed", v->name);
   }
   return out;
+}
+
+void DynamicGraph::consumed(size_t k, std::vector<DynValue>& val, std::vector<int>& left) {
+  for (const Value* v : g_.nodes()[k]->inputs()) {
+    if (!v || v->is_constant()) continue;
+    const size_t idx = index_.at(v);
+    if (--left[idx] == 0) val[idx] = DynValue{};
+  }
 }
 
 bool DynamicGraph::ready(size_t k) const {
@@ -417,6 +425,20 @@ Status DynamicGraph::run_host(DynamicRuntime& rt, size_t k, std::vector<DynValue
   return Status::Ok();
 }
 
+namespace {
+// The workspace grown to `need` bytes (after what is queued, which may read the old one).
+Status fit_workspace(DynamicRuntime& rt, size_t need) {
+  if (need > rt.rc->workspace_limit)
+    return KILN_ERROR("needs {} MiB of workspace, over the engine's limit of {} MiB", need >> 20,
+                      rt.rc->workspace_limit >> 20);
+  if (need > rt.workspace->bytes()) {
+    KILN_CUDA_CHECK(cudaStreamSynchronize(rt.rc->stream));
+    KILN_RETURN_IF_ERROR(rt.workspace->reserve(need, "layer workspace"));
+  }
+  return Status::Ok();
+}
+}  // namespace
+
 Status DynamicGraph::run_layer(DynamicRuntime& rt, size_t k, std::vector<DynValue>& val) {
   const Node* n = g_.nodes()[k];
   const LayerChoice& c = plan_.layers[k];
@@ -462,22 +484,25 @@ Status DynamicGraph::run_layer(DynamicRuntime& rt, size_t k, std::vector<DynValu
       if (!src->is_constant()) blocks[o] = val[index_.at(src)].block;
       continue;
     }
-    KILN_ASSIGN_OR_RETURN(blocks[o], rt.pool.get(outs[o].nbytes(), "'" + n->output(o)->name + "'"));
+    KILN_ASSIGN_OR_RETURN(blocks[o],
+                          rt.pool_now().get(outs[o].nbytes(), "'" + n->output(o)->name + "'"));
     outs[o].data = blocks[o].get();
   }
   const bool aliased = alias >= 0 && outs[0].data == ins[alias].data && outs[0].data;
   Layer& layer = *layers_[k];
-  if (!aliased) {
+  if (!aliased && rt.dry) {  // configured and sized only (dynamic_prefix.cpp)
+    if (dds) return KILN_ERROR("a data-dependent layer cannot run dry");
     if (configured_[k] != key) {
       auto need = layer.configure(*rt.rc, ins, outs);
       if (!need.ok()) return need.status();
-      if (*need > rt.rc->workspace_limit)
-        return KILN_ERROR("needs {} MiB of workspace, over the engine's limit of {} MiB",
-                          *need >> 20, rt.rc->workspace_limit >> 20);
-      if (*need > rt.workspace->bytes()) {
-        KILN_CUDA_CHECK(cudaStreamSynchronize(rt.rc->stream));
-        KILN_RETURN_IF_ERROR(rt.workspace->reserve(*need, "layer workspace"));
-      }
+      KILN_RETURN_IF_ERROR(fit_workspace(rt, *need));
+      configured_[k] = key;
+    }
+  } else if (!aliased) {
+    if (configured_[k] != key) {
+      auto need = layer.configure(*rt.rc, ins, outs);
+      if (!need.ok()) return need.status();
+      KILN_RETURN_IF_ERROR(fit_workspace(rt, *need));
       configured_[k] = key;
     }
     rt.rc->workspace = rt.workspace->get();

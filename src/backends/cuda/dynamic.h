@@ -56,6 +56,11 @@ struct DynamicRuntime {
   RunContext* rc = nullptr;
   DeviceMemory* workspace = nullptr;
   DevicePool pool;
+  DevicePool* alloc = nullptr;  // where layers' outputs come from now: &pool unless a prefix's
+  DevicePool& pool_now() { return alloc ? *alloc : pool; }
+  // Whether the main graph's prefix may replay as a CUDA graph (the context's set_use_cuda_graph).
+  bool graphs = true;
+  bool dry = false;  // layers are configured and their outputs allocated, but nothing runs
   // Host-mapped memory the data-dependent layers in flight write their sizes to: kMaxDynRank
   // entries per output, a slot per layer until the run reads them (DynamicGraph::run).
   int64_t* dims = nullptr;
@@ -82,6 +87,7 @@ struct DynamicRuntime {
 
 class DynamicGraph {
  public:
+  ~DynamicGraph();
   // `g` and `plan` must outlive the DynamicGraph; `engine_weights`: g's constants are in the
   // engine's weights (the main graph), else uploaded here at first use.
   static Expected<std::unique_ptr<DynamicGraph>> create(const Graph& g, const Plan& plan,
@@ -89,10 +95,15 @@ class DynamicGraph {
   // Runs the graph on `inputs` (one per graph input, each in the format the plan's first
   // consumers expect) and returns its outputs.
   Expected<std::vector<DynValue>> run(DynamicRuntime& rt, std::vector<DynValue> inputs);
+  // The prefix (dynamic_prefix.cpp): how many of the main graph's layers run before any size
+  // the data decides and may replay as one CUDA graph per input shape, and the device memory its
+  // captures hold.
+  size_t prefix_layers() const { return prefix_nodes_.size(); }
+  size_t prefix_held_bytes() const;
+  size_t prefix_graphs() const;  // captures held, one per input shape at most
 
  private:
-  DynamicGraph(const Graph& g, const Plan& plan, bool engine_weights)
-      : g_(g), plan_(plan), engine_weights_(engine_weights) {}
+  DynamicGraph(const Graph& g, const Plan& plan, bool engine_weights);  // dynamic_prefix.cpp
   struct Step;
   // A data-dependent layer that ran but whose sizes are not read yet: its outputs' values hold the
   // op's bound until resolve() reads the sizes, after one synchronisation for all of them.
@@ -116,6 +127,24 @@ class DynamicGraph {
   DynamicGraph* sub(size_t k, const std::string& name);
   DynValue pass(const Value* v, const std::vector<DynValue>& val) const;  // a node input as is
   void set_output(size_t k, size_t o, DynValue v, std::vector<DynValue>& val);
+  // A node has run: its inputs' remaining uses drop, and a value with none left goes.
+  void consumed(size_t k, std::vector<DynValue>& val, std::vector<int>& left);
+
+  // The prefix (dynamic_prefix.cpp): the layers whose inputs are graph inputs read on the
+  // device, constants and the prefix's own values, none data-dependent or control flow. Its
+  // first run at an input shape runs it layer by layer (from a pool of its own), the second
+  // captures it, later ones replay the capture.
+  struct Prefix;
+  void plan_prefix();
+  bool prefix_on(const DynamicRuntime& rt) const;
+  Status run_prefix(DynamicRuntime& rt, std::vector<DynValue>& val, std::vector<int>& left);
+  Status run_prefix_nodes(DynamicRuntime& rt, std::vector<DynValue>& val, std::vector<int>& left);
+  std::vector<size_t> prefix_nodes_;     // in order
+  std::vector<bool> in_prefix_;          // per node
+  std::vector<size_t> prefix_inputs_;    // slots of the graph inputs the prefix reads
+  std::vector<size_t> prefix_outputs_;   // slots of prefix values read after it or returned
+  std::map<std::string, std::unique_ptr<Prefix>> prefixes_;  // per input shapes
+  uint64_t prefix_clock_ = 0;
 
   const Graph& g_;
   const Plan& plan_;

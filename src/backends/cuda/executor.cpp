@@ -200,12 +200,12 @@ class CudaContext final : public ExecutionContext {
   size_t cuda_graph_count() const override {
     size_t n = 0;
     for (const auto& [k, inst] : instances_) n += inst->graphs.size();
-    return n;
+    return dynamic_ ? dyn_graph_->prefix_graphs() : n;
   }
   MemoryInfo memory_info() const override {
     MemoryInfo m;
     m.weights = e_->weight_bytes();
-    m.activations = dynamic_ ? dyn_rt_.pool.held_bytes()
+    m.activations = dynamic_ ? dyn_rt_.pool.held_bytes() + dyn_graph_->prefix_held_bytes()
                     : current_ ? current_->arena_bytes : arena_.bytes();
     m.workspace = current_ ? current_->workspace_bytes : workspace_.bytes();
     return m;
@@ -924,6 +924,7 @@ Expected<std::vector<Tensor>> CudaContext::execute_dynamic(const std::map<std::s
   rc_.stream = stream_;
   dyn_rt_.dims_used = 0;  // a run that failed may have left sizes unread
   dyn_rt_.times = timings;
+  dyn_rt_.graphs = use_graph_ && debug_.empty();
   auto ran = dyn_graph_->run(dyn_rt_, std::move(ins));
   dyn_rt_.times = nullptr;
   if (!ran.ok()) {
