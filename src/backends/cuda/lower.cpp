@@ -7,6 +7,7 @@
 #include <unordered_set>
 
 #include "format_choice.h"
+#include "keep_fp32.h"
 #include "ops/fused.h"
 #include "ops/op.h"
 #include "quant/int8.h"
@@ -128,6 +129,7 @@ struct Lowering {
   std::vector<bool> host;
   std::unordered_map<const Value*, TensorFormat> produced;  // format each device value has
   std::unordered_map<const Node*, LayerChoice> choice;
+  std::unordered_map<const Node*, std::string> keep_fp32;  // keep_fp32.h: why, per node
 
   // kAnyLayout: NHWC only when every device input is a 4-D tensor of the output's shape whose
   // producer already made it NHWC (so the layer adds no reformat of its own), or a single value
@@ -180,7 +182,8 @@ struct Lowering {
       return std::vector<LayerChoice>{};
     }
     const std::string* pin = quant::layer_pin(o.layer_precisions, n.name);
-    const bool want16 = pin && *pin != "int8" ? *pin == "fp16" : o.fp16;
+    // A pin (--layer-precisions) decides; else a layer keep_fp32 names stays at FP32.
+    const bool want16 = pin && *pin != "int8" ? *pin == "fp16" : o.fp16 && !keep_fp32.count(&n);
     std::string reasons;
     std::vector<LayerChoice> out;
     if (quant::runs_int8(n)) {
@@ -528,6 +531,13 @@ Expected<Plan> lower_for_gpu(Graph& g, const std::vector<std::vector<int64_t>>& 
   KILN_RETURN_IF_ERROR(split_untaken_layers(g, o));
   const std::vector<bool> host_in = host_value_inputs(g);
   Lowering L{g, o, host_nodes(g, host_in), {}, {}, {}};
+  if (o.fp16) {
+    L.keep_fp32 = keep_fp32_nodes(g);
+    if (o.log)
+      for (const Node* n : g.nodes())
+        if (auto it = L.keep_fp32.find(n); it != L.keep_fp32.end())
+          *o.log << n->label() << ": FP32 in an FP16 build, " << it->second << "\n";
+  }
   // Inputs read on the host have no values at build time: when shapes depend on them, the
   // layers are not timed (each takes its first supported tactic).
   bool tune = o.tune;
