@@ -11,7 +11,6 @@ heads, 2 key/value heads, SwiGLU 344, vocabulary 1000.
 
 See scripts/transformer_export.py for the exporters.
 """
-import argparse
 import os
 import sys
 
@@ -23,28 +22,16 @@ def build(tiny=False, seed=0, attn="sdpa"):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
     torch.manual_seed(seed)
-    kw = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-              intermediate_size=344, vocab_size=1000) if tiny else \
-        dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-             num_key_value_heads=4, intermediate_size=2048, vocab_size=32000)
-    cfg = LlamaConfig(max_position_embeddings=2048, attn_implementation=attn, **kw)
+    cfg = LlamaConfig(max_position_embeddings=2048, attn_implementation=attn,
+                      **tx.decoder_sizes(tiny, kv_heads=4, tiny_kv_heads=2))
     model = LlamaForCausalLM(cfg).eval()
     return tx.causal_lm(model, cfg)
 
-
 def main():
-    ap = argparse.ArgumentParser()
-    tx.add_arguments(ap, "models/llama.onnx")
-    ap.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"],
-                    help="transformers' attention: SDPA, or eager (MatMul, scale, mask Add, Softmax)")
-    a = ap.parse_args()
-    import torch
-    model, args, ins, outs, dyn = build(a.tiny, a.seed, a.attn)
-    cfg = model.config
-    with torch.no_grad():
-        how = tx.export(model, args, a.path, ins, outs, dyn, a.exporter, static=a.static)
-    tx.finish(a, f"Llama ({cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
-                 f"{cfg.num_attention_heads} heads, {cfg.num_key_value_heads} key/value heads)", how)
+    def attn(ap):
+        ap.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"],
+                        help="transformers' attention: SDPA, or eager (MatMul, scale, mask Add, Softmax)")
+    tx.decoder_main("Llama", "models/llama.onnx", lambda a: build(a.tiny, a.seed, a.attn), attn)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ Default: hidden 768, 12 layers, 12 heads, 2 key/value heads, SwiGLU 2048, vocabu
 
 See scripts/transformer_export.py for the exporters.
 """
-import argparse
 import os
 import sys
 
@@ -24,11 +23,8 @@ def build(tiny=False, seed=0):
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
     torch.manual_seed(seed)
-    kw = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1,
-              intermediate_size=344, vocab_size=1000) if tiny else \
-        dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-             num_key_value_heads=2, intermediate_size=2048, vocab_size=32000)
-    cfg = Qwen2Config(max_position_embeddings=2048, attn_implementation="sdpa", **kw)
+    cfg = Qwen2Config(max_position_embeddings=2048, attn_implementation="sdpa",
+                      **tx.decoder_sizes(tiny, kv_heads=2, tiny_kv_heads=1))
     model = Qwen2ForCausalLM(cfg).eval()
     with torch.no_grad():  # transformers initialises the biases to zero: make them count
         for layer in model.model.layers:
@@ -36,18 +32,8 @@ def build(tiny=False, seed=0):
                 p.bias.normal_(0.0, 0.02)
     return tx.causal_lm(model, cfg)
 
-
 def main():
-    ap = argparse.ArgumentParser()
-    tx.add_arguments(ap, "models/qwen2.onnx")
-    a = ap.parse_args()
-    import torch
-    model, args, ins, outs, dyn = build(a.tiny, a.seed)
-    cfg = model.config
-    with torch.no_grad():
-        how = tx.export(model, args, a.path, ins, outs, dyn, a.exporter, static=a.static)
-    tx.finish(a, f"Qwen2 ({cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
-                 f"{cfg.num_attention_heads} heads, {cfg.num_key_value_heads} key/value heads)", how)
+    tx.decoder_main("Qwen2", "models/qwen2.onnx", lambda a: build(a.tiny, a.seed))
 
 
 if __name__ == "__main__":

@@ -85,6 +85,34 @@ def causal_lm(model, cfg):
     return Wrapper(model), (ids, mask), ["input_ids", "attention_mask"], ["logits"], dyn
 
 
+def decoder_sizes(tiny, kv_heads, tiny_kv_heads):
+    """The sizes of the decoders export_llama/qwen2/phi3.py build: hidden 768, 12 layers, 12
+    heads, SwiGLU 2048, vocabulary 32000; tiny: hidden 128, 2 layers, 4 heads, SwiGLU 344,
+    vocabulary 1000; key/value heads as given."""
+    if tiny:
+        return dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=tiny_kv_heads, intermediate_size=344, vocab_size=1000)
+    return dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                num_key_value_heads=kv_heads, intermediate_size=2048, vocab_size=32000)
+
+
+def decoder_main(name, default_path, build, more_arguments=None):
+    """A decoder export script's main: the common flags (and `more_arguments(ap)`'s), then
+    `build(parsed arguments)`'s causal_lm() exported and reported as `name`."""
+    ap = argparse.ArgumentParser()
+    add_arguments(ap, default_path)
+    if more_arguments:
+        more_arguments(ap)
+    a = ap.parse_args()
+    import torch
+    model, args, ins, outs, dyn = build(a)
+    cfg = model.config
+    with torch.no_grad():
+        how = export(model, args, a.path, ins, outs, dyn, a.exporter, static=a.static)
+    finish(a, f"{name} ({cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
+              f"{cfg.num_attention_heads} heads, {cfg.num_key_value_heads} key/value heads)", how)
+
+
 def skeletonize(path):
     """Rewrites the model at `path` in place without its large float initializers: each keeps
     its name, type and shape, and its doc_string records the mean and standard deviation."""
