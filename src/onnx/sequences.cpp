@@ -83,7 +83,9 @@ Status lower_split_to_sequence(onnx::GraphProto& g, const std::string& base_dir)
   std::vector<onnx::NodeProto> squeezes;
   for (int i = 0; i < g.node_size(); ++i) {
     const onnx::NodeProto& s = g.node(i);
-    if (s.op_type() != "SplitToSequence" || !onnx_domain(s) || s.output_size() != 1) continue;
+    if (s.op_type() != "SplitToSequence" || !onnx_domain(s) || s.output_size() != 1 ||
+        s.input_size() < 1)
+      continue;  // malformed ones are the importer's to refuse
     const std::string& seq = s.output(0);
     int64_t axis = 0, keepdims = 1;
     for (const auto& a : s.attribute()) {
@@ -103,7 +105,7 @@ Status lower_split_to_sequence(onnx::GraphProto& g, const std::string& base_dir)
       const onnx::NodeProto& at = g.node(r);
       auto pos = at.input_size() == 2 ? consts.find(at.input(1)) : consts.end();
       if (at.op_type() != "SequenceAt" || !onnx_domain(at) || at.input(0) != seq ||
-          pos == consts.end() || pos->second.values.size() != 1) {
+          at.output_size() != 1 || pos == consts.end() || pos->second.values.size() != 1) {
         ok = false;
         break;
       }

@@ -274,5 +274,22 @@ TEST(ImporterFuzz, RankFromAnInputsDeclaredLengthIsBounded) {
   }
 }
 
+// Found by fuzz_build: SplitToSequence read by a SequenceAt that has no output. The lowering of
+// SplitToSequence into Slices read the reader's output 0 unchecked (protobuf aborts); such a
+// reader is now left alone, and the importer refuses the graph with a message.
+TEST(ImporterFuzz, SequenceAtWithoutAnOutputIsRefused) {
+  auto m = model_with_graph();
+  auto* g = m.mutable_graph();
+  add_input(g, "x", {3, 4});
+  add_int64_constant(g, "pos", {1});
+  add_op(g, "SplitToSequence", {"x"}, "seq");
+  auto* at = add_op(g, "SequenceAt", {"seq", "pos"}, "y");
+  at->clear_output();
+  g->add_output()->set_name("x");
+  const Status st = import_status(m);
+  EXPECT_FALSE(st.ok());
+  EXPECT_EQ(st.message().find('\n'), std::string::npos) << st.message();
+}
+
 }  // namespace
 }  // namespace kiln
