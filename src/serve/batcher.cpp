@@ -45,7 +45,13 @@ struct Batcher::Slot {
   // Per input: a buffer of at least max_batch rows whose first rows each inference uses, so a
   // joined batch costs one copy per request and no allocation (remade when the shapes past the
   // first dimension change: another sequence length, say).
-  std::vector<std::shared_ptr<Tensor>> buffers;
+  struct Buffer {
+    std::shared_ptr<void> mem;  // host_buffer(): page-locked where the engine runs on a GPU
+    DataType dtype = DataType::kUndefined;
+    std::vector<int64_t> cap;   // the shape it holds at most
+  };
+  std::vector<Buffer> buffers;
+  bool pinned = false;  // the engine runs on a GPU
 };
 
 Batcher::Batcher(ServedModel& model, BatcherOptions options)
@@ -69,6 +75,7 @@ Expected<std::unique_ptr<Batcher>> Batcher::create(ServedModel& model, BatcherOp
       auto slot = std::make_unique<Slot>();
       slot->device = de.device;
       slot->label = de.label;
+      slot->pinned = de.engine->backend() == "cuda";
       auto ctx = de.engine->create_context();
       if (!ctx.ok())
         return KILN_ERROR("model {}: execution context {} on {}: {}", model.name(), i, de.label,
@@ -296,15 +303,18 @@ void Batcher::run(Slot& slot, std::vector<JobPtr>& jobs) {
       feeds.emplace(specs[i].name, Tensor::view(first.dtype, shape, first.data, first.owner));
       continue;
     }
-    std::shared_ptr<Tensor>& buf = slot.buffers[i];
+    Slot::Buffer& buf = slot.buffers[i];
     std::vector<int64_t> cap = shape;
     if (batching && !cap.empty()) cap[0] = std::max(rows, max_batch_);
-    bool fits =
-        buf && buf->dtype() == first.dtype && buf->rank() == static_cast<int64_t>(cap.size());
-    for (size_t d = batching ? 1 : 0; fits && d < cap.size(); ++d) fits = buf->dim(d) == cap[d];
-    if (fits && batching && !cap.empty()) fits = buf->dim(0) >= rows;
-    if (!fits) buf = std::make_shared<Tensor>(first.dtype, cap);
-    auto* dst = static_cast<uint8_t*>(buf->raw());
+    bool fits = buf.mem && buf.dtype == first.dtype && buf.cap.size() == cap.size();
+    for (size_t d = batching ? 1 : 0; fits && d < cap.size(); ++d) fits = buf.cap[d] == cap[d];
+    if (fits && batching && !cap.empty()) fits = buf.cap[0] >= rows;
+    if (!fits) {
+      const size_t bytes = Tensor::view(first.dtype, cap, nullptr, nullptr).nbytes();
+      buf = {host_buffer(bytes, slot.pinned), first.dtype, cap};
+      std::memset(buf.mem.get(), 0, bytes);  // padding rows start as zeros
+    }
+    auto* dst = static_cast<uint8_t*>(buf.mem.get());
     for (const JobPtr& j : jobs) {
       const InputTensor& t = j->req.inputs[i];
       if (t.bytes) std::memcpy(dst, t.data, t.bytes);
@@ -312,7 +322,7 @@ void Batcher::run(Slot& slot, std::vector<JobPtr>& jobs) {
     }
     // Padding rows keep what the buffer held (zeros, or earlier samples): their outputs are
     // dropped.
-    feeds.emplace(specs[i].name, Tensor::view(first.dtype, shape, buf->raw(), buf));
+    feeds.emplace(specs[i].name, Tensor::view(first.dtype, shape, buf.mem.get(), buf.mem));
   }
   auto result = slot.ctx->execute(feeds);
   const auto end = Clock::now();

@@ -1,5 +1,9 @@
 #include "serve/device.h"
 
+#include <cstdlib>
+#include <algorithm>
+#include <new>
+
 #ifdef KILN_WITH_CUDA
 #include <cuda_runtime_api.h>
 #endif
@@ -56,6 +60,21 @@ std::string set_gpu_wait(bool spin) {
   (void)spin;
 #endif
   return "";
+}
+
+std::shared_ptr<void> host_buffer(size_t bytes, bool pinned) {
+  bytes = std::max<size_t>(bytes, 64);
+#ifdef KILN_WITH_CUDA
+  void* p = nullptr;
+  if (pinned && cudaHostAlloc(&p, bytes, cudaHostAllocPortable) == cudaSuccess)
+    return std::shared_ptr<void>(p, [](void* q) { cudaFreeHost(q); });
+  cudaGetLastError();  // no GPU, or no page-locked memory left: ordinary memory serves
+#else
+  (void)pinned;
+#endif
+  void* q = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  if (!q) throw std::bad_alloc();
+  return std::shared_ptr<void>(q, [](void* r) { std::free(r); });
 }
 
 }  // namespace kiln::serve

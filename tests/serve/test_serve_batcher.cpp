@@ -3,10 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstring>
 #include <condition_variable>
 #include <mutex>
 
 #include "serve/batcher.h"
+#include "serve/device.h"
 #include "serve/server.h"
 #include "serve_test_util.h"
 
@@ -354,6 +356,18 @@ TEST(ServeDevices, ParsesTheList) {
   EXPECT_NE(parse_devices("0,0", 2).status().message().find("twice"), std::string::npos);
   EXPECT_NE(parse_devices("2", 2).status().message().find("does not exist"), std::string::npos);
   EXPECT_NE(parse_devices("gpu0", 2).status().message().find("GPU indices"), std::string::npos);
+}
+
+// The batcher's gather buffers: page-locked for a GPU engine where CUDA gives them, else ordinary
+// memory; either way 64-byte aligned, writable, and as large as asked.
+TEST(ServeDevices, HostBuffersAreAlignedEitherWay) {
+  for (bool pinned : {false, true}) {
+    std::shared_ptr<void> b = host_buffer(1000, pinned);
+    ASSERT_TRUE(b);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(b.get()) % 64, 0u);
+    std::memset(b.get(), 0xA5, 1000);
+    EXPECT_EQ(static_cast<unsigned char*>(b.get())[999], 0xA5);
+  }
 }
 
 }  // namespace
