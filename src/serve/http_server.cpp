@@ -93,8 +93,13 @@ class Session : public std::enable_shared_from_this<Session> {
     req.gone = [gone] { return gone->load(std::memory_order_relaxed); };
     answered_ = false;
     watch(gone);
-    // Answered now or from a batcher's worker: either way on this connection's strand.
-    s_.api.handle(std::move(req), [self = shared_from_this()](HttpReply reply) {
+    // Answered now or from a batcher's worker: either way on this connection's strand. The
+    // session moves into the posted answer: a batcher thread that drops its job afterwards
+    // must not hold the last reference to it (its stream's timer belongs to the io_context,
+    // which a stopping server destroys).
+    s_.api.handle(std::move(req), [session = shared_from_this()](HttpReply reply) mutable {
+      auto self = std::move(session);
+      if (!self) return;  // answered already
       net::post(self->stream_.get_executor(), [self, reply = std::move(reply)]() mutable {
         self->answered_ = true;
         beast::error_code ignored;
