@@ -490,21 +490,14 @@ Status DynamicGraph::run_layer(DynamicRuntime& rt, size_t k, std::vector<DynValu
   }
   const bool aliased = alias >= 0 && outs[0].data == ins[alias].data && outs[0].data;
   Layer& layer = *layers_[k];
-  if (!aliased && rt.dry) {  // configured and sized only (dynamic_prefix.cpp)
-    if (dds) return KILN_ERROR("a data-dependent layer cannot run dry");
-    if (configured_[k] != key) {
-      auto need = layer.configure(*rt.rc, ins, outs);
-      if (!need.ok()) return need.status();
-      KILN_RETURN_IF_ERROR(fit_workspace(rt, *need));
-      configured_[k] = key;
-    }
-  } else if (!aliased) {
-    if (configured_[k] != key) {
-      auto need = layer.configure(*rt.rc, ins, outs);
-      if (!need.ok()) return need.status();
-      KILN_RETURN_IF_ERROR(fit_workspace(rt, *need));
-      configured_[k] = key;
-    }
+  if (!aliased && rt.dry && dds) return KILN_ERROR("a data-dependent layer cannot run dry");
+  if (!aliased && configured_[k] != key) {
+    auto need = layer.configure(*rt.rc, ins, outs);
+    if (!need.ok()) return need.status();
+    KILN_RETURN_IF_ERROR(fit_workspace(rt, *need));
+    configured_[k] = key;
+  }
+  if (!aliased && !rt.dry) {  // a dry pass (dynamic_prefix.cpp) configures and sizes only
     rt.rc->workspace = rt.workspace->get();
     rt.rc->workspace_bytes = rt.workspace->bytes();
     rt.rc->pdl = false;

@@ -95,12 +95,11 @@ class DynamicGraph {
   // Runs the graph on `inputs` (one per graph input, each in the format the plan's first
   // consumers expect) and returns its outputs.
   Expected<std::vector<DynValue>> run(DynamicRuntime& rt, std::vector<DynValue> inputs);
-  // The prefix (dynamic_prefix.cpp): how many of the main graph's layers run before any size
-  // the data decides and may replay as one CUDA graph per input shape, and the device memory its
-  // captures hold.
-  size_t prefix_layers() const { return prefix_nodes_.size(); }
+  // The prefix (dynamic_prefix.cpp: the main graph's layers before any size the data decides,
+  // replayed as a CUDA graph per input shape): the device memory its shapes hold, and the
+  // captures held.
   size_t prefix_held_bytes() const;
-  size_t prefix_graphs() const;  // captures held, one per input shape at most
+  size_t prefix_graphs() const;
 
  private:
   DynamicGraph(const Graph& g, const Plan& plan, bool engine_weights);  // dynamic_prefix.cpp

@@ -198,9 +198,10 @@ class CudaContext final : public ExecutionContext {
     return Status::Ok();
   }
   size_t cuda_graph_count() const override {
+    if (dynamic_) return dyn_graph_->prefix_graphs();  // the prefix's, one per input shape
     size_t n = 0;
     for (const auto& [k, inst] : instances_) n += inst->graphs.size();
-    return dynamic_ ? dyn_graph_->prefix_graphs() : n;
+    return n;
   }
   MemoryInfo memory_info() const override {
     MemoryInfo m;
