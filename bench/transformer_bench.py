@@ -17,7 +17,8 @@ Each is the model its scripts/export_<model>.py build()s (random weights, seed 0
 models take input_ids and attention_mask [batch, --seq], the ViTs pixel_values [batch, 3, 224, 224].
 
   bench/transformer_bench.py --kiln .deps/kiln --out OUT [--models bert,gpt2,vit,llama,qwen2,phi3,tv_vit,timm_vit]
-                        [--parts export,speed,dynamic,floor,accuracy] [--batches 1,32] [--seq 128]
+                        [--parts export,speed,dynamic,floor,accuracy,precisions] [--batches 1,32]
+                        [--seq 128] [--precisions fp32,fp16,int8,best] [--calib-batches N]
                         [--iters 300] [--exporters torchscript,dynamo] [--rounds N] [--duration S]
                         [--fp16-io] [--timm-model NAME] [--tiny] [--cpu] [--onnx-dir DIR]
 
@@ -44,6 +45,12 @@ Parts:
             ONNX Runtime's CPU float32 reference on the same input (batch 2, the second
             sequence padded), relative L2. With --cpu: kiln's CPU engine (float32) and PyTorch's
             float32 model on the CPU instead, no GPU needed (a check of the bench itself)
+  precisions  per batch (token models): kiln's engines at each of --precisions (fp32, fp16, int8,
+            best; INT8 calibrated on --calib-batches batches of random sequences), timed, each
+            against a strict FP32 engine on held-out sequences (relative L2 of every output, and
+            top-1 token agreement of a language model's logits), with the speedup over kiln's
+            FP32 engine; PyTorch FP32 and FP16 eager and FP16 torch.compile beside them. --cpu:
+            the cpu backend's fp32 and int8 engines, no GPU needed
 --tiny: the export scripts' --tiny models (2 layers, hidden 128; files <model>_<exporter>_tiny.onnx),
 so that export and accuracy --cpu run in a minute on a CPU:
   bench/transformer_bench.py --kiln build/kiln --out /tmp/tx --models llama,tv_vit,timm_vit \
@@ -79,7 +86,9 @@ EXPORTERS = {"tv_vit": (("dynamo",), "torchvision's ViT: its TorchScript export 
 FLOOR_GEOMETRY = {"bert": "bert", "gpt2": "gpt2", "vit": "vit", "tv_vit": "vit"}
 
 
-PARTS = ("export", "speed", "dynamic", "floor", "accuracy")
+PARTS = ("export", "speed", "dynamic", "floor", "accuracy", "precisions")
+# precisions: each engine's build flags (int8 and best calibrated on random token sequences).
+PRECISION_FLAGS = {"fp32": [], "fp16": ["--fp16"], "int8": ["--int8"], "best": ["--best"]}
 
 
 def log(msg):
@@ -139,9 +148,10 @@ def torch_model(a, model, cpu=False):
     return (m.float().eval() if cpu else m.half().cuda().eval()), vocab
 
 
-def kiln_bench(kiln, engine, shape, iters, out_json, env=None, duration=None):
-    run([kiln, "bench", "--engine", engine, "--shapes", shape, "--use-cuda-graph",
-         "--no-data-transfers", "--iterations", str(iters), "--warmup", "50", "--export-json", out_json]
+def kiln_bench(kiln, engine, shape, iters, out_json, env=None, duration=None, cpu=False):
+    run([kiln, "bench", "--engine", engine, "--shapes", shape]
+        + ([] if cpu else ["--use-cuda-graph", "--no-data-transfers"])
+        + ["--iterations", str(iters), "--warmup", "50", "--export-json", out_json]
         + (["--duration", str(duration)] if duration is not None else []), env=env)
     with open(out_json) as f:
         rec = json.load(f)
@@ -187,10 +197,12 @@ def torch_times(m, feeds, iters, duration=0.0, keep_compiled=False):
     return out
 
 
-def build(kiln, onnx, engine, shape_args, log_path=None, cpu=False):
-    """Builds an FP16 engine (cpu: a float32 one for the CPU backend) of the model at `onnx`
-    (with --verbose into `log_path`: the tactics and their times)."""
-    cmd = [kiln, "build", "--onnx", onnx, "--save-engine", engine] + (["--backend", "cpu"] if cpu else ["--fp16"])
+def build(kiln, onnx, engine, shape_args, log_path=None, cpu=False, precision=False):
+    """Builds an FP16 engine (cpu: a float32 one for the CPU backend; precision: as shape_args'
+    flags say) of the model at `onnx` (with --verbose into `log_path`: the tactics and their
+    times)."""
+    cmd = [kiln, "build", "--onnx", onnx, "--save-engine", engine] + \
+        (["--backend", "cpu"] if cpu else [] if precision else ["--fp16"])
     out, secs = run(cmd + shape_args + (["--verbose"] if log_path else []), log_path=log_path)
     return secs
 
@@ -404,6 +416,113 @@ def part_accuracy(a, model, res):
         torch.cuda.empty_cache()
 
 
+def vocab_of(onnx):
+    """The rows of the embedding table input_ids index (the first dim of a Gather's data whose
+    indices are input_ids), from the ONNX file without its weights' data."""
+    import onnx as ox
+    m = ox.load(onnx, load_external_data=False)
+    dims = {t.name: list(t.dims) for t in m.graph.initializer}
+    tables = [dims[n.input[0]] for n in m.graph.node
+              if n.op_type == "Gather" and len(n.input) == 2 and n.input[0] in dims and len(dims[n.input[0]]) == 2]
+    for n in m.graph.node:
+        if n.op_type == "Gather" and len(n.input) == 2 and n.input[1] == "input_ids" and n.input[0] in dims:
+            return dims[n.input[0]][0]
+    if tables:  # the ids reach it through a Reshape (GPT-2): the largest table (positions have fewer rows)
+        return max(t[0] for t in tables)
+    raise RuntimeError(f"{onnx}: no Gather from an embedding table")
+
+
+def kiln_outputs(a, engine, feeds, tag):
+    """`kiln run`'s outputs of `engine` on `feeds`, by name."""
+    out = os.path.join(a.work, f"out_{tag}")
+    cmd = [a.kiln, "run", "--engine", engine, "--save-outputs", out]
+    for name, v in feeds.items():
+        path = os.path.join(a.work, f"in_{tag}_{name}.npy")
+        np.save(path, v)
+        cmd += ["--input", f"{name}={path}"]
+    run(cmd)
+    return {f[:-4]: np.load(os.path.join(out, f)) for f in sorted(os.listdir(out)) if f.endswith(".npy")}
+
+
+def part_precisions(a, model, res):
+    """Per batch: kiln's engines at each of --precisions, timed, each checked against a strict
+    FP32 engine (--no-tf32) on held-out random sequences (relative L2 of every output; for a
+    language model's logits also how often the top-1 token agrees); INT8 calibrated on
+    --calib-batches batches of random token sequences (.npy per input, `kiln build --calib`,
+    the cache kept in --work); PyTorch FP32 and FP16 eager and FP16 torch.compile beside them."""
+    if model in VISION:
+        log(f"{MODELS[model]}: precisions skipped: token models only (calibration on sequences)")
+        return
+    exporter = first_exporter(a, model, "precisions")
+    if exporter is None:
+        return
+    path = onnx_path(a, model, exporter)
+    vocab = vocab_of(path)
+    flags = dict(PRECISION_FLAGS)
+    for p in a.precisions:
+        if a.cpu and p in ("fp16", "best"):
+            log(f"{MODELS[model]}: {p} skipped: the cpu backend has no FP16 kernels")
+    precisions = [p for p in a.precisions if not (a.cpu and p in ("fp16", "best"))]
+    backend = ["--backend", "cpu"] if a.cpu else []
+    for batch in a.batches:
+        shape = shapes(model, batch, a.seq)
+        calib = os.path.join(a.work, f"calib_{model}_b{batch}")
+        rng = np.random.default_rng(2)
+        for i in range(a.calib_batches):
+            for name, v in inputs(model, batch, a.seq, vocab, rng).items():
+                os.makedirs(os.path.join(calib, name), exist_ok=True)
+                np.save(os.path.join(calib, name, f"{i:03d}.npy"), v)
+        calib_flags = ["--calib"] + [f"{n}={os.path.join(calib, n)}" for n in ("input_ids", "attention_mask")] + \
+            ["--calib-cache", os.path.join(a.work, f"calib_{model}_b{batch}.cache")]
+        held_out = inputs(model, batch, a.seq, vocab, np.random.default_rng(3))
+        ref_engine = os.path.join(a.work, f"{model}_b{batch}_strict.kiln")
+        run([a.kiln, "build", "--onnx", path, "--save-engine", ref_engine, "--shapes", shape, "--no-tf32"]
+            + backend)
+        ref = kiln_outputs(a, ref_engine, held_out, f"{model}_b{batch}_strict")
+        rows = []
+        for p in precisions:
+            engine = os.path.join(a.work, f"{model}_b{batch}_{p}.kiln")
+            secs = build(a.kiln, path, engine, ["--shapes", shape] + flags[p]
+                         + (calib_flags if p in ("int8", "best") else []), os.path.join(a.out, "builds.log"),
+                         cpu=a.cpu, precision=True)
+            ms = kiln_bench(a.kiln, engine, shape, a.iters, os.path.join(a.work, f"bench_{model}_{p}.json"),
+                            duration=a.duration, cpu=a.cpu)
+            got = kiln_outputs(a, engine, held_out, f"{model}_b{batch}_{p}")
+            row = {"model": model, "exporter": exporter, "batch": batch, "seq": a.seq, "precision": p,
+                   "kiln_ms": ms, "build_s": secs,
+                   "rel_l2": {n: rel_l2(got[n], ref[n]) for n in ref}}
+            if "logits" in ref:
+                row["top1_agreement"] = float(np.mean(got["logits"].argmax(-1) == ref["logits"].argmax(-1)))
+            rows.append(row)
+        base = next((r["kiln_ms"] for r in rows if r["precision"] == "fp32"), None)
+        for r in rows:
+            r["vs_kiln_fp32"] = base / r["kiln_ms"] if base else None
+            res["precisions"].append(r)
+            log(f"{MODELS[model]} b{batch} {r['precision']}: kiln {r['kiln_ms']:.3f} ms"
+                + (f" ({r['vs_kiln_fp32']:.2f}x kiln FP32)" if base else "")
+                + f", built in {r['build_s']:.1f} s; against strict FP32: "
+                + ", ".join(f"{n} rel L2 {e:.2e}" for n, e in r["rel_l2"].items())
+                + (f", top-1 agreement {r['top1_agreement']:.4f}" if "top1_agreement" in r else ""))
+        if not a.no_torch and not a.cpu:
+            res["precisions_torch"].append(dict(model=model, batch=batch, **torch_fp32_fp16(a, model, batch, vocab)))
+
+
+def torch_fp32_fp16(a, model, batch, vocab):
+    """PyTorch on the same random sequences: FP32 eager, FP16 eager and FP16 torch.compile (ms)."""
+    import torch
+    m16, _ = torch_model(a, model)
+    feeds = inputs(model, batch, a.seq, vocab, np.random.default_rng(3))
+    t = torch_times(m16, feeds, a.iters, a.duration or 0.0)
+    m32 = m16.float()
+    args = tuple(torch.from_numpy(v).cuda() for v in feeds.values())
+    fp32 = time_torch(m32, args, a.iters, a.duration or 0.0)
+    del m16, m32
+    torch.cuda.empty_cache()
+    log(f"{MODELS[model]} b{batch} PyTorch: FP32 eager {fp32:.3f} ms, FP16 eager {t['eager']:.3f} ms, "
+        f"FP16 torch.compile {t['compile']:.3f} ms")
+    return {"eager32_ms": fp32, "eager16_ms": t["eager"], "compile16_ms": t["compile"]}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--kiln", required=True)
@@ -436,13 +555,19 @@ def main():
     ap.add_argument("--cpu", action="store_true",
                     help="accuracy: kiln's CPU engine and PyTorch in float32 on the CPU (no GPU needed)")
     ap.add_argument("--onnx-dir", default=os.path.join(ROOT, "models"), help="where the exports go")
+    ap.add_argument("--precisions", default="fp32,fp16,int8,best",
+                    help="precisions: the engines to build (" + ",".join(PRECISION_FLAGS) + ")")
+    ap.add_argument("--calib-batches", type=int, default=8,
+                    help="precisions: batches of random token sequences INT8 is calibrated on")
     a = ap.parse_args()
     a.batches = [int(b) for b in a.batches.split(",")]
     a.floor_batches = [int(b) for b in a.floor_batches.split(",")]
     a.exporters = a.exporters.split(",")
+    a.precisions = a.precisions.split(",")
     parts = a.parts.split(",")
     models = a.models.split(",")
     for what, got, known in (("model", models, MODELS), ("part", parts, PARTS),
+                             ("precision", a.precisions, PRECISION_FLAGS),
                              ("exporter", a.exporters, ("torchscript", "dynamo"))):
         bad = [x for x in got if x not in known]
         if bad:
@@ -452,7 +577,8 @@ def main():
         for k in MODELS:
             MODELS[k] += " (tiny)"
     import torch
-    gpu_parts = [p for p in parts if p in ("speed", "dynamic", "floor") or (p == "accuracy" and not a.cpu)]
+    gpu_parts = [p for p in parts if p in ("speed", "dynamic", "floor")
+                 or (p in ("accuracy", "precisions") and not a.cpu)]
     if gpu_parts and not torch.cuda.is_available():
         ap.error(f"{','.join(gpu_parts)} need a GPU, and PyTorch sees none (accuracy runs on the CPU with --cpu)")
     os.makedirs(a.out, exist_ok=True)
@@ -460,6 +586,7 @@ def main():
     res = {"gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
            "torch": torch.__version__,
            "cudnn_torch": torch.backends.cudnn.version(), "speed": [], "dynamic": [], "accuracy": [], "floor": [],
+           "precisions": [], "precisions_torch": [],
            "skipped": [], "command": " ".join(sys.argv)}
     for model in models:
         try:
@@ -485,21 +612,33 @@ def main():
                 part_floor(a, model, res)
             if "accuracy" in parts:
                 part_accuracy(a, model, res)
+            if "precisions" in parts:
+                part_precisions(a, model, res)
         except Exception as e:  # noqa: BLE001 - one model's failure must not hide the others
             log(f"{MODELS[model]}: FAILED: {e}")
             res.setdefault("failures", []).append(f"{model}: {e}")
         with open(os.path.join(a.out, "transformers.json"), "w") as f:
             json.dump(res, f, indent=1)
     io16 = any(r.get("kiln_fp16io_ms") for r in res["speed"])
-    log("\n| model | batch | kiln |" + (" kiln, FP16 I/O |" if io16 else "") +
-        " build | eager | torch.compile | kiln / compile |")
-    log("|---|---|---|" + ("---|" if io16 else "") + "---|---|---|---|")
+    if res["speed"]:
+        log("\n| model | batch | kiln |" + (" kiln, FP16 I/O |" if io16 else "") +
+            " build | eager | torch.compile | kiln / compile |")
+        log("|---|---|---|" + ("---|" if io16 else "") + "---|---|---|---|")
     for r in res["speed"]:
         torch_cols = ("- | - | - |" if r["compile_ms"] is None else
                       f"{r['eager_ms']:.3f} ms | {r['compile_ms']:.3f} ms | {r['compile_ms'] / r['kiln_ms']:.2f}x |")
         io_col = (f" {r['kiln_fp16io_ms']:.3f} ms |" if r.get("kiln_fp16io_ms") else " - |") if io16 else ""
         log(f"| {MODELS[r['model']]} | {r['batch']} | {r['kiln_ms']:.3f} ms |{io_col} {r['build_s']:.1f} s | "
             + torch_cols)
+    if res["precisions"]:
+        log("\n| model | batch | precision | kiln | x kiln FP32 | rel L2 vs strict FP32 | top-1 agreement | build |")
+        log("|---|---|---|---|---|---|---|---|")
+        for r in res["precisions"]:
+            worst = max(r["rel_l2"].values())
+            top1 = f"{r['top1_agreement']:.4f}" if "top1_agreement" in r else "-"
+            speed = f"{r['vs_kiln_fp32']:.2f}x" if r["vs_kiln_fp32"] else "-"
+            log(f"| {MODELS[r['model']]} | {r['batch']} | {r['precision']} | {r['kiln_ms']:.3f} ms | {speed} | "
+                f"{worst:.2e} | {top1} | {r['build_s']:.1f} s |")
     return 1 if res.get("failures") else 0
 
 

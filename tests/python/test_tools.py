@@ -131,3 +131,36 @@ def test_transformer_bench_new_models_on_cpu(tmp_path):
     for r in rows:
         assert r["precision"] == "fp32" and r["output"] == "logits"
         assert r["kiln_fp32"] < 1e-4 and r["torch_fp32"] < 1e-4, r
+
+
+def test_transformer_bench_precisions_on_cpu(tmp_path):
+    """bench/transformer_bench.py's precisions part with --tiny --cpu: GPT-2's FP32 and INT8 CPU
+    engines (INT8 calibrated on random token sequences, the cache written), each against a strict
+    FP32 engine on held-out sequences; FP16 is skipped with a note (no FP16 on the cpu backend)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    for mod in ("torch", "transformers", "onnxruntime"):
+        pytest.importorskip(mod, reason=f"{mod} is not installed (KILN_WITH_TORCH=1 scripts/setup.sh)")
+    root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+    pkg = os.environ.get("KILN_PYTHON_DIR", os.path.join(root, "build", "python"))
+    cli = os.path.join(os.path.dirname(os.path.abspath(pkg)), "kiln")
+    if not os.access(cli, os.X_OK):
+        pytest.skip(f"no kiln command line at {cli}")
+    p = subprocess.run(
+        [sys.executable, os.path.join(root, "bench", "transformer_bench.py"), "--kiln", cli,
+         "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"),
+         "--onnx-dir", str(tmp_path / "models"), "--models", "gpt2", "--exporters", "torchscript",
+         "--parts", "export,precisions", "--precisions", "fp32,fp16,int8", "--tiny", "--cpu",
+         "--seq", "12", "--batches", "2", "--iters", "2", "--calib-batches", "3"],
+        capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "fp16 skipped: the cpu backend has no FP16 kernels" in p.stdout
+    with open(tmp_path / "out" / "transformers.json") as f:
+        rows = {r["precision"]: r for r in json.load(f)["precisions"]}
+    assert sorted(rows) == ["fp32", "int8"]
+    assert rows["fp32"]["rel_l2"] == {"logits": 0.0} and rows["fp32"]["top1_agreement"] == 1.0
+    assert 0 < rows["int8"]["rel_l2"]["logits"] < 0.2 and rows["int8"]["top1_agreement"] > 0.5
+    assert rows["fp32"]["vs_kiln_fp32"] == 1.0 and rows["int8"]["kiln_ms"] > 0
+    assert os.path.exists(tmp_path / "work" / "calib_gpt2_b2.cache")
