@@ -112,7 +112,10 @@ struct FoldConstant {
   }
 
   static std::optional<Match> match(PassContext& ctx, Node& n) {
-    if (!n.domain.empty() || is_random_op(n)) return std::nullopt;
+    // kiln's own ops fold too (by their CPU kernels): a fusion may have taken a chain whose
+    // inputs became constants only later (timm's "same" padding, computed from the input's size,
+    // then fused into a kiln.ElementwiseChain), and every shape after it would stay unknown.
+    if ((!n.domain.empty() && n.domain != "kiln") || is_random_op(n)) return std::nullopt;
     if ((n.op_type == "Shape" || n.op_type == "Size") && n.input(0) && !n.input(0)->is_constant()) {
       if (!fold_shape_query(n)) return std::nullopt;
       auto v = evaluate(ctx, n);

@@ -33,7 +33,7 @@ Expected<bool> fuse_matmul_add(PassContext& ctx);
 Expected<bool> fold_channel_scale(PassContext& ctx);
 Expected<bool> fuse_rotary(PassContext& ctx);
 Expected<bool> slices_to_split(PassContext& ctx);
-Expected<bool> channel_first_attention(PassContext& ctx);
+Expected<bool> image_attention(PassContext& ctx);
 Expected<bool> fold_attention_heads(PassContext& ctx);
 Expected<bool> sink_transposes(PassContext& ctx);
 Expected<bool> pack_gemm(PassContext& ctx);

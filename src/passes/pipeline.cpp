@@ -64,7 +64,7 @@ struct PassEntry {
 // - slices_to_split after fuse_rotary (which reads rotate_half's two Slices of a head) and before
 //   fold_attention_heads: Slices that cut a packed projection into parts (Phi-3's qkv_proj) become
 //   the Split that pack_gemm writes, so RotaryOverSplit and pack_qkv pack them in later rounds.
-// - channel_first_attention after slices_to_split (it reads the Split of the projection's
+// - image_attention after slices_to_split (it reads the Split of the projection's
 //   parts) and before fold_attention_heads, which folds the sequence-major form it writes.
 // - fold_attention_heads after fuse_attention: it folds the head split and merge around a
 //   kiln.Attention.
@@ -138,7 +138,7 @@ constexpr PassEntry kPipeline[] = {
     {"fold_gemm_reshape", 2, passes::fold_gemm_reshape},
     {"fuse_rotary", 2, passes::fuse_rotary},
     {"slices_to_split", 2, passes::slices_to_split},
-    {"channel_first_attention", 2, passes::channel_first_attention},
+    {"image_attention", 2, passes::image_attention},
     {"fold_attention_heads", 2, passes::fold_attention_heads},
     {"fold_patch_conv", 2, passes::fold_patch_conv},
     {"sink_spatial_flatten", 2, passes::sink_spatial_flatten},

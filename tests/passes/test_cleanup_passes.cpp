@@ -15,6 +15,33 @@ TEST(FoldConstants, FoldsSubgraphOfConstants) {
   EXPECT_EQ(opt->nodes()[0]->op_type, "Add");
 }
 
+// A kiln op whose inputs all became constants folds too (by its CPU kernel): a fusion may take a
+// chain before folding reaches it (timm's "same" padding fused into a kiln.ElementwiseChain,
+// whose inputs, computed from the input's size, were folded only in a later round).
+TEST(FoldConstants, KilnOpOfConstantsFolds) {
+  G b;
+  Value* p = b.in("p", {4});
+  Value* y = b.op("Neg", {b.op("Ceil", {b.op("Div", {p, b.cf(2.f)})})});
+  b.out(b.op("Concat", {b.in("x", {4}), y}, attrs({{"axis", Attribute::Int(0)}})));
+  OptimizeOptions o = only({"fuse_elementwise"});
+  ASSERT_TRUE(infer_shapes(b.g).ok());
+  auto fused = run_pass(b.g, "fuse_elementwise", o);
+  ASSERT_TRUE(fused.ok() && *fused) << "fuse_elementwise did not make a chain";
+  ASSERT_NE(find_kiln(b.g, "ElementwiseChain"), nullptr);
+  // p's value becomes known (as a folded Shape computation would make it).
+  Value* pc = b.g.add_constant("p_known", Tensor::from<float>({4}, {1.f, 2.f, 3.f, 5.f}));
+  b.g.replace_all_uses(p, pc);
+  bool folded = false;
+  const auto notes = pass_notes(b.g, "fold_constants", passes::fold_constants, &folded);
+  ASSERT_TRUE(folded) << "fold_constants did not fold the chain: " << dump_notes(notes);
+  EXPECT_EQ(find_kiln(b.g, "ElementwiseChain"), nullptr);
+  const Node* cat = find_op(b.g, "Concat");
+  ASSERT_NE(cat, nullptr);
+  const Value* k = cat->input(1);
+  ASSERT_TRUE(k->is_constant());
+  EXPECT_EQ(passes::tensor_values(*k->constant), (std::vector<double>{-1, -1, -2, -3}));
+}
+
 // Shape -> Gather -> Unsqueeze -> Concat -> Reshape, as exporters write x.view(x.size(0), -1).
 Value* flatten_chain(G& b, Value* x) {
   Value* s = b.op("Shape", {x});

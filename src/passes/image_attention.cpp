@@ -1,5 +1,5 @@
-// Attention computed channel-first over an image (timm's Attention2d, CoAtNet's and MaxViT's
-// "rw" blocks) becomes the sequence-major form fold_attention_heads folds:
+// Attention over an image's pixels computed channel-first (timm's Attention2d, CoAtNet's and
+// MaxViT's "rw" blocks) becomes the sequence-major form fold_attention_heads folds:
 //   x4 = Conv(x, W, b) [B, G*P*D, H, W]; (q, k, v) = Split(Reshape(x4, [B, G, P*D, H*W]), axis 2)
 //     (each [B, G, D, S]: per head g its P parts side by side, q at g*P*D + 0, k at + D, ...)
 //     =>  W, b with their output channels reordered to part, head, d (q's heads, then k's, ...);
@@ -36,7 +36,7 @@ Value* add(PassContext& ctx, Node* pos, const char* op, std::vector<Value*> ins,
   return n->output(0);
 }
 
-// True when `v` reaches a kiln.Attention through at most two layout ops.
+// True when `v` reaches a kiln.Attention through at most two Transposes or Reshapes.
 bool reaches_attention(const Value* v, int depth = 0) {
   for (const auto& [user, slot] : v->uses()) {
     if (is_kiln_op(user, "Attention")) return true;
@@ -210,7 +210,7 @@ struct HeadsToAnImage {
 
 }  // namespace
 
-Expected<bool> channel_first_attention(PassContext& ctx) {
+Expected<bool> image_attention(PassContext& ctx) {
   KILN_ASSIGN_OR_RETURN(bool a, apply_pattern<HeadsOfAnImage>(ctx));
   KILN_ASSIGN_OR_RETURN(bool b, apply_pattern<HeadsToAnImage>(ctx));
   return a || b;

@@ -1,4 +1,4 @@
-// channel_first_attention: timm's Attention2d (CoAtNet's and MaxViT's "rw" blocks) reads Q, K and
+// image_attention: timm's Attention2d (CoAtNet's and MaxViT's "rw" blocks) reads Q, K and
 // V channel-first from a 1x1 convolution whose heads interleave their parts, and merges the heads
 // back into an image. After the pass, fold_attention_heads folds it into one packed
 // kiln.MultiHeadAttention (checked against the unfused graph on the CPU); parts that reach no
@@ -39,10 +39,10 @@ void attention2d(G& b, bool attend, bool qkv_read_elsewhere) {
 }
 
 const std::vector<std::string> kPasses = {"fuse_attention", "slices_to_split",
-                                          "channel_first_attention", "fold_attention_heads",
+                                          "image_attention", "fold_attention_heads",
                                           "eliminate_dead_code"};
 
-TEST(ChannelFirstAttention, Attention2dFoldsIntoOnePackedLayer) {
+TEST(ImageAttention, Attention2dFoldsIntoOnePackedLayer) {
   G b;
   attention2d(b, true, false);
   auto opt = optimize_checked(b.g, kPasses);
@@ -55,7 +55,7 @@ TEST(ChannelFirstAttention, Attention2dFoldsIntoOnePackedLayer) {
     }
 }
 
-TEST(ChannelFirstAttention, PartsThatReachNoAttentionStay) {
+TEST(ImageAttention, PartsThatReachNoAttentionStay) {
   G b;
   attention2d(b, false, false);
   auto opt = optimize_checked(b.g, kPasses);
@@ -63,7 +63,7 @@ TEST(ChannelFirstAttention, PartsThatReachNoAttentionStay) {
   EXPECT_EQ(count(*opt, "Transpose"), 0);
 }
 
-TEST(ChannelFirstAttention, ProjectionReadElsewhereStays) {
+TEST(ImageAttention, ProjectionReadElsewhereStays) {
   G b;
   attention2d(b, true, true);
   auto opt = optimize_checked(b.g, kPasses);
