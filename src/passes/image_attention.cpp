@@ -1,5 +1,6 @@
-// Attention over an image's pixels computed channel-first (timm's Attention2d, CoAtNet's and
-// MaxViT's "rw" blocks) becomes the sequence-major form fold_attention_heads folds:
+// Attention over an image's pixels (or windows of them) becomes the sequence-major form
+// fold_attention_heads folds, in both layouts timm writes it. Channel-first (timm's Attention2d,
+// CoAtNet's and MaxViT's "rw" blocks):
 //   x4 = Conv(x, W, b) [B, G*P*D, H, W]; (q, k, v) = Split(Reshape(x4, [B, G, P*D, H*W]), axis 2)
 //     (each [B, G, D, S]: per head g its P parts side by side, q at g*P*D + 0, k at + D, ...)
 //     =>  W, b with their output channels reordered to part, head, d (q's heads, then k's, ...);
@@ -12,6 +13,11 @@
 // fold_attention_heads reads in place (the three parts now one packed projection); in NHWC
 // storage the transposes between the image and [B, S, N] are relabels. The first rewrite needs
 // the projection's weights as constants read only here, and parts that reach a kiln.Attention.
+// Channels-last (MaxViT's window and grid attention over [B*windows, h, w, C]):
+//   Reshape(MatMul(x4 [B, H, W, K], W) (+ b; or their kiln.FusedGemm), [B, H*W, ...])
+//     =>  Reshape(MatMul(Reshape(x4, [B, H*W, K]), W) (+ b), [B, H*W, ...])
+// the product over the pixels as rows of a [B, S, K] tensor (a relabel of x4), so the head split
+// reads the [B, S, N] projection fold_attention_heads expects; only where it reaches an attention.
 #include <cstring>
 
 #include "ops/shape_values.h"
@@ -36,13 +42,15 @@ Value* add(PassContext& ctx, Node* pos, const char* op, std::vector<Value*> ins,
   return n->output(0);
 }
 
-// True when `v` reaches a kiln.Attention through at most two Transposes or Reshapes.
-bool reaches_attention(const Value* v, int depth = 0) {
+// True when `v` reaches a kiln.Attention through at most `hops` layout ops (a head split's).
+bool reaches_attention(const Value* v, int hops) {
   for (const auto& [user, slot] : v->uses()) {
     if (is_kiln_op(user, "Attention")) return true;
-    if (depth < 2 && (is_op(user, "Transpose") || is_op(user, "Reshape")) &&
-        reaches_attention(user->output(0), depth + 1))
-      return true;
+    if (hops == 0) continue;
+    for (const char* op : {"Transpose", "Reshape", "Split", "Squeeze", "Gather", "Slice"})
+      if (is_op(user, op))
+        for (const Value* o : user->outputs())
+          if (o && reaches_attention(o, hops - 1)) return true;
   }
   return false;
 }
@@ -83,7 +91,7 @@ struct HeadsOfAnImage {
       if (!o || !o->type.has_rank() || o->type.rank() != 4 || !(*o->type.dims)[2].is_static() ||
           (*o->type.dims)[2].value != d || g.is_graph_output(o))
         return why("the parts are not equal");
-      if (!reaches_attention(o)) return why("a part does not reach an attention");
+      if (!reaches_attention(o, 2)) return why("a part does not reach an attention");
     }
     if (!single_use(g, c->output(0)) || !single_use(g, r->output(0)))
       return why("the projection or its Reshape has other readers");
@@ -208,12 +216,66 @@ struct HeadsToAnImage {
   }
 };
 
+struct ProjectionOverImageRows {
+  struct Match {
+    Node* product;
+    Node* bias;  // Add(product, b), or nullptr
+  };
+
+  static std::optional<Match> match(PassContext& ctx, Node& r) {
+    if (!is_op(&r, "Reshape") || !r.input(0) || !r.input(0)->producer) return std::nullopt;
+    Node* p = r.input(0)->producer;
+    Node* bias = nullptr;
+    if (is_op(p, "Add") && p->input(1) && p->input(1)->is_constant() &&
+        p->input(1)->constant->rank() == 1 && p->input(0) && p->input(0)->producer &&
+        single_use(ctx.g, p->output(0))) {
+      bias = p;
+      p = p->input(0)->producer;
+    }
+    const bool gemm = is_kiln_op(p, "FusedGemm") && p->attrs.get_string("base", "") == "MatMul" &&
+                      p->attrs.get_int("int8", 0) == 0 && (p->num_inputs() < 4 || !p->input(3));
+    if (!gemm && !is_op(p, "MatMul")) return std::nullopt;
+    if (!p->input(0) || !p->input(1) || !p->input(1)->is_constant() ||
+        p->input(1)->constant->rank() != 2 || !single_use(ctx.g, p->output(0)))
+      return std::nullopt;
+    const TensorType& xt = p->input(0)->type;
+    const TensorType& rt = r.output(0)->type;
+    if (!xt.has_rank() || xt.rank() != 4 || !rt.has_rank() || rt.rank() < 3) return std::nullopt;
+    const auto& xd = *xt.dims;
+    const auto& rd = *rt.dims;
+    if (!xd[1].is_static() || !xd[2].is_static() || !xd[3].is_static() || !same_dim(rd[0], xd[0]) ||
+        !rd[1].is_static() || rd[1].value != xd[1].value * xd[2].value)
+      return std::nullopt;
+    if (!reaches_attention(r.output(0), 4)) {
+      ctx.note(fmt::format("{}: the product's rows reach no attention", r.label()));
+      return std::nullopt;
+    }
+    return Match{p, bias};
+  }
+
+  static Status rewrite(PassContext& ctx, const Match& m) {
+    Graph& g = ctx.g;
+    Value* x4 = m.product->input(0);
+    const auto& xd = *x4->type.dims;
+    const Dim S(xd[1].value * xd[2].value);
+    Value* rows = add(ctx, m.product, "Reshape",
+                      {x4, ints(g, x4->name + "_rows_shape", {0, S.value, xd[3].value})},
+                      x4->name + "_rows", TensorType(x4->type.dtype, {xd[0], S, xd[3]}));
+    g.set_input(m.product, 0, rows);
+    const int64_t n = m.product->input(1)->constant->dim(1);
+    for (Node* p : {m.product, m.bias})
+      if (p) p->output(0)->type = TensorType(p->output(0)->type.dtype, {xd[0], S, Dim(n)});
+    return Status::Ok();
+  }
+};
+
 }  // namespace
 
 Expected<bool> image_attention(PassContext& ctx) {
   KILN_ASSIGN_OR_RETURN(bool a, apply_pattern<HeadsOfAnImage>(ctx));
   KILN_ASSIGN_OR_RETURN(bool b, apply_pattern<HeadsToAnImage>(ctx));
-  return a || b;
+  KILN_ASSIGN_OR_RETURN(bool c, apply_pattern<ProjectionOverImageRows>(ctx));
+  return a || b || c;
 }
 
 }  // namespace kiln::passes

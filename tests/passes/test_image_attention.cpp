@@ -71,5 +71,25 @@ TEST(ImageAttention, ProjectionReadElsewhereStays) {
   EXPECT_EQ(count(*opt, "Attention"), 1);
 }
 
+// MaxViT's window attention (channels-last): the qkv product over [B, h, w, C] windows, reshaped
+// to [B, h*w, 3, G, D] and split as timm's Attention does: the product then runs over
+// [B, h*w, C] rows and the attention folds into one packed layer.
+TEST(ImageAttention, ProductOverWindowPixelsFoldsIntoOnePackedLayer) {
+  G b;
+  Value* x = b.in("x", {kB, kH, kW, kC});
+  Value* qkv = b.op("Add", {b.op("MatMul", {x, b.c(rand_t({kC, 3 * kG * kD}))}), b.c(rand_t({3 * kG * kD}))});
+  Value* t = perm(b, reshape(b, qkv, {kB, kH * kW, 3, kG, kD}), {2, 0, 3, 1, 4});  // [3, B, G, S, D]
+  Node* sp = b.node("Split", {t, b.c(ints({1, 1, 1}))}, attrs({{"axis", Attribute::Int(0)}}), 3);
+  std::vector<Value*> p;
+  for (size_t i = 0; i < 3; ++i) p.push_back(b.op("Squeeze", {sp->output(i), b.c(ints({0}))}));
+  Value* s = b.op("Mul", {b.op("MatMul", {p[0], perm(b, p[1], {0, 1, 3, 2})}), b.cf(0.5f)});
+  Value* pr = b.op("Softmax", {s}, attrs({{"axis", Attribute::Int(-1)}}));
+  Value* y = reshape(b, perm(b, b.op("MatMul", {pr, p[2]}), {0, 2, 1, 3}), {kB, kH, kW, kG * kD});
+  b.out(b.op("Relu", {y}));
+  auto opt = optimize_checked(b.g, kPasses);
+  EXPECT_EQ(count(*opt, "MultiHeadAttention"), 1);
+  EXPECT_EQ(count(*opt, "Attention"), 0);
+}
+
 }  // namespace
 }  // namespace kiln::test
