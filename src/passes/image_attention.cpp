@@ -97,6 +97,8 @@ struct HeadsOfAnImage {
       return why("the projection or its Reshape has other readers");
     const Value* w = c->input(1);
     const Value* b = c->num_inputs() > 2 ? c->input(2) : nullptr;
+    // A grouped convolution ties its output channels to input groups: they cannot be reordered.
+    if (c->attrs.get_int("group", 1) != 1) return why("the projection is a grouped convolution");
     if (!w || !w->is_constant() || (b && !b->is_constant()) || w->uses().size() != 1 ||
         (b && b->uses().size() != 1) || c->output(0)->has_quant_scale() || w->has_quant_scale())
       return why("the projection's weights are not constants of its own");
