@@ -32,8 +32,8 @@ Value* ints(Graph& g, const std::string& base, std::vector<int64_t> v) {
 }
 
 // Adds op(ins) before `pos` with one output of type `t`.
-Value* add(PassContext& ctx, Node* pos, const char* op, std::vector<Value*> ins, const std::string& base,
-           TensorType t, std::vector<int64_t> perm = {}) {
+Value* add(PassContext& ctx, Node* pos, const char* op, std::vector<Value*> ins,
+           const std::string& base, TensorType t, std::vector<int64_t> perm = {}) {
   const std::string name = ctx.g.unique_name(base);
   Node* n = ctx.g.insert_node_before(pos, op, name, std::move(ins), {name});
   if (!perm.empty()) n->attrs.set("perm", Attribute::Ints(std::move(perm)));
@@ -76,7 +76,8 @@ struct HeadsOfAnImage {
       ctx.note(fmt::format("{}: {}", s.label(), w));
       return std::nullopt;
     };
-    if (!x4.has_rank() || x4.rank() != 4 || !y.has_rank() || y.rank() != 4) return why("not [B, C, H, W] split as [B, G, P*D, H*W]");
+    if (!x4.has_rank() || x4.rank() != 4 || !y.has_rank() || y.rank() != 4)
+      return why("not [B, C, H, W] split as [B, G, P*D, H*W]");
     const auto& xd = *x4.dims;
     const auto& yd = *y.dims;
     if (!xd[1].is_static() || !xd[2].is_static() || !xd[3].is_static() || !yd[1].is_static() ||
