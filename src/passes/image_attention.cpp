@@ -82,7 +82,8 @@ struct HeadsOfAnImage {
     const auto& yd = *y.dims;
     if (!xd[1].is_static() || !xd[2].is_static() || !xd[3].is_static() || !yd[1].is_static() ||
         !yd[2].is_static() || !same_dim(xd[0], yd[0]) ||
-        !same_dim(yd[3], Dim(xd[2].value * xd[3].value)) || yd[1].value * yd[2].value != xd[1].value)
+        !same_dim(yd[3], Dim(xd[2].value * xd[3].value)) ||
+        yd[1].value * yd[2].value != xd[1].value)
       return why("the Reshape is not [B, C, H, W] -> [B, G, C/G, H*W]");
     const int64_t parts = static_cast<int64_t>(s.num_outputs());
     if (yd[2].value % parts) return why("the parts are not equal");

@@ -27,19 +27,19 @@ std::unique_ptr<Graph> timestep_net() {
   for (size_t i = 0; i < w.size(); ++i) w[i] = 0.01f * static_cast<float>(i % 7);
   Node* cast = g->add_node("Cast", "cast", {t}, {"tf"});
   cast->attrs.set("to", Attribute::Int(1));
-  Node* unsq = g->add_node("Unsqueeze", "unsq",
-                           {cast->output(0), g->add_constant("ax", Tensor::from<int64_t>({1}, {1}))},
-                           {"t2"});
-  Node* mul = g->add_node("Mul", "mul",
-                          {unsq->output(0), g->add_constant("freqs", Tensor::from<float>({1, 64}, f))},
-                          {"arg"});
+  Node* unsq = g->add_node(
+      "Unsqueeze", "unsq",
+      {cast->output(0), g->add_constant("ax", Tensor::from<int64_t>({1}, {1}))}, {"t2"});
+  Node* mul = g->add_node(
+      "Mul", "mul", {unsq->output(0), g->add_constant("freqs", Tensor::from<float>({1, 64}, f))},
+      {"arg"});
   Node* sin = g->add_node("Sin", "sin", {mul->output(0)}, {"s"});
   Node* cos = g->add_node("Cos", "cos", {mul->output(0)}, {"c"});
   Node* cat = g->add_node("Concat", "cat", {sin->output(0), cos->output(0)}, {"emb"});
   cat->attrs.set("axis", Attribute::Int(1));
-  Node* mm = g->add_node("MatMul", "proj",
-                         {cat->output(0), g->add_constant("w", Tensor::from<float>({128, 32}, w))},
-                         {"y"});
+  Node* mm =
+      g->add_node("MatMul", "proj",
+                  {cat->output(0), g->add_constant("w", Tensor::from<float>({128, 32}, w))}, {"y"});
   Node* relu = g->add_node("Relu", "relu", {x}, {"r"});
   Node* sin2 = g->add_node("Sin", "sin_act", {relu->output(0)}, {"z"});
   g->add_output(mm->output(0));

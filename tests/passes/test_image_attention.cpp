@@ -13,7 +13,9 @@ constexpr int64_t kB = 2, kC = 8, kH = 3, kW = 4, kG = 2, kD = 4;
 Value* perm(G& b, Value* x, std::vector<int64_t> p) {
   return b.op("Transpose", {x}, attrs({{"perm", Attribute::Ints(std::move(p))}}));
 }
-Value* reshape(G& b, Value* x, std::vector<int64_t> s) { return b.op("Reshape", {x, b.c(ints(s))}); }
+Value* reshape(G& b, Value* x, std::vector<int64_t> s) {
+  return b.op("Reshape", {x, b.c(ints(s))});
+}
 
 // x [B, C, H, W] -> qkv = Conv1x1 [B, G*3*D, H, W] -> view [B, G, 3*D, H*W] -> chunk(3, dim 2);
 // attn = softmax(q^T k * scale + bias); y = (v @ attn^T).view(B, G*D, H, W)
@@ -21,7 +23,8 @@ void attention2d(G& b, bool attend, bool qkv_read_elsewhere) {
   Value* x = b.in("x", {kB, kC, kH, kW});
   Value* qkv = b.op("Conv", {x, b.c(rand_t({kG * 3 * kD, kC, 1, 1})), b.c(rand_t({kG * 3 * kD}))});
   Value* v4 = reshape(b, qkv, {kB, kG, 3 * kD, kH * kW});
-  Node* sp = b.node("Split", {v4, b.c(ints({kD, kD, kD}))}, attrs({{"axis", Attribute::Int(2)}}), 3);
+  Node* sp =
+      b.node("Split", {v4, b.c(ints({kD, kD, kD}))}, attrs({{"axis", Attribute::Int(2)}}), 3);
   if (!attend) {
     for (size_t i = 0; i < 3; ++i) b.out(b.op("Relu", {sp->output(i)}));
     return;
@@ -38,9 +41,8 @@ void attention2d(G& b, bool attend, bool qkv_read_elsewhere) {
   if (qkv_read_elsewhere) b.out(b.op("Sigmoid", {qkv}));
 }
 
-const std::vector<std::string> kPasses = {"fuse_attention", "slices_to_split",
-                                          "image_attention", "fold_attention_heads",
-                                          "eliminate_dead_code"};
+const std::vector<std::string> kPasses = {"fuse_attention", "slices_to_split", "image_attention",
+                                          "fold_attention_heads", "eliminate_dead_code"};
 
 TEST(ImageAttention, Attention2dFoldsIntoOnePackedLayer) {
   G b;
@@ -77,8 +79,10 @@ TEST(ImageAttention, ProjectionReadElsewhereStays) {
 TEST(ImageAttention, ProductOverWindowPixelsFoldsIntoOnePackedLayer) {
   G b;
   Value* x = b.in("x", {kB, kH, kW, kC});
-  Value* qkv = b.op("Add", {b.op("MatMul", {x, b.c(rand_t({kC, 3 * kG * kD}))}), b.c(rand_t({3 * kG * kD}))});
-  Value* t = perm(b, reshape(b, qkv, {kB, kH * kW, 3, kG, kD}), {2, 0, 3, 1, 4});  // [3, B, G, S, D]
+  Value* qkv = b.op(
+      "Add", {b.op("MatMul", {x, b.c(rand_t({kC, 3 * kG * kD}))}), b.c(rand_t({3 * kG * kD}))});
+  Value* t =
+      perm(b, reshape(b, qkv, {kB, kH * kW, 3, kG, kD}), {2, 0, 3, 1, 4});  // [3, B, G, S, D]
   Node* sp = b.node("Split", {t, b.c(ints({1, 1, 1}))}, attrs({{"axis", Attribute::Int(0)}}), 3);
   std::vector<Value*> p;
   for (size_t i = 0; i < 3; ++i) p.push_back(b.op("Squeeze", {sp->output(i), b.c(ints({0}))}));

@@ -22,11 +22,11 @@
 namespace kiln::gpu {
 
 struct DynamicGraph::Prefix {
-  DevicePool pool;                         // the prefix's values at this shape
-  std::vector<DynValue> inputs;            // per prefix_inputs_: the blocks the capture reads
-  std::vector<DynValue> outputs;           // per prefix_outputs_: what the capture writes
+  DevicePool pool;                // the prefix's values at this shape
+  std::vector<DynValue> inputs;   // per prefix_inputs_: the blocks the capture reads
+  std::vector<DynValue> outputs;  // per prefix_outputs_: what the capture writes
   cudaGraphExec_t exec = nullptr;
-  void* workspace = nullptr;               // the workspace the capture uses
+  void* workspace = nullptr;  // the workspace the capture uses
   int runs = 0, failed = 0;
   uint64_t used = 0;
   ~Prefix() {
@@ -59,7 +59,8 @@ void DynamicGraph::plan_prefix() {
   for (size_t k = 0; k < nodes.size(); ++k)
     for (size_t i = 0; i < nodes[k]->num_inputs(); ++i) {
       const Value* v = nodes[k]->input(i);
-      if (v && !v->is_constant() && (plan_.layers[k].is_host() || !plan_.layers[k].in[i].present()) &&
+      if (v && !v->is_constant() &&
+          (plan_.layers[k].is_host() || !plan_.layers[k].in[i].present()) &&
           !is_shape_op(nodes[k]->domain, nodes[k]->op_type))
         graph_input[index_.at(v)] = false;
     }
@@ -74,9 +75,12 @@ void DynamicGraph::plan_prefix() {
       if (!v || v->is_constant()) continue;
       const size_t idx = index_.at(v);
       const bool on_device = !c.is_host() && c.in[i].present();
-      if (shape_op) ok = graph_input[idx] || made[idx] != 0;
-      else if (on_device) ok = made[idx] == 1 || graph_input[idx];
-      else ok = made[idx] == 2;  // read on the host: a host value of the prefix
+      if (shape_op)
+        ok = graph_input[idx] || made[idx] != 0;
+      else if (on_device)
+        ok = made[idx] == 1 || graph_input[idx];
+      else
+        ok = made[idx] == 2;  // read on the host: a host value of the prefix
     }
     if (!ok) continue;
     in_prefix_[k] = true;
@@ -146,9 +150,8 @@ Status DynamicGraph::run_prefix(DynamicRuntime& rt, std::vector<DynValue>& val,
   auto it = prefixes_.find(key);
   if (it == prefixes_.end()) {
     if (prefixes_.size() >= kPrefixShapes) {  // the least recently used shape's goes
-      auto lru = std::min_element(prefixes_.begin(), prefixes_.end(), [](auto& a, auto& b) {
-        return a.second->used < b.second->used;
-      });
+      auto lru = std::min_element(prefixes_.begin(), prefixes_.end(),
+                                  [](auto& a, auto& b) { return a.second->used < b.second->used; });
       KILN_CUDA_CHECK(cudaStreamSynchronize(rt.rc->stream));  // its blocks may still be read
       prefixes_.erase(lru);
     }

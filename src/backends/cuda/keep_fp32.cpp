@@ -10,9 +10,9 @@ namespace {
 // Ops the argument of a Sin or Cos may be computed by, walked back through.
 bool on_argument_chain(const Node& n) {
   static const std::set<std::string_view> ops = {
-      "Mul",     "Add",       "Sub",    "Div",   "Neg",       "Exp",     "Pow",
-      "Cast",    "Unsqueeze", "Squeeze", "Reshape", "Expand", "Transpose", "Concat",
-      "Slice",   "Gather",    "Flatten", "Identity", "MatMul", "Tile"};
+      "Mul",   "Add",       "Sub",     "Div",      "Neg",    "Exp",       "Pow",
+      "Cast",  "Unsqueeze", "Squeeze", "Reshape",  "Expand", "Transpose", "Concat",
+      "Slice", "Gather",    "Flatten", "Identity", "MatMul", "Tile"};
   return n.domain.empty() && ops.count(n.op_type);
 }
 
