@@ -1,17 +1,17 @@
-// Rotary position embedding as Hugging Face's Llama-family models write it (rotate_half), on the
-// heads of a projection:
-//   x = Transpose(Reshape(q [B, S, H*D], [B, S, H, D]), [0, 2, 1, 3])
-//   y = x * Unsqueeze(cos, 1) + Concat(-x[..., D/2:], x[..., :D/2]) * Unsqueeze(sin, 1)
-//   =>  y = Transpose(Reshape(RotaryEmbedding(q, cos[..., :D/2], sin[..., :D/2], num_heads=H),
-//                              [B, S, H, D]), [0, 2, 1, 3])
-// RotaryEmbedding (opset 23) rotates pairs (x[k], x[k + D/2]) by the angles its caches give; the
-// rotation moves in front of the head split, so fold_attention_heads still sees the plain split
-// of a [B, S, H*D] tensor. cos and sin are [B or 1, S, D] or [S, D] whose two halves are provably
-// equal: each is made from Concat(f, f) on the last axis by elementwise ops of one input (Cos,
-// Sin, Cast, a product by a scalar: HF's attention scaling), so their first halves are the
-// caches. Either
-// operand order of each Mul and the Add; the slices may write their end as D or past it. The
-// cache slices are shared by every layer that reads the same cos and sin.
+// Rotary position embedding as the exporters write it, on heads x [B, H, S, D]:
+//   y = x * cos + rot(x) * sin   =>   y = RotaryEmbedding(x, cos', sin', interleaved?)
+// rot(x) is Hugging Face's rotate_half, Concat(-x[..., D/2:], x[..., :D/2]) (pairs (x[k],
+// x[k + D/2])), or rotate_every_two, stack((-x[..., 1::2], x[..., ::2]), -1).flatten(-2) (GPT-J,
+// EVA and other image transformers: pairs (x[2k], x[2k + 1]), `interleaved`). cos and sin are
+// either constants broadcast along x's last two axes ([S, D] with leading 1s, or [B, 1, S, D];
+// the caches folded at static shapes, or an image transformer's fixed patch grid) whose halves
+// or pairs are equal bit for bit, or, for rotate_half, [B or 1, S, D] or [S, D] caches
+// unsqueezed to [B or 1, 1, S, D] whose two halves are provably equal: each made from
+// Concat(f, f) on the last axis by elementwise ops of one input (Cos, Sin, Cast, a product by a
+// scalar: HF's attention scaling). cos' and sin' are their first halves (or even elements),
+// shared by every layer that reads the same caches. Either operand order of each Mul and the
+// Add; the slices may write their end as D or past it. The rotary is ONNX's 4-D form;
+// rotary_before_heads (rotary_heads.cpp) moves it in front of the head split.
 //
 // RotaryOverSplit: rotaries on parts of a Split of x's last axis (pack_gemm's packed Q | K | V
 // projection) become one rotary over x that rotates those parts' heads and passes the others:
@@ -107,33 +107,119 @@ Value* unsqueezed_cache(const Value* v) {
   return ok ? u->input(0) : nullptr;
 }
 
-// A constant [B or 1, 1, S, D] (the caches folded at static shapes) whose rows are two equal
-// halves, bit for bit.
-bool constant_halves_cache(const Value* v, int64_t d) {
-  if (!v || !v->is_constant() || v->type.rank() != 4) return false;
+// The pair layout of a rotation: rotate_half pairs (x[k], x[k + D/2]), rotate_every_two pairs
+// (x[2k], x[2k + 1]).
+enum class Pairs { kHalves, kInterleaved };
+
+// x's last-axis elements (of length d) that Slice s takes as (start, step): 0 or 1, step 2, to
+// the end (rotate_every_two's x[..., ::2] and x[..., 1::2]).
+std::optional<int64_t> every_other(const Node* s, const Value* x, int64_t d) {
+  if (!is_op(s, "Slice") || s->input(0) != x) return std::nullopt;
+  const int64_t r = x->type.rank();
+  const auto sl = axis_slice(s, r);
+  if (!sl || sl->axis != r - 1 || sl->step != 2 || (sl->start != 0 && sl->start != 1))
+    return std::nullopt;
+  const int64_t end = sl->end < 0 ? sl->end + d : std::min(sl->end, d);
+  if (end < d - 1 + sl->start) return std::nullopt;  // short of the last pair
+  return sl->start;
+}
+
+// The rotation of x, rot(x), as the exporters write it, with its nodes (consumers first):
+//   rotate_half:       Concat(-x[..., D/2:], x[..., :D/2])                         (last axis)
+//   rotate_every_two:  Reshape(Concat(Unsqueeze(-x[..., 1::2], -1), Unsqueeze(x[..., ::2], -1),
+//                                     last axis), x's shape)       (torch.stack(...).flatten(-2))
+std::optional<Pairs> rotation_of(Value* rot, Value* x, int64_t d, std::vector<Node*>& nodes) {
+  Node* n = rot ? rot->producer : nullptr;
+  const int64_t r = x->type.rank();
+  auto last_axis = [&](const Node* c, int64_t rank) {
+    const int64_t a = c->attrs.get_int("axis", 0);
+    return a == -1 || a == rank - 1;
+  };
+  if (is_op(n, "Concat") && n->num_inputs() == 2 && last_axis(n, r)) {
+    Node* neg = producer_if(n->input(0), "Neg");
+    if (!neg) return std::nullopt;
+    const auto hi = last_axis_half(neg->input(0), x, d);
+    const auto lo = last_axis_half(n->input(1), x, d);
+    if (!hi || !lo || *hi != std::make_pair(d / 2, d) || *lo != std::make_pair(int64_t{0}, d / 2))
+      return std::nullopt;
+    Node* p_hi = neg->input(0)->producer;
+    Node* p_lo = n->input(1)->producer;
+    if (p_hi == p_lo && p_hi->num_outputs() != 2) return std::nullopt;  // a Split of more parts
+    nodes = {n, neg, p_hi};
+    if (p_lo != p_hi) nodes.push_back(p_lo);
+    return Pairs::kHalves;
+  }
+  if ((is_op(n, "Reshape") || is_op(n, "Flatten")) && rot->type.has_rank() &&
+      same_dims(rot->type, x->type)) {
+    Node* cat = producer_if(n->input(0), "Concat");
+    if (!cat || cat->num_inputs() != 2 || !cat->output(0)->type.has_rank() ||
+        cat->output(0)->type.rank() != r + 1 || !last_axis(cat, r + 1))
+      return std::nullopt;
+    Node* u0 = producer_if(cat->input(0), "Unsqueeze");
+    Node* u1 = producer_if(cat->input(1), "Unsqueeze");
+    if (!u0 || !u1 || !u0->input(0) || !u1->input(0)) return std::nullopt;
+    for (Node* u : {u0, u1})
+      if (!u->output(0)->type.has_rank() || u->output(0)->type.rank() != r + 1 ||
+          (*u->output(0)->type.dims)[r] != Dim(1))
+        return std::nullopt;
+    Node* neg = producer_if(u0->input(0), "Neg");
+    if (!neg) return std::nullopt;
+    Node* s_odd = neg->input(0) ? neg->input(0)->producer : nullptr;
+    Node* s_even = u1->input(0)->producer;
+    if (every_other(s_odd, x, d) != 1 || every_other(s_even, x, d) != 0) return std::nullopt;
+    nodes = {n, cat, u0, u1, neg, s_odd, s_even};
+    return Pairs::kInterleaved;
+  }
+  return std::nullopt;
+}
+
+// A constant cache broadcast onto x [.., S, D] along its last two axes: [S, D] with leading 1s,
+// or [B, 1, S, D] for a rank-4 x of static batch B; its rows' two halves (rotate_half) or its
+// pairs (rotate_every_two) equal bit for bit. Returns the row count of its batch (1 or B).
+std::optional<int64_t> constant_cache_rows(const Value* v, const Value* x, int64_t d, Pairs pairs) {
+  if (!v || !v->is_constant() || !x->type.has_rank()) return std::nullopt;
   const Tensor& t = *v->constant;
-  if (t.rank() != 4 || t.dim(1) != 1 || t.dim(3) != d || d % 2) return false;
-  const size_t es = dtype_size(t.dtype()), half = static_cast<size_t>(d / 2) * es;
+  const std::vector<Dim>& xd = *x->type.dims;
+  const int64_t rx = x->type.rank();
+  if (t.rank() < 2 || t.rank() > rx || t.dim(t.rank() - 1) != d || d % 2 ||
+      !same_dim(xd[rx - 2], Dim(t.dim(t.rank() - 2))))
+    return std::nullopt;
+  int64_t batch = 1;
+  for (int64_t a = 0; a + 2 < t.rank(); ++a) {
+    if (t.dim(a) == 1) continue;
+    // [B, 1, S, D]: one cache per batch row of a rank-4 x.
+    if (a != 0 || t.rank() != 4 || rx != 4 || !same_dim(xd[0], Dim(t.dim(0)))) return std::nullopt;
+    batch = t.dim(0);
+  }
+  const size_t es = dtype_size(t.dtype());
   const auto* p = static_cast<const unsigned char*>(t.raw());
-  for (int64_t row = 0; row < t.numel() / d; ++row)
-    if (std::memcmp(p + row * 2 * half, p + row * 2 * half + half, half) != 0) return false;
-  return true;
+  for (int64_t row = 0; row < t.numel() / d; ++row) {
+    const unsigned char* r = p + row * d * es;
+    if (pairs == Pairs::kHalves) {
+      if (std::memcmp(r, r + d / 2 * es, d / 2 * es) != 0) return std::nullopt;
+    } else {
+      for (int64_t k = 0; k < d; k += 2)
+        if (std::memcmp(r + k * es, r + (k + 1) * es, es) != 0) return std::nullopt;
+    }
+  }
+  return batch;
 }
 
 struct FuseRotary {
   struct Match {
     Node* add;
-    Node* transpose;  // x's
-    Node* reshape;
-    std::vector<Node*> dead;  // the products, the Concat, the Neg and the slices
+    Value* x;
+    std::vector<Node*> dead;  // the products, the rotation's nodes
     Value* cos;
     Value* sin;
-    int64_t heads, head;
+    Pairs pairs;
+    int64_t head;
+    std::optional<int64_t> batch;  // constant caches: their batch rows (1: none)
   };
 
   static std::optional<Match> match(PassContext& ctx, Node& add) {
     if (!is_op(&add, "Add") || add.num_inputs() != 2 || !add.output(0)) return std::nullopt;
-    // One product is x * cos, the other rotate_half(x) * sin.
+    // One product is x * cos, the other rot(x) * sin.
     for (int order = 0; order < 2; ++order) {
       Node* pc = add.input(order) ? add.input(order)->producer : nullptr;
       Node* ps = add.input(1 - order) ? add.input(1 - order)->producer : nullptr;
@@ -149,75 +235,75 @@ struct FuseRotary {
   static std::optional<Match> try_match(PassContext& ctx, Node& add, Node* pc, int i, Node* ps,
                                         int j) {
     Value* x = pc->input(i);
-    Node* cat = ps->input(j) ? ps->input(j)->producer : nullptr;
-    Node* t = x ? x->producer : nullptr;
-    if (!is_op(cat, "Concat") || cat->num_inputs() != 2 || !is_op(t, "Transpose"))
+    if (!x || !x->type.has_rank() || x->type.rank() != 4 || !x->type.dims->back().is_static())
       return std::nullopt;
-    if (t->attrs.get_ints("perm") != std::vector<int64_t>{0, 2, 1, 3}) return std::nullopt;
-    Node* r = t->input(0) ? t->input(0)->producer : nullptr;
-    const auto split = splits_last_axis(r);
-    if (!split || r->input(0)->type.rank() != 3 || split->second % 2 != 0) return std::nullopt;
-    const int64_t d = split->second, h = d / 2;
-    const int64_t cat_axis = cat->attrs.get_int("axis", 0);
-    if (cat_axis != -1 && cat_axis != 3) return std::nullopt;
-    Node* neg = cat->input(0) ? cat->input(0)->producer : nullptr;
-    if (!is_op(neg, "Neg")) return std::nullopt;
-    // The halves: two Slices of x, or the two parts of a Split of x (slices_to_split's form).
-    const auto hi = last_axis_half(neg->input(0), x, d);
-    const auto lo = last_axis_half(cat->input(1), x, d);
-    if (!hi || !lo || *hi != std::make_pair(h, d) || *lo != std::make_pair(int64_t{0}, h))
-      return std::nullopt;
+    const int64_t d = x->type.dims->back().value;
+    if (d % 2) return std::nullopt;
+    std::vector<Node*> rot_nodes;
+    const auto pairs = rotation_of(ps->input(j), x, d, rot_nodes);
+    if (!pairs) return std::nullopt;
+    const char* form = *pairs == Pairs::kHalves ? "rotate_half" : "rotate_every_two";
     auto reject = [&](const std::string& why) {
-      ctx.note(fmt::format("{}: rotate_half form: {}", add.label(), why));
+      ctx.note(fmt::format("{}: {} form: {}", add.label(), form, why));
       return std::nullopt;
     };
     Value* cos = pc->input(1 - i);
     Value* sin = ps->input(1 - j);
-    if (constant_halves_cache(cos, d) && constant_halves_cache(sin, d)) {
-      // folded caches: their halves were compared above
-    } else {
+    std::optional<int64_t> batch = constant_cache_rows(cos, x, d, *pairs);
+    if (batch && constant_cache_rows(sin, x, d, *pairs) == batch) {
+      // constant caches: their halves or pairs were compared above
+    } else if (*pairs == Pairs::kHalves) {
+      batch.reset();
       cos = unsqueezed_cache(cos);
       sin = unsqueezed_cache(sin);
       if (!cos || !sin)
         return reject(
             "cos or sin is neither a [B, S, D] or [S, D] cache unsqueezed to [B or 1, 1, S, D] "
-            "nor such a constant of two equal halves");
+            "nor a constant [S, D] of two equal halves");
       if (!halves_equal(cos) || !halves_equal(sin))
         return reject("cos or sin is not provably two equal halves (Concat(f, f))");
+      // Their rows are x's axis 2 (ONNX's [B, H, S, D]), not its heads.
+      const TensorType& ct = cos->type;
+      if (!ct.has_rank() || !same_dim((*ct.dims)[ct.rank() - 2], (*x->type.dims)[2]))
+        return reject("the caches' rows are not x's axis 2 (the sequence of [B, H, S, D])");
+    } else {
+      return reject("cos or sin is not a constant [S, D] whose pairs are equal");
     }
     const TensorType& xt = x->type;
     if (!is_float_type(xt.dtype) || cos->type.dtype != xt.dtype || sin->type.dtype != xt.dtype)
       return reject("x, cos and sin are not of one float type");
-    for (const Value* v : {pc->output(0), ps->output(0), cat->output(0), neg->output(0),
-                           neg->input(0), cat->input(1)})
-      if (!single_use(ctx.g, v))
-        return reject("an intermediate has another reader or is a graph output");
-    Node* p_hi = neg->input(0)->producer;
-    Node* p_lo = cat->input(1)->producer;
-    if (p_hi == p_lo && p_hi->num_outputs() != 2)
-      return reject("the halves' Split has other parts");
+    std::vector<Node*> dead = {&add, pc, ps};
+    dead.insert(dead.end(), rot_nodes.begin(), rot_nodes.end());
+    for (size_t k = 1; k < dead.size(); ++k)
+      for (const Value* o : dead[k]->outputs())
+        if (o && !single_use(ctx.g, o))
+          return reject("an intermediate has another reader or is a graph output");
     Attributes a;
-    a.set("num_heads", Attribute::Int(split->first));
+    if (*pairs == Pairs::kInterleaved) a.set("interleaved", Attribute::Int(1));
     if (!ctx.backend_supports("", "RotaryEmbedding", a, xt.dtype))
       return reject("the backend has no RotaryEmbedding at this type");
-    std::vector<Node*> dead = {&add, pc, ps, cat, neg, p_hi};
-    if (p_lo != p_hi) dead.push_back(p_lo);
-    return Match{&add, t, r, std::move(dead), cos, sin, split->first, d};
+    return Match{&add, x, std::move(dead), cos, sin, *pairs, d, batch};
   }
 
-  // cache[..., :half], shared: an earlier layer's slice of the same cache is reused. A constant
-  // [B or 1, 1, S, D] cache becomes the constant [B or 1, S, D/2].
-  static Value* first_half(PassContext& ctx, Value* cache, int64_t half, Node* before) {
-    if (cache->is_constant() && cache->type.rank() == 4) {
-      const std::string name = cache->name + "_rotary_half";
+  // The cache's first half (rotate_half) or its even elements (rotate_every_two), shared: an
+  // earlier layer's is reused. A constant becomes the constant [S, D/2] or [B, S, D/2].
+  static Value* cache_half(PassContext& ctx, const Match& m, Value* cache, Node* before) {
+    const int64_t half = m.head / 2;
+    if (m.batch) {
+      const bool even = m.pairs == Pairs::kInterleaved;
+      const std::string name = cache->name + (even ? "_rotary_even" : "_rotary_half");
       if (Value* v = ctx.g.find_value(name)) return v;
       const Tensor& t = *cache->constant;
-      Tensor h(t.dtype(), {t.dim(0), t.dim(2), half});
-      const size_t bytes = static_cast<size_t>(half) * dtype_size(t.dtype());
+      const int64_t rows = t.numel() / m.head, s = rows / *m.batch;
+      Tensor h =
+          *m.batch > 1 ? Tensor(t.dtype(), {*m.batch, s, half}) : Tensor(t.dtype(), {s, half});
+      const size_t es = dtype_size(t.dtype());
       const auto* src = static_cast<const unsigned char*>(t.raw());
       auto* dst = static_cast<unsigned char*>(h.raw());
-      for (int64_t row = 0; row < t.dim(0) * t.dim(2); ++row)
-        std::memcpy(dst + row * bytes, src + row * 2 * bytes, bytes);
+      for (int64_t row = 0; row < rows; ++row)
+        for (int64_t k = 0; k < half; ++k)
+          std::memcpy(dst + (row * half + k) * es, src + (row * m.head + (even ? 2 * k : k)) * es,
+                      es);
       return ctx.g.add_constant(name, std::move(h));
     }
     for (const auto& [u, slot] : cache->uses()) {
@@ -245,37 +331,26 @@ struct FuseRotary {
     return s->output(0);
   }
 
+  // The rotation becomes RotaryEmbedding on the rank-4 x (ONNX's [B, H, S, D] form), which
+  // rotary_before_heads then moves in front of the head split where there is one.
   static Status rewrite(PassContext& ctx, const Match& m) {
     Graph& g = ctx.g;
-    Value* cos = first_half(ctx, m.cos, m.head / 2, m.transpose);
-    Value* sin = first_half(ctx, m.sin, m.head / 2, m.transpose);
-    const std::string base = m.add->name;
-    const std::string rn = g.unique_name(base + "_rotary");
-    Node* rot =
-        g.insert_node_before(m.add, "RotaryEmbedding", rn, {m.reshape->input(0), cos, sin}, {rn});
-    rot->attrs.set("num_heads", Attribute::Int(m.heads));
-    const std::string hn = g.unique_name(base + "_heads");
-    Node* heads =
-        g.insert_node_before(m.add, "Reshape", hn, {rot->output(0), m.reshape->input(1)}, {hn});
-    heads->attrs = m.reshape->attrs;
-    const std::string tn = g.unique_name(base + "_t");
-    Node* t = g.insert_node_before(m.add, "Transpose", tn, {heads->output(0)}, {tn});
-    t->attrs = m.transpose->attrs;
-    for (Node* n : {rot, heads, t}) {
-      n->origin = ctx.pass;
-      n->onnx_nodes = m.add->onnx_nodes;
-    }
+    Value* cos = cache_half(ctx, m, m.cos, m.add);
+    Value* sin = cache_half(ctx, m, m.sin, m.add);
+    const std::string rn = g.unique_name(m.add->name + "_rotary");
+    Node* rot = g.insert_node_before(m.add, "RotaryEmbedding", rn, {m.x, cos, sin}, {rn});
+    if (m.pairs == Pairs::kInterleaved) rot->attrs.set("interleaved", Attribute::Int(1));
+    rot->origin = ctx.pass;
+    rot->onnx_nodes = m.add->onnx_nodes;
+    rot->output(0)->type = m.x->type;
     // The rotated heads keep their value (and their name, where they are a graph output: a
-    // decoder's present K returned for the cache): the new Transpose makes it.
+    // decoder's present K returned for the cache).
     Value* out = m.add->output(0);
     const bool graph_output = g.is_graph_output(out);
-    if (!graph_output) g.replace_all_uses(out, t->output(0));
+    if (!graph_output) g.replace_all_uses(out, rot->output(0));
     for (Node* n : m.dead)  // consumers before producers
       KILN_RETURN_IF_ERROR(g.remove_node(n, /*force=*/true));
-    if (graph_output) g.set_node_output(t, 0, out);
-    for (Node* n : {m.transpose, m.reshape})  // the old head split, unless read elsewhere
-      if (n->output(0)->uses().empty() && !g.is_graph_output(n->output(0)))
-        KILN_RETURN_IF_ERROR(g.remove_node(n, /*force=*/true));
+    if (graph_output) g.set_node_output(rot, 0, out);
     g.remove_dead_values();
     return Status::Ok();
   }

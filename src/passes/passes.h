@@ -32,6 +32,7 @@ Expected<bool> sink_spatial_flatten(PassContext& ctx);
 Expected<bool> fuse_matmul_add(PassContext& ctx);
 Expected<bool> fold_channel_scale(PassContext& ctx);
 Expected<bool> fuse_rotary(PassContext& ctx);
+Expected<bool> rotary_before_heads(PassContext& ctx);
 Expected<bool> slices_to_split(PassContext& ctx);
 Expected<bool> image_attention(PassContext& ctx);
 Expected<bool> fold_attention_heads(PassContext& ctx);

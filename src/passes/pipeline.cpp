@@ -59,8 +59,9 @@ struct PassEntry {
 // - fold_periodic_add just before fuse_attention: a constant added per group of rows through a
 //   split and a merge of axis 0 (Swin's shifted-window mask) becomes a plain Add of the constant
 //   tiled over the groups, which fuse_attention takes as one more additive term of the scores.
-// - fuse_rotary before fold_attention_heads: it moves a rotary embedding applied to the heads in
-//   front of the head split, which then is the plain split fold_attention_heads folds.
+// - fuse_rotary, then rotary_before_heads, before fold_attention_heads: the first makes any
+//   exporter's rotation of the heads one RotaryEmbedding on them, the second moves it in front
+//   of the head split, which then is the plain split fold_attention_heads folds.
 // - slices_to_split after fuse_rotary (which reads rotate_half's two Slices of a head) and before
 //   fold_attention_heads: Slices that cut a packed projection into parts (Phi-3's qkv_proj) become
 //   the Split that pack_gemm writes, so RotaryOverSplit and pack_qkv pack them in later rounds.
@@ -137,6 +138,7 @@ constexpr PassEntry kPipeline[] = {
     {"map_onnx_attention", 2, passes::map_onnx_attention},
     {"fold_gemm_reshape", 2, passes::fold_gemm_reshape},
     {"fuse_rotary", 2, passes::fuse_rotary},
+    {"rotary_before_heads", 2, passes::rotary_before_heads},
     {"slices_to_split", 2, passes::slices_to_split},
     {"image_attention", 2, passes::image_attention},
     {"fold_attention_heads", 2, passes::fold_attention_heads},

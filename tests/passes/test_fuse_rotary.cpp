@@ -49,7 +49,7 @@ TEST(FuseRotary, RotateHalfOnHeadsBecomesOneRotaryEmbedding) {
   // Read by a layer, as attention reads them (a graph output keeps its producer).
   b.out(b.op("Relu", {rotated_heads(b, q, cos, sin, false)}));
   b.out(b.op("Relu", {rotated_heads(b, k, cos, sin, true)}));
-  auto opt = optimize_checked(b.g, {"fuse_rotary", "eliminate_dead_code"});
+  auto opt = optimize_checked(b.g, {"fuse_rotary", "rotary_before_heads", "eliminate_dead_code"});
   EXPECT_EQ(count(*opt, "RotaryEmbedding"), 2);
   EXPECT_EQ(count(*opt, "Neg"), 0);
   EXPECT_EQ(count(*opt, "Slice"), 2);  // each cache's first half, shared by q and k
@@ -71,7 +71,7 @@ TEST(FuseRotary, RotatedHeadsThatAreAGraphOutputKeepTheirName) {
   b.out(present);
   b.out(b.op("Relu", {present}));
   const std::string name = present->name;
-  auto opt = optimize_checked(b.g, {"fuse_rotary", "eliminate_dead_code"});
+  auto opt = optimize_checked(b.g, {"fuse_rotary", "rotary_before_heads", "eliminate_dead_code"});
   EXPECT_EQ(count(*opt, "RotaryEmbedding"), 1);
   EXPECT_EQ(count(*opt, "Neg"), 0);
   ASSERT_EQ(opt->outputs().size(), 2u);
@@ -94,7 +94,7 @@ TEST(FuseRotary, HalvesAsASplit) {
   Value* c = b.op("Unsqueeze", {cos, b.c(ints({1}))});
   Value* s = b.op("Unsqueeze", {sin, b.c(ints({1}))});
   b.out(b.op("Relu", {b.op("Add", {b.op("Mul", {x, c}), b.op("Mul", {rot, s})})}));
-  auto opt = optimize_checked(b.g, {"fuse_rotary", "eliminate_dead_code"});
+  auto opt = optimize_checked(b.g, {"fuse_rotary", "rotary_before_heads", "eliminate_dead_code"});
   EXPECT_EQ(count(*opt, "RotaryEmbedding"), 1);
   EXPECT_EQ(count(*opt, "Split"), 0);
   EXPECT_EQ(count(*opt, "Neg"), 0);
@@ -105,7 +105,7 @@ TEST(FuseRotary, CachesWithoutEqualHalvesStay) {
   Value* q = b.in("q", {kB, kS, kH * kD});
   auto [cos, sin] = caches(b, b.in("freqs", {1, kS, kD / 2}), /*equal_halves=*/false);
   b.out(b.op("Relu", {rotated_heads(b, q, cos, sin, false)}));
-  auto opt = optimize_checked(b.g, {"fuse_rotary", "eliminate_dead_code"});
+  auto opt = optimize_checked(b.g, {"fuse_rotary", "rotary_before_heads", "eliminate_dead_code"});
   EXPECT_EQ(count(*opt, "RotaryEmbedding"), 0);
 }
 
@@ -115,7 +115,7 @@ TEST(FuseRotary, CachesWithoutBatchAxis) {
   Value* q = b.in("q", {kB, kS, kH * kD});
   auto [cos, sin] = caches(b, b.in("freqs", {kS, kD / 2}));
   b.out(b.op("Relu", {rotated_heads(b, q, cos, sin, false, {0, 1})}));
-  auto opt = optimize_checked(b.g, {"fuse_rotary", "eliminate_dead_code"});
+  auto opt = optimize_checked(b.g, {"fuse_rotary", "rotary_before_heads", "eliminate_dead_code"});
   EXPECT_EQ(count(*opt, "RotaryEmbedding"), 1);
 }
 
@@ -135,7 +135,7 @@ TEST(FuseRotary, FoldedConstantCaches) {
     Value* q = b.in("q", {kB, kS, kH * kD});
     b.out(b.op("Relu", {rotated_heads(b, q, constant_cache(b, equal), constant_cache(b, true),
                                       false, {})}));
-    auto opt = optimize_checked(b.g, {"fuse_rotary", "eliminate_dead_code"});
+    auto opt = optimize_checked(b.g, {"fuse_rotary", "rotary_before_heads", "eliminate_dead_code"});
     EXPECT_EQ(count(*opt, "RotaryEmbedding"), equal ? 1 : 0) << "equal halves " << equal;
   }
 }
