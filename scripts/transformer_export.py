@@ -110,7 +110,8 @@ def decoder_main(name, default_path, build, more_arguments=None):
     with torch.no_grad():
         how = export(model, args, a.path, ins, outs, dyn, a.exporter, static=a.static)
     finish(a, f"{name} ({cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
-              f"{cfg.num_attention_heads} heads, {cfg.num_key_value_heads} key/value heads)", how)
+              f"{cfg.num_attention_heads} heads, "
+              f"{getattr(cfg, 'num_key_value_heads', cfg.num_attention_heads)} key/value heads)", how)
 
 
 def skeletonize(path):

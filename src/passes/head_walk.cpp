@@ -136,6 +136,37 @@ bool expand(View& v, const Node& n, const Value* out) {
   return true;
 }
 
+// Elements [b, b + len) of dim a of the view, where that is a view again: a range of one of its
+// factors, the factors inside it whole and those outside it at one index each (their offsets
+// added). A dim of one factor always is; GPT-NeoX's Q, K and V cut from heads whose parts were
+// regrouped (regroup_head_parts) need the factors.
+bool take_range(View& v, int64_t a, int64_t b, int64_t len) {
+  std::vector<Factor> f;
+  for (const Factor& x : v.dims[a])
+    if (!is_one(x.size)) f.push_back(x);
+  if (f.empty()) return b == 0 && len == 1;
+  for (const Factor& x : f)
+    if (!x.size.is_static()) return false;
+  int64_t inner = 1;  // the size of the factors inside factor i
+  for (size_t i = f.size(); i-- > 0; inner *= f[i].size.value) {
+    if (len % inner || b % inner) continue;
+    const int64_t m = len / inner, at = b / inner, n = f[i].size.value;
+    if (at % n + m > n) continue;
+    if (f[i].axis != kRepeat) v.off[f[i].axis] += (at % n) * f[i].mult;
+    int64_t outer = at / n;  // the index of the factors outside, inner to outer
+    for (size_t j = i; j-- > 0;) {
+      const int64_t idx = outer % f[j].size.value;
+      outer /= f[j].size.value;
+      if (f[j].axis != kRepeat) v.off[f[j].axis] += idx * f[j].mult;
+    }
+    if (outer) return false;
+    f[i].size = Dim(m);
+    v.dims[a].assign(f.begin() + static_cast<std::ptrdiff_t>(i), f.end());
+    return true;
+  }
+  return false;
+}
+
 // Applies layout op n (whose input is the view) to the view, as it makes `out`; false where it is
 // not a layout op the walk knows or does not keep the view exact.
 bool apply(View& v, const Node& n, const Value* out) {
@@ -183,21 +214,14 @@ bool apply(View& v, const Node& n, const Value* out) {
   if (is_op(&n, "Split")) {  // one part: a range of one axis, after the parts before it
     int64_t a = n.attrs.get_int("axis", 0);
     if (a < 0) a += r;
-    if (a < 0 || a >= r || v.dims[a].size() != 1 || !v.dims[a][0].size.is_static() ||
-        !out->type.has_rank() || !(*out->type.dims)[a].is_static())
-      return false;
+    if (a < 0 || a >= r || !out->type.has_rank() || !(*out->type.dims)[a].is_static()) return false;
     int64_t begin = 0;
     for (size_t k = 0; k < n.num_outputs() && n.output(k) != out; ++k) {
       const Value* o = n.output(k);
       if (!o || !o->type.has_rank() || !(*o->type.dims)[a].is_static()) return false;
       begin += (*o->type.dims)[a].value;
     }
-    Factor& f = v.dims[a][0];
-    const int64_t len = (*out->type.dims)[a].value;
-    if (begin + len > f.size.value) return false;
-    if (f.axis != kRepeat) v.off[f.axis] += begin * f.mult;
-    f.size = Dim(len);
-    return true;
+    return take_range(v, a, begin, (*out->type.dims)[a].value);
   }
   if (is_op(&n, "Expand")) return expand(v, n, out);
   if (is_op(&n, "Tile")) {
@@ -220,17 +244,15 @@ bool apply(View& v, const Node& n, const Value* out) {
   }
   if (is_op(&n, "Slice")) {  // a step-1 range of one axis
     const auto sl = axis_slice(&n, r);
-    if (!sl || sl->step != 1 || v.dims[sl->axis].size() != 1) return false;
-    Factor& f = v.dims[sl->axis][0];
-    if (!f.size.is_static()) return false;
-    auto clamp = [&](int64_t x) {
-      return std::clamp(x < 0 ? x + f.size.value : x, int64_t{0}, f.size.value);
-    };
+    if (!sl || sl->step != 1) return false;
+    int64_t size = 1;
+    for (const Factor& f : v.dims[sl->axis]) {
+      if (!f.size.is_static()) return false;
+      size *= f.size.value;
+    }
+    auto clamp = [&](int64_t x) { return std::clamp(x < 0 ? x + size : x, int64_t{0}, size); };
     const int64_t b = clamp(sl->start), e = clamp(sl->end);
-    if (e <= b) return false;
-    if (f.axis != kRepeat) v.off[f.axis] += b * f.mult;
-    f.size = Dim(e - b);
-    return true;
+    return e > b && take_range(v, sl->axis, b, e - b);
   }
   return false;
 }

@@ -31,6 +31,7 @@ Expected<bool> fold_patch_conv(PassContext& ctx);
 Expected<bool> sink_spatial_flatten(PassContext& ctx);
 Expected<bool> fuse_matmul_add(PassContext& ctx);
 Expected<bool> fold_channel_scale(PassContext& ctx);
+Expected<bool> regroup_head_parts(PassContext& ctx);
 Expected<bool> fuse_rotary(PassContext& ctx);
 Expected<bool> rotary_before_heads(PassContext& ctx);
 Expected<bool> slices_to_split(PassContext& ctx);

@@ -59,6 +59,10 @@ struct PassEntry {
 // - fold_periodic_add just before fuse_attention: a constant added per group of rows through a
 //   split and a merge of axis 0 (Swin's shifted-window mask) becomes a plain Add of the constant
 //   tiled over the groups, which fuse_attention takes as one more additive term of the scores.
+// - regroup_head_parts after fuse_attention (it regroups only parts an attention reads) and
+//   before fuse_rotary, fuse_matmul_add and fold_attention_heads: the projection is still
+//   MatMul + Add, and the rotary and the heads are matched on the part-major layout in the same
+//   round.
 // - fuse_rotary, then rotary_before_heads, before fold_attention_heads: the first makes any
 //   exporter's rotation of the heads one RotaryEmbedding on them, the second moves it in front
 //   of the head split, which then is the plain split fold_attention_heads folds.
@@ -137,6 +141,7 @@ constexpr PassEntry kPipeline[] = {
     {"fuse_attention", 2, passes::fuse_attention},
     {"map_onnx_attention", 2, passes::map_onnx_attention},
     {"fold_gemm_reshape", 2, passes::fold_gemm_reshape},
+    {"regroup_head_parts", 2, passes::regroup_head_parts},
     {"fuse_rotary", 2, passes::fuse_rotary},
     {"rotary_before_heads", 2, passes::rotary_before_heads},
     {"slices_to_split", 2, passes::slices_to_split},

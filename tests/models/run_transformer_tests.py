@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Transformer model tests: BERT, GPT-2 and ViT (transformers), torchvision's ViT (dynamo only: its
 TorchScript export fails in PyTorch), timm's ViT, timm's EVA-02 (rotary embedding on the patch
-tokens in interleaved pairs; dynamo only, like torchvision's) and a Llama-architecture decoder
-with grouped-query attention, each exported the ways users export them (TorchScript opset 17 and
+tokens in interleaved pairs; dynamo only, like torchvision's), a Llama-architecture decoder
+with grouped-query attention and a GPT-NeoX one (Q, K and V interleaved per head in one
+projection, a partial rotary), each exported the ways users export them (TorchScript opset 17 and
 dynamo opset 18), at 2 layers and hidden size 128 with random weights; and the attention matrix
 (tests/models/transformers/matrix: scripts/export_transformer_matrix.py): the Llama, Qwen2,
 Phi-3, ViT, DeiT and BERT architectures x TorchScript, dynamo (and, for the decoders, dynamo
@@ -44,7 +45,8 @@ MAX_KERNEL_LAYERS_PER_BLOCK = 8
 # rotating its Q and K heads itself (mha.flash: fuse_attention_rotary), the output projection
 # with the residual, RMSNorm, the packed gate and up GEMM, silu(gate) * up reading both halves in
 # place, the down projection.
-FUSED_FORMS = ("bert", "gpt2", "vit", "timm_vit", "timm_eva", "tv_vit", "llama", "qwen2", "phi3", "deit")
+FUSED_FORMS = ("bert", "gpt2", "vit", "timm_vit", "timm_eva", "tv_vit", "llama", "qwen2", "phi3", "deit",
+               "gptneox")
 FUSED_ATTENTION_TACTICS = ("mha.flash", "mha.cudnn")
 VOCAB = 1000  # the --tiny models' vocabulary
 

@@ -172,8 +172,9 @@ TEST(RotaryForms, HeadsAlsoReadUnrotatedKeepTheirRotary) {
   EXPECT_TRUE(has_note(notes, "reads rotated heads")) << dump_notes(notes);
   auto opt = optimize_checked(e.b.g, kPasses);
   EXPECT_EQ(count(*opt, "RotaryEmbedding"), 2);
-  for (const Node* n : opt->nodes())
+  for (const Node* n : opt->nodes()) {
     if (n->op_type == "RotaryEmbedding") EXPECT_EQ(n->input(0)->type.rank(), 4);
+  }
 }
 
 }  // namespace
