@@ -69,10 +69,19 @@ const Tensor* plain_cache(const Node& rot, int slot) {
   return nullptr;
 }
 
-// Concat `cat` of the rotary `old` and slices of x becomes `rot` (the rotary over all of x): its
-// result takes the Concat's readers (or name, where it is a graph output); the Concat, `old` and
-// the slices (one Split, or Slices) go.
-Status replace_concat(Graph& g, Node* cat, Node* old, Node* rot) {
+// Concat `cat` of the rotary `old` and slices of x becomes one rotary (inputs `ins`, x first, and
+// attributes `a`) over all of x: its result takes the Concat's readers (or name, where it is a
+// graph output); the Concat, `old` and the slices (one Split, or Slices) go.
+Status replace_concat(PassContext& ctx, Node* cat, Node* old, const std::vector<Value*>& ins,
+                      const Attributes& a, const char* suffix) {
+  Graph& g = ctx.g;
+  const std::string rn = g.unique_name(old->name + suffix);
+  Node* rot = g.insert_node_before(cat, "RotaryEmbedding", rn, ins, {rn});
+  rot->attrs = a;
+  rot->origin = ctx.pass;
+  rot->output(0)->type = ins[0]->type;
+  merge_onnx_nodes(*rot, *cat);
+  merge_onnx_nodes(*rot, *old);
   Value* out = cat->output(0);
   std::vector<Node*> parts = {cat->input(0)->producer, cat->input(1)->producer};
   parts.push_back(old->input(0)->producer);
@@ -137,18 +146,11 @@ struct RotaryPartialDims {
   }
 
   static Status rewrite(PassContext& ctx, const Match& m) {
-    Graph& g = ctx.g;
     std::vector<Value*> ins(m.rot->inputs().begin(), m.rot->inputs().end());
     ins[0] = m.x;
-    const std::string rn = g.unique_name(m.rot->name + "_partial");
-    Node* rot = g.insert_node_before(m.cat, "RotaryEmbedding", rn, ins, {rn});
-    rot->attrs = m.rot->attrs;
-    rot->attrs.set("rotary_embedding_dim", Attribute::Int(m.r));
-    rot->origin = ctx.pass;
-    rot->output(0)->type = m.x->type;
-    merge_onnx_nodes(*rot, *m.cat);
-    merge_onnx_nodes(*rot, *m.rot);
-    return replace_concat(g, m.cat, m.rot, rot);
+    Attributes a = m.rot->attrs;
+    a.set("rotary_embedding_dim", Attribute::Int(m.r));
+    return replace_concat(ctx, m.cat, m.rot, ins, a, "_partial");
   }
 };
 
@@ -215,14 +217,7 @@ struct RotaryPrefixRows {
       if (!v) v = g.add_constant(name, with_rows(*c->constant, m.p, slot == 1 ? 1.f : 0.f));
       ins.push_back(v);
     }
-    const std::string rn = g.unique_name(m.rot->name + "_all_rows");
-    Node* rot = g.insert_node_before(m.cat, "RotaryEmbedding", rn, ins, {rn});
-    rot->attrs = m.rot->attrs;
-    rot->origin = ctx.pass;
-    rot->output(0)->type = m.x->type;
-    merge_onnx_nodes(*rot, *m.cat);
-    merge_onnx_nodes(*rot, *m.rot);
-    return replace_concat(g, m.cat, m.rot, rot);
+    return replace_concat(ctx, m.cat, m.rot, ins, m.rot->attrs, "_all_rows");
   }
 };
 

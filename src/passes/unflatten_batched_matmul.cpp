@@ -65,7 +65,6 @@ struct UnflattenBatchedMatmul {
   }
 
   static Status rewrite(PassContext& ctx, const Match& m) {
-    Graph& g = ctx.g;
     Node* fa = m.mm->input(0)->producer;
     Node* fb = m.mm->input(1)->producer;
     std::vector<Node*> group = {m.mm, m.unflatten, fa};

@@ -173,7 +173,9 @@ TEST(RotaryForms, HeadsAlsoReadUnrotatedKeepTheirRotary) {
   auto opt = optimize_checked(e.b.g, kPasses);
   EXPECT_EQ(count(*opt, "RotaryEmbedding"), 2);
   for (const Node* n : opt->nodes()) {
-    if (n->op_type == "RotaryEmbedding") EXPECT_EQ(n->input(0)->type.rank(), 4);
+    if (n->op_type == "RotaryEmbedding") {
+      EXPECT_EQ(n->input(0)->type.rank(), 4);
+    }
   }
 }
 
