@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Export a timm ViT or DeiT (timm.models.vision_transformer.VisionTransformer: qkv Linear ->
-reshape -> permute -> unbind -> scaled_dot_product_attention; random weights, eval) to ONNX
+reshape -> permute -> unbind -> scaled_dot_product_attention), or another timm ViT by --model
+(EVA-02: rotary embedding on the patch tokens; random weights, eval) to ONNX
 with a dynamic batch; input pixel_values [batch, 3, 224, 224], output logits [batch, 1000].
 Default vit_small_patch16_224 (DeiT-S's shape); --tiny: 2 layers, hidden 128, 2 heads.
 
@@ -36,7 +37,10 @@ def main():
     model, args, ins, outs, dyn = build(a.tiny, a.seed, a.model)
     with torch.no_grad():
         how = tx.export(model, args, a.path, ins, outs, dyn, a.exporter, static=a.static)
-    tx.finish(a, f"timm {a.model} ({len(model.blocks)} blocks, hidden {model.embed_dim})", how)
+    # An EVA's rotary table (rope.*) is computed from the patch grid, not learned: a skeleton
+    # keeps it, so the rotary's pairs stay equal.
+    tx.finish(a, f"timm {a.model} ({len(model.blocks)} blocks, hidden {model.embed_dim})", how,
+              keep=("rope.",))
 
 
 if __name__ == "__main__":

@@ -114,15 +114,17 @@ def decoder_main(name, default_path, build, more_arguments=None):
               f"{getattr(cfg, 'num_key_value_heads', cfg.num_attention_heads)} key/value heads)", how)
 
 
-def skeletonize(path):
+def skeletonize(path, keep=()):
     """Rewrites the model at `path` in place without its large float initializers: each keeps
-    its name, type and shape, and its doc_string records the mean and standard deviation."""
+    its name, type and shape, and its doc_string records the mean and standard deviation.
+    Initializers whose name contains one of `keep` stay whole (tables computed, not learned,
+    whose values the optimizer reads: a rotary embedding's sin/cos table)."""
     import onnx
     from onnx import numpy_helper
     m = onnx.load(path)  # loads external data too
     for t in m.graph.initializer:
         a = numpy_helper.to_array(t)
-        if a.size < SKELETON_MIN_ELEMENTS or a.dtype.kind != "f":
+        if a.size < SKELETON_MIN_ELEMENTS or a.dtype.kind != "f" or any(k in t.name for k in keep):
             continue
         doc = f"{SKELETON_TAG} mean={float(a.mean()):.6g} std={float(a.std()):.6g}"
         empty = onnx.TensorProto()
@@ -171,9 +173,9 @@ def report(path, what, how):
           f"{dict(sorted(ops.items()))}")
 
 
-def finish(a, what, how):
+def finish(a, what, how, keep=()):
     if a.skeleton:
-        skeletonize(a.path)
+        skeletonize(a.path, keep)
     report(a.path, what, how)
 
 

@@ -10,8 +10,9 @@
 // bias of N values added, or kiln.FusedGemm (base MatMul, constant weight and bias, no residual,
 // not INT8). The layout ops that restore y are a view the head walk follows (head_walk.h), so
 // fold_attention_heads reads Q, K and V as one packed tensor and a rotary on Q and K moves in
-// front of the split (rotary_before_heads). Only where a part reaches an attention through
-// layout ops and a rotary: elsewhere the reorder would only add a copy.
+// front of the split (rotary_before_heads). Only where the parts reach different inputs of an
+// attention (Q, K, V) through layout ops and a rotary: elsewhere (rotate_half's two halves of a
+// head, rejoined before the attention) the reorder would only add a copy.
 #include <algorithm>
 #include <cstring>
 
@@ -64,19 +65,35 @@ std::optional<Product> product_of(const Graph& g, Value* y) {
   return std::nullopt;
 }
 
-// Whether v reaches an attention through layout ops, rotaries and Concats (a partial rotary's
-// halves), within a few steps.
-bool reaches_attention(const Value* v, int depth = 0) {
-  if (depth > 12) return false;
+// The inputs of attentions (bit i: input i, Q, K or V) that v reaches through layout ops,
+// rotaries, the rotation's arithmetic and Concats (a partial rotary's halves), within a few steps.
+unsigned attention_slots(const Value* v, int depth = 0) {
+  if (depth > 12) return 0;
+  unsigned slots = 0;
   for (const auto& [u, slot] : v->uses()) {
-    if (is_kiln_op(u, "Attention") || is_kiln_op(u, "MultiHeadAttention")) return true;
+    if (is_kiln_op(u, "Attention") || is_kiln_op(u, "MultiHeadAttention")) {
+      if (slot < 3) slots |= 1u << slot;
+      continue;
+    }
     if (!layout_op(u) && !is_op(u, "RotaryEmbedding") && !is_op(u, "Mul") && !is_op(u, "Add") &&
         !is_op(u, "Neg"))
       continue;
     for (const Value* o : u->outputs())
-      if (o && reaches_attention(o, depth + 1)) return true;
+      if (o) slots |= attention_slots(o, depth + 1);
   }
-  return false;
+  return slots;
+}
+
+// Whether the parts reach different inputs of an attention each (Q, K and V), not one input
+// together (rotate_half's two halves of a head, rejoined before the attention).
+bool parts_of_an_attention(const std::vector<const Value*>& parts) {
+  unsigned seen = 0;
+  for (const Value* p : parts) {
+    const unsigned s = attention_slots(p);
+    if (!s || (s & seen)) return false;
+    seen |= s;
+  }
+  return true;
 }
 
 // The number of parts P the last axis of r (of width w) is cut into, each read toward an
@@ -97,10 +114,10 @@ int64_t parts_of(const Graph& g, const Value* r, int64_t w) {
       if (a < 0) a += rank;
       const int64_t p = static_cast<int64_t>(u->num_outputs());
       if (a != rank - 1 || p < 2 || w % p) continue;
-      bool ok = true;
+      std::vector<const Value*> parts;
       for (const Value* o : u->outputs())
-        ok &= o && o->type.has_rank() && o->type.dims->back() == Dim(w / p) && reaches_attention(o);
-      if (ok) return p;
+        if (o && o->type.has_rank() && o->type.dims->back() == Dim(w / p)) parts.push_back(o);
+      if (static_cast<int64_t>(parts.size()) == p && parts_of_an_attention(parts)) return p;
     }
     if (is_op(u, "Slice")) {
       const auto sl = axis_slice(u, rank);
@@ -108,14 +125,14 @@ int64_t parts_of(const Graph& g, const Value* r, int64_t w) {
       const int64_t d = std::min(sl->end, w);
       if (d <= 0 || d >= w || w % d) continue;
       // The other parts: Slices [k*d, (k+1)*d) of r.
-      int64_t found = 0;
+      std::vector<const Value*> parts;
       for (const auto& [s, t] : r->uses()) {
         const auto o = is_op(s, "Slice") ? axis_slice(s, rank) : std::nullopt;
         if (o && o->axis == rank - 1 && o->step == 1 && o->start % d == 0 &&
-            std::min(o->end, w) == o->start + d && reaches_attention(s->output(0)))
-          ++found;
+            std::min(o->end, w) == o->start + d)
+          parts.push_back(s->output(0));
       }
-      if (found == w / d) return w / d;
+      if (static_cast<int64_t>(parts.size()) == w / d && parts_of_an_attention(parts)) return w / d;
     }
   }
   return 0;
