@@ -1,7 +1,8 @@
 // regroup_head_parts: a projection whose heads interleave Q, K and V (GPT-NeoX's query_key_value
 // viewed [B, S, H, 3*D] and cut into three) is reordered part-major at build time, so
 // fold_attention_heads folds the attention into one packed kiln.MultiHeadAttention (checked
-// against the unfused graph on the CPU); a cut read by no attention stays as it is.
+// against the unfused graph on the CPU); a cut read by no attention, or whose parts reach one input
+// of it together (rotate_half's halves of a head), stays as it is.
 #include "pass_test_util.h"
 
 namespace kiln::test {
@@ -66,6 +67,25 @@ TEST(RegroupHeadParts, PartsReadByNoAttentionStay) {
   neox(b, false, /*attend=*/false);
   auto opt = optimize_checked(b.g, {"regroup_head_parts", "eliminate_dead_code"});
   EXPECT_EQ(count(*opt, "Transpose"), 1);  // no reorder, no view added
+}
+
+TEST(RegroupHeadParts, HalvesOfOneHeadStay) {
+  // rotate_half cuts each head of Q into two halves that are rejoined before the attention: the
+  // cut reaches the attention's Q only, so nothing is regrouped (that would only add a copy).
+  G b;
+  Value* x = b.in("x", {kB, kS, kE});
+  Value* q = perm(b, reshape(b, b.op("MatMul", {x, b.c(rand_t({kE, kE}))}), {kB, kS, kH, kD}),
+                  {0, 2, 1, 3});
+  Value* rot =
+      b.op("Concat", {b.op("Neg", {slice_last(b, q, kD / 2, kD)}), slice_last(b, q, 0, kD / 2)},
+           attrs({{"axis", Attribute::Int(-1)}}));
+  Value* k = perm(b, reshape(b, b.op("MatMul", {x, b.c(rand_t({kE, kE}))}), {kB, kS, kH, kD}),
+                  {0, 2, 1, 3});
+  Value* s = b.op("Mul", {b.op("MatMul", {rot, perm(b, k, {0, 1, 3, 2})}), b.cf(0.5f)});
+  Value* pr = b.op("Softmax", {s}, attrs({{"axis", Attribute::Int(-1)}}));
+  b.out(b.op("MatMul", {pr, k}));
+  auto opt = optimize_checked(b.g, {"fuse_attention", "regroup_head_parts", "eliminate_dead_code"});
+  EXPECT_EQ(count(*opt, "Transpose"), 3);  // q's, k's and K^T: no view added
 }
 
 }  // namespace
