@@ -24,6 +24,7 @@
 // RotaryOverSplit).
 #include <algorithm>
 #include <cstring>
+#include <set>
 
 #include "passes/head_walk.h"
 #include "passes/passes.h"
@@ -229,12 +230,14 @@ struct RotaryBeforeHeads {
   };
 
   // The heads [begin, end) of x (in elements of its last axis) that t reads, with head size d,
-  // or nullopt where t is not a batch-first view of x's heads without repetition.
+  // or nullopt where t is not a batch-first view of x's heads (without repetition, unless
+  // `repeated`: grouped-query K or V read by an attention).
   static std::optional<std::pair<int64_t, int64_t>> heads_of(Value* t, const Value* x,
-                                                             const char (&order)[5], int64_t* d) {
+                                                             const char (&order)[5], int64_t* d,
+                                                             bool repeated = false) {
     if (!t->type.has_rank() || t->type.rank() != 4) return std::nullopt;
     for (const Heads& hs : walk_heads(t, order))
-      if (hs.x == x && hs.rep == 1 && !hs.seq_first) {
+      if (hs.x == x && (hs.rep == 1 || repeated) && !hs.seq_first) {
         if (d) *d = hs.d;
         return std::make_pair(hs.offset, hs.offset + hs.h * hs.d);
       }
@@ -318,8 +321,8 @@ struct RotaryBeforeHeads {
         }
         continue;
       }
-      std::optional<std::pair<int64_t, int64_t>> range = heads_of(l.v, x, "bhsd", nullptr);
-      if (!range) range = heads_of(l.v, x, "bhds", nullptr);
+      std::optional<std::pair<int64_t, int64_t>> range = heads_of(l.v, x, "bhsd", nullptr, true);
+      if (!range) range = heads_of(l.v, x, "bhds", nullptr, true);
       if (!range)
         return reject(fmt::format("{} reads a view that is not whole heads", l.node->label()));
       other.push_back(*range);
@@ -338,6 +341,20 @@ struct RotaryBeforeHeads {
       if (ctx.g.is_graph_output(u->output(0)) &&
           (u->input(0)->uses().size() != 1 || !u->input(0)->producer))
         return reject("a rotary's result is a graph output and its input is read elsewhere");
+    // The caches and position ids must not be computed from the views the rotary will now
+    // feed (a cycle; the pipeline re-sorts the nodes after the pass, so their order is free).
+    std::vector<const Value*> up(r.inputs().begin() + 1, r.inputs().end());
+    std::set<const Value*> seen;
+    while (!up.empty()) {
+      const Value* v = up.back();
+      up.pop_back();
+      if (!v || !seen.insert(v).second) continue;
+      if (v != x && std::find(tree.begin(), tree.end(), v) != tree.end())
+        return reject("its caches are computed from the heads it rotates");
+      if (seen.size() > 4096) return reject("its caches' computation is too large to check");
+      if (v->producer)
+        for (const Value* in : v->producer->inputs()) up.push_back(in);
+    }
     Attributes a = r.attrs;
     a.set("num_heads", Attribute::Int(n / d));
     if (lo != 0 || hi != n) {
