@@ -715,11 +715,6 @@ std::unique_ptr<Graph> prefix_net() {
 // every run and shapes that alternate.
 TEST(CudaEngine, DynamicRegionPrefixReplaysAsAGraph) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU here: GPU test skipped";
-  // The prefix's captures are gated until verified on a GPU; the other tests run without.
-  struct Gate {
-    Gate() { setenv("KILN_UNVERIFIED_TACTICS", "1", 1); }
-    ~Gate() { unsetenv("KILN_UNVERIFIED_TACTICS"); }
-  } gate;
   BuildConfig c;
   c.backend = "cuda";
   c.tf32 = false;

@@ -117,9 +117,8 @@ void DynamicGraph::plan_prefix() {
       if (y && read_after[index_.at(y)]) prefix_outputs_.push_back(index_.at(y));
 }
 
-// KILN_UNVERIFIED_TACTICS=1 until a GPU run of the dynamic-region tests has replayed captures.
 bool DynamicGraph::prefix_on(const DynamicRuntime& rt) const {
-  return !prefix_nodes_.empty() && rt.graphs && !rt.times && unverified_tactics_enabled(nullptr);
+  return !prefix_nodes_.empty() && rt.graphs && !rt.times;
 }
 
 size_t DynamicGraph::prefix_held_bytes() const {

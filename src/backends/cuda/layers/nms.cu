@@ -306,10 +306,6 @@ bool nms_supports(const LayerDesc& d, std::string* why) {
   return true;
 }
 
-bool nms_staged_supports(const LayerDesc& d, std::string* why) {
-  return unverified_tactics_enabled(why) && nms_supports(d, why);
-}
-
 Expected<std::unique_ptr<Layer>> create_nms(const LayerDesc& d) {
   return std::unique_ptr<Layer>(new NmsLayer(d, false));
 }
@@ -324,7 +320,7 @@ constexpr uint32_t kHostThresholds = (1u << 2) | (1u << 3) | (1u << 4);
 // A data-dependent layer is not timed: it takes the first tactic that supports it.
 const TacticDef kTactics[] = {
     {"", "NonMaxSuppression", "detection.nms.staged", kF32 | kF16 | kF64 | kDataDependent,
-     kHostThresholds, nms_staged_supports, create_nms_staged},
+     kHostThresholds, nms_supports, create_nms_staged},
     {"", "NonMaxSuppression", "detection.nms", kF32 | kF16 | kF64 | kDataDependent,
      kHostThresholds, nms_supports, create_nms},
 };
