@@ -15,6 +15,7 @@ Expected<bool> cancel_transposes(PassContext& ctx);
 Expected<bool> fold_reshape_transpose(PassContext& ctx);
 Expected<bool> eliminate_dead_code(PassContext& ctx);
 Expected<bool> fold_batchnorm(PassContext& ctx);
+Expected<bool> fold_pad_into_conv(PassContext& ctx);
 Expected<bool> reduce_to_global_pool(PassContext& ctx);
 Expected<bool> fuse_layernorm(PassContext& ctx);
 Expected<bool> fuse_rmsnorm(PassContext& ctx);

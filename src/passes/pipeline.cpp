@@ -42,7 +42,8 @@ struct PassEntry {
 // - reduce_to_global_pool beside the folding: a ReduceMean over every spatial axis becomes the
 //   GlobalAveragePool it is, before any fusion reads either form.
 // - fold_batchnorm before any fusion: BN folds into the weights of a plain Conv/Gemm/MatMul;
-//   once an activation fused in between, it no longer could.
+//   once an activation fused in between, it no longer could. fold_pad_into_conv beside it: a
+//   zero Pad (TensorFlow's SAME padding) becomes a plain Conv's pads before fusions take it.
 // - fuse_layernorm, fuse_gelu, fuse_swish and fuse_attention before the generic fusions: they
 // recognise
 //   composite ops made of MatMul/Add/elementwise pieces that fuse_matmul_add and
@@ -128,6 +129,7 @@ constexpr PassEntry kPipeline[] = {
     {"fold_reshape_transpose", 1, passes::fold_reshape_transpose},
     {"cancel_transposes", 1, passes::cancel_transposes},
     {"fold_batchnorm", 1, passes::fold_batchnorm},
+    {"fold_pad_into_conv", 1, passes::fold_pad_into_conv},
     {"reduce_to_global_pool", 1, passes::reduce_to_global_pool},
     {"eliminate_dead_code", 1, passes::eliminate_dead_code},
     {"fuse_layernorm", 2, passes::fuse_layernorm},

@@ -78,6 +78,17 @@ std::vector<OpCase> conv_cases() {
                      attrs({{"group", Attribute::Int(C)}, {"strides", ints_attr({s, s})},
                             {"pads", ints_attr({k / 2, k / 2, k / 2, k / 2})}})));
   }
+  // TensorFlow's SAME padding folded into the convolution (fold_pad_into_conv): fewer rows and
+  // columns before than after (stride 2 on even maps), and a stride-1 layer padded after only.
+  for (const auto& [C, k, s, H, lo, hi] :
+       {std::tuple<int64_t, int, int, int64_t, int64_t, int64_t>{32, 3, 2, 14, 0, 1},
+        {64, 5, 2, 12, 1, 2}, {24, 3, 1, 9, 0, 2}}) {
+    v.push_back(conv("dw_tf_same_c" + std::to_string(C) + "_k" + std::to_string(k) + "_s" +
+                         std::to_string(s),
+                     {2, C, H, H + 2}, {C, 1, k, k},
+                     attrs({{"group", Attribute::Int(C)}, {"strides", ints_attr({s, s})},
+                            {"pads", ints_attr({lo, lo, hi, hi})}})));
+  }
   {  // EfficientNet's depthwise layer with its SiLU (Swish) and a residual: kiln's kernel only
     OpCase c = conv("dw_fused_swish", {2, 24, 9, 13}, {24, 1, 5, 5},
                     attrs({{"group", Attribute::Int(24)}, {"pads", ints_attr({2, 2, 2, 2})},
