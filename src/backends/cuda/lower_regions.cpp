@@ -3,6 +3,7 @@
 // of its subgraphs (lower_subgraphs), which the executor's dynamic region runs.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <sstream>
 #include <unordered_set>
 
@@ -22,6 +23,16 @@ bool small_value(const Value& v) {
   int64_t n = 1;
   for (int64_t d : *s) n *= d;
   return n <= kMaxHostValueElements;
+}
+// A value larger than shape arithmetic whatever its unknown dims: the dims known multiply past
+// the limit (Faster R-CNN's RoI pooling fills zeros of [rois, 256, 7, 7] from a shape it
+// computed on the host).
+bool large_value(const Value& v) {
+  if (!v.type.dims) return false;
+  int64_t n = 1;
+  for (const Dim& d : *v.type.dims)
+    if (d.is_static() && (n *= std::max<int64_t>(d.value, 1)) > kMaxHostValueElements) return true;
+  return false;
 }
 }  // namespace
 
@@ -74,6 +85,11 @@ std::vector<bool> host_nodes(const Graph& g, const std::vector<bool>& host_input
         if (v && !v->is_constant() && !host_vals.count(v) && !input_is_type_only(*n, i)) h = false;
       }
     }
+    // Small inputs can make a large output (ConstantOfShape, Expand, Tile, Range): that one is
+    // made on the GPU where a tactic takes it, not made on the host and uploaded.
+    if (h && !is_shape_op(n->domain, n->op_type) && !tactics_for(n->domain, n->op_type).empty())
+      for (const Value* v : n->outputs())
+        if (v && large_value(*v)) h = false;
     host[k] = h;
     if (h)
       for (const Value* v : n->outputs())
