@@ -142,6 +142,7 @@ Expected<std::unique_ptr<DynamicGraph>> DynamicGraph::create(const Graph& g, con
       if (v) ++d->uses_[d->index_.at(v)];
   for (const Value* v : g.outputs()) ++d->uses_[d->index_.at(v)];
   d->configured_.resize(g.nodes().size());
+  d->shapes_.resize(g.nodes().size());
   for (size_t k = 0; k < g.nodes().size(); ++k) {
     const Node* n = g.nodes()[k];
     const LayerChoice& c = plan.layers[k];
@@ -459,23 +460,35 @@ Status DynamicGraph::run_layer(DynamicRuntime& rt, size_t k, std::vector<DynValu
     key += '|';
   }
   // Output shapes: inference on the scratch copy, whose inputs carry what this run learned; a
-  // data-dependent layer's at the op's bound, its real ones read back after it ran.
+  // data-dependent layer's at the op's bound, its real ones read back after it ran. They follow
+  // from the input shapes and host values (the key so far), so the last run's are reused where
+  // those are the same (a detector run on images of one size: most of its layers' inputs).
   const bool dds = c.tactic->caps & kDataDependent;
-  std::vector<TensorType> types(n->num_outputs());
-  InferContext ictx(*sn, types);
-  KILN_RETURN_IF_ERROR(dds && def->bound ? def->bound(ictx) : def->infer(ictx));
+  ShapeMemo& memo = shapes_[k];
+  if (memo.key != key || memo.shapes.size() != n->num_outputs()) {
+    std::vector<TensorType> types(n->num_outputs());
+    InferContext ictx(*sn, types);
+    KILN_RETURN_IF_ERROR(dds && def->bound ? def->bound(ictx) : def->infer(ictx));
+    memo.key.clear();
+    memo.shapes.assign(n->num_outputs(), {});
+    for (size_t o = 0; o < n->num_outputs(); ++o) {
+      if (!n->output(o)) continue;
+      auto shape = types[o].static_shape();
+      if (!shape)
+        return KILN_ERROR("the shape of output '{}' is not known when the run reaches it ({})",
+                          n->output(o)->name, types[o].str());
+      memo.shapes[o] = *shape;
+    }
+    memo.key = key;
+  }
   std::vector<std::shared_ptr<void>> blocks(n->num_outputs());
   const int alias = c.tactic->alias_input;
   for (size_t o = 0; o < n->num_outputs(); ++o) {
     if (!n->output(o)) continue;
-    auto shape = types[o].static_shape();
-    if (!shape)
-      return KILN_ERROR("the shape of output '{}' is not known when the run reaches it ({})",
-                        n->output(o)->name, types[o].str());
-    outs[o].shape = *shape;
+    outs[o].shape = memo.shapes[o];
     outs[o].dtype = c.out[o].dtype;
     outs[o].layout = c.out[o].layout;
-    key += shape_str(*shape) + '|';
+    key += shape_str(memo.shapes[o]) + '|';
     // An alias layer (the Reshape family) relabels its input's memory where the formats agree.
     if (o == 0 && alias >= 0 && ins[alias].data && ins[alias].dtype == outs[o].dtype &&
         ins[alias].layout == outs[o].layout) {

@@ -154,6 +154,11 @@ class DynamicGraph {
   std::vector<int> uses_;                   // slot -> node inputs and graph outputs reading it
   std::vector<std::unique_ptr<Layer>> layers_;  // per node; null: host node or control flow
   std::vector<std::string> configured_;     // per node: the shapes it was last configured for
+  struct ShapeMemo {  // per node: its output shapes at the input shapes and host values `key`
+    std::string key;
+    std::vector<std::vector<int64_t>> shapes;
+  };
+  std::vector<ShapeMemo> shapes_;
   std::map<std::pair<size_t, std::string>, std::unique_ptr<DynamicGraph>> subs_;
   std::map<std::pair<const Value*, std::string>, std::shared_ptr<void>> consts_;
   std::vector<std::shared_ptr<void>> keep_;  // this run's uploads of host values
