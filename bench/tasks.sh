@@ -6,7 +6,7 @@
 #   bench/tasks.sh                                                     # on the device
 # KILN_TASKS_MODELS (a comma-separated list; default: what kiln builds today), KILN_TASKS_ARGS
 # (more bench/tasks.py flags, e.g. "--batches 1,8 --iters 100 --no-compile"), KILN_TASKS_TIMEOUT
-# (seconds, default 540: a device call's command has 600).
+# (seconds, default 540: a device call's command has 600; no model starts in its last third, at most 200 s).
 # Each call exports its models afresh (the SD UNet: about 2-3 minutes of CPU), so a call holds a
 # few models; suggested, one line per call:
 #   KILN_TASKS_MODELS=sd15_unet KILN_TASKS_ARGS="--batches 1,8 --iters 30 --check-batch 1 --compile-batches 1"
@@ -25,5 +25,8 @@ fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import torch, torchvision, transformers, diffusers, onnxruntime as o; print('torch', torch.__version__, 'torchvision', torchvision.__version__, 'transformers', transformers.__version__, 'diffusers', diffusers.__version__, 'onnxruntime', o.__version__)" | tee -a "$OUT/gpu.txt"
 MODELS=${KILN_TASKS_MODELS:-sd15_text_encoder,sd15_unet,sd15_vae_decoder,fcn_resnet50,deeplabv3_mobilenet_v3_large,lraspp_mobilenet_v3_large,r3d_18,s3d}
-timeout "${KILN_TASKS_TIMEOUT:-540}" python3 bench/tasks.py --kiln "$KILN" --out "$OUT" --work /tmp/kiln-tasks \
-  --models "$MODELS" --deadline "$(( ${KILN_TASKS_TIMEOUT:-540} - 200 ))" ${KILN_TASKS_ARGS:-} 2>&1 | tee "$OUT/tasks.log"
+# No model starts in the last third of the time (at most 200 s): the one running can finish.
+TIMEOUT=${KILN_TASKS_TIMEOUT:-540}
+DEADLINE=$(( TIMEOUT - (TIMEOUT / 3 < 200 ? TIMEOUT / 3 : 200) ))
+timeout "$TIMEOUT" python3 bench/tasks.py --kiln "$KILN" --out "$OUT" --work /tmp/kiln-tasks \
+  --models "$MODELS" --deadline "$DEADLINE" ${KILN_TASKS_ARGS:-} 2>&1 | tee "$OUT/tasks.log"
