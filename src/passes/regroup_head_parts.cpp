@@ -99,13 +99,13 @@ bool parts_of_an_attention(const std::vector<const Value*>& parts) {
 // The number of parts P the last axis of r (of width w) is cut into, each read toward an
 // attention: a Split into P equal parts, or P step-1 Slices of equal width covering it, after
 // Transposes that keep the last axis last. 0 where it is not so cut.
-int64_t parts_of(const Graph& g, const Value* r, int64_t w) {
+int64_t parts_of(const Value* r, int64_t w) {
   const int64_t rank = r->type.rank();
   for (const auto& [u, slot] : r->uses()) {
     if (is_op(u, "Transpose")) {
       const auto perm = u->attrs.get_ints("perm");
       if (perm.size() == static_cast<size_t>(rank) && perm.back() == rank - 1) {
-        if (const int64_t p = parts_of(g, u->output(0), w)) return p;
+        if (const int64_t p = parts_of(u->output(0), w)) return p;
       }
       continue;
     }
@@ -159,7 +159,7 @@ struct RegroupHeadParts {
     if (!hd.is_static() || !wd.is_static() || hd.value < 2 ||
         hd.value * wd.value != yd.back().value)
       return std::nullopt;
-    const int64_t p = parts_of(ctx.g, r.output(0), wd.value);
+    const int64_t p = parts_of(r.output(0), wd.value);
     if (p < 2) return std::nullopt;
     auto reject = [&](const char* why) {
       ctx.note(
