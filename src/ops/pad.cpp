@@ -6,9 +6,36 @@
 
 #include "core/dispatch.h"
 #include "ops/op.h"
+#include "ops/shape_util.h"
 
 namespace kiln {
+
+namespace shape_detail {
+Expected<std::vector<int64_t>> full_pads(const Node& n, int64_t rank, const std::vector<int64_t>& pads,
+                                         const Tensor* axes_t) {
+  std::vector<int64_t> axes;
+  if (axes_t) {
+    for (int64_t a : axes_t->to_int64_vector()) {
+      KILN_ASSIGN_OR_RETURN(int64_t na, normalize_axis(a, rank, n));
+      axes.push_back(na);
+    }
+  } else {
+    for (int64_t i = 0; i < rank; ++i) axes.push_back(i);
+  }
+  if (pads.size() != 2 * axes.size())
+    return KILN_ERROR("{}: pads has {} values, expected {} (2 x {} axes)", n.label(), pads.size(),
+                      2 * axes.size(), axes.size());
+  std::vector<int64_t> out(2 * rank, 0);
+  for (size_t i = 0; i < axes.size(); ++i) {
+    out[axes[i]] = pads[i];
+    out[rank + axes[i]] = pads[axes.size() + i];
+  }
+  return out;
+}
+}  // namespace shape_detail
+
 namespace {
+using shape_detail::full_pads;
 
 // --- Pad ----------------------------------------------------------------------------------------
 // Before opset 11 pads (opset 1: "paddings") and value were attributes.
@@ -37,29 +64,6 @@ Expected<PadMode> pad_mode(const Node& n) {
   if (m == "edge") return PadMode::kEdge;
   if (m == "wrap") return PadMode::kWrap;
   return KILN_ERROR("{}: unknown pad mode '{}'", n.label(), m);
-}
-
-// Expands `pads` (2 * len(axes) values, begins then ends) to 2 * rank values.
-Expected<std::vector<int64_t>> full_pads(const Node& n, int64_t rank,
-                                         const std::vector<int64_t>& pads, const Tensor* axes_t) {
-  std::vector<int64_t> axes;
-  if (axes_t) {
-    for (int64_t a : axes_t->to_int64_vector()) {
-      KILN_ASSIGN_OR_RETURN(int64_t na, normalize_axis(a, rank, n));
-      axes.push_back(na);
-    }
-  } else {
-    for (int64_t i = 0; i < rank; ++i) axes.push_back(i);
-  }
-  if (pads.size() != 2 * axes.size())
-    return KILN_ERROR("{}: pads has {} values, expected {} (2 x {} axes)", n.label(), pads.size(),
-                      2 * axes.size(), axes.size());
-  std::vector<int64_t> out(2 * rank, 0);
-  for (size_t i = 0; i < axes.size(); ++i) {
-    out[axes[i]] = pads[i];
-    out[rank + axes[i]] = pads[axes.size() + i];
-  }
-  return out;
 }
 
 Status infer_pad(InferContext& ctx) {

@@ -22,6 +22,11 @@ std::span<const OpDef> gather_ops();        // index_gather.cpp: Gather, GatherE
 std::span<const OpDef> sort_ops();          // index_sort.cpp: TopK, ArgMax, ArgMin
 std::span<const OpDef> scan_ops();          // index_scan.cpp: Trilu, CumSum
 
+// A Pad's `pads` (2 * len(axes) values, begins then ends; `axes_t` its axes input, or nullptr for
+// every axis) as 2 * rank values, begins then ends (src/ops/pad.cpp); an error names node `n`.
+Expected<std::vector<int64_t>> full_pads(const Node& n, int64_t rank, const std::vector<int64_t>& pads,
+                                         const Tensor* axes_t);
+
 // Copies a strided view of `src` into the contiguous `dst`: element o (multi-index o_k over
 // `out_shape`) reads src element `offset + sum_k o_k * strides[k]` (strides in elements, may
 // be 0 or negative). Works on raw bytes of `esize` bytes per element.

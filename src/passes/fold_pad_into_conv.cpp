@@ -11,15 +11,15 @@
 // fused one) with auto_pad NOTSET taking it as X (the Pad goes with the last of them).
 #include <algorithm>
 
+#include "ops/shape_util.h"
 #include "passes/passes.h"
 
 namespace kiln::passes {
 namespace {
 
-// The Pad's begin and end amounts per axis of a rank-`rank` tensor, or why not a zero Pad that
-// a convolution can take.
-std::string spatial_pads(const Node& pad, int64_t rank, std::vector<int64_t>* begin,
-                         std::vector<int64_t>* end) {
+// The Pad's amounts as 2 * rank values, begins then ends (ops' full_pads), or why not a zero
+// Pad that a convolution can take.
+std::string spatial_pads(const Node& pad, int64_t rank, std::vector<int64_t>* pads) {
   if (pad.attrs.get_string("mode", "constant") != "constant") return "not a constant pad";
   const Value* p = pad.input(1);
   if (!p || !p->is_constant()) return "pads are not constant";
@@ -29,28 +29,16 @@ std::string spatial_pads(const Node& pad, int64_t rank, std::vector<int64_t>* be
     if (std::any_of(vals.begin(), vals.end(), [](double d) { return d != 0.0; }))
       return "the pad value is not zero";
   }
-  std::vector<int64_t> axes(static_cast<size_t>(rank));
-  for (int64_t a = 0; a < rank; ++a) axes[static_cast<size_t>(a)] = a;
-  if (const Value* ax = pad.num_inputs() > 3 ? pad.input(3) : nullptr) {
-    if (!ax->is_constant()) return "axes are not constant";
-    axes = ax->constant->to_int64_vector();
-    for (int64_t& a : axes) {
-      if (a < -rank || a >= rank) return "an axis out of range";
-      if (a < 0) a += rank;
-    }
-  }
-  const std::vector<int64_t> amounts = p->constant->to_int64_vector();
-  if (amounts.size() != 2 * axes.size()) return "pads and axes differ in length";
-  begin->assign(static_cast<size_t>(rank), 0);
-  end->assign(static_cast<size_t>(rank), 0);
-  for (size_t i = 0; i < axes.size(); ++i) {
-    (*begin)[static_cast<size_t>(axes[i])] += amounts[i];
-    (*end)[static_cast<size_t>(axes[i])] += amounts[axes.size() + i];
-  }
+  const Value* ax = pad.num_inputs() > 3 ? pad.input(3) : nullptr;
+  if (ax && !ax->is_constant()) return "axes are not constant";
+  auto full = shape_detail::full_pads(pad, rank, p->constant->to_int64_vector(),
+                                      ax ? ax->constant.get() : nullptr);
+  if (!full.ok()) return full.status().message();
+  *pads = std::move(full).value();
   for (int64_t a = 0; a < rank; ++a) {
-    const size_t i = static_cast<size_t>(a);
-    if ((*begin)[i] < 0 || (*end)[i] < 0) return "negative pads (a crop)";
-    if (a < 2 && ((*begin)[i] != 0 || (*end)[i] != 0)) return "pads on the batch or channel axis";
+    const int64_t b = (*pads)[static_cast<size_t>(a)], e = (*pads)[static_cast<size_t>(rank + a)];
+    if (b < 0 || e < 0) return "negative pads (a crop)";
+    if (a < 2 && (b != 0 || e != 0)) return "pads on the batch or channel axis";
   }
   return "";
 }
@@ -66,7 +54,7 @@ struct FoldPadIntoConv {
   struct Match {
     Node* pad;
     std::vector<Node*> convs;
-    std::vector<int64_t> begin, end;  // per axis of X
+    std::vector<int64_t> pads;  // per axis of X: begins, then ends
   };
 
   static std::optional<Match> match(PassContext& ctx, Node& pad) {
@@ -79,18 +67,14 @@ struct FoldPadIntoConv {
       ctx.note(fmt::format("{}: {}", pad.label(), rank < 0 ? "rank unknown" : "no spatial axes"));
       return std::nullopt;
     }
-    Match m{&pad, {}, {}, {}};
-    if (std::string why = spatial_pads(pad, rank, &m.begin, &m.end); !why.empty()) {
+    Match m{&pad, {}, {}};
+    if (std::string why = spatial_pads(pad, rank, &m.pads); !why.empty()) {
       ctx.note(fmt::format("{}: {}", pad.label(), why));
       return std::nullopt;
     }
     if (ctx.g.is_graph_output(y)) return std::nullopt;
-    for (Node* c : ctx.g.nodes()) {
-      bool reads = false;
-      for (size_t i = 0; i < c->num_inputs(); ++i) reads = reads || c->input(i) == y;
-      if (!reads) continue;
-      if (!takes_pads(c) || c->input(0) != y ||
-          (c->num_inputs() > 1 && c->input(1) == y) || (c->num_inputs() > 2 && c->input(2) == y)) {
+    for (const auto& [c, slot] : y->uses()) {
+      if (!takes_pads(c) || slot != 0) {
         ctx.note(fmt::format("{}: read by {}, not as a convolution's input", pad.label(),
                              c->label()));
         return std::nullopt;
@@ -112,13 +96,13 @@ struct FoldPadIntoConv {
   }
 
   static Status rewrite(PassContext& ctx, const Match& m) {
-    const size_t sp = m.begin.size() - 2;  // spatial axes
+    const size_t rank = m.pads.size() / 2, sp = rank - 2;  // spatial axes
     for (Node* c : m.convs) {
       std::vector<int64_t> pads = c->attrs.get_ints("pads");
       if (pads.empty()) pads.assign(2 * sp, 0);
       for (size_t d = 0; d < sp; ++d) {
-        pads[d] += m.begin[d + 2];
-        pads[sp + d] += m.end[d + 2];
+        pads[d] += m.pads[d + 2];
+        pads[sp + d] += m.pads[rank + d + 2];
       }
       c->attrs.set("pads", Attribute::Ints(std::move(pads)));
       c->attrs.erase("auto_pad");
