@@ -35,10 +35,13 @@ took() { echo "fuzz.sh: $1 took $(( $(date +%s) - step_start )) s"; }
 
 if [ $build = 1 ]; then
   step "sanitizer build (clang, ASan+UBSan+libFuzzer instrumentation) in $B"
-  # -O1: the sanitizers' usual level (fast enough to fuzz, quicker to build than -O2/-O3).
+  # -O0 by default: the instrumented tree builds about three times faster than at -O1 (the
+  # sanitizers' usual level), which keeps scripts/test.sh within CI's time; the sanitizers find
+  # the same errors, the harnesses run fewer inputs a second. KILN_FUZZ_OPT=-O1 for long runs.
+  OPT=${KILN_FUZZ_OPT:--O0}
   cmake -S . -B "$B" -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
-    -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -gline-tables-only" \
-    "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -gline-tables-only" \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=$OPT -gline-tables-only" \
+    "-DCMAKE_C_FLAGS_RELWITHDEBINFO=$OPT -gline-tables-only" \
     -DKILN_CUDA=OFF -DKILN_PYTHON=OFF -DKILN_FUZZ=ON >/dev/null
   cmake --build "$B" -j "$JOBS"
   took "the sanitizer build"
@@ -49,7 +52,7 @@ export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 
 if [ $unit = 1 ]; then
   step "CPU unit tests under AddressSanitizer and UndefinedBehaviorSanitizer"
-  # Timing checks (Conv.ResNetSizedLayerIsFast: under 2 s at -O3) do not hold at -O1 under ASan.
+  # Timing checks (Conv.ResNetSizedLayerIsFast: under 2 s at -O3) do not hold under ASan.
   ctest --test-dir "$B" -L unit -E 'IsFast$' --output-on-failure -j "$JOBS"
   took "the sanitized unit tests"
 fi
