@@ -19,6 +19,12 @@ if [ "${KILN_DEPS_ALLOW_PARTIAL:-0}" != 1 ] && [ -f "$BUILD/build.ninja" ]; then
     fi
   done
 fi
+# A tree scripts/test.sh built without a GPU assembles the kernels at ptxas -O0: not for timing.
+if grep -q '^KILN_CUDA_PTXAS_OPT:STRING=.' "$BUILD/CMakeCache.txt" 2>/dev/null; then
+  echo "prepare_deps: $BUILD's kernels are assembled at ptxas -O$(grep '^KILN_CUDA_PTXAS_OPT:' \
+       "$BUILD/CMakeCache.txt" | cut -d= -f2) (run scripts/build.sh with KILN_CMAKE_ARGS=-DKILN_CUDA_PTXAS_OPT=)" >&2
+  exit 1
+fi
 STAGE=$(mktemp -d)
 trap 'rm -rf "$STAGE"' EXIT
 cp "$BUILD/kiln" "$STAGE/"

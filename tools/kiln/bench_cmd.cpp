@@ -366,6 +366,11 @@ Status bench_shapes(const BenchOpts& o, Engine& e, ExecutionContext& ctx,
     cudaRuntimeGetVersion(&rt);
     cudaDriverGetVersion(&drv);
     report["gpu"] = p.name;
+#ifdef KILN_DEVICE_CODE_NOTE
+    report["device_code"] = KILN_DEVICE_CODE_NOTE;
+    std::cerr << "kiln bench: note: this kiln's kernels were assembled with " KILN_DEVICE_CODE_NOTE
+                 " (KILN_CUDA_PTXAS_OPT, a build for checks without a GPU): not kiln's speed\n";
+#endif
     report["gpu_clocks_sm_max_mem_driver"] = gpu_clocks();
     report["cuda_runtime"] = rt;
     report["cuda_driver"] = drv;
