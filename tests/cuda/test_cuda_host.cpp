@@ -1,5 +1,7 @@
 // The CUDA backend's host-side pieces, which need no GPU: plan records, host-node classification,
 // shape evaluation, format conversion and the timing cache.
+#include <cublas_api.h>
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -58,6 +60,17 @@ std::unique_ptr<Graph> reshape_by_shape_graph() {
   g->add_output(relu->output(0));
   EXPECT_TRUE(infer_shapes(*g).ok());
   return g;
+}
+
+// cuBLAS and cuBLASLt are opened at their first call, not with libkiln (this program links it
+// and makes no GPU context): cuBLASLt's initialisers would cost every process ~150 ms.
+TEST(CudaHost, LoadingKilnLeavesCublasUnopened) {
+  for (const char* base : {"libcublasLt.so.", "libcublas.so."}) {
+    const std::string name = base + std::to_string(CUBLAS_VER_MAJOR);
+    void* h = dlopen(name.c_str(), RTLD_NOW | RTLD_NOLOAD);
+    EXPECT_EQ(h, nullptr) << name << " was loaded with libkiln";
+    if (h) dlclose(h);
+  }
 }
 
 // TF32 convolutions do not offer cuDNN's FFT and Winograd algorithms to the tuner (they round

@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "core/dispatch.h"
+#include "tactics/cublas_open.h"
 
 namespace kiln::gpu {
 
@@ -66,11 +67,16 @@ Expected<std::unique_ptr<LibraryHandles>> LibraryHandles::create(cudaStream_t st
     return KILN_ERROR("cudnnCreate failed (is cuDNN 9 installed and the GPU usable?)");
   if (cudnnSetStream(h->cudnn_, stream) != CUDNN_STATUS_SUCCESS)
     return KILN_ERROR("cudnnSetStream failed");
-  if (cublasCreate(&h->cublas_) != CUBLAS_STATUS_SUCCESS) return KILN_ERROR("cublasCreate failed");
+  if (cublasCreate(&h->cublas_) != CUBLAS_STATUS_SUCCESS) {
+    const std::string why = cublas_open_error();
+    return KILN_ERROR("cublasCreate failed{}", why.empty() ? "" : ": " + why);
+  }
   if (cublasSetStream(h->cublas_, stream) != CUBLAS_STATUS_SUCCESS)
     return KILN_ERROR("cublasSetStream failed");
-  if (cublasLtCreate(&h->cublaslt_) != CUBLAS_STATUS_SUCCESS)
-    return KILN_ERROR("cublasLtCreate failed");
+  if (cublasLtCreate(&h->cublaslt_) != CUBLAS_STATUS_SUCCESS) {
+    const std::string why = cublas_open_error();
+    return KILN_ERROR("cublasLtCreate failed{}", why.empty() ? "" : ": " + why);
+  }
   return h;
 }
 
