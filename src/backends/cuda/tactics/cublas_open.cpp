@@ -62,13 +62,16 @@ using kiln::gpu::lt;
 
 #define KILN_STR2(x) #x
 #define KILN_STR(x) KILN_STR2(x)  // the symbol's name after cublas_v2.h's macros (cublasCreate_v2)
-// The function NAME of LIB, forwarded: PARAMS as the header declares them, ARGS their names.
-#define KILN_FORWARD(LIB, NAME, PARAMS, ARGS)                                              \
-  extern "C" cublasStatus_t NAME PARAMS {                                                  \
-    using Fn = cublasStatus_t(*) PARAMS; /* not decltype: some have C++ overloads */      \
-    static const auto f = reinterpret_cast<Fn>(find(LIB(), KILN_STR(NAME)));              \
-    return f ? f ARGS : CUBLAS_STATUS_NOT_INITIALIZED;                                     \
+// The function NAME of LIB, forwarded: R its result, PARAMS as the header declares them, ARGS
+// their names, OR what it returns when the library could not be opened.
+#define KILN_FORWARD_OR(LIB, R, NAME, PARAMS, ARGS, OR)                                 \
+  extern "C" R NAME PARAMS {                                                            \
+    using Fn = R(*) PARAMS; /* not decltype: some have C++ overloads */                 \
+    static const auto f = reinterpret_cast<Fn>(find(LIB(), KILN_STR(NAME)));            \
+    return f ? f ARGS : OR;                                                             \
   }
+#define KILN_FORWARD(LIB, NAME, PARAMS, ARGS) \
+  KILN_FORWARD_OR(LIB, cublasStatus_t, NAME, PARAMS, ARGS, CUBLAS_STATUS_NOT_INITIALIZED)
 
 // cuBLASLt.
 KILN_FORWARD(lt, cublasLtCreate, (cublasLtHandle_t * h), (h))
@@ -133,22 +136,8 @@ KILN_FORWARD(blas, cublasGemmStridedBatchedEx,
               batch, compute, algo))
 
 // What does not return a status.
-extern "C" size_t cublasLtGetVersion(void) {
-  static const auto f = reinterpret_cast<decltype(&cublasLtGetVersion)>(find(lt(), "cublasLtGetVersion"));
-  return f ? f() : 0;
-}
-extern "C" const char* cublasLtGetStatusString(cublasStatus_t s) {
-  static const auto f =
-      reinterpret_cast<decltype(&cublasLtGetStatusString)>(find(lt(), "cublasLtGetStatusString"));
-  return f ? f(s) : kiln::gpu::lt().why.c_str();
-}
-extern "C" const char* cublasGetStatusString(cublasStatus_t s) {
-  static const auto f =
-      reinterpret_cast<decltype(&cublasGetStatusString)>(find(blas(), "cublasGetStatusString"));
-  return f ? f(s) : kiln::gpu::blas().why.c_str();
-}
-extern "C" const char* cublasGetStatusName(cublasStatus_t s) {
-  static const auto f =
-      reinterpret_cast<decltype(&cublasGetStatusName)>(find(blas(), "cublasGetStatusName"));
-  return f ? f(s) : "CUBLAS_STATUS_NOT_INITIALIZED";
-}
+KILN_FORWARD_OR(lt, size_t, cublasLtGetVersion, (void), (), 0)
+KILN_FORWARD_OR(lt, const char*, cublasLtGetStatusString, (cublasStatus_t s), (s), lt().why.c_str())
+KILN_FORWARD_OR(blas, const char*, cublasGetStatusString, (cublasStatus_t s), (s), blas().why.c_str())
+KILN_FORWARD_OR(blas, const char*, cublasGetStatusName, (cublasStatus_t s), (s),
+                "CUBLAS_STATUS_NOT_INITIALIZED")
