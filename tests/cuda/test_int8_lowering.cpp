@@ -187,6 +187,40 @@ TEST(CudaInt8Lowering, LibraryTacticsAreCandidates) {
   EXPECT_NE(lt.find("1x1"), std::string::npos) << lt;
 }
 
+// A FusedGemm marked INT8 keeps every float GEMM as its float candidate (what the tuner times
+// against the INT8 ones, and what runs where an INT8 kernel is slower): cuBLASLt's and, in FP16,
+// CUTLASS's take it as they take an unmarked one.
+TEST(CudaInt8Lowering, Int8GemmKeepsTheFloatLibraryGemms) {
+  auto forced = [](bool fp16, const std::string& tactic) -> std::string {
+    auto g = std::make_unique<Graph>();
+    Value* x = g->add_value("x", TensorType(DataType::kFloat32, {2, 16, 64}));
+    g->add_input(x);
+    Value* w = g->add_constant("w", ramp({64, 32}, 0.01f));
+    Value* b = g->add_constant("b", ramp({32}, 0.1f));
+    Node* n = g->add_node("FusedGemm", "fc", {x, w, b}, {"y"}, "kiln");
+    n->attrs.set("base", Attribute::String("MatMul"));
+    n->attrs.set("int8", Attribute::Int(1));
+    x->quant_scales = {0.02f};
+    w->quant_scales = quant::weight_scales(*w->constant, 1);
+    w->quant_axis = 1;
+    g->add_output(n->output(0));
+    EXPECT_TRUE(infer_shapes(*g).ok());
+    GpuBuildOptions o;
+    o.fp16 = fp16;
+    o.tune = false;
+    o.force_tactic = tactic;
+    auto p = lower_for_gpu(*g, {{2, 16, 64}}, o);
+    if (!p.ok()) return "error: " + p.status().message();
+    const LayerChoice& c = choice_of(*g, *p, "FusedGemm");
+    return std::string(c.tactic->name) + " " + precision_name(c.precision);
+  };
+  EXPECT_EQ(forced(true, "fused_gemm.cublaslt"), "fused_gemm.cublaslt fp16");
+  EXPECT_EQ(forced(false, "fused_gemm.cublaslt"), "fused_gemm.cublaslt tf32");
+#if KILN_HAVE_CUTLASS
+  EXPECT_EQ(forced(true, "fused_gemm.cutlass_sm90"), "fused_gemm.cutlass_sm90 fp16");
+#endif
+}
+
 TEST(CudaInt8Lowering, ReformatIntoInt8NeedsAScale) {
   auto g = std::make_unique<Graph>();
   Value* x = g->add_value("act", TensorType(DataType::kFloat32, {2, 8}));

@@ -41,8 +41,7 @@ bool cutlass_supports(const LayerDesc& d, std::string* why) {
       return *why = "float16 only", false;
   if (d.out.empty() || d.out[0].dtype != DataType::kFloat16)
     return *why = "float16 output only", false;
-  if (n.attrs.get_string("base", "") != "MatMul" || n.attrs.get_int("int8", 0) != 0)
-    return *why = "base MatMul only", false;
+  if (n.attrs.get_string("base", "") != "MatMul") return *why = "base MatMul only", false;
   cuda::F16GemmAct act;
   if (!act_of(n, &act)) return *why = "activations: none, erf or tanh GELU, Swish", false;
   const Tensor* w = d.in_const(1);

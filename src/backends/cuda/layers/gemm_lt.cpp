@@ -62,7 +62,6 @@ bool lt_supports(const LayerDesc& d, std::string* why) {
   const bool f32 = t == DataType::kFloat32 &&
                    (d.precision == Precision::kTF32 || d.precision == Precision::kFP32);
   if (!f16 && !f32) return *why = "float16 (FP16) or float32 (TF32, FP32) only", false;
-  if (n.attrs.get_int("int8", 0) != 0) return *why = "float layers only", false;
   const Tensor* w = d.in_const(1);
   if (!w || w->rank() != 2) return *why = "the weight is not a constant 2-D matrix", false;
   if (d.in_type(0).rank() < 2) return *why = "A must have rank >= 2", false;
