@@ -299,6 +299,27 @@ std::vector<OpCase> int8_cases() {
                         true, 0.5f, 2.f));
   v.push_back(int8_gemm("i8_matmul_3d", "MatMul", {2, 3, 20}, 17, false, "", false, true));
   v.push_back(int8_gemm("i8_gemm_empty", "Gemm", {0, 16}, 8, true, "Relu", true, true));
+  // Transformers' projections (gemm_int8.cutlass_sm90: float16 Y, not requantized): an FFN's
+  // first GEMM with erf GELU, GPT-2's with tanh GELU (Gemm, W stored [N, K]), an output
+  // projection with the float16 residual, and a scaled Y written in float16 (within a code).
+  {
+    OpCase c = int8_gemm("i8_matmul_gelu_f16y", "MatMul", {2, 40, 128}, 256, false, "Gelu", false,
+                         true);
+    c.modes = {"int8fp16"};
+    v.push_back(c);
+    c = int8_gemm("i8_gemm_transb_gelu_tanh_f16y", "Gemm", {72, 96}, 64, true, "Gelu", false,
+                  true);
+    c.attrs.set("act_approximate", Attribute::String("tanh"));
+    c.modes = {"int8fp16"};
+    v.push_back(c);
+    c = int8_gemm("i8_matmul_residual_f16y", "MatMul", {3, 50, 256}, 128, false, "", false, true);
+    c.inputs.push_back(in({3, 50, 128}));
+    c.modes = {"int8fp16"};
+    v.push_back(c);
+    c = int8_gemm("i8_matmul_scaled_y_f16", "MatMul", {2, 16, 64}, 32, false, "", true, true);
+    c.modes = {"int8fp16"};
+    v.push_back(c);
+  }
   return v;
 }
 

@@ -315,6 +315,7 @@ void register_all() {
       {"fused_gemm.cublaslt", {"h0", "h1"}},
       {"matmul.cublaslt", {"h0", "h1"}},
       {"fused_gemm.cutlass_sm90", {"coop256x128", "pp128x128", "pp128x64", "coop128x192"}},
+      {"gemm_int8.cutlass_sm90", {"coop256x128", "pp128x128", "pp128x64"}},
       {"mha.flash", {"", "rows128", "split", "w32"}},
       {"kiln.dwconv",
        {"", "strip4", "strip8", "stream4", "stream8", "tile8", "tile16", "tile8r2", "tile16r2"}},

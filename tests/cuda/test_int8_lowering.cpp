@@ -221,6 +221,49 @@ TEST(CudaInt8Lowering, Int8GemmKeepsTheFloatLibraryGemms) {
 #endif
 }
 
+#if KILN_HAVE_CUTLASS
+// A transformer's output projection marked INT8 (X, W and Y with scales, a residual): the CUTLASS
+// INT8 GEMM takes it as the INT8 candidate that writes Y in float16 (not requantized) and reads
+// the residual in float16; it writes no float32, so a build without --fp16 has no such candidate.
+TEST(CudaInt8Lowering, Int8GemmWritesFloat16ForFloatReaders) {
+  setenv("KILN_UNVERIFIED_TACTICS", "1", 1);  // gemm_int8.cutlass_sm90 is gated (layer.h)
+  auto forced = [](bool fp16) -> std::string {
+    auto g = std::make_unique<Graph>();
+    Value* x = g->add_value("x", TensorType(DataType::kFloat32, {2, 16, 64}));
+    Value* r = g->add_value("r", TensorType(DataType::kFloat32, {2, 16, 32}));
+    g->add_input(x);
+    g->add_input(r);
+    Value* w = g->add_constant("w", ramp({64, 32}, 0.01f));
+    Value* b = g->add_constant("b", ramp({32}, 0.1f));
+    Node* n = g->add_node("FusedGemm", "proj", {x, w, b, r}, {"y"}, "kiln");
+    n->attrs.set("base", Attribute::String("MatMul"));
+    n->attrs.set("int8", Attribute::Int(1));
+    x->quant_scales = {0.02f};
+    r->quant_scales = {0.03f};
+    w->quant_scales = quant::weight_scales(*w->constant, 1);
+    w->quant_axis = 1;
+    n->output(0)->quant_scales = {0.05f};
+    Node* relu = g->add_node("Relu", "after", {n->output(0)}, {"z"});
+    g->add_output(relu->output(0));
+    EXPECT_TRUE(infer_shapes(*g).ok());
+    GpuBuildOptions o;
+    o.fp16 = fp16;
+    o.tune = false;
+    o.force_tactic = "gemm_int8.cutlass_sm90";
+    auto p = lower_for_gpu(*g, {{2, 16, 64}, {2, 16, 32}}, o);
+    if (!p.ok()) return "error: " + p.status().message();
+    const LayerChoice& c = choice_of(*g, *p, "FusedGemm");
+    return std::string(c.tactic->name) + " " + precision_name(c.precision) + " x " +
+           c.in[0].str() + " r " + c.in[3].str() + " y " + c.out[0].str();
+  };
+  EXPECT_EQ(forced(true),
+            "gemm_int8.cutlass_sm90 int8 x int8/linear r float16/linear y float16/linear");
+  const std::string f32 = forced(false);
+  EXPECT_NE(f32.find("no float32 kernel"), std::string::npos) << f32;
+  unsetenv("KILN_UNVERIFIED_TACTICS");
+}
+#endif
+
 TEST(CudaInt8Lowering, ReformatIntoInt8NeedsAScale) {
   auto g = std::make_unique<Graph>();
   Value* x = g->add_value("act", TensorType(DataType::kFloat32, {2, 8}));

@@ -62,10 +62,11 @@ LayerChoice float_choice(const Node& n, const TacticDef& t, Precision p, bool nh
 // The formats of an INT8 candidate of a layer marked int8 = 1 (docs/quantization.md): X
 // (slot 0, and a FusedConvPair's X2 in slot 3) int8; the residual (FusedConv slot 3) and Y int8
 // when their values carry a scale, else in the float storage type `flt` of the build's fallback
-// precision; other float inputs float32; 4-D tensors NHWC. Constants (the weights, the bias,
-// Gemm's C) get no format: an INT8 tactic reads them on the host and keeps its own device copy
-// (int8 weights, per-channel epilogue arrays), so the engine uploads no float copy; the same for
-// inputs the tactic reads on the host. A kRawIn0 tactic reads X as the model stores it.
+// precision (a FusedGemm's residual always `flt`); other float inputs float32; 4-D tensors
+// NHWC. Constants (the weights, the bias, Gemm's C) get no format: an INT8 tactic reads them on
+// the host and keeps its own device copy (int8 weights, per-channel epilogue arrays), so the
+// engine uploads no float copy; the same for inputs the tactic reads on the host. A kRawIn0
+// tactic reads X as the model stores it.
 LayerChoice make_int8_choice(const Node& n, const TacticDef& t, DataType flt) {
   LayerChoice c;
   c.tactic = &t;
@@ -85,6 +86,8 @@ LayerChoice make_int8_choice(const Node& n, const TacticDef& t, DataType flt) {
     if (st == DataType::kFloat32 && (i == 0 || (pair && i == 3))) st = DataType::kInt8;
     else if (st == DataType::kFloat32 && i == 3 && conv)
       st = v->has_quant_scale() ? DataType::kInt8 : flt;
+    else if (st == DataType::kFloat32 && i == 3 && n.op_type == "FusedGemm")
+      st = flt;
     c.in.push_back(fmt_of(v, st));
   }
   for (size_t o = 0; o < n.num_outputs(); ++o) {
@@ -188,8 +191,21 @@ struct Lowering {
     std::vector<LayerChoice> out;
     if (quant::runs_int8(n)) {
       const DataType flt = want16 ? DataType::kFloat16 : DataType::kFloat32;
-      for (const TacticDef* t : tactics)
-        add_if_supported(n, make_int8_choice(n, *t, flt), &out, &reasons, forced_variant);
+      for (const TacticDef* t : tactics) {
+        LayerChoice c = make_int8_choice(n, *t, flt);
+        // A FusedGemm whose Y has a scale may also write it in float, not requantized (after the
+        // int8 form, which an untuned build takes): in a transformer its readers (attention,
+        // LayerNorm) are float layers. The format choice weighs both with their reformats.
+        const bool wide = n.op_type == "FusedGemm" && !c.out.empty() &&
+                          c.out[0].dtype == DataType::kInt8 &&
+                          n.output(0)->type.dtype == DataType::kFloat32;
+        LayerChoice w = c;
+        add_if_supported(n, std::move(c), &out, &reasons, forced_variant);
+        if (wide) {
+          w.out[0].dtype = flt;
+          add_if_supported(n, std::move(w), &out, &reasons, forced_variant);
+        }
+      }
       // Pinned to int8 (--layer-precisions NAME:int8, or *:int8): INT8 kernels only, however
       // slow, where one takes the layer (TensorRT's obeyed precision constraints); float
       // otherwise, as for any INT8 layer no INT8 kernel takes.

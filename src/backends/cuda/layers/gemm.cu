@@ -463,6 +463,10 @@ Expected<std::unique_ptr<Layer>> create_gemm_lt(const LayerDesc& d);
 bool gemm_cutlass_supports(const LayerDesc& d, std::string* why);
 std::vector<std::string> gemm_cutlass_variants(const LayerDesc& d);
 Expected<std::unique_ptr<Layer>> create_gemm_cutlass(const LayerDesc& d);
+// gemm_int8_cutlass.cpp
+bool gemm_int8_cutlass_supports(const LayerDesc& d, std::string* why);
+std::vector<std::string> gemm_int8_cutlass_variants(const LayerDesc& d);
+Expected<std::unique_ptr<Layer>> create_gemm_int8_cutlass(const LayerDesc& d);
 #endif
 // attention_mha.cu
 bool mha_flash_supports(const LayerDesc& d, std::string* why);
@@ -605,6 +609,8 @@ const TacticDef kGemmTactics[] = {
 #if KILN_HAVE_CUTLASS
     {"kiln", "FusedGemm", "fused_gemm.cutlass_sm90", kF16, 0, gemm_cutlass_supports,
      create_gemm_cutlass, gemm_cutlass_variants},
+    {"kiln", "FusedGemm", "gemm_int8.cutlass_sm90", kI8 | kF16 | kReassociated, 0,
+     gemm_int8_cutlass_supports, create_gemm_int8_cutlass, gemm_int8_cutlass_variants},
 #endif
     {"kiln", "FusedGemm", "gemm_int8", kI8 | kF32 | kF16, 0, int8_conv_supports, create_int8_conv},
     {"kiln", "FusedGemm", "gemm_int8.dp4a", kI8 | kF32 | kF16, 0, int8_conv_supports,

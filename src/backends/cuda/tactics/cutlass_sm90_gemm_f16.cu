@@ -33,9 +33,9 @@
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "cutlass/util/packed_stride.hpp"
 #include "check.h"
+#include "cutlass_gelu.h"
 #include "cutlass_gemm_f16.h"
 #include "cutlass_int8_epilogue.h"
-#include "kernels/gelu_erf.cuh"
 // clang-format on
 
 namespace kiln::cuda {
@@ -43,22 +43,6 @@ namespace {
 
 using namespace cute;
 
-// erf GELU in a form cheaper than erff (kernels/gelu_erf.cuh).
-template <class T>
-struct GeluErfTanh {
-  CUTLASS_HOST_DEVICE T operator()(T const& x) const {
-    return T(kiln::gpu::gelu_erf_tanh(float(x)));
-  }
-};
-template <int N>
-struct GeluErfTanh<cutlass::Array<float, N>> {
-  CUTLASS_HOST_DEVICE cutlass::Array<float, N> operator()(cutlass::Array<float, N> const& x) const {
-    cutlass::Array<float, N> y;
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < N; ++i) y[i] = kiln::gpu::gelu_erf_tanh(x[i]);
-    return y;
-  }
-};
 // Swish x * sigmoid(alpha x), alpha a run-time argument of the epilogue (CUTLASS passes a
 // functor's Arguments to it): SiLU (1), CLIP's quick GELU (1.702).
 __host__ __device__ inline float swish(float x, float alpha) {
