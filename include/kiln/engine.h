@@ -27,6 +27,10 @@ struct LayerTiming {
   std::string name;
   std::string op_type;
   double ms = 0;
+  // Of ms, the host's part where it is known (a CUDA engine's dynamic region: from the stream
+  // being idle until the layer's launches, reads and allocations returned; the rest of ms is the
+  // wait for the GPU to finish them). -1 where not measured.
+  double host_ms = -1;
 };
 
 struct TensorInfo {

@@ -696,6 +696,9 @@ TEST(CudaEngine, DynamicRegionProfilesEachLayer) {
   for (const auto& l : t) {
     names.insert(l.name);
     EXPECT_GE(l.ms, 0.0) << l.name;
+    // The host's part of each layer's time is measured, and is a part of it.
+    EXPECT_GE(l.host_ms, 0.0) << l.name;
+    EXPECT_LE(l.host_ms, l.ms) << l.name;
   }
   EXPECT_TRUE(names.count("relu") && names.count("nz")) << fmt::format("{}", fmt::join(names, ", "));
 }

@@ -191,14 +191,18 @@ std::string model_name(const Engine& e, const std::string& fallback) {
 // Each layer's time, the mean of 10 profiled runs of `run_once` (which fills its argument).
 template <typename RunOnce>
 Status mean_profile(RunOnce run_once, std::vector<LayerTiming>& profile) {
-  std::map<std::pair<std::string, std::string>, double> sum;
+  std::map<std::pair<std::string, std::string>, std::pair<double, double>> sum;  // ms, host ms
   const int reps = 10;
   for (int r = 0; r < reps; ++r) {
     std::vector<LayerTiming> t;
     KILN_RETURN_IF_ERROR(run_once(&t));
-    for (const auto& l : t) sum[{l.name, l.op_type}] += l.ms / reps;
+    for (const auto& l : t) {
+      auto& [ms, host] = sum[{l.name, l.op_type}];
+      ms += l.ms / reps;
+      host = l.host_ms < 0 || host < 0 ? -1 : host + l.host_ms / reps;
+    }
   }
-  for (const auto& [k, ms] : sum) profile.push_back({k.first, k.second, ms});
+  for (const auto& [k, v] : sum) profile.push_back({k.first, k.second, v.first, v.second});
   return Status::Ok();
 }
 
@@ -420,18 +424,29 @@ Status bench_shapes(const BenchOpts& o, Engine& e, ExecutionContext& ctx,
   }
   if (o.profile) {
     std::sort(profile.begin(), profile.end(), [](auto& a, auto& b) { return a.ms > b.ms; });
-    double total = 0;
-    for (const auto& l : profile) total += l.ms;
+    double total = 0, host = 0;
+    bool split = false;  // a dynamic region's layers say how much of their time the host took
+    for (const auto& l : profile) {
+      total += l.ms;
+      if (l.host_ms >= 0) host += l.host_ms, split = true;
+    }
     nlohmann::json pj = nlohmann::json::array();
-    std::cout << fmt::format("per-layer profile (mean of 10 runs, {:.4f} ms in layers):", total)
+    std::cout << fmt::format("per-layer profile (mean of 10 runs, {:.4f} ms in layers{}):", total,
+                             split ? fmt::format(", {:.4f} ms of it on the host", host) : "")
               << "\n";
     for (const auto& l : profile) {
-      std::cout << fmt::format("  {:8.4f} ms {:5.1f}%  {:<24} {}", l.ms,
-                               100.0 * l.ms / std::max(total, 1e-12), l.op_type, l.name)
+      std::cout << fmt::format("  {:8.4f} ms {:5.1f}%  {}{:<24} {}", l.ms,
+                               100.0 * l.ms / std::max(total, 1e-12),
+                               !split ? "" : l.host_ms < 0 ? "             " :
+                                             fmt::format("host {:6.3f}  ", l.host_ms),
+                               l.op_type, l.name)
                 << "\n";
-      pj.push_back({{"name", l.name}, {"type", l.op_type}, {"ms", l.ms}});
+      nlohmann::json e = {{"name", l.name}, {"type", l.op_type}, {"ms", l.ms}};
+      if (l.host_ms >= 0) e["host_ms"] = l.host_ms;
+      pj.push_back(std::move(e));
     }
     report["profile"] = pj;
+    if (split) report["profile_host_ms"] = host;
   }
   add_stability_warnings(lat, report);
   return Status::Ok();
@@ -469,7 +484,9 @@ Runner add_bench_command(CLI::App& app) {
   cmd->add_option("--batch", o->batches,
                   "Sweep these batch sizes (1,8,32,256) over one engine with a dynamic batch "
                   "profile; --export-json writes one record per batch");
-  cmd->add_flag("--dump-profile", o->profile, "Per-layer times, sorted, with their share");
+  cmd->add_flag("--dump-profile", o->profile,
+                "Per-layer times, sorted, with their share (and, where sizes depend on the data, "
+                "the host's part)");
   cmd->add_option("--load-inputs", o->load,
                   "Inputs from files (trtexec's --loadInputs): NAME:FILE (.npy or ONNX .pb), "
                   "comma-separated or repeated; their shapes are the run's, the other inputs get "
