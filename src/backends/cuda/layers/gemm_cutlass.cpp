@@ -12,26 +12,13 @@
 
 #include "device_util_host.h"
 #include "layers/gemm_common.h"
+#include "layers/gemm_cutlass_act.h"
 #include "ops/op.h"
 #include "tactics.h"
 #include "tactics/cutlass_gemm_f16.h"
 
 namespace kiln::gpu {
 namespace {
-
-bool act_of(const Node& n, cuda::F16GemmAct* act) {
-  const std::string a = n.attrs.get_string("activation", "");
-  if (a.empty())
-    *act = cuda::F16GemmAct::kNone;
-  else if (a == "Gelu")
-    *act = n.attrs.get_string("act_approximate", "none") == "tanh" ? cuda::F16GemmAct::kGeluTanh
-                                                                   : cuda::F16GemmAct::kGelu;
-  else if (a == "Swish")  // x * sigmoid(alpha x): SiLU, CLIP's quick GELU
-    *act = cuda::F16GemmAct::kSwish;
-  else
-    return false;
-  return true;
-}
 
 bool cutlass_supports(const LayerDesc& d, std::string* why) {
   const Node& n = *d.node;
@@ -43,7 +30,8 @@ bool cutlass_supports(const LayerDesc& d, std::string* why) {
     return *why = "float16 output only", false;
   if (n.attrs.get_string("base", "") != "MatMul") return *why = "base MatMul only", false;
   cuda::F16GemmAct act;
-  if (!act_of(n, &act)) return *why = "activations: none, erf or tanh GELU, Swish", false;
+  if (!cutlass_gemm_act(n, &act))
+    return *why = "activations: none, erf or tanh GELU, Swish", false;
   const Tensor* w = d.in_const(1);
   if (!w || w->rank() != 2) return *why = "the weight is not a constant 2-D matrix", false;
   if (w->dim(0) % 8 != 0 || w->dim(1) % 8 != 0)
@@ -59,7 +47,7 @@ std::vector<std::string> cutlass_variants(const LayerDesc&) { return cuda::f16_g
 class GemmCutlassLayer final : public Layer {
  public:
   explicit GemmCutlassLayer(const LayerDesc& d) : node_(d.node), tile_(d.variant) {
-    act_of(*d.node, &act_);
+    cutlass_gemm_act(*d.node, &act_);
     if (tile_.empty()) tile_ = cuda::f16_gemm_tiles()[0];
   }
 

@@ -13,6 +13,7 @@
 #include <memory>
 
 #include "device_util_host.h"
+#include "layers/gemm_cutlass_act.h"
 #include "ops/op.h"
 #include "quant/int8.h"
 #include "tactics.h"
@@ -21,18 +22,6 @@
 
 namespace kiln::gpu {
 namespace {
-
-bool act_of(const Node& n, cuda::F16GemmAct* act) {
-  const std::string a = n.attrs.get_string("activation", "");
-  if (a.empty())
-    *act = cuda::F16GemmAct::kNone;
-  else if (a == "Gelu")
-    *act = n.attrs.get_string("act_approximate", "none") == "tanh" ? cuda::F16GemmAct::kGeluTanh
-                                                                   : cuda::F16GemmAct::kGelu;
-  else
-    return false;
-  return true;
-}
 
 // The weight's extents: K (the reduction) and N (the output columns), and whether it is stored
 // [N, K] already (Gemm's transB).
@@ -71,7 +60,8 @@ bool supports(const LayerDesc& d, std::string* why) {
   if (d.out.empty() || d.out[0].dtype != DataType::kFloat16 || d.out[0].layout != Layout::kLinear)
     return *why = "writes a float16 row-major Y only", false;
   cuda::F16GemmAct act;
-  if (!act_of(n, &act)) return *why = "activations: none, erf or tanh GELU", false;
+  if (!cutlass_gemm_act(n, &act) || act == cuda::F16GemmAct::kSwish)
+    return *why = "activations: none, erf or tanh GELU", false;
   if (const Tensor* b = d.in_const(2); n.input(2) && (!b || b->numel() != ws.N))
     return *why = "the bias is not a constant of N values", false;
   if (n.num_inputs() > 3 && n.input(3)) {
@@ -87,7 +77,7 @@ std::vector<std::string> variants(const LayerDesc&) { return cuda::i8f16_gemm_ti
 class Int8GemmCutlassLayer final : public Layer {
  public:
   explicit Int8GemmCutlassLayer(const LayerDesc& d) : desc_(d), tile_(d.variant) {
-    act_of(*d.node, &act_);
+    cutlass_gemm_act(*d.node, &act_);
     if (tile_.empty()) tile_ = cuda::i8f16_gemm_tiles()[0];
   }
 

@@ -35,6 +35,7 @@
 #include "check.h"
 #include "cutlass_gelu.h"
 #include "cutlass_gemm_f16.h"
+#include "cutlass_gemm_extents.h"
 #include "cutlass_int8_epilogue.h"
 // clang-format on
 
@@ -101,11 +102,6 @@ struct Config {
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 };
 
-using Coop = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
-using CoopEpi = cutlass::epilogue::TmaWarpSpecializedCooperative;
-using PingPong = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
-using PingPongEpi = cutlass::epilogue::TmaWarpSpecialized;
-
 template <class Cfg>
 class GemmF16 final : public F16Gemm {
  public:
@@ -114,22 +110,10 @@ class GemmF16 final : public F16Gemm {
  private:
   using Gemm = typename Cfg::Gemm;
   using E = typename Cfg::E;
-  using StrideA = typename Gemm::GemmKernel::StrideA;
-  using StrideB = typename Gemm::GemmKernel::StrideB;
-  using StrideC = typename Gemm::GemmKernel::StrideC;
-  using StrideD = typename Gemm::GemmKernel::StrideD;
 
  public:
   Status configure(int m, int n, int k, size_t* workspace) override {
-    m_ = m, n_ = n, k_ = k;
-    sa_ = cutlass::make_cute_packed_stride(StrideA{}, make_shape(m, k, 1));
-    sb_ = cutlass::make_cute_packed_stride(StrideB{}, make_shape(n, k, 1));
-    sc_ = cutlass::make_cute_packed_stride(StrideC{}, make_shape(m, n, 1));
-    sd_ = cutlass::make_cute_packed_stride(StrideD{}, make_shape(m, n, 1));
-    int device = 0;
-    KILN_CUDA(cudaGetDevice(&device));
-    hw_.device_id = device;
-    hw_.sm_count = cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
+    KILN_TRY(x_.set(m, n, k));
     auto args = arguments(nullptr, nullptr, nullptr, nullptr, nullptr);
     KILN_TRY(cutlass_status(Gemm::can_implement(args), "can_implement"));
     *workspace = Gemm::get_workspace_size(args);
@@ -156,10 +140,10 @@ class GemmF16 final : public F16Gemm {
                                      void* y) const {
     typename Gemm::Arguments args{
         cutlass::gemm::GemmUniversalMode::kGemm,
-        {m_, n_, k_, 1},
-        {static_cast<const E*>(a), sa_, static_cast<const E*>(w), sb_},
-        {{}, static_cast<const E*>(r ? r : y), sc_, static_cast<E*>(y), sd_},
-        hw_};
+        {x_.m, x_.n, x_.k, 1},
+        {static_cast<const E*>(a), x_.a, static_cast<const E*>(w), x_.b},
+        {{}, static_cast<const E*>(r ? r : y), x_.c, static_cast<E*>(y), x_.d},
+        x_.hw};
     args.epilogue.thread.alpha = 1.f;
     args.epilogue.thread.beta = r ? 1.f : 0.f;  // beta 0: C is never read
     args.epilogue.thread.bias_ptr = static_cast<const E*>(bias);
@@ -169,12 +153,7 @@ class GemmF16 final : public F16Gemm {
   }
 
   float alpha_ = 1.f;  // SwishAlpha's
-  int m_ = 0, n_ = 0, k_ = 0;
-  StrideA sa_{};
-  StrideB sb_{};
-  StrideC sc_{};
-  StrideD sd_{};
-  cutlass::KernelHardwareInfo hw_{};
+  CutlassGemmExtents<Gemm> x_;
   Gemm gemm_;
   const void *a_ = nullptr, *w_ = nullptr, *bias_ = nullptr, *r_ = nullptr;
   void *y_ = nullptr, *ws_ = nullptr;
