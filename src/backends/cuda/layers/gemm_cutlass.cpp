@@ -12,7 +12,7 @@
 
 #include "device_util_host.h"
 #include "layers/gemm_common.h"
-#include "layers/gemm_cutlass_act.h"
+#include "layers/gemm_cutlass_common.h"
 #include "ops/op.h"
 #include "tactics.h"
 #include "tactics/cutlass_gemm_f16.h"
@@ -71,9 +71,7 @@ class GemmCutlassLayer final : public Layer {
       return KILN_ERROR("{}: the residual {} must have the output's shape {}", n.label(),
                         shape_str(in[3].shape), shape_str(y.shape));
     if (M_ > INT32_MAX || M_ == 0) return size_t{0};
-    const int64_t big_tiles = (M_ + 255) / 256 * ((N_ + 127) / 128);
-    const std::string tile =
-        tile_ == "coop256x128" && big_tiles < sm_count() ? "pp128x64" : tile_;
+    const std::string tile = cutlass_tile_at(tile_, M_, N_);
     auto& g = gemms_[tile];
     if (!g) g = cuda::make_f16_gemm(act_, tile, node_->attrs.get_float("act_alpha", 1.f));
     if (!g) return KILN_ERROR("{}: no CUTLASS tile '{}'", n.label(), tile);

@@ -13,7 +13,7 @@
 #include <memory>
 
 #include "device_util_host.h"
-#include "layers/gemm_cutlass_act.h"
+#include "layers/gemm_cutlass_common.h"
 #include "ops/op.h"
 #include "quant/int8.h"
 #include "tactics.h"
@@ -104,8 +104,7 @@ class Int8GemmCutlassLayer final : public Layer {
                         shape_str(in[3].shape), shape_str(y.shape));
     KILN_RETURN_IF_ERROR(upload_constants(ws).with_context(n.label()));
     if (M_ > INT32_MAX || M_ == 0) return size_t{0};
-    const int64_t big_tiles = (M_ + 255) / 256 * ((N_ + 127) / 128);
-    const std::string tile = tile_ == "coop256x128" && big_tiles < sm_count() ? "pp128x64" : tile_;
+    const std::string tile = cutlass_tile_at(tile_, M_, N_);
     auto& g = gemms_[tile];
     if (!g) g = cuda::make_i8f16_gemm(act_, tile);
     if (!g) return KILN_ERROR("{}: no CUTLASS INT8 tile '{}'", n.label(), tile);
