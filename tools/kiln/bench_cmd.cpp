@@ -441,9 +441,9 @@ Status bench_shapes(const BenchOpts& o, Engine& e, ExecutionContext& ctx,
                                              fmt::format("host {:6.3f}  ", l.host_ms),
                                l.op_type, l.name)
                 << "\n";
-      nlohmann::json e = {{"name", l.name}, {"type", l.op_type}, {"ms", l.ms}};
-      if (l.host_ms >= 0) e["host_ms"] = l.host_ms;
-      pj.push_back(std::move(e));
+      nlohmann::json entry = {{"name", l.name}, {"type", l.op_type}, {"ms", l.ms}};
+      if (l.host_ms >= 0) entry["host_ms"] = l.host_ms;
+      pj.push_back(std::move(entry));
     }
     report["profile"] = pj;
     if (split) report["profile_host_ms"] = host;
