@@ -124,7 +124,9 @@ class Int8GemmCutlassLayer final : public Layer {
     if (M_ == 0) return Status::Ok();
     if (M_ > INT32_MAX) return KILN_ERROR("{}: more than 2^31 rows", n.label());
     const void* r = residual_ ? in[3].data : nullptr;
-    for (const void* p : {static_cast<const void*>(in[0].data), r, static_cast<const void*>(out[0].data)})
+    const void* x = in[0].data;
+    const void* y = out[0].data;
+    for (const void* p : {x, r, y})
       if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
         return KILN_ERROR("{}: CUTLASS needs 16-byte aligned tensors", n.label());
     const float* bias = has_bias_ ? static_cast<const float*>(bias_.get()) : nullptr;

@@ -110,17 +110,17 @@ class GemmI8F16 final : public I8F16Gemm {
 
   CutlassGemmExtents<Gemm> x_;
   Gemm gemm_;
-  Pointers last_;
+  Pointers last_{};
 };
 
 template <template <class> class Act>
 std::unique_ptr<I8F16Gemm> make(const std::string& tile) {
-  if (tile == "coop256x128")
-    return std::make_unique<GemmI8F16<Config<Shape<_256, _128, _128>, Coop, CoopEpi, Act>>>();
-  if (tile == "pp128x128")
-    return std::make_unique<GemmI8F16<Config<Shape<_128, _128, _128>, PingPong, PingPongEpi, Act>>>();
-  if (tile == "pp128x64")
-    return std::make_unique<GemmI8F16<Config<Shape<_128, _64, _128>, PingPong, PingPongEpi, Act>>>();
+  using Coop256x128 = Config<Shape<_256, _128, _128>, Coop, CoopEpi, Act>;
+  using PingPong128x128 = Config<Shape<_128, _128, _128>, PingPong, PingPongEpi, Act>;
+  using PingPong128x64 = Config<Shape<_128, _64, _128>, PingPong, PingPongEpi, Act>;
+  if (tile == "coop256x128") return std::make_unique<GemmI8F16<Coop256x128>>();
+  if (tile == "pp128x128") return std::make_unique<GemmI8F16<PingPong128x128>>();
+  if (tile == "pp128x64") return std::make_unique<GemmI8F16<PingPong128x64>>();
   return nullptr;
 }
 
