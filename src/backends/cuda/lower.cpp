@@ -199,12 +199,11 @@ struct Lowering {
         const bool wide = n.op_type == "FusedGemm" && !c.out.empty() &&
                           c.out[0].dtype == DataType::kInt8 &&
                           n.output(0)->type.dtype == DataType::kFloat32;
-        LayerChoice w = c;
+        LayerChoice w = wide ? c : LayerChoice{};
         add_if_supported(n, std::move(c), &out, &reasons, forced_variant);
-        if (wide) {
-          w.out[0].dtype = flt;
-          add_if_supported(n, std::move(w), &out, &reasons, forced_variant);
-        }
+        if (!wide) continue;
+        w.out[0].dtype = flt;
+        add_if_supported(n, std::move(w), &out, &reasons, forced_variant);
       }
       // Pinned to int8 (--layer-precisions NAME:int8, or *:int8): INT8 kernels only, however
       // slow, where one takes the layer (TensorRT's obeyed precision constraints); float
