@@ -70,6 +70,13 @@ std::vector<float> distinct16(int64_t n) {
   return v;
 }
 
+// n values exact in float16, `kinds` of them (many ties when kinds < n).
+std::vector<float> ties16(int64_t n, int64_t kinds) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[i] = static_cast<float>((i * 37 + 11) % kinds) / 16.f - 6.f;
+  return v;
+}
+
 // --- Reduce* -----------------------------------------------------------------------------------
 
 void reduce_op_cases(std::vector<OpCase>& v) {
@@ -195,6 +202,23 @@ void index_cases(std::vector<OpCase>& v) {
   topk("row_4096_all", {in({2, 4096})}, 4096, attrs({{"largest", I(0)}}), kExact);
   topk("row_5000_workspace", {in({2, 5000})}, 50, {}, kExact);
   topk("row_9000_ties_workspace", {in({2, 9000}, kI32, -20, 20)}, 9000, {}, kExact);
+  // Long lanes sort by radix keys: one lane device-wide, several as segments, a strided axis;
+  // ties by index, NaN largest and -0 equal to +0 in either direction.
+  topk("one_lane_20000", {in({1, 20000})}, 1000, {}, kExact);
+  topk("f64_long_smallest", {in({2, 5000}, kF64)}, 100, attrs({{"largest", I(0)}}), kExact);
+  topk("int64_long_inner", {in({5000, 2}, kI64, -30, 30)}, 5000, attrs({{"axis", I(0)}}), kExact);
+  topk("int8_long_smallest", {in({3, 6000}, DataType::kInt8, -100, 100)}, 300,
+       attrs({{"largest", I(0)}}), kExact);
+  topk("fp16_long_ties", {fixed({2, 7000}, ties16(14000, 200))}, 2000, {}, kF);
+  std::vector<float> special = values_with(9000, 7, kNaN);
+  for (size_t i = 0; i < special.size(); ++i) {
+    if (i % 11 == 3) special[i] = -0.f;
+    if (i % 13 == 5) special[i] = 0.f;
+    if (i % 17 == 6) special[i] = kInf;
+    if (i % 19 == 8) special[i] = -kInf;
+  }
+  topk("long_special", {fixed({1, 9000}, special)}, 4000, {}, kExact);
+  topk("long_special_smallest", {fixed({1, 9000}, special)}, 9000, attrs({{"largest", I(0)}}), kExact);
   topk("many_rows", {in({2000, 12})}, 3, {}, kExact);
   topk("empty_lanes", {in({0, 8})}, 2, {}, kExact);
 }

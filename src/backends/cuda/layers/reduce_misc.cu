@@ -2,12 +2,15 @@
 // QuantizeLinear, DequantizeLinear and DynamicQuantizeLinear (quant.cpp; int8/uint8/int16/
 // uint16 targets; float8 and int4 targets/inputs run in quant_low_bit.cu).
 //
-// TopK sorts each lane with a bitonic network under the reference's strict order (wanted end
-// first, NaN largest, ties by index), so the first k are exactly the reference's. Lanes of up to
-// 4096 elements sort in shared memory, a block per lane; longer ones sort in the workspace with
-// one launch per network stage.
+// TopK sorts each lane under the reference's strict order (wanted end first, NaN largest, ties by
+// index), so the first k are exactly the reference's. Lanes of up to 4096 elements sort with a
+// bitonic network in shared memory, a block per lane; longer ones (a detector's candidates before
+// NMS) with CUB's stable radix sort over keys whose unsigned order is that order: a few launches
+// whatever the length, where a network would take one per stage.
 #include <algorithm>
 #include <cmath>
+#include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_segmented_radix_sort.cuh>
 #include <limits>
 
 #include "kernels/device_util.cuh"
@@ -97,33 +100,80 @@ __global__ void topk_shared(const T* __restrict__ x, T* vals, int64_t* inds, Top
   }
 }
 
-// The workspace path: keys and indices of every lane, lane-major ([lane][P]).
-template <typename T>
-__global__ void topk_fill(const T* __restrict__ x, Compute<T>* key, int* idx, TopKGeom g) {
-  const int64_t lanes = g.outer * g.inner;
-  KILN_GRID_STRIDE(e, lanes * g.P) {
-    const int64_t lane = e / g.P, j = e % g.P;
-    const T* src = x + (lane / g.inner) * g.dim * g.inner + lane % g.inner;
-    key[e] = j < g.dim ? load(src, j * g.inner) : Compute<T>{};
-    idx[e] = static_cast<int>(j);
+// The radix path. A value's key: unsigned, ascending in the reference's order (NaN largest, -0
+// and +0 equal, signed integers with the sign bit flipped), inverted where the largest come
+// first; the stable sort keeps ties by index. 64-bit types take 64-bit keys, the rest 32.
+template <typename K>
+using TopKKey = std::conditional_t<sizeof(K) == 8, uint64_t, uint32_t>;
+
+template <typename U, typename K>
+__device__ __forceinline__ U topk_key(K v, bool largest) {
+  constexpr U top = U(1) << (8 * sizeof(U) - 1);
+  U b;
+  if constexpr (std::is_floating_point_v<K>) {
+    b = ~U(0);
+    if (!isnan(v)) {
+      if (v == K(0)) v = K(0);
+      if constexpr (sizeof(K) == 8)
+        b = static_cast<U>(__double_as_longlong(v));
+      else
+        b = __float_as_uint(v);
+      b = (b & top) ? ~b : (b | top);
+    }
+  } else if constexpr (std::is_same_v<K, bool>) {
+    b = v ? 1 : 0;
+  } else if constexpr (std::is_signed_v<K>) {
+    b = static_cast<U>(static_cast<std::make_signed_t<U>>(v)) ^ top;
+  } else {
+    b = static_cast<U>(v);
   }
+  return largest ? ~b : b;
 }
 
-template <typename K>
-__global__ void topk_stage(K* key, int* idx, TopKGeom g, int64_t size, int64_t stride) {
-  const int64_t half = g.P / 2;
-  KILN_GRID_STRIDE(t, g.outer * g.inner * half) {
-    const int64_t lane = t / half;
-    compare_swap(key + lane * g.P, idx + lane * g.P, t % half, size, stride,
-                 static_cast<int>(g.dim), g.largest);
+// Keys and indices of every lane, lane-major ([lane][dim]), and the lanes' offsets.
+template <typename T, typename U>
+__global__ void topk_radix_fill(const T* __restrict__ x, U* key, int* idx, int* offsets,
+                                TopKGeom g) {
+  const int64_t lanes = g.outer * g.inner;
+  KILN_GRID_STRIDE(e, lanes * g.dim) {
+    const int64_t lane = e / g.dim, j = e % g.dim;
+    const T* src = x + (lane / g.inner) * g.dim * g.inner + lane % g.inner;
+    key[e] = topk_key<U>(load(src, j * g.inner), g.largest);
+    idx[e] = static_cast<int>(j);
   }
+  KILN_GRID_STRIDE(l, lanes + 1) offsets[l] = static_cast<int>(l * g.dim);
 }
 
 template <typename T>
 __global__ void topk_gather(const T* __restrict__ x, const int* idx, T* vals, int64_t* inds,
                             TopKGeom g) {
   for (int64_t lane = blockIdx.x; lane < g.outer * g.inner; lane += gridDim.x)
-    write_topk(x, vals, inds, g, lane, idx + lane * g.P, 1);
+    write_topk(x, vals, inds, g, lane, idx + lane * g.dim, 1);
+}
+
+// The radix path's workspace: keys and indices twice (in, sorted), the offsets, CUB's scratch.
+struct TopKRadix {
+  size_t keys = 0, keys_sorted = 0, idx = 0, idx_sorted = 0, offsets = 0, temp = 0;
+  size_t temp_bytes = 0;
+};
+
+// CUB's call for U keys: one lane sorts device-wide, several as segments. With `ws` null it only
+// sizes the scratch (no launch).
+template <typename U>
+cudaError_t topk_sort(uint8_t* ws, const TopKRadix& r, size_t& temp_bytes, int64_t lanes,
+                      int64_t items, cudaStream_t s) {
+  const U* keys = ws ? reinterpret_cast<const U*>(ws + r.keys) : nullptr;
+  U* sorted = ws ? reinterpret_cast<U*>(ws + r.keys_sorted) : nullptr;
+  const int* idx = ws ? reinterpret_cast<const int*>(ws + r.idx) : nullptr;
+  int* idx_sorted = ws ? reinterpret_cast<int*>(ws + r.idx_sorted) : nullptr;
+  void* temp = ws ? ws + r.temp : nullptr;
+  if (lanes == 1)
+    return cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys, sorted, idx, idx_sorted,
+                                           static_cast<int>(items), 0, int(8 * sizeof(U)), s);
+  const int* offsets = ws ? reinterpret_cast<const int*>(ws + r.offsets) : nullptr;
+  return cub::DeviceSegmentedRadixSort::SortPairs(
+      temp, temp_bytes, keys, sorted, idx, idx_sorted, static_cast<int>(items),
+      static_cast<int>(lanes), offsets, offsets ? offsets + 1 : nullptr, 0, int(8 * sizeof(U)), s);
 }
 
 class TopKLayer final : public Layer {
@@ -160,12 +210,35 @@ class TopKLayer final : public Layer {
     while (g.P < g.dim) g.P <<= 1;
     g_ = g;
     if (g.P <= kSharedSortMax) return size_t{0};
-    const size_t key_bytes = x.dtype == DataType::kFloat64 || dtype_size(x.dtype) == 8 ? 8 : 4;
-    const size_t need = static_cast<size_t>(g.outer * g.inner * g.P) * (key_bytes + 4) + 16;
-    if (need > rc.workspace_limit)
+    const int64_t items = g.outer * g.inner * g.dim;
+    if (items >= (int64_t(1) << 31) - 1)
+      return KILN_ERROR("{}: sorting {} elements at once is more than TopK takes on the GPU",
+                        n.label(), items);
+    const bool wide = dtype_size(x.dtype) == 8;  // 64-bit keys (TopKKey)
+    const size_t key_bytes = wide ? 8 : 4;
+    TopKRadix r;
+    const cudaError_t e =
+        wide ? topk_sort<uint64_t>(nullptr, r, r.temp_bytes, g.outer * g.inner, items, nullptr)
+             : topk_sort<uint32_t>(nullptr, r, r.temp_bytes, g.outer * g.inner, items, nullptr);
+    if (e != cudaSuccess)
+      return KILN_ERROR("{}: sizing the sort failed: {}", n.label(), cudaGetErrorString(e));
+    size_t off = 0;
+    auto take = [&](size_t bytes) {
+      const size_t at = off;
+      off = (off + bytes + 255) / 256 * 256;  // CUB wants its parts aligned
+      return at;
+    };
+    r.keys = take(items * key_bytes);
+    r.keys_sorted = take(items * key_bytes);
+    r.idx = take(items * 4);
+    r.idx_sorted = take(items * 4);
+    r.offsets = take((g.outer * g.inner + 1) * 4);
+    r.temp = take(r.temp_bytes);
+    if (off > rc.workspace_limit)
       return KILN_ERROR("{}: sorting {} lanes of {} needs {} bytes of workspace (limit {})",
-                        n.label(), g.outer * g.inner, g.dim, need, rc.workspace_limit);
-    return need;
+                        n.label(), g.outer * g.inner, g.dim, off, rc.workspace_limit);
+    radix_ = r;
+    return off;
   }
 
   Status run(const RunContext& rc, std::span<const DeviceTensor> in,
@@ -173,6 +246,7 @@ class TopKLayer final : public Layer {
     const TopKGeom& g = g_;
     const int64_t lanes = g.outer * g.inner;
     if (lanes == 0 || g.k == 0) return Status::Ok();
+    bool sorted = true;
     const bool ok = dispatch_dtype(in[0].dtype, [&](auto tag) {
       using T = decltype(tag);
       using K = Compute<T>;
@@ -186,16 +260,22 @@ class TopKLayer final : public Layer {
         topk_shared<T><<<grid, threads, smem, rc.stream>>>(x, vals, inds, g);
         return;
       }
-      K* key = static_cast<K*>(rc.workspace);
-      int* idx = reinterpret_cast<int*>(key + lanes * g.P);
-      topk_fill<T><<<grid_for(lanes * g.P), kBlock, 0, rc.stream>>>(x, key, idx, g);
-      for (int64_t size = 2; size <= g.P; size <<= 1)
-        for (int64_t stride = size / 2; stride > 0; stride >>= 1)
-          topk_stage<K><<<grid_for(lanes * g.P / 2), kBlock, 0, rc.stream>>>(key, idx, g, size,
-                                                                            stride);
-      topk_gather<T><<<grid, 256, 0, rc.stream>>>(x, idx, vals, inds, g);
+      auto* ws = static_cast<uint8_t*>(rc.workspace);
+      const TopKRadix& r = radix_;
+      auto* idx = reinterpret_cast<int*>(ws + r.idx);
+      auto* offsets = reinterpret_cast<int*>(ws + r.offsets);
+      const int64_t items = lanes * g.dim;
+      size_t temp_bytes = r.temp_bytes;
+      using U = TopKKey<K>;
+      topk_radix_fill<T, U><<<grid_for(items), kBlock, 0, rc.stream>>>(
+          x, reinterpret_cast<U*>(ws + r.keys), idx, offsets, g);
+      const cudaError_t e = topk_sort<U>(ws, r, temp_bytes, lanes, items, rc.stream);
+      sorted = e == cudaSuccess;
+      topk_gather<T><<<grid, 256, 0, rc.stream>>>(
+          x, reinterpret_cast<const int*>(ws + r.idx_sorted), vals, inds, g);
     });
     if (!ok) return KILN_ERROR("{}: unsupported type {}", node_->label(), dtype_name(in[0].dtype));
+    if (!sorted) return KILN_ERROR("{}: the sort failed", node_->label());
     KILN_CUDA_LAUNCH_CHECK("topk kernels");
     return Status::Ok();
   }
@@ -203,6 +283,7 @@ class TopKLayer final : public Layer {
  private:
   const Node* node_;
   TopKGeom g_;
+  TopKRadix radix_;
 };
 
 // --- CumSum ----------------------------------------------------------------------------------
