@@ -6,8 +6,7 @@
 // LayerNorm, the next GEMM's quantizing reformat) reads float. Base MatMul with a constant
 // [K, N] weight, or Gemm without transA, alpha or beta; A's leading dims are the GEMM's M.
 // Variants are the compiled tiles; at a shape where the 256 x 128 tile would not give every SM
-// a tile, the layer takes the 128 x 64 one. Built only with CUTLASS; gated until a GPU has run
-// its test-backend-ops cases (layer.h: unverified_tactics_enabled).
+// a tile, the layer takes the 128 x 64 one. Built only with CUTLASS.
 #if KILN_HAVE_CUTLASS
 #include <map>
 #include <memory>
@@ -38,7 +37,6 @@ bool supports(const LayerDesc& d, std::string* why) {
   const Node& n = *d.node;
   if (d.precision != Precision::kINT8 || !quant::runs_int8(n) || n.op_type != "FusedGemm")
     return *why = "INT8 FusedGemm layers only (int8 = 1)", false;
-  if (!unverified_tactics_enabled(why)) return false;
   if (std::string b = quant::int8_blocker(n); !b.empty()) return *why = b, false;
   const std::string base = n.attrs.get_string("base", "");
   if (base == "Gemm") {
