@@ -88,7 +88,7 @@ nlohmann::json describe_graph(const Graph& g, const std::string& kind, const nlo
       // back to a float tactic shows fp16/tf32 next to its scales).
       if (r.contains("precision")) l["precision"] = r["precision"];
       for (const char* key :
-           {"variant", "in", "out", "time_ms", "timed", "launches", "alternates", "dynamic"})
+           {"variant", "in", "out", "time_ms", "timed", "launches", "alternates", "dynamic", "prefix"})
         if (r.contains(key)) l[key] = r[key];
     }
     j["layers"].push_back(l);
@@ -108,11 +108,24 @@ nlohmann::json describe_graph(const Graph& g, const std::string& kind, const nlo
       }
     for (auto& o : j["outputs"])
       if (dynamic_values.count(o["name"].get<std::string>())) o["data_dependent"] = true;
-    j["dynamic_region"] = {
-        {"layers", count},
-        {"cuda_graph", false},
-        {"why", "a layer's output size depends on the data (data-dependent ops, control flow): "
-                "the engine runs layer by layer, reading sizes back where the data decides them"}};
+    // The prefix (engines that record it): the layers before the first size the data decides,
+    // replayed as one CUDA graph per input shape.
+    const size_t prefix = plan.value("prefix_layers", size_t{0});
+    std::string why = "a layer's output size depends on the data (data-dependent ops, control "
+                      "flow), so the engine as a whole has no CUDA graph: ";
+    if (prefix > 0)
+      why += fmt::format("the {} layers marked '(prefix)' replay as one CUDA graph per input "
+                         "shape, the rest run layer by layer",
+                         prefix);
+    else if (plan.contains("prefix_layers"))
+      why += "it runs layer by layer (no layer that launches a kernel precedes the first size "
+             "the data decides)";
+    else
+      why += "it runs layer by layer";
+    j["dynamic_region"] = {{"layers", count},
+                           {"prefix_layers", prefix},
+                           {"cuda_graph", false},
+                           {"why", why + ", reading sizes back where the data decides them"}};
   }
   // The input shapes the layers were tuned at (cuda, dynamic profiles): the opt shapes first.
   if (has_plan && plan.contains("points")) j["tuning_points"] = plan["points"];

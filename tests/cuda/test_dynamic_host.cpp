@@ -1,8 +1,10 @@
 // The cuda backend's dynamic region on the host (no GPU): lowering plans control flow with a plan
 // per subgraph and data-dependent layers untimed, the plan's JSON keeps both, and a static graph
-// stays without a dynamic region.
+// stays without a dynamic region; the prefix (the layers before any size the data decides) is
+// known from the plan and recorded for kiln inspect.
 #include <gtest/gtest.h>
 
+#include "dynamic.h"
 #include "lower.h"
 #include "onnx/importer.h"
 #include "onnx/onnx.pb.h"
@@ -112,6 +114,36 @@ TEST(DynamicHost, ControlFlowAndDataDependentLayersArePlanned) {
       EXPECT_EQ(back->layers[k].dynamic, plan->layers[k].dynamic);
     }
   }
+}
+
+// The prefix: ReduceSum reads the graph input on the device and Greater reads ReduceSum's output,
+// before any size the data decides; NonZero decides one and If is control flow.
+TEST(DynamicHost, ThePrefixHoldsTheLayersBeforeTheDataDecides) {
+  auto g = dynamic_model();
+  ASSERT_TRUE(g);
+  auto plan = lower_for_gpu(*g, {{64, 32}}, untuned(false));  // float32: x read as it comes
+  ASSERT_TRUE(plan.ok()) << plan.status().message();
+  const std::vector<bool> prefix = prefix_layers(*g, *plan);
+  ASSERT_EQ(prefix.size(), g->nodes().size());
+  for (size_t k = 0; k < prefix.size(); ++k) {
+    const std::string& op = g->nodes()[k]->op_type;
+    if (op == "NonZero" || op == "If") {
+      EXPECT_FALSE(prefix[k]) << op;
+    }
+    if (op == "ReduceSum") {
+      EXPECT_TRUE(prefix[k]) << op;
+    }
+  }
+  // A host layer that reads the graph input's values (not its shape) keeps every layer out: the
+  // prefix's work would then depend on the data.
+  Plan host = *plan;
+  for (size_t k = 0; k < host.layers.size(); ++k)
+    if (g->nodes()[k]->op_type == "ReduceSum") {
+      host.layers[k].tactic = nullptr;  // on the host, its input read there
+      for (TensorFormat& f : host.layers[k].in) f = TensorFormat{};
+    }
+  const std::vector<bool> none = prefix_layers(*g, host);
+  for (size_t k = 0; k < none.size(); ++k) EXPECT_FALSE(none[k]) << g->nodes()[k]->op_type;
 }
 
 TEST(DynamicHost, APlanOfASubgraphItLacksIsRefused) {

@@ -237,7 +237,10 @@ Status bench_shapes(const BenchOpts& o, Engine& e, ExecutionContext& ctx,
   if (e.backend() != "cuda" || dynamic) {
     if (o.graph_flag && !dynamic)
       return Status::Error("--use-cuda-graph needs an engine for the cuda backend");
-    if (dynamic) report["cuda_graph"] = false;
+    if (dynamic) {  // the prefix replays as a CUDA graph unless --no-cuda-graph
+      report["cuda_graph"] = false;
+      KILN_RETURN_IF_ERROR(ctx.set_use_cuda_graph(o.graph(e)));
+    }
     std::map<std::string, Tensor> inputs;
     for (size_t i = 0; i < shapes.size(); ++i) inputs[e.inputs()[i].name] = host_in[i];
     for (int i = 0; i < o.warmup; ++i) KILN_RETURN_IF_ERROR(ctx.execute(inputs).status());
@@ -402,8 +405,10 @@ Status bench_shapes(const BenchOpts& o, Engine& e, ExecutionContext& ctx,
     std::cout << fmt::format("kiln bench: {} ({} backend), batch {}, {} timed inferences{}{}",
                              report["engine"].get<std::string>(), e.backend(), batch, lat.size(),
                              report["cuda_graph"].get<bool>() ? ", CUDA graphs"
-                             : e.backend() == "cuda"           ? ", no CUDA graph"
-                                                               : "",
+                             : report.value("prefix_cuda_graphs", 0) > 0
+                                 ? ", the layers before the data decides a size as a CUDA graph"
+                             : e.backend() == "cuda" ? ", no CUDA graph"
+                                                     : "",
                              o.no_transfers ? ", no data transfers" : "")
               << "\n";
     if (report.contains("gpu"))

@@ -27,7 +27,7 @@ void print_text(const nlohmann::json& j) {
     std::cout << "output " << v["name"].get<std::string>() << ": " << v["type"].get<std::string>()
               << (v.value("data_dependent", false) ? " (shape decided by the data)" : "") << "\n";
   if (j.contains("dynamic_region"))
-    std::cout << fmt::format("dynamic region: {} layers marked '(dynamic)'; no CUDA graph: {}\n",
+    std::cout << fmt::format("dynamic region: {} layers marked '(dynamic)'; {}\n",
                              j["dynamic_region"]["layers"].get<size_t>(),
                              j["dynamic_region"]["why"].get<std::string>());
   std::cout << fmt::format("weights: {} tensors, {} bytes", j["weights"]["count"].get<size_t>(), j["weights"]["bytes"].get<size_t>()) << "\n";
@@ -67,6 +67,7 @@ void print_text(const nlohmann::json& j) {
         std::cout << fmt::format(" tuned={:.4f}ms", l["time_ms"].get<double>());
       if (l.contains("launches") && !l["launches"].get<bool>()) std::cout << " (no launch)";
       if (l.value("dynamic", false)) std::cout << " (dynamic)";
+      if (l.value("prefix", false)) std::cout << " (prefix)";
       if (l.contains("alternates"))
         for (const auto& a : l["alternates"]) {
           std::cout << fmt::format(" point{}={}", a.value("point", size_t{0}),

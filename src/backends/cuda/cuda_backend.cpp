@@ -2,6 +2,7 @@
 #include <iostream>
 
 #include "backends/backend.h"
+#include "dynamic.h"
 #include "executor.h"
 #include "lower.h"
 #include "memory_check.h"
@@ -52,6 +53,13 @@ Expected<nlohmann::json> build_cuda_plan(Graph& g, const BuildConfig& c, const P
   }
   if (!plan.ok()) return plan.status();
   nlohmann::json j = plan_to_json(*plan, g);
+  if (j.value("dynamic_region", false)) {  // kiln inspect: which layers the prefix's graph holds
+    const std::vector<bool> prefix = prefix_layers(g, *plan);
+    size_t count = 0;
+    for (size_t k = 0; k < prefix.size(); ++k)
+      if (prefix[k]) j["layers"][k]["prefix"] = true, ++count;
+    j["prefix_layers"] = count;
+  }
   KILN_ASSIGN_OR_RETURN(nlohmann::json kernels, rtc::export_cubins(generated_kernels(*plan)));
   if (!kernels.empty()) j["kernels"] = std::move(kernels);
   return j;

@@ -20,6 +20,10 @@
 
 namespace kiln::gpu {
 
+// The layers of the main graph's prefix (dynamic_prefix.cpp): those before any size the data
+// decides, replayed as one CUDA graph per input shape; all false where no device layer is one.
+std::vector<bool> prefix_layers(const Graph& g, const Plan& plan);
+
 // Device memory for a dynamic run's tensors. A block goes back to the pool when the last
 // shared_ptr to it goes, and is handed out again: every user runs on the context's one stream,
 // so a block freed there is free in stream order (as PyTorch's caching allocator has it).

@@ -14,6 +14,7 @@
 // times) always run layer by layer.
 #include <algorithm>
 #include <string>
+#include <unordered_map>
 
 #include "dynamic.h"
 #include "layer.h"
@@ -47,63 +48,72 @@ constexpr int kCaptureAttempts = 2;
 // value, or a graph input it reads on the device; a host node only where it computes from shapes
 // or from host values of the prefix (so its results are fixed for an input shape); a device
 // layer only where nothing it reads must be uploaded from the host during the run. Data-dependent
-// layers and control flow never join.
-void DynamicGraph::plan_prefix() {
-  const auto& nodes = g_.nodes();
-  in_prefix_.assign(nodes.size(), false);
-  std::vector<int> made(scratch_value_.size(), 0);  // 0 no, 1 on the device, 2 on the host
+// layers and control flow never join. A prefix without a device layer has nothing to capture.
+std::vector<bool> prefix_layers(const Graph& g, const Plan& plan) {
+  const auto& nodes = g.nodes();
+  std::vector<bool> in(nodes.size(), false);
+  std::unordered_map<const Value*, int> made;  // 1 on the device, 2 on the host
   // Graph inputs the prefix may read: on the device, and read by no layer on the host (whose
   // value, not just its shape, would then decide the prefix's work).
-  std::vector<bool> graph_input(scratch_value_.size(), false);
-  for (const Value* v : g_.inputs()) graph_input[index_.at(v)] = true;
+  std::unordered_map<const Value*, bool> graph_input;
+  for (const Value* v : g.inputs()) graph_input[v] = true;
   for (size_t k = 0; k < nodes.size(); ++k)
     for (size_t i = 0; i < nodes[k]->num_inputs(); ++i) {
       const Value* v = nodes[k]->input(i);
-      if (v && !v->is_constant() &&
-          (plan_.layers[k].is_host() || !plan_.layers[k].in[i].present()) &&
+      if (v && graph_input.count(v) &&
+          (plan.layers[k].is_host() || !plan.layers[k].in[i].present()) &&
           !is_shape_op(nodes[k]->domain, nodes[k]->op_type))
-        graph_input[index_.at(v)] = false;
+        graph_input[v] = false;
     }
+  auto is_input = [&](const Value* v) {
+    auto it = graph_input.find(v);
+    return it != graph_input.end() && it->second;
+  };
+  bool device = false;
   for (size_t k = 0; k < nodes.size(); ++k) {
     const Node* n = nodes[k];
-    const LayerChoice& c = plan_.layers[k];
+    const LayerChoice& c = plan.layers[k];
     if (!c.is_host() && ((c.tactic->caps & kDataDependent) || !c.subplans.empty())) continue;
     const bool shape_op = c.is_host() && is_shape_op(n->domain, n->op_type);
     bool ok = true;
     for (size_t i = 0; i < n->num_inputs() && ok; ++i) {
       const Value* v = n->input(i);
       if (!v || v->is_constant()) continue;
-      const size_t idx = index_.at(v);
-      const bool on_device = !c.is_host() && c.in[i].present();
+      const auto it = made.find(v);
+      const int m = it == made.end() ? 0 : it->second;
       if (shape_op)
-        ok = graph_input[idx] || made[idx] != 0;
-      else if (on_device)
-        ok = made[idx] == 1 || graph_input[idx];
+        ok = is_input(v) || m != 0;
+      else if (!c.is_host() && c.in[i].present())  // read on the device
+        ok = m == 1 || is_input(v);
       else
-        ok = made[idx] == 2;  // read on the host: a host value of the prefix
+        ok = m == 2;  // read on the host: a host value of the prefix
     }
     if (!ok) continue;
-    in_prefix_[k] = true;
-    prefix_nodes_.push_back(k);
+    in[k] = true;
+    device |= !c.is_host();
     for (const Value* y : n->outputs())
-      if (y) made[index_.at(y)] = c.is_host() ? 2 : 1;
-    for (size_t i = 0; i < n->num_inputs(); ++i) {
-      const Value* v = n->input(i);
-      if (!v || v->is_constant() || !graph_input[index_.at(v)]) continue;
-      if (!c.is_host() && c.in[i].present() &&
-          std::find(prefix_inputs_.begin(), prefix_inputs_.end(), index_.at(v)) ==
-              prefix_inputs_.end())
+      if (y) made[y] = c.is_host() ? 2 : 1;
+  }
+  if (!device) in.assign(nodes.size(), false);
+  return in;
+}
+
+// The prefix's nodes, the graph inputs its device layers read, and its values read after it.
+void DynamicGraph::plan_prefix() {
+  const auto& nodes = g_.nodes();
+  in_prefix_ = prefix_layers(g_, plan_);
+  for (size_t k = 0; k < nodes.size(); ++k) {
+    if (!in_prefix_[k]) continue;
+    prefix_nodes_.push_back(k);
+    const LayerChoice& c = plan_.layers[k];
+    for (size_t i = 0; i < nodes[k]->num_inputs(); ++i) {
+      const Value* v = nodes[k]->input(i);
+      if (!v || v->is_constant() || c.is_host() || !c.in[i].present()) continue;
+      if (std::find(g_.inputs().begin(), g_.inputs().end(), v) == g_.inputs().end()) continue;
+      if (std::find(prefix_inputs_.begin(), prefix_inputs_.end(), index_.at(v)) ==
+          prefix_inputs_.end())
         prefix_inputs_.push_back(index_.at(v));
     }
-  }
-  // A prefix without a device layer has nothing to capture.
-  bool device = false;
-  for (size_t k : prefix_nodes_) device |= !plan_.layers[k].is_host();
-  if (!device) {
-    prefix_nodes_.clear();
-    prefix_inputs_.clear();
-    in_prefix_.assign(nodes.size(), false);
-    return;
   }
   std::vector<bool> read_after(scratch_value_.size(), false);
   for (size_t k = 0; k < nodes.size(); ++k)
