@@ -175,10 +175,11 @@ Expected<std::unique_ptr<Engine>> Engine::build_from_graph(std::unique_ptr<Graph
         n->output(0) && n->output(0)->type.dtype == DataType::kFloat16)
       ++float16_products;
   }
-  bool explicit_int8 = false;  // Q/DQ nodes carry the scales; mapped before they fold away
+  quant::QdqMapping qdq;  // Q/DQ nodes carry the scales; mapped before they fold away
   if (config.int8) {
-    KILN_ASSIGN_OR_RETURN(explicit_int8, quant::map_qdq(*g));
+    KILN_ASSIGN_OR_RETURN(qdq, quant::map_qdq(*g));
   }
+  const bool explicit_int8 = qdq.any;
   OptimizeOptions opt;
   opt.opt_level = config.opt_level;
   opt.dump_dir = config.dump_graph_dir;
@@ -215,6 +216,10 @@ Expected<std::unique_ptr<Engine>> Engine::build_from_graph(std::unique_ptr<Graph
   if (config.int8) {
     KILN_ASSIGN_OR_RETURN(int8_info,
                           quant::quantize_for_build(*g, config, explicit_int8, fp32_graph.get()));
+    if (qdq.kept) {  // what kiln's INT8 cannot express runs as the model's own float ops
+      int8_info["qdq_kept_as_ops"] = qdq.kept;
+      int8_info["qdq_kept_why"] = qdq.why;
+    }
     // Fusions of INT8 layers (fuse_conv_pair), now that they are marked; the capability query
     // at precision int8 says where the backend has a kernel. The pins above named the layers
     // before pairing: a pinned layer is not INT8 and stays unpaired.

@@ -13,11 +13,16 @@
 namespace kiln::quant {
 
 // Q -> DQ pairs on activations become the activation's scale; DQ of an int8 constant becomes a
-// float constant carrying its (per-channel) scales; DQ of an int32 constant (a bias) becomes a
-// float constant. Returns whether the graph had Q/DQ nodes. A pattern kiln cannot map
-// (asymmetric or uint8, a Q without its DQ, scales that are not constants, ...) is an error
-// naming the node.
-Expected<bool> map_qdq(Graph& g);
+// float constant carrying its (per-channel) scales; DQ of any other constant (an int32 bias, a
+// uint8 weight) the float constant it computes. A pattern kiln's symmetric int8 cannot express
+// (asymmetric or uint8 activations, a Q without its DQ, scales that are not constants, ...) is
+// left as QuantizeLinear/DequantizeLinear ops, computed in float as ONNX defines them.
+struct QdqMapping {
+  bool any = false;  // the graph had Q/DQ nodes
+  size_t kept = 0;   // Q/DQ nodes left as ops
+  std::string why;   // why the first of them was left, naming its node
+};
+Expected<QdqMapping> map_qdq(Graph& g);
 
 // Held-out batches for --accuracy-budget out of n: a fifth, at least 1 (0 when n < 2).
 size_t heldout_batches(size_t n);

@@ -6,6 +6,10 @@
 //   DQ(int32 const b, s)           =>  float const b' (a quantized bias: applied in float)
 //   Q(float const) -> DQ           =>  the same, Q evaluated first
 //
+// What kiln's symmetric int8 cannot express (asymmetric or uint8 activations, per-channel
+// activation scales, a DQ of a computed tensor without its Q, ...) stays in the graph as
+// QuantizeLinear/DequantizeLinear ops computed in float, exactly as ONNX defines them; constants
+// are folded whatever their quantization, keeping a scale only for symmetric int8 weights.
 // Runs before the optimizer (constant folding would otherwise fold the weights' DQ away).
 #include <cmath>
 
@@ -71,33 +75,27 @@ Value* replace_with_constant(Graph& g, Node* n, Tensor t) {
   return c;
 }
 
-// Q of a constant (weights fake-quantized in float) becomes the int8 constant it computes.
+// Q of a constant (weights fake-quantized in float) becomes the constant it computes.
 Status fold_constant_q(Graph& g, Node* q) {
-  if (q->output(0)->type.dtype != DataType::kInt8)
-    return cannot_map(*q, fmt::format("quantizes a constant to {} (kiln maps int8 only)",
-                                      dtype_name(q->output(0)->type.dtype)));
-  KILN_RETURN_IF_ERROR(symmetric_scales(*q).status());
   KILN_ASSIGN_OR_RETURN(Tensor t, evaluate(*q));
   replace_with_constant(g, q, std::move(t));
   return Status::Ok();
 }
 
+// DQ of a constant becomes the float constant it computes; a symmetric int8 weight keeps its
+// grid (the scales and axis), which makes its layer an INT8 candidate.
 Status fold_constant_dq(Graph& g, Node* dq) {
   const DataType xt = dq->input(0)->constant->dtype();
-  if (xt != DataType::kInt8 && xt != DataType::kInt32)
-    return cannot_map(*dq, fmt::format("dequantizes a {} constant (kiln maps int8 weights and "
-                                       "int32 biases)",
-                                       dtype_name(xt)));
-  KILN_ASSIGN_OR_RETURN(std::vector<float> scales, symmetric_scales(*dq));
+  Expected<std::vector<float>> scales = symmetric_scales(*dq);
   KILN_ASSIGN_OR_RETURN(Tensor w, evaluate(*dq));
-  if (w.dtype() != DataType::kFloat32) return cannot_map(*dq, "its output is not float32");
   const int64_t rank = w.rank();
+  const bool weight = xt == DataType::kInt8 && scales.ok() && w.dtype() == DataType::kFloat32;
   int64_t axis = dq->attrs.get_int("axis", 1);
   if (axis < 0) axis += rank;
   Value* c = replace_with_constant(g, dq, std::move(w));
-  if (xt == DataType::kInt8) {  // a weight: keep its grid
-    c->quant_scales = scales;
-    c->quant_axis = scales.size() > 1 ? axis : -1;
+  if (weight) {  // keep its grid
+    c->quant_scales = *scales;
+    c->quant_axis = scales->size() > 1 ? axis : -1;
   }
   return Status::Ok();
 }
@@ -138,33 +136,39 @@ Status map_activation_pair(Graph& g, Node* q) {
 
 }  // namespace
 
-Expected<bool> map_qdq(Graph& g) {
-  bool any = false;
-  for (const Node* n : g.nodes()) any |= is_q(n) || is_dq(n);
-  if (!any) return false;
+Expected<QdqMapping> map_qdq(Graph& g) {
+  QdqMapping r;
+  for (const Node* n : g.nodes()) r.any |= is_q(n) || is_dq(n);
+  if (!r.any) return r;
+  auto keep = [&](const Status& st) {
+    if (r.why.empty()) r.why = st.message();
+  };
   const std::vector<Node*> nodes = g.nodes();
   for (Node* n : nodes)
     if (is_q(n) && n->input(0) && n->input(0)->is_constant())
-      KILN_RETURN_IF_ERROR(fold_constant_q(g, n));
+      if (Status st = fold_constant_q(g, n); !st.ok()) keep(st);
   for (Node* n : std::vector<Node*>(g.nodes()))
     if (is_dq(n) && n->input(0) && n->input(0)->is_constant())
-      KILN_RETURN_IF_ERROR(fold_constant_dq(g, n));
+      if (Status st = fold_constant_dq(g, n); !st.ok()) keep(st);
   // The Q nodes first: mapping one removes it and its DQs, which a snapshot of every node would
-  // then visit after they are freed (AddressSanitizer: heap-use-after-free).
+  // then visit after they are freed (AddressSanitizer: heap-use-after-free). A pair that cannot
+  // be mapped is left as it is (the checks come before any change).
   std::vector<Node*> qs;
   for (Node* n : g.nodes())
-    if (is_q(n)) qs.push_back(n);
-  for (Node* q : qs) KILN_RETURN_IF_ERROR(map_activation_pair(g, q));
+    if (is_q(n) && !(n->input(0) && n->input(0)->is_constant())) qs.push_back(n);
+  for (Node* q : qs)
+    if (Status st = map_activation_pair(g, q); !st.ok()) keep(st);
   for (const Node* n : g.nodes())
     if (is_q(n) || is_dq(n)) {
+      ++r.kept;
       const Value* x = n->input(0);
-      return cannot_map(
-          *n, fmt::format("input '{}' comes from {}, not a QuantizeLinear", x ? x->name : "",
-                          x && x->producer ? x->producer->label() : "the graph"));
+      if (is_dq(n) && x && !is_q(x->producer))
+        keep(cannot_map(*n, fmt::format("input '{}' comes from {}, not a QuantizeLinear", x->name,
+                                        x->producer ? x->producer->label() : "the graph")));
     }
   g.remove_dead_values();
   g.renumber();
-  return true;
+  return r;
 }
 
 }  // namespace kiln::quant

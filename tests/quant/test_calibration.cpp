@@ -324,7 +324,8 @@ TEST(MapQdq, ActivationPairsAndWeightsBecomeScales) {
   const auto before = test::run_cpu(b.g, ins);
   auto mapped = quant::map_qdq(b.g);
   ASSERT_TRUE(mapped.ok()) << mapped.status().message();
-  EXPECT_TRUE(*mapped);
+  EXPECT_TRUE(mapped->any);
+  EXPECT_EQ(mapped->kept, 0u);
   EXPECT_EQ(test::count(b.g, "QuantizeLinear") + test::count(b.g, "DequantizeLinear"), 0);
   ASSERT_EQ(b.g.nodes().size(), 1u);
   const Node* conv = b.g.nodes()[0];
@@ -343,7 +344,9 @@ TEST(MapQdq, ActivationPairsAndWeightsBecomeScales) {
   EXPECT_LT(test::rel_l2(after[0], before[0]), 1e-6);
 }
 
-TEST(MapQdq, UnmappablePatternsNameTheNode) {
+// What symmetric int8 cannot express stays as Q/DQ ops: the graph computes what it computed
+// (ONNX's QDQ semantics, in float), and the reason names the first node kept.
+TEST(MapQdq, UnmappablePatternsStayAsOpsAndNameTheNode) {
   auto build = [](DataType zp_type, int zp_value) {
     auto b = std::make_unique<G>();
     Value* x = b->in("x", {1, 4});
@@ -360,23 +363,53 @@ TEST(MapQdq, UnmappablePatternsNameTheNode) {
     EXPECT_TRUE(infer_shapes(b->g).ok());
     return b;
   };
+  auto check = [](G& b, const std::string& why) {
+    const auto ins = test::random_inputs(b.g);
+    const auto before = test::run_cpu(b.g, ins);
+    auto r = quant::map_qdq(b.g);
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    EXPECT_TRUE(r->any);
+    EXPECT_EQ(r->kept, 2u);
+    EXPECT_NE(r->why.find("node 'the_q'"), std::string::npos) << r->why;
+    EXPECT_NE(r->why.find(why), std::string::npos) << r->why;
+    EXPECT_EQ(test::count(b.g, "QuantizeLinear") + test::count(b.g, "DequantizeLinear"), 2);
+    ASSERT_TRUE(infer_shapes(b.g).ok());
+    const auto after = test::run_cpu(b.g, ins);
+    ASSERT_EQ(after.size(), 1u);
+    EXPECT_EQ(test::rel_l2(after[0], before[0]), 0.0);
+  };
   auto u8 = build(DataType::kUInt8, 128);
-  auto r = quant::map_qdq(u8->g);
-  ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("node 'the_q'"), std::string::npos) << r.status().message();
-  EXPECT_NE(r.status().message().find("int8 only"), std::string::npos) << r.status().message();
+  check(*u8, "int8 only");
   auto nz = build(DataType::kInt8, 3);
-  r = quant::map_qdq(nz->g);
-  ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("zero point 3"), std::string::npos) << r.status().message();
+  check(*nz, "zero point 3");
   G lone;  // a DQ of a computed int8 tensor with no Q before it
   Value* xi = lone.g.add_value("xi", TensorType(DataType::kInt8, {4}));
   lone.g.add_input(xi);
   Node* dq = lone.node("DequantizeLinear", {xi, lone.c(Tensor::scalar<float>(0.1f))});
   lone.out(dq->output(0));
-  r = quant::map_qdq(lone.g);
-  ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find(dq->name), std::string::npos) << r.status().message();
+  auto r = quant::map_qdq(lone.g);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->kept, 1u);
+  EXPECT_NE(r->why.find(dq->name), std::string::npos) << r->why;
+  // An asymmetric uint8 weight folds into the float weight it stands for, without a grid.
+  G w;
+  Value* x = w.in("x", {2, 3});
+  Tensor wq(DataType::kUInt8, {3, 2});
+  for (int64_t i = 0; i < wq.numel(); ++i) wq.data<uint8_t>()[i] = static_cast<uint8_t>(100 + 9 * i);
+  Tensor wz(DataType::kUInt8, {});
+  wz.data<uint8_t>()[0] = 128;
+  Value* wd = w.op("DequantizeLinear", {w.c(wq), w.c(Tensor::scalar<float>(0.02f)), w.c(wz)});
+  w.out(w.op("MatMul", {x, wd}));
+  ASSERT_TRUE(infer_shapes(w.g).ok());
+  const auto ins = test::random_inputs(w.g);
+  const auto before = test::run_cpu(w.g, ins);
+  r = quant::map_qdq(w.g);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->kept, 0u);
+  ASSERT_EQ(w.g.nodes().size(), 1u);
+  EXPECT_TRUE(w.g.nodes()[0]->input(1)->is_constant());
+  EXPECT_TRUE(w.g.nodes()[0]->input(1)->quant_scales.empty());
+  EXPECT_LT(test::rel_l2(test::run_cpu(w.g, ins)[0], before[0]), 1e-7);
 }
 
 // --accuracy-budget's units: a pair made after INT8 marking moves back with both of its layers

@@ -21,6 +21,10 @@ void print_int8_summary(const std::string& options_json, const std::string& back
                            q.value("int8_layers", 0), q.contains("float_layers") ? q["float_layers"].size() : 0,
                            q.value("scales", ""),
                            q.contains("algorithm") ? " (" + q["algorithm"].get<std::string>() + ")" : "");
+  if (q.contains("qdq_kept_as_ops"))
+    std::cout << fmt::format("  qdq    {} Q/DQ nodes kept as ops, computed in float (kiln's INT8 "
+                             "is symmetric int8; the first: {})\n",
+                             q["qdq_kept_as_ops"].get<size_t>(), q.value("qdq_kept_why", ""));
   if (backend == "cuda") {
     const auto plan = nlohmann::json::parse(plan_json, nullptr, false);
     int on_int8 = 0;
