@@ -27,10 +27,14 @@ Status cannot_map(const Node& n, const std::string& why) {
   return KILN_ERROR("{}: Q/DQ pattern kiln cannot map: {}", n.label(), why);
 }
 
-// Runs the op's reference kernel on constant inputs.
+// Runs the op's reference kernel on constant inputs (a node with a computed scale or zero point
+// stays an op).
 Expected<Tensor> evaluate(const Node& n) {
   std::vector<const Tensor*> ins;
-  for (const Value* v : n.inputs()) ins.push_back(v ? v->constant.get() : nullptr);
+  for (const Value* v : n.inputs()) {
+    if (v && !v->is_constant()) return cannot_map(n, fmt::format("'{}' is not a constant", v->name));
+    ins.push_back(v ? v->constant.get() : nullptr);
+  }
   std::vector<Tensor> outs(n.num_outputs());
   KernelContext ctx(n, ins, outs);
   KILN_RETURN_IF_ERROR(find_op("", n.op_type)->cpu(ctx));

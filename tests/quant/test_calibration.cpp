@@ -391,6 +391,17 @@ TEST(MapQdq, UnmappablePatternsStayAsOpsAndNameTheNode) {
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_EQ(r->kept, 1u);
   EXPECT_NE(r->why.find(dq->name), std::string::npos) << r->why;
+  // A constant's DQ with a computed scale stays an op.
+  G computed;
+  Value* cs = computed.in("scale", {});
+  Tensor ci(DataType::kInt8, {4});
+  for (int64_t i = 0; i < ci.numel(); ++i) ci.data<int8_t>()[i] = static_cast<int8_t>(i - 2);
+  computed.out(computed.op("DequantizeLinear", {computed.c(ci), cs}));
+  ASSERT_TRUE(infer_shapes(computed.g).ok());
+  r = quant::map_qdq(computed.g);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->kept, 1u);
+  EXPECT_NE(r->why.find("'scale' is not a constant"), std::string::npos) << r->why;
   // An asymmetric uint8 weight folds into the float weight it stands for, without a grid.
   G w;
   Value* x = w.in("x", {2, 3});
