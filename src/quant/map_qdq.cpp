@@ -104,18 +104,19 @@ Status fold_constant_dq(Graph& g, Node* dq) {
   return Status::Ok();
 }
 
-// x -> Q -> DQ... : every consumer of Q must be a DQ with the same scale.
-Status map_activation_pair(Graph& g, Node* q) {
-  Value* x = q->input(0);
-  Value* y = q->output(0);
+// x -> Q -> DQ... : every consumer of Q must be a DQ with the same scale. Checks only: an error
+// is why the pair stays as ops; `s` gets the scale, `dqs` the DQs.
+Status check_activation_pair(const Graph& g, const Node* q, std::vector<float>& s,
+                             std::vector<Node*>& dqs) {
+  const Value* x = q->input(0);
+  const Value* y = q->output(0);
   if (!y || y->type.dtype != DataType::kInt8)
     return cannot_map(*q, fmt::format("quantizes to {} (kiln maps int8 only: use signed int8 "
                                       "activations)",
                                       y ? dtype_name(y->type.dtype) : "nothing"));
-  KILN_ASSIGN_OR_RETURN(std::vector<float> s, symmetric_scales(*q));
+  KILN_ASSIGN_OR_RETURN(s, symmetric_scales(*q));
   if (s.size() != 1) return cannot_map(*q, "per-channel activation scales (kiln maps per-tensor)");
   if (g.is_graph_output(y)) return cannot_map(*q, "its int8 output is a graph output");
-  std::vector<Node*> dqs;
   for (const auto& [user, slot] : y->uses()) {
     if (!is_dq(user) || slot != 0)
       return cannot_map(*q, fmt::format("its output feeds {}, not a "
@@ -127,6 +128,13 @@ Status map_activation_pair(Graph& g, Node* q) {
   }
   if (!x->quant_scales.empty() && x->quant_scales != s)
     return cannot_map(*q, fmt::format("tensor '{}' is quantized with two scales", x->name));
+  return Status::Ok();
+}
+
+// The checked pair becomes x carrying the scale; an error here is the build's.
+Status map_activation_pair(Graph& g, Node* q, const std::vector<float>& s,
+                           const std::vector<Node*>& dqs) {
+  Value* x = q->input(0);
   x->quant_scales = s;
   KILN_RETURN_IF_ERROR(g.remove_node(q, true));
   for (Node* dq : dqs) {
@@ -155,13 +163,19 @@ Expected<QdqMapping> map_qdq(Graph& g) {
     if (is_dq(n) && n->input(0) && n->input(0)->is_constant())
       if (Status st = fold_constant_dq(g, n); !st.ok()) keep(st);
   // The Q nodes first: mapping one removes it and its DQs, which a snapshot of every node would
-  // then visit after they are freed (AddressSanitizer: heap-use-after-free). A pair that cannot
-  // be mapped is left as it is (the checks come before any change).
+  // then visit after they are freed (AddressSanitizer: heap-use-after-free). A pair that fails
+  // the checks is left as it is.
   std::vector<Node*> qs;
   for (Node* n : g.nodes())
     if (is_q(n) && !(n->input(0) && n->input(0)->is_constant())) qs.push_back(n);
-  for (Node* q : qs)
-    if (Status st = map_activation_pair(g, q); !st.ok()) keep(st);
+  for (Node* q : qs) {
+    std::vector<float> s;
+    std::vector<Node*> dqs;
+    if (Status st = check_activation_pair(g, q, s, dqs); !st.ok())
+      keep(st);
+    else
+      KILN_RETURN_IF_ERROR(map_activation_pair(g, q, s, dqs));
+  }
   for (const Node* n : g.nodes())
     if (is_q(n) || is_dq(n)) {
       ++r.kept;
