@@ -25,6 +25,12 @@ DeviceTensor host_only(const Tensor& t) {
   return d;
 }
 
+// A shape appended to a memo key as its rank and raw dims (no formatting: this runs per layer).
+void append_shape(std::string& key, const std::vector<int64_t>& shape) {
+  key += static_cast<char>(shape.size());
+  key.append(reinterpret_cast<const char*>(shape.data()), shape.size() * sizeof(int64_t));
+}
+
 DynValue host_scalar_i64(int64_t v) {
   auto t = std::make_shared<const Tensor>(Tensor::scalar<int64_t>(v));
   return {host_only(*t), nullptr, t};
@@ -132,14 +138,20 @@ Expected<std::unique_ptr<DynamicGraph>> DynamicGraph::create(const Graph& g, con
   d->scratch_ = g.clone();
   for (const Value* v : g.values()) {
     d->index_[v] = d->scratch_value_.size();
+    d->value_.push_back(v);
     d->scratch_value_.push_back(d->scratch_->find_value(v->name));
     if (!d->scratch_value_.back())
       return KILN_ERROR("graph '{}': value '{}' has no copy", g.name, v->name);
   }
   d->uses_.assign(d->scratch_value_.size(), 0);
-  for (const Node* n : g.nodes())
-    for (const Value* v : n->inputs())
-      if (v) ++d->uses_[d->index_.at(v)];
+  for (const Node* n : g.nodes()) {
+    d->reads_.emplace_back();
+    for (const Value* v : n->inputs()) {
+      if (!v) continue;
+      ++d->uses_[d->index_.at(v)];
+      if (!v->is_constant()) d->reads_.back().push_back(d->index_.at(v));
+    }
+  }
   for (const Value* v : g.outputs()) ++d->uses_[d->index_.at(v)];
   d->configured_.resize(g.nodes().size());
   d->shapes_.resize(g.nodes().size());
@@ -176,7 +188,7 @@ DynamicGraph* DynamicGraph::sub(size_t k, const std::string& name) {
 
 void DynamicGraph::learn(size_t idx, const DynValue& v) {
   Value* sv = scratch_value_[idx];
-  const Value* orig = g_.values()[idx];
+  const Value* orig = value_[idx];
   sized_[idx] = true;
   if (!sv || orig->is_constant()) return;
   std::vector<Dim> dims(v.t.shape.begin(), v.t.shape.end());
@@ -224,7 +236,7 @@ Expected<DeviceTensor> DynamicGraph::device_input(DynamicRuntime& rt, size_t k, 
       t.data = rt.engine_weight(v, f);
       return t;
     }
-    auto key = std::make_pair(v, f.str());
+    const auto key = std::make_tuple(v, f.dtype, f.layout);
     auto it = consts_.find(key);
     if (it == consts_.end()) {
       std::shared_ptr<void> block;
@@ -270,7 +282,7 @@ Expected<std::vector<DynValue>> DynamicGraph::run(DynamicRuntime& rt, std::vecto
   std::vector<DynValue> val(scratch_value_.size());
   std::vector<int> left = uses_;
   for (size_t s = 0; s < scratch_value_.size(); ++s) {
-    const Value* orig = g_.values()[s];
+    const Value* orig = value_[s];
     if (orig->is_constant()) continue;
     scratch_value_[s]->constant.reset();
     scratch_value_[s]->type = orig->type;
@@ -321,16 +333,13 @@ Expected<std::vector<DynValue>> DynamicGraph::run(DynamicRuntime& rt, std::vecto
 }
 
 void DynamicGraph::consumed(size_t k, std::vector<DynValue>& val, std::vector<int>& left) {
-  for (const Value* v : g_.nodes()[k]->inputs()) {
-    if (!v || v->is_constant()) continue;
-    const size_t idx = index_.at(v);
+  for (size_t idx : reads_[k])
     if (--left[idx] == 0) val[idx] = DynValue{};
-  }
 }
 
 bool DynamicGraph::ready(size_t k) const {
-  for (const Value* v : g_.nodes()[k]->inputs())
-    if (v && !v->is_constant() && !sized_[index_.at(v)]) return false;
+  for (size_t idx : reads_[k])
+    if (!sized_[idx]) return false;
   return true;
 }
 
@@ -457,7 +466,7 @@ Status DynamicGraph::run_layer(DynamicRuntime& rt, size_t k, std::vector<DynValu
     // needs too.
     if (const Value* v = n->input(i); v && !v->is_constant() && !c.in[i].present())
       learn(index_.at(v), val[index_.at(v)]);
-    key += shape_str(ins[i].shape);
+    append_shape(key, ins[i].shape);
     if (ins[i].host && !n->input(i)->is_constant())
       key.append(static_cast<const char*>(ins[i].host->raw()), ins[i].host->nbytes());
     key += '|';
@@ -491,7 +500,7 @@ Status DynamicGraph::run_layer(DynamicRuntime& rt, size_t k, std::vector<DynValu
     outs[o].shape = memo.shapes[o];
     outs[o].dtype = c.out[o].dtype;
     outs[o].layout = c.out[o].layout;
-    key += shape_str(memo.shapes[o]) + '|';
+    append_shape(key, memo.shapes[o]);
     // An alias layer (the Reshape family) relabels its input's memory where the formats agree.
     if (o == 0 && alias >= 0 && ins[alias].data && ins[alias].dtype == outs[o].dtype &&
         ins[alias].layout == outs[o].layout) {

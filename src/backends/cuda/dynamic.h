@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -154,6 +155,8 @@ class DynamicGraph {
   bool engine_weights_;
   std::unique_ptr<Graph> scratch_;          // inference's copy, retyped as values are learned
   std::unordered_map<const Value*, size_t> index_;  // value -> slot
+  std::vector<const Value*> value_;         // slot -> the value (g_.values() copies: not per use)
+  std::vector<std::vector<size_t>> reads_;  // per node: the slots of its computed inputs
   std::vector<Value*> scratch_value_;       // slot -> the scratch graph's value
   std::vector<int> uses_;                   // slot -> node inputs and graph outputs reading it
   std::vector<std::unique_ptr<Layer>> layers_;  // per node; null: host node or control flow
@@ -164,7 +167,7 @@ class DynamicGraph {
   };
   std::vector<ShapeMemo> shapes_;
   std::map<std::pair<size_t, std::string>, std::unique_ptr<DynamicGraph>> subs_;
-  std::map<std::pair<const Value*, std::string>, std::shared_ptr<void>> consts_;
+  std::map<std::tuple<const Value*, DataType, Layout>, std::shared_ptr<void>> consts_;
   std::vector<std::shared_ptr<void>> keep_;  // this run's uploads of host values
   std::vector<Awaiting> awaiting_;           // this run's layers whose sizes are not read yet
   std::vector<bool> sized_;                  // per slot: the value's shape is its real one

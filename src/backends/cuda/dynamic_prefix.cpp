@@ -212,7 +212,7 @@ Status DynamicGraph::run_prefix(DynamicRuntime& rt, std::vector<DynValue>& val,
   std::vector<DynValue> given;
   for (size_t idx : prefix_inputs_) {
     DynValue d = val[idx];
-    KILN_ASSIGN_OR_RETURN(d.block, p.pool.get(d.t.nbytes(), "'" + g_.values()[idx]->name + "'"));
+    KILN_ASSIGN_OR_RETURN(d.block, p.pool.get(d.t.nbytes(), "'" + value_[idx]->name + "'"));
     d.t.data = d.block.get();
     p.inputs.push_back(d);
     given.push_back(val[idx]);
