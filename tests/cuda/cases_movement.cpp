@@ -142,6 +142,18 @@ void concat_split_cases(std::vector<OpCase>& v) {
     v.push_back(make(std::string("concat_") + name, "Concat", attrs({{"axis", I(1)}}),
                      {in({2, 3, 2}, t, -100, 100), in({2, 2, 2}, t, -100, 100)}, kExact));
 
+  // Many small parts share a launch (32 a launch), in any unit from 16 bytes to 1, a large
+  // part among them running as planned in its place.
+  std::vector<CaseInput> rows0, rows1, bytes1;
+  for (int64_t i = 0; i < 40; ++i) rows0.push_back(in({1 + i % 7, 4}));
+  for (int64_t i = 0; i < 35; ++i) rows1.push_back(in({3, 1 + i % 5, 5}));
+  rows1.insert(rows1.begin() + 17, in({3, 30000, 5}));
+  for (int64_t i = 0; i < 34; ++i) bytes1.push_back(in({2, 1 + i % 3}, DT::kInt8, -100, 100));
+  v.push_back(make("concat_40_parts", "Concat", attrs({{"axis", I(0)}}), rows0));
+  v.push_back(make("concat_36_parts_one_large", "Concat", attrs({{"axis", I(1)}}), rows1));
+  v.push_back(make("concat_34_parts_int8", "Concat", attrs({{"axis", I(1)}}), bytes1, kExact));
+  v.push_back(make("split_33_parts", "Split", attrs({{"axis", I(1)}, {"num_outputs", I(33)}}),
+                   {in({3, 99, 2})}, kFloat, 33));
   v.push_back(make("split_equal", "Split", attrs({{"axis", I(0)}}), {in({6, 4})}, kFloat, 3));
   v.push_back(make("split_sizes", "Split", attrs({{"axis", I(-1)}}),
                    {in({2, 3, 6}), ints({1, 3, 2})}, kFloat, 3));

@@ -327,15 +327,18 @@ class CopyLayer final : public Layer {
   }
   Status run(const RunContext& rc, std::span<const DeviceTensor> in,
              std::span<const DeviceTensor> out) override {
-    for (const CopyStep& s : steps_)
-      KILN_RETURN_IF_ERROR(run_copy(s.plan, in[s.in].data, out[s.out].data, rc.stream));
-    return Status::Ok();
+    if (steps_.size() == 1)
+      return run_copy(steps_[0].plan, in[steps_[0].in].data, out[steps_[0].out].data, rc.stream);
+    jobs_.clear();
+    for (const CopyStep& s : steps_) jobs_.push_back({&s.plan, in[s.in].data, out[s.out].data});
+    return run_copies(jobs_, rc.stream);  // a Concat's or Split's parts: disjoint
   }
 
  private:
   const Node* node_;
   Planner planner_;
   Steps steps_;
+  std::vector<CopyJob> jobs_;
 };
 
 template <Planner P>

@@ -2,6 +2,7 @@
 // operands into another layout themselves (layers/attention_mha.cu).
 #pragma once
 
+#include <span>
 #include <vector>
 
 #include "kernels/device_util.cuh"
@@ -28,5 +29,14 @@ Expected<CopyPlan> plan_copy(std::vector<int64_t> dims, std::vector<int64_t> src
                              size_t esize);
 // Runs a plan on `stream`.
 Status run_copy(const CopyPlan& p, const void* src, void* dst, cudaStream_t stream);
+
+// Runs plans whose destinations do not overlap, the small row copies among them batched into
+// one launch (movement_batch.cu).
+struct CopyJob {
+  const CopyPlan* plan;
+  const void* src;
+  void* dst;
+};
+Status run_copies(std::span<const CopyJob> jobs, cudaStream_t stream);
 
 }  // namespace kiln::gpu::movement_detail
