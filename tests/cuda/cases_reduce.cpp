@@ -1,6 +1,6 @@
 // Reduction family cases: the ten Reduce* ops (axes forms, keepdims, noop_with_empty_axes,
 // empty reductions and tensors, NaN, integer and bool types, NHWC spatial means), ArgMax/ArgMin
-// (select_last_index, ties, NaN), TopK (ties, k = axis size, NaN, the long-lane workspace sort),
+// (select_last_index, ties, NaN), TopK (ties, k = axis size, NaN, the block and workspace sorts),
 // Softmax/LogSoftmax/Hardmax (last and inner axes, legacy 2-D, long and many rows), the
 // normalizations (Layer, RMS, Instance, Group, Lp, MVN, Batch incl. NHWC), CumSum and
 // Quantize/Dequantize/DynamicQuantizeLinear.
@@ -219,6 +219,16 @@ void index_cases(std::vector<OpCase>& v) {
   }
   topk("long_special", {fixed({1, 9000}, special)}, 4000, {}, kExact);
   topk("long_special_smallest", {fixed({1, 9000}, special)}, 9000, attrs({{"largest", I(0)}}), kExact);
+  // Lanes of 1025-4096 sort by the same keys in one block (CUB's block radix sort): ties by index,
+  // special values, 64-bit and 8-bit keys, a strided axis, a detector's one class of 3,234 anchors.
+  std::vector<float> block_special(special.begin(), special.begin() + 3234);
+  topk("block_special", {fixed({1, 3234}, block_special)}, 300, {}, kExact);
+  topk("block_special_smallest", {fixed({1, 3234}, block_special)}, 3234, attrs({{"largest", I(0)}}),
+       kExact);
+  topk("block_ties_int32_inner", {in({2000, 3}, kI32, -5, 5)}, 1500, attrs({{"axis", I(0)}}), kExact);
+  topk("block_f64_smallest", {in({3, 2500}, kF64)}, 2500, attrs({{"largest", I(0)}}), kExact);
+  topk("block_int8", {in({4, 1100}, DataType::kInt8, -100, 100)}, 1025, {}, kExact);
+  topk("block_fp16_ties", {fixed({2, 3000}, ties16(6000, 100))}, 300, {}, kF);
   topk("many_rows", {in({2000, 12})}, 3, {}, kExact);
   topk("empty_lanes", {in({0, 8})}, 2, {}, kExact);
 }

@@ -3,12 +3,15 @@
 // uint16 targets; float8 and int4 targets/inputs run in quant_low_bit.cu).
 //
 // TopK sorts each lane under the reference's strict order (wanted end first, NaN largest, ties by
-// index), so the first k are exactly the reference's. Lanes of up to 4096 elements sort with a
-// bitonic network in shared memory, a block per lane; longer ones (a detector's candidates before
-// NMS) with CUB's stable radix sort over keys whose unsigned order is that order: a few launches
-// whatever the length, where a network would take one per stage.
+// index), so the first k are exactly the reference's. Lanes of up to 1024 elements sort with a
+// bitonic network in shared memory, a block per lane; up to 4096 (a detector's per-class scores)
+// with CUB's stable block radix sort, a block per lane, over keys whose unsigned order is that
+// order (eight digit passes where a network of 4096 takes 78 stages); longer ones (a detector's
+// candidates before NMS) with CUB's device-wide radix sort over the same keys: a few launches
+// whatever the length.
 #include <algorithm>
 #include <cmath>
+#include <cub/block/block_radix_sort.cuh>
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_segmented_radix_sort.cuh>
 #include <limits>
@@ -27,6 +30,9 @@ namespace {
 // --- TopK ------------------------------------------------------------------------------------
 
 constexpr int64_t kSharedSortMax = 4096;
+constexpr int64_t kBitonicMax = 1024;  // longer lanes, up to kSharedSortMax: the block radix sort
+constexpr int kBlockSortThreads = 512, kBlockSortItems = 8;
+static_assert(kBlockSortThreads * kBlockSortItems == kSharedSortMax);
 
 struct TopKGeom {
   int64_t outer = 0, dim = 0, inner = 0, k = 0, P = 0;  // P: dim rounded up to a power of 2
@@ -151,7 +157,36 @@ __global__ void topk_gather(const T* __restrict__ x, const int* idx, T* vals, in
     write_topk(x, vals, inds, g, lane, idx + lane * g.dim, 1);
 }
 
-// The radix path's workspace: keys and indices twice (in, sorted), the offsets, CUB's scratch.
+// A block per lane: the lane's keys (topk_radix_fill's) sorted by CUB's block radix sort, whose
+// digit passes are stable, so ties keep index order; padding takes the largest key and sorts
+// after every element (it comes after them). The first k indices go to idx_sorted.
+template <typename U>
+__global__ void __launch_bounds__(kBlockSortThreads)
+    topk_block_sort(const U* __restrict__ keys, int* __restrict__ idx_sorted, TopKGeom g) {
+  using Sort = cub::BlockRadixSort<U, kBlockSortThreads, kBlockSortItems, int>;
+  __shared__ typename Sort::TempStorage tmp;
+  const int64_t dim = g.dim;
+  for (int64_t lane = blockIdx.x; lane < g.outer * g.inner; lane += gridDim.x) {
+    U k[kBlockSortItems];
+    int v[kBlockSortItems];
+#pragma unroll
+    for (int i = 0; i < kBlockSortItems; ++i) {
+      const int e = threadIdx.x * kBlockSortItems + i;
+      k[i] = e < dim ? keys[lane * dim + e] : ~U(0);
+      v[i] = e;
+    }
+    Sort(tmp).Sort(k, v);
+#pragma unroll
+    for (int i = 0; i < kBlockSortItems; ++i) {
+      const int e = threadIdx.x * kBlockSortItems + i;
+      if (e < g.k) idx_sorted[lane * dim + e] = v[i];
+    }
+    __syncthreads();  // tmp is the next lane's
+  }
+}
+
+// The radix paths' workspace: keys and indices twice (in, sorted), the offsets, CUB's scratch
+// (the block sort uses the keys, the indices and the sorted indices).
 struct TopKRadix {
   size_t keys = 0, keys_sorted = 0, idx = 0, idx_sorted = 0, offsets = 0, temp = 0;
   size_t temp_bytes = 0;
@@ -209,7 +244,7 @@ class TopKLayer final : public Layer {
     g.P = 1;
     while (g.P < g.dim) g.P <<= 1;
     g_ = g;
-    if (g.P <= kSharedSortMax) return size_t{0};
+    if (g.P <= kBitonicMax) return size_t{0};
     const int64_t items = g.outer * g.inner * g.dim;
     if (items >= (int64_t(1) << 31) - 1)
       return KILN_ERROR("{}: sorting {} elements at once is more than TopK takes on the GPU",
@@ -218,8 +253,9 @@ class TopKLayer final : public Layer {
     const size_t key_bytes = wide ? 8 : 4;
     TopKRadix r;
     const cudaError_t e =
-        wide ? topk_sort<uint64_t>(nullptr, r, r.temp_bytes, g.outer * g.inner, items, nullptr)
-             : topk_sort<uint32_t>(nullptr, r, r.temp_bytes, g.outer * g.inner, items, nullptr);
+        g.P <= kSharedSortMax ? cudaSuccess  // the block sort: no scratch of CUB's
+        : wide ? topk_sort<uint64_t>(nullptr, r, r.temp_bytes, g.outer * g.inner, items, nullptr)
+               : topk_sort<uint32_t>(nullptr, r, r.temp_bytes, g.outer * g.inner, items, nullptr);
     if (e != cudaSuccess)
       return KILN_ERROR("{}: sizing the sort failed: {}", n.label(), cudaGetErrorString(e));
     size_t off = 0;
@@ -254,7 +290,7 @@ class TopKLayer final : public Layer {
       T* vals = static_cast<T*>(out[0].data);
       int64_t* inds = static_cast<int64_t*>(out[1].data);
       const unsigned grid = static_cast<unsigned>(std::min<int64_t>(lanes, 65535 * 8));
-      if (g.P <= kSharedSortMax) {
+      if (g.P <= kBitonicMax) {
         const int threads = static_cast<int>(std::clamp<int64_t>(g.P / 2, 32, 1024));
         const size_t smem = static_cast<size_t>(shared_key_offset(g.P) + g.P * int64_t(sizeof(K)));
         topk_shared<T><<<grid, threads, smem, rc.stream>>>(x, vals, inds, g);
@@ -269,8 +305,12 @@ class TopKLayer final : public Layer {
       using U = TopKKey<K>;
       topk_radix_fill<T, U><<<grid_for(items), kBlock, 0, rc.stream>>>(
           x, reinterpret_cast<U*>(ws + r.keys), idx, offsets, g);
-      const cudaError_t e = topk_sort<U>(ws, r, temp_bytes, lanes, items, rc.stream);
-      sorted = e == cudaSuccess;
+      if (g.P <= kSharedSortMax) {
+        topk_block_sort<U><<<grid, kBlockSortThreads, 0, rc.stream>>>(
+            reinterpret_cast<const U*>(ws + r.keys), reinterpret_cast<int*>(ws + r.idx_sorted), g);
+      } else {
+        sorted = topk_sort<U>(ws, r, temp_bytes, lanes, items, rc.stream) == cudaSuccess;
+      }
       topk_gather<T><<<grid, 256, 0, rc.stream>>>(
           x, reinterpret_cast<const int*>(ws + r.idx_sorted), vals, inds, g);
     });
