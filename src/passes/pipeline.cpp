@@ -29,7 +29,8 @@ struct PassEntry {
 //   -> Reshape chains become constants, which turns dynamic Reshapes into static ones that the
 //   no-op and pair rules can then judge. fold_if right after it: an If whose condition folded
 //   (torchvision's `boxes.numel() == 0` at a profile's static shapes) becomes its branch's
-//   nodes, which the rest of the list then optimizes like any others.
+//   nodes, which the rest of the list then optimizes like any others. loop_concat_to_scan
+//   after them: a Loop's initial value is a constant once the shapes that size it fold.
 // - detach_shapes after fold_constants: a Shape of an activation whose dims the inputs
 //   determine reads the inputs' shapes instead, so it no longer counts as a consumer of the
 //   activation (fold_constants folds it outright when the profile fixes every dim).
@@ -123,6 +124,7 @@ struct PassEntry {
 constexpr PassEntry kPipeline[] = {
     {"fold_constants", 1, passes::fold_constants},
     {"fold_if", 1, passes::fold_if},
+    {"loop_concat_to_scan", 1, passes::loop_concat_to_scan},
     {"remove_noops", 1, passes::remove_noops},
     {"detach_shapes", 1, passes::detach_shapes},
     {"merge_duplicates", 1, passes::merge_duplicates},

@@ -3,7 +3,8 @@
 
 Each model is made here with onnx.helper in the forms exporters write: branches and bodies that
 read values of enclosing graphs (also two levels up), subgraph initializers, branches whose
-outputs differ in shape, a Loop whose carried value grows, a while-loop without a trip count, a
+outputs differ in shape, a Loop whose carried value grows, values appended to by a Concat at
+every iteration (kept as scan outputs: loop_concat_to_scan), a while-loop without a trip count, a
 Scan over two inputs in opposite directions, and a detector's `if boxes.numel() == 0` after
 NonZero. Every model is built at -O0 and -O2 (`kiln build`, then `kiln run --engine`, so the
 engine file's subgraphs are written and read back) and compared with ONNX Runtime (relative L2
@@ -125,6 +126,34 @@ def loop_while_growing():
     return model(g)
 
 
+def loop_append():
+    """Two values appended to at every iteration (`acc = torch.cat((acc, part))` in a scripted
+    loop), along axis 0 and axis 1, from empty constants: kiln keeps them as scan outputs."""
+    body = helper.make_graph(
+        [
+            helper.make_node("Cast", ["i"], ["fi"], to=F),
+            helper.make_node("Add", ["x", "fi"], ["xi"]),
+            helper.make_node("Unsqueeze", ["xi", "ax0"], ["part0"]),
+            helper.make_node("Concat", ["acc0_in", "part0"], ["acc0_out"], axis=0),
+            helper.make_node("Mul", ["y", "fi"], ["yi"]),
+            helper.make_node("Unsqueeze", ["yi", "ax1"], ["part1"]),
+            helper.make_node("Concat", ["acc1_in", "part1"], ["acc1_out"], axis=-1),
+            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+        ],
+        "body",
+        [vi("i", I64, []), vi("cond_in", B, []), vi("acc0_in", F, [None, 3]), vi("acc1_in", F, [2, None])],
+        [vi("cond_out", B, []), vi("acc0_out", F, [None, 3]), vi("acc1_out", F, [2, None])],
+        initializer=[const("ax0", np.array([0], np.int64)), const("ax1", np.array([1], np.int64))],
+    )
+    nodes = [helper.make_node("Loop", ["M", "c0", "a0", "a1"], ["acc0", "acc1"], body=body)]
+    g = helper.make_graph(nodes, "loop_append", [vi("M", I64, []), vi("x", F, [3]), vi("y", F, [2])],
+                          [vi("acc0", F, [None, 3]), vi("acc1", F, [2, None])],
+                          initializer=[const("c0", np.array(True)),
+                                       const("a0", np.zeros((0, 3), np.float32)),
+                                       const("a1", np.zeros((2, 0), np.float32))])
+    return model(g)
+
+
 def loop_nested_if():
     """An If inside a Loop body that reads a main-graph value (two levels up) and the body's
     carried value."""
@@ -214,6 +243,9 @@ def inputs_for(name, rng, variant):
                 "M": np.array(5 if variant else 0, np.int64)}
     if name == "loop_while":
         return {"limit": np.array(12.5 if variant else 0.5, np.float32)}
+    if name == "loop_append":
+        return {"M": np.array(4 if variant else 0, np.int64),
+                "x": rng.standard_normal(3).astype(np.float32), "y": rng.standard_normal(2).astype(np.float32)}
     if name == "loop_nested_if":
         return {"x": rng.standard_normal((2, 3)).astype(np.float32),
                 "b": rng.standard_normal(3).astype(np.float32)}
@@ -240,6 +272,7 @@ MODELS = {
     "if_shapes_differ": if_shapes_differ,
     "loop_scan": loop_scan,
     "loop_while": loop_while_growing,
+    "loop_append": loop_append,
     "loop_nested_if": loop_nested_if,
     "scan_two_ways": scan_two_ways,
     "detector_if": detector_if,
@@ -307,6 +340,12 @@ def main():
                         failures += not ok
                         print(f"{'ok  ' if ok else 'FAIL'} {label} output {out.name} {tuple(got.shape)}"
                               f" (ORT {tuple(want.shape)}): rel L2 {err:.1e}")
+        # The appended values became scan outputs (loop_concat_to_scan), not a Concat an iteration.
+        p = run([args.kiln, "build", *args.build_flags.split(), "--onnx", os.path.join(tmp, "loop_append.onnx"),
+                 "--save-engine", os.path.join(tmp, "la.kiln"), "--verbose"])
+        ok = p.returncode == 0 and "loop_concat_to_scan: 2 rewrites" in p.stdout + p.stderr
+        failures += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} loop_append: both appended values kept as scan outputs")
         # A negative trip count: one line, exit status 1.
         path = os.path.join(tmp, "loop_scan.onnx")
         np.save(os.path.join(tmp, "x.npy"), np.zeros((6, 4), np.float32))
