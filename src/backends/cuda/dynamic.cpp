@@ -155,6 +155,7 @@ Expected<std::unique_ptr<DynamicGraph>> DynamicGraph::create(const Graph& g, con
   for (const Value* v : g.outputs()) ++d->uses_[d->index_.at(v)];
   d->configured_.resize(g.nodes().size());
   d->shapes_.resize(g.nodes().size());
+  d->host_shapes_.resize(g.nodes().size());
   for (size_t k = 0; k < g.nodes().size(); ++k) {
     const Node* n = g.nodes()[k];
     const LayerChoice& c = plan.layers[k];
@@ -355,6 +356,7 @@ Status DynamicGraph::run_node(DynamicRuntime& rt, size_t k, std::vector<DynValue
     KILN_CUDA_CHECK(cudaStreamSynchronize(rt.rc->stream));
     t0 = std::chrono::steady_clock::now();
   }
+  ran_on_host_ = c.is_host();
   if (c.is_host()) st = run_host(rt, k, val);
   else if (n->op_type == "If" && !c.subplans.empty()) st = run_if(rt, k, val);
   else if (n->op_type == "Loop" && !c.subplans.empty()) st = run_loop(rt, k, val);
@@ -368,7 +370,7 @@ Status DynamicGraph::run_node(DynamicRuntime& rt, size_t k, std::vector<DynValue
     using Ms = std::chrono::duration<double, std::milli>;
     const double ms = Ms(std::chrono::steady_clock::now() - t0).count();
     const std::string type = n->domain.empty() ? n->op_type : n->domain + "." + n->op_type;
-    rt.times->push_back({n->name, c.is_host() ? type + " (host)" : type, ms, Ms(t1 - t0).count()});
+    rt.times->push_back({n->name, ran_on_host_ ? type + " (host)" : type, ms, Ms(t1 - t0).count()});
   }
   if (st.ok() || st.message().find(n->label()) != std::string::npos) return st;
   return st.with_context(n->label());
@@ -452,12 +454,75 @@ Status fit_workspace(DynamicRuntime& rt, size_t need) {
 }
 }  // namespace
 
-Status DynamicGraph::run_layer(DynamicRuntime& rt, size_t k, std::vector<DynValue>& val) {
+// The output shapes of node k at the input shapes and host values `key`: inference on the
+// scratch copy, whose inputs carry what this run learned; a data-dependent layer's at the op's
+// bound, its real ones read back after it ran. They follow from the key, so the last run's are
+// reused where it is the same (a detector run on images of one size: most of its layers' inputs).
+Expected<const std::vector<std::vector<int64_t>>*> DynamicGraph::out_shapes(
+    size_t k, const std::string& key, bool bound, ShapeMemo& memo) {
   const Node* n = g_.nodes()[k];
-  const LayerChoice& c = plan_.layers[k];
-  Node* sn = scratch_->nodes()[k];
+  if (memo.key == key && memo.shapes.size() == n->num_outputs()) return &memo.shapes;
   const OpDef* def = find_op(n->domain, n->op_type);
   if (!def || !def->infer) return KILN_ERROR("no shape inference");
+  std::vector<TensorType> types(n->num_outputs());
+  InferContext ictx(*scratch_->nodes()[k], types);
+  KILN_RETURN_IF_ERROR(bound && def->bound ? def->bound(ictx) : def->infer(ictx));
+  memo.key.clear();
+  memo.shapes.assign(n->num_outputs(), {});
+  for (size_t o = 0; o < n->num_outputs(); ++o) {
+    if (!n->output(o)) continue;
+    auto shape = types[o].static_shape();
+    if (!shape)
+      return KILN_ERROR("the shape of output '{}' is not known when the run reaches it ({})",
+                        n->output(o)->name, types[o].str());
+    memo.shapes[o] = *shape;
+  }
+  memo.key = key;
+  return &memo.shapes;
+}
+
+// Whether device layer k runs on the host instead: every input it reads is known there (computed
+// on the host, read back, or a constant) and its inputs and outputs are small, so the host's
+// reference kernel costs less than uploading them, a launch, and reading the result back for the
+// next host reader (a Loop body's box arithmetic on a detection read from a captured tensor).
+// Not in the prefix, whose layers are replayed from a CUDA graph.
+bool DynamicGraph::host_instead(const DynamicRuntime& rt, size_t k, std::vector<DynValue>& val) {
+  if (rt.dry || rt.alloc) return false;
+  const Node* n = g_.nodes()[k];
+  for (size_t idx : reads_[k])
+    if (!val[idx].host || val[idx].host->numel() > kHostSmall) return false;
+  const OpDef* def = find_op(n->domain, n->op_type);
+  if (!def || !def->cpu || !def->infer) return false;
+  std::string key;
+  for (size_t i = 0; i < n->num_inputs(); ++i) {
+    const Value* v = n->input(i);
+    if (v && !v->is_constant()) {
+      const size_t idx = index_.at(v);
+      const DynValue& dv = val[idx];
+      if (!scratch_value_[idx]->constant) learn(idx, dv);  // inference reads host values
+      append_shape(key, dv.host->shape());
+      key.append(static_cast<const char*>(dv.host->raw()), dv.host->nbytes());
+    } else if (v) {
+      append_shape(key, v->constant->shape());
+    }
+    key += '|';
+  }
+  const bool dds = plan_.layers[k].tactic->caps & kDataDependent;
+  auto shapes = out_shapes(k, key, dds, host_shapes_[k]);
+  if (!shapes.ok()) return false;  // the device path says why
+  for (const auto& s : **shapes) {
+    int64_t numel = 1;
+    for (int64_t d : s) numel *= d;
+    if (numel > kHostSmall) return false;
+  }
+  return true;
+}
+
+Status DynamicGraph::run_layer(DynamicRuntime& rt, size_t k, std::vector<DynValue>& val) {
+  ran_on_host_ = host_instead(rt, k, val);
+  if (ran_on_host_) return run_host(rt, k, val);
+  const Node* n = g_.nodes()[k];
+  const LayerChoice& c = plan_.layers[k];
   std::vector<DeviceTensor> ins(n->num_inputs()), outs(n->num_outputs());
   std::string key;
   for (size_t i = 0; i < n->num_inputs(); ++i) {
@@ -471,36 +536,16 @@ Status DynamicGraph::run_layer(DynamicRuntime& rt, size_t k, std::vector<DynValu
       key.append(static_cast<const char*>(ins[i].host->raw()), ins[i].host->nbytes());
     key += '|';
   }
-  // Output shapes: inference on the scratch copy, whose inputs carry what this run learned; a
-  // data-dependent layer's at the op's bound, its real ones read back after it ran. They follow
-  // from the input shapes and host values (the key so far), so the last run's are reused where
-  // those are the same (a detector run on images of one size: most of its layers' inputs).
   const bool dds = c.tactic->caps & kDataDependent;
-  ShapeMemo& memo = shapes_[k];
-  if (memo.key != key || memo.shapes.size() != n->num_outputs()) {
-    std::vector<TensorType> types(n->num_outputs());
-    InferContext ictx(*sn, types);
-    KILN_RETURN_IF_ERROR(dds && def->bound ? def->bound(ictx) : def->infer(ictx));
-    memo.key.clear();
-    memo.shapes.assign(n->num_outputs(), {});
-    for (size_t o = 0; o < n->num_outputs(); ++o) {
-      if (!n->output(o)) continue;
-      auto shape = types[o].static_shape();
-      if (!shape)
-        return KILN_ERROR("the shape of output '{}' is not known when the run reaches it ({})",
-                          n->output(o)->name, types[o].str());
-      memo.shapes[o] = *shape;
-    }
-    memo.key = key;
-  }
+  KILN_ASSIGN_OR_RETURN(const auto* shapes, out_shapes(k, key, dds, shapes_[k]));
   std::vector<std::shared_ptr<void>> blocks(n->num_outputs());
   const int alias = c.tactic->alias_input;
   for (size_t o = 0; o < n->num_outputs(); ++o) {
     if (!n->output(o)) continue;
-    outs[o].shape = memo.shapes[o];
+    outs[o].shape = (*shapes)[o];
     outs[o].dtype = c.out[o].dtype;
     outs[o].layout = c.out[o].layout;
-    append_shape(key, memo.shapes[o]);
+    append_shape(key, (*shapes)[o]);
     // An alias layer (the Reshape family) relabels its input's memory where the formats agree.
     if (o == 0 && alias >= 0 && ins[alias].data && ins[alias].dtype == outs[o].dtype &&
         ins[alias].layout == outs[o].layout) {

@@ -5,6 +5,8 @@
 // configured where its shapes changed, then run; a data-dependent layer's sizes are read back
 // once the stream reaches it (one synchronisation); If, Loop and Scan read their condition or
 // trip count on the host and run their subgraphs' own plans (lower.cpp: subplans) the same way.
+// A layer whose inputs are all known on the host and small runs its reference kernel there
+// (host_instead): no upload, launch and read-back for a loop body's scalar arithmetic.
 #pragma once
 
 #include <functional>
@@ -20,6 +22,10 @@
 #include "plan.h"
 
 namespace kiln::gpu {
+
+// Elements a value may hold to be computed on the host instead of the device, where all its
+// inputs are known there (DynamicGraph::host_instead), or read back once for a loop body.
+constexpr int64_t kHostSmall = 4096;
 
 // The layers of the main graph's prefix (dynamic_prefix.cpp): those before any size the data
 // decides, replayed as one CUDA graph per input shape; all false where no device layer is one.
@@ -120,9 +126,13 @@ class DynamicGraph {
   Status run_node(DynamicRuntime& rt, size_t k, std::vector<DynValue>& val);
   Status run_layer(DynamicRuntime& rt, size_t k, std::vector<DynValue>& val);
   Status run_host(DynamicRuntime& rt, size_t k, std::vector<DynValue>& val);
+  bool host_instead(const DynamicRuntime& rt, size_t k, std::vector<DynValue>& val);
   Status run_if(DynamicRuntime& rt, size_t k, std::vector<DynValue>& val);
   Status run_loop(DynamicRuntime& rt, size_t k, std::vector<DynValue>& val);
   Status run_scan(DynamicRuntime& rt, size_t k, std::vector<DynValue>& val);
+  // A Loop's or Scan's small captured values read back once before the first iteration.
+  Status mirror_captures(DynamicRuntime& rt, size_t k, std::vector<DynValue>& ins,
+                         std::vector<DynValue>& val);
   Expected<DeviceTensor> device_input(DynamicRuntime& rt, size_t k, size_t i,
                                       std::vector<DynValue>& val);
   Expected<std::shared_ptr<const Tensor>> host_value(DynamicRuntime& rt, const Value* v,
@@ -166,11 +176,15 @@ class DynamicGraph {
     std::vector<std::vector<int64_t>> shapes;
   };
   std::vector<ShapeMemo> shapes_;
+  std::vector<ShapeMemo> host_shapes_;  // the same where the layer ran on the host (host_instead)
+  Expected<const std::vector<std::vector<int64_t>>*> out_shapes(size_t k, const std::string& key,
+                                                                bool bound, ShapeMemo& memo);
   std::map<std::pair<size_t, std::string>, std::unique_ptr<DynamicGraph>> subs_;
   std::map<std::tuple<const Value*, DataType, Layout>, std::shared_ptr<void>> consts_;
   std::vector<std::shared_ptr<void>> keep_;  // this run's uploads of host values
   std::vector<Awaiting> awaiting_;           // this run's layers whose sizes are not read yet
   std::vector<bool> sized_;                  // per slot: the value's shape is its real one
+  bool ran_on_host_ = false;                 // the node run_node ran last ran on the host
 };
 
 // Stacks same-shaped device values along a new axis `axis` (a Loop's or Scan's scan outputs),

@@ -129,6 +129,22 @@ void DynamicGraph::set_output(size_t k, size_t o, DynValue v, std::vector<DynVal
   learn(idx, val[idx]);
 }
 
+// A body reading a small tensor from outside (a detection's box by the iteration number) then
+// computes on the host (host_instead) instead of on the device with a read-back per iteration.
+Status DynamicGraph::mirror_captures(DynamicRuntime& rt, size_t k, std::vector<DynValue>& ins,
+                                     std::vector<DynValue>& val) {
+  const Node* n = g_.nodes()[k];
+  const size_t first = n->num_inputs() - static_cast<size_t>(capture_count(*n));
+  for (size_t i = first; i < n->num_inputs(); ++i) {
+    const Value* v = n->input(i);
+    DynValue& d = ins[i];
+    if (!v || v->is_constant() || d.host || !d.t.data || d.t.numel() > kHostSmall) continue;
+    KILN_ASSIGN_OR_RETURN(d.host, rt.read_back(d, v->type.dtype));
+    val[index_.at(v)].host = d.host;
+  }
+  return Status::Ok();
+}
+
 Status DynamicGraph::run_if(DynamicRuntime& rt, size_t k, std::vector<DynValue>& val) {
   const Node* n = g_.nodes()[k];
   KILN_ASSIGN_OR_RETURN(auto c, host_value(rt, n->input(0), val));
@@ -167,6 +183,7 @@ Status DynamicGraph::run_loop(DynamicRuntime& rt, size_t k, std::vector<DynValue
   }
   std::vector<DynValue> ins(2);
   for (size_t i = 2; i < n->num_inputs(); ++i) ins.push_back(pass(n->input(i), val));
+  if (trips > 1 && cond) KILN_RETURN_IF_ERROR(mirror_captures(rt, k, ins, val));
   std::vector<std::vector<DynValue>> parts(scans);
   for (int64_t it = 0; it < trips && cond; ++it) {
     ins[0] = DynValue{};
@@ -219,6 +236,7 @@ Status DynamicGraph::run_scan(DynamicRuntime& rt, size_t k, std::vector<DynValue
     if (len >= 0 && l != len) return KILN_ERROR("scanned inputs have lengths {} and {}", len, l);
     len = l;
   }
+  if (len > 1) KILN_RETURN_IF_ERROR(mirror_captures(rt, k, ins, val));
   std::vector<std::vector<DynValue>> parts(outs_n);
   for (int64_t t = 0; t < len; ++t) {
     for (size_t j = 0; j < m; ++j) {
