@@ -102,6 +102,19 @@ struct MemoryInfo {
   size_t workspace = 0;    // scratch of the layer that needs most
 };
 
+// Device memory for the outputs of an engine whose output sizes the data decides (TensorRT's
+// IOutputAllocator): enqueue() asks each output's allocator for its memory once the size is known.
+class OutputAllocator {
+ public:
+  virtual ~OutputAllocator() = default;
+  // Device memory of at least `bytes` for output `name`; `current` is what this allocator returned
+  // for it last time (null the first time), to be kept where it is large enough. Null fails the
+  // inference (where `bytes` is not 0).
+  virtual void* reallocate_output(const std::string& name, void* current, size_t bytes) = 0;
+  // The output's shape in this inference, once its memory was asked for.
+  virtual void notify_shape(const std::string& name, const std::vector<int64_t>& dims) = 0;
+};
+
 class ExecutionContext {
  public:
   virtual ~ExecutionContext() = default;
@@ -145,6 +158,12 @@ class ExecutionContext {
   // set_use_cuda_graph). Last in the class: added within 0.2, it leaves the other functions'
   // places in the virtual table as they were.
   virtual size_t cuda_graph_count() const { return 0; }
+  // The device path of an engine whose output sizes the data decides (data-dependent ops, control
+  // flow; `kiln inspect` says so): every output needs an allocator, which enqueue() asks for the
+  // output's memory once its size is known; the addresses set for outputs are not used. enqueue()
+  // synchronises the stream where the run reads a size back. The allocator must outlive its use;
+  // null removes it. (After cuda_graph_count: the earlier virtual table is unchanged.)
+  virtual Status set_output_allocator(const std::string& name, OutputAllocator* allocator);
 };
 
 class BackendEngine;

@@ -101,6 +101,9 @@ Status ExecutionContext::enqueue(CUstream_st*, std::vector<LayerTiming>*) {
   return no_device_path("enqueue");
 }
 Status ExecutionContext::set_use_cuda_graph(bool) { return no_device_path("CUDA graphs"); }
+Status ExecutionContext::set_output_allocator(const std::string&, OutputAllocator*) {
+  return no_device_path("set_output_allocator");
+}
 Expected<MemoryInfo> ExecutionContext::plan_device_memory() { return no_device_path("plan_device_memory"); }
 Status ExecutionContext::set_debug_tensors(const std::vector<std::string>&) {
   return Status::Error("this execution context cannot keep debug tensors");

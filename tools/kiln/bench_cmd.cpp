@@ -9,7 +9,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <numeric>
@@ -206,6 +208,79 @@ Status mean_profile(RunOnce run_once, std::vector<LayerTiming>& profile) {
   return Status::Ok();
 }
 
+#ifdef KILN_WITH_CUDA
+// The outputs of an engine whose sizes the data decides, on the device path: a buffer per output,
+// grown when an inference needs more (TensorRT's IOutputAllocator, as trtexec uses it).
+class GrowingOutputs : public OutputAllocator {
+ public:
+  GrowingOutputs() = default;
+  GrowingOutputs(const GrowingOutputs&) = delete;
+  GrowingOutputs& operator=(const GrowingOutputs&) = delete;
+  ~GrowingOutputs() override {
+    for (auto& [name, b] : bufs_) cudaFree(b.first);
+  }
+  void* reallocate_output(const std::string& name, void*, size_t bytes) override {
+    auto& [p, size] = bufs_[name];
+    if (p && size >= bytes) return p;
+    if (p) cudaFree(p);  // waits for the device: what read it is done
+    p = nullptr;
+    size = std::max<size_t>(bytes, 256);
+    if (cudaMalloc(&p, size) != cudaSuccess) {
+      cudaGetLastError();
+      p = nullptr;
+      size = 0;
+    }
+    return p;
+  }
+  void notify_shape(const std::string&, const std::vector<int64_t>&) override {}
+
+ private:
+  std::map<std::string, std::pair<void*, size_t>> bufs_;
+};
+
+// An engine with a dynamic region on the device path (--no-data-transfers): its inputs copied to
+// the device once, its outputs left there, each inference enqueue() and a wait for the stream.
+// `run` is set to one inference (its layer times, when asked for).
+Status dynamic_on_device(const Engine& e, ExecutionContext& ctx,
+                         const std::vector<std::vector<int64_t>>& shapes,
+                         const std::vector<Tensor>& host_in, std::shared_ptr<void>& keep,
+                         std::function<Status(std::vector<LayerTiming>*)>& run) {
+  struct Held {
+    cudaStream_t s = nullptr;
+    std::vector<void*> dev;
+    GrowingOutputs outs;
+    ~Held() {
+      for (void* p : dev) cudaFree(p);
+      if (s) cudaStreamDestroy(s);
+    }
+  };
+  auto h = std::make_shared<Held>();
+  if (cudaStreamCreateWithFlags(&h->s, cudaStreamNonBlocking) != cudaSuccess)
+    return Status::Error("cudaStreamCreate failed");
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const auto& name = e.inputs()[i].name;
+    KILN_RETURN_IF_ERROR(ctx.set_input_shape(name, shapes[i]));
+    void* p = nullptr;
+    if (cudaMalloc(&p, std::max<size_t>(host_in[i].nbytes(), 256)) != cudaSuccess)
+      return KILN_ERROR("out of GPU memory for input '{}'", name);
+    h->dev.push_back(p);
+    if (cudaMemcpy(p, host_in[i].raw(), host_in[i].nbytes(), cudaMemcpyHostToDevice) != cudaSuccess)
+      return KILN_ERROR("input '{}': copy to the device failed", name);
+    KILN_RETURN_IF_ERROR(ctx.set_tensor_address(name, p));
+  }
+  for (const auto& info : e.outputs())
+    KILN_RETURN_IF_ERROR(ctx.set_output_allocator(info.name, &h->outs));
+  ExecutionContext* c = &ctx;
+  run = [c, s = h->s](std::vector<LayerTiming>* t) -> Status {
+    KILN_RETURN_IF_ERROR(c->enqueue(s, t));
+    return cudaStreamSynchronize(s) == cudaSuccess ? Status::Ok()
+                                                   : Status::Error("the inference failed on the GPU");
+  };
+  keep = h;
+  return Status::Ok();
+}
+#endif
+
 // One measurement at `shapes`: prints the numbers (one line when `brief`) and fills `report`.
 Status bench_shapes(const BenchOpts& o, Engine& e, ExecutionContext& ctx,
                     const std::vector<std::vector<int64_t>>& shapes, bool brief,
@@ -230,8 +305,9 @@ Status bench_shapes(const BenchOpts& o, Engine& e, ExecutionContext& ctx,
   std::vector<double> lat, h2d, comp, d2h;
   double throughput = 0;
   std::vector<LayerTiming> profile;
-  // A cuda engine whose sizes the data decides runs through execute() (its outputs come back at
-  // their real shapes), layer by layer, without a CUDA graph.
+  // A cuda engine whose sizes the data decides runs layer by layer past its prefix: through
+  // execute() (outputs come back to the host at their real shapes), or with --no-data-transfers
+  // through enqueue() with output allocators (inputs and outputs stay on the device).
   const nlohmann::json plan = nlohmann::json::parse(e.backend_plan_json(), nullptr, false);
   const bool dynamic = plan.is_object() && plan.value("dynamic_region", false);
   if (e.backend() != "cuda" || dynamic) {
@@ -243,24 +319,34 @@ Status bench_shapes(const BenchOpts& o, Engine& e, ExecutionContext& ctx,
     }
     std::map<std::string, Tensor> inputs;
     for (size_t i = 0; i < shapes.size(); ++i) inputs[e.inputs()[i].name] = host_in[i];
-    for (int i = 0; i < o.warmup; ++i) KILN_RETURN_IF_ERROR(ctx.execute(inputs).status());
+    std::function<Status(std::vector<LayerTiming>*)> run = [&](std::vector<LayerTiming>* t) {
+      return ctx.execute(inputs, t).status();
+    };
+    std::shared_ptr<void> device_io;
+    const bool on_device = dynamic && o.no_transfers;
+#ifdef KILN_WITH_CUDA
+    if (on_device) KILN_RETURN_IF_ERROR(dynamic_on_device(e, ctx, shapes, host_in, device_io, run));
+#endif
+    for (int i = 0; i < o.warmup; ++i) KILN_RETURN_IF_ERROR(run(nullptr));
     const auto t0 = std::chrono::steady_clock::now();
     while (static_cast<int>(lat.size()) < o.iterations ||
            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() <
                o.duration) {
       const auto a = std::chrono::steady_clock::now();
-      KILN_RETURN_IF_ERROR(ctx.execute(inputs).status());
+      KILN_RETURN_IF_ERROR(run(nullptr));
       lat.push_back(
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
     }
     comp = lat;
     throughput = 1000.0 * static_cast<double>(batch) / stats_of(lat).median;
     if (o.profile)  // kernels and host work, each layer between two synchronisations
-      KILN_RETURN_IF_ERROR(mean_profile(
-          [&](std::vector<LayerTiming>* t) { return ctx.execute(inputs, t).status(); }, profile));
-    report["gpu"] = dynamic ? "cuda (data-dependent shapes: execute() wall-clock times, inputs and "
-                              "outputs through the host)"
-                            : "none (cpu backend; wall-clock times)";
+      KILN_RETURN_IF_ERROR(mean_profile(run, profile));
+    report["gpu"] = !dynamic ? "none (cpu backend; wall-clock times)"
+                    : on_device
+                        ? "cuda (data-dependent shapes: enqueue() with output allocators, "
+                          "wall-clock times; inputs and outputs on the device)"
+                        : "cuda (data-dependent shapes: execute() wall-clock times, inputs and "
+                          "outputs through the host)";
     // The layers before the first size the data decides, replayed as a graph per input shape.
     if (dynamic) report["prefix_cuda_graphs"] = ctx.cuda_graph_count();
   } else {

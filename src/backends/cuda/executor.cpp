@@ -165,6 +165,18 @@ class CudaContext final : public ExecutionContext {
   Status init_dynamic();
   Expected<std::vector<Tensor>> execute_dynamic(const std::map<std::string, Tensor>& inputs,
                                                 std::vector<LayerTiming>* timings);
+  Expected<std::vector<DynValue>> run_dynamic(cudaStream_t s, std::vector<DynValue> ins,
+                                              std::vector<LayerTiming>* timings);
+  Status enqueue_dynamic(cudaStream_t s, std::vector<LayerTiming>* timings);
+  Status set_output_allocator(const std::string& name, OutputAllocator* a) override {
+    KILN_ASSIGN_OR_RETURN(size_t o, index_of(name, false));
+    if (!dynamic_)
+      return KILN_ERROR("output '{}': this engine's output sizes follow from the input shapes: "
+                        "set its device address (set_tensor_address) instead", name);
+    out_alloc_[o] = a;
+    out_given_[o] = nullptr;
+    return Status::Ok();
+  }
   Expected<std::vector<const Tensor*>> checked_inputs(const std::map<std::string, Tensor>& inputs) const;
   Status set_input_shape(const std::string& name, const std::vector<int64_t>& dims) override;
   Expected<std::vector<int64_t>> tensor_shape(const std::string& name) override;
@@ -343,6 +355,9 @@ class CudaContext final : public ExecutionContext {
   DynamicRuntime dyn_rt_;
   std::unique_ptr<DynamicGraph> dyn_graph_;
   std::vector<std::vector<int64_t>> dyn_out_shapes_;  // the last inference's output shapes
+  cudaStream_t dyn_stream_ = nullptr;        // the stream the last dynamic run used
+  std::vector<OutputAllocator*> out_alloc_;  // enqueue()'s outputs (set_output_allocator)
+  std::vector<void*> out_given_;             // what each allocator returned last
 };
 
 Expected<size_t> CudaContext::index_of(const std::string& name, bool input) const {
@@ -756,10 +771,7 @@ Status CudaContext::copy_outputs(Instance& inst, cudaStream_t s) {
 }
 
 Status CudaContext::enqueue(CUstream_st* stream, std::vector<LayerTiming>* layer_times) {
-  if (dynamic_)
-    return KILN_ERROR("the engine's output sizes depend on the data (data-dependent ops or control "
-                      "flow): run it with execute() (kiln run, Python's Context.execute), which "
-                      "returns outputs of their real shapes");
+  if (dynamic_) return enqueue_dynamic(stream, layer_times);
   for (size_t i = 0; i < g_.inputs().size(); ++i) {
     if (!input_set_[i]) return KILN_ERROR("input '{}': shape not set", g_.inputs()[i]->name);
     if (!in_addr_[i] && !input_shapes_[i].empty() &&
@@ -879,6 +891,85 @@ Status CudaContext::init_dynamic() {
   input_set_.assign(g_.inputs().size(), false);
   in_addr_.assign(g_.inputs().size(), nullptr);
   out_addr_.assign(g_.outputs().size(), nullptr);
+  out_alloc_.assign(g_.outputs().size(), nullptr);
+  out_given_.assign(g_.outputs().size(), nullptr);
+  return Status::Ok();
+}
+
+// One run of the dynamic region on stream `s`. The pool hands blocks out again in stream order:
+// a run on another stream than the last one's waits for that stream first.
+Expected<std::vector<DynValue>> CudaContext::run_dynamic(cudaStream_t s, std::vector<DynValue> ins,
+                                                         std::vector<LayerTiming>* timings) {
+  if (dyn_stream_ && dyn_stream_ != s) KILN_CUDA_CHECK(cudaStreamSynchronize(dyn_stream_));
+  dyn_stream_ = s;
+  // The last run's uploads: a copy from pageable memory has read its source once it returned.
+  dyn_rt_.staged.clear();
+  if (bound_stream_ != s) {
+    cudnnSetStream(rc_.cudnn, s);
+    cublasSetStream(rc_.cublas, s);
+    bound_stream_ = s;
+  }
+  rc_.stream = s;
+  dyn_rt_.dims_used = 0;  // a run that failed may have left sizes unread
+  dyn_rt_.times = timings;
+  dyn_rt_.graphs = use_graph_ && debug_.empty();
+  auto ran = dyn_graph_->run(dyn_rt_, std::move(ins));
+  dyn_rt_.times = nullptr;
+  if (!ran.ok()) cudaStreamSynchronize(s);  // what was queued may still read the staged copies
+  return ran;
+}
+
+// The device path of an engine with a dynamic region: inputs read where the caller put them (and
+// copied to the host where a layer reads them there), outputs copied into the memory their
+// allocators give once their sizes are known.
+Status CudaContext::enqueue_dynamic(cudaStream_t stream, std::vector<LayerTiming>* timings) {
+  // The legacy default stream cannot hold the prefix's capture: the context's own stream runs
+  // it, and the call waits for it.
+  const cudaStream_t s = stream ? stream : stream_;
+  std::vector<DynValue> ins;
+  for (size_t i = 0; i < g_.inputs().size(); ++i) {
+    const Value* v = g_.inputs()[i];
+    if (!input_set_[i]) return KILN_ERROR("input '{}': shape not set", v->name);
+    DynValue d;
+    d.t.dtype = v->type.dtype;
+    d.t.shape = input_shapes_[i];
+    d.t.data = in_addr_[i];
+    const size_t bytes = d.t.nbytes();
+    if (!d.t.data && bytes) return KILN_ERROR("input '{}': no device address set", v->name);
+    if (host_in_[i]) {
+      Tensor h(d.t.dtype, d.t.shape);
+      KILN_CUDA_CHECK(cudaStreamSynchronize(s));
+      if (bytes) KILN_CUDA_CHECK(cudaMemcpy(h.raw(), d.t.data, bytes, cudaMemcpyDefault));
+      d.host = std::make_shared<const Tensor>(std::move(h));
+    }
+    ins.push_back(std::move(d));
+  }
+  for (size_t j = 0; j < g_.outputs().size(); ++j)
+    if (!out_alloc_[j])
+      return KILN_ERROR("output '{}': its size depends on the data: give it an output allocator "
+                        "(set_output_allocator), or run execute()", g_.outputs()[j]->name);
+  KILN_ASSIGN_OR_RETURN(std::vector<DynValue> outs, run_dynamic(s, std::move(ins), timings));
+  dyn_out_shapes_.clear();
+  for (size_t j = 0; j < outs.size(); ++j) {
+    const Value* v = g_.outputs()[j];
+    DynValue& o = outs[j];
+    const DataType dt = v->type.dtype;
+    const size_t bytes = Tensor::view(dt, o.t.shape, nullptr, nullptr).nbytes();
+    void* dst = out_alloc_[j]->reallocate_output(v->name, out_given_[j], bytes);
+    if (!dst && bytes)
+      return KILN_ERROR("output '{}': its allocator gave no memory for {} bytes", v->name, bytes);
+    out_given_[j] = dst;
+    if (bytes && o.t.data && o.t.dtype == dt && o.t.layout == Layout::kLinear) {
+      KILN_CUDA_CHECK(cudaMemcpyAsync(dst, o.t.data, bytes, cudaMemcpyDeviceToDevice, s));
+    } else if (bytes) {  // computed on the host, or stored in another format
+      KILN_ASSIGN_OR_RETURN(auto h, dyn_rt_.read_back(o, dt));
+      Tensor t = h->dtype() == dt ? *h : h->cast(dt);
+      KILN_RETURN_IF_ERROR(dyn_rt_.upload(dst, std::move(t)));
+    }
+    out_alloc_[j]->notify_shape(v->name, o.t.shape);
+    dyn_out_shapes_.push_back(o.t.shape);
+  }
+  if (!stream) KILN_CUDA_CHECK(cudaStreamSynchronize(s));
   return Status::Ok();
 }
 
@@ -917,23 +1008,7 @@ Expected<std::vector<Tensor>> CudaContext::execute_dynamic(const std::map<std::s
     set_shape(i, x.shape());
     ins.push_back(std::move(d));
   }
-  if (bound_stream_ != stream_) {
-    cudnnSetStream(rc_.cudnn, stream_);
-    cublasSetStream(rc_.cublas, stream_);
-    bound_stream_ = stream_;
-  }
-  rc_.stream = stream_;
-  dyn_rt_.dims_used = 0;  // a run that failed may have left sizes unread
-  dyn_rt_.times = timings;
-  dyn_rt_.graphs = use_graph_ && debug_.empty();
-  auto ran = dyn_graph_->run(dyn_rt_, std::move(ins));
-  dyn_rt_.times = nullptr;
-  if (!ran.ok()) {
-    cudaStreamSynchronize(stream_);  // what was queued may still read the staged copies
-    dyn_rt_.staged.clear();
-    return ran.status();
-  }
-  std::vector<DynValue> outs = std::move(ran).value();
+  KILN_ASSIGN_OR_RETURN(std::vector<DynValue> outs, run_dynamic(stream_, std::move(ins), timings));
   std::vector<Tensor> result;
   dyn_out_shapes_.clear();
   for (size_t j = 0; j < outs.size(); ++j) {
