@@ -1,6 +1,7 @@
 #include "lower.h"
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <tuple>
 #include <unordered_map>
@@ -11,6 +12,7 @@
 #include "ops/fused.h"
 #include "ops/op.h"
 #include "quant/int8.h"
+#include "rtc.h"
 #include "shape_eval.h"
 #include "tuner.h"
 
@@ -616,6 +618,9 @@ Expected<Plan> lower_for_gpu(Graph& g, const std::vector<std::vector<int64_t>>& 
   //    formats later nodes see). 2. The format choice (format_choice.h) moves picks where that
   //    saves reformats. 3. The picks are placed, with kiln.Reformat layers where formats differ.
   const std::vector<Node*> nodes = g.nodes();  // reformat layers are inserted in step 3
+  double tuning_s = 0;  // wall time in Tuner::choose (the --verbose log's summary)
+  size_t tuned = 0;
+  const rtc::CompileStats rtc0 = rtc::compile_stats();
   std::vector<std::vector<LayerChoice>> cands(nodes.size());
   std::vector<size_t> pick(nodes.size(), 0);
   for (size_t k = 0; k < nodes.size(); ++k) {
@@ -652,12 +657,16 @@ Expected<Plan> lower_for_gpu(Graph& g, const std::vector<std::vector<int64_t>>& 
         KILN_ASSIGN_OR_RETURN(tuner, Tuner::create(&cache, o.workspace_limit));
       }
       std::vector<std::string> failed;
+      const auto t0 = std::chrono::steady_clock::now();
       KILN_ASSIGN_OR_RETURN(pick[k], tuner->choose(*n, cands[k], shapes, &failed));
+      const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      tuning_s += wall;
+      ++tuned;
       timed = true;
       if (o.log) {
-        *o.log << fmt::format("{}: {} candidates, fastest {}/{} ({:.4f} ms)\n", n->label(),
-                              cands[k].size(), cands[k][pick[k]].tactic->name,
-                              cands[k][pick[k]].variant, cands[k][pick[k]].time_ms);
+        *o.log << fmt::format("{}: {} candidates, fastest {}/{} ({:.4f} ms); tuned in {:.3f} s\n",
+                              n->label(), cands[k].size(), cands[k][pick[k]].tactic->name,
+                              cands[k][pick[k]].variant, cands[k][pick[k]].time_ms, wall);
         for (const LayerChoice& c : cands[k])
           if (c.time_ms >= 0)
             *o.log << fmt::format("    {}/{} {} {} {:.4f} ms\n", c.tactic->name, c.variant,
@@ -738,6 +747,12 @@ Expected<Plan> lower_for_gpu(Graph& g, const std::vector<std::vector<int64_t>>& 
   }
   g.renumber();
   KILN_RETURN_IF_ERROR(cache.save());
+  if (o.log && tuned) {
+    const rtc::CompileStats rtc1 = rtc::compile_stats();
+    *o.log << fmt::format("tuning: {} layers timed in {:.2f} s, of which {} generated kernels "
+                          "compiled in {:.2f} s\n",
+                          tuned, tuning_s, rtc1.kernels - rtc0.kernels, rtc1.seconds - rtc0.seconds);
+  }
   if (o.log && !o.timing_cache.empty())
     *o.log << fmt::format("timing cache: {} entries, {} hits\n", cache.size(), cache.hits());
   Plan plan;

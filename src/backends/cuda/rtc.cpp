@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 #include <nvrtc.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
@@ -56,8 +58,18 @@ const Nvrtc& nvrtc() {
   return n;
 }
 
+std::atomic<uint64_t> g_compiled{0}, g_compile_us{0};
+
 // The cubin of `source` for compute capability `sm` (90: sm_90).
 Expected<std::string> compile(const std::string& source, const std::string& key, int sm) {
+  struct Count {
+    std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+    ~Count() {
+      g_compiled += 1;
+      g_compile_us += std::chrono::duration_cast<std::chrono::microseconds>(
+                          std::chrono::steady_clock::now() - t0).count();
+    }
+  } count;
   const Nvrtc& n = nvrtc();
   if (!n.why.empty()) return KILN_ERROR("{}: {}", key, n.why);
   const std::string arch = fmt::format("--gpu-architecture=sm_{}", sm);
@@ -167,6 +179,8 @@ Status ensure_cubin(const std::string& key, Module& m) {
 }
 
 }  // namespace
+
+CompileStats compile_stats() { return {g_compiled.load(), g_compile_us.load() * 1e-6}; }
 
 std::string add_source(const std::string& source) {
   uint64_t h = 1469598103934665603ull;  // FNV-1a

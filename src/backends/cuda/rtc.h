@@ -42,6 +42,14 @@ Status import_cubins(const nlohmann::json& j);
 // size without keeping it: a test that generated sources compile, on a machine without a GPU.
 Expected<size_t> compile_check(const std::string& key, int sm);
 
+// NVRTC compilations in this process so far, and the seconds they took (the build's --verbose
+// summary).
+struct CompileStats {
+  uint64_t kernels = 0;
+  double seconds = 0;
+};
+CompileStats compile_stats();
+
 // Whether NVRTC can be opened here (a machine without the CUDA toolkit's libnvrtc can still run
 // engines whose cubins are stored, but cannot build new kernels).
 bool compiler_available(std::string* why = nullptr);
