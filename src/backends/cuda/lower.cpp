@@ -667,11 +667,15 @@ Expected<Plan> lower_for_gpu(Graph& g, const std::vector<std::vector<int64_t>>& 
         *o.log << fmt::format("{}: {} candidates, fastest {}/{} ({:.4f} ms); tuned in {:.3f} s\n",
                               n->label(), cands[k].size(), cands[k][pick[k]].tactic->name,
                               cands[k][pick[k]].variant, cands[k][pick[k]].time_ms, wall);
-        for (const LayerChoice& c : cands[k])
+        const std::vector<double>& walls = tuner->last_walls();
+        for (size_t i = 0; i < cands[k].size(); ++i) {
+          const LayerChoice& c = cands[k][i];
           if (c.time_ms >= 0)
-            *o.log << fmt::format("    {}/{} {} {} {:.4f} ms\n", c.tactic->name, c.variant,
-                                  precision_name(c.precision),
-                                  c.out.empty() ? "" : c.out[0].str(), c.time_ms);
+            *o.log << fmt::format("    {}/{} {} {} {:.4f} ms (tuning {:.3f} s)\n", c.tactic->name,
+                                  c.variant, precision_name(c.precision),
+                                  c.out.empty() ? "" : c.out[0].str(), c.time_ms,
+                                  i < walls.size() ? walls[i] : 0.0);
+        }
         for (const auto& f : failed) *o.log << "    failed " << f << "\n";
       }
     } else {

@@ -3,6 +3,7 @@
 #include <cublas_v2.h>
 
 #include <algorithm>
+#include <chrono>
 
 #include "layer.h"
 #include "memory_check.h"
@@ -156,12 +157,23 @@ Expected<double> Tuner::time_candidate(const Node& n, const LayerChoice& c,
   for (size_t i = 0; i < n.num_inputs(); ++i) {
     DeviceTensor& t = in[i];
     if (!n.input(i) || c.in[i].dtype == DataType::kUndefined) continue;  // read on the host only
-    KILN_ASSIGN_OR_RETURN(t.data, buffer(t.nbytes()));
     if (t.host) {
-      KILN_ASSIGN_OR_RETURN(Tensor d, to_device_format(*t.host, c.in[i]));
-      KILN_CUDA_CHECK(cudaMemcpyAsync(t.data, d.raw(), d.nbytes(), cudaMemcpyHostToDevice, stream_));
-      converted.push_back(std::move(d));
+      // A constant (a weight) or a value computed from shapes: converted and uploaded once for
+      // all of the node's candidates that read it in this format (a large convolution's weights
+      // took a third of a second a candidate).
+      const auto key = std::make_tuple(t.host, c.in[i].dtype, c.in[i].layout);
+      auto it = host_inputs_.find(key);
+      if (it == host_inputs_.end()) {
+        KILN_ASSIGN_OR_RETURN(Tensor d, to_device_format(*t.host, c.in[i]));
+        auto m = std::make_unique<DeviceMemory>();
+        KILN_RETURN_IF_ERROR(m->reserve(std::max<size_t>(d.nbytes(), 256), "tuning buffers"));
+        KILN_CUDA_CHECK(cudaMemcpyAsync(m->get(), d.raw(), d.nbytes(), cudaMemcpyHostToDevice, stream_));
+        converted.push_back(std::move(d));
+        it = host_inputs_.emplace(key, std::move(m)).first;
+      }
+      t.data = it->second->get();
     } else {
+      KILN_ASSIGN_OR_RETURN(t.data, buffer(t.nbytes()));
       KILN_RETURN_IF_ERROR(fill_random(t.data, t.dtype, t.numel(), seed_++, stream_));
     }
   }
@@ -259,6 +271,8 @@ Expected<size_t> Tuner::choose(const Node& n, std::vector<LayerChoice>& candidat
   size_t best = candidates.size();
   std::string out_of_memory;  // the first candidate that failed for want of memory
   std::string first_failure;  // the first that failed at all
+  walls_.assign(candidates.size(), 0.0);
+  host_inputs_.clear();  // the last node's
   for (size_t i = 0; i < candidates.size(); ++i) {
     LayerChoice& c = candidates[i];
     // An alias candidate relabels its input's memory: the executor launches nothing for it.
@@ -270,7 +284,9 @@ Expected<size_t> Tuner::choose(const Node& n, std::vector<LayerChoice>& candidat
     const std::string key = this->key(n, c, shapes);
     std::optional<double> ms = cache_ ? cache_->find(key) : std::nullopt;
     if (!ms) {
+      const auto t0 = std::chrono::steady_clock::now();
       auto t = time_candidate(n, c, shapes, best < candidates.size() ? candidates[best].time_ms : -1);
+      walls_[i] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (t.ok()) {
         ms = *t;
         if (cache_) cache_->put(key, *ms);
@@ -279,7 +295,9 @@ Expected<size_t> Tuner::choose(const Node& n, std::vector<LayerChoice>& candidat
           first_failure = fmt::format("{}/{}: {}", c.tactic->name, c.variant, t.status().message());
         if (out_of_memory.empty() && is_out_of_memory(t.status().message()))
           out_of_memory = fmt::format("{}/{}: {}", c.tactic->name, c.variant, t.status().message());
-        if (why) why->push_back(fmt::format("{}/{}: {}", c.tactic->name, c.variant, t.status().message()));
+        if (why)
+          why->push_back(fmt::format("{}/{}: {} (tuning {:.3f} s)", c.tactic->name, c.variant,
+                                     t.status().message(), walls_[i]));
         // Remembered as failing, unless memory was short: another build may have it.
         if (cache_ && !is_out_of_memory(t.status().message())) cache_->put(key, -1.0);
         c.time_ms = -1;

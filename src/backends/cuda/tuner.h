@@ -8,8 +8,10 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <ostream>
+#include <tuple>
 #include <vector>
 
 #include "device_util_host.h"
@@ -32,6 +34,9 @@ class Tuner {
   // the limit. choose() does this for each candidate it times; a layer with one candidate is not
   // timed, and without this check would fail only when the engine first runs.
   Status check(const Node& n, const LayerChoice& c, const ShapeResult& shapes);
+  // The wall time the last choose() spent on each candidate (creating, configuring and timing
+  // it; 0 where the timing cache answered), in seconds: the --verbose log's.
+  const std::vector<double>& last_walls() const { return walls_; }
   // The cache key of a candidate: op, attributes, shapes and formats, precision, tactic.
   static std::string signature(const Node& n, const LayerChoice& c, const ShapeResult& shapes);
   // The time of a kiln.Reformat of value `v` (its shape in `shapes`, its INT8 scale) from one
@@ -64,6 +69,9 @@ class Tuner {
   DeviceMemory cublas_ws_;  // cuBLAS's own, so that it never allocates inside a capture
   std::vector<std::unique_ptr<DeviceMemory>> buffers_;
   uint64_t seed_ = 1;
+  std::vector<double> walls_;
+  // The node being chosen for: its host-known inputs on the device, per format (time_candidate).
+  std::map<std::tuple<const Tensor*, DataType, Layout>, std::unique_ptr<DeviceMemory>> host_inputs_;
 };
 
 }  // namespace kiln::gpu
