@@ -6,6 +6,7 @@
 
 #include "ops/fused.h"
 #include "ops/fused_util.h"
+#include "ops/relayout_types.h"
 
 namespace kiln {
 
@@ -69,25 +70,25 @@ bool relayout_op_supported(const std::string& op_type) {
          std::end(kRelayoutOps);
 }
 
-Expected<std::vector<TensorType>> relayout_step_types(const Node& n,
-                                                      const std::vector<TensorType>& inputs) {
-  KILN_ASSIGN_OR_RETURN(RelayoutProgram p, read_relayout(n, inputs.size()));
-  Graph g;
-  std::vector<Value*> in;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    in.push_back(g.add_value(fmt::format("in{}", i), inputs[i]));
-    g.add_input(in.back());
+Expected<std::unique_ptr<RelayoutTypes>> RelayoutTypes::prepare(const Node& n,
+                                                                 size_t num_inputs) {
+  KILN_ASSIGN_OR_RETURN(RelayoutProgram p, read_relayout(n, num_inputs));
+  std::unique_ptr<RelayoutTypes> r(new RelayoutTypes());
+  r->label_ = n.label();
+  Graph& g = r->g_;
+  for (size_t i = 0; i < num_inputs; ++i) {
+    r->in_.push_back(g.add_value(fmt::format("in{}", i), TensorType()));
+    g.add_input(r->in_.back());
   }
-  std::vector<Value*> results;
   size_t k = 0;
   for (size_t s = 0; s < p.ops.size(); ++s) {
     std::vector<Value*> ops;
     for (int64_t j = 0; j < p.arity[s]; ++j, ++k) {
       const int64_t o = p.operands[k];
       if (o >= 0) {
-        ops.push_back(in[static_cast<size_t>(o)]);
+        ops.push_back(r->in_[static_cast<size_t>(o)]);
       } else if (o <= -2) {
-        ops.push_back(results[static_cast<size_t>(-2 - o)]);
+        ops.push_back(r->results_[static_cast<size_t>(-2 - o)]);
       } else if (const Attribute* c = n.attrs.find(fmt::format("s{}_c{}", s, j))) {
         ops.push_back(g.add_constant(fmt::format("s{}_c{}", s, j), c->t->clone()));
       } else {
@@ -97,13 +98,30 @@ Expected<std::vector<TensorType>> relayout_step_types(const Node& n,
     Node* step = g.add_node(p.ops[s], fmt::format("{}/step{}", n.name, s), ops,
                             {fmt::format("s{}", s)});
     step->attrs = step_attrs(n, s);
-    results.push_back(step->output(0));
+    r->results_.push_back(step->output(0));
   }
-  Status st = infer_shapes(g);
-  if (!st.ok()) return st.with_context(n.label());
+  return r;
+}
+
+Expected<std::vector<TensorType>> RelayoutTypes::infer(const std::vector<TensorType>& inputs) {
+  if (inputs.size() != in_.size())
+    return KILN_ERROR("{}: {} inputs, not {}", label_, inputs.size(), in_.size());
+  for (size_t i = 0; i < in_.size(); ++i) in_[i]->type = inputs[i];
+  for (Value* v : results_) {  // as new: nothing of the last call's types or values
+    v->type = TensorType();
+    v->constant.reset();
+  }
+  Status st = infer_shapes(g_);
+  if (!st.ok()) return st.with_context(label_);
   std::vector<TensorType> types;
-  for (const Value* v : results) types.push_back(v->type);
+  for (const Value* v : results_) types.push_back(v->type);
   return types;
+}
+
+Expected<std::vector<TensorType>> relayout_step_types(const Node& n,
+                                                      const std::vector<TensorType>& inputs) {
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<RelayoutTypes> r, RelayoutTypes::prepare(n, inputs.size()));
+  return r->infer(inputs);
 }
 
 Status infer_relayout(InferContext& ctx) {

@@ -6,11 +6,13 @@
 // inputs, which is read once. The spec is the CPU's, which runs the ops (src/ops/fused_relayout.cpp).
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <type_traits>
 
 #include "kernels/device_util.cuh"
 #include "kernels/fast_div.cuh"
 #include "ops/fused.h"
+#include "ops/relayout_types.h"
 #include "tactics.h"
 
 namespace kiln::gpu {
@@ -217,7 +219,10 @@ class RelayoutLayer : public Layer {
       std::vector<Dim> dims(in[i].shape.begin(), in[i].shape.end());
       types.emplace_back(n.input(i)->type.dtype, std::move(dims));
     }
-    KILN_ASSIGN_OR_RETURN(std::vector<TensorType> st, relayout_step_types(n, types));
+    if (!types_) {  // prepared once: a loop body configures the layer at every new shape
+      KILN_ASSIGN_OR_RETURN(types_, RelayoutTypes::prepare(n, in.size()));
+    }
+    KILN_ASSIGN_OR_RETURN(std::vector<TensorType> st, types_->infer(types));
     const auto ops = n.attrs.get_strings("ops");
     const auto arity = n.attrs.get_ints("arity");
     const auto operands = n.attrs.get_ints("operands");
@@ -387,6 +392,7 @@ class RelayoutLayer : public Layer {
 
  private:
   const Node* node_;
+  std::unique_ptr<RelayoutTypes> types_;  // the steps' types, inferred per configure
   Program prog_;
   bool vector_ok_ = false, small_ = true;
   int esize_ = 0;
