@@ -246,15 +246,20 @@ Status dynamic_on_device(const Engine& e, ExecutionContext& ctx,
                          const std::vector<Tensor>& host_in, std::shared_ptr<void>& keep,
                          std::function<Status(std::vector<LayerTiming>*)>& run) {
   struct Held {
+    ExecutionContext* ctx = nullptr;
+    std::vector<std::string> outputs;  // given `outs` as their allocator
     cudaStream_t s = nullptr;
     std::vector<void*> dev;
     GrowingOutputs outs;
     ~Held() {
+      for (const auto& name : outputs) ctx->set_output_allocator(name, nullptr);
+      if (s) cudaStreamSynchronize(s);
       for (void* p : dev) cudaFree(p);
       if (s) cudaStreamDestroy(s);
     }
   };
   auto h = std::make_shared<Held>();
+  h->ctx = &ctx;
   if (cudaStreamCreateWithFlags(&h->s, cudaStreamNonBlocking) != cudaSuccess)
     return Status::Error("cudaStreamCreate failed");
   for (size_t i = 0; i < shapes.size(); ++i) {
@@ -268,8 +273,10 @@ Status dynamic_on_device(const Engine& e, ExecutionContext& ctx,
       return KILN_ERROR("input '{}': copy to the device failed", name);
     KILN_RETURN_IF_ERROR(ctx.set_tensor_address(name, p));
   }
-  for (const auto& info : e.outputs())
+  for (const auto& info : e.outputs()) {
     KILN_RETURN_IF_ERROR(ctx.set_output_allocator(info.name, &h->outs));
+    h->outputs.push_back(info.name);
+  }
   ExecutionContext* c = &ctx;
   run = [c, s = h->s](std::vector<LayerTiming>* t) -> Status {
     KILN_RETURN_IF_ERROR(c->enqueue(s, t));
