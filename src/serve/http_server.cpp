@@ -94,13 +94,15 @@ class Session : public std::enable_shared_from_this<Session> {
     answered_ = false;
     watch(gone);
     // Answered now or from a batcher's worker: either way on this connection's strand. The
-    // session moves into the posted answer: a batcher thread that drops its job afterwards
-    // must not hold the last reference to it (its stream's timer belongs to the io_context,
-    // which a stopping server destroys).
+    // session moves (no copy stays behind) into the posted answer: a batcher thread must not
+    // hold the last reference to it once the answer is posted, since the answer may be written
+    // and the server stopped before the thread returns (the stream's timer and socket belong to
+    // the io_context, which a stopping server destroys).
     s_.api.handle(std::move(req), [session = shared_from_this()](HttpReply reply) mutable {
-      auto self = std::move(session);
-      if (!self) return;  // answered already
-      net::post(self->stream_.get_executor(), [self, reply = std::move(reply)]() mutable {
+      if (!session) return;  // answered already
+      Session* raw = session.get();  // the lambda below may take `session` first
+      net::post(raw->stream_.get_executor(), [self = std::move(session),
+                                              reply = std::move(reply)]() mutable {
         self->answered_ = true;
         beast::error_code ignored;
         self->stream_.socket().cancel(ignored);  // the watch below
