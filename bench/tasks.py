@@ -178,8 +178,22 @@ def check_dense(row, key, got, ref, names):
     row[f"{key}_errs"] = errs
 
 
+class Autocast16:
+    """PyTorch FP16 for a model whose .half() copy cannot run: the float32 model under
+    torch.autocast (the inputs given to it in float32)."""
+
+    def __init__(self, m32):
+        self.m32 = m32
+
+    def __call__(self, *args):
+        import torch
+        with torch.autocast("cuda", dtype=torch.float16):
+            return self.m32(*[x.float() if x.is_floating_point() else x for x in args])
+
+
 def check(a, row, task, onnx, engines, feeds, m32, m16):
-    """Accuracy of kiln's engines and PyTorch on the GPU against ONNX Runtime's CPU float32."""
+    """Accuracy of kiln's engines and PyTorch on the GPU against ONNX Runtime's CPU float32.
+    Returns the PyTorch FP16 model to time (Autocast16 where .half() fails)."""
     import onnxruntime as ort
     import torch
     so = ort.SessionOptions()
@@ -200,7 +214,16 @@ def check(a, row, task, onnx, engines, feeds, m32, m16):
         try:
             outs["torch16"] = dict(zip(names, torch_outputs(m16, torch_inputs(feeds, torch.float16))))
         except Exception as e:  # noqa: BLE001 - a model PyTorch cannot run in FP16 is said so
-            row["torch16_error"] = one_line(e)
+            # A model whose .half() copy fails (RAFT builds its sampling grid in float32):
+            # FP16 as its users run it, under autocast, which keeps such ops in float32.
+            try:
+                m16 = Autocast16(m32)
+                outs["torch16"] = dict(zip(names, torch_outputs(m16, torch_inputs(feeds, torch.float16))))
+                row["torch16_autocast"] = f"model.half() fails ({one_line(e)}): PyTorch FP16 is torch.autocast"
+                log(f"  {row['torch16_autocast']}")
+            except Exception as e2:  # noqa: BLE001
+                m16 = None
+                row["torch16_error"] = f"{one_line(e)}; under autocast: {one_line(e2)}"
     if task.kind == "dense":
         for key, got in outs.items():
             check_dense(row, key, got, ref, names)
@@ -210,7 +233,7 @@ def check(a, row, task, onnx, engines, feeds, m32, m16):
         if "fp32_err" in row:
             row["fp32_limit"] = max(2e-3, 1.5 * row.get("torch32_err", 0.0))
             row["fp32_ok"] = row["fp32_err"] <= row["fp32_limit"]
-        return
+        return m16
     rref = tc.det_rows(ref, task.det)
     row["detections_ref"] = len(rref["scores"])
     f64 = {}  # PyTorch's float64 outputs, made when an FP32 check needs the arbiter
@@ -233,6 +256,7 @@ def check(a, row, task, onnx, engines, feeds, m32, m16):
             row["strict_ok"] = row["strict_det"]["ok"]
             if not row["strict_ok"] and m32 is not None:
                 arbitrate(row, "strict", rref, g, m32, feeds, names, task.det, f64)
+    return m16
 
 
 def arbitrate(row, key, rref, g, m32, feeds, names, det, f64):
@@ -329,7 +353,7 @@ def one_model(a, name, save):
         import copy
         m16 = None if a.cpu else copy.deepcopy(m32).half()
     if engines:
-        check(a, row, task, onnx, engines, task.feeds(acc_batch), m32, m16)
+        m16 = check(a, row, task, onnx, engines, task.feeds(acc_batch), m32, m16)
         save(row)
     for b in batches:
         feeds = task.feeds(b)
@@ -408,6 +432,8 @@ def table(rows, batches):
         for k in sorted(r):
             if k.endswith("_run_error") or (k.startswith("kiln_") and k.endswith("_error")):
                 notes.append(f"- {r['model']}: {k[:-len('_error')].replace('_', ' ')}: {r[k]}")
+        if r.get("torch16_autocast"):
+            notes.append(f"- {r['model']}: {r['torch16_autocast']}")
         if r.get("compile_error"):
             notes.append(f"- {r['model']}: torch.compile failed: {r['compile_error']}")
         if r.get("cuda_graphs") is False:
