@@ -1,6 +1,9 @@
 // keep_fp32.h on the host (no GPU): an FP16 build keeps a positional encoding's Sin and Cos, and
 // the chain computing their argument from an integer input, at FP32; a Sin of an activation and
-// the layers after the encoding take FP16 as usual; a --layer-precisions pin still decides.
+// the layers after the encoding take FP16 as usual; a --layer-precisions pin still decides. Also
+// sampling coordinates: a GridSample, the chain computing its grid from a convolution's output,
+// and the flow computed from that chain alone, at FP32; the convolution and what reads the
+// sampled values take FP16.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -84,6 +87,64 @@ TEST(KeepFp32, Fp16BuildKeepsTheEncodingAtFp32UnlessPinned) {
     EXPECT_EQ(precision_of(*g, *p, "proj"), Precision::kFP16);
     EXPECT_EQ(precision_of(*g, *p, "sin_act"), Precision::kFP16);
   }
+}
+
+// RAFT's lookup in small: x [1, 8, 6, 10] -> Conv -> delta [1, 2, 6, 10];
+// coords = Add(base, delta) -> Transpose [1, 6, 10, 2] -> Div -> Sub -> grid -> GridSample(x) ->
+// Relu -> out; flow = Sub(coords, base) -> Mul(8) -> flow8 (the base grid a constant).
+std::unique_ptr<Graph> lookup_net() {
+  auto g = std::make_unique<Graph>();
+  Value* x = g->add_value("x", TensorType(DataType::kFloat32, {1, 8, 6, 10}));
+  g->add_input(x);
+  std::vector<float> w(2 * 8 * 3 * 3), base(2 * 6 * 10);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = 0.01f * static_cast<float>(i % 5);
+  for (int y = 0; y < 6; ++y)
+    for (int xx = 0; xx < 10; ++xx) base[y * 10 + xx] = float(xx), base[60 + y * 10 + xx] = float(y);
+  auto scalar = [&](const char* name, float v) {
+    return g->add_constant(name, Tensor::from<float>({1}, {v}));
+  };
+  Node* conv = g->add_node("Conv", "conv",
+                           {x, g->add_constant("w", Tensor::from<float>({2, 8, 3, 3}, w))}, {"delta"});
+  conv->attrs.set("pads", Attribute::Ints({1, 1, 1, 1}));
+  Node* add = g->add_node(
+      "Add", "coords",
+      {g->add_constant("base", Tensor::from<float>({1, 2, 6, 10}, base)), conv->output(0)}, {"c"});
+  Node* tr = g->add_node("Transpose", "to_points", {add->output(0)}, {"ct"});
+  tr->attrs.set("perm", Attribute::Ints({0, 2, 3, 1}));
+  Node* div = g->add_node("Div", "scale", {tr->output(0), scalar("half", 4.5f)}, {"cd"});
+  Node* sub = g->add_node("Sub", "shift", {div->output(0), scalar("one", 1.f)}, {"grid"});
+  Node* gs = g->add_node("GridSample", "lookup", {x, sub->output(0)}, {"s"});
+  gs->attrs.set("align_corners", Attribute::Int(1));
+  Node* relu = g->add_node("Relu", "features", {gs->output(0)}, {"out"});
+  Node* flow = g->add_node(
+      "Sub", "flow",
+      {add->output(0), g->add_constant("base2", Tensor::from<float>({1, 2, 6, 10}, base))}, {"f"});
+  Node* up = g->add_node("Mul", "flow8", {flow->output(0), scalar("eight", 8.f)}, {"f8"});
+  g->add_output(relu->output(0));
+  g->add_output(up->output(0));
+  EXPECT_TRUE(infer_shapes(*g).ok());
+  return g;
+}
+
+TEST(KeepFp32, SamplingCoordinatesAndTheFlowFromThem) {
+  auto g = lookup_net();
+  std::set<std::string> names;
+  for (const auto& [n, why] : keep_fp32_nodes(*g)) {
+    names.insert(n->name);
+    EXPECT_FALSE(why.empty());
+  }
+  EXPECT_EQ(names, (std::set<std::string>{"coords", "to_points", "scale", "shift", "lookup",
+                                          "flow", "flow8"}));
+  GpuBuildOptions o;
+  o.fp16 = true;
+  o.tune = false;
+  auto p = lower_for_gpu(*g, {{1, 8, 6, 10}}, o);
+  ASSERT_TRUE(p.ok()) << p.status().message();
+  EXPECT_EQ(precision_of(*g, *p, "conv"), Precision::kFP16);
+  EXPECT_NE(precision_of(*g, *p, "lookup"), Precision::kFP16);
+  EXPECT_NE(precision_of(*g, *p, "coords"), Precision::kFP16);
+  EXPECT_NE(precision_of(*g, *p, "flow8"), Precision::kFP16);
+  EXPECT_EQ(precision_of(*g, *p, "features"), Precision::kFP16);
 }
 
 }  // namespace

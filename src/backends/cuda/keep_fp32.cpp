@@ -21,6 +21,54 @@ bool from_integer(const Node& n) {
          !dtype_is_float(n.input(0)->type.dtype);
 }
 
+// Ops a sampling grid is computed by: the argument chain's, splits and clamps, and kiln's fused
+// elementwise chains and relayouts (the optimizer has run).
+bool on_coordinate_chain(const Node& n) {
+  if (n.domain == "kiln") return n.op_type == "ElementwiseChain" || n.op_type == "Relayout";
+  static const std::set<std::string_view> more = {"Split", "Clip", "Min", "Max"};
+  return on_argument_chain(n) || (n.domain.empty() && more.count(n.op_type));
+}
+
+bool is_grid_sample(const Node& n) { return n.domain.empty() && n.op_type == "GridSample"; }
+
+// Sampling coordinates (rule 2 of keep_fp32_nodes): each GridSample, the chain computing its grid
+// (walked back through on_coordinate_chain ops, stopping before any other op, whose output is
+// converted where the chain reads it), and what that chain's values alone feed through the same
+// ops (RAFT's flow: its coordinates less the base grid).
+void keep_sampling_coordinates(const Graph& g, std::unordered_map<const Node*, std::string>* keep) {
+  std::set<const Node*> chain;
+  std::vector<const Node*> todo;
+  for (const Node* n : g.nodes())
+    if (is_grid_sample(*n) && n->num_inputs() > 1 && n->input(1) && n->input(1)->producer) {
+      keep->emplace(n, "samples at float32 coordinates (FP16 rounds a pixel position by up to "
+                       "1/16 of a pixel at 64..128: an iterative refinement accumulates it)");
+      todo.push_back(n->input(1)->producer);
+    }
+  while (!todo.empty()) {
+    const Node* m = todo.back();
+    todo.pop_back();
+    if (!on_coordinate_chain(*m) || !chain.insert(m).second || from_integer(*m)) continue;
+    for (const Value* v : m->inputs())
+      if (v && !v->is_constant() && v->producer) todo.push_back(v->producer);
+  }
+  // Forward: a chain op reading only kept values and constants stays kept.
+  for (bool grew = true; grew;) {
+    grew = false;
+    for (const Node* n : g.nodes()) {
+      if (chain.count(n) || !on_coordinate_chain(*n) || is_grid_sample(*n)) continue;
+      bool any = false, all = true;
+      for (const Value* v : n->inputs()) {
+        if (!v || v->is_constant() || !v->producer) continue;
+        any = true;
+        all = all && chain.count(v->producer);
+      }
+      if (any && all) grew = chain.insert(n).second || grew;
+    }
+  }
+  for (const Node* m : chain)
+    keep->emplace(m, "computes sampling coordinates (FP16 would round them)");
+}
+
 }  // namespace
 
 std::unordered_map<const Node*, std::string> keep_fp32_nodes(const Graph& g) {
@@ -55,6 +103,7 @@ std::unordered_map<const Node*, std::string> keep_fp32_nodes(const Graph& g) {
                              : "computes the argument of " + n->label() +
                                    " (FP16 would round it: its rounding is the function's error)");
   }
+  keep_sampling_coordinates(g, &keep);
   return keep;
 }
 
