@@ -1,5 +1,6 @@
 #include "engine/fp16_range.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -17,8 +18,14 @@ Expected<quant::Feed> random_feed(const Graph& g, const Profile& profile) {
   quant::Feed feed;
   for (const Value* v : g.inputs()) {
     std::vector<int64_t> shape;
-    if (auto r = profile.ranges().find(v->name); r != profile.ranges().end()) shape = r->second.opt;
-    else if (auto s = v->type.static_shape()) shape = *s;
+    if (auto r = profile.ranges().find(v->name); r != profile.ranges().end()) {
+      // The opt shapes at the smallest batch (dimension 0, as tuning_points takes it): a batch's
+      // samples do not change each other's ranges, and a VAE decoder's activations at batch 8
+      // are tens of GB to read back.
+      shape = r->second.opt;
+      if (!shape.empty() && r->second.min.size() == shape.size() && r->second.min[0] >= 1)
+        shape[0] = std::min(shape[0], r->second.min[0]);
+    } else if (auto s = v->type.static_shape()) shape = *s;
     else return KILN_ERROR("input '{}' has no shape to try", v->name);
     Tensor t(v->type.dtype, shape);
     if (v->type.dtype == DataType::kFloat32)
@@ -46,6 +53,11 @@ void report_fp16_range(const Graph& g, const Profile& profile, const std::string
         << (feed.ok() ? src.status().message() : feed.status().message()) << "\n";
     return;
   }
+  std::string at;  // the shapes tried, for the log
+  for (const auto& [name, t] : *feed) {
+    at += fmt::format("{}{}:", at.empty() ? "" : ",", name);
+    for (size_t i = 0; i < t.shape().size(); ++i) at += fmt::format("{}{}", i ? "x" : "", t.shape()[i]);
+  }
   std::map<std::string, double> amax;
   const Status s = (*src)->run(*feed, [&](const std::string& name, const Tensor& t) {
     if (t.dtype() != DataType::kFloat32) return;
@@ -63,14 +75,14 @@ void report_fp16_range(const Graph& g, const Profile& profile, const std::string
       auto it = v ? amax.find(v->name) : amax.end();
       if (it == amax.end() || it->second <= kFloat16Max) continue;
       ++beyond;
-      log << fmt::format("fp16 range: {} writes '{}' reaching {:.3g} on random normal inputs, "
-                         "beyond float16's {:.0f} (stored as inf in FP16): keep it in FP32 with "
-                         "--layer-precisions {}:fp32\n",
-                         n->label(), v->name, it->second, kFloat16Max, n->name);
+      log << fmt::format("fp16 range: {} writes '{}' reaching {:.3g} on random normal inputs "
+                         "({}), beyond float16's {:.0f} (stored as inf in FP16): keep it in FP32 "
+                         "with --layer-precisions {}:fp32\n",
+                         n->label(), v->name, it->second, at, kFloat16Max, n->name);
     }
   if (!beyond)
     log << "fp16 range: every layer's output stays within float16's range on random normal "
-           "inputs\n";
+           "inputs (" << at << ")\n";
 }
 
 }  // namespace kiln

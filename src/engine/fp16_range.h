@@ -12,8 +12,8 @@ namespace kiln {
 inline constexpr double kFloat16Max = 65504.0;
 
 // With --fp16 --verbose: runs the optimized FP32 graph once on random normal inputs at the
-// profile's opt shapes (integer inputs zero) and names every layer whose output reaches beyond
-// float16's range, with the flag that keeps it in FP32. A layer kept in FP16 stores such values
+// profile's opt shapes, dimension 0 (the batch) at its minimum (integer inputs zero), and names
+// every layer whose output reaches beyond float16's range, with the flag that keeps it in FP32. A layer kept in FP16 stores such values
 // as ±inf (kiln does not clamp): docs/architecture.md, "FP16". Data-free, so it is a warning
 // about this network's typical ranges, not a guarantee for every input. Failures of the check
 // itself are reported on `log` and never fail the build.
