@@ -147,5 +147,40 @@ TEST(KeepFp32, SamplingCoordinatesAndTheFlowFromThem) {
   EXPECT_EQ(precision_of(*g, *p, "features"), Precision::kFP16);
 }
 
+// The coordinate updates fused into the convolutions computing them (the optimizer's residual
+// add: c1 = Conv(x) + base, c2 = Conv(x) + c1) are kept with the grid's chain, and so are a last
+// update no GridSample reads (c3 = Conv(x) + c2) and the flow computed from it.
+TEST(KeepFp32, CoordinateUpdatesFusedAsResiduals) {
+  auto g = std::make_unique<Graph>();
+  Value* x = g->add_value("x", TensorType(DataType::kFloat32, {1, 8, 6, 10}));
+  g->add_input(x);
+  std::vector<float> w(2 * 8 * 3 * 3, 0.01f), b(2, 0.f), base(2 * 6 * 10, 3.f);
+  Value* wv = g->add_constant("w", Tensor::from<float>({2, 8, 3, 3}, w));
+  Value* bv = g->add_constant("b", Tensor::from<float>({2}, b));
+  auto update = [&](const char* name, Value* from) {
+    Node* c = g->add_node("FusedConv", name, {x, wv, bv, from}, {std::string(name) + "_y"}, "kiln");
+    c->attrs.set("pads", Attribute::Ints({1, 1, 1, 1}));
+    return c->output(0);
+  };
+  Value* c1 = update("update1", g->add_constant("base", Tensor::from<float>({1, 2, 6, 10}, base)));
+  Value* c2 = update("update2", c1);
+  Node* tr = g->add_node("Transpose", "to_points", {c2}, {"ct"});
+  tr->attrs.set("perm", Attribute::Ints({0, 2, 3, 1}));
+  Node* gs = g->add_node("GridSample", "lookup", {x, tr->output(0)}, {"s"});
+  Node* relu = g->add_node("Relu", "features", {gs->output(0)}, {"out"});
+  // The last update, which no GridSample reads, and the flow from it.
+  Node* flow = g->add_node(
+      "Sub", "flow",
+      {update("update3", c2), g->add_constant("base2", Tensor::from<float>({1, 2, 6, 10}, base))},
+      {"f"});
+  g->add_output(relu->output(0));
+  g->add_output(flow->output(0));
+  ASSERT_TRUE(infer_shapes(*g).ok());
+  std::set<std::string> names;
+  for (const auto& [n, why] : keep_fp32_nodes(*g)) names.insert(n->name);
+  EXPECT_EQ(names, (std::set<std::string>{"update1", "update2", "to_points", "lookup", "update3",
+                                          "flow"}));
+}
+
 }  // namespace
 }  // namespace kiln::gpu

@@ -29,33 +29,54 @@ bool on_coordinate_chain(const Node& n) {
   return on_argument_chain(n) || (n.domain.empty() && more.count(n.op_type));
 }
 
+// The residual (slot 3) of a kiln.FusedConv or FusedGemm, or null.
+const Value* fused_residual(const Node& n) {
+  if (n.domain != "kiln" || (n.op_type != "FusedConv" && n.op_type != "FusedGemm")) return nullptr;
+  return n.num_inputs() > 3 ? n.input(3) : nullptr;
+}
+
 bool is_grid_sample(const Node& n) { return n.domain.empty() && n.op_type == "GridSample"; }
 
 // Sampling coordinates (rule 2 of keep_fp32_nodes): each GridSample, the chain computing its grid
-// (walked back through on_coordinate_chain ops, stopping before any other op, whose output is
-// converted where the chain reads it), and what that chain's values alone feed through the same
-// ops (RAFT's flow: its coordinates less the base grid).
+// (walked back through on_coordinate_chain ops and fused residual adds, stopping before any other
+// op, whose output is converted where the chain reads it), and what that chain's values alone
+// feed through the same ops or update as a fused residual (RAFT's last update, and its flow:
+// positions less the base grid).
 void keep_sampling_coordinates(const Graph& g, std::unordered_map<const Node*, std::string>* keep) {
   std::set<const Node*> chain;
   std::vector<const Node*> todo;
-  for (const Node* n : g.nodes())
-    if (is_grid_sample(*n) && n->num_inputs() > 1 && n->input(1) && n->input(1)->producer) {
-      keep->emplace(n, "samples at float32 coordinates (FP16 rounds a pixel position by up to "
-                       "1/16 of a pixel at 64..128: an iterative refinement accumulates it)");
-      todo.push_back(n->input(1)->producer);
-    }
+  for (const Node* n : g.nodes()) {
+    if (!is_grid_sample(*n) || n->num_inputs() < 2 || !n->input(1)) continue;
+    keep->emplace(n, "samples at float32 coordinates (FP16 rounds a pixel position by up to "
+                     "1/16 of a pixel at 64..128: an iterative refinement accumulates it)");
+    if (n->input(1)->producer) todo.push_back(n->input(1)->producer);
+  }
   while (!todo.empty()) {
     const Node* m = todo.back();
     todo.pop_back();
-    if (!on_coordinate_chain(*m) || !chain.insert(m).second || from_integer(*m)) continue;
+    // An update fused into the layer computing it (positions + Conv(features): RAFT's flow head
+    // with the Add as its residual, kiln.FusedConv/FusedGemm's R): kept, with the walk going on
+    // through the residual only.
+    const Value* r = fused_residual(*m);
+    if ((!r && !on_coordinate_chain(*m)) || !chain.insert(m).second || from_integer(*m)) continue;
+    if (r) {
+      if (!r->is_constant() && r->producer) todo.push_back(r->producer);
+      continue;
+    }
     for (const Value* v : m->inputs())
       if (v && !v->is_constant() && v->producer) todo.push_back(v->producer);
   }
-  // Forward: a chain op reading only kept values and constants stays kept.
+  // Forward: a chain op reading only kept values and constants stays kept, and so does an
+  // update fused onto kept positions (the last one, which no GridSample reads: RAFT's output).
   for (bool grew = true; grew;) {
     grew = false;
     for (const Node* n : g.nodes()) {
-      if (chain.count(n) || !on_coordinate_chain(*n) || is_grid_sample(*n)) continue;
+      if (chain.count(n) || is_grid_sample(*n)) continue;
+      if (const Value* r = fused_residual(*n); r && r->producer && chain.count(r->producer)) {
+        grew = chain.insert(n).second || grew;
+        continue;
+      }
+      if (!on_coordinate_chain(*n)) continue;
       bool any = false, all = true;
       for (const Value* v : n->inputs()) {
         if (!v || v->is_constant() || !v->producer) continue;

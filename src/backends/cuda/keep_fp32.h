@@ -18,7 +18,7 @@ namespace kiln::gpu {
 // Also sampling coordinates, as PyTorch's autocast keeps them: each GridSample, the elementwise
 // and layout chain computing its grid (an iterative refinement's pixel positions, RAFT's:
 // FP16 holds a position near 100 to 1/16 of a pixel, and twelve updates accumulate it) back to
-// the first other op, and the same kind of ops computing from that chain's values alone (the
+// the first other op (through a convolution or GEMM whose residual add is the update), and the same kind of ops computing from that chain's values alone (the
 // flow, positions less the base grid). Maps each node kept to why (the --verbose build log says
 // so).
 std::unordered_map<const Node*, std::string> keep_fp32_nodes(const Graph& g);
