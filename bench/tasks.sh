@@ -17,7 +17,7 @@
 # image a call, but yolo_like), raft_small, lstm_classifier, gru_tagger.
 set -uo pipefail
 . "$(dirname "$0")/device_env.sh" /tmp/kiln-tasks-out
-if ls .whl/diffusers-*.whl >/dev/null 2>&1; then
+if [ -z "${KILN_TASKS_NO_INSTALL:-}" ] && ls .whl/diffusers-*.whl >/dev/null 2>&1; then  # (tasks_parallel.sh installs it once)
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     .whl/diffusers-*.whl || exit 1
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
