@@ -1,3 +1,5 @@
+// CudaContext (cuda_context.h): the static path, an engine whose every size follows from its
+// input shapes; executor_dynamic.cpp runs the others.
 #include "executor.h"
 
 #include <cublas_v2.h>
@@ -10,7 +12,7 @@
 
 #include "backends/cpu/cpu_executor.h"
 #include "backends/memory_planner.h"
-#include "dynamic.h"
+#include "cuda_context.h"
 #include "shape_eval.h"
 #include "tactics/check.h"
 
@@ -19,346 +21,73 @@ namespace {
 
 std::string fmt_key(const TensorFormat& f) { return f.str(); }
 
-struct LayerRun {
-  const Node* node = nullptr;
-  const LayerChoice* choice = nullptr;
-  std::unique_ptr<Layer> layer;
-  std::vector<std::unique_ptr<Layer>> alternates;  // per choice->alternates
-};
+}  // namespace
 
-// Everything that depends on the input shapes.
-struct Instance {
-  std::vector<std::vector<int64_t>> input_shapes;
-  ShapeResult shapes;
-  std::vector<std::vector<DeviceTensor>> ins, outs;  // per layer run
-  std::vector<std::vector<TensorRef>> in_refs, out_refs;
-  std::vector<bool> skip;                            // aliased Reshape-like layers: no work
-  std::vector<int> alternate;                        // per layer run: -1, or the Alternate (plan.h)
-                                                     // of the tuning point nearest these shapes
-  size_t arena_bytes = 0;
-  size_t workspace_bytes = 0;
-  std::vector<uint8_t> upload_host;                  // host values, converted and packed
-  DeviceMemory uploads;
-  struct OutputCopy {
-    size_t output;
-    TensorRef src;
-    std::shared_ptr<const Tensor> host;  // host-known outputs (constants, shape values)
-  };
-  std::vector<OutputCopy> output_copies;
-  std::vector<std::vector<int64_t>> output_shapes;
-  std::vector<size_t> output_bytes;
-  // CUDA graphs of this shape, one per set of input and output addresses (a caller that
-  // allocates its outputs afresh each call, as PyTorch's allocator does, alternates between a few
-  // addresses), at most kGraphsPerShape, the least recently used replaced. A set of addresses is
-  // captured once it repeats one of the last kGraphsPerShape calls' (`recent`): a caller whose
-  // addresses are new at every call keeps running layer by layer rather than capturing each time.
-  struct Graph {
-    std::vector<void*> io;
-    cudaGraphExec_t exec = nullptr;
-    uint64_t config = 0;  // the context's config_generation_ at capture
-    uint64_t used = 0;
-  };
-  static constexpr size_t kGraphsPerShape = 4;
-  std::vector<Graph> graphs;
-  // The addresses of the last calls run layer by layer: a ring of kGraphsPerShape, its vectors
-  // reused (remember_direct), so a run layer by layer allocates nothing once it is full.
-  std::vector<std::vector<void*>> recent;
-  size_t recent_next = 0;
-  void remember_direct(const std::vector<void*>& io) {
-    if (recent.size() < kGraphsPerShape) {
-      recent.push_back(io);
+Status CudaContext::init() {
+  KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  KILN_ASSIGN_OR_RETURN(handles_, LibraryHandles::create(stream_));
+  handles_->bind(rc_);
+  rc_.stream = stream_;
+  rc_.workspace_limit = e_->plan().workspace_limit;
+  pdl_ = pdl_available();
+  graph_shapes_ = graph_shapes_setting();
+  // cuBLAS gets its own workspace, so it never allocates (nor can, inside graph capture).
+  KILN_RETURN_IF_ERROR(cublas_ws_.reserve(size_t(32) << 20, "cuBLAS workspace"));
+  if (cublasSetWorkspace(rc_.cublas, cublas_ws_.get(), cublas_ws_.bytes()) != CUBLAS_STATUS_SUCCESS)
+    return KILN_ERROR("cublasSetWorkspace failed");
+  bound_stream_ = stream_;
+  const auto& nodes = g_.nodes();
+  host_in_ = plan_host_inputs();
+  // An engine with shapes that the data decides runs in its dynamic region (dynamic.h).
+  for (size_t k = 0; k < nodes.size(); ++k) {
+    const LayerChoice& c = e_->plan().layers[k];
+    if (!c.is_host() && ((c.tactic->caps & kDataDependent) || !c.subplans.empty())) dynamic_ = true;
+  }
+  if (dynamic_) return init_dynamic();
+  for (size_t k = 0; k < nodes.size(); ++k) {
+    const LayerChoice& c = e_->plan().layers[k];
+    if (c.is_host()) continue;
+    LayerRun r;
+    r.node = nodes[k];
+    r.choice = &c;
+    auto layer = c.tactic->create(c.desc(nodes[k]));
+    if (!layer.ok()) return layer.status().with_context(nodes[k]->label());
+    r.layer = std::move(layer).value();
+    for (const Alternate& a : c.alternates) {
+      auto alt = a.tactic->create(c.desc(nodes[k], a));
+      if (!alt.ok()) return alt.status().with_context(nodes[k]->label());
+      r.alternates.push_back(std::move(alt).value());
+    }
+    runs_.push_back(std::move(r));
+  }
+  host_vals_.assign(g_.inputs().size(), nullptr);
+  input_shapes_.resize(g_.inputs().size());
+  input_set_.assign(g_.inputs().size(), false);
+  in_addr_.assign(g_.inputs().size(), nullptr);
+  out_addr_.assign(g_.outputs().size(), nullptr);
+  // Inputs whose shape is fixed are set already; the arena is sized for the profile's max.
+  std::vector<std::vector<int64_t>> max_shapes;
+  bool all_known = true;
+  for (size_t i = 0; i < g_.inputs().size(); ++i) {
+    const Value* v = g_.inputs()[i];
+    auto r = e_->profile().ranges().find(v->name);
+    if (r != e_->profile().ranges().end()) {
+      max_shapes.push_back(r->second.max);
+      if (r->second.min == r->second.max) set_shape(i, r->second.min);
+    } else if (auto s = v->type.static_shape()) {
+      max_shapes.push_back(*s);
+      set_shape(i, *s);
     } else {
-      recent[recent_next].assign(io.begin(), io.end());
-      recent_next = (recent_next + 1) % kGraphsPerShape;
+      all_known = false;
     }
   }
-  bool ran_direct = false;  // once run without capture (layers' first-run work is not captured)
-  bool no_capture = false;  // a capture of this shape failed: it runs layer by layer from then on
-  void drop_graphs() {
-    for (Graph& g : graphs) cudaGraphExecDestroy(g.exec);
-    graphs.clear();
+  if (all_known && std::find(host_in_.begin(), host_in_.end(), true) == host_in_.end()) {
+    KILN_ASSIGN_OR_RETURN(Instance * inst, instance_for(max_shapes));
+    (void)inst;
   }
-  ~Instance() { drop_graphs(); }
-};
+  return Status::Ok();
+}
 
-class CudaContext final : public ExecutionContext {
- public:
-  explicit CudaContext(std::shared_ptr<CudaEngineState> e) : e_(std::move(e)), g_(e_->graph()) {}
-  ~CudaContext() override {
-    if (stream_) cudaStreamSynchronize(stream_);
-    instances_.clear();
-    runs_.clear();
-    handles_.reset();
-    for (cudaEvent_t ev : events_) cudaEventDestroy(ev);
-    for (cudaEvent_t ev : fence_)
-      if (ev) cudaEventDestroy(ev);
-    if (stream_) cudaStreamDestroy(stream_);
-  }
-
-  Status init() {
-    KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    KILN_ASSIGN_OR_RETURN(handles_, LibraryHandles::create(stream_));
-    handles_->bind(rc_);
-    rc_.stream = stream_;
-    rc_.workspace_limit = e_->plan().workspace_limit;
-    pdl_ = pdl_available();
-    graph_shapes_ = graph_shapes_setting();
-    // cuBLAS gets its own workspace, so it never allocates (nor can, inside graph capture).
-    KILN_RETURN_IF_ERROR(cublas_ws_.reserve(size_t(32) << 20, "cuBLAS workspace"));
-    if (cublasSetWorkspace(rc_.cublas, cublas_ws_.get(), cublas_ws_.bytes()) != CUBLAS_STATUS_SUCCESS)
-      return KILN_ERROR("cublasSetWorkspace failed");
-    bound_stream_ = stream_;
-    const auto& nodes = g_.nodes();
-    host_in_ = plan_host_inputs();
-    // An engine with shapes that the data decides runs in its dynamic region (dynamic.h).
-    for (size_t k = 0; k < nodes.size(); ++k) {
-      const LayerChoice& c = e_->plan().layers[k];
-      if (!c.is_host() && ((c.tactic->caps & kDataDependent) || !c.subplans.empty())) dynamic_ = true;
-    }
-    if (dynamic_) return init_dynamic();
-    for (size_t k = 0; k < nodes.size(); ++k) {
-      const LayerChoice& c = e_->plan().layers[k];
-      if (c.is_host()) continue;
-      LayerRun r;
-      r.node = nodes[k];
-      r.choice = &c;
-      auto layer = c.tactic->create(c.desc(nodes[k]));
-      if (!layer.ok()) return layer.status().with_context(nodes[k]->label());
-      r.layer = std::move(layer).value();
-      for (const Alternate& a : c.alternates) {
-        auto alt = a.tactic->create(c.desc(nodes[k], a));
-        if (!alt.ok()) return alt.status().with_context(nodes[k]->label());
-        r.alternates.push_back(std::move(alt).value());
-      }
-      runs_.push_back(std::move(r));
-    }
-    host_vals_.assign(g_.inputs().size(), nullptr);
-    input_shapes_.resize(g_.inputs().size());
-    input_set_.assign(g_.inputs().size(), false);
-    in_addr_.assign(g_.inputs().size(), nullptr);
-    out_addr_.assign(g_.outputs().size(), nullptr);
-    // Inputs whose shape is fixed are set already; the arena is sized for the profile's max.
-    std::vector<std::vector<int64_t>> max_shapes;
-    bool all_known = true;
-    for (size_t i = 0; i < g_.inputs().size(); ++i) {
-      const Value* v = g_.inputs()[i];
-      auto r = e_->profile().ranges().find(v->name);
-      if (r != e_->profile().ranges().end()) {
-        max_shapes.push_back(r->second.max);
-        if (r->second.min == r->second.max) set_shape(i, r->second.min);
-      } else if (auto s = v->type.static_shape()) {
-        max_shapes.push_back(*s);
-        set_shape(i, *s);
-      } else {
-        all_known = false;
-      }
-    }
-    if (all_known && std::find(host_in_.begin(), host_in_.end(), true) == host_in_.end()) {
-      KILN_ASSIGN_OR_RETURN(Instance * inst, instance_for(max_shapes));
-      (void)inst;
-    }
-    return Status::Ok();
-  }
-
-  Expected<std::vector<Tensor>> execute(const std::map<std::string, Tensor>& inputs,
-                                        std::vector<LayerTiming>* timings) override;
-  Status init_dynamic();
-  Expected<std::vector<Tensor>> execute_dynamic(const std::map<std::string, Tensor>& inputs,
-                                                std::vector<LayerTiming>* timings);
-  Expected<std::vector<DynValue>> run_dynamic(cudaStream_t s, std::vector<DynValue> ins,
-                                              std::vector<LayerTiming>* timings);
-  Status enqueue_dynamic(cudaStream_t s, std::vector<LayerTiming>* timings);
-  Status set_output_allocator(const std::string& name, OutputAllocator* a) override {
-    KILN_ASSIGN_OR_RETURN(size_t o, index_of(name, false));
-    if (!dynamic_)
-      return KILN_ERROR("output '{}': this engine's output sizes follow from the input shapes: "
-                        "set its device address (set_tensor_address) instead", name);
-    out_alloc_[o] = a;
-    out_given_[o] = nullptr;
-    return Status::Ok();
-  }
-  Expected<std::vector<const Tensor*>> checked_inputs(const std::map<std::string, Tensor>& inputs) const;
-  Status set_input_shape(const std::string& name, const std::vector<int64_t>& dims) override;
-  Expected<std::vector<int64_t>> tensor_shape(const std::string& name) override;
-  Status set_tensor_address(const std::string& name, void* ptr) override;
-  Status enqueue(CUstream_st* stream, std::vector<LayerTiming>* layer_times) override;
-  Status enqueue_read(CUstream_st* stream, std::vector<LayerTiming>* layer_times);
-  Status launch(Instance& inst, cudaStream_t s, std::vector<LayerTiming>* layer_times);
-  Expected<MemoryInfo> plan_device_memory() override {
-    if (dynamic_) return memory_info();  // its memory comes and goes with the data
-    for (size_t i = 0; i < g_.inputs().size(); ++i)
-      if (!input_set_[i]) return KILN_ERROR("input '{}': shape not set", g_.inputs()[i]->name);
-    KILN_RETURN_IF_ERROR(read_host_inputs());
-    KILN_ASSIGN_OR_RETURN(Instance * inst, instance_for(input_shapes_));
-    KILN_RETURN_IF_ERROR(configure(*inst));
-    return memory_info();
-  }
-  Status set_debug_tensors(const std::vector<std::string>& names) override {
-    std::map<const Value*, std::string> want;
-    for (const std::string& n : names) {
-      const Value* v = g_.find_value(n);
-      if (!v) return KILN_ERROR("debug tensor '{}': the engine's graph has no value of that name", n);
-      want[v] = n;
-    }
-    debug_ = std::move(want);
-    debug_out_.clear();
-    return Status::Ok();
-  }
-  std::map<std::string, Tensor> debug_tensors() const override { return debug_out_; }
-  Status set_use_cuda_graph(bool on) override {
-    use_graph_ = on;
-    return Status::Ok();
-  }
-  size_t cuda_graph_count() const override {
-    if (dynamic_) return dyn_graph_->prefix_graphs();  // the prefix's, one per input shape
-    size_t n = 0;
-    for (const auto& [k, inst] : instances_) n += inst->graphs.size();
-    return n;
-  }
-  MemoryInfo memory_info() const override {
-    MemoryInfo m;
-    m.weights = e_->weight_bytes();
-    m.activations = dynamic_ ? dyn_rt_.pool.held_bytes() + dyn_graph_->prefix_held_bytes()
-                    : current_ ? current_->arena_bytes : arena_.bytes();
-    m.workspace = current_ ? current_->workspace_bytes : workspace_.bytes();
-    return m;
-  }
-
- private:
-  void set_shape(size_t i, const std::vector<int64_t>& s) {
-    input_shapes_[i] = s;
-    input_set_[i] = true;
-  }
-  Expected<Instance*> instance_for(const std::vector<std::vector<int64_t>>& shapes);
-  std::vector<bool> plan_host_inputs() const;
-  // host_src (optional, per input): host memory holding the input's bytes, read instead of its
-  // address (execute() passes the caller's tensors: no device round trip).
-  Status read_host_inputs(const std::vector<const void*>* host_src = nullptr);
-  Expected<std::unique_ptr<Instance>> make_instance(const std::vector<std::vector<int64_t>>& s);
-  Status configure(Instance& inst);
-  // Layer by layer rather than as a CUDA graph (for this call's addresses, io_): without CUDA
-  // graphs, when timing layers, with debug copies (they synchronize), at the first run of an
-  // instance (what layers do once at their first run, a tactic's constants, library plans,
-  // happens outside a capture, where allocations are not allowed), with KILN_GRAPH_SHAPES=1
-  // when the layers are configured for other shapes (the instance's graphs are then taken as
-  // stale), after a failed capture, and for addresses that neither have a graph nor repeat a
-  // recent call's.
-  // With graph_shapes_ > 1 an instance's graphs outlive the layers' configuration for other
-  // shapes (graph_valid), so the configured shape no longer decides.
-  bool runs_direct(const Instance& inst, const std::vector<LayerTiming>* layer_times) const {
-    if (!use_graph_ || layer_times || !debug_.empty() || !inst.ran_direct || inst.no_capture ||
-        (graph_shapes_ <= 1 && current_ != &inst))
-      return true;
-    for (const Instance::Graph& g : inst.graphs)
-      if (g.io == io_ && graph_valid(g)) return false;
-    return std::find(inst.recent.begin(), inst.recent.end(), io_) == inst.recent.end();
-  }
-  // Whether a captured graph may be replayed now. A graph holds its kernels' arguments by value
-  // and reads the arena, the workspace, the weights, the instance's uploads and the caller's
-  // addresses (io); configuring the layers for another shape changes none of those (layers keep
-  // their per-shape library plans; the arena and workspace only grow, and when they do every
-  // graph is dropped, configure()). So with graph_shapes_ > 1 a graph stays valid across
-  // reconfigurations; with 1 (KILN_GRAPH_SHAPES=1) only the configured shape's graphs are.
-  bool graph_valid(const Instance::Graph& g) const {
-    return graph_shapes_ > 1 || g.config == config_generation_;
-  }
-  // Past graph_shapes_ shapes holding graphs, the graphs of the least recently replayed shape go
-  // (not `keep`'s): a server whose batches take a few sizes keeps each size's graphs, and one
-  // whose batches take every size does not hold a graph for each.
-  void limit_graph_shapes(const Instance* keep) {
-    for (;;) {
-      size_t holding = 0;
-      Instance* lru = nullptr;
-      uint64_t lru_used = UINT64_MAX;
-      for (auto& [k, other] : instances_) {
-        if (other->graphs.empty()) continue;
-        ++holding;
-        uint64_t used = 0;
-        for (const Instance::Graph& g : other->graphs) used = std::max(used, g.used);
-        if (other.get() != keep && used < lru_used) {
-          lru_used = used;
-          lru = other.get();
-        }
-      }
-      if (holding <= graph_shapes_ || !lru) return;
-      lru->drop_graphs();
-      // Its addresses must repeat again before it captures again: where more shapes are live
-      // than keep graphs, a shape is not captured anew at each of its calls.
-      lru->recent.clear();
-      lru->recent_next = 0;
-    }
-  }
-  // KILN_GRAPH_SHAPES: how many input shapes keep their captured graphs (default 8); 1 keeps only
-  // the shape the layers are configured for, so a call whose shape differs from the last call's
-  // runs layer by layer (kiln 0.2's behaviour).
-  static size_t graph_shapes_setting() {
-    const char* v = std::getenv("KILN_GRAPH_SHAPES");
-    if (!v || !*v) return kDefaultGraphShapes;
-    char* end = nullptr;
-    const long n = std::strtol(v, &end, 10);
-    return end && *end == '\0' && n >= 1 ? static_cast<size_t>(n) : kDefaultGraphShapes;
-  }
-  static constexpr size_t kDefaultGraphShapes = 8;
-  // This call's input and output addresses into io_ (a buffer kept across calls: no allocation).
-  void gather_io() {
-    io_.assign(in_addr_.begin(), in_addr_.end());
-    io_.insert(io_.end(), out_addr_.begin(), out_addr_.end());
-  }
-  Layer& layer_of(const Instance& inst, size_t s) const {
-    const int a = inst.alternate[s];
-    return a < 0 ? *runs_[s].layer : *runs_[s].alternates[a];
-  }
-  void* resolve(const Instance& inst, const TensorRef& r) const;
-  void bind(Instance& inst);
-  Status run_layers(Instance& inst, std::vector<LayerTiming>* times);
-  Status copy_outputs(Instance& inst, cudaStream_t s);
-  Expected<size_t> index_of(const std::string& name, bool input) const;
-
-  std::shared_ptr<CudaEngineState> e_;
-  const Graph& g_;
-  cudaStream_t stream_ = nullptr;
-  cudaStream_t bound_stream_ = nullptr;
-  std::unique_ptr<LibraryHandles> handles_;
-  RunContext rc_;
-  bool pdl_ = false;  // programmatic dependent launch available (pdl_available())
-  std::vector<LayerRun> runs_;
-  // Per input shapes and the values of the inputs read on the host.
-  std::map<std::pair<std::vector<std::vector<int64_t>>, std::string>, std::unique_ptr<Instance>> instances_;
-  // Inputs whose values layers read on the host (shape tensors): their address is read with
-  // cudaMemcpyDefault (host memory, as TensorRT asks of shape tensors, or device memory) when an
-  // inference is planned, and their values select the instance.
-  std::vector<bool> host_in_;
-  std::vector<std::shared_ptr<const Tensor>> host_vals_;
-  Instance* current_ = nullptr;     // the instance whose shapes the layers are configured for
-  DeviceMemory arena_, workspace_, cublas_ws_;
-  std::vector<std::vector<int64_t>> input_shapes_;
-  std::vector<bool> input_set_;
-  std::vector<void*> in_addr_, out_addr_;
-  std::vector<void*> io_;           // this call's addresses, inputs then outputs (enqueue_read)
-  uint64_t generation_ = 1;         // bumps when an address or the arena changes
-  uint64_t bound_generation_ = 0;
-  uint64_t config_generation_ = 1;  // bumps when the layers are configured for another shape
-  uint64_t graph_clock_ = 0;        // orders graph launches (least recently used)
-  size_t graph_shapes_ = kDefaultGraphShapes;  // shapes that keep their graphs (KILN_GRAPH_SHAPES)
-  bool use_graph_ = true;
-  std::vector<cudaEvent_t> events_;
-  cudaEvent_t fence_[2] = {};  // into and out of the context's stream (legacy-stream callers)
-  // Host path staging (execute()).
-  std::vector<std::unique_ptr<DeviceMemory>> staging_in_, staging_out_;
-  // Debug tensors (set_debug_tensors): values to copy back after their layer, and the copies.
-  std::vector<uint8_t> scratch_;    // read_host_inputs
-  std::map<const Value*, std::string> debug_;
-  std::map<std::string, Tensor> debug_out_;
-  Status keep_debug(const Instance& inst, size_t run);
-  // An engine whose shapes the data decides (dynamic.h): its graph runs as one dynamic region.
-  bool dynamic_ = false;
-  DynamicRuntime dyn_rt_;
-  std::unique_ptr<DynamicGraph> dyn_graph_;
-  std::vector<std::vector<int64_t>> dyn_out_shapes_;  // the last inference's output shapes
-  cudaStream_t dyn_stream_ = nullptr;        // the stream the last dynamic run used
-  std::vector<OutputAllocator*> out_alloc_;  // enqueue()'s outputs (set_output_allocator)
-  std::vector<void*> out_given_;             // what each allocator returned last
-};
 
 Expected<size_t> CudaContext::index_of(const std::string& name, bool input) const {
   const auto& list = input ? g_.inputs() : g_.outputs();
@@ -879,102 +608,6 @@ Status CudaContext::launch(Instance& instance, cudaStream_t s,
   return Status::Ok();
 }
 
-Status CudaContext::init_dynamic() {
-  dyn_rt_.rc = &rc_;
-  dyn_rt_.workspace = &workspace_;
-  std::shared_ptr<CudaEngineState> e = e_;
-  dyn_rt_.engine_weight = [e](const Value* v, const TensorFormat& f) -> void* {
-    return static_cast<uint8_t*>(e->weights()) + e->weight_offset(v, f);
-  };
-  KILN_ASSIGN_OR_RETURN(dyn_graph_, DynamicGraph::create(g_, e_->plan(), /*engine_weights=*/true));
-  input_shapes_.resize(g_.inputs().size());
-  input_set_.assign(g_.inputs().size(), false);
-  in_addr_.assign(g_.inputs().size(), nullptr);
-  out_addr_.assign(g_.outputs().size(), nullptr);
-  out_alloc_.assign(g_.outputs().size(), nullptr);
-  out_given_.assign(g_.outputs().size(), nullptr);
-  return Status::Ok();
-}
-
-// One run of the dynamic region on stream `s`. The pool hands blocks out again in stream order:
-// a run on another stream than the last one's waits for that stream first.
-Expected<std::vector<DynValue>> CudaContext::run_dynamic(cudaStream_t s, std::vector<DynValue> ins,
-                                                         std::vector<LayerTiming>* timings) {
-  if (dyn_stream_ && dyn_stream_ != s) KILN_CUDA_CHECK(cudaStreamSynchronize(dyn_stream_));
-  dyn_stream_ = s;
-  // The last run's uploads: a copy from pageable memory has read its source once it returned.
-  dyn_rt_.staged.clear();
-  if (bound_stream_ != s) {
-    cudnnSetStream(rc_.cudnn, s);
-    cublasSetStream(rc_.cublas, s);
-    bound_stream_ = s;
-  }
-  rc_.stream = s;
-  dyn_rt_.dims_used = 0;  // a run that failed may have left sizes unread
-  dyn_rt_.times = timings;
-  dyn_rt_.graphs = use_graph_ && debug_.empty();
-  auto ran = dyn_graph_->run(dyn_rt_, std::move(ins));
-  dyn_rt_.times = nullptr;
-  if (!ran.ok()) cudaStreamSynchronize(s);  // what was queued may still read the staged copies
-  return ran;
-}
-
-// The device path of an engine with a dynamic region: inputs read where the caller put them (and
-// copied to the host where a layer reads them there), outputs copied into the memory their
-// allocators give once their sizes are known.
-Status CudaContext::enqueue_dynamic(cudaStream_t stream, std::vector<LayerTiming>* timings) {
-  // The legacy default stream cannot hold the prefix's capture: the context's own stream runs
-  // it, and the call waits for it.
-  const cudaStream_t s = stream ? stream : stream_;
-  std::vector<DynValue> ins;
-  for (size_t i = 0; i < g_.inputs().size(); ++i) {
-    const Value* v = g_.inputs()[i];
-    if (!input_set_[i]) return KILN_ERROR("input '{}': shape not set", v->name);
-    DynValue d;
-    d.t.dtype = v->type.dtype;
-    d.t.shape = input_shapes_[i];
-    d.t.data = in_addr_[i];
-    const size_t bytes = d.t.nbytes();
-    if (!d.t.data && bytes) return KILN_ERROR("input '{}': no device address set", v->name);
-    if (host_in_[i]) {
-      Tensor h(d.t.dtype, d.t.shape);
-      KILN_CUDA_CHECK(cudaStreamSynchronize(s));
-      if (bytes) KILN_CUDA_CHECK(cudaMemcpy(h.raw(), d.t.data, bytes, cudaMemcpyDefault));
-      d.host = std::make_shared<const Tensor>(std::move(h));
-    }
-    ins.push_back(std::move(d));
-  }
-  for (size_t j = 0; j < g_.outputs().size(); ++j)
-    if (!out_alloc_[j])
-      return KILN_ERROR("output '{}': its size depends on the data: give it an output allocator "
-                        "(set_output_allocator), or run execute()", g_.outputs()[j]->name);
-  KILN_ASSIGN_OR_RETURN(std::vector<DynValue> outs, run_dynamic(s, std::move(ins), timings));
-  dyn_out_shapes_.clear();
-  for (size_t j = 0; j < outs.size(); ++j) {
-    const Value* v = g_.outputs()[j];
-    DynValue& o = outs[j];
-    const DataType dt = v->type.dtype;
-    const size_t bytes = Tensor::view(dt, o.t.shape, nullptr, nullptr).nbytes();
-    void* dst = out_alloc_[j]->reallocate_output(v->name, out_given_[j], bytes);
-    if (!dst && bytes)
-      return KILN_ERROR("output '{}': its allocator gave no memory for {} bytes", v->name, bytes);
-    out_given_[j] = dst;
-    if (bytes && o.t.data && o.t.dtype == dt && o.t.layout == Layout::kLinear) {
-      KILN_CUDA_CHECK(cudaMemcpyAsync(dst, o.t.data, bytes, cudaMemcpyDeviceToDevice, s));
-    } else if (bytes) {  // computed on the host, or stored in another format
-      KILN_ASSIGN_OR_RETURN(auto h, dyn_rt_.read_back(o, dt));
-      Tensor t = h->dtype() == dt ? *h : h->cast(dt);
-      KILN_RETURN_IF_ERROR(dyn_rt_.upload(dst, std::move(t)));
-    }
-    out_alloc_[j]->notify_shape(v->name, o.t.shape);
-    dyn_out_shapes_.push_back(o.t.shape);
-  }
-  if (!stream) KILN_CUDA_CHECK(cudaStreamSynchronize(s));
-  return Status::Ok();
-}
-
-// The host path of an engine with a dynamic region: inputs staged on the device (and kept on the
-// host where a layer reads them there), one dynamic run, outputs copied back at their shapes.
 // The caller's tensors in graph-input order, each checked against its declaration and the profile.
 Expected<std::vector<const Tensor*>> CudaContext::checked_inputs(
     const std::map<std::string, Tensor>& inputs) const {
@@ -988,39 +621,6 @@ Expected<std::vector<const Tensor*>> CudaContext::checked_inputs(
     out.push_back(&it->second);
   }
   return out;
-}
-
-Expected<std::vector<Tensor>> CudaContext::execute_dynamic(const std::map<std::string, Tensor>& inputs,
-                                                           std::vector<LayerTiming>* timings) {
-  KILN_ASSIGN_OR_RETURN(std::vector<const Tensor*> given, checked_inputs(inputs));
-  std::vector<DynValue> ins;
-  for (size_t i = 0; i < g_.inputs().size(); ++i) {
-    const Value* v = g_.inputs()[i];
-    const Tensor& x = *given[i];
-    DynValue d;
-    d.t.dtype = v->type.dtype;
-    d.t.shape = x.shape();
-    KILN_ASSIGN_OR_RETURN(d.block, dyn_rt_.pool.get(x.nbytes(), "input '" + v->name + "'"));
-    d.t.data = d.block.get();
-    if (x.nbytes())
-      KILN_CUDA_CHECK(cudaMemcpyAsync(d.t.data, x.raw(), x.nbytes(), cudaMemcpyHostToDevice, stream_));
-    if (host_in_[i]) d.host = std::make_shared<const Tensor>(x);
-    set_shape(i, x.shape());
-    ins.push_back(std::move(d));
-  }
-  KILN_ASSIGN_OR_RETURN(std::vector<DynValue> outs, run_dynamic(stream_, std::move(ins), timings));
-  std::vector<Tensor> result;
-  dyn_out_shapes_.clear();
-  for (size_t j = 0; j < outs.size(); ++j) {
-    const DataType dt = g_.outputs()[j]->type.dtype;
-    KILN_ASSIGN_OR_RETURN(auto t, dyn_rt_.read_back(outs[j], dt));
-    Tensor out = t->dtype() == dt ? *t : t->cast(dt);
-    dyn_out_shapes_.push_back(out.shape());
-    result.push_back(std::move(out));
-  }
-  KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  dyn_rt_.staged.clear();
-  return result;
 }
 
 Expected<std::vector<Tensor>> CudaContext::execute(const std::map<std::string, Tensor>& inputs,
@@ -1065,7 +665,6 @@ Expected<std::vector<Tensor>> CudaContext::execute(const std::map<std::string, T
   return out;
 }
 
-}  // namespace
 
 Expected<std::unique_ptr<ExecutionContext>> CudaEngineState::create_context() {
   KILN_RETURN_IF_ERROR(ensure_weights());
