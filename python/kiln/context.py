@@ -49,6 +49,7 @@ class Context:
         self._out_names = [t.name for t in engine.outputs]
         self._out_dtypes = [t.dtype for t in engine.outputs]
         self._repeat: Optional[_Repeat] = None  # run()'s path for a repeat of the last call
+        self._data_dependent: Optional[bool] = None  # output sizes decided by the data (cuda)
 
     # ---- the dict API -------------------------------------------------------------------------
     def run(self, feeds: Mapping[str, Any], stream: Optional[int] = None,
@@ -61,7 +62,9 @@ class Context:
         PyTorch inputs, else DLPack tensors), on `stream` (an int handle, e.g.
         ``torch.cuda.current_stream().cuda_stream``; default: PyTorch's current stream for
         PyTorch inputs, else the CUDA default stream, waited for). `outputs` may give the
-        output tensors to write (device path).
+        output tensors to write (device path). An engine whose output sizes the data decides
+        (a detector's) returns them at their real shapes; on the device it takes PyTorch
+        tensors, and its outputs come from PyTorch's allocator.
         """
         if self._repeat is not None and outputs is None:
             result = self._repeat.run(self, feeds, stream)
@@ -138,6 +141,10 @@ class Context:
             addresses.append(info[0])
             shapes.append(list(info[1]))
         self.check_inputs(checked)
+        if self._data_dependent is None:
+            self._data_dependent = "dynamic_region" in self.engine.inspect()
+        if self._data_dependent:
+            return self._run_dynamic(feeds, names, addresses, shapes, stream, outputs, torch_in)
         if stream is None:
             if torch_in:
                 import torch
@@ -161,6 +168,53 @@ class Context:
             self._repeat = _Repeat(feeds, out_shapes, [_torch_dtype(d) for d in self._out_dtypes])
         del keep
         return {name: t for name, (t, _) in result.items()}
+
+    def _run_dynamic(self, feeds, names, addresses, shapes, stream, outputs, torch_in):
+        """run() on an engine whose output sizes the data decides (`kiln inspect` says so: a
+        detector's boxes): each output in memory from PyTorch's allocator, asked for once its
+        size is known (TensorRT's IOutputAllocator), returned at its real shape."""
+        if outputs is not None:
+            raise KilnValueError("this engine's output sizes depend on the data: run() allocates "
+                                 "its outputs (outputs= cannot be given; set_output_allocator "
+                                 "and execute_async take your own memory)")
+        if not torch_in:
+            raise KilnTypeError("this engine's output sizes depend on the data: on the device, "
+                                "run() takes PyTorch CUDA tensors (whose allocator gives the "
+                                "outputs their memory); pass NumPy arrays to run on the host")
+        import torch
+
+        device = next(v.device for v in feeds.values() if _is_torch(v))
+        if stream is None:
+            stream = torch.cuda.current_stream(device).cuda_stream
+        elif not isinstance(stream, int) or stream < 0:
+            raise KilnTypeError(f"stream must be a CUDA stream handle (an int), not {stream!r}")
+        alloc = _TorchOutputs(device)
+        with self._lock:
+            out_shapes = self._core._run_dynamic(names, addresses, shapes,
+                                                 stream or _CUDA_STREAM_LEGACY, alloc)
+        result = {}
+        for name, dtype, shape in zip(self._out_names, self._out_dtypes, out_shapes):
+            t = _torch_dtype(dtype)
+            n = math.prod(shape)
+            buf = alloc.buffers.get(name)
+            if buf is None or n == 0:
+                result[name] = torch.empty(shape, dtype=t, device=device)
+            else:
+                nbytes = n * torch.empty((), dtype=t).element_size()
+                result[name] = buf[:nbytes].view(t).view(shape)
+        return result
+
+    def set_output_allocator(self, name: str, allocator) -> None:
+        """Gives output `name` of an engine whose output sizes the data decides its memory for
+        :meth:`execute_async` (TensorRT's ``IExecutionContext.set_output_allocator``):
+        `allocator` has ``reallocate_output(name, memory, size, alignment) -> int`` (a device
+        address of at least `size` bytes; `memory` is what it returned for this output last
+        time, 0 the first) and ``notify_shape(name, shape)`` (the output's shape in this
+        inference). kiln calls them from inside the inference, with the GIL held; what they
+        raise fails the inference. None removes it. An engine whose output sizes follow from its
+        input shapes takes addresses instead (:meth:`set_tensor_address`)."""
+        self._repeat = None
+        self._core.set_output_allocator(name, allocator)
 
     def _device_outputs(self, out_shapes, given, feeds, torch_in):
         result = {}
@@ -200,7 +254,8 @@ class Context:
         self._core.set_input_shape(name, [int(d) for d in shape])
 
     def get_tensor_shape(self, name: str) -> list[int]:
-        """An input's shape as set, or an output's shape for the inputs' current shapes."""
+        """An input's shape as set, or an output's shape for the inputs' current shapes (for an
+        engine whose output sizes the data decides: the last inference's)."""
         return self._core.get_tensor_shape(name)
 
     def set_tensor_address(self, name: str, address: int) -> None:
@@ -222,6 +277,28 @@ class Context:
         """Device memory this context uses: weights (shared), activations, workspace (bytes)."""
         w, a, ws = self._core.memory_info()
         return {"weights": w, "activations": a, "workspace": ws}
+
+
+class _TorchOutputs:
+    """run()'s output allocator for an engine whose output sizes the data decides: each output's
+    bytes as a PyTorch uint8 tensor on the inputs' device, kept until run() views it at the
+    output's type and shape."""
+
+    def __init__(self, device):
+        import torch
+
+        self.device = device
+        self.empty = torch.empty
+        self.uint8 = torch.uint8
+        self.buffers = {}
+
+    def reallocate_output(self, name, memory, size, alignment):
+        buf = self.empty(max(int(size), 1), dtype=self.uint8, device=self.device)
+        self.buffers[name] = buf
+        return buf.data_ptr()
+
+    def notify_shape(self, name, shape):
+        pass  # run() reads the shapes back from the context
 
 
 class _Repeat:

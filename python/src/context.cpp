@@ -10,6 +10,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <cstring>
+#include <map>
 
 #include "bindings.h"
 
@@ -31,10 +32,63 @@ Status cuda_status(cudaError_t e, const char* what) {
 }
 #endif
 
+// TensorRT's IOutputAllocator in Python (an engine whose output sizes the data decides): an
+// object with reallocate_output(name, memory, size, alignment) -> device address and
+// notify_shape(name, shape), as TensorRT's Python API names them. Called from inside an inference
+// (which runs without the GIL) with the GIL taken; what it raises fails the inference, and the
+// message is kept for the error (`failure`).
+class PyOutputAllocator final : public OutputAllocator {
+ public:
+  explicit PyOutputAllocator(nb::object obj) : obj_(std::move(obj)) {}
+  void* reallocate_output(const std::string& name, void* current, size_t bytes) override {
+    nb::gil_scoped_acquire gil;
+    try {
+      nb::object r = obj_.attr("reallocate_output")(name, reinterpret_cast<uintptr_t>(current),
+                                                    bytes, size_t{256});
+      return reinterpret_cast<void*>(nb::cast<uintptr_t>(r));
+    } catch (nb::python_error& e) {
+      keep(name, "reallocate_output", python_message(e));
+    } catch (const std::exception& e) {
+      keep(name, "reallocate_output", e.what());
+    }
+    return nullptr;
+  }
+  void notify_shape(const std::string& name, const std::vector<int64_t>& dims) override {
+    nb::gil_scoped_acquire gil;
+    try {
+      obj_.attr("notify_shape")(name, nb::cast(dims));  // a list of ints
+    } catch (nb::python_error& e) {
+      keep(name, "notify_shape", python_message(e));
+    } catch (const std::exception& e) {
+      keep(name, "notify_shape", e.what());
+    }
+  }
+  std::string failure;  // the first exception of the last inference, on one line
+
+ private:
+  void keep(const std::string& name, const char* what, const std::string& message) {
+    if (!failure.empty()) return;
+    std::string m = message.substr(0, message.find('\n'));
+    failure = fmt::format("output '{}': the allocator's {} raised {}", name, what, m);
+  }
+  // "MemoryError: pool exhausted" (what() would begin with the traceback).
+  static std::string python_message(nb::python_error& e) {
+    try {
+      return nb::cast<std::string>(e.type().attr("__name__")) + ": " +
+             nb::cast<std::string>(nb::str(e.value()));
+    } catch (...) {
+      return "an exception";
+    }
+  }
+  nb::object obj_;
+};
+
 struct PyContext {
   std::shared_ptr<Engine> engine;
   std::unique_ptr<ExecutionContext> ctx;
   std::mutex mu;
+  // set_output_allocator's, per output (the Python objects held while set).
+  std::map<std::string, std::unique_ptr<PyOutputAllocator>> allocators;
   int device = -1;  // the engine's (PyEngine::device): made current around every call
 #ifdef KILN_WITH_CUDA
   cudaStream_t stream = nullptr;  // for runs given no stream, created at the first
@@ -206,6 +260,65 @@ void enqueue_outputs(PyContext& c, const std::vector<uintptr_t>& addresses, uint
     check(c.ctx->set_tensor_address(c.engine->outputs()[i].name,
                                     reinterpret_cast<void*>(addresses[i])));
   check(c.enqueue(reinterpret_cast<CUstream_st*>(stream)));
+}
+
+// `s` with what a Python allocator raised during that enqueue (its message says more than "gave
+// no memory"); the allocators' failures are cleared.
+Status with_allocator_failure(PyContext& c, Status s, PyOutputAllocator* also = nullptr) {
+  std::string f;
+  auto take = [&](PyOutputAllocator* a) {
+    if (!a || a->failure.empty()) return;
+    if (f.empty()) f = a->failure;
+    a->failure.clear();
+  };
+  for (auto& [name, a] : c.allocators) take(a.get());
+  take(also);
+  if (f.empty()) return s;
+  return Status::Error(s.ok() ? f : s.message() + " (" + f + ")");
+}
+
+// kiln.Context.run on an engine whose output sizes the data decides: inputs at device addresses,
+// every output's memory from `allocator` (run()'s own, from PyTorch's allocator), then the
+// allocators set_output_allocator gave are put back. Enqueued on `stream` (0: the context's own,
+// waited for). Returns the outputs' shapes.
+nb::list run_dynamic(PyContext& c, const std::vector<std::string>& names,
+                     const std::vector<uintptr_t>& addresses,
+                     const std::vector<std::vector<int64_t>>& shapes, uintptr_t stream,
+                     nb::object allocator) {
+  if (names.size() != addresses.size() || names.size() != shapes.size())
+    raise(ErrorKind::kValue, "names, addresses and shapes differ in length");
+  PyOutputAllocator a(std::move(allocator));
+  std::vector<std::vector<int64_t>> out_shapes;
+  Status st;
+  {
+    nb::gil_scoped_release release;
+    std::lock_guard<std::mutex> lock(c.mu);
+    DeviceGuard on(c.device);
+    struct PutBack {  // also when a check below raises: the context must not keep &a
+      PyContext& c;
+      ~PutBack() {
+        for (const TensorInfo& t : c.engine->outputs()) {
+          auto it = c.allocators.find(t.name);
+          (void)c.ctx->set_output_allocator(t.name, it != c.allocators.end() ? it->second.get()
+                                                                             : nullptr);
+        }
+      }
+    } put_back{c};
+    for (size_t i = 0; i < names.size(); ++i) {
+      check(c.ctx->set_input_shape(names[i], shapes[i]), ErrorKind::kValue);
+      check(c.ctx->set_tensor_address(names[i], reinterpret_cast<void*>(addresses[i])));
+    }
+    for (const TensorInfo& t : c.engine->outputs())
+      check(c.ctx->set_output_allocator(t.name, &a), ErrorKind::kValue);
+    st = c.enqueue(reinterpret_cast<CUstream_st*>(stream));
+    if (st.ok())
+      for (const TensorInfo& t : c.engine->outputs())
+        out_shapes.push_back(unwrap(c.ctx->tensor_shape(t.name), ErrorKind::kValue));
+  }
+  check(with_allocator_failure(c, st, &a));
+  nb::list result;
+  for (auto& s : out_shapes) result.append(nb::cast(s));
+  return result;
 }
 
 // kiln.Context.run's repeat call: the input shapes are those the context already holds (the
@@ -469,9 +582,32 @@ void bind_context(nb::module_& m) {
             nb::gil_scoped_release release;
             std::lock_guard<std::mutex> lock(c.mu);
             DeviceGuard on(c.device);
-            check(c.enqueue(reinterpret_cast<CUstream_st*>(stream)));
+            check(with_allocator_failure(c, c.enqueue(reinterpret_cast<CUstream_st*>(stream))));
           },
           nb::arg("stream"))
+      .def("_run_dynamic", &run_dynamic, nb::arg("names"), nb::arg("addresses"),
+           nb::arg("shapes"), nb::arg("stream"), nb::arg("allocator"))
+      .def(
+          "set_output_allocator",
+          [](PyContext& c, const std::string& name, nb::object allocator) {
+            std::unique_ptr<PyOutputAllocator> a;
+            if (!allocator.is_none()) {
+              if (!nb::hasattr(allocator, "reallocate_output") ||
+                  !nb::hasattr(allocator, "notify_shape"))
+                raise(ErrorKind::kType,
+                      fmt::format("output '{}': an output allocator has reallocate_output(name, "
+                                  "memory, size, alignment) and notify_shape(name, shape)",
+                                  name));
+              a = std::make_unique<PyOutputAllocator>(std::move(allocator));
+            }
+            {
+              nb::gil_scoped_release release;
+              std::lock_guard<std::mutex> lock(c.mu);
+              check(c.ctx->set_output_allocator(name, a.get()), ErrorKind::kValue);
+            }
+            std::swap(c.allocators[name], a);  // the one it replaces goes with `a`, GIL held
+          },
+          nb::arg("name"), nb::arg("allocator").none())
       .def(
           "set_use_cuda_graph",
           [](PyContext& c, bool on) {
