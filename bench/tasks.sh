@@ -6,7 +6,9 @@
 #   bench/tasks.sh                                                     # on the device
 # KILN_TASKS_MODELS (a comma-separated list; default: what kiln builds today), KILN_TASKS_ARGS
 # (more bench/tasks.py flags, e.g. "--batches 1,8 --iters 100 --no-compile"), KILN_TASKS_TIMEOUT
-# (seconds, default 540: a device call's command has 600; no model starts in its last third, at most 200 s).
+# (seconds, default 540: a device call's command has 600; no model starts in its last third, at most 200 s),
+# KILN_TASKS_NO_INSTALL=1 (the diffusers wheel is installed already: bench/tasks_parallel.sh's groups).
+# On a machine of several GPUs, bench/tasks_parallel.sh runs one of these per GPU.
 # Each call exports its models afresh (the SD UNet: about 2-3 minutes of CPU), so a call holds a
 # few models; suggested, one line per call:
 #   KILN_TASKS_MODELS=sd15_unet KILN_TASKS_ARGS="--batches 1,8 --iters 30 --check-batch 1 --compile-batches 1"
