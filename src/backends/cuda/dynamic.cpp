@@ -465,8 +465,26 @@ Expected<const std::vector<std::vector<int64_t>>*> DynamicGraph::out_shapes(
   const OpDef* def = find_op(n->domain, n->op_type);
   if (!def || !def->infer) return KILN_ERROR("no shape inference");
   std::vector<TensorType> types(n->num_outputs());
-  InferContext ictx(*scratch_->nodes()[k], types);
-  KILN_RETURN_IF_ERROR(bound && def->bound ? def->bound(ictx) : def->infer(ictx));
+  const Node& sn = *scratch_->nodes()[k];
+  InferContext ictx(sn, types);
+  if (n->domain == "kiln" && n->op_type == "Relayout") {
+    // Its inference builds the steps as a small graph: prepared once per layer (RelayoutTypes),
+    // inferred again at each new shape (a Loop body's Concats, every iteration).
+    if (relayout_types_.size() != g_.nodes().size()) relayout_types_.resize(g_.nodes().size());
+    std::unique_ptr<RelayoutTypes>& steps = relayout_types_[k];
+    if (!steps) {
+      KILN_ASSIGN_OR_RETURN(steps, RelayoutTypes::prepare(sn, sn.num_inputs()));
+    }
+    std::vector<TensorType> in;
+    for (size_t i = 0; i < sn.num_inputs(); ++i) {
+      if (!ictx.has_input(i)) return KILN_ERROR("{}: input {} is absent", n->label(), i);
+      in.push_back(ictx.input_type(i));
+    }
+    KILN_ASSIGN_OR_RETURN(std::vector<TensorType> step_types, steps->infer(in));
+    ictx.set_output(0, step_types.back());
+  } else {
+    KILN_RETURN_IF_ERROR(bound && def->bound ? def->bound(ictx) : def->infer(ictx));
+  }
   memo.key.clear();
   memo.shapes.assign(n->num_outputs(), {});
   for (size_t o = 0; o < n->num_outputs(); ++o) {

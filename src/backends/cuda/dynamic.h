@@ -19,6 +19,7 @@
 
 #include "device_util_host.h"
 #include "kiln/engine.h"
+#include "ops/relayout_types.h"
 #include "plan.h"
 
 namespace kiln::gpu {
@@ -177,6 +178,7 @@ class DynamicGraph {
   };
   std::vector<ShapeMemo> shapes_;
   std::vector<ShapeMemo> host_shapes_;  // the same where the layer ran on the host (host_instead)
+  std::vector<std::unique_ptr<RelayoutTypes>> relayout_types_;  // per kiln.Relayout node, for out_shapes
   Expected<const std::vector<std::vector<int64_t>>*> out_shapes(size_t k, const std::string& key,
                                                                 bool bound, ShapeMemo& memo);
   std::map<std::pair<size_t, std::string>, std::unique_ptr<DynamicGraph>> subs_;
