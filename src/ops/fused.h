@@ -125,10 +125,7 @@ bool chain_op_supported(const std::string& op_type);
 constexpr int64_t kMaxChainConcatParts = 64;
 // Ops a Relayout step may be.
 bool relayout_op_supported(const std::string& op_type);
-// The types of a kiln.Relayout's steps (the last is the layer's) for inputs of these types,
-// inferred as the registry infers the ops themselves; or why the program is malformed.
-Expected<std::vector<TensorType>> relayout_step_types(const Node& n,
-                                                      const std::vector<TensorType>& inputs);
+// The types of a kiln.Relayout's steps: ops/relayout_types.h.
 // Whether kiln's CPU kernels run this fused layer with these attributes.
 bool fused_layer_supported(const std::string& op_type, const Attributes& attrs);
 

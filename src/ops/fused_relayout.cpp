@@ -118,21 +118,23 @@ Expected<std::vector<TensorType>> RelayoutTypes::infer(const std::vector<TensorT
   return types;
 }
 
-Expected<std::vector<TensorType>> relayout_step_types(const Node& n,
-                                                      const std::vector<TensorType>& inputs) {
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<RelayoutTypes> r, RelayoutTypes::prepare(n, inputs.size()));
-  return r->infer(inputs);
-}
-
-Status infer_relayout(InferContext& ctx) {
+Status infer_relayout_with(InferContext& ctx, std::unique_ptr<RelayoutTypes>& steps) {
   std::vector<TensorType> in;
   for (size_t i = 0; i < ctx.num_inputs(); ++i) {
     if (!ctx.has_input(i)) return KILN_ERROR("{}: input {} is absent", ctx.node().label(), i);
     in.push_back(ctx.input_type(i));
   }
-  KILN_ASSIGN_OR_RETURN(std::vector<TensorType> types, relayout_step_types(ctx.node(), in));
+  if (!steps) {
+    KILN_ASSIGN_OR_RETURN(steps, RelayoutTypes::prepare(ctx.node(), in.size()));
+  }
+  KILN_ASSIGN_OR_RETURN(std::vector<TensorType> types, steps->infer(in));
   ctx.set_output(0, types.back());
   return Status::Ok();
+}
+
+Status infer_relayout(InferContext& ctx) {
+  std::unique_ptr<RelayoutTypes> steps;
+  return infer_relayout_with(ctx, steps);
 }
 
 Status cpu_relayout(KernelContext& ctx) {

@@ -156,6 +156,7 @@ Expected<std::unique_ptr<DynamicGraph>> DynamicGraph::create(const Graph& g, con
   d->configured_.resize(g.nodes().size());
   d->shapes_.resize(g.nodes().size());
   d->host_shapes_.resize(g.nodes().size());
+  d->relayout_types_.resize(g.nodes().size());
   for (size_t k = 0; k < g.nodes().size(); ++k) {
     const Node* n = g.nodes()[k];
     const LayerChoice& c = plan.layers[k];
@@ -468,20 +469,9 @@ Expected<const std::vector<std::vector<int64_t>>*> DynamicGraph::out_shapes(
   const Node& sn = *scratch_->nodes()[k];
   InferContext ictx(sn, types);
   if (n->domain == "kiln" && n->op_type == "Relayout") {
-    // Its inference builds the steps as a small graph: prepared once per layer (RelayoutTypes),
-    // inferred again at each new shape (a Loop body's Concats, every iteration).
-    if (relayout_types_.size() != g_.nodes().size()) relayout_types_.resize(g_.nodes().size());
-    std::unique_ptr<RelayoutTypes>& steps = relayout_types_[k];
-    if (!steps) {
-      KILN_ASSIGN_OR_RETURN(steps, RelayoutTypes::prepare(sn, sn.num_inputs()));
-    }
-    std::vector<TensorType> in;
-    for (size_t i = 0; i < sn.num_inputs(); ++i) {
-      if (!ictx.has_input(i)) return KILN_ERROR("{}: input {} is absent", n->label(), i);
-      in.push_back(ictx.input_type(i));
-    }
-    KILN_ASSIGN_OR_RETURN(std::vector<TensorType> step_types, steps->infer(in));
-    ictx.set_output(0, step_types.back());
+    // Its steps as a small graph, prepared once per layer and inferred again at each new shape
+    // (a Loop body's Concats, every iteration).
+    KILN_RETURN_IF_ERROR(infer_relayout_with(ictx, relayout_types_[k]));
   } else {
     KILN_RETURN_IF_ERROR(bound && def->bound ? def->bound(ictx) : def->infer(ictx));
   }
