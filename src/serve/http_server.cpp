@@ -33,6 +33,7 @@ struct Shared {
   Core& core;
   bool log;
   std::atomic<int> in_flight{0};  // requests read and not yet answered
+  std::atomic<int> posting{0};    // answers being posted from a batcher's thread
 };
 
 class Session : public std::enable_shared_from_this<Session> {
@@ -94,20 +95,24 @@ class Session : public std::enable_shared_from_this<Session> {
     answered_ = false;
     watch(gone);
     // Answered now or from a batcher's worker: either way on this connection's strand. The
-    // session moves (no copy stays behind) into the posted answer: a batcher thread must not
-    // hold the last reference to it once the answer is posted, since the answer may be written
-    // and the server stopped before the thread returns (the stream's timer and socket belong to
-    // the io_context, which a stopping server destroys).
+    // session moves (no copy stays behind) into the posted answer, and the executor's copy (a
+    // strand of the io_context) is dropped before `posting` falls: stop() waits for both, since
+    // the answer may be written and the server stopped before the posting thread returns, and a
+    // strand or session released after the io_context is gone touches a destroyed service.
     s_.api.handle(std::move(req), [session = shared_from_this()](HttpReply reply) mutable {
       if (!session) return;  // answered already
-      Session* raw = session.get();  // the lambda below may take `session` first
-      net::post(raw->stream_.get_executor(), [self = std::move(session),
-                                              reply = std::move(reply)]() mutable {
-        self->answered_ = true;
-        beast::error_code ignored;
-        self->stream_.socket().cancel(ignored);  // the watch below
-        self->write(std::move(reply), false);
-      });
+      Shared& s = session->s_;
+      s.posting++;
+      {
+        auto strand = session->stream_.get_executor();
+        net::post(strand, [self = std::move(session), reply = std::move(reply)]() mutable {
+          self->answered_ = true;
+          beast::error_code ignored;
+          self->stream_.socket().cancel(ignored);  // the watch below
+          self->write(std::move(reply), false);
+        });
+      }
+      s.posting--;
     });
   }
 
@@ -279,7 +284,8 @@ void HttpServer::stop() {
   });
   // Requests read and not yet answered are answered first (their batches run: Core::drain).
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (s.shared.in_flight > 0 && std::chrono::steady_clock::now() < until)
+  while ((s.shared.in_flight > 0 || s.shared.posting > 0) &&
+         std::chrono::steady_clock::now() < until)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   s.ioc.stop();
 }
