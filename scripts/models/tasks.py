@@ -269,6 +269,38 @@ def keypointrcnn_tiny():
     return _tiny_rcnn("keypointrcnn_tiny", "keypoint")
 
 
+@model("ssd_tiny")
+def ssd_tiny():
+    """torchvision's SSD class around a two-level backbone of a few channels, 6 classes: SSDlite's
+    postprocessing (a select and top-k chain per class, concatenated, then batched NMS) at a size
+    the repository can hold."""
+    from collections import OrderedDict
+
+    import torch.nn as nn
+    from torchvision.models.detection.anchor_utils import DefaultBoxGenerator
+    from torchvision.models.detection.ssd import SSD, SSDHead
+    _seed(0)
+    c, classes = 8, 6
+
+    class Backbone(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Sequential(nn.Conv2d(3, c, 3, 4, 1), nn.ReLU(), nn.Conv2d(c, c, 3, 2, 1), nn.ReLU())
+            self.b = nn.Sequential(nn.Conv2d(c, c, 3, 2, 1), nn.ReLU())
+
+        def forward(self, x):
+            a = self.a(x)
+            return OrderedDict([("0", a), ("1", self.b(a))])
+
+    anchors = DefaultBoxGenerator([[2], [2]])
+    head = SSDHead([c, c], anchors.num_anchors_per_location(), classes)
+    build = lambda: SSD(Backbone(), anchors, (96, 96), classes, head=head, score_thresh=0.2,  # noqa: E731
+                        topk_candidates=20, detections_per_img=40)
+    return _tv_detector("ssd_tiny", build, hw=(96, 128),
+                        spread=[(lambda m: list(m.head.classification_head.module_list), (0.0, 3.0))],
+                        note="torchvision's SSD class around a tiny backbone, 6 classes, one image 96x128")
+
+
 # ---------------------------------------------------------------------------------------------
 # a YOLO-style detector with NMS in the graph
 

@@ -9,6 +9,7 @@ namespace kiln::passes {
 Expected<bool> fold_constants(PassContext& ctx);
 Expected<bool> fold_if(PassContext& ctx);
 Expected<bool> loop_concat_to_scan(PassContext& ctx);
+Expected<bool> batch_select_topk(PassContext& ctx);
 Expected<bool> remove_noops(PassContext& ctx);
 Expected<bool> detach_shapes(PassContext& ctx);
 Expected<bool> merge_duplicates(PassContext& ctx);

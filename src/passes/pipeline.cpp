@@ -31,6 +31,8 @@ struct PassEntry {
 //   (torchvision's `boxes.numel() == 0` at a profile's static shapes) becomes its branch's
 //   nodes, which the rest of the list then optimizes like any others. loop_concat_to_scan
 //   after them: a Loop's initial value is a constant once the shapes that size it fold.
+//   batch_select_topk beside them: an unrolled loop of per-class select and top-k chains is
+//   matched on its Shape/Min arithmetic for K before detach_shapes or a fusion rewrites it.
 // - detach_shapes after fold_constants: a Shape of an activation whose dims the inputs
 //   determine reads the inputs' shapes instead, so it no longer counts as a consumer of the
 //   activation (fold_constants folds it outright when the profile fixes every dim).
@@ -125,6 +127,7 @@ constexpr PassEntry kPipeline[] = {
     {"fold_constants", 1, passes::fold_constants},
     {"fold_if", 1, passes::fold_if},
     {"loop_concat_to_scan", 1, passes::loop_concat_to_scan},
+    {"batch_select_topk", 1, passes::batch_select_topk},
     {"remove_noops", 1, passes::remove_noops},
     {"detach_shapes", 1, passes::detach_shapes},
     {"merge_duplicates", 1, passes::merge_duplicates},

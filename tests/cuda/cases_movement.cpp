@@ -244,6 +244,9 @@ void gather_cases(std::vector<OpCase>& v) {
   v.push_back(make("gather_elements_int64", "GatherElements", {},
                    {in({4, 3}, DT::kInt64, -1000, 1000), in({5, 3}, DT::kInt64, -4, 3)}, kExact));
 
+  v.push_back(make("gather_elements_bool", "GatherElements", attrs({{"axis", I(1)}}),
+                   {in({90, 500}, DT::kBool), in({90, 30}, DT::kInt64, 0, 499)}, kExact));
+
   v.push_back(make("gather_nd", "GatherND", {}, {in({3, 4, 5}), in({2, 2}, DT::kInt64, -3, 2)}));
   v.push_back(
       make("gather_nd_full", "GatherND", {}, {in({3, 4, 5}), in({6, 3}, DT::kInt64, -3, 2)}));

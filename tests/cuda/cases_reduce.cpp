@@ -229,6 +229,16 @@ void index_cases(std::vector<OpCase>& v) {
   topk("block_f64_smallest", {in({3, 2500}, kF64)}, 2500, attrs({{"largest", I(0)}}), kExact);
   topk("block_int8", {in({4, 1100}, DataType::kInt8, -100, 100)}, 1025, {}, kExact);
   topk("block_fp16_ties", {fixed({2, 3000}, ties16(6000, 100))}, 300, {}, kF);
+  // batch_select_topk's masked top-k: 90 classes' rows of 3,234 anchors, most masked to -inf
+  // (ties among them by index), K 300 with fewer selected than K in some rows.
+  std::vector<float> masked(90 * 3234);
+  uint32_t seed = 7;
+  for (size_t i = 0; i < masked.size(); ++i) {
+    seed = seed * 1664525u + 1013904223u;
+    const float u = static_cast<float>(seed >> 8) / 16777216.f;
+    masked[i] = u < 0.9f + 0.1f * static_cast<float>(i / 3234 % 3) / 3.f ? -kInf : u;
+  }
+  topk("masked_class_rows", {fixed({90, 3234}, masked)}, 300, attrs({{"axis", I(1)}}), kExact);
   topk("many_rows", {in({2000, 12})}, 3, {}, kExact);
   topk("empty_lanes", {in({0, 8})}, 2, {}, kExact);
 }

@@ -92,9 +92,14 @@ void print_text(const nlohmann::json& j) {
       if (q.contains("weights2")) std::cout << " w2=" << w(q["weights2"]);
       std::cout << " out=" << f(q["output"]);
     }
-    if (l["onnx_nodes"].size() > 1 || l["origin"] != "import")
-      std::cout << fmt::format(" [{}; covers {}]", l["origin"].get<std::string>(),
-                               fmt::join(l["onnx_nodes"].get<std::vector<std::string>>(), ", "));
+    if (l["onnx_nodes"].size() > 1 || l["origin"] != "import") {
+      const auto covers = l["onnx_nodes"].get<std::vector<std::string>>();
+      if (covers.empty())  // made by a pass in place of nodes other layers cover
+        std::cout << fmt::format(" [{}]", l["origin"].get<std::string>());
+      else
+        std::cout << fmt::format(" [{}; covers {}]", l["origin"].get<std::string>(),
+                                 fmt::join(covers, ", "));
+    }
     std::cout << "\n";
   }
 }
