@@ -604,8 +604,10 @@ void bind_context(nb::module_& m) {
               nb::gil_scoped_release release;
               std::lock_guard<std::mutex> lock(c.mu);
               check(c.ctx->set_output_allocator(name, a.get()), ErrorKind::kValue);
+              // Under the lock, as a run on another thread reads the map; the one it replaces
+              // goes with `a`, destroyed once the GIL is held again (it holds a Python object).
+              std::swap(c.allocators[name], a);
             }
-            std::swap(c.allocators[name], a);  // the one it replaces goes with `a`, GIL held
           },
           nb::arg("name"), nb::arg("allocator").none())
       .def(
