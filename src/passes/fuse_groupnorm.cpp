@@ -3,7 +3,8 @@
 //   r = Reshape(x [N, C, ...], [N, G, -1]); n = InstanceNormalization(r, ones[G], zeros[G], eps);
 //   y = Reshape(n, x's shape); [y * g[C, 1, ...]] [+ b[C, 1, ...]]
 //     =>  GroupNormalization(x, g, b, num_groups = G, epsilon = eps)   (opset 21: per channel)
-// (PoolFormer, ConvFormer, BiT's ResNetV2). One layer with the affine fused where there were an
+// (PoolFormer, ConvFormer, BiT's ResNetV2; torchvision's FCOS and RetinaNet v2 heads, whose
+// batch dim the view back reads from Shape(x)). One layer with the affine fused where there were an
 // instance norm over a view and an elementwise chain after it. g and b constants of C values
 // (a missing g becomes ones, a missing b zeros); every intermediate read inside the pattern only.
 #include "passes/passes.h"
@@ -45,7 +46,13 @@ struct FuseGroupNorm {
     if (!c.is_static() || !g.is_static() || g.value < 1 || c.value % g.value != 0 ||
         !((*xt.dims)[0] == (*rt.dims)[0]))
       return reject("the view does not split the channels into groups");
-    if (!same_dims(r2->output(0)->type, xt)) return reject("the result is not viewed back as x");
+    // Viewed back as x: the dims provably x's, or the target x's own Shape (a detector head's
+    // batch dim is unknown until later rounds, and its dims cannot be compared before then).
+    const Node* target = r2->num_inputs() > 1 ? producer_if(r2->input(1), "Shape") : nullptr;
+    const bool own_shape = target && target->input(0) == x &&
+                           target->attrs.get_int("start", 0) == 0 && !target->attrs.has("end");
+    if (!own_shape && !same_dims(r2->output(0)->type, xt))
+      return reject("the result is not viewed back as x");
     const Value *s = in.input(1), *b = in.input(2);
     if (!s || !b || !s->is_constant() || !b->is_constant() || !all_equal(*s->constant, 1.0) ||
         !all_equal(*b->constant, 0.0))

@@ -35,6 +35,25 @@ TEST(FuseGroupNorm, TorchScriptsGroupNormBecomesOneLayer) {
   }
 }
 
+// A detector head's norm: the batch dim unknown (here made by a selection), the view back to
+// Shape(x) itself, which proves it is x's shape.
+TEST(FuseGroupNorm, ViewBackToXsOwnShapeWhateverItsDims) {
+  G b;
+  Value* xin = b.in("x", {2, 6, 4, 5});
+  Value* all = b.op("NonZero", {b.op("Greater", {b.in("sel", {2}), b.cf(-10.f)})});
+  Value* x = b.op("Gather", {xin, b.op("Squeeze", {all, b.c(ints({0}))})});  // [?, 6, 4, 5]
+  Value* r = b.op("Reshape", {x, b.c(ints({0, 3, -1}))});
+  Value* n = b.op("InstanceNormalization",
+                  {r, b.c(passes::ones({3}, DataType::kFloat32)),
+                   b.c(Tensor::from<float>({3}, {0.f, 0.f, 0.f}))});
+  Value* y = b.op("Reshape", {n, b.op("Shape", {x})});
+  y = b.op("Add", {b.op("Mul", {y, b.c(rand_t({6, 1, 1}))}), b.c(rand_t({6, 1, 1}))});
+  b.out(b.op("Relu", {y}));
+  auto opt = optimize_checked(b.g, {"fuse_groupnorm", "eliminate_dead_code"});
+  EXPECT_EQ(count(*opt, "GroupNormalization"), 1);
+  EXPECT_EQ(count(*opt, "Mul"), 0);
+}
+
 TEST(FuseGroupNorm, NotWithTheInstanceNormsOwnScale) {
   auto opt = optimize_checked(*group_norm(true, false), {"fuse_groupnorm"});
   EXPECT_EQ(count(*opt, "GroupNormalization"), 0);
