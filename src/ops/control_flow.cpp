@@ -184,15 +184,23 @@ Status infer_if(InferContext& ctx) {
   std::vector<TensorType> types;
   std::vector<std::optional<std::vector<SymInt>>> svs;
   feeds_of(n, 1, types, svs);
-  KILN_ASSIGN_OR_RETURN(auto t, infer_subgraph(*then_g, types, svs));
-  KILN_ASSIGN_OR_RETURN(auto e, infer_subgraph(*else_g, types, svs));
+  auto t = infer_subgraph(*then_g, types, svs);
+  auto e = infer_subgraph(*else_g, types, svs);
+  // A branch that cannot run at these input types is fine as long as it is not taken (ONNX
+  // evaluates the taken branch only): AffineGrid's function splits a 2-D size in its then branch,
+  // which a 3-D size, whose condition folds only later, never takes. Both failing, or the taken
+  // one, is an error; with the condition unknown, the other branch's types are the outputs' (and
+  // the failing branch fails the run that takes it).
   const Tensor* cond = ctx.input_const(0);
+  const int taken = cond && cond->numel() == 1 ? (cond->at_double(0) != 0.0 ? 1 : 0) : -1;
+  if (taken == 1 || (taken == -1 && !e.ok())) KILN_RETURN_IF_ERROR(t.status());
+  if (taken == 0 || (taken == -1 && !t.ok())) KILN_RETURN_IF_ERROR(e.status());
   for (size_t i = 0; i < n.num_outputs(); ++i) {
-    if (cond && cond->numel() == 1) {
-      ctx.set_output(i, cond->at_double(0) != 0.0 ? t[i] : e[i]);
+    if (taken >= 0 || !t.ok() || !e.ok()) {
+      ctx.set_output(i, (taken == 1 || (taken == -1 && t.ok())) ? (*t)[i] : (*e)[i]);
       continue;
     }
-    KILN_ASSIGN_OR_RETURN(TensorType j, join_types(t[i], e[i], n, fmt::format("output {}", i)));
+    KILN_ASSIGN_OR_RETURN(TensorType j, join_types((*t)[i], (*e)[i], n, fmt::format("output {}", i)));
     ctx.set_output(i, std::move(j));
   }
   return Status::Ok();

@@ -306,6 +306,14 @@ Status optimize_subgraphs(Graph& g, const OptimizeOptions& options) {
   bool any = false;
   for (Node* n : g.nodes()) {
     for (Graph* sub : n->attrs.subgraphs()) {
+      if (n->op_type == "If" && !infer_shapes(*sub).ok()) {
+        // A branch that cannot run at these types (infer_if: not taken, or an error in the run
+        // that takes it) stays as imported.
+        if (options.verbose)
+          std::cerr << fmt::format("optimizer: subgraph '{}' of {} cannot run at its inputs' "
+                                   "types; left as it is\n", sub->name, n->label());
+        continue;
+      }
       OptimizeOptions o = options;
       if (!o.dump_dir.empty())
         o.dump_dir = fmt::format("{}/subgraph_{}_{}", options.dump_dir, n->name, sub->name);

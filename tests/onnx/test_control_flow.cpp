@@ -210,5 +210,69 @@ TEST(ControlFlow, OptimizerReachesNestedSubgraphs) {
   EXPECT_EQ(run_cpu(*g, false), (std::vector<float>{-2.f, -20.f, -200.f}));
 }
 
+// main: x[3], c (bool). If(c){ Reshape(x, [2, 2]) }{ Neg(x) } (AffineGrid's function: a branch
+// that cannot run at these shapes, its condition unknown until it folds). Also the then branch's
+// Reshape in both branches when `both_broken`.
+Expected<std::unique_ptr<Graph>> import_if_with_broken_branch(bool both_broken) {
+  onnx::ModelProto m;
+  m.set_ir_version(8);
+  m.add_opset_import()->set_version(17);
+  auto* g = m.mutable_graph();
+  g->set_name("main");
+  add_io(g->add_input(), "x", onnx::TensorProto::FLOAT, {3});
+  add_io(g->add_input(), "c", onnx::TensorProto::BOOL, {});
+  auto* shape = g->add_initializer();
+  shape->set_name("s");
+  shape->set_data_type(onnx::TensorProto::INT64);
+  shape->add_dims(2);
+  shape->add_int64_data(2);
+  shape->add_int64_data(2);
+  auto* iff = add_node(g, "If", {"c"}, {"y"}, "if");
+  auto* then_g = add_graph_attr(iff, "then_branch");
+  add_node(then_g, "Reshape", {"x", "s"}, {"t"}, "square");
+  add_io(then_g->add_output(), "t", onnx::TensorProto::FLOAT, {});
+  auto* else_g = add_graph_attr(iff, "else_branch");
+  if (both_broken)
+    add_node(else_g, "Reshape", {"x", "s"}, {"e"}, "square_too");
+  else
+    add_node(else_g, "Neg", {"x"}, {"e"}, "neg");
+  add_io(else_g->add_output(), "e", onnx::TensorProto::FLOAT, {});
+  add_io(g->add_output(), "y", onnx::TensorProto::FLOAT, {});
+  std::string bytes;
+  m.SerializeToString(&bytes);
+  return import_onnx_bytes(bytes, ".", "broken_branch.onnx");
+}
+
+// A branch that cannot run at the inputs' shapes is not an error until it is taken; both such
+// branches are one at import.
+TEST(ControlFlow, ABranchThatCannotRunIsAnErrorOnlyWhenTaken) {
+  auto g = import_if_with_broken_branch(false);
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  EXPECT_EQ((*g)->outputs()[0]->type.str(), "float32[3]");  // the else branch's
+  auto ex = CpuExecutor::create(**g);
+  ASSERT_TRUE(ex.ok()) << ex.status().message();
+  const Tensor x = Tensor::from<float>({3}, {1.f, 2.f, 3.f});
+  auto taken_else = (*ex)->run({x, Tensor::scalar<bool>(false)});
+  ASSERT_TRUE(taken_else.ok()) << taken_else.status().message();
+  EXPECT_EQ((*taken_else)[0].data<float>()[2], -3.f);
+  auto taken_then = (*ex)->run({x, Tensor::scalar<bool>(true)});
+  ASSERT_FALSE(taken_then.ok());
+  EXPECT_NE(taken_then.status().message().find("square"), std::string::npos)
+      << taken_then.status().message();
+  // The optimizer leaves the branch that cannot run as it is and optimizes the rest.
+  auto opt = (*g)->clone();
+  Status st = optimize_graph(*opt, OptimizeOptions{});
+  ASSERT_TRUE(st.ok()) << st.message();
+  auto ex2 = CpuExecutor::create(*opt);
+  ASSERT_TRUE(ex2.ok()) << ex2.status().message();
+  auto opt_else = (*ex2)->run({x, Tensor::scalar<bool>(false)});
+  ASSERT_TRUE(opt_else.ok()) << opt_else.status().message();
+  EXPECT_EQ((*opt_else)[0].data<float>()[2], -3.f);
+  EXPECT_FALSE((*ex2)->run({x, Tensor::scalar<bool>(true)}).ok());
+  auto both = import_if_with_broken_branch(true);
+  ASSERT_FALSE(both.ok());
+  EXPECT_NE(both.status().message().find("Reshape"), std::string::npos) << both.status().message();
+}
+
 }  // namespace
 }  // namespace kiln
