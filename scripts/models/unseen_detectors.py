@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""Detectors the task list does not name, exported as their users export them, through kiln's
+CPU backend against ONNX Runtime on the same scene image (scripts/models/task_checks.py's FP32
+rule: every detection paired by class and IoU, boxes within 1e-3 of their axis's scale, scores
+within 1e-3, unpaired ones only as tie-breaks at the cut):
+
+  - torchvision's SSD300 (VGG-16) and the v2 RetinaNet, Faster R-CNN and Mask R-CNN (TorchScript,
+    random weights with recalibrated BatchNorm and spread class logits, one 480x640 image);
+  - ultralytics' YOLOv8n, YOLO11n, YOLO26n, YOLOv8n-seg and YOLOv8n-pose from their model files
+    (random weights, the same recalibration), exported by ultralytics with NMS in the graph
+    (`nms=True`, 320x320), when ultralytics is installed.
+
+With --lower-check (a CUDA build's tests/cuda/kiln_lower_check; no GPU needed) each also goes
+through the cuda build step at FP32/TF32 and FP16. Needs PyTorch, torchvision and ONNX Runtime.
+
+  python3 scripts/models/unseen_detectors.py --kiln build/kiln [--lower-check ...] [--models a,b]
+
+Exit status 1 when a model fails to export, build or agree.
+"""
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import task_checks as tc  # noqa: E402
+import task_inputs as ti  # noqa: E402
+import tasks  # noqa: E402
+
+TV = {
+    "ssd300_vgg16": lambda d: tasks._tv_detector(
+        "ssd300_vgg16", lambda: d.ssd300_vgg16(weights=None, weights_backbone=None),
+        spread=[(lambda m: list(m.head.classification_head.module_list), (0.0, 6.0))]),
+    "retinanet_resnet50_fpn_v2": lambda d: tasks._tv_detector(
+        "retinanet_resnet50_fpn_v2", lambda: d.retinanet_resnet50_fpn_v2(weights=None, weights_backbone=None),
+        spread=[(lambda m: [m.head.classification_head.cls_logits], (-6.0, 1.0))]),
+    "fasterrcnn_resnet50_fpn_v2": lambda d: tasks._tv_detector(
+        "fasterrcnn_resnet50_fpn_v2", lambda: d.fasterrcnn_resnet50_fpn_v2(weights=None, weights_backbone=None),
+        spread=tasks._RCNN_SPREAD),
+    "maskrcnn_resnet50_fpn_v2": lambda d: tasks._tv_detector(
+        "maskrcnn_resnet50_fpn_v2", lambda: d.maskrcnn_resnet50_fpn_v2(weights=None, weights_backbone=None),
+        extra=("masks",), spread=tasks._RCNN_SPREAD),
+}
+YOLO = ["yolov8n", "yolo11n", "yolo26n", "yolov8n-seg", "yolov8n-pose"]
+TV_DET = {"format": "torchvision", "boxes": "boxes", "scores": "scores", "labels": "labels"}
+
+
+def export_yolo(name, out_dir, image):
+    """ultralytics' model `name` (random weights, BatchNorm recalibrated on scenes, class logits
+    spread so that some boxes pass the 0.25 threshold), exported with NMS in the graph."""
+    import torch
+    from ultralytics import YOLO as Yolo
+    torch.manual_seed(0)
+    m = Yolo(name + ".yaml")
+    net = m.model.eval()
+    tasks.recalibrate_bn(net, lambda mod, x: mod(torch.from_numpy(x)), [ti.scenes(4, 320, 320, seed=1)])
+    tasks.spread_logits(net, [s[-1] for s in net.model[-1].cv3], lambda mod: mod(torch.from_numpy(image)),
+                        -4.0, 2.0)
+    cwd = os.getcwd()
+    os.chdir(out_dir)  # ultralytics writes beside the model file
+    try:
+        path = m.export(format="onnx", nms=True, imgsz=320, simplify=False, verbose=False)
+    finally:
+        os.chdir(cwd)
+    return os.path.join(out_dir, os.path.basename(path))
+
+
+def yolo_rows(out):
+    """ultralytics' [1, 300, 4 + 1 + 1 + extra] rows (x1, y1, x2, y2, score, class, ...; zero rows
+    after the last detection) as task_checks' detections, the extra columns (mask coefficients,
+    keypoints) as an extra output."""
+    t = np.asarray(out, np.float64).reshape(-1, out.shape[-1])
+    t = t[np.abs(t).sum(-1) > 0]
+    return {"image": np.zeros(len(t), np.int64), "boxes": t[:, :4], "scores": t[:, 4],
+            "labels": t[:, 5].astype(np.int64), "extra": {"rest": t[:, 6:]} if t.shape[1] > 6 else {}}
+
+
+def run(cmd):
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    if p.returncode != 0:
+        lines = (p.stderr or p.stdout).strip().splitlines()
+        raise RuntimeError(lines[-1] if lines else f"exit status {p.returncode}")
+    return p.stdout
+
+
+def check(kiln, lower_check, path, feeds, shapes, compare):
+    """Builds and runs kiln on `feeds`, compares with ONNX Runtime: (row text, ok)."""
+    import onnxruntime as ort
+    s = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    names = [o.name for o in s.get_outputs()]
+    ref = dict(zip(names, s.run(None, feeds)))
+    with tempfile.TemporaryDirectory() as d:
+        engine = os.path.join(d, "m.kiln")
+        run([kiln, "build", "--onnx", path, "--save-engine", engine, "--backend", "cpu", "--shapes", shapes])
+        args = []
+        for k, v in feeds.items():
+            np.save(os.path.join(d, k + ".npy"), v)
+            args += ["--input", f"{k}={os.path.join(d, k + '.npy')}"]
+        run([kiln, "run", "--engine", engine, "--save-outputs", d] + args)
+        got = {n: np.load(os.path.join(d, n + ".npy")) for n in names}
+        layers = run([kiln, "inspect", engine]).split("layers (")[1].split(")")[0]
+    r = compare(ref, got)
+    text = f"{layers} layers; {tc.summary_exact(r)}"
+    if lower_check:
+        for flags in ([], ["--fp16"]):
+            out = run([lower_check] + flags + ["--shapes", shapes, path]).strip().splitlines()[-1]
+            if not out.startswith("ok"):
+                return text + f"; cuda build step {' '.join(flags) or 'FP32'}: {out}", False
+        text += "; cuda build step ok (FP32, FP16)"
+    return text, r["ok"]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--kiln", default="build/kiln")
+    ap.add_argument("--lower-check", default=None)
+    ap.add_argument("--models", default=",".join(list(TV) + YOLO))
+    ap.add_argument("--out", default=None, help="keep the exports here (default: a temporary folder)")
+    a = ap.parse_args()
+    import torchvision.models.detection as d
+    out = a.out or tempfile.mkdtemp(prefix="kiln_unseen_")
+    os.makedirs(out, exist_ok=True)
+    failed = 0
+    scene = ti.make({"recipe": "scene", "shape": [3, 480, 640]})
+    small = ti.scenes(1, 320, 320, seed=2)
+    for name in a.models.split(","):
+        try:
+            if name in TV:
+                path, _ = tasks.export_to(TV[name](d), out)
+                row, ok = check(a.kiln, a.lower_check, path, {"image": scene}, "image:3x480x640",
+                                lambda ref, got: tc.compare_exact(tc.det_rows(ref, TV_DET), tc.det_rows(got, TV_DET)))
+            elif name in YOLO:
+                try:
+                    import ultralytics  # noqa: F401
+                except ImportError:
+                    print(f"skip {name}: ultralytics is not installed")
+                    continue
+                path = export_yolo(name, out, small)
+                row, ok = check(a.kiln, a.lower_check, path, {"images": small}, "images:1x3x320x320",
+                                lambda ref, got: tc.compare_exact(yolo_rows(ref["output0"]), yolo_rows(got["output0"])))
+            else:
+                raise RuntimeError(f"unknown model (known: {', '.join(list(TV) + YOLO)})")
+        except Exception as e:  # noqa: BLE001 - one line per model, the run goes on
+            row, ok = f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", False
+        failed += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} {name}: {row}", flush=True)
+    print(f"unseen detectors: {failed} failed" if failed else "unseen detectors: all agree")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
