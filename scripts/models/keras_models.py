@@ -2,14 +2,17 @@
 """Small Keras models (channels-last) with seeded random weights, saved as SavedModels and
 converted with tf2onnx as the Keras path does (scripts/keras_fashion_mnist.py):
 
-  python3 scripts/models/keras_models.py tests/models/keras     # needs KILN_WITH_TF=1 scripts/setup.sh
+  python3 scripts/models/keras_models.py tests/models/keras [NAME,...]   # needs KILN_WITH_TF=1 scripts/setup.sh
 
 writes keras_fmnist_tiny.onnx (the layer types of the Fashion-MNIST model at a few channels:
 Rescaling, Conv2D + BatchNormalization + ReLU, MaxPooling2D, Flatten, Dropout, Dense) and
 keras_rgb_tiny.onnx (an RGB input, so tf2onnx keeps a Transpose at the input; strided "same"
 convolutions with asymmetric padding, a residual Add, DepthwiseConv2D, Concatenate,
-AveragePooling2D, GlobalAveragePooling2D). Both are committed (< 100 KB each) and checked by
-tests/models/run_keras_tests.py, which needs no TensorFlow.
+AveragePooling2D, GlobalAveragePooling2D), and three recurrent ones: keras_rnn_tiny (Embedding,
+LSTM, Bidirectional GRU), keras_rnn_masked_tiny (mask_zero padding, Bidirectional LSTM) and
+keras_rnn_signal_tiny (Conv1D, GRU go_backwards, GRU reset_after=False, SimpleRNN). All are
+committed (< 100 KB each) and checked by tests/models/run_keras_tests.py, which needs no
+TensorFlow.
 """
 import contextlib
 import io
@@ -60,16 +63,51 @@ def rgb_tiny(keras):
     return keras.Model(inp, layers.Dense(5)(x), name="keras_rgb_tiny")
 
 
-MODELS = {"keras_fmnist_tiny": (fmnist_tiny, 0), "keras_rgb_tiny": (rgb_tiny, 1)}
+# Recurrent layers as tf2onnx converts Keras 3's: each recurrence a Loop over the steps, a
+# backward direction (Bidirectional, go_backwards) a ReverseSequence on each side of it.
+def rnn_tiny(keras):
+    layers = keras.layers
+    inp = keras.Input((12,), dtype="int32", name="tokens")
+    x = layers.Embedding(50, 8)(inp)
+    x = layers.LSTM(10, return_sequences=True)(x)
+    x = layers.Bidirectional(layers.GRU(6))(x)
+    return keras.Model(inp, layers.Dense(3)(x), name="keras_rnn_tiny")
+
+
+def rnn_masked_tiny(keras):
+    # Token 0 is padding (mask_zero): the recurrences keep their state past a sequence's end.
+    layers = keras.layers
+    inp = keras.Input((12,), dtype="int32", name="tokens")
+    x = layers.Embedding(50, 8, mask_zero=True)(inp)
+    x = layers.Bidirectional(layers.LSTM(6, return_sequences=True))(x)
+    x = layers.LSTM(5)(x)
+    return keras.Model(inp, layers.Dense(2)(x), name="keras_rnn_masked_tiny")
+
+
+def rnn_signal_tiny(keras):
+    layers = keras.layers
+    inp = keras.Input((20, 3), name="signal")
+    x = layers.Conv1D(8, 3, padding="same", activation="relu")(inp)
+    x = layers.GRU(6, go_backwards=True, return_sequences=True)(x)
+    x = layers.GRU(5, reset_after=False, return_sequences=True)(x)
+    x = layers.SimpleRNN(4)(x)
+    return keras.Model(inp, layers.Dense(2)(x), name="keras_rnn_signal_tiny")
+
+
+MODELS = {"keras_fmnist_tiny": (fmnist_tiny, 0), "keras_rgb_tiny": (rgb_tiny, 1),
+          "keras_rnn_tiny": (rnn_tiny, 2), "keras_rnn_masked_tiny": (rnn_masked_tiny, 3),
+          "keras_rnn_signal_tiny": (rnn_signal_tiny, 4)}
 
 
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else "tests/models/keras"
+    only = sys.argv[2].split(",") if len(sys.argv) > 2 else list(MODELS)  # a comma list of names
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import keras  # noqa: PLC0415 (optional dependency)
 
     os.makedirs(out, exist_ok=True)
-    for name, (fn, seed) in MODELS.items():
+    for name in only:
+        fn, seed = MODELS[name]
         keras.utils.set_random_seed(seed)
         model = fn(keras)
         randomize(model, seed)

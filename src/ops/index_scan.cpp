@@ -1,4 +1,6 @@
-// Trilu (keep the upper/lower triangle of the last two dims) and CumSum.
+// Trilu (keep the upper/lower triangle of the last two dims), CumSum and ReverseSequence (each
+// batch entry's first sequence_lens[b] steps in reverse: tf2onnx's bidirectional and
+// go_backwards recurrent layers).
 #include <cstring>
 #include <type_traits>
 
@@ -112,9 +114,68 @@ Status cumsum_cpu(KernelContext& ctx) {
   return Status::Ok();
 }
 
+// ---------------------------------------------------------------- ReverseSequence
+// y[t, b, ...] = x[len[b] - 1 - t, b, ...] for t < len[b], else x[t, b, ...] (time_axis and
+// batch_axis are 0 and 1, either way round).
+Status reverse_sequence_axes(const Node& n, int64_t* time_axis) {
+  const int64_t t = n.attrs.get_int("time_axis", 0), b = n.attrs.get_int("batch_axis", 1);
+  if (!((t == 0 && b == 1) || (t == 1 && b == 0)))
+    return KILN_ERROR("{}: time_axis ({}) and batch_axis ({}) must be 0 and 1, one each",
+                      n.label(), t, b);
+  *time_axis = t;
+  return Status::Ok();
+}
+
+Status reverse_sequence_infer(InferContext& ctx) {
+  const Node& n = ctx.node();
+  int64_t time_axis = 0;
+  KILN_RETURN_IF_ERROR(reverse_sequence_axes(n, &time_axis));
+  const TensorType &x = ctx.input_type(0), &lens = ctx.input_type(1);
+  if (x.has_rank() && x.rank() < 2)
+    return KILN_ERROR("{}: ReverseSequence input must have rank >= 2, got {}", n.label(), x.str());
+  if (!ctx.has_input(1) || (lens.dtype != DataType::kUndefined && lens.dtype != DataType::kInt64) ||
+      (lens.has_rank() && lens.rank() != 1))
+    return KILN_ERROR("{}: sequence_lens must be a 1-D int64 tensor, got {}", n.label(), lens.str());
+  return infer_same_as_input(ctx);
+}
+
+Status reverse_sequence_cpu(KernelContext& ctx) {
+  const Node& n = ctx.node();
+  const Tensor *x = ctx.input(0), *lens = ctx.input(1);
+  int64_t time_axis = 0;
+  KILN_RETURN_IF_ERROR(reverse_sequence_axes(n, &time_axis));
+  if (!x || !lens) return KILN_ERROR("{}: ReverseSequence needs input and sequence_lens", n.label());
+  if (x->rank() < 2)
+    return KILN_ERROR("{}: ReverseSequence input must have rank >= 2, got {}", n.label(), x->desc());
+  const int64_t steps = x->dim(time_axis), batch = x->dim(1 - time_axis);
+  if (lens->dtype() != DataType::kInt64 || lens->rank() != 1 || lens->numel() != batch)
+    return KILN_ERROR("{}: sequence_lens must be int64 [{}] (the batch axis), got {}", n.label(),
+                      batch, lens->desc());
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t len = lens->data<int64_t>()[b];
+    if (len < 0 || len > steps)
+      return KILN_ERROR("{}: sequence_lens[{}] is {}, outside [0, {}] (the time axis)", n.label(), b,
+                        len, steps);
+  }
+  const int64_t inner = steps * batch == 0 ? 0 : x->numel() / (steps * batch);
+  const size_t row = static_cast<size_t>(inner) * dtype_size(x->dtype());
+  Tensor y(x->dtype(), x->shape());
+  const auto* src = static_cast<const uint8_t*>(x->raw());
+  auto* dst = static_cast<uint8_t*>(y.raw());
+  auto at = [&](int64_t t, int64_t b) { return (time_axis == 0 ? t * batch + b : b * steps + t) * row; };
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t len = lens->data<int64_t>()[b];
+    for (int64_t t = 0; t < steps && row; ++t)
+      std::memcpy(dst + at(t, b), src + at(t < len ? len - 1 - t : t, b), row);
+  }
+  ctx.set_output(0, std::move(y));
+  return Status::Ok();
+}
+
 const OpDef kOps[] = {
     {"", "Trilu", trilu_infer, trilu_cpu, nullptr},
     {"", "CumSum", cumsum_infer, cumsum_cpu, nullptr},
+    {"", "ReverseSequence", reverse_sequence_infer, reverse_sequence_cpu, nullptr},
 };
 
 }  // namespace

@@ -20,7 +20,7 @@ std::span<const OpDef> slice_ops();         // shape_slice.cpp: Slice
 std::span<const OpDef> constant_ops();      // shape_constant.cpp: Constant, ConstantOfShape, Range
 std::span<const OpDef> gather_ops();        // index_gather.cpp: Gather, GatherElements, GatherND
 std::span<const OpDef> sort_ops();          // index_sort.cpp: TopK, ArgMax, ArgMin
-std::span<const OpDef> scan_ops();          // index_scan.cpp: Trilu, CumSum
+std::span<const OpDef> scan_ops();          // index_scan.cpp: Trilu, CumSum, ReverseSequence
 
 // A Pad's `pads` (2 * len(axes) values, begins then ends; `axes_t` its axes input, or nullptr for
 // every axis) as 2 * rank values, begins then ends (src/ops/pad.cpp); an error names node `n`.

@@ -219,6 +219,23 @@ void trilu_cases(std::vector<OpCase>& v) {
                      {in({3, 5}, t, -100, 100), k(1)}, kExact));
 }
 
+// ReverseSequence (gated until these pass on a GPU: KILN_UNVERIFIED_TACTICS=1): time-first and
+// batch-first, lengths 0, partial and full, odd inner sizes, exact types.
+void reverse_sequence_cases(std::vector<OpCase>& v) {
+  const auto batch_first = attrs({{"time_axis", I(1)}, {"batch_axis", I(0)}});
+  v.push_back(make("reverse_sequence_time_first", "ReverseSequence", {},
+                   {in({7, 4, 5}), dev_ints({4}, {7, 0, 3, 1})}, kExact));
+  v.push_back(make("reverse_sequence_batch_first", "ReverseSequence", batch_first,
+                   {in({3, 9, 2, 3}), dev_ints({3}, {9, 5, 2})}));
+  v.push_back(make("reverse_sequence_rank2", "ReverseSequence", batch_first,
+                   {in({4, 6}), dev_ints({4}, {1, 6, 4, 0})}, kExact));
+  v.push_back(make("reverse_sequence_empty_inner", "ReverseSequence", {},
+                   {in({5, 2, 0}), dev_ints({2}, {5, 3})}, kExact));
+  for (const auto& [name, t] : kTypes)
+    v.push_back(make(std::string("reverse_sequence_") + name, "ReverseSequence", batch_first,
+                     {in({2, 8, 3}, t, -100, 100), dev_ints({2}, {8, 5})}, kExact));
+}
+
 void gather_cases(std::vector<OpCase>& v) {
   // Random indices span [-dim, dim-1]: negative ones wrap.
   v.push_back(make("gather_axis0", "Gather", {}, {in({5, 4}), in({3, 2}, DT::kInt64, -5, 4)}));
@@ -522,6 +539,7 @@ std::vector<OpCase> movement_cases() {
   expand_tile_cases(v);
   space_cases(v);
   trilu_cases(v);
+  reverse_sequence_cases(v);
   gather_cases(v);
   scatter_cases(v);
   pad_cases(v);

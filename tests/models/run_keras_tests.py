@@ -6,6 +6,8 @@ unchanged:
     batch 1 and 4: relative L2 < 1e-5;
   - `kiln compare M.onnx --tolerance 1e-5` (FP32) and `--precisions int8` calibrated on random
     .npy batches (relative L2 < 0.1);
+  - the recurrent ones (keras_rnn_*: token ids with padding, or a float signal): the CPU engines
+    at -O0 and -O2 against ONNX Runtime at batch 1 and 4, relative L2 < 1e-5;
   - keras_fmnist_tiny: `kiln compare --dataset` on 16 IDX images with --image-layout NHWC gives
     the top-1 ONNX Runtime gives on the same pixels; INT8 calibration on image-like data takes
     the first convolution's input (the image the model normalized itself) at its full range.
@@ -108,6 +110,51 @@ def model_tests(args, path, tmp, rng):
         input_scale_test(args, path, inp.name, tmp, rng)
 
 
+def sequence_input(inp, batch, rng):
+    """Token ids (int32, 1..49, each sequence ending in 0 to 5 padding zeros) or a float signal."""
+    dims = [batch] + [d for d in inp.shape[1:]]
+    if "int" not in inp.type:
+        return rng.standard_normal(dims).astype(np.float32)
+    x = rng.integers(1, 50, dims).astype(np.int32)
+    for b in range(batch):
+        pad = int(rng.integers(0, 6))
+        if pad:
+            x[b, -pad:] = 0
+    return x
+
+
+def recurrent_tests(args, path, tmp, rng):
+    """A recurrent model (tf2onnx: Loops over the steps, ReverseSequence for the backward
+    directions): CPU engines at -O0 and -O2 with a dynamic batch against ONNX Runtime."""
+    name = os.path.splitext(os.path.basename(path))[0]
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    inp = sess.get_inputs()[0]
+    rest = "x".join(str(d) for d in inp.shape[1:])
+    profile = ["--min-shapes", f"{inp.name}:1x{rest}", "--opt-shapes", f"{inp.name}:4x{rest}",
+               "--max-shapes", f"{inp.name}:8x{rest}"]
+    for level in (0, 2):
+        engine = os.path.join(tmp, f"{name}_O{level}.kiln")
+        rc, _, err = kiln(args, "build", "--onnx", path, "--save-engine", engine, "--opt-level", str(level),
+                          "--backend", "cpu", *profile)
+        check(f"{name} -O{level}: kiln build of the tf2onnx model as it is", rc == 0, err)
+        if rc != 0:
+            continue
+        for batch in (1, 4):
+            x = sequence_input(inp, batch, rng)
+            np.save(os.path.join(tmp, "x.npy"), x)
+            out = os.path.join(tmp, "out")
+            rc, _, err = kiln(args, "run", "--engine", engine, "--input", f"{inp.name}={tmp}/x.npy",
+                              "--save-outputs", out)
+            if rc != 0:
+                check(f"{name} -O{level} batch {batch}: kiln run", False, err)
+                continue
+            for o in sess.get_outputs():
+                want = sess.run([o.name], {inp.name: x})[0]
+                got = np.load(os.path.join(out, "".join(c if c.isalnum() or c in "._-" else "_" for c in o.name) + ".npy"))
+                err = rel_l2(got, want) if got.shape == want.shape else float("inf")
+                check(f"{name} -O{level} batch {batch} output {o.name}", err < 1e-5, f"rel L2 {err:.2e} vs ONNX Runtime")
+
+
 def input_scale_test(args, path, iname, tmp, rng):
     """Fashion-MNIST-like calibration images (60% background, one white pixel a batch): the first
     convolution reads the image as the model normalized it (Rescaling, then tf2onnx's NCHW
@@ -170,7 +217,10 @@ def main():
     rng = np.random.default_rng(0)  # fixed: INT8 error on random data moves with the data
     with tempfile.TemporaryDirectory() as tmp:
         for path in models:
-            model_tests(args, path, tmp, rng)
+            if os.path.basename(path).startswith("keras_rnn_"):
+                recurrent_tests(args, path, tmp, rng)
+            else:
+                model_tests(args, path, tmp, rng)
     print(f"keras model tests: {'all passed' if not FAILURES else f'{len(FAILURES)} FAILED'}")
     return 1 if FAILURES else 0
 

@@ -152,6 +152,30 @@ TEST(Trilu, UpperLowerK) {
   EXPECT_FALSE(run_op("Trilu", {&v}, {}).status.ok());
 }
 
+// ------------------------------------------------------------------------------ ReverseSequence
+TEST(ReverseSequence, TimeAndBatchFirstAndBadLengths) {
+  // x[t, b] = 10 t + b: batch entry b's first lens[b] steps in reverse.
+  Tensor x = F32({4, 3}, {0, 1, 2, 10, 11, 12, 20, 21, 22, 30, 31, 32});
+  Tensor lens = I64({3}, {4, 2, 0});
+  auto r = run_op("ReverseSequence", {&x, &lens}, {});
+  ASSERT_TRUE(r.status.ok()) << r.status.message();
+  EXPECT_EQ(values_f(r.outputs[0]), (FV{30, 11, 2, 20, 1, 12, 10, 21, 22, 0, 31, 32}));
+  expect_inferred_matches(r);
+  // Batch first: the transposed input, the transposed answer.
+  Tensor xb = F32({3, 4}, {0, 10, 20, 30, 1, 11, 21, 31, 2, 12, 22, 32});
+  r = run_op("ReverseSequence", {&xb, &lens}, attrs({{"time_axis", Int(1)}, {"batch_axis", Int(0)}}));
+  ASSERT_TRUE(r.status.ok()) << r.status.message();
+  EXPECT_EQ(values_f(r.outputs[0]), (FV{30, 20, 10, 0, 11, 1, 21, 31, 2, 12, 22, 32}));
+  // A length past the time axis, a negative one, lengths not one per batch entry, axes not 0/1.
+  for (std::vector<int64_t> bad : {std::vector<int64_t>{5, 1, 1}, {-1, 1, 1}, {1, 1}}) {
+    Tensor l = I64({static_cast<int64_t>(bad.size())}, bad);
+    r = run_op("ReverseSequence", {&x, &l}, {});
+    ASSERT_FALSE(r.status.ok());
+    EXPECT_EQ(r.status.message().find('\n'), std::string::npos) << r.status.message();
+  }
+  EXPECT_FALSE(run_op("ReverseSequence", {&x, &lens}, attrs({{"time_axis", Int(1)}})).status.ok());
+}
+
 // ------------------------------------------------------------------------------ CumSum
 TEST(CumSum, ExclusiveReverseAxes) {
   Tensor x = F32({5}, {1, 2, 3, 4, 5}), ax = Tensor::scalar<int32_t>(0);

@@ -17,7 +17,8 @@ namespace kiln::gpu {
 
 // Shared with movement_index.cu (declared there too).
 namespace movement_detail {
-std::span<const TacticDef> index_tactics();  // movement_index.cu
+std::span<const TacticDef> index_tactics();    // movement_index.cu
+std::span<const TacticDef> reverse_tactics();  // movement_reverse.cu
 
 // Types whose elements the movement kernels can copy (1, 2, 4 or 8 bytes).
 bool movable_type(DataType t) {
@@ -873,6 +874,7 @@ std::span<const TacticDef> movement_tactics() {
   static const std::vector<TacticDef> table = [] {
     std::vector<TacticDef> t(std::begin(kTactics), std::end(kTactics));
     for (const TacticDef& d : movement_detail::index_tactics()) t.push_back(d);
+    for (const TacticDef& d : movement_detail::reverse_tactics()) t.push_back(d);
     return t;
   }();
   return table;
