@@ -1,4 +1,4 @@
-// GridSample (canonical form: opset 20+, modes linear/nearest/cubic). X is [N, C, d1..dr],
+// GridSample (canonical form: opset 20+, modes linear/nearest/cubic) and AffineGrid (below). X is [N, C, d1..dr],
 // grid [N, D1..Dr, r] with the normalized coordinates of each output point, last axis first
 // (grid[..., 0] is the x of the innermost axis, as in PyTorch); Y is [N, C, D1..Dr]. Linear and
 // nearest take any r >= 1 (opset 20's N-D form; onnxruntime and the GPU do r = 2 and 3), cubic
@@ -192,8 +192,112 @@ Status cpu_grid_sample(KernelContext& ctx) {
   return Status::Ok();
 }
 
+// --- AffineGrid(theta [N, r, r + 1], size [N, C, (D,) H, W]) -> grid [N, (D,) H, W, r] ------------
+// Each point's normalized coordinates (x, y, (z,) 1), innermost axis first, times theta: the grid
+// GridSample reads (a spatial transformer). r = 2 or 3; coordinates from affine_base.
+Status check_theta(const Node& n, const std::vector<int64_t>& theta) {
+  if (theta.size() != 3 || (theta[1] >= 0 && theta[1] != 2 && theta[1] != 3) ||
+      (theta[1] >= 0 && theta[2] >= 0 && theta[2] != theta[1] + 1))
+    return KILN_ERROR("{}: theta must be [N, 2, 3] or [N, 3, 4], got {}", n.label(),
+                      shape_str(theta));
+  return Status::Ok();
+}
+
+Status check_align(const Node& n) {
+  const int64_t ac = n.attrs.get_int("align_corners", 0);
+  if (ac != 0 && ac != 1)
+    return KILN_ERROR("{}: align_corners must be 0 or 1, got {}", n.label(), ac);
+  return Status::Ok();
+}
+
+Status infer_affine_grid(InferContext& ctx) {
+  const Node& n = ctx.node();
+  KILN_RETURN_IF_ERROR(check_align(n));
+  const TensorType &theta = ctx.input_type(0), &size = ctx.input_type(1);
+  KILN_RETURN_IF_ERROR(check_float(n, theta.dtype, "theta"));
+  if (theta.has_rank()) KILN_RETURN_IF_ERROR(check_theta(n, dims_or_unknown(theta)));
+  if (size.dtype != DataType::kUndefined && size.dtype != DataType::kInt64)
+    return KILN_ERROR("{}: size must be int64, got {}", n.label(), size.str());
+  // The spatial rank: from size's length, else theta's rows.
+  int64_t r = -1;
+  if (size.has_rank() && size.rank() == 1 && (*size.dims)[0].is_static())
+    r = (*size.dims)[0].value - 2;
+  else if (theta.has_rank() && (*theta.dims)[1].is_static())
+    r = (*theta.dims)[1].value;
+  if (r == -1) {
+    ctx.set_output(0, TensorType::unknown_rank(theta.dtype));
+    return Status::Ok();
+  }
+  if (r != 2 && r != 3)
+    return KILN_ERROR("{}: size must hold 4 or 5 values (N, C, (D,) H, W), got {}", n.label(),
+                      size.str());
+  if (theta.has_rank() && (*theta.dims)[1].is_static() && (*theta.dims)[1].value != r)
+    return KILN_ERROR("{}: theta {} does not fit a size of {} values", n.label(), theta.str(), r + 2);
+  std::vector<Dim> out(static_cast<size_t>(r) + 2);
+  if (theta.has_rank()) out[0] = (*theta.dims)[0];
+  if (const auto v = ctx.input_value(1); v && static_cast<int64_t>(v->size()) == r + 2) {
+    if (!out[0].is_static()) out[0] = (*v)[0].dim();
+    for (int64_t k = 0; k < r; ++k) out[1 + k] = (*v)[2 + k].dim();
+  }
+  out.back() = Dim(r);
+  ctx.set_output(0, TensorType(theta.dtype, std::move(out)));
+  return Status::Ok();
+}
+
+Status cpu_affine_grid(KernelContext& ctx) {
+  const Node& n = ctx.node();
+  KILN_RETURN_IF_ERROR(check_align(n));
+  const Tensor *theta = ctx.input(0), *size = ctx.input(1);
+  if (!theta || !size) return KILN_ERROR("{}: theta and size are required", n.label());
+  KILN_RETURN_IF_ERROR(check_float(n, theta->dtype(), "theta"));
+  KILN_RETURN_IF_ERROR(check_theta(n, theta->shape()));
+  const int64_t r = theta->dim(1);
+  if (size->dtype() != DataType::kInt64 || size->rank() != 1 || size->numel() != r + 2)
+    return KILN_ERROR("{}: size must be int64 [{}] for theta {}, got {}", n.label(), r + 2,
+                      theta->desc(), size->desc());
+  const int64_t* sz = size->data<int64_t>();
+  if (sz[0] != theta->dim(0))
+    return KILN_ERROR("{}: size's batch {} differs from theta's {}", n.label(), sz[0], theta->dim(0));
+  std::vector<int64_t> shape = {sz[0]};
+  int64_t points = 1;
+  for (int64_t k = 0; k < r; ++k) {
+    if (sz[2 + k] < 0) return KILN_ERROR("{}: size has a negative dim {}", n.label(), sz[2 + k]);
+    shape.push_back(sz[2 + k]);
+    points *= sz[2 + k];
+  }
+  shape.push_back(r);
+  Tensor y(theta->dtype(), shape);
+  const bool align = n.attrs.get_int("align_corners", 0) == 1;
+  std::vector<double> th(theta->numel());
+  for (int64_t i = 0; i < theta->numel(); ++i) th[i] = theta->at_double(i);
+  visit_dtype(y.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (!std::is_integral_v<T>) {
+      T* out = y.data<T>();
+      for (int64_t b = 0; b < sz[0]; ++b)
+        for (int64_t p = 0; p < points; ++p) {
+          double c[4] = {0, 0, 0, 1};  // x, y, (z,) 1: the innermost axis first
+          for (int64_t k = 0, rest = p; k < r; ++k) {
+            const int64_t len = sz[1 + r - k];
+            c[k] = affine_base<double>(rest % len, len, align);
+            rest /= len;
+          }
+          c[r] = 1;
+          for (int64_t i = 0; i < r; ++i) {
+            double v = 0;
+            for (int64_t j = 0; j <= r; ++j) v += th[(b * r + i) * (r + 1) + j] * c[j];
+            out[(b * points + p) * r + i] = convert<T>(v);
+          }
+        }
+    }
+  });
+  ctx.set_output(0, std::move(y));
+  return Status::Ok();
+}
+
 constexpr OpDef kOps[] = {
     {"", "GridSample", infer_grid_sample, cpu_grid_sample, upgrade_grid_sample},
+    {"", "AffineGrid", infer_affine_grid, cpu_affine_grid, nullptr},
 };
 
 }  // namespace

@@ -1,4 +1,4 @@
-// The per-sample arithmetic of GridSample and RoiAlign, and NonMaxSuppression's overlap test,
+// The per-sample arithmetic of GridSample, AffineGrid and RoiAlign, and NonMaxSuppression's overlap test,
 // written once for the CPU reference (src/ops/sampling.cpp, detection.cpp) and the CUDA kernels
 // (backends/cuda/layers/grid_sample.cu, roi_align.cu, nms.cu): every function is __host__ __device__ under nvcc, templated on the compute type
 // C — float for float32 and 16-bit tensors, as onnxruntime computes, double in the CPU backend's
@@ -309,6 +309,15 @@ KILN_HD inline bool suppresses(const Cp* b1, const Cp* b2, bool center, Cp thres
   const Cp uni = area1 + area2 - inter;
   if (area1 <= 0 || area2 <= 0 || uni <= 0) return false;
   return inter / uni > threshold;
+}
+
+// AffineGrid's normalized coordinate of position i on an axis of n positions (ONNX's reference):
+// the pixel centres (2i + 1) / n - 1, or with align_corners the corners -1 + 2i / (n - 1), -1
+// where n = 1.
+template <typename C>
+KILN_HD inline C affine_base(int64_t i, int64_t n, bool align) {
+  if (align) return n > 1 ? C(-1) + C(2) * C(i) / C(n - 1) : C(-1);
+  return (C(2) * C(i) + C(1)) / C(n) - C(1);
 }
 
 }  // namespace kiln::sampling

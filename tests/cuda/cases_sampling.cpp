@@ -2,7 +2,7 @@
 // reaching outside [-1, 1], far outside for reflection; non-finite coordinates; RAFT's many
 // small C = 1 maps; a wide map whose threads share a point over several channels) and RoiAlign
 // (avg and max, both coordinate modes, sampling_ratio 0 and 2, spatial scales, rois across and
-// beyond the map's borders, a huge roi, NHWC). Odd sizes throughout: C = 1, 3, 33; H, W = 1, 7, 31.
+// beyond the map's borders, a huge roi, NHWC), AffineGrid. Odd sizes throughout: C = 1, 3, 33; H, W = 1, 7, 31.
 //
 // Coordinates (grid values, rois) are drawn on a grid of steps float16 stores exactly, so the
 // fp16 modes test the kernels, not the rounding of a coordinate into a neighbouring pixel;
@@ -158,12 +158,31 @@ void add_roi_align(std::vector<OpCase>& v) {
                       {2, 33, 7, 31}, fixed({7, 4}, border), 7));
 }
 
+// AffineGrid (gated until these pass on a GPU: KILN_UNVERIFIED_TACTICS=1): 2-D and 3-D, both
+// align_corners, axes of one position (align_corners' -1), odd sizes.
+void add_affine_grid(std::vector<OpCase>& v) {
+  const auto size = [](std::vector<int64_t> s) {
+    return konst(Tensor::from<int64_t>({static_cast<int64_t>(s.size())}, s));
+  };
+  for (int ac : {0, 1}) {
+    const std::string a = "_ac" + std::to_string(ac);
+    const Attributes at = attrs({{"align_corners", I(ac)}});
+    v.push_back(make_case("affine_grid_2d" + a, "AffineGrid", at,
+                          {in({3, 2, 3}), size({3, 5, 7, 31})}, kFloat));
+    v.push_back(make_case("affine_grid_2d_single" + a, "AffineGrid", at,
+                          {in({2, 2, 3}), size({2, 1, 1, 9})}, kFloat));
+    v.push_back(make_case("affine_grid_3d" + a, "AffineGrid", at,
+                          {in({2, 3, 4}), size({2, 1, 5, 3, 7})}, kFloat));
+  }
+}
+
 }  // namespace
 
 std::vector<OpCase> sampling_cases() {
   std::vector<OpCase> v;
   add_grid_sample(v);
   add_roi_align(v);
+  add_affine_grid(v);
   return v;
 }
 

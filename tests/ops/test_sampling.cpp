@@ -1,4 +1,4 @@
-// GridSample. Expected values are onnxruntime 1.32's CPU results (pasted as literals), or follow
+// GridSample and AffineGrid. Expected values are onnxruntime 1.32's CPU results (pasted as literals), or follow
 // from the definition (identity grids). tests/models/run_sampling_ops_tests.py compares many more
 // random cases with onnxruntime.
 #include <limits>
@@ -185,6 +185,50 @@ TEST(GridSample, RefusesBadInput) {
   expect_error(grid_sample(xi, g, {}), "X must be a float tensor");
   const Tensor empty = random_tensor({1, 2, 0, 3});
   expect_error(grid_sample(empty, g, {}), "nothing to sample from");
+}
+
+// AffineGrid: the identity theta gives the base coordinates (pixel centres, or corners with
+// align_corners; -1 on an axis of one position), x before y; a 3-D theta rotates x into y.
+TEST(AffineGrid, BaseCoordinatesAndThetas) {
+  const Tensor id = Tensor::from<float>({1, 2, 3}, {1, 0, 0, 0, 1, 0});
+  const Tensor size = Tensor::from<int64_t>({4}, {1, 3, 2, 4});
+  OpRun r = run_op("AffineGrid", {&id, &size}, {});
+  ASSERT_TRUE(r.status.ok()) << r.status.message();
+  EXPECT_EQ(r.outputs[0].shape(), (std::vector<int64_t>{1, 2, 4, 2}));
+  // x at (2j + 1) / 4 - 1, y at (2i + 1) / 2 - 1.
+  expect_values(r.outputs[0], {-.75, -.5, -.25, -.5, .25, -.5, .75, -.5,
+                               -.75, .5, -.25, .5, .25, .5, .75, .5}, 1e-7, 1e-7);
+  r = run_op("AffineGrid", {&id, &size}, attrs({{"align_corners", Int(1)}}));
+  ASSERT_TRUE(r.status.ok()) << r.status.message();
+  expect_values(r.outputs[0], {-1, -1, -1. / 3, -1, 1. / 3, -1, 1, -1,
+                               -1, 1, -1. / 3, 1, 1. / 3, 1, 1, 1}, 1e-6, 1e-6);
+  const Tensor one = Tensor::from<int64_t>({4}, {1, 3, 1, 1});
+  r = run_op("AffineGrid", {&id, &one}, attrs({{"align_corners", Int(1)}}));
+  ASSERT_TRUE(r.status.ok()) << r.status.message();
+  expect_values(r.outputs[0], {-1, -1}, 0, 0);
+  // 3-D: theta's rows give (y, x, z + 0.5): the grid holds the base's (y, x, z + 0.5).
+  const Tensor t3 = Tensor::from<float>({1, 3, 4}, {0, 1, 0, 0, 1, 0, 0, 0, 0, 0, 1, .5f});
+  const Tensor s3 = Tensor::from<int64_t>({5}, {1, 1, 1, 1, 2});
+  r = run_op("AffineGrid", {&t3, &s3}, {});
+  ASSERT_TRUE(r.status.ok()) << r.status.message();
+  EXPECT_EQ(r.outputs[0].shape(), (std::vector<int64_t>{1, 1, 1, 2, 3}));
+  expect_values(r.outputs[0], {0, -.5, .5, 0, .5, .5}, 1e-7, 1e-7);
+  expect_inferred_matches(r);
+}
+
+TEST(AffineGrid, RefusesBadInput) {
+  const Tensor theta = random_tensor({2, 2, 3});
+  const Tensor size = Tensor::from<int64_t>({4}, {2, 1, 3, 3});
+  const Tensor wide = random_tensor({2, 2, 4});
+  expect_error(run_op("AffineGrid", {&wide, &size}, {}), "theta must be [N, 2, 3] or [N, 3, 4]");
+  const Tensor five = Tensor::from<int64_t>({5}, {2, 1, 3, 3, 3});
+  expect_error(run_op("AffineGrid", {&theta, &five}, {}), "does not fit");
+  const Tensor batch = Tensor::from<int64_t>({4}, {3, 1, 3, 3});
+  expect_error(run_op("AffineGrid", {&theta, &batch}, {}), "batch");
+  const Tensor neg = Tensor::from<int64_t>({4}, {2, 1, -3, 3});
+  expect_error(run_op("AffineGrid", {&theta, &neg}, {}), "negative");
+  expect_error(run_op("AffineGrid", {&theta, &size}, attrs({{"align_corners", Int(2)}})),
+               "align_corners");
 }
 
 }  // namespace

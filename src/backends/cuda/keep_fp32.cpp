@@ -21,11 +21,12 @@ bool from_integer(const Node& n) {
          !dtype_is_float(n.input(0)->type.dtype);
 }
 
-// Ops a sampling grid is computed by: the argument chain's, splits and clamps, and kiln's fused
-// elementwise chains and relayouts (the optimizer has run).
+// Ops a sampling grid is computed by: the argument chain's, splits and clamps, AffineGrid (a
+// spatial transformer's grid from its theta), and kiln's fused elementwise chains and relayouts
+// (the optimizer has run).
 bool on_coordinate_chain(const Node& n) {
   if (n.domain == "kiln") return n.op_type == "ElementwiseChain" || n.op_type == "Relayout";
-  static const std::set<std::string_view> more = {"Split", "Clip", "Min", "Max"};
+  static const std::set<std::string_view> more = {"Split", "Clip", "Min", "Max", "AffineGrid"};
   return on_argument_chain(n) || (n.domain.empty() && more.count(n.op_type));
 }
 

@@ -1,5 +1,6 @@
 // Sampling family: GridSample (src/ops/sampling.cpp is the spec) for 4-D and 5-D X, every mode,
-// padding and align_corners, and RoiAlign (roi_align.cu), whose table this one joins.
+// padding and align_corners; RoiAlign (roi_align.cu) and AffineGrid (affine_grid.cu) join its
+// table.
 //
 // A thread takes one output point of one image and a run of `cpt` channels: it reads the point's
 // coordinates once, makes each axis' taps and weights (ops/sampling_math.h, the reference's own
@@ -24,7 +25,8 @@
 
 namespace kiln::gpu {
 
-std::span<const TacticDef> roi_align_tactics();  // roi_align.cu
+std::span<const TacticDef> roi_align_tactics();    // roi_align.cu
+std::span<const TacticDef> affine_grid_tactics();  // affine_grid.cu
 
 namespace {
 
@@ -224,6 +226,7 @@ std::span<const TacticDef> sampling_tactics() {
          create_grid_sample},
     };
     for (const TacticDef& d : roi_align_tactics()) t.push_back(d);
+    for (const TacticDef& d : affine_grid_tactics()) t.push_back(d);
     return t;
   }();
   return table;
