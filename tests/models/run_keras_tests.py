@@ -57,25 +57,22 @@ def write_idx(path, arr):
         f.write(head + arr.astype(np.uint8).tobytes())
 
 
-def model_tests(args, path, tmp, rng):
-    name = os.path.splitext(os.path.basename(path))[0]
-    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+def engines_against_ort(args, name, path, sess, tmp, make_input, extra=()):
+    """Engines at -O0 and -O2 with a dynamic batch (1-8, opt 4) against ONNX Runtime at batch 1
+    and 4 on make_input(batch): relative L2 < 1e-5 for every output."""
     inp = sess.get_inputs()[0]
-    dims = [d if isinstance(d, int) else None for d in inp.shape]
-    if dims[0] is not None or None in dims[1:]:
-        check(f"{name}: input {inp.name} {inp.shape} has a dynamic batch only", False)
-        return
-    hw = "x".join(map(str, dims[1:]))
-    profile = ["--min-shapes", f"{inp.name}:1x{hw}", "--opt-shapes", f"{inp.name}:4x{hw}",
-               "--max-shapes", f"{inp.name}:8x{hw}"]
+    rest = "x".join(str(d) for d in inp.shape[1:])
+    profile = ["--min-shapes", f"{inp.name}:1x{rest}", "--opt-shapes", f"{inp.name}:4x{rest}",
+               "--max-shapes", f"{inp.name}:8x{rest}"]
     for level in (0, 2):
         engine = os.path.join(tmp, f"{name}_O{level}.kiln")
-        rc, _, err = kiln(args, "build", "--onnx", path, "--save-engine", engine, "--opt-level", str(level), *profile)
+        rc, _, err = kiln(args, "build", "--onnx", path, "--save-engine", engine, "--opt-level", str(level),
+                          *extra, *profile)
         check(f"{name} -O{level}: kiln build of the tf2onnx model as it is", rc == 0, err)
         if rc != 0:
             continue
         for batch in (1, 4):
-            x = rng.uniform(0, 1, (batch, *dims[1:])).astype(np.float32)
+            x = make_input(batch)
             np.save(os.path.join(tmp, "x.npy"), x)
             out = os.path.join(tmp, "out")
             rc, _, err = kiln(args, "run", "--engine", engine, "--input", f"{inp.name}={tmp}/x.npy",
@@ -88,6 +85,18 @@ def model_tests(args, path, tmp, rng):
                 got = np.load(os.path.join(out, "".join(c if c.isalnum() or c in "._-" else "_" for c in o.name) + ".npy"))
                 err = rel_l2(got, want) if got.shape == want.shape else float("inf")
                 check(f"{name} -O{level} batch {batch} output {o.name}", err < 1e-5, f"rel L2 {err:.2e} vs ONNX Runtime")
+
+
+def model_tests(args, path, tmp, rng):
+    name = os.path.splitext(os.path.basename(path))[0]
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    inp = sess.get_inputs()[0]
+    dims = [d if isinstance(d, int) else None for d in inp.shape]
+    if dims[0] is not None or None in dims[1:]:
+        check(f"{name}: input {inp.name} {inp.shape} has a dynamic batch only", False)
+        return
+    engines_against_ort(args, name, path, sess, tmp,
+                        lambda batch: rng.uniform(0, 1, (batch, *dims[1:])).astype(np.float32))
     rc, out, err = kiln(args, "compare", path, "--tolerance", "1e-5")
     check(f"{name}: kiln compare (fp32) on the tf2onnx model", rc == 0, err or out.strip().splitlines()[-1])
     calib = os.path.join(tmp, f"calib_{name}")
@@ -128,31 +137,8 @@ def recurrent_tests(args, path, tmp, rng):
     directions): CPU engines at -O0 and -O2 with a dynamic batch against ONNX Runtime."""
     name = os.path.splitext(os.path.basename(path))[0]
     sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-    inp = sess.get_inputs()[0]
-    rest = "x".join(str(d) for d in inp.shape[1:])
-    profile = ["--min-shapes", f"{inp.name}:1x{rest}", "--opt-shapes", f"{inp.name}:4x{rest}",
-               "--max-shapes", f"{inp.name}:8x{rest}"]
-    for level in (0, 2):
-        engine = os.path.join(tmp, f"{name}_O{level}.kiln")
-        rc, _, err = kiln(args, "build", "--onnx", path, "--save-engine", engine, "--opt-level", str(level),
-                          "--backend", "cpu", *profile)
-        check(f"{name} -O{level}: kiln build of the tf2onnx model as it is", rc == 0, err)
-        if rc != 0:
-            continue
-        for batch in (1, 4):
-            x = sequence_input(inp, batch, rng)
-            np.save(os.path.join(tmp, "x.npy"), x)
-            out = os.path.join(tmp, "out")
-            rc, _, err = kiln(args, "run", "--engine", engine, "--input", f"{inp.name}={tmp}/x.npy",
-                              "--save-outputs", out)
-            if rc != 0:
-                check(f"{name} -O{level} batch {batch}: kiln run", False, err)
-                continue
-            for o in sess.get_outputs():
-                want = sess.run([o.name], {inp.name: x})[0]
-                got = np.load(os.path.join(out, "".join(c if c.isalnum() or c in "._-" else "_" for c in o.name) + ".npy"))
-                err = rel_l2(got, want) if got.shape == want.shape else float("inf")
-                check(f"{name} -O{level} batch {batch} output {o.name}", err < 1e-5, f"rel L2 {err:.2e} vs ONNX Runtime")
+    engines_against_ort(args, name, path, sess, tmp,
+                        lambda batch: sequence_input(sess.get_inputs()[0], batch, rng), ("--backend", "cpu"))
 
 
 def input_scale_test(args, path, iname, tmp, rng):
