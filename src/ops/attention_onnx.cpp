@@ -20,6 +20,7 @@
 
 #include "core/dispatch.h"
 #include "ops/op.h"
+#include "ops/shape_values.h"
 
 namespace kiln {
 namespace {
@@ -52,9 +53,6 @@ Status check_float(const Node& n, DataType t, const char* what) {
 }
 
 Dim div_dim(const Dim& d, int64_t k) { return d.is_static() && k > 0 ? Dim(d.value / k) : Dim(); }
-Dim add_dims(const Dim& a, const Dim& b) {
-  return a.is_static() && b.is_static() ? Dim(a.value + b.value) : Dim();
-}
 
 // Reads the shapes of Q, K, V (and past_key) into AttnShape; checks what is known.
 Expected<AttnShape> attn_shape(const Node& n, const TensorType& q, const TensorType& k,

@@ -5,6 +5,7 @@
 
 #include "ops/fused.h"
 #include "ops/fused_util.h"
+#include "ops/shape_values.h"
 
 namespace kiln {
 
@@ -77,7 +78,7 @@ Expected<std::optional<std::vector<Dim>>> concat_dims(const Node& n, const Chain
       return KILN_ERROR("{}: concatenation part {} differs in rank or type", n.label(), k);
     const Dim& d = (*t.dims)[static_cast<size_t>(axis)];
     Dim& o = out[static_cast<size_t>(axis)];
-    o = o.is_static() && d.is_static() ? Dim(o.value + d.value) : Dim();
+    o = add_dims(o, d);
   }
   return std::optional<std::vector<Dim>>(std::move(out));
 }

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "ops/shape_util.h"
+#include "ops/shape_values.h"
 
 namespace kiln::shape_detail {
 namespace {
@@ -35,19 +36,17 @@ Status concat_infer(InferContext& ctx) {
   }
   KILN_ASSIGN_OR_RETURN(int64_t axis, normalize_axis(n.attrs.get_int("axis", 0), rank, n));
   std::vector<Dim> out(rank);
-  bool sum_known = true;
-  int64_t sum = 0;
+  Dim sum(0);  // static, a sum of symbols ("past+seq": a KV cache), or unknown
   for (size_t i = 0; i < ctx.num_inputs(); ++i) {
     const TensorType& t = ctx.input_type(i);
     if (!t.has_rank()) {
-      sum_known = false;
+      sum = Dim();
       continue;
     }
     for (int64_t k = 0; k < rank; ++k) {
       const Dim& d = (*t.dims)[k];
       if (k == axis) {
-        if (d.is_static()) sum += d.value;
-        else sum_known = false;
+        sum = add_dims(sum, d);
         continue;
       }
       if (d.is_static() && out[k].is_static() && d.value != out[k].value)
@@ -56,9 +55,9 @@ Status concat_infer(InferContext& ctx) {
       out[k] = merge_dim(out[k], d);
     }
   }
-  out[axis] = sum_known ? Dim(sum) : Dim();
-  // A single input with a non-static axis dim keeps it (e.g. Concat of one tensor).
-  if (!sum_known && ctx.num_inputs() == 1 && ctx.input_type(0).has_rank())
+  out[axis] = sum;
+  // A single input keeps its axis dim (an opaque symbol stays as it is).
+  if (ctx.num_inputs() == 1 && ctx.input_type(0).has_rank())
     out[axis] = (*ctx.input_type(0).dims)[axis];
   ctx.set_output(0, TensorType(dtype, std::move(out)));
   return Status::Ok();

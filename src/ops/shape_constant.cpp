@@ -5,6 +5,7 @@
 
 #include "core/dispatch.h"
 #include "ops/shape_util.h"
+#include "ops/shape_values.h"
 
 namespace kiln::shape_detail {
 namespace {
@@ -189,12 +190,15 @@ Status range_infer(InferContext& ctx) {
     if (it.dtype != DataType::kUndefined && !range_type_ok(it.dtype))
       return KILN_ERROR("{}: Range does not support {}", ctx.node().label(), dtype_name(it.dtype));
   }
-  // Range(0, n, 1) of a symbolic size n has n elements.
+  // Range(start, limit, 1) of symbolic sizes has limit - start elements where that is a size
+  // (Range(0, n, 1): n; a KV cache's positions Range(past, past + seq, 1): seq).
   Dim len;
   const auto start = ctx.input_value(0), limit = ctx.input_value(1), delta = ctx.input_value(2);
   if (start && limit && delta && start->size() == 1 && limit->size() == 1 && delta->size() == 1 &&
-      (*start)[0].value == 0 && (*delta)[0].value == 1)
-    len = (*limit)[0].dim();
+      (*delta)[0].value == 1) {
+    const Dim d = (*start)[0].value == 0 ? (*limit)[0].dim() : sub_dims((*limit)[0].dim(), (*start)[0].dim());
+    if (nonnegative_dim(d)) len = d;
+  }
   ctx.set_output(0, TensorType(ctx.input_type(0).dtype, {len}));
   return Status::Ok();
 }

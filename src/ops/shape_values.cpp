@@ -9,10 +9,15 @@
 namespace kiln {
 namespace {
 
-// A dim as coefficient times a multiset of symbols; `ok` false for an unknown dim.
-struct Factors {
+// A dim as a polynomial over symbols: a sum of terms, each a coefficient times a multiset of
+// symbols ("2*N*S", "past+seq", "N-1"); `ok` false for an unknown dim. Canonical: terms sorted
+// by their symbols (the constant last), equal ones merged, none with a zero coefficient.
+struct Term {
   int64_t coef = 1;
   std::vector<std::string> syms;  // sorted
+};
+struct Poly {
+  std::vector<Term> terms;
   bool ok = true;
 };
 
@@ -22,48 +27,118 @@ bool plain_token(const std::string& s) {
   });
 }
 
-Factors factors_of(const Dim& d) {
-  Factors f;
-  if (d.is_static()) {
-    f.coef = d.value;
-    return f;
+bool all_digits(const std::string& s) {
+  return !s.empty() &&
+         std::all_of(s.begin(), s.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
+}
+
+// Past these a polynomial is left unknown: products of sums grow their terms multiplicatively
+// (fuzz_build writes such graphs), and no shape a model computes needs more.
+constexpr size_t kMaxTerms = 8, kMaxFactors = 8;
+
+Poly canonical(Poly p) {
+  if (!p.ok) return p;
+  if (p.terms.size() > kMaxTerms * kMaxTerms) return Poly{{}, false};
+  std::sort(p.terms.begin(), p.terms.end(), [](const Term& a, const Term& b) {
+    if (a.syms.empty() != b.syms.empty()) return b.syms.empty();  // the constant last
+    return a.syms < b.syms;
+  });
+  std::vector<Term> merged;
+  for (Term& t : p.terms) {
+    if (!merged.empty() && merged.back().syms == t.syms) {
+      if (__builtin_add_overflow(merged.back().coef, t.coef, &merged.back().coef)) return Poly{{}, false};
+    } else {
+      merged.push_back(std::move(t));
+    }
   }
-  if (d.symbol.empty()) {
-    f.ok = false;
-    return f;
+  p.terms.clear();
+  for (Term& t : merged) {
+    if (t.syms.size() > kMaxFactors) return Poly{{}, false};
+    if (t.coef != 0) p.terms.push_back(std::move(t));
   }
-  // "2*N*S" splits into its factors; any other symbol ("((a*b)//c)") is one opaque factor.
-  std::vector<std::string> parts;
+  if (p.terms.size() > kMaxTerms) return Poly{{}, false};
+  return p;
+}
+
+// One term of a symbol ("2*N*S"), or nullopt when a factor is not a plain token or a number.
+std::optional<Term> term_of(const std::string& s) {
+  Term t;
   size_t start = 0;
-  bool plain = true;
-  while (plain) {
-    const size_t star = d.symbol.find('*', start);
-    parts.push_back(d.symbol.substr(start, star == std::string::npos ? star : star - start));
-    plain = plain_token(parts.back());
+  for (;;) {
+    const size_t star = s.find('*', start);
+    const std::string f = s.substr(start, star == std::string::npos ? star : star - start);
+    if (all_digits(f)) {
+      if (f.size() > 18 || __builtin_mul_overflow(t.coef, std::stoll(f), &t.coef)) return std::nullopt;
+    } else if (plain_token(f)) {
+      t.syms.push_back(f);
+    } else {
+      return std::nullopt;
+    }
     if (star == std::string::npos) break;
     start = star + 1;
   }
-  if (!plain) {
-    f.syms = {d.symbol};
-    return f;
-  }
-  for (const std::string& p : parts) {
-    if (std::all_of(p.begin(), p.end(),
-                    [](char c) { return std::isdigit(static_cast<unsigned char>(c)); }))
-      f.coef *= std::stoll(p);
-    else
-      f.syms.push_back(p);
-  }
-  std::sort(f.syms.begin(), f.syms.end());
-  return f;
+  std::sort(t.syms.begin(), t.syms.end());
+  return t;
 }
 
-Dim dim_of(const Factors& f) {
-  if (!f.ok) return Dim();
-  if (f.coef == 0 || f.syms.empty()) return Dim(f.coef);
-  std::string s = f.coef == 1 ? "" : std::to_string(f.coef);
-  for (const std::string& p : f.syms) s += (s.empty() ? "" : "*") + p;
+Poly poly_of(const Dim& d) {
+  if (d.is_static()) return canonical(Poly{{Term{d.value, {}}}, true});
+  if (d.symbol.empty()) return Poly{{}, false};
+  // "a + b - 2*c" (exporters write spaces) splits into signed terms; a symbol with any other
+  // syntax ("((a*b)//c)") is one opaque factor.
+  std::string s;
+  for (char c : d.symbol)
+    if (c != ' ') s += c;
+  Poly p;
+  size_t i = 0;
+  while (i < s.size()) {
+    int64_t sign = 1;
+    if (s[i] == '+' || s[i] == '-') {
+      sign = s[i] == '-' ? -1 : 1;
+      ++i;
+    }
+    const size_t next = s.find_first_of("+-", i);
+    const auto t = term_of(s.substr(i, next == std::string::npos ? next : next - i));
+    if (!t) return Poly{{Term{1, {d.symbol}}}, true};
+    p.terms.push_back(Term{sign * t->coef, t->syms});
+    if (next == std::string::npos) break;
+    i = next;
+  }
+  return canonical(std::move(p));
+}
+
+// A polynomial as a Dim: static when it is a constant that is a size (>= 0), a symbol otherwise
+// ("2*N*S", "past+seq"), unknown for a negative constant or an unknown dim.
+Dim dim_of(const Poly& p) {
+  if (!p.ok) return Dim();
+  if (p.terms.empty()) return Dim(0);
+  if (p.terms.size() == 1 && p.terms[0].syms.empty())
+    return p.terms[0].coef >= 0 ? Dim(p.terms[0].coef) : Dim();
+  std::string s;
+  for (const Term& t : p.terms) {
+    if (t.coef < 0)
+      s += "-";
+    else if (!s.empty())
+      s += "+";
+    const int64_t c = t.coef < 0 ? -t.coef : t.coef;
+    std::string term = c == 1 && !t.syms.empty() ? "" : std::to_string(c);
+    for (const std::string& x : t.syms) term += (term.empty() ? "" : "*") + x;
+    s += term;
+  }
   return Dim::sym(s);
+}
+
+// a + sign * b.
+Poly add_polys(const Poly& a, const Poly& b, int64_t sign) {
+  if (!a.ok || !b.ok) return Poly{{}, false};
+  Poly p = a;
+  for (const Term& t : b.terms) p.terms.push_back(Term{sign * t.coef, t.syms});
+  return canonical(std::move(p));
+}
+
+// A sum of sizes: no term subtracts (it is never negative, whatever its symbols are).
+bool nonnegative(const Poly& p) {
+  return p.ok && std::all_of(p.terms.begin(), p.terms.end(), [](const Term& t) { return t.coef > 0; });
 }
 
 bool int_like(DataType t) { return t == DataType::kBool || dtype_is_integer(t); }
@@ -158,18 +233,21 @@ SymInt arith(const std::string& op, const SymInt& a, const SymInt& b) {
   if (op == "Mul") return SymInt::of(mul_dims(da, db));
   if (op == "Div") return SymInt::of(div_dims(da, db));
   if ((op == "Add" || op == "Sub") && b.value == 0) return a;
-  // A size less itself (GPT-2's causal-mask slice starts at key_length - query_length).
-  if (op == "Sub" && !da.symbol.empty() && same_dim(da, db)) return SymInt::known(0);
   if (op == "Add" && a.value == 0) return b;
+  // Sums and differences of sizes as polynomials: a size less itself is 0 (GPT-2's causal-mask
+  // slice starts at key_length - query_length), a KV cache's total length less its past is the
+  // new tokens' (past + seq - past = seq).
+  if (op == "Add") return SymInt::of(add_dims(da, db));
+  if (op == "Sub") return SymInt::of(sub_dims(da, db));
   if ((op == "Max" || op == "Min") && same_dim(da, db)) return a;
   return SymInt{};
 }
 
-// Equal as 1/0: a symbol (a size, >= 0) never equals a negative constant.
+// Equal as 1/0: a size (a symbol, or a sum of them) never equals a negative constant.
 SymInt equal_elems(const SymInt& a, const SymInt& b) {
   if (a.value && b.value) return SymInt::known(*a.value == *b.value ? 1 : 0);
-  if ((a.value && *a.value < 0 && !b.symbol.empty()) ||
-      (b.value && *b.value < 0 && !a.symbol.empty()))
+  if ((a.value && *a.value < 0 && !b.symbol.empty() && nonnegative(poly_of(b.dim()))) ||
+      (b.value && *b.value < 0 && !a.symbol.empty() && nonnegative(poly_of(a.dim()))))
     return SymInt::known(0);
   if (same_dim(a.dim(), b.dim())) return SymInt::known(1);
   return SymInt{};
@@ -253,32 +331,51 @@ std::optional<Elems> value_of(const Node& n) {
 }  // namespace
 
 Dim mul_dims(const Dim& a, const Dim& b) {
-  Factors fa = factors_of(a), fb = factors_of(b);
   if ((a.is_static() && a.value == 0) || (b.is_static() && b.value == 0)) return Dim(0);
-  if (!fa.ok || !fb.ok) return Dim();
-  // A product past int64 is no size (fuzz_build: a Reshape of an input declared with huge dims).
-  if (__builtin_mul_overflow(fa.coef, fb.coef, &fa.coef)) return Dim();
-  fa.syms.insert(fa.syms.end(), fb.syms.begin(), fb.syms.end());
-  std::sort(fa.syms.begin(), fa.syms.end());
-  return dim_of(fa);
+  const Poly pa = poly_of(a), pb = poly_of(b);
+  if (!pa.ok || !pb.ok) return Dim();
+  Poly p;
+  for (const Term& x : pa.terms)
+    for (const Term& y : pb.terms) {
+      Term t{0, x.syms};
+      // A product past int64 is no size (fuzz_build: a Reshape of an input declared with huge dims).
+      if (__builtin_mul_overflow(x.coef, y.coef, &t.coef)) return Dim();
+      t.syms.insert(t.syms.end(), y.syms.begin(), y.syms.end());
+      std::sort(t.syms.begin(), t.syms.end());
+      p.terms.push_back(std::move(t));
+    }
+  return dim_of(canonical(std::move(p)));
 }
 
 Dim div_dims(const Dim& a, const Dim& b) {
-  Factors fa = factors_of(a), fb = factors_of(b);
-  if (!fa.ok || !fb.ok || fb.coef == 0 || fa.coef % fb.coef != 0) return Dim();
-  fa.coef /= fb.coef;
-  for (const std::string& s : fb.syms) {
-    auto it = std::find(fa.syms.begin(), fa.syms.end(), s);
-    if (it == fa.syms.end()) return Dim();
-    fa.syms.erase(it);
+  const Poly pa = poly_of(a), pb = poly_of(b);
+  if (!pa.ok || !pb.ok || pb.terms.size() != 1 || pb.terms[0].coef <= 0) return Dim();
+  const Term& d = pb.terms[0];
+  Poly p;
+  for (Term t : pa.terms) {
+    if (t.coef % d.coef != 0) return Dim();
+    t.coef /= d.coef;
+    for (const std::string& x : d.syms) {
+      auto it = std::find(t.syms.begin(), t.syms.end(), x);
+      if (it == t.syms.end()) return Dim();
+      t.syms.erase(it);
+    }
+    p.terms.push_back(std::move(t));
   }
-  return dim_of(fa);
+  return dim_of(canonical(std::move(p)));
 }
+
+Dim add_dims(const Dim& a, const Dim& b) { return dim_of(add_polys(poly_of(a), poly_of(b), 1)); }
+bool nonnegative_dim(const Dim& d) { return d.is_static() || (!d.symbol.empty() && nonnegative(poly_of(d))); }
+Dim sub_dims(const Dim& a, const Dim& b) { return dim_of(add_polys(poly_of(a), poly_of(b), -1)); }
 
 bool same_dim(const Dim& a, const Dim& b) {
   if (a.is_static() || b.is_static()) return a.is_static() && b.is_static() && a.value == b.value;
-  const Factors fa = factors_of(a), fb = factors_of(b);
-  return fa.ok && fb.ok && fa.coef == fb.coef && fa.syms == fb.syms;
+  const Poly pa = poly_of(a), pb = poly_of(b);
+  if (!pa.ok || !pb.ok || pa.terms.size() != pb.terms.size()) return false;
+  for (size_t i = 0; i < pa.terms.size(); ++i)
+    if (pa.terms[i].coef != pb.terms[i].coef || pa.terms[i].syms != pb.terms[i].syms) return false;
+  return true;
 }
 
 std::optional<std::vector<SymInt>> known_shape_value(const Value* v) {

@@ -8,7 +8,8 @@
 //
 // Only small integer tensors (at most kMaxShapeValueElements elements, rank 0 or 1) carry
 // values. A product of dims that is not static becomes a compound symbol "2*N*S" (factors
-// sorted), the form dynamo exporters also write into value_info.
+// sorted), the form dynamo exporters also write into value_info; sums and differences become
+// polynomials ("past+seq", terms in canonical order), and a declared "past + seq" reads as one.
 #pragma once
 
 #include <optional>
@@ -33,6 +34,14 @@ Dim mul_dims(const Dim& a, const Dim& b);
 // a / b when it is known exactly (static division without remainder, or b's factors cancel
 // from a's), else unknown.
 Dim div_dims(const Dim& a, const Dim& b);
+// a + b and a - b as Dims: static when both are, else a polynomial symbol ("past+seq"; terms in
+// canonical order, so equal sums compare equal); unknown when either is, or for a negative
+// constant.
+Dim add_dims(const Dim& a, const Dim& b);
+Dim sub_dims(const Dim& a, const Dim& b);
+// Whether a dim is a sum of sizes (static, or a polynomial without a subtracted term): never
+// negative whatever its symbols are.
+bool nonnegative_dim(const Dim& d);
 // Whether two dims are provably the same size (equal static values, or equal symbols after
 // normalising compound symbols).
 bool same_dim(const Dim& a, const Dim& b);

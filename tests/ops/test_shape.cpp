@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "op_test_util.h"
+#include "ops/shape_values.h"
 
 namespace kiln::test {
 namespace {
@@ -209,9 +210,54 @@ TEST(Concat, NegativeAxisEmptyAndDtypes) {
   auto t = infer("Concat", {T(F, {N, 3}), T(F, {N, 5})}, attrs({{"axis", Int(1)}}));
   EXPECT_EQ((*t)[0].str(), "float32[N,8]");
   t = infer("Concat", {T(F, {N, 3}), T(F, {2, 3})}, attrs({{"axis", Int(0)}}));
-  EXPECT_EQ((*t)[0].str(), "float32[?,3]");
+  EXPECT_EQ((*t)[0].str(), "float32[N+2,3]");  // a sum of sizes (ops/shape_values.h)
   t = infer("Concat", {I64v({1, 2}), I64v({3})}, attrs({{"axis", Int(0)}}));
   EXPECT_EQ((*t)[0].str(), "int64[3]");
+}
+
+// Symbolic sums and differences (a KV cache: the past and the new tokens): canonical whatever
+// the order or spacing they are written in, so a computed "past+seq" is the declared
+// "seq + past"; past + seq - past is seq; products distribute; a difference that may be
+// negative is not a size.
+TEST(SymbolicDims, SumsAndDifferences) {
+  const Dim past = Dim::sym("past"), seq = Dim::sym("seq");
+  const Dim total = add_dims(past, seq);
+  EXPECT_EQ(total.str(), "past+seq");
+  EXPECT_TRUE(same_dim(total, Dim::sym("seq + past")));
+  EXPECT_FALSE(same_dim(total, seq));
+  EXPECT_EQ(sub_dims(total, past).str(), "seq");
+  EXPECT_EQ(sub_dims(seq, seq).str(), "0");
+  const Dim twice = mul_dims(Dim(2), total);
+  EXPECT_EQ(twice.str(), "2*past+2*seq");
+  EXPECT_EQ(div_dims(twice, Dim(2)).str(), "past+seq");
+  EXPECT_EQ(div_dims(total, Dim(2)).str(), "?");  // past + seq may be odd
+  EXPECT_TRUE(nonnegative_dim(total));
+  const Dim less = sub_dims(Dim(3), seq);
+  EXPECT_EQ(less.str(), "-seq+3");
+  EXPECT_FALSE(nonnegative_dim(less));
+  EXPECT_EQ(add_dims(Dim(3), Dim()).str(), "?");
+  // Products of sums stop growing: (a + b)^16 would have 17 terms.
+  Dim power = add_dims(Dim::sym("a"), Dim::sym("b"));
+  for (int i = 0; i < 4; ++i) power = mul_dims(power, power);
+  EXPECT_EQ(power.str(), "?");
+  // A KV cache's concatenation, and the positions Range(past, past + seq, 1) of the new tokens.
+  auto t = infer("Concat", {T(F, {N, 4, past, 16}), T(F, {N, 4, seq, 16})}, attrs({{"axis", Int(2)}}));
+  ASSERT_TRUE(t.ok()) << t.status().message();
+  EXPECT_EQ((*t)[0].str(), "float32[N,4,past+seq,16]");
+  Graph g;
+  Value* cache = g.add_value("cache", T(F, {N, 4, past, 16}));
+  Value* ids = g.add_value("ids", T(DataType::kInt64, {N, seq}));
+  g.add_input(cache);
+  g.add_input(ids);
+  Value* p = g.add_node("Gather", "p", {g.add_node("Shape", "sc", {cache}, {"sc"})->output(0),
+                                        g.add_constant("two", Tensor::scalar<int64_t>(2))}, {"p"})->output(0);
+  Value* s = g.add_node("Gather", "s", {g.add_node("Shape", "si", {ids}, {"si"})->output(0),
+                                        g.add_constant("one", Tensor::scalar<int64_t>(1))}, {"s"})->output(0);
+  Value* end = g.add_node("Add", "end", {p, s}, {"end"})->output(0);
+  Node* range = g.add_node("Range", "pos", {p, end, g.add_constant("step", Tensor::scalar<int64_t>(1))}, {"pos"});
+  g.add_output(range->output(0));
+  ASSERT_TRUE(infer_shapes(g).ok());
+  EXPECT_EQ(range->output(0)->type.str(), "int64[seq]");
 }
 
 TEST(Concat, Opset1DefaultAxisIsOne) {
