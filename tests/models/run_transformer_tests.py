@@ -8,7 +8,9 @@ dynamo opset 18), at 2 layers and hidden size 128 with random weights; and the a
 (tests/models/transformers/matrix: scripts/export_transformer_matrix.py): the Llama, Qwen2,
 Phi-3, ViT, DeiT and BERT architectures x TorchScript, dynamo (and, for the decoders, dynamo
 without dynamic shapes) x the transformers/PyTorch versions that exported them (in the file name:
-llama_dynamo_tf5.17_pt2.11.onnx), so that attention reaches one form whatever the exporter.
+llama_dynamo_tf5.17_pt2.11.onnx), so that attention reaches one form whatever the exporter; and
+decoders exported with their KV cache by optimum (kvcache_*: scripts/export_kv_cache.py), run at
+prefill and at decode steps after a past.
 
 The graphs live in tests/models/transformers/ as skeletons (scripts/transformer_export.py
 --tiny --skeleton: the exporters' own graphs without their large weights); each run fills the
@@ -81,6 +83,44 @@ def feeds_for(model, batch, seq, rng, pad=True):
     return {"input_ids": rng.integers(0, VOCAB, (batch, seq)).astype(np.int64), "attention_mask": mask}
 
 
+def kv_inputs(onnx_path):
+    """A decoder exported with its KV cache (inputs past_key_values.*): its inputs as (name,
+    dims), else None."""
+    import onnx
+    m = onnx.load(onnx_path, load_external_data=False)
+    inits = {t.name for t in m.graph.initializer}
+    ins = [(i.name, [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim])
+           for i in m.graph.input if i.name not in inits]
+    return ins if any(n.startswith("past_key_values") for n, _ in ins) else None
+
+
+def kv_feeds(ins, batch, seq, past, rng):
+    """Inputs of a KV-cache decoder: seq new tokens after a past of `past` (0: prefill); the
+    last sequence's first two positions masked where there are several."""
+    feeds = {}
+    for name, dims in ins:
+        if name == "input_ids":
+            feeds[name] = rng.integers(0, VOCAB, (batch, seq)).astype(np.int64)
+        elif name == "attention_mask":
+            mask = np.ones((batch, past + seq), np.int64)
+            if batch > 1 and past + seq > 2:
+                mask[-1, :2] = 0
+            feeds[name] = mask
+        elif name == "position_ids":
+            feeds[name] = np.tile(np.arange(past, past + seq), (batch, 1)).astype(np.int64)
+        else:
+            shape = [batch if d == "batch_size" else past if d == "past_sequence_length" else d for d in dims]
+            feeds[name] = rng.standard_normal(shape).astype(np.float32)
+    return feeds
+
+
+def kv_shapes(ins, points):
+    """--min/opt/max-shapes of a KV-cache decoder at (batch, seq, past) points."""
+    rng = np.random.default_rng(0)
+    return [",".join(f"{k}:" + "x".join(map(str, v.shape)) for k, v in kv_feeds(ins, *p, rng).items())
+            for p in points]
+
+
 def shapes_arg(model, lo, opt, hi):
     if is_vision(model):
         return [f"pixel_values:{b}x3x224x224" for b, _ in (lo, opt, hi)]
@@ -94,13 +134,44 @@ def run(cmd):
     return p.stdout
 
 
+def run_against_ort(kiln, sess, engine, feeds, out_dir):
+    """Runs the engine on `feeds` (saved next to out_dir): the worst relative L2 of its outputs
+    against ONNX Runtime's."""
+    cmd = [kiln, "run", "--engine", engine, "--save-outputs", out_dir]
+    for name, value in feeds.items():
+        path = f"{out_dir}_{''.join(c if c.isalnum() else '_' for c in name)}.npy"
+        np.save(path, value)
+        cmd += ["--input", f"{name}={path}"]
+    run(cmd)
+    worst = 0.0
+    for o, ref in zip(sess.get_outputs(), sess.run(None, feeds)):
+        got = np.load(os.path.join(out_dir, "".join(c if c.isalnum() or c in "._-" else "_" for c in o.name) + ".npy"))
+        if got.shape != ref.shape:
+            raise RuntimeError(f"{o.name}: shape {got.shape} vs ONNX Runtime {ref.shape}")
+        worst = max(worst, rel_l2(got, ref))
+    return worst
+
+
 def check_cpu(kiln, model, onnx_path, tmp, rng):
     import onnxruntime as ort
     so = ort.SessionOptions()
     so.log_severity_level = 3  # errors only (dynamo's unused initializers are warned about)
     sess = ort.InferenceSession(onnx_path, so, providers=["CPUExecutionProvider"])
     engine = os.path.join(tmp, model + ".kiln")
-    fixed = static_shape(onnx_path)
+    kv = kv_inputs(onnx_path)
+    fixed = None if kv else static_shape(onnx_path)
+    if kv:
+        # Prefill (no past), then decode steps: one token, and four, after a past.
+        lo, opt, hi = kv_shapes(kv, [(1, 1, 0), (2, 8, 16), (4, 16, 32)])
+        run([kiln, "build", "--onnx", onnx_path, "--save-engine", engine, "--backend", "cpu",
+             "--min-shapes", lo, "--opt-shapes", opt, "--max-shapes", hi])
+        worst = 0.0
+        for batch, seq, past in [(2, 7, 0), (3, 1, 5), (1, 4, 9)]:
+            worst = max(worst, run_against_ort(kiln, sess, engine, kv_feeds(kv, batch, seq, past, rng),
+                                               os.path.join(tmp, f"{model}_{batch}_{seq}_{past}")))
+        if worst > 1e-4:
+            raise RuntimeError(f"relative L2 {worst:.3g} against ONNX Runtime (limit 1e-4)")
+        return worst
     if fixed:
         b, s = fixed[0], fixed[1] if len(fixed) > 1 else 1
         lo = opt = hi = (b, s)
@@ -113,20 +184,8 @@ def check_cpu(kiln, model, onnx_path, tmp, rng):
          "--min-shapes", lo, "--opt-shapes", opt, "--max-shapes", hi])
     worst = 0.0
     for batch, seq, pad in runs:
-        feeds = feeds_for(model, batch, seq, rng, pad)
-        out_dir = os.path.join(tmp, f"{model}_{batch}_{seq}_{int(pad)}")
-        cmd = [kiln, "run", "--engine", engine, "--save-outputs", out_dir]
-        for name, value in feeds.items():
-            path = os.path.join(tmp, f"{model}_{name}.npy")
-            np.save(path, value)
-            cmd += ["--input", f"{name}={path}"]
-        run(cmd)
-        refs = sess.run(None, feeds)
-        for o, ref in zip(sess.get_outputs(), refs):
-            got = np.load(os.path.join(out_dir, o.name + ".npy"))
-            if got.shape != ref.shape:
-                raise RuntimeError(f"{o.name}: shape {got.shape} vs ONNX Runtime {ref.shape}")
-            worst = max(worst, rel_l2(got, ref))
+        worst = max(worst, run_against_ort(kiln, sess, engine, feeds_for(model, batch, seq, rng, pad),
+                                           os.path.join(tmp, f"{model}_{batch}_{seq}_{int(pad)}")))
     if worst > 1e-4:
         raise RuntimeError(f"relative L2 {worst:.3g} against ONNX Runtime (limit 1e-4)")
     return worst
@@ -134,8 +193,12 @@ def check_cpu(kiln, model, onnx_path, tmp, rng):
 
 def check_gpu_layers(lower_check, model, onnx_path):
     """The kernel layers a block (None where the model is not held to the budget) and a note."""
-    fixed = static_shape(onnx_path)
-    if fixed:
+    kv = kv_inputs(onnx_path)
+    fixed = None if kv else static_shape(onnx_path)
+    if kv:  # decoding: one token at a time after up to 128 (a batch of 1-8; prefill up to 16)
+        lo, opt, hi = kv_shapes(kv, [(1, 1, 1), (4, 1, 64), (8, 16, 128)])
+        prof = ["--min-shapes", lo, "--opt-shapes", opt, "--max-shapes", hi]
+    elif fixed:
         shape = shapes_arg(model, fixed[:2], fixed[:2], fixed[:2])[0]
         prof = ["--shapes", shape]
     else:
@@ -146,10 +209,15 @@ def check_gpu_layers(lower_check, model, onnx_path):
         raise RuntimeError("the cuda build step failed: " + out.strip().splitlines()[-1])
     layers = [line.split() for line in out.splitlines() if line.startswith("  ")]
     if not model.startswith(FUSED_FORMS):
-        # Attention forms the optimizer does not fold yet: the cuda build must succeed; the
+        # Attention forms the optimizer does not fold yet (a KV cache's keys and values, head
+        # major: kiln.MultiHeadAttention reads [B, S, H*D]): the cuda build must succeed; the
         # kernel layers are reported, not held to the budget.
         kernels = sum(1 for l in layers if l[0] == "kernel")
-        return None, f"{kernels} kernel layers in all (not yet held to {MAX_KERNEL_LAYERS_PER_BLOCK} a block)"
+        attn = [i for i, l in enumerate(layers) if l[1] in ("kiln.MultiHeadAttention", "kiln.Attention")]
+        block = (f", {sum(1 for l in layers[attn[0]:attn[1]] if l[0] == 'kernel')} a block, attention on "
+                 f"{layers[attn[0]][2]}" if len(attn) >= 2 else "")
+        return None, (f"{kernels} kernel layers in all{block} (not yet held to "
+                      f"{MAX_KERNEL_LAYERS_PER_BLOCK} a block)")
     generic = [l for l in layers if l[1] == "kiln.Attention"]
     if generic:
         raise RuntimeError(f"{len(generic)} attention layers left as generic kiln.Attention "
