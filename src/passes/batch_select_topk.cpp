@@ -280,10 +280,10 @@ struct BatchSelectTopK {
       return g.add_constant(g.unique_name(base + "/" + what), std::move(t));
     };
     std::vector<int64_t> classes;
-    std::vector<float> thresholds;
+    std::vector<double> thresholds;  // cast to the scores' type below, as each chain's was
     for (const Chain& c : m.chains) {
       classes.push_back(c.index);
-      thresholds.push_back(static_cast<float>(c.threshold));
+      thresholds.push_back(c.threshold);
     }
     // [k, N]: the chains' rows of the scores.
     Value* rows = add("Gather", {c0.source, constant("classes", Tensor::from<int64_t>({k}, classes))},
@@ -294,7 +294,7 @@ struct BatchSelectTopK {
       t->attrs.set("perm", Attribute::Ints({1, 0}));
       rows = t->output(0);
     }
-    Value* thr = constant("thresholds", Tensor::from<float>({k, 1}, thresholds).cast(dt));
+    Value* thr = constant("thresholds", Tensor::from<double>({k, 1}, thresholds).cast(dt));
     Value* mask = add(c0.compare.c_str(), {rows, thr}, "selected")->output(0);
     Value* lowest = constant("masked", Tensor::scalar<float>(-std::numeric_limits<float>::infinity()).cast(dt));
     Value* masked = add("Where", {mask, rows, lowest}, "masked_scores")->output(0);

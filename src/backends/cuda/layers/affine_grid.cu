@@ -48,21 +48,22 @@ class AffineGridLayer final : public Layer {
  public:
   explicit AffineGridLayer(const Node* n) : node_(n) {}
   Expected<size_t> configure(const RunContext&, std::span<const DeviceTensor> in,
-                             std::span<const DeviceTensor> out) override {
+                             std::span<const DeviceTensor>) override {
     if (!in[1].host) return KILN_ERROR("{}: size is not known on the host", node_->label());
     const std::vector<int64_t> size = in[1].host->to_int64_vector();
     p_.r = static_cast<int>(in[0].rank() == 3 ? in[0].shape[1] : 0);
-    if ((p_.r != 2 && p_.r != 3) || static_cast<int>(size.size()) != p_.r + 2 ||
-        size[0] != in[0].shape[0])
+    if ((p_.r != 2 && p_.r != 3) || in[0].shape[2] != p_.r + 1 ||
+        static_cast<int>(size.size()) != p_.r + 2 || size[0] != in[0].shape[0])
       return KILN_ERROR("{}: theta {} and size {} do not fit", node_->label(),
                         shape_str(in[0].shape), shape_str(size));
     p_.points = 1;
     for (int k = 0; k < p_.r; ++k) {
       p_.len[k] = size[static_cast<size_t>(p_.r + 1 - k)];
+      if (p_.len[k] < 0)
+        return KILN_ERROR("{}: size {} has a negative dim", node_->label(), shape_str(size));
       p_.points *= p_.len[k];
     }
     p_.align = node_->attrs.get_int("align_corners", 0) == 1;
-    (void)out;
     return size_t{0};
   }
   Status run(const RunContext& rc, std::span<const DeviceTensor> in,
