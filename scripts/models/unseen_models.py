@@ -13,7 +13,10 @@ scripts/models/task_checks.py's FP32 rule (every detection paired by class and I
 Dense models, relative L2 < 1e-4 (the task rule): torchvision's Swin3D-T and MViT-v2-S video
 classifiers (one 16-frame 224x224 clip; MViT by dynamo, as its TorchScript export holds sequence
 ops in a Loop that ONNX Runtime cannot run either), RAFT-large (4 flow updates, 128x160), and a
-spatial transformer (F.affine_grid + F.grid_sample; TorchScript at opset 20, AffineGrid's).
+spatial transformer (F.affine_grid + F.grid_sample; TorchScript at opset 20, AffineGrid's). And,
+when optimum-onnx is installed, tiny T5 and Whisper exported by optimum with their KV cache: the
+encoder, the decoder, the decoder with past and the merged decoder (an If on use_cache_branch,
+both ways), each within 1e-4.
 
 With --lower-check (a CUDA build's tests/cuda/kiln_lower_check; no GPU needed) each also goes
 through the cuda build step at FP32/TF32 and FP16. Needs PyTorch, torchvision and ONNX Runtime.
@@ -52,6 +55,55 @@ TV = {
 }
 YOLO = ["yolov8n", "yolo11n", "yolo26n", "yolov8n-seg", "yolov8n-pose"]
 DENSE = ["swin3d_t", "mvit_v2_s", "raft_large", "stn"]
+SEQ2SEQ = ["t5", "whisper"]  # optimum's exports (when optimum-onnx is installed)
+SEQ2SEQ_DIMS = {"batch_size": 2, "encoder_sequence_length": 6, "decoder_sequence_length": 3,
+                "past_decoder_sequence_length": 4}
+
+
+def export_seq2seq(name, out_dir):
+    """A tiny T5 or Whisper (random weights) exported by optimum with its KV cache: the encoder,
+    the decoder, the decoder with past and the merged decoder (an If on use_cache_branch). The
+    paths of the four models."""
+    import torch
+    from optimum.exporters.onnx import main_export
+    torch.manual_seed(0)
+    local = os.path.join(out_dir, name + "_hf")
+    if name == "t5":
+        from transformers import T5Config, T5ForConditionalGeneration
+        T5ForConditionalGeneration(T5Config(vocab_size=1000, d_model=64, d_kv=16, d_ff=128, num_layers=2,
+                                            num_heads=4, decoder_start_token_id=0)).save_pretrained(local)
+        task = "text2text-generation-with-past"
+    else:
+        from transformers import WhisperConfig, WhisperForConditionalGeneration
+        WhisperForConditionalGeneration(WhisperConfig(
+            vocab_size=1000, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+            decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, num_mel_bins=80,
+            max_source_positions=1500, max_target_positions=64, decoder_start_token_id=1, pad_token_id=0,
+            eos_token_id=2, bos_token_id=1)).save_pretrained(local)
+        task = "automatic-speech-recognition-with-past"
+    onnx_dir = os.path.join(out_dir, name + "_onnx")
+    main_export(local, output=onnx_dir, task=task)
+    return [os.path.join(onnx_dir, f + ".onnx")
+            for f in ("encoder_model", "decoder_model", "decoder_with_past_model", "decoder_model_merged")]
+
+
+def seq2seq_feeds(name, path, use_cache, rng):
+    """Inputs at SEQ2SEQ_DIMS (Whisper's encoder: its 1,500 frames): ids, masks of ones, random
+    float tensors, use_cache_branch as given."""
+    import onnxruntime as ort
+    feeds = {}
+    for i in ort.InferenceSession(path, providers=["CPUExecutionProvider"]).get_inputs():
+        dims = dict(SEQ2SEQ_DIMS, **({"encoder_sequence_length": 1500} if name == "whisper" else {}))
+        shape = [dims.get(d, 1) if isinstance(d, str) else d for d in i.shape]
+        if i.name == "use_cache_branch":
+            feeds[i.name] = np.array([use_cache])
+        elif "mask" in i.name:
+            feeds[i.name] = np.ones(shape, np.int64)
+        elif "int" in i.type:
+            feeds[i.name] = rng.integers(0, 1000, shape).astype(np.int64)
+        else:
+            feeds[i.name] = rng.standard_normal(shape).astype(np.float32)
+    return feeds
 
 
 def export_dense(name, out_dir):
@@ -187,7 +239,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kiln", default="build/kiln")
     ap.add_argument("--lower-check", default=None)
-    ap.add_argument("--models", default=",".join(list(TV) + YOLO + DENSE))
+    ap.add_argument("--models", default=",".join(list(TV) + YOLO + DENSE + SEQ2SEQ))
     ap.add_argument("--out", default=None, help="keep the exports here (default: a temporary folder)")
     a = ap.parse_args()
     import torchvision.models.detection as d
@@ -211,12 +263,29 @@ def main():
                 path = export_yolo(name, out, small)
                 row, ok = check(a.kiln, a.lower_check, path, {"images": small}, "images:1x3x320x320",
                                 lambda ref, got: tc.compare_exact(yolo_rows(ref["output0"]), yolo_rows(got["output0"])))
+            elif name in SEQ2SEQ:
+                try:
+                    import optimum.exporters.onnx  # noqa: F401
+                except ImportError:
+                    print(f"skip {name}: optimum-onnx is not installed")
+                    continue
+                rows, ok = [], True
+                rng = np.random.default_rng(0)
+                for path in export_seq2seq(name, out):
+                    for use_cache in ((False, True) if path.endswith("merged.onnx") else (False,)):
+                        feeds = seq2seq_feeds(name, path, use_cache, rng)
+                        shapes = ",".join(f"{k}:" + ("x".join(map(str, v.shape)) or "1") for k, v in feeds.items())
+                        r, o = check(a.kiln, a.lower_check, path, feeds, shapes, dense_compare)
+                        part = os.path.basename(path)[:-5] + (" (past)" if use_cache else "")
+                        rows.append(f"{part}: {r}")
+                        ok &= o
+                row = "; ".join(rows)
             elif name in DENSE:
                 path, feeds = export_dense(name, out)
                 shapes = ",".join(f"{k}:" + "x".join(map(str, v.shape)) for k, v in feeds.items())
                 row, ok = check(a.kiln, a.lower_check, path, feeds, shapes, dense_compare)
             else:
-                raise RuntimeError(f"unknown model (known: {', '.join(list(TV) + YOLO + DENSE)})")
+                raise RuntimeError(f"unknown model (known: {', '.join(list(TV) + YOLO + DENSE + SEQ2SEQ)})")
         except Exception as e:  # noqa: BLE001 - one line per model, the run goes on
             row, ok = f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", False
         failed += not ok
