@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <limits>
 #include <string>
 
 #include "ops/op.h"
@@ -53,7 +54,9 @@ Poly canonical(Poly p) {
   }
   p.terms.clear();
   for (Term& t : merged) {
-    if (t.syms.size() > kMaxFactors) return Poly{{}, false};
+    // INT64_MIN has no negation to print or subtract.
+    if (t.syms.size() > kMaxFactors || t.coef == std::numeric_limits<int64_t>::min())
+      return Poly{{}, false};
     if (t.coef != 0) p.terms.push_back(std::move(t));
   }
   if (p.terms.size() > kMaxTerms) return Poly{{}, false};
