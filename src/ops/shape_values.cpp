@@ -335,6 +335,10 @@ std::optional<Elems> value_of(const Node& n) {
 
 Dim mul_dims(const Dim& a, const Dim& b) {
   if ((a.is_static() && a.value == 0) || (b.is_static() && b.value == 0)) return Dim(0);
+  if (a.is_static() && b.is_static()) {
+    int64_t v = 0;
+    return __builtin_mul_overflow(a.value, b.value, &v) ? Dim() : Dim(v);
+  }
   const Poly pa = poly_of(a), pb = poly_of(b);
   if (!pa.ok || !pb.ok) return Dim();
   Poly p;
@@ -351,6 +355,8 @@ Dim mul_dims(const Dim& a, const Dim& b) {
 }
 
 Dim div_dims(const Dim& a, const Dim& b) {
+  if (a.is_static() && b.is_static())
+    return b.value > 0 && a.value % b.value == 0 ? Dim(a.value / b.value) : Dim();
   const Poly pa = poly_of(a), pb = poly_of(b);
   if (!pa.ok || !pb.ok || pb.terms.size() != 1 || pb.terms[0].coef <= 0) return Dim();
   const Term& d = pb.terms[0];
@@ -368,9 +374,18 @@ Dim div_dims(const Dim& a, const Dim& b) {
   return dim_of(canonical(std::move(p)));
 }
 
-Dim add_dims(const Dim& a, const Dim& b) { return dim_of(add_polys(poly_of(a), poly_of(b), 1)); }
+// Static dims take the integer paths (no polynomial is built): the dynamic region infers shapes
+// at every new shape, a Loop body's Concats each iteration.
+Dim add_dims(const Dim& a, const Dim& b) {
+  int64_t v = 0;
+  if (a.is_static() && b.is_static()) return __builtin_add_overflow(a.value, b.value, &v) ? Dim() : Dim(v);
+  return dim_of(add_polys(poly_of(a), poly_of(b), 1));
+}
 bool nonnegative_dim(const Dim& d) { return d.is_static() || (!d.symbol.empty() && nonnegative(poly_of(d))); }
-Dim sub_dims(const Dim& a, const Dim& b) { return dim_of(add_polys(poly_of(a), poly_of(b), -1)); }
+Dim sub_dims(const Dim& a, const Dim& b) {
+  if (a.is_static() && b.is_static()) return a.value >= b.value ? Dim(a.value - b.value) : Dim();
+  return dim_of(add_polys(poly_of(a), poly_of(b), -1));
+}
 
 bool same_dim(const Dim& a, const Dim& b) {
   if (a.is_static() || b.is_static()) return a.is_static() && b.is_static() && a.value == b.value;
