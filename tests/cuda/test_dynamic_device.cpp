@@ -116,6 +116,40 @@ TEST(CudaDynamicDevice, EnqueueWithOutputAllocatorsMatchesExecute) {
   cudaFree(dx);
 }
 
+// PyTorch's default stream is the legacy one, which cannot hold the prefix's capture: the run,
+// captured on its third call at a shape and replayed after, stays in that stream's order.
+TEST(CudaDynamicDevice, EnqueueOnTheLegacyDefaultStreamCapturesAndKeepsItsOrder) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU here: GPU test skipped";
+  auto e = nonzero_engine();
+  ASSERT_TRUE(e);
+  auto host = e->create_context();
+  auto dev = e->create_context();
+  ASSERT_TRUE(host.ok() && dev.ok());
+  Recorder rec;
+  ASSERT_TRUE(dev.value()->set_output_allocator("idx", &rec).ok());
+  ASSERT_TRUE(dev.value()->set_output_allocator("y", &rec).ok());
+  void* dx = nullptr;
+  ASSERT_EQ(cudaMalloc(&dx, 64 * 256 * sizeof(float)), cudaSuccess);
+  uint64_t seed = 40;
+  for (int64_t n : {8, 8, 8, 8, 32, 32, 32, 8}) {
+    const Tensor x = random({n, 256}, seed++);
+    auto want = host.value()->execute({{"x", x}});
+    ASSERT_TRUE(want.ok()) << want.status().message();
+    // Written on the legacy stream without a wait: the run must come after it.
+    ASSERT_EQ(cudaMemcpyAsync(dx, x.raw(), x.nbytes(), cudaMemcpyHostToDevice, cudaStreamLegacy),
+              cudaSuccess);
+    ASSERT_TRUE(dev.value()->set_input_shape("x", {n, 256}).ok());
+    ASSERT_TRUE(dev.value()->set_tensor_address("x", dx).ok());
+    const Status st = dev.value()->enqueue(cudaStreamLegacy);
+    ASSERT_TRUE(st.ok()) << st.message();
+    ASSERT_EQ(cudaStreamSynchronize(cudaStreamLegacy), cudaSuccess);
+    const Tensor y = rec.read("y", DataType::kFloat32);
+    ASSERT_EQ(y.shape(), want.value()[1].shape()) << "batch " << n;
+    EXPECT_EQ(std::memcmp(y.raw(), want.value()[1].raw(), y.nbytes()), 0) << "batch " << n;
+  }
+  cudaFree(dx);
+}
+
 TEST(CudaDynamicDevice, AMissingOrEmptyAllocatorIsAnErrorNamingTheOutput) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU here: GPU test skipped";
   auto e = nonzero_engine();

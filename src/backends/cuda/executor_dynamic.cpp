@@ -52,9 +52,17 @@ Expected<std::vector<DynValue>> CudaContext::run_dynamic(cudaStream_t s, std::ve
 // copied to the host where a layer reads them there), outputs copied into the memory their
 // allocators give once their sizes are known.
 Status CudaContext::enqueue_dynamic(cudaStream_t stream, std::vector<LayerTiming>* timings) {
-  // The legacy default stream cannot hold the prefix's capture: the context's own stream runs
-  // it, and the call waits for it.
-  const cudaStream_t s = stream ? stream : stream_;
+  // The default streams cannot hold the prefix's capture: the context's own stream runs the
+  // region, fenced by an event each way on the caller's default stream (which keeps its order),
+  // and without a stream the call waits for it.
+  const bool fenced = stream == cudaStreamLegacy || stream == cudaStreamPerThread;
+  const cudaStream_t s = stream && !fenced ? stream : stream_;
+  if (fenced) {
+    for (cudaEvent_t& ev : fence_)
+      if (!ev) KILN_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    KILN_CUDA_CHECK(cudaEventRecord(fence_[0], stream));
+    KILN_CUDA_CHECK(cudaStreamWaitEvent(stream_, fence_[0], 0));
+  }
   std::vector<DynValue> ins;
   for (size_t i = 0; i < g_.inputs().size(); ++i) {
     const Value* v = g_.inputs()[i];
@@ -97,6 +105,10 @@ Status CudaContext::enqueue_dynamic(cudaStream_t stream, std::vector<LayerTiming
     }
     out_alloc_[j]->notify_shape(v->name, o.t.shape);
     dyn_out_shapes_.push_back(o.t.shape);
+  }
+  if (fenced) {
+    KILN_CUDA_CHECK(cudaEventRecord(fence_[1], stream_));
+    KILN_CUDA_CHECK(cudaStreamWaitEvent(stream, fence_[1], 0));
   }
   if (!stream) KILN_CUDA_CHECK(cudaStreamSynchronize(s));
   return Status::Ok();
