@@ -83,8 +83,7 @@ bool supports_reverse_sequence(const LayerDesc& d, std::string* why) {
   if (!movable_type(d.in[0].dtype))
     return *why = "unsupported type " + std::string(dtype_name(d.in[0].dtype)), false;
   if (d.in[1].dtype != DataType::kInt64) return *why = "sequence_lens must be int64", false;
-  // Its test-backend-ops cases (movement.reverse_sequence_*) have not run on a GPU yet.
-  return unverified_tactics_enabled(why, "not yet run on a GPU");
+  return true;
 }
 
 }  // namespace
