@@ -24,7 +24,9 @@
 namespace kiln::serve {
 
 struct BatcherOptions {
-  int contexts = 2;            // execution contexts per device
+  // Execution contexts per device; 0: 4 on a GPU (a batch's input copies overlap the others'
+  // inferences), 2 for a cpu engine.
+  int contexts = 0;
   double max_delay_ms = 2.0;   // how long the oldest request waits for others
   std::vector<int> preferred;  // hand a batch over once it reaches the largest of these
   std::vector<int> pad_sizes;  // run each batch padded to the smallest that holds it
@@ -57,6 +59,16 @@ struct ModelStats {
 // from) and its outputs (views of the batch's, kept alive by them) or why it failed.
 using Done = std::function<void(InferRequest& req, Result<Outputs> outputs)>;
 
+// One request's bytes on their way into a joined batch.
+struct RowCopy {
+  uint8_t* dst;
+  const void* src;
+  size_t bytes;
+};
+
+// Does `copies`, on several threads where they are large.
+void copy_rows(const std::vector<RowCopy>& copies);
+
 class Batcher {
  public:
   // Makes `options.contexts` contexts on each of the model's devices and starts their threads;
@@ -77,6 +89,7 @@ class Batcher {
   const std::vector<std::string>& devices() const { return devices_; }
   int max_batch() const { return max_batch_; }
   const std::vector<int>& pad_sizes() const { return opts_.pad_sizes; }
+  int contexts() const { return opts_.contexts; }  // per device
   const BatcherOptions& options() const { return opts_; }
   size_t queued() const;
 

@@ -34,7 +34,7 @@ Expected<std::unique_ptr<Core>> Core::load(const CoreOptions& options,
     }
     ServedModel& sm = **m;
     log(fmt::format("model {} version {}: {} on {}, {} contexts each, batches up to {}{}", e.name,
-                    e.version, e.path, fmt::join((*b)->devices(), ", "), std::max(bo.contexts, 1),
+                    e.version, e.path, fmt::join((*b)->devices(), ", "), (*b)->contexts(),
                     sm.max_batch(),
                     (*b)->pad_sizes().empty()
                         ? std::string()

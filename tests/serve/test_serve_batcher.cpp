@@ -129,6 +129,35 @@ TEST(ServeModel, ChecksRequestsAgainstTheEngine) {
   EXPECT_EQ(bad_out->message, "unknown output 'logits' (the model's outputs: y)");
 }
 
+// A joined batch's copies, split over threads by bytes (cut inside a request's copy too): every
+// byte where it belongs, none written past, small batches and empty copies included.
+TEST(ServeBatcher, RowCopiesLandWhereTheyBelongOnAnyNumberOfThreads) {
+  for (const size_t each : {size_t{3}, size_t{1} << 20, (size_t{5} << 20) + 7}) {
+    std::vector<std::vector<uint8_t>> src;
+    for (int i = 0; i < 7; ++i) {
+      src.emplace_back(i == 3 ? 0 : each + static_cast<size_t>(i));
+      for (size_t k = 0; k < src.back().size(); ++k)
+        src.back()[k] = static_cast<uint8_t>(k * 31 + static_cast<size_t>(i) * 7 + 1);
+    }
+    size_t total = 0;
+    for (const auto& v : src) total += v.size();
+    std::vector<uint8_t> dst(total + 64, 0xEE);
+    std::vector<RowCopy> copies;
+    size_t at = 0;
+    for (const auto& v : src) {
+      copies.push_back({dst.data() + at, v.data(), v.size()});
+      at += v.size();
+    }
+    copy_rows(copies);
+    at = 0;
+    for (const auto& v : src) {
+      ASSERT_EQ(std::memcmp(dst.data() + at, v.data(), v.size()), 0) << each << " at " << at;
+      at += v.size();
+    }
+    for (size_t k = total; k < dst.size(); ++k) ASSERT_EQ(dst[k], 0xEE) << each;
+  }
+}
+
 TEST(ServeBatcher, JoinsConcurrentRequestsAndSplitsTheOutputs) {
   auto m = load_twice();
   BatcherOptions o;

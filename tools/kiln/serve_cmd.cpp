@@ -21,7 +21,7 @@ namespace {
 
 struct ServeFlags {
   std::string repository, host = "0.0.0.0", devices, pad_batches, preferred;
-  int http_port = 8080, grpc_port = 8081, contexts = 2, max_batch = 0, http_threads = 0;
+  int http_port = 8080, grpc_port = 8081, contexts = 0, max_batch = 0, http_threads = 0;
   double delay_ms = 2.0;
   size_t max_request_bytes = 64u << 20, max_queue = 4096;
   bool no_grpc = false, log_requests = false, no_warmup = false, spin_wait = false;
@@ -135,7 +135,8 @@ Runner add_serve_command(CLI::App& app) {
   cmd->add_option("--host", f->host, "Address to listen on (default 0.0.0.0: every one)");
   if (const char* env = std::getenv("KILN_SERVE_CONTEXTS")) f->contexts = std::atoi(env);
   cmd->add_option("--contexts", f->contexts,
-                  "Execution contexts per model and device: batches run concurrently (default 2)")
+                  "Execution contexts per model and device: batches run concurrently (default 4 on a "
+                  "GPU, 2 for a cpu engine)")
       ->check(CLI::Range(1, 64));
   cmd->add_option("--max-batch-size", f->max_batch,
                   "Join concurrent requests up to this many samples (default: the engine "
