@@ -28,7 +28,7 @@
 # bench/serve_cost.py: the front end's CPU per request on a cpu-backend model of ResNet-50's input
 # size, KILN_COST_CLIENTS (1,8,32,128) and KILN_COST_PROCS (8)),
 # KILN_SERVE_MODELS ("resnet50 bert"), KILN_SOAK_S (120), KILN_LOAD_S (3, seconds measured per row), KILN_SERVE_BUDGET (540 s: parts
-# that would not fit are skipped and say so), KILN_SERVE_CONTEXTS (2 per GPU), KILN_SERVE_PAD
+# that would not fit are skipped and say so), KILN_SERVE_CONTEXTS (kiln serve's default: 4 per GPU), KILN_SERVE_PAD
 # (1: the tables and the soak with --pad-batches, 0: without; unset: as the comparison decides,
 # without when it does not run), KILN_SERVE_DEVICES ("0 0,1": the tables' --devices),
 # KILN_SERVE_PROTOCOLS (ResNet-50's tables: grpc,http; BERT's are gRPC only), KILN_SERVE_ARGS
@@ -52,7 +52,7 @@ MODELS=${KILN_SERVE_MODELS:-resnet50 bert}
 SOAK_S=${KILN_SOAK_S:-120}
 LOAD_S=${KILN_LOAD_S:-3}
 BUDGET=${KILN_SERVE_BUDGET:-540}
-CONTEXTS=${KILN_SERVE_CONTEXTS:-2}
+CONTEXTS=${KILN_SERVE_CONTEXTS:-}  # empty: kiln serve's default (4 a GPU)
 TABLE_DEVICES=${KILN_SERVE_DEVICES:-0 0,1}
 PROTOCOLS=${KILN_SERVE_PROTOCOLS:-grpc,http}
 SOAK_PROTOCOLS=grpc,http
@@ -147,7 +147,7 @@ start_server() {  # start_server MODEL LABEL [kiln serve options...]: sets SPID 
   # CPU use), bounded by a watchdog: at most 800 s, and stopped by
   # stop_server after its part.
   (exec env ${SERVER_ENV:-} python3 -m kiln.cli serve "$(dirname "${ENGINE[$m]}")" \
-    --host 127.0.0.1 --http-port "${HTTP##*:}" --grpc-port "${GRPC##*:}" --contexts "$CONTEXTS" \
+    --host 127.0.0.1 --http-port "${HTTP##*:}" --grpc-port "${GRPC##*:}" ${CONTEXTS:+--contexts "$CONTEXTS"} \
     "${EXTRA_ARGS[@]}" "$@" >>"$SLOG" 2>&1) &
   SPID=$!
   # (its sleep ends with it: a sleep left behind kept the script's output open for 800 s)
@@ -301,14 +301,28 @@ if [[ " $PARTS " == *" perf "* ]]; then
   # tables.md, CSV and JSON per run in $W (the JSON joins results.json).
   python3 -c "import json; json.dump({'data': [{'input_ids': {'content': [101] + [2000] * 126 + [102], 'shape': [128]},
     'attention_mask': {'content': [1] * 128, 'shape': [128]}}]}, open('$W/bert_input.json', 'w'))"
+  # How many concurrency levels the range names (START:END[:STEP], STEP a number or xFACTOR).
+  LEVELS=$(python3 - "${KILN_PERF_CONCURRENCY:-1:256:x2}" <<'PY'
+import sys
+p = sys.argv[1].split(":") + ["1"]
+a, b, step = float(p[0]), float(p[1]), p[2]
+n = 0
+while a <= b and n < 1000:
+    n += 1
+    a = a * float(step[1:]) if step.startswith("x") else a + float(step)
+print(max(n, 1))
+PY
+)
   for m in $MODELS; do
     protos=$PROTOCOLS
     data=()
-    [ "$m" = bert ] && protos=$(with_shm grpc) && data=(--input-data "$W/bert_input.json")
+    # (BERT's output, [1, 128, 768] of FP32, is open in the metadata: its shared memory size given)
+    [ "$m" = bert ] && protos=$(with_shm grpc) &&
+      data=(--input-data "$W/bert_input.json" --output-shared-memory-size $((128 * 768 * 4)))
     for devs in $TABLE_DEVICES; do
       if [ "$devs" = 0,1 ] && [ "$NGPU" -lt 2 ]; then say "one GPU: no two-GPU kiln perf run"; continue; fi
       nprot=$(( $(tr -cd , <<<"$protos" | wc -c) + 1 ))
-      fits $(( 25 + 9 * nprot * (LOAD_S + 1) )) "kiln perf, $m on GPUs $devs" || continue
+      fits $(( 25 + LEVELS * nprot * (LOAD_S + 1) )) "kiln perf, $m on GPUs $devs" || continue
       start_server "$m" "$m perf devices $devs" --devices "$devs" "${PAD_FLAG[@]}" || continue
       for proto in ${protos//,/ }; do
         i=${proto%-shm}; shm=none; [[ $proto == *-shm ]] && shm=system

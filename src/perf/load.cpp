@@ -110,7 +110,12 @@ class Workers {
         // One request before any measurement: a request the server refuses (a batch over its
         // maximum, a shape out of its profile) stops the run at once with the server's reason.
         Status st = w.client->infer();
-        if (!st.ok()) return KILN_ERROR("the first request failed: {}", st.message());
+        if (!st.ok()) {
+          // An output whose size the metadata leaves open gets --output-shared-memory-size.
+          const bool small = o_.shm && st.message().find("too small") != std::string::npos;
+          return KILN_ERROR("the first request failed: {}{}", st.message(),
+                            small ? " (give its size with --output-shared-memory-size)" : "");
+        }
       }
     }
     return Status::Ok();
