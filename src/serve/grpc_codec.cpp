@@ -244,7 +244,8 @@ Result<InferRequest> decode_grpc_infer(std::shared_ptr<const inference::ModelInf
 }
 
 Check encode_grpc_infer(const InferRequest& req, const ServedModel& model, const Outputs& outputs,
-                        const ShmRegistry& shm, inference::ModelInferResponse* out) {
+                        const ShmRegistry& shm, inference::ModelInferResponse* out,
+                        std::vector<Tensor>* raw_out) {
   out->set_model_name(model.name());
   out->set_model_version(model.version());
   out->set_id(req.id);
@@ -256,16 +257,46 @@ Check encode_grpc_infer(const InferRequest& req, const ServedModel& model, const
     ot->set_name(o.name);
     ot->set_datatype(std::string(v2_datatype(t.dtype())));
     for (int64_t d : t.shape()) ot->add_shape(d);
-    std::string* raw = out->add_raw_output_contents();
+    std::string* raw = raw_out ? nullptr : out->add_raw_output_contents();
     if (o.shm) {
       // Triton's clients index raw_output_contents by the output's place: empty contents.
       KILN_SERVE_CHECK(shm.write_output(fmt::format("output '{}'", o.name), *o.shm, t.raw(),
                                         t.nbytes(), shape_text(t.shape()), v2_datatype(t.dtype())));
+      if (raw_out) raw_out->emplace_back();
+    } else if (raw_out) {
+      raw_out->push_back(t);  // a view: it keeps the batch's outputs alive
     } else {
       raw->assign(static_cast<const char*>(t.raw()), t.nbytes());
     }
   }
   return std::nullopt;
+}
+
+grpc::ByteBuffer infer_response_buffer(const inference::ModelInferResponse& head,
+                                       std::vector<Tensor> raw) {
+  constexpr size_t kInPlace = size_t{64} << 10;
+  constexpr uint8_t kRawTag = (6 << 3) | 2;  // raw_output_contents: field 6, length-delimited
+  std::vector<grpc::Slice> slices;
+  std::string pending = head.SerializeAsString();
+  for (Tensor& t : raw) {
+    const size_t n = t.nbytes();
+    pending.push_back(static_cast<char>(kRawTag));
+    for (uint64_t v = n; ; v >>= 7) {  // the length as a varint
+      pending.push_back(static_cast<char>((v & 0x7f) | (v > 0x7f ? 0x80 : 0)));
+      if (v <= 0x7f) break;
+    }
+    if (n < kInPlace) {
+      if (n) pending.append(static_cast<const char*>(t.raw()), n);
+      continue;
+    }
+    slices.emplace_back(pending);
+    pending.clear();
+    auto* keep = new Tensor(std::move(t));
+    slices.emplace_back(const_cast<void*>(keep->raw()), n,
+                        [](void* p) { delete static_cast<Tensor*>(p); }, keep);
+  }
+  if (!pending.empty() || slices.empty()) slices.emplace_back(pending);
+  return grpc::ByteBuffer(slices.data(), slices.size());
 }
 
 }  // namespace kiln::serve

@@ -265,6 +265,43 @@ TEST(ServeGrpcDecode, ContentsShorterThanAHugeShapeAllocateNothing) {
       << r.error().message;
 }
 
+// The response's raw outputs appended to the serialized head, the large ones as slices of their
+// own memory: the bytes parse back as the message protobuf would write, in the outputs' order.
+TEST(ServeGrpcEncode, RawOutputsFollowTheHeadLargeOnesInPlace) {
+  inference::ModelInferResponse head;
+  head.set_model_name("m");
+  head.add_outputs()->set_name("a");
+  std::vector<float> big(70000);  // 280 KB: a slice of its own
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i) * 0.5f;
+  const Tensor large = Tensor::from<float>({1, 70000}, big);
+  const Tensor small = Tensor::from<float>({1, 3}, {1.f, 2.f, 3.f});
+  const void* large_bytes = large.raw();
+  std::vector<Tensor> raw = {small, Tensor(), large, small};  // an empty one: shared memory's
+  grpc::ByteBuffer buf = infer_response_buffer(head, raw);
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(buf.Dump(&slices).ok());
+  bool in_place = false;
+  for (const grpc::Slice& sl : slices) in_place = in_place || sl.begin() == large_bytes;
+  EXPECT_TRUE(in_place) << "the large output was copied";
+  grpc::Slice whole;
+  ASSERT_TRUE(buf.DumpToSingleSlice(&whole).ok());
+  inference::ModelInferResponse back;
+  ASSERT_TRUE(back.ParseFromArray(whole.begin(), static_cast<int>(whole.size())));
+  EXPECT_EQ(back.model_name(), "m");
+  ASSERT_EQ(back.raw_output_contents_size(), 4);
+  const auto as_string = [](const Tensor& t) {
+    return std::string(static_cast<const char*>(t.raw()), t.nbytes());
+  };
+  EXPECT_EQ(back.raw_output_contents(0), as_string(small));
+  EXPECT_EQ(back.raw_output_contents(1), "");
+  EXPECT_EQ(back.raw_output_contents(2), as_string(large));
+  EXPECT_EQ(back.raw_output_contents(3), as_string(small));
+  inference::ModelInferResponse want = head;  // protobuf's own encoding of the same message
+  for (const Tensor& t : raw) *want.add_raw_output_contents() = t.nbytes() ? as_string(t) : "";
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(whole.begin()), whole.size()),
+            want.SerializeAsString());
+}
+
 TEST(ServeGrpcDecode, NamesWhatIsWrong) {
   ShmRegistry shm;
   auto msg = std::make_shared<inference::ModelInferRequest>();
