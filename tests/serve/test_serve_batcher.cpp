@@ -151,7 +151,8 @@ TEST(ServeBatcher, RowCopiesLandWhereTheyBelongOnAnyNumberOfThreads) {
     copy_rows(copies);
     at = 0;
     for (const auto& v : src) {
-      ASSERT_EQ(std::memcmp(dst.data() + at, v.data(), v.size()), 0) << each << " at " << at;
+      if (!v.empty())
+        ASSERT_EQ(std::memcmp(dst.data() + at, v.data(), v.size()), 0) << each << " at " << at;
       at += v.size();
     }
     for (size_t k = total; k < dst.size(); ++k) ASSERT_EQ(dst[k], 0xEE) << each;
