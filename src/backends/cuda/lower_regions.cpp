@@ -50,6 +50,13 @@ std::vector<bool> host_value_inputs(const Graph& g) {
     if ((n->domain.empty() || n->domain == "ai.onnx") &&
         (n->op_type == "NonZero" || n->op_type == "NonMaxSuppression"))
       for (const Value* v : n->inputs()) work.emplace_back(v, true);
+    // So does an op with no GPU kernel at all (a window function of a size given at run time,
+    // a DFT whose axis is an input): its CPU kernel, where its inputs are small.
+    if (n->attrs.subgraphs().empty() && tactics_for(n->domain, n->op_type).empty()) {
+      const OpDef* def = find_op(n->domain, n->op_type);
+      if (def && def->cpu)
+        for (const Value* v : n->inputs()) work.emplace_back(v, true);
+    }
     for (const TacticDef* t : tactics_for(n->domain, n->op_type))
       for (size_t s = 0; s < n->num_inputs(); ++s)
         if ((t->host_inputs >> s) & 1u) work.emplace_back(n->input(s), false);
