@@ -32,6 +32,8 @@ TINY = {
     "sd15_unet_tiny": "SD 1.5 UNet blocks: ResNet, cross-attention transformer, up/down sampling",
     "sd15_vae_decoder_tiny": "SD 1.5 VAE decoder blocks (GroupNorm, mid attention, upsampling)",
     "sd15_text_encoder_tiny": "SD 1.5's CLIP text encoder (causal mask, quick GELU, argmax pooling)",
+    "spectrogram_tiny": "an audio front end: torch.stft, power, filter bank, log, Conv1d (STFT)",
+    "fnet_tiny": "FNet's token mixing: the real part of a 2-D FFT (DFT)",
 }
 MAX_BYTES = 1 << 20
 

@@ -554,6 +554,68 @@ def gru_tiny():
 
 
 # ---------------------------------------------------------------------------------------------
+# spectral models: the DFT and STFT in the graph (dynamo exports them; TorchScript cannot)
+
+@model("spectrogram_tiny")
+def spectrogram_tiny():
+    """An audio classifier's front end in the graph: torch.stft (centred, Hann window) -> power
+    -> a mel-like filter bank -> log -> Conv1d -> pooled logits (the STFT op and a reflect Pad)."""
+    import torch
+    import torch.nn as nn
+    _seed(0)
+
+    class Spectrogram(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("window", torch.hann_window(64))
+            self.register_buffer("bank", torch.rand(33, 16))
+            self.conv = nn.Conv1d(16, 8, 3)
+            self.head = nn.Linear(8, 4)
+
+        def forward(self, audio):
+            z = torch.stft(audio, n_fft=64, hop_length=16, window=self.window, return_complex=True)
+            power = z.abs() ** 2                                    # [N, 33, frames]
+            mel = torch.log(power.transpose(1, 2) @ self.bank + 1e-6)
+            return self.head(torch.relu(self.conv(mel.transpose(1, 2))).mean(-1))
+
+    return Task("spectrogram_tiny", Spectrogram().eval(), {"audio": {"recipe": "normal", "shape": ["N", 800]}},
+                ["logits"], {"audio": {0: "batch"}, "logits": {0: "batch"}},
+                note="audio [N, 800] -> logits [N, 4]; STFT 64 / hop 16")
+
+
+@model("fnet_tiny")
+def fnet_tiny():
+    """FNet's token mixing: the real part of a 2-D FFT over the hidden and sequence axes in place of
+    attention (DFT ops), then LayerNorm and a GELU MLP, two blocks."""
+    import torch
+    import torch.nn as nn
+    _seed(0)
+
+    class Block(nn.Module):
+        def __init__(self, d):
+            super().__init__()
+            self.n1, self.n2 = nn.LayerNorm(d), nn.LayerNorm(d)
+            self.ff = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+
+        def forward(self, x):
+            x = self.n1(x + torch.fft.fftn(x, dim=(-1, -2)).real)
+            return self.n2(x + self.ff(x))
+
+    class FNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(100, 32)
+            self.blocks = nn.Sequential(Block(32), Block(32))
+
+        def forward(self, input_ids):
+            return self.blocks(self.emb(input_ids))
+
+    return Task("fnet_tiny", FNet().eval(), {"input_ids": {"recipe": "tokens", "shape": ["N", 16], "vocab": 100}},
+                ["hidden"], {"input_ids": {0: "batch"}, "hidden": {0: "batch"}},
+                note="input_ids [N, 16] -> hidden [N, 16, 32]; 2-D FFT token mixing")
+
+
+# ---------------------------------------------------------------------------------------------
 # Stable Diffusion 1.5 (task_sd.py)
 
 def _sd(name):
