@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <system_error>
 
 #include "serve/device.h"
 
@@ -55,7 +56,13 @@ void copy_rows(const std::vector<RowCopy>& copies) {
     }
   };
   std::vector<std::thread> helpers;
-  for (size_t part = 1; part < parts; ++part) helpers.emplace_back(run, part);
+  for (size_t part = 1; part < parts; ++part) {
+    try {
+      helpers.emplace_back(run, part);
+    } catch (const std::system_error&) {  // no thread to be had: this one copies that part too
+      run(part);
+    }
+  }
   run(0);
   for (std::thread& t : helpers) t.join();
 }
