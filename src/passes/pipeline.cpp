@@ -45,7 +45,8 @@ struct PassEntry {
 // - reduce_to_global_pool beside the folding: a ReduceMean over every spatial axis becomes the
 //   GlobalAveragePool it is, before any fusion reads either form. dft_to_matmul likewise: a DFT
 //   or STFT of static sizes becomes the MatMul or Conv with a constant basis it is, for the
-//   fusions to take as any other (after fold_constants, which makes its window a constant).
+//   fusions to take as any other (after fold_constants, which makes its window a constant);
+//   col2im_to_conv_transpose: a Col2Im (F.fold) becomes the one-hot ConvTranspose it is.
 // - fold_batchnorm before any fusion: BN folds into the weights of a plain Conv/Gemm/MatMul;
 //   once an activation fused in between, it no longer could. fold_pad_into_conv beside it: a
 //   zero Pad (TensorFlow's SAME padding) becomes a plain Conv's pads before fusions take it.
@@ -139,6 +140,7 @@ constexpr PassEntry kPipeline[] = {
     {"fold_pad_into_conv", 1, passes::fold_pad_into_conv},
     {"reduce_to_global_pool", 1, passes::reduce_to_global_pool},
     {"dft_to_matmul", 1, passes::dft_to_matmul},
+    {"col2im_to_conv_transpose", 1, passes::col2im_to_conv_transpose},
     {"eliminate_dead_code", 1, passes::eliminate_dead_code},
     {"fuse_layernorm", 2, passes::fuse_layernorm},
     {"fuse_rmsnorm", 2, passes::fuse_rmsnorm},
