@@ -1,5 +1,6 @@
 // Normalizations added after kiln's first op set: RMSNormalization (opset 23), GroupNormalization
-// (18/21), LpNormalization and MeanVarianceNormalization. All compute in float64 and round once
+// (18/21), LpNormalization, MeanVarianceNormalization and LRN (AlexNet's and GoogLeNet's local
+// response normalization across channels; passes/lrn_to_conv.cpp gives the GPU its form). All compute in float64 and round once
 // to the input type, so one reference serves every float type (stash_type only ever asks for
 // at least float32).
 
@@ -194,7 +195,55 @@ Status cpu_groupnorm(KernelContext& ctx) {
   return Status::Ok();
 }
 
+// LRN: y = x / (bias + alpha / size * sum of x^2 over the channels c - floor((size - 1) / 2) ..
+// c + ceil((size - 1) / 2))^beta, over X [N, C, ...].
+Status lrn_attrs(const Node& n, int64_t* size) {
+  *size = n.attrs.get_int("size", 0);
+  if (*size < 1) return KILN_ERROR("{}: LRN needs a size >= 1, got {}", n.label(), *size);
+  return Status::Ok();
+}
+
+Status infer_lrn(InferContext& ctx) {
+  int64_t size = 0;
+  KILN_RETURN_IF_ERROR(lrn_attrs(ctx.node(), &size));
+  const TensorType& x = ctx.input_type(0);
+  if (x.has_rank() && x.rank() < 3)
+    return KILN_ERROR("{}: LRN input must be [N, C, d1, ...], got {}", ctx.node().label(), x.str());
+  return infer_float_same(ctx);
+}
+
+Status cpu_lrn(KernelContext& ctx) {
+  const Node& n = ctx.node();
+  const Tensor* x = ctx.input(0);
+  int64_t size = 0;
+  KILN_RETURN_IF_ERROR(lrn_attrs(n, &size));
+  if (!x || x->rank() < 3 || !dtype_is_float(x->dtype()))
+    return KILN_ERROR("{}: LRN input must be a float [N, C, d1, ...]", n.label());
+  const double alpha = n.attrs.get_float("alpha", 1e-4f), beta = n.attrs.get_float("beta", 0.75f),
+               bias = n.attrs.get_float("bias", 1.0f);
+  const int64_t N = x->dim(0), C = x->dim(1), inner = C == 0 || N == 0 ? 0 : x->numel() / (N * C);
+  const int64_t lo = (size - 1) / 2, hi = size - 1 - lo;
+  const Tensor xd = x->cast(DataType::kFloat64);
+  Tensor y(DataType::kFloat64, x->shape());
+  const double* in = xd.data<double>();
+  double* out = y.data<double>();
+  for (int64_t b = 0; b < N; ++b)
+    for (int64_t c = 0; c < C; ++c)
+      for (int64_t i = 0; i < inner; ++i) {
+        double s = 0;
+        for (int64_t k = std::max<int64_t>(0, c - lo); k <= std::min(C - 1, c + hi); ++k) {
+          const double v = in[(b * C + k) * inner + i];
+          s += v * v;
+        }
+        const int64_t at = (b * C + c) * inner + i;
+        out[at] = in[at] / std::pow(bias + alpha / static_cast<double>(size) * s, beta);
+      }
+  ctx.set_output(0, y.cast(x->dtype()));
+  return Status::Ok();
+}
+
 constexpr OpDef kOps[] = {
+    {"", "LRN", infer_lrn, cpu_lrn, nullptr},
     {"", "RMSNormalization", infer_float_same, cpu_rmsnorm, nullptr},
     {"", "LpNormalization", infer_float_same, cpu_lpnorm, nullptr},
     {"", "MeanVarianceNormalization", infer_float_same, cpu_mvn, nullptr},
