@@ -1,5 +1,6 @@
 // Gather, GatherElements, GatherND: dtype-agnostic byte copies driven by int32/int64 indices.
-// Negative indices count from the end; an index out of range is an error naming the node.
+// Negative indices count from the end; an index out of range is an error naming the node. And
+// OneHot (passes/one_hot_to_equal.cpp gives the GPU its form).
 #include <cstring>
 
 #include "ops/shape_util.h"
@@ -183,7 +184,78 @@ Status gather_nd_cpu(KernelContext& ctx) {
   return Status::Ok();
 }
 
+// ---------------------------------------------------------------- OneHot
+// y has indices' dims with `depth` inserted at `axis`: on where the index (plus depth when it is
+// negative) equals the position along that axis, off elsewhere (an index out of range: all off).
+// A float index matches only a whole number; depth is truncated to an integer (the spec's cast).
+Expected<int64_t> one_hot_depth(const Node& n, const Tensor& d) {
+  if (d.numel() != 1) return KILN_ERROR("{}: depth must be one value, got {}", n.label(), d.desc());
+  const double v = d.at_double(0);
+  if (!(v >= 1) || v > (1 << 24)) return KILN_ERROR("{}: depth must be in [1, 2^24], got {}", n.label(), v);
+  return static_cast<int64_t>(v);
+}
+
+Expected<int64_t> one_hot_axis(const Node& n, int64_t rank) {
+  const int64_t axis = n.attrs.get_int("axis", -1);
+  if (axis < -rank - 1 || axis > rank)
+    return KILN_ERROR("{}: axis {} is outside [{}, {}] for indices of rank {}", n.label(), axis, -rank - 1,
+                      rank, rank);
+  return axis < 0 ? axis + rank + 1 : axis;
+}
+
+Status one_hot_infer(InferContext& ctx) {
+  const Node& n = ctx.node();
+  const TensorType &ind = ctx.input_type(0), &vals = ctx.input_type(2);
+  if (vals.has_rank() && vals.rank() != 1)
+    return KILN_ERROR("{}: values must be [off_value, on_value], got {}", n.label(), vals.str());
+  if (!ind.has_rank()) {
+    ctx.set_output(0, TensorType::unknown_rank(vals.dtype));
+    return Status::Ok();
+  }
+  KILN_ASSIGN_OR_RETURN(int64_t axis, one_hot_axis(n, ind.rank()));
+  Dim depth;
+  if (const Tensor* d = ctx.input_const(1)) {
+    KILN_ASSIGN_OR_RETURN(int64_t v, one_hot_depth(n, *d));
+    depth = Dim(v);
+  }
+  std::vector<Dim> out = *ind.dims;
+  out.insert(out.begin() + axis, depth);
+  ctx.set_output(0, TensorType(vals.dtype, std::move(out)));
+  return Status::Ok();
+}
+
+Status one_hot_cpu(KernelContext& ctx) {
+  const Node& n = ctx.node();
+  const Tensor *ind = ctx.input(0), *d = ctx.input(1), *vals = ctx.input(2);
+  if (!ind || !d || !vals) return KILN_ERROR("{}: OneHot needs indices, depth and values", n.label());
+  if (vals->numel() != 2 || vals->rank() != 1)
+    return KILN_ERROR("{}: values must be [off_value, on_value], got {}", n.label(), vals->desc());
+  KILN_ASSIGN_OR_RETURN(int64_t depth, one_hot_depth(n, *d));
+  KILN_ASSIGN_OR_RETURN(int64_t axis, one_hot_axis(n, ind->rank()));
+  std::vector<int64_t> shape = ind->shape();
+  shape.insert(shape.begin() + axis, depth);
+  int64_t outer = 1, inner = 1;
+  for (int64_t i = 0; i < ind->rank(); ++i) (i < axis ? outer : inner) *= ind->dim(i);
+  if (outer * depth * inner > (int64_t{1} << 31))
+    return KILN_ERROR("{}: an output of {} values is over 2^31", n.label(), outer * depth * inner);
+  Tensor y(vals->dtype(), shape);
+  const size_t es = dtype_size(vals->dtype());
+  const auto* off = static_cast<const uint8_t*>(vals->raw());
+  auto* dst = static_cast<uint8_t*>(y.raw());
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t k = 0; k < depth; ++k)
+      for (int64_t i = 0; i < inner; ++i) {
+        double v = ind->at_double(o * inner + i);
+        if (v < 0) v += static_cast<double>(depth);
+        const bool on = v == static_cast<double>(k);
+        std::memcpy(dst + ((o * depth + k) * inner + i) * static_cast<int64_t>(es), off + (on ? es : 0), es);
+      }
+  ctx.set_output(0, std::move(y));
+  return Status::Ok();
+}
+
 const OpDef kOps[] = {
+    {"", "OneHot", one_hot_infer, one_hot_cpu, nullptr},
     {"", "Gather", gather_infer, gather_cpu, nullptr},
     {"", "GatherElements", gather_elements_infer, gather_elements_cpu, nullptr},
     {"", "GatherND", gather_nd_infer, gather_nd_cpu, nullptr},

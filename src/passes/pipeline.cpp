@@ -47,7 +47,8 @@ struct PassEntry {
 //   or STFT of static sizes becomes the MatMul or Conv with a constant basis it is, for the
 //   fusions to take as any other (after fold_constants, which makes its window a constant);
 //   col2im_to_conv_transpose: a Col2Im (F.fold) becomes the one-hot ConvTranspose it is;
-//   lrn_to_conv: an LRN the squares, a banded channel Conv and the division it is.
+//   lrn_to_conv: an LRN the squares, a banded channel Conv and the division it is;
+//   one_hot_to_equal: a OneHot the comparison with the positions along its axis it is.
 // - fold_batchnorm before any fusion: BN folds into the weights of a plain Conv/Gemm/MatMul;
 //   once an activation fused in between, it no longer could. fold_pad_into_conv beside it: a
 //   zero Pad (TensorFlow's SAME padding) becomes a plain Conv's pads before fusions take it.
@@ -143,6 +144,7 @@ constexpr PassEntry kPipeline[] = {
     {"dft_to_matmul", 1, passes::dft_to_matmul},
     {"col2im_to_conv_transpose", 1, passes::col2im_to_conv_transpose},
     {"lrn_to_conv", 1, passes::lrn_to_conv},
+    {"one_hot_to_equal", 1, passes::one_hot_to_equal},
     {"eliminate_dead_code", 1, passes::eliminate_dead_code},
     {"fuse_layernorm", 2, passes::fuse_layernorm},
     {"fuse_rmsnorm", 2, passes::fuse_rmsnorm},
