@@ -16,14 +16,17 @@ struct Col2ImParams {
 };
 
 Expected<Col2ImParams> col2im_params(const Node& n, const Tensor* image, const Tensor* block) {
-  if (!image || !block) return KILN_ERROR("{}: image_shape and block_shape must be constants", n.label());
+  if (!image || !block)
+    return KILN_ERROR("{}: image_shape and block_shape must be constants", n.label());
   Col2ImParams p;
   p.image = image->to_int64_vector();
   p.block = block->to_int64_vector();
   const size_t nsp = p.image.size();
   if (nsp == 0 || p.block.size() != nsp)
-    return KILN_ERROR("{}: image_shape ({} values) and block_shape ({}) must name the same spatial "
-                      "axes", n.label(), p.image.size(), p.block.size());
+    return KILN_ERROR(
+        "{}: image_shape ({} values) and block_shape ({}) must name the same spatial "
+        "axes",
+        n.label(), p.image.size(), p.block.size());
   p.strides = n.attrs.get_ints("strides");
   p.dilations = n.attrs.get_ints("dilations");
   p.pads = n.attrs.get_ints("pads");
@@ -31,18 +34,24 @@ Expected<Col2ImParams> col2im_params(const Node& n, const Tensor* image, const T
   if (p.dilations.empty()) p.dilations.assign(nsp, 1);
   if (p.pads.empty()) p.pads.assign(2 * nsp, 0);
   if (p.strides.size() != nsp || p.dilations.size() != nsp || p.pads.size() != 2 * nsp)
-    return KILN_ERROR("{}: strides, dilations ({} values each) and pads ({}) do not match {} "
-                      "spatial axes", n.label(), p.strides.size(), p.pads.size(), nsp);
+    return KILN_ERROR(
+        "{}: strides, dilations ({} values each) and pads ({}) do not match {} "
+        "spatial axes",
+        n.label(), p.strides.size(), p.pads.size(), nsp);
   for (size_t d = 0; d < nsp; ++d) {
     if (p.image[d] < 1 || p.block[d] < 1 || p.strides[d] < 1 || p.dilations[d] < 1 ||
         p.pads[d] < 0 || p.pads[d + nsp] < 0 || p.image[d] > (1 << 24) || p.block[d] > (1 << 16))
-      return KILN_ERROR("{}: image {}, block {}, strides, dilations >= 1 and pads >= 0 along axis "
-                        "{}", n.label(), p.image[d], p.block[d], d);
+      return KILN_ERROR(
+          "{}: image {}, block {}, strides, dilations >= 1 and pads >= 0 along axis "
+          "{}",
+          n.label(), p.image[d], p.block[d], d);
     const int64_t span = p.dilations[d] * (p.block[d] - 1) + 1;
     const int64_t room = p.image[d] + p.pads[d] + p.pads[d + nsp] - span;
     if (room < 0)
-      return KILN_ERROR("{}: a block of {} (dilated) does not fit the padded image ({}) along axis "
-                        "{}", n.label(), span, p.image[d] + p.pads[d] + p.pads[d + nsp], d);
+      return KILN_ERROR(
+          "{}: a block of {} (dilated) does not fit the padded image ({}) along axis "
+          "{}",
+          n.label(), span, p.image[d] + p.pads[d] + p.pads[d + nsp], d);
     p.blocks.push_back(room / p.strides[d] + 1);
     p.kprod *= p.block[d];
     p.positions *= p.blocks.back();
@@ -54,12 +63,15 @@ Status col2im_infer(InferContext& ctx) {
   const Node& n = ctx.node();
   const TensorType& x = ctx.input_type(0);
   if (x.has_rank() && x.rank() != 3)
-    return KILN_ERROR("{}: Col2Im input must be [N, C * prod(block_shape), L], got {}", n.label(), x.str());
+    return KILN_ERROR("{}: Col2Im input must be [N, C * prod(block_shape), L], got {}", n.label(),
+                      x.str());
   if (!ctx.input_const(1) || !ctx.input_const(2)) {
     const TensorType& image = ctx.input_type(1);
-    const int64_t nsp = image.rank() == 1 && (*image.dims)[0].is_static() ? (*image.dims)[0].value : -1;
-    ctx.set_output(0, nsp < 0 ? TensorType::unknown_rank(x.dtype)
-                              : TensorType(x.dtype, std::vector<Dim>(static_cast<size_t>(nsp + 2))));
+    const int64_t nsp =
+        image.rank() == 1 && (*image.dims)[0].is_static() ? (*image.dims)[0].value : -1;
+    ctx.set_output(0, nsp < 0
+                          ? TensorType::unknown_rank(x.dtype)
+                          : TensorType(x.dtype, std::vector<Dim>(static_cast<size_t>(nsp + 2))));
     return Status::Ok();
   }
   KILN_ASSIGN_OR_RETURN(Col2ImParams p, col2im_params(n, ctx.input_const(1), ctx.input_const(2)));
@@ -74,8 +86,10 @@ Status col2im_infer(InferContext& ctx) {
       out[1] = Dim(d[1].value / p.kprod);
     }
     if (d[2].is_static() && d[2].value != p.positions)
-      return KILN_ERROR("{}: {} columns, but the image, block, strides, dilations and pads make {} "
-                        "block positions", n.label(), d[2].value, p.positions);
+      return KILN_ERROR(
+          "{}: {} columns, but the image, block, strides, dilations and pads make {} "
+          "block positions",
+          n.label(), d[2].value, p.positions);
   }
   for (int64_t v : p.image) out.push_back(Dim(v));
   ctx.set_output(0, TensorType(x.dtype, std::move(out)));

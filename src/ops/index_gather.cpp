@@ -191,15 +191,16 @@ Status gather_nd_cpu(KernelContext& ctx) {
 Expected<int64_t> one_hot_depth(const Node& n, const Tensor& d) {
   if (d.numel() != 1) return KILN_ERROR("{}: depth must be one value, got {}", n.label(), d.desc());
   const double v = d.at_double(0);
-  if (!(v >= 1) || v > (1 << 24)) return KILN_ERROR("{}: depth must be in [1, 2^24], got {}", n.label(), v);
+  if (!(v >= 1) || v > (1 << 24))
+    return KILN_ERROR("{}: depth must be in [1, 2^24], got {}", n.label(), v);
   return static_cast<int64_t>(v);
 }
 
 Expected<int64_t> one_hot_axis(const Node& n, int64_t rank) {
   const int64_t axis = n.attrs.get_int("axis", -1);
   if (axis < -rank - 1 || axis > rank)
-    return KILN_ERROR("{}: axis {} is outside [{}, {}] for indices of rank {}", n.label(), axis, -rank - 1,
-                      rank, rank);
+    return KILN_ERROR("{}: axis {} is outside [{}, {}] for indices of rank {}", n.label(), axis,
+                      -rank - 1, rank, rank);
   return axis < 0 ? axis + rank + 1 : axis;
 }
 
@@ -227,7 +228,8 @@ Status one_hot_infer(InferContext& ctx) {
 Status one_hot_cpu(KernelContext& ctx) {
   const Node& n = ctx.node();
   const Tensor *ind = ctx.input(0), *d = ctx.input(1), *vals = ctx.input(2);
-  if (!ind || !d || !vals) return KILN_ERROR("{}: OneHot needs indices, depth and values", n.label());
+  if (!ind || !d || !vals)
+    return KILN_ERROR("{}: OneHot needs indices, depth and values", n.label());
   if (vals->numel() != 2 || vals->rank() != 1)
     return KILN_ERROR("{}: values must be [off_value, on_value], got {}", n.label(), vals->desc());
   KILN_ASSIGN_OR_RETURN(int64_t depth, one_hot_depth(n, *d));
@@ -248,7 +250,8 @@ Status one_hot_cpu(KernelContext& ctx) {
         double v = ind->at_double(o * inner + i);
         if (v < 0) v += static_cast<double>(depth);
         const bool on = v == static_cast<double>(k);
-        std::memcpy(dst + ((o * depth + k) * inner + i) * static_cast<int64_t>(es), off + (on ? es : 0), es);
+        std::memcpy(dst + ((o * depth + k) * inner + i) * static_cast<int64_t>(es),
+                    off + (on ? es : 0), es);
       }
   ctx.set_output(0, std::move(y));
   return Status::Ok();

@@ -1,8 +1,8 @@
 // Normalizations added after kiln's first op set: RMSNormalization (opset 23), GroupNormalization
 // (18/21), LpNormalization, MeanVarianceNormalization and LRN (AlexNet's and GoogLeNet's local
-// response normalization across channels; passes/lrn_to_conv.cpp gives the GPU its form). All compute in float64 and round once
-// to the input type, so one reference serves every float type (stash_type only ever asks for
-// at least float32).
+// response normalization across channels; passes/lrn_to_conv.cpp gives the GPU its form). All
+// compute in float64 and round once to the input type, so one reference serves every float type
+// (stash_type only ever asks for at least float32).
 
 #include <cmath>
 #include <set>

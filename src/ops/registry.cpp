@@ -8,11 +8,11 @@ namespace {
 
 using FamilyFn = std::span<const OpDef> (*)();
 constexpr FamilyFn kFamilies[] = {
-    elementwise_ops, activation_ops, conv_ops,       pool_ops,        gemm_ops,
-    norm_ops,        softmax_ops,    resize_ops,     shape_ops,       index_ops,
-    reduce_ops,      quant_ops,      norm_extra_ops, scatter_ops,     einsum_ops,
-    attention_ops,   rotary_ops,     rnn_ops,        fused_ops,       transformer_ops,
-    control_flow_ops, sampling_ops,  detection_ops,  fused_norm_ops,  spectral_ops,
+    elementwise_ops,  activation_ops, conv_ops,       pool_ops,       gemm_ops,
+    norm_ops,         softmax_ops,    resize_ops,     shape_ops,      index_ops,
+    reduce_ops,       quant_ops,      norm_extra_ops, scatter_ops,    einsum_ops,
+    attention_ops,    rotary_ops,     rnn_ops,        fused_ops,      transformer_ops,
+    control_flow_ops, sampling_ops,   detection_ops,  fused_norm_ops, spectral_ops,
     col2im_ops,
 };
 

@@ -56,14 +56,14 @@ Expected<DftSpec> dft_spec(const Node& n, int64_t rank, int64_t in_len, int64_t 
   if (axis < 0) axis += rank;
   KILN_ASSIGN_OR_RETURN(auto len, scalar_int(n, length, length != nullptr, "dft_length"));
   if (len && (*len < 1 || *len > spectral::kMaxDftLength))
-    return KILN_ERROR("{}: dft_length must be in [1, {}], got {}", n.label(), spectral::kMaxDftLength,
-                      *len);
+    return KILN_ERROR("{}: dft_length must be in [1, {}], got {}", n.label(),
+                      spectral::kMaxDftLength, *len);
   if (inverse && onesided && cin == 1)
     return KILN_ERROR("{}: an inverse onesided DFT (IRFFT) takes a complex spectrum", n.label());
   DftSpec s = spectral::make_dft_spec(axis, in_len, cin, len.value_or(0), inverse, onesided);
   if (in_len >= 0 && (s.n < 1 || s.n > spectral::kMaxDftLength))
-    return KILN_ERROR("{}: the signal axis has {} values: no DFT length in [1, {}]", n.label(), in_len,
-                      spectral::kMaxDftLength);
+    return KILN_ERROR("{}: the signal axis has {} values: no DFT length in [1, {}]", n.label(),
+                      in_len, spectral::kMaxDftLength);
   return s;
 }
 
@@ -71,7 +71,8 @@ Status dft_infer(InferContext& ctx) {
   const Node& n = ctx.node();
   const TensorType& x = ctx.input_type(0);
   if (x.dtype != DataType::kUndefined && !dtype_is_float(x.dtype))
-    return KILN_ERROR("{}: DFT input must be a float tensor, got {}", n.label(), dtype_name(x.dtype));
+    return KILN_ERROR("{}: DFT input must be a float tensor, got {}", n.label(),
+                      dtype_name(x.dtype));
   if (!x.has_rank()) {
     ctx.set_output(0, TensorType::unknown_rank(x.dtype));
     return Status::Ok();
@@ -90,8 +91,8 @@ Status dft_infer(InferContext& ctx) {
   KILN_ASSIGN_OR_RETURN(auto ax, scalar_int(n, ctx.input_const(2), ctx.has_input(2), "axis"));
   const int64_t a = ax.value_or(-2) < 0 ? ax.value_or(-2) + rank : *ax;
   const int64_t in_len = a >= 0 && a < rank ? d[static_cast<size_t>(a)].value : -1;
-  KILN_ASSIGN_OR_RETURN(DftSpec s, dft_spec(n, rank, in_len, d.back().value, ctx.input_const(1),
-                                            ctx.input_const(2)));
+  KILN_ASSIGN_OR_RETURN(
+      DftSpec s, dft_spec(n, rank, in_len, d.back().value, ctx.input_const(1), ctx.input_const(2)));
   // The output's length is known from dft_length, or from the axis's size without it.
   const bool known = s.n > 0 && (!ctx.has_input(1) || ctx.input_const(1));
   std::vector<Dim> out = d;
@@ -183,10 +184,13 @@ Expected<StftSpec> stft_spec(const Node& n, const std::vector<Dim>& x, const Ten
   s.length = x[1].value;
   const int64_t cin = x[2].value;
   if (cin != 1 && cin != 2 && cin >= 0)
-    return KILN_ERROR("{}: the signal's last dim holds the real part (1) or real and imaginary "
-                      "(2), got {}", n.label(), cin);
+    return KILN_ERROR(
+        "{}: the signal's last dim holds the real part (1) or real and imaginary "
+        "(2), got {}",
+        n.label(), cin);
   const int64_t flen = frame ? *frame : has_window ? window_len : s.length;
-  if (frame && *frame < 1) return KILN_ERROR("{}: frame_length must be >= 1, got {}", n.label(), *frame);
+  if (frame && *frame < 1)
+    return KILN_ERROR("{}: frame_length must be >= 1, got {}", n.label(), *frame);
   s.window = has_window ? window_len : flen;
   if (s.length >= 0 && flen >= 0) {
     if (flen > s.length)
@@ -204,7 +208,8 @@ Status stft_infer(InferContext& ctx) {
   const Node& n = ctx.node();
   const TensorType& x = ctx.input_type(0);
   if (x.dtype != DataType::kUndefined && !dtype_is_float(x.dtype))
-    return KILN_ERROR("{}: STFT signal must be a float tensor, got {}", n.label(), dtype_name(x.dtype));
+    return KILN_ERROR("{}: STFT signal must be a float tensor, got {}", n.label(),
+                      dtype_name(x.dtype));
   if (!x.has_rank() || !ctx.input_const(1) || (ctx.has_input(3) && !ctx.input_const(3))) {
     ctx.set_output(0, TensorType(x.dtype, std::vector<Dim>(4)));  // the sizes wait for the values
     return Status::Ok();
@@ -214,8 +219,8 @@ Status stft_infer(InferContext& ctx) {
   const int64_t wlen = has_window && w.has_rank() && w.rank() == 1 ? (*w.dims)[0].value : -1;
   if (has_window && w.has_rank() && w.rank() != 1)
     return KILN_ERROR("{}: the window must be 1-D, got {}", n.label(), w.str());
-  KILN_ASSIGN_OR_RETURN(StftSpec s, stft_spec(n, *x.dims, ctx.input_const(1), has_window, wlen,
-                                              ctx.input_const(3)));
+  KILN_ASSIGN_OR_RETURN(
+      StftSpec s, stft_spec(n, *x.dims, ctx.input_const(1), has_window, wlen, ctx.input_const(3)));
   const bool known = s.dft.n > 0;
   ctx.set_output(0, TensorType(x.dtype, {(*x.dims)[0], s.frames >= 0 ? Dim(s.frames) : Dim(),
                                          known ? Dim(s.dft.out_len) : Dim(), Dim(2)}));
@@ -231,8 +236,8 @@ Status stft_cpu(KernelContext& ctx) {
   if (w && (w->rank() != 1 || !dtype_is_float(w->dtype())))
     return KILN_ERROR("{}: the window must be a 1-D float tensor, got {}", n.label(), w->desc());
   std::vector<Dim> dims(x->shape().begin(), x->shape().end());
-  KILN_ASSIGN_OR_RETURN(StftSpec s, stft_spec(n, dims, ctx.input(1), w != nullptr,
-                                              w ? w->dim(0) : 0, ctx.input(3)));
+  KILN_ASSIGN_OR_RETURN(
+      StftSpec s, stft_spec(n, dims, ctx.input(1), w != nullptr, w ? w->dim(0) : 0, ctx.input(3)));
   const int64_t cin = s.dft.cin, win = s.window;
   // The frames, windowed: [batch * frames, win, cin] (zeros past the signal's end).
   std::vector<double> window(static_cast<size_t>(win), 1.0);
@@ -282,7 +287,8 @@ Status window_cpu(KernelContext& ctx) {
   KILN_ASSIGN_OR_RETURN(DataType dt, output_datatype(n));
   KILN_ASSIGN_OR_RETURN(auto size, scalar_int(n, ctx.input(0), true, "size"));
   if (*size < 0 || *size > spectral::kMaxDftLength)
-    return KILN_ERROR("{}: window size {} is outside [0, {}]", n.label(), *size, spectral::kMaxDftLength);
+    return KILN_ERROR("{}: window size {} is outside [0, {}]", n.label(), *size,
+                      spectral::kMaxDftLength);
   const int64_t periodic = n.attrs.get_int("periodic", 1);
   const double den = static_cast<double>(periodic == 1 ? *size : *size - 1);
   const double pi = std::numbers::pi;
@@ -320,11 +326,14 @@ Status mel_cpu(KernelContext& ctx) {
   KILN_ASSIGN_OR_RETURN(auto rate, scalar_int(n, ctx.input(2), true, "sample_rate"));
   const Tensor *lo_t = ctx.input(3), *hi_t = ctx.input(4);
   if (!lo_t || !hi_t || lo_t->numel() != 1 || hi_t->numel() != 1)
-    return KILN_ERROR("{}: lower_edge_hertz and upper_edge_hertz must be one value each", n.label());
+    return KILN_ERROR("{}: lower_edge_hertz and upper_edge_hertz must be one value each",
+                      n.label());
   if (*bins < 1 || *len < 1 || *rate < 1 || *bins > (1 << 20) || *len > (1 << 24) ||
       (*len / 2 + 1) * *bins > (int64_t{1} << 26))
-    return KILN_ERROR("{}: num_mel_bins {}, dft_length {}, sample_rate {}: each must be >= 1, and "
-                      "the matrix at most 2^26 values", n.label(), *bins, *len, *rate);
+    return KILN_ERROR(
+        "{}: num_mel_bins {}, dft_length {}, sample_rate {}: each must be >= 1, and "
+        "the matrix at most 2^26 values",
+        n.label(), *bins, *len, *rate);
   const double lo = lo_t->cast(DataType::kFloat64).data<double>()[0];
   const double hi = hi_t->cast(DataType::kFloat64).data<double>()[0];
   const int64_t spec_bins = *len / 2 + 1;
@@ -334,9 +343,10 @@ Status mel_cpu(KernelContext& ctx) {
   const double mlo = mel(lo), step = (mel(hi) - mlo) / static_cast<double>(*bins + 2);
   std::vector<int64_t> f(static_cast<size_t>(*bins + 2));
   for (int64_t i = 0; i < *bins + 2; ++i) {
-    const double hz = 700.0 * std::expm1((static_cast<double>(i) * step + mlo) / 2595.0 * std::log(10.0));
-    f[static_cast<size_t>(i)] = static_cast<int64_t>(std::floor(static_cast<double>(*len + 1) * hz /
-                                                                static_cast<double>(*rate)));
+    const double hz =
+        700.0 * std::expm1((static_cast<double>(i) * step + mlo) / 2595.0 * std::log(10.0));
+    f[static_cast<size_t>(i)] = static_cast<int64_t>(
+        std::floor(static_cast<double>(*len + 1) * hz / static_cast<double>(*rate)));
   }
   Tensor y(DataType::kFloat64, {spec_bins, *bins});
   double* o = y.data<double>();

@@ -13,12 +13,12 @@
 namespace kiln::spectral {
 
 struct DftSpec {
-  int64_t axis = 0;      // the signal axis, in [0, rank - 2]
-  int64_t n = 0;         // dft_length
+  int64_t axis = 0;  // the signal axis, in [0, rank - 2]
+  int64_t n = 0;     // dft_length
   bool inverse = false, onesided = false;
-  int64_t in_len = 0;    // the input's size along the axis
-  int64_t used = 0;      // input samples (bins, for IRFFT) read: the rest is cut, the missing zero
-  int64_t out_len = 0;   // the output's size along the axis
+  int64_t in_len = 0;   // the input's size along the axis
+  int64_t used = 0;     // input samples (bins, for IRFFT) read: the rest is cut, the missing zero
+  int64_t out_len = 0;  // the output's size along the axis
   int64_t cin = 1, cout = 2;  // real (1) or complex (2) input and output
   bool irfft() const { return inverse && onesided; }
 };
@@ -62,8 +62,8 @@ inline void dft_coef_cs(const DftSpec& s, int64_t j, double co, double si, doubl
 }
 
 inline void dft_coef(const DftSpec& s, int64_t j, int64_t k, double c[2][2]) {
-  const double theta = 2.0 * std::numbers::pi * static_cast<double>((j * k) % s.n) /
-                       static_cast<double>(s.n);
+  const double theta =
+      2.0 * std::numbers::pi * static_cast<double>((j * k) % s.n) / static_cast<double>(s.n);
   dft_coef_cs(s, j, std::cos(theta), std::sin(theta), c);
 }
 

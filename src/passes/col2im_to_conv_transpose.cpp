@@ -23,7 +23,8 @@ struct Col2ImToConvTranspose {
     Node* n = nullptr;
     int64_t channels = 0;
     std::vector<int64_t> block, blocks, strides, dilations, pads;
-    std::vector<int64_t> tail;  // rows and columns past the last block: ConvTranspose's output_padding
+    std::vector<int64_t>
+        tail;  // rows and columns past the last block: ConvTranspose's output_padding
   };
 
   static std::optional<Match> match(PassContext& ctx, Node& n) {
@@ -36,7 +37,8 @@ struct Col2ImToConvTranspose {
     const auto image = const_ints(n.input(1)), block = const_ints(n.input(2));
     if (!image || !block || image->size() != 2 || block->size() != 2)
       return why("not two spatial axes of constant image and block shapes");
-    if (!x || !is_float_type(x->type.dtype) || x->type.rank() != 3 || !(*x->type.dims)[1].is_static())
+    if (!x || !is_float_type(x->type.dtype) || x->type.rank() != 3 ||
+        !(*x->type.dims)[1].is_static())
       return why("not a float input with a static channel count");
     Match m;
     m.n = &n;
@@ -60,41 +62,31 @@ struct Col2ImToConvTranspose {
         return why("the rows past the last block are more than output_padding can hold");
     }
     const Dim& l = (*x->type.dims)[2];
-    if (l.is_static() && l.value != m.blocks[0] * m.blocks[1]) return why("the column count does not match");
+    if (l.is_static() && l.value != m.blocks[0] * m.blocks[1])
+      return why("the column count does not match");
     return m;
   }
 
   static Status rewrite(PassContext& ctx, const Match& m) {
-    Graph& g = ctx.g;
     Node& n = *m.n;
-    const std::string base = n.name;
+    Replacement rep(ctx, n);
     const DataType dt = n.input(0)->type.dtype;
     const int64_t k = m.block[0] * m.block[1];
-    Value* shape = g.add_constant(g.unique_name(base + "/grid"),
-                                  Tensor::from<int64_t>({4}, {0, m.channels * k, m.blocks[0], m.blocks[1]}));
-    Node* r = g.insert_node_before(&n, "Reshape", g.unique_name(base + "/grid"), {n.input(0), shape},
-                                   {g.unique_name(base + "/grid")});
+    Value* shape = rep.constant(
+        "grid", Tensor::from<int64_t>({4}, {0, m.channels * k, m.blocks[0], m.blocks[1]}));
+    Value* grid = rep.add_value("Reshape", {n.input(0), shape}, "grid");
     Tensor w(DataType::kFloat64, {m.channels * k, 1, m.block[0], m.block[1]});
     double* p = w.data<double>();
     std::fill(p, p + w.numel(), 0.0);
     for (int64_t c = 0; c < m.channels * k; ++c) p[c * k + c % k] = 1.0;  // position c % k
-    Value* wv = g.add_constant(g.unique_name(base + "/one_hot"), w.cast(dt));
-    Node* t = g.insert_node_before(&n, "ConvTranspose", g.unique_name(base + "/fold"),
-                                   {r->output(0), wv}, {});
+    Node* t = rep.add("ConvTranspose", {grid, rep.constant("one_hot", w.cast(dt))}, "fold", 0);
     t->attrs.set("group", Attribute::Int(m.channels));
     t->attrs.set("kernel_shape", Attribute::Ints(m.block));
     t->attrs.set("strides", Attribute::Ints(m.strides));
     t->attrs.set("dilations", Attribute::Ints(m.dilations));
     t->attrs.set("pads", Attribute::Ints(m.pads));
     t->attrs.set("output_padding", Attribute::Ints(m.tail));
-    for (Node* x : {r, t}) {
-      x->origin = ctx.pass;
-      merge_onnx_nodes(*x, n);
-    }
-    Value* out = n.output(0);  // its name and a graph output's place stay
-    KILN_RETURN_IF_ERROR(g.remove_node(&n, /*force=*/true));
-    g.set_node_output(t, 0, out);
-    return Status::Ok();
+    return rep.finish(t);
   }
 };
 

@@ -79,8 +79,10 @@ struct DftToMatmul {
       const int64_t a = *axis < 0 ? *axis + rank : *axis;
       if (a < 0 || a > rank - 2 || *len < 0) return why("axis or dft_length out of range");
       if (shape[static_cast<size_t>(a)] < 0) return why("the signal axis is dynamic");
-      const int64_t inverse = n.attrs.get_int("inverse", 0), onesided = n.attrs.get_int("onesided", 0);
-      if (inverse == 1 && onesided == 1 && cin == 1) return why("an IRFFT of a real input (an error)");
+      const int64_t inverse = n.attrs.get_int("inverse", 0),
+                    onesided = n.attrs.get_int("onesided", 0);
+      if (inverse == 1 && onesided == 1 && cin == 1)
+        return why("an IRFFT of a real input (an error)");
       m.s = spectral::make_dft_spec(a, shape[static_cast<size_t>(a)], cin, *len, inverse == 1,
                                     onesided == 1);
     } else {
@@ -113,20 +115,15 @@ struct DftToMatmul {
   }
 
   static Status rewrite(PassContext& ctx, const Match& m) {
-    Graph& g = ctx.g;
     Node& n = *m.n;
-    const std::string base = n.name;
+    Replacement r(ctx, n);
     const DataType dt = n.input(0)->type.dtype;
     auto add = [&](const char* op, std::vector<Value*> ins, const char* what) {
-      Node* p = g.insert_node_before(&n, op, g.unique_name(base + "/" + what), ins,
-                                     {g.unique_name(base + "/" + what)});
-      p->origin = ctx.pass;
-      merge_onnx_nodes(*p, n);
-      return p;
+      return r.add(op, ins, what);
     };
     auto ints = [&](const char* what, std::vector<int64_t> v) {
       const auto len = static_cast<int64_t>(v.size());
-      return g.add_constant(g.unique_name(base + "/" + what), Tensor::from<int64_t>({len}, v));
+      return r.constant(what, Tensor::from<int64_t>({len}, v));
     };
     auto transpose = [&](Value* v, std::vector<int64_t> perm, const char* what) {
       Node* t = add("Transpose", {v}, what);
@@ -147,19 +144,21 @@ struct DftToMatmul {
           for (int64_t col = 0; col < s.out_len * 2; ++col)
             wc.data<double>()[(col * s.cin + c) * s.used + j] =
                 wd.data<double>()[(j * s.cin + c) * s.out_len * 2 + col];
-      Value* wv = g.add_constant(g.unique_name(base + "/basis"), wc.cast(dt));
+      Value* wv = r.constant("basis", wc.cast(dt));
       Node* conv = add("Conv", {xt, wv}, "frames");
       conv->attrs.set("strides", Attribute::Ints({m.step}));
       conv->attrs.set("kernel_shape", Attribute::Ints({s.used}));
       // (0: the batch as it is, static or not)
-      Value* r = add("Reshape", {conv->output(0), ints("split", {0, s.out_len, 2, m.frames})},
-                     "bins")->output(0);
-      y = transpose(r, {0, 3, 1, 2}, "spectrum");
+      Value* bins =
+          add("Reshape", {conv->output(0), ints("split", {0, s.out_len, 2, m.frames})}, "bins")
+              ->output(0);
+      y = transpose(bins, {0, 3, 1, 2}, "spectrum");
     } else {
       const int64_t rank = static_cast<int64_t>(m.shape.size());
       if (s.used < s.in_len) {
-        Node* sl = add("Slice", {x, ints("start", {0}), ints("end", {s.used}), ints("axis", {s.axis})},
-                       "samples");
+        Node* sl =
+            add("Slice", {x, ints("start", {0}), ints("end", {s.used}), ints("axis", {s.axis})},
+                "samples");
         x = sl->output(0);
       }
       // The signal axis next to the parts: perm keeps the other axes in order.
@@ -176,21 +175,17 @@ struct DftToMatmul {
       split.push_back(s.out_len);
       split.push_back(s.cout);
       Value* rows = add("Reshape", {x, ints("rows", flat)}, "rows")->output(0);
-      Value* b = g.add_constant(g.unique_name(base + "/basis"), basis(s, {}, dt));
+      Value* b = r.constant("basis", basis(s, {}, dt));
       Value* prod = add("MatMul", {rows, b}, "transform")->output(0);
       y = add("Reshape", {prod, ints("bins", split)}, "bins")->output(0);
       if (moved) {
         std::vector<int64_t> inv(perm.size());
-        for (size_t i = 0; i < perm.size(); ++i) inv[static_cast<size_t>(perm[i])] = static_cast<int64_t>(i);
+        for (size_t i = 0; i < perm.size(); ++i)
+          inv[static_cast<size_t>(perm[i])] = static_cast<int64_t>(i);
         y = transpose(y, inv, "axis_back");
       }
     }
-    // The op's output value stays (its name, a graph output's place): the last node makes it.
-    Value* out = n.output(0);
-    Node* last = y->producer;
-    KILN_RETURN_IF_ERROR(g.remove_node(&n, /*force=*/true));
-    g.set_node_output(last, 0, out);
-    return Status::Ok();
+    return r.finish(y->producer);
   }
 };
 

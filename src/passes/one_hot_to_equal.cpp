@@ -35,19 +35,12 @@ struct OneHotToEqual {
   }
 
   static Status rewrite(PassContext& ctx, const Match& m) {
-    Graph& g = ctx.g;
     Node& n = *m.n;
-    const std::string base = n.name;
+    Replacement r(ctx, n);
     auto add = [&](const char* op, std::vector<Value*> ins, const char* what) {
-      Node* p = g.insert_node_before(&n, op, g.unique_name(base + "/" + what), ins,
-                                     {g.unique_name(base + "/" + what)});
-      p->origin = ctx.pass;
-      merge_onnx_nodes(*p, n);
-      return p;
+      return r.add(op, ins, what);
     };
-    auto constant = [&](const char* what, Tensor t) {
-      return g.add_constant(g.unique_name(base + "/" + what), std::move(t));
-    };
+    auto constant = [&](const char* what, Tensor t) { return r.constant(what, std::move(t)); };
     Value* i = n.input(0);
     DataType it = i->type.dtype;
     if (dtype_is_integer(it) && it != DataType::kInt64) {
@@ -61,9 +54,12 @@ struct OneHotToEqual {
       return constant(what, Tensor::scalar<double>(v).cast(it));
     };
     Value* neg = add("Less", {i, scalar("zero", 0)}, "negative")->output(0);
-    Value* wrapped = add("Add", {i, scalar("depth", static_cast<double>(m.depth))}, "wrapped")->output(0);
+    Value* wrapped =
+        add("Add", {i, scalar("depth", static_cast<double>(m.depth))}, "wrapped")->output(0);
     Value* idx = add("Where", {neg, wrapped, i}, "index")->output(0);
-    Value* u = add("Unsqueeze", {idx, constant("axis", Tensor::from<int64_t>({1}, {m.axis}))}, "on_axis")->output(0);
+    Value* u =
+        add("Unsqueeze", {idx, constant("axis", Tensor::from<int64_t>({1}, {m.axis}))}, "on_axis")
+            ->output(0);
     std::vector<int64_t> rshape = {m.depth};
     rshape.resize(static_cast<size_t>(m.rank - m.axis + 1), 1);
     Tensor positions(DataType::kFloat64, rshape);
@@ -77,13 +73,7 @@ struct OneHotToEqual {
     };
     Value* on = part(1, "on_value");
     Value* off = part(0, "off_value");
-    Node* w = g.insert_node_before(&n, "Where", g.unique_name(base + "/one_hot"), {hit, on, off}, {});
-    w->origin = ctx.pass;
-    merge_onnx_nodes(*w, n);
-    Value* out = n.output(0);  // its name and a graph output's place stay
-    KILN_RETURN_IF_ERROR(g.remove_node(&n, /*force=*/true));
-    g.set_node_output(w, 0, out);
-    return Status::Ok();
+    return r.finish(r.add("Where", {hit, on, off}, "one_hot", 0));
   }
 };
 

@@ -187,6 +187,29 @@ void copy_attrs_prefixed(const Attributes& from, Attributes& to, const std::stri
   for (const auto& [k, a] : from.all()) to.set(prefix + k, a);
 }
 
+Node* Replacement::add(const std::string& op_type, const std::vector<Value*>& inputs,
+                       const std::string& what, size_t outputs) {
+  Graph& g = ctx_.g;
+  const std::string base = op_.name + "/" + what;
+  std::vector<std::string> outs;
+  for (size_t i = 0; i < outputs; ++i) outs.push_back(g.unique_name(base));
+  Node* p = g.insert_node_before(&op_, op_type, g.unique_name(base), inputs, outs);
+  p->origin = ctx_.pass;
+  merge_onnx_nodes(*p, op_);
+  return p;
+}
+
+Value* Replacement::constant(const std::string& what, Tensor t) {
+  return ctx_.g.add_constant(ctx_.g.unique_name(op_.name + "/" + what), std::move(t));
+}
+
+Status Replacement::finish(Node* last) {
+  Value* out = op_.output(0);
+  KILN_RETURN_IF_ERROR(ctx_.g.remove_node(&op_, /*force=*/true));
+  ctx_.g.set_node_output(last, 0, out);
+  return Status::Ok();
+}
+
 void merge_onnx_nodes(Node& to, const Node& from) {
   for (const std::string& s : from.onnx_nodes)
     if (std::find(to.onnx_nodes.begin(), to.onnx_nodes.end(), s) == to.onnx_nodes.end())

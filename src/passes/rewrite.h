@@ -146,6 +146,29 @@ std::unique_ptr<Graph> scratch_layer(const std::string& domain, const std::strin
 Expected<Node*> replace_with_layer(PassContext& ctx, const std::vector<Node*>& group,
                                    const std::string& domain, const std::string& op_type,
                                    const std::vector<Value*>& inputs, Attributes attrs, Value* out);
+// An op rewritten as a chain of other ops (its canonical form), built before it: each node named
+// after the op ("NAME/what"), made by the running pass and covering the op's ONNX nodes.
+class Replacement {
+ public:
+  Replacement(PassContext& ctx, Node& op) : ctx_(ctx), op_(op) {}
+  // A node before the op with `outputs` fresh outputs (0 for the last one: finish gives it the
+  // op's output).
+  Node* add(const std::string& op_type, const std::vector<Value*>& inputs, const std::string& what,
+            size_t outputs = 1);
+  Value* add_value(const std::string& op_type, const std::vector<Value*>& inputs,
+                   const std::string& what) {
+    return add(op_type, inputs, what)->output(0);
+  }
+  Value* constant(const std::string& what, Tensor t);
+  // Removes the op and makes `last` produce its output value (in place of an output `last` was
+  // added with), whose name and place among the graph outputs stay.
+  Status finish(Node* last);
+
+ private:
+  PassContext& ctx_;
+  Node& op_;
+};
+
 // Removes single-output-in-use node n whose output `out` equals its input `in`, keeping a
 // graph output's name. False (graph unchanged) when `out` is a graph output that `in` cannot
 // stand for (a graph input, constant or another graph output).

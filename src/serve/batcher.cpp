@@ -51,7 +51,8 @@ void copy_rows(const std::vector<RowCopy>& copies) {
     size_t at = 0;
     for (const RowCopy& c : copies) {
       const size_t b = std::max(lo, at), e = std::min(hi, at + c.bytes);
-      if (b < e) std::memcpy(c.dst + (b - at), static_cast<const uint8_t*>(c.src) + (b - at), e - b);
+      if (b < e)
+        std::memcpy(c.dst + (b - at), static_cast<const uint8_t*>(c.src) + (b - at), e - b);
       at += c.bytes;
     }
   };

@@ -281,7 +281,7 @@ grpc::ByteBuffer infer_response_buffer(const inference::ModelInferResponse& head
   for (Tensor& t : raw) {
     const size_t n = t.nbytes();
     pending.push_back(static_cast<char>(kRawTag));
-    for (uint64_t v = n; ; v >>= 7) {  // the length as a varint
+    for (uint64_t v = n;; v >>= 7) {  // the length as a varint
       pending.push_back(static_cast<char>((v & 0x7f) | (v > 0x7f ? 0x80 : 0)));
       if (v <= 0x7f) break;
     }
@@ -292,8 +292,8 @@ grpc::ByteBuffer infer_response_buffer(const inference::ModelInferResponse& head
     slices.emplace_back(pending);
     pending.clear();
     auto* keep = new Tensor(std::move(t));
-    slices.emplace_back(const_cast<void*>(keep->raw()), n,
-                        [](void* p) { delete static_cast<Tensor*>(p); }, keep);
+    slices.emplace_back(
+        const_cast<void*>(keep->raw()), n, [](void* p) { delete static_cast<Tensor*>(p); }, keep);
   }
   if (!pending.empty() || slices.empty()) slices.emplace_back(pending);
   return grpc::ByteBuffer(slices.data(), slices.size());

@@ -7,9 +7,11 @@ namespace kiln::test {
 namespace {
 
 Value* col2im(G& b, Value* x, std::vector<int64_t> image, std::vector<int64_t> block,
-              std::vector<int64_t> strides, std::vector<int64_t> dilations, std::vector<int64_t> pads) {
+              std::vector<int64_t> strides, std::vector<int64_t> dilations,
+              std::vector<int64_t> pads) {
   return b.op("Col2Im", {x, b.c(ints(image)), b.c(ints(block))},
-              attrs({{"strides", Attribute::Ints(strides)}, {"dilations", Attribute::Ints(dilations)},
+              attrs({{"strides", Attribute::Ints(strides)},
+                     {"dilations", Attribute::Ints(dilations)},
                      {"pads", Attribute::Ints(pads)}}));
 }
 
@@ -30,7 +32,8 @@ TEST(Col2ImToConvTranspose, OtherFoldsStay) {
   b.out(col2im(b, b.in("three_d", {1, 8, 8}), {4, 4, 4}, {2, 2, 2}, {2, 2, 2}, {1, 1, 1},
                {0, 0, 0, 0, 0, 0}));
   bool changed = false;
-  auto notes = pass_notes(b.g, "col2im_to_conv_transpose", passes::col2im_to_conv_transpose, &changed);
+  auto notes =
+      pass_notes(b.g, "col2im_to_conv_transpose", passes::col2im_to_conv_transpose, &changed);
   EXPECT_FALSE(changed);
   EXPECT_TRUE(has_note(notes, "two spatial axes")) << dump_notes(notes);
 }

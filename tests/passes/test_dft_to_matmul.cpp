@@ -8,8 +8,9 @@ namespace {
 
 Value* dft(G& b, Value* x, int64_t axis, int64_t len, int64_t inverse, int64_t onesided) {
   Value* n = len > 0 ? b.c(Tensor::scalar<int64_t>(len)) : nullptr;
-  return b.op("DFT", {x, n, b.c(Tensor::scalar<int64_t>(axis))},
-              attrs({{"inverse", Attribute::Int(inverse)}, {"onesided", Attribute::Int(onesided)}}));
+  return b.op(
+      "DFT", {x, n, b.c(Tensor::scalar<int64_t>(axis))},
+      attrs({{"inverse", Attribute::Int(inverse)}, {"onesided", Attribute::Int(onesided)}}));
 }
 
 TEST(DftToMatmul, EveryFormBecomesAMatMul) {
@@ -30,10 +31,12 @@ TEST(DftToMatmul, StftBecomesAStridedConv) {
   Tensor window(DataType::kFloat32, {16});
   for (int64_t i = 0; i < 16; ++i) window.data<float>()[i] = 0.5f + 0.03f * static_cast<float>(i);
   Value* x = b.in("signal", {2, 70, 1});
-  b.out(b.op("STFT", {x, b.c(Tensor::scalar<int64_t>(6)), b.c(window), b.c(Tensor::scalar<int64_t>(16))}));
+  b.out(b.op("STFT",
+             {x, b.c(Tensor::scalar<int64_t>(6)), b.c(window), b.c(Tensor::scalar<int64_t>(16))}));
   // Complex, two-sided, no window: frames as long as frame_length.
-  b.out(b.op("STFT", {b.in("complex", {1, 33, 2}), b.c(Tensor::scalar<int64_t>(5)), nullptr,
-                      b.c(Tensor::scalar<int64_t>(8))},
+  b.out(b.op("STFT",
+             {b.in("complex", {1, 33, 2}), b.c(Tensor::scalar<int64_t>(5)), nullptr,
+              b.c(Tensor::scalar<int64_t>(8))},
              attrs({{"onesided", Attribute::Int(0)}})));
   auto opt = optimize_checked(b.g, {"dft_to_matmul"}, 1e-5);
   EXPECT_EQ(count(*opt, "STFT"), 0);

@@ -6,8 +6,11 @@ namespace kiln::test {
 namespace {
 
 Value* lrn(G& b, Value* x, int64_t size, float alpha, float beta, float bias) {
-  return b.op("LRN", {x}, attrs({{"size", Attribute::Int(size)}, {"alpha", Attribute::Float(alpha)},
-                                 {"beta", Attribute::Float(beta)}, {"bias", Attribute::Float(bias)}}));
+  return b.op("LRN", {x},
+              attrs({{"size", Attribute::Int(size)},
+                     {"alpha", Attribute::Float(alpha)},
+                     {"beta", Attribute::Float(beta)},
+                     {"bias", Attribute::Float(bias)}}));
 }
 
 TEST(LrnToConv, EveryLrnBecomesAConv) {

@@ -6,8 +6,10 @@ namespace kiln::test {
 namespace {
 
 Value* one_hot(G& b, Value* ind, int64_t depth, int64_t axis) {
-  return b.op("OneHot", {ind, b.c(Tensor::scalar<int64_t>(depth)), b.c(Tensor::from<float>({2}, {-0.5f, 3.0f}))},
-              attrs({{"axis", Attribute::Int(axis)}}));
+  return b.op(
+      "OneHot",
+      {ind, b.c(Tensor::scalar<int64_t>(depth)), b.c(Tensor::from<float>({2}, {-0.5f, 3.0f}))},
+      attrs({{"axis", Attribute::Int(axis)}}));
 }
 
 TEST(OneHotToEqual, EveryAxisAndIndexForm) {

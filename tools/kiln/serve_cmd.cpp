@@ -135,8 +135,8 @@ Runner add_serve_command(CLI::App& app) {
   cmd->add_option("--host", f->host, "Address to listen on (default 0.0.0.0: every one)");
   if (const char* env = std::getenv("KILN_SERVE_CONTEXTS")) f->contexts = std::atoi(env);
   cmd->add_option("--contexts", f->contexts,
-                  "Execution contexts per model and device: batches run concurrently (default 4 on a "
-                  "GPU, 2 for a cpu engine)")
+                  "Execution contexts per model and device: batches run concurrently "
+                  "(default 4 on a GPU, 2 for a cpu engine)")
       ->check(CLI::Range(1, 64));
   cmd->add_option("--max-batch-size", f->max_batch,
                   "Join concurrent requests up to this many samples (default: the engine "
