@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""Hugging Face architectures the task list does not name, each at a tiny random configuration,
+exported as users export them (TorchScript at opset 17, dynamo where TorchScript fails), through
+kiln's CPU backend against ONNX Runtime on the same inputs (relative L2 < 1e-4), and with
+--lower-check through the cuda build step at FP32/TF32 and FP16 (scripts/models/unseen_models.py's
+check). Detectors (DETR, Conditional DETR, YOLOS), segmentation and depth (SegFormer, DPT),
+encoders (DeBERTa-v2's disentangled attention, RoFormer, BEiT's relative bias, Swin-v2, DINOv2 at
+an interpolated size, ConvNeXt-V2, PVT-v2, VideoMAE, CLIP), speech (wav2vec2, HuBERT, WavLM's
+gated relative bias), decoders (BLOOM's ALiBi, GPT-Neo's local attention, GPT-J, Mistral's
+sliding window), BART, Swin2SR, MobileViT-v2 (Col2Im) and FNet (DFT).
+
+  python3 scripts/models/hf_unseen_models.py --kiln build/kiln [--lower-check ...] [--models a,b]
+
+Needs PyTorch, transformers (written against 4.57) and ONNX Runtime. Exit status 1 when a model
+fails to export, build or agree.
+"""
+import argparse
+import os
+import sys
+import tempfile
+
+import numpy as np
+import torch
+import transformers as T
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import unseen_models as um  # noqa: E402
+
+R = np.random.default_rng(0)
+PERTURB = {"mobilevitv2"}  # its random initialisation gives all-zero outputs: weights nudged
+
+
+class Wrap(torch.nn.Module):
+    def __init__(self, m, keys=None, names=None):
+        super().__init__(); self.m, self.keys, self.names = m, keys, names
+    def forward(self, *a):
+        out = self.m(**dict(zip(self.names, a)), return_dict=True)
+        ks = self.keys or [k for k, v in out.items() if isinstance(v, torch.Tensor)]
+        return tuple(out[k] for k in ks)
+
+def ids(b, s, v=100): return torch.from_numpy(R.integers(1, v, (b, s)).astype(np.int64))
+def img(b, c, h, w): return torch.from_numpy(R.standard_normal((b, c, h, w)).astype(np.float32))
+
+def M():
+    m = {}
+    m["detr"] = lambda: (T.DetrForObjectDetection(T.DetrConfig(use_timm_backbone=False, use_pretrained_backbone=False,
+        backbone_config=T.ResNetConfig(num_channels=3, embedding_size=16, hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1], out_features=["stage4"]),
+        d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+        encoder_ffn_dim=128, decoder_ffn_dim=128, num_queries=20, num_labels=5)), [img(1, 3, 128, 160)], ["pixel_values"], ["logits", "pred_boxes"])
+    m["yolos"] = lambda: (T.YolosForObjectDetection(T.YolosConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=128, image_size=[128, 160], patch_size=16, num_detection_tokens=10, num_labels=5)),
+        [img(1, 3, 128, 160)], ["pixel_values"], ["logits", "pred_boxes"])
+    m["segformer"] = lambda: (T.SegformerForSemanticSegmentation(T.SegformerConfig(num_encoder_blocks=2, depths=[1, 1],
+        sr_ratios=[2, 1], hidden_sizes=[16, 32], num_attention_heads=[1, 2], decoder_hidden_size=32, num_labels=4,
+        patch_sizes=[7, 3], strides=[4, 2], mlp_ratios=[2, 2])), [img(1, 3, 64, 64)], ["pixel_values"], ["logits"])
+    m["dpt"] = lambda: (T.DPTForDepthEstimation(T.DPTConfig(hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
+        intermediate_size=64, image_size=64, patch_size=16, backbone_out_indices=[0, 1, 2, 3], neck_hidden_sizes=[8, 16, 32, 32],
+        fusion_hidden_size=16, head_in_index=-1)), [img(1, 3, 64, 64)], ["pixel_values"], ["predicted_depth"])
+    m["deberta_v2"] = lambda: (T.DebertaV2Model(T.DebertaV2Config(vocab_size=100, hidden_size=64, num_hidden_layers=2,
+        num_attention_heads=4, intermediate_size=128, relative_attention=True, position_buckets=16, max_relative_positions=32,
+        pos_att_type=["p2c", "c2p"])), [ids(2, 12), torch.ones(2, 12, dtype=torch.int64)], ["input_ids", "attention_mask"], ["last_hidden_state"])
+    m["bloom"] = lambda: (T.BloomModel(T.BloomConfig(vocab_size=100, hidden_size=64, n_layer=2, n_head=4)),
+        [ids(2, 12), torch.ones(2, 12, dtype=torch.int64)], ["input_ids", "attention_mask"], ["last_hidden_state"])
+    m["gpt_neo"] = lambda: (T.GPTNeoModel(T.GPTNeoConfig(vocab_size=100, hidden_size=64, num_layers=2, num_heads=4,
+        attention_types=[[["global", "local"], 1]], window_size=4, max_position_embeddings=64)),
+        [ids(2, 12)], ["input_ids"], ["last_hidden_state"])
+    m["gptj"] = lambda: (T.GPTJModel(T.GPTJConfig(vocab_size=100, n_embd=64, n_layer=2, n_head=4, rotary_dim=8, n_positions=64)),
+        [ids(2, 12)], ["input_ids"], ["last_hidden_state"])
+    m["roformer"] = lambda: (T.RoFormerModel(T.RoFormerConfig(vocab_size=100, hidden_size=64, num_hidden_layers=2,
+        num_attention_heads=4, intermediate_size=128, max_position_embeddings=64)), [ids(2, 12)], ["input_ids"], ["last_hidden_state"])
+    m["beit"] = lambda: (T.BeitModel(T.BeitConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+        image_size=64, patch_size=16, use_relative_position_bias=True)), [img(1, 3, 64, 64)], ["pixel_values"], ["last_hidden_state"])
+    m["swinv2"] = lambda: (T.Swinv2Model(T.Swinv2Config(image_size=64, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 4],
+        window_size=4)), [img(1, 3, 64, 64)], ["pixel_values"], ["last_hidden_state"])
+    m["dinov2"] = lambda: (T.Dinov2Model(T.Dinov2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=128, image_size=56, patch_size=14)), [img(1, 3, 70, 84)], ["pixel_values"], ["last_hidden_state"])
+    m["convnextv2"] = lambda: (T.ConvNextV2Model(T.ConvNextV2Config(hidden_sizes=[16, 32], depths=[1, 1], num_stages=2)),
+        [img(1, 3, 64, 64)], ["pixel_values"], ["last_hidden_state"])
+    m["wav2vec2"] = lambda: (T.Wav2Vec2Model(T.Wav2Vec2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=128, conv_dim=[32, 32], conv_stride=[5, 2], conv_kernel=[10, 3], num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=4, feat_extract_norm="group")), [torch.randn(1, 4000)], ["input_values"], ["last_hidden_state"])
+    m["bart"] = lambda: (T.BartModel(T.BartConfig(vocab_size=100, d_model=64, encoder_layers=2, decoder_layers=2,
+        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, max_position_embeddings=64)),
+        [ids(2, 12), torch.ones(2, 12, dtype=torch.int64), ids(2, 7)], ["input_ids", "attention_mask", "decoder_input_ids"], ["last_hidden_state"])
+    m["clip"] = lambda: (T.CLIPModel(T.CLIPConfig(text_config=dict(vocab_size=100, hidden_size=64, num_hidden_layers=2,
+        num_attention_heads=4, intermediate_size=128, max_position_embeddings=32), vision_config=dict(hidden_size=64,
+        num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, image_size=32, patch_size=8), projection_dim=32)),
+        [ids(2, 10), img(2, 3, 32, 32), torch.ones(2, 10, dtype=torch.int64)], ["input_ids", "pixel_values", "attention_mask"], ["logits_per_image", "text_embeds"])
+    m["mistral"] = lambda: (T.MistralModel(T.MistralConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, sliding_window=4, max_position_embeddings=64)),
+        [ids(2, 12), torch.ones(2, 12, dtype=torch.int64)], ["input_ids", "attention_mask"], ["last_hidden_state"])
+    m["conditional_detr"] = lambda: (T.ConditionalDetrForObjectDetection(T.ConditionalDetrConfig(use_timm_backbone=False,
+        use_pretrained_backbone=False, backbone=None, backbone_config=T.ResNetConfig(num_channels=3, embedding_size=16, hidden_sizes=[16, 32, 64, 128],
+        depths=[1, 1, 1, 1], out_features=["stage4"]), d_model=32, encoder_layers=1, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, num_queries=10, num_labels=5)), [img(1, 3, 128, 128)], ["pixel_values"], ["logits", "pred_boxes"])
+    m["videomae"] = lambda: (T.VideoMAEModel(T.VideoMAEConfig(image_size=32, patch_size=8, num_frames=4, tubelet_size=2,
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)), [torch.randn(1, 4, 3, 32, 32)], ["pixel_values"], ["last_hidden_state"])
+    m["swin2sr"] = lambda: (T.Swin2SRForImageSuperResolution(T.Swin2SRConfig(image_size=32, patch_size=1, embed_dim=16, depths=[1, 1],
+        num_heads=[2, 2], window_size=4, upscale=2, upsampler="pixelshuffle")), [img(1, 3, 32, 32)], ["pixel_values"], ["reconstruction"])
+    m["wavlm"] = lambda: (T.WavLMModel(T.WavLMConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+        conv_dim=[32, 32], conv_stride=[5, 2], conv_kernel=[10, 3], num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4,
+        num_buckets=32, max_bucket_distance=64)), [torch.randn(1, 4000)], ["input_values"], ["last_hidden_state"])
+    m["hubert"] = lambda: (T.HubertModel(T.HubertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+        conv_dim=[32, 32], conv_stride=[5, 2], conv_kernel=[10, 3], num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4)),
+        [torch.randn(1, 4000)], ["input_values"], ["last_hidden_state"])
+    m["pvt_v2"] = lambda: (T.PvtV2Model(T.PvtV2Config(num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[16, 32],
+        num_attention_heads=[1, 2], patch_sizes=[7, 3], strides=[4, 2], mlp_ratios=[2, 2])), [img(1, 3, 64, 64)], ["pixel_values"], ["last_hidden_state"])
+    m["mobilevitv2"] = lambda: (T.MobileViTV2Model(T.MobileViTV2Config(image_size=64, width_multiplier=0.5)), [img(1, 3, 64, 64)], ["pixel_values"], ["last_hidden_state"])
+    m["fnet"] = lambda: (T.FNetModel(T.FNetConfig(vocab_size=100, hidden_size=64, num_hidden_layers=2,
+        intermediate_size=128, max_position_embeddings=64, use_tpu_fourier_optimizations=False)), [ids(2, 16)], ["input_ids"], ["last_hidden_state"])
+    return m
+
+def export(name, out_dir, dynamo=False):
+    """The model, exported into out_dir: (path, {input name: array})."""
+    model, args, names, keys = M()[name]()
+    model.eval()
+    if name in PERTURB:
+        with torch.no_grad():
+            for prm in model.parameters(): prm.add_(0.1 * torch.randn_like(prm))
+    w = Wrap(model, keys, names)
+    path = os.path.join(out_dir, name + (".dyn" if dynamo else "") + ".onnx")
+    with torch.no_grad():
+        if dynamo:
+            torch.onnx.export(w, tuple(args), path, input_names=names, dynamo=True)
+        else:
+            torch.onnx.export(w, tuple(args), path, input_names=names, opset_version=17, dynamo=False)
+    return path, {n: a.numpy() for n, a in zip(names, args)}
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--kiln", default="build/kiln")
+    ap.add_argument("--lower-check", default="", help="a CUDA build's tests/cuda/kiln_lower_check")
+    ap.add_argument("--models", default="", help="a comma-separated subset")
+    a = ap.parse_args()
+    torch.manual_seed(0)
+    names = a.models.split(",") if a.models else list(M())
+    bad = 0
+    with tempfile.TemporaryDirectory() as d:
+        for n in names:
+            for dyn in (False, True):
+                try:
+                    path, feeds = export(n, d, dyn)
+                except Exception as e:  # noqa: BLE001 - TorchScript's failure: dynamo next
+                    why = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+                    if dyn:
+                        print(f"FAIL {n}: both exports failed; dynamo: {why}", flush=True)
+                        bad += 1
+                    continue
+                shapes = ",".join(f"{k}:{'x'.join(map(str, v.shape))}" for k, v in feeds.items())
+                try:
+                    text, ok = um.check(a.kiln, a.lower_check, path, feeds, shapes, um.dense_compare)
+                except Exception as e:  # noqa: BLE001 - kiln's one-line error
+                    text, ok = str(e)[:300], False
+                print(f"{'ok  ' if ok else 'FAIL'} {n} ({'dynamo' if dyn else 'torchscript'}): {text}", flush=True)
+                bad += not ok
+                break
+    print(f"Hugging Face models: {len(names) - bad} of {len(names)} agree")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
