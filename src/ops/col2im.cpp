@@ -112,6 +112,8 @@ Status col2im_cpu(KernelContext& ctx) {
   const size_t nsp = p.image.size();
   int64_t pixels = 1;
   for (int64_t v : p.image) pixels *= v;
+  if (static_cast<double>(pixels) * static_cast<double>(N * C) > 2.1e9)
+    return KILN_ERROR("{}: an output of {} x {} x {} values is over 2^31", n.label(), N, C, pixels);
   std::vector<int64_t> shape = {N, C};
   shape.insert(shape.end(), p.image.begin(), p.image.end());
   const Tensor xd = x->cast(DataType::kFloat64);

@@ -79,6 +79,7 @@ Status dft_infer(InferContext& ctx) {
   }
   const std::vector<Dim>& d = *x.dims;
   const int64_t rank = x.rank();
+  if (rank < 2) return KILN_ERROR("{}: DFT input must have rank >= 2, got {}", n.label(), x.str());
   if (ctx.has_input(2) && !ctx.input_const(2)) {
     // An axis known at run time only: any signal dim may change.
     std::vector<Dim> out(d.size());
@@ -151,6 +152,14 @@ Status dft_cpu(KernelContext& ctx) {
   std::vector<int64_t> shape = x->shape();
   shape[static_cast<size_t>(s.axis)] = s.out_len;
   shape.back() = s.cout;
+  // A direct sum: its work grows with n^2 (no FFT here), bounded so that a run cannot stall.
+  const double work = static_cast<double>(pre * post) * static_cast<double>(s.used) *
+                      static_cast<double>(s.out_len);
+  if (work > 6.9e10 || static_cast<double>(pre * post) * static_cast<double>(s.out_len) > 2.1e9)
+    return KILN_ERROR(
+        "{}: a DFT of {} lines of {} samples into {} bins is past what the CPU "
+        "reference computes (2^36 products, 2^31 outputs)",
+        n.label(), pre * post, s.used, s.out_len);
   const Tensor xd = x->cast(DataType::kFloat64);
   Tensor y(DataType::kFloat64, shape);
   dft_lines(s, xd.data<double>(), y.data<double>(), pre, post, nullptr);
