@@ -18,6 +18,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 import onnx
@@ -104,9 +105,11 @@ def compare(expected, got):
     return None
 
 
-def run_test(kiln, test_dir, extra_args, timeout):
+def run_test(kiln, test_dir, extra_args, timeout, deadline=None):
     name = os.path.basename(test_dir)
     model = os.path.join(test_dir, "model.onnx")
+    if deadline is not None and time.monotonic() > deadline:
+        return {"name": name, "status": "not run", "detail": "--deadline passed before it started", "ops": []}
     try:
         inputs, outputs, ops = model_info(model)
     except Exception as e:  # noqa: BLE001 - malformed test model
@@ -167,6 +170,9 @@ def main():
     ap.add_argument("--suites", default=",".join(SUITES))
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--timeout", type=int, default=120)
+    ap.add_argument("--deadline", type=float, default=None,
+                    help="start no test after this many seconds; the rest count as not run (a bounded run "
+                         "on a machine with a time limit still prints its results)")
     ap.add_argument("--opt-level", type=int, default=None, help="pass --opt-level to kiln run")
     ap.add_argument("--expect", help="file listing tests that must pass (regression check)")
     ap.add_argument("--write-expect", help="write the passing tests to this file")
@@ -187,12 +193,19 @@ def main():
             if rx.search(t) and os.path.exists(os.path.join(d, t, "model.onnx")):
                 tests.append((suite, os.path.join(d, t)))
     results = []
+    deadline = time.monotonic() + args.deadline if args.deadline is not None else None
+    t0 = time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        futs = {pool.submit(run_test, args.kiln, path, extra, args.timeout): suite for suite, path in tests}
+        futs = {pool.submit(run_test, args.kiln, path, extra, args.timeout, deadline): suite
+                for suite, path in tests}
         for fut in concurrent.futures.as_completed(futs):
             r = fut.result()
             r["suite"] = futs[fut]
             results.append(r)
+            # Progress on stderr, a line every 10% (a slow backend shows where it is).
+            if len(tests) >= 50 and len(results) % max(1, len(tests) // 10) == 0:
+                print(f"conformance: {len(results)} of {len(tests)} tests ({time.monotonic() - t0:.0f} s)",
+                      file=sys.stderr, flush=True)
     results.sort(key=lambda r: (r["suite"], r["name"]))
     for r in results:
         if args.verbose or r["status"] in ("fail", "crash"):
@@ -206,8 +219,10 @@ def main():
         rs = [r for r in results if r["suite"] == suite]
         if not rs:
             continue
+        not_run = count(rs, "not run")
         print(f"{suite:18} {len(rs):4} tests: {count(rs, 'pass'):4} pass, {count(rs, 'fail'):4} fail, "
-              f"{count(rs, 'unsupported'):4} unsupported, {count(rs, 'crash'):3} crash")
+              f"{count(rs, 'unsupported'):4} unsupported, {count(rs, 'crash'):3} crash"
+              + (f", {not_run} not run (--deadline)" if not_run else ""))
         if suite == "node":
             core = [r for r in rs if r["ops"] and set(r["ops"]) <= CORE_OPS]
             if core:
@@ -222,7 +237,7 @@ def main():
         with open(args.expect) as fh:
             expected = {l.strip() for l in fh if l.strip() and not l.startswith("#")}
         passing = {f"{r['suite']}/{r['name']}" for r in results if r["status"] == "pass"}
-        ran = {f"{r['suite']}/{r['name']}" for r in results}
+        ran = {f"{r['suite']}/{r['name']}" for r in results if r["status"] != "not run"}
         regressions = sorted((expected & ran) - passing)
         if regressions:
             print(f"REGRESSIONS: {len(regressions)} tests that passed before fail now: " + ", ".join(regressions[:20]))
@@ -233,7 +248,8 @@ def main():
         with open(args.same_as) as fh:
             other = {(r["suite"], r["name"]): r["status"] for r in json.load(fh)}
         diff = [f"{r['suite']}/{r['name']} ({other[(r['suite'], r['name'])]} there, {r['status']} here)"
-                for r in results if (r["suite"], r["name"]) in other and other[(r["suite"], r["name"])] != r["status"]]
+                for r in results if (r["suite"], r["name"]) in other and other[(r["suite"], r["name"])] != r["status"]
+                and "not run" not in (r["status"], other[(r["suite"], r["name"])])]
         if diff:
             print(f"DIFFERENT from {args.same_as}: {len(diff)} tests: " + ", ".join(diff[:20]))
             rc = 1
