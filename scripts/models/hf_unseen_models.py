@@ -3,11 +3,12 @@
 exported as users export them (TorchScript at opset 17, dynamo where TorchScript fails), through
 kiln's CPU backend against ONNX Runtime on the same inputs (relative L2 < 1e-4), and with
 --lower-check through the cuda build step at FP32/TF32 and FP16 (scripts/models/unseen_models.py's
-check). Detectors (DETR, Conditional DETR, YOLOS), segmentation and depth (SegFormer, DPT),
+check). Detectors (DETR, Conditional DETR, Deformable DETR, YOLOS), segmentation and depth (SegFormer, DPT),
 encoders (DeBERTa-v2's disentangled attention, RoFormer, BEiT's relative bias, Swin-v2, DINOv2 at
 an interpolated size, ConvNeXt-V2, PVT-v2, VideoMAE, CLIP), speech (wav2vec2, HuBERT, WavLM's
 gated relative bias), decoders (BLOOM's ALiBi, GPT-Neo's local attention, GPT-J, Mistral's
-sliding window), BART, Swin2SR, MobileViT-v2 (Col2Im) and FNet (DFT).
+sliding window), BART, Swin2SR, MobileViT-v2 (Col2Im), FNet (DFT) and Deformable DETR (a float64
+sampling grid ONNX Runtime cannot run: checked against ONNX Runtime with the grids cast to float32).
 
   python3 scripts/models/hf_unseen_models.py --kiln build/kiln [--lower-check ...] [--models a,b]
 
@@ -29,6 +30,33 @@ import unseen_models as um  # noqa: E402
 
 R = np.random.default_rng(0)
 PERTURB = {"mobilevitv2"}  # its random initialisation gives all-zero outputs: weights nudged
+# ONNX Runtime cannot run these exports as they are: Deformable DETR samples with a float64 grid,
+# which its GridSample lacks. The reference is ONNX Runtime on a copy whose GridSample grids are
+# cast to float32 first (as kiln's GPU does); its PyTorch model is no reference, since the
+# TorchScript trace computes other logits than eager PyTorch (rel. L2 0.18 where ONNX Runtime on
+# the copy and kiln agree within 5e-07).
+CAST_GRID = {"deformable_detr"}
+
+
+def ort_with_float32_grids(path, feeds):
+    """ONNX Runtime's outputs for the model at `path` with each GridSample's grid cast to its
+    image's float32 type: {output name: array}."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, shape_inference
+    m = shape_inference.infer_shapes(onnx.load(path))
+    g = m.graph
+    types = {v.name: v.type.tensor_type.elem_type for v in list(g.value_info) + list(g.input) + list(g.output)}
+    nodes = []
+    for n in g.node:
+        if n.op_type == "GridSample" and types.get(n.input[1]) == TensorProto.DOUBLE:
+            nodes.append(helper.make_node("Cast", [n.input[1]], [n.input[1] + "_f32"], to=TensorProto.FLOAT))
+            n.input[1] += "_f32"
+        nodes.append(n)
+    del g.node[:]
+    g.node.extend(nodes)
+    s = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in s.get_outputs()], s.run(None, feeds)))
 
 
 class Wrap(torch.nn.Module):
@@ -48,6 +76,12 @@ def M():
         backbone_config=T.ResNetConfig(num_channels=3, embedding_size=16, hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1], out_features=["stage4"]),
         d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
         encoder_ffn_dim=128, decoder_ffn_dim=128, num_queries=20, num_labels=5)), [img(1, 3, 128, 160)], ["pixel_values"], ["logits", "pred_boxes"])
+    m["deformable_detr"] = lambda: (T.DeformableDetrForObjectDetection(T.DeformableDetrConfig(use_timm_backbone=False,
+        use_pretrained_backbone=False, backbone=None, backbone_config=T.ResNetConfig(num_channels=3, embedding_size=16, hidden_sizes=[16, 32, 64, 128],
+        depths=[1, 1, 1, 1], out_features=["stage2", "stage3", "stage4"]), d_model=64, encoder_layers=1, decoder_layers=1,
+        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, num_queries=20,
+        num_labels=5, num_feature_levels=3, encoder_n_points=2, decoder_n_points=2)), [img(1, 3, 128, 160)], ["pixel_values"],
+        ["logits", "pred_boxes"])
     m["yolos"] = lambda: (T.YolosForObjectDetection(T.YolosConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
         intermediate_size=128, image_size=[128, 160], patch_size=16, num_detection_tokens=10, num_labels=5)),
         [img(1, 3, 128, 160)], ["pixel_values"], ["logits", "pred_boxes"])
@@ -149,7 +183,10 @@ def main():
                     continue
                 shapes = ",".join(f"{k}:{'x'.join(map(str, v.shape))}" for k, v in feeds.items())
                 try:
-                    text, ok = um.check(a.kiln, a.lower_check, path, feeds, shapes, um.dense_compare)
+                    ref = ort_with_float32_grids(path, feeds) if n in CAST_GRID else None
+                    text, ok = um.check(a.kiln, a.lower_check, path, feeds, shapes, um.dense_compare, ref)
+                    if ref is not None:
+                        text += " (against ONNX Runtime with its float64 grids cast to float32)"
                 except Exception as e:  # noqa: BLE001 - kiln's one-line error
                     text, ok = str(e)[:300], False
                 print(f"{'ok  ' if ok else 'FAIL'} {n} ({'dynamo' if dyn else 'torchscript'}): {text}", flush=True)

@@ -200,12 +200,14 @@ def run(cmd):
     return p.stdout
 
 
-def check(kiln, lower_check, path, feeds, shapes, compare):
-    """Builds and runs kiln on `feeds`, compares with ONNX Runtime: (row text, ok)."""
-    import onnxruntime as ort
-    s = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-    names = [o.name for o in s.get_outputs()]
-    ref = dict(zip(names, s.run(None, feeds)))
+def check(kiln, lower_check, path, feeds, shapes, compare, ref=None):
+    """Builds and runs kiln on `feeds`, compares with ONNX Runtime's outputs, or with `ref` ({output
+    name: array}) where ONNX Runtime cannot run the model: (row text, ok)."""
+    if ref is None:
+        import onnxruntime as ort
+        s = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        ref = dict(zip([o.name for o in s.get_outputs()], s.run(None, feeds)))
+    names = list(ref)
     with tempfile.TemporaryDirectory() as d:
         engine = os.path.join(d, "m.kiln")
         run([kiln, "build", "--onnx", path, "--save-engine", engine, "--backend", "cpu", "--shapes", shapes])

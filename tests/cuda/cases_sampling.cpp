@@ -77,6 +77,15 @@ void add_grid_sample(std::vector<OpCase>& v) {
                                 mode, pad, ac, {2, s[0], s[1], s[2], s[3]},
                                 {2, s[4], s[5], s[6], 3}, reach));
       }
+  // A grid in another float type than X (the spec's T2; Deformable DETR samples a float32 map
+  // with a float64 grid): the lowering converts it to X's type ahead of the kernel.
+  for (const char* mode : {"linear", "nearest"}) {
+    CaseInput g64 = in({2, 5, 9, 2}, DataType::kFloat64, -1.4, 1.4);
+    g64.step = 1.0 / 64;
+    v.push_back(make_case(std::string("gridsample_grid_f64_") + mode, "GridSample",
+                          attrs({{"mode", S(mode)}, {"padding_mode", S("zeros")}}),
+                          {in({2, 3, 7, 31}), std::move(g64)}, kFloat));
+  }
   // RAFT's correlation lookup: a C = 1 map per flow pixel, a 9x9 window of points on each.
   v.push_back(
       grid_sample("raft_lookup", "linear", "zeros", 1, {96, 1, 11, 15}, {96, 9, 9, 2}, 1.3));

@@ -492,8 +492,6 @@ std::vector<InputShapes> tuning_points(const std::vector<std::vector<int64_t>>& 
   return {small};
 }
 
-namespace {
-// Whether some tactic takes float layer `n` at one of the build's precisions, in either layout.
 bool some_tactic_takes(const Node& n, const GpuBuildOptions& o) {
   std::vector<Precision> precisions;
   if (o.fp16) precisions.push_back(Precision::kFP16);
@@ -512,40 +510,9 @@ bool some_tactic_takes(const Node& n, const GpuBuildOptions& o) {
   return false;
 }
 
-// A fused float layer that no tactic takes (a residual that broadcasts, an activation no
-// epilogue computes, an attention with the rotary that mha.flash cannot run: not FP16, another
-// head size, a FusedConvMean at a shape the depthwise kernel lacks, a FusedGroupNorm outside an
-// FP16 NHWC build) is split back into the ops
-// it fuses (unfuse_layer, ops/fused.h), which the GPU runs, rather than failing the build. A
-// split's parts are checked in turn (FusedConvMean's FusedConv may split again).
-Status split_untaken_layers(Graph& g, const GpuBuildOptions& o) {
-  bool split = false;
-  for (bool again = true; again;) {
-    again = false;
-    for (Node* n : std::vector<Node*>(g.nodes())) {
-      const bool splits =
-          n->domain == "kiln" &&
-          (n->op_type == "FusedConv" || n->op_type == "FusedGemm" ||
-           n->op_type == "FusedConvMean" || n->op_type == "FusedGroupNorm" ||
-           (n->op_type == "MultiHeadAttention" && mha_has_rotary(*n)));
-      if (!splits || quant::runs_int8(*n) || some_tactic_takes(*n, o)) continue;
-      if (o.log)
-        *o.log << n->label() << ": no GPU kernel takes the fused layer; split into its ops\n";
-      KILN_RETURN_IF_ERROR(unfuse_layer(g, n));
-      split = again = true;
-    }
-  }
-  if (!split) return Status::Ok();
-  KILN_RETURN_IF_ERROR(g.topo_sort());
-  g.renumber();
-  return infer_shapes(g);
-}
-}  // namespace
-
-
 Expected<Plan> lower_for_gpu(Graph& g, const std::vector<std::vector<int64_t>>& opt_shapes,
                              const GpuBuildOptions& o) {
-  KILN_RETURN_IF_ERROR(split_untaken_layers(g, o));
+  KILN_RETURN_IF_ERROR(prepare_for_gpu(g, o));
   const std::vector<bool> host_in = host_value_inputs(g);
   Lowering L{g, o, host_nodes(g, host_in), {}, {}, {}};
   if (o.fp16) {

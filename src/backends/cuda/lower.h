@@ -48,6 +48,12 @@ struct GpuBuildOptions {
 std::vector<InputShapes> tuning_points(const std::vector<std::vector<int64_t>>& min_shapes,
                                        const std::vector<std::vector<int64_t>>& opt_shapes);
 
+// The graph edits made before choosing tactics (lower_prepare.cpp): a fused layer no tactic takes
+// split into its ops, float inputs of mixed types that no tactic takes cast to input 0's type.
+Status prepare_for_gpu(Graph& g, const GpuBuildOptions& o);
+// Whether some tactic takes float layer `n` at one of the build's precisions, in either layout.
+bool some_tactic_takes(const Node& n, const GpuBuildOptions& o);
+
 // `opt_shapes` follow g.inputs() (the profile's opt shapes). Rewrites `g` (reformat layers) and
 // returns the plan whose records follow the rewritten graph's node order.
 Expected<Plan> lower_for_gpu(Graph& g, const std::vector<std::vector<int64_t>>& opt_shapes,
