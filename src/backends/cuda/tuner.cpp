@@ -122,6 +122,13 @@ Status Tuner::check(const Node& n, const LayerChoice& c, const ShapeResult& shap
   for (const std::vector<Value*>* vs : {&n.inputs(), &n.outputs()})
     for (const Value* v : *vs)
       if (v && !shapes.shapes.count(v)) return Status::Ok();  // shapes known only at run time
+  // An input the layer reads on the host whose value only an inference gives (a graph input:
+  // Reduce's axes, CumSum's axis): configured then, not now.
+  for (size_t i = 0; i < n.num_inputs(); ++i) {
+    const Value* v = n.input(i);
+    if (v && ((c.tactic->host_inputs >> i) & 1u) && !v->is_constant() && !shapes.host.count(v))
+      return Status::Ok();
+  }
   auto layer = c.tactic->create(c.desc(&n));  // as the engine makes it (not `tuning`)
   if (!layer.ok()) return fail(layer.status());
   std::vector<DeviceTensor> in, out;
