@@ -66,7 +66,7 @@ enum class Per { kTensor, kRow, kColumn, kChannel };
 // The parameter's shape, broadcastable onto the operand's shape `x` (empty: per tensor).
 Expected<std::vector<int64_t>> param_shape(const Node& n, const Tensor& p,
                                            const std::vector<int64_t>& x, Per per,
-                                           const char* what) {
+                                           const std::string& what) {
   if (p.numel() == 1 && p.rank() <= 1) return std::vector<int64_t>{};
   const std::vector<int64_t>& s = p.shape();
   const size_t r = x.size();
@@ -120,7 +120,8 @@ Expected<std::vector<double>> centered(const Node& n, const Tensor& x, const Ten
   if (zp->dtype() != x.dtype())
     return KILN_ERROR("{}: zero point of {} has type {}, {} has type {}", n.label(), what,
                       dtype_name(zp->dtype()), what, dtype_name(x.dtype()));
-  KILN_ASSIGN_OR_RETURN(std::vector<int64_t> ps, param_shape(n, *zp, x.shape(), per, what));
+  KILN_ASSIGN_OR_RETURN(std::vector<int64_t> ps,
+                        param_shape(n, *zp, x.shape(), per, fmt::format("zero point of {}", what)));
   const std::vector<double> z = expand(*zp, ps, x.shape());
   for (size_t i = 0; i < v.size(); ++i) v[i] -= z[i];
   return v;

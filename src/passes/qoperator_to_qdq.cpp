@@ -89,6 +89,11 @@ struct QLinearToQdq {
       return reject(
           "a scale or zero point is neither per tensor nor one 1-D vector along an axis "
           "DequantizeLinear takes");
+    const Value* bias = conv ? n.input(8) : nullptr;
+    if (bias && !(bias->type.has_rank() && bias->type.rank() == 1 && b->type.rank() >= 1 &&
+                  (*bias->type.dims)[0].is_static() && (*b->type.dims)[0].is_static() &&
+                  (*bias->type.dims)[0].value == (*b->type.dims)[0].value))
+      return reject("B is not 1-D with one element per output channel (the op says why)");
     if (conv && n.input(8) && !per_tensor(n.input(4)) && !n.input(4)->is_constant() &&
         !n.input(1)->is_constant())
       return reject("the bias's per-channel scale x_scale * w_scale is not a constant");
@@ -170,9 +175,18 @@ struct IntegerToFloat {
     Match m{&n, conv, {}, {}};
     // A 1-D per-row zero point of A [M] reads [M, 1]; a per-channel one of W [M] reads
     // [M, 1, ...]: constants are reshaped so that they broadcast.
-    if (azp && azp->is_constant() && !conv && azp->type.rank() == 1 && !per_tensor(azp))
+    // (Only when the vector has the length of those rows or channels; else the op says why.)
+    if (azp && azp->is_constant() && !conv && azp->type.rank() == 1 && !per_tensor(azp)) {
+      if (a->type.rank() < 2 || !dq_axis(azp, a, a->type.rank() - 2))
+        return reject("its per-row zero point does not fit A's rows");
       m.a_zp_shape = {(*azp->type.dims)[0].value, 1};
+    }
+    if (conv && azp && !per_tensor(azp)) return reject("x's zero point is not per tensor");
+    if (!conv && bzp && bzp->type.rank() == 1 && !per_tensor(bzp) &&
+        (b->type.rank() < 2 || !dq_axis(bzp, b, b->type.rank() - 1)))
+      return reject("its per-column zero point does not fit B's columns");
     if (bzp && bzp->is_constant() && conv && bzp->type.rank() == 1 && !per_tensor(bzp)) {
+      if (!dq_axis(bzp, b, 0)) return reject("its per-channel zero point does not fit W");
       m.b_zp_shape.assign(static_cast<size_t>(b->type.rank()), 1);
       m.b_zp_shape[0] = (*bzp->type.dims)[0].value;
     }
