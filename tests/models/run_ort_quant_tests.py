@@ -20,6 +20,11 @@ layers whose int32 accumulators go straight into the float epilogue, skipping re
 QOperator graph does (as TensorRT does; docs/quantization.md): within 4 steps. With a CUDA build (no GPU needed) each model also goes through
 the cuda build step (kiln_lower_check): every layer must get a GPU tactic.
 
+Then the four ops alone, against ONNX's reference (onnx.reference) exactly, at -O0 and -O2 (where
+qoperator_to_qdq rewrites them): int8/uint8 mixes, zero points and scales per tensor, per row of
+A ([..., M, 1]), per column of B ([1, N]), per output channel; batched broadcasting; groups,
+strides, dilations, pads, auto_pad and an int32 bias.
+
   tests/models/run_ort_quant_tests.py --kiln build/kiln
 
 Exit status 1 on any failure.
@@ -43,12 +48,11 @@ except ImportError:  # setup.sh installs it; say so rather than skip silently
 
 def transformer_block(seed=0, d=32, hidden=64):
     rng = np.random.default_rng(seed)
-    w = lambda *s: numpy_helper.from_array(rng.normal(0, 0.2, s).astype(np.float32), f"w{len(inits)}")
     inits = []
+
     def init(*s):
-        t = w(*s)
-        inits.append(t)
-        return t.name
+        inits.append(numpy_helper.from_array(rng.normal(0, 0.2, s).astype(np.float32), f"w{len(inits)}"))
+        return inits[-1].name
     w1, b1, w2, b2, wq = init(d, hidden), init(hidden), init(hidden, d), init(d), init(d, d)
     nodes = [
         helper.make_node("MatMul", ["x", w1], ["h0"]),
@@ -105,7 +109,7 @@ class Reader:
 
 
 def quantized(tmp, name, model, shapes, how):
-    """The quantized model's path and the op types it must contain."""
+    """Quantizes `model` the way `how` names; returns the quantized model's path."""
     src = os.path.join(tmp, name + "_float.onnx")
     onnx.save(model, src)
     dst = os.path.join(tmp, name + ".onnx")
@@ -136,6 +140,84 @@ def output_step(model, out_name, ref):
         if out_name in n.output and n.op_type == "DequantizeLinear" and n.input[1] in inits:
             return float(inits[n.input[1]].max())
     return float(np.abs(ref).max()) / 255
+
+
+def reference_cases(seed=0):
+    """(name, model, inputs): the four ops alone over the forms listed at the top."""
+    rng = np.random.default_rng(seed)
+    tp = {np.int8: TensorProto.INT8, np.uint8: TensorProto.UINT8}
+
+    def q(t, *s):
+        return (rng.integers(-128, 128, s) if t == np.int8 else rng.integers(0, 256, s)).astype(t)
+
+    def model(node, inputs, consts):
+        ins = [helper.make_tensor_value_info(k, tp[v.dtype.type], list(v.shape)) for k, v in inputs.items()]
+        g = helper.make_graph([node], "g", ins, [helper.make_tensor_value_info("y", TensorProto.UNDEFINED, None)],
+                              [numpy_helper.from_array(v, k) for k, v in consts.items()])
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+        m.ir_version = 8
+        return m
+
+    for it in range(6):
+        xt, wt = (np.int8, np.uint8)[it % 2], (np.int8, np.uint8)[(it // 2) % 2]
+        yt, group, pc, M = (np.uint8, np.int8)[it % 2], 1 + it % 2, it % 2 == 1, 6
+        attrs = dict(group=group, strides=[1 + it % 2, 1], dilations=[1, 1 + it // 3],
+                     pads=[it % 2, 1, 0, it % 3])
+        if it == 5:
+            attrs = dict(group=group, auto_pad="SAME_UPPER", strides=[2, 2])
+        x, w = q(xt, 2, 4, 7, 6), q(wt, M, 4 // group, 3, 2)
+        wzp = q(wt, M) if pc else q(wt)
+        yield (f"ConvInteger_{it}", model(helper.make_node("ConvInteger", ["x", "w", "xzp", "wzp"], ["y"], **attrs),
+                                          {"x": x}, {"w": w, "xzp": q(xt), "wzp": wzp}), {"x": x})
+        ws = rng.uniform(0.001, 0.01, M if pc else ()).astype(np.float32)
+        yield (f"QLinearConv_{it}", model(
+            helper.make_node("QLinearConv", ["x", "xs", "xzp", "w", "ws", "wzp", "ys", "yzp", "B"], ["y"], **attrs),
+            {"x": x}, {"xs": np.array(0.05, np.float32), "xzp": q(xt), "w": w, "ws": ws, "wzp": wzp,
+                       "ys": np.array(rng.uniform(0.05, 2), np.float32), "yzp": q(yt),
+                       "B": rng.integers(-5000, 5000, M).astype(np.int32)}), {"x": x})
+        a = q(xt, 2, 3, 5, 8)
+        b = q(wt, 3, 8, 4) if it < 3 else q(wt, 8, 4)
+        azp = q(xt, 2, 3, 5, 1) if it % 3 == 0 else q(xt)
+        bzp = q(wt, 1, 4) if it % 2 else q(wt)
+        yield (f"MatMulInteger_{it}", model(helper.make_node("MatMulInteger", ["a", "b", "azp", "bzp"], ["y"]),
+                                            {"a": a}, {"b": b, "azp": azp, "bzp": bzp}), {"a": a})
+        consts = {"as": rng.uniform(0.01, 0.05, azp.shape).astype(np.float32), "azp": azp, "b": b,
+                  "bs": rng.uniform(0.01, 0.05, bzp.shape).astype(np.float32), "bzp": bzp,
+                  "ys": np.array(rng.uniform(0.5, 3), np.float32), "yzp": q(yt)}
+        yield (f"QLinearMatMul_{it}", model(
+            helper.make_node("QLinearMatMul", ["a", "as", "azp", "b", "bs", "bzp", "ys", "yzp"], ["y"]),
+            {"a": a}, consts), {"a": a})
+
+
+def check_reference(kiln, tmp):
+    """Each reference case at -O0 and -O2: kiln's output equals onnx.reference's. Failures."""
+    from onnx.reference import ReferenceEvaluator
+    failures = runs = 0
+    for name, m, inputs in reference_cases():
+        path = os.path.join(tmp, "ref.onnx")
+        onnx.save(m, path)
+        want = ReferenceEvaluator(m).run(None, inputs)[0]
+        cmd = []
+        for k, v in inputs.items():
+            np.save(os.path.join(tmp, k + ".npy"), v)
+            cmd += ["--input", f"{k}={os.path.join(tmp, k + '.npy')}"]
+        for level in ("0", "2"):
+            runs += 1
+            engine, out = os.path.join(tmp, "ref.kiln"), os.path.join(tmp, "ref_out")
+            try:
+                run([kiln, "build", "--onnx", path, "--backend", "cpu", "--save-engine", engine, "--opt-level", level])
+                run([kiln, "run", "--engine", engine, "--save-outputs", out] + cmd)
+                got = np.load(os.path.join(out, "y.npy"))
+                if got.dtype != want.dtype or not np.array_equal(got, want):
+                    raise RuntimeError(f"{got.dtype}{list(got.shape)} differs from the reference's "
+                                       f"{want.dtype}{list(want.shape)}"
+                                       + (f" in {(got != want).sum()} elements" if got.shape == want.shape else ""))
+            except RuntimeError as e:
+                print(f"FAIL {name} -O{level}: {e}")
+                failures += 1
+    print(f"ORT quantizer tests: the ops alone: {runs} runs, "
+          f"{'all equal to onnx.reference' if failures == 0 else f'{failures} FAILED'}")
+    return failures
 
 
 def main():
@@ -226,6 +308,7 @@ def main():
                     except RuntimeError as e:
                         print(f"FAIL {name}: cuda build step: {e}")
                         failures += 1
+        failures += check_reference(a.kiln, tmp)
     print(f"ORT quantizer tests: {checked} outputs compared, "
           f"{'all within tolerance of ONNX Runtime' if failures == 0 else f'{failures} FAILED'}")
     return 1 if failures else 0
