@@ -15,7 +15,7 @@
 // the exact int32 one. QLinear*'s requantize rint(acc * (as * bs / ys)) and the QDQ form's
 // rint((acc * as * bs) / ys) differ only by float rounding of the scale products, so an output
 // may differ by one step where the exact value lies within that rounding of a half
-// (OperatorRewrites.* in tests/passes/test_qoperator_to_qdq.cpp bound it). Which forms stay ops:
+// (QoperatorToQdq.* in tests/passes/test_qoperator_to_qdq.cpp bound it). Which forms stay ops:
 // scales that are not float32 (opset 21's float16 scales: the op computes their product in
 // float16), per-row scales of an N-D a ([..., M, 1]), zero points of MatMulInteger/ConvInteger
 // that are computed and not per tensor, and an int32 output read other than by one Cast to
