@@ -66,6 +66,7 @@ python3 tests/models/run_model_tests.py --kiln "$BUILD_DIR/kiln"
 python3 tests/models/run_rnn_tests.py --kiln "$BUILD_DIR/kiln"   # LSTM/GRU/RNN graphs (onnx.helper)
 python3 tests/models/run_sampling_ops_tests.py --kiln "$BUILD_DIR/kiln"   # GridSample, RoiAlign, NMS
 python3 tests/models/run_int8_tests.py --kiln "$BUILD_DIR/kiln"
+python3 tests/models/run_ort_quant_tests.py --kiln "$BUILD_DIR/kiln"   # ONNX Runtime quantizer output: QOperator, dynamic
 python3 tests/models/run_transformer_tests.py --kiln "$BUILD_DIR/kiln"
 python3 tests/models/run_control_flow_tests.py --kiln "$BUILD_DIR/kiln"   # If, Loop, Scan
 python3 tests/models/run_keras_tests.py --kiln "$BUILD_DIR/kiln"   # tf2onnx conversions of Keras models

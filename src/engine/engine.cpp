@@ -180,6 +180,15 @@ Expected<std::unique_ptr<Engine>> Engine::build_from_graph(std::unique_ptr<Graph
   }
   quant::QdqMapping qdq;  // Q/DQ nodes carry the scales; mapped before they fold away
   if (config.int8) {
+    // ONNX Runtime's QOperator ops (QLinearConv, QLinearMatMul) become their QDQ form first, so
+    // that a symmetric int8 one maps onto INT8 layers (passes/qoperator_to_qdq.cpp).
+    if (config.opt_level >= 1) {
+      OptimizeOptions pre;
+      pre.opt_level = config.opt_level;
+      pre.backend = backend;
+      KILN_RETURN_IF_ERROR(infer_shapes(*g));
+      KILN_RETURN_IF_ERROR(run_pass(*g, "qoperator_to_qdq", pre).status());
+    }
     KILN_ASSIGN_OR_RETURN(qdq, quant::map_qdq(*g));
   }
   const bool explicit_int8 = qdq.any;

@@ -107,12 +107,7 @@ template void conv_forward<float>(const ConvParams&, const float*, const float*,
 template void conv_forward<double>(const ConvParams&, const double*, const double*,
                                    const double*, double*);
 
-namespace {
-
-Status infer_conv(InferContext& ctx) {
-  const Node& n = ctx.node();
-  KILN_ASSIGN_OR_RETURN(ConvInferDims d, read_conv_infer_dims(ctx));
-  if (!d.ranked) return Status::Ok();
+Expected<std::vector<Dim>> conv_infer_out_dims(const Node& n, const ConvInferDims& d) {
   const std::vector<Dim>& xd = d.x;
   const std::vector<Dim>& wd = d.w;
   int64_t in_channels = 0;  // W's channels x group, checked: group is the model's attribute
@@ -133,6 +128,15 @@ Status infer_conv(InferContext& ctx) {
     KILN_ASSIGN_OR_RETURN(AxisGeometry g, resolve_window_axis(a, i, xd[i + 2].value, false, n));
     out.push_back(g.out);
   }
+  return out;
+}
+
+namespace {
+
+Status infer_conv(InferContext& ctx) {
+  KILN_ASSIGN_OR_RETURN(ConvInferDims d, read_conv_infer_dims(ctx));
+  if (!d.ranked) return Status::Ok();
+  KILN_ASSIGN_OR_RETURN(std::vector<Dim> out, conv_infer_out_dims(ctx.node(), d));
   set_conv_output_type(ctx, std::move(out));
   return Status::Ok();
 }

@@ -169,10 +169,10 @@ Expected<WindowAttrs> read_conv_window(const Node& n, const std::vector<int64_t>
   return a;
 }
 
-Expected<ConvInferDims> read_conv_infer_dims(InferContext& ctx) {
+Expected<ConvInferDims> read_conv_infer_dims(InferContext& ctx, size_t xi, size_t wi) {
   const Node& n = ctx.node();
-  const TensorType& x = ctx.input_type(0);
-  const TensorType& w = ctx.input_type(1);
+  const TensorType& x = ctx.input_type(xi);
+  const TensorType& w = ctx.input_type(wi);
   ConvInferDims d;
   if (!x.has_rank() && !w.has_rank()) {
     ctx.set_output(0, TensorType::unknown_rank(x.dtype));

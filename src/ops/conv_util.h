@@ -81,7 +81,11 @@ struct ConvInferDims {
 };
 // Checks the ranks and group >= 1. When neither X nor W has a rank it sets output 0 to an
 // unknown rank of X's dtype and returns ranked = false: the op has nothing more to infer.
-Expected<ConvInferDims> read_conv_infer_dims(InferContext& ctx);
+// X and W are inputs `xi` and `wi` (QLinearConv's W is input 3).
+Expected<ConvInferDims> read_conv_infer_dims(InferContext& ctx, size_t xi = 0, size_t wi = 1);
+// Conv's output dims [N, M, out...] from read_conv_infer_dims' result (channels and group
+// checked; an unknown spatial size or kernel gives an unknown dim).
+Expected<std::vector<Dim>> conv_infer_out_dims(const Node& n, const ConvInferDims& d);
 // Window attributes with the kernel from W's spatial dims (-1 where unknown).
 Expected<WindowAttrs> read_conv_infer_window(const Node& n, const ConvInferDims& d);
 // Sets output 0 to `out` with X's dtype, or W's when X's is undefined.

@@ -122,6 +122,28 @@ Status check_numeric(const Node& n, DataType t, const char* what) {
   return Status::Ok();
 }
 
+}  // namespace
+
+Expected<std::vector<Dim>> matmul_out_dims(const Node& n, std::vector<Dim> ad,
+                                           std::vector<Dim> bd) {
+  const bool a1 = ad.size() == 1, b1 = bd.size() == 1;
+  if (a1) ad.insert(ad.begin(), Dim(1));
+  if (b1) bd.push_back(Dim(1));
+  const Dim& ka = ad[ad.size() - 1];
+  const Dim& kb = bd[bd.size() - 2];
+  if (ka.is_static() && kb.is_static() && ka.value != kb.value)
+    return KILN_ERROR("{}: inner dimensions differ ({} vs {})", n.label(), ka.value, kb.value);
+  KILN_ASSIGN_OR_RETURN(std::vector<Dim> out,
+                        broadcast_dims({std::vector<Dim>(ad.begin(), ad.end() - 2),
+                                        std::vector<Dim>(bd.begin(), bd.end() - 2)},
+                                       n));
+  if (!a1) out.push_back(ad[ad.size() - 2]);
+  if (!b1) out.push_back(bd.back());
+  return out;
+}
+
+namespace {
+
 // --- MatMul -------------------------------------------------------------------------------------
 
 Status infer_matmul(InferContext& ctx) {
@@ -138,22 +160,7 @@ Status infer_matmul(InferContext& ctx) {
   if (a.rank() < 1 || b.rank() < 1)
     return KILN_ERROR("{}: MatMul inputs must have rank >= 1 (got {} and {})",
                       ctx.node().label(), a.rank(), b.rank());
-  std::vector<Dim> ad = *a.dims, bd = *b.dims;
-  const bool a1 = ad.size() == 1, b1 = bd.size() == 1;
-  if (a1) ad.insert(ad.begin(), Dim(1));
-  if (b1) bd.push_back(Dim(1));
-  const Dim& ka = ad[ad.size() - 1];
-  const Dim& kb = bd[bd.size() - 2];
-  if (ka.is_static() && kb.is_static() && ka.value != kb.value)
-    return KILN_ERROR("{}: inner dimensions differ ({} vs {})", ctx.node().label(), ka.value,
-                      kb.value);
-  KILN_ASSIGN_OR_RETURN(
-      std::vector<Dim> out,
-      broadcast_dims({std::vector<Dim>(ad.begin(), ad.end() - 2),
-                      std::vector<Dim>(bd.begin(), bd.end() - 2)},
-                     ctx.node()));
-  if (!a1) out.push_back(ad[ad.size() - 2]);
-  if (!b1) out.push_back(bd.back());
+  KILN_ASSIGN_OR_RETURN(std::vector<Dim> out, matmul_out_dims(ctx.node(), *a.dims, *b.dims));
   ctx.set_output(0, TensorType(a.dtype, std::move(out)));
   return Status::Ok();
 }

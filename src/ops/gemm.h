@@ -2,6 +2,10 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
+
+#include "ir/graph.h"
+#include "kiln/status.h"
 
 namespace kiln {
 
@@ -16,5 +20,9 @@ inline void gemm_f32(bool transA, bool transB, int64_t M, int64_t N, int64_t K, 
                      const float* A, const float* B, float beta, float* C) {
   gemm<float>(transA, transB, M, N, K, alpha, A, B, beta, C);
 }
+
+// MatMul's output dims for inputs of dims `a` and `b` (rank >= 1; numpy.matmul: a 1-D side is
+// promoted and its axis removed, batch dims broadcast); errors name `n`.
+Expected<std::vector<Dim>> matmul_out_dims(const Node& n, std::vector<Dim> a, std::vector<Dim> b);
 
 }  // namespace kiln

@@ -169,6 +169,7 @@ std::span<const OpDef> shape_ops();        // Reshape, Shape, Size, Flatten, Squ
 std::span<const OpDef> index_ops();        // Gather*, Trilu, CumSum, TopK, ArgMax, ArgMin, ...
 std::span<const OpDef> reduce_ops();       // Reduce*
 std::span<const OpDef> quant_ops();        // QuantizeLinear, DequantizeLinear
+std::span<const OpDef> quant_linear_ops(); // MatMulInteger, ConvInteger, QLinearMatMul/Conv
 std::span<const OpDef> norm_extra_ops();   // RMSNorm, GroupNorm, LpNorm, MeanVarianceNorm
 std::span<const OpDef> scatter_ops();      // ScatterND, ScatterElements, NonZero
 std::span<const OpDef> einsum_ops();       // Einsum

@@ -49,6 +49,9 @@ struct PassEntry {
 //   col2im_to_conv_transpose: a Col2Im (F.fold) becomes the one-hot ConvTranspose it is;
 //   lrn_to_conv: an LRN the squares, a banded channel Conv and the division it is;
 //   one_hot_to_equal: a OneHot the comparison with the positions along its axis it is.
+//   qoperator_to_qdq: ONNX Runtime's QLinearConv/QLinearMatMul the Q(Conv/MatMul(DQ, DQ)) they
+//   are, and a MatMulInteger/ConvInteger read by a Cast to float the float product of its
+//   centered operands (engine.cpp runs it once more before quant::map_qdq for --int8 builds).
 // - fold_batchnorm before any fusion: BN folds into the weights of a plain Conv/Gemm/MatMul;
 //   once an activation fused in between, it no longer could. fold_pad_into_conv beside it: a
 //   zero Pad (TensorFlow's SAME padding) becomes a plain Conv's pads before fusions take it.
@@ -145,6 +148,7 @@ constexpr PassEntry kPipeline[] = {
     {"col2im_to_conv_transpose", 1, passes::col2im_to_conv_transpose},
     {"lrn_to_conv", 1, passes::lrn_to_conv},
     {"one_hot_to_equal", 1, passes::one_hot_to_equal},
+    {"qoperator_to_qdq", 1, passes::qoperator_to_qdq},
     {"eliminate_dead_code", 1, passes::eliminate_dead_code},
     {"fuse_layernorm", 2, passes::fuse_layernorm},
     {"fuse_rmsnorm", 2, passes::fuse_rmsnorm},
