@@ -180,6 +180,7 @@ std::span<const OpDef> rnn_ops();          // LSTM, GRU, RNN
 std::span<const OpDef> sampling_ops();     // GridSample
 std::span<const OpDef> spectral_ops();     // DFT, STFT, the windows, MelWeightMatrix
 std::span<const OpDef> col2im_ops();       // Col2Im
+std::span<const OpDef> deform_conv_ops();  // DeformConv
 std::span<const OpDef> detection_ops();    // RoiAlign, NonMaxSuppression
 std::span<const OpDef> fused_ops();        // kiln's fused layers (the optimizer's output)
 std::span<const OpDef> transformer_ops();  // kiln.MultiHeadAttention, kiln.SkipLayerNorm

@@ -13,7 +13,7 @@ constexpr FamilyFn kFamilies[] = {
     reduce_ops,       quant_ops,      norm_extra_ops, scatter_ops,    einsum_ops,
     attention_ops,    rotary_ops,     rnn_ops,        fused_ops,      transformer_ops,
     control_flow_ops, sampling_ops,   detection_ops,  fused_norm_ops, spectral_ops,
-    col2im_ops,       quant_linear_ops,
+    col2im_ops,       quant_linear_ops, deform_conv_ops,
 };
 
 std::vector<std::string>& duplicates() {

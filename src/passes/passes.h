@@ -21,6 +21,7 @@ Expected<bool> fold_pad_into_conv(PassContext& ctx);
 Expected<bool> reduce_to_global_pool(PassContext& ctx);
 Expected<bool> dft_to_matmul(PassContext& ctx);
 Expected<bool> col2im_to_conv_transpose(PassContext& ctx);
+Expected<bool> deform_conv_to_grid_sample(PassContext& ctx);
 Expected<bool> lrn_to_conv(PassContext& ctx);
 Expected<bool> one_hot_to_equal(PassContext& ctx);
 Expected<bool> qoperator_to_qdq(PassContext& ctx);

@@ -47,6 +47,8 @@ struct PassEntry {
 //   or STFT of static sizes becomes the MatMul or Conv with a constant basis it is, for the
 //   fusions to take as any other (after fold_constants, which makes its window a constant);
 //   col2im_to_conv_transpose: a Col2Im (F.fold) becomes the one-hot ConvTranspose it is;
+//   deform_conv_to_grid_sample: a DeformConv the bilinear gather of its taps (GridSample) and
+//   the 1x1 convolution over them it is;
 //   lrn_to_conv: an LRN the squares, a banded channel Conv and the division it is;
 //   one_hot_to_equal: a OneHot the comparison with the positions along its axis it is.
 //   qoperator_to_qdq: ONNX Runtime's QLinearConv/QLinearMatMul the Q(Conv/MatMul(DQ, DQ)) they
@@ -146,6 +148,7 @@ constexpr PassEntry kPipeline[] = {
     {"reduce_to_global_pool", 1, passes::reduce_to_global_pool},
     {"dft_to_matmul", 1, passes::dft_to_matmul},
     {"col2im_to_conv_transpose", 1, passes::col2im_to_conv_transpose},
+    {"deform_conv_to_grid_sample", 1, passes::deform_conv_to_grid_sample},
     {"lrn_to_conv", 1, passes::lrn_to_conv},
     {"one_hot_to_equal", 1, passes::one_hot_to_equal},
     {"qoperator_to_qdq", 1, passes::qoperator_to_qdq},
