@@ -17,3 +17,6 @@ if [ "$CUDNN_DIR" != none ] && [ -e "$CUDNN_DIR/libcudnn.so.9" ]; then
   echo "cuDNN from $CUDNN_DIR"
 fi
 KILN=${KILN:-$PWD/.deps/kiln}
+if [ -f .deps/UNOPTIMIZED ]; then
+  echo "warning: .deps holds kernels assembled without optimization (KILN_DEPS_UNOPTIMIZED=1): for correctness checks; its timings are not kiln's" >&2
+fi
