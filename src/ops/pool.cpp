@@ -1,5 +1,6 @@
 // MaxPool (with Indices), AveragePool, GlobalAveragePool, GlobalMaxPool: N-d, pads/auto_pad,
-// strides, dilations, ceil_mode, count_include_pad, storage_order; MaxUnpool (MaxPool's partial
+// strides, dilations, ceil_mode, count_include_pad, storage_order; LpPool and GlobalLpPool
+// (passes/lp_pool_to_average.cpp gives the GPU their form); MaxUnpool (MaxPool's partial
 // inverse; passes/max_unpool_to_scatter.cpp gives the GPU its form).
 #include <cmath>
 #include <cstring>
@@ -316,6 +317,79 @@ Status global_pool_cpu(KernelContext& ctx) {
   return Status::Ok();
 }
 
+// --- LpPool / GlobalLpPool ----------------------------------------------------------------------
+// y = (sum of |x|^p over the window's in-range taps)^(1/p): padding adds nothing. p is an int
+// since opset 2 (a float before); p < 1 is refused.
+Expected<double> lp_order(const Node& n) {
+  const Attribute* a = n.attrs.find("p");
+  const double p = !a ? 2.0 : a->kind == Attribute::Kind::kFloat ? a->f : static_cast<double>(a->i);
+  if (!(p >= 1.0) || p > 1e6) return KILN_ERROR("{}: p must be >= 1, got {}", n.label(), p);
+  return p;
+}
+
+double lp_term(double v, double p) {
+  const double a = std::fabs(v);
+  return p == 1.0 ? a : p == 2.0 ? a * a : std::pow(a, p);
+}
+double lp_root(double s, double p) {
+  return p == 1.0 ? s : p == 2.0 ? std::sqrt(s) : std::pow(s, 1.0 / p);
+}
+
+Status infer_lp_pool(InferContext& ctx) {
+  const Node& n = ctx.node();
+  KILN_RETURN_IF_ERROR(lp_order(n).status());
+  const DataType t = ctx.input_type(0).dtype;
+  if (t != DataType::kUndefined && !dtype_is_float(t))
+    return KILN_ERROR("{}: unsupported type {} (float types only)", n.label(), dtype_name(t));
+  return n.op_type == "GlobalLpPool" ? infer_global_pool(ctx) : infer_pool(ctx);
+}
+
+Status lp_pool_cpu(KernelContext& ctx) {
+  const Node& n = ctx.node();
+  const Tensor* x = ctx.input(0);
+  KILN_RETURN_IF_ERROR(check_float_input(n, x));
+  KILN_ASSIGN_OR_RETURN(const double p, lp_order(n));
+  KILN_ASSIGN_OR_RETURN(PoolGeometry g, pool_geometry(n, x->shape()));
+  std::vector<int64_t> shape = {x->dim(0), x->dim(1)};
+  shape.insert(shape.end(), g.out.begin(), g.out.end());
+  const Tensor xd = x->cast(DataType::kFloat64);
+  Tensor y(DataType::kFloat64, shape);
+  const int64_t inP = shape_product(g.in), P = shape_product(g.out);
+  for (int64_t pl = 0; pl < g.planes; ++pl) {
+    const double* xp = xd.data<double>() + pl * inP;
+    double* yp = y.data<double>() + pl * P;
+    for_each_window(g, [&](int64_t o, int64_t, int64_t, auto&& visit_all) {
+      double sum = 0;
+      visit_all([&](int64_t off, const std::vector<int64_t>&) { sum += lp_term(xp[off], p); });
+      yp[o] = lp_root(sum, p);
+    });
+  }
+  ctx.set_output(0, y.cast(x->dtype()));
+  return Status::Ok();
+}
+
+Status global_lp_pool_cpu(KernelContext& ctx) {
+  const Node& n = ctx.node();
+  const Tensor* x = ctx.input(0);
+  KILN_RETURN_IF_ERROR(check_float_input(n, x));
+  KILN_ASSIGN_OR_RETURN(const double p, lp_order(n));
+  if (x->rank() < 2)
+    return KILN_ERROR("{}: X must have rank >= 2 (N, C, spatial...), got {}", n.label(),
+                      shape_str(x->shape()));
+  std::vector<int64_t> shape = {x->dim(0), x->dim(1)};
+  shape.resize(x->shape().size(), 1);
+  const int64_t planes = x->dim(0) * x->dim(1), inP = planes == 0 ? 0 : x->numel() / planes;
+  const Tensor xd = x->cast(DataType::kFloat64);
+  Tensor y(DataType::kFloat64, shape);
+  for (int64_t pl = 0; pl < planes; ++pl) {
+    double sum = 0;
+    for (int64_t i = 0; i < inP; ++i) sum += lp_term(xd.data<double>()[pl * inP + i], p);
+    y.data<double>()[pl] = lp_root(sum, p);
+  }
+  ctx.set_output(0, y.cast(x->dtype()));
+  return Status::Ok();
+}
+
 // --- MaxUnpool -----------------------------------------------------------------------------------
 // Z = zeros(inferred); Z.flat[I.flat[i]] = X.flat[i] (a later index wins a duplicate), where
 // inferred is N, C and (in - 1) * stride + kernel - pad_begin - pad_end per spatial axis: the
@@ -463,6 +537,8 @@ const OpDef kPoolOps[] = {
     {"", "GlobalAveragePool", infer_global_pool, global_pool_cpu<false>, nullptr},
     {"", "GlobalMaxPool", infer_global_pool, global_pool_cpu<true>, nullptr},
     {"", "MaxUnpool", infer_max_unpool, max_unpool_cpu, nullptr},
+    {"", "LpPool", infer_lp_pool, lp_pool_cpu, nullptr},
+    {"", "GlobalLpPool", infer_lp_pool, global_lp_pool_cpu, nullptr},
 };
 
 }  // namespace

@@ -24,6 +24,7 @@ Expected<bool> col2im_to_conv_transpose(PassContext& ctx);
 Expected<bool> lrn_to_conv(PassContext& ctx);
 Expected<bool> one_hot_to_equal(PassContext& ctx);
 Expected<bool> max_unpool_to_scatter(PassContext& ctx);
+Expected<bool> lp_pool_to_average(PassContext& ctx);
 Expected<bool> fuse_layernorm(PassContext& ctx);
 Expected<bool> fuse_rmsnorm(PassContext& ctx);
 Expected<bool> fuse_groupnorm(PassContext& ctx);

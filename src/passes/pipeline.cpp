@@ -49,7 +49,8 @@ struct PassEntry {
 //   col2im_to_conv_transpose: a Col2Im (F.fold) becomes the one-hot ConvTranspose it is;
 //   lrn_to_conv: an LRN the squares, a banded channel Conv and the division it is;
 //   one_hot_to_equal: a OneHot the comparison with the positions along its axis it is;
-//   max_unpool_to_scatter: a MaxUnpool the scatter of its values into zeros it is.
+//   max_unpool_to_scatter: a MaxUnpool the scatter of its values into zeros it is;
+//   lp_pool_to_average: an LpPool or GlobalLpPool the root of a pooled sum of |x|^p it is.
 // - fold_batchnorm before any fusion: BN folds into the weights of a plain Conv/Gemm/MatMul;
 //   once an activation fused in between, it no longer could. fold_pad_into_conv beside it: a
 //   zero Pad (TensorFlow's SAME padding) becomes a plain Conv's pads before fusions take it.
@@ -147,6 +148,7 @@ constexpr PassEntry kPipeline[] = {
     {"lrn_to_conv", 1, passes::lrn_to_conv},
     {"one_hot_to_equal", 1, passes::one_hot_to_equal},
     {"max_unpool_to_scatter", 1, passes::max_unpool_to_scatter},
+    {"lp_pool_to_average", 1, passes::lp_pool_to_average},
     {"eliminate_dead_code", 1, passes::eliminate_dead_code},
     {"fuse_layernorm", 2, passes::fuse_layernorm},
     {"fuse_rmsnorm", 2, passes::fuse_rmsnorm},
