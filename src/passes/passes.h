@@ -25,6 +25,7 @@ Expected<bool> lrn_to_conv(PassContext& ctx);
 Expected<bool> one_hot_to_equal(PassContext& ctx);
 Expected<bool> max_unpool_to_scatter(PassContext& ctx);
 Expected<bool> lp_pool_to_average(PassContext& ctx);
+Expected<bool> compress_to_gather(PassContext& ctx);
 Expected<bool> fuse_layernorm(PassContext& ctx);
 Expected<bool> fuse_rmsnorm(PassContext& ctx);
 Expected<bool> fuse_groupnorm(PassContext& ctx);

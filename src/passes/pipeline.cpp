@@ -50,7 +50,8 @@ struct PassEntry {
 //   lrn_to_conv: an LRN the squares, a banded channel Conv and the division it is;
 //   one_hot_to_equal: a OneHot the comparison with the positions along its axis it is;
 //   max_unpool_to_scatter: a MaxUnpool the scatter of its values into zeros it is;
-//   lp_pool_to_average: an LpPool or GlobalLpPool the root of a pooled sum of |x|^p it is.
+//   lp_pool_to_average: an LpPool or GlobalLpPool the root of a pooled sum of |x|^p it is;
+//   compress_to_gather: a Compress the Gather of its condition's NonZero positions it is.
 // - fold_batchnorm before any fusion: BN folds into the weights of a plain Conv/Gemm/MatMul;
 //   once an activation fused in between, it no longer could. fold_pad_into_conv beside it: a
 //   zero Pad (TensorFlow's SAME padding) becomes a plain Conv's pads before fusions take it.
@@ -149,6 +150,7 @@ constexpr PassEntry kPipeline[] = {
     {"one_hot_to_equal", 1, passes::one_hot_to_equal},
     {"max_unpool_to_scatter", 1, passes::max_unpool_to_scatter},
     {"lp_pool_to_average", 1, passes::lp_pool_to_average},
+    {"compress_to_gather", 1, passes::compress_to_gather},
     {"eliminate_dead_code", 1, passes::eliminate_dead_code},
     {"fuse_layernorm", 2, passes::fuse_layernorm},
     {"fuse_rmsnorm", 2, passes::fuse_rmsnorm},

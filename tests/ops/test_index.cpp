@@ -2,6 +2,7 @@
 // examples, random data against naive loops, negative indices, opset upgrades, dtypes, errors.
 #include <algorithm>
 #include <numeric>
+#include <optional>
 
 #include "op_test_util.h"
 
@@ -290,6 +291,44 @@ TEST(ArgMax, KeepdimsSelectLastAndDtypes) {
   EXPECT_FALSE(run_op("ArgMax", {&x}, attrs({{"axis", Int(2)}})).status.ok());
   EXPECT_EQ(infer_types("ArgMin", {TensorType(DataType::kFloat32, {N, 4})}, attrs({{"keepdims", Int(0)}})).str(),
             "int64[4]");
+}
+
+// Compress: numpy.compress along an axis and flattened, a short condition, a long one false past
+// the axis, integer and bool data, and the errors.
+TEST(Compress, AxesConditionsAndErrors) {
+  const Tensor x = Tensor::from<int32_t>({3, 2}, {1, 2, 3, 4, 5, 6});
+  auto cond = [](std::vector<bool> v) {
+    Tensor c(DataType::kBool, {static_cast<int64_t>(v.size())});
+    for (size_t i = 0; i < v.size(); ++i) c.data<bool>()[i] = v[i];
+    return c;
+  };
+  auto run = [&](const Tensor& data, const Tensor& c, std::optional<int64_t> axis) {
+    Attributes a;
+    if (axis) a.set("axis", Attribute::Int(*axis));
+    return run_op("Compress", {&data, &c}, a);
+  };
+  const Tensor c01 = cond({false, true, true});
+  OpRun r = run(x, c01, 0);
+  ASSERT_TRUE(r.status.ok()) << r.status.message();
+  EXPECT_EQ(r.outputs[0].shape(), (V{2, 2}));
+  EXPECT_EQ(values_i64(r.outputs[0]), (V{3, 4, 5, 6}));
+  const Tensor c1 = cond({false, true});
+  r = run(x, c1, -1);
+  EXPECT_EQ(values_i64(r.outputs[0]), (V{2, 4, 6}));
+  r = run(x, c1, 1);
+  EXPECT_EQ(r.outputs[0].shape(), (V{3, 1}));
+  const Tensor flat = cond({true, false, false, false, true, false, false, false});  // long, false tail
+  r = run(x, flat, std::nullopt);
+  ASSERT_TRUE(r.status.ok()) << r.status.message();
+  EXPECT_EQ(values_i64(r.outputs[0]), (V{1, 5}));
+  const Tensor none = cond({false, false});
+  EXPECT_EQ(run(x, none, 0).outputs[0].shape(), (V{0, 2}));
+  const Tensor b = cond({true, false, true});
+  EXPECT_EQ(run(b, cond({true, true, false}), std::nullopt).outputs[0].shape(), (V{2}));
+  expect_error(run(x, cond({false, false, false, true}), 0), "past the axis of size 3");
+  expect_error(run(x, c01, 2), "axis");
+  const Tensor not_bool = Tensor::from<int32_t>({2}, {1, 0});
+  expect_error(run(x, not_bool, 0), "condition must be bool");
 }
 
 }  // namespace
