@@ -205,6 +205,36 @@ TEST(CumSum, ExclusiveReverseAxes) {
   EXPECT_FALSE(run_op("CumSum", {&y}, {}).status.ok());
 }
 
+// CumProd (opset 26): the spec's example in all four modes, an inner axis, integer wrap-around,
+// float16, and the errors.
+TEST(CumProd, ExclusiveReverseAxesAndWrap) {
+  Tensor x = F32({3}, {1, 2, 3}), ax = Tensor::scalar<int32_t>(0);
+  auto run = [&](int64_t excl, int64_t rev) {
+    return run_op("CumProd", {&x, &ax}, attrs({{"exclusive", Int(excl)}, {"reverse", Int(rev)}}));
+  };
+  EXPECT_EQ(values_f(run(0, 0).outputs[0]), (FV{1, 2, 6}));
+  EXPECT_EQ(values_f(run(1, 0).outputs[0]), (FV{1, 1, 2}));
+  EXPECT_EQ(values_f(run(0, 1).outputs[0]), (FV{6, 6, 3}));
+  EXPECT_EQ(values_f(run(1, 1).outputs[0]), (FV{6, 3, 1}));
+  Tensor y = Tensor::from<int64_t>({2, 3}, {1, -2, 3, 4, 5, 6}), a0 = Tensor::scalar<int64_t>(0);
+  auto r = run_op("CumProd", {&y, &a0}, {});
+  ASSERT_TRUE(r.status.ok()) << r.status.message();
+  expect_inferred_matches(r);
+  EXPECT_EQ(values_i64(r.outputs[0]), (V{1, -2, 3, 4, -10, 18}));
+  Tensor big = Tensor::from<int32_t>({3}, {65536, 65536, 3});  // 2^32 wraps to 0
+  r = run_op("CumProd", {&big, &ax}, {});
+  EXPECT_EQ(values_i64(r.outputs[0]), (V{65536, 0, 0}));
+  Tensor h = F32({3}, {0.5f, 0.5f, 4.f}).cast(DataType::kFloat16);
+  r = run_op("CumProd", {&h, &a0}, {});
+  EXPECT_EQ(r.outputs[0].dtype(), DataType::kFloat16);
+  EXPECT_EQ(values_f(r.outputs[0]), (FV{0.5f, 0.25f, 1.f}));
+  Tensor a2 = Tensor::scalar<int64_t>(2);
+  expect_error(run_op("CumProd", {&y, &a2}, {}), "axis");
+  expect_error(run_op("CumProd", {&y}, {}), "CumProd needs the axis input");
+  Tensor b(DataType::kBool, {2});
+  expect_error(run_op("CumProd", {&b, &a0}, {}), "CumProd does not support bool");
+}
+
 // ------------------------------------------------------------------------------ TopK
 TEST(TopK, LargestSmallestTiesAxis) {
   Tensor x = F32({2, 4}, {1, 3, 3, 2, 5, 5, 5, 0}), k = I64v({2});
