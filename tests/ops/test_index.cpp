@@ -1,6 +1,8 @@
 // Index family: Gather, GatherElements, GatherND, Trilu, CumSum, TopK, ArgMax, ArgMin. Spec
 // examples, random data against naive loops, negative indices, opset upgrades, dtypes, errors.
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <numeric>
 #include <optional>
 
@@ -359,6 +361,50 @@ TEST(Compress, AxesConditionsAndErrors) {
   expect_error(run(x, c01, 2), "axis");
   const Tensor not_bool = Tensor::from<int32_t>({2}, {1, 0});
   expect_error(run(x, not_bool, 0), "condition must be bool");
+}
+
+// Unique: the four outputs sorted and in first-occurrence order, slices along an axis (a
+// negative one), NaN equal to NaN and last, bool and uint64, and a bad axis.
+TEST(Unique, SortedUnsortedAxesAndNaN) {
+  auto run = [](const Tensor& x, Attributes a) { return run_op("Unique", {&x}, a, 4); };
+  const Tensor x = F32({6}, {2, 1, 1, 3, 4, 3});
+  OpRun r = run(x, {});
+  ASSERT_TRUE(r.status.ok()) << r.status.message();
+  EXPECT_EQ(values_f(r.outputs[0]), (FV{1, 2, 3, 4}));
+  EXPECT_EQ(values_i64(r.outputs[1]), (V{1, 0, 3, 4}));
+  EXPECT_EQ(values_i64(r.outputs[2]), (V{1, 0, 0, 2, 3, 2}));
+  EXPECT_EQ(values_i64(r.outputs[3]), (V{2, 1, 2, 1}));
+  r = run(x, attrs({{"sorted", Int(0)}}));
+  EXPECT_EQ(values_f(r.outputs[0]), (FV{2, 1, 3, 4}));
+  EXPECT_EQ(values_i64(r.outputs[1]), (V{0, 1, 3, 4}));
+  EXPECT_EQ(values_i64(r.outputs[2]), (V{0, 1, 1, 2, 3, 2}));
+  EXPECT_EQ(values_i64(r.outputs[3]), (V{1, 2, 2, 1}));
+  // Columns of a [2, 4]: (1,5) (0,4) (1,5) (0,3); sorted: (0,3) (0,4) (1,5).
+  const Tensor m = Tensor::from<int64_t>({2, 4}, {1, 0, 1, 0, 5, 4, 5, 3});
+  r = run(m, attrs({{"axis", Int(-1)}}));
+  ASSERT_TRUE(r.status.ok()) << r.status.message();
+  EXPECT_EQ(r.outputs[0].shape(), (V{2, 3}));
+  EXPECT_EQ(values_i64(r.outputs[0]), (V{0, 0, 1, 3, 4, 5}));
+  EXPECT_EQ(values_i64(r.outputs[1]), (V{3, 1, 0}));
+  EXPECT_EQ(values_i64(r.outputs[2]), (V{2, 1, 2, 0}));
+  EXPECT_EQ(values_i64(r.outputs[3]), (V{1, 1, 2}));
+  r = run(m, attrs({{"axis", Int(1)}, {"sorted", Int(0)}}));
+  EXPECT_EQ(values_i64(r.outputs[0]), (V{1, 0, 0, 5, 4, 3}));
+  EXPECT_EQ(values_i64(r.outputs[2]), (V{0, 1, 0, 2}));
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  r = run(F32({4}, {nan, 1, nan, 0}), {});
+  ASSERT_EQ(r.outputs[0].numel(), 3);
+  EXPECT_EQ(r.outputs[0].at_double(0), 0.0);
+  EXPECT_TRUE(std::isnan(r.outputs[0].at_double(2)));
+  EXPECT_EQ(values_i64(r.outputs[3]), (V{1, 1, 2}));
+  Tensor b(DataType::kBool, {3});
+  b.data<bool>()[0] = true, b.data<bool>()[1] = false, b.data<bool>()[2] = true;
+  EXPECT_EQ(run(b, {}).outputs[0].numel(), 2);
+  const Tensor big = Tensor::from<uint64_t>({3}, {~uint64_t{0}, ~uint64_t{0} - 1, ~uint64_t{0}});
+  EXPECT_EQ(values_i64(run(big, {}).outputs[3]), (V{1, 2}));  // no rounding through double
+  const Tensor empty(DataType::kFloat32, {0});
+  EXPECT_EQ(run(empty, {}).outputs[0].numel(), 0);
+  expect_error(run(m, attrs({{"axis", Int(2)}})), "axis");
 }
 
 }  // namespace
