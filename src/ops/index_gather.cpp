@@ -326,8 +326,7 @@ Status compress_cpu(KernelContext& ctx) {
   for (int64_t i = 0; i < c->numel(); ++i) {
     if (!cond[i]) continue;
     if (i >= dim)
-      return KILN_ERROR("{}: condition is true at {}, past the axis of size {}", n.label(), i,
-                        dim);
+      return KILN_ERROR("{}: condition is true at {}, past the axis of size {}", n.label(), i, dim);
     keep.push_back(i);
   }
   std::span<const int64_t> sp(s);

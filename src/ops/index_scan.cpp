@@ -1,5 +1,5 @@
-// Trilu (keep the upper/lower triangle of the last two dims), CumSum, CumProd and ReverseSequence (each
-// batch entry's first sequence_lens[b] steps in reverse: tf2onnx's bidirectional and
+// Trilu (keep the upper/lower triangle of the last two dims), CumSum, CumProd and ReverseSequence
+// (each batch entry's first sequence_lens[b] steps in reverse: tf2onnx's bidirectional and
 // go_backwards recurrent layers).
 #include <cstring>
 #include <type_traits>

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <optional>
 #include <numeric>
+#include <optional>
 #include <type_traits>
 
 #include "core/dispatch.h"
@@ -257,7 +257,8 @@ Status unique_cpu(KernelContext& ctx) {
   const std::vector<int64_t> s = axis ? x->shape() : std::vector<int64_t>{x->numel()};
   const size_t ax = axis ? static_cast<size_t>(*axis) : 0;
   std::span<const int64_t> sp(s);
-  const int64_t outer = product(sp.subspan(0, ax)), dim = s[ax], inner = product(sp.subspan(ax + 1));
+  const int64_t outer = product(sp.subspan(0, ax)), dim = s[ax],
+                inner = product(sp.subspan(ax + 1));
   const bool sorted = n.attrs.get_int("sorted", 1) != 0;
   // Slices in ascending order (stable: equal ones keep their input order), then grouped.
   std::vector<int64_t> order(static_cast<size_t>(dim));
@@ -268,7 +269,8 @@ Status unique_cpu(KernelContext& ctx) {
     using T = decltype(tag);
     const T* p = x->data<T>();
     auto cmp = [&](int64_t a, int64_t b) { return compare_slices(p, a, b, outer, dim, inner); };
-    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return cmp(a, b) < 0; });
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int64_t a, int64_t b) { return cmp(a, b) < 0; });
     for (size_t k = 0; k < order.size(); ++k) {
       if (k == 0 || cmp(order[k - 1], order[k]) != 0) {
         first.push_back(order[k]);
@@ -283,7 +285,8 @@ Status unique_cpu(KernelContext& ctx) {
   std::vector<int64_t> by_pos(static_cast<size_t>(u));   // position in Y -> group
   std::iota(by_pos.begin(), by_pos.end(), 0);
   if (!sorted)
-    std::sort(by_pos.begin(), by_pos.end(), [&](int64_t a, int64_t b) { return first[a] < first[b]; });
+    std::sort(by_pos.begin(), by_pos.end(),
+              [&](int64_t a, int64_t b) { return first[a] < first[b]; });
   for (int64_t k = 0; k < u; ++k) rank_of[static_cast<size_t>(by_pos[k])] = k;
   std::vector<int64_t> yshape = s;
   yshape[ax] = u;
@@ -298,8 +301,8 @@ Status unique_cpu(KernelContext& ctx) {
     cnt.data<int64_t>()[k] = counts[static_cast<size_t>(g)];
     if (chunk > 0)
       for (int64_t o = 0; o < outer; ++o)
-        std::memcpy(dst + (o * u + k) * chunk, src + (o * dim + first[static_cast<size_t>(g)]) * chunk,
-                    chunk);
+        std::memcpy(dst + (o * u + k) * chunk,
+                    src + (o * dim + first[static_cast<size_t>(g)]) * chunk, chunk);
   }
   for (int64_t j = 0; j < dim; ++j)
     inv.data<int64_t>()[j] = rank_of[static_cast<size_t>(group_of[static_cast<size_t>(j)])];

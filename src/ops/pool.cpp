@@ -420,7 +420,8 @@ Status check_unpool_shape(const Node& n, const std::vector<int64_t>& s, int64_t 
     return KILN_ERROR("{}: output_shape {} must have X's rank {}", n.label(), shape_str(s), rank);
   int64_t total = 1;
   for (int64_t d : s) {
-    if (d < 0) return KILN_ERROR("{}: output shape {} has a negative size", n.label(), shape_str(s));
+    if (d < 0)
+      return KILN_ERROR("{}: output shape {} has a negative size", n.label(), shape_str(s));
     if (d > 0 && total > kMaxUnpoolElements / d)
       return KILN_ERROR("{}: output shape {} has more than 2^31 elements", n.label(), shape_str(s));
     total *= d;

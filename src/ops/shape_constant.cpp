@@ -216,19 +216,14 @@ Status range_cpu(KernelContext& ctx) {
 // A 2-D tensor of the input's shape with ones on diagonal k (k > 0 above the main one) and
 // zeros elsewhere, of type dtype or the input's. Only the input's shape is read: with a static
 // shape, fold_constants makes it a constant.
-constexpr uint32_t kEyeTypes = (1u << static_cast<int>(DataType::kFloat32)) |
-                               (1u << static_cast<int>(DataType::kFloat64)) |
-                               (1u << static_cast<int>(DataType::kFloat16)) |
-                               (1u << static_cast<int>(DataType::kBFloat16)) |
-                               (1u << static_cast<int>(DataType::kInt8)) |
-                               (1u << static_cast<int>(DataType::kInt16)) |
-                               (1u << static_cast<int>(DataType::kInt32)) |
-                               (1u << static_cast<int>(DataType::kInt64)) |
-                               (1u << static_cast<int>(DataType::kUInt8)) |
-                               (1u << static_cast<int>(DataType::kUInt16)) |
-                               (1u << static_cast<int>(DataType::kUInt32)) |
-                               (1u << static_cast<int>(DataType::kUInt64)) |
-                               (1u << static_cast<int>(DataType::kBool));
+constexpr uint32_t kEyeTypes =
+    (1u << static_cast<int>(DataType::kFloat32)) | (1u << static_cast<int>(DataType::kFloat64)) |
+    (1u << static_cast<int>(DataType::kFloat16)) | (1u << static_cast<int>(DataType::kBFloat16)) |
+    (1u << static_cast<int>(DataType::kInt8)) | (1u << static_cast<int>(DataType::kInt16)) |
+    (1u << static_cast<int>(DataType::kInt32)) | (1u << static_cast<int>(DataType::kInt64)) |
+    (1u << static_cast<int>(DataType::kUInt8)) | (1u << static_cast<int>(DataType::kUInt16)) |
+    (1u << static_cast<int>(DataType::kUInt32)) | (1u << static_cast<int>(DataType::kUInt64)) |
+    (1u << static_cast<int>(DataType::kBool));
 bool eye_type(DataType t) {
   const int v = static_cast<int>(t);
   return v >= 0 && v < 32 && ((kEyeTypes >> v) & 1u) != 0;
@@ -269,7 +264,8 @@ Status eye_like_cpu(KernelContext& ctx) {
   double* p = y.data<double>();
   std::fill(p, p + y.numel(), 0.0);
   if (k > -rows && k < cols)  // else no diagonal element falls inside (and -k cannot overflow)
-    for (int64_t i = std::max<int64_t>(0, -k); i < rows && i + k < cols; ++i) p[i * cols + i + k] = 1.0;
+    for (int64_t i = std::max<int64_t>(0, -k); i < rows && i + k < cols; ++i)
+      p[i * cols + i + k] = 1.0;
   ctx.set_output(0, y.cast(t));
   return Status::Ok();
 }

@@ -60,7 +60,8 @@ struct CompressToGather {
     Value* flat = ints("flat", {-1});
     Value* c = n.input(1);
     if (m.truncate)
-      c = r.add_value("Slice", {c, ints("starts", {0}), ints("ends", {m.length}), ints("axes", {0})},
+      c = r.add_value("Slice",
+                      {c, ints("starts", {0}), ints("ends", {m.length}), ints("axes", {0})},
                       "condition_in_range");
     Value* nz = r.add_value("NonZero", {c}, "positions");
     Value* idx = r.add_value("Reshape", {nz, flat}, "indices");

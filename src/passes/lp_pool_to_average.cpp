@@ -39,7 +39,8 @@ struct LpPoolToAverage {
     m.p = !pa ? 2.0 : pa->kind == Attribute::Kind::kFloat ? pa->f : static_cast<double>(pa->i);
     if (!(m.p >= 1.0) || m.p > 1e6) return why("p is below 1 (the op says why)");
     if (global) return m;
-    if (m.rank < 3 || !n.attrs.has("kernel_shape")) return why("not [N, C, spatial...] with a kernel");
+    if (m.rank < 3 || !n.attrs.has("kernel_shape"))
+      return why("not [N, C, spatial...] with a kernel");
     const size_t nsp = static_cast<size_t>(m.rank - 2);
     auto a = read_window_attrs(n, nsp, {});
     if (!a.ok()) return why("bad window attributes (the op says why)");
@@ -52,8 +53,8 @@ struct LpPoolToAverage {
       if (!g.ok()) return why("the window does not fit (the op says why)");
       const int64_t dk = (m.a.kernel[d] - 1) * m.a.dilations[d] + 1;
       m.pads.push_back(g->pad_begin);
-      ends.push_back(std::max<int64_t>(0, (g->out - 1) * m.a.strides[d] + dk - in.value -
-                                              g->pad_begin));
+      ends.push_back(
+          std::max<int64_t>(0, (g->out - 1) * m.a.strides[d] + dk - in.value - g->pad_begin));
     }
     m.pads.insert(m.pads.end(), ends.begin(), ends.end());
     return m;
@@ -67,8 +68,8 @@ struct LpPoolToAverage {
       return r.constant(what, Tensor::scalar<double>(v).cast(dt));
     };
     Value* x = n.input(0);
-    Value* t = m.p == 2.0 ? r.add_value("Mul", {x, x}, "squares")
-                          : r.add_value("Abs", {x}, "magnitudes");
+    Value* t =
+        m.p == 2.0 ? r.add_value("Mul", {x, x}, "squares") : r.add_value("Abs", {x}, "magnitudes");
     if (m.p != 1.0 && m.p != 2.0) t = r.add_value("Pow", {t, scalar("p", m.p)}, "powers");
     const bool last = m.p == 1.0;  // the sum is the result
     Node* sum = nullptr;

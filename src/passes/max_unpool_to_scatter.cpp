@@ -25,8 +25,8 @@ struct MaxUnpoolToScatter {
       return std::nullopt;
     };
     const Value *x = n.input(0), *ind = n.input(1), *s = n.input(2);
-    if (!x || !is_float_type(x->type.dtype) || !x->type.is_static() || x->type.rank() < 3 ||
-        !ind || ind->type.dtype != DataType::kInt64)
+    if (!x || !is_float_type(x->type.dtype) || !x->type.is_static() || x->type.rank() < 3 || !ind ||
+        ind->type.dtype != DataType::kInt64)
       return why("not a float X of static shape (rank >= 3) and int64 indices");
     if (s && s->type.dtype != DataType::kInt64) return why("output_shape is not int64");
     const size_t nsp = static_cast<size_t>(x->type.rank() - 2);
@@ -63,8 +63,8 @@ struct MaxUnpoolToScatter {
     // output_shape: the unpooled tensor at the start of a zero tensor of that shape.
     Value* z = r.add_value("Reshape", {sc->output(0), inferred}, "unpooled");
     Value* extra = r.add_value("Sub", {n.input(2), inferred}, "extra");
-    Value* begins = r.constant("begins", Tensor::from<int64_t>({rank}, std::vector<int64_t>(
-                                                                           m.inferred.size(), 0)));
+    Value* begins = r.constant(
+        "begins", Tensor::from<int64_t>({rank}, std::vector<int64_t>(m.inferred.size(), 0)));
     Node* pads = r.add("Concat", {begins, extra}, "pads");
     pads->attrs.set("axis", Attribute::Int(0));
     return r.finish(r.add("Pad", {z, pads->output(0)}, "padded", 0));

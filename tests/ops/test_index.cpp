@@ -349,7 +349,8 @@ TEST(Compress, AxesConditionsAndErrors) {
   EXPECT_EQ(values_i64(r.outputs[0]), (V{2, 4, 6}));
   r = run(x, c1, 1);
   EXPECT_EQ(r.outputs[0].shape(), (V{3, 1}));
-  const Tensor flat = cond({true, false, false, false, true, false, false, false});  // long, false tail
+  const Tensor flat =
+      cond({true, false, false, false, true, false, false, false});  // long, false tail
   r = run(x, flat, std::nullopt);
   ASSERT_TRUE(r.status.ok()) << r.status.message();
   EXPECT_EQ(values_i64(r.outputs[0]), (V{1, 5}));

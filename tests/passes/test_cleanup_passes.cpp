@@ -138,8 +138,8 @@ TEST(FoldConstants, FoldsGraphOutputKeepingItsName) {
 // backend would compute on the host), a symbolic one leaves it.
 TEST(FoldConstants, EyeLikeOfAStaticShapeFolds) {
   G b;
-  b.out(b.op("EyeLike", {b.in("x", {40, 50})}, attrs({{"k", Attribute::Int(-3)},
-                                                    {"dtype", Attribute::Int(6)}})));  // int32
+  b.out(b.op("EyeLike", {b.in("x", {40, 50})},
+             attrs({{"k", Attribute::Int(-3)}, {"dtype", Attribute::Int(6)}})));  // int32
   auto opt = optimize_checked(b.g, {"fold_constants"});
   EXPECT_EQ(count(*opt, "EyeLike"), 0);
   ASSERT_TRUE(opt->outputs()[0]->is_constant());

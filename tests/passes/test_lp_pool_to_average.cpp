@@ -31,7 +31,8 @@ TEST(LpPoolToAverage, EveryLpPoolBecomesAnAverage) {
            {{"kernel_shape", A::Ints({2, 2})}, {"auto_pad", A::String("SAME_LOWER")}}));
   b.out(lp(b, b.in("dilated", {1, 2, 6, 6}), 2,
            {{"kernel_shape", A::Ints({2, 2})}, {"dilations", A::Ints({2, 2})}}));
-  b.out(lp(b, b.in("one_d", {2, 3, 9}), 3, {{"kernel_shape", A::Ints({3})}, {"strides", A::Ints({2})}}));
+  b.out(lp(b, b.in("one_d", {2, 3, 9}), 3,
+           {{"kernel_shape", A::Ints({3})}, {"strides", A::Ints({2})}}));
   b.out(lp(b, b.in("three_d", {1, 2, 4, 3, 4}), 2, {{"kernel_shape", A::Ints({2, 2, 2})}}));
   for (int64_t p : {1, 2, 3})
     b.out(b.op("GlobalLpPool", {b.in("global" + std::to_string(p), {2, 3, 4, 5})},
