@@ -3,8 +3,9 @@
 //   MaxUnpool(X [static], I[, output_shape])  =>  s = the unpooled shape (a constant);
 //     z = Reshape(ScatterElements(Reshape(Expand(0, s), [-1]), Reshape(I, [-1]),
 //     Reshape(X, [-1]), axis 0), s);  with output_shape: Pad(z, [0..., output_shape - s])
-// so the GPU runs it on its movement layers. An index below 0 wraps here, where the CPU op
-// refuses it (ScatterElements takes -size..size-1); an output_shape below s fails in Pad.
+// so the GPU runs it on its movement layers. Two invalid inputs the CPU op refuses pass here: an
+// index below 0 wraps (ScatterElements takes -size..size-1) and an output_shape computed at run
+// time below s crops (Pad's negative pads; a constant one leaves the op as it is).
 #include <fmt/format.h>
 
 #include "passes/passes.h"
@@ -41,6 +42,12 @@ struct MaxUnpoolToScatter {
       const int64_t o = ((*x->type.dims)[d + 2].value - 1) * st[d] + k[d] - p[d] - p[nsp + d];
       if (o < 0) return why("a spatial size unpools to below 0 (the op says why)");
       m.inferred.push_back(o);
+    }
+    if (s && s->constant) {  // a constant output_shape below s: the op's error, not a crop
+      const std::vector<int64_t> want = s->constant->to_int64_vector();
+      if (want.size() != m.inferred.size()) return why("output_shape has another rank");
+      for (size_t d = 0; d < want.size(); ++d)
+        if (want[d] < m.inferred[d]) return why("output_shape is below the unpooled shape");
     }
     return m;
   }
