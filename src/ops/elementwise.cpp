@@ -1,6 +1,6 @@
-// Elementwise family, part 1: unary math and logic ops, and the family table, which joins the
-// parts defined in elementwise_binary.cpp (arithmetic, comparison, logic, variadic, Pow,
-// BitShift) and elementwise_misc.cpp (Cast, CastLike, Clip, Where).
+// Elementwise family, part 1: unary math, logic and BitwiseNot, and the family table, which
+// joins the parts defined in elementwise_binary.cpp (arithmetic, comparison, logic, variadic,
+// Pow, BitShift, BitwiseAnd/Or/Xor) and elementwise_misc.cpp (Cast, CastLike, Clip, Where).
 #include <cmath>
 #include <vector>
 
@@ -107,6 +107,16 @@ struct NotOp {
   bool operator()(bool x) const { return !x; }
 };
 
+struct BitwiseNotOp {  // opset 18: integers only
+  static constexpr uint32_t kMask = kIntMask;
+  static constexpr bool kBoolOut = false;
+  explicit BitwiseNotOp(const Node&) {}
+  template <typename C>
+  C operator()(C x) const {
+    return static_cast<C>(~x);
+  }
+};
+
 struct IsNaNOp {
   static constexpr uint32_t kMask = kFloatMask;
   static constexpr bool kBoolOut = true;
@@ -159,6 +169,7 @@ const OpDef kUnaryOps[] = {
     unary<AtanhOp>("Atanh"),
     unary<ErfOp>("Erf"),
     unary<NotOp>("Not"),
+    unary<BitwiseNotOp>("BitwiseNot"),
     unary<IsNaNOp>("IsNaN"),
     unary<IsInfOp>("IsInf"),
 };

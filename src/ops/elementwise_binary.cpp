@@ -1,5 +1,5 @@
 // Elementwise family, part 2: binary arithmetic (Add Sub Mul Div Mod), comparisons, logic,
-// BitShift, Pow (mixed base/exponent types) and the variadic Max Min Sum Mean.
+// BitShift, BitwiseAnd/Or/Xor, Pow (mixed base/exponent types) and the variadic Max Min Sum Mean.
 //
 // Integer semantics: Add/Sub/Mul wrap around; Div truncates toward zero (MIN / -1 wraps to MIN);
 // Mod with fmod=0 takes the sign of the divisor (Python), fmod=1 that of the dividend (C fmod);
@@ -146,6 +146,35 @@ struct OrOp : LogicBase {
 struct XorOp : LogicBase {
   using LogicBase::LogicBase;
   bool operator()(bool a, bool b) const { return a != b; }
+};
+
+// BitwiseAnd/Or/Xor (opset 18): integers only, on the two's-complement bits.
+struct BitwiseBase {
+  static constexpr uint32_t kMask = kIntMask;
+  static constexpr bool kBoolOut = false;
+  static constexpr bool kIntDivisor = false;
+  explicit BitwiseBase(const Node&) {}
+};
+struct BitwiseAndOp : BitwiseBase {
+  using BitwiseBase::BitwiseBase;
+  template <typename C>
+  C operator()(C a, C b) const {
+    return static_cast<C>(a & b);
+  }
+};
+struct BitwiseOrOp : BitwiseBase {
+  using BitwiseBase::BitwiseBase;
+  template <typename C>
+  C operator()(C a, C b) const {
+    return static_cast<C>(a | b);
+  }
+};
+struct BitwiseXorOp : BitwiseBase {
+  using BitwiseBase::BitwiseBase;
+  template <typename C>
+  C operator()(C a, C b) const {
+    return static_cast<C>(a ^ b);
+  }
 };
 
 // BitShift-28 adds the signed integers: a left shift wraps like an unsigned one, a right shift
@@ -390,6 +419,9 @@ const OpDef kBinaryOps[] = {
     binary<OrOp>("Or"),
     binary<XorOp>("Xor"),
     binary<BitShiftOp>("BitShift", nullptr),
+    binary<BitwiseAndOp>("BitwiseAnd", nullptr),
+    binary<BitwiseOrOp>("BitwiseOr", nullptr),
+    binary<BitwiseXorOp>("BitwiseXor", nullptr),
     OpDef{"", "Pow", pow_infer, pow_cpu, upgrade_legacy_broadcast},
     variadic<MaxOp>("Max"),
     variadic<MinOp>("Min"),

@@ -1,6 +1,8 @@
 // Gather, GatherElements, GatherND: dtype-agnostic byte copies driven by int32/int64 indices.
 // Negative indices count from the end; an index out of range is an error naming the node. And
-// OneHot (passes/one_hot_to_equal.cpp gives the GPU its form).
+// OneHot (passes/one_hot_to_equal.cpp gives the GPU its form) and Compress (numpy.compress;
+// passes/compress_to_gather.cpp gives the GPU its form).
+#include <algorithm>
 #include <cstring>
 
 #include "ops/shape_util.h"
@@ -257,11 +259,101 @@ Status one_hot_cpu(KernelContext& ctx) {
   return Status::Ok();
 }
 
+// ---------------------------------------------------------------- Compress
+// numpy.compress: the slices along axis (of the flattened input when there is no axis) whose
+// condition is true. A condition shorter than the axis leaves the rest out; one longer may only
+// be false past the axis (numpy's rule). The output length depends on the data.
+Status compress_check_condition(const Node& n, const TensorType& c) {
+  if (c.dtype != DataType::kUndefined && c.dtype != DataType::kBool)
+    return KILN_ERROR("{}: condition must be bool, got {}", n.label(), dtype_name(c.dtype));
+  if (c.has_rank() && c.rank() != 1)
+    return KILN_ERROR("{}: condition must be 1-D, got {}", n.label(), c.str());
+  return Status::Ok();
+}
+
+// The output type with the selected length `len` (unknown: Dim()).
+Expected<TensorType> compress_type(const Node& n, const TensorType& x, Dim len) {
+  if (!n.attrs.has("axis")) return TensorType(x.dtype, {len});
+  if (!x.has_rank()) return TensorType::unknown_rank(x.dtype);
+  KILN_ASSIGN_OR_RETURN(int64_t axis, normalize_axis(n.attrs.get_int("axis", 0), x.rank(), n));
+  std::vector<Dim> dims = *x.dims;
+  dims[static_cast<size_t>(axis)] = len;
+  return TensorType(x.dtype, std::move(dims));
+}
+
+Status compress_infer(InferContext& ctx) {
+  const Node& n = ctx.node();
+  KILN_RETURN_IF_ERROR(compress_check_condition(n, ctx.input_type(1)));
+  KILN_ASSIGN_OR_RETURN(TensorType t, compress_type(n, ctx.input_type(0), Dim()));
+  ctx.set_output(0, std::move(t));
+  return Status::Ok();
+}
+
+// At most every slice is selected: the axis length (or the element count), and the condition's.
+Status compress_bound(InferContext& ctx) {
+  const Node& n = ctx.node();
+  const TensorType& x = ctx.input_type(0);
+  const auto xs = x.static_shape();
+  if (!xs) return KILN_ERROR("{}: the input's shape is not known", n.label());
+  int64_t len = product(*xs);
+  if (n.attrs.has("axis")) {
+    KILN_ASSIGN_OR_RETURN(int64_t axis, normalize_axis(n.attrs.get_int("axis", 0), x.rank(), n));
+    len = (*xs)[static_cast<size_t>(axis)];
+  }
+  if (const auto cs = ctx.input_type(1).static_shape(); cs && cs->size() == 1)
+    len = std::min(len, (*cs)[0]);
+  KILN_ASSIGN_OR_RETURN(TensorType t, compress_type(n, x, Dim(len)));
+  ctx.set_output(0, std::move(t));
+  return Status::Ok();
+}
+
+Status compress_cpu(KernelContext& ctx) {
+  const Node& n = ctx.node();
+  const Tensor* x = ctx.input(0);
+  const Tensor* c = ctx.input(1);
+  if (!x || !c) return KILN_ERROR("{}: Compress needs input and condition", n.label());
+  KILN_RETURN_IF_ERROR(compress_check_condition(n, TensorType::of(*c)));
+  const bool has_axis = n.attrs.has("axis");
+  std::vector<int64_t> s = has_axis ? x->shape() : std::vector<int64_t>{x->numel()};
+  int64_t axis = 0;
+  if (has_axis) {
+    if (x->rank() == 0) return KILN_ERROR("{}: axis given for a scalar input", n.label());
+    KILN_ASSIGN_OR_RETURN(axis, normalize_axis(n.attrs.get_int("axis", 0), x->rank(), n));
+  }
+  const int64_t dim = s[static_cast<size_t>(axis)];
+  const bool* cond = c->data<bool>();
+  std::vector<int64_t> keep;
+  for (int64_t i = 0; i < c->numel(); ++i) {
+    if (!cond[i]) continue;
+    if (i >= dim)
+      return KILN_ERROR("{}: condition is true at {}, past the axis of size {}", n.label(), i, dim);
+    keep.push_back(i);
+  }
+  std::span<const int64_t> sp(s);
+  std::vector<int64_t> shape = s;
+  shape[static_cast<size_t>(axis)] = static_cast<int64_t>(keep.size());
+  Tensor y(x->dtype(), shape);
+  const int64_t outer = product(sp.subspan(0, static_cast<size_t>(axis)));
+  const size_t chunk = static_cast<size_t>(product(sp.subspan(static_cast<size_t>(axis) + 1))) *
+                       dtype_size(x->dtype());
+  const auto* src = static_cast<const uint8_t*>(x->raw());
+  auto* dst = static_cast<uint8_t*>(y.raw());
+  if (chunk > 0)
+    for (int64_t o = 0; o < outer; ++o)
+      for (int64_t k : keep) {
+        std::memcpy(dst, src + (o * dim + k) * chunk, chunk);
+        dst += chunk;
+      }
+  ctx.set_output(0, std::move(y));
+  return Status::Ok();
+}
+
 const OpDef kOps[] = {
     {"", "OneHot", one_hot_infer, one_hot_cpu, nullptr},
     {"", "Gather", gather_infer, gather_cpu, nullptr},
     {"", "GatherElements", gather_elements_infer, gather_elements_cpu, nullptr},
     {"", "GatherND", gather_nd_infer, gather_nd_cpu, nullptr},
+    {"", "Compress", compress_infer, compress_cpu, nullptr, 0, compress_bound},
 };
 
 }  // namespace

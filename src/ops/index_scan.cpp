@@ -1,5 +1,5 @@
-// Trilu (keep the upper/lower triangle of the last two dims), CumSum and ReverseSequence (each
-// batch entry's first sequence_lens[b] steps in reverse: tf2onnx's bidirectional and
+// Trilu (keep the upper/lower triangle of the last two dims), CumSum, CumProd and ReverseSequence
+// (each batch entry's first sequence_lens[b] steps in reverse: tf2onnx's bidirectional and
 // go_backwards recurrent layers).
 #include <cstring>
 #include <type_traits>
@@ -52,9 +52,11 @@ Status trilu_cpu(KernelContext& ctx) {
   return Status::Ok();
 }
 
-// ---------------------------------------------------------------- CumSum
+// ---------------------------------------------------------------- CumSum / CumProd
+// Inclusive or exclusive (the identity first: 0 or 1), forward or reverse, along a scalar axis
+// input. Integers wrap like their type.
 Expected<int64_t> cumsum_axis(const Tensor* a, int64_t rank, const Node& n) {
-  if (!a) return KILN_ERROR("{}: CumSum needs the axis input", n.label());
+  if (!a) return KILN_ERROR("{}: {} needs the axis input", n.label(), n.op_type);
   if (a->dtype() != DataType::kInt32 && a->dtype() != DataType::kInt64)
     return KILN_ERROR("{}: axis must be int32 or int64, got {}", n.label(), a->desc());
   if (a->numel() != 1 || a->rank() > 1)
@@ -65,19 +67,21 @@ Expected<int64_t> cumsum_axis(const Tensor* a, int64_t rank, const Node& n) {
 Status cumsum_infer(InferContext& ctx) {
   const TensorType& x = ctx.input_type(0);
   if (x.dtype == DataType::kBool)
-    return KILN_ERROR("{}: CumSum does not support bool", ctx.node().label());
+    return KILN_ERROR("{}: {} does not support bool", ctx.node().label(), ctx.node().op_type);
   if (const Tensor* a = ctx.input_const(1); a && x.has_rank()) {
     KILN_RETURN_IF_ERROR(cumsum_axis(a, x.rank(), ctx.node()).status());
   }
   return infer_same_as_input(ctx);
 }
 
-Status cumsum_cpu(KernelContext& ctx) {
+template <bool kProd>
+Status cumulative_cpu(KernelContext& ctx) {
   const Node& n = ctx.node();
   const Tensor* x = ctx.input(0);
   if (!x) return KILN_ERROR("{}: missing input", n.label());
-  if (x->dtype() == DataType::kBool) return KILN_ERROR("{}: CumSum does not support bool", n.label());
-  if (x->rank() == 0) return KILN_ERROR("{}: CumSum input must have rank >= 1", n.label());
+  if (x->dtype() == DataType::kBool)
+    return KILN_ERROR("{}: {} does not support bool", n.label(), n.op_type);
+  if (x->rank() == 0) return KILN_ERROR("{}: {} input must have rank >= 1", n.label(), n.op_type);
   KILN_ASSIGN_OR_RETURN(int64_t axis, cumsum_axis(ctx.input(1), x->rank(), n));
   const bool exclusive = n.attrs.get_int("exclusive", 0) != 0;
   const bool reverse = n.attrs.get_int("reverse", 0) != 0;
@@ -91,18 +95,19 @@ Status cumsum_cpu(KernelContext& ctx) {
                                    std::conditional_t<std::is_integral_v<T>, uint64_t, float>>;
     const T* src = x->data<T>();
     T* dst = y.data<T>();
+    auto combine = [](Acc a, Acc v) { return static_cast<Acc>(kProd ? a * v : a + v); };
     for (int64_t o = 0; o < outer; ++o) {
       for (int64_t i = 0; i < inner; ++i) {
-        Acc acc{};
+        Acc acc = kProd ? Acc(1) : Acc{};
         for (int64_t step = 0; step < dim; ++step) {
           const int64_t j = reverse ? dim - 1 - step : step;
           const int64_t e = (o * dim + j) * inner + i;
           const Acc v = convert<Acc>(src[e]);
           if (exclusive) {
             dst[e] = convert<T>(acc);
-            acc = static_cast<Acc>(acc + v);
+            acc = combine(acc, v);
           } else {
-            acc = static_cast<Acc>(acc + v);
+            acc = combine(acc, v);
             dst[e] = convert<T>(acc);
           }
         }
@@ -174,7 +179,8 @@ Status reverse_sequence_cpu(KernelContext& ctx) {
 
 const OpDef kOps[] = {
     {"", "Trilu", trilu_infer, trilu_cpu, nullptr},
-    {"", "CumSum", cumsum_infer, cumsum_cpu, nullptr},
+    {"", "CumSum", cumsum_infer, cumulative_cpu<false>, nullptr},
+    {"", "CumProd", cumsum_infer, cumulative_cpu<true>, nullptr},
     {"", "ReverseSequence", reverse_sequence_infer, reverse_sequence_cpu, nullptr},
 };
 

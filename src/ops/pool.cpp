@@ -1,6 +1,9 @@
 // MaxPool (with Indices), AveragePool, GlobalAveragePool, GlobalMaxPool: N-d, pads/auto_pad,
-// strides, dilations, ceil_mode, count_include_pad, storage_order.
+// strides, dilations, ceil_mode, count_include_pad, storage_order; LpPool and GlobalLpPool
+// (passes/lp_pool_to_average.cpp gives the GPU their form); MaxUnpool (MaxPool's partial
+// inverse; passes/max_unpool_to_scatter.cpp gives the GPU its form).
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -314,11 +317,229 @@ Status global_pool_cpu(KernelContext& ctx) {
   return Status::Ok();
 }
 
+// --- LpPool / GlobalLpPool ----------------------------------------------------------------------
+// y = (sum of |x|^p over the window's in-range taps)^(1/p): padding adds nothing. p is an int
+// since opset 2 (a float before); p < 1 is refused.
+Expected<double> lp_order(const Node& n) {
+  const Attribute* a = n.attrs.find("p");
+  const double p = !a ? 2.0 : a->kind == Attribute::Kind::kFloat ? a->f : static_cast<double>(a->i);
+  if (!(p >= 1.0) || p > 1e6) return KILN_ERROR("{}: p must be >= 1, got {}", n.label(), p);
+  return p;
+}
+
+double lp_term(double v, double p) {
+  const double a = std::fabs(v);
+  return p == 1.0 ? a : p == 2.0 ? a * a : std::pow(a, p);
+}
+double lp_root(double s, double p) {
+  return p == 1.0 ? s : p == 2.0 ? std::sqrt(s) : std::pow(s, 1.0 / p);
+}
+
+Status infer_lp_pool(InferContext& ctx) {
+  const Node& n = ctx.node();
+  KILN_RETURN_IF_ERROR(lp_order(n).status());
+  const DataType t = ctx.input_type(0).dtype;
+  if (t != DataType::kUndefined && !dtype_is_float(t))
+    return KILN_ERROR("{}: unsupported type {} (float types only)", n.label(), dtype_name(t));
+  return n.op_type == "GlobalLpPool" ? infer_global_pool(ctx) : infer_pool(ctx);
+}
+
+Status lp_pool_cpu(KernelContext& ctx) {
+  const Node& n = ctx.node();
+  const Tensor* x = ctx.input(0);
+  KILN_RETURN_IF_ERROR(check_float_input(n, x));
+  KILN_ASSIGN_OR_RETURN(const double p, lp_order(n));
+  KILN_ASSIGN_OR_RETURN(PoolGeometry g, pool_geometry(n, x->shape()));
+  std::vector<int64_t> shape = {x->dim(0), x->dim(1)};
+  shape.insert(shape.end(), g.out.begin(), g.out.end());
+  const Tensor xd = x->cast(DataType::kFloat64);
+  Tensor y(DataType::kFloat64, shape);
+  const int64_t inP = shape_product(g.in), P = shape_product(g.out);
+  for (int64_t pl = 0; pl < g.planes; ++pl) {
+    const double* xp = xd.data<double>() + pl * inP;
+    double* yp = y.data<double>() + pl * P;
+    for_each_window(g, [&](int64_t o, int64_t, int64_t, auto&& visit_all) {
+      double sum = 0;
+      visit_all([&](int64_t off, const std::vector<int64_t>&) { sum += lp_term(xp[off], p); });
+      yp[o] = lp_root(sum, p);
+    });
+  }
+  ctx.set_output(0, y.cast(x->dtype()));
+  return Status::Ok();
+}
+
+Status global_lp_pool_cpu(KernelContext& ctx) {
+  const Node& n = ctx.node();
+  const Tensor* x = ctx.input(0);
+  KILN_RETURN_IF_ERROR(check_float_input(n, x));
+  KILN_ASSIGN_OR_RETURN(const double p, lp_order(n));
+  if (x->rank() < 2)
+    return KILN_ERROR("{}: X must have rank >= 2 (N, C, spatial...), got {}", n.label(),
+                      shape_str(x->shape()));
+  std::vector<int64_t> shape = {x->dim(0), x->dim(1)};
+  shape.resize(x->shape().size(), 1);
+  const int64_t planes = x->dim(0) * x->dim(1), inP = planes == 0 ? 0 : x->numel() / planes;
+  const Tensor xd = x->cast(DataType::kFloat64);
+  Tensor y(DataType::kFloat64, shape);
+  for (int64_t pl = 0; pl < planes; ++pl) {
+    double sum = 0;
+    for (int64_t i = 0; i < inP; ++i) sum += lp_term(xd.data<double>()[pl * inP + i], p);
+    y.data<double>()[pl] = lp_root(sum, p);
+  }
+  ctx.set_output(0, y.cast(x->dtype()));
+  return Status::Ok();
+}
+
+// --- MaxUnpool -----------------------------------------------------------------------------------
+// Z = zeros(inferred); Z.flat[I.flat[i]] = X.flat[i] (a later index wins a duplicate), where
+// inferred is N, C and (in - 1) * stride + kernel - pad_begin - pad_end per spatial axis: the
+// indices are MaxPool's flat offsets into that shape. With output_shape (each size at least the
+// inferred one), Z sits at the start of a zero tensor of that shape, as ONNX's reference has it.
+constexpr int64_t kMaxUnpoolElements = int64_t{1} << 31;
+
+Expected<WindowAttrs> unpool_attrs(const Node& n, int64_t rank) {
+  if (rank < 3)
+    return KILN_ERROR("{}: X must have rank >= 3 (N, C, spatial...), got rank {}", n.label(), rank);
+  if (!n.attrs.has("kernel_shape"))
+    return KILN_ERROR("{}: attribute kernel_shape is required", n.label());
+  return read_window_attrs(n, static_cast<size_t>(rank - 2), {});
+}
+
+// The inferred size of spatial axis d for input size `in`.
+Expected<int64_t> unpool_axis(const Node& n, const WindowAttrs& a, size_t d, int64_t in) {
+  const size_t nsp = a.kernel.size();
+  const int64_t out = (in - 1) * a.strides[d] + a.kernel[d] - a.pads[d] - a.pads[nsp + d];
+  if (out < 0)
+    return KILN_ERROR("{}: spatial axis {} of size {} unpools to a negative size {}", n.label(), d,
+                      in, out);
+  return out;
+}
+
+Status check_unpool_shape(const Node& n, const std::vector<int64_t>& s, int64_t rank) {
+  if (static_cast<int64_t>(s.size()) != rank)
+    return KILN_ERROR("{}: output_shape {} must have X's rank {}", n.label(), shape_str(s), rank);
+  int64_t total = 1;
+  for (int64_t d : s) {
+    if (d < 0)
+      return KILN_ERROR("{}: output shape {} has a negative size", n.label(), shape_str(s));
+    if (d > 0 && total > kMaxUnpoolElements / d)
+      return KILN_ERROR("{}: output shape {} has more than 2^31 elements", n.label(), shape_str(s));
+    total *= d;
+  }
+  return Status::Ok();
+}
+
+Status infer_max_unpool(InferContext& ctx) {
+  const Node& n = ctx.node();
+  const TensorType& x = ctx.input_type(0);
+  if (x.dtype != DataType::kUndefined && !dtype_is_float(x.dtype))
+    return KILN_ERROR("{}: X must be a float tensor, got {}", n.label(), dtype_name(x.dtype));
+  const DataType it = ctx.input_type(1).dtype;
+  if (it != DataType::kUndefined && it != DataType::kInt64)
+    return KILN_ERROR("{}: I must be int64, got {}", n.label(), dtype_name(it));
+  if (!x.has_rank()) {
+    ctx.set_output(0, TensorType::unknown_rank(x.dtype));
+    return Status::Ok();
+  }
+  const int64_t rank = x.rank();
+  KILN_ASSIGN_OR_RETURN(WindowAttrs a, unpool_attrs(n, rank));
+  if (ctx.has_input(2)) {
+    if (const Tensor* s = ctx.input_const(2)) {
+      const std::vector<int64_t> shape = s->to_int64_vector();
+      KILN_RETURN_IF_ERROR(check_unpool_shape(n, shape, rank));
+      ctx.set_output(0, TensorType(x.dtype, std::vector<Dim>(shape.begin(), shape.end())));
+    } else if (auto v = ctx.input_value(2); v && static_cast<int64_t>(v->size()) == rank) {
+      std::vector<Dim> dims;
+      for (const SymInt& e : *v) dims.push_back(e.dim());
+      ctx.set_output(0, TensorType(x.dtype, std::move(dims)));
+    } else {
+      ctx.set_output(0, TensorType(x.dtype, std::vector<Dim>(static_cast<size_t>(rank))));
+    }
+    return Status::Ok();
+  }
+  std::vector<Dim> out = {(*x.dims)[0], (*x.dims)[1]};
+  for (size_t d = 0; d + 2 < x.dims->size(); ++d) {
+    const Dim& in = (*x.dims)[d + 2];
+    if (!in.is_static()) {
+      out.push_back(Dim());
+      continue;
+    }
+    KILN_ASSIGN_OR_RETURN(int64_t o, unpool_axis(n, a, d, in.value));
+    out.push_back(o);
+  }
+  ctx.set_output(0, TensorType(x.dtype, std::move(out)));
+  return Status::Ok();
+}
+
+Status max_unpool_cpu(KernelContext& ctx) {
+  const Node& n = ctx.node();
+  const Tensor* x = ctx.input(0);
+  const Tensor* ind = ctx.input(1);
+  KILN_RETURN_IF_ERROR(check_float_input(n, x));
+  if (!ind || ind->dtype() != DataType::kInt64)
+    return KILN_ERROR("{}: input I (int64 indices) is required", n.label());
+  if (ind->shape() != x->shape())
+    return KILN_ERROR("{}: I {} must have X's shape {}", n.label(), shape_str(ind->shape()),
+                      shape_str(x->shape()));
+  KILN_ASSIGN_OR_RETURN(WindowAttrs a, unpool_attrs(n, x->rank()));
+  std::vector<int64_t> inferred = {x->dim(0), x->dim(1)};
+  for (size_t d = 0; d + 2 < x->shape().size(); ++d) {
+    KILN_ASSIGN_OR_RETURN(int64_t o, unpool_axis(n, a, d, x->dim(static_cast<int64_t>(d) + 2)));
+    inferred.push_back(o);
+  }
+  KILN_RETURN_IF_ERROR(check_unpool_shape(n, inferred, x->rank()));
+  std::vector<int64_t> shape = inferred;
+  if (const Tensor* s = ctx.input(2)) {
+    if (!dtype_is_integer(s->dtype()) || s->rank() != 1)
+      return KILN_ERROR("{}: output_shape must be a 1-D integer tensor, got {}", n.label(),
+                        s->desc());
+    shape = s->to_int64_vector();
+    KILN_RETURN_IF_ERROR(check_unpool_shape(n, shape, x->rank()));
+    for (size_t d = 0; d < shape.size(); ++d)
+      if (shape[d] < inferred[d])
+        return KILN_ERROR("{}: output_shape {} is smaller than the unpooled shape {}", n.label(),
+                          shape_str(shape), shape_str(inferred));
+  }
+  const size_t es = dtype_size(x->dtype());
+  const int64_t total = shape_product(inferred);
+  std::vector<uint8_t> z(static_cast<size_t>(total) * es, 0);
+  const auto* src = static_cast<const uint8_t*>(x->raw());
+  const int64_t* ip = ind->data<int64_t>();
+  for (int64_t i = 0; i < x->numel(); ++i) {
+    if (ip[i] < 0 || ip[i] >= total)
+      return KILN_ERROR("{}: index {} at position {} is outside the unpooled {} ({} elements)",
+                        n.label(), ip[i], i, shape_str(inferred), total);
+    std::memcpy(z.data() + ip[i] * es, src + i * es, es);
+  }
+  Tensor y(x->dtype(), shape);
+  auto* dst = static_cast<uint8_t*>(y.raw());
+  std::memset(dst, 0, y.nbytes());
+  // Rows of the last axis of Z into the start of Y's rows.
+  const size_t r = shape.size();
+  const int64_t row = inferred[r - 1], rows = row == 0 ? 0 : total / row;
+  std::vector<int64_t> idx(r - 1, 0), ystr(r, 1);
+  for (size_t d = r - 1; d-- > 0;) ystr[d] = ystr[d + 1] * shape[d + 1];
+  for (int64_t k = 0; k < rows; ++k) {
+    int64_t off = 0;
+    for (size_t d = 0; d + 1 < r; ++d) off += idx[d] * ystr[d];
+    std::memcpy(dst + off * es, z.data() + k * row * es, static_cast<size_t>(row) * es);
+    for (size_t d = r - 1; d-- > 0;) {
+      if (++idx[d] < inferred[d]) break;
+      idx[d] = 0;
+    }
+  }
+  ctx.set_output(0, std::move(y));
+  return Status::Ok();
+}
+
 const OpDef kPoolOps[] = {
     {"", "MaxPool", infer_pool, maxpool_cpu, nullptr},
     {"", "AveragePool", infer_pool, avgpool_cpu, nullptr},
     {"", "GlobalAveragePool", infer_global_pool, global_pool_cpu<false>, nullptr},
     {"", "GlobalMaxPool", infer_global_pool, global_pool_cpu<true>, nullptr},
+    {"", "MaxUnpool", infer_max_unpool, max_unpool_cpu, nullptr},
+    {"", "LpPool", infer_lp_pool, lp_pool_cpu, nullptr},
+    {"", "GlobalLpPool", infer_lp_pool, global_lp_pool_cpu, nullptr},
 };
 
 }  // namespace

@@ -1,4 +1,5 @@
-// Ops that create tensors: Constant, ConstantOfShape, Range.
+// Ops that create tensors: Constant, ConstantOfShape, Range, EyeLike.
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <type_traits>
@@ -211,10 +212,69 @@ Status range_cpu(KernelContext& ctx) {
   return Status::Ok();
 }
 
+// ---------------------------------------------------------------- EyeLike
+// A 2-D tensor of the input's shape with ones on diagonal k (k > 0 above the main one) and
+// zeros elsewhere, of type dtype or the input's. Only the input's shape is read: with a static
+// shape, fold_constants makes it a constant.
+constexpr uint32_t kEyeTypes =
+    (1u << static_cast<int>(DataType::kFloat32)) | (1u << static_cast<int>(DataType::kFloat64)) |
+    (1u << static_cast<int>(DataType::kFloat16)) | (1u << static_cast<int>(DataType::kBFloat16)) |
+    (1u << static_cast<int>(DataType::kInt8)) | (1u << static_cast<int>(DataType::kInt16)) |
+    (1u << static_cast<int>(DataType::kInt32)) | (1u << static_cast<int>(DataType::kInt64)) |
+    (1u << static_cast<int>(DataType::kUInt8)) | (1u << static_cast<int>(DataType::kUInt16)) |
+    (1u << static_cast<int>(DataType::kUInt32)) | (1u << static_cast<int>(DataType::kUInt64)) |
+    (1u << static_cast<int>(DataType::kBool));
+bool eye_type(DataType t) {
+  const int v = static_cast<int>(t);
+  return v >= 0 && v < 32 && ((kEyeTypes >> v) & 1u) != 0;
+}
+
+// The output type; the input's when undefined (not yet inferred) and there is no dtype.
+Expected<DataType> eye_like_type(const Node& n, DataType in) {
+  if (in != DataType::kUndefined && !eye_type(in))
+    return KILN_ERROR("{}: input type {} is not allowed", n.label(), dtype_name(in));
+  const Attribute* d = n.attrs.find("dtype");
+  if (!d) return in;
+  if (d->kind != Attribute::Kind::kInt || !dtype_code_is_valid(d->i) ||
+      !eye_type(static_cast<DataType>(d->i)))
+    return KILN_ERROR("{}: dtype {} is not a numeric or bool type", n.label(), d->i);
+  return static_cast<DataType>(d->i);
+}
+
+Status eye_like_infer(InferContext& ctx) {
+  const TensorType& x = ctx.input_type(0);
+  KILN_ASSIGN_OR_RETURN(DataType t, eye_like_type(ctx.node(), x.dtype));
+  if (x.has_rank() && x.rank() != 2)
+    return KILN_ERROR("{}: input must be 2-D, got {}", ctx.node().label(), x.str());
+  TensorType out = x;
+  out.dtype = t;
+  ctx.set_output(0, std::move(out));
+  return Status::Ok();
+}
+
+Status eye_like_cpu(KernelContext& ctx) {
+  const Node& n = ctx.node();
+  const Tensor* x = ctx.input(0);
+  if (!x) return KILN_ERROR("{}: missing input", n.label());
+  KILN_ASSIGN_OR_RETURN(DataType t, eye_like_type(n, x->dtype()));
+  if (x->rank() != 2)
+    return KILN_ERROR("{}: input must be 2-D, got {}", n.label(), shape_str(x->shape()));
+  const int64_t rows = x->dim(0), cols = x->dim(1), k = n.attrs.get_int("k", 0);
+  Tensor y = Tensor(DataType::kFloat64, x->shape());
+  double* p = y.data<double>();
+  std::fill(p, p + y.numel(), 0.0);
+  if (k > -rows && k < cols)  // else no diagonal element falls inside (and -k cannot overflow)
+    for (int64_t i = std::max<int64_t>(0, -k); i < rows && i + k < cols; ++i)
+      p[i * cols + i + k] = 1.0;
+  ctx.set_output(0, y.cast(t));
+  return Status::Ok();
+}
+
 const OpDef kOps[] = {
     {"", "Constant", constant_infer, constant_cpu, nullptr},
     {"", "ConstantOfShape", constant_of_shape_infer, constant_of_shape_cpu, nullptr},
     {"", "Range", range_infer, range_cpu, nullptr},
+    {"", "EyeLike", eye_like_infer, eye_like_cpu, nullptr},
 };
 
 }  // namespace

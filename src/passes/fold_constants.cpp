@@ -6,6 +6,7 @@
 //   Gather(Shape(x: [N, 197, 768]), 1)  =>  const 197   (N a symbol: Shape itself stays)
 //   CastLike(const, x: known type)  =>  const     (x gives only its type, as ONNX's Attention
 //                                                  function writes CastLike(-inf, mask))
+//   EyeLike(x: static [a, b])  =>  const          (x gives only its shape)
 // Shape -> Gather -> Concat -> Reshape chains fold in one sweep because nodes are visited in
 // topological order. Random ops never fold; results above kMaxFoldBytes stay computed at run
 // time so that folding cannot blow up the engine's size, unless they are no larger than the
@@ -73,6 +74,27 @@ std::optional<Tensor> fold_shape_query(const Node& n) {
   return Tensor::from<int64_t>({static_cast<int64_t>(dims.size())}, dims);
 }
 
+// EyeLike reads only its input's shape: with a static one, its value (through the CPU kernel, on
+// a stand-in of that shape) while neither is larger than kMaxFoldBytes.
+std::optional<std::vector<Tensor>> fold_eye_like(PassContext& ctx, const Node& n) {
+  const Value* x = n.input(0);
+  if (!x || x->is_constant() || !x->type.is_static() || n.num_outputs() != 1) return std::nullopt;
+  const std::vector<int64_t> shape = *x->type.static_shape();
+  const std::optional<int64_t> numel = shape_detail::static_product(*x->type.dims);
+  if (!numel || *numel > static_cast<int64_t>(kMaxFoldBytes / 8)) return std::nullopt;
+  const Tensor stand_in(x->type.dtype == DataType::kUndefined ? DataType::kFloat32 : x->type.dtype,
+                        shape);
+  std::vector<Tensor> outs(1);
+  KernelContext kctx(n, {&stand_in}, outs);
+  const OpDef* def = find_op(n.domain, n.op_type);
+  const Status st = def && def->cpu ? def->cpu(kctx) : Status::Error("no cpu kernel");
+  if (!st.ok()) {
+    ctx.note(fmt::format("{}: kernel failed: {}", n.label(), st.message()));
+    return std::nullopt;
+  }
+  return outs;
+}
+
 struct FoldConstant {
   struct Match {
     Node* node;
@@ -119,6 +141,10 @@ struct FoldConstant {
     if ((n.op_type == "Shape" || n.op_type == "Size") && n.input(0) && !n.input(0)->is_constant()) {
       if (!fold_shape_query(n)) return std::nullopt;
       auto v = evaluate(ctx, n);
+      return v ? std::optional<Match>(Match{&n, std::move(*v)}) : std::nullopt;
+    }
+    if (n.domain.empty() && n.op_type == "EyeLike" && n.input(0) && !n.input(0)->is_constant()) {
+      auto v = fold_eye_like(ctx, n);
       return v ? std::optional<Match>(Match{&n, std::move(*v)}) : std::nullopt;
     }
     if (auto t = known_shape_value(n)) {

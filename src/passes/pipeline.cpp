@@ -50,7 +50,10 @@ struct PassEntry {
 //   deform_conv_to_grid_sample: a DeformConv the bilinear gather of its taps (GridSample) and
 //   the 1x1 convolution over them it is;
 //   lrn_to_conv: an LRN the squares, a banded channel Conv and the division it is;
-//   one_hot_to_equal: a OneHot the comparison with the positions along its axis it is.
+//   one_hot_to_equal: a OneHot the comparison with the positions along its axis it is;
+//   max_unpool_to_scatter: a MaxUnpool the scatter of its values into zeros it is;
+//   lp_pool_to_average: an LpPool or GlobalLpPool the root of a pooled sum of |x|^p it is;
+//   compress_to_gather: a Compress the Gather of its condition's NonZero positions it is;
 //   qoperator_to_qdq: ONNX Runtime's QLinearConv/QLinearMatMul the Q(Conv/MatMul(DQ, DQ)) they
 //   are, and a MatMulInteger/ConvInteger read by a Cast to float the float product of its
 //   centered operands (engine.cpp runs it once more before quant::map_qdq for --int8 builds).
@@ -151,6 +154,9 @@ constexpr PassEntry kPipeline[] = {
     {"deform_conv_to_grid_sample", 1, passes::deform_conv_to_grid_sample},
     {"lrn_to_conv", 1, passes::lrn_to_conv},
     {"one_hot_to_equal", 1, passes::one_hot_to_equal},
+    {"max_unpool_to_scatter", 1, passes::max_unpool_to_scatter},
+    {"lp_pool_to_average", 1, passes::lp_pool_to_average},
+    {"compress_to_gather", 1, passes::compress_to_gather},
     {"qoperator_to_qdq", 1, passes::qoperator_to_qdq},
     {"eliminate_dead_code", 1, passes::eliminate_dead_code},
     {"fuse_layernorm", 2, passes::fuse_layernorm},

@@ -2,8 +2,8 @@
 // empty reductions and tensors, NaN, integer and bool types, NHWC spatial means), ArgMax/ArgMin
 // (select_last_index, ties, NaN), TopK (ties, k = axis size, NaN, the block and workspace sorts),
 // Softmax/LogSoftmax/Hardmax (last and inner axes, legacy 2-D, long and many rows), the
-// normalizations (Layer, RMS, Instance, Group, Lp, MVN, Batch incl. NHWC), CumSum and
-// Quantize/Dequantize/DynamicQuantizeLinear.
+// normalizations (Layer, RMS, Instance, Group, Lp, MVN, Batch incl. NHWC), CumSum, CumProd
+// (gated) and Quantize/Dequantize/DynamicQuantizeLinear.
 #include <cmath>
 #include <limits>
 
@@ -425,6 +425,21 @@ void cumsum_cases(std::vector<OpCase>& v) {
   v.push_back(make("CumSum_f64", c, attrs({{"exclusive", I(1)}}), {in({3, 500}, kF64), ints({1})}, kExact));
   v.push_back(make("CumSum_empty", c, {}, {in({0, 4}), ints({1})}, kExact));
   v.push_back(make("CumSum_1d", c, {}, {in({700}), ints({0})}, kF));
+  // CumProd (gated until these pass on a GPU: KILN_UNVERIFIED_TACTICS=1): the same kernels with
+  // a product; factors near 1 keep long float products in range, integers wrap exactly.
+  const std::string p = "CumProd";
+  for (int ex : {0, 1})
+    for (int rev : {0, 1}) {
+      const std::string s = std::string(ex ? "_exclusive" : "") + (rev ? "_reverse" : "");
+      const Attributes a = attrs({{"exclusive", I(ex)}, {"reverse", I(rev)}});
+      v.push_back(make("CumProd_rows" + s, p, a, {in({3, 40}, DataType::kFloat32, 0.8, 1.2), ints({1})}, kF));
+      v.push_back(make("CumProd_inner" + s, p, a, {in({4, 5, 6}, DataType::kFloat32, -2, 2), ints({1})}, kF));
+      v.push_back(make("CumProd_long" + s, p, a, {in({2, 3000}, DataType::kFloat32, 0.99, 1.01), ints({-1})}, kF));
+      v.push_back(make("CumProd_int32" + s, p, a, {in({3, 300}, kI32, -3, 3), ints({1})}, kExact));
+    }
+  v.push_back(make("CumProd_int64_inner", p, attrs({{"reverse", I(1)}}), {in({5, 6, 3}, kI64, -9, 9), ints({1})}, kExact));
+  v.push_back(make("CumProd_f64", p, attrs({{"exclusive", I(1)}}), {in({3, 500}, kF64, 0.9, 1.1), ints({1})}, kExact));
+  v.push_back(make("CumProd_empty", p, {}, {in({0, 4}), ints({1})}, kExact));
 }
 
 // --- QuantizeLinear / DequantizeLinear / DynamicQuantizeLinear ---------------------------------

@@ -243,6 +243,29 @@ TEST(ElementwiseBinary, BitShift) {
                "direction");
 }
 
+// BitwiseAnd/Or/Xor/Not (opset 18): two's-complement bits of every integer type, broadcasting;
+// floats and bool are refused.
+TEST(ElementwiseBinary, Bitwise) {
+  const Tensor a = Tensor::from<int8_t>({2, 3}, {-1, 5, -128, 12, 0, 127});
+  const Tensor b = Tensor::from<int8_t>({3}, {6, -3, 127});
+  EXPECT_EQ(values_i64(run2("BitwiseAnd", a, b).outputs[0]),
+            (std::vector<int64_t>{6, 5, 0, 4, 0, 127}));
+  EXPECT_EQ(values_i64(run2("BitwiseOr", a, b).outputs[0]),
+            (std::vector<int64_t>{-1, -3, -1, 14, -3, 127}));
+  EXPECT_EQ(values_i64(run2("BitwiseXor", a, b).outputs[0]),
+            (std::vector<int64_t>{-7, -8, -1, 10, -3, 0}));
+  EXPECT_EQ(values_i64(run1("BitwiseNot", a).outputs[0]),
+            (std::vector<int64_t>{0, -6, 127, -13, -1, -128}));
+  const Tensor u = Tensor::from<uint16_t>({2}, {0x00ff, 0xf0f0});
+  EXPECT_EQ(values_i64(run1("BitwiseNot", u).outputs[0]), (std::vector<int64_t>{0xff00, 0x0f0f}));
+  const Tensor big = Tensor::from<uint64_t>({1}, {0x8000000000000001ull});
+  const Tensor one = Tensor::from<uint64_t>({1}, {1});
+  EXPECT_EQ(run2("BitwiseXor", big, one).outputs[0].data<uint64_t>()[0], 0x8000000000000000ull);
+  expect_error(run2("BitwiseAnd", F32({1}, {1}), F32({1}, {1})), "does not support");
+  expect_error(run1("BitwiseNot", Tensor::from<bool>({1}, {true})), "does not support");
+  expect_error(run2("BitwiseOr", a, Tensor::from<int16_t>({1}, {1})), "different types");
+}
+
 // BitShift-28: signed integers (left shift wraps, right shift is arithmetic; a negative shift
 // or one of at least the bit width gives 0, or -1 for a negative value shifted right).
 TEST(ElementwiseBinary, BitShiftSigned) {

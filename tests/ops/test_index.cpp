@@ -1,7 +1,10 @@
 // Index family: Gather, GatherElements, GatherND, Trilu, CumSum, TopK, ArgMax, ArgMin. Spec
 // examples, random data against naive loops, negative indices, opset upgrades, dtypes, errors.
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <numeric>
+#include <optional>
 
 #include "op_test_util.h"
 
@@ -204,6 +207,36 @@ TEST(CumSum, ExclusiveReverseAxes) {
   EXPECT_FALSE(run_op("CumSum", {&y}, {}).status.ok());
 }
 
+// CumProd (opset 26): the spec's example in all four modes, an inner axis, integer wrap-around,
+// float16, and the errors.
+TEST(CumProd, ExclusiveReverseAxesAndWrap) {
+  Tensor x = F32({3}, {1, 2, 3}), ax = Tensor::scalar<int32_t>(0);
+  auto run = [&](int64_t excl, int64_t rev) {
+    return run_op("CumProd", {&x, &ax}, attrs({{"exclusive", Int(excl)}, {"reverse", Int(rev)}}));
+  };
+  EXPECT_EQ(values_f(run(0, 0).outputs[0]), (FV{1, 2, 6}));
+  EXPECT_EQ(values_f(run(1, 0).outputs[0]), (FV{1, 1, 2}));
+  EXPECT_EQ(values_f(run(0, 1).outputs[0]), (FV{6, 6, 3}));
+  EXPECT_EQ(values_f(run(1, 1).outputs[0]), (FV{6, 3, 1}));
+  Tensor y = Tensor::from<int64_t>({2, 3}, {1, -2, 3, 4, 5, 6}), a0 = Tensor::scalar<int64_t>(0);
+  auto r = run_op("CumProd", {&y, &a0}, {});
+  ASSERT_TRUE(r.status.ok()) << r.status.message();
+  expect_inferred_matches(r);
+  EXPECT_EQ(values_i64(r.outputs[0]), (V{1, -2, 3, 4, -10, 18}));
+  Tensor big = Tensor::from<int32_t>({3}, {65536, 65536, 3});  // 2^32 wraps to 0
+  r = run_op("CumProd", {&big, &ax}, {});
+  EXPECT_EQ(values_i64(r.outputs[0]), (V{65536, 0, 0}));
+  Tensor h = F32({3}, {0.5f, 0.5f, 4.f}).cast(DataType::kFloat16);
+  r = run_op("CumProd", {&h, &a0}, {});
+  EXPECT_EQ(r.outputs[0].dtype(), DataType::kFloat16);
+  EXPECT_EQ(values_f(r.outputs[0]), (FV{0.5f, 0.25f, 1.f}));
+  Tensor a2 = Tensor::scalar<int64_t>(2);
+  expect_error(run_op("CumProd", {&y, &a2}, {}), "axis");
+  expect_error(run_op("CumProd", {&y}, {}), "CumProd needs the axis input");
+  Tensor b(DataType::kBool, {2});
+  expect_error(run_op("CumProd", {&b, &a0}, {}), "CumProd does not support bool");
+}
+
 // ------------------------------------------------------------------------------ TopK
 TEST(TopK, LargestSmallestTiesAxis) {
   Tensor x = F32({2, 4}, {1, 3, 3, 2, 5, 5, 5, 0}), k = I64v({2});
@@ -290,6 +323,89 @@ TEST(ArgMax, KeepdimsSelectLastAndDtypes) {
   EXPECT_FALSE(run_op("ArgMax", {&x}, attrs({{"axis", Int(2)}})).status.ok());
   EXPECT_EQ(infer_types("ArgMin", {TensorType(DataType::kFloat32, {N, 4})}, attrs({{"keepdims", Int(0)}})).str(),
             "int64[4]");
+}
+
+// Compress: numpy.compress along an axis and flattened, a short condition, a long one false past
+// the axis, integer and bool data, and the errors.
+TEST(Compress, AxesConditionsAndErrors) {
+  const Tensor x = Tensor::from<int32_t>({3, 2}, {1, 2, 3, 4, 5, 6});
+  auto cond = [](std::vector<bool> v) {
+    Tensor c(DataType::kBool, {static_cast<int64_t>(v.size())});
+    for (size_t i = 0; i < v.size(); ++i) c.data<bool>()[i] = v[i];
+    return c;
+  };
+  auto run = [&](const Tensor& data, const Tensor& c, std::optional<int64_t> axis) {
+    Attributes a;
+    if (axis) a.set("axis", Attribute::Int(*axis));
+    return run_op("Compress", {&data, &c}, a);
+  };
+  const Tensor c01 = cond({false, true, true});
+  OpRun r = run(x, c01, 0);
+  ASSERT_TRUE(r.status.ok()) << r.status.message();
+  EXPECT_EQ(r.outputs[0].shape(), (V{2, 2}));
+  EXPECT_EQ(values_i64(r.outputs[0]), (V{3, 4, 5, 6}));
+  const Tensor c1 = cond({false, true});
+  r = run(x, c1, -1);
+  EXPECT_EQ(values_i64(r.outputs[0]), (V{2, 4, 6}));
+  r = run(x, c1, 1);
+  EXPECT_EQ(r.outputs[0].shape(), (V{3, 1}));
+  const Tensor flat =
+      cond({true, false, false, false, true, false, false, false});  // long, false tail
+  r = run(x, flat, std::nullopt);
+  ASSERT_TRUE(r.status.ok()) << r.status.message();
+  EXPECT_EQ(values_i64(r.outputs[0]), (V{1, 5}));
+  const Tensor none = cond({false, false});
+  EXPECT_EQ(run(x, none, 0).outputs[0].shape(), (V{0, 2}));
+  const Tensor b = cond({true, false, true});
+  EXPECT_EQ(run(b, cond({true, true, false}), std::nullopt).outputs[0].shape(), (V{2}));
+  expect_error(run(x, cond({false, false, false, true}), 0), "past the axis of size 3");
+  expect_error(run(x, c01, 2), "axis");
+  const Tensor not_bool = Tensor::from<int32_t>({2}, {1, 0});
+  expect_error(run(x, not_bool, 0), "condition must be bool");
+}
+
+// Unique: the four outputs sorted and in first-occurrence order, slices along an axis (a
+// negative one), NaN equal to NaN and last, bool and uint64, and a bad axis.
+TEST(Unique, SortedUnsortedAxesAndNaN) {
+  auto run = [](const Tensor& x, Attributes a) { return run_op("Unique", {&x}, a, 4); };
+  const Tensor x = F32({6}, {2, 1, 1, 3, 4, 3});
+  OpRun r = run(x, {});
+  ASSERT_TRUE(r.status.ok()) << r.status.message();
+  EXPECT_EQ(values_f(r.outputs[0]), (FV{1, 2, 3, 4}));
+  EXPECT_EQ(values_i64(r.outputs[1]), (V{1, 0, 3, 4}));
+  EXPECT_EQ(values_i64(r.outputs[2]), (V{1, 0, 0, 2, 3, 2}));
+  EXPECT_EQ(values_i64(r.outputs[3]), (V{2, 1, 2, 1}));
+  r = run(x, attrs({{"sorted", Int(0)}}));
+  EXPECT_EQ(values_f(r.outputs[0]), (FV{2, 1, 3, 4}));
+  EXPECT_EQ(values_i64(r.outputs[1]), (V{0, 1, 3, 4}));
+  EXPECT_EQ(values_i64(r.outputs[2]), (V{0, 1, 1, 2, 3, 2}));
+  EXPECT_EQ(values_i64(r.outputs[3]), (V{1, 2, 2, 1}));
+  // Columns of a [2, 4]: (1,5) (0,4) (1,5) (0,3); sorted: (0,3) (0,4) (1,5).
+  const Tensor m = Tensor::from<int64_t>({2, 4}, {1, 0, 1, 0, 5, 4, 5, 3});
+  r = run(m, attrs({{"axis", Int(-1)}}));
+  ASSERT_TRUE(r.status.ok()) << r.status.message();
+  EXPECT_EQ(r.outputs[0].shape(), (V{2, 3}));
+  EXPECT_EQ(values_i64(r.outputs[0]), (V{0, 0, 1, 3, 4, 5}));
+  EXPECT_EQ(values_i64(r.outputs[1]), (V{3, 1, 0}));
+  EXPECT_EQ(values_i64(r.outputs[2]), (V{2, 1, 2, 0}));
+  EXPECT_EQ(values_i64(r.outputs[3]), (V{1, 1, 2}));
+  r = run(m, attrs({{"axis", Int(1)}, {"sorted", Int(0)}}));
+  EXPECT_EQ(values_i64(r.outputs[0]), (V{1, 0, 0, 5, 4, 3}));
+  EXPECT_EQ(values_i64(r.outputs[2]), (V{0, 1, 0, 2}));
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  r = run(F32({4}, {nan, 1, nan, 0}), {});
+  ASSERT_EQ(r.outputs[0].numel(), 3);
+  EXPECT_EQ(r.outputs[0].at_double(0), 0.0);
+  EXPECT_TRUE(std::isnan(r.outputs[0].at_double(2)));
+  EXPECT_EQ(values_i64(r.outputs[3]), (V{1, 1, 2}));
+  Tensor b(DataType::kBool, {3});
+  b.data<bool>()[0] = true, b.data<bool>()[1] = false, b.data<bool>()[2] = true;
+  EXPECT_EQ(run(b, {}).outputs[0].numel(), 2);
+  const Tensor big = Tensor::from<uint64_t>({3}, {~uint64_t{0}, ~uint64_t{0} - 1, ~uint64_t{0}});
+  EXPECT_EQ(values_i64(run(big, {}).outputs[3]), (V{1, 2}));  // no rounding through double
+  const Tensor empty(DataType::kFloat32, {0});
+  EXPECT_EQ(run(empty, {}).outputs[0].numel(), 0);
+  expect_error(run(m, attrs({{"axis", Int(2)}})), "axis");
 }
 
 }  // namespace

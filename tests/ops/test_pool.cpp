@@ -1,6 +1,6 @@
-// MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool: known values (onnx.reference literals
-// for ceil_mode / dilations / SAME / storage_order), random cases against direct loops written
-// here, dtypes, inference and errors.
+// MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool, LpPool, GlobalLpPool, MaxUnpool: known
+// values (onnx.reference literals for ceil_mode / dilations / SAME / storage_order), random cases
+// against direct loops written here, dtypes, inference and errors.
 #include <cmath>
 #include <limits>
 
@@ -247,6 +247,72 @@ TEST(GlobalPool, AverageAndMaxOverAllSpatialDims) {
   EXPECT_FALSE(run_op("GlobalMaxPool", {&empty}, {}).status.ok());
   Tensor xi = Tensor::from<int32_t>({1, 1, 2}, {1, 2});
   EXPECT_FALSE(run_op("GlobalAveragePool", {&xi}, {}).status.ok());
+}
+
+// MaxUnpool: ONNX's examples (with output_shape the unpooled tensor sits at the start), every
+// float type, and errors for bad indices, a too-small output_shape and mismatched I.
+TEST(MaxUnpool, KnownValuesTypesAndErrors) {
+  const Attributes a =
+      attrs({{"kernel_shape", Attribute::Ints({2, 2})}, {"strides", Attribute::Ints({2, 2})}});
+  const Tensor x = Tensor::from<float>({1, 1, 2, 2}, {5, 6, 7, 8});
+  const Tensor i = Tensor::from<int64_t>({1, 1, 2, 2}, {5, 7, 13, 15});
+  OpRun r = run_op("MaxUnpool", {&x, &i}, a);
+  ASSERT_TRUE(r.status.ok()) << r.status.message();
+  expect_inferred_matches(r);
+  EXPECT_EQ(r.outputs[0].shape(), (std::vector<int64_t>{1, 1, 4, 4}));
+  expect_values_scaled(r.outputs[0], {0, 0, 0, 0, 0, 5, 0, 6, 0, 0, 0, 0, 0, 7, 0, 8});
+  const Tensor shape = Tensor::from<int64_t>({4}, {1, 1, 5, 5});
+  r = run_op("MaxUnpool", {&x, &i, &shape}, a);
+  ASSERT_TRUE(r.status.ok()) << r.status.message();
+  expect_values_scaled(r.outputs[0],
+                       {0, 0, 0, 0, 0, 0, 5, 0, 6, 0, 0, 0, 0, 0, 0, 0, 7, 0, 8, 0, 0, 0, 0, 0, 0});
+  for (DataType t : {DataType::kFloat16, DataType::kBFloat16, DataType::kFloat64}) {
+    const Tensor xt = x.cast(t);
+    r = run_op("MaxUnpool", {&xt, &i}, a);
+    ASSERT_TRUE(r.status.ok()) << r.status.message();
+    EXPECT_EQ(r.outputs[0].dtype(), t);
+    EXPECT_EQ(r.outputs[0].at_double(15), 8.0);
+  }
+  const Tensor bad = Tensor::from<int64_t>({1, 1, 2, 2}, {5, 7, 13, 16});
+  expect_error(run_op("MaxUnpool", {&x, &bad}, a), "outside the unpooled");
+  const Tensor neg = Tensor::from<int64_t>({1, 1, 2, 2}, {-1, 7, 13, 15});
+  expect_error(run_op("MaxUnpool", {&x, &neg}, a), "outside the unpooled");
+  const Tensor small = Tensor::from<int64_t>({4}, {1, 1, 3, 5});
+  expect_error(run_op("MaxUnpool", {&x, &i, &small}, a), "smaller than the unpooled");
+  const Tensor negative = Tensor::from<int64_t>({4}, {1, 1, -5, 5});
+  expect_error(run_op("MaxUnpool", {&x, &i, &negative}, a), "negative size");
+  const Tensor i3 = Tensor::from<int64_t>({1, 1, 3}, {0, 1, 2});
+  expect_error(run_op("MaxUnpool", {&x, &i3}, a), "must have X's shape");
+  const Tensor xi = Tensor::from<int32_t>({1, 1, 2, 2}, {1, 2, 3, 4});
+  expect_error(run_op("MaxUnpool", {&xi, &i}, a), "must be a float");
+  expect_error(run_op("MaxUnpool", {&x, &i}, attrs({{"kernel_shape", Attribute::Ints({2})}})),
+               "kernel_shape has 1 values");
+}
+
+// LpPool / GlobalLpPool: padding adds nothing to the sum, p 1 / 2 / 3 by hand, errors.
+TEST(LpPool, KnownValuesAndErrors) {
+  const Tensor x = Tensor::from<float>({1, 1, 2, 2}, {3, -4, 1, -2});
+  auto r = run_ok(
+      "LpPool", x,
+      attrs({{"kernel_shape", Attribute::Ints({2, 2})}, {"pads", Attribute::Ints({0, 0, 1, 1})}}));
+  // Windows at (0,0), (0,1), (1,0), (1,1); p = 2.
+  EXPECT_EQ(r.outputs[0].shape(), (std::vector<int64_t>{1, 1, 2, 2}));
+  EXPECT_NEAR(r.outputs[0].at_double(0), std::sqrt(9.0 + 16 + 1 + 4), 1e-5);
+  EXPECT_NEAR(r.outputs[0].at_double(1), std::sqrt(16.0 + 4), 1e-5);
+  EXPECT_NEAR(r.outputs[0].at_double(3), 2.0, 1e-6);
+  auto r1 = run_ok("LpPool", x,
+                   attrs({{"kernel_shape", Attribute::Ints({1, 2})}, {"p", Attribute::Int(1)}}));
+  expect_values_scaled(r1.outputs[0], {7, 3});
+  auto g3 = run_ok("GlobalLpPool", x, attrs({{"p", Attribute::Int(3)}}));
+  EXPECT_NEAR(g3.outputs[0].at_double(0), std::cbrt(27.0 + 64 + 1 + 8), 1e-5);
+  const Tensor h = x.cast(DataType::kFloat16);
+  EXPECT_EQ(run_ok("GlobalLpPool", h, {}).outputs[0].dtype(), DataType::kFloat16);
+  expect_error(run_op("LpPool", {&x},
+                      attrs({{"kernel_shape", Attribute::Ints({2, 2})}, {"p", Attribute::Int(0)}})),
+               "p must be >= 1");
+  const Tensor xi = Tensor::from<int32_t>({1, 1, 2}, {1, 2});
+  expect_error(run_op("GlobalLpPool", {&xi}, {}), "float types only");
+  expect_error(run_op("LpPool", {&x}, {}), "kernel_shape is required");
 }
 
 }  // namespace

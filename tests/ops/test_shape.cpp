@@ -498,6 +498,40 @@ TEST(Constant, Variants) {
   EXPECT_FALSE(run_op("Constant", {}, {}).status.ok());
 }
 
+// EyeLike: diagonals above and below, k past either edge, dtype, every allowed type, errors.
+TEST(EyeLike, DiagonalsTypesAndErrors) {
+  const Tensor x = Tensor::from<float>({3, 4}, std::vector<float>(12, 7.0f));
+  auto eye = [&](const Tensor& in, Attributes a) { return run_op("EyeLike", {&in}, a); };
+  OpRun r = eye(x, {});
+  ASSERT_TRUE(r.status.ok()) << r.status.message();
+  expect_inferred_matches(r);
+  expect_values_scaled(r.outputs[0], {1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0});
+  r = eye(x, attrs({{"k", Attribute::Int(2)}}));
+  expect_values_scaled(r.outputs[0], {0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0});
+  r = eye(x, attrs({{"k", Attribute::Int(-1)}, {"dtype", Attribute::Int(7)}}));  // int64
+  EXPECT_EQ(r.outputs[0].dtype(), DataType::kInt64);
+  EXPECT_EQ(values_i64(r.outputs[0]), (std::vector<int64_t>{0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0}));
+  for (int64_t k : {int64_t{4}, int64_t{-3}, std::numeric_limits<int64_t>::min(),
+                    std::numeric_limits<int64_t>::max()}) {
+    r = eye(x, attrs({{"k", Attribute::Int(k)}}));
+    ASSERT_TRUE(r.status.ok()) << r.status.message();
+    expect_values_scaled(r.outputs[0], std::vector<double>(12, 0.0));
+  }
+  for (DataType t : {DataType::kBool, DataType::kUInt8, DataType::kInt16, DataType::kUInt64,
+                     DataType::kFloat16, DataType::kBFloat16, DataType::kFloat64}) {
+    const Tensor xt = x.cast(t);
+    r = eye(xt, {});
+    ASSERT_TRUE(r.status.ok()) << r.status.message();
+    EXPECT_EQ(r.outputs[0].dtype(), t);
+    EXPECT_EQ(r.outputs[0].at_double(5), 1.0);
+  }
+  const Tensor empty(DataType::kFloat32, {0, 3});
+  EXPECT_EQ(eye(empty, {}).outputs[0].shape(), (std::vector<int64_t>{0, 3}));
+  const Tensor v = Tensor::from<float>({3}, {1, 2, 3});
+  expect_error(eye(v, {}), "must be 2-D");
+  expect_error(eye(x, attrs({{"dtype", Attribute::Int(8)}})), "dtype 8");  // string
+}
+
 TEST(ConstantOfShape, ValuesAndShapes) {
   Tensor s = I64v({2, 3});
   auto r = run_op("ConstantOfShape", {&s}, {}, 1, {true});

@@ -134,6 +134,30 @@ TEST(FoldConstants, FoldsGraphOutputKeepingItsName) {
 
 // CastLike reads only the type of its second input: a constant first input folds even when the
 // second is computed at run time (ONNX's Attention function: CastLike(-inf, mask) as Pad's value).
+// EyeLike reads only its input's shape: a static one folds it (past the 1024 elements the cuda
+// backend would compute on the host), a symbolic one leaves it.
+TEST(FoldConstants, EyeLikeOfAStaticShapeFolds) {
+  G b;
+  b.out(b.op("EyeLike", {b.in("x", {40, 50})},
+             attrs({{"k", Attribute::Int(-3)}, {"dtype", Attribute::Int(6)}})));  // int32
+  auto opt = optimize_checked(b.g, {"fold_constants"});
+  EXPECT_EQ(count(*opt, "EyeLike"), 0);
+  ASSERT_TRUE(opt->outputs()[0]->is_constant());
+  const Tensor& e = *opt->outputs()[0]->constant;
+  EXPECT_EQ(e.dtype(), DataType::kInt32);
+  EXPECT_EQ(e.at_double(3 * 50 + 0), 1.0);
+  EXPECT_EQ(e.at_double(0), 0.0);
+  G d;
+  Value* y = d.g.add_value("y", TensorType(DataType::kFloat32, {Dim::sym("N"), Dim(4)}));
+  d.g.add_input(y);
+  d.out(d.op("EyeLike", {y}));
+  auto kept = d.g.clone();  // not optimize_checked: it runs graphs of static inputs only
+  auto changed = run_pass(*kept, "fold_constants", only({"fold_constants"}));
+  ASSERT_TRUE(changed.ok()) << changed.status().message();
+  EXPECT_FALSE(*changed);
+  EXPECT_EQ(count(*kept, "EyeLike"), 1);
+}
+
 TEST(FoldConstants, CastLikeOfConstantFoldsWithComputedTarget) {
   G b;
   Value* x = b.in("x", {2, 3});

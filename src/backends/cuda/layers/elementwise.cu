@@ -1044,6 +1044,8 @@ const TacticDef kTactics[] = {
     KILN_EW("GreaterOrEqual", "ew.greater_or_equal"), KILN_EW("Less", "ew.less"),
     KILN_EW("LessOrEqual", "ew.less_or_equal"), KILN_EW("And", "ew.and"),
     KILN_EW("Or", "ew.or"), KILN_EW("Xor", "ew.xor"), KILN_EW("BitShift", "ew.bitshift"),
+    KILN_EW("BitwiseAnd", "ew.bitwise_and"), KILN_EW("BitwiseOr", "ew.bitwise_or"),
+    KILN_EW("BitwiseXor", "ew.bitwise_xor"), KILN_EW("BitwiseNot", "ew.bitwise_not"),
     KILN_EW("Max", "ew.max"), KILN_EW("Min", "ew.min"), KILN_EW("Sum", "ew.sum"),
     KILN_EW("Mean", "ew.mean"), KILN_EW("Where", "ew.where"), KILN_EW("Clip", "ew.clip"),
     KILN_EW("Cast", "ew.cast"), KILN_EW("CastLike", "ew.castlike"),

@@ -1,5 +1,6 @@
 // Elementwise family, typed part: what does not compute in float. Comparisons (bool out),
-// And/Or/Xor/Not, BitShift (unsigned and signed), IsNaN/IsInf, integer arithmetic with wrap-around (Add Sub Mul, Div
+// And/Or/Xor/Not, BitShift (unsigned and signed), BitwiseAnd/Or/Xor/Not (gated: not yet run on
+// a GPU), IsNaN/IsInf, integer arithmetic with wrap-around (Add Sub Mul, Div
 // truncating, Mod with Python or C sign rules, Max/Min, PRelu, Abs Neg Sign Erf Relu Shrink Clip),
 // Pow with an integer base, Where and Cast/CastLike. Float ops are programs in elementwise.cu.
 // Conversions follow the CPU's cast_value (ops/elementwise_util.h): float -> integer truncates,
@@ -151,7 +152,7 @@ __device__ __forceinline__ bool is_neg(T x) {
 
 // --- binary ------------------------------------------------------------------------------------
 enum BOp : int { bAdd, bSub, bMul, bDiv, bMod, bMax, bMin, bShl, bShr, bPRelu, bAnd, bOr, bXor,
-                 bEq, bGt, bGe, bLt, bLe };
+                 bBitAnd, bBitOr, bBitXor, bEq, bGt, bGe, bLt, bLe };
 
 template <typename T>
 __device__ __forceinline__ T arith(int op, T a, T b, bool c_fmod) {
@@ -189,6 +190,9 @@ __device__ __forceinline__ T arith(int op, T a, T b, bool c_fmod) {
       case bPRelu:
         if constexpr (std::is_signed_v<T>) return a < T(0) ? wrap_mul(b, a) : a;
         return a;
+      case bBitAnd: return T(a & b);
+      case bBitOr: return T(a | b);
+      case bBitXor: return T(a ^ b);
     }
     return a;
   } else {
@@ -264,7 +268,7 @@ __global__ void where_kernel(const bool* c, const U* x, const U* yv, U* out, int
 }
 
 // --- unary -------------------------------------------------------------------------------------
-enum UOp : int { uAbs, uNeg, uSign, uErf, uRelu, uShrink, uClip, uNot, uIsNaN, uIsInf };
+enum UOp : int { uAbs, uNeg, uSign, uErf, uRelu, uShrink, uClip, uNot, uIsNaN, uIsInf, uBitNot };
 
 struct UnaryArgs {
   int op = uAbs;
@@ -294,6 +298,7 @@ __device__ __forceinline__ T int_unary(const UnaryArgs& u, T x, T lo, T hi) {
         if (x < lo) x = lo;
         if (x > hi) x = hi;
         return x;
+      case uBitNot: return T(~x);
     }
     return x;
   } else {
@@ -330,10 +335,12 @@ const OpName kBinaryOps[] = {
     {"Add", bAdd}, {"Sub", bSub}, {"Mul", bMul}, {"Div", bDiv}, {"Mod", bMod},
     {"Max", bMax}, {"Min", bMin}, {"PRelu", bPRelu}, {"And", bAnd}, {"Or", bOr}, {"Xor", bXor},
     {"Equal", bEq}, {"Greater", bGt}, {"GreaterOrEqual", bGe}, {"Less", bLt},
-    {"LessOrEqual", bLe}, {"BitShift", bShl}};
+    {"LessOrEqual", bLe}, {"BitShift", bShl}, {"BitwiseAnd", bBitAnd}, {"BitwiseOr", bBitOr},
+    {"BitwiseXor", bBitXor}};
 const OpName kUnaryOps[] = {
     {"Abs", uAbs}, {"Neg", uNeg}, {"Sign", uSign}, {"Erf", uErf}, {"Relu", uRelu},
-    {"Shrink", uShrink}, {"Clip", uClip}, {"Not", uNot}, {"IsNaN", uIsNaN}, {"IsInf", uIsInf}};
+    {"Shrink", uShrink}, {"Clip", uClip}, {"Not", uNot}, {"IsNaN", uIsNaN}, {"IsInf", uIsInf},
+    {"BitwiseNot", uBitNot}};
 
 int find_code(const OpName* b, const OpName* e, const std::string& op) {
   for (; b != e; ++b)
@@ -357,6 +364,12 @@ bool classify(const LayerDesc& d, Kind* kind, int* code, std::string* why) {
                               d.out.empty() ? "?" : std::string(dtype_name(d.out[0].dtype))), false;
   if (!d.in.empty() && d.in[0].dtype == DataType::kUndefined)
     return *why = "input 0 is absent", false;
+  // BitwiseAnd/Or/Xor/Not: written, not yet run on a GPU.
+  if (op.starts_with("Bitwise")) {
+    if (dtype_is_float(d.in[0].dtype) || d.in[0].dtype == DataType::kBool)
+      return *why = "Bitwise ops take integers only", false;
+    if (!unverified_tactics_enabled(why)) return false;
+  }
   if (op == "Cast" || op == "CastLike") return *kind = Kind::kCast, true;
   if (op == "Where") return *kind = Kind::kWhere, true;
   if (op == "Pow") {

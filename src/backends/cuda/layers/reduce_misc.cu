@@ -1,6 +1,7 @@
-// The rest of the reduction family: TopK (src/ops/index_sort.cpp), CumSum (index_scan.cpp),
-// QuantizeLinear, DequantizeLinear and DynamicQuantizeLinear (quant.cpp; int8/uint8/int16/
-// uint16 targets; float8 and int4 targets/inputs run in quant_low_bit.cu).
+// The rest of the reduction family: TopK (src/ops/index_sort.cpp), CumSum and CumProd
+// (index_scan.cpp; CumProd gated until run on a GPU), QuantizeLinear, DequantizeLinear and
+// DynamicQuantizeLinear (quant.cpp; int8/uint8/int16/uint16 targets; float8 and int4
+// targets/inputs run in quant_low_bit.cu).
 //
 // TopK sorts each lane under the reference's strict order (wanted end first, NaN largest, ties by
 // index), so the first k are exactly the reference's. Lanes of up to 1024 elements sort with a
@@ -326,7 +327,7 @@ class TopKLayer final : public Layer {
   TopKRadix radix_;
 };
 
-// --- CumSum ----------------------------------------------------------------------------------
+// --- CumSum / CumProd (kProd; gated: not yet run on a GPU) ------------------------------------
 
 // Float for the 16-bit floats, the type itself for float/double, uint64 for integers (wraps).
 template <typename T>
@@ -343,37 +344,45 @@ __device__ __forceinline__ T from_acc(ScanAcc<T> a) {
   }
 }
 
+// a + b, or a * b for CumProd; the identity is 0 or 1.
+template <bool kProd, typename A>
+__device__ __forceinline__ A scan_op(A a, A b) {
+  if constexpr (kProd) return a * b;
+  else return a + b;
+}
+
 // Contiguous lanes (the last axis): a block per lane, chunks of blockDim elements scanned with
 // warp shuffles and carried across.
-template <typename T>
+template <typename T, bool kProd>
 __global__ void cumsum_rows(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int64_t n,
                             bool exclusive, bool reverse) {
   using A = ScanAcc<T>;
+  const A id = kProd ? A(1) : A(0);
   __shared__ A warp_total[32];
   const int lane = threadIdx.x % 32, w = threadIdx.x / 32, nw = blockDim.x / 32;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const T* xr = x + row * n;
     T* yr = y + row * n;
-    A carry = 0;
+    A carry = id;
     for (int64_t start = 0; start < n; start += blockDim.x) {
       const int64_t step = start + threadIdx.x;
       const int64_t j = reverse ? n - 1 - step : step;
-      const A v = step < n ? static_cast<A>(load(xr, j)) : A(0);
+      const A v = step < n ? static_cast<A>(load(xr, j)) : id;
       A inc = v;
       for (int d = 1; d < 32; d <<= 1) {
         const A t = __shfl_up_sync(0xffffffffu, inc, d);
-        if (lane >= d) inc += t;
+        if (lane >= d) inc = scan_op<kProd>(inc, t);
       }
       A exc = __shfl_up_sync(0xffffffffu, inc, 1);
-      if (lane == 0) exc = 0;
+      if (lane == 0) exc = id;
       if (lane == 31) warp_total[w] = inc;
       __syncthreads();
       A before = carry, total = carry;
       for (int k = 0; k < nw; ++k) {
-        if (k < w) before += warp_total[k];
-        total += warp_total[k];
+        if (k < w) before = scan_op<kProd>(before, warp_total[k]);
+        total = scan_op<kProd>(total, warp_total[k]);
       }
-      if (step < n) yr[j] = from_acc<T>(before + (exclusive ? exc : inc));
+      if (step < n) yr[j] = from_acc<T>(scan_op<kProd>(before, exclusive ? exc : inc));
       carry = total;
       __syncthreads();
     }
@@ -381,18 +390,18 @@ __global__ void cumsum_rows(const T* __restrict__ x, T* __restrict__ y, int64_t 
 }
 
 // Strided lanes: a thread per lane, in order.
-template <typename T>
+template <typename T, bool kProd>
 __global__ void cumsum_cols(const T* __restrict__ x, T* __restrict__ y, int64_t outer, int64_t n,
                             int64_t inner, bool exclusive, bool reverse) {
   using A = ScanAcc<T>;
   KILN_GRID_STRIDE(c, outer * inner) {
     const int64_t base = (c / inner) * n * inner + c % inner;
-    A acc = 0;
+    A acc = kProd ? A(1) : A(0);
     for (int64_t s = 0; s < n; ++s) {
       const int64_t e = base + (reverse ? n - 1 - s : s) * inner;
       const A v = static_cast<A>(load(x, e));
-      if (exclusive) y[e] = from_acc<T>(acc), acc += v;
-      else acc += v, y[e] = from_acc<T>(acc);
+      if (exclusive) y[e] = from_acc<T>(acc), acc = scan_op<kProd>(acc, v);
+      else acc = scan_op<kProd>(acc, v), y[e] = from_acc<T>(acc);
     }
   }
 }
@@ -402,13 +411,15 @@ class CumSumLayer final : public Layer {
   explicit CumSumLayer(const LayerDesc& d)
       : node_(d.node),
         exclusive_(d.node->attrs.get_int("exclusive", 0) != 0),
-        reverse_(d.node->attrs.get_int("reverse", 0) != 0) {}
+        reverse_(d.node->attrs.get_int("reverse", 0) != 0),
+        prod_(d.node->op_type == "CumProd") {}
 
   Expected<size_t> configure(const RunContext&, std::span<const DeviceTensor> in,
                              std::span<const DeviceTensor>) override {
     const Node& n = *node_;
     const DeviceTensor& x = in[0];
-    if (x.rank() == 0) return KILN_ERROR("{}: CumSum input must have rank >= 1", n.label());
+    if (x.rank() == 0)
+      return KILN_ERROR("{}: {} input must have rank >= 1", n.label(), n.op_type);
     if (in.size() < 2 || !in[1].host)
       return KILN_ERROR("{}: axis must be known on the host", n.label());
     const Tensor& a = *in[1].host;
@@ -434,9 +445,17 @@ class CumSumLayer final : public Layer {
         if (inner_ == 1) {
           const int threads = static_cast<int>(std::min<int64_t>(256, (n_ + 31) / 32 * 32));
           const unsigned grid = static_cast<unsigned>(std::min<int64_t>(outer_, 65535 * 8));
-          cumsum_rows<T><<<grid, threads, 0, rc.stream>>>(x, y, outer_, n_, exclusive_, reverse_);
+          if (prod_)
+            cumsum_rows<T, true>
+                <<<grid, threads, 0, rc.stream>>>(x, y, outer_, n_, exclusive_, reverse_);
+          else
+            cumsum_rows<T, false>
+                <<<grid, threads, 0, rc.stream>>>(x, y, outer_, n_, exclusive_, reverse_);
+        } else if (prod_) {
+          cumsum_cols<T, true><<<grid_for(outer_ * inner_), kBlock, 0, rc.stream>>>(
+              x, y, outer_, n_, inner_, exclusive_, reverse_);
         } else {
-          cumsum_cols<T><<<grid_for(outer_ * inner_), kBlock, 0, rc.stream>>>(
+          cumsum_cols<T, false><<<grid_for(outer_ * inner_), kBlock, 0, rc.stream>>>(
               x, y, outer_, n_, inner_, exclusive_, reverse_);
         }
       }
@@ -449,7 +468,7 @@ class CumSumLayer final : public Layer {
 
  private:
   const Node* node_;
-  bool exclusive_, reverse_;
+  bool exclusive_, reverse_, prod_;
   int64_t outer_ = 0, n_ = 0, inner_ = 0;
 };
 
@@ -458,6 +477,11 @@ bool cumsum_supports(const LayerDesc& d, std::string* why) {
   if (t == DataType::kBool || !(dtype_is_float(t) || dtype_is_integer(t)))
     return *why = "unsupported type " + std::string(dtype_name(t)), false;
   return true;
+}
+// CumProd: the CumSum kernels with a product, written but not yet run on a GPU.
+bool cumprod_supports(const LayerDesc& d, std::string* why) {
+  if (!unverified_tactics_enabled(why)) return false;
+  return cumsum_supports(d, why);
 }
 
 bool topk_supports(const LayerDesc& d, std::string* why) {
@@ -734,6 +758,8 @@ std::span<const TacticDef> reduce_misc_tactics() {
     std::vector<TacticDef> v = {
         {"", "TopK", "reduce.topk", kF32 | kF16 | kF64, 1u << 1, topk_supports, create_topk},
         {"", "CumSum", "reduce.cumsum", kF32 | kF16 | kF64, 1u << 1, cumsum_supports,
+         create_cumsum},
+        {"", "CumProd", "reduce.cumprod", kF32 | kF16 | kF64, 1u << 1, cumprod_supports,
          create_cumsum},
         {"", "QuantizeLinear", "quant.quantize", kF32 | kF16 | kF64, 0, quantize_supports,
          create_quant},
