@@ -2,7 +2,7 @@
 // integer variants of Abs/Neg/Sign/Relu/Erf/Shrink), binary arithmetic with every broadcast
 // corner (scalar, size-1 dims on both sides, rank mismatch, legacy axis), integer Div/Mod sign
 // rules and wrap-around, Pow with mixed types, comparisons, logic, BitShift (unsigned and
-// signed), BitwiseAnd/Or/Xor/Not (gated), variadic Max/Min/Sum/Mean (NaN propagation), Where, Clip (absent/runtime bounds,
+// signed), BitwiseAnd/Or/Xor/Not, variadic Max/Min/Sum/Mean (NaN propagation), Where, Clip (absent/runtime bounds,
 // min > max), Cast between all storage types (NaN, saturation, wrap), CastLike, empty tensors,
 // NHWC per-channel broadcasts and kiln.ElementwiseChain programs.
 #include <cctype>
@@ -272,8 +272,7 @@ void compare_logic_cases(std::vector<OpCase>& v) {
                        {in({40}, t, -100, 100), in({40}, t, -2, bits + 2)}, kExact));
     }
   }
-  // BitwiseAnd/Or/Xor/Not (gated until these pass on a GPU: KILN_UNVERIFIED_TACTICS=1): every
-  // integer type, negative values (all high bits set), broadcasting.
+  // BitwiseAnd/Or/Xor/Not: every integer type, negative values (all high bits set), broadcasting.
   for (DataType t : {kI8, kI16, kI32, kI64, kU8, kU16, kU32, kU64}) {
     const bool is_signed = t == kI8 || t == kI16 || t == kI32 || t == kI64;
     const double lo = is_signed ? -100 : 0, hi = is_signed ? 100 : 200;

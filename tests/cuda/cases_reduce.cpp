@@ -425,8 +425,10 @@ void cumsum_cases(std::vector<OpCase>& v) {
   v.push_back(make("CumSum_f64", c, attrs({{"exclusive", I(1)}}), {in({3, 500}, kF64), ints({1})}, kExact));
   v.push_back(make("CumSum_empty", c, {}, {in({0, 4}), ints({1})}, kExact));
   v.push_back(make("CumSum_1d", c, {}, {in({700}), ints({0})}, kF));
-  // CumProd (gated until these pass on a GPU: KILN_UNVERIFIED_TACTICS=1): the same kernels with
-  // a product; factors near 1 keep long float products in range, integers wrap exactly.
+  // CumProd: the same kernels with a product; factors near 1 keep long float products in range,
+  // integers wrap exactly. The 3000-long product runs at fp32 only: its 3000 float16 inputs alone
+  // put the product 1.5% from the float32 reference (each rounded by up to 2^-11; the H200 run
+  // gave 0.016 in one of four seeds, every other case passing at fp16).
   const std::string p = "CumProd";
   for (int ex : {0, 1})
     for (int rev : {0, 1}) {
@@ -434,7 +436,7 @@ void cumsum_cases(std::vector<OpCase>& v) {
       const Attributes a = attrs({{"exclusive", I(ex)}, {"reverse", I(rev)}});
       v.push_back(make("CumProd_rows" + s, p, a, {in({3, 40}, DataType::kFloat32, 0.8, 1.2), ints({1})}, kF));
       v.push_back(make("CumProd_inner" + s, p, a, {in({4, 5, 6}, DataType::kFloat32, -2, 2), ints({1})}, kF));
-      v.push_back(make("CumProd_long" + s, p, a, {in({2, 3000}, DataType::kFloat32, 0.99, 1.01), ints({-1})}, kF));
+      v.push_back(make("CumProd_long" + s, p, a, {in({2, 3000}, DataType::kFloat32, 0.99, 1.01), ints({-1})}, kExact));
       v.push_back(make("CumProd_int32" + s, p, a, {in({3, 300}, kI32, -3, 3), ints({1})}, kExact));
     }
   v.push_back(make("CumProd_int64_inner", p, attrs({{"reverse", I(1)}}), {in({5, 6, 3}, kI64, -9, 9), ints({1})}, kExact));

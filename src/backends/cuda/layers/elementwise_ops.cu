@@ -364,12 +364,9 @@ bool classify(const LayerDesc& d, Kind* kind, int* code, std::string* why) {
                               d.out.empty() ? "?" : std::string(dtype_name(d.out[0].dtype))), false;
   if (!d.in.empty() && d.in[0].dtype == DataType::kUndefined)
     return *why = "input 0 is absent", false;
-  // BitwiseAnd/Or/Xor/Not: written, not yet run on a GPU.
-  if (op.starts_with("Bitwise")) {
-    if (dtype_is_float(d.in[0].dtype) || d.in[0].dtype == DataType::kBool)
-      return *why = "Bitwise ops take integers only", false;
-    if (!unverified_tactics_enabled(why)) return false;
-  }
+  if (op.starts_with("Bitwise") &&
+      (dtype_is_float(d.in[0].dtype) || d.in[0].dtype == DataType::kBool))
+    return *why = "Bitwise ops take integers only", false;
   if (op == "Cast" || op == "CastLike") return *kind = Kind::kCast, true;
   if (op == "Where") return *kind = Kind::kWhere, true;
   if (op == "Pow") {

@@ -478,11 +478,6 @@ bool cumsum_supports(const LayerDesc& d, std::string* why) {
     return *why = "unsupported type " + std::string(dtype_name(t)), false;
   return true;
 }
-// CumProd: the CumSum kernels with a product, written but not yet run on a GPU.
-bool cumprod_supports(const LayerDesc& d, std::string* why) {
-  if (!unverified_tactics_enabled(why)) return false;
-  return cumsum_supports(d, why);
-}
 
 bool topk_supports(const LayerDesc& d, std::string* why) {
   const DataType t = d.in[0].dtype;
@@ -759,7 +754,7 @@ std::span<const TacticDef> reduce_misc_tactics() {
         {"", "TopK", "reduce.topk", kF32 | kF16 | kF64, 1u << 1, topk_supports, create_topk},
         {"", "CumSum", "reduce.cumsum", kF32 | kF16 | kF64, 1u << 1, cumsum_supports,
          create_cumsum},
-        {"", "CumProd", "reduce.cumprod", kF32 | kF16 | kF64, 1u << 1, cumprod_supports,
+        {"", "CumProd", "reduce.cumprod", kF32 | kF16 | kF64, 1u << 1, cumsum_supports,
          create_cumsum},
         {"", "QuantizeLinear", "quant.quantize", kF32 | kF16 | kF64, 0, quantize_supports,
          create_quant},
