@@ -7,9 +7,9 @@
 // mask; then the grouped convolution's sum with W and the bias. The CPU reference in double, 2-D
 // (every exporter's form; the spec's N-D generalisation is refused with one line);
 // passes/deform_conv_to_grid_sample.cpp makes it GridSample + Conv for the GPU.
-#include <cmath>
-
 #include <fmt/format.h>
+
+#include <cmath>
 
 #include "ops/op.h"
 
@@ -83,15 +83,17 @@ Status deform_conv_infer(InferContext& ctx) {
                         t->str());
   KILN_ASSIGN_OR_RETURN(DeformParams p, deform_params(n, w.has_rank() ? &*w.dims : nullptr,
                                                       x.has_rank() ? &*x.dims : nullptr));
-  std::vector<Dim> out = {Dim(), Dim(), p.oh >= 0 ? Dim(p.oh) : Dim(), p.ow >= 0 ? Dim(p.ow) : Dim()};
+  std::vector<Dim> out = {Dim(), Dim(), p.oh >= 0 ? Dim(p.oh) : Dim(),
+                          p.ow >= 0 ? Dim(p.ow) : Dim()};
   if (x.has_rank()) out[0] = (*x.dims)[0];
   if (w.has_rank()) out[1] = (*w.dims)[0];
   if (x.has_rank() && w.has_rank() && (*x.dims)[1].is_static() && (*w.dims)[1].is_static()) {
     const int64_t c = (*x.dims)[1].value;
     if (c != (*w.dims)[1].value * p.group || c % p.offset_group != 0)
-      return KILN_ERROR("{}: X's {} channels are not W's {} per group times group {}, or not a "
-                        "multiple of offset_group {}",
-                        n.label(), c, (*w.dims)[1].value, p.group, p.offset_group);
+      return KILN_ERROR(
+          "{}: X's {} channels are not W's {} per group times group {}, or not a "
+          "multiple of offset_group {}",
+          n.label(), c, (*w.dims)[1].value, p.group, p.offset_group);
   }
   if (w.has_rank() && (*w.dims)[0].is_static() && (*w.dims)[0].value % p.group != 0)
     return KILN_ERROR("{}: W's {} output channels are not a multiple of group {}", n.label(),
@@ -177,7 +179,8 @@ Status deform_conv_cpu(KernelContext& ctx) {
         const int64_t ky = k / p.kw, kx = k % p.kw;
         const double* dy = of.data<double>() + ((bn * p.offset_group + g) * K + k) * 2 * L;
         const double* dx = dy + L;
-        const double* m = mk ? mf.data<double>() + ((bn * p.offset_group + g) * K + k) * L : nullptr;
+        const double* m =
+            mk ? mf.data<double>() + ((bn * p.offset_group + g) * K + k) * L : nullptr;
         double* cl = col.data() + (c * K + k) * L;
         for (int64_t i = 0; i < OH; ++i)
           for (int64_t j = 0; j < OW; ++j) {

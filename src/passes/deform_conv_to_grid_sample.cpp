@@ -67,8 +67,8 @@ struct DeformConvToGridSample {
       return rep.constant(what, Tensor::from<int64_t>({r}, v));
     };
     // The sampling grid from the offsets: (dy, dx) per tap and position, to GridSample's (x, y).
-    Value* off = rep.add_value("Reshape", {n.input(2), shape("offset_shape", {-1, K, 2, m.oh, m.ow})},
-                               "offsets");
+    Value* off = rep.add_value(
+        "Reshape", {n.input(2), shape("offset_shape", {-1, K, 2, m.oh, m.ow})}, "offsets");
     Node* tr = rep.add("Transpose", {off}, "offsets_last");
     tr->attrs.set("perm", Attribute::Ints({0, 1, 3, 4, 2}));
     Node* ga = rep.add(
@@ -101,15 +101,15 @@ struct DeformConvToGridSample {
     gs->attrs.set("align_corners", Attribute::Int(0));
     Value* cols = gs->output(0);
     if (Value* mask = n.input(4)) {  // DCNv2's modulation, per offset group, tap and position
-      Value* c6 = rep.add_value(
-          "Reshape", {cols, shape("tap_shape", {-1, m.og, cpo, K, m.oh, m.ow})}, "taps");
-      Value* m6 = rep.add_value(
-          "Reshape", {mask, shape("mask_shape", {-1, m.og, 1, K, m.oh, m.ow})}, "mask");
+      Value* c6 = rep.add_value("Reshape",
+                                {cols, shape("tap_shape", {-1, m.og, cpo, K, m.oh, m.ow})}, "taps");
+      Value* m6 = rep.add_value("Reshape",
+                                {mask, shape("mask_shape", {-1, m.og, 1, K, m.oh, m.ow})}, "mask");
       cols = rep.add_value("Mul", {c6, m6}, "modulated");
     }
     cols = rep.add_value("Reshape", {cols, shape("cols_shape", {-1, m.C * K, m.oh, m.ow})}, "cols");
-    Value* w = rep.add_value("Reshape", {n.input(1), shape("w_shape", {m.OC, m.cg * K, 1, 1})},
-                             "weights");
+    Value* w =
+        rep.add_value("Reshape", {n.input(1), shape("w_shape", {m.OC, m.cg * K, 1, 1})}, "weights");
     std::vector<Value*> conv_in = {cols, w};
     if (Value* bias = n.input(3)) conv_in.push_back(bias);
     Node* conv = rep.add("Conv", conv_in, "conv", 0);

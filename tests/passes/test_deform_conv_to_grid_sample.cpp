@@ -18,7 +18,8 @@ Value* deform(G& b, const std::string& name, std::vector<int64_t> x, int64_t oc,
   Value* w = b.c(rand_t({oc, x[1] / group, k[0], k[1]}, -0.5f, 0.5f));
   std::vector<Value*> ins = {xv, w, off};
   ins.push_back(bias ? b.c(rand_t({oc})) : nullptr);
-  if (masked) ins.push_back(b.op("Sigmoid", {b.in(name + "_mask", {x[0], og * k[0] * k[1], oh, ow})}));
+  if (masked)
+    ins.push_back(b.op("Sigmoid", {b.in(name + "_mask", {x[0], og * k[0] * k[1], oh, ow})}));
   return b.op("DeformConv", ins,
               attrs({{"group", Attribute::Int(group)},
                      {"offset_group", Attribute::Int(og)},
@@ -31,10 +32,9 @@ TEST(DeformConvToGridSample, EveryFormAgreesWithTheOp) {
   G b;
   b.out(deform(b, "plain", {2, 3, 7, 9}, 4, 1, 1, {3, 3}, {1, 1}, {1, 1, 1, 1}, {1, 1}, false,
                false));
-  b.out(deform(b, "dcn2", {1, 4, 8, 6}, 6, 2, 2, {3, 3}, {2, 1}, {1, 0, 1, 0}, {1, 2}, true,
-               true));
-  b.out(deform(b, "wide", {1, 6, 5, 11}, 3, 3, 3, {2, 3}, {1, 2}, {0, 2, 1, 2}, {2, 1}, true,
-               false));
+  b.out(deform(b, "dcn2", {1, 4, 8, 6}, 6, 2, 2, {3, 3}, {2, 1}, {1, 0, 1, 0}, {1, 2}, true, true));
+  b.out(
+      deform(b, "wide", {1, 6, 5, 11}, 3, 3, 3, {2, 3}, {1, 2}, {0, 2, 1, 2}, {2, 1}, true, false));
   b.out(deform(b, "one_row", {1, 2, 1, 6}, 2, 1, 1, {1, 3}, {1, 1}, {0, 1, 0, 1}, {1, 1}, false,
                true));
   auto opt = optimize_checked(b.g, {"deform_conv_to_grid_sample"}, 1e-5);
@@ -45,9 +45,11 @@ TEST(DeformConvToGridSample, EveryFormAgreesWithTheOp) {
 
 TEST(DeformConvToGridSample, UnknownSizesStay) {
   G b;
-  Value* x = b.g.add_value("x", TensorType(DataType::kFloat32, {1, 2, Dim::sym("H"), Dim::sym("W")}));
+  Value* x =
+      b.g.add_value("x", TensorType(DataType::kFloat32, {1, 2, Dim::sym("H"), Dim::sym("W")}));
   b.g.add_input(x);
-  Value* off = b.g.add_value("off", TensorType(DataType::kFloat32, {1, 18, Dim::sym("H"), Dim::sym("W")}));
+  Value* off =
+      b.g.add_value("off", TensorType(DataType::kFloat32, {1, 18, Dim::sym("H"), Dim::sym("W")}));
   b.g.add_input(off);
   Value* w = b.c(rand_t({2, 2, 3, 3}));
   b.out(b.op("DeformConv", {x, w, off}, attrs({{"pads", Attribute::Ints({1, 1, 1, 1})}})));

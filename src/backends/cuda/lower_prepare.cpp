@@ -1,8 +1,8 @@
 // The graph edits the cuda lowering makes before it chooses tactics (lower.h, prepare_for_gpu):
 // forms of a layer that no GPU kernel takes become forms that one does.
-#include <algorithm>
-
 #include <fmt/format.h>
+
+#include <algorithm>
 
 #include "layer.h"
 #include "lower.h"
@@ -25,10 +25,9 @@ Expected<bool> split_untaken_layers(Graph& g, const GpuBuildOptions& o) {
     again = false;
     for (Node* n : std::vector<Node*>(g.nodes())) {
       const bool splits =
-          n->domain == "kiln" &&
-          (n->op_type == "FusedConv" || n->op_type == "FusedGemm" ||
-           n->op_type == "FusedConvMean" || n->op_type == "FusedGroupNorm" ||
-           (n->op_type == "MultiHeadAttention" && mha_has_rotary(*n)));
+          n->domain == "kiln" && (n->op_type == "FusedConv" || n->op_type == "FusedGemm" ||
+                                  n->op_type == "FusedConvMean" || n->op_type == "FusedGroupNorm" ||
+                                  (n->op_type == "MultiHeadAttention" && mha_has_rotary(*n)));
       if (!splits || quant::runs_int8(*n) || some_tactic_takes(*n, o)) continue;
       if (o.log)
         *o.log << n->label() << ": no GPU kernel takes the fused layer; split into its ops\n";
@@ -61,8 +60,9 @@ bool cast_mixed_float_inputs(Graph& g, const GpuBuildOptions& o) {
       if (o.log)
         *o.log << fmt::format("{}: no GPU kernel takes input {} '{}' as {}; cast to {}\n",
                               n->label(), i, v->name, dtype_name(v->type.dtype), dtype_name(want));
-      Node* c = g.insert_node_before(n, "Cast", g.unique_name(n->name + "/cast_input"), {v},
-                                     {g.unique_name(v->name + "/" + std::string(dtype_name(want)))});
+      Node* c =
+          g.insert_node_before(n, "Cast", g.unique_name(n->name + "/cast_input"), {v},
+                               {g.unique_name(v->name + "/" + std::string(dtype_name(want)))});
       c->attrs.set("to", Attribute::Int(static_cast<int64_t>(want)));
       c->origin = "cast_mixed_float_inputs";
       c->onnx_nodes = n->onnx_nodes;
