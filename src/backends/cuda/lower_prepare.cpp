@@ -46,7 +46,8 @@ bool cast_mixed_float_inputs(Graph& g, const GpuBuildOptions& o) {
   bool cast = false;
   for (Node* n : std::vector<Node*>(g.nodes())) {
     const Value* x = n->num_inputs() ? n->input(0) : nullptr;
-    if (!x || !dtype_is_float(x->type.dtype) || tactics_for(n->domain, n->op_type).empty())
+    if (!x || !dtype_is_float(x->type.dtype) || quant::runs_int8(*n) ||
+        tactics_for(n->domain, n->op_type).empty())
       continue;
     const DataType want = x->type.dtype;
     auto other = [&](const Value* v) {
