@@ -3,12 +3,17 @@
 exported as users export them (TorchScript at opset 17, dynamo where TorchScript fails), through
 kiln's CPU backend against ONNX Runtime on the same inputs (relative L2 < 1e-4), and with
 --lower-check through the cuda build step at FP32/TF32 and FP16 (scripts/models/unseen_models.py's
-check). Detectors (DETR, Conditional DETR, Deformable DETR, YOLOS), segmentation and depth (SegFormer, DPT),
-encoders (DeBERTa-v2's disentangled attention, RoFormer, BEiT's relative bias, Swin-v2, DINOv2 at
-an interpolated size, ConvNeXt-V2, PVT-v2, VideoMAE, CLIP), speech (wav2vec2, HuBERT, WavLM's
-gated relative bias), decoders (BLOOM's ALiBi, GPT-Neo's local attention, GPT-J, Mistral's
-sliding window), BART, Swin2SR, MobileViT-v2 (Col2Im), FNet (DFT) and Deformable DETR (a float64
-sampling grid ONNX Runtime cannot run: checked against ONNX Runtime with the grids cast to float32).
+check). Detectors (DETR, Conditional DETR, Deformable DETR, YOLOS, RT-DETR's deformable attention
+and top-k query selection, OWL-ViT and OWLv2 with text queries), segmentation and depth (SegFormer,
+DPT, Mask2Former's deformable encoder, UperNet on ConvNeXt, GLPN), encoders (DeBERTa-v2's
+disentangled attention, RoFormer, BEiT's relative bias, Swin-v2, DINOv2 at an interpolated size,
+ConvNeXt-V2, PVT-v2, VideoMAE, TimeSformer, CLIP, SigLIP, LeViT, EfficientFormer, Longformer's
+sliding and global attention, BigBird (original_full: its block-sparse attention exports with
+neither exporter), Funnel, XLNet, Perceiver with its text preprocessor), speech (wav2vec2, HuBERT,
+WavLM's gated relative bias, Data2VecAudio, SEW-D), time series (PatchTST, Informer, Autoformer),
+decoders (BLOOM's ALiBi, GPT-Neo's local attention, GPT-J, Mistral's sliding window), BART,
+Swin2SR, MobileViT-v2 (Col2Im), FNet (DFT). Deformable DETR and Mask2Former sample with float64
+grids ONNX Runtime cannot run: checked against ONNX Runtime with the grids cast to float32.
 
   python3 scripts/models/hf_unseen_models.py --kiln build/kiln [--lower-check ...] [--models a,b]
 
@@ -160,6 +165,19 @@ def M():
         encoder_hidden_dim=32, d_model=32, encoder_layers=1, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
         encoder_ffn_dim=64, decoder_ffn_dim=64, num_queries=20, num_labels=5, decoder_in_channels=[32, 32, 32], decoder_n_points=2,
         num_denoising=0, anchor_image_size=None)), [img(1, 3, 128, 160)], ["pixel_values"], ["logits", "pred_boxes"])
+    m["rt_detr_v2"] = lambda: (T.RTDetrV2ForObjectDetection(T.RTDetrV2Config(use_timm_backbone=False, use_pretrained_backbone=False,
+        backbone=None, backbone_config=T.RTDetrResNetConfig(num_channels=3, embedding_size=16, hidden_sizes=[16, 32, 64, 128],
+        depths=[1, 1, 1, 1], out_features=["stage2", "stage3", "stage4"]), encoder_in_channels=[32, 64, 128], feat_strides=[8, 16, 32],
+        encoder_hidden_dim=32, d_model=32, encoder_layers=1, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+        encoder_ffn_dim=64, decoder_ffn_dim=64, num_queries=20, num_labels=5, decoder_in_channels=[32, 32, 32], decoder_n_points=2,
+        num_denoising=0, anchor_image_size=None, decoder_method="discrete")), [img(1, 3, 128, 160)], ["pixel_values"], ["logits", "pred_boxes"])
+    m["d_fine"] = lambda: (T.DFineForObjectDetection(T.DFineConfig(use_timm_backbone=False, use_pretrained_backbone=False,
+        backbone=None, backbone_config=T.RTDetrResNetConfig(num_channels=3, embedding_size=16, hidden_sizes=[16, 32, 64, 128],
+        depths=[1, 1, 1, 1], out_features=["stage2", "stage3", "stage4"]), encoder_in_channels=[32, 64, 128], feat_strides=[8, 16, 32],
+        encoder_hidden_dim=32, d_model=32, encoder_layers=1, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+        encoder_ffn_dim=64, decoder_ffn_dim=64, num_queries=20, num_labels=5, decoder_in_channels=[32, 32, 32], decoder_n_points=[2, 2, 2],
+        num_denoising=0, anchor_image_size=None, hidden_expansion=0.5, depth_mult=0.34, lqe_hidden_dim=16)),
+        [img(1, 3, 128, 160)], ["pixel_values"], ["logits", "pred_boxes"])
     m["mask2former"] = lambda: (T.Mask2FormerForUniversalSegmentation(T.Mask2FormerConfig(backbone_config=T.SwinConfig(image_size=64,
         patch_size=4, embed_dim=16, depths=[1, 1, 1, 1], num_heads=[1, 2, 2, 4], window_size=4, out_features=["stage1", "stage2", "stage3", "stage4"]),
         feature_size=32, mask_feature_size=32, hidden_dim=32, encoder_feedforward_dim=64, dim_feedforward=64, encoder_layers=1,
@@ -189,6 +207,9 @@ def M():
         num_attention_heads=4, intermediate_size=128, attention_window=4, max_position_embeddings=64)),
         [ids(2, 16), torch.ones(2, 16, dtype=torch.int64), torch.tensor([[1] + [0] * 15] * 2)],
         ["input_ids", "attention_mask", "global_attention_mask"], ["last_hidden_state"])
+    # BigBird at original_full: its block-sparse attention exports with neither exporter (TorchScript:
+    # aten::lift_fresh unsupported at opset 17; dynamo: the FX decomposition fails in
+    # bigbird_block_sparse_attention), at 64 tokens, block_size 4 and 2 random blocks.
     m["big_bird"] = lambda: (T.BigBirdModel(T.BigBirdConfig(vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
         intermediate_size=128, max_position_embeddings=64, attention_type="original_full")),
         [ids(2, 12), torch.ones(2, 12, dtype=torch.int64)], ["input_ids", "attention_mask"], ["last_hidden_state"])
