@@ -205,6 +205,16 @@ def M():
         encoder_layers=1, decoder_layers=1, encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
         decoder_ffn_dim=64, num_queries=10, num_feature_levels=3, encoder_n_points=2, decoder_n_points=2, max_text_len=16)),
         [img(1, 3, 64, 64), ids(1, 8), torch.ones(1, 8, dtype=torch.int64)], ["pixel_values", "input_ids", "attention_mask"], ["logits", "pred_boxes"])
+    m["depth_anything"] = lambda: (T.DepthAnythingForDepthEstimation(T.DepthAnythingConfig(backbone_config=T.Dinov2Config(
+        hidden_size=32, num_hidden_layers=4, num_attention_heads=4, intermediate_size=64, image_size=56, patch_size=14,
+        out_indices=[1, 2, 3, 4], reshape_hidden_states=False), reassemble_hidden_size=32, patch_size=14, neck_hidden_sizes=[8, 16, 32, 32],
+        fusion_hidden_size=16, head_hidden_size=8)), [img(1, 3, 70, 84)], ["pixel_values"], ["predicted_depth"])
+    m["sam"] = lambda: (T.SamModel(T.SamConfig(vision_config=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        mlp_dim=64, image_size=64, patch_size=8, output_channels=16, window_size=4, global_attn_indexes=[1], num_pos_feats=8),
+        prompt_encoder_config=dict(hidden_size=16, image_size=64, patch_size=8, mask_input_channels=4),
+        mask_decoder_config=dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, mlp_dim=32, iou_head_hidden_dim=16))),
+        [img(1, 3, 64, 64), torch.from_numpy(R.uniform(0, 64, (1, 1, 2, 2)).astype(np.float32))], ["pixel_values", "input_points"],
+        ["iou_scores", "pred_masks"])
     m["mask2former"] = lambda: (T.Mask2FormerForUniversalSegmentation(T.Mask2FormerConfig(backbone_config=T.SwinConfig(image_size=64,
         patch_size=4, embed_dim=16, depths=[1, 1, 1, 1], num_heads=[1, 2, 2, 4], window_size=4, out_features=["stage1", "stage2", "stage3", "stage4"]),
         feature_size=32, mask_feature_size=32, hidden_dim=32, encoder_feedforward_dim=64, dim_feedforward=64, encoder_layers=1,
