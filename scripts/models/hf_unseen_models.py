@@ -215,6 +215,17 @@ def M():
         mask_decoder_config=dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, mlp_dim=32, iou_head_hidden_dim=16))),
         [img(1, 3, 64, 64), torch.from_numpy(R.uniform(0, 64, (1, 1, 2, 2)).astype(np.float32))], ["pixel_values", "input_points"],
         ["iou_scores", "pred_masks"])
+    m["modernbert"] = lambda: (T.ModernBertModel(T.ModernBertConfig(vocab_size=100, hidden_size=64, intermediate_size=96,
+        num_hidden_layers=3, num_attention_heads=4, global_attn_every_n_layers=3, local_attention=4, max_position_embeddings=64,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2)), [ids(2, 12), torch.ones(2, 12, dtype=torch.int64)],
+        ["input_ids", "attention_mask"], ["last_hidden_state"])
+    m["hiera"] = lambda: (T.HieraModel(T.HieraConfig(embed_dim=16, image_size=[64, 64], patch_size=[7, 7], patch_stride=[4, 4],
+        patch_padding=[3, 3], depths=[1, 1, 1, 1], num_heads=[1, 2, 2, 4], query_stride=[2, 2], masked_unit_size=[8, 8])),
+        [img(1, 3, 64, 64)], ["pixel_values"], ["last_hidden_state"])
+    m["vitmatte"] = lambda: (T.VitMatteForImageMatting(T.VitMatteConfig(backbone_config=T.VitDetConfig(hidden_size=32,
+        num_hidden_layers=2, num_attention_heads=4, mlp_ratio=2, image_size=64, patch_size=16, num_channels=4,
+        out_features=["stage2"]), hidden_size=32, convstream_hidden_sizes=[8, 16, 16], fusion_hidden_sizes=[32, 16, 16, 8])),
+        [img(1, 4, 64, 64)], ["pixel_values"], ["alphas"])
     m["mask2former"] = lambda: (T.Mask2FormerForUniversalSegmentation(T.Mask2FormerConfig(backbone_config=T.SwinConfig(image_size=64,
         patch_size=4, embed_dim=16, depths=[1, 1, 1, 1], num_heads=[1, 2, 2, 4], window_size=4, out_features=["stage1", "stage2", "stage3", "stage4"]),
         feature_size=32, mask_feature_size=32, hidden_dim=32, encoder_feedforward_dim=64, dim_feedforward=64, encoder_layers=1,
