@@ -226,6 +226,22 @@ def M():
         num_hidden_layers=2, num_attention_heads=4, mlp_ratio=2, image_size=64, patch_size=16, num_channels=4,
         out_features=["stage2"]), hidden_size=32, convstream_hidden_sizes=[8, 16, 16], fusion_hidden_sizes=[32, 16, 16, 8])),
         [img(1, 4, 64, 64)], ["pixel_values"], ["alphas"])
+    m["layoutlmv3"] = lambda: (T.LayoutLMv3Model(T.LayoutLMv3Config(vocab_size=100, hidden_size=64, num_hidden_layers=2,
+        num_attention_heads=4, intermediate_size=128, max_position_embeddings=64, input_size=32, patch_size=8, max_2d_position_embeddings=128,
+        coordinate_size=12, shape_size=8, rel_pos_bins=8, max_rel_pos=16, rel_2d_pos_bins=16, max_rel_2d_pos=64)),
+        [ids(2, 10), torch.from_numpy(np.sort(R.integers(0, 100, (2, 10, 4)), -1).astype(np.int64)), torch.ones(2, 10, dtype=torch.int64),
+        img(2, 3, 32, 32)], ["input_ids", "bbox", "attention_mask", "pixel_values"], ["last_hidden_state"])
+    m["zoedepth"] = lambda: (T.ZoeDepthForDepthEstimation(T.ZoeDepthConfig(backbone_config=T.BeitConfig(hidden_size=32,
+        num_hidden_layers=4, num_attention_heads=4, intermediate_size=64, image_size=64, patch_size=16, out_indices=[1, 2, 3, 4],
+        reshape_hidden_states=False, use_relative_position_bias=True), neck_hidden_sizes=[8, 16, 32, 32], fusion_hidden_size=16,
+        bottleneck_features=16, num_attractors=[4, 4, 2, 2], bin_embedding_dim=16, num_relative_features=8,
+        bin_configurations=[dict(n_bins=8, min_depth=0.001, max_depth=10.0, name="nyu")])), [img(1, 3, 64, 64)], ["pixel_values"],
+        ["predicted_depth"])
+    m["maskformer"] = lambda: (T.MaskFormerForInstanceSegmentation(T.MaskFormerConfig(backbone_config=T.SwinConfig(image_size=64,
+        patch_size=4, embed_dim=16, depths=[1, 1, 1, 1], num_heads=[1, 2, 2, 4], window_size=4, out_features=["stage1", "stage2", "stage3", "stage4"]),
+        decoder_config=T.DetrConfig(d_model=32, encoder_layers=1, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+        encoder_ffn_dim=64, decoder_ffn_dim=64, num_queries=10), fpn_feature_size=32, mask_feature_size=32, num_queries=10,
+        num_labels=5)), [img(1, 3, 64, 64)], ["pixel_values"], ["class_queries_logits", "masks_queries_logits"])
     m["mask2former"] = lambda: (T.Mask2FormerForUniversalSegmentation(T.Mask2FormerConfig(backbone_config=T.SwinConfig(image_size=64,
         patch_size=4, embed_dim=16, depths=[1, 1, 1, 1], num_heads=[1, 2, 2, 4], window_size=4, out_features=["stage1", "stage2", "stage3", "stage4"]),
         feature_size=32, mask_feature_size=32, hidden_dim=32, encoder_feedforward_dim=64, dim_feedforward=64, encoder_layers=1,
