@@ -12,8 +12,10 @@ ConvNeXt-V2, PVT-v2, VideoMAE, TimeSformer, CLIP, SigLIP, LeViT, EfficientFormer
 sliding and global attention, BigBird (original_full: its block-sparse attention exports with
 neither exporter), Funnel, XLNet, Perceiver with its text preprocessor), speech (wav2vec2, HuBERT,
 WavLM's gated relative bias, Data2VecAudio, SEW-D), time series (PatchTST, Informer, Autoformer),
-decoders (BLOOM's ALiBi, GPT-Neo's local attention, GPT-J, Mistral's sliding window), BART,
-Swin2SR, MobileViT-v2 (Col2Im), FNet (DFT). Deformable DETR and Mask2Former sample with float64
+decoders (BLOOM's ALiBi, GPT-Neo's local attention, GPT-J, Mistral's sliding window), state-space
+and recurrent models (Mamba's selective scan, RWKV), BART, Swin2SR, MobileViT-v2 (Col2Im), FNet (DFT),
+SAM (a point prompt), Depth Anything, ZoeDepth, MaskFormer, ViTMatte, Hiera, ModernBERT,
+LayoutLMv3, BLIP, EnCodec (LSTM, residual vector quantizer). Deformable DETR and Mask2Former sample with float64
 grids ONNX Runtime cannot run: checked against ONNX Runtime with the grids cast to float32.
 Grounding DINO's logits are -inf past the text's tokens: non-finite reference entries must match
 exactly, the relative L2 is over the finite rest.
@@ -242,6 +244,17 @@ def M():
         decoder_config=T.DetrConfig(d_model=32, encoder_layers=1, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
         encoder_ffn_dim=64, decoder_ffn_dim=64, num_queries=10), fpn_feature_size=32, mask_feature_size=32, num_queries=10,
         num_labels=5)), [img(1, 3, 64, 64)], ["pixel_values"], ["class_queries_logits", "masks_queries_logits"])
+    m["mamba"] = lambda: (T.MambaModel(T.MambaConfig(vocab_size=100, hidden_size=32, state_size=8, num_hidden_layers=2,
+        expand=2, conv_kernel=4, use_cache=False)), [ids(2, 12)], ["input_ids"], ["last_hidden_state"])
+    m["rwkv"] = lambda: (T.RwkvModel(T.RwkvConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, attention_hidden_size=32,
+        intermediate_size=64, context_length=32, use_cache=False)), [ids(2, 12)], ["input_ids"], ["last_hidden_state"])
+    m["encodec"] = lambda: (T.EncodecModel(T.EncodecConfig(num_filters=4, hidden_size=16, codebook_size=32, codebook_dim=16,
+        upsampling_ratios=[4, 2], num_lstm_layers=1, target_bandwidths=[10.0], sampling_rate=8000, audio_channels=1)),
+        [torch.randn(1, 1, 800)], ["input_values"], ["audio_values"])
+    m["blip"] = lambda: (T.BlipModel(T.BlipConfig(text_config=dict(vocab_size=100, hidden_size=32, num_hidden_layers=2,
+        num_attention_heads=4, intermediate_size=64, max_position_embeddings=32, encoder_hidden_size=32), vision_config=dict(hidden_size=32,
+        num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, image_size=32, patch_size=8), projection_dim=16)),
+        [ids(2, 10), img(2, 3, 32, 32), torch.ones(2, 10, dtype=torch.int64)], ["input_ids", "pixel_values", "attention_mask"], ["logits_per_image", "text_embeds"])
     m["mask2former"] = lambda: (T.Mask2FormerForUniversalSegmentation(T.Mask2FormerConfig(backbone_config=T.SwinConfig(image_size=64,
         patch_size=4, embed_dim=16, depths=[1, 1, 1, 1], num_heads=[1, 2, 2, 4], window_size=4, out_features=["stage1", "stage2", "stage3", "stage4"]),
         feature_size=32, mask_feature_size=32, hidden_dim=32, encoder_feedforward_dim=64, dim_feedforward=64, encoder_layers=1,
