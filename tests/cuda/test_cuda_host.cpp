@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <random>
 #include <set>
@@ -510,6 +511,22 @@ TEST(CudaHost, NhwcConversionRoundTrips) {
   auto back = from_device_format(*d, f, DataType::kFloat32);
   ASSERT_TRUE(back.ok());
   for (int64_t i = 0; i < t.numel(); ++i) EXPECT_FLOAT_EQ(back->at_double(i), t.at_double(i));
+}
+
+// A constant stored as float16 for an FP16 layer keeps a finite value past float16's range
+// finite (+-65504, as TensorRT clamps weights: a float32-max sentinel would otherwise be inf and
+// turn into NaN); inf and NaN stay; in-range values round as a cast does.
+TEST(CudaHost, Float16StorageClampsFiniteValuesPastItsRange) {
+  const float big = 3.4028234e38f, inf = std::numeric_limits<float>::infinity();
+  for (DataType from : {DataType::kFloat32, DataType::kFloat64}) {
+    const Tensor t = Tensor::from<float>({6}, {big, -1e6f, inf, -inf, 1.5f, 65519.f}).cast(from);
+    auto d = to_device_format(t, TensorFormat{DataType::kFloat16, Layout::kLinear});
+    ASSERT_TRUE(d.ok());
+    const std::vector<double> want = {65504, -65504, inf, -inf, 1.5, 65504};
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(d->at_double(i), want[i]) << i;
+    const Tensor n = Tensor::from<float>({1}, {std::nanf("")}).cast(from);
+    EXPECT_TRUE(std::isnan(to_device_format(n, {DataType::kFloat16, Layout::kLinear})->at_double(0)));
+  }
 }
 
 TEST(CudaHost, TimingCacheKeepsEntriesPerDevice) {

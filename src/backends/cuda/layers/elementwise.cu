@@ -12,6 +12,7 @@
 // chain reads as a column range (col_slices: a part of a packed GEMM's result) is addressed from
 // its first column with its rows' stored length as the outer stride.
 // Tactics are kAnyLayout; the ".nhwc" variants also take NHWC per-channel broadcasts and Clip.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -898,7 +899,12 @@ void inline_scalar_constants(const LayerDesc& d, Program* p, std::vector<int>* s
       keep.push_back(slot);
       continue;
     }
-    const float value = static_cast<float>(c->cast(t).cast(DataType::kFloat32).at_double(0));
+    // A finite value past float16's range stores as +-65504, as to_device_format stores a
+    // constant (device_util_host.cpp: a float32-max sentinel stays finite).
+    double v = c->cast(DataType::kFloat64).at_double(0);
+    if (t == DataType::kFloat16 && std::isfinite(v)) v = std::clamp(v, -65504.0, 65504.0);
+    const float value = static_cast<float>(
+        Tensor::from<double>({}, {v}).cast(t).cast(DataType::kFloat32).at_double(0));
     renumber[k] = kImm;
     for (int s = 0; s < p->nsteps; ++s)
       for (int i = 0; i < 3; ++i)
