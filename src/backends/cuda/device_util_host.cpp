@@ -13,31 +13,27 @@
 #include <string_view>
 
 #include "core/dispatch.h"
+#include "core/half_range.h"
 #include "tactics/cublas_open.h"
 
 namespace kiln::gpu {
 
 namespace {
 
-// A float32 or float64 tensor stored as float16 for an FP16 layer: finite values past float16's
-// range become its largest, +-65504, not inf (TensorRT clamps weights likewise). A model's
-// float32-max sentinel (torch.finfo(float32).max filling invalid anchors or masked scores, as
-// RT-DETR's and Grounding DINO's exports hold) then stays the largest value, as it is in the
-// same model run by PyTorch at FP16, where inf would turn into NaN in the arithmetic after it.
-// An explicit Cast to float16 keeps ONNX's overflow to inf (its kernel, not this).
+// A float32 or float64 tensor stored as float16 for an FP16 layer, through
+// saturate_to_half_range (core/half_range.h).
 Tensor store_as_half(const Tensor& t) {
   auto past_range = [&](auto tag) {
     using T = decltype(tag);
     const T* p = t.data<T>();
     return std::any_of(p, p + t.numel(),
-                       [](T v) { return std::isfinite(v) && std::abs(v) > T(65504); });
+                       [](T v) { return std::isfinite(v) && std::abs(v) > T(kFloat16Max); });
   };
   const bool f32 = t.dtype() == DataType::kFloat32;
   if (!(f32 ? past_range(float{}) : past_range(double{}))) return t.cast(DataType::kFloat16);
   Tensor c = t.cast(DataType::kFloat64);  // only a tensor that holds such values is copied
   double* p = c.data<double>();
-  for (int64_t i = 0; i < c.numel(); ++i)
-    if (std::isfinite(p[i])) p[i] = std::clamp(p[i], -65504.0, 65504.0);
+  for (int64_t i = 0; i < c.numel(); ++i) p[i] = saturate_to_half_range(p[i]);
   return c.cast(DataType::kFloat16);
 }
 

@@ -20,6 +20,7 @@
 #include <string>
 #include <utility>
 
+#include "core/half_range.h"
 #include "kernels/device_util.cuh"
 #include "kernels/fast_div.cuh"
 #include "kernels/pdl.cuh"
@@ -899,10 +900,9 @@ void inline_scalar_constants(const LayerDesc& d, Program* p, std::vector<int>* s
       keep.push_back(slot);
       continue;
     }
-    // A finite value past float16's range stores as +-65504, as to_device_format stores a
-    // constant (device_util_host.cpp: a float32-max sentinel stays finite).
+    // Stored as to_device_format stores a constant (core/half_range.h).
     double v = c->cast(DataType::kFloat64).at_double(0);
-    if (t == DataType::kFloat16 && std::isfinite(v)) v = std::clamp(v, -65504.0, 65504.0);
+    if (t == DataType::kFloat16) v = saturate_to_half_range(v);
     const float value = static_cast<float>(
         Tensor::from<double>({}, {v}).cast(t).cast(DataType::kFloat32).at_double(0));
     renumber[k] = kImm;
