@@ -1,5 +1,6 @@
 #include "compare/compare.h"
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -93,6 +94,13 @@ std::vector<std::string> common_tensors(const Graph& engine_graph, const Graph& 
       const Value* r = reference.find_value(v->name);
       if (!r || r->is_constant() || !r->producer) continue;
       if (!dtype_is_float(v->type.dtype) || !dtype_is_float(r->type.dtype)) continue;
+      // A tensor that one of the layer's own ONNX nodes reads is inside the fused layer, which
+      // may write another value under its name (a product with the scale after it folded in).
+      const auto covered = [&](const std::pair<Node*, int>& u) {
+        return std::find(n->onnx_nodes.begin(), n->onnx_nodes.end(), u.first->name) !=
+               n->onnx_nodes.end();
+      };
+      if (std::any_of(r->uses().begin(), r->uses().end(), covered)) continue;
       seen.insert(v->name);
       out.push_back(v->name);
     }

@@ -77,6 +77,24 @@ TEST(CompareDebugTensors, CpuContextKeepsNamedValues) {
   EXPECT_TRUE((*ctx)->debug_tensors().empty());
 }
 
+// A tensor that one of a fused layer's own ONNX nodes reads is not compared: the layer may write
+// another value under its name (a MatMul whose scale Mul folded in), and the model's is inside it.
+TEST(CompareLocalise, SkipsATensorInsideAFusedLayer) {
+  const TensorType t(DataType::kFloat32, {2, 8});
+  Graph ref;
+  Value* x = ref.add_value("x", t);
+  ref.add_input(x);
+  Node* mm = ref.add_node("MatMul", "mm", {x, x}, {"mm_out"});
+  Node* mul = ref.add_node("Mul", "mul", {mm->output(0), x}, {"mul_out"});
+  Node* relu = ref.add_node("Relu", "relu", {mul->output(0)}, {"y"});
+  for (Node* n : {mm, mul, relu}) n->output(0)->type = t;
+  ref.add_output(relu->output(0));
+  auto engine = ref.clone();
+  Node* fused = engine->find_value("mm_out")->producer;
+  fused->onnx_nodes = {"mm", "mul"};
+  EXPECT_EQ(common_tensors(*engine, ref), (std::vector<std::string>{"mul_out", "y"}));
+}
+
 // The acceptance test of per-layer localisation, on the cpu backend: the engine is built (and
 // fused) from a graph whose conv2 weights were perturbed; the reference has the right ones.
 TEST(ComparePerLayer, NamesTheCorruptedLayer) {

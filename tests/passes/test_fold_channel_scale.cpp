@@ -60,6 +60,32 @@ TEST(FoldChannelScale, ALinearsLayerScaleAndConvNextsThroughItsPermute) {
   }
 }
 
+// The scaled tensor keeps the Mul's output name and no tensor keeps the unscaled product's
+// (kiln compare --per-layer matches the engine's tensors with the model's by name).
+TEST(FoldChannelScale, TheScaledTensorKeepsTheMulsName) {
+  for (bool through_transpose : {false, true}) {
+    G b;
+    Value* y = b.op("MatMul", {b.in("x", {2, 3, 4, 8}), b.c(rand_t({8, 6}))});
+    Value* t = through_transpose
+                   ? b.op("Transpose", {y}, attrs({{"perm", Attribute::Ints({0, 3, 1, 2})}}))
+                   : y;
+    Value* s = b.op("Mul", {t, b.c(rand_t(through_transpose ? std::vector<int64_t>{6, 1, 1}
+                                                            : std::vector<int64_t>{6},
+                                          0.5f, 2.f))});
+    b.out(b.op("Relu", {s}));
+    const std::string scaled = s->name, unscaled = y->name, moved = t->name;
+    auto opt = fold(b.g);
+    ASSERT_EQ(count(*opt, "Mul"), 0);
+    const Value* v = opt->find_value(scaled);
+    ASSERT_NE(v, nullptr);
+    ASSERT_NE(v->producer, nullptr);
+    EXPECT_EQ(v->producer->op_type, through_transpose ? "Transpose" : "MatMul");
+    EXPECT_EQ(opt->find_value(unscaled), nullptr);
+    if (through_transpose) EXPECT_EQ(opt->find_value(moved), nullptr);
+    expect_same_outputs(b.g, *opt);
+  }
+}
+
 TEST(FoldChannelScale, StaysWhereItWouldNotBeTheSame) {
   {  // the constant varies along H, not the channels
     G b;
