@@ -231,6 +231,14 @@ TEST(SymbolicDims, SumsAndDifferences) {
   EXPECT_EQ(twice.str(), "2*past+2*seq");
   EXPECT_EQ(div_dims(twice, Dim(2)).str(), "past+seq");
   EXPECT_EQ(div_dims(total, Dim(2)).str(), "?");  // past + seq may be odd
+  // By a sum: a monomial multiple of it (a KV cache's length, as written and as inferred).
+  EXPECT_EQ(div_dims(total, Dim::sym("past + seq")).str(), "1");
+  EXPECT_EQ(div_dims(twice, total).str(), "2");
+  const Dim batch_total = mul_dims(mul_dims(Dim::sym("B"), Dim(3)), total);
+  EXPECT_EQ(div_dims(batch_total, total).str(), "3*B");
+  EXPECT_EQ(div_dims(total, batch_total).str(), "?");
+  EXPECT_EQ(div_dims(add_dims(total, Dim(1)), total).str(), "?");
+  EXPECT_EQ(div_dims(add_dims(twice, seq), total).str(), "?");  // 2*past + 3*seq
   EXPECT_TRUE(nonnegative_dim(total));
   const Dim less = sub_dims(Dim(3), seq);
   EXPECT_EQ(less.str(), "-seq+3");
