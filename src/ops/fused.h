@@ -54,7 +54,11 @@
 //                                       columns [start, start + width) (width 0: all of it), a
 //                                       part of a wider tensor read in place (pack_qkv's
 //                                       ReadPartsInPlace: cross-attention K and V of one GEMM
-//                                       packing every layer's K and V projections)
+//                                       packing every layer's K and V projections);
+//                                       kv_head_major = 1 (not packed, seq_first, rotary or
+//                                       col_slices): K [B, Hkv, Sk, D] and V [B, Hkv, Sk, Dv]
+//                                       already split into heads, a KV cache's layout
+//                                       (Concat(past, new) of a decoder exported with its cache)
 //   kiln.SkipLayerNorm(X, Skip, Scale, B?) -> (Y, Sum?)
 //                                       Sum = X + Skip (same shape); Y = LayerNormalization(Sum,
 //                                       Scale, B) over the last axis (epsilon, stash_type as

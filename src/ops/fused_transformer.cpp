@@ -6,6 +6,7 @@
 // exported one does.
 #include "ops/fused.h"
 #include "ops/fused_util.h"
+#include "ops/shape_util.h"
 
 namespace kiln {
 
@@ -100,15 +101,48 @@ Status check_mha_rotary(const Node& n, bool has_cos, bool has_sin, DataType q, D
   return Status::Ok();
 }
 
+// kv_head_major: K [B, Hkv, Sk, D] and V [B, Hkv, Sk, Dv] (ops/fused.h), on none of the other
+// forms; an error names what does not fit.
+Status check_head_major(const Node& n, bool rotary, const TensorType& k, const TensorType& v) {
+  if (n.attrs.get_int("packed", 0) != 0 || n.attrs.get_int("seq_first", 0) != 0 || rotary ||
+      n.attrs.has("col_slices"))
+    return KILN_ERROR("{}: kv_head_major is not taken with packed, seq_first, the rotary or "
+                      "col_slices", n.label());
+  const int64_t h = n.attrs.get_int("num_heads", 0), hkv = n.attrs.get_int("kv_heads", h);
+  if (!k.has_rank() || !v.has_rank()) return Status::Ok();
+  if (k.rank() != 4 || v.rank() != 4)
+    return KILN_ERROR("{}: head-major K {} and V {} must be 4-D [batch, kv_heads, sequence, head "
+                      "size]", n.label(), k.str(), v.str());
+  for (const TensorType* t : {&k, &v})
+    if ((*t->dims)[1].is_static() && (*t->dims)[1].value != hkv)
+      return KILN_ERROR("{}: head-major {} has not {} key/value heads", n.label(), t->str(), hkv);
+  return Status::Ok();
+}
+
+// The width of V's rows as the attention reads them ([B, Sk, Hkv*Dv]): a head-major V's
+// Hkv * Dv.
+Dim v_row_width(const Node& n, const TensorType& v) {
+  if (n.attrs.get_int("kv_head_major", 0) == 0) return v.dims->back();
+  const Dim& dv = v.dims->back();
+  return dv.is_static() ? Dim(n.attrs.get_int("kv_heads", n.attrs.get_int("num_heads", 0)) * dv.value)
+                        : dv;
+}
+
 Status infer_mha(InferContext& ctx) {
   const Node& n = ctx.node();
   const bool packed = n.attrs.get_int("packed", 0) != 0;
+  const bool major = n.attrs.get_int("kv_head_major", 0) != 0;
   const TensorType& q = ctx.input_type(0);
   const TensorType& v = ctx.input_type(packed ? 0 : 2);
   if (!packed && (!ctx.has_input(1) || !ctx.has_input(2)))
     return KILN_ERROR("{}: K and V are required unless Q is packed", n.label());
-  if (q.rank() != 3 || v.rank() != 3)
+  if (major) {
+    KILN_RETURN_IF_ERROR(check_head_major(n, ctx.has_input(4), ctx.input_type(1), v));
+  } else if (q.rank() != 3 || v.rank() != 3) {
     return KILN_ERROR("{}: Q, K and V must be 3-D [batch, sequence, heads x head size]", n.label());
+  }
+  if (q.rank() != 3)
+    return KILN_ERROR("{}: Q must be 3-D [batch, sequence, heads x head size]", n.label());
   auto type_of = [&](size_t i) {
     return ctx.has_input(i) ? ctx.input_type(i).dtype : DataType::kUndefined;
   };
@@ -119,7 +153,7 @@ Status infer_mha(InferContext& ctx) {
     const int64_t w = packed ? 0 : mha_col_slice(n, slot).second;
     return w > 0 ? Dim(w) : t.dims->back();
   };
-  KILN_ASSIGN_OR_RETURN(MhaDims m, mha_dims(n, last(q, 0), last(v, 2)));
+  KILN_ASSIGN_OR_RETURN(MhaDims m, mha_dims(n, last(q, 0), major ? v_row_width(n, v) : last(v, 2)));
   ctx.set_output(0, TensorType(q.dtype, {(*q.dims)[0], (*q.dims)[1], Dim(m.heads * m.dv)}));
   return Status::Ok();
 }
@@ -156,6 +190,22 @@ Status cpu_mha(KernelContext& ctx) {
     const Tensor starts = ints({start}), ends = ints({start + width}), axes = ints({-1});
     KILN_ASSIGN_OR_RETURN(cols[i], fused::run_op(n, "Slice", {}, {qkv[i], &starts, &ends, &axes}));
     qkv[i] = &cols[i];
+  }
+  // Head-major K and V [B, Hkv, Sk, D]: as the rows [B, Sk, Hkv*D] the attention splits.
+  Tensor rows[2];
+  if (n.attrs.get_int("kv_head_major", 0) != 0 && qkv[1] && qkv[2]) {
+    KILN_RETURN_IF_ERROR(check_head_major(n, ctx.input(4) != nullptr,
+                                          TensorType(qkv[1]->dtype(), shape_detail::to_dims(qkv[1]->shape())),
+                                          TensorType(qkv[2]->dtype(), shape_detail::to_dims(qkv[2]->shape()))));
+    Attributes perm;
+    perm.set("perm", Attribute::Ints({0, 2, 1, 3}));
+    for (int i = 0; i < 2; ++i) {
+      const Tensor& t = *qkv[i + 1];
+      KILN_ASSIGN_OR_RETURN(Tensor tr, fused::run_op(n, "Transpose", perm, {&t}));
+      const Tensor shape = ints({t.dim(0), t.dim(2), t.dim(1) * t.dim(3)});
+      KILN_ASSIGN_OR_RETURN(rows[i], fused::run_op(n, "Reshape", {}, {&tr, &shape}));
+      qkv[i + 1] = &rows[i];
+    }
   }
   const Tensor* q_in = qkv[0];
   const Tensor* v_in = packed ? q_in : qkv[2];

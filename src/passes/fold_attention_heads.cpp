@@ -17,7 +17,9 @@
 // the layer reads the Hkv heads in place with kv_heads = Hkv (query head h reads K/V head
 // h / (H / Hkv)). Each of Q, K and V may be read from any tensor along its chain (a part of a
 // packed projection, or the part itself): the layer takes a choice that makes them one packed
-// tensor, else one that makes them three whole ones. Dims are compared symbolically, so the
+// tensor, else one that makes them three whole ones. K and V may also be tensors already split
+// into heads, [B, Hkv, S, D] (a decoder's KV cache: Concat(past, new)), read in place by head
+// (kv_heads, kv_head_major) beside a whole Q. Dims are compared symbolically, so the
 // fold holds for every shape of the profile. The output's Reshape stays (it costs nothing: the
 // output has the transposed result's element order, whatever shape s gives it, [B, S, H*Dv] or
 // GPT-2's [B*S, H*Dv]); remove_noops drops it when it is the identity.
@@ -43,16 +45,25 @@ std::optional<Choice> choose(const Heads& q, const Heads& k, const Heads& v, con
     *why = "Q, K and V split differently";
     return std::nullopt;
   }
-  if (q.seq_first != k.seq_first || q.seq_first != v.seq_first) {
-    *why = "Q, K and V differ in layout (batch-first, sequence-first)";
+  if (q.seq_first != k.seq_first || q.seq_first != v.seq_first || q.head_major ||
+      k.head_major != v.head_major || (k.head_major && q.seq_first)) {
+    *why = "Q, K and V differ in layout (batch-first, sequence-first, head-major K and V)";
     return std::nullopt;
   }
   const int bx = q.seq_first ? 1 : 0, sx = 1 - bx;
+  const int kb = k.head_major ? 0 : bx, ks = k.head_major ? 2 : sx;  // K's and V's axes
   const TensorType &qt = q.x->type, &kt = k.x->type, &vt = v.x->type;
-  if (!same_dim((*qt.dims)[bx], (*kt.dims)[bx]) || !same_dim((*qt.dims)[bx], (*vt.dims)[bx]) ||
-      !same_dim((*kt.dims)[sx], (*vt.dims)[sx])) {
+  if (!same_dim((*qt.dims)[bx], (*kt.dims)[kb]) || !same_dim((*qt.dims)[bx], (*vt.dims)[kb]) ||
+      !same_dim((*kt.dims)[ks], (*vt.dims)[ks])) {
     *why = "Q, K and V do not provably share the batch and K/V the sequence";
     return std::nullopt;
+  }
+  if (k.head_major) {  // Q whole [B, S, H*D]; K and V whole [B, Hkv, S, D] (heads_from)
+    if (q.offset != 0 || (*qt.dims)[2].value != q.h * q.d) {
+      *why = "Q is not a whole tensor beside head-major K and V";
+      return std::nullopt;
+    }
+    return Choice{&q, &k, &v, false};
   }
   const int64_t d = q.d, nq = q.h * d, nk = k.h * d;
   const bool packed = q.x == k.x && q.x == v.x && q.offset == 0 && k.offset == nq &&
@@ -147,6 +158,7 @@ struct FoldAttentionHeads {
     if (attn.attrs.get_int("nan_to_zero", 0)) a.set("nan_to_zero", Attribute::Int(1));
     if (packed) a.set("packed", Attribute::Int(1));
     if (sf) a.set("seq_first", Attribute::Int(1));
+    if (k->head_major) a.set("kv_head_major", Attribute::Int(1));
     Value* mask = attn.input(3);
     std::vector<Value*> ins = {q->x, packed ? nullptr : k->x, packed ? nullptr : v->x, mask};
     Value* y = t->output(0);  // the layer's output: [B, S, H*Dv] once shapes are re-inferred

@@ -25,7 +25,7 @@ using ViewDim = std::vector<Factor>;  // no factors: size 1
 
 struct View {
   std::vector<ViewDim> dims;
-  int64_t off[3] = {0, 0, 0};  // per axis of x
+  int64_t off[4] = {0, 0, 0, 0};  // per axis of x
 };
 
 bool unknown(const Dim& d) { return !d.is_static() && d.symbol.empty(); }
@@ -272,12 +272,14 @@ namespace {
 // chain[n - 1]; see walk_heads.
 std::optional<Heads> heads_from(Value* t4, const char (&order)[5], const std::vector<Node*>& chain,
                                 const std::vector<const Value*>& made, size_t n) {
-  Value* x = chain[n - 1]->input(0);
-  if (!x->type.has_rank() || x->type.rank() != 3 || t4->type.rank() != 4) return std::nullopt;
+  Value* x = n ? chain[n - 1]->input(0) : t4;
+  if (!x->type.has_rank() || t4->type.rank() != 4) return std::nullopt;
+  const int xr = static_cast<int>(x->type.rank());
   const std::vector<Dim>& xd = *x->type.dims;
-  if (!xd[2].is_static()) return std::nullopt;
+  if ((xr != 3 && xr != 4) || !xd[xr - 1].is_static() || (xr == 4 && !xd[1].is_static()))
+    return std::nullopt;
   View v;
-  for (int a = 0; a < 3; ++a) v.dims.push_back({{xd[a], a, 1}});
+  for (int a = 0; a < xr; ++a) v.dims.push_back({{xd[a], a, 1}});
   for (size_t i = n; i-- > 0;)
     if (!apply(v, *chain[i], made[i])) return std::nullopt;
   // One factor a dim (none: size 1), at the expected axes and strides.
@@ -304,6 +306,17 @@ std::optional<Heads> heads_from(Value* t4, const char (&order)[5], const std::ve
   if (!td[pos[1]].is_static() || !td[pos[3]].is_static() || td[pos[1]].value % rep)
     return std::nullopt;
   const int64_t h = td[pos[1]].value / rep, d = td[pos[3]].value;
+  if (xr == 4) {  // x's own heads, each axis whole and in place
+    auto whole = [&](const std::optional<Factor>& f, int axis) {
+      return f ? f->axis == axis && f->mult == 1 && same_dim(f->size, xd[axis]) : is_one(xd[axis]);
+    };
+    if (!whole(fb, 0) || !whole(fh, 1) || !whole(fs, 2) || !whole(fd, 3) || xd[1].value != h ||
+        v.off[0] || v.off[1] || v.off[2] || v.off[3])
+      return std::nullopt;
+    Heads hs{x, h, d, rep, 0, false, true, {}};
+    hs.nodes.assign(chain.begin(), chain.begin() + static_cast<std::ptrdiff_t>(n));
+    return hs;
+  }
   if (!fd || fd->axis != 2 || fd->mult != 1 || (h > 1 && (!fh || fh->axis != 2 || fh->mult != d)))
     return std::nullopt;
   // The sequence's axis decides the layout; the batch has the other one, whole.
@@ -316,7 +329,7 @@ std::optional<Heads> heads_from(Value* t4, const char (&order)[5], const std::ve
       (!fb && !is_one(xd[b_axis])))
     return std::nullopt;
   if (v.off[0] || v.off[1] || v.off[2] % d || v.off[2] + h * d > xd[2].value) return std::nullopt;
-  Heads hs{x, h, d, rep, v.off[2], b_axis == 1, {}};
+  Heads hs{x, h, d, rep, v.off[2], b_axis == 1, false, {}};
   hs.nodes.assign(chain.begin(), chain.begin() + static_cast<std::ptrdiff_t>(n));
   return hs;
 }
@@ -333,7 +346,7 @@ std::vector<Heads> walk_heads(Value* t4, const char (&order)[5]) {
     x = x->producer->input(0);
   }
   std::vector<Heads> found;
-  for (size_t n = chain.size(); n > 0; --n)
+  for (size_t n = chain.size() + 1; n-- > 0;)  // n = 0: t4 is x (head-major)
     if (auto hs = heads_from(t4, order, chain, made, n)) found.push_back(std::move(*hs));
   return found;
 }

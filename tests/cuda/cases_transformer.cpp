@@ -1,5 +1,5 @@
 // Transformer layers: kiln.MultiHeadAttention (layers/attention_mha.cu: packed and separate Q, K,
-// V; grouped-query attention; head sizes that are multiples of 8 up to 256 for mha.flash (other
+// V, or K and V head-major as a KV cache holds them; grouped-query attention; head sizes that are multiples of 8 up to 256 for mha.flash (other
 // than 32, 64 and 128 gated until run on a GPU), others for mha.unfused;
 // no mask, a padding mask, a full [B, 1, Sq, Sk] mask, causal -inf masks, fully masked rows; the
 // rotary on Q and K (mha.flash only); sequence tails and several key
@@ -28,6 +28,7 @@ struct Mha {
   int64_t Hkv = 0;  // key/value heads (grouped-query attention); 0: H
   bool packed = false;
   bool seq_first = false;  // Q, K, V and Y [S, B, ..]
+  bool head_major = false;  // K and V [B, Hkv, Sk, D]: a KV cache (kv_head_major)
   CaseInput mask = absent();
   int nan_to_zero = 0;
   // The rotary on Q and K (inputs 4 to 6): caches [S, D/2] (cache_batch 0) or [cache_batch, S,
@@ -49,6 +50,8 @@ OpCase mha(const Mha& m) {
   };
   if (m.packed) {
     ins = {in(rows(m.Sq, (m.H + 2 * hkv) * m.D)), absent(), absent()};
+  } else if (m.head_major) {
+    ins = {in(rows(m.Sq, m.H * m.D)), in({m.B, hkv, m.Sk, m.D}), in({m.B, hkv, m.Sk, m.D})};
   } else {
     ins = {in(rows(m.Sq, m.H * m.D)), in(rows(m.Sk, hkv * m.D)), in(rows(m.Sk, hkv * m.D))};
   }
@@ -73,6 +76,7 @@ OpCase mha(const Mha& m) {
   if (m.packed) a.set("packed", I(1));
   if (m.Hkv) a.set("kv_heads", I(m.Hkv));
   if (m.seq_first) a.set("seq_first", I(1));
+  if (m.head_major) a.set("kv_head_major", I(1));
   if (m.interleaved) a.set("rotary_interleaved", I(1));
   // Inputs in [-2, 2]: scores wide enough that the softmax is not near uniform (the caches stay
   // in [-1, 1]).
@@ -340,6 +344,36 @@ void mha_cases(std::vector<OpCase>& v) {
   v.push_back(mha({.name = "gqa_d40", .B = 2, .Sq = 67, .Sk = 67, .H = 4, .D = 40, .Hkv = 2}));
   v.push_back(mha({.name = "d80_one_warp_blocks", .B = 1, .Sq = 20, .Sk = 20, .H = 1, .D = 80}));
   v.push_back(mha({.name = "seq_first_d80_cross", .B = 2, .Sq = 9, .Sk = 40, .H = 2, .D = 80, .seq_first = true}));
+  // K and V of a KV cache, [B, Hkv, past + new, D] (fold_attention_heads' kv_head_major): one
+  // token's decoding step, a prefill after a past with the causal mask's last rows, grouped and
+  // plain heads, the tiny decoders' head size 16 and long caches over several key tiles.
+  v.push_back(mha({.name = "kv_cache_decode_gqa_d64",
+                   .B = 3,
+                   .Sq = 1,
+                   .Sk = 65,
+                   .H = 4,
+                   .D = 64,
+                   .Hkv = 2,
+                   .head_major = true,
+                   .mask = padding(3, 65)}));
+  v.push_back(mha({.name = "kv_cache_prefill_d128",
+                   .B = 2,
+                   .Sq = 16,
+                   .Sk = 80,
+                   .H = 2,
+                   .D = 128,
+                   .head_major = true,
+                   .mask = in({1, 1, 16, 80}, DataType::kFloat32, -6, 0)}));
+  v.push_back(mha({.name = "kv_cache_decode_d16", .B = 2, .Sq = 1, .Sk = 9, .H = 4, .D = 16, .Hkv = 2, .head_major = true}));
+  v.push_back(mha({.name = "kv_cache_decode_mqa_d64_long",
+                   .B = 2,
+                   .Sq = 1,
+                   .Sk = 300,
+                   .H = 8,
+                   .D = 64,
+                   .Hkv = 1,
+                   .head_major = true}));
+  v.push_back(mha({.name = "kv_cache_d48_unfused", .B = 2, .Sq = 3, .Sk = 21, .H = 4, .D = 48, .Hkv = 2, .head_major = true}));
   // col_slices: Q, K and V read as column ranges of wider tensors (pack_qkv's
   // ReadPartsInPlace: cross-attention K and V in one GEMM's result, every layer's side by side).
   auto cols = [&](const char* name, int64_t sq, int64_t sk, int64_t h, int64_t d, int64_t qw,

@@ -4,7 +4,8 @@
 // Reshape; Tile or Concat of one K/V head's copies), become one kiln.MultiHeadAttention with
 // kv_heads that reads them in place (checked against the unfused graph on the CPU); a repeat that
 // is not of whole heads, or that repeats Hkv > 1 heads in Tile's order (query head h would read
-// K/V head h % Hkv), stays.
+// K/V head h % Hkv), stays a copy, which the layer reads head-major. A KV cache's K and V,
+// already split into heads, are read head-major in place.
 #include "pass_test_util.h"
 
 namespace kiln::test {
@@ -82,12 +83,20 @@ void build(G& b, int64_t axis, Repeat how = Repeat::kExpand, int64_t kv = kKv,
 }
 
 // The graph after fuse_attention and fold_attention_heads: one attention reading kv heads in
-// place, nothing repeated, or (folds = false) no kiln.MultiHeadAttention.
-void expect_folded(const G& b, int64_t kv, bool folds = true) {
+// place, nothing repeated, or (in_place = false) one that reads the repeated K and V as the
+// copies made them, head-major with H heads (kv_head_major, no kv_heads).
+void expect_folded(const G& b, int64_t kv, bool in_place = true) {
   auto opt = optimize_checked(b.g, {"fuse_attention", "fold_attention_heads",
                                     "eliminate_dead_code"});
-  ASSERT_EQ(count(*opt, "MultiHeadAttention"), folds ? 1 : 0);
-  if (!folds) return;
+  ASSERT_EQ(count(*opt, "MultiHeadAttention"), 1);
+  if (!in_place) {
+    for (const Node* n : opt->nodes())
+      if (n->op_type == "MultiHeadAttention") {
+        EXPECT_EQ(n->attrs.get_int("kv_head_major", 0), 1);
+        EXPECT_EQ(n->attrs.get_int("kv_heads", kH), kH);
+      }
+    return;
+  }
   for (const char* op : {"Expand", "Transpose", "Gather", "Tile", "Concat"})
     EXPECT_EQ(count(*opt, op), 0) << op;
   for (const Node* n : opt->nodes())
@@ -127,13 +136,13 @@ TEST(GroupedQueryAttention, OneKeyValueHeadCopiedAnyWay) {
   }
 }
 
-TEST(GroupedQueryAttention, HeadsInTileOrderStay) {
+TEST(GroupedQueryAttention, HeadsInTileOrderAreReadAsCopied) {
   // Query head h reads K/V head h % Hkv: not the layer's h / (H / Hkv).
   for (Repeat how : {Repeat::kTile, Repeat::kConcat}) {
     SCOPED_TRACE(static_cast<int>(how));
     G b;
     build(b, 2, how);
-    expect_folded(b, kKv, /*folds=*/false);
+    expect_folded(b, kKv, /*in_place=*/false);
   }
 }
 
@@ -158,12 +167,56 @@ TEST(GroupedQueryAttention, WholePipelinePacksTheProjections) {
     }
 }
 
-TEST(GroupedQueryAttention, CopiesInterleavedAcrossHeadsStay) {
+TEST(GroupedQueryAttention, CopiesInterleavedAcrossHeadsAreReadAsCopied) {
   // Copies inserted after the sequence axis: [B, G, S, rep, D] -> [B, G*rep, S, D] is not a
   // repeat of whole heads.
   G b;
   build(b, 3);
-  expect_folded(b, kKv, /*folds=*/false);
+  expect_folded(b, kKv, /*in_place=*/false);
+}
+
+// A decoder exported with its KV cache: K and V are Concat(past, new heads) [B, G, P + S, D],
+// returned as the present cache (graph outputs) and repeated for the query heads. The layer reads
+// the cache head-major in place (kv_head_major), whatever the repeat, and computes what the
+// graph did; the present tensors stay as outputs.
+TEST(GroupedQueryAttention, AKeyValueCacheIsReadHeadMajorInPlace) {
+  constexpr int64_t kP = 3, kT = kP + kS;
+  for (int64_t kv : {kKv, kH}) {
+    SCOPED_TRACE(kv);
+    G b;
+    Value* x = b.in("x", {kB, kS, kH * kD});
+    Value* mask = b.in("mask", {1, 1, kS, kT});
+    auto proj = [&](int64_t n) { return b.op("MatMul", {x, b.c(rand_t({kH * kD, n}))}); };
+    auto cache = [&](const char* past) {
+      Value* c = b.op("Concat", {b.in(past, {kB, kv, kP, kD}), heads(b, proj(kv * kD), kv)},
+                      attrs({{"axis", Attribute::Int(-2)}}));
+      b.out(c);
+      if (kv == kH) return c;
+      Value* u = b.op("Unsqueeze", {c, b.c(ints({2}))});
+      Value* e = b.op("Expand", {u, b.c(ints({kB, kv, kH / kv, kT, kD}))});
+      return b.op("Reshape", {e, b.c(ints({kB, kH, kT, kD}))});
+    };
+    Value* q = heads(b, proj(kH * kD), kH);
+    Value* k = cache("past_key");
+    Value* v = cache("past_value");
+    Value* s = b.op("Add", {b.op("Mul", {b.op("MatMul", {q, perm(b, k, {0, 1, 3, 2})}), b.cf(0.5f)}),
+                            mask});
+    Value* p = b.op("Softmax", {s}, attrs({{"axis", Attribute::Int(-1)}}));
+    Value* y = perm(b, b.op("MatMul", {p, v}), {0, 2, 1, 3});
+    b.out(b.op("Reshape", {y, b.c(ints({kB, kS, kH * kD}))}));
+    auto opt = optimize_checked(b.g, {"fuse_attention", "fold_attention_heads",
+                                      "eliminate_dead_code"});
+    ASSERT_EQ(count(*opt, "MultiHeadAttention"), 1);
+    EXPECT_EQ(count(*opt, "Expand"), 0);
+    EXPECT_EQ(count(*opt, "Concat"), 2);  // the present cache, an output
+    for (const Node* n : opt->nodes())
+      if (n->op_type == "MultiHeadAttention") {
+        EXPECT_EQ(n->attrs.get_int("kv_head_major", 0), 1);
+        EXPECT_EQ(n->attrs.get_int("kv_heads", kH), kv);
+        EXPECT_TRUE(opt->is_graph_output(n->input(1)));
+        EXPECT_TRUE(opt->is_graph_output(n->input(2)));
+      }
+  }
 }
 
 }  // namespace

@@ -107,18 +107,18 @@ class CudnnMhaLayer final : public Layer {
     g->set_io_data_type(fe::DataType_t::HALF)
         .set_intermediate_data_type(fe::DataType_t::FLOAT)
         .set_compute_data_type(fe::DataType_t::FLOAT);
-    auto tensor = [&](const char* name, int64_t uid, int64_t heads, int64_t s, int64_t row) {
-      // [B, H, S, D]: batch, head, row and element strides in the projection's layout (K and V
-      // with Hkv heads: cuDNN's SDPA takes grouped-query attention so).
+    auto tensor = [&](const char* name, int64_t uid, int i, int64_t heads, int64_t s) {
+      // [B, H, S, D]: batch, head, row and element strides in the projection's (or a KV
+      // cache's) layout (K and V with Hkv heads: cuDNN's SDPA takes grouped-query attention so).
       return g->tensor(fe::graph::Tensor_attributes()
                            .set_name(name)
                            .set_uid(uid)
                            .set_dim({s_.B, heads, s, s_.D})
-                           .set_stride({s_.batch_stride(s, row), s_.D, s_.seq_stride(row), 1}));
+                           .set_stride({s_.stride_b(i), s_.stride_h(i), s_.stride_s(i), 1}));
     };
-    auto q = tensor("Q", kQ, s_.H, s_.Sq, s_.q_row);
-    auto k = tensor("K", kK, s_.Hkv, s_.Sk, s_.k_row);
-    auto v = tensor("V", kV, s_.Hkv, s_.Sk, s_.v_row);
+    auto q = tensor("Q", kQ, 0, s_.H, s_.Sq);
+    auto k = tensor("K", kK, 1, s_.Hkv, s_.Sk);
+    auto v = tensor("V", kV, 2, s_.Hkv, s_.Sk);
     auto options = fe::graph::SDPA_attributes()
                        .set_name("mha")
                        .set_generate_stats(false)

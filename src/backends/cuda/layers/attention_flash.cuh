@@ -37,6 +37,7 @@ struct FlashArgs {
   __half* y;
   int64_t q_b, k_b, v_b, y_b;  // batch strides (elements)
   int64_t q_s, k_s, v_s, y_s;  // row strides (elements)
+  int64_t k_h, v_h;            // head strides of K and V (elements: d, or Sk * d head-major)
   int sq, sk;
   int d;             // the head size (a multiple of 8, at most the kernel's D)
   float scale_log2;  // scale * log2(e): the softmax runs in base 2
@@ -417,8 +418,8 @@ __global__ void __launch_bounds__(32 * WARPS, (min_blocks<D, WARPS, MT>()))
   constexpr bool staged = !std::is_void_v<MaskT> && kRead == kMaskStaged;
   if (staged) stage_mask<MaskT, kThreads>(a, b, h, smask, 0, kKeys, tid);
   const __half* q = a.q + b * a.q_b + h * a.d + static_cast<int64_t>(q0) * a.q_s;
-  const __half* k = a.k + b * a.k_b + (h / a.group) * a.d;
-  const __half* v = a.v + b * a.v_b + (h / a.group) * a.d;
+  const __half* k = a.k + b * a.k_b + (h / a.group) * a.k_h;
+  const __half* v = a.v + b * a.v_b + (h / a.group) * a.v_h;
   const int tiles = (a.sk + kKeys - 1) / kKeys;
   load_tile<D, kThreads>(sq, q, a.q_s, kRows, min(kRows, a.sq - q0), a.d, tid);
   load_tile<D, kThreads>(sk, k, a.k_s, kKeys, min(kKeys, a.sk), a.d, tid);
@@ -478,8 +479,8 @@ __global__ void __launch_bounds__(32 * WARPS) mha_flash_split_kernel(FlashArgs a
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int q0 = blockIdx.x * 16, h = blockIdx.y, b = blockIdx.z;
   const __half* q = a.q + b * a.q_b + h * a.d + static_cast<int64_t>(q0) * a.q_s;
-  const __half* k = a.k + b * a.k_b + (h / a.group) * a.d;
-  const __half* v = a.v + b * a.v_b + (h / a.group) * a.d;
+  const __half* k = a.k + b * a.k_b + (h / a.group) * a.k_h;
+  const __half* v = a.v + b * a.v_b + (h / a.group) * a.v_h;
   const int tiles = (a.sk + kTile - 1) / kTile;
   load_tile<D, kThreads>(sq, q, a.q_s, 16, min(16, a.sq - q0), a.d, tid);
   load_tile<D, kThreads>(sk, k, a.k_s, kTile, min(kTile, a.sk), a.d, tid);

@@ -67,6 +67,21 @@ Expected<MhaShape> mha_shape(const Node& n, std::span<const DeviceTensor> in,
     s.q_row = s.k_row = s.v_row = q.shape[2];
     s.k_off = s.H * s.D;
     s.v_off = (s.H + s.Hkv) * s.D;
+  } else if (n.attrs.get_int("kv_head_major", 0) != 0) {  // K [B, Hkv, Sk, D], V [.., Dv]
+    const DeviceTensor &k = in[1], &v = in[2];
+    if (s.seq_first || k.rank() != 4 || v.rank() != 4 || k.shape[0] != s.B || v.shape[0] != s.B ||
+        k.shape[1] != s.Hkv || v.shape[1] != s.Hkv || k.shape[2] != v.shape[2] ||
+        q.shape[2] != s.H * k.shape[3])
+      return KILN_ERROR("{}: Q {}, K {} and V {} do not fit {} heads ({} for K and V, head-major)",
+                        n.label(), shape_str(q.shape), shape_str(k.shape), shape_str(v.shape), s.H,
+                        s.Hkv);
+    s.kv_head_major = true;
+    s.Sk = k.shape[2];
+    s.D = k.shape[3];
+    s.Dv = v.shape[3];
+    s.q_row = q.shape[2];
+    s.k_row = s.D;  // a position's row of one head
+    s.v_row = s.Dv;
   } else {
     const DeviceTensor &k = in[1], &v = in[2];
     if (k.rank() != 3 || v.rank() != 3)
@@ -136,9 +151,10 @@ bool mha_f16_head_sizes(const LayerDesc& d, int64_t* dq, int64_t* dv, std::strin
   if (!packed) {
     const TensorType& v = d.in_type(2);
     const int64_t vw = mha_col_slice(n, 2).second;
-    if (vw <= 0 && (v.rank() != 3 || !v.dims->back().is_static()))
+    const bool major = n.attrs.get_int("kv_head_major", 0) != 0;  // V [B, Hkv, Sk, Dv]
+    if (vw <= 0 && (v.rank() != (major ? 4 : 3) || !v.dims->back().is_static()))
       return *why = "V's head size is unknown", false;
-    *dv = (vw > 0 ? vw : v.dims->back().value) / hkv;
+    *dv = major ? v.dims->back().value : (vw > 0 ? vw : v.dims->back().value) / hkv;
   }
   if (d.in.size() > 3 && d.in[3].present() && d.in[3].dtype != DataType::kFloat16 &&
       d.in[3].dtype != DataType::kFloat32)
@@ -343,10 +359,11 @@ class MhaFlashLayer final : public Layer {
     a.k = (s_.packed ? base : static_cast<const __half*>(in[1].data)) + s_.k_off;
     a.v = (s_.packed ? base : static_cast<const __half*>(in[2].data)) + s_.v_off;
     a.y = static_cast<__half*>(out[0].data);
-    a.q_s = s_.seq_stride(s_.q_row), a.k_s = s_.seq_stride(s_.k_row);
-    a.v_s = s_.seq_stride(s_.v_row), a.y_s = s_.seq_stride(s_.H * s_.Dv);
-    a.q_b = s_.batch_stride(s_.Sq, s_.q_row), a.k_b = s_.batch_stride(s_.Sk, s_.k_row);
-    a.v_b = s_.batch_stride(s_.Sk, s_.v_row), a.y_b = s_.batch_stride(s_.Sq, s_.H * s_.Dv);
+    a.q_s = s_.stride_s(0), a.k_s = s_.stride_s(1);
+    a.v_s = s_.stride_s(2), a.y_s = s_.seq_stride(s_.H * s_.Dv);
+    a.q_b = s_.stride_b(0), a.k_b = s_.stride_b(1);
+    a.v_b = s_.stride_b(2), a.y_b = s_.batch_stride(s_.Sq, s_.H * s_.Dv);
+    a.k_h = s_.stride_h(1), a.v_h = s_.stride_h(2);
     a.sq = static_cast<int>(s_.Sq);
     a.sk = static_cast<int>(s_.Sk);
     a.d = static_cast<int>(s_.D);
@@ -424,18 +441,18 @@ class MhaUnfusedLayer final : public Layer {
     const size_t es = dtype_size(dtype_);
     // [B, H, S, D] of rows with stride `row`, as dims (b, head group, head in group, s, d):
     // Q's groups are of one head; K's and V's of H / Hkv, each reading its group's head.
-    auto split = [&](int64_t S, int64_t D, int64_t row, int64_t off, bool kt, int64_t g) {
-      const std::vector<int64_t> src = {s_.batch_stride(S, row), D, g == 1 ? D : 0,
-                                        s_.seq_stride(row), 1};
+    auto split = [&](int i, int64_t S, int64_t D, int64_t off, bool kt, int64_t g) {
+      const std::vector<int64_t> src = {s_.stride_b(i), s_.stride_h(i), g == 1 ? s_.stride_h(i) : 0,
+                                        s_.stride_s(i), 1};
       const std::vector<int64_t> dst =
           kt ? std::vector<int64_t>{s_.H * D * S, g * D * S, D * S, 1, S}
              : std::vector<int64_t>{s_.H * S * D, g * S * D, S * D, D, 1};
       return movement_detail::plan_copy({s_.B, s_.H / g, g, S, D}, src, dst, off, 0, es);
     };
     const int64_t group = s_.H / s_.Hkv;
-    KILN_ASSIGN_OR_RETURN(cq_, split(s_.Sq, s_.D, s_.q_row, s_.q_off, false, 1));
-    KILN_ASSIGN_OR_RETURN(ck_, split(s_.Sk, s_.D, s_.k_row, s_.k_off, true, group));
-    KILN_ASSIGN_OR_RETURN(cv_, split(s_.Sk, s_.Dv, s_.v_row, s_.v_off, false, group));
+    KILN_ASSIGN_OR_RETURN(cq_, split(0, s_.Sq, s_.D, s_.q_off, false, 1));
+    KILN_ASSIGN_OR_RETURN(ck_, split(1, s_.Sk, s_.D, s_.k_off, true, group));
+    KILN_ASSIGN_OR_RETURN(cv_, split(2, s_.Sk, s_.Dv, s_.v_off, false, group));
     KILN_ASSIGN_OR_RETURN(
         cy_, movement_detail::plan_copy({s_.B, s_.H, s_.Sq, s_.Dv},
                                         {s_.H * s_.Sq * s_.Dv, s_.Sq * s_.Dv, s_.Dv, 1},

@@ -20,11 +20,23 @@ struct MhaShape {
   int64_t q_off = 0, k_off = 0, v_off = 0;
   int64_t q_row = 0, k_row = 0, v_row = 0;
   bool packed = false;
-  bool seq_first = false;  // Q, K, V and Y are [S, B, ..] (seq_first = 1)
+  bool seq_first = false;      // Q, K, V and Y are [S, B, ..] (seq_first = 1)
+  bool kv_head_major = false;  // K and V are [B, Hkv, Sk, D] and [B, Hkv, Sk, Dv] (a KV cache)
   // Element strides between batches and between positions of a tensor of rows of `row`
   // elements and S positions.
   int64_t batch_stride(int64_t S, int64_t row) const { return seq_first ? row : S * row; }
   int64_t seq_stride(int64_t row) const { return seq_first ? B * row : row; }
+  // Element strides between batches, positions and heads of Q (i = 0), K (1) or V (2).
+  int64_t stride_b(int i) const {
+    return major(i) ? Hkv * Sk * width(i) : batch_stride(i ? Sk : Sq, row(i));
+  }
+  int64_t stride_s(int i) const { return major(i) ? width(i) : seq_stride(row(i)); }
+  int64_t stride_h(int i) const { return major(i) ? Sk * width(i) : width(i); }
+
+ private:
+  bool major(int i) const { return i > 0 && kv_head_major; }
+  int64_t row(int i) const { return i == 0 ? q_row : i == 1 ? k_row : v_row; }
+  int64_t width(int i) const { return i == 2 ? Dv : D; }
 };
 
 // Reads the layer's shapes (Q, K, V or packed QKV, and Y) into an MhaShape; an error names the
