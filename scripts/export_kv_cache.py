@@ -8,10 +8,13 @@ layers, hidden 64, vocabulary 1000, random weights), inputs input_ids, attention
   kvcache_<arch>_optimum<optimum-onnx version>_tf<transformers version>_pt<torch version>.onnx
 
 in OUT (default tests/models/transformers). tests/models/run_transformer_tests.py runs them at
-prefill (no past) and decode (one token after a past) against ONNX Runtime. Needs torch,
-transformers < 4.58 and optimum-onnx (pip install "transformers<4.58" optimum-onnx).
+prefill (no past) and decode (one token after a past) against ONNX Runtime. With --bench, the
+Llama-architecture decoder bench/kv_decode.py times instead (BENCH_LLAMA: hidden 768, 12 layers,
+12 heads with 4 key/value heads, SwiGLU 2048, vocabulary 32000), as tests/models/
+transformers/bench/kvcache_llama_bench_<versions>.onnx. Needs torch, transformers < 4.58 and optimum-onnx (pip
+install "transformers<4.58" optimum-onnx).
 
-  python3 scripts/export_kv_cache.py [OUT]
+  python3 scripts/export_kv_cache.py [--bench] [OUT]
 """
 import os
 import sys
@@ -34,8 +37,18 @@ def tiny_models():
     }
 
 
+# The decoder bench/kv_decode.py times (its PyTorch side builds the same configuration).
+BENCH_LLAMA = dict(num_hidden_layers=12, hidden_size=768, intermediate_size=2048, num_attention_heads=12,
+                   num_key_value_heads=4, vocab_size=32000, max_position_embeddings=1024)
+
+
 def main():
-    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(HERE, "..", "tests", "models", "transformers")
+    args = sys.argv[1:]
+    bench = "--bench" in args
+    args = [a for a in args if a != "--bench"]
+    out = args[0] if args else os.path.join(HERE, "..", "tests", "models", "transformers")
+    if bench and not args:
+        out = os.path.join(HERE, "..", "tests", "models", "transformers", "bench")
     import torch
     import transformers
     from importlib.metadata import version
@@ -43,7 +56,11 @@ def main():
     tag = (f"optimum{version('optimum-onnx')}_tf{'.'.join(transformers.__version__.split('.')[:2])}"
            f"_pt{'.'.join(torch.__version__.split('+')[0].split('.')[:2])}")
     os.makedirs(out, exist_ok=True)
-    for arch, build in tiny_models().items():
+    models = tiny_models()
+    if bench:
+        from transformers import LlamaConfig, LlamaForCausalLM
+        models = {"llama_bench": lambda: LlamaForCausalLM(LlamaConfig(**BENCH_LLAMA))}
+    for arch, build in models.items():
         torch.manual_seed(0)
         with tempfile.TemporaryDirectory() as tmp:
             build().eval().save_pretrained(os.path.join(tmp, "model"))

@@ -34,8 +34,11 @@ namespace {
 
 struct Choice {
   const Heads *q, *k, *v;
-  bool packed;  // parts of one projection [.., (H + 2 Hkv)*D]; else three whole tensors
+  bool packed;     // parts of one projection [.., (H + 2 Hkv)*D]; else three whole tensors
+  bool seq_first;  // the layer's layout
 };
+
+bool is_one(const Dim& d) { return d.is_static() && d.value == 1; }
 
 // Q, K and V read from these bases, if the layer can take them so: split alike (K and V heads
 // repeated alike, H a multiple of Hkv), one layout, a shared batch (and K/V sequence), and one
@@ -45,12 +48,24 @@ std::optional<Choice> choose(const Heads& q, const Heads& k, const Heads& v, con
     *why = "Q, K and V split differently";
     return std::nullopt;
   }
-  if (q.seq_first != k.seq_first || q.seq_first != v.seq_first || q.head_major ||
-      k.head_major != v.head_major || (k.head_major && q.seq_first)) {
+  // One position of one sequence ([1, 1, N]: a decoding step at batch 1) is either layout: it
+  // takes the others' (head-major K and V: batch-first).
+  auto either = [](const Heads& h) {
+    return !h.head_major && is_one((*h.x->type.dims)[0]) && is_one((*h.x->type.dims)[1]);
+  };
+  bool sf = false;
+  for (const Heads* h : {&q, &k, &v})
+    if (!either(*h)) {
+      sf = h->seq_first && !h->head_major;
+      break;
+    }
+  bool fits = !q.head_major && k.head_major == v.head_major && !(sf && k.head_major);
+  for (const Heads* h : {&q, &k, &v}) fits &= either(*h) || h->head_major || h->seq_first == sf;
+  if (!fits) {
     *why = "Q, K and V differ in layout (batch-first, sequence-first, head-major K and V)";
     return std::nullopt;
   }
-  const int bx = q.seq_first ? 1 : 0, sx = 1 - bx;
+  const int bx = sf ? 1 : 0, sx = 1 - bx;
   const int kb = k.head_major ? 0 : bx, ks = k.head_major ? 2 : sx;  // K's and V's axes
   const TensorType &qt = q.x->type, &kt = k.x->type, &vt = v.x->type;
   if (!same_dim((*qt.dims)[bx], (*kt.dims)[kb]) || !same_dim((*qt.dims)[bx], (*vt.dims)[kb]) ||
@@ -63,7 +78,7 @@ std::optional<Choice> choose(const Heads& q, const Heads& k, const Heads& v, con
       *why = "Q is not a whole tensor beside head-major K and V";
       return std::nullopt;
     }
-    return Choice{&q, &k, &v, false};
+    return Choice{&q, &k, &v, false, false};
   }
   const int64_t d = q.d, nq = q.h * d, nk = k.h * d;
   const bool packed = q.x == k.x && q.x == v.x && q.offset == 0 && k.offset == nq &&
@@ -75,7 +90,7 @@ std::optional<Choice> choose(const Heads& q, const Heads& k, const Heads& v, con
     *why = "Q, K and V are neither one packed projection nor three whole tensors";
     return std::nullopt;
   }
-  return Choice{&q, &k, &v, packed};
+  return Choice{&q, &k, &v, packed, sf};
 }
 
 // The nodes the layer replaces: the attention, its output's Transpose t and the ops of the
@@ -145,7 +160,7 @@ struct FoldAttentionHeads {
     if (!c) return reject(why);
     const std::vector<Node*> group = layer_group(ctx.g, attn, *t, *c);
     const Heads *q = c->q, *k = c->k, *v = c->v;
-    const bool packed = c->packed, sf = q->seq_first;
+    const bool packed = c->packed, sf = c->seq_first;
     const TensorType& qt = q->x->type;
     const std::vector<int64_t> back = sf ? std::vector<int64_t>{2, 0, 1, 3}
                                          : std::vector<int64_t>{0, 2, 1, 3};

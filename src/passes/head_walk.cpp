@@ -319,9 +319,10 @@ std::optional<Heads> heads_from(Value* t4, const char (&order)[5], const std::ve
   }
   if (!fd || fd->axis != 2 || fd->mult != 1 || (h > 1 && (!fh || fh->axis != 2 || fh->mult != d)))
     return std::nullopt;
-  // The sequence's axis decides the layout; the batch has the other one, whole.
+  // The sequence's axis decides the layout; the batch has the other one, whole. Both of size 1
+  // (one position of one sequence): batch-first.
   int s_axis = fs ? fs->axis : -1, b_axis = fb ? fb->axis : -1;
-  if (s_axis < 0) s_axis = b_axis == 0 ? 1 : 0;
+  if (s_axis < 0) s_axis = b_axis == 1 ? 0 : 1;
   if (b_axis < 0) b_axis = 1 - s_axis;
   if (s_axis == 2 || b_axis + s_axis != 1) return std::nullopt;
   if ((fs && (fs->mult != 1 || !same_dim(fs->size, xd[s_axis]))) ||
