@@ -11,12 +11,14 @@ random weights here. For each batch, one new token after `--past` cached positio
     float16 from step to step, as a serving loop keeps it), timed by `kiln bench --use-cuda-graph
     --no-data-transfers` (median);
   - PyTorch FP16 (transformers' LlamaForCausalLM of the same configuration, BENCH_LLAMA): eager
-    with a DynamicCache (the step's new position cropped off again after each timed call), and
-    `torch.compile(mode="reduce-overhead")` with a StaticCache of past + 1 positions, as
-    transformers documents for fast generation (CUDA events, median).
+    with a DynamicCache (the step's new position cropped off again after each timed call);
+    `torch.compile(mode="reduce-overhead")` of the step with a StaticCache of past + 1
+    positions, as transformers documents for fast generation; and the eager step with that
+    StaticCache captured as a CUDA graph (no host work per step); each in a process of its own,
+    a failure reported (CUDA events, median).
 
-With --accuracy, batch 1's logits of an FP16 engine with float32 inputs against ONNX Runtime's
-CPU float32 output on the same random cache (relative L2).
+With --accuracy, batch 1's logits of a strict FP32 and an FP16 engine (float32 inputs) against
+ONNX Runtime's CPU float32 output on the same random cache (relative L2).
 
   python3 bench/kv_decode.py --kiln build/kiln --out OUT [--batches 1,32] [--past 127]
 """
@@ -83,21 +85,26 @@ def accuracy(kiln, onnx_path, out, past):
     so = ort.SessionOptions()
     so.log_severity_level = 3
     ref = ort.InferenceSession(onnx_path, so, providers=["CPUExecutionProvider"]).run(["logits"], feeds)[0]
-    engine = os.path.join(out, "kv_acc.kiln")
-    run([kiln, "build", "--onnx", onnx_path, "--save-engine", engine, "--fp16", "--shapes",
-         shapes(1, past, hk, d, BENCH_LLAMA["num_hidden_layers"])])
-    cmd = [kiln, "run", "--engine", engine, "--save-outputs", os.path.join(out, "acc")]
-    for k, v in feeds.items():
-        path = os.path.join(out, f"acc_{k}.npy")
-        np.save(path, v)
-        cmd += ["--input", f"{k}={path}"]
-    run(cmd)
-    got = np.load(os.path.join(out, "acc", "logits.npy")).astype(np.float64)
-    return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+    errs = {}
+    for prec, flag in (("strict FP32", "--no-tf32"), ("FP16", "--fp16")):
+        engine = os.path.join(out, "kv_acc.kiln")
+        run([kiln, "build", "--onnx", onnx_path, "--save-engine", engine, flag, "--shapes",
+             shapes(1, past, hk, d, BENCH_LLAMA["num_hidden_layers"])])
+        cmd = [kiln, "run", "--engine", engine, "--save-outputs", os.path.join(out, "acc")]
+        for k, v in feeds.items():
+            path = os.path.join(out, f"acc_{k}.npy")
+            np.save(path, v)
+            cmd += ["--input", f"{k}={path}"]
+        run(cmd)
+        got = np.load(os.path.join(out, "acc", "logits.npy")).astype(np.float64)
+        errs["kiln " + prec] = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+    return errs
 
 
-def torch_steps(batch, past, iters, compile_too):
-    """PyTorch FP16 decode step: (eager ms, compiled ms or the reason it failed)."""
+def torch_step(batch, past, iters, mode):
+    """PyTorch FP16's decode step, median ms: `eager` with a DynamicCache (the new position
+    cropped off again after each call); `compile`, torch.compile(mode="reduce-overhead") of the
+    step with a StaticCache; `graph`, the eager step with a StaticCache replayed as a CUDA graph."""
     import torch
     from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
     torch.manual_seed(0)
@@ -120,32 +127,80 @@ def torch_steps(batch, past, iters, compile_too):
         return float(np.median(times))
 
     with torch.no_grad():
-        cache = DynamicCache()
-        m(input_ids=ids, past_key_values=cache, use_cache=True)
-        eager = median(lambda: m(input_ids=tok, past_key_values=cache, use_cache=True),
-                       lambda: cache.crop(-1))
-        compiled = None
-        if compile_too:
-            try:
-                from transformers import StaticCache
-                try:
-                    sc = StaticCache(config=m.config, max_cache_len=past + 1)
-                except TypeError:
-                    sc = StaticCache(config=m.config, max_batch_size=batch, max_cache_len=past + 1,
-                                     device="cuda", dtype=torch.float16)
-                m(input_ids=ids, past_key_values=sc, cache_position=torch.arange(past, device="cuda"),
-                  use_cache=True)
-                pos = torch.tensor([past], device="cuda")
-                step = torch.compile(
-                    lambda: m(input_ids=tok, past_key_values=sc, cache_position=pos, use_cache=True).logits,
-                    mode="reduce-overhead", fullgraph=True)
-                compiled = median(step)
-            except Exception as e:  # noqa: BLE001 - reported, not fatal
-                compiled = f"fails: {str(e).strip().splitlines()[0][:160]}"
-    return eager, compiled
+        if mode == "eager":
+            cache = DynamicCache()
+            m(input_ids=ids, past_key_values=cache, use_cache=True)
+            return median(lambda: m(input_ids=tok, past_key_values=cache, use_cache=True),
+                          lambda: cache.crop(-1))
+        from transformers import StaticCache
+        try:
+            sc = StaticCache(config=m.config, max_cache_len=past + 1)
+        except TypeError:  # older transformers
+            sc = StaticCache(config=m.config, max_batch_size=batch, max_cache_len=past + 1,
+                             device="cuda", dtype=torch.float16)
+        m(input_ids=ids, past_key_values=sc, cache_position=torch.arange(past, device="cuda"), use_cache=True)
+        pos = torch.tensor([past], device="cuda")
+        step = lambda: m(input_ids=tok, past_key_values=sc, cache_position=pos, use_cache=True).logits  # noqa: E731
+        if mode == "compile":
+            return median(torch.compile(step, mode="reduce-overhead", fullgraph=True))
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            step()
+        return median(g.replay)
+
+
+def torch_fp16_error(past):
+    """PyTorch's own FP16 error on the same kind of step: batch 1's logits of its FP16 model
+    against its float32 one (no TF32), one new token after a random N(0, 1) cache."""
+    import copy
+    import torch
+    from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.manual_seed(0)
+    m32 = LlamaForCausalLM(LlamaConfig(**BENCH_LLAMA)).cuda().eval()
+    m16 = copy.deepcopy(m32).half()
+    hk, d = BENCH_LLAMA["num_key_value_heads"], BENCH_LLAMA["hidden_size"] // BENCH_LLAMA["num_attention_heads"]
+    g = torch.Generator().manual_seed(0)
+    kv = [(torch.randn(1, hk, past, d, generator=g), torch.randn(1, hk, past, d, generator=g))
+          for _ in range(BENCH_LLAMA["num_hidden_layers"])]
+    tok = torch.randint(0, BENCH_LLAMA["vocab_size"], (1, 1), generator=g).cuda()
+
+    def logits(m, dtype):
+        c = DynamicCache()
+        for i, (k, v) in enumerate(kv):
+            c.update(k.to("cuda", dtype), v.to("cuda", dtype), i)
+        with torch.no_grad():
+            return m(input_ids=tok, attention_mask=torch.ones(1, past + 1, dtype=torch.int64, device="cuda"),
+                     position_ids=torch.tensor([[past]], device="cuda"), past_key_values=c).logits.double()
+
+    ref, got = logits(m32, torch.float32), logits(m16, torch.float16)
+    return float(torch.linalg.norm(got - ref) / torch.linalg.norm(ref))
+
+
+def torch_in_subprocess(batch, past, mode):
+    """torch_step (batch 0: torch_fp16_error) in a process of its own (a failed step can leave
+    CUDA unusable): its number, or why it failed."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--torch-step", f"{batch},{past},{mode}"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    for line in p.stdout.splitlines():
+        if line.startswith("TORCH "):
+            return json.loads(line[6:])
+    err = [l for l in (p.stderr or p.stdout).strip().splitlines() if "Error" in l or "error" in l]
+    return "fails: " + (err[-1][:160] if err else f"exit status {p.returncode}")
 
 
 def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "--torch-step":
+        b, past, mode = sys.argv[2].split(",")
+        r = torch_fp16_error(int(past)) if b == "0" else torch_step(int(b), int(past), 200, mode)
+        print("TORCH " + json.dumps(r), flush=True)
+        return 0
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kiln", default="build/kiln")
     ap.add_argument("--out", default="/tmp/kv_decode")
@@ -164,20 +219,33 @@ def main():
     tx.materialize(skeleton, onnx_path, seed=1)
     rows = []
     if a.accuracy:
-        err = accuracy(a.kiln, onnx_path, a.out, a.past)
-        print(f"batch 1 logits, kiln FP16 against ONNX Runtime (float32): relative L2 {err:.2e}", flush=True)
-        rows.append({"accuracy_rel_l2": err})
-    print("| batch | kiln FP16 ms | build s | layers launching kernels | attention | PyTorch eager FP16 ms | torch.compile FP16 ms | kiln / compile |")
-    print("|---|---|---|---|---|---|---|---|")
-    for b in [int(x) for x in a.batches.split(",")]:
-        ms, build_s, kernels, attn = kiln_step(a.kiln, onnx_path, a.out, b, a.past, a.iters)
-        eager, comp = (None, None) if a.no_torch else torch_steps(b, a.past, 200, not a.no_compile)
-        ratio = f"{comp / ms:.2f}x" if isinstance(comp, float) else "-"
-        fmt = lambda v: f"{v:.3f}" if isinstance(v, float) else (v or "-")  # noqa: E731
-        print(f"| {b} | {ms:.3f} | {build_s:.1f} | {kernels} | {', '.join(attn)} | {fmt(eager)} | {fmt(comp)} | {ratio} |",
+        errs = accuracy(a.kiln, onnx_path, a.out, a.past)
+        if not a.no_torch:
+            errs["PyTorch FP16 against its float32 (another random model, same kind of step)"] = \
+                torch_in_subprocess(0, a.past, "")
+        print("batch 1 logits, relative L2 against ONNX Runtime (float32): " +
+              ", ".join(f"{k} {v:.2e}" if isinstance(v, float) else f"{k} {v}" for k, v in errs.items()),
               flush=True)
+        rows.append({"accuracy_rel_l2": errs})
+    batches = [int(x) for x in a.batches.split(",")]
+    kiln_rows = {}
+    for b in batches:
+        kiln_rows[b] = kiln_step(a.kiln, onnx_path, a.out, b, a.past, a.iters)
+        print(f"kiln batch {b}: {kiln_rows[b][0]:.3f} ms", flush=True)
+    print("| batch | kiln FP16 ms | build s | layers launching kernels | attention | PyTorch FP16 eager ms | "
+          "torch.compile ms | eager as a CUDA graph ms | kiln / the faster of the last two |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    modes = [] if a.no_torch else ["eager"] + ([] if a.no_compile else ["compile"]) + ["graph"]
+    for b in batches:
+        ms, build_s, kernels, attn = kiln_rows[b]
+        t = {mode: torch_in_subprocess(b, a.past, mode) for mode in modes}
+        fast = [v for k, v in t.items() if k != "eager" and isinstance(v, float)]
+        ratio = f"{min(fast) / ms:.2f}x" if fast else "-"
+        fmt = lambda v: f"{v:.3f}" if isinstance(v, float) else (v or "-")  # noqa: E731
+        print(f"| {b} | {ms:.3f} | {build_s:.1f} | {kernels} | {', '.join(attn)} | {fmt(t.get('eager'))} | "
+              f"{fmt(t.get('compile'))} | {fmt(t.get('graph'))} | {ratio} |", flush=True)
         rows.append({"batch": b, "past": a.past, "kiln_ms": ms, "build_s": build_s, "kernel_layers": kernels,
-                     "attention": attn, "torch_eager_ms": eager, "torch_compile_ms": comp})
+                     "attention": attn, "torch_ms": t})
     with open(os.path.join(a.out, "kv_decode.json"), "w") as f:
         json.dump(rows, f, indent=1)
     return 0
