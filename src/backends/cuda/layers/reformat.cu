@@ -71,6 +71,35 @@ __global__ void reformat_pixels(const In* __restrict__ x, Out* __restrict__ y, i
 }
 constexpr int64_t kPixelReformatMaxC = 16;
 
+// Linear [N,C,HW] <-> NHWC [N,HW,C] with more channels: per image an [A, B] -> [B, A] transpose
+// (to NHWC A = C and B = HW, back A = HW and B = C) in 32x32 tiles through shared memory, read
+// along B (contiguous in x) and written along A (contiguous in y), converted on the write. The
+// strided kernel read or wrote a channel's elements H*W apart: a [8, 576, 56, 56] float16
+// tensor to NHWC took 0.13 ms, 6x its memory time.
+constexpr int kTile = 32;
+template <Codes M, typename In, typename Out>
+__global__ void reformat_tiled(const In* __restrict__ x, Out* __restrict__ y, int64_t images,
+                               int64_t A, int64_t B, float scale) {
+  __shared__ In tile[kTile][kTile + 1];
+  const int64_t ta = (A + kTile - 1) / kTile, tb = (B + kTile - 1) / kTile;
+  for (int64_t t = blockIdx.x; t < images * ta * tb; t += gridDim.x) {
+    const int64_t n = t / (ta * tb), rem = t % (ta * tb);
+    const int64_t a0 = rem / tb * kTile, b0 = rem % tb * kTile;
+    const In* xs = x + n * A * B;
+    Out* ys = y + n * A * B;
+    for (int j = threadIdx.y; j < kTile; j += blockDim.y) {
+      const int64_t a = a0 + j, b = b0 + threadIdx.x;
+      if (a < A && b < B) tile[j][threadIdx.x] = xs[a * B + b];
+    }
+    __syncthreads();
+    for (int j = threadIdx.y; j < kTile; j += blockDim.y) {
+      const int64_t b = b0 + j, a = a0 + threadIdx.x;
+      if (a < A && b < B) convert<M>(&tile[threadIdx.x][0], j, ys, b * A + a, scale);
+    }
+    __syncthreads();
+  }
+}
+
 // Storage-order dims of a tensor and, for the same dims, the strides of `from`'s storage.
 StridedIndex storage_map(const DeviceTensor& from, const DeviceTensor& to) {
   const auto& s = to.shape;
@@ -121,6 +150,13 @@ void launch_reformat(const DeviceTensor& x, const DeviceTensor& y, float scale, 
     else
       reformat_pixels<M, In, Out, false>
           <<<grid_for(count), kBlock, 0, s>>>(xp, yp, count, hw, C, scale);
+  } else if (x.rank() == 4 && !same_order) {
+    const int64_t C = x.shape[1], hw = x.shape[2] * x.shape[3], images = x.shape[0];
+    const bool to_nhwc = y.layout == Layout::kNHWC;
+    const int64_t A = to_nhwc ? C : hw, B = to_nhwc ? hw : C;
+    const int64_t tiles = images * ((A + kTile - 1) / kTile) * ((B + kTile - 1) / kTile);
+    const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, 65535 * 8));
+    reformat_tiled<M, In, Out><<<grid, dim3(kTile, 8), 0, s>>>(xp, yp, images, A, B, scale);
   } else {
     reformat_kernel<M, In, Out><<<grid_for(n), kBlock, 0, s>>>(xp, yp, n, storage_map(x, y), scale);
   }
