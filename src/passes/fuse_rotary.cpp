@@ -461,7 +461,8 @@ struct RotaryIntoAttention {
 
   static std::optional<Match> match(PassContext& ctx, Node& mha) {
     if (!is_kiln_op(&mha, "MultiHeadAttention") || mha_has_rotary(mha) ||
-        mha.attrs.get_int("seq_first", 0) != 0 || mha.attrs.has("col_slices"))
+        mha.attrs.get_int("seq_first", 0) != 0 || mha.attrs.has("col_slices") ||
+        mha.attrs.get_int("kv_head_major", 0) != 0)  // a cache's keys are rotated already
       return std::nullopt;
     const bool packed = mha.attrs.get_int("packed", 0) != 0;
     std::vector<Node*> rots;
