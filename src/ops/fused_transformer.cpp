@@ -106,13 +106,13 @@ Status check_mha_rotary(const Node& n, bool has_cos, bool has_sin, DataType q, D
 Status check_head_major(const Node& n, bool rotary, const TensorType& k, const TensorType& v) {
   if (n.attrs.get_int("packed", 0) != 0 || n.attrs.get_int("seq_first", 0) != 0 || rotary ||
       n.attrs.has("col_slices"))
-    return KILN_ERROR("{}: kv_head_major is not taken with packed, seq_first, the rotary or "
-                      "col_slices", n.label());
+    return KILN_ERROR("{}: kv_head_major excludes packed, seq_first, the rotary, col_slices",
+                      n.label());
   const int64_t h = n.attrs.get_int("num_heads", 0), hkv = n.attrs.get_int("kv_heads", h);
   if (!k.has_rank() || !v.has_rank()) return Status::Ok();
   if (k.rank() != 4 || v.rank() != 4)
-    return KILN_ERROR("{}: head-major K {} and V {} must be 4-D [batch, kv_heads, sequence, head "
-                      "size]", n.label(), k.str(), v.str());
+    return KILN_ERROR("{}: head-major K {} and V {} must be 4-D [batch, kv_heads, seq, head]",
+                      n.label(), k.str(), v.str());
   for (const TensorType* t : {&k, &v})
     if ((*t->dims)[1].is_static() && (*t->dims)[1].value != hkv)
       return KILN_ERROR("{}: head-major {} has not {} key/value heads", n.label(), t->str(), hkv);
@@ -124,8 +124,9 @@ Status check_head_major(const Node& n, bool rotary, const TensorType& k, const T
 Dim v_row_width(const Node& n, const TensorType& v) {
   if (n.attrs.get_int("kv_head_major", 0) == 0) return v.dims->back();
   const Dim& dv = v.dims->back();
-  return dv.is_static() ? Dim(n.attrs.get_int("kv_heads", n.attrs.get_int("num_heads", 0)) * dv.value)
-                        : dv;
+  return dv.is_static()
+             ? Dim(n.attrs.get_int("kv_heads", n.attrs.get_int("num_heads", 0)) * dv.value)
+             : dv;
 }
 
 Status infer_mha(InferContext& ctx) {
@@ -194,9 +195,10 @@ Status cpu_mha(KernelContext& ctx) {
   // Head-major K and V [B, Hkv, Sk, D]: as the rows [B, Sk, Hkv*D] the attention splits.
   Tensor rows[2];
   if (n.attrs.get_int("kv_head_major", 0) != 0 && qkv[1] && qkv[2]) {
-    KILN_RETURN_IF_ERROR(check_head_major(n, ctx.input(4) != nullptr,
-                                          TensorType(qkv[1]->dtype(), shape_detail::to_dims(qkv[1]->shape())),
-                                          TensorType(qkv[2]->dtype(), shape_detail::to_dims(qkv[2]->shape()))));
+    KILN_RETURN_IF_ERROR(
+        check_head_major(n, ctx.input(4) != nullptr,
+                         TensorType(qkv[1]->dtype(), shape_detail::to_dims(qkv[1]->shape())),
+                         TensorType(qkv[2]->dtype(), shape_detail::to_dims(qkv[2]->shape()))));
     Attributes perm;
     perm.set("perm", Attribute::Ints({0, 2, 1, 3}));
     for (int i = 0; i < 2; ++i) {

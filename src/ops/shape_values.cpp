@@ -367,8 +367,10 @@ Dim div_by_sum(const Poly& a, const Poly& b) {
     bool divides = true;
     for (const std::string& x : d.syms) {
       auto it = std::find(m.syms.begin(), m.syms.end(), x);
-      if (it == m.syms.end()) divides = false;
-      else m.syms.erase(it);
+      if (it == m.syms.end())
+        divides = false;
+      else
+        m.syms.erase(it);
     }
     if (!divides || m.coef <= 0) continue;
     Poly p;

@@ -188,7 +188,8 @@ struct FoldChannelScale {
     KILN_RETURN_IF_ERROR(g.remove_node(mul, true));
     g.set_node_output(maker, idx, out);
     if (maker != &p)
-      KILN_RETURN_IF_ERROR(g.rename_value(p.output(0), g.unique_name(p.output(0)->name + "_scaled")));
+      KILN_RETURN_IF_ERROR(
+          g.rename_value(p.output(0), g.unique_name(p.output(0)->name + "_scaled")));
     return Status::Ok();
   }
 };

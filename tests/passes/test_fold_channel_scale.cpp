@@ -69,9 +69,10 @@ TEST(FoldChannelScale, TheScaledTensorKeepsTheMulsName) {
     Value* t = through_transpose
                    ? b.op("Transpose", {y}, attrs({{"perm", Attribute::Ints({0, 3, 1, 2})}}))
                    : y;
-    Value* s = b.op("Mul", {t, b.c(rand_t(through_transpose ? std::vector<int64_t>{6, 1, 1}
-                                                            : std::vector<int64_t>{6},
-                                          0.5f, 2.f))});
+    Value* s = b.op(
+        "Mul",
+        {t, b.c(rand_t(through_transpose ? std::vector<int64_t>{6, 1, 1} : std::vector<int64_t>{6},
+                       0.5f, 2.f))});
     b.out(b.op("Relu", {s}));
     const std::string scaled = s->name, unscaled = y->name, moved = t->name;
     auto opt = fold(b.g);

@@ -199,13 +199,13 @@ TEST(GroupedQueryAttention, AKeyValueCacheIsReadHeadMajorInPlace) {
     Value* q = heads(b, proj(kH * kD), kH);
     Value* k = cache("past_key");
     Value* v = cache("past_value");
-    Value* s = b.op("Add", {b.op("Mul", {b.op("MatMul", {q, perm(b, k, {0, 1, 3, 2})}), b.cf(0.5f)}),
-                            mask});
+    Value* s = b.op(
+        "Add", {b.op("Mul", {b.op("MatMul", {q, perm(b, k, {0, 1, 3, 2})}), b.cf(0.5f)}), mask});
     Value* p = b.op("Softmax", {s}, attrs({{"axis", Attribute::Int(-1)}}));
     Value* y = perm(b, b.op("MatMul", {p, v}), {0, 2, 1, 3});
     b.out(b.op("Reshape", {y, b.c(ints({kB, kS, kH * kD}))}));
-    auto opt = optimize_checked(b.g, {"fuse_attention", "fold_attention_heads",
-                                      "eliminate_dead_code"});
+    auto opt =
+        optimize_checked(b.g, {"fuse_attention", "fold_attention_heads", "eliminate_dead_code"});
     ASSERT_EQ(count(*opt, "MultiHeadAttention"), 1);
     EXPECT_EQ(count(*opt, "Expand"), 0);
     EXPECT_EQ(count(*opt, "Concat"), 2);  // the present cache, an output
