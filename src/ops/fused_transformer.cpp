@@ -104,10 +104,11 @@ Status check_mha_rotary(const Node& n, bool has_cos, bool has_sin, DataType q, D
 // kv_head_major: K [B, Hkv, Sk, D] and V [B, Hkv, Sk, Dv] (ops/fused.h), on none of the other
 // forms; an error names what does not fit.
 Status check_head_major(const Node& n, bool rotary, const TensorType& k, const TensorType& v) {
+  const bool kv_cols = mha_col_slice(n, 1).second > 0 || mha_col_slice(n, 2).second > 0;
   if (n.attrs.get_int("packed", 0) != 0 || n.attrs.get_int("seq_first", 0) != 0 || rotary ||
-      n.attrs.has("col_slices"))
-    return KILN_ERROR("{}: kv_head_major excludes packed, seq_first, the rotary, col_slices",
-                      n.label());
+      kv_cols)
+    return KILN_ERROR("{}: kv_head_major excludes packed, seq_first, the rotary, K's and V's "
+                      "col_slices", n.label());
   const int64_t h = n.attrs.get_int("num_heads", 0), hkv = n.attrs.get_int("kv_heads", h);
   if (!k.has_rank() || !v.has_rank()) return Status::Ok();
   if (k.rank() != 4 || v.rank() != 4)

@@ -3,7 +3,10 @@
 //     =>  kiln.Relayout(x)     (Swin's cyclic shift and window partition: 7 copies -> 1)
 // A region grows from its last op (its sink) towards the inputs: a layout op joins when every
 // reader of its result is already in the region (so nothing outside sees an intermediate) and
-// the result is not a graph output. Its data operands from outside become the layer's inputs;
+// the result is not a graph output; so does a part of a Split so read, as a Slice of the Split's
+// input (the region reads its columns in place; a decoder's K part of its packed Q|K projection
+// going into the KV cache's Concat, while the attention reads Q's). Its data operands from outside
+// become the layer's inputs;
 // its constant operands (starts, shapes, pads) go into the layer. A region needs two or more
 // ops that copy (Transpose, Slice, Concat, Pad, Expand): a lone copy among reshapes is already
 // one kernel, and reshapes alone copy nothing.
@@ -51,6 +54,32 @@ std::string why_not_step(const Node& n) {
   return "";
 }
 
+// Where a Split's output v lies in its input: the axis and the range along it, or nullopt
+// where the parts before it are not of known length.
+struct SplitPart {
+  Value* x;
+  int64_t axis, start, len;
+};
+std::optional<SplitPart> split_part(Value* v) {
+  Node* s = v ? v->producer : nullptr;
+  if (!s || !s->domain.empty() || s->op_type != "Split" || !s->input(0) ||
+      !s->input(0)->type.has_rank() || !v->type.has_rank())
+    return std::nullopt;
+  const int64_t r = s->input(0)->type.rank();
+  int64_t axis = s->attrs.get_int("axis", 0);
+  if (axis < 0) axis += r;
+  if (axis < 0 || axis >= r || r > kMaxRank) return std::nullopt;
+  int64_t start = 0;
+  for (size_t k = 0; k < s->num_outputs() && s->output(k) != v; ++k) {
+    const Value* o = s->output(k);
+    if (!o || !o->type.has_rank() || !(*o->type.dims)[axis].is_static()) return std::nullopt;
+    start += (*o->type.dims)[axis].value;
+  }
+  const Dim& len = (*v->type.dims)[axis];
+  if (!len.is_static()) return std::nullopt;
+  return SplitPart{s->input(0), axis, start, len.value};
+}
+
 struct Region {
   std::vector<Node*> steps;  // in graph order; the last is the sink
   std::vector<Value*> inputs;
@@ -58,8 +87,9 @@ struct Region {
 };
 
 // The region that ends at `sink`, grown while a producer's every reader is inside it, in graph
-// order (`order`: each node's position).
-std::vector<Node*> grow(PassContext& ctx, Node* sink, const std::map<const Node*, size_t>& order) {
+// order (`order`: each node's position); `parts`: the Split outputs it reads that way.
+std::vector<Node*> grow(PassContext& ctx, Node* sink, const std::map<const Node*, size_t>& order,
+                        std::vector<Value*>* parts) {
   std::vector<Node*> r{sink};
   std::set<const Node*> in{sink};
   for (bool grew = true; grew;) {
@@ -70,10 +100,16 @@ std::vector<Node*> grow(PassContext& ctx, Node* sink, const std::map<const Node*
         Value* v = n->input(j);
         if (!is_data_slot(*n, j) || !v) continue;
         Node* p = v->producer;
-        if (!p || in.count(p) || !why_not_step(*p).empty() || ctx.g.is_graph_output(v)) continue;
+        if (!p || in.count(p) || ctx.g.is_graph_output(v)) continue;
+        const bool part = why_not_step(*p).empty() ? false : split_part(v).has_value();
+        if (!part && !why_not_step(*p).empty()) continue;
         bool inside = true;
         for (const auto& [user, slot] : v->uses()) inside &= in.count(user) != 0;
         if (!inside) continue;
+        if (part) {
+          if (std::find(parts->begin(), parts->end(), v) == parts->end()) parts->push_back(v);
+          continue;
+        }
         r.push_back(p);
         in.insert(p);
         grew = true;
@@ -142,18 +178,44 @@ Expected<bool> fuse_relayout(PassContext& ctx) {
     }
     if (!sink) break;
     tried.insert(sink);
-    std::vector<Node*> steps = grow(ctx, sink, order);
-    size_t copies = 0;
+    std::vector<Value*> parts;
+    std::vector<Node*> steps = grow(ctx, sink, order, &parts);
+    size_t copies = parts.size();
     for (const Node* n : steps) copies += !reshape_like(n->op_type);
     if (copies < 2) {
-      if (steps.size() > 1)
+      if (steps.size() + parts.size() > 1)
         ctx.note(fmt::format("{}: its region of {} ops copies {} time(s); nothing to save",
-                             sink->label(), steps.size(), copies));
+                             sink->label(), steps.size() + parts.size(), copies));
       continue;
     }
+    // Each Split part the region reads becomes a Slice of the Split's input, first among its
+    // steps (taken back where the region is not made).
+    std::vector<std::pair<Value*, Node*>> slices;
+    for (Value* v : parts) {
+      const SplitPart sp = *split_part(v);
+      const std::string name = ctx.g.unique_name(v->name + "_part");
+      auto c = [&](int64_t x) { return ctx.g.add_constant(ctx.g.unique_name(name + "_c"),
+                                                          Tensor::from<int64_t>({1}, {x})); };
+      Node* sl = ctx.g.insert_node_before(steps.front(), "Slice", name,
+                                          {sp.x, c(sp.start), c(sp.start + sp.len), c(sp.axis)},
+                                          {name});
+      sl->output(0)->type = v->type;
+      sl->origin = ctx.pass;
+      sl->onnx_nodes = v->producer->onnx_nodes;
+      ctx.g.replace_all_uses(v, sl->output(0));
+      slices.emplace_back(v, sl);
+      steps.insert(steps.begin(), sl);
+    }
+    auto take_back = [&] {
+      for (auto& [v, sl] : slices) {
+        ctx.g.replace_all_uses(sl->output(0), v);
+        (void)ctx.g.remove_node(sl, true);
+      }
+    };
     Expected<Region> rg = program(steps);
     if (!rg.ok()) {
       ctx.note(fmt::format("{}: {}", sink->label(), rg.status().message()));
+      take_back();
       continue;
     }
     auto scratch = scratch_layer("kiln", "Relayout", rg->inputs, rg->attrs, sink->output(0));
@@ -161,6 +223,7 @@ Expected<bool> fuse_relayout(PassContext& ctx) {
                               scratch->nodes().back())) {
       ctx.note(fmt::format("{}: the backend cannot run its region of {} ops as one layer",
                            sink->label(), steps.size()));
+      take_back();
       continue;
     }
     KILN_RETURN_IF_ERROR(replace_with_layer(ctx, rg->steps, "kiln", "Relayout", rg->inputs,

@@ -10,8 +10,9 @@
 // The Split is the packed form's notation, not a copy: the readers of the parts read them in
 // place, each by its own rule: kiln.MultiHeadAttention reads Q, K and V parts of one tensor as a
 // packed input (pack_qkv), RotaryEmbeddings on parts become one rotary over a head range of the
-// packed tensor (fuse_rotary), and an elementwise chain reads its operands as column slices
-// (fuse_elementwise). So a sibling packs only where every reader of its result is one of these
+// packed tensor (fuse_rotary), an elementwise chain reads its operands as column slices
+// (fuse_elementwise), and a region of layout ops that copies reads its part as a Slice
+// (fuse_relayout). So a sibling packs only where every reader of its result is one of these
 // (else the note names the reader that would need a copy of its columns). Llama's Q, K and V
 // projections and its MLP's gate and up projections each become one GEMM this way; BERT's and
 // ViT's Q, K and V too.
@@ -47,9 +48,26 @@ Tensor concat_last(const std::vector<const Tensor*>& parts, const std::vector<in
   return out;
 }
 
+// Whether layout op n (reading the part) leads, through layout ops whose results nothing else
+// reads, to one that copies (Transpose, Slice, Concat, Pad, Expand): then fuse_relayout makes them
+// one kiln.Relayout reading the part as a Slice of the packed result (a decoder's V projection
+// going into its KV cache's Concat).
+bool reaches_relayout_copy(const Graph& g, const Node* n) {
+  for (int steps = 0; n && steps < 12; ++steps) {
+    if (!n->domain.empty() || !relayout_op_supported(n->op_type) || n->num_outputs() != 1)
+      return false;
+    const std::string& op = n->op_type;
+    if (op != "Reshape" && op != "Squeeze" && op != "Unsqueeze" && op != "Flatten") return true;
+    const Value* o = n->output(0);
+    if (!o || o->uses().size() != 1 || g.is_graph_output(o)) return false;
+    n = o->uses()[0].first;
+  }
+  return false;
+}
+
 // Can `reader` read its operand `v` as a column slice of a packed result in place? (The rules
 // that make it do so are in the passes named above.)
-bool reads_slice_in_place(const Node* reader, const Value* v) {
+bool reads_slice_in_place(const Graph& g, const Node* reader, const Value* v) {
   if (is_kiln_op(reader, "MultiHeadAttention")) {
     for (size_t i = 0; i < 3; ++i)
       if (reader->input(i) == v) return reader->input(3) != v;
@@ -59,6 +77,9 @@ bool reads_slice_in_place(const Node* reader, const Value* v) {
     return reader->input(0) == v && v->type.rank() == 3 && reader->input(1) != v &&
            reader->input(2) != v;
   if (is_kiln_op(reader, "ElementwiseChain")) return true;
+  if (reader->domain.empty() && relayout_op_supported(reader->op_type) &&
+      (reader->op_type == "Concat" || reader->input(0) == v))
+    return reaches_relayout_copy(g, reader);
   return reader->domain.empty() && chain_op_supported(reader->op_type) &&
          reader->num_outputs() == 1 && reader->output(0) &&
          reader->output(0)->type.dtype == v->type.dtype && same_dims(reader->output(0)->type, v->type);
@@ -164,7 +185,7 @@ struct PackGemm {
       }
       const Node* copier = nullptr;
       for (const auto& [r, slot] : y->uses())
-        if (!reads_slice_in_place(r, y)) copier = r;
+        if (!reads_slice_in_place(ctx.g, r, y)) copier = r;
       if (copier) {
         notes.push_back(fmt::format("{}: its reader {} cannot read a column slice in place (packed, the "
                              "columns would be copied)",

@@ -85,7 +85,9 @@ struct PackQkv {
 // V projections of the one encoder output a single GEMM: without this, the Split would copy
 // them apart. Only once PackQkv has had its chance (Q, K and V parts of one three-way Split
 // pack), for unpacked attention without the rotary; both K and V must be parts (a rotary on K,
-// which fuse_attention_rotary may yet take into the attention, keeps the layer as it is).
+// which fuse_attention_rotary may yet take into the attention, keeps the layer as it is). Beside
+// a KV cache (kv_head_major: K and V are the cache), Q alone: the part of a decoder's packed
+// Q|K projection (after its rotary) that the attention reads, whose Split then goes.
 struct ReadPartsInPlace {
   struct Match {
     Node* mha;
@@ -105,7 +107,9 @@ struct ReadPartsInPlace {
       if (parts[i] && (parts[i]->x->type.dtype != v->type.dtype || v->type.rank() != 3))
         parts[i].reset();
     }
-    if (!parts[1] || !parts[2]) return std::nullopt;
+    const bool cache = mha.attrs.get_int("kv_head_major", 0) != 0;
+    if (cache) parts[1].reset(), parts[2].reset();
+    if (cache ? !parts[0] : !parts[1] || !parts[2]) return std::nullopt;
     std::vector<Value*> ins(mha.inputs().begin(), mha.inputs().end());
     std::vector<int64_t> cols(6, 0);
     for (int i = 0; i < 3; ++i) {
@@ -119,7 +123,7 @@ struct ReadPartsInPlace {
     auto layer = scratch_layer("kiln", "MultiHeadAttention", ins, a, mha.output(0));
     if (!ctx.backend_supports("kiln", "MultiHeadAttention", a, ins[0]->type.dtype,
                               layer->nodes()[0])) {
-      ctx.note(fmt::format("{}: the backend cannot read K and V as columns of wider tensors",
+      ctx.note(fmt::format("{}: the backend cannot read its inputs as columns of wider tensors",
                            mha.label()));
       return std::nullopt;
     }

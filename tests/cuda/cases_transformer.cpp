@@ -392,6 +392,21 @@ void mha_cases(std::vector<OpCase>& v) {
   cols("mha_cols_cross_d40", 50, 77, 2, 40, 80, 320, {0, 0, 80, 80, 240, 80}, absent());
   cols("mha_cols_qkv_d64_padding", 33, 40, 2, 64, 256, 256, {128, 128, 0, 128, 128, 128},
        padding(2, 40));
+  // Q a column range of a decoder's packed Q|K|V beside its KV cache (kv_head_major).
+  for (int64_t sq : {1, 5}) {
+    Attributes a = attrs({{"num_heads", I(4)},
+                          {"kv_heads", I(2)},
+                          {"scale", F(0.125f)},
+                          {"nan_to_zero", I(0)},
+                          {"kv_head_major", I(1)},
+                          {"col_slices", Attribute::Ints({0, 256, 0, 0, 0, 0})}});
+    v.push_back(make_case(sq == 1 ? "mha_cols_q_kv_cache_decode" : "mha_cols_q_kv_cache_s5",
+                          "MultiHeadAttention", std::move(a),
+                          {in({2, sq, 512}, DataType::kFloat32, -2, 2),
+                           in({2, 2, 37, 64}, DataType::kFloat32, -2, 2),
+                           in({2, 2, 37, 64}, DataType::kFloat32, -2, 2)},
+                          Modes{"fp32", "fp16"}, "kiln"));
+  }
   // Sequence-first (nn.MultiheadAttention's layout): packed with a padding mask, separate
   // cross attention at head size 32, and the unfused tactic's copies at head size 48.
   v.push_back(mha({.name = "seq_first_d64_packed_padding",

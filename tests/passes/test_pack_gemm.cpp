@@ -123,13 +123,40 @@ TEST(PackGemm, DifferentPrecisionsOrEpiloguesStayApart) {
 TEST(PackGemm, ReaderThatCannotReadASliceKeepsItsProductApart) {
   G b;
   Value* x = b.in("x", {kB, kS, kK});
-  b.out(b.op("Transpose", {matmul(b, x, 8)}, attrs({{"perm", Attribute::Ints({0, 2, 1})}})));
+  b.out(b.op("Softmax", {matmul(b, x, 8)}));
   b.out(b.op("Relu", {matmul(b, x, 8)}));
   bool changed = false;
   auto g = b.g.clone();
   const auto notes = pack_notes(*g, &changed);
   EXPECT_FALSE(changed);
   EXPECT_TRUE(has_note(notes, "cannot read a column slice in place")) << dump_notes(notes);
+}
+
+// A decoder's V projection going into its KV cache (Reshape to heads, Transpose, Concat after the
+// past) packs with its siblings: the region of layout ops becomes one kiln.Relayout that reads
+// its columns of the packed result as a Slice; a lone Reshape (no copy after it) does not.
+TEST(PackGemm, ALayoutRegionThatCopiesReadsItsPartInPlace) {
+  constexpr int64_t H = 2, D = kK / 4;
+  G b;
+  Value* x = b.in("x", {kB, kS, kK});
+  Value* past = b.in("past", {kB, H, 3, D});
+  Value* v = b.op("Reshape", {matmul(b, x, H * D), b.c(ints({kB, kS, H, D}))});
+  Value* t = b.op("Transpose", {v}, attrs({{"perm", Attribute::Ints({0, 2, 1, 3})}}));
+  b.out(b.op("Concat", {past, t}, attrs({{"axis", Attribute::Int(2)}})));
+  b.out(b.op("Relu", {matmul(b, x, 8)}));
+  auto opt = optimize_checked(
+      b.g, {"pack_gemm", "fuse_elementwise", "eliminate_dead_code", "fuse_relayout", "eliminate_dead_code"});
+  EXPECT_EQ(count(*opt, "MatMul") + count(*opt, "FusedGemm"), 1);
+  EXPECT_EQ(count(*opt, "Relayout"), 1);
+  EXPECT_EQ(count(*opt, "Split"), 0);
+  G lone;
+  Value* y = lone.in("x", {kB, kS, kK});
+  lone.out(lone.op("Reshape", {matmul(lone, y, 8), lone.c(ints({kB * kS, 8}))}));
+  lone.out(lone.op("Relu", {matmul(lone, y, 8)}));
+  bool changed = false;
+  auto g = lone.g.clone();
+  pack_notes(*g, &changed);
+  EXPECT_FALSE(changed);
 }
 
 // Llama's attention: Q, K and V projections, rotaries on Q and K (grouped-query: K and V have

@@ -69,9 +69,11 @@ Expected<MhaShape> mha_shape(const Node& n, std::span<const DeviceTensor> in,
     s.v_off = (s.H + s.Hkv) * s.D;
   } else if (n.attrs.get_int("kv_head_major", 0) != 0) {  // K [B, Hkv, Sk, D], V [.., Dv]
     const DeviceTensor &k = in[1], &v = in[2];
+    const auto [q_start, q_cols] = mha_col_slice(n, 0);  // Q: a column range, or all of it
+    const int64_t qw = q_cols > 0 ? q_cols : q.shape[2];
     if (s.seq_first || k.rank() != 4 || v.rank() != 4 || k.shape[0] != s.B || v.shape[0] != s.B ||
         k.shape[1] != s.Hkv || v.shape[1] != s.Hkv || k.shape[2] != v.shape[2] ||
-        q.shape[2] != s.H * k.shape[3])
+        qw != s.H * k.shape[3] || q_start < 0 || q_start + qw > q.shape[2])
       return KILN_ERROR("{}: Q {}, K {} and V {} do not fit {} heads ({} for K and V, head-major)",
                         n.label(), shape_str(q.shape), shape_str(k.shape), shape_str(v.shape), s.H,
                         s.Hkv);
@@ -80,6 +82,7 @@ Expected<MhaShape> mha_shape(const Node& n, std::span<const DeviceTensor> in,
     s.D = k.shape[3];
     s.Dv = v.shape[3];
     s.q_row = q.shape[2];
+    s.q_off = q_cols > 0 ? q_start : 0;
     s.k_row = s.D;  // a position's row of one head
     s.v_row = s.Dv;
   } else {
