@@ -57,6 +57,8 @@ bool reaches_relayout_copy(const Graph& g, const Node* n) {
     if (!n->domain.empty() || !relayout_op_supported(n->op_type) || n->num_outputs() != 1)
       return false;
     const std::string& op = n->op_type;
+    for (size_t j = 1; j < n->num_inputs() && op != "Concat"; ++j)  // shapes, starts, pads
+      if (n->input(j) && !n->input(j)->is_constant()) return false;
     if (op != "Reshape" && op != "Squeeze" && op != "Unsqueeze" && op != "Flatten") return true;
     const Value* o = n->output(0);
     if (!o || o->uses().size() != 1 || g.is_graph_output(o)) return false;
