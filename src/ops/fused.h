@@ -56,8 +56,8 @@
 //                                       ReadPartsInPlace: cross-attention K and V of one GEMM
 //                                       packing every layer's K and V projections);
 //                                       kv_head_major = 1 (not packed, seq_first, rotary or
-//                                       K's and V's col_slices): K [B, Hkv, Sk, D] and V [B, Hkv, Sk, Dv]
-//                                       already split into heads, a KV cache's layout
+//                                       K's and V's col_slices): K [B, Hkv, Sk, D] and V [B, Hkv,
+//                                       Sk, Dv] already split into heads, a KV cache's layout
 //                                       (Concat(past, new) of a decoder exported with its cache)
 //   kiln.SkipLayerNorm(X, Skip, Scale, B?) -> (Y, Sum?)
 //                                       Sum = X + Skip (same shape); Y = LayerNormalization(Sum,

@@ -107,8 +107,8 @@ Status check_head_major(const Node& n, bool rotary, const TensorType& k, const T
   const bool kv_cols = mha_col_slice(n, 1).second > 0 || mha_col_slice(n, 2).second > 0;
   if (n.attrs.get_int("packed", 0) != 0 || n.attrs.get_int("seq_first", 0) != 0 || rotary ||
       kv_cols)
-    return KILN_ERROR("{}: kv_head_major excludes packed, seq_first, the rotary, K's and V's "
-                      "col_slices", n.label());
+    return KILN_ERROR("{}: kv_head_major excludes packed, seq_first, rotary, K/V col_slices",
+                      n.label());
   const int64_t h = n.attrs.get_int("num_heads", 0), hkv = n.attrs.get_int("kv_heads", h);
   if (!k.has_rank() || !v.has_rank()) return Status::Ok();
   if (k.rank() != 4 || v.rank() != 4)

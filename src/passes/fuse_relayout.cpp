@@ -194,11 +194,12 @@ Expected<bool> fuse_relayout(PassContext& ctx) {
     for (Value* v : parts) {
       const SplitPart sp = *split_part(v);
       const std::string name = ctx.g.unique_name(v->name + "_part");
-      auto c = [&](int64_t x) { return ctx.g.add_constant(ctx.g.unique_name(name + "_c"),
-                                                          Tensor::from<int64_t>({1}, {x})); };
-      Node* sl = ctx.g.insert_node_before(steps.front(), "Slice", name,
-                                          {sp.x, c(sp.start), c(sp.start + sp.len), c(sp.axis)},
-                                          {name});
+      auto c = [&](int64_t x) {
+        return ctx.g.add_constant(ctx.g.unique_name(name + "_c"), Tensor::from<int64_t>({1}, {x}));
+      };
+      Node* sl =
+          ctx.g.insert_node_before(steps.front(), "Slice", name,
+                                   {sp.x, c(sp.start), c(sp.start + sp.len), c(sp.axis)}, {name});
       sl->output(0)->type = v->type;
       sl->origin = ctx.pass;
       sl->onnx_nodes = v->producer->onnx_nodes;

@@ -144,8 +144,8 @@ TEST(PackGemm, ALayoutRegionThatCopiesReadsItsPartInPlace) {
   Value* t = b.op("Transpose", {v}, attrs({{"perm", Attribute::Ints({0, 2, 1, 3})}}));
   b.out(b.op("Concat", {past, t}, attrs({{"axis", Attribute::Int(2)}})));
   b.out(b.op("Relu", {matmul(b, x, 8)}));
-  auto opt = optimize_checked(
-      b.g, {"pack_gemm", "fuse_elementwise", "eliminate_dead_code", "fuse_relayout", "eliminate_dead_code"});
+  auto opt = optimize_checked(b.g, {"pack_gemm", "fuse_elementwise", "eliminate_dead_code",
+                                    "fuse_relayout", "eliminate_dead_code"});
   EXPECT_EQ(count(*opt, "MatMul") + count(*opt, "FusedGemm"), 1);
   EXPECT_EQ(count(*opt, "Relayout"), 1);
   EXPECT_EQ(count(*opt, "Split"), 0);
