@@ -213,8 +213,12 @@ def main():
     ap.add_argument("--no-compile", action="store_true")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
-    skeleton = a.model or sorted(glob.glob(os.path.join(HERE, "..", "tests", "models", "transformers", "bench",
-                                                        "kvcache_llama_bench_*.onnx")))[-1]
+    found = sorted(glob.glob(os.path.join(HERE, "..", "tests", "models", "transformers", "bench",
+                                          "kvcache_llama_bench_*.onnx")))
+    skeleton = a.model or (found[-1] if found else "")
+    if not os.path.isfile(skeleton):
+        sys.exit(f"kv_decode.py: no model {skeleton or 'in tests/models/transformers/bench'} "
+                 "(scripts/export_kv_cache.py --bench writes it)")
     onnx_path = os.path.join(a.out, "kvcache_llama_bench.onnx")
     tx.materialize(skeleton, onnx_path, seed=1)
     rows = []
