@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <limits>
+#include <optional>
 #include <string>
 
 #include "ops/op.h"
@@ -356,36 +357,27 @@ Dim mul_dims(const Dim& a, const Dim& b) {
 
 namespace {
 
+// One term over another ("6*B*past" over "2*past" is "3*B"), or nullopt where it does not divide.
+std::optional<Term> divide_term(Term t, const Term& d) {
+  if (d.coef <= 0 || t.coef % d.coef != 0) return std::nullopt;
+  t.coef /= d.coef;
+  for (const std::string& x : d.syms) {
+    auto it = std::find(t.syms.begin(), t.syms.end(), x);
+    if (it == t.syms.end()) return std::nullopt;
+    t.syms.erase(it);
+  }
+  return t;
+}
+
 // a / b for a sum b ("past+seq"): the monomial m with a = m * b ("2*B*past+2*B*seq" over
-// "past+seq" is "2*B"), else unknown. m is a's first term over one of b's, checked on the rest.
-Dim div_by_sum(const Poly& a, const Poly& b) {
-  if (a.terms.size() != b.terms.size()) return Dim();
-  for (const Term& d : b.terms) {
-    const Term& t = a.terms[0];
-    if (d.coef == 0 || t.coef % d.coef != 0) continue;
-    Term m{t.coef / d.coef, t.syms};
-    bool divides = true;
-    for (const std::string& x : d.syms) {
-      auto it = std::find(m.syms.begin(), m.syms.end(), x);
-      if (it == m.syms.end())
-        divides = false;
-      else
-        m.syms.erase(it);
-    }
-    if (!divides || m.coef <= 0) continue;
-    Poly p;
-    for (const Term& y : b.terms) {
-      Term z{0, m.syms};
-      if (__builtin_mul_overflow(m.coef, y.coef, &z.coef)) return Dim();
-      z.syms.insert(z.syms.end(), y.syms.begin(), y.syms.end());
-      std::sort(z.syms.begin(), z.syms.end());
-      p.terms.push_back(std::move(z));
-    }
-    p = canonical(std::move(p));
-    bool same = p.ok && p.terms.size() == a.terms.size();
-    for (size_t i = 0; same && i < p.terms.size(); ++i)
-      same = p.terms[i].coef == a.terms[i].coef && p.terms[i].syms == a.terms[i].syms;
-    if (same) return dim_of(canonical(Poly{{m}, true}));
+// "past+seq" is "2*B"), else unknown. m is a's first term over one of b's, checked on the whole.
+Dim div_by_sum(const Dim& a, const Poly& pa, const Dim& b, const Poly& pb) {
+  if (pa.terms.size() != pb.terms.size()) return Dim();
+  for (const Term& d : pb.terms) {
+    const std::optional<Term> q = divide_term(pa.terms[0], d);
+    if (!q || q->coef <= 0) continue;
+    const Dim m = dim_of(Poly{{*q}, true});
+    if (same_dim(a, mul_dims(m, b))) return m;
   }
   return Dim();
 }
@@ -397,19 +389,12 @@ Dim div_dims(const Dim& a, const Dim& b) {
     return b.value > 0 && a.value % b.value == 0 ? Dim(a.value / b.value) : Dim();
   const Poly pa = poly_of(a), pb = poly_of(b);
   if (!pa.ok || !pb.ok || pb.terms.empty()) return Dim();
-  if (pb.terms.size() > 1) return div_by_sum(pa, pb);
-  if (pb.terms[0].coef <= 0) return Dim();
-  const Term& d = pb.terms[0];
+  if (pb.terms.size() > 1) return div_by_sum(a, pa, b, pb);
   Poly p;
-  for (Term t : pa.terms) {
-    if (t.coef % d.coef != 0) return Dim();
-    t.coef /= d.coef;
-    for (const std::string& x : d.syms) {
-      auto it = std::find(t.syms.begin(), t.syms.end(), x);
-      if (it == t.syms.end()) return Dim();
-      t.syms.erase(it);
-    }
-    p.terms.push_back(std::move(t));
+  for (const Term& t : pa.terms) {
+    std::optional<Term> q = divide_term(t, pb.terms[0]);
+    if (!q) return Dim();
+    p.terms.push_back(std::move(*q));
   }
   return dim_of(canonical(std::move(p)));
 }
