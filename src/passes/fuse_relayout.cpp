@@ -101,8 +101,9 @@ std::vector<Node*> grow(PassContext& ctx, Node* sink, const std::map<const Node*
         if (!is_data_slot(*n, j) || !v) continue;
         Node* p = v->producer;
         if (!p || in.count(p) || ctx.g.is_graph_output(v)) continue;
-        const bool part = why_not_step(*p).empty() ? false : split_part(v).has_value();
-        if (!part && !why_not_step(*p).empty()) continue;
+        const bool step = why_not_step(*p).empty();
+        const bool part = !step && split_part(v).has_value();
+        if (!step && !part) continue;
         bool inside = true;
         for (const auto& [user, slot] : v->uses()) inside &= in.count(user) != 0;
         if (!inside) continue;
