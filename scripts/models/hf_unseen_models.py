@@ -21,6 +21,7 @@ Grounding DINO's logits are -inf past the text's tokens: non-finite reference en
 exactly, the relative L2 is over the finite rest.
 
   python3 scripts/models/hf_unseen_models.py --kiln build/kiln [--lower-check ...] [--models a,b]
+  python3 scripts/models/hf_unseen_models.py --torch-fp16 --models rt_detr,d_fine,mask2former
 
 Needs PyTorch, transformers (written against 4.57) and ONNX Runtime. Exit status 1 when a model
 fails to export, build or agree.
@@ -336,14 +337,45 @@ def export(name, out_dir, dynamo=False):
             torch.onnx.export(w, tuple(args), path, input_names=names, opset_version=17, dynamo=False)
     return path, {n: a.numpy() for n, a in zip(names, args)}
 
+def torch_fp16_error(name):
+    """PyTorch's own FP16 error on the model: each output of model.half() on the same inputs
+    against float32 eager, relative L2 over the finite reference entries ({output: error}, or the
+    reason it cannot run in float16 here)."""
+    model, args, names, keys = M()[name]()
+    model.eval()
+    with torch.no_grad():
+        ref = Wrap(model, keys, names)(*args)
+        try:
+            got = Wrap(model.half(), keys, names)(*[x.half() if x.is_floating_point() else x for x in args])
+        except Exception as e:  # noqa: BLE001 - an op without a float16 kernel on this device
+            return str(e).strip().splitlines()[0][:160]
+    errs = {}
+    for k, r, g in zip(keys or range(len(ref)), ref, got):
+        r, g = r.double(), g.double()
+        fin = torch.isfinite(r)
+        errs[k] = float(torch.linalg.norm((g - r)[fin]) / torch.linalg.norm(r[fin]))
+    return errs
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kiln", default="build/kiln")
     ap.add_argument("--lower-check", default="", help="a CUDA build's tests/cuda/kiln_lower_check")
     ap.add_argument("--models", default="", help="a comma-separated subset")
+    ap.add_argument("--torch-fp16", action="store_true",
+                    help="only report PyTorch's own FP16 error on each model (model.half() against "
+                         "float32, on this machine's device), the bound kiln's FP16 engines are held to")
     a = ap.parse_args()
     torch.manual_seed(0)
     names = a.models.split(",") if a.models else list(M())
+    if a.torch_fp16:
+        for n in names:
+            torch.manual_seed(0)
+            r = torch_fp16_error(n)
+            print(f"{n}: PyTorch FP16 against float32: " +
+                  (", ".join(f"{k} {v:.2e}" for k, v in r.items()) if isinstance(r, dict) else f"cannot run: {r}"),
+                  flush=True)
+        return 0
     bad = 0
     with tempfile.TemporaryDirectory() as d:
         for n in names:
